@@ -1,0 +1,209 @@
+/* strata: the storage tier seam (vram, host, nvme, and the fault wrapper).
+ *
+ * A tier is a byte store with a hard budget, carved into extents, with an
+ * asynchronous I/O protocol in three steps, as in liburing:
+ *   prep  - fill a struct st_tier_io (read or write, extent, offset, buffer)
+ *   submit- st_tier_submit() queues a batch; it never blocks on I/O
+ *   reap  - st_tier_reap() returns completions, each with bytes done or -errno
+ * A request is complete only when its whole length moved: the core resubmits
+ * the rest of a short transfer itself, so a completion's res is either the
+ * full length or a negative errno, never a partial count.
+ *
+ * Tiers know bytes and extents, nothing about units or states. Each is a
+ * static const struct st_tier_ops (fio engine / SQLite VFS style); the core
+ * allocates its private state (priv_bytes) and calls hooks only through the
+ * wrappers here, which assert, count stats, trace and inject faults.
+ * All functions return 0 (or a count) or -errno; the detail of a failure
+ * (file, offset, errno) is in st_error_last() and st_tier_error(). */
+#ifndef STRATA_TIER_H
+#define STRATA_TIER_H
+
+#include "strata/common.h"
+
+#include <stdbool.h>
+
+struct st_tier;
+struct st_device;
+
+enum st_tier_kind { ST_TIER_VRAM, ST_TIER_HOST, ST_TIER_NVME, ST_TIER_WRAP };
+
+enum st_io_op { ST_IO_READ, ST_IO_WRITE };
+
+/* A range of a tier's address space, from st_tier_alloc(). */
+struct st_extent {
+	uint64_t off_bytes; /* offset in the tier's address space */
+	uint64_t len_bytes; /* multiple of the tier's align_bytes */
+};
+
+/* One asynchronous request. READ moves extent -> buf, WRITE buf -> extent.
+ * buf, ext_off_bytes and len_bytes must be multiples of st_tier_align()
+ * (O_DIRECT). The struct is copied at submit; buf is borrowed until the
+ * request's completion is reaped. */
+struct st_tier_io {
+	enum st_io_op op;
+	struct st_extent ext;
+	uint64_t ext_off_bytes; /* offset inside the extent */
+	uint64_t len_bytes;
+	void *buf;              /* host memory (device memory for vram when
+				   the caller says so with dev_buf) */
+	void *user;             /* returned in the completion */
+};
+
+struct st_tier_cqe {
+	void *user;
+	int64_t res; /* len_bytes, or -errno */
+};
+
+/* Fault injection (tests): applied by the "fault" wrapper tier. */
+enum st_fault_kind {
+	ST_FAULT_NONE,
+	ST_FAULT_EIO,    /* the Nth I/O completes with -EIO and moves nothing */
+	ST_FAULT_SHORT,  /* the Nth I/O moves only its first half at first */
+	ST_FAULT_ENOSPC, /* the Nth alloc or write fails with -ENOSPC */
+	ST_FAULT_DELAY,  /* the Nth I/O completes no sooner than delay_ns */
+};
+
+struct st_fault_config {
+	enum st_fault_kind kind;
+	uint64_t nth;      /* 1-based count of operations (alloc + I/O) */
+	uint64_t every;    /* 0: once; else also every `every` ops after nth */
+	uint64_t delay_ns; /* ST_FAULT_DELAY */
+};
+
+struct st_tier_config {
+	uint64_t budget_bytes;   /* hard limit on bytes allocated; required */
+	/* nvme */
+	const char *dirs;        /* "DIR" or "DIR1,DIR2,..." striped by block */
+	uint64_t block_bytes;    /* request split size; 0 = 1 MiB */
+	unsigned queue_depth;    /* requests kept in flight; 0 = 32 */
+	bool buffered;           /* force buffered I/O (no O_DIRECT) */
+	unsigned short_every;    /* test hook: every Nth block completion is
+				    treated as half done (0 = off) */
+	/* host */
+	struct st_device *device; /* optional: pin through it, NUMA near it */
+	/* vram */
+	/* (uses device's arena; budget_bytes must fit in it) */
+	/* fault wrapper */
+	struct st_tier *inner;    /* wrapped tier; borrowed */
+	struct st_fault_config fault;
+};
+
+/* Registered-buffer hint: buffers the caller will use for I/O. The nvme
+ * tier registers them with io_uring (fixed buffers); others ignore it. */
+struct st_tier_buffer {
+	void *base;
+	size_t bytes;
+};
+
+struct st_tier_stats {
+	uint64_t budget_bytes;
+	uint64_t used_bytes;
+	uint64_t peak_bytes;
+	uint64_t extents;
+	uint64_t read_bytes, write_bytes;
+	uint64_t reads, writes;   /* requests completed */
+	uint64_t errors;          /* requests completed with an error */
+	uint64_t resubmits;       /* short transfers completed by resubmission */
+	uint64_t busy_ns;         /* wall time with at least one request in flight */
+};
+
+/* Hook results: a hook may complete a request short (res < len, >= 0); the
+ * core resubmits the remainder. */
+struct st_tier_ops {
+	const char *name;   /* Required. "host", "nvme", "vram", "fault". */
+	enum st_tier_kind kind;
+	size_t priv_bytes;  /* Required (may be 0): private state, core-allocated */
+	/* Required. Acquire backing for cfg->budget_bytes (pinned region,
+	 * preallocated files, device arena). Return the alignment transfers
+	 * need in *align_bytes (power of two). */
+	int (*open)(struct st_tier *t, const struct st_tier_config *cfg,
+		    uint64_t *align_bytes);
+	/* Required. Release everything; in-flight I/O has been reaped. */
+	void (*close)(struct st_tier *t);
+	/* Required. Queue n requests; offsets are already absolute in the
+	 * tier's address space (extent offset + ext_off). Returns 0 or -errno;
+	 * on error none of the n was queued. */
+	int (*submit)(struct st_tier *t, const struct st_tier_io *ios, unsigned n);
+	/* Required. Return up to max completions; block until at least
+	 * min_wait are available (min_wait <= in-flight). Returns count or
+	 * -errno. cqe.user is the pointer given in st_tier_io.user (the core
+	 * passes its own tracking record there). */
+	int (*reap)(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
+		    unsigned min_wait);
+	/* Optional. Register I/O buffers (fixed buffers). */
+	int (*register_buffers)(struct st_tier *t, const struct st_tier_buffer *b,
+				unsigned n);
+	void (*unregister_buffers)(struct st_tier *t);
+	/* Optional. Host address of a byte in the tier (host tier), or NULL. */
+	void *(*addr)(struct st_tier *t, uint64_t off_bytes);
+	/* Optional. Fault wrapper: called by st_tier_alloc() before the core
+	 * allocator; non-zero refuses the allocation with that -errno. */
+	int (*alloc_check)(struct st_tier *t, uint64_t bytes);
+	/* Optional. Human-readable description ("3 dirs, O_DIRECT, qd 32"). */
+	const char *(*describe)(struct st_tier *t);
+};
+
+/* Tiers built into this binary. */
+extern const struct st_tier_ops st_tier_host_ops;
+extern const struct st_tier_ops st_tier_nvme_ops;
+extern const struct st_tier_ops st_tier_vram_ops;
+extern const struct st_tier_ops st_tier_fault_ops;
+
+/* Open a tier. Refuses an ops table without its required hooks (-EINVAL).
+ * *out goes back with st_tier_destroy(). Returns 0 or -errno (-ENOSPC when
+ * the nvme files cannot be preallocated, -ENOMEM when memory cannot be
+ * reserved, -ENOENT/-ENOTDIR for a bad directory). */
+int st_tier_create(const struct st_tier_ops *ops,
+		   const struct st_tier_config *cfg, struct st_tier **out);
+/* Waits for in-flight I/O, then releases everything. NULL is a no-op. */
+void st_tier_destroy(struct st_tier *t);
+
+const char *st_tier_name(const struct st_tier *t);
+uint64_t st_tier_align(const struct st_tier *t);
+void *st_tier_priv(struct st_tier *t);
+const char *st_tier_describe(struct st_tier *t);
+
+/* Allocate len_bytes (rounded up to align) within the budget. -ENOMEM and
+ * nothing allocated when the budget (or fragmentation) does not allow it. */
+int st_tier_alloc(struct st_tier *t, uint64_t len_bytes, struct st_extent *ext);
+void st_tier_free(struct st_tier *t, const struct st_extent *ext);
+
+int st_tier_register_buffers(struct st_tier *t, const struct st_tier_buffer *b,
+			     unsigned n);
+void st_tier_unregister_buffers(struct st_tier *t);
+
+/* Queue n requests. Returns 0 or -errno (none queued on error). */
+int st_tier_submit(struct st_tier *t, const struct st_tier_io *ios, unsigned n);
+/* Reap up to max completions, waiting for at least min_wait (clamped to the
+ * number in flight). Returns the count or -errno. */
+int st_tier_reap(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
+		 unsigned min_wait);
+/* Requests submitted and not yet reaped. */
+unsigned st_tier_inflight(const struct st_tier *t);
+
+/* Convenience: submit one request and wait for it. Returns 0 or -errno. */
+int st_tier_read_sync(struct st_tier *t, const struct st_extent *ext,
+		      uint64_t off_bytes, void *buf, uint64_t len_bytes);
+int st_tier_write_sync(struct st_tier *t, const struct st_extent *ext,
+		       uint64_t off_bytes, const void *buf, uint64_t len_bytes);
+
+/* Host address of an extent's first byte when the tier is addressable
+ * (host), else NULL. */
+void *st_tier_addr(struct st_tier *t, const struct st_extent *ext);
+
+void st_tier_get_stats(const struct st_tier *t, struct st_tier_stats *s);
+void st_tier_reset_peak(struct st_tier *t);
+
+/* The detail of this tier's last failed request ("nvme: read
+ * /mnt/a/strata-0.swap offset 1048576: Input/output error"), or "". */
+const char *st_tier_error(const struct st_tier *t);
+
+/* Tracing hook: called on submit and completion of every request. */
+enum st_trace_phase { ST_TRACE_SUBMIT, ST_TRACE_COMPLETE };
+typedef void (*st_tier_trace_fn)(void *ctx, const struct st_tier *t,
+				 enum st_trace_phase ph, enum st_io_op op,
+				 uint64_t off_bytes, uint64_t len_bytes,
+				 int64_t res);
+void st_tier_set_trace(struct st_tier *t, st_tier_trace_fn fn, void *ctx);
+
+#endif
