@@ -44,9 +44,10 @@ struct st_device_ops {
 	unsigned caps;    /* ST_DEVICE_CAP_* */
 	size_t priv_bytes; /* Size of the private state the core allocates. */
 
-	/* Required. Reserve the arena of cfg->mem_bytes. -ENODEV when the
+	/* Required. Reserve the arena of cfg->mem_bytes (and write back the
+	 * size chosen when it was 0). -ENODEV when the
 	 * hardware is absent, -ENOMEM when the arena cannot be taken. */
-	int (*open)(struct st_device *d, const struct st_device_config *cfg);
+	int (*open)(struct st_device *d, struct st_device_config *cfg);
 	/* Required. Drain all queues and release everything. */
 	void (*close)(struct st_device *d);
 	/* Required. Base address of the arena (device pointer) and its size. */
@@ -127,6 +128,8 @@ int st_queue_sync(struct st_device *d, struct st_queue *q);
  * the device has no pin hook). */
 int st_device_pin_host(struct st_device *d, void *p, size_t bytes);
 void st_device_unpin_host(struct st_device *d, void *p);
+/* Whether pin_host does real work (CUDA's page-locking). */
+bool st_device_can_pin(const struct st_device *d);
 /* NUMA node nearest the device, or -1 when unknown. */
 int st_device_numa_node(struct st_device *d);
 

@@ -134,7 +134,8 @@ struct st_tier_ops {
 	int (*register_buffers)(struct st_tier *t, const struct st_tier_buffer *b,
 				unsigned n);
 	void (*unregister_buffers)(struct st_tier *t);
-	/* Optional. Host address of a byte in the tier (host tier), or NULL. */
+	/* Optional. Address of a byte in the tier's own memory: host memory for
+	 * host, a device address for vram. */
 	void *(*addr)(struct st_tier *t, uint64_t off_bytes);
 	/* Optional. Fault wrapper: called by st_tier_alloc() before the core
 	 * allocator; non-zero refuses the allocation with that -errno. */
@@ -172,7 +173,9 @@ int st_tier_register_buffers(struct st_tier *t, const struct st_tier_buffer *b,
 			     unsigned n);
 void st_tier_unregister_buffers(struct st_tier *t);
 
-/* Queue n requests. Returns 0 or -errno (none queued on error). */
+/* Queue n requests. Returns 0 or -errno. On error the requests of the
+ * failing batch of 32 and after are not queued; earlier ones are (see
+ * st_tier_inflight()). A batch of 32 or fewer is all or nothing. */
 int st_tier_submit(struct st_tier *t, const struct st_tier_io *ios, unsigned n);
 /* Reap up to max completions, waiting for at least min_wait (clamped to the
  * number in flight). Returns the count or -errno. */
@@ -187,8 +190,8 @@ int st_tier_read_sync(struct st_tier *t, const struct st_extent *ext,
 int st_tier_write_sync(struct st_tier *t, const struct st_extent *ext,
 		       uint64_t off_bytes, const void *buf, uint64_t len_bytes);
 
-/* Host address of an extent's first byte when the tier is addressable
- * (host), else NULL. */
+/* Address of an extent's first byte when the tier is memory (host: a host
+ * pointer; vram: a device pointer), else NULL (nvme). */
 void *st_tier_addr(struct st_tier *t, const struct st_extent *ext);
 
 void st_tier_get_stats(const struct st_tier *t, struct st_tier_stats *s);
