@@ -1,0 +1,150 @@
+/* The AVX-512 kernel body, 16 lanes, included twice by adam_avx512.c:
+ * once for CPUs with AVX512_BF16 (W via VCVTNEPS2BF16) and once for CPUs
+ * without it (W via integer round-to-nearest-even). Expects:
+ *   ST_K_TARGET      the target attribute
+ *   ST_K_BF16_INS    1 to use VCVTNEPS2BF16
+ *   ST_K(name)       the name prefix for this variant */
+
+ST_K_TARGET static inline __attribute__((always_inline)) __m256i
+ST_K(bf16_from_f32)(__m512 x)
+{
+	__m512i u = _mm512_castps_si512(x);
+	__m512i hi = _mm512_srli_epi32(u, 16);
+	__m512i r = _mm512_srli_epi32(_mm512_add_epi32(
+		_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+		_mm512_and_si512(hi, _mm512_set1_epi32(1))), 16);
+	__mmask16 isnan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+
+	r = _mm512_mask_mov_epi32(r, isnan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+	return _mm512_cvtepi32_epi16(r);
+}
+
+#if ST_K_BF16_INS
+/* VCVTNEPS2BF16 flushes subnormal inputs to signed zero; st_bf16_from_f32()
+ * keeps them. Lanes holding a nonzero subnormal (rare) take the integer
+ * rounding, so the result is the same bits as every other path. */
+ST_K_TARGET static inline __attribute__((always_inline)) __m256i
+ST_K(bf16_from_f32_ins)(__m512 x)
+{
+	__m256bh h = _mm512_cvtneps_pbh(x);
+	__m512i u = _mm512_castps_si512(x);
+	__m256i r;
+	__mmask16 sub = _mm512_mask_test_epi32_mask(
+		_mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)), u,
+		_mm512_set1_epi32(0x007fffff));
+
+	memcpy(&r, &h, sizeof(r));
+	if (ST_UNLIKELY(sub))
+		r = _mm256_mask_mov_epi16(r, sub, ST_K(bf16_from_f32)(x));
+	return r;
+}
+#endif
+
+ST_K_TARGET static inline __attribute__((always_inline)) uint64_t
+ST_K(adam_body)(const struct st_adam_step *s, const struct st_adam_bufs *b, size_t n,
+		const enum st_optim_dtype gdt, const int has_w, const enum st_optim_dtype wdt)
+{
+	const __m512 gs = _mm512_set1_ps(s->grad_scale);
+	const __m512 b1 = _mm512_set1_ps(s->beta1), omb1 = _mm512_set1_ps(s->one_minus_beta1);
+	const __m512 b2 = _mm512_set1_ps(s->beta2), omb2 = _mm512_set1_ps(s->one_minus_beta2);
+	const __m512 c2 = _mm512_set1_ps(s->rsqrt_bc2), eps = _mm512_set1_ps(s->eps);
+	const __m512 nstep = _mm512_set1_ps(s->neg_step_size), decay = _mm512_set1_ps(s->decay);
+	float *p = b->p, *m = b->m, *v = b->v;
+	uint64_t bad = 0;
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		__m512 g, pv, mv, vv, mn, vn, d, pn;
+		__mmask16 ok;
+
+		if (gdt == ST_OPTIM_BF16) {
+			__m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)b->g + i));
+			g = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+		} else {
+			g = _mm512_loadu_ps((const float *)b->g + i);
+		}
+		g = _mm512_mul_ps(g, gs);
+		/* fpclass 0x99: QNaN | +Inf | -Inf | SNaN */
+		ok = (__mmask16)~_mm512_fpclass_ps_mask(g, 0x99);
+		pv = _mm512_loadu_ps(p + i);
+		mv = _mm512_loadu_ps(m + i);
+		vv = _mm512_loadu_ps(v + i);
+		mn = _mm512_fmadd_ps(b1, mv, _mm512_mul_ps(omb1, g));
+		vn = _mm512_fmadd_ps(b2, vv, _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+		d = _mm512_fmadd_ps(_mm512_sqrt_ps(vn), c2, eps);
+		pn = _mm512_fmadd_ps(nstep, _mm512_div_ps(mn, d), _mm512_mul_ps(pv, decay));
+		pn = _mm512_mask_mov_ps(pv, ok, pn);
+		mn = _mm512_mask_mov_ps(mv, ok, mn);
+		vn = _mm512_mask_mov_ps(vv, ok, vn);
+		_mm512_storeu_ps(p + i, pn);
+		_mm512_storeu_ps(m + i, mn);
+		_mm512_storeu_ps(v + i, vn);
+		bad += 16u - (unsigned)__builtin_popcount((unsigned)ok);
+		if (!has_w)
+			continue;
+		if (wdt == ST_OPTIM_BF16)
+#if ST_K_BF16_INS
+			_mm256_storeu_si256((__m256i *)((uint16_t *)b->w + i),
+					    ST_K(bf16_from_f32_ins)(pn));
+#else
+			_mm256_storeu_si256((__m256i *)((uint16_t *)b->w + i),
+					    ST_K(bf16_from_f32)(pn));
+#endif
+		else if (wdt == ST_OPTIM_F16)
+			_mm256_storeu_si256((__m256i *)((uint16_t *)b->w + i),
+					    _mm512_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+		else
+			_mm512_storeu_ps((float *)b->w + i, pn);
+	}
+	return bad + st_adam_tail(s, b, i, n);
+}
+
+ST_K_TARGET static uint64_t ST_K(adam)(const struct st_adam_step *s,
+				       const struct st_adam_bufs *b, size_t n)
+{
+	const int g16 = b->g_dtype == ST_OPTIM_BF16;
+
+	if (!b->w)
+		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 0, ST_OPTIM_F32)
+			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 0, ST_OPTIM_F32);
+	switch (b->w_dtype) {
+	case ST_OPTIM_BF16:
+		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 1, ST_OPTIM_BF16)
+			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 1, ST_OPTIM_BF16);
+	case ST_OPTIM_F16:
+		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 1, ST_OPTIM_F16)
+			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 1, ST_OPTIM_F16);
+	default:
+		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 1, ST_OPTIM_F32)
+			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 1, ST_OPTIM_F32);
+	}
+}
+
+ST_K_TARGET static void ST_K(gstat)(const void *g, enum st_optim_dtype g_dtype, size_t n,
+				    double lanes[ST_GSTAT_LANES], uint32_t *absmax_bits)
+{
+	__m512d acc = _mm512_setzero_pd();
+	__m512i amax = _mm512_setzero_si512();
+	const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+	size_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		__m512i u;
+		__m512d lo, hi;
+
+		if (g_dtype == ST_OPTIM_BF16)
+			u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+				(const __m256i *)((const uint16_t *)g + i))), 16);
+		else
+			u = _mm512_loadu_si512((const void *)((const float *)g + i));
+		/* lane j takes element i+j, then i+8+j: index order per lane */
+		lo = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_castsi512_si256(u)));
+		hi = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(u, 1)));
+		acc = _mm512_fmadd_pd(lo, lo, acc);
+		acc = _mm512_fmadd_pd(hi, hi, acc);
+		amax = _mm512_max_epu32(amax, _mm512_and_si512(u, absmask));
+	}
+	_mm512_storeu_pd(lanes, acc);
+	*absmax_bits = (uint32_t)_mm512_reduce_max_epu32(amax);
+	st_gstat_tail(g, g_dtype, i, n, lanes, absmax_bits);
+}

@@ -1,0 +1,365 @@
+/* adam-bench: how close the fused CPU AdamW step runs to memory speed.
+ *
+ * In one run, interleaved rep by rep (the machine is noisy, so each
+ * figure's median comes from the same stretch of time): a STREAM-style
+ * triad for the machine's memory bandwidth, the fused AdamW step from
+ * src/optim on N parameters (fp32 G, P, M, V; bf16 W), and a naive C AdamW
+ * loop for reference. Triad, Adam and the naive loop use the same OpenMP
+ * thread count.
+ *
+ * Byte counts follow STREAM's convention: bytes the loop must read plus
+ * bytes it must write, without write-allocate traffic. Triad: 12 B per fp32
+ * element (read b, c; write a). Adam: 30 B per parameter (read G, P, M, V;
+ * write P, M, V, W). */
+#include "strata/common.h"
+#include "strata/optim.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define TRIAD_MIN_ELEMS (64ull * 1000 * 1000) /* 768 MB of arrays: past any cache */
+
+struct opts {
+	uint64_t params;
+	int threads;
+	int reps;
+	int have_path;
+	enum st_optim_path path;
+	const char *json;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: adam-bench [--params N] [--threads T] [--path avx512|avx2|scalar]\n"
+		"                  [--reps R] [--json FILE]\n"
+		"  --params N   parameters per step (default 100M; suffixes k, M, G are x1000)\n"
+		"  --threads T  OpenMP threads for triad, Adam and the naive loop (default: OpenMP's)\n"
+		"  --path P     force the kernel path (default: the best this CPU has, or\n"
+		"               $ST_OPTIM_PATH)\n"
+		"  --reps R     timed repetitions of each, interleaved (default 9; median taken)\n"
+		"  --json FILE  also write the results as JSON\n");
+}
+
+static int parse_count(const char *s, uint64_t *out)
+{
+	char *end;
+	double v, mult = 1.0;
+
+	if (!s || !*s || !(*s >= '0' && *s <= '9'))
+		return -EINVAL;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': mult = 1e3; end++; break;
+	case 'm': case 'M': mult = 1e6; end++; break;
+	case 'g': case 'G': mult = 1e9; end++; break;
+	}
+	if (*end || !isfinite(v * mult) || v * mult >= 1e15 || v * mult != floor(v * mult))
+		return -EINVAL;
+	*out = (uint64_t)(v * mult);
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+		uint64_t x;
+
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			exit(0);
+		}
+		if (strcmp(a, "--params") && strcmp(a, "--threads") && strcmp(a, "--path") &&
+		    strcmp(a, "--reps") && strcmp(a, "--json")) {
+			fprintf(stderr, "adam-bench: unknown argument '%s' (see --help)\n", a);
+			return -EINVAL;
+		}
+		if (!val) {
+			fprintf(stderr, "adam-bench: %s needs a value\n", a);
+			return -EINVAL;
+		}
+		i++;
+		if (!strcmp(a, "--params")) {
+			if (parse_count(val, &x) || x == 0) {
+				fprintf(stderr, "adam-bench: --params '%s': want a count >= 1 such as 100M\n",
+					val);
+				return -EINVAL;
+			}
+			o->params = x;
+		} else if (!strcmp(a, "--threads") || !strcmp(a, "--reps")) {
+			if (parse_count(val, &x) || x == 0 || x > 4096) {
+				fprintf(stderr, "adam-bench: %s '%s': want an integer in 1..4096\n", a, val);
+				return -EINVAL;
+			}
+			if (!strcmp(a, "--threads"))
+				o->threads = (int)x;
+			else
+				o->reps = (int)x;
+		} else if (!strcmp(a, "--path")) {
+			if (st_optim_path_parse(val, &o->path)) {
+				fprintf(stderr, "adam-bench: --path '%s': want avx512, avx2, scalar or auto\n",
+					val);
+				return -EINVAL;
+			}
+			if (!st_optim_path_supported(o->path)) {
+				fprintf(stderr, "adam-bench: --path %s: this CPU does not support it\n", val);
+				return -EINVAL;
+			}
+			o->have_path = 1;
+		} else {
+			if (!*val) {
+				fprintf(stderr, "adam-bench: --json needs a file name\n");
+				return -EINVAL;
+			}
+			o->json = val;
+		}
+	}
+	return 0;
+}
+
+/* 2 MiB-aligned, so transparent huge pages can back it. */
+static void *alloc_big(size_t bytes)
+{
+	size_t len = st_align_up(bytes, 2 * ST_MiB);
+	void *p = aligned_alloc(2 * ST_MiB, len);
+
+	if (p)
+		madvise(p, len, MADV_HUGEPAGE);
+	return p;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* A cheap deterministic value in [-1, 1) from an index. */
+static float hashf(uint64_t i, uint64_t salt)
+{
+	uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ salt;
+
+	z = (z ^ (z >> 29)) * 0xbf58476d1ce4e5b9ull;
+	z ^= z >> 32;
+	return (float)((double)(z & 0xffffff) / 8388608.0 - 1.0);
+}
+
+static double now_s(void)
+{
+	return (double)st_now_ns() * 1e-9;
+}
+
+static double run_triad(float *a, const float *b, const float *c, size_t n)
+{
+	const float s = 0.5f;
+	double t0 = now_s();
+
+#pragma omp parallel for simd schedule(static)
+	for (size_t i = 0; i < n; i++)
+		a[i] = b[i] + s * c[i];
+	return now_s() - t0;
+}
+
+static double run_adam(const struct st_adam_hparams *hp, const struct st_adam_bufs *b, size_t n)
+{
+	double t0 = now_s();
+	int err = st_adam_update(hp, b, n, ST_ADAM_GRAD_CHECKED, NULL);
+
+	if (err) {
+		fprintf(stderr, "adam-bench: adam step: %s\n", st_error_last());
+		exit(1);
+	}
+	return now_s() - t0;
+}
+
+/* The textbook AdamW loop as one would first write it. */
+static double run_naive(const struct st_adam_hparams *hp, const float *g, float *p, float *m,
+			float *v, uint16_t *w, size_t n)
+{
+	const float lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2, eps = hp->eps;
+	const float wd = hp->weight_decay, scale = hp->grad_scale;
+	const float bc1 = 1.0f - powf(b1, (float)hp->step), bc2 = 1.0f - powf(b2, (float)hp->step);
+	double t0 = now_s();
+
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < n; i++) {
+		float gi = g[i] * scale;
+
+		m[i] = b1 * m[i] + (1.0f - b1) * gi;
+		v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+		float mhat = m[i] / bc1, vhat = v[i] / bc2;
+		p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+		w[i] = st_bf16_from_f32(p[i]);
+	}
+	return now_s() - t0;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { .params = 100ull * 1000 * 1000, .threads = 0, .reps = 9 };
+	size_t n, nt;
+	float *g, *p, *m, *v, *ta, *tb, *tc;
+	uint16_t *w;
+	double *t_triad, *t_adam, *t_naive, *r_triad;
+	struct st_adam_hparams hp = { .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+				      .weight_decay = 0.01f, .grad_scale = 1.0f / 1024.0f };
+	struct st_adam_bufs bufs;
+	uint64_t step = 1;
+	double bytes_per_param, med_triad, med_adam, med_naive, triad_gbps, adam_gbps;
+	double naive_gbps, params_per_s, ratio, speedup, ratio_med;
+
+	if (parse_args(argc, argv, &o))
+		return 2;
+	if (o.threads)
+		omp_set_num_threads(o.threads);
+	else
+		o.threads = omp_get_max_threads();
+	if (o.have_path && st_optim_path_set(o.path)) {
+		fprintf(stderr, "adam-bench: %s\n", st_error_last());
+		return 2;
+	}
+	n = (size_t)o.params;
+	nt = (size_t)ST_MAX(o.params, TRIAD_MIN_ELEMS);
+
+	g = alloc_big(n * 4);
+	p = alloc_big(n * 4);
+	m = alloc_big(n * 4);
+	v = alloc_big(n * 4);
+	w = alloc_big(n * 2);
+	ta = alloc_big(nt * 4);
+	tb = alloc_big(nt * 4);
+	tc = alloc_big(nt * 4);
+	t_triad = calloc((size_t)o.reps, sizeof(double));
+	t_adam = calloc((size_t)o.reps, sizeof(double));
+	t_naive = calloc((size_t)o.reps, sizeof(double));
+	r_triad = calloc((size_t)o.reps, sizeof(double));
+	if (!g || !p || !m || !v || !w || !ta || !tb || !tc || !t_triad || !t_adam || !t_naive ||
+	    !r_triad) {
+		fprintf(stderr, "adam-bench: out of memory for %llu params\n",
+			(unsigned long long)o.params);
+		return 1;
+	}
+	/* First touch by the threads that will use each page. */
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < n; i++) {
+		g[i] = hashf(i, 1);
+		p[i] = 0.1f * hashf(i, 2);
+		m[i] = 0.0f;
+		v[i] = 0.0f;
+		w[i] = 0;
+	}
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < nt; i++) {
+		ta[i] = 0.0f;
+		tb[i] = hashf(i, 3);
+		tc[i] = hashf(i, 4);
+	}
+	bufs = (struct st_adam_bufs){ .g = g, .g_dtype = ST_OPTIM_F32, .p = p, .m = m, .v = v,
+				      .w = w, .w_dtype = ST_OPTIM_BF16 };
+	bytes_per_param = 4.0 + 3 * 8.0 + 2.0;
+
+	/* warm-up, then the timed reps, interleaved and alternating order */
+	run_triad(ta, tb, tc, nt);
+	hp.step = step++;
+	run_adam(&hp, &bufs, n);
+	hp.step = step++;
+	run_naive(&hp, g, p, m, v, w, n);
+	for (int r = 0; r < o.reps; r++) {
+		if (r % 2 == 0) {
+			t_triad[r] = run_triad(ta, tb, tc, nt);
+			hp.step = step++;
+			t_adam[r] = run_adam(&hp, &bufs, n);
+			hp.step = step++;
+			t_naive[r] = run_naive(&hp, g, p, m, v, w, n);
+		} else {
+			hp.step = step++;
+			t_naive[r] = run_naive(&hp, g, p, m, v, w, n);
+			hp.step = step++;
+			t_adam[r] = run_adam(&hp, &bufs, n);
+			t_triad[r] = run_triad(ta, tb, tc, nt);
+		}
+		/* achieved / triad within this rep, for the median of ratios */
+		r_triad[r] = ((double)n * bytes_per_param / t_adam[r]) / ((double)nt * 12.0 / t_triad[r]);
+	}
+	med_triad = median(t_triad, o.reps);
+	med_adam = median(t_adam, o.reps);
+	med_naive = median(t_naive, o.reps);
+	ratio_med = median(r_triad, o.reps);
+	triad_gbps = (double)nt * 12.0 / med_triad * 1e-9;
+	adam_gbps = (double)n * bytes_per_param / med_adam * 1e-9;
+	naive_gbps = (double)n * bytes_per_param / med_naive * 1e-9;
+	params_per_s = (double)n / med_adam;
+	ratio = adam_gbps / triad_gbps;
+	speedup = med_naive / med_adam;
+
+	printf("adam-bench: %llu params, %d threads, path %s, %d reps (median), triad on %zu floats\n",
+	       (unsigned long long)o.params, o.threads, st_optim_path_name(st_optim_path_get()),
+	       o.reps, nt);
+	printf("  triad        %8.2f GB/s   (%.1f ms)\n", triad_gbps, med_triad * 1e3);
+	printf("  adam fused   %8.2f GB/s   (%.1f ms)  %.3g params/s  %.0f B/param\n", adam_gbps,
+	       med_adam * 1e3, params_per_s, bytes_per_param);
+	printf("  adam naive   %8.2f GB/s   (%.1f ms)\n", naive_gbps, med_naive * 1e3);
+	printf("  ratio achieved/triad %.3f (median of per-rep ratios %.3f), speedup vs naive %.2fx\n",
+	       ratio, ratio_med, speedup);
+
+	if (o.json) {
+		json_object *j = json_object_new_object();
+
+		json_object_object_add(j, "params", json_object_new_int64((int64_t)o.params));
+		json_object_object_add(j, "params_per_s", json_object_new_double(params_per_s));
+		json_object_object_add(j, "bytes_per_param", json_object_new_double(bytes_per_param));
+		json_object_object_add(j, "achieved_gbps", json_object_new_double(adam_gbps));
+		json_object_object_add(j, "triad_gbps", json_object_new_double(triad_gbps));
+		json_object_object_add(j, "ratio_to_triad", json_object_new_double(ratio));
+		json_object_object_add(j, "ratio_to_triad_median_per_rep",
+				       json_object_new_double(ratio_med));
+		json_object_object_add(j, "naive_gbps", json_object_new_double(naive_gbps));
+		json_object_object_add(j, "speedup_vs_naive", json_object_new_double(speedup));
+		json_object_object_add(j, "path",
+				       json_object_new_string(st_optim_path_name(st_optim_path_get())));
+		json_object_object_add(j, "threads", json_object_new_int(o.threads));
+		json_object_object_add(j, "reps", json_object_new_int(o.reps));
+		char tmp[4096];
+
+		/* write aside and rename, so a failure leaves no partial file */
+		snprintf(tmp, sizeof(tmp), "%s.tmp", o.json);
+		if (json_object_to_file_ext(tmp, j, JSON_C_TO_STRING_PRETTY) < 0 ||
+		    rename(tmp, o.json)) {
+			fprintf(stderr, "adam-bench: write %s: %s\n", o.json, json_util_get_last_err());
+			remove(tmp);
+			json_object_put(j);
+			return 1;
+		}
+		json_object_put(j);
+	}
+	free(g);
+	free(p);
+	free(m);
+	free(v);
+	free(w);
+	free(ta);
+	free(tb);
+	free(tc);
+	free(t_triad);
+	free(t_adam);
+	free(t_naive);
+	free(r_triad);
+	return 0;
+}
