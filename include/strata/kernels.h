@@ -1,0 +1,137 @@
+/* strata: cpu device kernels (OpenMP + BLAS), the numerical reference.
+ *
+ * llm.c style: the output comes first, shapes are said in a comment, every
+ * tensor is row-major fp32. B is the batch, T the sequence length, C the
+ * channels, NH the heads, V the vocabulary. "N rows" means B*T.
+ *
+ * Conventions shared by every kernel:
+ *  - forward kernels overwrite their outputs;
+ *  - backward kernels ACCUMULATE (+=) into every gradient they are given
+ *    (dinp, dweight, dbias...), so the caller zeroes what must start at 0;
+ *  - results are bit-identical at any OpenMP thread count: reductions are
+ *    split by a fixed partition that depends only on the shapes (never on
+ *    the thread count), and there are no atomics. Every matmul goes through
+ *    st_cpu_sgemm(), which tiles the output by shape and runs one
+ *    single-threaded BLAS call per tile, because OpenBLAS's own threading
+ *    is not bitwise stable across thread counts (measured: 0.3.21 sgemm
+ *    256x768x2304 differs in 9% of the elements between 1 and 2 threads).
+ * Kernels never allocate and never fail: shapes are the caller's contract
+ * (asserted). */
+#ifndef STRATA_KERNELS_H
+#define STRATA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- bf16 <-> fp32 --------------------------------------------------------
+ * bf16 is the top half of an fp32. fp32 -> bf16 rounds to nearest, ties to
+ * even; a NaN stays a NaN (made quiet, sign kept); infinities and denormals
+ * pass through (no flushing). bf16 -> fp32 is exact. */
+static inline uint16_t st_cpu_bf16_from_f32(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof(u));
+	if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign, set quiet bit */
+		return (uint16_t)((u >> 16) | 0x0040u);
+	u += 0x7fffu + ((u >> 16) & 1u); /* RNE; overflow carries into inf */
+	return (uint16_t)(u >> 16);
+}
+
+static inline float st_cpu_f32_from_bf16(uint16_t h)
+{
+	uint32_t u = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* out is (n), in is (n). Whole flat buffers; OpenMP over fixed chunks. */
+void st_cpu_bf16_to_f32(float *out, const uint16_t *in, size_t n_elems);
+void st_cpu_f32_to_bf16(uint16_t *out, const float *in, size_t n_elems);
+
+/* ---- matmul ---------------------------------------------------------------
+ * Row-major C (M,N) = alpha * op(A) @ op(B) + beta * C, with op = transpose
+ * when trans_* is nonzero (A is then stored (K,M), B (N,K)). Tiled over the
+ * output by a shape-only partition; deterministic at any thread count. When
+ * called from inside an active OpenMP region it runs on the calling thread. */
+void st_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
+		  const float *A, int lda, const float *B, int ldb, float beta,
+		  float *C, int ldc);
+
+/* Conv1D layout (Hugging Face GPT-2): y = x @ W + b with W stored (in,out).
+ * out is (N,OC), inp is (N,IC), weight is (IC,OC), bias is (OC) or NULL. */
+void st_cpu_matmul_fwd(float *out, const float *inp, const float *weight,
+		       const float *bias, int N, int IC, int OC);
+/* dinp (N,IC) += dout @ weight^T; dweight (IC,OC) += inp^T @ dout;
+ * dbias (OC) += column sums of dout. Any of dinp, dweight, dbias may be NULL
+ * (that gradient is skipped). dout is (N,OC). */
+void st_cpu_matmul_bwd(float *dinp, float *dweight, float *dbias,
+		       const float *dout, const float *inp, const float *weight,
+		       int N, int IC, int OC);
+
+/* ---- layernorm (eps 1e-5, biased variance, as torch) -------------------- */
+/* out is (N,C); mean and rstd are (N) and are kept for the backward. */
+void st_cpu_layernorm_fwd(float *out, float *mean, float *rstd,
+			  const float *inp, const float *weight,
+			  const float *bias, int N, int C);
+/* dinp (N,C) +=; dweight (C) +=; dbias (C) +=. dout, inp are (N,C). */
+void st_cpu_layernorm_bwd(float *dinp, float *dweight, float *dbias,
+			  const float *dout, const float *inp,
+			  const float *weight, const float *mean,
+			  const float *rstd, int N, int C);
+
+/* ---- GELU, tanh approximation (GPT-2's "gelu_new") ----------------------
+ * out is (n), inp is (n); out may equal inp. */
+void st_cpu_gelu_fwd(float *out, const float *inp, size_t n);
+/* dinp (n) = gelu'(inp) * dout: OVERWRITES, elementwise, so dinp may equal
+ * inp or dout (the block turns its saved pre-activation into its gradient
+ * in place instead of holding a third 4C-wide buffer). */
+void st_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout,
+		     size_t n);
+
+/* ---- residual --------------------------------------------------------------
+ * out = a + b, all (n); out may equal a or b. */
+void st_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n);
+/* da += dout; db += dout. */
+void st_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n);
+
+/* ---- embedding -------------------------------------------------------------
+ * out is (B,T,C): out[b,t] = wte[tokens[b,t]] + wpe[t]. tokens is (B,T) with
+ * every value in [0,V) (the caller checks). wte is (V,C), wpe is (>=T,C). */
+void st_cpu_embedding_fwd(float *out, const int32_t *tokens, const float *wte,
+			  const float *wpe, int B, int T, int C);
+/* dwte (V,C) += scatter of dout rows by token; dwpe (T,C) += sum over b.
+ * dout is (B,T,C). */
+void st_cpu_embedding_bwd(float *dwte, float *dwpe, const float *dout,
+			  const int32_t *tokens, int B, int T, int C);
+
+/* ---- causal self-attention -------------------------------------------------
+ * Flash-style: query blocks against key blocks with an online softmax, so no
+ * (B,NH,T,T) tensor exists; scratch is a few KiB per thread on the stack.
+ * qkv is (B,T,3C) = [q | k | v], each split in NH heads of C/NH channels.
+ * out is (B,T,C); lse is (B,NH,T), the log-sum-exp of each query's scores,
+ * kept for the backward. Scale 1/sqrt(C/NH). */
+void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
+			  int T, int C, int NH);
+/* dqkv (B,T,3C) += gradient through attention. dout, out are (B,T,C); out
+ * and lse are the forward's results for this qkv. Deterministic: each
+ * (b,head) pair is one task that runs serially. */
+void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
+			  const float *out, const float *lse, int B, int T,
+			  int C, int NH);
+
+/* ---- fused softmax + cross-entropy ---------------------------------------
+ * losses (N) = logsumexp(logits[n]) - logits[n, targets[n]]. logits is
+ * (N,V), targets (N) in [0,V). */
+void st_cpu_crossentropy_fwd(float *losses, const float *logits,
+			     const int32_t *targets, int N, int V);
+/* dlogits (N,V) = dloss * (softmax(logits) - onehot(targets)): OVERWRITES
+ * (the one exception to "backward accumulates", so it can run in place:
+ * dlogits may equal logits). losses (N) gets the loss of each row, or is
+ * NULL. */
+void st_cpu_crossentropy_bwd(float *dlogits, float *losses,
+			     const float *logits, const int32_t *targets,
+			     float dloss, int N, int V);
+
+#endif

@@ -1,0 +1,567 @@
+/* strata: cpu device kernels. See include/strata/kernels.h for the
+ * conventions (output first, backward accumulates, deterministic at any
+ * thread count). */
+#include "strata/kernels.h"
+
+#include "strata/common.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+
+/* Fixed partitions. They depend only on shapes, never on the thread count,
+ * which is what makes every reduction bit-identical at any thread count. */
+#define ST_GEMM_TILE_M 256     /* rows of C per BLAS call */
+#define ST_GEMM_TILE_N 128     /* columns of C per BLAS call */
+#define ST_COL_BLOCK 64        /* columns per task in reductions over rows */
+#define ST_CONV_CHUNK 65536    /* elements per task in bf16 conversions */
+#define ST_ATT_BLOCK 64        /* query and key block of the attention */
+
+/* exp(x) in fp32 written so the compiler can vectorise it (glibc's expf is
+ * a scalar call). n = round(x / ln2), r = x - n ln2 (Cody-Waite split),
+ * exp(r) by a degree-7 Taylor polynomial (|r| <= ln2/2: error < 1e-8),
+ * times 2^n built in the exponent bits. Within 2 ulp of expf; returns 0
+ * below -87 (where expf is near FLT_MIN) and saturates above 88. */
+static inline float st_expf(float x)
+{
+	float xc = x > 88.0f ? 88.0f : x;
+	xc = xc < -87.0f ? -87.0f : xc;
+	/* 1.5 * 2^23: adding and subtracting it rounds to nearest integer */
+	float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+	float r = xc - n * 0.693359375f;
+	r = r + n * 2.12194440e-4f;
+	float p = 1.0f / 5040.0f;
+	p = p * r + 1.0f / 720.0f;
+	p = p * r + 1.0f / 120.0f;
+	p = p * r + 1.0f / 24.0f;
+	p = p * r + 1.0f / 6.0f;
+	p = p * r + 0.5f;
+	p = p * r + 1.0f;
+	p = p * r + 1.0f;
+	union {
+		int32_t i;
+		float f;
+	} s;
+	s.i = ((int32_t)n + 127) << 23;
+	float y = p * s.f;
+	return x < -87.0f ? 0.0f : y;
+}
+
+/* ---- bf16 ------------------------------------------------------------------ */
+
+void st_cpu_bf16_to_f32(float *out, const uint16_t *in, size_t n_elems)
+{
+	size_t n_chunks = (n_elems + ST_CONV_CHUNK - 1) / ST_CONV_CHUNK;
+#pragma omp parallel for schedule(static)
+	for (size_t ch = 0; ch < n_chunks; ch++) {
+		size_t lo = ch * ST_CONV_CHUNK;
+		size_t hi = ST_MIN(lo + ST_CONV_CHUNK, n_elems);
+#pragma omp simd
+		for (size_t i = lo; i < hi; i++) {
+			uint32_t u = (uint32_t)in[i] << 16;
+			memcpy(&out[i], &u, sizeof(u));
+		}
+	}
+}
+
+void st_cpu_f32_to_bf16(uint16_t *out, const float *in, size_t n_elems)
+{
+	size_t n_chunks = (n_elems + ST_CONV_CHUNK - 1) / ST_CONV_CHUNK;
+#pragma omp parallel for schedule(static)
+	for (size_t ch = 0; ch < n_chunks; ch++) {
+		size_t lo = ch * ST_CONV_CHUNK;
+		size_t hi = ST_MIN(lo + ST_CONV_CHUNK, n_elems);
+		for (size_t i = lo; i < hi; i++)
+			out[i] = st_cpu_bf16_from_f32(in[i]);
+	}
+}
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+void st_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
+		  const float *A, int lda, const float *B, int ldb, float beta,
+		  float *C, int ldc)
+{
+	assert(M >= 0 && N >= 0 && K >= 0);
+	if (M == 0 || N == 0)
+		return;
+	enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+	enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+	if (omp_in_parallel()) {
+		/* OpenBLAS (OpenMP build) runs on this thread alone here. */
+		cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B,
+			    ldb, beta, C, ldc);
+		return;
+	}
+	int tiles_m = (M + ST_GEMM_TILE_M - 1) / ST_GEMM_TILE_M;
+	int tiles_n = (N + ST_GEMM_TILE_N - 1) / ST_GEMM_TILE_N;
+	/* Even a single tile goes through the parallel region: inside it
+	 * OpenBLAS is single-threaded, so the tile's arithmetic never depends
+	 * on how many threads exist. */
+#pragma omp parallel for schedule(dynamic, 1)
+	for (int t = 0; t < tiles_m * tiles_n; t++) {
+		int i0 = (t / tiles_n) * ST_GEMM_TILE_M;
+		int j0 = (t % tiles_n) * ST_GEMM_TILE_N;
+		int m = ST_MIN(ST_GEMM_TILE_M, M - i0);
+		int n = ST_MIN(ST_GEMM_TILE_N, N - j0);
+		const float *a = trans_a ? A + i0 : A + (size_t)i0 * lda;
+		const float *b = trans_b ? B + (size_t)j0 * ldb : B + j0;
+		cblas_sgemm(CblasRowMajor, ta, tb, m, n, K, alpha, a, lda, b,
+			    ldb, beta, C + (size_t)i0 * ldc + j0, ldc);
+	}
+}
+
+void st_cpu_matmul_fwd(float *out, const float *inp, const float *weight,
+		       const float *bias, int N, int IC, int OC)
+{
+	// out is (N,OC), inp is (N,IC), weight is (IC,OC), bias is (OC)
+	if (bias) {
+#pragma omp parallel for schedule(static)
+		for (int n = 0; n < N; n++)
+			memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
+	}
+	st_cpu_sgemm(0, 0, N, OC, IC, 1.0f, inp, IC, weight, OC,
+		     bias ? 1.0f : 0.0f, out, OC);
+}
+
+void st_cpu_matmul_bwd(float *dinp, float *dweight, float *dbias,
+		       const float *dout, const float *inp, const float *weight,
+		       int N, int IC, int OC)
+{
+	// dinp (N,IC) += dout (N,OC) @ weight^T (OC,IC)
+	if (dinp)
+		st_cpu_sgemm(0, 1, N, IC, OC, 1.0f, dout, OC, weight, OC, 1.0f,
+			     dinp, IC);
+	// dweight (IC,OC) += inp^T (IC,N) @ dout (N,OC)
+	if (dweight)
+		st_cpu_sgemm(1, 0, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f,
+			     dweight, OC);
+	if (dbias) {
+		int n_blocks = (OC + ST_COL_BLOCK - 1) / ST_COL_BLOCK;
+#pragma omp parallel for schedule(static)
+		for (int blk = 0; blk < n_blocks; blk++) {
+			int c0 = blk * ST_COL_BLOCK;
+			int nc = ST_MIN(ST_COL_BLOCK, OC - c0);
+			float acc[ST_COL_BLOCK] = {0};
+			for (int n = 0; n < N; n++) {
+				const float *row = dout + (size_t)n * OC + c0;
+#pragma omp simd
+				for (int c = 0; c < nc; c++)
+					acc[c] += row[c];
+			}
+			for (int c = 0; c < nc; c++)
+				dbias[c0 + c] += acc[c];
+		}
+	}
+}
+
+/* ---- layernorm --------------------------------------------------------------- */
+
+void st_cpu_layernorm_fwd(float *out, float *mean, float *rstd,
+			  const float *inp, const float *weight,
+			  const float *bias, int N, int C)
+{
+	// out is (N,C), mean and rstd are (N)
+	const float eps = 1e-5f;
+#pragma omp parallel for schedule(static)
+	for (int n = 0; n < N; n++) {
+		const float *x = inp + (size_t)n * C;
+		float *o = out + (size_t)n * C;
+		float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+		for (int c = 0; c < C; c++)
+			s += x[c];
+		float m = s / (float)C;
+		float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+		for (int c = 0; c < C; c++) {
+			float d = x[c] - m;
+			v += d * d;
+		}
+		float r = 1.0f / sqrtf(v / (float)C + eps);
+#pragma omp simd
+		for (int c = 0; c < C; c++)
+			o[c] = (x[c] - m) * r * weight[c] + bias[c];
+		mean[n] = m;
+		rstd[n] = r;
+	}
+}
+
+void st_cpu_layernorm_bwd(float *dinp, float *dweight, float *dbias,
+			  const float *dout, const float *inp,
+			  const float *weight, const float *mean,
+			  const float *rstd, int N, int C)
+{
+	// dinp, dout, inp are (N,C); dweight, dbias, weight are (C)
+	if (dinp) {
+#pragma omp parallel for schedule(static)
+		for (int n = 0; n < N; n++) {
+			const float *x = inp + (size_t)n * C;
+			const float *g = dout + (size_t)n * C;
+			float *dx = dinp + (size_t)n * C;
+			float m = mean[n], r = rstd[n];
+			float s_dn = 0.0f, s_dnn = 0.0f;
+#pragma omp simd reduction(+ : s_dn, s_dnn)
+			for (int c = 0; c < C; c++) {
+				float norm = (x[c] - m) * r;
+				float dnorm = weight[c] * g[c];
+				s_dn += dnorm;
+				s_dnn += dnorm * norm;
+			}
+			s_dn /= (float)C;
+			s_dnn /= (float)C;
+#pragma omp simd
+			for (int c = 0; c < C; c++) {
+				float norm = (x[c] - m) * r;
+				float dnorm = weight[c] * g[c];
+				dx[c] += (dnorm - s_dn - norm * s_dnn) * r;
+			}
+		}
+	}
+	if (dweight || dbias) {
+		int n_blocks = (C + ST_COL_BLOCK - 1) / ST_COL_BLOCK;
+#pragma omp parallel for schedule(static)
+		for (int blk = 0; blk < n_blocks; blk++) {
+			int c0 = blk * ST_COL_BLOCK;
+			int nc = ST_MIN(ST_COL_BLOCK, C - c0);
+			float aw[ST_COL_BLOCK] = {0}, ab[ST_COL_BLOCK] = {0};
+			for (int n = 0; n < N; n++) {
+				const float *x = inp + (size_t)n * C + c0;
+				const float *g = dout + (size_t)n * C + c0;
+				float m = mean[n], r = rstd[n];
+#pragma omp simd
+				for (int c = 0; c < nc; c++) {
+					aw[c] += g[c] * ((x[c] - m) * r);
+					ab[c] += g[c];
+				}
+			}
+			for (int c = 0; c < nc; c++) {
+				if (dweight)
+					dweight[c0 + c] += aw[c];
+				if (dbias)
+					dbias[c0 + c] += ab[c];
+			}
+		}
+	}
+}
+
+/* ---- GELU ------------------------------------------------------------------- */
+
+#define ST_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define ST_GELU_A 0.044715f
+
+/* With e = exp(2u) and a = 1/(e+1): 1 + tanh(u) = 2ea and 1 - tanh(u) = 2a.
+ * Written this way there is no cancellation for negative inputs (where
+ * 1 + tanh(u) -> 0), the limits are exact, and the loop vectorises. */
+#define ST_ELEM_CHUNK 16384 /* elements per task in elementwise kernels */
+
+void st_cpu_gelu_fwd(float *out, const float *inp, size_t n)
+{
+	size_t n_chunks = (n + ST_ELEM_CHUNK - 1) / ST_ELEM_CHUNK;
+#pragma omp parallel for schedule(static)
+	for (size_t ch = 0; ch < n_chunks; ch++) {
+		size_t lo = ch * ST_ELEM_CHUNK, hi = ST_MIN(lo + ST_ELEM_CHUNK, n);
+#pragma omp simd
+		for (size_t i = lo; i < hi; i++) {
+			float x = inp[i];
+			float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
+			float a = 1.0f / (e + 1.0f);
+			out[i] = x * (e * a); /* 0.5 x (1 + tanh) */
+		}
+	}
+}
+
+void st_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout,
+		     size_t n)
+{
+	size_t n_chunks = (n + ST_ELEM_CHUNK - 1) / ST_ELEM_CHUNK;
+#pragma omp parallel for schedule(static)
+	for (size_t ch = 0; ch < n_chunks; ch++) {
+		size_t lo = ch * ST_ELEM_CHUNK, hi = ST_MIN(lo + ST_ELEM_CHUNK, n);
+#pragma omp simd
+		for (size_t i = lo; i < hi; i++) {
+			float x = inp[i];
+			float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
+			float a = 1.0f / (e + 1.0f);
+			float ea = e * a;
+			float du = ST_GELU_K * (1.0f + 3.0f * ST_GELU_A * x * x);
+			/* 0.5 (1 + t) + 0.5 x (1 - t^2) du, 1 - t^2 = 4 e a^2 */
+			float g = ea + 2.0f * x * (ea * a) * du;
+			dinp[i] = g * dout[i];
+		}
+	}
+}
+
+/* ---- residual ----------------------------------------------------------------- */
+
+void st_cpu_residual_fwd(float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[i] + b[i];
+}
+
+void st_cpu_residual_bwd(float *da, float *db, const float *dout, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+	for (size_t i = 0; i < n; i++) {
+		da[i] += dout[i];
+		db[i] += dout[i];
+	}
+}
+
+/* ---- embedding ------------------------------------------------------------------ */
+
+void st_cpu_embedding_fwd(float *out, const int32_t *tokens, const float *wte,
+			  const float *wpe, int B, int T, int C)
+{
+	// out is (B,T,C), tokens (B,T), wte (V,C), wpe (T,C)
+#pragma omp parallel for schedule(static)
+	for (int bt = 0; bt < B * T; bt++) {
+		const float *e = wte + (size_t)tokens[bt] * C;
+		const float *p = wpe + (size_t)(bt % T) * C;
+		float *o = out + (size_t)bt * C;
+#pragma omp simd
+		for (int c = 0; c < C; c++)
+			o[c] = e[c] + p[c];
+	}
+}
+
+void st_cpu_embedding_bwd(float *dwte, float *dwpe, const float *dout,
+			  const int32_t *tokens, int B, int T, int C)
+{
+	// Scatter-add by token: a column block per task, rows in order, so
+	// repeated tokens add up in the same order at any thread count.
+	int n_blocks = (C + ST_COL_BLOCK - 1) / ST_COL_BLOCK;
+#pragma omp parallel for schedule(static)
+	for (int blk = 0; blk < n_blocks; blk++) {
+		int c0 = blk * ST_COL_BLOCK;
+		int nc = ST_MIN(ST_COL_BLOCK, C - c0);
+		for (int bt = 0; bt < B * T; bt++) {
+			float *d = dwte + (size_t)tokens[bt] * C + c0;
+			const float *g = dout + (size_t)bt * C + c0;
+#pragma omp simd
+			for (int c = 0; c < nc; c++)
+				d[c] += g[c];
+		}
+	}
+#pragma omp parallel for schedule(static)
+	for (int t = 0; t < T; t++) {
+		float *d = dwpe + (size_t)t * C;
+		for (int b = 0; b < B; b++) {
+			const float *g = dout + ((size_t)b * T + t) * C;
+#pragma omp simd
+			for (int c = 0; c < C; c++)
+				d[c] += g[c];
+		}
+	}
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
+			  int T, int C, int NH)
+{
+	// out is (B,T,C), lse is (B,NH,T), qkv is (B,T,3C)
+	assert(C % NH == 0);
+	const int hs = C / NH, C3 = 3 * C;
+	const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for schedule(dynamic, 1)
+	for (int bh = 0; bh < B * NH; bh++) {
+		int b = bh / NH, h = bh % NH;
+		const float *q = qkv + (size_t)b * T * C3 + h * hs;
+		const float *k = q + C;
+		const float *v = q + 2 * C;
+		float *o = out + (size_t)b * T * C + h * hs;
+		float *l_out = lse + (size_t)bh * T;
+		float s[ST_ATT_BLOCK * ST_ATT_BLOCK];
+		float mrow[ST_ATT_BLOCK], lrow[ST_ATT_BLOCK];
+		for (int i0 = 0; i0 < T; i0 += ST_ATT_BLOCK) {
+			int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
+			for (int r = 0; r < ni; r++) {
+				mrow[r] = -INFINITY;
+				lrow[r] = 0.0f;
+				memset(o + (size_t)(i0 + r) * C, 0,
+				       sizeof(float) * hs);
+			}
+			for (int j0 = 0; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
+				int nj = ST_MIN(ST_ATT_BLOCK, i0 + ni - j0);
+				// s (ni,nj) = scale * q_i @ k_j^T
+				st_cpu_sgemm(0, 1, ni, nj, hs, scale,
+					     q + (size_t)i0 * C3, C3,
+					     k + (size_t)j0 * C3, C3, 0.0f, s,
+					     ST_ATT_BLOCK);
+				for (int r = 0; r < ni; r++) {
+					float *sr = s + r * ST_ATT_BLOCK;
+					int nvalid = i0 + r - j0 + 1;
+					nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
+					float mx = mrow[r];
+					for (int c = 0; c < nvalid; c++)
+						mx = sr[c] > mx ? sr[c] : mx;
+					float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+					for (int c = 0; c < nvalid; c++) {
+						sr[c] = st_expf(sr[c] - mx);
+						sum += sr[c];
+					}
+					for (int c = nvalid; c < nj; c++)
+						sr[c] = 0.0f;
+					float alpha = st_expf(mrow[r] - mx);
+					lrow[r] = lrow[r] * alpha + sum;
+					mrow[r] = mx;
+					if (alpha != 1.0f) {
+						float *orow = o + (size_t)(i0 + r) * C;
+						for (int d = 0; d < hs; d++)
+							orow[d] *= alpha;
+					}
+				}
+				// o_i (ni,hs) += p (ni,nj) @ v_j (nj,hs)
+				st_cpu_sgemm(0, 0, ni, hs, nj, 1.0f, s,
+					     ST_ATT_BLOCK, v + (size_t)j0 * C3,
+					     C3, 1.0f, o + (size_t)i0 * C, C);
+			}
+			for (int r = 0; r < ni; r++) {
+				float inv = 1.0f / lrow[r];
+				float *orow = o + (size_t)(i0 + r) * C;
+				for (int d = 0; d < hs; d++)
+					orow[d] *= inv;
+				l_out[i0 + r] = mrow[r] + logf(lrow[r]);
+			}
+		}
+	}
+}
+
+void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
+			  const float *out, const float *lse, int B, int T,
+			  int C, int NH)
+{
+	assert(C % NH == 0);
+	const int hs = C / NH, C3 = 3 * C;
+	const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for schedule(dynamic, 1)
+	for (int bh = 0; bh < B * NH; bh++) {
+		int b = bh / NH, h = bh % NH;
+		size_t qoff = (size_t)b * T * C3 + h * hs;
+		size_t ooff = (size_t)b * T * C + h * hs;
+		const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+		float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
+		const float *o = out + ooff, *dout_h = dout + ooff;
+		const float *l_in = lse + (size_t)bh * T;
+		float p[ST_ATT_BLOCK * ST_ATT_BLOCK];
+		float dp[ST_ATT_BLOCK * ST_ATT_BLOCK];
+		float drow[ST_ATT_BLOCK];
+		for (int j0 = 0; j0 < T; j0 += ST_ATT_BLOCK) {
+			int nj = ST_MIN(ST_ATT_BLOCK, T - j0);
+			// query blocks that see some key of this block
+			for (int i0 = (j0 / ST_ATT_BLOCK) * ST_ATT_BLOCK; i0 < T;
+			     i0 += ST_ATT_BLOCK) {
+				int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
+				// p (ni,nj) = exp(scale q_i k_j^T - lse_i), causal
+				st_cpu_sgemm(0, 1, ni, nj, hs, scale,
+					     q + (size_t)i0 * C3, C3,
+					     k + (size_t)j0 * C3, C3, 0.0f, p,
+					     ST_ATT_BLOCK);
+				for (int r = 0; r < ni; r++) {
+					float *pr = p + r * ST_ATT_BLOCK;
+					int nvalid = i0 + r - j0 + 1;
+					nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
+					float li = l_in[i0 + r];
+#pragma omp simd
+					for (int c = 0; c < nvalid; c++)
+						pr[c] = st_expf(pr[c] - li);
+					for (int c = nvalid; c < nj; c++)
+						pr[c] = 0.0f;
+					// D_i = dout_i . out_i
+					const float *gr = dout_h + (size_t)(i0 + r) * C;
+					const float *orow = o + (size_t)(i0 + r) * C;
+					float d = 0.0f;
+					for (int e = 0; e < hs; e++)
+						d += gr[e] * orow[e];
+					drow[r] = d;
+				}
+				// dv_j (nj,hs) += p^T (nj,ni) @ dout_i (ni,hs)
+				st_cpu_sgemm(1, 0, nj, hs, ni, 1.0f, p,
+					     ST_ATT_BLOCK, dout_h + (size_t)i0 * C,
+					     C, 1.0f, dv + (size_t)j0 * C3, C3);
+				// dp (ni,nj) = dout_i @ v_j^T
+				st_cpu_sgemm(0, 1, ni, nj, hs, 1.0f,
+					     dout_h + (size_t)i0 * C, C,
+					     v + (size_t)j0 * C3, C3, 0.0f, dp,
+					     ST_ATT_BLOCK);
+				// ds = p * (dp - D_i), into dp
+				for (int r = 0; r < ni; r++) {
+					float *pr = p + r * ST_ATT_BLOCK;
+					float *dr = dp + r * ST_ATT_BLOCK;
+#pragma omp simd
+					for (int c = 0; c < nj; c++)
+						dr[c] = pr[c] * (dr[c] - drow[r]);
+				}
+				// dq_i (ni,hs) += scale ds @ k_j
+				st_cpu_sgemm(0, 0, ni, hs, nj, scale, dp,
+					     ST_ATT_BLOCK, k + (size_t)j0 * C3,
+					     C3, 1.0f, dq + (size_t)i0 * C3, C3);
+				// dk_j (nj,hs) += scale ds^T @ q_i
+				st_cpu_sgemm(1, 0, nj, hs, ni, scale, dp,
+					     ST_ATT_BLOCK, q + (size_t)i0 * C3,
+					     C3, 1.0f, dk + (size_t)j0 * C3, C3);
+			}
+		}
+	}
+}
+
+/* ---- cross-entropy ----------------------------------------------------------- */
+
+static float st_row_max(const float *x, int V)
+{
+	float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+	for (int i = 0; i < V; i++)
+		mx = x[i] > mx ? x[i] : mx;
+	return mx;
+}
+
+void st_cpu_crossentropy_fwd(float *losses, const float *logits,
+			     const int32_t *targets, int N, int V)
+{
+	// losses (N), logits (N,V), targets (N)
+#pragma omp parallel for schedule(static)
+	for (int n = 0; n < N; n++) {
+		const float *x = logits + (size_t)n * V;
+		float mx = st_row_max(x, V);
+		float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+		for (int i = 0; i < V; i++)
+			sum += st_expf(x[i] - mx);
+		losses[n] = mx + logf(sum) - x[targets[n]];
+	}
+}
+
+void st_cpu_crossentropy_bwd(float *dlogits, float *losses,
+			     const float *logits, const int32_t *targets,
+			     float dloss, int N, int V)
+{
+#pragma omp parallel for schedule(static)
+	for (int n = 0; n < N; n++) {
+		const float *x = logits + (size_t)n * V;
+		float *dx = dlogits + (size_t)n * V;
+		int32_t t = targets[n];
+		float xt = x[t]; /* read before dx (maybe x) is overwritten */
+		float mx = st_row_max(x, V);
+		float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+		for (int i = 0; i < V; i++) {
+			float e = st_expf(x[i] - mx);
+			dx[i] = e;
+			sum += e;
+		}
+		if (losses)
+			losses[n] = mx + logf(sum) - xt;
+		float s = dloss / sum;
+#pragma omp simd
+		for (int i = 0; i < V; i++)
+			dx[i] *= s;
+		dx[t] -= dloss;
+	}
+}

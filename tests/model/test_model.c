@@ -1,0 +1,641 @@
+/* GPT-2 units: config parsing, layouts, init, finite-difference checks of
+ * every unit's bwd against its fwd, loss at init, overfitting one batch,
+ * and bitwise determinism across thread counts. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "strata/kernels.h"
+#include "strata/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rng_u64(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static float rng_f(void)
+{
+	return (float)((double)(rng_u64() >> 11) * 0x1.0p-52 - 1.0);
+}
+
+/* A whole model's state for the tests: fp32 params and grads per unit,
+ * activations (unit inputs), one shared workspace. */
+struct net {
+	struct st_model *m;
+	int U, B, T, C;
+	float **p, **g;
+	float **x;   /* x[u]: input of unit u (u >= 1), (B,T,C) */
+	float *dbuf[2];
+	void *work;
+	size_t work_bytes;
+	int32_t *tok, *tgt;
+	struct st_model_batch batch;
+};
+
+static void net_init(struct net *n, const struct st_model_config *cfg, int B,
+		     int T, uint64_t seed)
+{
+	memset(n, 0, sizeof(*n));
+	assert_int_equal(st_model_create(cfg, &n->m), 0);
+	n->U = st_model_unit_count(n->m);
+	n->B = B;
+	n->T = T;
+	n->C = cfg->n_embd;
+	n->p = calloc(n->U, sizeof(float *));
+	n->g = calloc(n->U, sizeof(float *));
+	n->x = calloc(n->U + 1, sizeof(float *));
+	size_t act = (size_t)B * T * n->C;
+	for (int u = 0; u < n->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(n->m, u);
+		n->p[u] = calloc(ul->elems, sizeof(float));
+		n->g[u] = calloc(ul->elems, sizeof(float));
+		assert_int_equal(st_model_init_unit(n->m, u, seed, n->p[u]), 0);
+		size_t wb = st_model_work_bytes(n->m, u, B, T);
+		if (wb > n->work_bytes)
+			n->work_bytes = wb;
+	}
+	for (int u = 1; u <= n->U; u++)
+		n->x[u] = calloc(act, sizeof(float));
+	n->dbuf[0] = calloc(act, sizeof(float));
+	n->dbuf[1] = calloc(act, sizeof(float));
+	n->work = malloc(n->work_bytes);
+	n->tok = calloc((size_t)B * T, sizeof(int32_t));
+	n->tgt = calloc((size_t)B * T, sizeof(int32_t));
+	n->batch = (struct st_model_batch){.B = B, .T = T, .tokens = n->tok,
+					   .targets = n->tgt, .loss_scale = 1.0f};
+}
+
+static void net_fini(struct net *n)
+{
+	for (int u = 0; u < n->U; u++) {
+		free(n->p[u]);
+		free(n->g[u]);
+	}
+	for (int u = 1; u <= n->U; u++)
+		free(n->x[u]);
+	free(n->p);
+	free(n->g);
+	free(n->x);
+	free(n->dbuf[0]);
+	free(n->dbuf[1]);
+	free(n->work);
+	free(n->tok);
+	free(n->tgt);
+	st_model_destroy(n->m);
+}
+
+static float net_fwd(struct net *n)
+{
+	float loss = 0.0f;
+	for (int u = 0; u < n->U; u++) {
+		const float *tied = u == n->U - 1 ? n->p[0] : NULL;
+		assert_int_equal(st_model_fwd(n->m, u, &n->batch, n->p[u], tied,
+					      n->x[u], n->x[u + 1], &loss, n->work,
+					      n->work_bytes), 0);
+	}
+	return loss;
+}
+
+/* Full backward (grads zeroed first); returns the loss the head computed. */
+static float net_bwd(struct net *n)
+{
+	float loss = 0.0f;
+	for (int u = 0; u < n->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(n->m, u);
+		memset(n->g[u], 0, ul->elems * sizeof(float));
+	}
+	int cur = 0;
+	for (int u = n->U - 1; u >= 0; u--) {
+		const float *tied = u == n->U - 1 ? n->p[0] : NULL;
+		float *tied_g = u == n->U - 1 ? n->g[0] : NULL;
+		float *dx = u > 0 ? n->dbuf[cur ^ 1] : NULL;
+		assert_int_equal(st_model_bwd(n->m, u, &n->batch, n->p[u], tied,
+					      n->x[u], n->dbuf[cur], dx, n->g[u],
+					      tied_g, u == n->U - 1 ? &loss : NULL,
+					      n->work, n->work_bytes), 0);
+		cur ^= 1;
+	}
+	return loss;
+}
+
+static const struct st_model_config small_cfg = {
+	.n_layer = 2, .n_embd = 32, .n_head = 4, .vocab = 37, .ctx = 80};
+
+/* ---- config and layout ----------------------------------------------------------------- */
+
+static void test_config(void **state)
+{
+	(void)state;
+	struct st_model_config c;
+	assert_int_equal(st_model_config_parse("gpt2", &c), 0);
+	assert_int_equal(c.n_layer, 12);
+	assert_int_equal(c.n_embd, 768);
+	assert_int_equal(c.vocab, 50257);
+	assert_int_equal(st_model_config_parse("gpt2-xl", &c), 0);
+	assert_int_equal(c.n_embd, 1600);
+	assert_int_equal(st_model_config_parse("tiny", &c), 0);
+	assert_int_equal(c.vocab, 256);
+	assert_int_equal(st_model_config_parse("ctx=64,layers=3,dim=48,heads=6,vocab=100", &c), 0);
+	assert_int_equal(c.n_layer, 3);
+	assert_int_equal(c.n_embd, 48);
+	assert_int_equal(c.n_head, 6);
+	assert_int_equal(c.vocab, 100);
+	assert_int_equal(c.ctx, 64);
+	static const char *bad[] = {
+		"", "gpt3", "layers=2,dim=48,heads=5,vocab=10,ctx=8", /* 48 % 5 */
+		"layers=2,dim=48,heads=4,vocab=10",                   /* no ctx */
+		"layers=2,dim=48,heads=4,vocab=10,ctx=8,",
+		"layers=2,dim=48,heads=4,vocab=10,ctx=8,ctx=9",
+		"layers=0,dim=48,heads=4,vocab=10,ctx=8",
+		"layers=-1,dim=48,heads=4,vocab=10,ctx=8",
+		"layers=2,dim=4x8,heads=4,vocab=10,ctx=8",
+		"layers=2,dim=48,heads=4,vocab=10,ctx=8,depth=3",
+		"layers=2,dim=48,heads=4,vocab=10,ctx",
+		"layers=2,dim=99999999999,heads=4,vocab=10,ctx=8",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		st_error_clear();
+		if (st_model_config_parse(bad[i], &c) != -EINVAL)
+			fail_msg("'%s' was accepted", bad[i]);
+		assert_true(strlen(st_error_last()) > 0);
+	}
+}
+
+static void test_layout(void **state)
+{
+	(void)state;
+	struct st_model_config c;
+	struct st_model *m;
+	assert_int_equal(st_model_config_parse("gpt2", &c), 0);
+	assert_int_equal(st_model_create(&c, &m), 0);
+	assert_int_equal(st_model_unit_count(m), 14);
+	/* GPT-2 small: V*C + T*C + L*(12C^2 + 13C) + 2C */
+	uint64_t L = 12, C = 768, V = 50257, T = 1024;
+	assert_true(st_model_param_count(m) == V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C);
+	uint64_t total = 0;
+	for (int u = 0; u < 14; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+		assert_int_equal(ul->elems % 2048, 0);
+		assert_true(ul->elems * 2 % 4096 == 0);
+		uint64_t end = 0, sum = 0;
+		for (int k = 0; k < ul->n_tensors; k++) {
+			const struct st_tensor_layout *t = &ul->tensors[k];
+			assert_int_equal(t->offset_elems % 64, 0);
+			assert_true(t->offset_elems >= end); /* no overlap */
+			end = t->offset_elems + t->n_elems;
+			assert_true(t->n_elems == (uint64_t)(t->shape[0] * t->shape[1]));
+			sum += t->n_elems;
+		}
+		assert_true(end <= ul->elems);
+		assert_true(sum == ul->param_elems);
+		total += sum;
+	}
+	assert_true(total == st_model_param_count(m));
+	int u, k;
+	assert_int_equal(st_model_find_tensor(m, "h.3.attn.c_attn.weight", &u, &k), 0);
+	const struct st_tensor_layout *t = &st_model_unit_layout(m, u)->tensors[k];
+	assert_int_equal(u, 4);
+	assert_int_equal(t->shape[0], 768);
+	assert_int_equal(t->shape[1], 2304);
+	assert_true(t->decay);
+	assert_int_equal(st_model_find_tensor(m, "h.11.mlp.c_proj.weight", &u, &k), 0);
+	t = &st_model_unit_layout(m, u)->tensors[k];
+	assert_int_equal(t->shape[0], 3072);
+	assert_int_equal(t->shape[1], 768);
+	assert_int_equal(st_model_find_tensor(m, "h.0.ln_1.bias", &u, &k), 0);
+	assert_false(st_model_unit_layout(m, u)->tensors[k].decay);
+	assert_int_equal(st_model_find_tensor(m, "wte.weight", &u, &k), 0);
+	assert_int_equal(u, 0);
+	assert_true(st_model_unit_layout(m, u)->tensors[k].decay);
+	assert_int_equal(st_model_find_tensor(m, "ln_f.weight", &u, &k), 0);
+	assert_int_equal(u, 13);
+	assert_int_equal(st_model_find_tensor(m, "lm_head.weight", &u, &k), -ENOENT);
+	st_model_destroy(m);
+	st_model_destroy(NULL);
+}
+
+static void test_init(void **state)
+{
+	(void)state;
+	struct st_model_config c = {.n_layer = 8, .n_embd = 256, .n_head = 4,
+				    .vocab = 300, .ctx = 64};
+	struct st_model *m;
+	assert_int_equal(st_model_create(&c, &m), 0);
+	int U = st_model_unit_count(m);
+	const struct st_unit_layout *ul = st_model_unit_layout(m, 3);
+	float *a = malloc(ul->elems * 4), *b = malloc(ul->elems * 4);
+	/* per unit and thread count independent; padding zero */
+	memset(b, 0x7f, ul->elems * 4);
+	int saved = omp_get_max_threads();
+	omp_set_num_threads(1);
+	assert_int_equal(st_model_init_unit(m, 3, 42, a), 0);
+	omp_set_num_threads(3);
+	assert_int_equal(st_model_init_unit(m, 3, 42, b), 0);
+	omp_set_num_threads(saved);
+	assert_memory_equal(a, b, ul->elems * 4);
+	assert_int_equal(st_model_init_unit(m, 3, 43, b), 0);
+	assert_memory_not_equal(a, b, ul->elems * 4);
+	for (int k = 0; k < ul->n_tensors; k++) {
+		const struct st_tensor_layout *t = &ul->tensors[k];
+		const float *p = a + t->offset_elems;
+		double s = 0, s2 = 0;
+		for (uint64_t i = 0; i < t->n_elems; i++) {
+			s += p[i];
+			s2 += (double)p[i] * p[i];
+		}
+		double mean = s / t->n_elems, sd = sqrt(s2 / t->n_elems - mean * mean);
+		if (strstr(t->name, ".bias")) {
+			assert_true(s2 == 0.0);
+		} else if (strstr(t->name, "ln_")) {
+			assert_true(s == (double)t->n_elems && sd == 0.0);
+		} else {
+			double want = 0.02;
+			if (strstr(t->name, "c_proj.weight"))
+				want /= sqrt(2.0 * c.n_layer);
+			/* n >= 65536 samples: sd within 2%, mean within 4 sd/sqrt(n) */
+			if (fabs(sd - want) > 0.02 * want || fabs(mean) > 4 * want / sqrt((double)t->n_elems))
+				fail_msg("%s: mean %g sd %g want sd %g", t->name, mean, sd, want);
+		}
+		if (k + 1 < ul->n_tensors)
+			for (uint64_t i = t->offset_elems + t->n_elems; i < ul->tensors[k + 1].offset_elems; i++)
+				assert_true(a[i] == 0.0f);
+	}
+	for (uint64_t i = ul->tensors[ul->n_tensors - 1].offset_elems +
+			  ul->tensors[ul->n_tensors - 1].n_elems; i < ul->elems; i++)
+		assert_true(a[i] == 0.0f);
+	/* different units draw different values */
+	const struct st_unit_layout *ul4 = st_model_unit_layout(m, 4);
+	float *d = malloc(ul4->elems * 4);
+	assert_int_equal(st_model_init_unit(m, 4, 42, d), 0);
+	assert_memory_not_equal(a + ul->tensors[2].offset_elems, d + ul4->tensors[2].offset_elems, 1024);
+	/* the normal's tails are right: fraction beyond 2 sd ~ 4.55% */
+	const struct st_unit_layout *e = st_model_unit_layout(m, 0);
+	float *ep = malloc(e->elems * 4);
+	assert_int_equal(st_model_init_unit(m, 0, 7, ep), 0);
+	size_t beyond = 0, n = e->tensors[0].n_elems;
+	for (size_t i = 0; i < n; i++)
+		beyond += fabsf(ep[i]) > 0.04f;
+	assert_true(fabs((double)beyond / n - 0.0455) < 0.004);
+	assert_int_equal(st_model_init_unit(m, U, 7, ep), -EINVAL);
+	free(a); free(b); free(d); free(ep);
+	st_model_destroy(m);
+}
+
+/* ---- finite differences of each unit ------------------------------------------------------ */
+
+struct fd_ctx {
+	struct net *n;
+	int u;
+	float *r; /* projection of the unit's output (blocks, embedding) */
+};
+
+/* The unit's forward as a scalar: the random projection of y, or the head's
+ * mean loss. */
+static double unit_loss(void *p)
+{
+	struct fd_ctx *c = p;
+	struct net *n = c->n;
+	int last = n->U - 1;
+	float loss = 0.0f;
+	size_t act = (size_t)n->B * n->T * n->C;
+	float *y = n->dbuf[1];
+	assert_int_equal(st_model_fwd(n->m, c->u, &n->batch, n->p[c->u],
+				      c->u == last ? n->p[0] : NULL, n->x[c->u],
+				      y, &loss, n->work, n->work_bytes), 0);
+	if (c->u == last)
+		return loss;
+	double s = 0.0;
+	for (size_t i = 0; i < act; i++)
+		s += (double)y[i] * c->r[i];
+	return s;
+}
+
+/* Central difference of the unit along v at step h. */
+static double central(struct fd_ctx *c, float *x, const float *x0,
+		      const float *v, size_t len, float h)
+{
+	for (size_t i = 0; i < len; i++)
+		x[i] = x0[i] + h * v[i];
+	double lp = unit_loss(c);
+	for (size_t i = 0; i < len; i++)
+		x[i] = x0[i] - h * v[i];
+	double lm = unit_loss(c);
+	memcpy(x, x0, len * sizeof(float));
+	return (lp - lm) / (2.0 * h);
+}
+
+/* Directional derivative along a random v: Richardson's extrapolation of
+ * central differences at h and h/2 cancels the h^2 term, so the remaining
+ * error (fp32 rounding in the forward, <= ~5e-4 of |g| here) sits below the
+ * 2e-3 tolerance while a missing or wrong term costs >= 1e-2. */
+static void dir_check(struct fd_ctx *c, float *x, size_t len, const float *g,
+		      const char *what)
+{
+	/* the head's loss comes back as a float mean: a larger step keeps its
+	 * rounding (~2e-7 of ~4) small next to the difference */
+	const float h = c->u == c->n->U - 1 ? 5e-2f : 1e-2f;
+	float *v = calloc(len, sizeof(float)), *x0 = calloc(len, sizeof(float));
+	assert_non_null(v);
+	assert_non_null(x0);
+	for (size_t i = 0; i < len; i++)
+		v[i] = rng_f();
+	memcpy(x0, x, len * sizeof(float));
+	double f1 = central(c, x, x0, v, len, h);
+	double f2 = central(c, x, x0, v, len, h / 2);
+	double fd = (4.0 * f2 - f1) / 3.0, an = 0, gn = 0;
+	for (size_t i = 0; i < len; i++) {
+		an += (double)g[i] * v[i];
+		gn += (double)g[i] * g[i];
+	}
+	/* <g,v> can be small by chance; |g|/sqrt(3) is its typical size */
+	double scale = fmax(fmax(fabs(fd), fabs(an)), sqrt(gn / 3.0));
+	if (getenv("FD_VERBOSE"))
+		print_message("unit %d %s: fd %.9g an %.9g rel %.2e\n", c->u,
+			      what, fd, an, fabs(fd - an) / scale);
+	if (!(fabs(fd - an) <= 2e-3 * scale + 1e-6))
+		fail_msg("unit %d %s: finite difference %.9g, analytic %.9g", c->u, what, fd, an);
+	free(v);
+	free(x0);
+}
+
+static void test_unit_gradients(void **state)
+{
+	(void)state;
+	struct net n;
+	/* T = 70 > one attention block; weights larger than init so every
+	 * path (LN gains, attention scores) carries signal */
+	net_init(&n, &small_cfg, 2, 70, 5);
+	for (int u = 0; u < n.U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(n.m, u);
+		for (int k = 0; k < ul->n_tensors; k++) {
+			const struct st_tensor_layout *t = &ul->tensors[k];
+			float *p = n.p[u] + t->offset_elems;
+			for (uint64_t i = 0; i < t->n_elems; i++)
+				p[i] = strstr(t->name, "ln_") && strstr(t->name, "weight")
+					       ? 1.0f + 0.3f * rng_f() : 0.3f * rng_f();
+		}
+	}
+	size_t act = (size_t)n.B * n.T * n.C;
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+	}
+	net_fwd(&n); /* the real unit inputs x[u] */
+	float *r = malloc(act * sizeof(float)), *dx = malloc(act * sizeof(float));
+	for (size_t i = 0; i < act; i++)
+		r[i] = rng_f();
+	n.batch.loss_scale = 1.0f;
+	for (int u = 0; u < n.U; u++) {
+		struct fd_ctx c = {.n = &n, .u = u, .r = r};
+		int last = n.U - 1;
+		const struct st_unit_layout *ul = st_model_unit_layout(n.m, u);
+		memset(n.g[u], 0, ul->elems * sizeof(float));
+		memset(n.g[0], 0, st_model_unit_layout(n.m, 0)->elems * sizeof(float));
+		float loss = -1.0f;
+		assert_int_equal(st_model_bwd(n.m, u, &n.batch, n.p[u],
+					      u == last ? n.p[0] : NULL, n.x[u], r,
+					      u > 0 ? dx : NULL, n.g[u],
+					      u == last ? n.g[0] : NULL,
+					      u == last ? &loss : NULL, n.work,
+					      n.work_bytes), 0);
+		if (u == last) {
+			float lf;
+			assert_int_equal(st_model_fwd(n.m, u, &n.batch, n.p[u], n.p[0],
+						      n.x[u], NULL, &lf, n.work,
+						      n.work_bytes), 0);
+			assert_true(lf == loss);
+		}
+		for (int k = 0; k < ul->n_tensors; k++) {
+			const struct st_tensor_layout *t = &ul->tensors[k];
+			dir_check(&c, n.p[u] + t->offset_elems, t->n_elems,
+				  n.g[u] + t->offset_elems, t->name);
+		}
+		if (u > 0)
+			dir_check(&c, n.x[u], act, dx, "input");
+		if (u == last) /* the tie: the head's share of dwte */
+			dir_check(&c, n.p[0], st_model_unit_layout(n.m, 0)->tensors[0].n_elems,
+				  n.g[0], "tied wte");
+	}
+	free(r);
+	free(dx);
+	net_fini(&n);
+}
+
+/* The whole model: dwte gathers the embedding's and the head's uses. */
+struct whole_ctx {
+	struct net *n;
+};
+
+static double whole_loss(void *p)
+{
+	return net_fwd(((struct whole_ctx *)p)->n);
+}
+
+static void test_tied_whole_model(void **state)
+{
+	(void)state;
+	struct net n;
+	net_init(&n, &small_cfg, 2, 9, 11);
+	float *wte = n.p[0];
+	size_t nw = st_model_unit_layout(n.m, 0)->tensors[0].n_elems;
+	for (size_t i = 0; i < nw; i++)
+		wte[i] = 0.5f * rng_f();
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+	}
+	net_fwd(&n);
+	net_bwd(&n);
+	struct whole_ctx c = {&n};
+	const float eps = 1e-2f;
+	float *v = malloc(nw * 4), *x0 = malloc(nw * 4);
+	for (size_t i = 0; i < nw; i++)
+		v[i] = rng_f();
+	memcpy(x0, wte, nw * 4);
+	for (size_t i = 0; i < nw; i++)
+		wte[i] = x0[i] + eps * v[i];
+	double lp = whole_loss(&c);
+	for (size_t i = 0; i < nw; i++)
+		wte[i] = x0[i] - eps * v[i];
+	double lm = whole_loss(&c);
+	memcpy(wte, x0, nw * 4);
+	double fd = (lp - lm) / (2 * eps), an = 0;
+	for (size_t i = 0; i < nw; i++)
+		an += (double)n.g[0][i] * v[i];
+	if (!(fabs(fd - an) <= 2e-3 * fmax(fabs(fd), fabs(an)) + 1e-6))
+		fail_msg("whole-model dwte: finite difference %.9g analytic %.9g", fd, an);
+	free(v);
+	free(x0);
+	net_fini(&n);
+}
+
+/* ---- loss, training, determinism ------------------------------------------------------------ */
+
+static void test_loss_at_init(void **state)
+{
+	(void)state;
+	struct st_model_config c;
+	assert_int_equal(st_model_config_parse("tiny", &c), 0);
+	struct net n;
+	net_init(&n, &c, 2, 64, 1);
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % 256);
+		n.tgt[i] = (int32_t)(rng_u64() % 256);
+	}
+	float loss = net_fwd(&n);
+	/* logits have sd ~ 0.02 sqrt(C) = 0.23: expected loss ln V + ~0.03 */
+	if (!(fabs(loss - log(256.0)) < 0.1))
+		fail_msg("loss at init %g, ln(V) = %g", loss, log(256.0));
+	net_fini(&n);
+}
+
+/* Plain AdamW over every unit's fp32 flat buffer (decay on matrices). */
+static void adamw(struct net *n, float **mom, float **vel, int step, float lr)
+{
+	const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.0f;
+	float c1 = 1.0f - powf(b1, (float)step), c2 = 1.0f - powf(b2, (float)step);
+	for (int u = 0; u < n->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(n->m, u);
+		for (int k = 0; k < ul->n_tensors; k++) {
+			const struct st_tensor_layout *t = &ul->tensors[k];
+			for (uint64_t i = t->offset_elems; i < t->offset_elems + t->n_elems; i++) {
+				float g = n->g[u][i];
+				mom[u][i] = b1 * mom[u][i] + (1 - b1) * g;
+				vel[u][i] = b2 * vel[u][i] + (1 - b2) * g * g;
+				float upd = (mom[u][i] / c1) / (sqrtf(vel[u][i] / c2) + eps);
+				if (t->decay)
+					upd += wd * n->p[u][i];
+				n->p[u][i] -= lr * upd;
+			}
+		}
+	}
+}
+
+static void test_overfit(void **state)
+{
+	(void)state;
+	struct st_model_config c = {.n_layer = 2, .n_embd = 64, .n_head = 4,
+				    .vocab = 256, .ctx = 32};
+	struct net n;
+	net_init(&n, &c, 2, 32, 3);
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % 256);
+		n.tgt[i] = (int32_t)(rng_u64() % 256);
+	}
+	float **mom = calloc(n.U, sizeof(float *)), **vel = calloc(n.U, sizeof(float *));
+	for (int u = 0; u < n.U; u++) {
+		mom[u] = calloc(st_model_unit_layout(n.m, u)->elems, 4);
+		vel[u] = calloc(st_model_unit_layout(n.m, u)->elems, 4);
+	}
+	float first = 0, loss = 0;
+	int step;
+	for (step = 1; step <= 300; step++) {
+		net_fwd(&n);
+		loss = net_bwd(&n);
+		if (step == 1)
+			first = loss;
+		if (loss < 0.1f)
+			break;
+		adamw(&n, mom, vel, step, 3e-3f);
+	}
+	if (!(loss < 0.1f))
+		fail_msg("did not overfit: loss %g -> %g after %d steps", first, loss, step - 1);
+	for (int u = 0; u < n.U; u++) {
+		free(mom[u]);
+		free(vel[u]);
+	}
+	free(mom);
+	free(vel);
+	net_fini(&n);
+}
+
+static void test_determinism(void **state)
+{
+	(void)state;
+	/* T = 80: two attention blocks; N = 160 rows: two CE chunks */
+	struct net n;
+	net_init(&n, &small_cfg, 2, 80, 9);
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+	}
+	int saved = omp_get_max_threads();
+	float loss[3];
+	float **g0 = calloc(n.U, sizeof(float *));
+	for (int t = 0; t < 3; t++) {
+		omp_set_num_threads(t + 1);
+		net_fwd(&n);
+		loss[t] = net_bwd(&n);
+		for (int u = 0; u < n.U; u++) {
+			size_t bytes = st_model_unit_layout(n.m, u)->elems * 4;
+			if (t == 0) {
+				g0[u] = malloc(bytes);
+				memcpy(g0[u], n.g[u], bytes);
+			} else if (memcmp(g0[u], n.g[u], bytes)) {
+				fail_msg("unit %d gradient differs at %d threads", u, t + 1);
+			}
+		}
+		if (t > 0)
+			assert_memory_equal(&loss[0], &loss[t], sizeof(float));
+	}
+	omp_set_num_threads(saved);
+	for (int u = 0; u < n.U; u++)
+		free(g0[u]);
+	free(g0);
+	net_fini(&n);
+}
+
+static void test_bad_calls(void **state)
+{
+	(void)state;
+	struct net n;
+	net_init(&n, &small_cfg, 1, 4, 1);
+	float loss;
+	n.tok[2] = small_cfg.vocab; /* out of range */
+	assert_int_equal(st_model_fwd(n.m, 0, &n.batch, n.p[0], NULL, NULL, n.x[1],
+				      &loss, n.work, n.work_bytes), -EINVAL);
+	n.tok[2] = 0;
+	struct st_model_batch b = n.batch;
+	b.T = small_cfg.ctx + 1;
+	assert_int_equal(st_model_fwd(n.m, 1, &b, n.p[1], NULL, n.x[1], n.x[2],
+				      &loss, n.work, n.work_bytes), -EINVAL);
+	assert_int_equal(st_model_fwd(n.m, 1, &n.batch, n.p[1], NULL, n.x[1], n.x[2],
+				      &loss, n.work, 16), -EINVAL);
+	b = n.batch;
+	b.loss_scale = 0.0f;
+	int last = n.U - 1;
+	assert_int_equal(st_model_bwd(n.m, last, &b, n.p[last], n.p[0], n.x[last],
+				      NULL, n.dbuf[0], n.g[last], n.g[0], NULL,
+				      n.work, n.work_bytes), -EINVAL);
+	assert_true(strlen(st_error_last()) > 0);
+	net_fini(&n);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_config),
+		cmocka_unit_test(test_layout),
+		cmocka_unit_test(test_init),
+		cmocka_unit_test(test_unit_gradients),
+		cmocka_unit_test(test_tied_whole_model),
+		cmocka_unit_test(test_loss_at_init),
+		cmocka_unit_test(test_overfit),
+		cmocka_unit_test(test_determinism),
+		cmocka_unit_test(test_bad_calls),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
