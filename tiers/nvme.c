@@ -517,6 +517,17 @@ static void nvme_unregister_buffers(struct st_tier *t)
 	p->nbufs = 0;
 }
 
+static int nvme_sync(struct st_tier *t)
+{
+	struct nvme_priv *p = st_tier_priv(t);
+
+	for (unsigned i = 0; i < p->nfiles; i++)
+		if (fdatasync(p->fds[i]) < 0)
+			return st_tier_set_error(t, -errno, "nvme: fdatasync %s: %s", p->paths[i],
+						 strerror(errno));
+	return 0;
+}
+
 static const char *nvme_describe(struct st_tier *t)
 {
 	struct nvme_priv *p = st_tier_priv(t);
@@ -540,5 +551,6 @@ const struct st_tier_ops st_tier_nvme_ops = {
 	.reap = nvme_reap,
 	.register_buffers = nvme_register_buffers,
 	.unregister_buffers = nvme_unregister_buffers,
+	.sync = nvme_sync,
 	.describe = nvme_describe,
 };

@@ -532,6 +532,12 @@ void st_tier_unregister_buffers(struct st_tier *t)
 	}
 }
 
+int st_tier_sync(struct st_tier *t)
+{
+	assert(t);
+	return t->ops->sync ? t->ops->sync(t) : 0;
+}
+
 void *st_tier_addr(struct st_tier *t, const struct st_extent *ext)
 {
 	if (!t->ops->addr)

@@ -544,6 +544,9 @@ int main(int argc, char **argv)
 			if (need_read)
 				ret = run_point(&b, ST_IO_WRITE, o.bs[ib], qd_max, 0, span, span, NULL,
 						prefill_progress);
+			/* Let the drive finish its write-back before reads are timed. */
+			if (ret == 0 && need_read)
+				ret = st_tier_sync(b.nvme);
 		}
 		for (unsigned ir = 0; ret == 0 && ir < o.nrw && !interrupted; ir++) {
 			for (unsigned iq = 0; iq < o.nqd && !interrupted; iq++) {

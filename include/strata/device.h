@@ -9,6 +9,10 @@
  *   cuda  - cudaMalloc'd arena, CUDA streams and events (built when nvcc is
  *           found; opening it without a GPU returns -ENODEV).
  *
+ * Lifetimes: queues and events belong to their creator and are destroyed
+ * before their device; an event must not be used after the queue it was
+ * recorded on is destroyed (the cpu device's events point at their queue).
+ *
  * The core never calls d->ops->hook directly: it calls the st_device_*()
  * wrappers below, which assert arguments and keep the stats.
  * All functions return 0 or -errno; details go to st_error_last(). */

@@ -44,8 +44,7 @@ struct st_tier_io {
 	struct st_extent ext;
 	uint64_t ext_off_bytes; /* offset inside the extent */
 	uint64_t len_bytes;
-	void *buf;              /* host memory (device memory for vram when
-				   the caller says so with dev_buf) */
+	void *buf;              /* host memory */
 	void *user;             /* returned in the completion */
 };
 
@@ -140,6 +139,9 @@ struct st_tier_ops {
 	/* Optional. Fault wrapper: called by st_tier_alloc() before the core
 	 * allocator; non-zero refuses the allocation with that -errno. */
 	int (*alloc_check)(struct st_tier *t, uint64_t bytes);
+	/* Optional. Make completed writes durable on the medium (fdatasync);
+	 * absent: nothing to do. */
+	int (*sync)(struct st_tier *t);
 	/* Optional. Human-readable description ("3 dirs, O_DIRECT, qd 32"). */
 	const char *(*describe)(struct st_tier *t);
 };
@@ -189,6 +191,10 @@ int st_tier_read_sync(struct st_tier *t, const struct st_extent *ext,
 		      uint64_t off_bytes, void *buf, uint64_t len_bytes);
 int st_tier_write_sync(struct st_tier *t, const struct st_extent *ext,
 		       uint64_t off_bytes, const void *buf, uint64_t len_bytes);
+
+/* Flush completed writes to the medium (nvme: fdatasync of every file), so
+ * what follows is not slowed by the drive's write-back. 0 or -errno. */
+int st_tier_sync(struct st_tier *t);
 
 /* Address of an extent's first byte when the tier is memory (host: a host
  * pointer; vram: a device pointer), else NULL (nvme). */

@@ -38,6 +38,7 @@ struct st_queue {
 	uint64_t submitted;        /* commands ever enqueued */
 	uint64_t completed;        /* commands ever finished */
 	bool stop;
+	struct st_queue *next;     /* in cpu_priv.queues */
 };
 
 struct st_event {
@@ -48,6 +49,8 @@ struct st_event {
 struct cpu_priv {
 	void *arena;
 	size_t arena_bytes;
+	pthread_mutex_t lock;
+	struct st_queue *queues; /* live queues, so close can drain them */
 };
 
 static uint64_t cpu_queue_completed(struct st_queue *q)
@@ -132,15 +135,22 @@ static int cpu_open(struct st_device *d, struct st_device_config *cfg)
 				    (unsigned long long)cfg->mem_bytes);
 	}
 	p->arena_bytes = cfg->mem_bytes;
+	pthread_mutex_init(&p->lock, NULL);
 	return 0;
 }
+
+static int cpu_queue_sync(struct st_device *d, struct st_queue *q);
 
 static void cpu_close(struct st_device *d)
 {
 	struct cpu_priv *p = st_device_priv(d);
 
-	if (p->arena)
-		munmap(p->arena, p->arena_bytes);
+	/* Queues belong to their creator and must be destroyed before the
+	 * device; still, never let a pending copy write into unmapped memory. */
+	for (struct st_queue *q = p->queues; q; q = q->next)
+		cpu_queue_sync(d, q);
+	munmap(p->arena, p->arena_bytes);
+	pthread_mutex_destroy(&p->lock);
 }
 
 static void *cpu_arena_base(struct st_device *d)
@@ -150,10 +160,10 @@ static void *cpu_arena_base(struct st_device *d)
 
 static int cpu_queue_create(struct st_device *d, struct st_queue **out)
 {
+	struct cpu_priv *p = st_device_priv(d);
 	struct st_queue *q;
 	int ret;
 
-	ST_UNUSED(d);
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
@@ -166,13 +176,25 @@ static int cpu_queue_create(struct st_device *d, struct st_queue **out)
 		free(q);
 		return st_error_set(-ret, "cpu device: cannot start a queue thread");
 	}
+	pthread_mutex_lock(&p->lock);
+	q->next = p->queues;
+	p->queues = q;
+	pthread_mutex_unlock(&p->lock);
 	*out = q;
 	return 0;
 }
 
 static void cpu_queue_destroy(struct st_device *d, struct st_queue *q)
 {
-	ST_UNUSED(d);
+	struct cpu_priv *p = st_device_priv(d);
+
+	pthread_mutex_lock(&p->lock);
+	for (struct st_queue **pp = &p->queues; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	pthread_mutex_unlock(&p->lock);
 	pthread_mutex_lock(&q->lock);
 	q->stop = true;
 	pthread_cond_broadcast(&q->cond);

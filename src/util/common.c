@@ -2,7 +2,6 @@
 #include "strata/common.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,34 +41,47 @@ uint64_t st_now_ns(void)
 int st_parse_size(const char *text, uint64_t *out_bytes)
 {
 	const char *p = text;
-	char *end;
-	double v, mult = 1.0;
+	unsigned __int128 whole = 0, frac = 0, den = 1, v;
+	unsigned shift = 0;
 
-	if (!text || !*text)
+	/* Exact decimal: digits [. digits] [K|M|G|T [i]] [B]. No signs, spaces,
+	 * hex or exponents: a size on a command line is never meant that way. */
+	if (!p || !(*p >= '0' && *p <= '9'))
 		return -EINVAL;
-	while (*p == ' ')
+	for (; *p >= '0' && *p <= '9'; p++) {
+		whole = whole * 10 + (unsigned)(*p - '0');
+		if (whole > UINT64_MAX)
+			return -EINVAL;
+	}
+	if (*p == '.') {
 		p++;
-	if (*p == '-' || *p == '+' || !(*p >= '0' && *p <= '9'))
-		return -EINVAL;
-	errno = 0;
-	v = strtod(p, &end);
-	if (errno || end == p || !isfinite(v) || v < 0)
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': mult = (double)ST_KiB; end++; break;
-	case 'm': case 'M': mult = (double)ST_MiB; end++; break;
-	case 'g': case 'G': mult = (double)ST_GiB; end++; break;
-	case 't': case 'T': mult = (double)ST_GiB * 1024.0; end++; break;
+		if (!(*p >= '0' && *p <= '9'))
+			return -EINVAL;
+		for (; *p >= '0' && *p <= '9'; p++) {
+			if (den > (unsigned __int128)1e18)
+				return -EINVAL; /* more digits than any size needs */
+			frac = frac * 10 + (unsigned)(*p - '0');
+			den *= 10;
+		}
+	}
+	switch (*p) {
+	case 'k': case 'K': shift = 10; p++; break;
+	case 'm': case 'M': shift = 20; p++; break;
+	case 'g': case 'G': shift = 30; p++; break;
+	case 't': case 'T': shift = 40; p++; break;
 	default: break;
 	}
-	if (mult > 1.0 && *end == 'i')
-		end++;
-	if (*end == 'b' || *end == 'B')
-		end++;
-	if (*end != '\0')
+	if (shift && *p == 'i')
+		p++;
+	if (*p == 'b' || *p == 'B')
+		p++;
+	if (*p != '\0')
 		return -EINVAL;
-	v *= mult;
-	if (v >= 18446744073709551615.0 || v != floor(v))
+	/* A fraction must come to whole bytes ("1.5K" yes, "1.1K" no). */
+	if (((frac << shift) % den) != 0)
+		return -EINVAL;
+	v = (whole << shift) + ((frac << shift) / den);
+	if (v > UINT64_MAX || (whole << shift) >> shift != whole)
 		return -EINVAL;
 	*out_bytes = (uint64_t)v;
 	return 0;
@@ -81,7 +93,8 @@ const char *st_format_bytes(uint64_t bytes, char *buf, size_t buf_len)
 	double v = (double)bytes;
 	unsigned u = 0;
 
-	while (v >= 1024.0 && u + 1 < ST_ARRAY_LEN(units)) {
+	/* 1023.996 KiB would print as "1024.00 KiB": move up a unit first. */
+	while (v >= 1023.995 && u + 1 < ST_ARRAY_LEN(units)) {
 		v /= 1024.0;
 		u++;
 	}
