@@ -1,0 +1,128 @@
+/* strata: token datasets and the batch sampler.
+ *
+ * Two file formats, mmapped read-only:
+ *   bytes  - any file (raw text); each byte is one token, vocabulary 256.
+ *   llm.c  - a token shard as llm.c writes it: a header of 256 int32
+ *            (little-endian) with [0] = 20240520 (magic), [1] = 1 (version),
+ *            [2] = token count, then count uint16 tokens.
+ *
+ * A loader samples batches of B windows of T+1 tokens from a token range
+ * (all, train or val split) and fills inputs (B,T) and targets (B,T), the
+ * targets being the inputs shifted by one token. Its whole state is a cursor
+ * of plain integers, so saving the cursor and seeking to it later resumes the
+ * exact same batch sequence.
+ *   shuffle off: step s, row b starts at token (s*B + b)*T of the range,
+ *                llm.c's contiguous order; indices wrap modulo the range
+ *                length, so a window may continue from the end to the start.
+ *   shuffle on:  each window start is uniform in [0, n - T - 1], drawn from
+ *                a xoshiro256** generator seeded by splitmix64(seed), whose
+ *                state is in the cursor: identical on every machine.
+ * Functions return 0 or -errno; the detail is in st_error_last(). */
+#ifndef STRATA_DATASET_H
+#define STRATA_DATASET_H
+
+#include "strata/common.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ST_LLMC_MAGIC 20240520
+#define ST_LLMC_VERSION 1
+#define ST_LLMC_HEADER_INTS 256
+
+enum st_dataset_format {
+	ST_DATASET_AUTO,  /* llm.c when the llm.c magic is there or the name
+			     ends in ".bin" (then a bad header is an error);
+			     bytes otherwise */
+	ST_DATASET_BYTES,
+	ST_DATASET_LLMC,
+};
+
+struct st_dataset;
+
+/* Open and validate a token file. Returns 0, -EINVAL for a malformed or
+ * empty file (bad magic, bad version, token count vs. file size), or the
+ * errno of open/mmap. */
+int st_dataset_open(struct st_dataset **out, const char *path,
+		    enum st_dataset_format format);
+
+/* Unmap and free. NULL does nothing. */
+void st_dataset_close(struct st_dataset *ds);
+
+/* Number of tokens in the file. */
+uint64_t st_dataset_tokens(const struct st_dataset *ds);
+
+/* Format actually used (never AUTO). */
+enum st_dataset_format st_dataset_format(const struct st_dataset *ds);
+
+/* Largest token id in the file (for a check against the model's vocab). */
+uint32_t st_dataset_max_token(const struct st_dataset *ds);
+
+/* Write tokens[0..n) as an llm.c shard (version 1), atomically (temporary
+ * file, fsync, rename). n must fit in int32. Returns 0 or -errno. */
+int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
+			  uint64_t n_tokens);
+
+enum st_split {
+	ST_SPLIT_ALL,
+	ST_SPLIT_TRAIN, /* the first (1 - val_fraction) of the tokens */
+	ST_SPLIT_VAL,   /* the last floor(n * val_fraction) tokens */
+};
+
+struct st_loader_config {
+	uint32_t batch;       /* B rows per batch */
+	uint32_t seq;         /* T tokens per row */
+	int shuffle;          /* 0: contiguous order, 1: seeded random windows */
+	uint64_t seed;
+	enum st_split split;
+	double val_fraction;  /* in (0, 1) for TRAIN and VAL; e.g. 0.1 */
+};
+
+/* The sampler's whole state: plain integers, safe to copy and store. The
+ * config fields are there so a cursor is refused by a loader that samples
+ * differently. */
+struct st_cursor {
+	uint32_t batch, seq, shuffle;
+	uint64_t seed;
+	uint64_t begin_tok, end_tok; /* the token range [begin, end) sampled */
+	uint64_t step;               /* batches drawn so far */
+	uint64_t rng[4];             /* xoshiro256** state (shuffle only) */
+};
+
+/* Bytes of a packed cursor: magic, version and the fields, little-endian. */
+#define ST_CURSOR_BYTES 96
+
+/* Serialise c into out[ST_CURSOR_BYTES], independent of the host. */
+void st_cursor_pack(const struct st_cursor *c, uint8_t *out);
+
+/* Parse a packed cursor. Returns 0, or -EINVAL when bytes is not
+ * ST_CURSOR_BYTES or the magic/version is wrong. */
+int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes);
+
+/* A sampler over one dataset. The dataset is borrowed and must outlive it.
+ * Owns nothing: no fini. */
+struct st_loader {
+	const struct st_dataset *ds;
+	struct st_cursor cur;
+};
+
+/* Set up ld at step 0 of cfg's split. Returns 0, or -EINVAL when B or T is
+ * 0, B*T overflows, val_fraction is out of range, or the split holds fewer
+ * than T+1 tokens (the detail gives both counts). */
+int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
+		   const struct st_loader_config *cfg);
+
+/* Fill inputs (B,T) and targets (B,T) with the next batch and advance one
+ * step. Never fails and never allocates. */
+void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets);
+
+/* Back to step 0 with the generator reseeded (e.g. before each eval). */
+void st_loader_rewind(struct st_loader *ld);
+
+/* Continue from a saved cursor (ld->cur is the one to save). Returns 0, or
+ * -EINVAL when the cursor was made with a different B, T, shuffle, seed or
+ * token range (the detail shows both) or its range does not fit the
+ * dataset. */
+int st_loader_seek(struct st_loader *ld, const struct st_cursor *c);
+
+#endif

@@ -1,0 +1,479 @@
+/* Token files (raw bytes, llm.c shards) and the deterministic batch sampler.
+ * Files are mmapped: a 10 GB shard costs nothing until a window touches it. */
+#include "strata/dataset.h"
+
+#include "io/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "st_dataset_write_llmc writes host uint16 as little-endian"
+#endif
+
+#define ST_LLMC_HEADER_BYTES (ST_LLMC_HEADER_INTS * 4)
+
+struct st_dataset {
+	char *path;
+	enum st_dataset_format format;
+	void *map;
+	size_t map_bytes;
+	const uint8_t *tokens;  /* first token in the map */
+	unsigned tok_bytes;     /* 1 (bytes) or 2 (llm.c uint16, LE) */
+	uint64_t n_tokens;
+	uint32_t max_token;
+};
+
+static inline uint32_t st_tok(const struct st_dataset *ds, uint64_t i)
+{
+	if (ds->tok_bytes == 1)
+		return ds->tokens[i];
+	return (uint32_t)ds->tokens[2 * i] |
+	       (uint32_t)ds->tokens[2 * i + 1] << 8;
+}
+
+static int32_t st_le32(const uint8_t *p)
+{
+	return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+			 (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+
+static bool st_ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+
+	return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* Validates the llm.c header against the file size. */
+static int st_llmc_check(const char *path, int fd, uint64_t file_bytes,
+			 uint64_t *n_tokens)
+{
+	uint8_t hdr[ST_LLMC_HEADER_BYTES];
+	int32_t magic, version, count;
+	int err;
+
+	if (file_bytes < ST_LLMC_HEADER_BYTES)
+		return st_error_set(-EINVAL, "%s: file is %llu bytes, shorter "
+				    "than the %d-byte llm.c shard header",
+				    path, (unsigned long long)file_bytes,
+				    ST_LLMC_HEADER_BYTES);
+	err = st_pread_full(fd, hdr, sizeof(hdr), 0, path);
+	if (err)
+		return err;
+	magic = st_le32(hdr);
+	version = st_le32(hdr + 4);
+	count = st_le32(hdr + 8);
+	if (magic != ST_LLMC_MAGIC)
+		return st_error_set(-EINVAL, "%s: bad magic %d, expected %d "
+				    "for an llm.c token shard", path, magic,
+				    ST_LLMC_MAGIC);
+	if (version != ST_LLMC_VERSION)
+		return st_error_set(-EINVAL, "%s: unsupported llm.c shard "
+				    "version %d, expected %d (uint16 tokens)",
+				    path, version, ST_LLMC_VERSION);
+	if (count <= 0)
+		return st_error_set(-EINVAL, "%s: header says %d tokens", path,
+				    count);
+	if (file_bytes - ST_LLMC_HEADER_BYTES != 2 * (uint64_t)count)
+		return st_error_set(-EINVAL, "%s: header says %d tokens (%llu "
+				    "bytes) but the file holds %llu bytes of "
+				    "tokens", path, count,
+				    2 * (unsigned long long)count,
+				    (unsigned long long)(file_bytes -
+							 ST_LLMC_HEADER_BYTES));
+	*n_tokens = (uint64_t)count;
+	return 0;
+}
+
+int st_dataset_open(struct st_dataset **out, const char *path,
+		    enum st_dataset_format format)
+{
+	struct st_dataset *ds;
+	struct stat sb;
+	uint64_t file_bytes, n_tokens = 0;
+	int fd, err;
+
+	*out = NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		err = -errno;
+		return st_error_set(err, "%s: %s", path, strerror(-err));
+	}
+	if (fstat(fd, &sb) < 0) {
+		err = -errno;
+		close(fd);
+		return st_error_set(err, "%s: stat: %s", path, strerror(-err));
+	}
+	if (!S_ISREG(sb.st_mode)) {
+		close(fd);
+		return st_error_set(-EINVAL, "%s: not a regular file", path);
+	}
+	file_bytes = (uint64_t)sb.st_size;
+	if (file_bytes == 0) {
+		close(fd);
+		return st_error_set(-EINVAL, "%s: file is empty", path);
+	}
+	if (format == ST_DATASET_AUTO) {
+		uint8_t m[4] = { 0 };
+
+		format = ST_DATASET_BYTES;
+		if (file_bytes >= 4 && !st_pread_full(fd, m, 4, 0, path) &&
+		    st_le32(m) == ST_LLMC_MAGIC)
+			format = ST_DATASET_LLMC;
+		/* A .bin that is not a shard is a broken shard, not text. */
+		if (st_ends_with(path, ".bin"))
+			format = ST_DATASET_LLMC;
+	}
+	if (format == ST_DATASET_LLMC) {
+		err = st_llmc_check(path, fd, file_bytes, &n_tokens);
+		if (err) {
+			close(fd);
+			return err;
+		}
+	} else if (format == ST_DATASET_BYTES) {
+		n_tokens = file_bytes;
+	} else {
+		close(fd);
+		return st_error_set(-EINVAL, "%s: unknown dataset format %d",
+				    path, (int)format);
+	}
+	if (file_bytes > SIZE_MAX) {
+		close(fd);
+		return st_error_set(-EFBIG, "%s: too large to map", path);
+	}
+
+	ds = calloc(1, sizeof(*ds));
+	if (!ds || !(ds->path = strdup(path))) {
+		free(ds);
+		close(fd);
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	}
+	ds->format = format;
+	ds->n_tokens = n_tokens;
+	ds->map_bytes = (size_t)file_bytes;
+	ds->map = mmap(NULL, ds->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+	err = -errno;
+	close(fd);
+	if (ds->map == MAP_FAILED) {
+		ds->map = NULL;
+		st_error_set(err, "%s: mmap: %s", path, strerror(-err));
+		st_dataset_close(ds);
+		return err;
+	}
+	ds->tok_bytes = format == ST_DATASET_LLMC ? 2 : 1;
+	ds->tokens = (const uint8_t *)ds->map +
+		     (format == ST_DATASET_LLMC ? ST_LLMC_HEADER_BYTES : 0);
+	for (uint64_t i = 0; i < n_tokens; i++)
+		ds->max_token = ST_MAX(ds->max_token, st_tok(ds, i));
+	*out = ds;
+	return 0;
+}
+
+void st_dataset_close(struct st_dataset *ds)
+{
+	if (!ds)
+		return;
+	if (ds->map)
+		munmap(ds->map, ds->map_bytes);
+	free(ds->path);
+	free(ds);
+}
+
+uint64_t st_dataset_tokens(const struct st_dataset *ds)
+{
+	return ds->n_tokens;
+}
+
+enum st_dataset_format st_dataset_format(const struct st_dataset *ds)
+{
+	return ds->format;
+}
+
+uint32_t st_dataset_max_token(const struct st_dataset *ds)
+{
+	return ds->max_token;
+}
+
+int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
+			  uint64_t n_tokens)
+{
+	uint8_t hdr[ST_LLMC_HEADER_BYTES] = { 0 };
+	const int32_t head[3] = { ST_LLMC_MAGIC, ST_LLMC_VERSION,
+				  (int32_t)n_tokens };
+	struct st_atomic_file f;
+	int err;
+
+	if (n_tokens == 0 || n_tokens > INT32_MAX)
+		return st_error_set(-EINVAL, "%s: %llu tokens; an llm.c shard "
+				    "holds 1..%d", path,
+				    (unsigned long long)n_tokens, INT32_MAX);
+	for (int i = 0; i < 3; i++)
+		for (int b = 0; b < 4; b++)
+			hdr[4 * i + b] = (uint8_t)((uint32_t)head[i] >> (8 * b));
+	err = st_atomic_file_open(&f, path);
+	if (err)
+		return err;
+	err = st_atomic_file_write(&f, hdr, sizeof(hdr));
+	if (!err)
+		err = st_atomic_file_write(&f, tokens, 2 * (size_t)n_tokens);
+	if (err) {
+		st_atomic_file_abort(&f);
+		return err;
+	}
+	return st_atomic_file_commit(&f);
+}
+
+/* ---- sampler ----------------------------------------------------------- */
+
+/* splitmix64 expands the seed into xoshiro's state (its authors' advice:
+ * never an all-zero state, and nearby seeds give unrelated streams). */
+static uint64_t st_splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static inline uint64_t st_rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+/* xoshiro256** */
+static uint64_t st_xoshiro_next(uint64_t s[4])
+{
+	uint64_t r = st_rotl(s[1] * 5, 7) * 9;
+	uint64_t t = s[1] << 17;
+
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = st_rotl(s[3], 45);
+	return r;
+}
+
+/* Uniform in [0, bound), bound > 0, without modulo bias: draws below
+ * 2^64 mod bound are rejected. Integer only, so identical everywhere. */
+static uint64_t st_uniform(uint64_t s[4], uint64_t bound)
+{
+	uint64_t threshold = (0 - bound) % bound;
+
+	for (;;) {
+		uint64_t x = st_xoshiro_next(s);
+
+		if (x >= threshold)
+			return x % bound;
+	}
+}
+
+static void st_cursor_seed(struct st_cursor *c)
+{
+	uint64_t x = c->seed;
+
+	for (int i = 0; i < 4; i++)
+		c->rng[i] = st_splitmix64(&x);
+	c->step = 0;
+}
+
+static const char *st_split_name(enum st_split s)
+{
+	return s == ST_SPLIT_TRAIN ? "train split" :
+	       s == ST_SPLIT_VAL ? "val split" : "dataset";
+}
+
+int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
+		   const struct st_loader_config *cfg)
+{
+	uint64_t n = ds->n_tokens, n_val = 0, bt;
+	struct st_cursor c = { 0 };
+
+	if (cfg->batch == 0 || cfg->seq == 0 ||
+	    __builtin_mul_overflow((uint64_t)cfg->batch, cfg->seq, &bt) ||
+	    bt > INT32_MAX)
+		return st_error_set(-EINVAL, "%s: batch B=%u x T=%u is not in "
+				    "1..2^31-1 tokens", ds->path, cfg->batch,
+				    cfg->seq);
+	if (cfg->split != ST_SPLIT_ALL) {
+		if (cfg->split != ST_SPLIT_TRAIN && cfg->split != ST_SPLIT_VAL)
+			return st_error_set(-EINVAL, "%s: unknown split %d",
+					    ds->path, (int)cfg->split);
+		if (!(cfg->val_fraction > 0.0 && cfg->val_fraction < 1.0))
+			return st_error_set(-EINVAL, "%s: val fraction %g is not "
+					    "in (0, 1)", ds->path,
+					    cfg->val_fraction);
+		n_val = (uint64_t)((double)n * cfg->val_fraction);
+	}
+	c.batch = cfg->batch;
+	c.seq = cfg->seq;
+	c.shuffle = cfg->shuffle ? 1 : 0;
+	c.seed = cfg->seed;
+	c.begin_tok = cfg->split == ST_SPLIT_VAL ? n - n_val : 0;
+	c.end_tok = cfg->split == ST_SPLIT_TRAIN ? n - n_val : n;
+	if (c.end_tok - c.begin_tok < (uint64_t)cfg->seq + 1)
+		return st_error_set(-EINVAL, "%s: the %s holds %llu tokens, "
+				    "fewer than T+1 = %llu", ds->path,
+				    st_split_name(cfg->split),
+				    (unsigned long long)(c.end_tok - c.begin_tok),
+				    (unsigned long long)cfg->seq + 1);
+	st_cursor_seed(&c);
+	ld->ds = ds;
+	ld->cur = c;
+	return 0;
+}
+
+void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
+{
+	const struct st_dataset *ds = ld->ds;
+	struct st_cursor *c = &ld->cur;
+	const uint64_t n = c->end_tok - c->begin_tok;
+	const uint32_t B = c->batch, T = c->seq;
+
+	// inputs, targets are (B,T)
+	for (uint32_t b = 0; b < B; b++) {
+		int32_t *in = inputs + (size_t)b * T;
+		int32_t *tg = targets + (size_t)b * T;
+		uint64_t at;
+
+		if (c->shuffle) {
+			/* Whole windows only: no wrap across the end. */
+			at = st_uniform(c->rng, n - T);
+		} else {
+			/* (s*B + b) * T mod n; 128 bits so no step overflows. */
+			unsigned __int128 row = (unsigned __int128)c->step * B + b;
+
+			at = (uint64_t)((row * T) % n);
+		}
+		uint32_t prev = st_tok(ds, c->begin_tok + at);
+
+		for (uint32_t t = 0; t < T; t++) {
+			uint32_t next;
+
+			if (++at == n)
+				at = 0;
+			next = st_tok(ds, c->begin_tok + at);
+			in[t] = (int32_t)prev;
+			tg[t] = (int32_t)next;
+			prev = next;
+		}
+	}
+	c->step++;
+}
+
+void st_loader_rewind(struct st_loader *ld)
+{
+	st_cursor_seed(&ld->cur);
+}
+
+int st_loader_seek(struct st_loader *ld, const struct st_cursor *c)
+{
+	const struct st_cursor *h = &ld->cur;
+
+	if (c->batch != h->batch || c->seq != h->seq ||
+	    c->shuffle != h->shuffle || c->seed != h->seed)
+		return st_error_set(-EINVAL, "%s: cursor was saved with B=%u "
+				    "T=%u shuffle=%u seed=%llu; this loader has "
+				    "B=%u T=%u shuffle=%u seed=%llu",
+				    ld->ds->path, c->batch, c->seq, c->shuffle,
+				    (unsigned long long)c->seed, h->batch,
+				    h->seq, h->shuffle,
+				    (unsigned long long)h->seed);
+	if (c->begin_tok != h->begin_tok || c->end_tok != h->end_tok)
+		return st_error_set(-EINVAL, "%s: cursor was saved over tokens "
+				    "[%llu, %llu); this loader reads [%llu, "
+				    "%llu) (another file or split?)",
+				    ld->ds->path,
+				    (unsigned long long)c->begin_tok,
+				    (unsigned long long)c->end_tok,
+				    (unsigned long long)h->begin_tok,
+				    (unsigned long long)h->end_tok);
+	if (c->shuffle && !(c->rng[0] | c->rng[1] | c->rng[2] | c->rng[3]))
+		return st_error_set(-EINVAL, "%s: cursor's generator state is "
+				    "all zero", ld->ds->path);
+	ld->cur = *c;
+	return 0;
+}
+
+/* ---- cursor serialisation ---------------------------------------------- */
+
+#define ST_CURSOR_MAGIC 0x52435453u /* "STCR" */
+#define ST_CURSOR_VERSION 1u
+
+static void st_put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void st_put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t st_get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static uint64_t st_get64(const uint8_t *p)
+{
+	return (uint64_t)st_get32(p) | (uint64_t)st_get32(p + 4) << 32;
+}
+
+/* Layout: magic, version, B, T, shuffle, 0 (u32 each); seed, begin, end,
+ * step, rng[4] (u64 each); XXH64 of the 88 bytes before it. */
+void st_cursor_pack(const struct st_cursor *c, uint8_t *out)
+{
+	st_put32(out + 0, ST_CURSOR_MAGIC);
+	st_put32(out + 4, ST_CURSOR_VERSION);
+	st_put32(out + 8, c->batch);
+	st_put32(out + 12, c->seq);
+	st_put32(out + 16, c->shuffle);
+	st_put32(out + 20, 0);
+	st_put64(out + 24, c->seed);
+	st_put64(out + 32, c->begin_tok);
+	st_put64(out + 40, c->end_tok);
+	st_put64(out + 48, c->step);
+	for (int i = 0; i < 4; i++)
+		st_put64(out + 56 + 8 * i, c->rng[i]);
+	st_put64(out + 88, XXH64(out, 88, 0));
+}
+
+int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes)
+{
+	if (bytes != ST_CURSOR_BYTES)
+		return st_error_set(-EINVAL, "cursor is %zu bytes, expected %d",
+				    bytes, ST_CURSOR_BYTES);
+	if (st_get32(in) != ST_CURSOR_MAGIC)
+		return st_error_set(-EINVAL, "cursor has a bad magic number");
+	if (st_get32(in + 4) != ST_CURSOR_VERSION)
+		return st_error_set(-EINVAL, "cursor version %u, expected %u",
+				    st_get32(in + 4), ST_CURSOR_VERSION);
+	if (st_get64(in + 88) != XXH64(in, 88, 0))
+		return st_error_set(-EINVAL, "cursor checksum mismatch "
+				    "(corrupted)");
+	c->batch = st_get32(in + 8);
+	c->seq = st_get32(in + 12);
+	c->shuffle = st_get32(in + 16);
+	c->seed = st_get64(in + 24);
+	c->begin_tok = st_get64(in + 32);
+	c->end_tok = st_get64(in + 40);
+	c->step = st_get64(in + 48);
+	for (int i = 0; i < 4; i++)
+		c->rng[i] = st_get64(in + 56 + 8 * i);
+	return 0;
+}

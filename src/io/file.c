@@ -1,0 +1,212 @@
+/* Complete I/O and atomic replacement of files. */
+#include "io/file.h"
+
+#include "strata/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int st_atomic_file_open(struct st_atomic_file *f, const char *path)
+{
+	size_t len = strlen(path);
+
+	f->fd = -1;
+	f->path = strdup(path);
+	f->tmp_path = malloc(len + sizeof(".tmp.XXXXXX"));
+	if (!f->path || !f->tmp_path) {
+		free(f->path);
+		free(f->tmp_path);
+		f->path = f->tmp_path = NULL;
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	}
+	memcpy(f->tmp_path, path, len);
+	memcpy(f->tmp_path + len, ".tmp.XXXXXX", sizeof(".tmp.XXXXXX"));
+	f->fd = mkostemp(f->tmp_path, O_CLOEXEC);
+	if (f->fd < 0) {
+		int err = -errno;
+
+		st_error_set(err, "%s: cannot create temporary file %s: %s",
+			     path, f->tmp_path, strerror(-err));
+		free(f->path);
+		free(f->tmp_path);
+		f->path = f->tmp_path = NULL;
+		return err;
+	}
+	/* mkstemp makes 0600; a checkpoint is an ordinary file. */
+	if (fchmod(f->fd, 0644) < 0) {
+		int err = -errno;
+
+		st_error_set(err, "%s: chmod: %s", f->tmp_path, strerror(-err));
+		st_atomic_file_abort(f);
+		return err;
+	}
+	return 0;
+}
+
+int st_atomic_file_write(struct st_atomic_file *f, const void *buf,
+			 size_t bytes)
+{
+	const char *p = buf;
+
+	while (bytes > 0) {
+		/* Linux moves at most ~2 GiB per call; ask for less. */
+		size_t chunk = ST_MIN(bytes, (size_t)1 << 30);
+		ssize_t n = write(f->fd, p, chunk);
+
+		if (n < 0) {
+			int err = -errno;
+
+			if (err == -EINTR)
+				continue;
+			return st_error_set(err, "%s: write: %s", f->tmp_path,
+					    strerror(-err));
+		}
+		if (n == 0)
+			return st_error_set(-EIO, "%s: write returned 0",
+					    f->tmp_path);
+		p += n;
+		bytes -= (size_t)n;
+	}
+	return 0;
+}
+
+static int st_fsync_dir_of(const char *path)
+{
+	char *copy = strdup(path);
+	int fd, err = 0;
+
+	if (!copy)
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || fsync(fd) < 0) {
+		err = -errno;
+		st_error_set(err, "%s: fsync of its directory: %s", path,
+			     strerror(-err));
+	}
+	if (fd >= 0)
+		close(fd);
+	free(copy);
+	return err;
+}
+
+int st_atomic_file_commit(struct st_atomic_file *f)
+{
+	int err = 0;
+
+	if (fsync(f->fd) < 0) {
+		err = -errno;
+		st_error_set(err, "%s: fsync: %s", f->tmp_path, strerror(-err));
+		goto fail;
+	}
+	if (close(f->fd) < 0) {
+		f->fd = -1;
+		err = -errno;
+		st_error_set(err, "%s: close: %s", f->tmp_path, strerror(-err));
+		goto fail;
+	}
+	f->fd = -1;
+	if (rename(f->tmp_path, f->path) < 0) {
+		err = -errno;
+		st_error_set(err, "%s: rename from %s: %s", f->path,
+			     f->tmp_path, strerror(-err));
+		goto fail;
+	}
+	err = st_fsync_dir_of(f->path);
+	free(f->path);
+	free(f->tmp_path);
+	f->path = f->tmp_path = NULL;
+	return err;
+fail:
+	st_atomic_file_abort(f);
+	return err;
+}
+
+void st_atomic_file_abort(struct st_atomic_file *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	f->fd = -1;
+	if (f->tmp_path)
+		unlink(f->tmp_path);
+	free(f->path);
+	free(f->tmp_path);
+	f->path = f->tmp_path = NULL;
+}
+
+int st_pread_full(int fd, void *buf, size_t bytes, uint64_t off,
+		  const char *label)
+{
+	char *p = buf;
+
+	while (bytes > 0) {
+		size_t chunk = ST_MIN(bytes, (size_t)1 << 30);
+		ssize_t n = pread(fd, p, chunk, (off_t)off);
+
+		if (n < 0) {
+			int err = -errno;
+
+			if (err == -EINTR)
+				continue;
+			return st_error_set(err, "%s: read at offset %llu: %s",
+					    label, (unsigned long long)off,
+					    strerror(-err));
+		}
+		if (n == 0)
+			return st_error_set(-EIO,
+				"%s: unexpected end of file at offset %llu",
+				label, (unsigned long long)off);
+		p += n;
+		off += (uint64_t)n;
+		bytes -= (size_t)n;
+	}
+	return 0;
+}
+
+int st_read_small_file(const char *path, size_t max_bytes, char **out,
+		       size_t *out_bytes)
+{
+	struct stat sb;
+	char *buf;
+	int fd, err;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		err = -errno;
+		return st_error_set(err, "%s: %s", path, strerror(-err));
+	}
+	if (fstat(fd, &sb) < 0) {
+		err = -errno;
+		close(fd);
+		return st_error_set(err, "%s: stat: %s", path, strerror(-err));
+	}
+	if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > max_bytes) {
+		close(fd);
+		if (!S_ISREG(sb.st_mode))
+			return st_error_set(-EINVAL, "%s: not a regular file",
+					    path);
+		return st_error_set(-EFBIG, "%s: %lld bytes, more than the %zu "
+				    "expected", path, (long long)sb.st_size,
+				    max_bytes);
+	}
+	buf = malloc((size_t)sb.st_size + 1);
+	if (!buf) {
+		close(fd);
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	}
+	err = st_pread_full(fd, buf, (size_t)sb.st_size, 0, path);
+	close(fd);
+	if (err) {
+		free(buf);
+		return err;
+	}
+	buf[sb.st_size] = '\0';
+	*out = buf;
+	*out_bytes = (size_t)sb.st_size;
+	return 0;
+}
