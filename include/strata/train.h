@@ -1,0 +1,84 @@
+/* strata: the training loop, in memory (every state of every unit in host
+ * RAM). The tiered engine (docs/design.md) drives the same units with the
+ * same arithmetic; this trainer is its reference.
+ *
+ * Per step: grad_accum micro-batches of forward (keeping each unit's input)
+ * and backward (recomputing each unit from its input), the global gradient
+ * norm summed unit by unit in fp64 (deterministic), the clip coefficient and
+ * 1/grad_accum folded into AdamW's gradient scale, then the fused CPU AdamW
+ * per tensor (weight decay on matrices and embeddings only), which also
+ * writes the bf16 (or fp32) working weights W that the next forward reads.
+ * Functions return 0 or -errno; details in st_error_last(). */
+#ifndef STRATA_TRAIN_H
+#define STRATA_TRAIN_H
+
+#include "strata/common.h"
+#include "strata/dataset.h"
+#include "strata/model.h"
+
+#include <stdbool.h>
+
+enum st_lr_schedule { ST_LR_COSINE, ST_LR_CONSTANT };
+
+struct st_train_config {
+	struct st_model_config model;
+	int batch, seq, grad_accum;
+	double lr, min_lr_frac;       /* cosine decays to lr * min_lr_frac */
+	enum st_lr_schedule schedule;
+	int warmup;                   /* steps of linear warm-up */
+	int steps;                    /* total steps (for the schedule) */
+	double wd, beta1, beta2, eps;
+	double clip;                  /* global-norm clip; 0 disables */
+	uint64_t seed;
+	bool bf16;                    /* W in bf16 (else fp32) */
+};
+
+/* Fill the defaults (tiny model, B=8, T=128, lr 1e-3 cosine, warmup 10,
+ * wd 0.1, betas 0.9/0.95, eps 1e-8, clip 1.0, seed 1337, bf16). */
+void st_train_config_default(struct st_train_config *c);
+
+struct st_trainer;
+
+/* Build the model, allocate every buffer once (no allocation in the step
+ * loop) and initialise the parameters from cfg->seed. */
+int st_trainer_create(const struct st_train_config *cfg, struct st_trainer **out);
+void st_trainer_destroy(struct st_trainer *t);
+
+const struct st_model *st_trainer_model(const struct st_trainer *t);
+
+/* Replace the parameters with those of a Hugging Face GPT-2 checkpoint
+ * (model.safetensors; F32, BF16 or F16; names with or without a
+ * "transformer." prefix; attention-mask buffers ignored). Every tensor of
+ * the model must be present with its exact shape. Moments are zeroed. */
+int st_trainer_load_weights(struct st_trainer *t, const char *safetensors_path);
+
+/* Write DIR with model.safetensors (fp32 master weights, Hugging Face GPT-2
+ * names) and config.json, atomically: into DIR.tmp.<pid>, fsynced, then
+ * renamed over DIR. On failure DIR is left as it was. */
+int st_trainer_save(struct st_trainer *t, const char *dir);
+
+struct st_step_result {
+	double loss;       /* mean over the micro-batches */
+	double grad_norm;  /* before clipping */
+	double lr;
+	bool skipped;      /* a NaN/Inf gradient: no update was made */
+};
+
+/* One optimizer step at step number `step` (0-based) over grad_accum
+ * batches drawn from ld. */
+int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
+		    struct st_step_result *res);
+
+/* Mean loss over n_batches batches from ld, no update. */
+int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
+		    double *mean_loss);
+
+/* Logits of the last position of tokens[0..n) (the last ctx of them are
+ * used). logits has vocab floats. */
+int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n,
+		      float *logits);
+
+/* Learning rate of step (0-based) under cfg's schedule. */
+double st_lr_at(const struct st_train_config *cfg, int step);
+
+#endif

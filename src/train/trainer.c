@@ -1,0 +1,591 @@
+/* The in-memory trainer: every state of every unit in host RAM, the step of
+ * docs/design.md run unit by unit. The reference the tiered engine matches
+ * bit for bit. */
+#include "strata/train.h"
+#include "strata/io.h"
+#include "strata/kernels.h"
+#include "strata/optim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct st_trainer {
+	struct st_train_config cfg;
+	struct st_model *model;
+	int U;             /* units */
+	uint64_t *elems;   /* per unit flat length */
+	float **P, **M, **V, **G;
+	void **W;          /* bf16 (uint16_t) or fp32 working weights */
+	float *wf;         /* fp32 compute copy of the unit being run */
+	float *wf_embed;   /* fp32 copy of the embedding unit (the head's tie) */
+	float *acts;       /* x[1..U-1], each (B,T,C) */
+	float *dA, *dB;    /* (B,T,C) gradient ping-pong */
+	void *work;
+	size_t work_bytes;
+	int32_t *tokens, *targets; /* (B,T) */
+	float *lnf, *lnf_mean, *lnf_rstd; /* (1,C) scratch for logits */
+};
+
+void st_train_config_default(struct st_train_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	st_model_config_parse("tiny", &c->model);
+	c->batch = 8;
+	c->seq = 128;
+	c->grad_accum = 1;
+	c->lr = 1e-3;
+	c->min_lr_frac = 0.1;
+	c->schedule = ST_LR_COSINE;
+	c->warmup = 10;
+	c->steps = 100;
+	c->wd = 0.1;
+	c->beta1 = 0.9;
+	c->beta2 = 0.95;
+	c->eps = 1e-8;
+	c->clip = 1.0;
+	c->seed = 1337;
+	c->bf16 = true;
+}
+
+double st_lr_at(const struct st_train_config *c, int step)
+{
+	double min_lr = c->lr * c->min_lr_frac, progress;
+
+	if (step < c->warmup)
+		return c->lr * (step + 1) / c->warmup;
+	if (c->schedule == ST_LR_CONSTANT || c->steps <= c->warmup)
+		return c->lr;
+	progress = (double)(step - c->warmup) / (double)(c->steps - c->warmup);
+	if (progress > 1)
+		progress = 1;
+	return min_lr + 0.5 * (c->lr - min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+static size_t x_elems(const struct st_trainer *t)
+{
+	return (size_t)t->cfg.batch * t->cfg.seq * t->cfg.model.n_embd;
+}
+
+static float *act(struct st_trainer *t, int u) /* input of unit u, u >= 1 */
+{
+	return t->acts + (size_t)(u - 1) * x_elems(t);
+}
+
+/* W[u] as fp32 into dst (once per use). */
+static void widen(struct st_trainer *t, int u, float *dst)
+{
+	if (t->cfg.bf16)
+		st_cpu_bf16_to_f32(dst, t->W[u], t->elems[u]);
+	else
+		memcpy(dst, t->W[u], t->elems[u] * sizeof(float));
+}
+
+/* W[u] from P[u] with the optimizer's rounding (init and load). */
+static void narrow(struct st_trainer *t, int u)
+{
+	if (t->cfg.bf16)
+		st_cpu_f32_to_bf16(t->W[u], t->P[u], t->elems[u]);
+	else
+		memcpy(t->W[u], t->P[u], t->elems[u] * sizeof(float));
+}
+
+static void *xcalloc(size_t n, size_t size, int *err)
+{
+	void *p;
+
+	if (*err)
+		return NULL;
+	/* 4 KiB aligned, zeroed: flat buffers move as pages later. */
+	size_t bytes = n * size;
+
+	if (posix_memalign(&p, ST_PAGE_BYTES, st_align_up(bytes ? bytes : 1, 64))) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	memset(p, 0, n * size);
+	return p;
+}
+
+void st_trainer_destroy(struct st_trainer *t)
+{
+	if (!t)
+		return;
+	for (int u = 0; u < t->U; u++) {
+		if (t->P)
+			free(t->P[u]);
+		if (t->M)
+			free(t->M[u]);
+		if (t->V)
+			free(t->V[u]);
+		if (t->G)
+			free(t->G[u]);
+		if (t->W)
+			free(t->W[u]);
+	}
+	free(t->P);
+	free(t->M);
+	free(t->V);
+	free(t->G);
+	free(t->W);
+	free(t->elems);
+	free(t->wf);
+	free(t->wf_embed);
+	free(t->acts);
+	free(t->dA);
+	free(t->dB);
+	free(t->work);
+	free(t->tokens);
+	free(t->targets);
+	free(t->lnf);
+	free(t->lnf_mean);
+	free(t->lnf_rstd);
+	st_model_destroy(t->model);
+	free(t);
+}
+
+int st_trainer_create(const struct st_train_config *cfg, struct st_trainer **out)
+{
+	struct st_trainer *t;
+	uint64_t max_elems = 0;
+	int err = 0, ret;
+
+	*out = NULL;
+	if (cfg->batch <= 0 || cfg->seq <= 0 || cfg->grad_accum <= 0)
+		return st_error_set(-EINVAL, "batch, seq and grad-accum must be positive");
+	if (cfg->seq > cfg->model.ctx)
+		return st_error_set(-EINVAL, "--seq %d is longer than the model's context of %d",
+				    cfg->seq, cfg->model.ctx);
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->cfg = *cfg;
+	ret = st_model_create(&cfg->model, &t->model);
+	if (ret < 0) {
+		free(t);
+		return ret;
+	}
+	t->U = st_model_unit_count(t->model);
+	t->elems = calloc((size_t)t->U, sizeof(*t->elems));
+	t->P = calloc((size_t)t->U, sizeof(float *));
+	t->M = calloc((size_t)t->U, sizeof(float *));
+	t->V = calloc((size_t)t->U, sizeof(float *));
+	t->G = calloc((size_t)t->U, sizeof(float *));
+	t->W = calloc((size_t)t->U, sizeof(void *));
+	if (!t->elems || !t->P || !t->M || !t->V || !t->G || !t->W) {
+		st_trainer_destroy(t);
+		return -ENOMEM;
+	}
+	for (int u = 0; u < t->U; u++) {
+		size_t work = st_model_work_bytes(t->model, u, cfg->batch, cfg->seq);
+
+		t->elems[u] = st_model_unit_layout(t->model, u)->elems;
+		max_elems = ST_MAX(max_elems, t->elems[u]);
+		t->work_bytes = ST_MAX(t->work_bytes, work);
+		t->P[u] = xcalloc(t->elems[u], sizeof(float), &err);
+		t->M[u] = xcalloc(t->elems[u], sizeof(float), &err);
+		t->V[u] = xcalloc(t->elems[u], sizeof(float), &err);
+		t->G[u] = xcalloc(t->elems[u], sizeof(float), &err);
+		t->W[u] = xcalloc(t->elems[u], cfg->bf16 ? 2 : 4, &err);
+	}
+	t->wf = xcalloc(max_elems, sizeof(float), &err);
+	t->wf_embed = xcalloc(t->elems[0], sizeof(float), &err);
+	t->acts = xcalloc(x_elems(t) * (size_t)(t->U - 1), sizeof(float), &err);
+	t->dA = xcalloc(x_elems(t), sizeof(float), &err);
+	t->dB = xcalloc(x_elems(t), sizeof(float), &err);
+	t->work = xcalloc(t->work_bytes, 1, &err);
+	t->tokens = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
+	t->targets = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
+	t->lnf = xcalloc((size_t)cfg->model.n_embd, sizeof(float), &err);
+	t->lnf_mean = xcalloc(1, sizeof(float), &err);
+	t->lnf_rstd = xcalloc(1, sizeof(float), &err);
+	if (err) {
+		st_trainer_destroy(t);
+		return st_error_set(err, "cannot allocate the model's buffers");
+	}
+	for (int u = 0; u < t->U; u++) {
+		ret = st_model_init_unit(t->model, u, cfg->seed, t->P[u]);
+		if (ret < 0) {
+			st_trainer_destroy(t);
+			return ret;
+		}
+		narrow(t, u);
+	}
+	*out = t;
+	return 0;
+}
+
+const struct st_model *st_trainer_model(const struct st_trainer *t)
+{
+	return t->model;
+}
+
+/* Forward of every unit but the head; leaves x[1..U-1] in acts and the
+ * embedding's fp32 weights in wf_embed. */
+static int forward_body(struct st_trainer *t, const struct st_model_batch *b)
+{
+	int ret;
+
+	widen(t, 0, t->wf_embed);
+	ret = st_model_fwd(t->model, 0, b, t->wf_embed, NULL, NULL, act(t, 1), NULL,
+			   t->work, t->work_bytes);
+	for (int u = 1; ret == 0 && u < t->U - 1; u++) {
+		widen(t, u, t->wf);
+		ret = st_model_fwd(t->model, u, b, t->wf, NULL, act(t, u), act(t, u + 1), NULL,
+				   t->work, t->work_bytes);
+	}
+	return ret;
+}
+
+static int micro_step(struct st_trainer *t, struct st_loader *ld, float loss_scale,
+		      double *loss)
+{
+	struct st_model_batch b = { .B = t->cfg.batch, .T = t->cfg.seq, .tokens = t->tokens,
+				    .targets = t->targets, .loss_scale = loss_scale };
+	int H = t->U - 1, ret;
+	float l = 0, *dy = t->dA, *dx = t->dB, *tmp;
+
+	st_loader_next(ld, t->tokens, t->targets);
+	ret = forward_body(t, &b);
+	if (ret < 0)
+		return ret;
+	/* The head's backward computes its forward (and the loss) itself. */
+	widen(t, H, t->wf);
+	ret = st_model_bwd(t->model, H, &b, t->wf, t->wf_embed, act(t, H), NULL, dy,
+			   t->G[H], t->G[0], &l, t->work, t->work_bytes);
+	for (int u = H - 1; ret == 0 && u >= 1; u--) {
+		widen(t, u, t->wf);
+		ret = st_model_bwd(t->model, u, &b, t->wf, NULL, act(t, u), dy, dx, t->G[u], NULL,
+				   NULL, t->work, t->work_bytes);
+		tmp = dy;
+		dy = dx;
+		dx = tmp;
+	}
+	if (ret == 0)
+		ret = st_model_bwd(t->model, 0, &b, t->wf_embed, NULL, NULL, dy, NULL, t->G[0],
+				   NULL, NULL, t->work, t->work_bytes);
+	*loss = l;
+	return ret;
+}
+
+int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
+		    struct st_step_result *res)
+{
+	const struct st_train_config *c = &t->cfg;
+	struct st_adam_hparams hp;
+	struct st_adam_step with_wd, without_wd;
+	double loss_sum = 0, sumsq = 0, clip_coef = 1.0;
+	int ret;
+
+	memset(res, 0, sizeof(*res));
+	for (int u = 0; u < t->U; u++)
+		memset(t->G[u], 0, t->elems[u] * sizeof(float));
+	for (int a = 0; a < c->grad_accum; a++) {
+		double l;
+
+		ret = micro_step(t, ld, 1.0f / (float)c->grad_accum, &l);
+		if (ret < 0)
+			return ret;
+		loss_sum += l;
+	}
+	res->loss = loss_sum / c->grad_accum;
+	res->lr = st_lr_at(c, step);
+	/* Global norm: whole units, in unit order, fp64: deterministic. */
+	for (int u = 0; u < t->U; u++) {
+		double s;
+
+		ret = st_grad_sumsq(t->G[u], ST_OPTIM_F32, t->elems[u], &s);
+		if (ret == -ERANGE) {
+			res->grad_norm = NAN;
+			res->skipped = true;
+			return 0;
+		}
+		if (ret < 0)
+			return ret;
+		sumsq += s;
+	}
+	res->grad_norm = sqrt(sumsq);
+	if (c->clip > 0 && res->grad_norm > c->clip)
+		clip_coef = c->clip / (res->grad_norm + 1e-6);
+	hp = (struct st_adam_hparams){ .lr = (float)res->lr, .beta1 = (float)c->beta1,
+				       .beta2 = (float)c->beta2, .eps = (float)c->eps,
+				       .weight_decay = (float)c->wd,
+				       .grad_scale = (float)clip_coef, .step = (uint64_t)step + 1 };
+	ret = st_adam_prep(&with_wd, &hp);
+	hp.weight_decay = 0;
+	if (ret == 0)
+		ret = st_adam_prep(&without_wd, &hp);
+	if (ret < 0)
+		return ret;
+	for (int u = 0; u < t->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(t->model, u);
+
+		for (int i = 0; i < ul->n_tensors; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+			size_t o = tl->offset_elems;
+			struct st_adam_bufs bufs = {
+				.g = t->G[u] + o, .g_dtype = ST_OPTIM_F32, .p = t->P[u] + o,
+				.m = t->M[u] + o, .v = t->V[u] + o,
+				.w = c->bf16 ? (void *)((uint16_t *)t->W[u] + o)
+					     : (void *)((float *)t->W[u] + o),
+				.w_dtype = c->bf16 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
+			};
+
+			/* The norm pass already proved G finite. */
+			ret = st_adam_apply(tl->decay ? &with_wd : &without_wd, &bufs, tl->n_elems,
+					    ST_ADAM_GRAD_CHECKED, NULL);
+			if (ret < 0)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
+		    double *mean_loss)
+{
+	struct st_model_batch b = { .B = t->cfg.batch, .T = t->cfg.seq, .tokens = t->tokens,
+				    .targets = t->targets, .loss_scale = 1.0f };
+	double sum = 0;
+	int H = t->U - 1, ret = 0;
+
+	for (int i = 0; i < n_batches && ret == 0; i++) {
+		float l = 0;
+
+		st_loader_next(ld, t->tokens, t->targets);
+		ret = forward_body(t, &b);
+		if (ret == 0) {
+			widen(t, H, t->wf);
+			ret = st_model_fwd(t->model, H, &b, t->wf, t->wf_embed, act(t, H), NULL, &l,
+					   t->work, t->work_bytes);
+		}
+		sum += l;
+	}
+	*mean_loss = n_batches ? sum / n_batches : NAN;
+	return ret;
+}
+
+int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n, float *logits)
+{
+	const struct st_model_config *mc = &t->cfg.model;
+	const struct st_unit_layout *hl = st_model_unit_layout(t->model, t->U - 1);
+	const float *lw = NULL, *lb = NULL;
+	struct st_model_batch b;
+	int T = ST_MIN(n, t->cfg.seq), C = mc->n_embd, ret;
+
+	if (n <= 0)
+		return st_error_set(-EINVAL, "no tokens to continue");
+	if (t->cfg.batch < 1)
+		return -EINVAL;
+	memcpy(t->tokens, tokens + (n - T), (size_t)T * sizeof(int32_t));
+	memset(t->targets, 0, (size_t)T * sizeof(int32_t));
+	b = (struct st_model_batch){ .B = 1, .T = T, .tokens = t->tokens, .targets = t->targets,
+				     .loss_scale = 1.0f };
+	ret = forward_body(t, &b);
+	if (ret < 0)
+		return ret;
+	/* ln_f on the last position, then logits = ln @ wte^T (the tie). */
+	widen(t, t->U - 1, t->wf);
+	for (int i = 0; i < hl->n_tensors; i++) {
+		if (strcmp(hl->tensors[i].name, "ln_f.weight") == 0)
+			lw = t->wf + hl->tensors[i].offset_elems;
+		else if (strcmp(hl->tensors[i].name, "ln_f.bias") == 0)
+			lb = t->wf + hl->tensors[i].offset_elems;
+	}
+	if (!lw || !lb)
+		return st_error_set(-EINVAL, "the head has no ln_f");
+	st_cpu_layernorm_fwd(t->lnf, t->lnf_mean, t->lnf_rstd,
+			     act(t, t->U - 1) + (size_t)(T - 1) * C, lw, lb, 1, C);
+	st_cpu_sgemm(0, 1, 1, mc->vocab, C, 1.0f, t->lnf, C, t->wf_embed, C, 0.0f, logits,
+		     mc->vocab);
+	return 0;
+}
+
+/* --- checkpoints ---------------------------------------------------------- */
+
+static int fsync_path(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), ret = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
+static void rm_tree(const char *dir)
+{
+	char p[4096];
+
+	snprintf(p, sizeof(p), "%.4000s/model.safetensors", dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%.4000s/config.json", dir);
+	unlink(p);
+	rmdir(dir);
+}
+
+int st_trainer_save(struct st_trainer *t, const char *dir)
+{
+	const struct st_model_config *mc = &t->cfg.model;
+	struct st_gpt2_config gc = { .n_embd = mc->n_embd, .n_layer = mc->n_layer,
+				     .n_head = mc->n_head, .vocab_size = mc->vocab,
+				     .n_positions = mc->ctx };
+	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
+	struct st_sf_tensor *list;
+	size_t n = 0, cap = 0;
+	char tmp[4096], path[4096], parent[4096];
+	struct stat st;
+	int ret;
+
+	for (int u = 0; u < t->U; u++)
+		cap += (size_t)st_model_unit_layout(t->model, u)->n_tensors;
+	list = calloc(cap, sizeof(*list));
+	if (!list)
+		return -ENOMEM;
+	for (int u = 0; u < t->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(t->model, u);
+
+		for (int i = 0; i < ul->n_tensors; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+
+			list[n] = (struct st_sf_tensor){ .name = tl->name, .dtype = ST_SF_F32,
+							 .ndim = tl->ndim,
+							 .data = t->P[u] + tl->offset_elems };
+			list[n].shape[0] = (uint64_t)tl->shape[0];
+			list[n].shape[1] = (uint64_t)tl->shape[1];
+			n++;
+		}
+	}
+	snprintf(tmp, sizeof(tmp), "%.4000s.tmp.%d", dir, (int)getpid());
+	rm_tree(tmp);
+	if (mkdir(tmp, 0755) < 0) {
+		ret = st_error_set(-errno, "cannot create %s: %s", tmp, strerror(errno));
+		free(list);
+		return ret;
+	}
+	snprintf(path, sizeof(path), "%.4000s/model.safetensors", tmp);
+	ret = st_safetensors_write(path, list, n, meta, ST_ARRAY_LEN(meta));
+	free(list);
+	if (ret == 0) {
+		snprintf(path, sizeof(path), "%.4000s/config.json", tmp);
+		ret = st_gpt2_config_write(path, &gc);
+	}
+	if (ret == 0)
+		ret = fsync_path(tmp);
+	if (ret == 0) {
+		/* Swap the new directory in whole: a reader sees the old
+		 * checkpoint or the new one, never a mix. */
+		if (stat(dir, &st) == 0) {
+			ret = renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) ? -errno : 0;
+			if (ret == 0)
+				rm_tree(tmp); /* now the old one */
+		} else {
+			ret = rename(tmp, dir) ? -errno : 0;
+		}
+		if (ret < 0)
+			st_error_set(ret, "cannot move %s to %s: %s", tmp, dir, strerror(-ret));
+	}
+	if (ret < 0) {
+		rm_tree(tmp);
+		return ret;
+	}
+	snprintf(parent, sizeof(parent), "%s", dir);
+	{
+		char *slash = strrchr(parent, '/');
+
+		if (slash && slash != parent)
+			*slash = '\0';
+		else if (slash)
+			strcpy(parent, "/");
+		else
+			strcpy(parent, ".");
+	}
+	fsync_path(parent);
+	return 0;
+}
+
+int st_trainer_load_weights(struct st_trainer *t, const char *path)
+{
+	struct st_safetensors *sf;
+	const void *data;
+	uint64_t data_bytes;
+	int ret;
+
+	ret = st_safetensors_open(&sf, path);
+	if (ret < 0)
+		return ret;
+	ret = st_safetensors_data(sf, &data, &data_bytes);
+	for (int u = 0; ret == 0 && u < t->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(t->model, u);
+
+		for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+			const struct st_sf_info *info = st_safetensors_find(sf, tl->name);
+			char alt[ST_MODEL_NAME_BYTES + 16];
+			uint64_t numel = 1;
+			const char *src;
+			float *dst = t->P[u] + tl->offset_elems;
+
+			if (!info) {
+				snprintf(alt, sizeof(alt), "transformer.%s", tl->name);
+				info = st_safetensors_find(sf, alt);
+			}
+			if (!info) {
+				ret = st_error_set(-EINVAL, "%s: tensor %s is missing", path, tl->name);
+				break;
+			}
+			for (int d = 0; d < info->ndim; d++)
+				numel *= info->shape[d];
+			if (info->ndim != tl->ndim || info->shape[0] != (uint64_t)tl->shape[0] ||
+			    (tl->ndim == 2 && info->shape[1] != (uint64_t)tl->shape[1]) ||
+			    numel != tl->n_elems) {
+				ret = st_error_set(-EINVAL,
+						   "%s: tensor %s has the wrong shape for this model",
+						   path, tl->name);
+				break;
+			}
+			src = (const char *)data + info->offset_bytes;
+			for (uint64_t k = 0; k < numel; k++) {
+				switch (info->dtype) {
+				case ST_SF_F32:
+					memcpy(&dst[k], src + 4 * k, 4);
+					break;
+				case ST_SF_BF16: {
+					uint16_t h;
+
+					memcpy(&h, src + 2 * k, 2);
+					dst[k] = st_f32_from_bf16(h);
+					break;
+				}
+				case ST_SF_F16: {
+					uint16_t h;
+
+					memcpy(&h, src + 2 * k, 2);
+					dst[k] = st_f32_from_f16(h);
+					break;
+				}
+				default:
+					ret = st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type",
+							   path, tl->name, st_sf_dtype_name(info->dtype));
+					k = numel;
+				}
+			}
+		}
+	}
+	st_safetensors_close(sf);
+	if (ret < 0)
+		return ret;
+	for (int u = 0; u < t->U; u++) {
+		memset(t->M[u], 0, t->elems[u] * sizeof(float));
+		memset(t->V[u], 0, t->elems[u] * sizeof(float));
+		narrow(t, u);
+	}
+	return 0;
+}
