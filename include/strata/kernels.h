@@ -8,6 +8,8 @@
  *  - forward kernels overwrite their outputs;
  *  - backward kernels ACCUMULATE (+=) into every gradient they are given
  *    (dinp, dweight, dbias...), so the caller zeroes what must start at 0;
+ *    two exceptions overwrite so they can run in place, and say so:
+ *    st_cpu_gelu_bwd and st_cpu_crossentropy_bwd;
  *  - results are bit-identical at any OpenMP thread count: reductions are
  *    split by a fixed partition that depends only on the shapes (never on
  *    the thread count), and there are no atomics. Every matmul goes through

@@ -54,7 +54,7 @@ const char *st_model_preset_list(void);
 #define ST_MODEL_UNIT_ALIGN_ELEMS 2048u  /* 4 KiB in bf16 */
 /* Rows of logits materialised at once by the head (memory stays bounded:
  * ST_MODEL_CE_CHUNK_ROWS x V floats, whatever B*T is). */
-#define ST_MODEL_CE_CHUNK_ROWS 128
+#define ST_MODEL_CE_CHUNK_ROWS 256
 
 enum st_unit_kind {
 	ST_UNIT_EMBED,

@@ -13,8 +13,7 @@
 
 /* Fixed partitions. They depend only on shapes, never on the thread count,
  * which is what makes every reduction bit-identical at any thread count. */
-#define ST_GEMM_TILE_M 256     /* rows of C per BLAS call */
-#define ST_GEMM_TILE_N 128     /* columns of C per BLAS call */
+#define ST_GEMM_MIN_TILES 6    /* enough tasks to balance a few threads */
 #define ST_COL_BLOCK 64        /* columns per task in reductions over rows */
 #define ST_CONV_CHUNK 65536    /* elements per task in bf16 conversions */
 #define ST_ATT_BLOCK 64        /* query and key block of the attention */
@@ -95,17 +94,27 @@ void st_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
 			    ldb, beta, C, ldc);
 		return;
 	}
-	int tiles_m = (M + ST_GEMM_TILE_M - 1) / ST_GEMM_TILE_M;
-	int tiles_n = (N + ST_GEMM_TILE_N - 1) / ST_GEMM_TILE_N;
+	/* Tiles as large as possible (each BLAS call re-packs its slices of A
+	 * and B) while giving at least ST_GEMM_MIN_TILES tasks; chosen from
+	 * the shape alone. */
+	int tile_m = 256, tile_n = 512;
+#define ST_TILES(tm, tn) (((M + (tm)-1) / (tm)) * ((N + (tn)-1) / (tn)))
+	while (tile_n > 128 && ST_TILES(tile_m, tile_n) < ST_GEMM_MIN_TILES)
+		tile_n /= 2;
+	while (tile_m > 128 && ST_TILES(tile_m, tile_n) < ST_GEMM_MIN_TILES)
+		tile_m /= 2;
+#undef ST_TILES
+	int tiles_m = (M + tile_m - 1) / tile_m;
+	int tiles_n = (N + tile_n - 1) / tile_n;
 	/* Even a single tile goes through the parallel region: inside it
 	 * OpenBLAS is single-threaded, so the tile's arithmetic never depends
 	 * on how many threads exist. */
 #pragma omp parallel for schedule(dynamic, 1)
 	for (int t = 0; t < tiles_m * tiles_n; t++) {
-		int i0 = (t / tiles_n) * ST_GEMM_TILE_M;
-		int j0 = (t % tiles_n) * ST_GEMM_TILE_N;
-		int m = ST_MIN(ST_GEMM_TILE_M, M - i0);
-		int n = ST_MIN(ST_GEMM_TILE_N, N - j0);
+		int i0 = (t / tiles_n) * tile_m;
+		int j0 = (t % tiles_n) * tile_n;
+		int m = ST_MIN(tile_m, M - i0);
+		int n = ST_MIN(tile_n, N - j0);
 		const float *a = trans_a ? A + i0 : A + (size_t)i0 * lda;
 		const float *b = trans_b ? B + (size_t)j0 * ldb : B + j0;
 		cblas_sgemm(CblasRowMajor, ta, tb, m, n, K, alpha, a, lda, b,

@@ -1,0 +1,308 @@
+/* train-bench: forward + backward over every unit of a GPT-2 on the cpu
+ * device, against a large sgemm through the same BLAS and thread count.
+ *
+ * Each step is what a training step does minus the optimizer: W is kept in
+ * bf16 and widened to fp32 once per use (forward and backward), the forward
+ * keeps each unit's input, the backward recomputes each unit from it and
+ * accumulates dW into fp32 gradient buffers. Steps and sgemm runs are
+ * interleaved; medians are reported. */
+#include "strata/kernels.h"
+#include "strata/model.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: train-bench [options]\n"
+		"  --steps N     timed steps (default 3; one untimed warm-up step runs first)\n"
+		"  --batch B     sequences per step (default 4)\n"
+		"  --seq T       tokens per sequence (default 64)\n"
+		"  --model M     %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default gpt2)\n"
+		"  --threads N   OpenMP threads for kernels and BLAS (default: OpenMP's)\n"
+		"  --json FILE   also write the results as JSON\n"
+		"  --help        this text\n"
+		"Prints tokens/s, model FLOP/s (6*N_mm + 6*L*T*C per token; see\n"
+		"st_model_flops_per_token) and their ratio to a 2048^3 sgemm's rate.\n",
+		st_model_preset_list());
+}
+
+static int bad(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "train-bench: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, " (see --help)\n");
+	return 2;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(double), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double now_s(void)
+{
+	return (double)st_now_ns() * 1e-9;
+}
+
+/* One 2048^3 sgemm as BLAS runs it (its own threading): the rate to beat. */
+static double sgemm_seconds(const float *a, const float *b, float *c, int n)
+{
+	double t0 = now_s();
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a,
+		    n, b, n, 0.0f, c, n);
+	return now_s() - t0;
+}
+
+struct bench {
+	struct st_model *m;
+	int U, B, T, C;
+	uint16_t **w;      /* W[u], bf16 */
+	float **g;         /* G[u], fp32 */
+	float *pu, *pemb;  /* fp32 views: the current unit, the embedding */
+	float **x;         /* x[u], unit inputs (B,T,C) */
+	float *d[2];
+	void *work;
+	size_t work_bytes;
+	struct st_model_batch batch;
+};
+
+static int step(struct bench *s, float *loss)
+{
+	const int last = s->U - 1;
+	int err;
+	for (int u = 0; u < s->U; u++)
+		memset(s->g[u], 0, st_model_unit_layout(s->m, u)->elems * sizeof(float));
+	// forward: widen W[u], run, keep the input of the next unit
+	st_cpu_bf16_to_f32(s->pemb, s->w[0], st_model_unit_layout(s->m, 0)->elems);
+	/* The head's forward is skipped: its backward recomputes it and
+	 * returns the loss, which is how a training step should run it. */
+	for (int u = 0; u < last; u++) {
+		float *p = u == 0 ? s->pemb : s->pu;
+		if (u > 0)
+			st_cpu_bf16_to_f32(p, s->w[u], st_model_unit_layout(s->m, u)->elems);
+		err = st_model_fwd(s->m, u, &s->batch, p, NULL, s->x[u],
+				   s->x[u + 1], loss, s->work, s->work_bytes);
+		if (err)
+			return err;
+	}
+	// backward: recompute from x[u]; the head also gives the loss
+	int cur = 0;
+	for (int u = last; u >= 0; u--) {
+		float *p = u == 0 ? s->pemb : s->pu;
+		if (u > 0)
+			st_cpu_bf16_to_f32(p, s->w[u], st_model_unit_layout(s->m, u)->elems);
+		err = st_model_bwd(s->m, u, &s->batch, p, u == last ? s->pemb : NULL,
+				   s->x[u], s->d[cur], u > 0 ? s->d[cur ^ 1] : NULL,
+				   s->g[u], u == last ? s->g[0] : NULL,
+				   u == last ? loss : NULL, s->work, s->work_bytes);
+		if (err)
+			return err;
+		cur ^= 1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	int steps = 3, B = 4, T = 64, threads = 0;
+	const char *model = "gpt2", *json_path = NULL;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 0;
+		}
+		if (i + 1 >= argc)
+			return bad("unknown option or missing value: '%s'", a);
+		const char *v = argv[++i];
+		if (!strcmp(a, "--steps")) {
+			if (parse_int(v, 1, 1000000, &steps))
+				return bad("--steps needs an integer >= 1, got '%s'", v);
+		} else if (!strcmp(a, "--batch")) {
+			if (parse_int(v, 1, 1 << 20, &B))
+				return bad("--batch needs an integer >= 1, got '%s'", v);
+		} else if (!strcmp(a, "--seq")) {
+			if (parse_int(v, 1, 1 << 20, &T))
+				return bad("--seq needs an integer >= 1, got '%s'", v);
+		} else if (!strcmp(a, "--threads")) {
+			if (parse_int(v, 1, 4096, &threads))
+				return bad("--threads needs an integer >= 1, got '%s'", v);
+		} else if (!strcmp(a, "--model")) {
+			model = v;
+		} else if (!strcmp(a, "--json")) {
+			json_path = v;
+		} else {
+			return bad("unknown option '%s'", a);
+		}
+	}
+	struct st_model_config cfg;
+	if (st_model_config_parse(model, &cfg))
+		return bad("%s", st_error_last());
+	if (T > cfg.ctx) {
+		fprintf(stderr, "train-bench: --seq %d exceeds the model's ctx %d (see --help)\n",
+			T, cfg.ctx);
+		return 2;
+	}
+	if (threads)
+		omp_set_num_threads(threads);
+	threads = omp_get_max_threads();
+
+	struct bench s = {.B = B, .T = T, .C = cfg.n_embd};
+	if (st_model_create(&cfg, &s.m)) {
+		fprintf(stderr, "train-bench: %s\n", st_error_last());
+		return 1;
+	}
+	s.U = st_model_unit_count(s.m);
+	s.w = calloc((size_t)s.U, sizeof(*s.w));
+	s.g = calloc((size_t)s.U, sizeof(*s.g));
+	s.x = calloc((size_t)s.U, sizeof(*s.x));
+	size_t max_elems = 0;
+	size_t act = (size_t)B * T * cfg.n_embd;
+	int32_t *tok = malloc((size_t)B * T * sizeof(int32_t));
+	int32_t *tgt = malloc((size_t)B * T * sizeof(int32_t));
+	int ok = s.w && s.g && s.x && tok && tgt;
+	for (int u = 0; ok && u < s.U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(s.m, u);
+		if (u > 0 && ul->elems > max_elems)
+			max_elems = ul->elems;
+		size_t wb = st_model_work_bytes(s.m, u, B, T);
+		s.work_bytes = wb > s.work_bytes ? wb : s.work_bytes;
+		s.w[u] = malloc(ul->elems * sizeof(uint16_t));
+		s.g[u] = malloc(ul->elems * sizeof(float));
+		s.x[u] = malloc(act * sizeof(float));
+		ok = s.w[u] && s.g[u] && s.x[u];
+	}
+	s.pemb = ok ? malloc(st_model_unit_layout(s.m, 0)->elems * sizeof(float)) : NULL;
+	s.pu = ok ? malloc(max_elems * sizeof(float)) : NULL;
+	s.d[0] = malloc(act * sizeof(float));
+	s.d[1] = malloc(act * sizeof(float));
+	s.work = malloc(s.work_bytes);
+	if (!ok || !s.pemb || !s.pu || !s.d[0] || !s.d[1] || !s.work) {
+		fprintf(stderr, "train-bench: out of memory\n");
+		return 1;
+	}
+	// init: fp32 master per unit, rounded to the bf16 W
+	for (int u = 0; u < s.U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(s.m, u);
+		float *p = u == 0 ? s.pemb : s.pu;
+		st_model_init_unit(s.m, u, 1234, p);
+		st_cpu_f32_to_bf16(s.w[u], p, ul->elems);
+	}
+	uint64_t r = 88172645463325252ull;
+	for (int i = 0; i < B * T; i++) { /* xorshift: fixed, cheap tokens */
+		r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+		tok[i] = (int32_t)(r % (uint64_t)cfg.vocab);
+		tgt[i] = (int32_t)((r >> 32) % (uint64_t)cfg.vocab);
+	}
+	s.batch = (struct st_model_batch){.B = B, .T = T, .tokens = tok,
+					  .targets = tgt, .loss_scale = 1.0f};
+
+	const int n = 2048;
+	float *ga = malloc((size_t)n * n * 4), *gb = malloc((size_t)n * n * 4);
+	float *gc = malloc((size_t)n * n * 4);
+	if (!ga || !gb || !gc) {
+		fprintf(stderr, "train-bench: out of memory\n");
+		return 1;
+	}
+	for (size_t i = 0; i < (size_t)n * n; i++) {
+		ga[i] = (float)(i % 7) * 0.1f;
+		gb[i] = (float)(i % 5) * 0.1f;
+	}
+
+	float loss = 0.0f;
+	int err = step(&s, &loss); /* warm-up: page faults, BLAS buffers */
+	sgemm_seconds(ga, gb, gc, n);
+	if (err) {
+		fprintf(stderr, "train-bench: %s\n", st_error_last());
+		return 1;
+	}
+	double *ts = calloc((size_t)steps, sizeof(double));
+	double *tg = calloc((size_t)steps, sizeof(double));
+	for (int i = 0; i < steps; i++) {
+		double t0 = now_s();
+		err = step(&s, &loss);
+		ts[i] = now_s() - t0;
+		if (err) {
+			fprintf(stderr, "train-bench: %s\n", st_error_last());
+			return 1;
+		}
+		tg[i] = sgemm_seconds(ga, gb, gc, n);
+	}
+	double step_s = median(ts, steps), gemm_s = median(tg, steps);
+	double tokens = (double)B * T;
+	double flops_tok = st_model_flops_per_token(s.m, T);
+	double model_flops = flops_tok * tokens / step_s;
+	double gemm_flops = 2.0 * n * (double)n * n / gemm_s;
+	double ratio = model_flops / gemm_flops;
+
+	printf("model %s: L=%d C=%d H=%d V=%d, %.1fM params; B=%d T=%d, %d threads, %d steps\n",
+	       model, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab,
+	       (double)st_model_param_count(s.m) / 1e6, B, T, threads, steps);
+	printf("step (fwd + bwd with recompute, W bf16): median %.3f s, loss %.4f (ln V = %.4f)\n",
+	       step_s, (double)loss, log((double)cfg.vocab));
+	printf("tokens/s: %.1f\n", tokens / step_s);
+	printf("model FLOP/s: %.2f GFLOP/s (6*N_mm + 6*L*T*C = %.3g FLOP/token)\n",
+	       model_flops / 1e9, flops_tok);
+	printf("sgemm %dx%dx%d: median %.2f GFLOP/s\n", n, n, n, gemm_flops / 1e9);
+	printf("ratio model/sgemm: %.3f\n", ratio);
+
+	if (json_path) {
+		json_object *o = json_object_new_object();
+		json_object_object_add(o, "model", json_object_new_string(model));
+		json_object_object_add(o, "batch", json_object_new_int(B));
+		json_object_object_add(o, "seq", json_object_new_int(T));
+		json_object_object_add(o, "threads", json_object_new_int(threads));
+		json_object_object_add(o, "steps", json_object_new_int(steps));
+		json_object_object_add(o, "params", json_object_new_int64((int64_t)st_model_param_count(s.m)));
+		json_object_object_add(o, "step_s_median", json_object_new_double(step_s));
+		json_object_object_add(o, "tokens_per_s", json_object_new_double(tokens / step_s));
+		json_object_object_add(o, "flops_per_token", json_object_new_double(flops_tok));
+		json_object_object_add(o, "model_flops_per_s", json_object_new_double(model_flops));
+		json_object_object_add(o, "sgemm_flops_per_s", json_object_new_double(gemm_flops));
+		json_object_object_add(o, "ratio", json_object_new_double(ratio));
+		json_object_object_add(o, "loss", json_object_new_double(loss));
+		if (json_object_to_file_ext(json_path, o, JSON_C_TO_STRING_PRETTY)) {
+			fprintf(stderr, "train-bench: cannot write %s\n", json_path);
+			json_object_put(o);
+			return 1;
+		}
+		json_object_put(o);
+	}
+
+	for (int u = 0; u < s.U; u++) {
+		free(s.w[u]);
+		free(s.g[u]);
+		free(s.x[u]);
+	}
+	free(s.w); free(s.g); free(s.x); free(s.pemb); free(s.pu);
+	free(s.d[0]); free(s.d[1]); free(s.work); free(tok); free(tgt);
+	free(ga); free(gb); free(gc); free(ts); free(tg);
+	st_model_destroy(s.m);
+	return 0;
+}
