@@ -61,6 +61,7 @@ struct nvme_priv {
 	unsigned qd;
 	bool direct;
 	unsigned short_every, cqe_count;
+	struct st_fault_config fault; /* EIO at the Nth completed piece (tests) */
 
 	struct nvme_slot *slots;
 	unsigned *free_slots, nfree_slots;
@@ -159,6 +160,8 @@ static int nvme_open(struct st_tier *t, const struct st_tier_config *cfg,
 		return st_error_set(-EINVAL, "nvme: queue depth %u is above 4096", p->qd);
 	p->direct = !cfg->buffered;
 	p->short_every = cfg->short_every;
+	if (!cfg->inner)
+		p->fault = cfg->fault;
 
 	dirs = strdup(cfg->dirs);
 	if (!dirs)
@@ -414,6 +417,10 @@ static unsigned nvme_complete(struct st_tier *t, struct nvme_priv *p,
 		/* Test hook: pretend the kernel moved only the first half. */
 		res = (int)((left / 2) & ~(uint32_t)(st_tier_align(t) - 1));
 	}
+	if (p->fault.kind == ST_FAULT_EIO && p->cqe_count >= p->fault.nth &&
+	    (p->cqe_count == p->fault.nth ||
+	     (p->fault.every && (p->cqe_count - p->fault.nth) % p->fault.every == 0)))
+		res = -EIO; /* injected where a real drive error would appear */
 	if (res == -EINTR || res == -EAGAIN) {
 		nvme_prep_slot(p, idx);
 		return 1;

@@ -84,7 +84,10 @@ struct st_tier_config {
 	/* (uses device's arena; budget_bytes must fit in it) */
 	/* fault wrapper */
 	struct st_tier *inner;    /* wrapped tier; borrowed */
-	struct st_fault_config fault;
+	struct st_fault_config fault; /* fault tier: what to inject; nvme tier
+					 (without inner): ST_FAULT_EIO at the
+					 Nth completed block, so the error
+					 names the real file and offset */
 };
 
 /* Registered-buffer hint: buffers the caller will use for I/O. The nvme

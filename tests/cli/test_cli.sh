@@ -72,7 +72,7 @@ assert abs(a[0][0] - math.log(256)) < 0.1, a[0]
 assert a[-1][0] < a[0][0], "loss did not go down"
 print("ok   reruns and 1 vs 2 threads give identical losses; init loss ~ ln(256)")
 PY
-[ -f "$work/ck/model.safetensors" ] && [ -f "$work/ck/config.json" ] || { echo "FAIL no checkpoint"; fail=1; }
+[ -f "$work/ck/latest/model.safetensors" ] && [ -f "$work/ck/latest/config.json" ] || { echo "FAIL no checkpoint"; fail=1; }
 ls "$work" | grep -q '\.tmp\.' && { echo "FAIL temporary checkpoint left"; fail=1; }
 
 # The checkpoint reloads: eval twice gives the same number; --init then eval too.
@@ -81,7 +81,7 @@ e1=$(cat "$work/out")
 "$strata" train $M --init "$work/ck" --data "$data" --steps 0 --save "$work/ck2" >/dev/null 2>&1 || fail=1
 check eval-reloaded 0 "$strata" eval --ckpt "$work/ck2" --data "$data" --batch 2 --seq 32 --batches 3
 [ "$e1" = "$(cat "$work/out")" ] || { echo "FAIL reloaded checkpoint evaluates differently: $e1 / $(cat "$work/out")"; fail=1; }
-cmp -s "$work/ck/model.safetensors" "$work/ck2/model.safetensors" || { echo "FAIL save(load(ck)) != ck"; fail=1; }
+cmp -s "$work/ck/latest/model.safetensors" "$work/ck2/latest/model.safetensors" || { echo "FAIL save(load(ck)) != ck"; fail=1; }
 check generate 0 "$strata" generate --ckpt "$work/ck" --prompt "the " --tokens 20 --seed 1
 [ "$(head -c 4 "$work/out")" = "the " ] || { echo "FAIL generate output"; fail=1; }
 g1=$(cat "$work/out")
@@ -91,10 +91,10 @@ g1=$(cat "$work/out")
 # --steps 0 writes the initial weights; two of them with one seed are equal.
 "$strata" train $M --data "$data" --steps 0 --seed 5 --save "$work/i1" >/dev/null 2>&1 || fail=1
 "$strata" train $M --data "$data" --steps 0 --seed 5 --save "$work/i2" >/dev/null 2>&1 || fail=1
-cmp -s "$work/i1/model.safetensors" "$work/i2/model.safetensors" || { echo "FAIL init not reproducible"; fail=1; }
+cmp -s "$work/i1/latest/model.safetensors" "$work/i2/latest/model.safetensors" || { echo "FAIL init not reproducible"; fail=1; }
 # Saving over an existing checkpoint replaces it whole.
 "$strata" train $M --data "$data" --steps 0 --seed 6 --save "$work/i1" >/dev/null 2>&1 || fail=1
-cmp -s "$work/i1/model.safetensors" "$work/i2/model.safetensors" && { echo "FAIL overwrite kept old weights"; fail=1; }
+cmp -s "$work/i1/latest/model.safetensors" "$work/i2/latest/model.safetensors" && { echo "FAIL overwrite kept old weights"; fail=1; }
 
 # Gradient accumulation: 2 micro-batches of B=2 against 1 batch of B=4, with
 # llm.c's contiguous order both see the same 4 sequences per step.

@@ -1,0 +1,100 @@
+/* strata: the tiered engine. Trains with every shard (unit x state) in its
+ * planned home tier (vram, pinned host, nvme) and streams what each unit
+ * needs just before it runs: W into vram slots (nvme -> host staging -> vram)
+ * k units ahead for the forward and the backward, dW out to host where it is
+ * accumulated into G, and G, P, M, V into host staging for the CPU AdamW
+ * sweep, which writes P, M, V back and the new W to its home.
+ *
+ * The arithmetic is one code path whatever the placement, prefetch depth or
+ * thread count, so the numbers are bit-identical across them (invariant 1 of
+ * docs/design.md); only where bytes wait differs. Pools come from the plan
+ * (strata/plan.h) and are allocated once at create: nothing is allocated in
+ * the step loop, and no tier can pass its budget.
+ * Functions return 0 or -errno; details in st_error_last(). */
+#ifndef STRATA_ENGINE_H
+#define STRATA_ENGINE_H
+
+#include "strata/dataset.h"
+#include "strata/plan.h"
+#include "strata/tier.h"
+#include "strata/train.h"
+
+struct st_trace;
+
+struct st_engine_config {
+	struct st_train_config train;  /* model, batch, optimizer, seed */
+	uint64_t gpu_mem_bytes, host_mem_bytes, nvme_mem_bytes;
+	const char *nvme_dirs;         /* NULL: no nvme tier */
+	enum st_offload params, optim;
+	int prefetch;                  /* 0: as many as the budget allows */
+	uint64_t aio_block_bytes;      /* 0: 1 MiB */
+	unsigned aio_depth;            /* 0: 32 */
+	struct st_plan_rates rates;
+	struct st_trace *trace;        /* optional, borrowed */
+	struct st_fault_config nvme_fault; /* tests: wrap the nvme tier */
+};
+
+struct st_engine;
+
+/* Plan, open the device and tiers, allocate every pool, initialise the
+ * parameters from the seed into their homes. -ENOSPC (a budget that cannot
+ * work, the message names tier, budget and minimum), -EINVAL, -ENOMEM, or
+ * an I/O error. */
+int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out);
+void st_engine_destroy(struct st_engine *e);
+
+const struct st_plan *st_engine_plan(const struct st_engine *e);
+const struct st_model *st_engine_model(const struct st_engine *e);
+uint64_t st_engine_seed(const struct st_engine *e);
+
+/* One optimizer step at step number `step` (0-based). */
+int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
+		   struct st_step_result *res);
+
+/* Copy state s (W widened to fp32, or P, M, V) of unit u into dst (fp32,
+ * the unit's flat length). For tests and checkpoints. */
+int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst);
+/* Overwrite P, M and V of unit u (each NULL = zeros for M and V) and set W
+ * to round(P). For loading weights and resuming. */
+int st_engine_write_state(struct st_engine *e, int u, const float *p,
+			  const float *m, const float *v);
+
+/* Write a checkpoint of the state after `step` steps into DIR/step-NNNNNNNN
+ * (model.safetensors, optimizer.safetensors, config.json, trainer.json with
+ * each file's size and XXH64), atomically, then point DIR/latest at it and
+ * keep only the newest `keep` (0 = all). Streams from the tiers: a model
+ * whose state lives on nvme never has to fit in RAM. */
+int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
+		   const struct st_cursor *cursor, const char *config_json, int keep);
+
+/* Load DIR (a checkpoint directory, or a --save DIR whose `latest` is used)
+ * after checking every file against trainer.json: P, M, V into their homes,
+ * W = round(P). Sets *step and *cursor; *config_json (malloc'd, may be NULL)
+ * is the saved training configuration. -EINVAL names the file that does not
+ * match. */
+int st_engine_resume(struct st_engine *e, const char *dir, uint64_t *step,
+		     struct st_cursor *cursor, char **config_json);
+
+/* Load only the weights of a Hugging Face GPT-2 model.safetensors (as
+ * `strata train --init`): P = the file, W = round(P), M = V = 0. */
+int st_engine_load_weights(struct st_engine *e, const char *path);
+
+enum st_lane { ST_LANE_COMPUTE, ST_LANE_H2D, ST_LANE_D2H, ST_LANE_NVME_READ,
+	       ST_LANE_NVME_WRITE, ST_LANE_ADAM, ST_LANE_COUNT };
+
+struct st_engine_stats {
+	uint64_t step_ns;                    /* wall time of the last step */
+	uint64_t busy_ns[ST_LANE_COUNT];     /* per queue, last step */
+	uint64_t bytes[ST_LANE_COUNT];       /* per link, last step (0 for compute, adam) */
+	uint64_t used_bytes[ST_HOME_COUNT];  /* per tier, now */
+	uint64_t peak_bytes[ST_HOME_COUNT];  /* per tier, since create */
+	uint64_t budget_bytes[ST_HOME_COUNT];
+	bool has_tier[ST_HOME_COUNT];
+};
+void st_engine_get_stats(const struct st_engine *e, struct st_engine_stats *s);
+const char *st_lane_name(enum st_lane l);
+
+/* The detail of the last I/O failure ("nvme: read ... offset ...: ..."). */
+const char *st_engine_io_error(const struct st_engine *e);
+
+#endif

@@ -1,0 +1,142 @@
+/* strata: the placement planner (src/mem/plan.c) and `strata plan`.
+ *
+ * Decides, once before training, the home tier of every shard (unit x state)
+ * and the size of every pool the engine allocates, from the model, the batch
+ * and the tier budgets. The engine (src/sched) allocates exactly the pools
+ * this plan lists, so a plan that fits is a run that fits: budgets are hard.
+ *
+ * States: W working weights (bf16 or fp32), G gradient, P master weights,
+ * M, V moments (fp32). Homes: W in vram, host or nvme; G, P, M, V in host or
+ * nvme (the optimizer runs on the CPU).
+ *
+ * The engine's pools, with Wb = 2 (bf16) or 4 bytes, e_u the flat length of
+ * unit u (padding included), E = max_u e_u, E0 = e_0 (the embedding, which
+ * the head reads through the tie), U units, X = B*T*C*4 bytes, k = prefetch
+ * depth (>= 1), "streamed" = some unit's W home is not vram:
+ *   vram  W homes in vram              sum e_u*Wb over those units
+ *         W slots (when streamed)      (k+1) * E * Wb, plus E0*Wb when the
+ *                                      embedding's W is streamed (kept for
+ *                                      the head)
+ *         activation checkpoints       (U-1) * X
+ *         compute scratch              wf E*4 + wf_embed E0*4 + dW E*4 +
+ *                                      dW_embed E0*4 + dA, dB 2*X +
+ *                                      work (max_u st_model_work_bytes) +
+ *                                      tokens, targets 2*B*T*4
+ *   host  homes in host                e_u*Wb for W, e_u*4 for G, P, M, V
+ *         W staging (some W on nvme)   (k+1) * E * Wb
+ *         gradient landing             E*4, and another E*4 when G is on
+ *                                      nvme and grad_accum > 1
+ *         update staging (any of G,P,M,V on nvme, or W not in host)
+ *                                      2 * E * (16 + Wb)
+ *   nvme  homes on nvme                as host homes
+ * Every pool is rounded up to 4 KiB; every extent to its tier's alignment.
+ * Each pool above is one extent: act_bytes = round_4K((U-1)*X) holds the
+ * checkpoints at offsets i*X, scratch_bytes = round_4K(the sum listed).
+ * Homes are uniform per state class: every unit's W has one home, and G, P,
+ * M, V of every unit share one home (docs/plan.md).
+ * The minimum of a tier is its size at k = 1 (or at the forced prefetch)
+ * minimised over the placements the forced options allow whose other two
+ * tiers fit their budgets: a budget equal to it is accepted, one byte less
+ * is refused (with the other budgets unchanged). */
+#ifndef STRATA_PLAN_H
+#define STRATA_PLAN_H
+
+#include "strata/common.h"
+#include "strata/model.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+enum st_state { ST_STATE_W, ST_STATE_G, ST_STATE_P, ST_STATE_M, ST_STATE_V,
+		ST_STATE_COUNT };
+enum st_home { ST_HOME_VRAM, ST_HOME_HOST, ST_HOME_NVME, ST_HOME_COUNT };
+enum st_offload { ST_OFFLOAD_AUTO, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+
+/* Bandwidths and rates the prediction uses; 0 = a built-in default. */
+struct st_plan_rates {
+	double compute_flops;  /* device matmul FLOP/s */
+	double copy_bps;       /* host<->vram bytes/s */
+	double nvme_read_bps, nvme_write_bps;
+	double adam_bps;       /* CPU AdamW bytes/s (30 B per parameter) */
+};
+
+struct st_plan_input {
+	const struct st_model *model; /* borrowed */
+	int batch, seq, grad_accum;
+	bool bf16;
+	uint64_t gpu_mem_bytes;       /* vram budget; required */
+	uint64_t host_mem_bytes;      /* host budget; required */
+	uint64_t nvme_mem_bytes;      /* nvme budget; 0 = unlimited (the plan's
+					 budget_bytes becomes what it needs) */
+	bool have_nvme;               /* --nvme given; false = no nvme tier */
+	enum st_offload params;       /* W: AUTO, NONE (vram), HOST, NVME */
+	enum st_offload optim;        /* G,P,M,V: AUTO, HOST, NVME (NONE = HOST) */
+	int prefetch;                 /* k; 0 = as many as the budget allows (max U) */
+	struct st_plan_rates rates;
+};
+
+struct st_plan {
+	int units;
+	int prefetch;                          /* k chosen */
+	enum st_home *home;                    /* [units * ST_STATE_COUNT] */
+	uint64_t *state_bytes;                 /* [units * ST_STATE_COUNT] */
+	/* pools, as listed above */
+	uint64_t w_slot_bytes, w_slots;        /* vram W slots: count and size of each */
+	bool embed_slot;                       /* + a slot of E0*Wb */
+	uint64_t act_bytes, scratch_bytes;     /* vram */
+	uint64_t w_staging_bytes, grad_landing_bytes, update_staging_bytes; /* host */
+	uint64_t home_bytes[ST_HOME_COUNT];    /* sum of homes per tier */
+	uint64_t total_bytes[ST_HOME_COUNT];   /* homes + pools per tier */
+	uint64_t budget_bytes[ST_HOME_COUNT];
+	uint64_t min_bytes[ST_HOME_COUNT];     /* smallest budget that works */
+	/* traffic per optimizer step, bytes */
+	uint64_t h2d_bytes, d2h_bytes, nvme_read_bytes, nvme_write_bytes;
+	/* predicted seconds per step for each resource, and the bound */
+	double t_compute_s, t_copy_s, t_nvme_s, t_adam_s, t_step_s;
+	const char *bound;                     /* "compute", "copy", "nvme", "adam" */
+	/* added after the first draft */
+	enum st_home w_home, optim_home;       /* the uniform homes of W and of G,P,M,V */
+	uint64_t embed_slot_bytes;             /* E0*Wb rounded, 0 without embed_slot */
+	uint64_t act_each_bytes;               /* X = B*T*C*4, one checkpoint */
+	uint64_t work_bytes;                   /* max_u st_model_work_bytes, in scratch */
+	struct st_plan_rates rates;            /* the rates used, defaults filled in */
+};
+
+/* Make the plan. Returns 0; -ENOSPC when a budget cannot work, with one
+ * line in st_error_last() naming the tier, its budget and the minimum
+ * ("host budget 1.00 GiB (1073741824 B) is below the minimum of 2.31 GiB
+ * (2480381952 B) for this model and batch"); -EINVAL for contradictory or
+ * bad input (--offload-params nvme without --nvme, seq > ctx, prefetch
+ * outside 0..U, a negative rate); -ENOMEM. The policy (docs/plan.md): the
+ * first placement that fits, in this order of preference: W in vram, host,
+ * nvme; for each, G,P,M,V in host, then nvme. Then k: the forced prefetch,
+ * or the largest k in 1..U that fits. plan is filled only on success; free
+ * with st_plan_fini(). */
+int st_plan_make(const struct st_plan_input *in, struct st_plan *plan);
+void st_plan_fini(struct st_plan *plan);
+
+static inline enum st_home st_plan_home(const struct st_plan *p, int unit,
+					enum st_state s)
+{
+	return p->home[unit * ST_STATE_COUNT + s];
+}
+
+const char *st_state_name(enum st_state s); /* "W", "G", ... */
+const char *st_home_name(enum st_home h);   /* "vram", "host", "nvme" */
+
+/* The human table of `strata plan`. */
+void st_plan_print(const struct st_plan *plan, const struct st_plan_input *in,
+		   FILE *f);
+/* The per-unit table of `strata plan --verbose` (unit, kind, elems, then
+ * tier and bytes of each state). */
+void st_plan_print_units(const struct st_plan *plan,
+			 const struct st_plan_input *in, FILE *f);
+/* The same as JSON text, per-unit rows included (caller frees; NULL when
+ * out of memory). */
+char *st_plan_json(const struct st_plan *plan, const struct st_plan_input *in);
+
+/* Read read/write GB/s from an nvme-bench --json file into rates.
+ * Returns 0 or -errno / -EINVAL with the reason. */
+int st_plan_rates_from_nvme_bench(const char *path, struct st_plan_rates *rates);
+
+#endif

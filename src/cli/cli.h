@@ -1,0 +1,31 @@
+/* Shared by the strata subcommands (src/cli only). */
+#ifndef STRATA_CLI_H
+#define STRATA_CLI_H
+
+#include "strata/common.h"
+#include "strata/dataset.h"
+
+#include <stddef.h>
+
+/* A text every Debian ships: the default training data. */
+#define ST_DEFAULT_DATA "/usr/share/common-licenses/GPL-3"
+
+/* "strata: <message>" on stderr and exit(code). */
+_Noreturn void st_cli_die(int code, const char *fmt, ...) ST_PRINTF(2, 3);
+/* Strict number parsing for flag; exit 2 with one line when out of range. */
+long st_cli_long(const char *flag, const char *s, long lo, long hi);
+double st_cli_double(const char *flag, const char *s, double lo, double hi);
+/* OpenMP and BLAS threads (0: leave the default). */
+void set_threads_cli(int n);
+/* Open a token file for a model of the given vocabulary, or exit 2. */
+struct st_dataset *st_cli_open_data(const char *path, int vocab);
+/* "12s", "3m04s", "2h05m" */
+const char *st_cli_eta(double seconds, char *buf, size_t n);
+/* A checkpoint directory: dir itself when it holds config.json, else
+ * dir/latest (what `strata train --save dir` points at the newest). */
+const char *st_cli_ckpt_dir(const char *dir);
+
+int st_cli_train(int argc, char **argv);
+int st_cli_plan(int argc, char **argv);
+
+#endif

@@ -1,0 +1,478 @@
+/* `strata train`: flags -> one engine config; the plan printed first; one
+ * progress line per step with the tiers' use and the links' speed; metrics,
+ * trace, checkpoints and resume. Bad input exits 2 before anything is
+ * allocated or written; an I/O failure mid-run exits 1 naming file, offset
+ * and errno, and the last checkpoint stays loadable. */
+#include "cli.h"
+#include "strata/engine.h"
+#include "strata/io.h"
+#include "strata/optim.h"
+#include "strata/trace.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The demo's budgets: small enough that the tiny model uses all three
+ * tiers (W streamed from host, the optimizer on nvme). */
+#define DEFAULT_GPU_MEM "16M"
+#define DEFAULT_HOST_MEM "24M"
+#define DEFAULT_NVME "/var/tmp"
+
+static void train_usage(FILE *f)
+{
+	fprintf(f,
+"usage: strata train [options]\n"
+"\n"
+"Train a GPT-2 family model with its state in three tiers (vram, pinned\n"
+"host, nvme). With no options: the tiny byte-level model on\n"
+"%s for 100 steps, with budgets small\n"
+"enough that every tier is used; the plan is printed first.\n"
+"\n"
+"model and data\n"
+"  --model NAME|DIMS    %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
+"  --init FILE|DIR      start from Hugging Face GPT-2 weights (model.safetensors or its directory)\n"
+"  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
+"  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
+"  --grad-accum N       micro-batches per step (default 1)\n"
+"  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
+"tiers\n"
+"  --gpu-mem SIZE       device budget (default %s; the cpu device's arena)\n"
+"  --host-mem SIZE      pinned host budget (default %s)\n"
+"  --nvme DIR[,DIR..]   swap directories, striped (default %s; 'none' for no nvme tier)\n"
+"  --nvme-mem SIZE      nvme budget (default: what the plan needs)\n"
+"  --offload-params auto|none|host|nvme   home of W (default auto)\n"
+"  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
+"  --prefetch N         units fetched ahead (default: as many as the budget allows)\n"
+"  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
+"optimizer\n"
+"  --steps N            optimizer steps (default 100)\n"
+"  --lr X --lr-schedule cosine|constant --warmup N   (1e-3, cosine to lr/10, 10)\n"
+"  --wd X               decoupled weight decay on matrices and embeddings (0.1)\n"
+"  --beta1 X --beta2 X --eps X   (0.9, 0.95, 1e-8)\n"
+"  --clip X             global gradient-norm clip, 0 disables (1.0)\n"
+"run\n"
+"  --seed N             initialisation and sampling seed (1337)\n"
+"  --precision bf16|fp32  working weights W (bf16; master weights are fp32)\n"
+"  --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
+"  --save DIR           checkpoints go to DIR/step-N, DIR/latest points at the newest\n"
+"  --save-every N       also every N steps (default: only at the end)\n"
+"  --keep K             keep the newest K checkpoints (default 3)\n"
+"  --resume DIR         continue bit-identically from a checkpoint (or DIR/latest)\n"
+"  --metrics FILE       one JSON object per step (loss, lr, grad_norm, tokens_per_s,\n"
+"                       bytes per link, peak per tier, busy time per queue)\n"
+"  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
+"  --log-every N        print every Nth step (default 1)\n"
+"  -h, --help\n", ST_DEFAULT_DATA, st_model_preset_list(), DEFAULT_GPU_MEM,
+	        DEFAULT_HOST_MEM, DEFAULT_NVME);
+}
+
+static uint64_t parse_size_flag(const char *flag, const char *s)
+{
+	uint64_t v;
+
+	if (st_parse_size(s, &v) < 0 || v == 0)
+		st_cli_die(2, "%s %s is not a size (e.g. 512M, 4G)", flag, s);
+	return v;
+}
+
+static enum st_offload parse_offload(const char *flag, const char *s, bool allow_none)
+{
+	if (strcmp(s, "auto") == 0)
+		return ST_OFFLOAD_AUTO;
+	if (allow_none && strcmp(s, "none") == 0)
+		return ST_OFFLOAD_NONE;
+	if (strcmp(s, "host") == 0)
+		return ST_OFFLOAD_HOST;
+	if (strcmp(s, "nvme") == 0)
+		return ST_OFFLOAD_NVME;
+	st_cli_die(2, "%s %s: expected auto,%s host or nvme", flag, s, allow_none ? " none," : "");
+}
+
+static void check_dirs(const char *dirs)
+{
+	char *copy = strdup(dirs), *save = NULL, *tok;
+
+	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		struct stat st;
+
+		if (stat(tok, &st) < 0)
+			st_cli_die(2, "--nvme %s: %s", tok, strerror(errno));
+		if (!S_ISDIR(st.st_mode))
+			st_cli_die(2, "--nvme %s: not a directory", tok);
+		if (access(tok, W_OK) < 0)
+			st_cli_die(2, "--nvme %s: %s", tok, strerror(errno));
+	}
+	free(copy);
+}
+
+static const char *gbps(double bytes, double ns, char *buf, size_t n)
+{
+	snprintf(buf, n, "%.2f", ns > 0 ? bytes / ns : 0.0);
+	return buf;
+}
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop_requested = 1;
+}
+
+/* The training configuration, saved in trainer.json and checked at resume:
+ * everything that changes the numbers. */
+static char *config_json(const struct st_train_config *c, const char *model_text,
+			 const char *data, int shuffle)
+{
+	json_object *o = json_object_new_object();
+	char *s;
+
+	json_object_object_add(o, "model", json_object_new_string(model_text));
+	json_object_object_add(o, "data", json_object_new_string(data));
+	json_object_object_add(o, "batch", json_object_new_int(c->batch));
+	json_object_object_add(o, "seq", json_object_new_int(c->seq));
+	json_object_object_add(o, "grad_accum", json_object_new_int(c->grad_accum));
+	json_object_object_add(o, "steps", json_object_new_int(c->steps));
+	json_object_object_add(o, "lr", json_object_new_double(c->lr));
+	json_object_object_add(o, "schedule", json_object_new_string(
+					     c->schedule == ST_LR_COSINE ? "cosine" : "constant"));
+	json_object_object_add(o, "warmup", json_object_new_int(c->warmup));
+	json_object_object_add(o, "wd", json_object_new_double(c->wd));
+	json_object_object_add(o, "beta1", json_object_new_double(c->beta1));
+	json_object_object_add(o, "beta2", json_object_new_double(c->beta2));
+	json_object_object_add(o, "eps", json_object_new_double(c->eps));
+	json_object_object_add(o, "clip", json_object_new_double(c->clip));
+	json_object_object_add(o, "seed", json_object_new_int64((int64_t)c->seed));
+	json_object_object_add(o, "precision", json_object_new_string(c->bf16 ? "bf16" : "fp32"));
+	json_object_object_add(o, "shuffle", json_object_new_boolean(shuffle));
+	s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+	json_object_put(o);
+	return s;
+}
+
+/* Fields that must match between the run and the checkpoint it resumes. */
+static void check_resume_config(const char *saved, const char *now)
+{
+	static const char *keys[] = { "model", "batch", "seq", "grad_accum", "lr", "schedule",
+				      "warmup", "wd", "beta1", "beta2", "eps", "clip", "seed",
+				      "precision", "shuffle", "steps" };
+	json_object *a = saved ? json_tokener_parse(saved) : NULL, *b = json_tokener_parse(now);
+
+	if (!a)
+		st_cli_die(2, "--resume: the checkpoint has no training configuration");
+	for (size_t i = 0; i < ST_ARRAY_LEN(keys); i++) {
+		json_object *x = NULL, *y = NULL;
+
+		json_object_object_get_ex(a, keys[i], &x);
+		json_object_object_get_ex(b, keys[i], &y);
+		if (!json_object_equal(x, y))
+			st_cli_die(2, "--resume: %s is %s in the checkpoint but %s now", keys[i],
+				   x ? json_object_to_json_string(x) : "absent",
+				   y ? json_object_to_json_string(y) : "absent");
+	}
+	json_object_put(a);
+	json_object_put(b);
+}
+
+int st_cli_train(int argc, char **argv)
+{
+	static const struct option longs[] = {
+		{ "model", 1, 0, 'm' }, { "data", 1, 0, 'd' }, { "batch", 1, 0, 'B' },
+		{ "seq", 1, 0, 'T' }, { "steps", 1, 0, 's' }, { "grad-accum", 1, 0, 'a' },
+		{ "lr", 1, 0, 'l' }, { "lr-schedule", 1, 0, 'S' }, { "warmup", 1, 0, 'w' },
+		{ "wd", 1, 0, 'W' }, { "beta1", 1, 0, '1' }, { "beta2", 1, 0, '2' },
+		{ "eps", 1, 0, 'e' }, { "clip", 1, 0, 'c' }, { "seed", 1, 0, 'r' },
+		{ "precision", 1, 0, 'p' }, { "shuffle", 1, 0, 'u' }, { "threads", 1, 0, 'j' },
+		{ "save", 1, 0, 'o' }, { "metrics", 1, 0, 'M' }, { "init", 1, 0, 'i' },
+		{ "log-every", 1, 0, 'L' }, { "gpu-mem", 1, 0, 'G' }, { "host-mem", 1, 0, 'H' },
+		{ "nvme", 1, 0, 'N' }, { "nvme-mem", 1, 0, 'Z' }, { "offload-params", 1, 0, 'P' },
+		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
+		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
+		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
+		{ "help", 0, 0, 'h' }, { 0 },
+	};
+	struct st_engine_config ec = { 0 };
+	struct st_train_config *cfg = &ec.train;
+	const char *data = ST_DEFAULT_DATA, *save = NULL, *metrics = NULL, *init = NULL;
+	const char *model_text = "tiny", *trace_path = NULL, *resume = NULL;
+	const char *nvme = DEFAULT_NVME;
+	int shuffle = 1, threads = 0, log_every = 1, save_every = 0, keep = 3, c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_loader_config lc;
+	struct st_trace *trace = NULL;
+	FILE *mf = NULL;
+	uint64_t t0, start_step = 0;
+	char *cfg_json;
+	struct sigaction sa = { .sa_handler = on_signal };
+	int ret;
+
+	st_train_config_default(cfg);
+	ec.gpu_mem_bytes = parse_size_flag("--gpu-mem", DEFAULT_GPU_MEM);
+	ec.host_mem_bytes = parse_size_flag("--host-mem", DEFAULT_HOST_MEM);
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			if (st_model_config_parse(optarg, &cfg->model) < 0)
+				st_cli_die(2, "--model %s: %s", optarg, st_error_last());
+			model_text = optarg;
+			break;
+		case 'd': data = optarg; break;
+		case 'B': cfg->batch = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
+		case 'T': cfg->seq = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
+		case 's': cfg->steps = (int)st_cli_long("--steps", optarg, 0, 1 << 30); break;
+		case 'a': cfg->grad_accum = (int)st_cli_long("--grad-accum", optarg, 1, 1 << 16); break;
+		case 'l': cfg->lr = st_cli_double("--lr", optarg, 0, 10); break;
+		case 'S':
+			if (strcmp(optarg, "cosine") == 0)
+				cfg->schedule = ST_LR_COSINE;
+			else if (strcmp(optarg, "constant") == 0)
+				cfg->schedule = ST_LR_CONSTANT;
+			else
+				st_cli_die(2, "--lr-schedule %s: expected cosine or constant", optarg);
+			break;
+		case 'w': cfg->warmup = (int)st_cli_long("--warmup", optarg, 0, 1 << 30); break;
+		case 'W': cfg->wd = st_cli_double("--wd", optarg, 0, 10); break;
+		case '1': cfg->beta1 = st_cli_double("--beta1", optarg, 0, 0.999999); break;
+		case '2': cfg->beta2 = st_cli_double("--beta2", optarg, 0, 0.999999); break;
+		case 'e': cfg->eps = st_cli_double("--eps", optarg, 0, 1); break;
+		case 'c': cfg->clip = st_cli_double("--clip", optarg, 0, 1e9); break;
+		case 'r': cfg->seed = (uint64_t)st_cli_long("--seed", optarg, 0, 0x7fffffffffffffffL); break;
+		case 'p':
+			if (strcmp(optarg, "bf16") == 0)
+				cfg->bf16 = true;
+			else if (strcmp(optarg, "fp32") == 0)
+				cfg->bf16 = false;
+			else
+				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
+			break;
+		case 'u':
+			if (strcmp(optarg, "on") == 0)
+				shuffle = 1;
+			else if (strcmp(optarg, "off") == 0)
+				shuffle = 0;
+			else
+				st_cli_die(2, "--shuffle %s: expected on or off", optarg);
+			break;
+		case 'j': threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
+		case 'o': save = optarg; break;
+		case 'M': metrics = optarg; break;
+		case 'i': init = optarg; break;
+		case 'L': log_every = (int)st_cli_long("--log-every", optarg, 1, 1 << 30); break;
+		case 'G': ec.gpu_mem_bytes = parse_size_flag("--gpu-mem", optarg); break;
+		case 'H': ec.host_mem_bytes = parse_size_flag("--host-mem", optarg); break;
+		case 'N': nvme = optarg; break;
+		case 'Z': ec.nvme_mem_bytes = parse_size_flag("--nvme-mem", optarg); break;
+		case 'P': ec.params = parse_offload("--offload-params", optarg, true); break;
+		case 'O': ec.optim = parse_offload("--offload-optim", optarg, false); break;
+		case 'F': ec.prefetch = (int)st_cli_long("--prefetch", optarg, 1, 1 << 16); break;
+		case 'K': {
+			uint64_t b = parse_size_flag("--aio-block", optarg);
+
+			if (!st_is_pow2(b) || b < 4096 || b > (1u << 30))
+				st_cli_die(2, "--aio-block %s: a power of two from 4K to 1G", optarg);
+			ec.aio_block_bytes = b;
+			break;
+		}
+		case 'Q': ec.aio_depth = (unsigned)st_cli_long("--aio-depth", optarg, 1, 4096); break;
+		case 'X': trace_path = optarg; break;
+		case 'E': save_every = (int)st_cli_long("--save-every", optarg, 1, 1 << 30); break;
+		case 'k': keep = (int)st_cli_long("--keep", optarg, 1, 1 << 20); break;
+		case 'R': resume = optarg; break;
+		case 'h': train_usage(stdout); return 0;
+		default:
+			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
+				   argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		st_cli_die(2, "train: unexpected argument %s", argv[optind]);
+	if (strcmp(nvme, "none") != 0) {
+		check_dirs(nvme);
+		ec.nvme_dirs = nvme;
+	}
+	if (cfg->seq > cfg->model.ctx)
+		st_cli_die(2, "--seq %d is longer than the model's context of %d", cfg->seq,
+			   cfg->model.ctx);
+	if (save_every && !save)
+		st_cli_die(2, "--save-every needs --save DIR");
+	if (save) {
+		struct stat st;
+
+		if (stat(save, &st) == 0 && !S_ISDIR(st.st_mode))
+			st_cli_die(2, "--save %s exists and is not a directory", save);
+	}
+	if (init && resume)
+		st_cli_die(2, "--init and --resume do not go together");
+	set_threads_cli(threads);
+	ds = st_cli_open_data(data, cfg->model.vocab);
+	lc = (struct st_loader_config){ .batch = (uint32_t)cfg->batch, .seq = (uint32_t)cfg->seq,
+					.shuffle = shuffle, .seed = cfg->seed,
+					.split = ST_SPLIT_ALL };
+	if (st_loader_init(&ld, ds, &lc) < 0)
+		st_cli_die(2, "--data %s: %s", data, st_error_last());
+	cfg_json = config_json(cfg, model_text, data, shuffle);
+
+	/* The plan decides before anything is allocated: a budget that cannot
+	 * work is refused here, with exit 2. */
+	if (trace_path && st_trace_create(&trace, trace_path) < 0)
+		st_cli_die(2, "--trace %s: %s", trace_path, st_error_last());
+	ec.trace = trace;
+	ret = st_engine_create(&ec, &e);
+	if (ret == -ENOSPC || ret == -EINVAL) {
+		st_trace_abort(trace);
+		st_cli_die(2, "%s", st_error_last());
+	}
+	if (ret < 0) {
+		st_trace_abort(trace);
+		st_cli_die(1, "%s", st_error_last());
+	}
+	{
+		struct st_plan_input pin = {
+			.model = st_engine_model(e), .batch = cfg->batch, .seq = cfg->seq,
+			.grad_accum = cfg->grad_accum, .bf16 = cfg->bf16,
+			.gpu_mem_bytes = ec.gpu_mem_bytes, .host_mem_bytes = ec.host_mem_bytes,
+			.nvme_mem_bytes = ec.nvme_mem_bytes, .have_nvme = ec.nvme_dirs != NULL,
+			.params = ec.params, .optim = ec.optim, .prefetch = ec.prefetch,
+		};
+
+		st_plan_print(st_engine_plan(e), &pin, stdout);
+	}
+	if (init) {
+		char path[4096];
+		struct stat st;
+
+		snprintf(path, sizeof(path), "%s", init);
+		if (stat(init, &st) == 0 && S_ISDIR(st.st_mode))
+			snprintf(path, sizeof(path), "%.4000s/model.safetensors",
+				 st_cli_ckpt_dir(init));
+		if (st_engine_load_weights(e, path) < 0)
+			st_cli_die(2, "--init %s: %s", init, st_error_last());
+	}
+	if (resume) {
+		char *saved = NULL;
+
+		if (st_engine_resume(e, resume, &start_step, &ld.cur, &saved) < 0)
+			st_cli_die(2, "--resume %s: %s", resume, st_error_last());
+		check_resume_config(saved, cfg_json);
+		free(saved);
+		if (st_loader_seek(&ld, &ld.cur) < 0)
+			st_cli_die(2, "--resume %s: %s", resume, st_error_last());
+		printf("resumed from %s at step %llu\n", resume, (unsigned long long)start_step);
+	}
+	if (metrics) {
+		mf = fopen(metrics, resume ? "a" : "w");
+		if (!mf)
+			st_cli_die(2, "--metrics %s: %s", metrics, strerror(errno));
+	}
+	printf("strata train: %.2fM params, %d layers, dim %d, %d heads, vocab %d | data %s "
+	       "(%llu tokens) | B=%d T=%d accum %d | %d threads | adam %s\n",
+	       (double)st_model_param_count(st_engine_model(e)) / 1e6, cfg->model.n_layer,
+	       cfg->model.n_embd, cfg->model.n_head, cfg->model.vocab, data,
+	       (unsigned long long)st_dataset_tokens(ds), cfg->batch, cfg->seq, cfg->grad_accum,
+	       omp_get_max_threads(), st_optim_path_name(st_optim_path_get()));
+	fflush(stdout);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	t0 = st_now_ns();
+	for (int s = (int)start_step; s < cfg->steps && !stop_requested; s++) {
+		struct st_step_result r;
+		struct st_engine_stats es;
+		double dt, tps;
+		char eta[32], a[16], b[16], cc[16], d[16];
+
+		if (st_engine_step(e, &ld, s, &r) < 0) {
+			st_trace_close(trace);
+			st_cli_die(1, "step %d: %s", s + 1, st_error_last());
+		}
+		st_engine_get_stats(e, &es);
+		dt = (double)es.step_ns / 1e9;
+		tps = (double)cfg->batch * cfg->seq * cfg->grad_accum / dt;
+		if ((s + 1) % log_every == 0 || s + 1 == cfg->steps || r.skipped) {
+			char u[3][32], pk[3][32];
+
+			for (int h = 0; h < ST_HOME_COUNT; h++) {
+				st_format_bytes(es.used_bytes[h], u[h], sizeof(u[h]));
+				st_format_bytes(es.peak_bytes[h], pk[h], sizeof(pk[h]));
+			}
+			printf("step %*d/%d | loss %.6f | lr %.3e | norm %.4f%s | %.0f tok/s | ETA %s\n"
+			       "    vram %s (peak %s) host %s (peak %s)%s%s%s%s%s | GB/s h2d %s d2h %s "
+			       "nvme r %s w %s\n",
+			       (int)log10(cfg->steps) + 1, s + 1, cfg->steps, r.loss, r.lr, r.grad_norm,
+			       r.skipped ? " (non-finite: skipped)" : "", tps,
+			       st_cli_eta((double)(st_now_ns() - t0) / 1e9 / (s + 1 - (int)start_step) *
+						  (cfg->steps - s - 1), eta, sizeof(eta)),
+			       u[0], pk[0], u[1], pk[1], es.has_tier[2] ? " nvme " : "",
+			       es.has_tier[2] ? u[2] : "", es.has_tier[2] ? " (peak " : "",
+			       es.has_tier[2] ? pk[2] : "", es.has_tier[2] ? ")" : "",
+			       gbps(es.bytes[ST_LANE_H2D], es.step_ns, a, sizeof(a)),
+			       gbps(es.bytes[ST_LANE_D2H], es.step_ns, b, sizeof(b)),
+			       gbps(es.bytes[ST_LANE_NVME_READ], es.step_ns, cc, sizeof(cc)),
+			       gbps(es.bytes[ST_LANE_NVME_WRITE], es.step_ns, d, sizeof(d)));
+		}
+		if (mf) {
+			fprintf(mf, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+				    "\"tokens_per_s\":%.1f,\"step_s\":%.6f%s,\"bytes\":{",
+				s + 1, r.loss, r.lr, r.skipped ? 0.0 : r.grad_norm, tps, dt,
+				r.skipped ? ",\"skipped\":true" : "");
+			for (int l = ST_LANE_H2D; l <= ST_LANE_NVME_WRITE; l++)
+				fprintf(mf, "%s\"%s\":%llu", l == ST_LANE_H2D ? "" : ",",
+					l == ST_LANE_H2D ? "h2d" : l == ST_LANE_D2H ? "d2h"
+					: l == ST_LANE_NVME_READ ? "nvme_read" : "nvme_write",
+					(unsigned long long)es.bytes[l]);
+			fprintf(mf, "},\"peak\":{");
+			for (int h = 0, first = 1; h < ST_HOME_COUNT; h++) {
+				if (!es.has_tier[h])
+					continue;
+				fprintf(mf, "%s\"%s\":%llu", first ? "" : ",", st_home_name(h),
+					(unsigned long long)es.peak_bytes[h]);
+				first = 0;
+			}
+			fprintf(mf, "},\"busy_s\":{");
+			for (int l = 0; l < ST_LANE_COUNT; l++)
+				fprintf(mf, "%s\"%s\":%.6f", l ? "," : "",
+					l == ST_LANE_COMPUTE ? "compute" : l == ST_LANE_H2D ? "h2d"
+					: l == ST_LANE_D2H ? "d2h" : l == ST_LANE_NVME_READ ? "nvme_read"
+					: l == ST_LANE_NVME_WRITE ? "nvme_write" : "adam",
+					(double)es.busy_ns[l] / 1e9);
+			fprintf(mf, "}}\n");
+			fflush(mf);
+		}
+		fflush(stdout);
+		if (save && ((save_every && (s + 1) % save_every == 0) || s + 1 == cfg->steps)) {
+			if (st_engine_save(e, save, (uint64_t)s + 1, &ld.cur, cfg_json, keep) < 0)
+				st_cli_die(1, "--save %s: %s", save, st_error_last());
+			printf("saved step %d in %s\n", s + 1, save);
+		}
+	}
+	if (save && cfg->steps == 0) {
+		if (st_engine_save(e, save, 0, &ld.cur, cfg_json, keep) < 0)
+			st_cli_die(1, "--save %s: %s", save, st_error_last());
+		printf("saved step 0 in %s\n", save);
+	}
+	if (mf && fclose(mf) != 0)
+		st_cli_die(1, "--metrics %s: %s", metrics, strerror(errno));
+	if (trace && st_trace_close(trace) < 0)
+		st_cli_die(1, "--trace %s: %s", trace_path, st_error_last());
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	free(cfg_json);
+	if (stop_requested) {
+		fprintf(stderr, "strata: interrupted\n");
+		return 130;
+	}
+	return 0;
+}

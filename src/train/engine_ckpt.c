@@ -1,0 +1,342 @@
+/* Checkpoints of the tiered engine: streamed out of the tiers unit by unit
+ * (a model whose state lives on nvme never has to fit in RAM), and read
+ * back the same way after every file is checked against trainer.json. */
+#include "strata/ckpt.h"
+#include "strata/engine.h"
+#include "strata/io.h"
+#include "strata/optim.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct fill_ctx {
+	struct st_engine *e;
+	int *unit;            /* [tensor] */
+	uint64_t *off_elems;  /* [tensor] */
+	enum st_state *state; /* [tensor] */
+	float *unit_buf;      /* one unit's state, E floats */
+	int staged;           /* unit * ST_STATE_COUNT + state in unit_buf, or -1 */
+};
+
+static int fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
+{
+	struct fill_ctx *c = vctx;
+	int u = c->unit[ti], key = u * ST_STATE_COUNT + (int)c->state[ti], ret;
+
+	if (c->staged != key) {
+		ret = st_engine_read_state(c->e, u, c->state[ti], c->unit_buf);
+		if (ret < 0)
+			return ret;
+		c->staged = key;
+	}
+	memcpy(buf, (const char *)(c->unit_buf + c->off_elems[ti]) + off, len);
+	return 0;
+}
+
+/* The tensors of the model in unit order, once per state with its name
+ * suffix. */
+static int list_tensors(const struct st_model *m, const enum st_state *states,
+			const char *const *suffixes, int nstates,
+			struct st_ckpt_tensor **out, char ***names, int **unit,
+			uint64_t **off, enum st_state **st, size_t *n_out)
+{
+	size_t n = 0, cap = 0;
+	int U = st_model_unit_count(m);
+
+	for (int u = 0; u < U; u++)
+		cap += (size_t)st_model_unit_layout(m, u)->n_tensors * (size_t)nstates;
+	*out = calloc(cap, sizeof(**out));
+	*names = calloc(cap, sizeof(char *));
+	*unit = calloc(cap, sizeof(int));
+	*off = calloc(cap, sizeof(uint64_t));
+	*st = calloc(cap, sizeof(enum st_state));
+	if (!*out || !*names || !*unit || !*off || !*st)
+		return -ENOMEM;
+	for (int k = 0; k < nstates; k++)
+	for (int u = 0; u < U; u++) {
+		const char *suffix = suffixes[k];
+		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+
+		for (int i = 0; i < ul->n_tensors; i++, n++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+			size_t l = strlen(tl->name) + strlen(suffix) + 1;
+
+			(*names)[n] = malloc(l);
+			if (!(*names)[n])
+				return -ENOMEM;
+			snprintf((*names)[n], l, "%s%s", tl->name, suffix);
+			(*out)[n] = (struct st_ckpt_tensor){ .name = (*names)[n], .dtype = ST_SF_F32,
+							     .ndim = tl->ndim };
+			(*out)[n].shape[0] = (uint64_t)tl->shape[0];
+			(*out)[n].shape[1] = (uint64_t)tl->shape[1];
+			(*unit)[n] = u;
+			(*off)[n] = tl->offset_elems;
+			(*st)[n] = states[k];
+		}
+	}
+	*n_out = n;
+	return 0;
+}
+
+static void free_list(struct st_ckpt_tensor *t, char **names, int *unit, uint64_t *off,
+		      enum st_state *st, size_t n)
+{
+	free(st);
+	for (size_t i = 0; names && i < n; i++)
+		free(names[i]);
+	free(names);
+	free(t);
+	free(unit);
+	free(off);
+}
+
+static uint64_t max_unit_elems(const struct st_model *m)
+{
+	uint64_t E = 0;
+
+	for (int u = 0; u < st_model_unit_count(m); u++)
+		E = ST_MAX(E, st_model_unit_layout(m, u)->elems);
+	return E;
+}
+
+/* Stream the given states of every unit into dir/file. */
+static int write_state_file(struct st_engine *e, const char *dir, const char *file,
+			    const enum st_state *states, const char *const *suffixes,
+			    int nstates, struct st_ckpt_trainer *tr)
+{
+	const struct st_model *m = st_engine_model(e);
+	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
+	struct st_ckpt_tensor *t = NULL;
+	char **names = NULL, path[4096];
+	int *unit = NULL;
+	uint64_t *off = NULL, bytes, hash;
+	size_t n = 0;
+	struct fill_ctx c = { .e = e, .staged = -1 };
+	enum st_state *st = NULL;
+	int ret = list_tensors(m, states, suffixes, nstates, &t, &names, &unit, &off, &st, &n);
+
+	if (ret == 0 && posix_memalign((void **)&c.unit_buf, ST_PAGE_BYTES,
+				       max_unit_elems(m) * sizeof(float)))
+		ret = -ENOMEM;
+	c.unit = unit;
+	c.off_elems = off;
+	c.state = st;
+	snprintf(path, sizeof(path), "%.4000s/%s", dir, file);
+	if (ret == 0)
+		ret = st_ckpt_write_safetensors(path, t, n, meta, ST_ARRAY_LEN(meta), fill, &c,
+						&bytes, &hash);
+	if (ret == 0)
+		ret = st_ckpt_trainer_add(tr, file, bytes, hash);
+	free(c.unit_buf);
+	free_list(t, names, unit, off, st, n);
+	return ret;
+}
+
+int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
+		   const struct st_cursor *cursor, const char *config_json, int keep)
+{
+	const struct st_model_config *mc = st_model_config(st_engine_model(e));
+	struct st_gpt2_config gc = { .n_embd = mc->n_embd, .n_layer = mc->n_layer,
+				     .n_head = mc->n_head, .vocab_size = mc->vocab,
+				     .n_positions = mc->ctx };
+	struct st_ckpt_trainer tr = { 0 };
+	struct st_ckpt_dir d;
+	char path[4096];
+	int ret;
+
+	ret = st_ckpt_dir_begin(&d, dir, step);
+	if (ret < 0)
+		return ret;
+	static const enum st_state p_state[] = { ST_STATE_P };
+	static const enum st_state mv_states[] = { ST_STATE_M, ST_STATE_V };
+	static const char *const p_suffix[] = { "" };
+	static const char *const mv_suffix[] = { ST_CKPT_SUFFIX_EXP_AVG,
+						 ST_CKPT_SUFFIX_EXP_AVG_SQ };
+
+	/* P is model.safetensors (fp32 master weights, Hugging Face names);
+	 * optimizer.safetensors holds M and V under PyTorch's AdamW names. */
+	ret = write_state_file(e, d.tmp, ST_CKPT_MODEL_FILE, p_state, p_suffix, 1, &tr);
+	if (ret == 0)
+		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_FILE, mv_states, mv_suffix, 2, &tr);
+	if (ret == 0) {
+		snprintf(path, sizeof(path), "%.4000s/%s", d.tmp, ST_CKPT_CONFIG_FILE);
+		ret = st_gpt2_config_write(path, &gc);
+	}
+	if (ret == 0)
+		ret = st_ckpt_trainer_add_hashed(&tr, d.tmp, ST_CKPT_CONFIG_FILE);
+	if (ret == 0) {
+		tr.step = step;
+		tr.seed = st_engine_seed(e);
+		tr.cursor_bytes = ST_CURSOR_BYTES;
+		st_cursor_pack(cursor, tr.cursor);
+		ret = config_json ? st_ckpt_trainer_set_config(&tr, config_json) : 0;
+	}
+	if (ret == 0) {
+		snprintf(path, sizeof(path), "%.4000s/%s", d.tmp, ST_CKPT_TRAINER_FILE);
+		ret = st_ckpt_trainer_write(path, &tr);
+	}
+	st_ckpt_trainer_fini(&tr);
+	if (ret < 0) {
+		st_ckpt_dir_abort(&d);
+		return ret;
+	}
+	return st_ckpt_dir_commit(&d, keep > 0 ? (unsigned)keep : 0);
+}
+
+/* Read unit u's tensors (names + suffix) from r into buf (padding zero). */
+static int read_unit(const struct st_model *m, struct st_ckpt_reader *r, int u,
+		     const char *suffix, float *buf)
+{
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+	int ret = 0;
+
+	memset(buf, 0, ul->elems * sizeof(float));
+	for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
+		const struct st_tensor_layout *tl = &ul->tensors[i];
+		const struct st_sf_info *info;
+		uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
+		char name[ST_MODEL_NAME_BYTES + 32];
+
+		snprintf(name, sizeof(name), "%s%s", tl->name, suffix);
+		ret = st_ckpt_reader_find(r, name, ST_SF_F32, tl->ndim, shape, &info);
+		if (ret == 0)
+			ret = st_ckpt_reader_pread(r, info, 0, buf + tl->offset_elems,
+						   tl->n_elems * sizeof(float));
+	}
+	return ret;
+}
+
+int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
+		     struct st_cursor *cursor, char **config_json)
+{
+	const struct st_model *m = st_engine_model(e);
+	const struct st_model_config *mc = st_model_config(m);
+	struct st_ckpt_trainer tr = { 0 };
+	struct st_gpt2_config gc;
+	char *dir = NULL, p[4096];
+	int U = st_model_unit_count(m), ret;
+	float *buf[3] = { 0 };
+
+	ret = st_ckpt_resolve(path, &dir);
+	if (ret < 0)
+		return ret;
+	snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_TRAINER_FILE);
+	ret = st_ckpt_trainer_read(p, &tr);
+	if (ret == 0)
+		ret = st_ckpt_verify(dir, &tr);
+	if (ret == 0) {
+		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_CONFIG_FILE);
+		ret = st_gpt2_config_read(p, &gc);
+	}
+	if (ret == 0 && (gc.n_embd != mc->n_embd || gc.n_layer != mc->n_layer ||
+			 gc.n_head != mc->n_head || gc.vocab_size != mc->vocab ||
+			 gc.n_positions != mc->ctx))
+		ret = st_error_set(-EINVAL, "%s holds a different model (layers=%lld,dim=%lld,"
+				   "heads=%lld,vocab=%lld,ctx=%lld)", dir, (long long)gc.n_layer,
+				   (long long)gc.n_embd, (long long)gc.n_head,
+				   (long long)gc.vocab_size, (long long)gc.n_positions);
+	if (ret == 0 && st_cursor_unpack(cursor, tr.cursor, tr.cursor_bytes) < 0)
+		ret = st_error_set(-EINVAL, "%s/trainer.json: bad sampler cursor", dir);
+	/* Unit by unit: three unit-sized buffers, whatever the model's size. */
+	if (ret == 0) {
+		struct st_ckpt_reader *rm = NULL, *ro = NULL;
+		uint64_t E = max_unit_elems(m);
+
+		for (int k = 0; k < 3; k++)
+			if (!(buf[k] = malloc(E * sizeof(float))))
+				ret = -ENOMEM;
+		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_MODEL_FILE);
+		if (ret == 0)
+			ret = st_ckpt_reader_open(&rm, p);
+		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_OPTIM_FILE);
+		if (ret == 0)
+			ret = st_ckpt_reader_open(&ro, p);
+		for (int u = 0; ret == 0 && u < U; u++) {
+			ret = read_unit(m, rm, u, "", buf[0]);
+			if (ret == 0)
+				ret = read_unit(m, ro, u, ST_CKPT_SUFFIX_EXP_AVG, buf[1]);
+			if (ret == 0)
+				ret = read_unit(m, ro, u, ST_CKPT_SUFFIX_EXP_AVG_SQ, buf[2]);
+			if (ret == 0)
+				ret = st_engine_write_state(e, u, buf[0], buf[1], buf[2]);
+		}
+		st_ckpt_reader_close(rm);
+		st_ckpt_reader_close(ro);
+		for (int k = 0; k < 3; k++)
+			free(buf[k]);
+	}
+	if (ret == 0) {
+		*step = tr.step;
+		if (config_json)
+			*config_json = tr.config_json ? strdup(tr.config_json) : NULL;
+	}
+	st_ckpt_trainer_fini(&tr);
+	free(dir);
+	return ret;
+}
+
+int st_engine_load_weights(struct st_engine *e, const char *path)
+{
+	const struct st_model *m = st_engine_model(e);
+	struct st_ckpt_reader *r;
+	const struct st_safetensors *sf;
+	float *p = NULL;
+	void *raw = NULL;
+	int ret = st_ckpt_reader_open(&r, path);
+
+	if (ret < 0)
+		return ret;
+	sf = st_ckpt_reader_file(r);
+	if (posix_memalign((void **)&p, ST_PAGE_BYTES, max_unit_elems(m) * sizeof(float)) ||
+	    !(raw = malloc(max_unit_elems(m) * sizeof(float))))
+		ret = -ENOMEM;
+	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+
+		memset(p, 0, ul->elems * sizeof(float));
+		for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+			const struct st_sf_info *info = st_safetensors_find(sf, tl->name);
+			char alt[ST_MODEL_NAME_BYTES + 16];
+			float *dst = p + tl->offset_elems;
+
+			if (!info) {
+				snprintf(alt, sizeof(alt), "transformer.%s", tl->name);
+				info = st_safetensors_find(sf, alt);
+			}
+			if (!info) {
+				ret = st_error_set(-EINVAL, "%s: tensor %s is missing", path, tl->name);
+				break;
+			}
+			if (info->elems != tl->n_elems || info->ndim != tl->ndim ||
+			    info->shape[0] != (uint64_t)tl->shape[0]) {
+				ret = st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for this model",
+						   path, tl->name);
+				break;
+			}
+			if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 &&
+			    info->dtype != ST_SF_F16) {
+				ret = st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", path,
+						   tl->name, st_sf_dtype_name(info->dtype));
+				break;
+			}
+			ret = st_ckpt_reader_pread(r, info, 0, info->dtype == ST_SF_F32 ? (void *)dst : raw,
+						   info->size_bytes);
+			if (ret == 0 && info->dtype != ST_SF_F32)
+				for (uint64_t k = 0; k < info->elems; k++) {
+					uint16_t h = ((const uint16_t *)raw)[k];
+
+					dst[k] = info->dtype == ST_SF_BF16 ? st_f32_from_bf16(h)
+									   : st_f32_from_f16(h);
+				}
+		}
+		if (ret == 0)
+			ret = st_engine_write_state(e, u, p, NULL, NULL);
+	}
+	free(p);
+	free(raw);
+	st_ckpt_reader_close(r);
+	return ret;
+}
