@@ -647,6 +647,20 @@ static int adam_unit(struct st_engine *e, int set, int u, const struct st_adam_s
 	int ret = 0;
 
 	lane_begin(e, ST_LANE_ADAM);
+	if (w->home != ST_HOME_HOST) {
+		/* The staging buffer served other units: zero this one's padding
+		 * so W's home holds the same bytes whatever the placement. */
+		uint64_t end = 0;
+
+		for (int i = 0; i <= ul->n_tensors; i++) {
+			uint64_t start = i < ul->n_tensors ? ul->tensors[i].offset_elems : ul->elems;
+
+			if (start > end)
+				memset(wout + end * (size_t)e->Wb, 0, (start - end) * (size_t)e->Wb);
+			if (i < ul->n_tensors)
+				end = ul->tensors[i].offset_elems + ul->tensors[i].n_elems;
+		}
+	}
 	for (int i = 0; i < ul->n_tensors && ret == 0; i++) {
 		const struct st_tensor_layout *tl = &ul->tensors[i];
 		size_t o = tl->offset_elems;

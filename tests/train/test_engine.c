@@ -1,0 +1,433 @@
+/* The tiered engine against its invariants (docs/design.md):
+ *  1. placement, prefetch depth and thread count do not change a bit;
+ *  2. budgets are hard, and an impossible one is refused with the minimum;
+ *  3. a checkpoint resumes bit-identically;
+ *  4. an nvme failure mid-run is reported with file, offset and errno, and
+ *     the last checkpoint still loads;
+ *  and gradient accumulation matches the large batch. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "strata/engine.h"
+
+#define STEPS 3
+static char data_path[4200], dir[4096];
+
+struct run {
+	double loss[8], norm[8];
+	float *P, *W; /* every unit's P and W, concatenated */
+	size_t n;
+};
+
+static void base_config(struct st_engine_config *c)
+{
+	memset(c, 0, sizeof(*c));
+	st_train_config_default(&c->train);
+	assert_int_equal(st_model_config_parse("layers=2,dim=64,heads=2,vocab=256,ctx=64",
+					       &c->train.model), 0);
+	c->train.batch = 4;
+	c->train.seq = 32;
+	c->train.steps = 10;
+	c->train.warmup = 2;
+	c->train.seed = 11;
+	c->gpu_mem_bytes = 64ull << 20;
+	c->host_mem_bytes = 64ull << 20;
+	c->nvme_dirs = dir;
+	c->aio_block_bytes = 64 * 1024;
+}
+
+static void open_loader(struct st_dataset **ds, struct st_loader *ld,
+			const struct st_engine_config *c)
+{
+	struct st_loader_config lc = { .batch = (uint32_t)c->train.batch,
+				       .seq = (uint32_t)c->train.seq, .shuffle = 1,
+				       .seed = c->train.seed, .split = ST_SPLIT_ALL };
+
+	assert_int_equal(st_dataset_open(ds, data_path, ST_DATASET_BYTES), 0);
+	assert_int_equal(st_loader_init(ld, *ds, &lc), 0);
+}
+
+static void collect(struct st_engine *e, struct run *r)
+{
+	const struct st_model *m = st_engine_model(e);
+	size_t off = 0;
+
+	r->n = 0;
+	for (int u = 0; u < st_model_unit_count(m); u++)
+		r->n += st_model_unit_layout(m, u)->elems;
+	r->P = malloc(r->n * sizeof(float));
+	r->W = malloc(r->n * sizeof(float));
+	for (int u = 0; u < st_model_unit_count(m); u++) {
+		assert_int_equal(st_engine_read_state(e, u, ST_STATE_P, r->P + off), 0);
+		assert_int_equal(st_engine_read_state(e, u, ST_STATE_W, r->W + off), 0);
+		off += st_model_unit_layout(m, u)->elems;
+	}
+}
+
+static void train(const struct st_engine_config *c, int steps, struct run *r)
+{
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	int ret;
+
+	open_loader(&ds, &ld, c);
+	ret = st_engine_create(c, &e);
+	if (ret)
+		fail_msg("engine: %s", st_error_last());
+	for (int s = 0; s < steps; s++) {
+		struct st_step_result res;
+
+		ret = st_engine_step(e, &ld, s, &res);
+		if (ret)
+			fail_msg("step %d: %s", s, st_error_last());
+		r->loss[s] = res.loss;
+		r->norm[s] = res.grad_norm;
+	}
+	collect(e, r);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+}
+
+static void same(const struct run *a, const struct run *b, int steps, const char *what)
+{
+	for (int s = 0; s < steps; s++)
+		if (memcmp(&a->loss[s], &b->loss[s], sizeof(double)) ||
+		    memcmp(&a->norm[s], &b->norm[s], sizeof(double)))
+			fail_msg("%s: step %d loss %.9g/%.9g norm %.9g/%.9g differ", what, s,
+				 a->loss[s], b->loss[s], a->norm[s], b->norm[s]);
+	assert_int_equal(a->n, b->n);
+	if (memcmp(a->P, b->P, a->n * sizeof(float)))
+		fail_msg("%s: final master weights differ", what);
+	if (memcmp(a->W, b->W, a->n * sizeof(float)))
+		fail_msg("%s: final working weights differ", what);
+}
+
+static void run_free(struct run *r)
+{
+	free(r->P);
+	free(r->W);
+}
+
+static void test_placement_invariance(void **state)
+{
+	struct st_engine_config c;
+	struct run ref, r;
+	struct {
+		const char *name;
+		enum st_offload params, optim;
+		int prefetch, threads;
+	} cases[] = {
+		{ "params host, optim host", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 0, 0 },
+		{ "params nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 0 },
+		{ "mix: params host, optim nvme", ST_OFFLOAD_HOST, ST_OFFLOAD_NVME, 0, 0 },
+		{ "mix: params vram, optim nvme", ST_OFFLOAD_NONE, ST_OFFLOAD_NVME, 0, 0 },
+		{ "params nvme, prefetch 1", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, 0 },
+		{ "params nvme, prefetch 4", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 4, 0 },
+		{ "threads 1", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 1 },
+		{ "threads 2", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
+	};
+	int threads0 = omp_get_max_threads();
+
+	(void)state;
+	base_config(&c);
+	c.params = ST_OFFLOAD_NONE; /* everything in vram (the optimizer on host) */
+	c.optim = ST_OFFLOAD_HOST;
+	train(&c, STEPS, &ref);
+	for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+		base_config(&c);
+		c.params = cases[i].params;
+		c.optim = cases[i].optim;
+		c.prefetch = cases[i].prefetch;
+		if (cases[i].threads)
+			omp_set_num_threads(cases[i].threads);
+		train(&c, STEPS, &r);
+		omp_set_num_threads(threads0);
+		same(&ref, &r, STEPS, cases[i].name);
+		run_free(&r);
+	}
+	/* with accumulation, too */
+	base_config(&c);
+	c.train.grad_accum = 2;
+	c.params = ST_OFFLOAD_NONE;
+	c.optim = ST_OFFLOAD_HOST;
+	run_free(&ref);
+	train(&c, STEPS, &ref);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	train(&c, STEPS, &r);
+	same(&ref, &r, STEPS, "accum 2: vram vs nvme");
+	run_free(&r);
+	run_free(&ref);
+}
+
+static void test_budgets(void **state)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct st_engine_stats st;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	const struct st_plan *p;
+	uint64_t vmin, hmin;
+	char want[64];
+
+	(void)state;
+	/* Tight budgets: peaks never pass them. */
+	base_config(&c);
+	c.gpu_mem_bytes = 12ull << 20;
+	c.host_mem_bytes = 6ull << 20;
+	open_loader(&ds, &ld, &c);
+	if (st_engine_create(&c, &e))
+		fail_msg("engine: %s", st_error_last());
+	p = st_engine_plan(e);
+	vmin = p->min_bytes[ST_HOME_VRAM];
+	hmin = p->min_bytes[ST_HOME_HOST];
+	for (int s = 0; s < 2; s++)
+		assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+	st_engine_get_stats(e, &st);
+	for (int h = 0; h < ST_HOME_COUNT; h++)
+		if (st.has_tier[h] && h != ST_HOME_NVME)
+			assert_true(st.peak_bytes[h] <= st.budget_bytes[h]);
+	assert_true(st.peak_bytes[ST_HOME_VRAM] > 0 && st.peak_bytes[ST_HOME_HOST] > 0);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	/* One page under each minimum is refused, naming tier and minimum. */
+	base_config(&c);
+	c.gpu_mem_bytes = vmin - 4096;
+	assert_int_equal(st_engine_create(&c, &e), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "vram"));
+	st_format_bytes(vmin, want, sizeof(want));
+	if (!strstr(st_error_last(), want))
+		fail_msg("message '%s' lacks the minimum %s", st_error_last(), want);
+	base_config(&c);
+	c.gpu_mem_bytes = vmin;
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	st_engine_destroy(e);
+	base_config(&c);
+	c.optim = ST_OFFLOAD_NVME;
+	c.params = ST_OFFLOAD_NVME;
+	c.host_mem_bytes = 1ull << 20;
+	assert_int_equal(st_engine_create(&c, &e), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "host"));
+	(void)hmin;
+}
+
+static void test_resume(void **state)
+{
+	struct st_engine_config c;
+	struct run straight, resumed;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	char ck[4200];
+	uint64_t step;
+
+	(void)state;
+	base_config(&c);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	train(&c, 6, &straight);
+
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	for (int s = 0; s < 3; s++) {
+		assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+		resumed.loss[s] = res.loss;
+		resumed.norm[s] = res.grad_norm;
+	}
+	if (st_engine_save(e, ck, 3, &ld.cur, "{\"k\":1}", 2))
+		fail_msg("save: %s", st_error_last());
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+
+	/* A fresh engine (different placement, even) picks up from the files. */
+	c.params = ST_OFFLOAD_HOST;
+	c.optim = ST_OFFLOAD_HOST;
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	{
+		char *cfg = NULL;
+
+		if (st_engine_resume(e, ck, &step, &ld.cur, &cfg))
+			fail_msg("resume: %s", st_error_last());
+		assert_int_equal(step, 3);
+		assert_string_equal(cfg, "{\"k\":1}");
+		free(cfg);
+	}
+	assert_int_equal(st_loader_seek(&ld, &ld.cur), 0);
+	for (int s = 3; s < 6; s++) {
+		assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+		resumed.loss[s] = res.loss;
+		resumed.norm[s] = res.grad_norm;
+	}
+	collect(e, &resumed);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	same(&straight, &resumed, 6, "6 straight vs 3 + resume + 3");
+	run_free(&straight);
+	run_free(&resumed);
+}
+
+static void test_nvme_fault(void **state)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	char ck[4200];
+	uint64_t step;
+	int ret = 0, s;
+
+	(void)state;
+	snprintf(ck, sizeof(ck), "%s/fault-ck", dir);
+	base_config(&c);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	c.nvme_fault = (struct st_fault_config){ .kind = ST_FAULT_EIO, .nth = 400 };
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	for (s = 0; s < 20 && ret == 0; s++) {
+		ret = st_engine_step(e, &ld, s, &res);
+		if (ret == 0 && s == 0)
+			assert_int_equal(st_engine_save(e, ck, 1, &ld.cur, NULL, 2), 0);
+	}
+	assert_int_equal(ret, -EIO);
+	assert_true(s > 1); /* mid-run, after the checkpoint */
+	assert_non_null(strstr(st_error_last(), dir));
+	assert_non_null(strstr(st_error_last(), "offset "));
+	assert_non_null(strstr(st_error_last(), "Input/output error"));
+	/* the engine stays failed */
+	assert_int_equal(st_engine_step(e, &ld, s, &res), -EIO);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	/* the last checkpoint loads */
+	base_config(&c);
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	if (st_engine_resume(e, ck, &step, &ld.cur, NULL))
+		fail_msg("resume after the fault: %s", st_error_last());
+	assert_int_equal(step, 1);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+}
+
+static void test_grad_accum(void **state)
+{
+	struct st_engine_config c;
+	struct run big, acc;
+
+	(void)state;
+	/* Contiguous order: B=4 x 1 and B=2 x 2 see the same sequences. */
+	base_config(&c);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	c.train.batch = 4;
+	{
+		struct st_engine *e;
+		struct st_dataset *ds;
+		struct st_loader ld;
+		struct st_loader_config lc = { .batch = 4, .seq = 32, .shuffle = 0 };
+		struct st_step_result res;
+
+		assert_int_equal(st_dataset_open(&ds, data_path, ST_DATASET_BYTES), 0);
+		assert_int_equal(st_loader_init(&ld, ds, &lc), 0);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		for (int s = 0; s < STEPS; s++) {
+			assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+			big.loss[s] = res.loss;
+			big.norm[s] = res.grad_norm;
+		}
+		collect(e, &big);
+		st_engine_destroy(e);
+		c.train.batch = 2;
+		c.train.grad_accum = 2;
+		lc.batch = 2;
+		assert_int_equal(st_loader_init(&ld, ds, &lc), 0);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		for (int s = 0; s < STEPS; s++) {
+			assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+			acc.loss[s] = res.loss;
+			acc.norm[s] = res.grad_norm;
+		}
+		collect(e, &acc);
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+	}
+	for (int s = 0; s < STEPS; s++) {
+		assert_true(fabs(big.loss[s] - acc.loss[s]) <= 1e-5 * fabs(big.loss[s]));
+		assert_true(fabs(big.norm[s] - acc.norm[s]) <= 1e-4 * fabs(big.norm[s]));
+	}
+	{
+		double num = 0, den = 0;
+
+		for (size_t i = 0; i < big.n; i++) {
+			num += (double)(big.P[i] - acc.P[i]) * (big.P[i] - acc.P[i]);
+			den += (double)big.P[i] * big.P[i];
+		}
+		assert_true(sqrt(num / den) < 1e-5);
+	}
+	run_free(&big);
+	run_free(&acc);
+}
+
+static int setup(void **state)
+{
+	const char *base = getenv("ST_TEST_DIR");
+	FILE *f;
+	uint64_t x = 99;
+
+	(void)state;
+	snprintf(dir, sizeof(dir), "%s/engine-test.XXXXXX", base && *base ? base : "/var/tmp");
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(data_path, sizeof(data_path), "%s/data.txt", dir);
+	f = fopen(data_path, "w");
+	for (int i = 0; i < 20000; i++) {
+		static const char *w[] = { "the ", "tiered ", "engine ", "streams ", "units ",
+					   "to ", "a ", "device ", "and ", "back. " };
+
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		fputs(w[(x >> 33) % 10], f);
+	}
+	fclose(f);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	char cmd[4200];
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_placement_invariance),
+		cmocka_unit_test(test_budgets),
+		cmocka_unit_test(test_resume),
+		cmocka_unit_test(test_nvme_fault),
+		cmocka_unit_test(test_grad_accum),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
