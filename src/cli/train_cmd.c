@@ -304,6 +304,16 @@ int st_cli_train(int argc, char **argv)
 		check_dirs(nvme);
 		ec.nvme_dirs = nvme;
 	}
+	{
+		/* Test hook (docs/engine.md): fail the Nth nvme block with EIO,
+		 * as a failing drive would. */
+		const char *f = getenv("ST_TEST_NVME_EIO_AT");
+
+		if (f && *f)
+			ec.nvme_fault = (struct st_fault_config){
+				.kind = ST_FAULT_EIO,
+				.nth = (uint64_t)st_cli_long("ST_TEST_NVME_EIO_AT", f, 1, 1L << 40) };
+	}
 	if (cfg->seq > cfg->model.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", cfg->seq,
 			   cfg->model.ctx);

@@ -110,5 +110,41 @@ for a, b in zip(g1, g2):
     assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-3 * abs(a["grad_norm"]), (a, b)
 print("ok   2 x B=2 accumulated matches 1 x B=4")
 PY
+# A drive failure mid-run: exit 1, one line naming file, offset and errno;
+# the checkpoint written before it still evaluates.
+ST_TEST_NVME_EIO_AT=300 "$strata" train $M --data "$data" --steps 50 --nvme "$work" \
+	--offload-params nvme --offload-optim nvme --save "$work/fck" --save-every 1 \
+	>"$work/out" 2>"$work/err"
+rc=$?
+if [ $rc != 1 ] || ! grep -q "offset [0-9]*: Input/output error" "$work/err" ||
+   ! grep -q "$work" "$work/err" || [ "$(wc -l <"$work/err")" != 1 ]; then
+	echo "FAIL nvme fault: exit $rc"; cat "$work/err"; fail=1
+else
+	echo "ok   nvme fault: $(cat "$work/err")"
+fi
+check eval-after-fault 0 "$strata" eval --ckpt "$work/fck" --data "$data" --batches 1 --seq 32
+ls "$work" | grep -q 'strata-.*\.swap' && { echo "FAIL swap files left"; fail=1; }
+
+# --resume continues bit-identically: 4 steps = 2 steps, save, resume, 2.
+"$strata" train $M --data "$data" --steps 4 --metrics "$work/r4.jsonl" >/dev/null 2>&1 || fail=1
+"$strata" train $M --data "$data" --steps 4 --metrics "$work/r2.jsonl" --save "$work/rck" \
+	--save-every 2 >/dev/null 2>&1 || fail=1
+rm -rf "$work/rck/step-000004"
+ln -sfn step-000002 "$work/rck/latest"
+head -2 "$work/r2.jsonl" >"$work/r22.jsonl"
+"$strata" train $M --data "$data" --steps 4 --metrics "$work/r22.jsonl" --resume "$work/rck" \
+	>"$work/out" 2>&1 || { echo "FAIL resume"; cat "$work/out"; fail=1; }
+python3 - "$work" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+a = [json.loads(l)["loss"] for l in open(f"{w}/r4.jsonl")]
+b = [json.loads(l)["loss"] for l in open(f"{w}/r22.jsonl")]
+assert a == b, (a, b)
+print("ok   resume: 2 + 2 steps give the losses of 4")
+PY
+check resume-other-model 2 "$strata" train --model layers=1,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --data "$data" --resume "$work/rck"
+check resume-other-lr 2 "$strata" train $M --data "$data" --steps 4 --lr 0.5 --resume "$work/rck"
+check plan-impossible 2 "$strata" train $M --data "$data" --gpu-mem 1M
+
 [ $fail = 0 ] && echo "all cli checks passed"
 exit $fail
