@@ -31,7 +31,9 @@ struct st_engine_config {
 	unsigned aio_depth;            /* 0: 32 */
 	struct st_plan_rates rates;
 	struct st_trace *trace;        /* optional, borrowed */
-	struct st_fault_config nvme_fault; /* tests: wrap the nvme tier */
+	struct st_fault_config nvme_fault; /* tests: fail the nvme tier */
+	uint64_t update_tile_elems;    /* tests: a smaller update tile (a
+					  multiple of 2048); 0 = the plan's */
 };
 
 struct st_engine;

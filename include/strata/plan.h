@@ -27,11 +27,15 @@
  *         gradient landing             E*4, and another E*4 when G is on
  *                                      nvme and grad_accum > 1
  *         update staging (any of G,P,M,V on nvme, or W not in host)
- *                                      2 * E * (16 + Wb)
+ *                                      2 * Et * (16 + Wb), Et = min(E,
+ *                                      ST_UPDATE_TILE_ELEMS): the sweep
+ *                                      goes tile by tile
  *   nvme  homes on nvme                as host homes
  * Every pool is rounded up to 4 KiB; every extent to its tier's alignment.
- * Each pool above is one extent: act_bytes = round_4K((U-1)*X) holds the
- * checkpoints at offsets i*X, scratch_bytes = round_4K(the sum listed).
+ * act_bytes = round_4K((U-1)*X) is one extent (checkpoints at offsets i*X);
+ * scratch_bytes is the sum of its nine buffers each rounded up to 4 KiB, so
+ * the engine may allocate each as its own extent (tier alignment <= 4 KiB);
+ * W slots, staging buffers and update tiles are whole pages already.
  * Homes are uniform per state class: every unit's W has one home, and G, P,
  * M, V of every unit share one home (docs/plan.md).
  * The minimum of a tier is its size at k = 1 (or at the forced prefetch)
@@ -46,6 +50,10 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+
+/* The update sweep's tile (elements): bounds host staging whatever the
+ * largest unit. A multiple of 2048, so tiles are whole pages in bf16. */
+#define ST_UPDATE_TILE_ELEMS (8u << 20)
 
 enum st_state { ST_STATE_W, ST_STATE_G, ST_STATE_P, ST_STATE_M, ST_STATE_V,
 		ST_STATE_COUNT };

@@ -76,6 +76,7 @@ struct st_engine {
 	struct st_plan plan;
 	int U, k, Wb;
 	uint64_t *elems, E, E0;
+	uint64_t tile;                /* update tile, elements */
 	size_t X;                     /* B*T*C floats */
 	struct st_device *dev;
 	struct st_tier *tier[ST_HOME_COUNT];
@@ -179,19 +180,31 @@ static int io(struct st_engine *e, enum st_home h, enum st_io_op rw,
 	return ret;
 }
 
+static int nvme_io_at(struct st_engine *e, enum st_io_op rw, const struct st_extent *ext,
+		      uint64_t off, void *buf, uint64_t len, struct op *op)
+{
+	op->lane = rw == ST_IO_READ ? ST_LANE_NVME_READ : ST_LANE_NVME_WRITE;
+	return io(e, ST_HOME_NVME, rw, ext, off, buf, len, op);
+}
+
 static int nvme_io(struct st_engine *e, enum st_io_op rw, const struct st_extent *ext,
 		   void *buf, uint64_t len, struct op *op)
 {
-	op->lane = rw == ST_IO_READ ? ST_LANE_NVME_READ : ST_LANE_NVME_WRITE;
-	return io(e, ST_HOME_NVME, rw, ext, 0, buf, len, op);
+	return nvme_io_at(e, rw, ext, 0, buf, len, op);
 }
 
 /* h2d: host buffer -> vram extent (a write of the vram tier). */
+static int h2d_at(struct st_engine *e, const struct st_extent *vext, uint64_t off,
+		  const void *buf, uint64_t len, struct op *op)
+{
+	op->lane = ST_LANE_H2D;
+	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, off, (void *)buf, len, op);
+}
+
 static int h2d(struct st_engine *e, const struct st_extent *vext, const void *buf,
 	       uint64_t len, struct op *op)
 {
-	op->lane = ST_LANE_H2D;
-	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, 0, (void *)buf, len, op);
+	return h2d_at(e, vext, 0, buf, len, op);
 }
 
 static int d2h(struct st_engine *e, const struct st_extent *vext, void *buf, uint64_t len,
@@ -569,31 +582,40 @@ static int micro_batch(struct st_engine *e, struct st_loader *ld, int mb, double
 
 /* --- the update sweep ----------------------------------------------------------- */
 
-static float *upd_ptr(struct st_engine *e, int set, int u, enum st_state s)
+/* The update sweep goes tile by tile: [t0, t0 + n) elements of unit u,
+ * t0 and n multiples of ST_UPDATE_TILE_ALIGN_ELEMS (whole pages in bf16 and
+ * fp32) except where the unit ends, so staging is bounded by the tile, not
+ * by the largest unit (the embedding of a 50k vocabulary). */
+struct tile {
+	int u;
+	uint64_t t0, n;
+};
+
+static float *upd_ptr(struct st_engine *e, int set, const struct tile *t, enum st_state s)
 {
-	struct shard *x = shard(e, u, s);
+	struct shard *x = shard(e, t->u, s);
 
 	if (x->home == ST_HOME_HOST)
-		return haddr(e, &x->ext);
+		return (float *)haddr(e, &x->ext) + t->t0;
 	return haddr(e, &e->upd[set].ext[s]);
 }
 
-static int upd_load(struct st_engine *e, int set, int u)
+static int upd_load(struct st_engine *e, int set, const struct tile *t)
 {
 	struct updset *us = &e->upd[set];
 	int ret = wait_until(e, &us->writes);
 
 	if (ret < 0)
 		return ret;
-	us->unit = u;
+	us->unit = t->u;
 	for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++) {
-		struct shard *x = shard(e, u, s);
+		struct shard *x = shard(e, t->u, s);
 
 		if (x->home != ST_HOME_NVME)
 			continue;
 		op_upd(e, set, 0, s)->idx = set;
-		ret = nvme_io(e, ST_IO_READ, &x->ext, haddr(e, &us->ext[s]),
-			      e->elems[u] * sizeof(float), op_upd(e, set, 0, s));
+		ret = nvme_io_at(e, ST_IO_READ, &x->ext, t->t0 * 4, haddr(e, &us->ext[s]),
+				 t->n * 4, op_upd(e, set, 0, s));
 		if (ret < 0)
 			return ret;
 		us->reads++;
@@ -601,31 +623,32 @@ static int upd_load(struct st_engine *e, int set, int u)
 	return 0;
 }
 
-static int upd_store(struct st_engine *e, int set, int u)
+static int upd_store(struct st_engine *e, int set, const struct tile *t)
 {
 	struct updset *us = &e->upd[set];
-	struct shard *w = shard(e, u, ST_STATE_W);
+	struct shard *w = shard(e, t->u, ST_STATE_W);
+	uint64_t woff = t->t0 * (uint64_t)e->Wb, wlen = t->n * (uint64_t)e->Wb;
 	int ret;
 
 	for (enum st_state s = ST_STATE_P; s <= ST_STATE_V; s++) {
-		struct shard *x = shard(e, u, s);
+		struct shard *x = shard(e, t->u, s);
 
 		if (x->home != ST_HOME_NVME)
 			continue;
 		op_upd(e, set, 1, s)->idx = set;
-		ret = nvme_io(e, ST_IO_WRITE, &x->ext, haddr(e, &us->ext[s]),
-			      e->elems[u] * sizeof(float), op_upd(e, set, 1, s));
+		ret = nvme_io_at(e, ST_IO_WRITE, &x->ext, t->t0 * 4, haddr(e, &us->ext[s]),
+				 t->n * 4, op_upd(e, set, 1, s));
 		if (ret < 0)
 			return ret;
 		us->writes++;
 	}
 	op_upd(e, set, 1, ST_STATE_W)->idx = set;
 	if (w->home == ST_HOME_NVME)
-		ret = nvme_io(e, ST_IO_WRITE, &w->ext, haddr(e, &us->ext[ST_STATE_W]),
-			      w->ext.len_bytes, op_upd(e, set, 1, ST_STATE_W));
+		ret = nvme_io_at(e, ST_IO_WRITE, &w->ext, woff, haddr(e, &us->ext[ST_STATE_W]),
+				 wlen, op_upd(e, set, 1, ST_STATE_W));
 	else if (w->home == ST_HOME_VRAM)
-		ret = h2d(e, &w->ext, haddr(e, &us->ext[ST_STATE_W]), w->ext.len_bytes,
-			  op_upd(e, set, 1, ST_STATE_W));
+		ret = h2d_at(e, &w->ext, woff, haddr(e, &us->ext[ST_STATE_W]), wlen,
+			     op_upd(e, set, 1, ST_STATE_W));
 	else
 		return 0;
 	if (ret < 0)
@@ -634,65 +657,95 @@ static int upd_store(struct st_engine *e, int set, int u)
 	return 0;
 }
 
-static int adam_unit(struct st_engine *e, int set, int u, const struct st_adam_step *wd,
-		     const struct st_adam_step *nowd)
+/* AdamW over one tile: each tensor's part of it, with or without weight
+ * decay; W's padding in the tile zeroed when W goes through staging (the
+ * buffer served other tiles), so W's home holds the same bytes whatever the
+ * placement. */
+static int adam_tile(struct st_engine *e, int set, const struct tile *t,
+		     const struct st_adam_step *wd, const struct st_adam_step *nowd)
 {
-	const struct st_unit_layout *ul = st_model_unit_layout(e->model, u);
-	float *g = upd_ptr(e, set, u, ST_STATE_G), *p = upd_ptr(e, set, u, ST_STATE_P);
-	float *m = upd_ptr(e, set, u, ST_STATE_M), *v = upd_ptr(e, set, u, ST_STATE_V);
-	struct shard *w = shard(e, u, ST_STATE_W);
-	char *wout = w->home == ST_HOME_HOST ? haddr(e, &w->ext)
-					     : haddr(e, &e->upd[set].ext[ST_STATE_W]);
-	uint64_t t0 = st_now_ns();
+	const struct st_unit_layout *ul = st_model_unit_layout(e->model, t->u);
+	float *g = upd_ptr(e, set, t, ST_STATE_G), *p = upd_ptr(e, set, t, ST_STATE_P);
+	float *m = upd_ptr(e, set, t, ST_STATE_M), *v = upd_ptr(e, set, t, ST_STATE_V);
+	struct shard *w = shard(e, t->u, ST_STATE_W);
+	char *wout = w->home == ST_HOME_HOST
+			     ? (char *)haddr(e, &w->ext) + t->t0 * (uint64_t)e->Wb
+			     : haddr(e, &e->upd[set].ext[ST_STATE_W]);
+	uint64_t t1 = t->t0 + t->n, t0 = st_now_ns();
 	int ret = 0;
 
 	lane_begin(e, ST_LANE_ADAM);
 	if (w->home != ST_HOME_HOST) {
-		/* The staging buffer served other units: zero this one's padding
-		 * so W's home holds the same bytes whatever the placement. */
-		uint64_t end = 0;
+		uint64_t end = t->t0;
 
 		for (int i = 0; i <= ul->n_tensors; i++) {
 			uint64_t start = i < ul->n_tensors ? ul->tensors[i].offset_elems : ul->elems;
 
+			start = ST_MIN(ST_MAX(start, t->t0), t1);
 			if (start > end)
-				memset(wout + end * (size_t)e->Wb, 0, (start - end) * (size_t)e->Wb);
+				memset(wout + (end - t->t0) * (size_t)e->Wb, 0,
+				       (start - end) * (size_t)e->Wb);
 			if (i < ul->n_tensors)
-				end = ul->tensors[i].offset_elems + ul->tensors[i].n_elems;
+				end = ST_MIN(ST_MAX(ul->tensors[i].offset_elems + ul->tensors[i].n_elems,
+						    t->t0), t1);
 		}
 	}
 	for (int i = 0; i < ul->n_tensors && ret == 0; i++) {
 		const struct st_tensor_layout *tl = &ul->tensors[i];
-		size_t o = tl->offset_elems;
-		struct st_adam_bufs bufs = {
+		uint64_t a = ST_MAX(tl->offset_elems, t->t0);
+		uint64_t b = ST_MIN(tl->offset_elems + tl->n_elems, t1);
+		size_t o;
+		struct st_adam_bufs bufs;
+
+		if (a >= b)
+			continue;
+		o = a - t->t0;
+		bufs = (struct st_adam_bufs){
 			.g = g + o, .g_dtype = ST_OPTIM_F32, .p = p + o, .m = m + o, .v = v + o,
 			.w = wout + o * (size_t)e->Wb,
 			.w_dtype = e->Wb == 2 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
 		};
-
-		ret = st_adam_apply(tl->decay ? wd : nowd, &bufs, tl->n_elems,
-				    ST_ADAM_GRAD_CHECKED, NULL);
+		ret = st_adam_apply(tl->decay ? wd : nowd, &bufs, b - a, ST_ADAM_GRAD_CHECKED, NULL);
 	}
 	lane_end(e, ST_LANE_ADAM, t0, 0, "adam");
 	return ret;
 }
 
+static bool next_tile(const struct st_engine *e, struct tile *t)
+{
+	if (t->u >= 0 && t->t0 + t->n < e->elems[t->u]) {
+		t->t0 += t->n;
+	} else {
+		if (++t->u >= e->U)
+			return false;
+		t->t0 = 0;
+	}
+	t->n = ST_MIN(e->tile, e->elems[t->u] - t->t0);
+	return true;
+}
+
 static int update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd)
 {
-	int ret = upd_load(e, 0, 0);
+	struct tile cur = { .u = -1 }, nxt;
+	int set = 0, ret = 0;
+	bool have = next_tile(e, &cur);
 
-	for (int u = 0; ret == 0 && u < e->U; u++) {
-		int set = u & 1;
-
-		if (u + 1 < e->U)
-			ret = upd_load(e, set ^ 1, u + 1); /* overlaps this unit's Adam */
+	if (have)
+		ret = upd_load(e, 0, &cur);
+	while (have && ret == 0) {
+		nxt = cur;
+		have = next_tile(e, &nxt);
+		if (have)
+			ret = upd_load(e, set ^ 1, &nxt); /* overlaps this tile's Adam */
 		if (ret == 0)
 			ret = wait_until(e, &e->upd[set].reads);
 		if (ret == 0)
-			ret = adam_unit(e, set, u, wd, nowd);
+			ret = adam_tile(e, set, &cur, wd, nowd);
 		if (ret == 0)
-			ret = upd_store(e, set, u);
+			ret = upd_store(e, set, &cur);
+		cur = nxt;
+		set ^= 1;
 	}
 	for (int s = 0; ret == 0 && s < 2; s++)
 		ret = wait_until(e, &e->upd[s].writes);
@@ -909,7 +962,7 @@ static int alloc_pools(struct st_engine *e)
 		ret = alloc_in(e, ST_HOME_HOST, Ebytes, &e->gstage_ext);
 	for (int set = 0; set < 2 && ret == 0 && p->update_staging_bytes; set++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT && ret == 0; s++)
-			ret = alloc_in(e, ST_HOME_HOST, s == ST_STATE_W ? Wbytes : Ebytes,
+			ret = alloc_in(e, ST_HOME_HOST, e->tile * (s == ST_STATE_W ? e->Wb : 4),
 				       &e->upd[set].ext[s]);
 	if (ret < 0)
 		return ret;
@@ -992,6 +1045,9 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		e->work_bytes = ST_MAX(e->work_bytes, st_model_work_bytes(e->model, u, c->batch, c->seq));
 	}
 	e->E0 = e->elems[0];
+	e->tile = ST_MIN(e->E, ST_UPDATE_TILE_ELEMS);
+	if (cfg->update_tile_elems && cfg->update_tile_elems % 2048 == 0)
+		e->tile = ST_MIN(e->tile, cfg->update_tile_elems);
 	for (int u = 0; u <= e->U - 2; u++)
 		e->seq[u] = u;              /* forward: embed, blocks */
 	for (int i = 0; i < e->U - 1; i++)

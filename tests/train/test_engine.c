@@ -129,15 +129,18 @@ static void test_placement_invariance(void **state)
 		const char *name;
 		enum st_offload params, optim;
 		int prefetch, threads;
+		uint64_t tile;
 	} cases[] = {
-		{ "params host, optim host", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 0, 0 },
-		{ "params nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 0 },
-		{ "mix: params host, optim nvme", ST_OFFLOAD_HOST, ST_OFFLOAD_NVME, 0, 0 },
-		{ "mix: params vram, optim nvme", ST_OFFLOAD_NONE, ST_OFFLOAD_NVME, 0, 0 },
-		{ "params nvme, prefetch 1", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, 0 },
-		{ "params nvme, prefetch 4", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 4, 0 },
-		{ "threads 1", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 1 },
-		{ "threads 2", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
+		{ "update in 2048-element tiles", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 0, 2048 },
+		{ "update in odd tiles, W in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_NVME, 0, 0, 6144 },
+		{ "params host, optim host", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 0, 0, 0 },
+		{ "params nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 0, 0 },
+		{ "mix: params host, optim nvme", ST_OFFLOAD_HOST, ST_OFFLOAD_NVME, 0, 0, 0 },
+		{ "mix: params vram, optim nvme", ST_OFFLOAD_NONE, ST_OFFLOAD_NVME, 0, 0, 0 },
+		{ "params nvme, prefetch 1", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, 0, 0 },
+		{ "params nvme, prefetch 4", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 4, 0, 0 },
+		{ "threads 1", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 1, 0 },
+		{ "threads 2", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2, 0 },
 	};
 	int threads0 = omp_get_max_threads();
 
@@ -151,6 +154,7 @@ static void test_placement_invariance(void **state)
 		c.params = cases[i].params;
 		c.optim = cases[i].optim;
 		c.prefetch = cases[i].prefetch;
+		c.update_tile_elems = cases[i].tile;
 		if (cases[i].threads)
 			omp_set_num_threads(cases[i].threads);
 		train(&c, STEPS, &r);
