@@ -1,0 +1,227 @@
+/* strata: checkpoint files of the tiered engine (`--save DIR --save-every N
+ * --keep K`, `--resume DIR`). Layout and guarantees: docs/checkpoints.md.
+ *
+ *   DIR/step-000123/model.safetensors      fp32 master weights P (HF names)
+ *   DIR/step-000123/optimizer.safetensors  Adam moments: "<name>.exp_avg" (M),
+ *                                          "<name>.exp_avg_sq" (V)
+ *   DIR/step-000123/config.json            st_gpt2_config_write()
+ *   DIR/step-000123/trainer.json           version, step, seed, sampler
+ *                                          cursor, training config, and the
+ *                                          size + XXH64 of every other file
+ *   DIR/latest -> step-000123              symlink, replaced atomically
+ *
+ * Model state may live on NVMe and not fit in RAM, so nothing here holds a
+ * whole file: safetensors are written by pulling each tensor's bytes through
+ * a callback in chunks, hashed as they are written, and read back by byte
+ * range. A checkpoint is written into DIR/step-N.tmp.<pid>, fsynced, then
+ * renamed to DIR/step-N before `latest` moves to it: a crash at any instant
+ * leaves `latest` naming a complete checkpoint (or no `latest` at all before
+ * the first one), and leftovers of a crashed writer are removed by the next
+ * st_ckpt_dir_begin().
+ *
+ * All functions return 0 or -errno; the detail (naming the file) is in
+ * st_error_last(). -EINVAL: bad argument or bad file; -ENOENT: missing file
+ * or tensor; -EIO/-ENOSPC/...: the system. */
+#ifndef STRATA_CKPT_H
+#define STRATA_CKPT_H
+
+#include "strata/common.h"
+#include "strata/safetensors.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* trainer.json "version" written; a larger one is refused on read. */
+#define ST_CKPT_VERSION 1
+
+#define ST_CKPT_MODEL_FILE "model.safetensors"
+#define ST_CKPT_OPTIM_FILE "optimizer.safetensors"
+#define ST_CKPT_CONFIG_FILE "config.json"
+#define ST_CKPT_TRAINER_FILE "trainer.json"
+#define ST_CKPT_LATEST "latest"
+/* Suffixes of the Adam moments' names in optimizer.safetensors (PyTorch's
+ * AdamW state names). The master weights are not repeated there: P is
+ * model.safetensors, bit for bit. */
+#define ST_CKPT_SUFFIX_EXP_AVG ".exp_avg"
+#define ST_CKPT_SUFFIX_EXP_AVG_SQ ".exp_avg_sq"
+
+/* The streaming writer asks for at most this many bytes per fill call and
+ * holds one buffer of this size. */
+#define ST_CKPT_CHUNK_BYTES (8 * ST_MiB)
+
+/* ---- streamed safetensors -------------------------------------------------- */
+
+/* One tensor of a streamed file: what the header says. The bytes come from
+ * the fill callback. name is borrowed. */
+struct st_ckpt_tensor {
+	const char *name;
+	enum st_sf_dtype dtype;
+	int ndim;
+	uint64_t shape[ST_SF_MAX_DIMS];
+};
+
+/* Fill buf with len bytes of tensor tensor_index, starting offset_bytes into
+ * that tensor (little-endian, row-major: the file's bytes). Calls come in
+ * file order, each within one tensor, len <= ST_CKPT_CHUNK_BYTES; buf is
+ * 4 KiB-aligned and len a multiple of 4 KiB except at a tensor's end (so a
+ * fill may pread with O_DIRECT from an aligned source). Return 0, or -errno
+ * to abandon the file (set the detail with st_error_set(): it is kept). */
+typedef int (*st_ckpt_fill_fn)(void *ctx, size_t tensor_index,
+			       uint64_t offset_bytes, void *buf, size_t len);
+
+/* Write a safetensors file to path whose bytes are exactly those
+ * st_safetensors_write() would write for the same tensors, metadata and data
+ * (same header JSON, padding and order), pulling the data through fill in
+ * chunks of ST_CKPT_CHUNK_BYTES. Written to a temporary next to path,
+ * fsynced, renamed, directory fsynced. out_bytes and out_xxh64 (each may be
+ * NULL) get the file's size and XXH64 (seed 0) of the whole file, computed
+ * while writing. Names must be unique, non-empty and not "__metadata__";
+ * metadata keys unique. Returns 0; -EINVAL for bad arguments (nothing is
+ * created); fill's error or -errno from the system (the temporary is removed
+ * and path keeps its old contents). */
+int st_ckpt_write_safetensors(const char *path,
+			      const struct st_ckpt_tensor *tensors, size_t n,
+			      const struct st_sf_meta *meta, size_t n_meta,
+			      st_ckpt_fill_fn fill, void *ctx,
+			      uint64_t *out_bytes, uint64_t *out_xxh64);
+
+/* Size and XXH64 (seed 0) of a whole file, read in chunks of
+ * ST_CKPT_CHUNK_BYTES. Returns 0 or -errno. */
+int st_ckpt_file_hash(const char *path, uint64_t *out_bytes,
+		      uint64_t *out_xxh64);
+
+/* A safetensors file opened for reading tensors by byte range, so a tensor
+ * larger than memory is read piece by piece. The header is validated by
+ * st_safetensors_open() (which reads only the header). */
+struct st_ckpt_reader;
+
+/* Open path. Returns 0 and sets *out, or st_safetensors_open()'s errors. */
+int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path);
+
+/* Close. NULL does nothing. */
+void st_ckpt_reader_close(struct st_ckpt_reader *r);
+
+/* The validated file (count, at, metadata...). Borrowed until close. */
+const struct st_safetensors *st_ckpt_reader_file(const struct st_ckpt_reader *r);
+
+/* Find tensor name and check that it is dtype with shape[0..ndim). *out is
+ * borrowed until close. Returns 0, -ENOENT when there is no such tensor,
+ * -EINVAL when its dtype or shape differ (the detail shows both). */
+int st_ckpt_reader_find(const struct st_ckpt_reader *r, const char *name,
+			enum st_sf_dtype dtype, int ndim, const uint64_t *shape,
+			const struct st_sf_info **out);
+
+/* Read len bytes of tensor t (from st_ckpt_reader_find() or the file's
+ * st_safetensors_at()) starting offset_bytes into it. Thread-safe (pread).
+ * Returns 0, -EINVAL when the range runs past the tensor, -EIO etc. */
+int st_ckpt_reader_pread(const struct st_ckpt_reader *r,
+			 const struct st_sf_info *t, uint64_t offset_bytes,
+			 void *buf, size_t len);
+
+/* ---- trainer.json ------------------------------------------------------------ */
+
+#define ST_CKPT_MAX_FILES 16
+#define ST_CKPT_NAME_BYTES 64
+#define ST_CKPT_CURSOR_MAX_BYTES 256
+
+/* One file of a checkpoint as trainer.json lists it. */
+struct st_ckpt_file {
+	char name[ST_CKPT_NAME_BYTES]; /* plain name inside the directory */
+	uint64_t bytes;
+	uint64_t xxh64;                /* XXH64, seed 0, of the whole file */
+};
+
+/* What trainer.json holds. Zero-initialise, fill, write; or read, use,
+ * st_ckpt_trainer_fini(). */
+struct st_ckpt_trainer {
+	uint32_t version;           /* read: the file's; write: ignored */
+	uint64_t step;              /* optimizer steps done */
+	uint64_t seed;              /* the run's seed */
+	size_t cursor_bytes;        /* 0 or the packed sampler state's size */
+	uint8_t cursor[ST_CKPT_CURSOR_MAX_BYTES]; /* e.g. st_cursor_pack() */
+	char *config_json;          /* owned: set with st_ckpt_trainer_set_config();
+				     * NULL writes "config": {} */
+	size_t n_files;
+	struct st_ckpt_file files[ST_CKPT_MAX_FILES];
+};
+
+/* Free what tr owns (config_json) and zero it. */
+void st_ckpt_trainer_fini(struct st_ckpt_trainer *tr);
+
+/* Set the training config to a copy of json, the text of a JSON object
+ * (e.g. json_object_to_json_string() of the caller's object); opaque to this
+ * module. Returns 0, -EINVAL when it is not a JSON object, -ENOMEM. */
+int st_ckpt_trainer_set_config(struct st_ckpt_trainer *tr, const char *json);
+
+/* List a file with a known size and hash (e.g. from
+ * st_ckpt_write_safetensors()). A name already listed is updated.
+ * Returns 0, -EINVAL for a name that is empty, too long, contains '/', or
+ * is "." / ".." / trainer.json; -ENOSPC when ST_CKPT_MAX_FILES are listed. */
+int st_ckpt_trainer_add(struct st_ckpt_trainer *tr, const char *name,
+			uint64_t bytes, uint64_t xxh64);
+
+/* Hash dir/name (st_ckpt_file_hash()) and list it. Returns as
+ * st_ckpt_trainer_add() or the hash's error. */
+int st_ckpt_trainer_add_hashed(struct st_ckpt_trainer *tr, const char *dir,
+			       const char *name);
+
+/* The listed file called name, or NULL. Borrowed from tr. */
+const struct st_ckpt_file *st_ckpt_trainer_find(const struct st_ckpt_trainer *tr,
+						const char *name);
+
+/* Write tr as JSON to path, atomically (temporary, fsync, rename). Returns 0,
+ * -EINVAL for a bad tr (config not an object, cursor too long), -errno. */
+int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr);
+
+/* Read path into tr (zeroed first; st_ckpt_trainer_fini() it after success;
+ * on failure tr owns nothing). Returns 0, -EINVAL for a malformed file or a
+ * version newer than ST_CKPT_VERSION (the detail names the field), -errno. */
+int st_ckpt_trainer_read(const char *path, struct st_ckpt_trainer *tr);
+
+/* Check that every file tr lists exists in dir with its size and XXH64
+ * (sizes first, for every file, then checksums by streaming reads). Returns
+ * 0; -ENOENT for a missing file; -EINVAL for a size or checksum mismatch,
+ * e.g. "ckpt/step-000100/optimizer.safetensors: checksum mismatch (file
+ * changed or truncated)"; -errno from reading. */
+int st_ckpt_verify(const char *dir, const struct st_ckpt_trainer *tr);
+
+/* ---- checkpoint directories -------------------------------------------------- */
+
+/* A checkpoint being written. Fields are read-only for the caller. */
+struct st_ckpt_dir {
+	char *root;   /* DIR */
+	char *final;  /* DIR/step-000123 */
+	char *tmp;    /* DIR/step-000123.tmp.<pid>: write the files here */
+	uint64_t step;
+};
+
+/* Start checkpoint step under root: create root (and missing parents),
+ * remove leftovers of crashed writers in root (step-*.tmp.<pid> and
+ * latest.tmp.<pid> whose process is gone, or ours; nothing else in root is
+ * touched), and create d->tmp, empty. One writer per root at a time.
+ * Returns 0 or -errno; on failure d owns nothing. */
+int st_ckpt_dir_begin(struct st_ckpt_dir *d, const char *root, uint64_t step);
+
+/* Publish the files written in d->tmp: fsync each of them and the
+ * directory, rename it to d->final (when d->final exists, e.g. the same step
+ * saved again, swap them with renameat2(RENAME_EXCHANGE) and remove the old
+ * one), fsync root, point root/latest at it (symlink to a temporary name,
+ * rename, fsync root), then, when keep > 0, remove all but the newest keep
+ * step directories with a step <= d->step (a directory of a larger step,
+ * from another run, is left alone; the one just written is always kept).
+ * d is finished either way. Returns 0 or -errno; a failure before the rename
+ * removes d->tmp and leaves everything as it was; one after it (the latest
+ * link, pruning) is still returned though the checkpoint is in place. */
+int st_ckpt_dir_commit(struct st_ckpt_dir *d, unsigned keep);
+
+/* Remove d->tmp and what is in it, and finish d. Safe on a finished or
+ * zeroed d. */
+void st_ckpt_dir_abort(struct st_ckpt_dir *d);
+
+/* The checkpoint directory --resume path means: path itself when it holds
+ * trainer.json; else the target of path/latest; else the step-N directory
+ * of path with the largest N. *out is malloc'd (free() it). Returns 0,
+ * -ENOENT when there is no checkpoint there (the detail says so), -errno. */
+int st_ckpt_resolve(const char *path, char **out);
+
+#endif
