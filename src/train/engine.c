@@ -68,6 +68,7 @@ struct updset {
 struct lane_busy {
 	unsigned inflight;
 	uint64_t since_ns, busy_ns, bytes;
+	uint64_t requests; /* in the current busy interval */
 };
 
 struct st_engine {
@@ -145,16 +146,32 @@ static void lane_begin(struct st_engine *e, enum st_lane l)
 		e->lane[l].since_ns = st_now_ns();
 }
 
+/* A transfer lane's trace shows its busy intervals (from the first request
+ * in flight to the last one out), which never overlap on one track, with the
+ * number of requests in each; compute and Adam show each call. */
 static void lane_end(struct st_engine *e, enum st_lane l, uint64_t t0, uint64_t bytes,
 		     const char *name)
 {
+	struct lane_busy *lb = &e->lane[l];
 	uint64_t now = st_now_ns();
 
-	if (--e->lane[l].inflight == 0)
-		e->lane[l].busy_ns += now - e->lane[l].since_ns;
-	e->lane[l].bytes += bytes;
-	if (e->cfg.trace)
-		st_trace_span(e->cfg.trace, e->trace_lane[l], name, t0, now, NULL);
+	lb->bytes += bytes;
+	lb->requests++;
+	if (--lb->inflight)
+		return;
+	lb->busy_ns += now - lb->since_ns;
+	if (e->cfg.trace) {
+		char args[64];
+
+		if (l == ST_LANE_ADAM) {
+			st_trace_span(e->cfg.trace, e->trace_lane[l], name, t0, now, NULL);
+		} else {
+			snprintf(args, sizeof(args), "{\"requests\":%llu}",
+				 (unsigned long long)lb->requests);
+			st_trace_span(e->cfg.trace, e->trace_lane[l], "busy", lb->since_ns, now, args);
+		}
+	}
+	lb->requests = 0;
 }
 
 /* --- I/O ------------------------------------------------------------------------ */

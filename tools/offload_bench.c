@@ -1,0 +1,238 @@
+/* offload-bench: what does streaming from nvme cost against keeping
+ * everything in (device) memory, on a model where compute dominates?
+ *
+ * Two engines over the same data and seed, stepped alternately in one
+ * process (so the machine's noise falls on both): A with every W in vram and
+ * the optimizer in host memory, B with params and optimizer on nvme. It
+ * prints the median step time of each and their ratio (goal: B/A <= 1.25),
+ * B's overlap efficiency (the busiest queue's busy time over the step time;
+ * goal >= 0.8), and the planner's predicted step time against the measured
+ * one. The losses of A and B must be bit-identical, and are checked. */
+#include "strata/engine.h"
+#include "strata/trace.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <json-c/json.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+static void die2(const char *msg, const char *arg)
+{
+	fprintf(stderr, "offload-bench: %s%s (see --help)\n", msg, arg ? arg : "");
+	exit(2);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(double), cmp_d);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"usage: offload-bench [--model DIMS] [--batch B] [--seq T] [--steps N]\n"
+"                     [--nvme DIR] [--gpu-mem SIZE] [--host-mem SIZE]\n"
+"                     [--threads N] [--trace FILE] [--json FILE]\n"
+"\n"
+"Step time with params and optimizer on nvme (B) against everything in\n"
+"vram (A), stepped alternately in one run; overlap efficiency of B from its\n"
+"queues; the planner's prediction against the measurement.\n"
+"Defaults: --model layers=4,dim=512,heads=8,vocab=256,ctx=256 --batch 4\n"
+"--seq 256 --steps 4 --nvme /var/tmp --gpu-mem 256M --host-mem 256M (for B;\n"
+"A gets what it needs).\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longs[] = {
+		{ "model", 1, 0, 'm' }, { "batch", 1, 0, 'B' }, { "seq", 1, 0, 'T' },
+		{ "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' }, { "gpu-mem", 1, 0, 'g' },
+		{ "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' }, { "json", 1, 0, 'J' },
+		{ "trace", 1, 0, 'X' }, { "help", 0, 0, 'h' }, { 0 },
+	};
+	const char *model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", *nvme = "/var/tmp";
+	const char *json = NULL, *trace_path = NULL;
+	int batch = 4, seq = 256, steps = 4, threads = 0, c;
+	uint64_t gpu = 256ull << 20, host = 256ull << 20;
+	struct st_engine_config ca, cb;
+	struct st_engine *ea, *eb;
+	struct st_dataset *ds;
+	struct st_loader la, lb;
+	struct st_trace *trace = NULL;
+	double *ta, *tb, *eff, busy_max = 0;
+	const char *busiest = "compute";
+	struct stat st;
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+		char *end;
+
+		switch (c) {
+		case 'm': model = optarg; break;
+		case 'B': batch = (int)strtol(optarg, &end, 10); if (*end || batch < 1) die2("bad --batch ", optarg); break;
+		case 'T': seq = (int)strtol(optarg, &end, 10); if (*end || seq < 1) die2("bad --seq ", optarg); break;
+		case 's': steps = (int)strtol(optarg, &end, 10); if (*end || steps < 1 || steps > 1000) die2("bad --steps ", optarg); break;
+		case 'n': nvme = optarg; break;
+		case 'g': if (st_parse_size(optarg, &gpu) < 0 || !gpu) die2("--gpu-mem is not a size: ", optarg); break;
+		case 'H': if (st_parse_size(optarg, &host) < 0 || !host) die2("--host-mem is not a size: ", optarg); break;
+		case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) die2("bad --threads ", optarg); break;
+		case 'J': json = optarg; break;
+		case 'X': trace_path = optarg; break;
+		case 'h': usage(stdout); return 0;
+		default: die2("unknown or incomplete option ", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		die2("unexpected argument ", argv[optind]);
+	if (stat(nvme, &st) < 0 || !S_ISDIR(st.st_mode))
+		die2("--nvme is not a directory: ", nvme);
+	if (threads) {
+		omp_set_num_threads(threads);
+		openblas_set_num_threads(threads);
+	}
+	memset(&ca, 0, sizeof(ca));
+	st_train_config_default(&ca.train);
+	if (st_model_config_parse(model, &ca.train.model) < 0)
+		die2("bad --model ", model);
+	ca.train.batch = batch;
+	ca.train.seq = seq;
+	ca.train.steps = steps + 1;
+	ca.train.warmup = 1;
+	cb = ca;
+	/* A: in memory. B: on nvme, with the budgets given. */
+	ca.gpu_mem_bytes = 64ull << 30;
+	ca.host_mem_bytes = 64ull << 30;
+	ca.params = ST_OFFLOAD_NONE;
+	ca.optim = ST_OFFLOAD_HOST;
+	cb.gpu_mem_bytes = gpu;
+	cb.host_mem_bytes = host;
+	cb.nvme_dirs = nvme;
+	cb.params = ST_OFFLOAD_NVME;
+	cb.optim = ST_OFFLOAD_NVME;
+	if (trace_path && st_trace_create(&trace, trace_path) < 0) {
+		fprintf(stderr, "offload-bench: --trace %s: %s\n", trace_path, st_error_last());
+		return 2;
+	}
+	cb.trace = trace;
+	if (st_dataset_open(&ds, "/usr/share/common-licenses/GPL-3", ST_DATASET_BYTES) < 0) {
+		fprintf(stderr, "offload-bench: %s\n", st_error_last());
+		return 1;
+	}
+	{
+		struct st_loader_config lc = { .batch = (uint32_t)batch, .seq = (uint32_t)seq,
+					       .shuffle = 1, .seed = ca.train.seed };
+
+		if (st_loader_init(&la, ds, &lc) < 0 || st_loader_init(&lb, ds, &lc) < 0) {
+			fprintf(stderr, "offload-bench: %s\n", st_error_last());
+			return 2;
+		}
+	}
+	if (st_engine_create(&ca, &ea) < 0) {
+		fprintf(stderr, "offload-bench: in-memory engine: %s\n", st_error_last());
+		return 2;
+	}
+	if (st_engine_create(&cb, &eb) < 0) {
+		fprintf(stderr, "offload-bench: nvme engine: %s\n", st_error_last());
+		return 2;
+	}
+	ta = calloc((size_t)steps, sizeof(double));
+	tb = calloc((size_t)steps, sizeof(double));
+	eff = calloc((size_t)steps, sizeof(double));
+	fprintf(stderr, "offload-bench: %s, B=%d T=%d, %.1fM params, %d threads; 1 warm-up + %d "
+		"steps each, alternating\n", model, batch, seq,
+		(double)st_model_param_count(st_engine_model(ea)) / 1e6, omp_get_max_threads(), steps);
+	for (int s = 0; s <= steps; s++) {
+		struct st_step_result ra, rb;
+		struct st_engine_stats sa, sb;
+
+		/* Alternate which goes first, so neither always follows the other. */
+		for (int k = 0; k < 2; k++) {
+			bool a_turn = (k == 0) == (s % 2 == 0);
+			int ret = a_turn ? st_engine_step(ea, &la, s, &ra) : st_engine_step(eb, &lb, s, &rb);
+
+			if (ret < 0) {
+				fprintf(stderr, "offload-bench: step %d: %s\n", s, st_error_last());
+				return 1;
+			}
+		}
+		if (memcmp(&ra.loss, &rb.loss, sizeof(double)) != 0) {
+			fprintf(stderr, "offload-bench: losses differ at step %d: %.9g vs %.9g\n", s,
+				ra.loss, rb.loss);
+			return 1;
+		}
+		st_engine_get_stats(ea, &sa);
+		st_engine_get_stats(eb, &sb);
+		fprintf(stderr, "  step %d%s: vram %.3f s, nvme %.3f s (loss %.6f both)\n", s,
+			s == 0 ? " (warm-up)" : "", sa.step_ns / 1e9, sb.step_ns / 1e9, ra.loss);
+		if (s == 0)
+			continue;
+		ta[s - 1] = sa.step_ns / 1e9;
+		tb[s - 1] = sb.step_ns / 1e9;
+		busy_max = 0;
+		for (int l = 0; l < ST_LANE_COUNT; l++)
+			if (sb.busy_ns[l] / 1e9 > busy_max) {
+				busy_max = sb.busy_ns[l] / 1e9;
+				busiest = st_lane_name(l);
+			}
+		eff[s - 1] = busy_max / tb[s - 1];
+	}
+	{
+		const struct st_plan *pb = st_engine_plan(eb), *pa = st_engine_plan(ea);
+		struct st_engine_stats sb;
+		double ma = median(ta, steps), mb = median(tb, steps), me = median(eff, steps);
+		struct rusage ru;
+
+		st_engine_get_stats(eb, &sb);
+		getrusage(RUSAGE_SELF, &ru);
+		printf("offload-bench: %s, B=%d T=%d\n", model, batch, seq);
+		printf("  step, everything in vram (A)      %8.3f s  (median of %d)\n", ma, steps);
+		printf("  step, params+optim on nvme (B)    %8.3f s\n", mb);
+		printf("  ratio B/A                         %8.3f   (goal <= 1.25)\n", mb / ma);
+		printf("  overlap efficiency of B           %8.3f   (busiest queue: %s; goal >= 0.8)\n",
+		       me, busiest);
+		printf("  predicted step of B (planner)     %8.3f s  (bound by %s; measured/predicted %.2f)\n",
+		       pb->t_step_s, pb->bound, mb / pb->t_step_s);
+		printf("  predicted step of A (planner)     %8.3f s  (measured/predicted %.2f)\n",
+		       pa->t_step_s, ma / pa->t_step_s);
+		printf("  B per step: nvme read %.1f MB, write %.1f MB; compute busy %.3f s; peak RSS %.0f MB\n",
+		       sb.bytes[ST_LANE_NVME_READ] / 1e6, sb.bytes[ST_LANE_NVME_WRITE] / 1e6,
+		       sb.busy_ns[ST_LANE_COMPUTE] / 1e9, ru.ru_maxrss / 1024.0);
+		if (json) {
+			json_object *o = json_object_new_object();
+
+			json_object_object_add(o, "step_vram_s", json_object_new_double(ma));
+			json_object_object_add(o, "step_nvme_s", json_object_new_double(mb));
+			json_object_object_add(o, "ratio", json_object_new_double(mb / ma));
+			json_object_object_add(o, "overlap_efficiency", json_object_new_double(me));
+			json_object_object_add(o, "busiest_queue", json_object_new_string(busiest));
+			json_object_object_add(o, "predicted_step_nvme_s", json_object_new_double(pb->t_step_s));
+			json_object_object_add(o, "predicted_step_vram_s", json_object_new_double(pa->t_step_s));
+			if (json_object_to_file_ext(json, o, JSON_C_TO_STRING_PRETTY) < 0)
+				fprintf(stderr, "offload-bench: cannot write %s\n", json);
+			json_object_put(o);
+		}
+	}
+	st_engine_destroy(ea);
+	st_engine_destroy(eb);
+	if (trace && st_trace_close(trace) < 0)
+		fprintf(stderr, "offload-bench: --trace: %s\n", st_error_last());
+	st_dataset_close(ds);
+	free(ta);
+	free(tb);
+	free(eff);
+	return 0;
+}
