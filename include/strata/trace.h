@@ -57,7 +57,8 @@ void st_trace_counter(struct st_trace *t, const char *name, uint64_t t_ns,
 		      double value);
 
 /* Finish the JSON, flush, fsync, rename over the path given at creation,
- * fsync the directory, and free t. On any failure (including a write error
+ * fsync the directory, and free t. Call it once no other thread can still
+ * record into t. On any failure (including a write error
  * seen earlier) the temporary is removed, the target keeps its old
  * contents, and t is freed all the same. Returns 0 (also for t == NULL) or
  * -errno with the detail. */

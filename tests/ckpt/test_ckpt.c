@@ -822,7 +822,7 @@ static void test_crash_anywhere(void **state)
 	free(cal);
 	srand(seed);
 	for (int it = 0; it < iters; it++) {
-		long delay_us = (long)((uint64_t)rand() % (3 * ckpt_us));
+		long delay_us = (long)((uint64_t)rand() % (2 * ckpt_us));
 		int64_t now;
 		pid_t pid = fork();
 
