@@ -1,0 +1,208 @@
+/* strata: `strata plan`, the placement planner as a user meets it: the
+ * homes of every shard, the pools, each tier against its budget and its
+ * minimum, the traffic and the predicted time of a step. Bad input or a
+ * budget that cannot work: one line on stderr, exit 2. */
+#include "cli.h"
+#include "strata/plan.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static uint64_t plan_size(const char *flag, const char *s)
+{
+	uint64_t v;
+
+	if (st_parse_size(s, &v) < 0)
+		st_cli_die(2, "%s %s: expected a size such as 512M or 2G", flag, s);
+	return v;
+}
+
+static enum st_offload plan_offload(const char *flag, const char *s, bool allow_none)
+{
+	if (strcmp(s, "auto") == 0)
+		return ST_OFFLOAD_AUTO;
+	if (allow_none && strcmp(s, "none") == 0)
+		return ST_OFFLOAD_NONE;
+	if (strcmp(s, "host") == 0)
+		return ST_OFFLOAD_HOST;
+	if (strcmp(s, "nvme") == 0)
+		return ST_OFFLOAD_NVME;
+	st_cli_die(2, "%s %s: expected %s", flag, s,
+		 allow_none ? "auto, none, host or nvme" : "auto, host or nvme");
+}
+
+/* Every directory of DIR[,DIR...] must exist; plan creates nothing. */
+static void plan_check_dirs(const char *list)
+{
+	const char *p = list;
+
+	if (!*list)
+		st_cli_die(2, "--nvme: expected DIR[,DIR...]");
+	while (*p) {
+		size_t n = strcspn(p, ",");
+		char dir[4096];
+		struct stat st;
+
+		if (n == 0 || n >= sizeof(dir))
+			st_cli_die(2, "--nvme %s: expected DIR[,DIR...]", list);
+		memcpy(dir, p, n);
+		dir[n] = 0;
+		if (stat(dir, &st) < 0)
+			st_cli_die(2, "--nvme %s: %s", dir, strerror(errno));
+		if (!S_ISDIR(st.st_mode))
+			st_cli_die(2, "--nvme %s: not a directory", dir);
+		p += n;
+		if (*p == ',' && !*++p)
+			st_cli_die(2, "--nvme %s: expected DIR[,DIR...]", list);
+	}
+}
+
+static void plan_usage(FILE *f)
+{
+	fprintf(f,
+"usage: strata plan [options] --gpu-mem SIZE --host-mem SIZE [--nvme DIR[,DIR...]]\n"
+"\n"
+"Where every shard of the model lives (vram, pinned host, nvme), the pools the\n"
+"engine will allocate, each tier against its budget and minimum, the traffic of\n"
+"one optimizer step and its predicted time. Exit 2 when a budget cannot work.\n"
+"\n"
+"model and batch\n"
+"  --model NAME|DIMS      %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
+"  --batch B              sequences per micro-batch (default 8)\n"
+"  --seq T                tokens per sequence, at most the model's ctx (default 128)\n"
+"  --grad-accum N         micro-batches per step (default 1)\n"
+"  --precision bf16|fp32  working weights W (default bf16)\n"
+"budgets (sizes such as 512M, 2G, 1.5G)\n"
+"  --gpu-mem SIZE         vram budget (default 256M)\n"
+"  --host-mem SIZE        pinned host budget (default 1G)\n"
+"  --nvme DIR[,DIR...]    directories of the nvme tier (must exist; nothing is written)\n"
+"  --nvme-mem SIZE        nvme budget (default: unlimited, the plan says what it needs)\n"
+"placement\n"
+"  --offload-params auto|none|host|nvme   home of W (default auto)\n"
+"  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
+"  --prefetch N           units of W loaded ahead of compute; 0 = as many as fit (default)\n"
+"rates for the prediction (defaults are those of a 2-core VM without a GPU)\n"
+"  --nvme-bench FILE      nvme read/write GB/s from `nvme-bench --json FILE`\n"
+"  --compute-gflops X     device matmul GFLOP/s (default 50)\n"
+"  --copy-gbps X          host<->vram GB/s (default 8)\n"
+"  --adam-gbps X          CPU AdamW GB/s, 30 B per parameter (default 10)\n"
+"output\n"
+"  --json                 the plan as JSON (per-unit rows included)\n"
+"  --verbose              also the home and bytes of every unit's states\n"
+"  -h, --help\n", st_model_preset_list());
+}
+
+int st_cli_plan(int argc, char **argv)
+{
+	static const struct option longs[] = {
+		{ "model", 1, 0, 'm' }, { "batch", 1, 0, 'B' }, { "seq", 1, 0, 'T' },
+		{ "grad-accum", 1, 0, 'a' }, { "precision", 1, 0, 'p' },
+		{ "gpu-mem", 1, 0, 'g' }, { "host-mem", 1, 0, 'H' }, { "nvme", 1, 0, 'n' },
+		{ "nvme-mem", 1, 0, 'N' }, { "offload-params", 1, 0, 'P' },
+		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'k' },
+		{ "nvme-bench", 1, 0, 'b' }, { "compute-gflops", 1, 0, 'c' },
+		{ "copy-gbps", 1, 0, 'C' }, { "adam-gbps", 1, 0, 'A' },
+		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
+	};
+	struct st_plan_input in = {
+		.batch = 8, .seq = 128, .grad_accum = 1, .bf16 = true,
+		.gpu_mem_bytes = 256 * ST_MiB, .host_mem_bytes = 1 * ST_GiB,
+		.params = ST_OFFLOAD_AUTO, .optim = ST_OFFLOAD_AUTO,
+	};
+	struct st_model_config mc;
+	struct st_model *model;
+	struct st_plan plan;
+	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
+	bool json = false, verbose = false, nvme_mem_given = false;
+	int c, ret;
+
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+		switch (c) {
+		case 'm': model_text = optarg; break;
+		case 'B': in.batch = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
+		case 'T': in.seq = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
+		case 'a': in.grad_accum = (int)st_cli_long("--grad-accum", optarg, 1, 1 << 16); break;
+		case 'p':
+			if (strcmp(optarg, "bf16") == 0)
+				in.bf16 = true;
+			else if (strcmp(optarg, "fp32") == 0)
+				in.bf16 = false;
+			else
+				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
+			break;
+		case 'g': in.gpu_mem_bytes = plan_size("--gpu-mem", optarg); break;
+		case 'H': in.host_mem_bytes = plan_size("--host-mem", optarg); break;
+		case 'n': nvme = optarg; break;
+		case 'N':
+			in.nvme_mem_bytes = plan_size("--nvme-mem", optarg);
+			nvme_mem_given = true;
+			break;
+		case 'P': in.params = plan_offload("--offload-params", optarg, true); break;
+		case 'O': in.optim = plan_offload("--offload-optim", optarg, false); break;
+		case 'k': in.prefetch = (int)st_cli_long("--prefetch", optarg, 0, 1 << 20); break;
+		case 'b': bench = optarg; break;
+		case 'c':
+			in.rates.compute_flops = st_cli_double("--compute-gflops", optarg, 1e-6, 1e9) * 1e9;
+			break;
+		case 'C':
+			in.rates.copy_bps = st_cli_double("--copy-gbps", optarg, 1e-6, 1e9) * 1e9;
+			break;
+		case 'A':
+			in.rates.adam_bps = st_cli_double("--adam-gbps", optarg, 1e-6, 1e9) * 1e9;
+			break;
+		case 'j': json = true; break;
+		case 'v': verbose = true; break;
+		case 'h': plan_usage(stdout); return 0;
+		default:
+			st_cli_die(2, "plan: unknown or incomplete option %s (see strata plan --help)",
+				 argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		st_cli_die(2, "plan: unexpected argument %s", argv[optind]);
+	if (st_model_config_parse(model_text, &mc) < 0)
+		st_cli_die(2, "--model %s: %s", model_text, st_error_last());
+	if (in.seq > mc.ctx)
+		st_cli_die(2, "--seq %d is longer than the model's context of %d", in.seq, mc.ctx);
+	if (nvme)
+		plan_check_dirs(nvme);
+	else if (nvme_mem_given)
+		st_cli_die(2, "--nvme-mem needs --nvme DIR");
+	in.have_nvme = nvme != NULL;
+	if (bench && st_plan_rates_from_nvme_bench(bench, &in.rates) < 0)
+		st_cli_die(2, "--nvme-bench %s", st_error_last());
+	if (st_model_create(&mc, &model) < 0)
+		st_cli_die(2, "--model %s: %s", model_text, st_error_last());
+	if (in.prefetch > st_model_unit_count(model))
+		st_cli_die(2, "--prefetch %d: the model has only %d units", in.prefetch,
+			 st_model_unit_count(model));
+	in.model = model;
+	ret = st_plan_make(&in, &plan);
+	if (ret < 0)
+		st_cli_die(ret == -ENOSPC || ret == -EINVAL ? 2 : 1, "%s", st_error_last());
+	if (json) {
+		char *text = st_plan_json(&plan, &in);
+
+		if (!text)
+			st_cli_die(1, "plan: out of memory");
+		puts(text);
+		free(text);
+	} else {
+		printf("strata plan: %s\n", model_text);
+		st_plan_print(&plan, &in, stdout);
+		if (verbose)
+			st_plan_print_units(&plan, &in, stdout);
+	}
+	st_plan_fini(&plan);
+	st_model_destroy(model);
+	if (fflush(stdout) != 0)
+		st_cli_die(1, "plan: cannot write the output: %s", strerror(errno));
+	return 0;
+}

@@ -1,0 +1,736 @@
+/* strata: the placement planner. See strata/plan.h for the pools and
+ * docs/plan.md for the policy.
+ *
+ * Homes are uniform per state class: every unit's W has one home, and
+ * G, P, M, V of every unit share one home. That leaves at most 3 x 2
+ * placements, so the planner simply tries them in order of preference and
+ * takes the first whose pools fit all three budgets. The same small set
+ * makes each tier's minimum exact: it is the smallest total that tier takes
+ * over the placements whose other two tiers fit their budgets. */
+#include "strata/plan.h"
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Defaults for a 2-core VM without a GPU (docs/plan.md says how to give
+ * measured ones). */
+#define ST_PLAN_COMPUTE_FLOPS 50e9
+#define ST_PLAN_COPY_BPS 8e9
+#define ST_PLAN_NVME_READ_BPS 1.5e9
+#define ST_PLAN_NVME_WRITE_BPS 1.2e9
+#define ST_PLAN_ADAM_BPS 10e9
+/* CPU AdamW bytes per parameter: read G, P, M, V, write P, M, V and W. */
+#define ST_PLAN_ADAM_BYTES_PER_PARAM 30.0
+
+#define ST_PLAN_UNLIMITED UINT64_MAX
+
+/* What the pools are made of; fixed by the model and the batch. */
+struct st_shape {
+	int units, accum;
+	uint64_t wb;           /* bytes per W element: 2 or 4 */
+	uint64_t e_max, e0;    /* E, E0: elements */
+	uint64_t e_sum;        /* sum of e_u */
+	uint64_t x_bytes;      /* X = B*T*C*4 */
+	uint64_t work_bytes;   /* max_u st_model_work_bytes */
+	uint64_t act_bytes;    /* rounded activation checkpoint pool */
+	uint64_t scratch_bytes;
+};
+
+/* One placement: W's home and G, P, M, V's home. */
+struct st_cand {
+	enum st_home w, o;
+};
+
+/* Pools of one placement at one prefetch depth. */
+struct st_pools {
+	uint64_t home[ST_HOME_COUNT];
+	uint64_t w_slots, w_slot_bytes, embed_slot_bytes;
+	uint64_t w_staging, grad_landing, update_staging;
+	uint64_t total[ST_HOME_COUNT];
+};
+
+const char *st_state_name(enum st_state s)
+{
+	static const char *names[] = { "W", "G", "P", "M", "V" };
+
+	return (unsigned)s < ST_STATE_COUNT ? names[s] : "?";
+}
+
+const char *st_home_name(enum st_home h)
+{
+	static const char *names[] = { "vram", "host", "nvme" };
+
+	return (unsigned)h < ST_HOME_COUNT ? names[h] : "?";
+}
+
+static uint64_t st_pg(uint64_t bytes)
+{
+	return st_align_up(bytes, ST_PAGE_BYTES);
+}
+
+static void st_pools_compute(const struct st_shape *sh, struct st_cand c, int k,
+			     struct st_pools *p)
+{
+	bool streamed = c.w != ST_HOME_VRAM;
+	uint64_t w_all = sh->e_sum * sh->wb, o_all = sh->e_sum * 4 * 4;
+
+	memset(p, 0, sizeof(*p));
+	p->home[c.w] += w_all;
+	p->home[c.o] += o_all;
+	if (streamed) {
+		p->w_slots = (uint64_t)k + 1;
+		p->w_slot_bytes = st_pg(sh->e_max * sh->wb);
+		p->embed_slot_bytes = st_pg(sh->e0 * sh->wb);
+	}
+	if (c.w == ST_HOME_NVME)
+		p->w_staging = st_pg(((uint64_t)k + 1) * sh->e_max * sh->wb);
+	p->grad_landing = st_pg(sh->e_max * 4 *
+				(c.o == ST_HOME_NVME && sh->accum > 1 ? 2 : 1));
+	if (c.o == ST_HOME_NVME || c.w != ST_HOME_HOST)
+		p->update_staging = st_pg(2 * ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS) *
+					   (16 + sh->wb));
+	p->total[ST_HOME_VRAM] = p->home[ST_HOME_VRAM] + p->w_slots * p->w_slot_bytes +
+				 p->embed_slot_bytes + sh->act_bytes + sh->scratch_bytes;
+	p->total[ST_HOME_HOST] = p->home[ST_HOME_HOST] + p->w_staging + p->grad_landing +
+				 p->update_staging;
+	p->total[ST_HOME_NVME] = p->home[ST_HOME_NVME];
+}
+
+static bool st_fits(const struct st_pools *p, const uint64_t *budget, int skip)
+{
+	for (int t = 0; t < ST_HOME_COUNT; t++)
+		if (t != skip && p->total[t] > budget[t])
+			return false;
+	return true;
+}
+
+static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
+{
+	const struct st_model *m = in->model;
+	const struct st_model_config *cfg = st_model_config(m);
+	uint64_t bt_bytes;
+
+	memset(sh, 0, sizeof(*sh));
+	sh->units = st_model_unit_count(m);
+	sh->accum = in->grad_accum;
+	sh->wb = in->bf16 ? 2 : 4;
+	for (int u = 0; u < sh->units; u++) {
+		const struct st_unit_layout *l = st_model_unit_layout(m, u);
+		size_t work = st_model_work_bytes(m, u, in->batch, in->seq);
+
+		sh->e_sum += l->elems;
+		sh->e_max = ST_MAX(sh->e_max, l->elems);
+		if (u == 0)
+			sh->e0 = l->elems;
+		sh->work_bytes = ST_MAX(sh->work_bytes, (uint64_t)work);
+	}
+	sh->x_bytes = (uint64_t)in->batch * (uint64_t)in->seq * (uint64_t)cfg->n_embd * 4;
+	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
+	/* wf, wf_embed (W widened to fp32), dW, dW_embed, dA and dB (the
+	 * activation gradient in and out), the model's workspace, tokens and
+	 * targets (int32): each its own extent, so each rounded. */
+	bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
+	sh->scratch_bytes = 2 * st_pg(sh->e_max * 4) + 2 * st_pg(sh->e0 * 4) +
+			    2 * st_pg(sh->x_bytes) + st_pg(sh->work_bytes) + 2 * st_pg(bt_bytes);
+	return 0;
+}
+
+static int st_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
+{
+	const double vals[] = { r->compute_flops, r->copy_bps, r->nvme_read_bps,
+				r->nvme_write_bps, r->adam_bps };
+
+	for (unsigned i = 0; i < ST_ARRAY_LEN(vals); i++)
+		if (!isfinite(vals[i]) || vals[i] < 0)
+			return st_error_set(-EINVAL, "plan: rate %g is not a positive number",
+					    vals[i]);
+	out->compute_flops = r->compute_flops > 0 ? r->compute_flops : ST_PLAN_COMPUTE_FLOPS;
+	out->copy_bps = r->copy_bps > 0 ? r->copy_bps : ST_PLAN_COPY_BPS;
+	out->nvme_read_bps = r->nvme_read_bps > 0 ? r->nvme_read_bps : ST_PLAN_NVME_READ_BPS;
+	out->nvme_write_bps = r->nvme_write_bps > 0 ? r->nvme_write_bps : ST_PLAN_NVME_WRITE_BPS;
+	out->adam_bps = r->adam_bps > 0 ? r->adam_bps : ST_PLAN_ADAM_BPS;
+	return 0;
+}
+
+static int st_input_check(const struct st_plan_input *in)
+{
+	int seq_max;
+
+	if (!in || !in->model)
+		return st_error_set(-EINVAL, "plan: no model");
+	seq_max = st_model_config(in->model)->ctx;
+	if (in->batch < 1 || in->grad_accum < 1)
+		return st_error_set(-EINVAL, "plan: batch %d and grad_accum %d must be >= 1",
+				    in->batch, in->grad_accum);
+	if (in->seq < 1 || in->seq > seq_max)
+		return st_error_set(-EINVAL, "plan: seq %d is outside 1..%d (the model's context)",
+				    in->seq, seq_max);
+	if (in->prefetch < 0 || in->prefetch > st_model_unit_count(in->model))
+		return st_error_set(-EINVAL, "plan: prefetch %d is outside 0..%d (the model's units)",
+				    in->prefetch, st_model_unit_count(in->model));
+	if ((unsigned)in->params > ST_OFFLOAD_NVME || (unsigned)in->optim > ST_OFFLOAD_NVME)
+		return st_error_set(-EINVAL, "plan: unknown offload choice");
+	if (in->params == ST_OFFLOAD_NVME && !in->have_nvme)
+		return st_error_set(-EINVAL, "--offload-params nvme needs --nvme DIR");
+	if (in->optim == ST_OFFLOAD_NVME && !in->have_nvme)
+		return st_error_set(-EINVAL, "--offload-optim nvme needs --nvme DIR");
+	return 0;
+}
+
+/* The placements the options allow, most preferred first: W as close to
+ * the device as possible, then the optimizer state in host. */
+static int st_cands(const struct st_plan_input *in, struct st_cand *c)
+{
+	enum st_home ws[3], os[2];
+	int nw = 0, no = 0, n = 0;
+
+	switch (in->params) {
+	case ST_OFFLOAD_NONE: ws[nw++] = ST_HOME_VRAM; break;
+	case ST_OFFLOAD_HOST: ws[nw++] = ST_HOME_HOST; break;
+	case ST_OFFLOAD_NVME: ws[nw++] = ST_HOME_NVME; break;
+	default:
+		ws[nw++] = ST_HOME_VRAM;
+		ws[nw++] = ST_HOME_HOST;
+		if (in->have_nvme)
+			ws[nw++] = ST_HOME_NVME;
+	}
+	switch (in->optim) {
+	case ST_OFFLOAD_NVME: os[no++] = ST_HOME_NVME; break;
+	case ST_OFFLOAD_AUTO:
+		os[no++] = ST_HOME_HOST;
+		if (in->have_nvme)
+			os[no++] = ST_HOME_NVME;
+		break;
+	default: os[no++] = ST_HOME_HOST;
+	}
+	for (int i = 0; i < nw; i++)
+		for (int j = 0; j < no; j++)
+			c[n++] = (struct st_cand){ ws[i], os[j] };
+	return n;
+}
+
+/* Smallest total of tier t over the placements whose other tiers fit; or
+ * UINT64_MAX when none does. */
+static uint64_t st_cond_min(const struct st_shape *sh, const struct st_cand *c, int n,
+			    int k, const uint64_t *budget, int t)
+{
+	uint64_t best = ST_PLAN_UNLIMITED;
+	struct st_pools p;
+
+	for (int i = 0; i < n; i++) {
+		st_pools_compute(sh, c[i], k, &p);
+		if (st_fits(&p, budget, t))
+			best = ST_MIN(best, p.total[t]);
+	}
+	return best;
+}
+
+static int st_refuse(int t, uint64_t budget, uint64_t need, const char *why)
+{
+	char b[32], m[32];
+
+	return st_error_set(-ENOSPC, "%s budget %s (%llu B) is below the minimum of %s (%llu B) %s",
+			    st_home_name(t), st_format_bytes(budget, b, sizeof(b)),
+			    (unsigned long long)budget, st_format_bytes(need, m, sizeof(m)),
+			    (unsigned long long)need, why);
+}
+
+/* No placement fits: name one tier whose budget must grow, and by how much. */
+static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n, int k,
+		      const uint64_t *budget)
+{
+	uint64_t need;
+	struct st_pools p;
+	int best_i = 0, best_fail = ST_HOME_COUNT + 1;
+
+	/* Growing one tier alone would do: its exact minimum. When several
+	 * would, name the one short by the smallest factor (the budget the
+	 * user most likely meant to be enough). */
+	int pick = -1;
+	double pick_ratio = INFINITY;
+	uint64_t pick_need = 0;
+
+	for (int t = 0; t < ST_HOME_COUNT; t++) {
+		double ratio;
+
+		need = st_cond_min(sh, c, n, k, budget, t);
+		if (need == ST_PLAN_UNLIMITED)
+			continue;
+		ratio = budget[t] ? (double)need / (double)budget[t] : INFINITY;
+		if (pick < 0 || ratio < pick_ratio) {
+			pick = t;
+			pick_ratio = ratio;
+			pick_need = need;
+		}
+	}
+	if (pick >= 0)
+		return st_refuse(pick, budget[pick], pick_need, "for this model and batch");
+	/* Several do: the first tier too small for every placement. */
+	for (int t = 0; t < ST_HOME_COUNT; t++) {
+		need = ST_PLAN_UNLIMITED;
+		for (int i = 0; i < n; i++) {
+			st_pools_compute(sh, c[i], k, &p);
+			need = ST_MIN(need, p.total[t]);
+		}
+		if (need > budget[t])
+			return st_refuse(t, budget[t], need,
+					 "for this model and batch (other budgets are short too)");
+	}
+	/* Each tier could fit, but never all at once: take the placement that
+	 * misses the fewest budgets and name its first shortfall. */
+	for (int i = 0; i < n; i++) {
+		int fail = 0;
+
+		st_pools_compute(sh, c[i], k, &p);
+		for (int t = 0; t < ST_HOME_COUNT; t++)
+			fail += p.total[t] > budget[t];
+		if (fail < best_fail) {
+			best_fail = fail;
+			best_i = i;
+		}
+	}
+	st_pools_compute(sh, c[best_i], k, &p);
+	for (int t = 0; t < ST_HOME_COUNT; t++)
+		if (p.total[t] > budget[t])
+			return st_refuse(t, budget[t], p.total[t],
+					 "with W in its placement (other budgets are short too)");
+	return st_error_set(-ENOSPC, "plan: no placement fits the budgets");
+}
+
+static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
+		       struct st_cand c, struct st_plan *p)
+{
+	const struct st_plan_rates *r = &p->rates;
+	uint64_t n = (uint64_t)sh->accum;
+	uint64_t w_all = sh->e_sum * sh->wb, g_all = sh->e_sum * 4;
+	double tokens = (double)in->batch * in->seq * (double)sh->accum;
+	double t[4];
+	static const char *names[] = { "compute", "copy", "nvme", "adam" };
+
+	/* W comes into a slot for the forward and again for the backward of
+	 * every micro-batch; after the update the new W goes to its home. */
+	p->h2d_bytes = (c.w != ST_HOME_VRAM ? 2 * n * w_all : 0) +
+		       (c.w == ST_HOME_VRAM ? w_all : 0);
+	p->d2h_bytes = n * g_all;
+	p->nvme_read_bytes = 0;
+	p->nvme_write_bytes = 0;
+	if (c.w == ST_HOME_NVME) {
+		p->nvme_read_bytes += 2 * n * w_all;
+		p->nvme_write_bytes += w_all;
+	}
+	if (c.o == ST_HOME_NVME) {
+		/* G: written each micro-batch, read to accumulate (n - 1) and
+		 * once by the update; P, M, V read and written once. */
+		p->nvme_read_bytes += n * g_all + 3 * g_all;
+		p->nvme_write_bytes += n * g_all + 3 * g_all;
+	}
+	/* 4/3: the backward recomputes the forward (1/3 of fwd + bwd). */
+	t[0] = st_model_flops_per_token(in->model, in->seq) * tokens * 4.0 / 3.0 /
+	       r->compute_flops;
+	t[1] = (double)(p->h2d_bytes + p->d2h_bytes) / r->copy_bps;
+	t[2] = (double)p->nvme_read_bytes / r->nvme_read_bps +
+	       (double)p->nvme_write_bytes / r->nvme_write_bps;
+	t[3] = (double)st_model_param_count(in->model) * ST_PLAN_ADAM_BYTES_PER_PARAM /
+	       r->adam_bps;
+	p->t_compute_s = t[0];
+	p->t_copy_s = t[1];
+	p->t_nvme_s = t[2];
+	p->t_adam_s = t[3];
+	p->t_step_s = t[0];
+	p->bound = names[0];
+	for (int i = 1; i < 4; i++)
+		if (t[i] > p->t_step_s) {
+			p->t_step_s = t[i];
+			p->bound = names[i];
+		}
+}
+
+int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
+{
+	struct st_shape sh;
+	struct st_cand cands[6], c;
+	struct st_pools pools;
+	uint64_t budget[ST_HOME_COUNT];
+	struct st_plan p;
+	int n, k0, k, chosen = -1, ret;
+
+	ret = st_input_check(in);
+	if (ret < 0)
+		return ret;
+	memset(&p, 0, sizeof(p));
+	ret = st_rates_fill(&in->rates, &p.rates);
+	if (ret < 0)
+		return ret;
+	st_shape_init(in, &sh);
+	budget[ST_HOME_VRAM] = in->gpu_mem_bytes;
+	budget[ST_HOME_HOST] = in->host_mem_bytes;
+	budget[ST_HOME_NVME] = !in->have_nvme ? 0 :
+			       in->nvme_mem_bytes ? in->nvme_mem_bytes : ST_PLAN_UNLIMITED;
+	n = st_cands(in, cands);
+	k0 = in->prefetch > 0 ? in->prefetch : 1;
+	for (int i = 0; i < n && chosen < 0; i++) {
+		st_pools_compute(&sh, cands[i], k0, &pools);
+		if (st_fits(&pools, budget, -1))
+			chosen = i;
+	}
+	if (chosen < 0)
+		return st_explain(&sh, cands, n, k0, budget);
+	c = cands[chosen];
+	k = k0;
+	if (in->prefetch == 0)
+		for (k = sh.units; k > 1; k--) {
+			st_pools_compute(&sh, c, k, &pools);
+			if (st_fits(&pools, budget, -1))
+				break;
+		}
+	st_pools_compute(&sh, c, k, &pools);
+
+	p.units = sh.units;
+	p.prefetch = k;
+	p.w_home = c.w;
+	p.optim_home = c.o;
+	p.home = malloc(sizeof(*p.home) * (size_t)sh.units * ST_STATE_COUNT);
+	p.state_bytes = malloc(sizeof(*p.state_bytes) * (size_t)sh.units * ST_STATE_COUNT);
+	if (!p.home || !p.state_bytes) {
+		free(p.home);
+		free(p.state_bytes);
+		return st_error_set(-ENOMEM, "plan: out of memory");
+	}
+	for (int u = 0; u < sh.units; u++) {
+		uint64_t e = st_model_unit_layout(in->model, u)->elems;
+
+		for (int s = 0; s < ST_STATE_COUNT; s++) {
+			p.home[u * ST_STATE_COUNT + s] = s == ST_STATE_W ? c.w : c.o;
+			p.state_bytes[u * ST_STATE_COUNT + s] = e * (s == ST_STATE_W ? sh.wb : 4);
+		}
+	}
+	p.w_slot_bytes = pools.w_slot_bytes;
+	p.w_slots = pools.w_slots;
+	p.embed_slot = pools.embed_slot_bytes > 0;
+	p.embed_slot_bytes = pools.embed_slot_bytes;
+	p.act_bytes = sh.act_bytes;
+	p.act_each_bytes = sh.x_bytes;
+	p.scratch_bytes = sh.scratch_bytes;
+	p.work_bytes = sh.work_bytes;
+	p.w_staging_bytes = pools.w_staging;
+	p.grad_landing_bytes = pools.grad_landing;
+	p.update_staging_bytes = pools.update_staging;
+	for (int t = 0; t < ST_HOME_COUNT; t++) {
+		p.home_bytes[t] = pools.home[t];
+		p.total_bytes[t] = pools.total[t];
+		p.budget_bytes[t] = budget[t];
+		p.min_bytes[t] = st_cond_min(&sh, cands, n, k0, budget, t);
+	}
+	if (budget[ST_HOME_NVME] == ST_PLAN_UNLIMITED)
+		p.budget_bytes[ST_HOME_NVME] = pools.total[ST_HOME_NVME];
+	st_predict(in, &sh, c, &p);
+	*plan = p;
+	return 0;
+}
+
+void st_plan_fini(struct st_plan *plan)
+{
+	if (!plan)
+		return;
+	free(plan->home);
+	free(plan->state_bytes);
+	plan->home = NULL;
+	plan->state_bytes = NULL;
+}
+
+/* --- output ------------------------------------------------------------------ */
+
+static const char *st_fb(uint64_t bytes, char *buf)
+{
+	return st_format_bytes(bytes, buf, 32);
+}
+
+/* Units and bytes of state s in tier h. */
+static void st_count(const struct st_plan *p, enum st_state s, enum st_home h,
+		     int *units, uint64_t *bytes)
+{
+	*units = 0;
+	*bytes = 0;
+	for (int u = 0; u < p->units; u++)
+		if (st_plan_home(p, u, s) == h) {
+			(*units)++;
+			*bytes += p->state_bytes[u * ST_STATE_COUNT + s];
+		}
+}
+
+static const char *st_fmt_s(double s, char *buf, size_t n)
+{
+	if (s < 1e-3)
+		snprintf(buf, n, "%.1f us", s * 1e6);
+	else if (s < 1)
+		snprintf(buf, n, "%.2f ms", s * 1e3);
+	else
+		snprintf(buf, n, "%.3f s", s);
+	return buf;
+}
+
+void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE *f)
+{
+	const struct st_model_config *cfg = st_model_config(in->model);
+	char a[32], b[32], c[32], d[32];
+
+	fprintf(f, "model %.2fM params, %d layers, dim %d, %d heads, vocab %d, ctx %d | %d units\n",
+		(double)st_model_param_count(in->model) / 1e6, cfg->n_layer, cfg->n_embd,
+		cfg->n_head, cfg->vocab, cfg->ctx, p->units);
+	fprintf(f, "batch B=%d T=%d accum %d | W %s | prefetch %d%s\n", in->batch, in->seq,
+		in->grad_accum, in->bf16 ? "bf16" : "fp32", p->prefetch,
+		p->w_home == ST_HOME_VRAM ? " (W resident: nothing streamed)" : "");
+	fprintf(f, "\nplacement       %-22s %-22s %s\n", "vram", "host", "nvme");
+	for (int s = 0; s < ST_STATE_COUNT; s++) {
+		fprintf(f, "  %s            ", st_state_name((enum st_state)s));
+		for (int h = 0; h < ST_HOME_COUNT; h++) {
+			int units;
+			uint64_t bytes;
+			char cell[64];
+
+			st_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
+			if (units)
+				snprintf(cell, sizeof(cell), "%d units %s", units, st_fb(bytes, a));
+			else
+				snprintf(cell, sizeof(cell), "-");
+			fprintf(f, h + 1 < ST_HOME_COUNT ? " %-22s" : " %s", cell);
+		}
+		fputc('\n', f);
+	}
+	fprintf(f, "\npools\n");
+	if (p->w_slots) {
+		fprintf(f, "  vram  W slots         %llu x %s", (unsigned long long)p->w_slots,
+			st_fb(p->w_slot_bytes, a));
+		if (p->embed_slot)
+			fprintf(f, " + embedding %s", st_fb(p->embed_slot_bytes, b));
+		fputc('\n', f);
+	} else {
+		fprintf(f, "  vram  W slots         none (W resident)\n");
+	}
+	fprintf(f, "        checkpoints     %s (%d x %s)\n", st_fb(p->act_bytes, a),
+		p->units - 1, st_fb(p->act_each_bytes, b));
+	fprintf(f, "        scratch         %s (model workspace %s)\n", st_fb(p->scratch_bytes, a),
+		st_fb(p->work_bytes, b));
+	fprintf(f, "  host  W staging       %s\n", st_fb(p->w_staging_bytes, a));
+	fprintf(f, "        grad landing    %s\n", st_fb(p->grad_landing_bytes, a));
+	fprintf(f, "        update staging  %s\n", st_fb(p->update_staging_bytes, a));
+	fprintf(f, "\n  %-5s %-12s %-12s %-12s %s\n", "tier", "homes", "total", "budget",
+		"minimum (with the other budgets as given)");
+	for (int h = 0; h < ST_HOME_COUNT; h++) {
+		if (h == ST_HOME_NVME && !in->have_nvme) {
+			fprintf(f, "  nvme  (no --nvme)\n");
+			continue;
+		}
+		fprintf(f, "  %-5s %-12s %-12s %-12s %s%s\n", st_home_name((enum st_home)h),
+			st_fb(p->home_bytes[h], a), st_fb(p->total_bytes[h], b),
+			st_fb(p->budget_bytes[h], c), st_fb(p->min_bytes[h], d),
+			h == ST_HOME_NVME && !in->nvme_mem_bytes ? "  (budget: what the plan needs)" : "");
+	}
+	fprintf(f, "\ntraffic per step\n");
+	fprintf(f, "  host -> vram  %s\n", st_fb(p->h2d_bytes, a));
+	fprintf(f, "  vram -> host  %s\n", st_fb(p->d2h_bytes, a));
+	fprintf(f, "  nvme -> host  %s\n", st_fb(p->nvme_read_bytes, a));
+	fprintf(f, "  host -> nvme  %s\n", st_fb(p->nvme_write_bytes, a));
+	fprintf(f, "\ntime per step (predicted; the resources overlap)\n");
+	fprintf(f, "  compute  %-10s at %.1f GFLOP/s\n", st_fmt_s(p->t_compute_s, a, 32),
+		p->rates.compute_flops / 1e9);
+	fprintf(f, "  copy     %-10s at %.2f GB/s\n", st_fmt_s(p->t_copy_s, a, 32),
+		p->rates.copy_bps / 1e9);
+	fprintf(f, "  nvme     %-10s at %.2f / %.2f GB/s read / write\n",
+		st_fmt_s(p->t_nvme_s, a, 32), p->rates.nvme_read_bps / 1e9,
+		p->rates.nvme_write_bps / 1e9);
+	fprintf(f, "  adam     %-10s at %.2f GB/s\n", st_fmt_s(p->t_adam_s, a, 32),
+		p->rates.adam_bps / 1e9);
+	fprintf(f, "  step     %-10s bound by %s\n", st_fmt_s(p->t_step_s, a, 32), p->bound);
+}
+
+static const char *st_kind_name(enum st_unit_kind k)
+{
+	return k == ST_UNIT_EMBED ? "embed" : k == ST_UNIT_BLOCK ? "block" : "head";
+}
+
+void st_plan_print_units(const struct st_plan *p, const struct st_plan_input *in, FILE *f)
+{
+	char a[32];
+
+	fprintf(f, "\nunit  kind    elems      ");
+	for (int s = 0; s < ST_STATE_COUNT; s++)
+		fprintf(f, s + 1 < ST_STATE_COUNT ? " %-18s" : " %s",
+			st_state_name((enum st_state)s));
+	fputc('\n', f);
+	for (int u = 0; u < p->units; u++) {
+		const struct st_unit_layout *l = st_model_unit_layout(in->model, u);
+
+		fprintf(f, "  %-3d %-7s %-10llu", u, st_kind_name(l->kind),
+			(unsigned long long)l->elems);
+		for (int s = 0; s < ST_STATE_COUNT; s++) {
+			char cell[48];
+
+			snprintf(cell, sizeof(cell), "%s %s",
+				 st_home_name(st_plan_home(p, u, (enum st_state)s)),
+				 st_fb(p->state_bytes[u * ST_STATE_COUNT + s], a));
+			fprintf(f, s + 1 < ST_STATE_COUNT ? " %-18s" : " %s", cell);
+		}
+		fputc('\n', f);
+	}
+}
+
+static json_object *st_ju(uint64_t v)
+{
+	return json_object_new_int64((int64_t)v);
+}
+
+char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
+{
+	const struct st_model_config *cfg = st_model_config(in->model);
+	json_object *root = json_object_new_object(), *o, *o2, *arr;
+	char *text;
+
+	o = json_object_new_object();
+	json_object_object_add(o, "layers", json_object_new_int(cfg->n_layer));
+	json_object_object_add(o, "dim", json_object_new_int(cfg->n_embd));
+	json_object_object_add(o, "heads", json_object_new_int(cfg->n_head));
+	json_object_object_add(o, "vocab", json_object_new_int(cfg->vocab));
+	json_object_object_add(o, "ctx", json_object_new_int(cfg->ctx));
+	json_object_object_add(o, "params", st_ju(st_model_param_count(in->model)));
+	json_object_object_add(o, "units", json_object_new_int(p->units));
+	json_object_object_add(root, "model", o);
+	json_object_object_add(root, "batch", json_object_new_int(in->batch));
+	json_object_object_add(root, "seq", json_object_new_int(in->seq));
+	json_object_object_add(root, "grad_accum", json_object_new_int(in->grad_accum));
+	json_object_object_add(root, "precision", json_object_new_string(in->bf16 ? "bf16" : "fp32"));
+	json_object_object_add(root, "prefetch", json_object_new_int(p->prefetch));
+
+	/* placement: state -> tier -> {units, bytes} */
+	o = json_object_new_object();
+	for (int s = 0; s < ST_STATE_COUNT; s++) {
+		o2 = json_object_new_object();
+		for (int h = 0; h < ST_HOME_COUNT; h++) {
+			int units;
+			uint64_t bytes;
+			json_object *cell = json_object_new_object();
+
+			st_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
+			json_object_object_add(cell, "units", json_object_new_int(units));
+			json_object_object_add(cell, "bytes", st_ju(bytes));
+			json_object_object_add(o2, st_home_name((enum st_home)h), cell);
+		}
+		json_object_object_add(o, st_state_name((enum st_state)s), o2);
+	}
+	json_object_object_add(root, "placement", o);
+
+	arr = json_object_new_array();
+	for (int u = 0; u < p->units; u++) {
+		const struct st_unit_layout *l = st_model_unit_layout(in->model, u);
+
+		o = json_object_new_object();
+		json_object_object_add(o, "unit", json_object_new_int(u));
+		json_object_object_add(o, "kind", json_object_new_string(st_kind_name(l->kind)));
+		json_object_object_add(o, "elems", st_ju(l->elems));
+		for (int s = 0; s < ST_STATE_COUNT; s++) {
+			o2 = json_object_new_object();
+			json_object_object_add(o2, "tier", json_object_new_string(
+				st_home_name(st_plan_home(p, u, (enum st_state)s))));
+			json_object_object_add(o2, "bytes",
+					       st_ju(p->state_bytes[u * ST_STATE_COUNT + s]));
+			json_object_object_add(o, st_state_name((enum st_state)s), o2);
+		}
+		json_object_array_add(arr, o);
+	}
+	json_object_object_add(root, "units", arr);
+
+	o = json_object_new_object();
+	json_object_object_add(o, "w_slots", st_ju(p->w_slots));
+	json_object_object_add(o, "w_slot_bytes", st_ju(p->w_slot_bytes));
+	json_object_object_add(o, "embed_slot_bytes", st_ju(p->embed_slot_bytes));
+	json_object_object_add(o, "act_bytes", st_ju(p->act_bytes));
+	json_object_object_add(o, "scratch_bytes", st_ju(p->scratch_bytes));
+	json_object_object_add(o, "w_staging_bytes", st_ju(p->w_staging_bytes));
+	json_object_object_add(o, "grad_landing_bytes", st_ju(p->grad_landing_bytes));
+	json_object_object_add(o, "update_staging_bytes", st_ju(p->update_staging_bytes));
+	json_object_object_add(root, "pools", o);
+
+	o = json_object_new_object();
+	for (int h = 0; h < ST_HOME_COUNT; h++) {
+		if (h == ST_HOME_NVME && !in->have_nvme)
+			continue;
+		o2 = json_object_new_object();
+		json_object_object_add(o2, "home_bytes", st_ju(p->home_bytes[h]));
+		json_object_object_add(o2, "total_bytes", st_ju(p->total_bytes[h]));
+		json_object_object_add(o2, "budget_bytes", st_ju(p->budget_bytes[h]));
+		json_object_object_add(o2, "min_bytes", st_ju(p->min_bytes[h]));
+		if (h == ST_HOME_NVME)
+			json_object_object_add(o2, "budget_unlimited",
+					       json_object_new_boolean(!in->nvme_mem_bytes));
+		json_object_object_add(o, st_home_name((enum st_home)h), o2);
+	}
+	json_object_object_add(root, "tiers", o);
+
+	o = json_object_new_object();
+	json_object_object_add(o, "h2d_bytes", st_ju(p->h2d_bytes));
+	json_object_object_add(o, "d2h_bytes", st_ju(p->d2h_bytes));
+	json_object_object_add(o, "nvme_read_bytes", st_ju(p->nvme_read_bytes));
+	json_object_object_add(o, "nvme_write_bytes", st_ju(p->nvme_write_bytes));
+	json_object_object_add(root, "traffic", o);
+
+	o = json_object_new_object();
+	json_object_object_add(o, "compute_flops", json_object_new_double(p->rates.compute_flops));
+	json_object_object_add(o, "copy_bps", json_object_new_double(p->rates.copy_bps));
+	json_object_object_add(o, "nvme_read_bps", json_object_new_double(p->rates.nvme_read_bps));
+	json_object_object_add(o, "nvme_write_bps", json_object_new_double(p->rates.nvme_write_bps));
+	json_object_object_add(o, "adam_bps", json_object_new_double(p->rates.adam_bps));
+	json_object_object_add(root, "rates", o);
+
+	o = json_object_new_object();
+	json_object_object_add(o, "compute_s", json_object_new_double(p->t_compute_s));
+	json_object_object_add(o, "copy_s", json_object_new_double(p->t_copy_s));
+	json_object_object_add(o, "nvme_s", json_object_new_double(p->t_nvme_s));
+	json_object_object_add(o, "adam_s", json_object_new_double(p->t_adam_s));
+	json_object_object_add(o, "step_s", json_object_new_double(p->t_step_s));
+	json_object_object_add(o, "bound", json_object_new_string(p->bound));
+	json_object_object_add(root, "time", o);
+
+	text = strdup(json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+							     JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(root);
+	return text;
+}
+
+int st_plan_rates_from_nvme_bench(const char *path, struct st_plan_rates *rates)
+{
+	json_object *root, *best, *v;
+	double rd, wr;
+
+	root = json_object_from_file(path);
+	if (!root) {
+		FILE *f = fopen(path, "r");
+
+		if (!f)
+			return st_error_set(-errno, "%s: %s", path, strerror(errno));
+		fclose(f);
+		return st_error_set(-EINVAL, "%s: not JSON (%s)", path, json_util_get_last_err());
+	}
+	if (!json_object_object_get_ex(root, "best", &best) ||
+	    !json_object_is_type(best, json_type_object)) {
+		json_object_put(root);
+		return st_error_set(-EINVAL, "%s: no \"best\" object (write it with nvme-bench --json)",
+				    path);
+	}
+	rd = wr = -1;
+	if (json_object_object_get_ex(best, "read_gbps", &v) &&
+	    (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
+		rd = json_object_get_double(v);
+	if (json_object_object_get_ex(best, "write_gbps", &v) &&
+	    (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
+		wr = json_object_get_double(v);
+	json_object_put(root);
+	if (!(rd > 0) || !(wr > 0) || !isfinite(rd) || !isfinite(wr))
+		return st_error_set(-EINVAL, "%s: best.read_gbps and best.write_gbps must be positive "
+				    "numbers (was the benchmark run with both read and write?)", path);
+	rates->nvme_read_bps = rd * 1e9;
+	rates->nvme_write_bps = wr * 1e9;
+	return 0;
+}

@@ -1,0 +1,849 @@
+/* The placement planner: placement follows the budgets, forced options are
+ * honoured, every tier's minimum is exact (accepted at the minimum, refused
+ * 4 KiB below with a message naming tier, budget and minimum), the pools
+ * match the formulas of strata/plan.h recomputed here from the model's
+ * layouts, auto prefetch is the largest k that fits, traffic and times of a
+ * hand-computed case, the JSON carries the same numbers, nvme-bench rates. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "strata/plan.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BIG (64ull * ST_GiB)
+
+/* Doubles equal within eps, or within 1e-12 relative (the same formula in
+ * a different order of operations). */
+#define assert_double_equal(a, b, eps)                                              \
+	do {                                                                        \
+		double a_ = (a), b_ = (b);                                          \
+		if (!(fabs(a_ - b_) <= (eps) || fabs(a_ - b_) <= 1e-12 * fabs(b_))) \
+			fail_msg("%s = %.17g, want %.17g", #a, a_, b_);             \
+	} while (0)
+
+static struct st_model *tiny;   /* 4 layers, dim 128 */
+static struct st_model *deep;   /* 8 layers, dim 128: W resident > streamed */
+static struct st_model *small;  /* 1 layer, dim 64, vocab 64, ctx 32 */
+
+static struct st_model *model_make(const char *text)
+{
+	struct st_model_config cfg;
+	struct st_model *m;
+
+	assert_int_equal(st_model_config_parse(text, &cfg), 0);
+	assert_int_equal(st_model_create(&cfg, &m), 0);
+	return m;
+}
+
+static int setup(void **state)
+{
+	ST_UNUSED(state);
+	tiny = model_make("tiny");
+	deep = model_make("layers=8,dim=128,heads=4,vocab=256,ctx=256");
+	small = model_make("layers=1,dim=64,heads=1,vocab=64,ctx=32");
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	ST_UNUSED(state);
+	st_model_destroy(tiny);
+	st_model_destroy(deep);
+	st_model_destroy(small);
+	return 0;
+}
+
+static struct st_plan_input input(const struct st_model *m)
+{
+	return (struct st_plan_input){
+		.model = m, .batch = 4, .seq = 64, .grad_accum = 1, .bf16 = true,
+		.gpu_mem_bytes = BIG, .host_mem_bytes = BIG, .nvme_mem_bytes = 0,
+		.have_nvme = true, .params = ST_OFFLOAD_AUTO, .optim = ST_OFFLOAD_AUTO,
+	};
+}
+
+/* --- the pools of strata/plan.h, recomputed from the layouts --------------- */
+
+struct ref {
+	uint64_t tier[ST_HOME_COUNT];
+	uint64_t homes[ST_HOME_COUNT];
+	uint64_t slots, slot_bytes, embed_bytes, act, scratch;
+	uint64_t staging, landing, update;
+};
+
+static uint64_t page(uint64_t x)
+{
+	return (x + 4095) / 4096 * 4096;
+}
+
+static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_home o,
+		      int k, struct ref *r)
+{
+	const struct st_model *m = in->model;
+	int U = st_model_unit_count(m);
+	uint64_t wb = in->bf16 ? 2 : 4, E = 0, E0 = st_model_unit_layout(m, 0)->elems;
+	uint64_t X = (uint64_t)in->batch * in->seq * st_model_config(m)->n_embd * 4;
+	uint64_t work = 0, BT = (uint64_t)in->batch * in->seq;
+	bool streamed = w != ST_HOME_VRAM;
+
+	memset(r, 0, sizeof(*r));
+	for (int u = 0; u < U; u++) {
+		uint64_t e = st_model_unit_layout(m, u)->elems;
+
+		if (e > E)
+			E = e;
+		if (st_model_work_bytes(m, u, in->batch, in->seq) > work)
+			work = st_model_work_bytes(m, u, in->batch, in->seq);
+		r->homes[w] += e * wb;
+		for (int s = 1; s < ST_STATE_COUNT; s++)
+			r->homes[o] += e * 4;
+	}
+	r->slots = streamed ? (uint64_t)k + 1 : 0;
+	r->slot_bytes = streamed ? E * wb : 0;
+	r->embed_bytes = streamed ? E0 * wb : 0;
+	r->act = page((uint64_t)(U - 1) * X);
+	/* nine buffers, each its own 4 KiB-rounded extent */
+	r->scratch = page(E * 4) + page(E0 * 4) + page(E * 4) + page(E0 * 4) + page(X) +
+		     page(X) + page(work) + page(BT * 4) + page(BT * 4);
+	r->staging = w == ST_HOME_NVME ? ((uint64_t)k + 1) * E * wb : 0;
+	r->landing = E * 4 + (o == ST_HOME_NVME && in->grad_accum > 1 ? E * 4 : 0);
+	bool any_nvme = o == ST_HOME_NVME;
+	uint64_t tile = E < ST_UPDATE_TILE_ELEMS ? E : ST_UPDATE_TILE_ELEMS;
+	r->update = any_nvme || w != ST_HOME_HOST ? 2 * tile * (16 + wb) : 0;
+	r->tier[ST_HOME_VRAM] = r->homes[ST_HOME_VRAM] + r->slots * r->slot_bytes +
+				r->embed_bytes + r->act + r->scratch;
+	r->tier[ST_HOME_HOST] = r->homes[ST_HOME_HOST] + r->staging + r->landing + r->update;
+	r->tier[ST_HOME_NVME] = r->homes[ST_HOME_NVME];
+}
+
+static void expect_uniform(const struct st_plan *p, enum st_home w, enum st_home o)
+{
+	for (int u = 0; u < p->units; u++) {
+		assert_int_equal(st_plan_home(p, u, ST_STATE_W), w);
+		for (int s = 1; s < ST_STATE_COUNT; s++)
+			assert_int_equal(st_plan_home(p, u, (enum st_state)s), o);
+	}
+	assert_int_equal(p->w_home, w);
+	assert_int_equal(p->optim_home, o);
+}
+
+static void expect_matches_ref(const struct st_plan *p, const struct st_plan_input *in)
+{
+	struct ref r;
+
+	ref_pools(in, p->w_home, p->optim_home, p->prefetch, &r);
+	assert_int_equal(p->w_slots, r.slots);
+	assert_int_equal(p->w_slot_bytes, r.slot_bytes);
+	assert_int_equal(p->embed_slot, r.embed_bytes > 0);
+	assert_int_equal(p->embed_slot_bytes, r.embed_bytes);
+	assert_int_equal(p->act_bytes, r.act);
+	assert_int_equal(p->scratch_bytes, r.scratch);
+	assert_int_equal(p->w_staging_bytes, r.staging);
+	assert_int_equal(p->grad_landing_bytes, r.landing);
+	assert_int_equal(p->update_staging_bytes, r.update);
+	for (int t = 0; t < ST_HOME_COUNT; t++) {
+		assert_int_equal(p->home_bytes[t], r.homes[t]);
+		assert_int_equal(p->total_bytes[t], r.tier[t]);
+		assert_true(p->total_bytes[t] <= p->budget_bytes[t]);
+	}
+	for (int u = 0; u < p->units; u++) {
+		uint64_t e = st_model_unit_layout(in->model, u)->elems;
+
+		assert_int_equal(p->state_bytes[u * ST_STATE_COUNT + ST_STATE_W],
+				 e * (in->bf16 ? 2 : 4));
+		for (int s = 1; s < ST_STATE_COUNT; s++)
+			assert_int_equal(p->state_bytes[u * ST_STATE_COUNT + s], e * 4);
+	}
+}
+
+static struct st_plan plan_ok(const struct st_plan_input *in)
+{
+	struct st_plan p;
+	int ret = st_plan_make(in, &p);
+
+	if (ret != 0)
+		fail_msg("st_plan_make: %d %s", ret, st_error_last());
+	return p;
+}
+
+/* --- placement follows the budgets ------------------------------------------- */
+
+static void test_big_budgets(void **state)
+{
+	struct st_plan_input in = input(tiny);
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_VRAM, ST_HOME_HOST);
+	expect_matches_ref(&p, &in);
+	assert_int_equal(p.units, st_model_unit_count(tiny));
+	assert_int_equal(p.prefetch, p.units); /* nothing streamed: every k fits */
+	assert_int_equal(p.total_bytes[ST_HOME_NVME], 0);
+	assert_int_equal(p.budget_bytes[ST_HOME_NVME], 0); /* unlimited: what it needs */
+	st_plan_fini(&p);
+	st_plan_fini(&p); /* twice is harmless */
+}
+
+static void test_small_vram_streams_w(void **state)
+{
+	struct st_plan_input in = input(deep);
+	struct ref resident;
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &resident);
+	in.gpu_mem_bytes = resident.tier[ST_HOME_VRAM];
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_VRAM, ST_HOME_HOST);
+	st_plan_fini(&p);
+
+	in.gpu_mem_bytes = resident.tier[ST_HOME_VRAM] - 4096;
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_HOST, ST_HOME_HOST);
+	expect_matches_ref(&p, &in);
+	assert_true(p.prefetch >= 1);
+	st_plan_fini(&p);
+}
+
+static void test_small_host_optim_nvme(void **state)
+{
+	struct st_plan_input in = input(tiny);
+	struct ref r;
+	struct st_plan p;
+	int ret;
+
+	ST_UNUSED(state);
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &r);
+	in.host_mem_bytes = r.tier[ST_HOME_HOST] - 4096;
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_VRAM, ST_HOME_NVME);
+	expect_matches_ref(&p, &in);
+	assert_true(p.total_bytes[ST_HOME_NVME] > 0);
+	assert_int_equal(p.budget_bytes[ST_HOME_NVME], p.total_bytes[ST_HOME_NVME]);
+	st_plan_fini(&p);
+
+	/* Without an nvme tier: W into host saves the update staging, which
+	 * for this model is larger than all of W. */
+	in.have_nvme = false;
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 1, &r);
+	assert_true(r.tier[ST_HOME_HOST] <= in.host_mem_bytes);
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_HOST, ST_HOME_HOST);
+	expect_matches_ref(&p, &in);
+	/* and below that nothing fits: refused, naming host */
+	in.host_mem_bytes = p.min_bytes[ST_HOME_HOST] - 4096;
+	st_plan_fini(&p);
+	ret = st_plan_make(&in, &p);
+	assert_int_equal(ret, -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "host budget"));
+
+	/* Tiny host and vram: everything that can goes to nvme. */
+	in = input(deep);
+	ref_pools(&in, ST_HOME_NVME, ST_HOME_NVME, 1, &r);
+	in.host_mem_bytes = r.tier[ST_HOME_HOST];
+	in.gpu_mem_bytes = r.tier[ST_HOME_VRAM];
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_NVME, ST_HOME_NVME);
+	assert_int_equal(p.prefetch, 1);
+	expect_matches_ref(&p, &in);
+	st_plan_fini(&p);
+}
+
+static void test_forced(void **state)
+{
+	static const enum st_offload ps[] = { ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+	static const enum st_home pw[] = { ST_HOME_VRAM, ST_HOME_HOST, ST_HOME_NVME };
+	static const enum st_offload os[] = { ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+	static const enum st_home oh[] = { ST_HOME_HOST, ST_HOME_HOST, ST_HOME_NVME };
+	struct st_plan_input in;
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	for (int i = 0; i < 3; i++)
+		for (int j = 0; j < 3; j++) {
+			in = input(tiny);
+			in.params = ps[i];
+			in.optim = os[j];
+			p = plan_ok(&in);
+			expect_uniform(&p, pw[i], oh[j]);
+			expect_matches_ref(&p, &in);
+			st_plan_fini(&p);
+		}
+	/* Forced homes stay even when they make the plan fail. */
+	in = input(deep);
+	in.params = ST_OFFLOAD_NONE;
+	{
+		struct ref r;
+
+		ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &r);
+		in.gpu_mem_bytes = r.tier[ST_HOME_VRAM] - 4096;
+	}
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "vram budget"));
+
+	in = input(tiny);
+	in.have_nvme = false;
+	in.params = ST_OFFLOAD_NVME;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "--offload-params nvme needs --nvme"));
+	in.params = ST_OFFLOAD_AUTO;
+	in.optim = ST_OFFLOAD_NVME;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "--offload-optim nvme needs --nvme"));
+	/* auto without nvme never picks nvme */
+	in.optim = ST_OFFLOAD_AUTO;
+	{
+		struct ref r;
+
+		ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 1, &r);
+		in.gpu_mem_bytes = r.tier[ST_HOME_VRAM];
+	}
+	p = plan_ok(&in);
+	assert_int_not_equal(p.w_home, ST_HOME_NVME);
+	assert_int_not_equal(p.optim_home, ST_HOME_NVME);
+	assert_int_equal(p.total_bytes[ST_HOME_NVME], 0);
+	st_plan_fini(&p);
+}
+
+/* --- exact minimums and the refusal ------------------------------------------ */
+
+/* The refusal names the tier and carries budget and minimum in bytes. */
+static void expect_refusal(const struct st_plan_input *in, int tier, uint64_t budget,
+			   uint64_t min)
+{
+	struct st_plan p;
+	char want[128];
+	const char *msg;
+	int ret = st_plan_make(in, &p);
+
+	assert_int_equal(ret, -ENOSPC);
+	msg = st_error_last();
+	assert_null(strchr(msg, '\n'));
+	snprintf(want, sizeof(want), "%s budget ", st_home_name((enum st_home)tier));
+	if (strncmp(msg, want, strlen(want)) != 0)
+		fail_msg("want \"%s...\", got \"%s\"", want, msg);
+	snprintf(want, sizeof(want), "(%" PRIu64 " B) is below the minimum of ", budget);
+	if (!strstr(msg, want))
+		fail_msg("want budget \"%s\" in \"%s\"", want, msg);
+	snprintf(want, sizeof(want), "(%" PRIu64 " B)", min);
+	if (!strstr(strstr(msg, "minimum"), want))
+		fail_msg("want minimum \"%s\" in \"%s\"", want, msg);
+}
+
+static uint64_t *budget_of(struct st_plan_input *in, int t)
+{
+	return t == ST_HOME_VRAM ? &in->gpu_mem_bytes :
+	       t == ST_HOME_HOST ? &in->host_mem_bytes : &in->nvme_mem_bytes;
+}
+
+static void check_minimums(struct st_plan_input in)
+{
+	struct st_plan p = plan_ok(&in);
+	uint64_t min[ST_HOME_COUNT];
+
+	memcpy(min, p.min_bytes, sizeof(min));
+	for (int t = 0; t < ST_HOME_COUNT; t++)
+		assert_true(min[t] <= p.total_bytes[t]);
+	st_plan_fini(&p);
+	for (int t = 0; t < ST_HOME_COUNT; t++) {
+		struct st_plan_input x = in;
+
+		if (t == ST_HOME_NVME && (!in.have_nvme || min[t] == 0))
+			continue;
+		*budget_of(&x, t) = min[t];
+		p = plan_ok(&x);
+		assert_int_equal(p.min_bytes[t], min[t]);
+		st_plan_fini(&p);
+		if (min[t] < 4096 + (t == ST_HOME_NVME)) /* nvme 0 would mean unlimited */
+			continue;
+		*budget_of(&x, t) = min[t] - 4096;
+		expect_refusal(&x, t, min[t] - 4096, min[t]);
+	}
+}
+
+static void test_minimum_exact(void **state)
+{
+	struct st_plan_input in;
+	struct ref r;
+
+	ST_UNUSED(state);
+	/* roomy, auto, nvme unlimited */
+	check_minimums(input(tiny));
+	check_minimums(input(deep));
+	/* streamed W, optimizer on nvme with a finite nvme budget */
+	in = input(deep);
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 1, &r);
+	in.gpu_mem_bytes = r.tier[ST_HOME_VRAM] + 3 * r.slot_bytes;
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_NVME, 1, &r);
+	in.host_mem_bytes = r.tier[ST_HOME_HOST];
+	in.nvme_mem_bytes = 1 * ST_GiB;
+	check_minimums(in);
+	/* no nvme tier */
+	in = input(deep);
+	in.have_nvme = false;
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 1, &r);
+	in.gpu_mem_bytes = r.tier[ST_HOME_VRAM] + r.slot_bytes;
+	check_minimums(in);
+	/* forced, fp32, accumulation, forced prefetch */
+	in = input(tiny);
+	in.bf16 = false;
+	in.grad_accum = 3;
+	in.params = ST_OFFLOAD_NVME;
+	in.optim = ST_OFFLOAD_NVME;
+	in.prefetch = 2;
+	in.nvme_mem_bytes = 512 * ST_MiB;
+	check_minimums(in);
+	in.params = ST_OFFLOAD_HOST;
+	in.optim = ST_OFFLOAD_HOST;
+	check_minimums(in);
+	in.params = ST_OFFLOAD_NONE;
+	in.optim = ST_OFFLOAD_AUTO;
+	check_minimums(in);
+}
+
+static void test_zero_budgets(void **state)
+{
+	struct st_plan_input in = input(tiny);
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	in.gpu_mem_bytes = 0;
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "vram budget 0 B"));
+	in = input(tiny);
+	in.host_mem_bytes = 0;
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "host budget 0 B"));
+	/* both short: still one line naming one tier */
+	in.gpu_mem_bytes = 0;
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_null(strchr(st_error_last(), '\n'));
+	assert_non_null(strstr(st_error_last(), " budget 0 B (0 B) is below the minimum"));
+}
+
+/* --- pools and prefetch ----------------------------------------------------------- */
+
+static void test_pools_match_formulas(void **state)
+{
+	static const enum st_offload ps[] = { ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+	static const enum st_offload os[] = { ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+	const struct st_model *ms[] = { tiny, deep, small };
+
+	ST_UNUSED(state);
+	for (unsigned mi = 0; mi < ST_ARRAY_LEN(ms); mi++)
+		for (int i = 0; i < 3; i++)
+			for (int j = 0; j < 2; j++)
+				for (int k = 1; k <= 3; k++)
+					for (int v = 0; v < 4; v++) {
+						struct st_plan_input in = input(ms[mi]);
+						struct st_plan p;
+
+						in.params = ps[i];
+						in.optim = os[j];
+						in.prefetch = k;
+						in.bf16 = v & 1;
+						in.grad_accum = v & 2 ? 4 : 1;
+						in.batch = 1 + k;
+						in.seq = 32 - 7 * (v & 1);
+						p = plan_ok(&in);
+						assert_int_equal(p.prefetch, k);
+						expect_matches_ref(&p, &in);
+						st_plan_fini(&p);
+					}
+	/* GPT-2's embedding (39M elements) is larger than the update tile */
+	{
+		struct st_model *gpt2 = model_make("gpt2");
+		struct st_plan_input in = input(gpt2);
+		struct st_plan p;
+
+		assert_true(st_model_unit_layout(gpt2, 0)->elems > ST_UPDATE_TILE_ELEMS);
+		in.batch = 1;
+		in.optim = ST_OFFLOAD_NVME;
+		p = plan_ok(&in);
+		expect_matches_ref(&p, &in);
+		assert_int_equal(p.update_staging_bytes, 2ull * ST_UPDATE_TILE_ELEMS * (16 + 2));
+		st_plan_fini(&p);
+		st_model_destroy(gpt2);
+	}
+}
+
+static void test_prefetch_auto(void **state)
+{
+	struct st_plan_input in = input(deep);
+	struct ref r, resident;
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	/* vram-bound: W streamed from host, room for exactly 3 slots ahead */
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &resident);
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 3, &r);
+	assert_true(r.tier[ST_HOME_VRAM] < resident.tier[ST_HOME_VRAM]);
+	in.gpu_mem_bytes = r.tier[ST_HOME_VRAM] + r.slot_bytes - 4096;
+	p = plan_ok(&in);
+	assert_int_equal(p.w_home, ST_HOME_HOST);
+	assert_int_equal(p.prefetch, 3);
+	expect_matches_ref(&p, &in);
+	st_plan_fini(&p);
+	in.prefetch = 4;
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 4, &r);
+	expect_refusal(&in, ST_HOME_VRAM, in.gpu_mem_bytes, r.tier[ST_HOME_VRAM]);
+	in.prefetch = 3;
+	p = plan_ok(&in);
+	assert_int_equal(p.prefetch, 3);
+	st_plan_fini(&p);
+
+	/* host-bound: W on nvme, the host staging limits k to 2 (optimizer
+	 * held in host: with auto, a forced k = 3 would move it to nvme) */
+	in = input(deep);
+	in.params = ST_OFFLOAD_NVME;
+	in.optim = ST_OFFLOAD_HOST;
+	ref_pools(&in, ST_HOME_NVME, ST_HOME_HOST, 2, &r);
+	in.host_mem_bytes = r.tier[ST_HOME_HOST] + r.slot_bytes - 4096;
+	p = plan_ok(&in);
+	assert_int_equal(p.prefetch, 2);
+	expect_matches_ref(&p, &in);
+	st_plan_fini(&p);
+	in.prefetch = 3;
+	ref_pools(&in, ST_HOME_NVME, ST_HOME_HOST, 3, &r);
+	expect_refusal(&in, ST_HOME_HOST, in.host_mem_bytes, r.tier[ST_HOME_HOST]);
+
+	/* plenty of room: k = U */
+	in = input(deep);
+	in.params = ST_OFFLOAD_HOST;
+	p = plan_ok(&in);
+	assert_int_equal(p.prefetch, st_model_unit_count(deep));
+	st_plan_fini(&p);
+}
+
+/* --- traffic and time ------------------------------------------------------------- */
+
+static void test_traffic_hand_computed(void **state)
+{
+	/* layers=1, dim 64, vocab 64, ctx 32:
+	 *   embedding (64 + 32) * 64              =  6144 elems (already 3 x 2048)
+	 *   block     12*64^2 + 13*64 = 49984     -> 51200 elems (25 x 2048)
+	 *   head      ln_f 2*64 = 128             ->  2048 elems
+	 *   sum e = 59392; W bf16 118784 B; one fp32 state 237568 B. */
+	static const uint64_t elems[] = { 6144, 51200, 2048 };
+	const uint64_t w = 118784, g = 237568;
+	struct st_plan_input in = input(small);
+	struct st_plan p;
+	double tokens;
+
+	ST_UNUSED(state);
+	assert_int_equal(st_model_unit_count(small), 3);
+	for (int u = 0; u < 3; u++)
+		assert_int_equal(st_model_unit_layout(small, u)->elems, elems[u]);
+	in.grad_accum = 2;
+	in.seq = 32;
+
+	/* everything on nvme, 2 micro-batches */
+	in.params = ST_OFFLOAD_NVME;
+	in.optim = ST_OFFLOAD_NVME;
+	p = plan_ok(&in);
+	assert_int_equal(p.h2d_bytes, 2 * 2 * w);                   /* 475136 */
+	assert_int_equal(p.h2d_bytes, 475136);
+	assert_int_equal(p.d2h_bytes, 2 * g);                       /* 475136 */
+	assert_int_equal(p.nvme_read_bytes, 4 * w + 2 * g + 3 * g); /* W, G, PMV */
+	assert_int_equal(p.nvme_read_bytes, 1662976);
+	assert_int_equal(p.nvme_write_bytes, w + 2 * g + 3 * g);
+	assert_int_equal(p.nvme_write_bytes, 1306624);
+	st_plan_fini(&p);
+
+	/* W streamed from host, optimizer in host: no nvme */
+	in.params = ST_OFFLOAD_HOST;
+	in.optim = ST_OFFLOAD_HOST;
+	p = plan_ok(&in);
+	assert_int_equal(p.h2d_bytes, 4 * w);
+	assert_int_equal(p.d2h_bytes, 2 * g);
+	assert_int_equal(p.nvme_read_bytes, 0);
+	assert_int_equal(p.nvme_write_bytes, 0);
+	st_plan_fini(&p);
+
+	/* W resident: only the new W goes up once; dW comes down per micro-batch */
+	in.params = ST_OFFLOAD_NONE;
+	in.optim = ST_OFFLOAD_NVME;
+	p = plan_ok(&in);
+	assert_int_equal(p.h2d_bytes, w);
+	assert_int_equal(p.d2h_bytes, 2 * g);
+	assert_int_equal(p.nvme_read_bytes, 5 * g);
+	assert_int_equal(p.nvme_write_bytes, 5 * g);
+
+	/* times with the default rates */
+	tokens = (double)in.batch * in.seq * in.grad_accum;
+	assert_double_equal(p.t_compute_s,
+			    st_model_flops_per_token(small, in.seq) * tokens * 4 / 3 / 50e9, 1e-15);
+	assert_double_equal(p.t_copy_s, (double)(w + 2 * g) / 8e9, 1e-15);
+	assert_double_equal(p.t_nvme_s, 5.0 * g / 1.5e9 + 5.0 * g / 1.2e9, 1e-15);
+	assert_double_equal(p.t_adam_s, st_model_param_count(small) * 30.0 / 10e9, 1e-15);
+	assert_double_equal(p.rates.copy_bps, 8e9, 0);
+	{
+		double t[] = { p.t_compute_s, p.t_copy_s, p.t_nvme_s, p.t_adam_s };
+		const char *names[] = { "compute", "copy", "nvme", "adam" };
+		int arg = 0;
+
+		for (int i = 1; i < 4; i++)
+			if (t[i] > t[arg])
+				arg = i;
+		assert_double_equal(p.t_step_s, t[arg], 0);
+		assert_string_equal(p.bound, names[arg]);
+	}
+	st_plan_fini(&p);
+
+	/* each resource can be the bound */
+	{
+		struct { struct st_plan_rates r; const char *bound; } cases[] = {
+			{ { .compute_flops = 1e3 }, "compute" },
+			{ { .copy_bps = 1 }, "copy" },
+			{ { .nvme_read_bps = 1 }, "nvme" },
+			{ { .adam_bps = 1 }, "adam" },
+		};
+		for (unsigned i = 0; i < ST_ARRAY_LEN(cases); i++) {
+			in.rates = cases[i].r;
+			p = plan_ok(&in);
+			assert_string_equal(p.bound, cases[i].bound);
+			st_plan_fini(&p);
+		}
+	}
+}
+
+/* --- JSON -------------------------------------------------------------------------- */
+
+static uint64_t jget_u(json_object *o, const char *a, const char *b, const char *c)
+{
+	json_object *x = o;
+	const char *keys[] = { a, b, c };
+
+	for (int i = 0; i < 3 && keys[i]; i++)
+		if (!json_object_object_get_ex(x, keys[i], &x))
+			fail_msg("no key %s", keys[i]);
+	return (uint64_t)json_object_get_int64(x);
+}
+
+static double jget_d(json_object *o, const char *a, const char *b)
+{
+	json_object *x;
+
+	assert_true(json_object_object_get_ex(o, a, &x));
+	assert_true(json_object_object_get_ex(x, b, &x));
+	return json_object_get_double(x);
+}
+
+static void test_json(void **state)
+{
+	static const char *tiers[] = { "vram", "host", "nvme" };
+	struct st_plan_input in = input(deep);
+	struct st_plan p;
+	struct ref r;
+	json_object *root, *x;
+	char *text;
+
+	ST_UNUSED(state);
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_NVME, 2, &r);
+	in.gpu_mem_bytes = r.tier[ST_HOME_VRAM];
+	in.host_mem_bytes = r.tier[ST_HOME_HOST] + 4096;
+	in.nvme_mem_bytes = 1 * ST_GiB;
+	in.grad_accum = 2;
+	p = plan_ok(&in);
+	text = st_plan_json(&p, &in);
+	assert_non_null(text);
+	root = json_tokener_parse(text);
+	assert_non_null(root);
+	for (int t = 0; t < 3; t++) {
+		assert_int_equal(jget_u(root, "tiers", tiers[t], "total_bytes"), p.total_bytes[t]);
+		assert_int_equal(jget_u(root, "tiers", tiers[t], "home_bytes"), p.home_bytes[t]);
+		assert_int_equal(jget_u(root, "tiers", tiers[t], "budget_bytes"), p.budget_bytes[t]);
+		assert_int_equal(jget_u(root, "tiers", tiers[t], "min_bytes"), p.min_bytes[t]);
+	}
+	assert_int_equal(jget_u(root, "traffic", "h2d_bytes", NULL), p.h2d_bytes);
+	assert_int_equal(jget_u(root, "traffic", "d2h_bytes", NULL), p.d2h_bytes);
+	assert_int_equal(jget_u(root, "traffic", "nvme_read_bytes", NULL), p.nvme_read_bytes);
+	assert_int_equal(jget_u(root, "traffic", "nvme_write_bytes", NULL), p.nvme_write_bytes);
+	assert_int_equal(jget_u(root, "pools", "w_slots", NULL), p.w_slots);
+	assert_int_equal(jget_u(root, "pools", "w_slot_bytes", NULL), p.w_slot_bytes);
+	assert_int_equal(jget_u(root, "pools", "act_bytes", NULL), p.act_bytes);
+	assert_int_equal(jget_u(root, "pools", "scratch_bytes", NULL), p.scratch_bytes);
+	assert_int_equal(jget_u(root, "pools", "w_staging_bytes", NULL), p.w_staging_bytes);
+	assert_int_equal(jget_u(root, "pools", "grad_landing_bytes", NULL), p.grad_landing_bytes);
+	assert_int_equal(jget_u(root, "pools", "update_staging_bytes", NULL),
+			 p.update_staging_bytes);
+	assert_int_equal(jget_u(root, "prefetch", NULL, NULL), p.prefetch);
+	assert_int_equal(jget_u(root, "model", "params", NULL), st_model_param_count(deep));
+	assert_double_equal(jget_d(root, "time", "step_s"), p.t_step_s, p.t_step_s * 1e-12);
+	assert_double_equal(jget_d(root, "time", "nvme_s"), p.t_nvme_s, p.t_nvme_s * 1e-12);
+	assert_double_equal(jget_d(root, "rates", "nvme_read_bps"), 1.5e9, 0);
+	assert_true(json_object_object_get_ex(root, "time", &x));
+	assert_true(json_object_object_get_ex(x, "bound", &x));
+	assert_string_equal(json_object_get_string(x), p.bound);
+	/* the placement table and the unit rows agree with the homes */
+	for (int s = 0; s < ST_STATE_COUNT; s++) {
+		json_object *cell;
+		uint64_t bytes = 0;
+		int units = 0;
+
+		for (int u = 0; u < p.units; u++)
+			if (st_plan_home(&p, u, (enum st_state)s) == ST_HOME_NVME) {
+				units++;
+				bytes += p.state_bytes[u * ST_STATE_COUNT + s];
+			}
+		assert_true(json_object_object_get_ex(root, "placement", &cell));
+		assert_true(json_object_object_get_ex(cell, st_state_name((enum st_state)s), &cell));
+		assert_true(json_object_object_get_ex(cell, "nvme", &cell));
+		assert_int_equal(jget_u(cell, "units", NULL, NULL), units);
+		assert_int_equal(jget_u(cell, "bytes", NULL, NULL), bytes);
+	}
+	assert_true(json_object_object_get_ex(root, "units", &x));
+	assert_int_equal(json_object_array_length(x), p.units);
+	for (int u = 0; u < p.units; u++) {
+		json_object *row = json_object_array_get_idx(x, u), *st, *v;
+
+		assert_true(json_object_object_get_ex(row, "W", &st));
+		assert_true(json_object_object_get_ex(st, "tier", &v));
+		assert_string_equal(json_object_get_string(v),
+				    st_home_name(st_plan_home(&p, u, ST_STATE_W)));
+		assert_int_equal(jget_u(st, "bytes", NULL, NULL),
+				 p.state_bytes[u * ST_STATE_COUNT + ST_STATE_W]);
+	}
+	json_object_put(root);
+	free(text);
+
+	/* the human table prints without trouble (to a memory stream) */
+	{
+		char *buf = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&buf, &len);
+
+		st_plan_print(&p, &in, f);
+		st_plan_print_units(&p, &in, f);
+		fclose(f);
+		assert_non_null(strstr(buf, "bound by"));
+		assert_non_null(strstr(buf, "block"));
+		free(buf);
+	}
+	st_plan_fini(&p);
+}
+
+/* --- nvme-bench rates ------------------------------------------------------------- */
+
+static char *write_tmp(const char *text)
+{
+	static char path[64];
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/st-plan-test-XXXXXX");
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+	return path;
+}
+
+static void test_rates_from_bench(void **state)
+{
+	struct st_plan_rates r = { 0 };
+	struct st_plan_input in = input(small);
+	struct st_plan p;
+	char *path;
+
+	in.seq = 32;
+
+	ST_UNUSED(state);
+	path = write_tmp("{ \"points\": [ { \"rw\": \"read\", \"bs\": 1048576, \"qd\": 32, "
+			 "\"gbps\": 2.5 } ],\n  \"best\": { \"read_gbps\": 2.5, "
+			 "\"write_gbps\": 1.75, \"bs\": 1048576, \"qd\": 32 } }\n");
+	assert_int_equal(st_plan_rates_from_nvme_bench(path, &r), 0);
+	unlink(path);
+	assert_double_equal(r.nvme_read_bps, 2.5e9, 1);
+	assert_double_equal(r.nvme_write_bps, 1.75e9, 1);
+	assert_double_equal(r.compute_flops, 0, 0); /* untouched */
+
+	in.rates = r;
+	in.params = ST_OFFLOAD_NVME;
+	in.optim = ST_OFFLOAD_NVME;
+	p = plan_ok(&in);
+	assert_double_equal(p.t_nvme_s, p.nvme_read_bytes / 2.5e9 + p.nvme_write_bytes / 1.75e9,
+			    1e-15);
+	st_plan_fini(&p);
+
+	assert_int_equal(st_plan_rates_from_nvme_bench("/nonexistent/bench.json", &r), -ENOENT);
+	assert_non_null(strstr(st_error_last(), "/nonexistent/bench.json"));
+	{
+		static const char *bad[] = {
+			"not json at all",
+			"{ \"points\": [] }",
+			"{ \"best\": { \"read_gbps\": 2.5 } }",
+			"{ \"best\": { \"read_gbps\": 0, \"write_gbps\": 1 } }",
+			"{ \"best\": { \"read_gbps\": \"fast\", \"write_gbps\": 1 } }",
+			"[ 1, 2 ]",
+		};
+		for (unsigned i = 0; i < ST_ARRAY_LEN(bad); i++) {
+			path = write_tmp(bad[i]);
+			assert_int_equal(st_plan_rates_from_nvme_bench(path, &r), -EINVAL);
+			unlink(path);
+			assert_non_null(strstr(st_error_last(), path));
+		}
+	}
+}
+
+static void test_bad_input(void **state)
+{
+	struct st_plan_input in;
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	in = input(small);
+	in.seq = 33;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	in = input(small);
+	in.prefetch = 4;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	in.prefetch = -1;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	in = input(small);
+	in.batch = 0;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	in = input(small);
+	in.grad_accum = 0;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	in = input(small);
+	in.rates.copy_bps = -1;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	in.rates.copy_bps = NAN;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	in = input(NULL);
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_string_equal(st_state_name(ST_STATE_V), "V");
+	assert_string_equal(st_home_name(ST_HOME_NVME), "nvme");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_big_budgets),
+		cmocka_unit_test(test_small_vram_streams_w),
+		cmocka_unit_test(test_small_host_optim_nvme),
+		cmocka_unit_test(test_forced),
+		cmocka_unit_test(test_minimum_exact),
+		cmocka_unit_test(test_zero_budgets),
+		cmocka_unit_test(test_pools_match_formulas),
+		cmocka_unit_test(test_prefetch_auto),
+		cmocka_unit_test(test_traffic_hand_computed),
+		cmocka_unit_test(test_json),
+		cmocka_unit_test(test_rates_from_bench),
+		cmocka_unit_test(test_bad_input),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
