@@ -74,6 +74,8 @@ int main(int argc, char **argv)
 	struct st_loader la, lb;
 	struct st_trace *trace = NULL;
 	double *ta, *tb, *eff, busy_max = 0;
+	double a_compute_s = 0, a_adam_s = 0, b_nr_s = 0, b_nw_s = 0, b_copy_s = 0;
+	double b_nr_bytes = 0, b_nw_bytes = 0, b_copy_bytes = 0;
 	const char *busiest = "compute";
 	struct stat st;
 
@@ -182,6 +184,15 @@ int main(int argc, char **argv)
 			continue;
 		ta[s - 1] = sa.step_ns / 1e9;
 		tb[s - 1] = sb.step_ns / 1e9;
+		/* What each resource did, for the calibrated prediction. */
+		a_compute_s += sa.busy_ns[ST_LANE_COMPUTE] / 1e9;
+		a_adam_s += sa.busy_ns[ST_LANE_ADAM] / 1e9;
+		b_nr_s += sb.busy_ns[ST_LANE_NVME_READ] / 1e9;
+		b_nw_s += sb.busy_ns[ST_LANE_NVME_WRITE] / 1e9;
+		b_nr_bytes += (double)sb.bytes[ST_LANE_NVME_READ];
+		b_nw_bytes += (double)sb.bytes[ST_LANE_NVME_WRITE];
+		b_copy_s += (sb.busy_ns[ST_LANE_H2D] + sb.busy_ns[ST_LANE_D2H]) / 1e9;
+		b_copy_bytes += (double)(sb.bytes[ST_LANE_H2D] + sb.bytes[ST_LANE_D2H]);
 		busy_max = 0;
 		for (int l = 0; l < ST_LANE_COUNT; l++)
 			if (sb.busy_ns[l] / 1e9 > busy_max) {
@@ -195,6 +206,7 @@ int main(int argc, char **argv)
 		struct st_engine_stats sb;
 		double ma = median(ta, steps), mb = median(tb, steps), me = median(eff, steps);
 		struct rusage ru;
+		double calibrated = 0;
 
 		st_engine_get_stats(eb, &sb);
 		getrusage(RUSAGE_SELF, &ru);
@@ -208,6 +220,34 @@ int main(int argc, char **argv)
 		       pb->t_step_s, pb->bound, mb / pb->t_step_s);
 		printf("  predicted step of A (planner)     %8.3f s  (measured/predicted %.2f)\n",
 		       pa->t_step_s, ma / pa->t_step_s);
+		{
+			/* The same plan with rates measured in this run: compute and
+			 * Adam from A, nvme and copies from B. */
+			const struct st_model *m = st_engine_model(eb);
+			struct st_plan_input pin = {
+				.model = m, .batch = batch, .seq = seq, .grad_accum = 1, .bf16 = true,
+				.gpu_mem_bytes = gpu, .host_mem_bytes = host, .have_nvme = true,
+				.params = ST_OFFLOAD_NVME, .optim = ST_OFFLOAD_NVME,
+			};
+			struct st_plan pc;
+			double flops = st_model_flops_per_token(m, seq) * batch * seq * 4.0 / 3.0;
+
+			pin.rates.compute_flops = flops * steps / a_compute_s;
+			pin.rates.adam_bps = (double)st_model_param_count(m) * 30 * steps / a_adam_s;
+			pin.rates.nvme_read_bps = b_nr_bytes / b_nr_s;
+			pin.rates.nvme_write_bps = b_nw_bytes / b_nw_s;
+			pin.rates.copy_bps = b_copy_bytes / b_copy_s;
+			if (st_plan_make(&pin, &pc) == 0) {
+				printf("  predicted step of B, rates measured here %6.3f s  (bound by %s; "
+				       "measured/predicted %.2f)\n", pc.t_step_s, pc.bound, mb / pc.t_step_s);
+				printf("    rates: compute %.1f GFLOP/s, adam %.1f GB/s, nvme read %.2f GB/s, "
+				       "write %.2f GB/s, copy %.2f GB/s\n", pin.rates.compute_flops / 1e9,
+				       pin.rates.adam_bps / 1e9, pin.rates.nvme_read_bps / 1e9,
+				       pin.rates.nvme_write_bps / 1e9, pin.rates.copy_bps / 1e9);
+				calibrated = pc.t_step_s;
+				st_plan_fini(&pc);
+			}
+		}
 		printf("  B per step: nvme read %.1f MB, write %.1f MB; compute busy %.3f s; peak RSS %.0f MB\n",
 		       sb.bytes[ST_LANE_NVME_READ] / 1e6, sb.bytes[ST_LANE_NVME_WRITE] / 1e6,
 		       sb.busy_ns[ST_LANE_COMPUTE] / 1e9, ru.ru_maxrss / 1024.0);
@@ -221,6 +261,8 @@ int main(int argc, char **argv)
 			json_object_object_add(o, "busiest_queue", json_object_new_string(busiest));
 			json_object_object_add(o, "predicted_step_nvme_s", json_object_new_double(pb->t_step_s));
 			json_object_object_add(o, "predicted_step_vram_s", json_object_new_double(pa->t_step_s));
+			json_object_object_add(o, "predicted_step_nvme_calibrated_s",
+					       json_object_new_double(calibrated));
 			if (json_object_to_file_ext(json, o, JSON_C_TO_STRING_PRETTY) < 0)
 				fprintf(stderr, "offload-bench: cannot write %s\n", json);
 			json_object_put(o);
