@@ -14,9 +14,10 @@
  * the head reads through the tie), U units, X = B*T*C*4 bytes, k = prefetch
  * depth (>= 1), "streamed" = some unit's W home is not vram:
  *   vram  W homes in vram              sum e_u*Wb over those units
- *         W slots (when streamed)      (k+1) * E * Wb, plus E0*Wb when the
- *                                      embedding's W is streamed (kept for
- *                                      the head)
+ *         W slots (when streamed)      (k+1) * E * Wb (the embedding's W is
+ *                                      widened into wf_embed once per
+ *                                      micro-batch and kept for the head:
+ *                                      no slot of its own)
  *         activation checkpoints       (U-1) * X
  *         compute scratch              wf E*4 + wf_embed E0*4 + dW E*4 +
  *                                      dW_embed E0*4 + dA, dB 2*X +
@@ -90,7 +91,7 @@ struct st_plan {
 	uint64_t *state_bytes;                 /* [units * ST_STATE_COUNT] */
 	/* pools, as listed above */
 	uint64_t w_slot_bytes, w_slots;        /* vram W slots: count and size of each */
-	bool embed_slot;                       /* + a slot of E0*Wb */
+	bool embed_slot;                       /* always false (kept for the layout) */
 	uint64_t act_bytes, scratch_bytes;     /* vram */
 	uint64_t w_staging_bytes, grad_landing_bytes, update_staging_bytes; /* host */
 	uint64_t home_bytes[ST_HOME_COUNT];    /* sum of homes per tier */

@@ -83,7 +83,6 @@ static void st_pools_compute(const struct st_shape *sh, struct st_cand c, int k,
 	if (streamed) {
 		p->w_slots = (uint64_t)k + 1;
 		p->w_slot_bytes = st_pg(sh->e_max * sh->wb);
-		p->embed_slot_bytes = st_pg(sh->e0 * sh->wb);
 	}
 	if (c.w == ST_HOME_NVME)
 		p->w_staging = st_pg(((uint64_t)k + 1) * sh->e_max * sh->wb);
@@ -311,14 +310,18 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 	static const char *names[] = { "compute", "copy", "nvme", "adam" };
 
 	/* W comes into a slot for the forward and again for the backward of
-	 * every micro-batch; after the update the new W goes to its home. */
-	p->h2d_bytes = (c.w != ST_HOME_VRAM ? 2 * n * w_all : 0) +
+	 * every micro-batch, except the embedding's: widened once in the
+	 * forward and kept for the head and its own backward. After the
+	 * update the new W goes to its home. */
+	uint64_t w_fetch = 2 * w_all - sh->e0 * sh->wb;
+
+	p->h2d_bytes = (c.w != ST_HOME_VRAM ? n * w_fetch : 0) +
 		       (c.w == ST_HOME_VRAM ? w_all : 0);
 	p->d2h_bytes = n * g_all;
 	p->nvme_read_bytes = 0;
 	p->nvme_write_bytes = 0;
 	if (c.w == ST_HOME_NVME) {
-		p->nvme_read_bytes += 2 * n * w_all;
+		p->nvme_read_bytes += n * w_fetch;
 		p->nvme_write_bytes += w_all;
 	}
 	if (c.o == ST_HOME_NVME) {
