@@ -310,10 +310,13 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 	static const char *names[] = { "compute", "copy", "nvme", "adam" };
 
 	/* W comes into a slot for the forward and again for the backward of
-	 * every micro-batch, except the embedding's: widened once in the
-	 * forward and kept for the head and its own backward. After the
-	 * update the new W goes to its home. */
-	uint64_t w_fetch = 2 * w_all - sh->e0 * sh->wb;
+	 * every block in every micro-batch; the embedding's once (widened in
+	 * the forward and kept for the head and its own backward) and the
+	 * head's once (its backward computes its forward and the loss). After
+	 * the update the new W goes to its home. */
+	int U = st_model_unit_count(in->model);
+	uint64_t e_head = st_model_unit_layout(in->model, U - 1)->elems;
+	uint64_t w_fetch = 2 * w_all - (sh->e0 + e_head) * sh->wb;
 
 	p->h2d_bytes = (c.w != ST_HOME_VRAM ? n * w_fetch : 0) +
 		       (c.w == ST_HOME_VRAM ? w_all : 0);

@@ -230,6 +230,52 @@ static void test_budgets(void **state)
 	(void)hmin;
 }
 
+/* The planner's traffic per step is what the engine moves. */
+static void test_traffic_matches_plan(void **state)
+{
+	static const enum st_offload cases[][2] = {
+		{ ST_OFFLOAD_NVME, ST_OFFLOAD_NVME }, { ST_OFFLOAD_HOST, ST_OFFLOAD_HOST },
+		{ ST_OFFLOAD_NONE, ST_OFFLOAD_NVME }, { ST_OFFLOAD_HOST, ST_OFFLOAD_NVME },
+	};
+
+	(void)state;
+	for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++)
+		for (int accum = 1; accum <= 2; accum++) {
+			struct st_engine_config c;
+			struct st_engine *e;
+			struct st_dataset *ds;
+			struct st_loader ld;
+			struct st_step_result res;
+			struct st_engine_stats st;
+			const struct st_plan *p;
+
+			base_config(&c);
+			c.params = cases[i][0];
+			c.optim = cases[i][1];
+			c.train.grad_accum = accum;
+			open_loader(&ds, &ld, &c);
+			assert_int_equal(st_engine_create(&c, &e), 0);
+			assert_int_equal(st_engine_step(e, &ld, 0, &res), 0);
+			st_engine_get_stats(e, &st);
+			p = st_engine_plan(e);
+			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
+			    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
+			    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
+			    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
+				fail_msg("case %zu accum %d: moved h2d %llu d2h %llu nvme r %llu w %llu, "
+					 "planned %llu %llu %llu %llu", i, accum,
+					 (unsigned long long)st.bytes[ST_LANE_H2D],
+					 (unsigned long long)st.bytes[ST_LANE_D2H],
+					 (unsigned long long)st.bytes[ST_LANE_NVME_READ],
+					 (unsigned long long)st.bytes[ST_LANE_NVME_WRITE],
+					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes,
+					 (unsigned long long)p->nvme_read_bytes,
+					 (unsigned long long)p->nvme_write_bytes);
+			st_engine_destroy(e);
+			st_dataset_close(ds);
+		}
+}
+
 static void test_resume(void **state)
 {
 	struct st_engine_config c;
@@ -428,6 +474,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_budgets),
+		cmocka_unit_test(test_traffic_matches_plan),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_nvme_fault),
 		cmocka_unit_test(test_grad_accum),
