@@ -493,25 +493,33 @@ static int nvme_reap(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
 static int nvme_register_buffers(struct st_tier *t, const struct st_tier_buffer *b,
 				 unsigned n)
 {
+	/* io_uring takes at most 1 GiB per registered buffer: larger ones go
+	 * in 1 GiB pieces (a transfer across two pieces is not fixed I/O). */
+	const size_t piece = 1ul << 30;
 	struct nvme_priv *p = st_tier_priv(t);
+	unsigned k = 0;
 	int ret;
 
-	if (n > NVME_MAX_BUFFERS)
-		return st_error_set(-EINVAL, "nvme: %u buffers to register (at most %d)", n,
-				    NVME_MAX_BUFFERS);
 	if (p->nbufs)
 		io_uring_unregister_buffers(&p->ring);
 	p->nbufs = 0;
 	for (unsigned i = 0; i < n; i++)
-		p->bufs[i] = (struct iovec){ b[i].base, b[i].bytes };
-	ret = io_uring_register_buffers(&p->ring, p->bufs, n);
+		for (size_t off = 0; off < b[i].bytes; off += piece) {
+			if (k == NVME_MAX_BUFFERS)
+				return st_error_set(-EINVAL,
+						    "nvme: more than %d GiB of I/O buffers to register",
+						    NVME_MAX_BUFFERS);
+			p->bufs[k++] = (struct iovec){ (char *)b[i].base + off,
+						       ST_MIN(piece, b[i].bytes - off) };
+		}
+	ret = io_uring_register_buffers(&p->ring, p->bufs, k);
 	if (ret < 0) {
 		/* Not fatal: plain reads and writes still work. */
 		st_warn("nvme: cannot register %u I/O buffers (%s); using unregistered I/O",
-			n, strerror(-ret));
+			k, strerror(-ret));
 		return 0;
 	}
-	p->nbufs = n;
+	p->nbufs = k;
 	return 0;
 }
 

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -418,11 +419,14 @@ int st_cli_train(int argc, char **argv)
 				st_format_bytes(es.used_bytes[h], u[h], sizeof(u[h]));
 				st_format_bytes(es.peak_bytes[h], pk[h], sizeof(pk[h]));
 			}
-			printf("step %*d/%d | loss %.6f | lr %.3e | norm %.4f%s | %.0f tok/s | ETA %s\n"
+			struct rusage ru;
+
+			getrusage(RUSAGE_SELF, &ru);
+			printf("step %*d/%d | loss %.6f | lr %.3e | norm %.4f%s | %.0f tok/s | %.2f s | ETA %s\n"
 			       "    vram %s (peak %s) host %s (peak %s)%s%s%s%s%s | GB/s h2d %s d2h %s "
-			       "nvme r %s w %s\n",
+			       "nvme r %s w %s | rss %.0f MiB\n",
 			       (int)log10(cfg->steps) + 1, s + 1, cfg->steps, r.loss, r.lr, r.grad_norm,
-			       r.skipped ? " (non-finite: skipped)" : "", tps,
+			       r.skipped ? " (non-finite: skipped)" : "", tps, dt,
 			       st_cli_eta((double)(st_now_ns() - t0) / 1e9 / (s + 1 - (int)start_step) *
 						  (cfg->steps - s - 1), eta, sizeof(eta)),
 			       u[0], pk[0], u[1], pk[1], es.has_tier[2] ? " nvme " : "",
@@ -431,7 +435,8 @@ int st_cli_train(int argc, char **argv)
 			       gbps(es.bytes[ST_LANE_H2D], es.step_ns, a, sizeof(a)),
 			       gbps(es.bytes[ST_LANE_D2H], es.step_ns, b, sizeof(b)),
 			       gbps(es.bytes[ST_LANE_NVME_READ], es.step_ns, cc, sizeof(cc)),
-			       gbps(es.bytes[ST_LANE_NVME_WRITE], es.step_ns, d, sizeof(d)));
+			       gbps(es.bytes[ST_LANE_NVME_WRITE], es.step_ns, d, sizeof(d)),
+			       ru.ru_maxrss / 1024.0);
 		}
 		if (mf) {
 			fprintf(mf, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
