@@ -52,10 +52,8 @@ const struct st_model *st_trainer_model(const struct st_trainer *t);
  * the model must be present with its exact shape. Moments are zeroed. */
 int st_trainer_load_weights(struct st_trainer *t, const char *safetensors_path);
 
-/* Write DIR with model.safetensors (fp32 master weights, Hugging Face GPT-2
- * names) and config.json, atomically: into DIR.tmp.<pid>, fsynced, then
- * renamed over DIR. On failure DIR is left as it was. */
-int st_trainer_save(struct st_trainer *t, const char *dir);
+/* Copy unit u's fp32 master weights into p (the unit's flat length). */
+int st_trainer_read_master(const struct st_trainer *t, int u, float *p);
 
 struct st_step_result {
 	double loss;       /* mean over the micro-batches */
@@ -77,6 +75,25 @@ int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
  * used). logits has vocab floats. */
 int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n,
 		      float *logits);
+
+struct st_adam_step;
+
+/* The step's two prepared AdamW steps (with and without weight decay): the
+ * learning rate of `step` (0-based), bias correction for step + 1, and the
+ * clip coefficient of grad_norm folded into the gradient scale. One place,
+ * so the engine and the reference trainer cannot drift apart. */
+int st_train_adam_prep(const struct st_train_config *c, int step, double grad_norm,
+		       struct st_adam_step *with_wd, struct st_adam_step *without_wd);
+
+struct st_ckpt_reader;
+
+/* Unit u's parameters from a Hugging Face GPT-2 safetensors file opened as
+ * r (named path in messages) into p (fp32, the unit's flat length, padding
+ * zeroed): F32, BF16 or F16, names with or without "transformer.". raw is
+ * scratch of the unit's fp32 size. Every tensor must be there with its
+ * shape. Shared by the trainer and the engine. */
+int st_train_read_unit(const struct st_model *m, struct st_ckpt_reader *r, const char *path,
+		       int u, float *p, void *raw);
 
 /* Learning rate of step (0-based) under cfg's schedule. */
 double st_lr_at(const struct st_train_config *cfg, int step);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 void st_cli_die(int code, const char *fmt, ...)
 {
@@ -46,6 +47,56 @@ double st_cli_double(const char *flag, const char *s, double lo, double hi)
 	if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
 		st_cli_die(2, "%s %s: expected a number from %g to %g", flag, s, lo, hi);
 	return v;
+}
+
+uint64_t st_cli_size(const char *flag, const char *s)
+{
+	uint64_t v;
+
+	if (st_parse_size(s, &v) < 0 || v == 0)
+		st_cli_die(2, "%s %s: expected a size such as 512M or 2G", flag, s);
+	return v;
+}
+
+enum st_offload st_cli_offload(const char *flag, const char *s, bool allow_none)
+{
+	if (strcmp(s, "auto") == 0)
+		return ST_OFFLOAD_AUTO;
+	if (allow_none && strcmp(s, "none") == 0)
+		return ST_OFFLOAD_NONE;
+	if (strcmp(s, "host") == 0)
+		return ST_OFFLOAD_HOST;
+	if (strcmp(s, "nvme") == 0)
+		return ST_OFFLOAD_NVME;
+	st_cli_die(2, "%s %s: expected %s", flag, s,
+		   allow_none ? "auto, none, host or nvme" : "auto, host or nvme");
+}
+
+void st_cli_check_dirs(const char *flag, const char *list, bool writable)
+{
+	const char *p = list;
+
+	if (!*list)
+		st_cli_die(2, "%s: expected DIR[,DIR...]", flag);
+	while (*p) {
+		size_t n = strcspn(p, ",");
+		char dir[4096];
+		struct stat st;
+
+		if (n == 0 || n >= sizeof(dir))
+			st_cli_die(2, "%s %s: expected DIR[,DIR...]", flag, list);
+		memcpy(dir, p, n);
+		dir[n] = 0;
+		if (stat(dir, &st) < 0)
+			st_cli_die(2, "%s %s: %s", flag, dir, strerror(errno));
+		if (!S_ISDIR(st.st_mode))
+			st_cli_die(2, "%s %s: not a directory", flag, dir);
+		if (writable && access(dir, W_OK | X_OK) < 0)
+			st_cli_die(2, "%s %s: %s", flag, dir, strerror(errno));
+		p += n;
+		if (*p == ',' && !*++p)
+			st_cli_die(2, "%s %s: expected DIR[,DIR...]", flag, list);
+	}
 }
 
 void set_threads_cli(int n)

@@ -5,6 +5,7 @@
 #include "strata/common.h"
 #include "strata/dataset.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* A text every Debian ships: the default training data. */
@@ -15,6 +16,15 @@ _Noreturn void st_cli_die(int code, const char *fmt, ...) ST_PRINTF(2, 3);
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);
+/* A byte size for flag ("512M", "4G"); exit 2 with one line when it is
+ * not one, or when it is 0. */
+uint64_t st_cli_size(const char *flag, const char *s);
+/* --offload-params / --offload-optim values; none only where allowed. */
+#include "strata/plan.h"
+enum st_offload st_cli_offload(const char *flag, const char *s, bool allow_none);
+/* Every directory of DIR[,DIR...] exists (and is writable when asked);
+ * exit 2 with one line naming the first that is not. */
+void st_cli_check_dirs(const char *flag, const char *list, bool writable);
 /* OpenMP and BLAS threads (0: leave the default). */
 void set_threads_cli(int n);
 /* Open a token file for a model of the given vocabulary, or exit 2. */

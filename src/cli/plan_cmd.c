@@ -13,55 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static uint64_t plan_size(const char *flag, const char *s)
-{
-	uint64_t v;
-
-	if (st_parse_size(s, &v) < 0)
-		st_cli_die(2, "%s %s: expected a size such as 512M or 2G", flag, s);
-	return v;
-}
-
-static enum st_offload plan_offload(const char *flag, const char *s, bool allow_none)
-{
-	if (strcmp(s, "auto") == 0)
-		return ST_OFFLOAD_AUTO;
-	if (allow_none && strcmp(s, "none") == 0)
-		return ST_OFFLOAD_NONE;
-	if (strcmp(s, "host") == 0)
-		return ST_OFFLOAD_HOST;
-	if (strcmp(s, "nvme") == 0)
-		return ST_OFFLOAD_NVME;
-	st_cli_die(2, "%s %s: expected %s", flag, s,
-		 allow_none ? "auto, none, host or nvme" : "auto, host or nvme");
-}
-
-/* Every directory of DIR[,DIR...] must exist; plan creates nothing. */
-static void plan_check_dirs(const char *list)
-{
-	const char *p = list;
-
-	if (!*list)
-		st_cli_die(2, "--nvme: expected DIR[,DIR...]");
-	while (*p) {
-		size_t n = strcspn(p, ",");
-		char dir[4096];
-		struct stat st;
-
-		if (n == 0 || n >= sizeof(dir))
-			st_cli_die(2, "--nvme %s: expected DIR[,DIR...]", list);
-		memcpy(dir, p, n);
-		dir[n] = 0;
-		if (stat(dir, &st) < 0)
-			st_cli_die(2, "--nvme %s: %s", dir, strerror(errno));
-		if (!S_ISDIR(st.st_mode))
-			st_cli_die(2, "--nvme %s: not a directory", dir);
-		p += n;
-		if (*p == ',' && !*++p)
-			st_cli_die(2, "--nvme %s: expected DIR[,DIR...]", list);
-	}
-}
-
 static void plan_usage(FILE *f)
 {
 	fprintf(f,
@@ -137,15 +88,15 @@ int st_cli_plan(int argc, char **argv)
 			else
 				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
 			break;
-		case 'g': in.gpu_mem_bytes = plan_size("--gpu-mem", optarg); break;
-		case 'H': in.host_mem_bytes = plan_size("--host-mem", optarg); break;
+		case 'g': in.gpu_mem_bytes = st_cli_size("--gpu-mem", optarg); break;
+		case 'H': in.host_mem_bytes = st_cli_size("--host-mem", optarg); break;
 		case 'n': nvme = optarg; break;
 		case 'N':
-			in.nvme_mem_bytes = plan_size("--nvme-mem", optarg);
+			in.nvme_mem_bytes = st_cli_size("--nvme-mem", optarg);
 			nvme_mem_given = true;
 			break;
-		case 'P': in.params = plan_offload("--offload-params", optarg, true); break;
-		case 'O': in.optim = plan_offload("--offload-optim", optarg, false); break;
+		case 'P': in.params = st_cli_offload("--offload-params", optarg, true); break;
+		case 'O': in.optim = st_cli_offload("--offload-optim", optarg, false); break;
 		case 'k': in.prefetch = (int)st_cli_long("--prefetch", optarg, 0, 1 << 20); break;
 		case 'b': bench = optarg; break;
 		case 'c':
@@ -172,7 +123,7 @@ int st_cli_plan(int argc, char **argv)
 	if (in.seq > mc.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", in.seq, mc.ctx);
 	if (nvme)
-		plan_check_dirs(nvme);
+		st_cli_check_dirs("--nvme", nvme, false);
 	else if (nvme_mem_given)
 		st_cli_die(2, "--nvme-mem needs --nvme DIR");
 	in.have_nvme = nvme != NULL;

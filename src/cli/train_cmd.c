@@ -77,45 +77,6 @@ static void train_usage(FILE *f)
 	        DEFAULT_HOST_MEM, DEFAULT_NVME);
 }
 
-static uint64_t parse_size_flag(const char *flag, const char *s)
-{
-	uint64_t v;
-
-	if (st_parse_size(s, &v) < 0 || v == 0)
-		st_cli_die(2, "%s %s is not a size (e.g. 512M, 4G)", flag, s);
-	return v;
-}
-
-static enum st_offload parse_offload(const char *flag, const char *s, bool allow_none)
-{
-	if (strcmp(s, "auto") == 0)
-		return ST_OFFLOAD_AUTO;
-	if (allow_none && strcmp(s, "none") == 0)
-		return ST_OFFLOAD_NONE;
-	if (strcmp(s, "host") == 0)
-		return ST_OFFLOAD_HOST;
-	if (strcmp(s, "nvme") == 0)
-		return ST_OFFLOAD_NVME;
-	st_cli_die(2, "%s %s: expected auto,%s host or nvme", flag, s, allow_none ? " none," : "");
-}
-
-static void check_dirs(const char *dirs)
-{
-	char *copy = strdup(dirs), *save = NULL, *tok;
-
-	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		struct stat st;
-
-		if (stat(tok, &st) < 0)
-			st_cli_die(2, "--nvme %s: %s", tok, strerror(errno));
-		if (!S_ISDIR(st.st_mode))
-			st_cli_die(2, "--nvme %s: not a directory", tok);
-		if (access(tok, W_OK) < 0)
-			st_cli_die(2, "--nvme %s: %s", tok, strerror(errno));
-	}
-	free(copy);
-}
-
 static const char *gbps(double bytes, double ns, char *buf, size_t n)
 {
 	snprintf(buf, n, "%.2f", ns > 0 ? bytes / ns : 0.0);
@@ -220,8 +181,8 @@ int st_cli_train(int argc, char **argv)
 	int ret;
 
 	st_train_config_default(cfg);
-	ec.gpu_mem_bytes = parse_size_flag("--gpu-mem", DEFAULT_GPU_MEM);
-	ec.host_mem_bytes = parse_size_flag("--host-mem", DEFAULT_HOST_MEM);
+	ec.gpu_mem_bytes = st_cli_size("--gpu-mem", DEFAULT_GPU_MEM);
+	ec.host_mem_bytes = st_cli_size("--host-mem", DEFAULT_HOST_MEM);
 	optind = 1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
@@ -273,15 +234,15 @@ int st_cli_train(int argc, char **argv)
 		case 'M': metrics = optarg; break;
 		case 'i': init = optarg; break;
 		case 'L': log_every = (int)st_cli_long("--log-every", optarg, 1, 1 << 30); break;
-		case 'G': ec.gpu_mem_bytes = parse_size_flag("--gpu-mem", optarg); break;
-		case 'H': ec.host_mem_bytes = parse_size_flag("--host-mem", optarg); break;
+		case 'G': ec.gpu_mem_bytes = st_cli_size("--gpu-mem", optarg); break;
+		case 'H': ec.host_mem_bytes = st_cli_size("--host-mem", optarg); break;
 		case 'N': nvme = optarg; break;
-		case 'Z': ec.nvme_mem_bytes = parse_size_flag("--nvme-mem", optarg); break;
-		case 'P': ec.params = parse_offload("--offload-params", optarg, true); break;
-		case 'O': ec.optim = parse_offload("--offload-optim", optarg, false); break;
+		case 'Z': ec.nvme_mem_bytes = st_cli_size("--nvme-mem", optarg); break;
+		case 'P': ec.params = st_cli_offload("--offload-params", optarg, true); break;
+		case 'O': ec.optim = st_cli_offload("--offload-optim", optarg, false); break;
 		case 'F': ec.prefetch = (int)st_cli_long("--prefetch", optarg, 1, 1 << 16); break;
 		case 'K': {
-			uint64_t b = parse_size_flag("--aio-block", optarg);
+			uint64_t b = st_cli_size("--aio-block", optarg);
 
 			if (!st_is_pow2(b) || b < 4096 || b > (1u << 30))
 				st_cli_die(2, "--aio-block %s: a power of two from 4K to 1G", optarg);
@@ -302,7 +263,7 @@ int st_cli_train(int argc, char **argv)
 	if (optind < argc)
 		st_cli_die(2, "train: unexpected argument %s", argv[optind]);
 	if (strcmp(nvme, "none") != 0) {
-		check_dirs(nvme);
+		st_cli_check_dirs("--nvme", nvme, true);
 		ec.nvme_dirs = nvme;
 	}
 	{

@@ -783,9 +783,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		   struct st_step_result *res)
 {
 	const struct st_train_config *c = &e->cfg.train;
-	struct st_adam_hparams hp;
 	struct st_adam_step with_wd, without_wd;
-	double loss_sum = 0, sumsq = 0, clip_coef = 1.0;
+	double loss_sum = 0, sumsq = 0;
 	uint64_t t0 = st_now_ns();
 	int ret = 0;
 
@@ -816,16 +815,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		goto done;
 	}
 	res->grad_norm = sqrt(sumsq);
-	if (c->clip > 0 && res->grad_norm > c->clip)
-		clip_coef = c->clip / (res->grad_norm + 1e-6);
-	hp = (struct st_adam_hparams){ .lr = (float)res->lr, .beta1 = (float)c->beta1,
-				       .beta2 = (float)c->beta2, .eps = (float)c->eps,
-				       .weight_decay = (float)c->wd,
-				       .grad_scale = (float)clip_coef, .step = (uint64_t)step + 1 };
-	ret = st_adam_prep(&with_wd, &hp);
-	hp.weight_decay = 0;
-	if (ret == 0)
-		ret = st_adam_prep(&without_wd, &hp);
+	ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
 	if (ret == 0)
 		ret = update_sweep(e, &with_wd, &without_wd);
 	if (ret < 0)

@@ -281,57 +281,17 @@ int st_engine_load_weights(struct st_engine *e, const char *path)
 {
 	const struct st_model *m = st_engine_model(e);
 	struct st_ckpt_reader *r;
-	const struct st_safetensors *sf;
 	float *p = NULL;
 	void *raw = NULL;
 	int ret = st_ckpt_reader_open(&r, path);
 
 	if (ret < 0)
 		return ret;
-	sf = st_ckpt_reader_file(r);
 	if (posix_memalign((void **)&p, ST_PAGE_BYTES, max_unit_elems(m) * sizeof(float)) ||
 	    !(raw = malloc(max_unit_elems(m) * sizeof(float))))
 		ret = -ENOMEM;
 	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
-		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
-
-		memset(p, 0, ul->elems * sizeof(float));
-		for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
-			const struct st_tensor_layout *tl = &ul->tensors[i];
-			const struct st_sf_info *info = st_safetensors_find(sf, tl->name);
-			char alt[ST_MODEL_NAME_BYTES + 16];
-			float *dst = p + tl->offset_elems;
-
-			if (!info) {
-				snprintf(alt, sizeof(alt), "transformer.%s", tl->name);
-				info = st_safetensors_find(sf, alt);
-			}
-			if (!info) {
-				ret = st_error_set(-EINVAL, "%s: tensor %s is missing", path, tl->name);
-				break;
-			}
-			if (info->elems != tl->n_elems || info->ndim != tl->ndim ||
-			    info->shape[0] != (uint64_t)tl->shape[0]) {
-				ret = st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for this model",
-						   path, tl->name);
-				break;
-			}
-			if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 &&
-			    info->dtype != ST_SF_F16) {
-				ret = st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", path,
-						   tl->name, st_sf_dtype_name(info->dtype));
-				break;
-			}
-			ret = st_ckpt_reader_pread(r, info, 0, info->dtype == ST_SF_F32 ? (void *)dst : raw,
-						   info->size_bytes);
-			if (ret == 0 && info->dtype != ST_SF_F32)
-				for (uint64_t k = 0; k < info->elems; k++) {
-					uint16_t h = ((const uint16_t *)raw)[k];
-
-					dst[k] = info->dtype == ST_SF_BF16 ? st_f32_from_bf16(h)
-									   : st_f32_from_f16(h);
-				}
-		}
+		ret = st_train_read_unit(m, r, path, u, p, raw);
 		if (ret == 0)
 			ret = st_engine_write_state(e, u, p, NULL, NULL);
 	}

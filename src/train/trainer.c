@@ -2,6 +2,7 @@
  * docs/design.md run unit by unit. The reference the tiered engine matches
  * bit for bit. */
 #include "strata/train.h"
+#include "strata/ckpt.h"
 #include "strata/io.h"
 #include "strata/kernels.h"
 #include "strata/optim.h"
@@ -65,6 +66,26 @@ double st_lr_at(const struct st_train_config *c, int step)
 	if (progress > 1)
 		progress = 1;
 	return min_lr + 0.5 * (c->lr - min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+int st_train_adam_prep(const struct st_train_config *c, int step, double grad_norm,
+		       struct st_adam_step *with_wd, struct st_adam_step *without_wd)
+{
+	double clip_coef = 1.0;
+	struct st_adam_hparams hp;
+	int ret;
+
+	if (c->clip > 0 && grad_norm > c->clip)
+		clip_coef = c->clip / (grad_norm + 1e-6);
+	hp = (struct st_adam_hparams){ .lr = (float)st_lr_at(c, step), .beta1 = (float)c->beta1,
+				       .beta2 = (float)c->beta2, .eps = (float)c->eps,
+				       .weight_decay = (float)c->wd,
+				       .grad_scale = (float)clip_coef, .step = (uint64_t)step + 1 };
+	ret = st_adam_prep(with_wd, &hp);
+	hp.weight_decay = 0;
+	if (ret == 0)
+		ret = st_adam_prep(without_wd, &hp);
+	return ret;
 }
 
 static size_t x_elems(const struct st_trainer *t)
@@ -225,6 +246,14 @@ const struct st_model *st_trainer_model(const struct st_trainer *t)
 	return t->model;
 }
 
+int st_trainer_read_master(const struct st_trainer *t, int u, float *p)
+{
+	if (u < 0 || u >= t->U)
+		return -EINVAL;
+	memcpy(p, t->P[u], t->elems[u] * sizeof(float));
+	return 0;
+}
+
 /* Forward of every unit but the head; leaves x[1..U-1] in acts and the
  * embedding's fp32 weights in wf_embed. */
 static int forward_body(struct st_trainer *t, const struct st_model_batch *b)
@@ -277,9 +306,8 @@ int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 		    struct st_step_result *res)
 {
 	const struct st_train_config *c = &t->cfg;
-	struct st_adam_hparams hp;
 	struct st_adam_step with_wd, without_wd;
-	double loss_sum = 0, sumsq = 0, clip_coef = 1.0;
+	double loss_sum = 0, sumsq = 0;
 	int ret;
 
 	memset(res, 0, sizeof(*res));
@@ -310,16 +338,7 @@ int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 		sumsq += s;
 	}
 	res->grad_norm = sqrt(sumsq);
-	if (c->clip > 0 && res->grad_norm > c->clip)
-		clip_coef = c->clip / (res->grad_norm + 1e-6);
-	hp = (struct st_adam_hparams){ .lr = (float)res->lr, .beta1 = (float)c->beta1,
-				       .beta2 = (float)c->beta2, .eps = (float)c->eps,
-				       .weight_decay = (float)c->wd,
-				       .grad_scale = (float)clip_coef, .step = (uint64_t)step + 1 };
-	ret = st_adam_prep(&with_wd, &hp);
-	hp.weight_decay = 0;
-	if (ret == 0)
-		ret = st_adam_prep(&without_wd, &hp);
+	ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
 	if (ret < 0)
 		return ret;
 	for (int u = 0; u < t->U; u++) {
@@ -406,180 +425,65 @@ int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n, float 
 	return 0;
 }
 
-/* --- checkpoints ---------------------------------------------------------- */
-
-static int fsync_path(const char *path)
+int st_train_read_unit(const struct st_model *m, struct st_ckpt_reader *r, const char *path,
+		       int u, float *p, void *raw)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC), ret = 0;
+	const struct st_safetensors *sf = st_ckpt_reader_file(r);
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+	int ret = 0;
 
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) < 0)
-		ret = -errno;
-	close(fd);
+	memset(p, 0, ul->elems * sizeof(float));
+	for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
+		const struct st_tensor_layout *tl = &ul->tensors[i];
+		const struct st_sf_info *info = st_safetensors_find(sf, tl->name);
+		char alt[ST_MODEL_NAME_BYTES + 16];
+		float *dst = p + tl->offset_elems;
+
+		if (!info) {
+			snprintf(alt, sizeof(alt), "transformer.%s", tl->name);
+			info = st_safetensors_find(sf, alt);
+		}
+		if (!info)
+			return st_error_set(-EINVAL, "%s: tensor %s is missing", path, tl->name);
+		if (info->elems != tl->n_elems || info->ndim != tl->ndim ||
+		    info->shape[0] != (uint64_t)tl->shape[0])
+			return st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for this model",
+					    path, tl->name);
+		if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 &&
+		    info->dtype != ST_SF_F16)
+			return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", path,
+					    tl->name, st_sf_dtype_name(info->dtype));
+		ret = st_ckpt_reader_pread(r, info, 0, info->dtype == ST_SF_F32 ? (void *)dst : raw,
+					   info->size_bytes);
+		if (ret == 0 && info->dtype != ST_SF_F32)
+			for (uint64_t k = 0; k < info->elems; k++) {
+				uint16_t h = ((const uint16_t *)raw)[k];
+
+				dst[k] = info->dtype == ST_SF_BF16 ? st_f32_from_bf16(h)
+								   : st_f32_from_f16(h);
+			}
+	}
 	return ret;
-}
-
-static void rm_tree(const char *dir)
-{
-	char p[4096];
-
-	snprintf(p, sizeof(p), "%.4000s/model.safetensors", dir);
-	unlink(p);
-	snprintf(p, sizeof(p), "%.4000s/config.json", dir);
-	unlink(p);
-	rmdir(dir);
-}
-
-int st_trainer_save(struct st_trainer *t, const char *dir)
-{
-	const struct st_model_config *mc = &t->cfg.model;
-	struct st_gpt2_config gc = { .n_embd = mc->n_embd, .n_layer = mc->n_layer,
-				     .n_head = mc->n_head, .vocab_size = mc->vocab,
-				     .n_positions = mc->ctx };
-	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
-	struct st_sf_tensor *list;
-	size_t n = 0, cap = 0;
-	char tmp[4096], path[4096], parent[4096];
-	struct stat st;
-	int ret;
-
-	for (int u = 0; u < t->U; u++)
-		cap += (size_t)st_model_unit_layout(t->model, u)->n_tensors;
-	list = calloc(cap, sizeof(*list));
-	if (!list)
-		return -ENOMEM;
-	for (int u = 0; u < t->U; u++) {
-		const struct st_unit_layout *ul = st_model_unit_layout(t->model, u);
-
-		for (int i = 0; i < ul->n_tensors; i++) {
-			const struct st_tensor_layout *tl = &ul->tensors[i];
-
-			list[n] = (struct st_sf_tensor){ .name = tl->name, .dtype = ST_SF_F32,
-							 .ndim = tl->ndim,
-							 .data = t->P[u] + tl->offset_elems };
-			list[n].shape[0] = (uint64_t)tl->shape[0];
-			list[n].shape[1] = (uint64_t)tl->shape[1];
-			n++;
-		}
-	}
-	snprintf(tmp, sizeof(tmp), "%.4000s.tmp.%d", dir, (int)getpid());
-	rm_tree(tmp);
-	if (mkdir(tmp, 0755) < 0) {
-		ret = st_error_set(-errno, "cannot create %s: %s", tmp, strerror(errno));
-		free(list);
-		return ret;
-	}
-	snprintf(path, sizeof(path), "%.4000s/model.safetensors", tmp);
-	ret = st_safetensors_write(path, list, n, meta, ST_ARRAY_LEN(meta));
-	free(list);
-	if (ret == 0) {
-		snprintf(path, sizeof(path), "%.4000s/config.json", tmp);
-		ret = st_gpt2_config_write(path, &gc);
-	}
-	if (ret == 0)
-		ret = fsync_path(tmp);
-	if (ret == 0) {
-		/* Swap the new directory in whole: a reader sees the old
-		 * checkpoint or the new one, never a mix. */
-		if (stat(dir, &st) == 0) {
-			ret = renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) ? -errno : 0;
-			if (ret == 0)
-				rm_tree(tmp); /* now the old one */
-		} else {
-			ret = rename(tmp, dir) ? -errno : 0;
-		}
-		if (ret < 0)
-			st_error_set(ret, "cannot move %s to %s: %s", tmp, dir, strerror(-ret));
-	}
-	if (ret < 0) {
-		rm_tree(tmp);
-		return ret;
-	}
-	snprintf(parent, sizeof(parent), "%s", dir);
-	{
-		char *slash = strrchr(parent, '/');
-
-		if (slash && slash != parent)
-			*slash = '\0';
-		else if (slash)
-			strcpy(parent, "/");
-		else
-			strcpy(parent, ".");
-	}
-	fsync_path(parent);
-	return 0;
 }
 
 int st_trainer_load_weights(struct st_trainer *t, const char *path)
 {
-	struct st_safetensors *sf;
-	const void *data;
-	uint64_t data_bytes;
-	int ret;
+	struct st_ckpt_reader *r;
+	uint64_t E = 0;
+	void *raw;
+	int ret = st_ckpt_reader_open(&r, path);
 
-	ret = st_safetensors_open(&sf, path);
 	if (ret < 0)
 		return ret;
-	ret = st_safetensors_data(sf, &data, &data_bytes);
-	for (int u = 0; ret == 0 && u < t->U; u++) {
-		const struct st_unit_layout *ul = st_model_unit_layout(t->model, u);
-
-		for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
-			const struct st_tensor_layout *tl = &ul->tensors[i];
-			const struct st_sf_info *info = st_safetensors_find(sf, tl->name);
-			char alt[ST_MODEL_NAME_BYTES + 16];
-			uint64_t numel = 1;
-			const char *src;
-			float *dst = t->P[u] + tl->offset_elems;
-
-			if (!info) {
-				snprintf(alt, sizeof(alt), "transformer.%s", tl->name);
-				info = st_safetensors_find(sf, alt);
-			}
-			if (!info) {
-				ret = st_error_set(-EINVAL, "%s: tensor %s is missing", path, tl->name);
-				break;
-			}
-			for (int d = 0; d < info->ndim; d++)
-				numel *= info->shape[d];
-			if (info->ndim != tl->ndim || info->shape[0] != (uint64_t)tl->shape[0] ||
-			    (tl->ndim == 2 && info->shape[1] != (uint64_t)tl->shape[1]) ||
-			    numel != tl->n_elems) {
-				ret = st_error_set(-EINVAL,
-						   "%s: tensor %s has the wrong shape for this model",
-						   path, tl->name);
-				break;
-			}
-			src = (const char *)data + info->offset_bytes;
-			for (uint64_t k = 0; k < numel; k++) {
-				switch (info->dtype) {
-				case ST_SF_F32:
-					memcpy(&dst[k], src + 4 * k, 4);
-					break;
-				case ST_SF_BF16: {
-					uint16_t h;
-
-					memcpy(&h, src + 2 * k, 2);
-					dst[k] = st_f32_from_bf16(h);
-					break;
-				}
-				case ST_SF_F16: {
-					uint16_t h;
-
-					memcpy(&h, src + 2 * k, 2);
-					dst[k] = st_f32_from_f16(h);
-					break;
-				}
-				default:
-					ret = st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type",
-							   path, tl->name, st_sf_dtype_name(info->dtype));
-					k = numel;
-				}
-			}
-		}
-	}
-	st_safetensors_close(sf);
+	for (int u = 0; u < t->U; u++)
+		E = ST_MAX(E, t->elems[u]);
+	raw = malloc(E * sizeof(float));
+	if (!raw)
+		ret = -ENOMEM;
+	for (int u = 0; ret == 0 && u < t->U; u++)
+		ret = st_train_read_unit(t->model, r, path, u, t->P[u], raw);
+	free(raw);
+	st_ckpt_reader_close(r);
 	if (ret < 0)
 		return ret;
 	for (int u = 0; u < t->U; u++) {

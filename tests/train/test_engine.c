@@ -230,6 +230,48 @@ static void test_budgets(void **state)
 	(void)hmin;
 }
 
+/* The engine and the in-memory reference trainer implement the same step:
+ * with one micro-batch they agree bit for bit. */
+static void test_matches_reference_trainer(void **state)
+{
+	struct st_engine_config c;
+	struct run eng;
+	struct st_trainer *t;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	float *p;
+	size_t off = 0;
+
+	(void)state;
+	base_config(&c);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	train(&c, STEPS, &eng);
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_trainer_create(&c.train, &t), 0);
+	for (int s = 0; s < STEPS; s++) {
+		struct st_step_result res;
+
+		assert_int_equal(st_trainer_step(t, &ld, s, &res), 0);
+		if (memcmp(&res.loss, &eng.loss[s], sizeof(double)) ||
+		    memcmp(&res.grad_norm, &eng.norm[s], sizeof(double)))
+			fail_msg("step %d: trainer %.9g/%.9g, engine %.9g/%.9g", s, res.loss,
+				 res.grad_norm, eng.loss[s], eng.norm[s]);
+	}
+	p = malloc(eng.n * sizeof(float));
+	for (int u = 0; u < st_model_unit_count(st_trainer_model(t)); u++) {
+		size_t n = st_model_unit_layout(st_trainer_model(t), u)->elems;
+
+		assert_int_equal(st_trainer_read_master(t, u, p + off), 0);
+		off += n;
+	}
+	assert_memory_equal(p, eng.P, eng.n * sizeof(float));
+	free(p);
+	st_trainer_destroy(t);
+	st_dataset_close(ds);
+	run_free(&eng);
+}
+
 /* The planner's traffic per step is what the engine moves. */
 static void test_traffic_matches_plan(void **state)
 {
@@ -474,6 +516,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_budgets),
+		cmocka_unit_test(test_matches_reference_trainer),
 		cmocka_unit_test(test_traffic_matches_plan),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_nvme_fault),
