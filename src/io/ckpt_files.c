@@ -2,7 +2,8 @@
  * the directory protocol (temp dir, fsync, rename, latest link, pruning). */
 #include "strata/ckpt.h"
 
-#include "io/file.h"
+#include "io/sf_internal.h"
+#include "strata/file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -38,167 +39,11 @@ static char *st_ckpt_fmt(const char *fmt, ...)
 
 /* ---- streamed safetensors ---------------------------------------------------- */
 
-static void st_ckpt_json_add(struct json_object *obj, const char *key,
-			     struct json_object *val, bool *oom)
-{
-	if (*oom || !obj || !val || json_object_object_add(obj, key, val)) {
-		json_object_put(val);
-		*oom = true;
-	}
-}
-
-static void st_ckpt_json_push(struct json_object *arr, struct json_object *val,
-			      bool *oom)
-{
-	if (*oom || !arr || !val || json_object_array_add(arr, val)) {
-		json_object_put(val);
-		*oom = true;
-	}
-}
-
-/* sizes[i] = bytes of tensor i; checks what st_safetensors_write() checks. */
-static int st_ckpt_check_tensors(const char *path,
-				 const struct st_ckpt_tensor *tensors, size_t n,
-				 const struct st_sf_meta *meta, size_t n_meta,
-				 uint64_t *sizes, uint64_t *total)
-{
-	*total = 0;
-	for (size_t i = 0; i < n; i++) {
-		const struct st_ckpt_tensor *t = &tensors[i];
-		uint64_t b = st_sf_dtype_size(t->dtype);
-
-		if (!t->name || !t->name[0] ||
-		    strcmp(t->name, "__metadata__") == 0)
-			return st_error_set(-EINVAL, "%s: tensor %zu has no name "
-					    "or the reserved name __metadata__",
-					    path, i);
-		if (!b)
-			return st_error_set(-EINVAL, "%s: tensor '%s': bad dtype "
-					    "%d", path, t->name, (int)t->dtype);
-		if (t->ndim < 0 || t->ndim > ST_SF_MAX_DIMS)
-			return st_error_set(-EINVAL, "%s: tensor '%s': %d "
-					    "dimensions (0..%d supported)",
-					    path, t->name, t->ndim,
-					    ST_SF_MAX_DIMS);
-		for (int d = 0; d < t->ndim; d++)
-			if (__builtin_mul_overflow(b, t->shape[d], &b))
-				goto overflow;
-		if (__builtin_add_overflow(*total, b, total) ||
-		    *total > (uint64_t)INT64_MAX - 1)
-			goto overflow;
-		sizes[i] = b;
-		continue;
-overflow:
-		return st_error_set(-EINVAL, "%s: tensor '%s': size overflows",
-				    path, t->name);
-	}
-	for (size_t i = 0; i < n_meta; i++)
-		if (!meta[i].key || !meta[i].value)
-			return st_error_set(-EINVAL, "%s: metadata entry %zu has "
-					    "no key or value", path, i);
-	return 0;
-}
-
-/* The file's first bytes: the 8-byte little-endian header length and the
- * header JSON padded with spaces to a multiple of 8. Built exactly as
- * st_safetensors_write() builds it (json-c, insertion order, __metadata__
- * first, plain, no slash escaping) so both writers give the same bytes. */
-static int st_ckpt_build_header(const char *path,
-				const struct st_ckpt_tensor *tensors, size_t n,
-				const struct st_sf_meta *meta, size_t n_meta,
-				const uint64_t *sizes, uint8_t **out,
-				size_t *out_bytes)
-{
-	struct json_object *root = json_object_new_object();
-	struct json_object *m = NULL;
-	const char *text;
-	uint64_t off = 0, hdr_bytes;
-	size_t text_len;
-	uint8_t *buf;
-	bool oom = !root;
-
-	if (n_meta) {
-		m = json_object_new_object();
-		st_ckpt_json_add(root, "__metadata__", m, &oom);
-		for (size_t i = 0; !oom && i < n_meta; i++)
-			st_ckpt_json_add(m, meta[i].key,
-					 json_object_new_string(meta[i].value),
-					 &oom);
-	}
-	for (size_t i = 0; !oom && i < n; i++) {
-		struct json_object *e = json_object_new_object();
-		struct json_object *shape = json_object_new_array();
-		struct json_object *offs = json_object_new_array();
-
-		st_ckpt_json_add(root, tensors[i].name, e, &oom);
-		if (oom) {
-			json_object_put(shape);
-			json_object_put(offs);
-			break;
-		}
-		st_ckpt_json_add(e, "dtype", json_object_new_string(
-				st_sf_dtype_name(tensors[i].dtype)), &oom);
-		st_ckpt_json_add(oom ? NULL : e, "shape", shape, &oom);
-		st_ckpt_json_add(oom ? NULL : e, "data_offsets", offs, &oom);
-		for (int d = 0; !oom && d < tensors[i].ndim; d++)
-			st_ckpt_json_push(shape, json_object_new_int64(
-					(int64_t)tensors[i].shape[d]), &oom);
-		st_ckpt_json_push(oom ? NULL : offs,
-				  json_object_new_int64((int64_t)off), &oom);
-		st_ckpt_json_push(oom ? NULL : offs, json_object_new_int64(
-				(int64_t)(off + sizes[i])), &oom);
-		off += sizes[i];
-	}
-	if (oom) {
-		json_object_put(root);
-		return st_error_set(-ENOMEM, "%s: out of memory for the header",
-				    path);
-	}
-	/* A repeated key replaces the earlier entry in json-c: counting the
-	 * entries finds repeated names without sorting. */
-	if ((size_t)json_object_object_length(root) != n + (n_meta ? 1 : 0) ||
-	    (m && (size_t)json_object_object_length(m) != n_meta)) {
-		json_object_put(root);
-		return st_error_set(-EINVAL, "%s: a tensor name or metadata key "
-				    "is given twice", path);
-	}
-	text = json_object_to_json_string_length(root,
-			JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
-			&text_len);
-	if (!text) {
-		json_object_put(root);
-		return st_error_set(-ENOMEM, "%s: out of memory for the header",
-				    path);
-	}
-	hdr_bytes = st_align_up(text_len, 8);
-	if (hdr_bytes > ST_SF_MAX_HEADER_BYTES) {
-		json_object_put(root);
-		return st_error_set(-EINVAL, "%s: header would be %llu bytes, "
-				    "more than the %llu-byte limit", path,
-				    (unsigned long long)hdr_bytes,
-				    ST_SF_MAX_HEADER_BYTES);
-	}
-	buf = malloc(8 + hdr_bytes);
-	if (!buf) {
-		json_object_put(root);
-		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	}
-	for (int i = 0; i < 8; i++)
-		buf[i] = (uint8_t)(hdr_bytes >> (8 * i));
-	memcpy(buf + 8, text, text_len);
-	memset(buf + 8 + text_len, ' ', hdr_bytes - text_len);
-	json_object_put(root);
-	*out = buf;
-	*out_bytes = 8 + hdr_bytes;
-	return 0;
-}
-
 /* Pull every tensor through fill into f, hashing as it goes. */
-static int st_ckpt_stream_data(struct st_atomic_file *f, const char *path,
-			       const struct st_ckpt_tensor *tensors, size_t n,
-			       const uint64_t *sizes, uint64_t max_bytes,
-			       st_ckpt_fill_fn fill, void *ctx,
-			       XXH64_state_t *xs)
+static int st_ckpt_stream_data(struct st_file_atomic *f, const char *path,
+			       const struct st_sf_entry *entries, size_t n,
+			       uint64_t max_bytes, st_ckpt_fill_fn fill,
+			       void *ctx, XXH64_state_t *xs)
 {
 	size_t chunk = (size_t)ST_MIN(st_align_up(max_bytes, ST_PAGE_BYTES),
 				      ST_CKPT_CHUNK_BYTES);
@@ -211,8 +56,10 @@ static int st_ckpt_stream_data(struct st_atomic_file *f, const char *path,
 		return st_error_set(-ENOMEM, "%s: out of memory for a %zu-byte "
 				    "buffer", path, chunk);
 	for (size_t i = 0; !err && i < n; i++) {
-		for (uint64_t off = 0; !err && off < sizes[i]; off += chunk) {
-			size_t len = (size_t)ST_MIN(chunk, sizes[i] - off);
+		uint64_t size_bytes = entries[i].size_bytes;
+
+		for (uint64_t off = 0; !err && off < size_bytes; off += chunk) {
+			size_t len = (size_t)ST_MIN(chunk, size_bytes - off);
 
 			st_error_clear();
 			err = fill(ctx, i, off, buf, len);
@@ -225,12 +72,12 @@ static int st_ckpt_stream_data(struct st_atomic_file *f, const char *path,
 				if (err > 0)
 					err = -EIO;
 				st_error_set(err, "%s: tensor '%s' at byte %llu: "
-					     "%s", path, tensors[i].name,
+					     "%s", path, entries[i].name,
 					     (unsigned long long)off, why);
 				break;
 			}
 			XXH64_update(xs, buf, len);
-			err = st_atomic_file_write(f, buf, len);
+			err = st_file_atomic_write(f, buf, len);
 		}
 	}
 	free(buf);
@@ -243,42 +90,48 @@ int st_ckpt_write_safetensors(const char *path,
 			      st_ckpt_fill_fn fill, void *ctx,
 			      uint64_t *out_bytes, uint64_t *out_xxh64)
 {
-	struct st_atomic_file f;
+	struct st_file_atomic f;
+	struct st_sf_entry *entries;
 	XXH64_state_t *xs = NULL;
-	uint64_t *sizes, total = 0, max_bytes = 0, digest;
+	uint64_t total = 0, max_bytes = 0, digest;
 	uint8_t *hdr = NULL;
 	size_t hdr_bytes = 0;
 	int err;
 
-	sizes = calloc(n + 1, sizeof(*sizes));
-	if (!sizes)
+	entries = calloc(n + 1, sizeof(*entries));
+	if (!entries)
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	err = st_ckpt_check_tensors(path, tensors, n, meta, n_meta, sizes,
-				    &total);
+	for (size_t i = 0; i < n; i++)
+		entries[i] = (struct st_sf_entry){
+			.name = tensors[i].name, .dtype = tensors[i].dtype,
+			.ndim = tensors[i].ndim, .shape = tensors[i].shape };
+	/* The checks and the header of st_safetensors_write(): the same
+	 * tensors give the same bytes. */
+	err = st_sf_entries_check(path, entries, n, meta, n_meta, &total);
 	if (!err && total && !fill)
 		err = st_error_set(-EINVAL, "%s: no fill callback", path);
 	if (!err)
-		err = st_ckpt_build_header(path, tensors, n, meta, n_meta, sizes,
-					   &hdr, &hdr_bytes);
+		err = st_sf_header_build(path, entries, n, meta, n_meta, &hdr,
+					 &hdr_bytes);
 	if (!err && !(xs = XXH64_createState()))
 		err = st_error_set(-ENOMEM, "%s: out of memory", path);
 	if (!err)
-		err = st_atomic_file_open(&f, path);
+		err = st_file_atomic_open(&f, path);
 	if (err)
 		goto out;
 	for (size_t i = 0; i < n; i++)
-		max_bytes = ST_MAX(max_bytes, sizes[i]);
+		max_bytes = ST_MAX(max_bytes, entries[i].size_bytes);
 	XXH64_reset(xs, 0);
 	XXH64_update(xs, hdr, hdr_bytes);
-	err = st_atomic_file_write(&f, hdr, hdr_bytes);
+	err = st_file_atomic_write(&f, hdr, hdr_bytes);
 	if (!err)
-		err = st_ckpt_stream_data(&f, path, tensors, n, sizes, max_bytes,
-					  fill, ctx, xs);
+		err = st_ckpt_stream_data(&f, path, entries, n, max_bytes, fill,
+					  ctx, xs);
 	if (err) {
-		st_atomic_file_abort(&f);
+		st_file_atomic_abort(&f);
 		goto out;
 	}
-	err = st_atomic_file_commit(&f);
+	err = st_file_atomic_commit(&f);
 	if (err)
 		goto out;
 	digest = XXH64_digest(xs);
@@ -289,7 +142,7 @@ int st_ckpt_write_safetensors(const char *path,
 out:
 	XXH64_freeState(xs);
 	free(hdr);
-	free(sizes);
+	free(entries);
 	return err;
 }
 
@@ -374,7 +227,7 @@ int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path)
 		st_error_set(err, "%s: %s", path, strerror(-err));
 		goto fail;
 	}
-	err = st_pread_full(r->fd, len8, 8, 0, path);
+	err = st_file_pread_full(r->fd, len8, 8, 0, path);
 	if (err)
 		goto fail;
 	for (int i = 0; i < 8; i++)
@@ -408,25 +261,12 @@ const struct st_safetensors *st_ckpt_reader_file(const struct st_ckpt_reader *r)
 	return r->sf;
 }
 
-static void st_ckpt_shape_str(const uint64_t *shape, int ndim, char *buf,
-			      size_t len)
-{
-	size_t at = (size_t)snprintf(buf, len, "[");
-
-	for (int i = 0; i < ndim && at < len; i++)
-		at += (size_t)snprintf(buf + at, len - at, "%s%llu",
-				       i ? "," : "",
-				       (unsigned long long)shape[i]);
-	if (at < len)
-		snprintf(buf + at, len - at, "]");
-}
-
 int st_ckpt_reader_find(const struct st_ckpt_reader *r, const char *name,
 			enum st_sf_dtype dtype, int ndim, const uint64_t *shape,
 			const struct st_sf_info **out)
 {
 	const struct st_sf_info *t = st_safetensors_find(r->sf, name);
-	char have[ST_SF_MAX_DIMS * 21 + 3], want[ST_SF_MAX_DIMS * 21 + 3];
+	char have[ST_SF_SHAPE_STR_LEN], want[ST_SF_SHAPE_STR_LEN];
 	bool same;
 
 	*out = NULL;
@@ -437,9 +277,9 @@ int st_ckpt_reader_find(const struct st_ckpt_reader *r, const char *name,
 	for (int i = 0; same && i < ndim; i++)
 		same = t->shape[i] == shape[i];
 	if (!same) {
-		st_ckpt_shape_str(t->shape, t->ndim, have, sizeof(have));
-		st_ckpt_shape_str(shape, ndim >= 0 && ndim <= ST_SF_MAX_DIMS ?
-				  ndim : 0, want, sizeof(want));
+		st_sf_shape_str(t->shape, t->ndim, have, sizeof(have));
+		st_sf_shape_str(shape, ndim >= 0 && ndim <= ST_SF_MAX_DIMS ?
+				ndim : 0, want, sizeof(want));
 		return st_error_set(-EINVAL, "%s: tensor '%.200s' is %s %s, "
 				    "expected %s %s", r->path, name,
 				    st_sf_dtype_name(t->dtype), have,
@@ -461,7 +301,7 @@ int st_ckpt_reader_pread(const struct st_ckpt_reader *r,
 				    (unsigned long long)t->size_bytes);
 	if (len == 0)
 		return 0;
-	return st_pread_full(r->fd, buf, len,
+	return st_file_pread_full(r->fd, buf, len,
 			     r->data_off + t->offset_bytes + offset_bytes,
 			     r->path);
 }
@@ -592,7 +432,7 @@ static const char st_ckpt_hexdig[] = "0123456789abcdef";
 int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 {
 	struct json_object *root = json_object_new_object(), *cfg, *files;
-	struct st_atomic_file f;
+	struct st_file_atomic f;
 	char hex[2 * ST_CKPT_CURSOR_MAX_BYTES + 1];
 	const char *text;
 	size_t text_len;
@@ -618,16 +458,16 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 		hex[2 * i + 1] = st_ckpt_hexdig[tr->cursor[i] & 15];
 	}
 	hex[2 * tr->cursor_bytes] = '\0';
-	st_ckpt_json_add(root, "format", json_object_new_string(
+	st_json_add(root, "format", json_object_new_string(
 				 "strata-checkpoint"), &oom);
-	st_ckpt_json_add(root, "version", json_object_new_int(ST_CKPT_VERSION),
+	st_json_add(root, "version", json_object_new_int(ST_CKPT_VERSION),
 			 &oom);
-	st_ckpt_json_add(root, "step", json_object_new_uint64(tr->step), &oom);
-	st_ckpt_json_add(root, "seed", json_object_new_uint64(tr->seed), &oom);
-	st_ckpt_json_add(root, "cursor", json_object_new_string(hex), &oom);
-	st_ckpt_json_add(root, "config", cfg, &oom);
+	st_json_add(root, "step", json_object_new_uint64(tr->step), &oom);
+	st_json_add(root, "seed", json_object_new_uint64(tr->seed), &oom);
+	st_json_add(root, "cursor", json_object_new_string(hex), &oom);
+	st_json_add(root, "config", cfg, &oom);
 	files = json_object_new_array();
-	st_ckpt_json_add(root, "files", files, &oom);
+	st_json_add(root, "files", files, &oom);
 	for (size_t i = 0; !oom && i < tr->n_files; i++) {
 		const struct st_ckpt_file *fl = &tr->files[i];
 		struct json_object *e = json_object_new_object();
@@ -640,12 +480,12 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 			return err;
 		}
 		snprintf(h, sizeof(h), "%016llx", (unsigned long long)fl->xxh64);
-		st_ckpt_json_push(files, e, &oom);
-		st_ckpt_json_add(oom ? NULL : e, "name",
+		st_json_push(files, e, &oom);
+		st_json_add(oom ? NULL : e, "name",
 				 json_object_new_string(fl->name), &oom);
-		st_ckpt_json_add(oom ? NULL : e, "bytes",
+		st_json_add(oom ? NULL : e, "bytes",
 				 json_object_new_uint64(fl->bytes), &oom);
-		st_ckpt_json_add(oom ? NULL : e, "xxh64",
+		st_json_add(oom ? NULL : e, "xxh64",
 				 json_object_new_string(h), &oom);
 	}
 	text = oom ? NULL : json_object_to_json_string_length(root,
@@ -655,15 +495,15 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 		json_object_put(root);
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	}
-	err = st_atomic_file_open(&f, path);
+	err = st_file_atomic_open(&f, path);
 	if (!err)
-		err = st_atomic_file_write(&f, text, text_len);
+		err = st_file_atomic_write(&f, text, text_len);
 	if (!err)
-		err = st_atomic_file_write(&f, "\n", 1);
+		err = st_file_atomic_write(&f, "\n", 1);
 	if (!err)
-		err = st_atomic_file_commit(&f);
+		err = st_file_atomic_commit(&f);
 	else
-		st_atomic_file_abort(&f);
+		st_file_atomic_abort(&f);
 	json_object_put(root);
 	return err;
 }
@@ -848,7 +688,7 @@ int st_ckpt_trainer_read(const char *path, struct st_ckpt_trainer *tr)
 	int err;
 
 	memset(tr, 0, sizeof(*tr));
-	err = st_read_small_file(path, ST_CKPT_TRAINER_MAX_BYTES, &text, &len);
+	err = st_file_read_small(path, ST_CKPT_TRAINER_MAX_BYTES, &text, &len);
 	if (err)
 		return err;
 	root = st_ckpt_parse_object(text, len);

@@ -2,16 +2,14 @@
  * Files are mmapped: a 10 GB shard costs nothing until a window touches it. */
 #include "strata/dataset.h"
 
-#include "io/file.h"
+#include "strata/file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -66,7 +64,7 @@ static int st_llmc_check(const char *path, int fd, uint64_t file_bytes,
 				    "than the %d-byte llm.c shard header",
 				    path, (unsigned long long)file_bytes,
 				    ST_LLMC_HEADER_BYTES);
-	err = st_pread_full(fd, hdr, sizeof(hdr), 0, path);
+	err = st_file_pread_full(fd, hdr, sizeof(hdr), 0, path);
 	if (err)
 		return err;
 	magic = st_le32(hdr);
@@ -98,26 +96,13 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 		    enum st_dataset_format format)
 {
 	struct st_dataset *ds;
-	struct stat sb;
 	uint64_t file_bytes, n_tokens = 0;
 	int fd, err;
 
 	*out = NULL;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		err = -errno;
-		return st_error_set(err, "%s: %s", path, strerror(-err));
-	}
-	if (fstat(fd, &sb) < 0) {
-		err = -errno;
-		close(fd);
-		return st_error_set(err, "%s: stat: %s", path, strerror(-err));
-	}
-	if (!S_ISREG(sb.st_mode)) {
-		close(fd);
-		return st_error_set(-EINVAL, "%s: not a regular file", path);
-	}
-	file_bytes = (uint64_t)sb.st_size;
+	err = st_file_open_regular(path, &fd, &file_bytes);
+	if (err)
+		return err;
 	if (file_bytes == 0) {
 		close(fd);
 		return st_error_set(-EINVAL, "%s: file is empty", path);
@@ -126,7 +111,8 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 		uint8_t m[4] = { 0 };
 
 		format = ST_DATASET_BYTES;
-		if (file_bytes >= 4 && !st_pread_full(fd, m, 4, 0, path) &&
+		if (file_bytes >= 4 &&
+		    !st_file_pread_full(fd, m, 4, 0, path) &&
 		    st_le32(m) == ST_LLMC_MAGIC)
 			format = ST_DATASET_LLMC;
 		/* A .bin that is not a shard is a broken shard, not text. */
@@ -209,7 +195,7 @@ int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
 	uint8_t hdr[ST_LLMC_HEADER_BYTES] = { 0 };
 	const int32_t head[3] = { ST_LLMC_MAGIC, ST_LLMC_VERSION,
 				  (int32_t)n_tokens };
-	struct st_atomic_file f;
+	struct st_file_atomic f;
 	int err;
 
 	if (n_tokens == 0 || n_tokens > INT32_MAX)
@@ -219,17 +205,17 @@ int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
 	for (int i = 0; i < 3; i++)
 		for (int b = 0; b < 4; b++)
 			hdr[4 * i + b] = (uint8_t)((uint32_t)head[i] >> (8 * b));
-	err = st_atomic_file_open(&f, path);
+	err = st_file_atomic_open(&f, path);
 	if (err)
 		return err;
-	err = st_atomic_file_write(&f, hdr, sizeof(hdr));
+	err = st_file_atomic_write(&f, hdr, sizeof(hdr));
 	if (!err)
-		err = st_atomic_file_write(&f, tokens, 2 * (size_t)n_tokens);
+		err = st_file_atomic_write(&f, tokens, 2 * (size_t)n_tokens);
 	if (err) {
-		st_atomic_file_abort(&f);
+		st_file_atomic_abort(&f);
 		return err;
 	}
-	return st_atomic_file_commit(&f);
+	return st_file_atomic_commit(&f);
 }
 
 /* ---- sampler ----------------------------------------------------------- */

@@ -3,10 +3,10 @@
  * checkpoint is input like any other (tests/fuzz feeds this file garbage). */
 #include "strata/safetensors.h"
 
-#include "io/file.h"
+#include "io/sf_internal.h"
+#include "strata/file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static const struct {
@@ -89,9 +88,8 @@ static int st_sf_dtype_parse(const char *s, enum st_sf_dtype *out)
 	return -EINVAL;
 }
 
-/* "[4,8]" into buf. */
-static const char *st_sf_shape_str(const uint64_t *shape, int ndim, char *buf,
-				   size_t buf_len)
+const char *st_sf_shape_str(const uint64_t *shape, int ndim, char *buf,
+			    size_t buf_len)
 {
 	size_t at = 0;
 
@@ -104,8 +102,6 @@ static const char *st_sf_shape_str(const uint64_t *shape, int ndim, char *buf,
 		snprintf(buf + at, buf_len - at, "]");
 	return buf;
 }
-
-#define ST_SF_SHAPE_STR_LEN (ST_SF_MAX_DIMS * 21 + 3)
 
 /* A name from the file as it may appear in the one-line error: control
  * bytes spelled \xNN, cut at ST_SF_NAME_SHOWN bytes with "...". */
@@ -508,7 +504,6 @@ int st_safetensors_open(struct st_safetensors **out, const char *path)
 {
 	struct st_safetensors *sf;
 	uint8_t len8[8] = { 0 };
-	struct stat sb;
 	char *hdr = NULL;
 	int err;
 
@@ -516,24 +511,11 @@ int st_safetensors_open(struct st_safetensors **out, const char *path)
 	sf = st_sf_new(path);
 	if (!sf)
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	sf->fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (sf->fd < 0) {
-		err = -errno;
-		st_error_set(err, "%s: %s", path, strerror(-err));
+	err = st_file_open_regular(path, &sf->fd, &sf->file_bytes);
+	if (err)
 		goto fail;
-	}
-	if (fstat(sf->fd, &sb) < 0) {
-		err = -errno;
-		st_error_set(err, "%s: stat: %s", path, strerror(-err));
-		goto fail;
-	}
-	if (!S_ISREG(sb.st_mode)) {
-		err = st_error_set(-EINVAL, "%s: not a regular file", path);
-		goto fail;
-	}
-	sf->file_bytes = (uint64_t)sb.st_size;
 	if (sf->file_bytes >= 8) {
-		err = st_pread_full(sf->fd, len8, 8, 0, path);
+		err = st_file_pread_full(sf->fd, len8, 8, 0, path);
 		if (err)
 			goto fail;
 	}
@@ -547,7 +529,7 @@ int st_safetensors_open(struct st_safetensors **out, const char *path)
 				   (unsigned long long)(sf->data_off - 8));
 		goto fail;
 	}
-	err = st_pread_full(sf->fd, hdr, sf->data_off - 8, 8, path);
+	err = st_file_pread_full(sf->fd, hdr, sf->data_off - 8, 8, path);
 	if (!err)
 		err = st_sf_parse_header(sf, hdr, sf->data_off - 8);
 	free(hdr);
@@ -677,8 +659,8 @@ int st_safetensors_read(const struct st_safetensors *sf, const char *name,
 		       t->offset_bytes, t->size_bytes);
 		return 0;
 	}
-	return st_pread_full(sf->fd, buf, t->size_bytes,
-			     sf->data_off + t->offset_bytes, sf->label);
+	return st_file_pread_full(sf->fd, buf, t->size_bytes,
+				  sf->data_off + t->offset_bytes, sf->label);
 }
 
 int st_safetensors_data(struct st_safetensors *sf, const void **out_data,
@@ -718,8 +700,8 @@ int st_safetensors_data(struct st_safetensors *sf, const void **out_data,
 		return st_error_set(-ENOMEM, "%s: out of memory for %llu bytes "
 				    "of data", sf->label,
 				    (unsigned long long)sf->data_bytes);
-	err = st_pread_full(sf->fd, p, (size_t)sf->data_bytes, sf->data_off,
-			    sf->label);
+	err = st_file_pread_full(sf->fd, p, (size_t)sf->data_bytes,
+				 sf->data_off, sf->label);
 	if (err) {
 		free(p);
 		return err;
@@ -738,17 +720,16 @@ static int st_sf_cmp_name_ptr(const void *a, const void *b)
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Checks the caller's list; sizes[i] gets tensor i's bytes. */
-static int st_sf_check_args(const char *path, const struct st_sf_tensor *tensors,
-			    size_t n, const struct st_sf_meta *meta,
-			    size_t n_meta, uint64_t *sizes)
+int st_sf_entries_check(const char *path, struct st_sf_entry *entries,
+			size_t n, const struct st_sf_meta *meta, size_t n_meta,
+			uint64_t *total_bytes)
 {
 	const char **names;
 	uint64_t total = 0, elems;
 	int err = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		const struct st_sf_tensor *t = &tensors[i];
+		struct st_sf_entry *t = &entries[i];
 
 		if (!t->name || !t->name[0] ||
 		    strcmp(t->name, "__metadata__") == 0)
@@ -764,14 +745,11 @@ static int st_sf_check_args(const char *path, const struct st_sf_tensor *tensors
 					    path, t->name, t->ndim,
 					    ST_SF_MAX_DIMS);
 		if (st_sf_shape_bytes(t->shape, t->ndim, t->dtype, &elems,
-				      &sizes[i]) ||
-		    __builtin_add_overflow(total, sizes[i], &total) ||
+				      &t->size_bytes) ||
+		    __builtin_add_overflow(total, t->size_bytes, &total) ||
 		    total > (uint64_t)INT64_MAX - 1)
 			return st_error_set(-EINVAL, "%s: tensor '%s': size "
 					    "overflows", path, t->name);
-		if (sizes[i] && !t->data)
-			return st_error_set(-EINVAL, "%s: tensor '%s': no data",
-					    path, t->name);
 	}
 	for (size_t i = 0; i < n_meta; i++)
 		if (!meta[i].key || !meta[i].value)
@@ -782,7 +760,7 @@ static int st_sf_check_args(const char *path, const struct st_sf_tensor *tensors
 	if (!names)
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	for (size_t i = 0; i < n; i++)
-		names[i] = tensors[i].name;
+		names[i] = entries[i].name;
 	qsort(names, n, sizeof(*names), st_sf_cmp_name_ptr);
 	for (size_t i = 1; i < n && !err; i++)
 		if (strcmp(names[i - 1], names[i]) == 0)
@@ -796,13 +774,13 @@ static int st_sf_check_args(const char *path, const struct st_sf_tensor *tensors
 			err = st_error_set(-EINVAL, "%s: metadata key '%s' given "
 					   "twice", path, names[i]);
 	free(names);
+	if (!err)
+		*total_bytes = total;
 	return err;
 }
 
-/* json-c calls that may fail for lack of memory; *oom collects failures
- * and val is dropped when it cannot be attached. */
-static void st_json_add(struct json_object *obj, const char *key,
-			struct json_object *val, bool *oom)
+void st_json_add(struct json_object *obj, const char *key,
+		 struct json_object *val, bool *oom)
 {
 	if (*oom || !obj || !val || json_object_object_add(obj, key, val)) {
 		json_object_put(val);
@@ -810,8 +788,8 @@ static void st_json_add(struct json_object *obj, const char *key,
 	}
 }
 
-static void st_json_push(struct json_object *arr, struct json_object *val,
-			 bool *oom)
+void st_json_push(struct json_object *arr, struct json_object *val,
+		  bool *oom)
 {
 	if (*oom || !arr || !val || json_object_array_add(arr, val)) {
 		json_object_put(val);
@@ -819,13 +797,9 @@ static void st_json_push(struct json_object *arr, struct json_object *val,
 	}
 }
 
-/* The JSON header, padded with spaces so 8 + its length is a multiple of 8,
- * preceded by that length: the file's first bytes, malloc'd. */
-static int st_sf_build_header(const char *path,
-			      const struct st_sf_tensor *tensors, size_t n,
-			      const struct st_sf_meta *meta, size_t n_meta,
-			      const uint64_t *sizes, uint8_t **out,
-			      size_t *out_bytes)
+int st_sf_header_build(const char *path, const struct st_sf_entry *entries,
+		       size_t n, const struct st_sf_meta *meta, size_t n_meta,
+		       uint8_t **out, size_t *out_bytes)
 {
 	struct json_object *root = json_object_new_object();
 	const char *text;
@@ -843,22 +817,25 @@ static int st_sf_build_header(const char *path,
 				    json_object_new_string(meta[i].value), &oom);
 	}
 	for (size_t i = 0; !oom && i < n; i++) {
+		const struct st_sf_entry *t = &entries[i];
 		struct json_object *e = json_object_new_object();
 		struct json_object *shape = json_object_new_array();
 		struct json_object *offs = json_object_new_array();
 
-		st_json_add(root, tensors[i].name, e, &oom);
+		/* Once oom is set every later call drops what it is given,
+		 * so shape and offs are freed whether or not e took them. */
+		st_json_add(root, t->name, e, &oom);
 		st_json_add(oom ? NULL : e, "dtype", json_object_new_string(
-				st_sf_dtype_name(tensors[i].dtype)), &oom);
+				st_sf_dtype_name(t->dtype)), &oom);
 		st_json_add(oom ? NULL : e, "shape", shape, &oom);
 		st_json_add(oom ? NULL : e, "data_offsets", offs, &oom);
-		for (int d = 0; !oom && d < tensors[i].ndim; d++)
+		for (int d = 0; !oom && d < t->ndim; d++)
 			st_json_push(shape, json_object_new_int64(
-					(int64_t)tensors[i].shape[d]), &oom);
+					(int64_t)t->shape[d]), &oom);
 		st_json_push(offs, json_object_new_int64((int64_t)off), &oom);
 		st_json_push(offs, json_object_new_int64(
-				(int64_t)(off + sizes[i])), &oom);
-		off += sizes[i];
+				(int64_t)(off + t->size_bytes)), &oom);
+		off += t->size_bytes;
 	}
 	text = oom ? NULL : json_object_to_json_string_length(root,
 			JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
@@ -894,32 +871,42 @@ static int st_sf_build_header(const char *path,
 int st_safetensors_write(const char *path, const struct st_sf_tensor *tensors,
 			 size_t n, const struct st_sf_meta *meta, size_t n_meta)
 {
-	struct st_atomic_file f;
-	uint64_t *sizes;
+	struct st_file_atomic f;
+	struct st_sf_entry *entries;
+	uint64_t total;
 	uint8_t *hdr = NULL;
 	size_t hdr_bytes = 0;
 	int err;
 
-	sizes = calloc(n + 1, sizeof(*sizes));
-	if (!sizes)
+	entries = calloc(n + 1, sizeof(*entries));
+	if (!entries)
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	err = st_sf_check_args(path, tensors, n, meta, n_meta, sizes);
+	for (size_t i = 0; i < n; i++)
+		entries[i] = (struct st_sf_entry){
+			.name = tensors[i].name, .dtype = tensors[i].dtype,
+			.ndim = tensors[i].ndim, .shape = tensors[i].shape };
+	err = st_sf_entries_check(path, entries, n, meta, n_meta, &total);
+	for (size_t i = 0; !err && i < n; i++)
+		if (entries[i].size_bytes && !tensors[i].data)
+			err = st_error_set(-EINVAL, "%s: tensor '%s': no data",
+					   path, tensors[i].name);
 	if (!err)
-		err = st_sf_build_header(path, tensors, n, meta, n_meta, sizes,
-					 &hdr, &hdr_bytes);
+		err = st_sf_header_build(path, entries, n, meta, n_meta, &hdr,
+					 &hdr_bytes);
 	if (!err)
-		err = st_atomic_file_open(&f, path);
+		err = st_file_atomic_open(&f, path);
 	if (err)
 		goto out;
-	err = st_atomic_file_write(&f, hdr, hdr_bytes);
+	err = st_file_atomic_write(&f, hdr, hdr_bytes);
 	for (size_t i = 0; !err && i < n; i++)
-		err = st_atomic_file_write(&f, tensors[i].data, sizes[i]);
+		err = st_file_atomic_write(&f, tensors[i].data,
+					   entries[i].size_bytes);
 	if (err)
-		st_atomic_file_abort(&f);
+		st_file_atomic_abort(&f);
 	else
-		err = st_atomic_file_commit(&f);
+		err = st_file_atomic_commit(&f);
 out:
 	free(hdr);
-	free(sizes);
+	free(entries);
 	return err;
 }

@@ -2,15 +2,14 @@
  * a temporary file and the file is renamed into place at close. */
 #include "strata/trace.h"
 
+#include "strata/file.h"
+
 #include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* The one process every lane belongs to. */
@@ -21,9 +20,8 @@
 
 struct st_trace {
 	pthread_mutex_t mu;
-	FILE *fp;
-	char *path;
-	char *tmp_path;
+	FILE *fp;           /* over file.fd, which it owns */
+	struct st_file_atomic file;
 	char *buf;          /* ST_TRACE_BUF_BYTES, fp's buffer */
 	uint64_t origin_ns; /* st_now_ns() at creation: ts 0 */
 	int n_lanes;
@@ -72,58 +70,44 @@ static void st_trace_begin_event(struct st_trace *t, const char *ph,
 	st_trace_put_str(t->fp, name);
 }
 
+/* Closes the stream (if any) and removes the temporary (if any). */
 static void st_trace_free(struct st_trace *t)
 {
-	if (t->fp)
+	if (t->fp) {
 		fclose(t->fp);
-	if (t->tmp_path)
-		unlink(t->tmp_path);
+		t->file.fd = -1; /* closed with the stream */
+	}
+	st_file_atomic_abort(&t->file);
 	pthread_mutex_destroy(&t->mu);
 	free(t->buf);
-	free(t->path);
-	free(t->tmp_path);
 	free(t);
 }
 
 int st_trace_create(struct st_trace **out, const char *path)
 {
-	static const char suffix[] = ".tmp.XXXXXX";
 	struct st_trace *t;
-	size_t len = strlen(path);
-	int fd, err;
+	int err;
 
 	*out = NULL;
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	t->file.fd = -1;
 	pthread_mutex_init(&t->mu, NULL);
-	t->path = strdup(path);
-	t->tmp_path = malloc(len + sizeof(suffix));
 	t->buf = malloc(ST_TRACE_BUF_BYTES);
-	if (!t->path || !t->tmp_path || !t->buf) {
-		free(t->tmp_path);
-		t->tmp_path = NULL;
+	if (!t->buf) {
 		st_trace_free(t);
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	}
-	memcpy(t->tmp_path, path, len);
-	memcpy(t->tmp_path + len, suffix, sizeof(suffix));
-	fd = mkostemp(t->tmp_path, O_CLOEXEC);
-	if (fd < 0) {
-		err = -errno;
-		st_error_set(err, "%s: cannot create temporary file %s: %s",
-			     path, t->tmp_path, strerror(-err));
-		free(t->tmp_path);
-		t->tmp_path = NULL;
+	err = st_file_atomic_open(&t->file, path);
+	if (err) {
 		st_trace_free(t);
 		return err;
 	}
-	/* mkstemp makes 0600; a trace is an ordinary file to share. */
-	if (fchmod(fd, 0644) < 0 || !(t->fp = fdopen(fd, "w"))) {
+	t->fp = fdopen(t->file.fd, "w");
+	if (!t->fp) {
 		err = -errno;
-		st_error_set(err, "%s: %s", t->tmp_path, strerror(-err));
-		if (!t->fp)
-			close(fd);
+		st_error_set(err, "%s: %s", t->file.tmp_path, strerror(-err));
 		st_trace_free(t);
 		return err;
 	}
@@ -207,25 +191,6 @@ void st_trace_counter(struct st_trace *t, const char *name, uint64_t t_ns,
 	pthread_mutex_unlock(&t->mu);
 }
 
-static int st_trace_fsync_dir(const char *path)
-{
-	char *copy = strdup(path);
-	int fd, err = 0;
-
-	if (!copy)
-		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || fsync(fd) < 0) {
-		err = -errno;
-		st_error_set(err, "%s: fsync of its directory: %s", path,
-			     strerror(-err));
-	}
-	if (fd >= 0)
-		close(fd);
-	free(copy);
-	return err;
-}
-
 int st_trace_close(struct st_trace *t)
 {
 	FILE *fp;
@@ -241,25 +206,23 @@ int st_trace_close(struct st_trace *t)
 		/* A failure seen by an earlier buffered write left only the
 		 * error flag: report it as EIO. */
 		err = -(errno ? errno : EIO);
-		st_error_set(err, "%s: write: %s", t->tmp_path, strerror(-err));
+		st_error_set(err, "%s: write: %s", t->file.tmp_path,
+			     strerror(-err));
 	} else if (fsync(fileno(fp)) < 0) {
 		err = -errno;
-		st_error_set(err, "%s: fsync: %s", t->tmp_path, strerror(-err));
+		st_error_set(err, "%s: fsync: %s", t->file.tmp_path,
+			     strerror(-err));
 	}
 	if (fclose(fp) != 0 && !err) {
 		err = -errno;
-		st_error_set(err, "%s: close: %s", t->tmp_path, strerror(-err));
+		st_error_set(err, "%s: close: %s", t->file.tmp_path,
+			     strerror(-err));
 	}
-	if (!err && rename(t->tmp_path, t->path) < 0) {
-		err = -errno;
-		st_error_set(err, "%s: rename from %s: %s", t->path,
-			     t->tmp_path, strerror(-err));
-	}
-	if (!err) {
-		free(t->tmp_path);
-		t->tmp_path = NULL; /* renamed: nothing to remove */
-		err = st_trace_fsync_dir(t->path);
-	}
+	t->file.fd = -1; /* closed with the stream */
+	/* publish finishes t->file, renamed or not; after an earlier failure
+	 * st_trace_free() removes the temporary. */
+	if (!err)
+		err = st_file_atomic_publish(&t->file);
 	st_trace_free(t);
 	return err;
 }

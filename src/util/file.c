@@ -1,5 +1,5 @@
 /* Complete I/O and atomic replacement of files. */
-#include "io/file.h"
+#include "strata/file.h"
 
 #include "strata/common.h"
 
@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int st_atomic_file_open(struct st_atomic_file *f, const char *path)
+int st_file_atomic_open(struct st_file_atomic *f, const char *path)
 {
 	size_t len = strlen(path);
 
@@ -38,18 +38,18 @@ int st_atomic_file_open(struct st_atomic_file *f, const char *path)
 		f->path = f->tmp_path = NULL;
 		return err;
 	}
-	/* mkstemp makes 0600; a checkpoint is an ordinary file. */
+	/* mkstemp makes 0600; what strata writes are ordinary files. */
 	if (fchmod(f->fd, 0644) < 0) {
 		int err = -errno;
 
 		st_error_set(err, "%s: chmod: %s", f->tmp_path, strerror(-err));
-		st_atomic_file_abort(f);
+		st_file_atomic_abort(f);
 		return err;
 	}
 	return 0;
 }
 
-int st_atomic_file_write(struct st_atomic_file *f, const void *buf,
+int st_file_atomic_write(struct st_file_atomic *f, const void *buf,
 			 size_t bytes)
 {
 	const char *p = buf;
@@ -76,7 +76,7 @@ int st_atomic_file_write(struct st_atomic_file *f, const void *buf,
 	return 0;
 }
 
-static int st_fsync_dir_of(const char *path)
+static int st_file_fsync_dir_of(const char *path)
 {
 	char *copy = strdup(path);
 	int fd, err = 0;
@@ -95,7 +95,7 @@ static int st_fsync_dir_of(const char *path)
 	return err;
 }
 
-int st_atomic_file_commit(struct st_atomic_file *f)
+int st_file_atomic_commit(struct st_file_atomic *f)
 {
 	int err = 0;
 
@@ -111,23 +111,31 @@ int st_atomic_file_commit(struct st_atomic_file *f)
 		goto fail;
 	}
 	f->fd = -1;
+	return st_file_atomic_publish(f);
+fail:
+	st_file_atomic_abort(f);
+	return err;
+}
+
+int st_file_atomic_publish(struct st_file_atomic *f)
+{
+	int err;
+
 	if (rename(f->tmp_path, f->path) < 0) {
 		err = -errno;
 		st_error_set(err, "%s: rename from %s: %s", f->path,
 			     f->tmp_path, strerror(-err));
-		goto fail;
+		st_file_atomic_abort(f);
+		return err;
 	}
-	err = st_fsync_dir_of(f->path);
+	err = st_file_fsync_dir_of(f->path);
 	free(f->path);
 	free(f->tmp_path);
 	f->path = f->tmp_path = NULL;
 	return err;
-fail:
-	st_atomic_file_abort(f);
-	return err;
 }
 
-void st_atomic_file_abort(struct st_atomic_file *f)
+void st_file_atomic_abort(struct st_file_atomic *f)
 {
 	if (f->fd >= 0)
 		close(f->fd);
@@ -139,8 +147,33 @@ void st_atomic_file_abort(struct st_atomic_file *f)
 	f->path = f->tmp_path = NULL;
 }
 
-int st_pread_full(int fd, void *buf, size_t bytes, uint64_t off,
-		  const char *label)
+int st_file_open_regular(const char *path, int *out_fd, uint64_t *out_bytes)
+{
+	struct stat sb;
+	int fd, err;
+
+	*out_fd = -1;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		err = -errno;
+		return st_error_set(err, "%s: %s", path, strerror(-err));
+	}
+	if (fstat(fd, &sb) < 0) {
+		err = -errno;
+		close(fd);
+		return st_error_set(err, "%s: stat: %s", path, strerror(-err));
+	}
+	if (!S_ISREG(sb.st_mode)) {
+		close(fd);
+		return st_error_set(-EINVAL, "%s: not a regular file", path);
+	}
+	*out_fd = fd;
+	*out_bytes = (uint64_t)sb.st_size;
+	return 0;
+}
+
+int st_file_pread_full(int fd, void *buf, size_t bytes, uint64_t off,
+		       const char *label)
 {
 	char *p = buf;
 
@@ -168,45 +201,35 @@ int st_pread_full(int fd, void *buf, size_t bytes, uint64_t off,
 	return 0;
 }
 
-int st_read_small_file(const char *path, size_t max_bytes, char **out,
+int st_file_read_small(const char *path, size_t max_bytes, char **out,
 		       size_t *out_bytes)
 {
-	struct stat sb;
+	uint64_t file_bytes;
 	char *buf;
 	int fd, err;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		err = -errno;
-		return st_error_set(err, "%s: %s", path, strerror(-err));
-	}
-	if (fstat(fd, &sb) < 0) {
-		err = -errno;
+	err = st_file_open_regular(path, &fd, &file_bytes);
+	if (err)
+		return err;
+	if (file_bytes > max_bytes) {
 		close(fd);
-		return st_error_set(err, "%s: stat: %s", path, strerror(-err));
+		return st_error_set(-EFBIG, "%s: %llu bytes, more than the %zu "
+				    "expected", path,
+				    (unsigned long long)file_bytes, max_bytes);
 	}
-	if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > max_bytes) {
-		close(fd);
-		if (!S_ISREG(sb.st_mode))
-			return st_error_set(-EINVAL, "%s: not a regular file",
-					    path);
-		return st_error_set(-EFBIG, "%s: %lld bytes, more than the %zu "
-				    "expected", path, (long long)sb.st_size,
-				    max_bytes);
-	}
-	buf = malloc((size_t)sb.st_size + 1);
+	buf = malloc((size_t)file_bytes + 1);
 	if (!buf) {
 		close(fd);
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	}
-	err = st_pread_full(fd, buf, (size_t)sb.st_size, 0, path);
+	err = st_file_pread_full(fd, buf, (size_t)file_bytes, 0, path);
 	close(fd);
 	if (err) {
 		free(buf);
 		return err;
 	}
-	buf[sb.st_size] = '\0';
+	buf[file_bytes] = '\0';
 	*out = buf;
-	*out_bytes = (size_t)sb.st_size;
+	*out_bytes = (size_t)file_bytes;
 	return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "strata/ckpt.h"
 #include "strata/io.h"
+#include "../io/io_test_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -65,24 +66,6 @@ static char *fresh_dir(const char *name)
 	rm_rf(p);
 	assert_int_equal(mkdir(p, 0755), 0);
 	return p;
-}
-
-static uint8_t *read_all(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	uint8_t *buf;
-	long n;
-
-	assert_non_null(f);
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)n + 1);
-	assert_non_null(buf);
-	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
-	*len = (size_t)n;
-	return buf;
 }
 
 /* Entries of dir whose name contains ".tmp.". */
@@ -340,8 +323,10 @@ static void test_stream_bad_args_and_failure(void **state)
 	dup[1].name = ct[0].name;
 	assert_int_equal(st_ckpt_write_safetensors(p, dup, 2, NULL, 0, mem_fill,
 						   &src, NULL, NULL), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "'wte.weight' given twice"));
 	assert_int_equal(st_ckpt_write_safetensors(p, ct, 1, meta, 2, mem_fill,
 						   &src, NULL, NULL), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "'k' given twice"));
 	dup[0].name = "__metadata__";
 	assert_int_equal(st_ckpt_write_safetensors(p, dup, 1, NULL, 0, mem_fill,
 						   &src, NULL, NULL), -EINVAL);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define SPANS_PER_THREAD 2000
@@ -306,6 +307,31 @@ static void test_null_and_errors(void **state)
 		json_object_put(root);
 	}
 	unlink(path);
+
+	/* A target that cannot be replaced (a non-empty directory): close
+	 * fails naming both files, removes the temporary, and the target is
+	 * left as it was. */
+	snprintf(path, sizeof(path), "%s/busy.json", tmp_dir);
+	assert_int_equal(mkdir(path, 0755), 0);
+	{
+		char inner[160];
+		FILE *f;
+
+		snprintf(inner, sizeof(inner), "%s/keep", path);
+		f = fopen(inner, "w");
+		assert_non_null(f);
+		fclose(f);
+		assert_int_equal(st_trace_create(&t, path), 0);
+		st_trace_lane(t, "compute");
+		assert_int_equal(count_entries(tmp_dir), 2); /* + temporary */
+		assert_true(st_trace_close(t) < 0);
+		assert_non_null(strstr(st_error_last(), "rename from"));
+		assert_non_null(strstr(st_error_last(), "busy.json.tmp."));
+		assert_int_equal(count_entries(tmp_dir), 1);
+		assert_int_equal(count_entries(path), 1);
+		assert_int_equal(unlink(inner), 0);
+	}
+	assert_int_equal(rmdir(path), 0);
 }
 
 int main(void)

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "strata/io.h"
+#include "io_test_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -32,24 +33,6 @@ static int teardown(void **state)
 	(void)state;
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
 	return system(cmd) == 0 ? 0 : -1;
-}
-
-static uint8_t *read_all(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	uint8_t *buf;
-	long n;
-
-	assert_non_null(f);
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)n + 1);
-	assert_non_null(buf);
-	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-	fclose(f);
-	*len = (size_t)n;
-	return buf;
 }
 
 /* Files in tmpdir whose name contains s. */
