@@ -1,7 +1,7 @@
 /* GPT-2's config.json, as Hugging Face transformers reads and writes it. */
 #include "strata/io.h"
 
-#include "io/file.h"
+#include "strata/file.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -60,7 +60,7 @@ int st_gpt2_config_read(const char *path, struct st_gpt2_config *out)
 	char *text;
 	int err;
 
-	err = st_read_small_file(path, ST_CONFIG_MAX_BYTES, &text, &bytes);
+	err = st_file_read_small(path, ST_CONFIG_MAX_BYTES, &text, &bytes);
 	if (err)
 		return err;
 	tok = json_tokener_new();
@@ -114,7 +114,7 @@ static void st_config_add(struct json_object *obj, const char *key,
 
 int st_gpt2_config_write(const char *path, const struct st_gpt2_config *cfg)
 {
-	struct st_atomic_file f;
+	struct st_file_atomic f;
 	struct json_object *root, *arch;
 	const char *text;
 	size_t len;
@@ -157,15 +157,15 @@ int st_gpt2_config_write(const char *path, const struct st_gpt2_config *cfg)
 		json_object_put(root);
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	}
-	err = st_atomic_file_open(&f, path);
+	err = st_file_atomic_open(&f, path);
 	if (!err) {
-		err = st_atomic_file_write(&f, text, len);
+		err = st_file_atomic_write(&f, text, len);
 		if (!err)
-			err = st_atomic_file_write(&f, "\n", 1);
+			err = st_file_atomic_write(&f, "\n", 1);
 		if (err)
-			st_atomic_file_abort(&f);
+			st_file_atomic_abort(&f);
 		else
-			err = st_atomic_file_commit(&f);
+			err = st_file_atomic_commit(&f);
 	}
 	json_object_put(root);
 	return err;
