@@ -23,7 +23,10 @@ int st_hwloc_numa_of_self(void);
 
 #define HOST_CQ_SLOTS 256u
 
+#define HOST_HUGE_BYTES (2u << 20)
+
 struct host_priv {
+	void *map;          /* the mapping (base rounded up to 2 MiB is in it) */
 	char *base;
 	uint64_t bytes;
 	struct st_device *device; /* borrowed; pinned through it when set */
@@ -77,11 +80,18 @@ static int host_open(struct st_tier *t, const struct st_tier_config *cfg,
 
 	h->bytes = cfg->budget_bytes;
 	h->device = cfg->device;
-	p = mmap(NULL, h->bytes, PROT_READ | PROT_WRITE,
+	/* Huge pages: a transfer from 2 MiB pages is a handful of segments,
+	 * not hundreds. On this project's virtio disk 1 MiB O_DIRECT reads at
+	 * depth ran 2.7x faster from them (docs/nvme-bench.md); DMA to a GPU
+	 * likes them too. Map 2 MiB more to align the start, then ask. */
+	p = mmap(NULL, h->bytes + HOST_HUGE_BYTES, PROT_READ | PROT_WRITE,
 		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
 		return st_error_set(-ENOMEM, "host tier: cannot map %llu bytes",
 				    (unsigned long long)h->bytes);
+	h->map = p;
+	p = (void *)st_align_up((uintptr_t)p, HOST_HUGE_BYTES);
+	madvise(p, h->bytes, MADV_HUGEPAGE); /* advice: fine if refused */
 	h->base = p;
 	h->numa_node = h->device ? st_device_numa_node(h->device) : -1;
 	if (h->numa_node < 0)
@@ -102,7 +112,7 @@ static int host_open(struct st_tier *t, const struct st_tier_config *cfg,
 	h->cq_cap = HOST_CQ_SLOTS;
 	h->cq = malloc(h->cq_cap * sizeof(*h->cq));
 	if (!h->cq) {
-		munmap(p, h->bytes);
+		munmap(h->map, h->bytes + HOST_HUGE_BYTES);
 		return -ENOMEM;
 	}
 	*align_bytes = 64; /* cache line: any buffer a caller has will do */
@@ -117,7 +127,7 @@ static void host_close(struct st_tier *t)
 		st_device_unpin_host(h->device, h->base);
 	if (h->locked)
 		munlock(h->base, h->bytes);
-	munmap(h->base, h->bytes);
+	munmap(h->map, h->bytes + HOST_HUGE_BYTES);
 	free(h->cq);
 }
 
