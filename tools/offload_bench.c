@@ -164,7 +164,8 @@ int main(int argc, char **argv)
 		/* Alternate which goes first, so neither always follows the other. */
 		for (int k = 0; k < 2; k++) {
 			bool a_turn = (k == 0) == (s % 2 == 0);
-			int ret = a_turn ? st_engine_step(ea, &la, s, &ra) : st_engine_step(eb, &lb, s, &rb);
+			int ret = a_turn ? st_engine_step(ea, &la, s, s < steps, &ra)
+					   : st_engine_step(eb, &lb, s, s < steps, &rb);
 
 			if (ret < 0) {
 				fprintf(stderr, "offload-bench: step %d: %s\n", s, st_error_last());

@@ -49,9 +49,13 @@ const struct st_plan *st_engine_plan(const struct st_engine *e);
 const struct st_model *st_engine_model(const struct st_engine *e);
 uint64_t st_engine_seed(const struct st_engine *e);
 
-/* One optimizer step at step number `step` (0-based). */
+/* One optimizer step at step number `step` (0-based). With next_follows,
+ * the update sweep also runs the next step's first forward, unit by unit
+ * as each unit's new W is home (so the next call's forward is already
+ * done and ld has given that batch); pass false before reading or saving
+ * the state, so the loader's cursor is that of the step's end. */
 int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
-		   struct st_step_result *res);
+		   bool next_follows, struct st_step_result *res);
 
 /* Copy state s (W widened to fp32, or P, M, V) of unit u into dst (fp32,
  * the unit's flat length). For tests and checkpoints. */

@@ -366,7 +366,11 @@ int st_cli_train(int argc, char **argv)
 		double dt, tps;
 		char eta[32], a[16], b[16], cc[16], d[16];
 
-		if (st_engine_step(e, &ld, s, &r) < 0) {
+		bool saving = save && ((save_every && (s + 1) % save_every == 0) || s + 1 == cfg->steps);
+
+		/* The next step's first forward runs in this step's update sweep,
+		 * unless the state is saved (or the run ends) after this step. */
+		if (st_engine_step(e, &ld, s, s + 1 < cfg->steps && !saving && !stop_requested, &r) < 0) {
 			st_trace_close(trace);
 			st_cli_die(1, "step %d: %s", s + 1, st_error_last());
 		}
@@ -428,7 +432,7 @@ int st_cli_train(int argc, char **argv)
 			fflush(mf);
 		}
 		fflush(stdout);
-		if (save && ((save_every && (s + 1) % save_every == 0) || s + 1 == cfg->steps)) {
+		if (saving) {
 			if (st_engine_save(e, save, (uint64_t)s + 1, &ld.cur, cfg_json, keep) < 0)
 				st_cli_die(1, "--save %s: %s", save, st_error_last());
 			printf("saved step %d in %s\n", s + 1, save);

@@ -102,6 +102,9 @@ struct st_engine {
 
 	/* W fetch sequence */
 	int *seq, nseq, issued, consumed;
+	int w_ready;                  /* units whose W may be fetched */
+	bool fwd_ready;               /* the forward of the next step's first
+					 micro-batch ran in the update sweep */
 
 	struct op *ops;               /* slots*2 + 3 + 2*(reads+writes) */
 	struct lane_busy lane[ST_LANE_COUNT];
@@ -356,6 +359,9 @@ static int issue_fetches(struct st_engine *e)
 		int u = e->seq[e->issued], slot = -1, ret;
 		struct shard *w = shard(e, u, ST_STATE_W);
 
+		if (u >= e->w_ready)
+			return 0; /* its new W is still being written */
+
 		if (w->home == ST_HOME_VRAM) {
 			e->issued++;
 			continue;
@@ -528,41 +534,53 @@ static float *act(struct st_engine *e, int u)
 	return e->acts + (size_t)(u - 1) * e->X;
 }
 
-static int micro_batch(struct st_engine *e, struct st_loader *ld, int mb, double *loss)
+static struct st_model_batch batch_of(const struct st_engine *e)
 {
 	const struct st_train_config *c = &e->cfg.train;
-	struct st_model_batch b = { .B = c->batch, .T = c->seq, .tokens = e->tokens,
-				    .targets = e->targets,
-				    .loss_scale = 1.0f / (float)c->grad_accum };
-	int H = e->U - 1, slot, ret;
+
+	return (struct st_model_batch){ .B = c->batch, .T = c->seq, .tokens = e->tokens,
+					.targets = e->targets,
+					.loss_scale = 1.0f / (float)c->grad_accum };
+}
+
+/* Draw the next batch and start the W fetch sequence over. w_ready is the
+ * number of units (from 0) whose W may be fetched now: all of them, except
+ * while the update sweep is still writing the new W (fused forward). */
+static void begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
+{
+	st_loader_next(ld, e->tokens, e->targets);
+	e->issued = e->consumed = 0;
+	e->w_ready = w_ready;
+}
+
+/* Forward of unit u (0 <= u <= U-2); x[u+1] is kept for the backward. */
+static int forward_unit(struct st_engine *e, int u)
+{
+	struct st_model_batch b = batch_of(e);
+	float *w = u == 0 ? e->wf_embed : e->wf;
+	uint64_t t0;
+	int slot, ret = acquire_w(e, u, w, &slot);
+
+	if (ret < 0)
+		return ret;
+	t0 = st_now_ns();
+	ret = st_model_fwd(e->model, u, &b, w, NULL, u ? act(e, u) : NULL, act(e, u + 1), NULL,
+			   e->work, e->work_bytes);
+	ret = compute_done(e, ret, t0, u ? "fwd" : "fwd embed");
+	release_w(e, slot);
+	return ret;
+}
+
+/* Backward of every unit for micro-batch mb (its forward is done). */
+static int backward(struct st_engine *e, int mb, double *loss)
+{
+	struct st_model_batch b = batch_of(e);
+	int H = e->U - 1, slot, ret = 0;
 	float l = 0, *dy = e->dA, *dx = e->dB, *tmp;
 	uint64_t t0;
 	struct st_extent dwe = e->dwe_ext, dwx = e->dw_ext;
 
-	st_loader_next(ld, e->tokens, e->targets);
-	e->issued = e->consumed = 0;
-	/* forward */
-	ret = acquire_w(e, 0, e->wf_embed, &slot);
-	if (ret < 0)
-		return ret;
-	release_w(e, slot);
-	t0 = st_now_ns();
-	ret = st_model_fwd(e->model, 0, &b, e->wf_embed, NULL, NULL, act(e, 1), NULL, e->work,
-			   e->work_bytes);
-	ret = compute_done(e, ret, t0, "fwd embed");
-	for (int u = 1; ret == 0 && u < H; u++) {
-		ret = acquire_w(e, u, e->wf, &slot);
-		if (ret < 0)
-			return ret;
-		t0 = st_now_ns();
-		ret = st_model_fwd(e->model, u, &b, e->wf, NULL, act(e, u), act(e, u + 1), NULL,
-				   e->work, e->work_bytes);
-		ret = compute_done(e, ret, t0, "fwd");
-		release_w(e, slot);
-	}
-	if (ret < 0)
-		return ret;
-	/* backward: the head computes its forward and the loss itself */
+	/* the head computes its forward and the loss itself */
 	memset(e->dW_embed, 0, e->E0 * sizeof(float));
 	for (int u = H; ret == 0 && u >= 1; u--) {
 		ret = acquire_w(e, u, e->wf, &slot);
@@ -741,13 +759,19 @@ static bool next_tile(const struct st_engine *e, struct tile *t)
 	return true;
 }
 
+/* The update sweep, tile by tile in unit order. With ld, it is fused with
+ * the next step's first forward: once unit u's new W is home, fwd(u) runs
+ * while the next tiles load and u's P, M, V go back -- the next step's
+ * forward of u waits only on update(u). */
 static int update_sweep(struct st_engine *e, const struct st_adam_step *wd,
-			const struct st_adam_step *nowd)
+			const struct st_adam_step *nowd, struct st_loader *ld)
 {
 	struct tile cur = { .u = -1 }, nxt;
 	int set = 0, ret = 0;
 	bool have = next_tile(e, &cur);
 
+	if (ld)
+		begin_micro_batch(e, ld, 0);
 	if (have)
 		ret = upd_load(e, 0, &cur);
 	while (have && ret == 0) {
@@ -761,11 +785,22 @@ static int update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			ret = adam_tile(e, set, &cur, wd, nowd);
 		if (ret == 0)
 			ret = upd_store(e, set, &cur);
+		if (ret == 0 && ld && (!have || nxt.u != cur.u)) {
+			/* unit cur.u is done once its stores land */
+			ret = wait_until(e, &e->upd[set].writes);
+			if (ret == 0)
+				ret = wait_until(e, &e->upd[set ^ 1].writes);
+			e->w_ready = cur.u + 1;
+			if (ret == 0 && cur.u <= e->U - 2)
+				ret = forward_unit(e, cur.u);
+		}
 		cur = nxt;
 		set ^= 1;
 	}
 	for (int s = 0; ret == 0 && s < 2; s++)
 		ret = wait_until(e, &e->upd[s].writes);
+	if (ret == 0 && ld)
+		e->fwd_ready = true;
 	return ret;
 }
 
@@ -780,7 +815,7 @@ static void stats_begin(struct st_engine *e)
 }
 
 int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
-		   struct st_step_result *res)
+		   bool next_follows, struct st_step_result *res)
 {
 	const struct st_train_config *c = &e->cfg.train;
 	struct st_adam_step with_wd, without_wd;
@@ -796,7 +831,15 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	for (int a = 0; a < c->grad_accum && ret == 0; a++) {
 		double l = 0;
 
-		ret = micro_batch(e, ld, a, &l);
+		if (a > 0 || !e->fwd_ready) {
+			begin_micro_batch(e, ld, e->U);
+			for (int u = 0; ret == 0 && u <= e->U - 2; u++)
+				ret = forward_unit(e, u);
+		}
+		e->fwd_ready = false;
+		e->w_ready = e->U;
+		if (ret == 0)
+			ret = backward(e, a, &l);
 		loss_sum += l;
 	}
 	if (ret == 0)
@@ -817,7 +860,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	res->grad_norm = sqrt(sumsq);
 	ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
 	if (ret == 0)
-		ret = update_sweep(e, &with_wd, &without_wd);
+		ret = update_sweep(e, &with_wd, &without_wd, next_follows ? ld : NULL);
 	if (ret < 0)
 		goto fail;
 done:
@@ -1052,6 +1095,7 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		e->work_bytes = ST_MAX(e->work_bytes, st_model_work_bytes(e->model, u, c->batch, c->seq));
 	}
 	e->E0 = e->elems[0];
+	e->w_ready = e->U;
 	e->tile = ST_MIN(e->E, ST_UPDATE_TILE_ELEMS);
 	if (cfg->update_tile_elems && cfg->update_tile_elems % 2048 == 0)
 		e->tile = ST_MIN(e->tile, cfg->update_tile_elems);

@@ -90,7 +90,7 @@ static void train(const struct st_engine_config *c, int steps, struct run *r)
 	for (int s = 0; s < steps; s++) {
 		struct st_step_result res;
 
-		ret = st_engine_step(e, &ld, s, &res);
+		ret = st_engine_step(e, &ld, s, s + 1 < steps, &res);
 		if (ret)
 			fail_msg("step %d: %s", s, st_error_last());
 		r->loss[s] = res.loss;
@@ -201,7 +201,7 @@ static void test_budgets(void **state)
 	vmin = p->min_bytes[ST_HOME_VRAM];
 	hmin = p->min_bytes[ST_HOME_HOST];
 	for (int s = 0; s < 2; s++)
-		assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+		assert_int_equal(st_engine_step(e, &ld, s, s == 0, &res), 0);
 	st_engine_get_stats(e, &st);
 	for (int h = 0; h < ST_HOME_COUNT; h++)
 		if (st.has_tier[h] && h != ST_HOME_NVME)
@@ -297,7 +297,7 @@ static void test_traffic_matches_plan(void **state)
 			c.train.grad_accum = accum;
 			open_loader(&ds, &ld, &c);
 			assert_int_equal(st_engine_create(&c, &e), 0);
-			assert_int_equal(st_engine_step(e, &ld, 0, &res), 0);
+			assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
 			st_engine_get_stats(e, &st);
 			p = st_engine_plan(e);
 			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
@@ -339,7 +339,7 @@ static void test_resume(void **state)
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	for (int s = 0; s < 3; s++) {
-		assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+		assert_int_equal(st_engine_step(e, &ld, s, s < 2, &res), 0);
 		resumed.loss[s] = res.loss;
 		resumed.norm[s] = res.grad_norm;
 	}
@@ -364,7 +364,7 @@ static void test_resume(void **state)
 	}
 	assert_int_equal(st_loader_seek(&ld, &ld.cur), 0);
 	for (int s = 3; s < 6; s++) {
-		assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+		assert_int_equal(st_engine_step(e, &ld, s, s < 5, &res), 0);
 		resumed.loss[s] = res.loss;
 		resumed.norm[s] = res.grad_norm;
 	}
@@ -396,7 +396,7 @@ static void test_nvme_fault(void **state)
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	for (s = 0; s < 20 && ret == 0; s++) {
-		ret = st_engine_step(e, &ld, s, &res);
+		ret = st_engine_step(e, &ld, s, s > 0, &res);
 		if (ret == 0 && s == 0)
 			assert_int_equal(st_engine_save(e, ck, 1, &ld.cur, NULL, 2), 0);
 	}
@@ -406,7 +406,7 @@ static void test_nvme_fault(void **state)
 	assert_non_null(strstr(st_error_last(), "offset "));
 	assert_non_null(strstr(st_error_last(), "Input/output error"));
 	/* the engine stays failed */
-	assert_int_equal(st_engine_step(e, &ld, s, &res), -EIO);
+	assert_int_equal(st_engine_step(e, &ld, s, true, &res), -EIO);
 	st_engine_destroy(e);
 	st_dataset_close(ds);
 	/* the last checkpoint loads */
@@ -442,7 +442,7 @@ static void test_grad_accum(void **state)
 		assert_int_equal(st_loader_init(&ld, ds, &lc), 0);
 		assert_int_equal(st_engine_create(&c, &e), 0);
 		for (int s = 0; s < STEPS; s++) {
-			assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+			assert_int_equal(st_engine_step(e, &ld, s, s + 1 < STEPS, &res), 0);
 			big.loss[s] = res.loss;
 			big.norm[s] = res.grad_norm;
 		}
@@ -454,7 +454,7 @@ static void test_grad_accum(void **state)
 		assert_int_equal(st_loader_init(&ld, ds, &lc), 0);
 		assert_int_equal(st_engine_create(&c, &e), 0);
 		for (int s = 0; s < STEPS; s++) {
-			assert_int_equal(st_engine_step(e, &ld, s, &res), 0);
+			assert_int_equal(st_engine_step(e, &ld, s, s + 1 < STEPS, &res), 0);
 			acc.loss[s] = res.loss;
 			acc.norm[s] = res.grad_norm;
 		}
