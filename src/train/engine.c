@@ -60,7 +60,6 @@ struct wslot {
 };
 
 struct updset {
-	int unit;       /* -1 when idle */
 	int reads, writes; /* in flight */
 	struct st_extent ext[ST_STATE_COUNT]; /* host staging for each state */
 };
@@ -97,7 +96,6 @@ struct st_engine {
 	struct st_extent land_ext, gstage_ext;
 	float *landing, *gstage;
 	int land_busy, gstage_busy;   /* transfers in flight on them */
-	bool land_ready;
 	struct updset upd[2];
 
 	/* W fetch sequence */
@@ -114,7 +112,6 @@ struct st_engine {
 	int err;
 	char errmsg[512];
 	struct st_engine_stats last;
-	uint64_t tier_read0[ST_HOME_COUNT], tier_write0[ST_HOME_COUNT];
 	int trace_lane[ST_LANE_COUNT];
 };
 
@@ -276,7 +273,6 @@ static void handle(struct st_engine *e, struct op *op, int64_t res, struct st_ti
 		break;
 	case OP_D2H:
 		e->land_busy--;
-		e->land_ready = res >= 0;
 		break;
 	case OP_G_WRITE:
 		if (op->idx == 0)
@@ -465,7 +461,6 @@ static int gather_grad(struct st_engine *e, int u, const struct st_extent *src_e
 	if (ret < 0)
 		return ret;
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
-	e->land_ready = false;
 	ret = d2h(e, &part, e->landing, bytes, op_misc(e, 0));
 	if (ret < 0)
 		return ret;
@@ -642,7 +637,6 @@ static int upd_load(struct st_engine *e, int set, const struct tile *t)
 
 	if (ret < 0)
 		return ret;
-	us->unit = t->u;
 	for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++) {
 		struct shard *x = shard(e, t->u, s);
 
@@ -1028,7 +1022,6 @@ static int alloc_pools(struct st_engine *e)
 	e->targets = vaddr(e, &e->tgt_ext);
 	e->landing = haddr(e, &e->land_ext);
 	e->gstage = e->gstage_ext.len_bytes ? haddr(e, &e->gstage_ext) : NULL;
-	e->upd[0].unit = e->upd[1].unit = -1;
 	/* Every host pool is nvme I/O memory: register it (fixed buffers). */
 	if (e->tier[ST_HOME_NVME]) {
 		struct st_extent all = { 0, e->plan.total_bytes[ST_HOME_HOST] };
