@@ -40,7 +40,7 @@ enum op_kind { OP_W_NVME, OP_W_H2D, OP_D2H, OP_G_WRITE, OP_G_READ, OP_UPD_READ,
 
 struct op {
 	enum op_kind kind;
-	int idx;        /* slot, or update set */
+	int idx;        /* slot; update set; for G writes 0 landing, 1 staging */
 	enum st_lane lane;
 	uint64_t t0_ns; /* submitted */
 };
