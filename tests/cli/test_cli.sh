@@ -62,8 +62,12 @@ w = sys.argv[1]
 def losses(p):
     rows = [json.loads(l) for l in open(f"{w}/{p}.jsonl")]
     for r in rows:
-        for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s"):
+        for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "step_s"):
             assert k in r, (p, k)
+        assert set(r["bytes"]) == {"h2d", "d2h", "nvme_read", "nvme_write"}, r["bytes"]
+        assert {"vram", "host"} <= set(r["peak"]), r["peak"]
+        assert set(r["busy_s"]) == {"compute", "h2d", "d2h", "nvme_read", "nvme_write", "adam"}
+        assert r["bytes"]["d2h"] > 0 and r["busy_s"]["compute"] > 0
     return [(r["loss"], r["grad_norm"]) for r in rows]
 a, b, c = losses("a"), losses("b"), losses("c")
 assert len(a) == 6
@@ -144,6 +148,27 @@ print("ok   resume: 2 + 2 steps give the losses of 4")
 PY
 check resume-other-model 2 "$strata" train --model layers=1,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --data "$data" --resume "$work/rck"
 check resume-other-lr 2 "$strata" train $M --data "$data" --steps 4 --lr 0.5 --resume "$work/rck"
+# --trace: Chrome trace-event JSON, one lane per queue, nothing overlapping
+# on a lane (Perfetto draws overlapping slices of one track wrongly).
+"$strata" train $M --data "$data" --steps 3 --offload-params nvme --offload-optim nvme \
+	--nvme "$work" --trace "$work/t.json" >/dev/null 2>&1 || { echo "FAIL trace run"; fail=1; }
+python3 - "$work/t.json" <<'PY' || fail=1
+import json, sys, collections
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["tid"]: e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+for lane in ("compute", "h2d", "d2h", "nvme read", "nvme write", "cpu adam"):
+    assert lane in names.values(), lane
+spans = collections.defaultdict(list)
+for e in ev:
+    if e["ph"] == "X":
+        spans[e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+for tid, l in spans.items():
+    l.sort()
+    assert all(b[0] >= a[1] - 1e-3 for a, b in zip(l, l[1:])), names[tid]
+busy = {names[t]: sum(b - a for a, b in l) for t, l in spans.items()}
+assert busy["compute"] > 0 and busy["nvme read"] > 0 and busy["nvme write"] > 0, busy
+print("ok   trace: every queue has a lane, no overlaps on a lane")
+PY
 check plan-impossible 2 "$strata" train $M --data "$data" --gpu-mem 1M
 
 [ $fail = 0 ] && echo "all cli checks passed"
