@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The benchmark tools as a user meets them: --help, and bad input answered
+# with one line and exit 2 (their timed runs are benchmarks, not tests).
+set -u
+fail=0
+check() { # name, expected rc, command...
+	local name=$1 want=$2 rc out err
+	shift 2
+	out=$("$@" 2>/tmp/bench-cli-err.$$) ; rc=$?
+	err=$(cat /tmp/bench-cli-err.$$)
+	if [ $rc != "$want" ]; then
+		echo "FAIL $name: exit $rc, want $want: $err"; fail=1
+	elif [ "$want" = 2 ] && [ "$(printf '%s\n' "$err" | wc -l)" != 1 ]; then
+		echo "FAIL $name: stderr is not one line: $err"; fail=1
+	elif [ "$want" = 0 ] && ! printf '%s' "$out" | grep -q usage; then
+		echo "FAIL $name: no usage text"; fail=1
+	else
+		echo "ok   $name $err"
+	fi
+}
+for tool in "$@"; do
+	n=$(basename "$tool")
+	check "$n --help" 0 "$tool" --help
+	check "$n unknown flag" 2 "$tool" --frobnicate
+done
+for tool in "$@"; do
+	case $(basename "$tool") in
+	adam-bench) check "adam-bench --params 0" 2 "$tool" --params 0
+		    check "adam-bench --path avx9" 2 "$tool" --path avx9 --params 1000 ;;
+	train-bench) check "train-bench --steps x" 2 "$tool" --steps x
+		     check "train-bench --model bogus" 2 "$tool" --model bogus ;;
+	offload-bench) check "offload-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
+		       check "offload-bench --batch 0" 2 "$tool" --batch 0 ;;
+	esac
+done
+rm -f /tmp/bench-cli-err.$$
+exit $fail
