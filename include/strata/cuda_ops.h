@@ -1,0 +1,95 @@
+/* strata: the cuda device's ops (src/backend/cuda/*.cu behind a C
+ * interface). Every op of strata/kernels.h, with the same shapes, argument
+ * order and conventions (forward overwrites; backward accumulates, except
+ * gelu_bwd and crossentropy_bwd which overwrite), on device pointers, queued
+ * on the context's stream. Activations and gradients are fp32; matmul
+ * operands may be bf16 (storage) with fp32 accumulation. The cpu kernels are
+ * the reference: tests/cuda/test_cuda_ops.c holds each op to relative error
+ * ||out - ref|| / ||ref|| <= 1e-2 with bf16 operands and 1e-5 in fp32.
+ *
+ * Built only with nvcc (ST_HAVE_CUDA). Without a GPU, st_cuda_ctx_create()
+ * returns -ENODEV and the tests exit 77. Functions return 0 or -errno; the
+ * CUDA/cuBLAS message is kept in st_error_last(). Ops only queue work:
+ * call st_cuda_sync() before reading results on the host. */
+#ifndef STRATA_CUDA_OPS_H
+#define STRATA_CUDA_OPS_H
+
+#include "strata/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct st_cuda_ctx; /* a stream, a cuBLASLt handle and its workspace */
+
+enum st_cuda_dtype { ST_CUDA_F32, ST_CUDA_BF16 };
+
+/* 1 when a usable GPU is present, else 0 (never fails). */
+int st_cuda_available(void);
+/* Make a context on GPU `ordinal` with its own stream. -ENODEV without a
+ * GPU. *out goes back with st_cuda_ctx_destroy(). */
+int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out);
+void st_cuda_ctx_destroy(struct st_cuda_ctx *ctx);
+/* Wait for everything queued on the context. */
+int st_cuda_sync(struct st_cuda_ctx *ctx);
+
+/* Device memory for tests and tools (the engine uses the vram tier). */
+int st_cuda_alloc(void **ptr, size_t bytes);
+void st_cuda_free(void *ptr);
+int st_cuda_h2d(void *dst, const void *src, size_t bytes);
+int st_cuda_d2h(void *dst, const void *src, size_t bytes);
+/* Fill bytes of device memory with the byte value (poisoning outputs). */
+int st_cuda_memset(void *ptr, int value, size_t bytes);
+
+/* ---- casts -------------------------------------------------------------- */
+int st_cuda_bf16_to_f32(struct st_cuda_ctx *ctx, float *out, const uint16_t *in, size_t n);
+int st_cuda_f32_to_bf16(struct st_cuda_ctx *ctx, uint16_t *out, const float *in, size_t n);
+
+/* ---- matmul (cuBLASLt), Conv1D layout ------------------------------------
+ * out (N,OC) = inp (N,IC) @ weight (IC,OC) + bias (OC or NULL); inp and
+ * weight are of dtype (fp32 or bf16), out and bias fp32. */
+int st_cuda_matmul_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp,
+		       const void *weight, const float *bias, int N, int IC, int OC,
+		       enum st_cuda_dtype dtype);
+/* dinp (N,IC) += dout @ weight^T; dweight (IC,OC) += inp^T @ dout;
+ * dbias (OC) += column sums of dout; any may be NULL. All fp32. */
+int st_cuda_matmul_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight, float *dbias,
+		       const float *dout, const float *inp, const float *weight, int N,
+		       int IC, int OC);
+
+/* ---- the rest: as strata/kernels.h --------------------------------------- */
+int st_cuda_layernorm_fwd(struct st_cuda_ctx *ctx, float *out, float *mean, float *rstd,
+			  const float *inp, const float *weight, const float *bias, int N,
+			  int C);
+int st_cuda_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			  float *dbias, const float *dout, const float *inp,
+			  const float *weight, const float *mean, const float *rstd, int N,
+			  int C);
+int st_cuda_gelu_fwd(struct st_cuda_ctx *ctx, float *out, const float *inp, size_t n);
+int st_cuda_gelu_bwd(struct st_cuda_ctx *ctx, float *dinp, const float *inp,
+		     const float *dout, size_t n);
+int st_cuda_residual_fwd(struct st_cuda_ctx *ctx, float *out, const float *a,
+			 const float *b, size_t n);
+int st_cuda_residual_bwd(struct st_cuda_ctx *ctx, float *da, float *db, const float *dout,
+			 size_t n);
+int st_cuda_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+			  const float *wte, const float *wpe, int B, int T, int C);
+int st_cuda_embedding_bwd(struct st_cuda_ctx *ctx, float *dwte, float *dwpe,
+			  const float *dout, const int32_t *tokens, int B, int T, int C);
+/* Flash-style causal attention: no (B,NH,T,T) tensor in memory. */
+int st_cuda_attention_fwd(struct st_cuda_ctx *ctx, float *out, float *lse,
+			  const float *qkv, int B, int T, int C, int NH);
+int st_cuda_attention_bwd(struct st_cuda_ctx *ctx, float *dqkv, const float *dout,
+			  const float *qkv, const float *out, const float *lse, int B, int T,
+			  int C, int NH);
+int st_cuda_crossentropy_fwd(struct st_cuda_ctx *ctx, float *losses, const float *logits,
+			     const int32_t *targets, int N, int V);
+int st_cuda_crossentropy_bwd(struct st_cuda_ctx *ctx, float *dlogits, float *losses,
+			     const float *logits, const int32_t *targets, float dloss, int N,
+			     int V);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
