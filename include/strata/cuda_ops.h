@@ -1,4 +1,4 @@
-/* strata: the cuda device's ops (src/backend/cuda/*.cu behind a C
+/* strata: the cuda device's ops (.cu files in src/backend/cuda, behind a C
  * interface). Every op of strata/kernels.h, with the same shapes, argument
  * order and conventions (forward overwrites; backward accumulates, except
  * gelu_bwd and crossentropy_bwd which overwrite), on device pointers, queued
