@@ -1,0 +1,709 @@
+/* Every op of strata/cuda_ops.h against its cpu kernel (strata/kernels.h),
+ * the numerical reference.
+ *
+ * Each op gets seeded random inputs; outputs a forward (or overwriting
+ * backward) writes are poisoned with 0xFF bytes (a NaN) before the GPU run,
+ * so an element the kernel forgets fails; gradients that accumulate start
+ * from the same random values on both sides, so an op that overwrites
+ * instead fails. Every element must be finite, then the relative error
+ * ||gpu - cpu|| / ||cpu|| must be within 1e-5 (fp32) or 1e-2 (bf16 matmul
+ * operands). The casts are compared bit for bit, specials included.
+ *
+ * Without a GPU or driver the program prints "no GPU: skipped" and exits 77. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata/cuda_ops.h"
+#include "strata/kernels.h"
+
+#define TOL_F32 1e-5
+#define TOL_BF16 1e-2
+
+static struct st_cuda_ctx *ctx;
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t seed)
+{
+	rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+}
+
+static uint32_t rng_u32(void)
+{
+	/* xorshift64*: reproducible everywhere, no libc dependence */
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return (uint32_t)((rng_state * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+/* uniform in [-scale, scale) */
+static float rng_f32(float scale)
+{
+	return scale * ((float)(rng_u32() >> 8) / 8388608.0f - 1.0f);
+}
+
+static float *host_rand(size_t n, float scale)
+{
+	float *p = malloc(sizeof(float) * (n ? n : 1));
+
+	assert_non_null(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = rng_f32(scale);
+	return p;
+}
+
+static void check_rc(int rc, const char *what)
+{
+	if (rc != 0) {
+		fprintf(stderr, "FAIL %s: returned %d: %s\n", what, rc, st_error_last());
+		fail();
+	}
+}
+
+/* A device copy of n bytes of host memory. */
+static void *dev_from(const void *src, size_t bytes)
+{
+	void *d = NULL;
+
+	check_rc(st_cuda_alloc(&d, bytes ? bytes : 4), "st_cuda_alloc");
+	if (bytes)
+		check_rc(st_cuda_h2d(d, src, bytes), "st_cuda_h2d");
+	return d;
+}
+
+/* Device memory whose every byte is 0xFF (each float a NaN). */
+static void *dev_poisoned(size_t bytes)
+{
+	void *d = NULL;
+
+	check_rc(st_cuda_alloc(&d, bytes ? bytes : 4), "st_cuda_alloc");
+	check_rc(st_cuda_memset(d, 0xFF, bytes ? bytes : 4), "st_cuda_memset");
+	return d;
+}
+
+/* Wait for the op, bring n floats back and hold them to ref: all finite,
+ * then ||got - ref|| / ||ref|| <= tol (absolute when ref is all zero). */
+static void expect_close(const char *what, const float *dev, const float *ref, size_t n,
+			 double tol)
+{
+	float *got = malloc(sizeof(float) * (n ? n : 1));
+	double num = 0.0, den = 0.0, max_abs = 0.0;
+	size_t max_at = 0;
+
+	assert_non_null(got);
+	check_rc(st_cuda_sync(ctx), what);
+	check_rc(st_cuda_d2h(got, dev, sizeof(float) * n), "st_cuda_d2h");
+	for (size_t i = 0; i < n; i++) {
+		if (!isfinite(got[i])) {
+			fprintf(stderr,
+				"FAIL %s: element %zu of %zu is %g (ref %g): unwritten or "
+				"overflowed\n",
+				what, i, n, (double)got[i], (double)ref[i]);
+			num = NAN;
+			break;
+		}
+		double d = (double)got[i] - (double)ref[i];
+		num += d * d;
+		den += (double)ref[i] * (double)ref[i];
+		if (fabs(d) > max_abs) {
+			max_abs = fabs(d);
+			max_at = i;
+		}
+	}
+	if (isnan(num)) {
+		free(got);
+		fail();
+		return;
+	}
+	double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+	if (!(rel <= tol)) {
+		fprintf(stderr,
+			"FAIL %s: relative error %.3g > %.1g over %zu elements (largest "
+			"|diff| %.3g at %zu: gpu %.9g cpu %.9g)\n",
+			what, rel, tol, n, max_abs, max_at, (double)got[max_at],
+			(double)ref[max_at]);
+		free(got);
+		fail();
+	}
+	printf("ok   %-40s n=%-9zu rel %.2e\n", what, n, rel);
+	free(got);
+}
+
+/* ---- casts ---------------------------------------------------------------- */
+
+static float f32_bits(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static void test_f32_to_bf16(void **state)
+{
+	static const uint32_t specials[] = {
+		0x00000000u, 0x80000000u,                           /* +-0 */
+		0x7f800000u, 0xff800000u,                           /* +-inf */
+		0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, /* NaNs, quiet */
+		0x7fbfffffu, 0x7f810000u, 0xffff0000u, 0x7fffffffu, /* and signalling */
+		0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu, /* denormals */
+		0x00008000u, 0x00018000u, 0x00010000u, 0x0000ffffu,
+		0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f817fffu, /* ties, RNE */
+		0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x7f7f7fffu, /* round to inf */
+		0x3f800000u, 0xbf800000u, 0x00800000u, 0x80800000u,
+	};
+	const size_t n_spec = sizeof(specials) / sizeof(specials[0]);
+	const size_t n = 100003 + n_spec;
+	float *in = malloc(sizeof(float) * n);
+	uint16_t *ref = malloc(sizeof(uint16_t) * n), *got = malloc(sizeof(uint16_t) * n);
+
+	ST_UNUSED(state);
+	assert_true(in && ref && got);
+	rng_seed(11);
+	for (size_t i = 0; i < n_spec; i++)
+		in[i] = f32_bits(specials[i]);
+	for (size_t i = n_spec; i < n; i++) /* any bit pattern, specials too */
+		in[i] = f32_bits(rng_u32());
+	for (size_t i = 0; i < n; i++)
+		ref[i] = st_cpu_bf16_from_f32(in[i]);
+	float *d_in = dev_from(in, sizeof(float) * n);
+	uint16_t *d_out = dev_poisoned(sizeof(uint16_t) * n);
+	check_rc(st_cuda_f32_to_bf16(ctx, d_out, d_in, n), "st_cuda_f32_to_bf16");
+	check_rc(st_cuda_sync(ctx), "f32_to_bf16 sync");
+	check_rc(st_cuda_d2h(got, d_out, sizeof(uint16_t) * n), "st_cuda_d2h");
+	size_t bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (got[i] != ref[i] && bad++ < 8) {
+			uint32_t u;
+			memcpy(&u, &in[i], sizeof(u));
+			fprintf(stderr, "FAIL f32_to_bf16: in 0x%08x -> gpu 0x%04x, cpu 0x%04x\n",
+				u, got[i], ref[i]);
+		}
+	}
+	if (bad)
+		fprintf(stderr, "FAIL f32_to_bf16: %zu of %zu differ\n", bad, n);
+	assert_int_equal(bad, 0);
+	printf("ok   %-40s n=%-9zu bit-exact\n", "f32_to_bf16", n);
+	st_cuda_free(d_in);
+	st_cuda_free(d_out);
+	free(in);
+	free(ref);
+	free(got);
+}
+
+static void test_bf16_to_f32(void **state)
+{
+	const size_t n = 65536 + 7; /* every bf16 value, and an odd tail */
+	uint16_t *in = malloc(sizeof(uint16_t) * n);
+	float *got = malloc(sizeof(float) * n);
+
+	ST_UNUSED(state);
+	assert_true(in && got);
+	for (size_t i = 0; i < n; i++)
+		in[i] = (uint16_t)(i * 40503u);
+	uint16_t *d_in = dev_from(in, sizeof(uint16_t) * n);
+	float *d_out = dev_poisoned(sizeof(float) * n);
+	check_rc(st_cuda_bf16_to_f32(ctx, d_out, d_in, n), "st_cuda_bf16_to_f32");
+	check_rc(st_cuda_sync(ctx), "bf16_to_f32 sync");
+	check_rc(st_cuda_d2h(got, d_out, sizeof(float) * n), "st_cuda_d2h");
+	size_t bad = 0;
+	for (size_t i = 0; i < n; i++) {
+		float ref = st_cpu_f32_from_bf16(in[i]);
+		if (memcmp(&ref, &got[i], sizeof(float)) != 0 && bad++ < 8) {
+			uint32_t ug, ur;
+			memcpy(&ug, &got[i], 4);
+			memcpy(&ur, &ref, 4);
+			fprintf(stderr, "FAIL bf16_to_f32: 0x%04x -> gpu 0x%08x, cpu 0x%08x\n",
+				in[i], ug, ur);
+		}
+	}
+	if (bad)
+		fprintf(stderr, "FAIL bf16_to_f32: %zu of %zu differ\n", bad, n);
+	assert_int_equal(bad, 0);
+	printf("ok   %-40s n=%-9zu bit-exact\n", "bf16_to_f32", n);
+	st_cuda_free(d_in);
+	st_cuda_free(d_out);
+	free(in);
+	free(got);
+}
+
+/* ---- matmul ----------------------------------------------------------------- */
+
+static void matmul_fwd_case(int N, int IC, int OC, int with_bias, enum st_cuda_dtype dt)
+{
+	char what[96];
+	float *inp = host_rand((size_t)N * IC, 1.0f);
+	float *w = host_rand((size_t)IC * OC, 0.1f);
+	float *bias = host_rand(OC, 0.5f);
+	float *ref = malloc(sizeof(float) * N * OC);
+	void *d_inp, *d_w;
+
+	assert_non_null(ref);
+	if (dt == ST_CUDA_BF16) {
+		/* the reference sees the operands the GPU sees: rounded to bf16 */
+		uint16_t *hi = malloc(2 * (size_t)N * IC), *hw = malloc(2 * (size_t)IC * OC);
+		assert_true(hi && hw);
+		for (size_t i = 0; i < (size_t)N * IC; i++) {
+			hi[i] = st_cpu_bf16_from_f32(inp[i]);
+			inp[i] = st_cpu_f32_from_bf16(hi[i]);
+		}
+		for (size_t i = 0; i < (size_t)IC * OC; i++) {
+			hw[i] = st_cpu_bf16_from_f32(w[i]);
+			w[i] = st_cpu_f32_from_bf16(hw[i]);
+		}
+		d_inp = dev_from(hi, 2 * (size_t)N * IC);
+		d_w = dev_from(hw, 2 * (size_t)IC * OC);
+		free(hi);
+		free(hw);
+	} else {
+		d_inp = dev_from(inp, sizeof(float) * N * IC);
+		d_w = dev_from(w, sizeof(float) * IC * OC);
+	}
+	st_cpu_matmul_fwd(ref, inp, w, with_bias ? bias : NULL, N, IC, OC);
+	float *d_bias = dev_from(bias, sizeof(float) * OC);
+	float *d_out = dev_poisoned(sizeof(float) * N * OC);
+	snprintf(what, sizeof(what), "matmul_fwd %s N=%d IC=%d OC=%d%s",
+		 dt == ST_CUDA_BF16 ? "bf16" : "f32", N, IC, OC, with_bias ? " +b" : "");
+	check_rc(st_cuda_matmul_fwd(ctx, d_out, d_inp, d_w, with_bias ? d_bias : NULL, N, IC,
+				    OC, dt),
+		 what);
+	expect_close(what, d_out, ref, (size_t)N * OC, dt == ST_CUDA_BF16 ? TOL_BF16 : TOL_F32);
+	st_cuda_free(d_inp);
+	st_cuda_free(d_w);
+	st_cuda_free(d_bias);
+	st_cuda_free(d_out);
+	free(inp);
+	free(w);
+	free(bias);
+	free(ref);
+}
+
+static void test_matmul_fwd(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(21);
+	matmul_fwd_case(37, 96, 253, 1, ST_CUDA_F32);
+	matmul_fwd_case(37, 96, 253, 0, ST_CUDA_F32);
+	matmul_fwd_case(1, 3, 5, 1, ST_CUDA_F32);
+	matmul_fwd_case(37, 96, 253, 1, ST_CUDA_BF16);
+	matmul_fwd_case(512, 768, 2304, 1, ST_CUDA_F32); /* GPT-2 qkv */
+	matmul_fwd_case(512, 768, 2304, 1, ST_CUDA_BF16);
+}
+
+/* which: bit 0 dinp, bit 1 dweight, bit 2 dbias */
+static void matmul_bwd_case(int N, int IC, int OC, int which)
+{
+	char what[96];
+	float *dout = host_rand((size_t)N * OC, 1.0f);
+	float *inp = host_rand((size_t)N * IC, 1.0f);
+	float *w = host_rand((size_t)IC * OC, 0.1f);
+	float *dinp = host_rand((size_t)N * IC, 1.0f);
+	float *dw = host_rand((size_t)IC * OC, 1.0f);
+	float *db = host_rand(OC, 1.0f);
+	float *d_dout = dev_from(dout, sizeof(float) * N * OC);
+	float *d_inp = dev_from(inp, sizeof(float) * N * IC);
+	float *d_w = dev_from(w, sizeof(float) * IC * OC);
+	float *d_dinp = dev_from(dinp, sizeof(float) * N * IC);
+	float *d_dw = dev_from(dw, sizeof(float) * IC * OC);
+	float *d_db = dev_from(db, sizeof(float) * OC);
+
+	st_cpu_matmul_bwd(which & 1 ? dinp : NULL, which & 2 ? dw : NULL, which & 4 ? db : NULL,
+			  dout, inp, w, N, IC, OC);
+	snprintf(what, sizeof(what), "matmul_bwd N=%d IC=%d OC=%d", N, IC, OC);
+	check_rc(st_cuda_matmul_bwd(ctx, which & 1 ? d_dinp : NULL, which & 2 ? d_dw : NULL,
+				    which & 4 ? d_db : NULL, d_dout, d_inp, d_w, N, IC, OC),
+		 what);
+	/* a gradient not asked for must be left alone: compare it too */
+	snprintf(what, sizeof(what), "matmul_bwd dinp N=%d IC=%d OC=%d%s", N, IC, OC,
+		 which & 1 ? "" : " (NULL)");
+	expect_close(what, d_dinp, dinp, (size_t)N * IC, TOL_F32);
+	snprintf(what, sizeof(what), "matmul_bwd dweight N=%d IC=%d OC=%d%s", N, IC, OC,
+		 which & 2 ? "" : " (NULL)");
+	expect_close(what, d_dw, dw, (size_t)IC * OC, TOL_F32);
+	snprintf(what, sizeof(what), "matmul_bwd dbias N=%d IC=%d OC=%d%s", N, IC, OC,
+		 which & 4 ? "" : " (NULL)");
+	expect_close(what, d_db, db, OC, TOL_F32);
+	st_cuda_free(d_dout);
+	st_cuda_free(d_inp);
+	st_cuda_free(d_w);
+	st_cuda_free(d_dinp);
+	st_cuda_free(d_dw);
+	st_cuda_free(d_db);
+	free(dout);
+	free(inp);
+	free(w);
+	free(dinp);
+	free(dw);
+	free(db);
+}
+
+static void test_matmul_bwd(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(22);
+	matmul_bwd_case(37, 96, 253, 7);
+	matmul_bwd_case(37, 96, 253, 1);
+	matmul_bwd_case(37, 96, 253, 6);
+	matmul_bwd_case(512, 768, 2304, 7);
+}
+
+/* ---- layernorm ---------------------------------------------------------------- */
+
+static void layernorm_case(int N, int C)
+{
+	char what[96];
+	size_t nc = (size_t)N * C;
+	float *inp = host_rand(nc, 2.0f), *w = host_rand(C, 1.0f), *b = host_rand(C, 1.0f);
+	float *out = malloc(sizeof(float) * nc), *mean = malloc(sizeof(float) * N);
+	float *rstd = malloc(sizeof(float) * N);
+	float *dout = host_rand(nc, 1.0f), *dinp = host_rand(nc, 1.0f);
+	float *dw = host_rand(C, 1.0f), *db = host_rand(C, 1.0f);
+
+	assert_true(out && mean && rstd);
+	for (size_t i = 0; i < nc; i++) /* an offset, as real activations have */
+		inp[i] += 3.0f;
+	float *d_inp = dev_from(inp, sizeof(float) * nc);
+	float *d_w = dev_from(w, sizeof(float) * C), *d_b = dev_from(b, sizeof(float) * C);
+	float *d_out = dev_poisoned(sizeof(float) * nc);
+	float *d_mean = dev_poisoned(sizeof(float) * N), *d_rstd = dev_poisoned(sizeof(float) * N);
+	st_cpu_layernorm_fwd(out, mean, rstd, inp, w, b, N, C);
+	snprintf(what, sizeof(what), "layernorm_fwd N=%d C=%d", N, C);
+	check_rc(st_cuda_layernorm_fwd(ctx, d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C), what);
+	expect_close(what, d_out, out, nc, TOL_F32);
+	snprintf(what, sizeof(what), "layernorm_fwd mean N=%d C=%d", N, C);
+	expect_close(what, d_mean, mean, N, TOL_F32);
+	snprintf(what, sizeof(what), "layernorm_fwd rstd N=%d C=%d", N, C);
+	expect_close(what, d_rstd, rstd, N, TOL_F32);
+
+	/* backward from the cpu's mean/rstd so only the backward is measured */
+	float *d_mean_ref = dev_from(mean, sizeof(float) * N);
+	float *d_rstd_ref = dev_from(rstd, sizeof(float) * N);
+	float *d_dout = dev_from(dout, sizeof(float) * nc), *d_dinp = dev_from(dinp, sizeof(float) * nc);
+	float *d_dw = dev_from(dw, sizeof(float) * C), *d_db = dev_from(db, sizeof(float) * C);
+	st_cpu_layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+	snprintf(what, sizeof(what), "layernorm_bwd N=%d C=%d", N, C);
+	check_rc(st_cuda_layernorm_bwd(ctx, d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mean_ref,
+				       d_rstd_ref, N, C),
+		 what);
+	snprintf(what, sizeof(what), "layernorm_bwd dinp N=%d C=%d", N, C);
+	expect_close(what, d_dinp, dinp, nc, TOL_F32);
+	snprintf(what, sizeof(what), "layernorm_bwd dweight N=%d C=%d", N, C);
+	expect_close(what, d_dw, dw, C, TOL_F32);
+	snprintf(what, sizeof(what), "layernorm_bwd dbias N=%d C=%d", N, C);
+	expect_close(what, d_db, db, C, TOL_F32);
+
+	void *devs[] = { d_inp, d_w, d_b, d_out, d_mean, d_rstd, d_mean_ref, d_rstd_ref,
+			 d_dout, d_dinp, d_dw, d_db };
+	for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); i++)
+		st_cuda_free(devs[i]);
+	void *hosts[] = { inp, w, b, out, mean, rstd, dout, dinp, dw, db };
+	for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++)
+		free(hosts[i]);
+}
+
+static void test_layernorm(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(31);
+	layernorm_case(37, 96);
+	layernorm_case(5, 1);
+	layernorm_case(3, 1001);
+	layernorm_case(512, 768);
+}
+
+/* ---- elementwise: gelu, residual ---------------------------------------------- */
+
+static void test_gelu(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(41);
+	const size_t sizes[] = { 1, 37 * 96 + 5, 512 * 3072 };
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		size_t n = sizes[s];
+		char what[96];
+		float *inp = host_rand(n, 6.0f), *dout = host_rand(n, 1.0f);
+		float *out = malloc(sizeof(float) * n), *dinp = malloc(sizeof(float) * n);
+		assert_true(out && dinp);
+		float *d_inp = dev_from(inp, sizeof(float) * n), *d_dout = dev_from(dout, sizeof(float) * n);
+		float *d_out = dev_poisoned(sizeof(float) * n);
+		st_cpu_gelu_fwd(out, inp, n);
+		snprintf(what, sizeof(what), "gelu_fwd n=%zu", n);
+		check_rc(st_cuda_gelu_fwd(ctx, d_out, d_inp, n), what);
+		expect_close(what, d_out, out, n, TOL_F32);
+		/* gelu_bwd overwrites: poisoned again */
+		check_rc(st_cuda_memset(d_out, 0xFF, sizeof(float) * n), "st_cuda_memset");
+		st_cpu_gelu_bwd(dinp, inp, dout, n);
+		snprintf(what, sizeof(what), "gelu_bwd n=%zu", n);
+		check_rc(st_cuda_gelu_bwd(ctx, d_out, d_inp, d_dout, n), what);
+		expect_close(what, d_out, dinp, n, TOL_F32);
+		st_cuda_free(d_inp);
+		st_cuda_free(d_dout);
+		st_cuda_free(d_out);
+		free(inp);
+		free(dout);
+		free(out);
+		free(dinp);
+	}
+}
+
+static void test_residual(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(51);
+	const size_t sizes[] = { 1, 37 * 96 + 5, 512 * 768 };
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		size_t n = sizes[s], bytes = sizeof(float) * n;
+		char what[96];
+		float *a = host_rand(n, 1.0f), *b = host_rand(n, 1.0f), *dout = host_rand(n, 1.0f);
+		float *da = host_rand(n, 1.0f), *db = host_rand(n, 1.0f);
+		float *out = malloc(bytes);
+		assert_non_null(out);
+		float *d_a = dev_from(a, bytes), *d_b = dev_from(b, bytes), *d_out = dev_poisoned(bytes);
+		float *d_dout = dev_from(dout, bytes), *d_da = dev_from(da, bytes);
+		float *d_db = dev_from(db, bytes);
+		st_cpu_residual_fwd(out, a, b, n);
+		snprintf(what, sizeof(what), "residual_fwd n=%zu", n);
+		check_rc(st_cuda_residual_fwd(ctx, d_out, d_a, d_b, n), what);
+		expect_close(what, d_out, out, n, TOL_F32);
+		st_cpu_residual_bwd(da, db, dout, n);
+		snprintf(what, sizeof(what), "residual_bwd n=%zu", n);
+		check_rc(st_cuda_residual_bwd(ctx, d_da, d_db, d_dout, n), what);
+		snprintf(what, sizeof(what), "residual_bwd da n=%zu", n);
+		expect_close(what, d_da, da, n, TOL_F32);
+		snprintf(what, sizeof(what), "residual_bwd db n=%zu", n);
+		expect_close(what, d_db, db, n, TOL_F32);
+		void *devs[] = { d_a, d_b, d_out, d_dout, d_da, d_db };
+		for (size_t i = 0; i < 6; i++)
+			st_cuda_free(devs[i]);
+		void *hosts[] = { a, b, dout, da, db, out };
+		for (size_t i = 0; i < 6; i++)
+			free(hosts[i]);
+	}
+}
+
+/* ---- embedding ------------------------------------------------------------------ */
+
+static void embedding_case(int B, int T, int C, int V)
+{
+	char what[96];
+	size_t btc = (size_t)B * T * C;
+	int32_t *tok = malloc(sizeof(int32_t) * B * T);
+	float *wte = host_rand((size_t)V * C, 1.0f), *wpe = host_rand((size_t)T * C, 1.0f);
+	float *out = malloc(sizeof(float) * btc), *dout = host_rand(btc, 1.0f);
+	float *dwte = host_rand((size_t)V * C, 1.0f), *dwpe = host_rand((size_t)T * C, 1.0f);
+
+	assert_true(tok && out);
+	for (int i = 0; i < B * T; i++) /* repeats on purpose: the scatter adds */
+		tok[i] = (int32_t)(rng_u32() % (uint32_t)(i % 3 == 0 ? 7 : V));
+	int32_t *d_tok = dev_from(tok, sizeof(int32_t) * B * T);
+	float *d_wte = dev_from(wte, sizeof(float) * V * C), *d_wpe = dev_from(wpe, sizeof(float) * T * C);
+	float *d_out = dev_poisoned(sizeof(float) * btc), *d_dout = dev_from(dout, sizeof(float) * btc);
+	float *d_dwte = dev_from(dwte, sizeof(float) * V * C);
+	float *d_dwpe = dev_from(dwpe, sizeof(float) * T * C);
+	st_cpu_embedding_fwd(out, tok, wte, wpe, B, T, C);
+	snprintf(what, sizeof(what), "embedding_fwd B=%d T=%d C=%d V=%d", B, T, C, V);
+	check_rc(st_cuda_embedding_fwd(ctx, d_out, d_tok, d_wte, d_wpe, B, T, C), what);
+	expect_close(what, d_out, out, btc, TOL_F32);
+	st_cpu_embedding_bwd(dwte, dwpe, dout, tok, B, T, C);
+	snprintf(what, sizeof(what), "embedding_bwd B=%d T=%d C=%d V=%d", B, T, C, V);
+	check_rc(st_cuda_embedding_bwd(ctx, d_dwte, d_dwpe, d_dout, d_tok, B, T, C), what);
+	snprintf(what, sizeof(what), "embedding_bwd dwte B=%d T=%d C=%d", B, T, C);
+	expect_close(what, d_dwte, dwte, (size_t)V * C, TOL_F32);
+	snprintf(what, sizeof(what), "embedding_bwd dwpe B=%d T=%d C=%d", B, T, C);
+	expect_close(what, d_dwpe, dwpe, (size_t)T * C, TOL_F32);
+	void *devs[] = { d_tok, d_wte, d_wpe, d_out, d_dout, d_dwte, d_dwpe };
+	for (size_t i = 0; i < 7; i++)
+		st_cuda_free(devs[i]);
+	void *hosts[] = { tok, wte, wpe, out, dout, dwte, dwpe };
+	for (size_t i = 0; i < 7; i++)
+		free(hosts[i]);
+}
+
+static void test_embedding(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(61);
+	embedding_case(3, 37, 96, 253);
+	embedding_case(2, 256, 768, 50257);
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+static void attention_case(int B, int T, int C, int NH)
+{
+	char what[96];
+	size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+	size_t n_lse = (size_t)B * NH * T;
+	float *qkv = host_rand(n_qkv, 2.0f), *out = malloc(sizeof(float) * n_out);
+	float *lse = malloc(sizeof(float) * n_lse), *dout = host_rand(n_out, 1.0f);
+	float *dqkv = host_rand(n_qkv, 1.0f);
+
+	assert_true(out && lse);
+	float *d_qkv = dev_from(qkv, sizeof(float) * n_qkv);
+	float *d_out = dev_poisoned(sizeof(float) * n_out);
+	float *d_lse = dev_poisoned(sizeof(float) * n_lse);
+	st_cpu_attention_fwd(out, lse, qkv, B, T, C, NH);
+	snprintf(what, sizeof(what), "attention_fwd B=%d T=%d C=%d NH=%d", B, T, C, NH);
+	check_rc(st_cuda_attention_fwd(ctx, d_out, d_lse, d_qkv, B, T, C, NH), what);
+	expect_close(what, d_out, out, n_out, TOL_F32);
+	snprintf(what, sizeof(what), "attention_fwd lse B=%d T=%d C=%d NH=%d", B, T, C, NH);
+	expect_close(what, d_lse, lse, n_lse, TOL_F32);
+
+	/* backward from the cpu's out and lse so only the backward is measured */
+	float *d_out_ref = dev_from(out, sizeof(float) * n_out);
+	float *d_lse_ref = dev_from(lse, sizeof(float) * n_lse);
+	float *d_dout = dev_from(dout, sizeof(float) * n_out);
+	float *d_dqkv = dev_from(dqkv, sizeof(float) * n_qkv);
+	st_cpu_attention_bwd(dqkv, dout, qkv, out, lse, B, T, C, NH);
+	snprintf(what, sizeof(what), "attention_bwd B=%d T=%d C=%d NH=%d", B, T, C, NH);
+	check_rc(st_cuda_attention_bwd(ctx, d_dqkv, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T, C,
+				       NH),
+		 what);
+	expect_close(what, d_dqkv, dqkv, n_qkv, TOL_F32);
+
+	/* deterministic: the same call on the same inputs gives the same bits */
+	float *d_dqkv2 = dev_from(qkv, sizeof(float) * n_qkv);
+	float *d_dqkv3 = dev_from(qkv, sizeof(float) * n_qkv);
+	float *h2 = malloc(sizeof(float) * n_qkv), *h3 = malloc(sizeof(float) * n_qkv);
+	assert_true(h2 && h3);
+	check_rc(st_cuda_attention_bwd(ctx, d_dqkv2, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T,
+				       C, NH),
+		 what);
+	check_rc(st_cuda_attention_bwd(ctx, d_dqkv3, d_dout, d_qkv, d_out_ref, d_lse_ref, B, T,
+				       C, NH),
+		 what);
+	check_rc(st_cuda_sync(ctx), what);
+	check_rc(st_cuda_d2h(h2, d_dqkv2, sizeof(float) * n_qkv), "st_cuda_d2h");
+	check_rc(st_cuda_d2h(h3, d_dqkv3, sizeof(float) * n_qkv), "st_cuda_d2h");
+	if (memcmp(h2, h3, sizeof(float) * n_qkv) != 0) {
+		fprintf(stderr, "FAIL %s: two runs differ (not deterministic)\n", what);
+		fail();
+	}
+	void *devs[] = { d_qkv, d_out, d_lse, d_out_ref, d_lse_ref, d_dout, d_dqkv, d_dqkv2, d_dqkv3 };
+	for (size_t i = 0; i < sizeof(devs) / sizeof(devs[0]); i++)
+		st_cuda_free(devs[i]);
+	void *hosts[] = { qkv, out, lse, dout, dqkv, h2, h3 };
+	for (size_t i = 0; i < sizeof(hosts) / sizeof(hosts[0]); i++)
+		free(hosts[i]);
+}
+
+static void test_attention(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(71);
+	attention_case(2, 37, 96, 4);   /* hs 24, a partial tile */
+	attention_case(1, 1, 8, 2);     /* one token */
+	attention_case(3, 70, 256, 2);  /* hs 128, the largest supported */
+	attention_case(1, 100, 60, 3);  /* hs 20 */
+	attention_case(2, 256, 768, 12); /* a GPT-2 block */
+}
+
+static void test_attention_refuses(void **state)
+{
+	ST_UNUSED(state);
+	/* shapes the kernels cannot take are refused, not run */
+	assert_int_equal(st_cuda_attention_fwd(ctx, NULL, NULL, NULL, 1, 4, 10, 3), -EINVAL);
+	assert_int_equal(st_cuda_attention_fwd(ctx, NULL, NULL, NULL, 1, 4, 512, 2), -EINVAL);
+	assert_int_equal(st_cuda_attention_bwd(ctx, NULL, NULL, NULL, NULL, NULL, 1, 4, 512, 2),
+			 -EINVAL);
+	assert_non_null(strstr(st_error_last(), "head size"));
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------- */
+
+static void crossentropy_case(int N, int V)
+{
+	char what[96];
+	size_t nv = (size_t)N * V;
+	float *logits = host_rand(nv, 8.0f), *losses = malloc(sizeof(float) * N);
+	float *dlogits = malloc(sizeof(float) * nv), *losses2 = malloc(sizeof(float) * N);
+	int32_t *tgt = malloc(sizeof(int32_t) * N);
+	const float dloss = 1.0f / (float)N;
+
+	assert_true(losses && dlogits && losses2 && tgt);
+	for (int i = 0; i < N; i++)
+		tgt[i] = (int32_t)(rng_u32() % (uint32_t)V);
+	float *d_logits = dev_from(logits, sizeof(float) * nv);
+	int32_t *d_tgt = dev_from(tgt, sizeof(int32_t) * N);
+	float *d_losses = dev_poisoned(sizeof(float) * N);
+	float *d_dlogits = dev_poisoned(sizeof(float) * nv);
+	st_cpu_crossentropy_fwd(losses, logits, tgt, N, V);
+	snprintf(what, sizeof(what), "crossentropy_fwd N=%d V=%d", N, V);
+	check_rc(st_cuda_crossentropy_fwd(ctx, d_losses, d_logits, d_tgt, N, V), what);
+	expect_close(what, d_losses, losses, N, TOL_F32);
+
+	check_rc(st_cuda_memset(d_losses, 0xFF, sizeof(float) * N), "st_cuda_memset");
+	st_cpu_crossentropy_bwd(dlogits, losses2, logits, tgt, dloss, N, V);
+	snprintf(what, sizeof(what), "crossentropy_bwd N=%d V=%d", N, V);
+	check_rc(st_cuda_crossentropy_bwd(ctx, d_dlogits, d_losses, d_logits, d_tgt, dloss, N, V),
+		 what);
+	expect_close(what, d_dlogits, dlogits, nv, TOL_F32);
+	snprintf(what, sizeof(what), "crossentropy_bwd losses N=%d V=%d", N, V);
+	expect_close(what, d_losses, losses2, N, TOL_F32);
+
+	/* in place (dlogits == logits), without losses */
+	check_rc(st_cuda_crossentropy_bwd(ctx, d_logits, NULL, d_logits, d_tgt, dloss, N, V),
+		 what);
+	snprintf(what, sizeof(what), "crossentropy_bwd in place N=%d V=%d", N, V);
+	expect_close(what, d_logits, dlogits, nv, TOL_F32);
+
+	st_cuda_free(d_logits);
+	st_cuda_free(d_tgt);
+	st_cuda_free(d_losses);
+	st_cuda_free(d_dlogits);
+	free(logits);
+	free(losses);
+	free(dlogits);
+	free(losses2);
+	free(tgt);
+}
+
+static void test_crossentropy(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(81);
+	crossentropy_case(37, 253);
+	crossentropy_case(1, 1);
+	crossentropy_case(64, 50257);
+}
+
+int main(void)
+{
+	if (!st_cuda_available()) {
+		printf("no GPU: skipped\n");
+		return 77;
+	}
+	int rc = st_cuda_ctx_create(0, &ctx);
+	if (rc != 0) {
+		fprintf(stderr, "st_cuda_ctx_create: %d: %s\n", rc, st_error_last());
+		return 1;
+	}
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_f32_to_bf16),
+		cmocka_unit_test(test_bf16_to_f32),
+		cmocka_unit_test(test_matmul_fwd),
+		cmocka_unit_test(test_matmul_bwd),
+		cmocka_unit_test(test_layernorm),
+		cmocka_unit_test(test_gelu),
+		cmocka_unit_test(test_residual),
+		cmocka_unit_test(test_embedding),
+		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_attention_refuses),
+		cmocka_unit_test(test_crossentropy),
+	};
+	rc = cmocka_run_group_tests(tests, NULL, NULL);
+	st_cuda_ctx_destroy(ctx);
+	return rc;
+}
