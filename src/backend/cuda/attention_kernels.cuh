@@ -1,0 +1,348 @@
+/* Device code of the flash-style causal attention (attention.cu holds the
+ * host launch code and the design comment). Kept apart so that
+ * tests/cuda/test_attention_emu.cpp can compile these exact kernels with a
+ * host C++ compiler, one std::thread per CUDA thread, and hold them to
+ * st_cpu_attention_fwd/bwd on machines without a GPU. So: only what nvcc and
+ * that emulation both accept -- the CUDA builtins used here are __syncthreads,
+ * __shfl_sync, __shfl_xor_sync, min, threadIdx/blockIdx/blockDim and one
+ * extern __shared__ array per kernel; a new one needs a shim in the test. */
+#ifndef ST_CUDA_ATTENTION_KERNELS_CUH
+#define ST_CUDA_ATTENTION_KERNELS_CUH
+
+#include <math.h>
+#include <stddef.h>
+
+#define ATT_TILE 32
+#define ATT_WARPS 8
+#define ATT_THREADS (ATT_WARPS * 32)
+#define ATT_ROWS (ATT_TILE / ATT_WARPS) /* rows of the tile per warp */
+#define ATT_HS_MAX 128
+#define ATT_DPL (ATT_HS_MAX / 32)       /* channels per lane */
+#define FULL_MASK 0xffffffffu
+
+/* Launch geometry, shared with the emulation test so it cannot drift:
+ * blockIdx.x is b*NH + h, blockIdx.y the tile of ATT_TILE rows. */
+static inline dim3 att_grid(int B, int NH, int T)
+{
+	return dim3((unsigned)(B * NH), (unsigned)((T + ATT_TILE - 1) / ATT_TILE));
+}
+
+/* Dynamic shared memory of att_fwd_kernel: Q and V tiles of hs, K of hs+1. */
+static inline size_t att_fwd_smem_bytes(int hs)
+{
+	return sizeof(float) * (size_t)ATT_TILE * (3 * hs + 1);
+}
+
+/* Both backward kernels: two tiles of hs, two of hs+1, lse and D. */
+static inline size_t att_bwd_smem_bytes(int hs)
+{
+	return sizeof(float) * (size_t)ATT_TILE * (4 * hs + 4);
+}
+
+__device__ __forceinline__ float warp_max(float x)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+	return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		x += __shfl_xor_sync(FULL_MASK, x, o);
+	return x;
+}
+
+/* Copy rows [r0, r0 + ATT_TILE) of one head's slice (row stride ld floats)
+ * into a shared tile with row stride sld; rows at or past T become 0. */
+__device__ __forceinline__ void load_tile(float *dst, int sld, const float *src, size_t ld,
+					  int r0, int T, int hs)
+{
+	for (int e = threadIdx.x; e < ATT_TILE * hs; e += blockDim.x) {
+		int r = e / hs, d = e - r * hs;
+		int row = r0 + r;
+		dst[r * sld + d] = row < T ? src[(size_t)row * ld + d] : 0.0f;
+	}
+}
+
+/* For the rows [r0, r0 + ATT_TILE) of a tile: lse_s[r] = lse[row] and
+ * d_s[r] = dout_row . out_row (the softmax backward's D), 0 past T. */
+__device__ __forceinline__ void load_lse_d(float *lse_s, float *d_s, const float *lse_h,
+					   const float *dout_h, const float *out_h, int C,
+					   int r0, int T, int hs)
+{
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+	for (int rr = 0; rr < ATT_ROWS; rr++) {
+		int r = warp * ATT_ROWS + rr, row = r0 + r;
+		float part = 0.0f;
+		if (row < T) {
+			const float *g = dout_h + (size_t)row * C;
+			const float *o = out_h + (size_t)row * C;
+			for (int d = lane; d < hs; d += 32)
+				part += g[d] * o[d];
+		}
+		part = warp_sum(part);
+		if (lane == 0) {
+			d_s[r] = row < T ? part : 0.0f;
+			lse_s[r] = row < T ? lse_h[row] : 0.0f;
+		}
+	}
+}
+
+// out is (B,T,C), lse is (B,NH,T), qkv is (B,T,3C). Block: one query tile.
+__global__ void __launch_bounds__(ATT_THREADS)
+	att_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
+		       int hs, float scale)
+{
+	extern __shared__ float smem[];
+	float *Qs = smem;                   /* ATT_TILE x hs      */
+	float *Ks = Qs + ATT_TILE * hs;     /* ATT_TILE x (hs+1): lane = key */
+	float *Vs = Ks + ATT_TILE * (hs + 1); /* ATT_TILE x hs    */
+	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH;
+	const int i0 = blockIdx.y * ATT_TILE;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const size_t C3 = 3 * (size_t)C;
+	const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+	const float *k = q + C, *v = q + 2 * C;
+
+	float m[ATT_ROWS], l[ATT_ROWS], o[ATT_ROWS][ATT_DPL];
+#pragma unroll
+	for (int rr = 0; rr < ATT_ROWS; rr++) {
+		m[rr] = -INFINITY;
+		l[rr] = 0.0f;
+#pragma unroll
+		for (int c = 0; c < ATT_DPL; c++)
+			o[rr][c] = 0.0f;
+	}
+	load_tile(Qs, hs, q, C3, i0, T, hs);
+	const int kend = min(T, i0 + ATT_TILE);
+	for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
+		__syncthreads(); /* the previous key tile is consumed */
+		load_tile(Ks, hs + 1, k, C3, j0, T, hs);
+		load_tile(Vs, hs, v, C3, j0, T, hs);
+		__syncthreads();
+#pragma unroll
+		for (int rr = 0; rr < ATT_ROWS; rr++) {
+			const int r = warp * ATT_ROWS + rr, i = i0 + r;
+			if (i >= T) /* warp-uniform */
+				continue;
+			/* keys j0 .. i are visible; j0 <= i0 <= i, so at least one */
+			const int nvalid = min(ATT_TILE, i - j0 + 1);
+			float s = -INFINITY;
+			if (lane < nvalid) {
+				const float *qr = Qs + r * hs, *kr = Ks + lane * (hs + 1);
+				float dot = 0.0f;
+				for (int d = 0; d < hs; d++)
+					dot += qr[d] * kr[d];
+				s = dot * scale;
+			}
+			const float mnew = fmaxf(m[rr], warp_max(s));
+			const float p = lane < nvalid ? expf(s - mnew) : 0.0f;
+			const float alpha = expf(m[rr] - mnew); /* 0 on the first tile */
+			l[rr] = l[rr] * alpha + warp_sum(p);
+			m[rr] = mnew;
+#pragma unroll
+			for (int c = 0; c < ATT_DPL; c++)
+				o[rr][c] *= alpha;
+			for (int j = 0; j < nvalid; j++) {
+				const float pj = __shfl_sync(FULL_MASK, p, j);
+				const float *vr = Vs + j * hs;
+#pragma unroll
+				for (int c = 0; c < ATT_DPL; c++) {
+					int d = lane + 32 * c;
+					if (d < hs)
+						o[rr][c] += pj * vr[d];
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int rr = 0; rr < ATT_ROWS; rr++) {
+		const int i = i0 + warp * ATT_ROWS + rr;
+		if (i >= T)
+			continue;
+		const float inv = 1.0f / l[rr];
+		float *orow = out + ((size_t)b * T + i) * C + (size_t)h * hs;
+#pragma unroll
+		for (int c = 0; c < ATT_DPL; c++) {
+			int d = lane + 32 * c;
+			if (d < hs)
+				orow[d] = o[rr][c] * inv;
+		}
+		if (lane == 0)
+			lse[(size_t)bh * T + i] = m[rr] + logf(l[rr]);
+	}
+}
+
+// dK, dV of one key tile, summed over every query i >= j. Block: a key tile.
+__global__ void __launch_bounds__(ATT_THREADS)
+	att_bwd_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+			   const float *lse, int T, int C, int NH, int hs, float scale)
+{
+	extern __shared__ float smem[];
+	float *Ks = smem;                    /* ATT_TILE x hs (broadcast reads) */
+	float *Vs = Ks + ATT_TILE * hs;      /* ATT_TILE x hs */
+	float *Qs = Vs + ATT_TILE * hs;      /* ATT_TILE x (hs+1): lane = query */
+	float *Gs = Qs + ATT_TILE * (hs + 1); /* dout, ATT_TILE x (hs+1) */
+	float *lse_s = Gs + ATT_TILE * (hs + 1);
+	float *d_s = lse_s + ATT_TILE;
+	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH;
+	const int j0 = blockIdx.y * ATT_TILE;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const size_t C3 = 3 * (size_t)C;
+	const size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
+	const size_t ooff = (size_t)b * T * C + (size_t)h * hs;
+	const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+	const float *g = dout + ooff, *o = out + ooff;
+	const float *lse_h = lse + (size_t)bh * T;
+
+	float dk[ATT_ROWS][ATT_DPL], dv[ATT_ROWS][ATT_DPL];
+#pragma unroll
+	for (int kk = 0; kk < ATT_ROWS; kk++)
+#pragma unroll
+		for (int c = 0; c < ATT_DPL; c++)
+			dk[kk][c] = dv[kk][c] = 0.0f;
+	load_tile(Ks, hs, k, C3, j0, T, hs);
+	load_tile(Vs, hs, v, C3, j0, T, hs);
+	/* query tiles that see some key of this tile: those from j0 on */
+	for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
+		__syncthreads();
+		load_tile(Qs, hs + 1, q, C3, i0, T, hs);
+		load_tile(Gs, hs + 1, g, C, i0, T, hs);
+		load_lse_d(lse_s, d_s, lse_h, g, o, C, i0, T, hs);
+		__syncthreads();
+		const int nq = min(ATT_TILE, T - i0);
+		const int i = i0 + lane; /* this lane's query */
+#pragma unroll
+		for (int kk = 0; kk < ATT_ROWS; kk++) {
+			const int jr = warp * ATT_ROWS + kk, j = j0 + jr;
+			if (j >= T) /* warp-uniform */
+				continue;
+			float p = 0.0f, ds = 0.0f;
+			if (i < T && i >= j) {
+				const float *qr = Qs + lane * (hs + 1), *gr = Gs + lane * (hs + 1);
+				const float *kr = Ks + jr * hs, *vr = Vs + jr * hs;
+				float s = 0.0f, dp = 0.0f;
+				for (int d = 0; d < hs; d++) {
+					s += qr[d] * kr[d];
+					dp += gr[d] * vr[d];
+				}
+				p = expf(s * scale - lse_s[lane]);
+				ds = p * (dp - d_s[lane]);
+			}
+			for (int ii = 0; ii < nq; ii++) {
+				const float pi = __shfl_sync(FULL_MASK, p, ii);
+				const float dsi = __shfl_sync(FULL_MASK, ds, ii);
+				const float *qr = Qs + ii * (hs + 1), *gr = Gs + ii * (hs + 1);
+#pragma unroll
+				for (int c = 0; c < ATT_DPL; c++) {
+					int d = lane + 32 * c;
+					if (d < hs) {
+						dv[kk][c] += pi * gr[d];
+						dk[kk][c] += dsi * qr[d];
+					}
+				}
+			}
+		}
+	}
+	float *dk_h = dqkv + qoff + C, *dv_h = dqkv + qoff + 2 * C;
+#pragma unroll
+	for (int kk = 0; kk < ATT_ROWS; kk++) {
+		const int j = j0 + warp * ATT_ROWS + kk;
+		if (j >= T)
+			continue;
+#pragma unroll
+		for (int c = 0; c < ATT_DPL; c++) {
+			int d = lane + 32 * c;
+			if (d < hs) {
+				dk_h[(size_t)j * C3 + d] += scale * dk[kk][c];
+				dv_h[(size_t)j * C3 + d] += dv[kk][c];
+			}
+		}
+	}
+}
+
+// dQ of one query tile, summed over its keys j <= i. Block: a query tile.
+__global__ void __launch_bounds__(ATT_THREADS)
+	att_bwd_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+			  const float *lse, int T, int C, int NH, int hs, float scale)
+{
+	extern __shared__ float smem[];
+	float *Qs = smem;                    /* ATT_TILE x hs (broadcast reads) */
+	float *Gs = Qs + ATT_TILE * hs;      /* dout, ATT_TILE x hs */
+	float *Ks = Gs + ATT_TILE * hs;      /* ATT_TILE x (hs+1): lane = key */
+	float *Vs = Ks + ATT_TILE * (hs + 1); /* ATT_TILE x (hs+1) */
+	float *lse_s = Vs + ATT_TILE * (hs + 1);
+	float *d_s = lse_s + ATT_TILE;
+	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH;
+	const int i0 = blockIdx.y * ATT_TILE;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const size_t C3 = 3 * (size_t)C;
+	const size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
+	const size_t ooff = (size_t)b * T * C + (size_t)h * hs;
+	const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
+	const float *g = dout + ooff, *o = out + ooff;
+
+	float dq[ATT_ROWS][ATT_DPL];
+#pragma unroll
+	for (int rr = 0; rr < ATT_ROWS; rr++)
+#pragma unroll
+		for (int c = 0; c < ATT_DPL; c++)
+			dq[rr][c] = 0.0f;
+	load_tile(Qs, hs, q, C3, i0, T, hs);
+	load_tile(Gs, hs, g, C, i0, T, hs);
+	load_lse_d(lse_s, d_s, lse + (size_t)bh * T, g, o, C, i0, T, hs);
+	const int kend = min(T, i0 + ATT_TILE);
+	for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
+		__syncthreads();
+		load_tile(Ks, hs + 1, k, C3, j0, T, hs);
+		load_tile(Vs, hs + 1, v, C3, j0, T, hs);
+		__syncthreads();
+		const int j = j0 + lane; /* this lane's key */
+#pragma unroll
+		for (int rr = 0; rr < ATT_ROWS; rr++) {
+			const int r = warp * ATT_ROWS + rr, i = i0 + r;
+			if (i >= T) /* warp-uniform */
+				continue;
+			const int nvalid = min(ATT_TILE, i - j0 + 1); /* >= 1 */
+			float ds = 0.0f;
+			if (j <= i) {
+				const float *qr = Qs + r * hs, *gr = Gs + r * hs;
+				const float *kr = Ks + lane * (hs + 1), *vr = Vs + lane * (hs + 1);
+				float s = 0.0f, dp = 0.0f;
+				for (int d = 0; d < hs; d++) {
+					s += qr[d] * kr[d];
+					dp += gr[d] * vr[d];
+				}
+				const float p = expf(s * scale - lse_s[r]);
+				ds = p * (dp - d_s[r]);
+			}
+			for (int jj = 0; jj < nvalid; jj++) {
+				const float dsj = __shfl_sync(FULL_MASK, ds, jj);
+				const float *kr = Ks + jj * (hs + 1);
+#pragma unroll
+				for (int c = 0; c < ATT_DPL; c++) {
+					int d = lane + 32 * c;
+					if (d < hs)
+						dq[rr][c] += dsj * kr[d];
+				}
+			}
+		}
+	}
+	float *dq_h = dqkv + qoff;
+#pragma unroll
+	for (int rr = 0; rr < ATT_ROWS; rr++) {
+		const int i = i0 + warp * ATT_ROWS + rr;
+		if (i >= T)
+			continue;
+#pragma unroll
+		for (int c = 0; c < ATT_DPL; c++) {
+			int d = lane + 32 * c;
+			if (d < hs)
+				dq_h[(size_t)i * C3 + d] += scale * dq[rr][c];
+		}
+	}
+}
+
+#endif /* ST_CUDA_ATTENTION_KERNELS_CUH */

@@ -1,0 +1,281 @@
+// The cuda attention kernels (src/backend/cuda/attention_kernels.cuh, the
+// very code nvcc compiles) run on the cpu and held to st_cpu_attention_fwd/bwd.
+// Needs no GPU and no nvcc, so the kernels' indexing, masking, tiling and
+// barrier placement are checked on every machine.
+//
+// Emulation: a block is ATT_THREADS std::threads; __syncthreads is a
+// std::barrier over the block, a warp shuffle is a store to a per-warp
+// buffer between two barriers of that warp. Blocks run one after another, so
+// the single `smem` array below is the block's shared memory; it is poisoned
+// with NaN before each block (a read of an element the block did not write
+// shows up as a non-finite output) and the part past the launch's
+// shared-memory size must still be poison after it (a write out of bounds).
+// Grid, block and shared-memory sizes come from the .cuh, as the host code in
+// attention.cu takes them.
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <math.h>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "strata/kernels.h"
+}
+
+/* ---- the CUDA builtins attention_kernels.cuh uses ----------------------- */
+struct dim3 {
+	unsigned x, y, z;
+	constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_)
+	{
+	}
+};
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 blockDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__
+
+// Big enough for any launch (the backward at hs = 128 takes 66 KiB); the
+// kernels' `extern __shared__ float smem[]` names this array.
+#define EMU_SMEM_FLOATS (1 << 15)
+float smem[EMU_SMEM_FLOATS];
+
+static inline int min(int a, int b)
+{
+	return a < b ? a : b;
+}
+
+static std::barrier<> *emu_block_bar;
+static std::vector<std::barrier<> *> emu_warp_bar;
+static float emu_warp_buf[2][64][32];
+static thread_local unsigned emu_shfl_parity;
+
+static inline void __syncthreads()
+{
+	emu_block_bar->arrive_and_wait();
+}
+
+// One barrier a shuffle: consecutive shuffles of a thread alternate between
+// two buffers, and no lane can store into a buffer for shuffle k+1 (the one
+// of shuffle k-1) before every lane has passed shuffle k's barrier, which it
+// reaches only after reading its value of shuffle k-1.
+static inline float emu_shfl(float v, unsigned src_lane)
+{
+	const unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	float(*buf)[32] = emu_warp_buf[emu_shfl_parity];
+
+	emu_shfl_parity ^= 1;
+	buf[w][lane] = v;
+	emu_warp_bar[w]->arrive_and_wait();
+	return buf[w][src_lane & 31];
+}
+
+static inline float __shfl_sync(unsigned, float v, int src_lane)
+{
+	return emu_shfl(v, (unsigned)src_lane);
+}
+
+static inline float __shfl_xor_sync(unsigned, float v, int lane_mask)
+{
+	return emu_shfl(v, (threadIdx.x & 31) ^ (unsigned)lane_mask);
+}
+
+#include "backend/cuda/attention_kernels.cuh"
+
+/* ---- launching --------------------------------------------------------- */
+
+static int emu_smem_overrun; /* launches that wrote past their shared memory */
+
+static bool is_poison(float x)
+{
+	uint32_t u;
+	const float p = NAN;
+	uint32_t pu;
+
+	memcpy(&u, &x, sizeof(u));
+	memcpy(&pu, &p, sizeof(pu));
+	return u == pu;
+}
+
+static void emu_check_guard(size_t smem_floats)
+{
+	for (size_t i = smem_floats; i < EMU_SMEM_FLOATS; i++) {
+		if (!is_poison(smem[i])) {
+			emu_smem_overrun++;
+			return;
+		}
+	}
+}
+
+// Run kern(args...) over grid with ATT_THREADS threads a block and
+// smem_bytes of shared memory, blocks in order x fastest.
+template <typename K, typename... Args>
+static void emu_launch(K kern, dim3 grid, size_t smem_bytes, Args... args)
+{
+	const unsigned nthreads = ATT_THREADS, nwarps = (nthreads + 31) / 32;
+	const size_t smem_floats = (smem_bytes + sizeof(float) - 1) / sizeof(float);
+
+	if (smem_floats > EMU_SMEM_FLOATS || nwarps > 64 || nthreads % 32 != 0) {
+		fprintf(stderr, "FAIL launch: %zu bytes of shared memory or %u threads "
+				"beyond the emulation\n",
+			smem_bytes, nthreads);
+		emu_smem_overrun++;
+		return;
+	}
+	blockDim = dim3(nthreads);
+	std::barrier<> block_bar(nthreads);
+	emu_block_bar = &block_bar;
+	emu_warp_bar.clear();
+	for (unsigned w = 0; w < nwarps; w++)
+		emu_warp_bar.push_back(new std::barrier<>(32));
+
+	auto body = [&](unsigned t) {
+		threadIdx = dim3(t);
+		emu_shfl_parity = 0;
+		for (unsigned by = 0; by < grid.y; by++) {
+			for (unsigned bx = 0; bx < grid.x; bx++) {
+				if (t == 0) {
+					if (bx != 0 || by != 0)
+						emu_check_guard(smem_floats);
+					for (size_t i = 0; i < EMU_SMEM_FLOATS; i++)
+						smem[i] = NAN;
+				}
+				blockIdx = dim3(bx, by);
+				block_bar.arrive_and_wait(); /* poison is in place */
+				kern(args...);
+				block_bar.arrive_and_wait(); /* the block is done */
+			}
+		}
+	};
+	std::vector<std::thread> threads;
+	for (unsigned t = 0; t < nthreads; t++)
+		threads.emplace_back(body, t);
+	for (auto &th : threads)
+		th.join();
+	if (grid.x * grid.y > 0)
+		emu_check_guard(smem_floats);
+	for (auto *b : emu_warp_bar)
+		delete b;
+	emu_warp_bar.clear();
+	emu_block_bar = nullptr;
+}
+
+/* ---- checking ---------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rng_uniform(float lo, float hi)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return lo + (hi - lo) * (float)((rng_state >> 40) * (1.0 / 16777216.0));
+}
+
+// Every element finite and ||got - ref|| / ||ref|| <= tol (absolute when ref
+// is all zero); one line on stderr if not. Returns 1 on failure.
+static int expect_close(const char *shape, const char *what, const std::vector<float> &got,
+			const std::vector<float> &ref, double tol)
+{
+	double num = 0.0, den = 0.0, max_abs = 0.0;
+	size_t max_at = 0;
+
+	for (size_t i = 0; i < got.size(); i++) {
+		if (!std::isfinite(got[i])) {
+			fprintf(stderr, "FAIL %s %s: element %zu of %zu is %g (ref %g)\n", shape,
+				what, i, got.size(), (double)got[i], (double)ref[i]);
+			return 1;
+		}
+		const double d = (double)got[i] - (double)ref[i];
+		num += d * d;
+		den += (double)ref[i] * (double)ref[i];
+		if (std::fabs(d) > max_abs) {
+			max_abs = std::fabs(d);
+			max_at = i;
+		}
+	}
+	const double rel = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+	if (!(rel <= tol)) {
+		fprintf(stderr,
+			"FAIL %s %s: relative error %.3g > %.1g over %zu elements (largest "
+			"|diff| %.3g at %zu: emu %.9g cpu %.9g)\n",
+			shape, what, rel, tol, got.size(), max_abs, max_at,
+			(double)got[max_at], (double)ref[max_at]);
+		return 1;
+	}
+	if (!getenv("ST_QUIET"))
+		printf("ok   %-22s %-5s n=%-7zu rel %.2e\n", shape, what, got.size(), rel);
+	return 0;
+}
+
+// Forward and backward of one shape; returns the number of failing tensors.
+static int check_shape(int B, int T, int C, int NH)
+{
+	const int hs = C / NH;
+	const float scale = 1.0f / sqrtf((float)hs); /* as attention.cu */
+	const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C;
+	const size_t n_lse = (size_t)B * NH * T;
+	std::vector<float> qkv(n_qkv), dout(n_out), dqkv0(n_qkv);
+	std::vector<float> out(n_out), lse(n_lse), dqkv;
+	std::vector<float> emu_out(n_out, NAN), emu_lse(n_lse, NAN), emu_dqkv;
+	char shape[64];
+	int fails = 0;
+
+	snprintf(shape, sizeof(shape), "(%d,%d,%d,%d)", B, T, C, NH);
+	for (auto &x : qkv)
+		x = rng_uniform(-2.0f, 2.0f);
+	for (auto &x : dout)
+		x = rng_uniform(-1.0f, 1.0f);
+	for (auto &x : dqkv0) /* the backward accumulates into what is there */
+		x = rng_uniform(-1.0f, 1.0f);
+
+	st_cpu_attention_fwd(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+	const int overrun0 = emu_smem_overrun;
+	emu_launch(att_fwd_kernel, att_grid(B, NH, T), att_fwd_smem_bytes(hs),
+		   emu_out.data(), emu_lse.data(), (const float *)qkv.data(), T, C, NH, hs,
+		   scale);
+	fails += expect_close(shape, "out", emu_out, out, 1e-5);
+	fails += expect_close(shape, "lse", emu_lse, lse, 1e-5);
+
+	// Both sides run the backward from the cpu forward's out and lse, so the
+	// backward is checked on its own.
+	dqkv = dqkv0;
+	emu_dqkv = dqkv0;
+	st_cpu_attention_bwd(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
+			     C, NH);
+	const dim3 grid = att_grid(B, NH, T);
+	const size_t bwd_bytes = att_bwd_smem_bytes(hs);
+	emu_launch(att_bwd_dkv_kernel, grid, bwd_bytes, emu_dqkv.data(),
+		   (const float *)dout.data(), (const float *)qkv.data(),
+		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale);
+	emu_launch(att_bwd_dq_kernel, grid, bwd_bytes, emu_dqkv.data(),
+		   (const float *)dout.data(), (const float *)qkv.data(),
+		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale);
+	fails += expect_close(shape, "dqkv", emu_dqkv, dqkv, 1e-5);
+	if (emu_smem_overrun != overrun0) {
+		fprintf(stderr, "FAIL %s smem: a kernel wrote past its shared memory\n", shape);
+		fails++;
+	}
+	return fails;
+}
+
+int main(void)
+{
+	// (B,T,C,NH): partial last tiles, hs = 24, 128, 20, 64, 4, several
+	// tiles, B > 1, a single token.
+	static const int shapes[][4] = {
+		{1, 37, 96, 4}, {1, 70, 256, 2}, {1, 100, 60, 3}, {2, 65, 64, 1}, {1, 1, 8, 2},
+	};
+	int fails = 0;
+
+	for (const auto &s : shapes)
+		fails += check_shape(s[0], s[1], s[2], s[3]);
+	return fails ? 1 : 0;
+}
