@@ -3,43 +3,31 @@
 // Needs no GPU and no nvcc, so the kernels' indexing, masking, tiling and
 // barrier placement are checked on every machine.
 //
-// Emulation: a block is ATT_THREADS std::threads; __syncthreads is a
-// std::barrier over the block, a warp shuffle is a store to a per-warp
-// buffer between two barriers of that warp. Blocks run one after another, so
+// Emulation (tests/cuda/cuda_emu.h, shared with test_ops_emu): a block is
+// ATT_THREADS std::threads; __syncthreads is a std::barrier over the block,
+// a warp shuffle is a store to a per-warp buffer between two barriers of
+// that warp. Blocks run one after another, so
 // the single `smem` array below is the block's shared memory; it is poisoned
 // with NaN before each block (a read of an element the block did not write
 // shows up as a non-finite output) and the part past the launch's
 // shared-memory size must still be poison after it (a write out of bounds).
 // Grid, block and shared-memory sizes come from the .cuh, as the host code in
 // attention.cu takes them.
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <math.h>
-#include <thread>
 #include <vector>
 
 extern "C" {
 #include "strata/kernels.h"
 }
 
-/* ---- the CUDA builtins attention_kernels.cuh uses ----------------------- */
-struct dim3 {
-	unsigned x, y, z;
-	constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_)
-	{
-	}
-};
-static thread_local dim3 threadIdx, blockIdx;
-static dim3 blockDim;
+/* ---- the CUDA builtins attention_kernels.cuh uses (cuda_emu.h) ---------- */
+#include "cuda_emu.h"
 
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
 #define __shared__
 
 // Big enough for any launch (the backward at hs = 128 takes 66 KiB); the
@@ -47,51 +35,12 @@ static dim3 blockDim;
 #define EMU_SMEM_FLOATS (1 << 15)
 float smem[EMU_SMEM_FLOATS];
 
-static inline int min(int a, int b)
-{
-	return a < b ? a : b;
-}
-
-static std::barrier<> *emu_block_bar;
-static std::vector<std::barrier<> *> emu_warp_bar;
-static float emu_warp_buf[2][64][32];
-static thread_local unsigned emu_shfl_parity;
-
-static inline void __syncthreads()
-{
-	emu_block_bar->arrive_and_wait();
-}
-
-// One barrier a shuffle: consecutive shuffles of a thread alternate between
-// two buffers, and no lane can store into a buffer for shuffle k+1 (the one
-// of shuffle k-1) before every lane has passed shuffle k's barrier, which it
-// reaches only after reading its value of shuffle k-1.
-static inline float emu_shfl(float v, unsigned src_lane)
-{
-	const unsigned w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	float(*buf)[32] = emu_warp_buf[emu_shfl_parity];
-
-	emu_shfl_parity ^= 1;
-	buf[w][lane] = v;
-	emu_warp_bar[w]->arrive_and_wait();
-	return buf[w][src_lane & 31];
-}
-
-static inline float __shfl_sync(unsigned, float v, int src_lane)
-{
-	return emu_shfl(v, (unsigned)src_lane);
-}
-
-static inline float __shfl_xor_sync(unsigned, float v, int lane_mask)
-{
-	return emu_shfl(v, (threadIdx.x & 31) ^ (unsigned)lane_mask);
-}
-
 #include "backend/cuda/attention_kernels.cuh"
 
 /* ---- launching --------------------------------------------------------- */
 
 static int emu_smem_overrun; /* launches that wrote past their shared memory */
+static size_t emu_smem_floats; /* the running launch's shared memory */
 
 static bool is_poison(float x)
 {
@@ -114,57 +63,44 @@ static void emu_check_guard(size_t smem_floats)
 	}
 }
 
-// Run kern(args...) over grid with ATT_THREADS threads a block and
-// smem_bytes of shared memory, blocks in order x fastest.
-template <typename K, typename... Args>
-static void emu_launch(K kern, dim3 grid, size_t smem_bytes, Args... args)
+// Before each block: the previous block stayed inside its shared memory;
+// poison all of it.
+static void att_block_hook(unsigned block)
 {
-	const unsigned nthreads = ATT_THREADS, nwarps = (nthreads + 31) / 32;
+	if (block != 0)
+		emu_check_guard(emu_smem_floats);
+	for (size_t i = 0; i < EMU_SMEM_FLOATS; i++)
+		smem[i] = NAN;
+}
+
+static void att_launch_hook(unsigned n_blocks)
+{
+	if (n_blocks > 0)
+		emu_check_guard(emu_smem_floats);
+}
+
+// Run kern(args...) over grid with ATT_THREADS threads a block and
+// smem_bytes of shared memory, as attention.cu launches it.
+template <typename K, typename... Args>
+static void att_launch(K kern, dim3 grid, size_t smem_bytes, Args... args)
+{
 	const size_t smem_floats = (smem_bytes + sizeof(float) - 1) / sizeof(float);
 
-	if (smem_floats > EMU_SMEM_FLOATS || nwarps > 64 || nthreads % 32 != 0) {
-		fprintf(stderr, "FAIL launch: %zu bytes of shared memory or %u threads "
-				"beyond the emulation\n",
-			smem_bytes, nthreads);
+	if (smem_floats > EMU_SMEM_FLOATS) {
+		fprintf(stderr, "FAIL launch: %zu bytes of shared memory beyond the emulation\n",
+			smem_bytes);
 		emu_smem_overrun++;
 		return;
 	}
-	blockDim = dim3(nthreads);
-	std::barrier<> block_bar(nthreads);
-	emu_block_bar = &block_bar;
-	emu_warp_bar.clear();
-	for (unsigned w = 0; w < nwarps; w++)
-		emu_warp_bar.push_back(new std::barrier<>(32));
-
-	auto body = [&](unsigned t) {
-		threadIdx = dim3(t);
-		emu_shfl_parity = 0;
-		for (unsigned by = 0; by < grid.y; by++) {
-			for (unsigned bx = 0; bx < grid.x; bx++) {
-				if (t == 0) {
-					if (bx != 0 || by != 0)
-						emu_check_guard(smem_floats);
-					for (size_t i = 0; i < EMU_SMEM_FLOATS; i++)
-						smem[i] = NAN;
-				}
-				blockIdx = dim3(bx, by);
-				block_bar.arrive_and_wait(); /* poison is in place */
-				kern(args...);
-				block_bar.arrive_and_wait(); /* the block is done */
-			}
-		}
-	};
-	std::vector<std::thread> threads;
-	for (unsigned t = 0; t < nthreads; t++)
-		threads.emplace_back(body, t);
-	for (auto &th : threads)
-		th.join();
-	if (grid.x * grid.y > 0)
-		emu_check_guard(smem_floats);
-	for (auto *b : emu_warp_bar)
-		delete b;
-	emu_warp_bar.clear();
-	emu_block_bar = nullptr;
+	emu_smem_floats = smem_floats;
+	emu_block_hook = att_block_hook;
+	emu_launch_hook = att_launch_hook;
+	const int errors0 = emu_launch_errors;
+	emu_launch(kern, grid, dim3(ATT_THREADS), args...);
+	if (emu_launch_errors != errors0)
+		emu_smem_overrun++;
+	emu_block_hook = nullptr;
+	emu_launch_hook = nullptr;
 }
 
 /* ---- checking ---------------------------------------------------------- */
@@ -238,7 +174,7 @@ static int check_shape(int B, int T, int C, int NH)
 
 	st_cpu_attention_fwd(out.data(), lse.data(), qkv.data(), B, T, C, NH);
 	const int overrun0 = emu_smem_overrun;
-	emu_launch(att_fwd_kernel, att_grid(B, NH, T), att_fwd_smem_bytes(hs),
+	att_launch(att_fwd_kernel, att_grid(B, NH, T), att_fwd_smem_bytes(hs),
 		   emu_out.data(), emu_lse.data(), (const float *)qkv.data(), T, C, NH, hs,
 		   scale);
 	fails += expect_close(shape, "out", emu_out, out, 1e-5);
@@ -252,10 +188,10 @@ static int check_shape(int B, int T, int C, int NH)
 			     C, NH);
 	const dim3 grid = att_grid(B, NH, T);
 	const size_t bwd_bytes = att_bwd_smem_bytes(hs);
-	emu_launch(att_bwd_dkv_kernel, grid, bwd_bytes, emu_dqkv.data(),
+	att_launch(att_bwd_dkv_kernel, grid, bwd_bytes, emu_dqkv.data(),
 		   (const float *)dout.data(), (const float *)qkv.data(),
 		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale);
-	emu_launch(att_bwd_dq_kernel, grid, bwd_bytes, emu_dqkv.data(),
+	att_launch(att_bwd_dq_kernel, grid, bwd_bytes, emu_dqkv.data(),
 		   (const float *)dout.data(), (const float *)qkv.data(),
 		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale);
 	fails += expect_close(shape, "dqkv", emu_dqkv, dqkv, 1e-5);

@@ -25,14 +25,6 @@ extern "C" {
 #include "cuda_internal.h"
 
 #define ST_CUDA_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
-#define ST_CUDA_MAX_GRID 65535                      /* grid-stride loops beyond */
-#define ST_CUDA_ELEM_BLOCK 256                      /* threads, elementwise ops */
-#define ST_CUDA_ROW_BLOCK 256                       /* threads, warp-per-row ops */
-#define ST_CUDA_CE_BLOCK 512                        /* threads, block-per-row ops */
-#define ST_CUDA_COL_TILE 32                         /* columns per colsum block */
-#define ST_CUDA_COL_LANES 8                         /* row lanes per colsum block */
-#define ST_CUDA_COL_CHUNK 256                       /* rows per colsum partial */
-#define ST_CUDA_EMB_BLOCK 256                       /* threads, embedding scatter */
 
 struct st_cuda_ctx {
 	int ordinal;
@@ -115,14 +107,6 @@ static int ctx_enter(struct st_cuda_ctx *ctx)
 	return 0;
 }
 
-static unsigned grid_for(size_t n_items, unsigned per_block)
-{
-	size_t g = (n_items + per_block - 1) / per_block;
-	if (g > ST_CUDA_MAX_GRID)
-		g = ST_CUDA_MAX_GRID;
-	return (unsigned)(g ? g : 1);
-}
-
 /* At least `bytes` of scratch on the context's device. Growing waits for
  * the stream: queued work may still read the old buffer. */
 static int scratch_get(struct st_cuda_ctx *ctx, size_t bytes, void **out)
@@ -141,185 +125,7 @@ static int scratch_get(struct st_cuda_ctx *ctx, size_t bytes, void **out)
 	return 0;
 }
 
-/* ---- reductions (device) ---------------------------------------------------- */
-
-static __device__ __forceinline__ float warp_sum(float v)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
-
-static __device__ __forceinline__ float warp_max(float v)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-	return v;
-}
-
-/* Sum (or max) over the block; every thread gets the result. blockDim.x is
- * a multiple of 32. `sh` holds 32 floats; the leading barrier makes it safe
- * to call back to back. */
-static __device__ float block_reduce(float v, float *sh, bool is_max)
-{
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	int n_warps = blockDim.x >> 5;
-
-	v = is_max ? warp_max(v) : warp_sum(v);
-	__syncthreads();
-	if (lane == 0)
-		sh[warp] = v;
-	__syncthreads();
-	float r = is_max ? -INFINITY : 0.0f;
-	for (int w = 0; w < n_warps; w++) /* same order in every thread */
-		r = is_max ? fmaxf(r, sh[w]) : r + sh[w];
-	return r;
-}
-
-/* ---- casts ----------------------------------------------------------------- */
-
-static __global__ void k_bf16_to_f32(float *out, const uint16_t *in, size_t n)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x)
-		out[i] = __uint_as_float((uint32_t)in[i] << 16);
-}
-
-/* Bit for bit st_cpu_bf16_from_f32: RNE, quiet NaN with sign, no flush. */
-static __device__ __forceinline__ uint16_t bf16_from_f32(float f)
-{
-	uint32_t u = __float_as_uint(f);
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x0040u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-static __global__ void k_f32_to_bf16(uint16_t *out, const float *in, size_t n)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x)
-		out[i] = bf16_from_f32(in[i]);
-}
-
-/* ---- small elementwise kernels ---------------------------------------------- */
-
-/* out (N,OC) rows = bias, or 0 without bias. */
-static __global__ void k_fill_rows(float *out, const float *bias, size_t N, int OC)
-{
-	size_t n = N * (size_t)OC;
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x)
-		out[i] = bias ? bias[i % (size_t)OC] : 0.0f;
-}
-
-#define ST_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-#define ST_GELU_A 0.044715f
-
-/* exp(2u) as in the cpu kernel: saturated above 88 so e/(e+1) stays 1
- * instead of inf/inf. */
-static __device__ __forceinline__ float gelu_e(float x)
-{
-	float arg = 2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x);
-	return expf(fminf(arg, 88.0f));
-}
-
-static __global__ void k_gelu_fwd(float *out, const float *inp, size_t n)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float x = inp[i];
-		float e = gelu_e(x);
-		float a = 1.0f / (e + 1.0f);
-		out[i] = x * (e * a);
-	}
-}
-
-static __global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float x = inp[i];
-		float e = gelu_e(x);
-		float a = 1.0f / (e + 1.0f);
-		float ea = e * a;
-		float du = ST_GELU_K * (1.0f + 3.0f * ST_GELU_A * x * x);
-		float g = ea + 2.0f * x * (ea * a) * du;
-		dinp[i] = g * dout[i];
-	}
-}
-
-static __global__ void k_residual_fwd(float *out, const float *a, const float *b, size_t n)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x)
-		out[i] = a[i] + b[i];
-}
-
-/* da and db may be the same buffer (then it gets 2 dout): one thread does
- * both updates of an element, in order. */
-static __global__ void k_residual_bwd(float *da, float *db, const float *dout, size_t n)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float g = dout[i];
-		da[i] += g;
-		db[i] += g;
-	}
-}
-
-/* ---- column sums (deterministic, two passes) --------------------------------
- * Pass 1: block (COL_TILE, COL_LANES) over a tile of columns and a chunk of
- * COL_CHUNK rows; partial[chunk][c] (and, for layernorm, the normalised
- * weighted sum in partial2). Pass 2: one thread per column adds the chunks
- * in order. With inp == NULL it is a plain column sum of g. */
-static __global__ void k_colsum_partial(float *partial, float *partial2, const float *g,
-					const float *inp, const float *mean,
-					const float *rstd, int N, int C, int n_chunks)
-{
-	__shared__ float sh[ST_CUDA_COL_LANES][ST_CUDA_COL_TILE + 1];
-	__shared__ float sh2[ST_CUDA_COL_LANES][ST_CUDA_COL_TILE + 1];
-	int tx = threadIdx.x, ty = threadIdx.y;
-	int c = blockIdx.x * ST_CUDA_COL_TILE + tx;
-
-	for (int chunk = blockIdx.y; chunk < n_chunks; chunk += gridDim.y) {
-		int r0 = chunk * ST_CUDA_COL_CHUNK;
-		int r1 = min(r0 + ST_CUDA_COL_CHUNK, N);
-		float acc = 0.0f, acc2 = 0.0f;
-		if (c < C) {
-			for (int r = r0 + ty; r < r1; r += ST_CUDA_COL_LANES) {
-				float gv = g[(size_t)r * C + c];
-				acc += gv;
-				if (inp)
-					acc2 += gv * ((inp[(size_t)r * C + c] - mean[r]) * rstd[r]);
-			}
-		}
-		sh[ty][tx] = acc;
-		sh2[ty][tx] = acc2;
-		__syncthreads();
-		if (ty == 0 && c < C) {
-			float s = 0.0f, s2 = 0.0f;
-			for (int l = 0; l < ST_CUDA_COL_LANES; l++) {
-				s += sh[l][tx];
-				s2 += sh2[l][tx];
-			}
-			partial[(size_t)chunk * C + c] = s;
-			if (partial2)
-				partial2[(size_t)chunk * C + c] = s2;
-		}
-		__syncthreads();
-	}
-}
-
-static __global__ void k_colsum_final(float *out, const float *partial, int C, int n_chunks)
-{
-	for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
-		float s = 0.0f;
-		for (int k = 0; k < n_chunks; k++)
-			s += partial[(size_t)k * C + c];
-		out[c] += s;
-	}
-}
+#include "ops_kernels.cuh"
 
 /* out1 (C) += column sums of g (N,C); out2 (C) += column sums of
  * g * (inp - mean) * rstd when inp is given. Either output may be NULL. */
@@ -328,16 +134,15 @@ static int colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const float
 {
 	if (N == 0 || C == 0 || (!out1 && !out2))
 		return 0;
-	int n_chunks = (N + ST_CUDA_COL_CHUNK - 1) / ST_CUDA_COL_CHUNK;
+	int n_chunks = colsum_chunks(N);
 	size_t part_elems = (size_t)n_chunks * C;
 	void *scratch = NULL;
 	int rc = scratch_get(ctx, 2 * part_elems * sizeof(float), &scratch);
 	if (rc)
 		return rc;
 	float *p1 = (float *)scratch, *p2 = p1 + part_elems;
-	dim3 block(ST_CUDA_COL_TILE, ST_CUDA_COL_LANES);
-	dim3 grid((unsigned)((C + ST_CUDA_COL_TILE - 1) / ST_CUDA_COL_TILE),
-		  (unsigned)ST_MIN(n_chunks, ST_CUDA_MAX_GRID));
+	dim3 block = colsum_block();
+	dim3 grid = colsum_grid(C, n_chunks);
 	k_colsum_partial<<<grid, block, 0, ctx->stream>>>(p1, inp ? p2 : NULL, g, inp, mean,
 							  rstd, N, C, n_chunks);
 	LAUNCH_CHECK("colsum partial");
@@ -351,197 +156,6 @@ static int colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const float
 		LAUNCH_CHECK("colsum final");
 	}
 	return 0;
-}
-
-/* ---- layernorm (a warp per row) ---------------------------------------------- */
-
-static __global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
-				       const float *weight, const float *bias, int N, int C)
-{
-	int lane = threadIdx.x & 31;
-	int wpb = blockDim.x >> 5;
-	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb) {
-		const float *x = inp + (size_t)n * C;
-		float *o = out + (size_t)n * C;
-		float s = 0.0f;
-		for (int c = lane; c < C; c += 32)
-			s += x[c];
-		float m = warp_sum(s) / (float)C;
-		float v = 0.0f;
-		for (int c = lane; c < C; c += 32) {
-			float d = x[c] - m;
-			v += d * d;
-		}
-		float r = 1.0f / sqrtf(warp_sum(v) / (float)C + 1e-5f);
-		for (int c = lane; c < C; c += 32)
-			o[c] = (x[c] - m) * r * weight[c] + bias[c];
-		if (lane == 0) {
-			mean[n] = m;
-			rstd[n] = r;
-		}
-	}
-}
-
-static __global__ void k_layernorm_bwd_dinp(float *dinp, const float *dout, const float *inp,
-					    const float *weight, const float *mean,
-					    const float *rstd, int N, int C)
-{
-	int lane = threadIdx.x & 31;
-	int wpb = blockDim.x >> 5;
-	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb) {
-		const float *x = inp + (size_t)n * C;
-		const float *g = dout + (size_t)n * C;
-		float *dx = dinp + (size_t)n * C;
-		float m = mean[n], r = rstd[n];
-		float s_dn = 0.0f, s_dnn = 0.0f;
-		for (int c = lane; c < C; c += 32) {
-			float norm = (x[c] - m) * r;
-			float dnorm = weight[c] * g[c];
-			s_dn += dnorm;
-			s_dnn += dnorm * norm;
-		}
-		s_dn = warp_sum(s_dn) / (float)C;
-		s_dnn = warp_sum(s_dnn) / (float)C;
-		for (int c = lane; c < C; c += 32) {
-			float norm = (x[c] - m) * r;
-			float dnorm = weight[c] * g[c];
-			dx[c] += (dnorm - s_dn - norm * s_dnn) * r;
-		}
-	}
-}
-
-/* ---- embedding ---------------------------------------------------------------- */
-
-static __global__ void k_embedding_fwd(float *out, const int32_t *tokens, const float *wte,
-				       const float *wpe, int T, int C, size_t n)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		size_t bt = i / (size_t)C;
-		int c = (int)(i % (size_t)C);
-		int t = (int)(bt % (size_t)T);
-		out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
-	}
-}
-
-/* dwte: block per position p (grid-stride). Only the first position of
- * each token (its leader) does work: it owns that token's row of dwte and
- * adds the rows of dout of all positions with that token, in position
- * order, so no two blocks touch the same row and the order is fixed.
- * blockDim.x == ST_CUDA_EMB_BLOCK (a multiple of 32). O(BT^2) token
- * compares, cached and coalesced. */
-static __global__ void k_embedding_bwd_wte(float *dwte, const float *dout,
-					   const int32_t *tokens, int BT, int C)
-{
-	__shared__ int list[ST_CUDA_EMB_BLOCK];
-	__shared__ int warp_cnt[ST_CUDA_EMB_BLOCK / 32];
-	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	int n_warps = blockDim.x >> 5;
-
-	for (int p = blockIdx.x; p < BT; p += gridDim.x) {
-		int tok = tokens[p];
-		int seen = 0;
-		for (int q = tid; q < p && !seen; q += blockDim.x)
-			seen = tokens[q] == tok;
-		if (__syncthreads_or(seen))
-			continue; /* uniform across the block */
-		float *row = dwte + (size_t)tok * C;
-		for (int q0 = p; q0 < BT; q0 += blockDim.x) {
-			int q = q0 + tid;
-			int flag = q < BT && tokens[q] == tok;
-			unsigned m = __ballot_sync(0xffffffffu, flag);
-			if (lane == 0)
-				warp_cnt[warp] = __popc(m);
-			__syncthreads();
-			int off = 0, total = 0;
-			for (int w = 0; w < n_warps; w++) {
-				if (w < warp)
-					off += warp_cnt[w];
-				total += warp_cnt[w];
-			}
-			off += __popc(m & ((1u << lane) - 1u));
-			if (flag)
-				list[off] = q;
-			__syncthreads();
-			for (int k = 0; k < total; k++) {
-				const float *g = dout + (size_t)list[k] * C;
-				for (int c = tid; c < C; c += blockDim.x)
-					row[c] += g[c];
-			}
-			__syncthreads(); /* list and warp_cnt are reused */
-		}
-	}
-}
-
-/* dwpe (T,C) += sum over b of dout (b,t,:), b in order. */
-static __global__ void k_embedding_bwd_wpe(float *dwpe, const float *dout, int B, int T, int C)
-{
-	size_t n = (size_t)T * C;
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-	     i += (size_t)gridDim.x * blockDim.x) {
-		float s = 0.0f;
-		for (int b = 0; b < B; b++)
-			s += dout[(size_t)b * n + i];
-		dwpe[i] += s;
-	}
-}
-
-/* ---- cross-entropy (a block per row) ------------------------------------------- */
-
-static __global__ void k_crossentropy_fwd(float *losses, const float *logits,
-					  const int32_t *targets, int N, int V)
-{
-	__shared__ float sh[32];
-	for (int n = blockIdx.x; n < N; n += gridDim.x) {
-		const float *x = logits + (size_t)n * V;
-		float mx = -INFINITY;
-		for (int i = threadIdx.x; i < V; i += blockDim.x)
-			mx = fmaxf(mx, x[i]);
-		mx = block_reduce(mx, sh, true);
-		float s = 0.0f;
-		for (int i = threadIdx.x; i < V; i += blockDim.x)
-			s += expf(x[i] - mx);
-		s = block_reduce(s, sh, false);
-		if (threadIdx.x == 0)
-			losses[n] = mx + logf(s) - x[targets[n]];
-	}
-}
-
-/* dlogits may be logits (in place): every read of a row happens before the
- * barrier inside the first block_reduce, except x[i] in the exp pass, which
- * the same thread reads and then overwrites. */
-static __global__ void k_crossentropy_bwd(float *dlogits, float *losses, const float *logits,
-					  const int32_t *targets, float dloss, int N, int V)
-{
-	__shared__ float sh[32];
-	__shared__ float xt_sh;
-	for (int n = blockIdx.x; n < N; n += gridDim.x) {
-		const float *x = logits + (size_t)n * V;
-		float *dx = dlogits + (size_t)n * V;
-		int t = targets[n];
-		if (threadIdx.x == 0)
-			xt_sh = x[t];
-		float mx = -INFINITY;
-		for (int i = threadIdx.x; i < V; i += blockDim.x)
-			mx = fmaxf(mx, x[i]);
-		mx = block_reduce(mx, sh, true); /* barrier: xt_sh is set */
-		float xt = xt_sh;
-		float s = 0.0f;
-		for (int i = threadIdx.x; i < V; i += blockDim.x) {
-			float e = expf(x[i] - mx);
-			dx[i] = e;
-			s += e;
-		}
-		s = block_reduce(s, sh, false);
-		if (losses && threadIdx.x == 0)
-			losses[n] = mx + logf(s) - xt;
-		float scale = dloss / s;
-		for (int i = threadIdx.x; i < V; i += blockDim.x) {
-			float d = dx[i] * scale;
-			dx[i] = i == t ? d - dloss : d;
-		}
-		__syncthreads(); /* xt_sh is rewritten for the next row */
-	}
 }
 
 /* ---- cuBLASLt ------------------------------------------------------------------- */
@@ -900,9 +514,8 @@ int st_cuda_layernorm_fwd(struct st_cuda_ctx *ctx, float *out, float *mean, floa
 		return st_error_set(-EINVAL, "cuda: layernorm_fwd: bad shape");
 	if (N == 0 || C == 0)
 		return 0;
-	int wpb = ST_CUDA_ROW_BLOCK / 32;
-	k_layernorm_fwd<<<grid_for((size_t)N, (unsigned)wpb), ST_CUDA_ROW_BLOCK, 0,
-			  ctx->stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+	k_layernorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, ctx->stream>>>(
+		out, mean, rstd, inp, weight, bias, N, C);
 	LAUNCH_CHECK("layernorm_fwd");
 	return 0;
 }
@@ -920,9 +533,8 @@ int st_cuda_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
 	if (N == 0 || C == 0)
 		return 0;
 	if (dinp) {
-		int wpb = ST_CUDA_ROW_BLOCK / 32;
-		k_layernorm_bwd_dinp<<<grid_for((size_t)N, (unsigned)wpb), ST_CUDA_ROW_BLOCK, 0,
-				       ctx->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+		k_layernorm_bwd_dinp<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, ctx->stream>>>(
+			dinp, dout, inp, weight, mean, rstd, N, C);
 		LAUNCH_CHECK("layernorm_bwd dinp");
 	}
 	if (dweight || dbias)
@@ -1006,7 +618,7 @@ int st_cuda_embedding_bwd(struct st_cuda_ctx *ctx, float *dwte, float *dwpe,
 		return 0;
 	int BT = B * T;
 	if (dwte) {
-		k_embedding_bwd_wte<<<(unsigned)ST_MIN(BT, ST_CUDA_MAX_GRID), ST_CUDA_EMB_BLOCK, 0,
+		k_embedding_bwd_wte<<<grid_block_items(BT), ST_CUDA_EMB_BLOCK, 0,
 				      ctx->stream>>>(dwte, dout, tokens, BT, C);
 		LAUNCH_CHECK("embedding_bwd wte");
 	}
@@ -1028,7 +640,7 @@ int st_cuda_crossentropy_fwd(struct st_cuda_ctx *ctx, float *losses, const float
 		return st_error_set(-EINVAL, "cuda: crossentropy_fwd: bad shape");
 	if (N == 0)
 		return 0;
-	k_crossentropy_fwd<<<(unsigned)ST_MIN(N, ST_CUDA_MAX_GRID), ST_CUDA_CE_BLOCK, 0,
+	k_crossentropy_fwd<<<grid_block_items(N), ST_CUDA_CE_BLOCK, 0,
 			     ctx->stream>>>(losses, logits, targets, N, V);
 	LAUNCH_CHECK("crossentropy_fwd");
 	return 0;
@@ -1045,7 +657,7 @@ int st_cuda_crossentropy_bwd(struct st_cuda_ctx *ctx, float *dlogits, float *los
 		return st_error_set(-EINVAL, "cuda: crossentropy_bwd: bad shape");
 	if (N == 0)
 		return 0;
-	k_crossentropy_bwd<<<(unsigned)ST_MIN(N, ST_CUDA_MAX_GRID), ST_CUDA_CE_BLOCK, 0,
+	k_crossentropy_bwd<<<grid_block_items(N), ST_CUDA_CE_BLOCK, 0,
 			     ctx->stream>>>(dlogits, losses, logits, targets, dloss, N, V);
 	LAUNCH_CHECK("crossentropy_bwd");
 	return 0;

@@ -1,0 +1,208 @@
+// CUDA device code run on the cpu, for tests/cuda/test_*_emu.cpp: just
+// enough of the CUDA builtins for the kernels in src/backend/cuda/*.cuh to
+// compile with a host C++20 compiler, and emu_launch() to run one.
+//
+// A block is blockDim.x*y*z std::threads (a multiple of 32, at most
+// EMU_MAX_THREADS); blocks run one after another, x fastest. __syncthreads
+// is a std::barrier over the block. A warp is 32 threads of consecutive
+// linear thread id; a warp exchange (shuffle, ballot) is a store to a
+// per-warp buffer and a barrier of that warp. __syncthreads_or likewise over
+// the block.
+//
+// __shared__ is left to the test: a kernel's `extern __shared__` array
+// wants it empty (the test then defines that array), static __shared__
+// arrays want EMU_STATIC_SHARED, which puts them in the section emu_shared;
+// emu_launch fills that section with 0xff bytes (NaN as float, -1 as int)
+// before each block, so a read of shared memory the block did not write
+// shows up. The test may add its own hooks before each block and after the
+// launch (emu_block_hook, emu_launch_hook), run by one thread.
+#ifndef ST_TESTS_CUDA_EMU_H
+#define ST_TESTS_CUDA_EMU_H
+
+#include <barrier>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <math.h>
+#include <thread>
+#include <vector>
+
+struct dim3 {
+	unsigned x, y, z;
+	constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_)
+	{
+	}
+};
+static thread_local dim3 threadIdx, blockIdx;
+static thread_local unsigned emu_tid; /* linear thread id in the block */
+static dim3 blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define EMU_STATIC_SHARED static __attribute__((section("emu_shared")))
+
+#define EMU_MAX_THREADS 1024
+
+static inline int min(int a, int b)
+{
+	return a < b ? a : b;
+}
+
+static inline unsigned __float_as_uint(float f)
+{
+	unsigned u;
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static inline float __uint_as_float(unsigned u)
+{
+	float f;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static inline int __popc(unsigned m)
+{
+	return __builtin_popcount(m);
+}
+
+static std::barrier<> *emu_block_bar;
+static unsigned emu_block_threads;
+static std::vector<std::barrier<> *> emu_warp_bar;
+static uint32_t emu_warp_buf[2][EMU_MAX_THREADS / 32][32];
+static thread_local unsigned emu_warp_parity;
+static int emu_or_buf[2][EMU_MAX_THREADS];
+static thread_local unsigned emu_or_parity;
+
+static inline void __syncthreads()
+{
+	emu_block_bar->arrive_and_wait();
+}
+
+// One barrier an exchange: consecutive exchanges of a thread alternate
+// between two buffers, and no lane can store into a buffer for exchange
+// k+1 (the one of exchange k-1) before every lane has passed exchange k's
+// barrier, which it reaches only after reading its values of exchange k-1.
+// Returns the warp's row of the buffer, every lane's value in it.
+static inline const uint32_t *emu_warp_exchange(uint32_t v)
+{
+	const unsigned w = emu_tid >> 5, lane = emu_tid & 31;
+	uint32_t *buf = emu_warp_buf[emu_warp_parity][w];
+
+	emu_warp_parity ^= 1;
+	buf[lane] = v;
+	emu_warp_bar[w]->arrive_and_wait();
+	return buf;
+}
+
+static inline float __shfl_sync(unsigned, float v, int src_lane)
+{
+	return __uint_as_float(emu_warp_exchange(__float_as_uint(v))[(unsigned)src_lane & 31]);
+}
+
+static inline float __shfl_xor_sync(unsigned, float v, int lane_mask)
+{
+	const unsigned src = ((emu_tid & 31) ^ (unsigned)lane_mask) & 31;
+	return __uint_as_float(emu_warp_exchange(__float_as_uint(v))[src]);
+}
+
+static inline unsigned __ballot_sync(unsigned, int pred)
+{
+	const uint32_t *all = emu_warp_exchange(pred != 0);
+	unsigned m = 0;
+
+	for (unsigned l = 0; l < 32; l++)
+		m |= all[l] ? 1u << l : 0u;
+	return m;
+}
+
+// The same two-buffer scheme over the block's barrier.
+static inline int __syncthreads_or(int pred)
+{
+	int *buf = emu_or_buf[emu_or_parity];
+	int any = 0;
+
+	emu_or_parity ^= 1;
+	buf[emu_tid] = pred != 0;
+	emu_block_bar->arrive_and_wait();
+	for (unsigned t = 0; t < emu_block_threads; t++)
+		any |= buf[t];
+	return any;
+}
+
+/* ---- launching --------------------------------------------------------- */
+
+extern "C" char __start_emu_shared[] __attribute__((weak));
+extern "C" char __stop_emu_shared[] __attribute__((weak));
+
+/* Run by one thread before each block (block = its index in launch order)
+ * and after the launch (n_blocks run); either may be NULL. */
+static void (*emu_block_hook)(unsigned block);
+static void (*emu_launch_hook)(unsigned n_blocks);
+static int emu_launch_errors; /* launches the emulation could not run */
+
+// Run kern(args...) over grid with block threads a block, as
+// kern<<<grid, block>>>(args...) does.
+template <typename K, typename... Args>
+static void emu_launch(K kern, dim3 grid, dim3 block, Args... args)
+{
+	const unsigned nthreads = block.x * block.y * block.z, nwarps = nthreads / 32;
+	const unsigned n_blocks = grid.x * grid.y * grid.z;
+
+	if (nthreads == 0 || nthreads > EMU_MAX_THREADS || nthreads % 32 != 0) {
+		fprintf(stderr, "FAIL launch: a block of %u threads is beyond the emulation\n",
+			nthreads);
+		emu_launch_errors++;
+		return;
+	}
+	blockDim = block;
+	gridDim = grid;
+	emu_block_threads = nthreads;
+	std::barrier<> block_bar(nthreads);
+	emu_block_bar = &block_bar;
+	emu_warp_bar.clear();
+	for (unsigned w = 0; w < nwarps; w++)
+		emu_warp_bar.push_back(new std::barrier<>(32));
+
+	auto body = [&](unsigned t) {
+		emu_tid = t;
+		threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+		emu_warp_parity = 0;
+		emu_or_parity = 0;
+		unsigned k = 0;
+		for (unsigned bz = 0; bz < grid.z; bz++) {
+			for (unsigned by = 0; by < grid.y; by++) {
+				for (unsigned bx = 0; bx < grid.x; bx++, k++) {
+					if (t == 0) {
+						if (__start_emu_shared && __stop_emu_shared)
+							memset(__start_emu_shared, 0xff,
+							       (size_t)(__stop_emu_shared -
+									__start_emu_shared));
+						if (emu_block_hook)
+							emu_block_hook(k);
+					}
+					blockIdx = dim3(bx, by, bz);
+					block_bar.arrive_and_wait(); /* poison is in place */
+					kern(args...);
+					block_bar.arrive_and_wait(); /* the block is done */
+				}
+			}
+		}
+	};
+	std::vector<std::thread> threads;
+	for (unsigned t = 0; t < nthreads; t++)
+		threads.emplace_back(body, t);
+	for (auto &th : threads)
+		th.join();
+	if (emu_launch_hook)
+		emu_launch_hook(n_blocks);
+	for (auto *b : emu_warp_bar)
+		delete b;
+	emu_warp_bar.clear();
+	emu_block_bar = nullptr;
+}
+
+#endif
