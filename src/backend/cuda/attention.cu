@@ -27,24 +27,6 @@ extern "C" {
 
 #include "attention_kernels.cuh"
 
-static int att_cuda_err(cudaError_t e, const char *what)
-{
-	int err;
-
-	switch (e) {
-	case cudaErrorMemoryAllocation: err = -ENOMEM; break;
-	case cudaErrorNoDevice:
-	case cudaErrorInsufficientDriver:
-	case cudaErrorInvalidDevice: err = -ENODEV; break;
-	case cudaErrorInvalidValue:
-	case cudaErrorInvalidConfiguration: err = -EINVAL; break;
-	default: err = -EIO; break;
-	}
-	cudaGetLastError(); /* clear the sticky non-fatal state */
-	return st_error_set(err, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-			    cudaGetErrorName(e));
-}
-
 /* Shapes the kernels take, or -EINVAL with the reason. */
 static int att_check(const char *op, int B, int T, int C, int NH)
 {
@@ -72,12 +54,12 @@ static int att_launch(const char *what, K kern, dim3 grid, size_t smem_bytes,
 		e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					 (int)smem_bytes);
 		if (e != cudaSuccess)
-			return att_cuda_err(e, what);
+			return st_cuda_err(e, what);
 	}
 	kern<<<grid, ATT_THREADS, smem_bytes, stream>>>(args...);
 	e = cudaGetLastError();
 	if (e != cudaSuccess)
-		return att_cuda_err(e, what);
+		return st_cuda_err(e, what);
 	return 0;
 }
 

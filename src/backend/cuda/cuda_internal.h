@@ -11,4 +11,10 @@ struct st_cuda_ctx;
  * st_cuda_ctx (ops.cu); borrowed, valid until st_cuda_ctx_destroy(). */
 cudaStream_t st_cuda_ctx_stream(struct st_cuda_ctx *ctx);
 
+/* A CUDA status as -errno (-ENOMEM, -ENODEV, -EINVAL, else -EIO), with
+ * "cuda: <what>: <message> (<name>)" kept in st_error_last() and the
+ * non-sticky error state cleared. Defined in device_cuda.cu; every .cu file
+ * of the cuda device maps its errors through it. */
+int st_cuda_err(cudaError_t e, const char *what);
+
 #endif

@@ -4,6 +4,8 @@
  * error (st_error_last). Without a GPU or driver, open returns -ENODEV. */
 #include <cuda_runtime.h>
 
+#include "cuda_internal.h"
+
 #include <errno.h>
 #include <stdlib.h>
 
@@ -27,7 +29,7 @@ struct cuda_priv {
 	int numa_node;
 };
 
-static int cuda_err(cudaError_t e, const char *what)
+int st_cuda_err(cudaError_t e, const char *what)
 {
 	int err;
 
@@ -36,10 +38,11 @@ static int cuda_err(cudaError_t e, const char *what)
 	case cudaErrorNoDevice:
 	case cudaErrorInsufficientDriver:
 	case cudaErrorInvalidDevice: err = -ENODEV; break;
-	case cudaErrorInvalidValue: err = -EINVAL; break;
+	case cudaErrorInvalidValue:
+	case cudaErrorInvalidConfiguration: err = -EINVAL; break;
 	default: err = -EIO; break;
 	}
-	cudaGetLastError(); /* clear the sticky non-fatal state */
+	cudaGetLastError(); /* clear the non-sticky error state */
 	return st_error_set(err, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
 			    cudaGetErrorName(e));
 }
@@ -48,7 +51,7 @@ static int cuda_err(cudaError_t e, const char *what)
 	do {                                              \
 		cudaError_t e_ = (call);                  \
 		if (e_ != cudaSuccess)                    \
-			return cuda_err(e_, what);        \
+			return st_cuda_err(e_, what);        \
 	} while (0)
 
 static int cuda_open(struct st_device *d, struct st_device_config *cfg)
@@ -106,7 +109,7 @@ static int cuda_queue_create(struct st_device *d, struct st_queue **out)
 	cudaError_t e = cudaStreamCreateWithFlags(&q->stream, cudaStreamNonBlocking);
 	if (e != cudaSuccess) {
 		free(q);
-		return cuda_err(e, "cudaStreamCreate");
+		return st_cuda_err(e, "cudaStreamCreate");
 	}
 	*out = q;
 	return 0;
@@ -130,7 +133,7 @@ static int cuda_event_create(struct st_device *d, struct st_event **out)
 	cudaError_t e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
 	if (e != cudaSuccess) {
 		free(ev);
-		return cuda_err(e, "cudaEventCreate");
+		return st_cuda_err(e, "cudaEventCreate");
 	}
 	*out = ev;
 	return 0;
@@ -181,7 +184,7 @@ static int cuda_host_fn(struct st_device *d, struct st_queue *q, st_host_fn fn,
 	cudaError_t e = cudaLaunchHostFunc(q->stream, cuda_host_trampoline, b);
 	if (e != cudaSuccess) {
 		free(b);
-		return cuda_err(e, "cudaLaunchHostFunc");
+		return st_cuda_err(e, "cudaLaunchHostFunc");
 	}
 	return 0;
 }
@@ -205,7 +208,7 @@ static int cuda_event_query(struct st_device *d, struct st_event *e)
 		cudaGetLastError();
 		return 0;
 	}
-	return cuda_err(r, "cudaEventQuery");
+	return st_cuda_err(r, "cudaEventQuery");
 }
 
 static int cuda_event_sync(struct st_device *d, struct st_event *e)

@@ -44,23 +44,6 @@ cudaStream_t st_cuda_ctx_stream(struct st_cuda_ctx *ctx)
 
 /* ---- errors ---------------------------------------------------------------- */
 
-static int cuda_err(cudaError_t e, const char *what)
-{
-	int err;
-
-	switch (e) {
-	case cudaErrorMemoryAllocation: err = -ENOMEM; break;
-	case cudaErrorNoDevice:
-	case cudaErrorInsufficientDriver:
-	case cudaErrorInvalidDevice: err = -ENODEV; break;
-	case cudaErrorInvalidValue: err = -EINVAL; break;
-	default: err = -EIO; break;
-	}
-	cudaGetLastError(); /* clear the non-sticky error state */
-	return st_error_set(err, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-			    cudaGetErrorName(e));
-}
-
 static int cublas_err(cublasStatus_t s, const char *what)
 {
 	int err;
@@ -81,7 +64,7 @@ static int cublas_err(cublasStatus_t s, const char *what)
 	do {                                              \
 		cudaError_t e_ = (call);                  \
 		if (e_ != cudaSuccess)                    \
-			return cuda_err(e_, what);        \
+			return st_cuda_err(e_, what);        \
 	} while (0)
 
 /* After a kernel launch: a bad configuration shows up here. */
@@ -302,13 +285,13 @@ int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out)
 	ctx->ordinal = ordinal;
 	e = cudaSetDevice(ordinal);
 	if (e != cudaSuccess) {
-		rc = cuda_err(e, "cudaSetDevice");
+		rc = st_cuda_err(e, "cudaSetDevice");
 		goto fail;
 	}
 	e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
 	if (e != cudaSuccess) {
 		ctx->stream = NULL;
-		rc = cuda_err(e, "cudaStreamCreate");
+		rc = st_cuda_err(e, "cudaStreamCreate");
 		goto fail;
 	}
 	s = cublasLtCreate(&ctx->lt);
@@ -320,7 +303,7 @@ int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out)
 	e = cudaMalloc(&ctx->workspace, ST_CUDA_WORKSPACE_BYTES);
 	if (e != cudaSuccess) {
 		ctx->workspace = NULL;
-		rc = cuda_err(e, "cudaMalloc(cublasLt workspace)");
+		rc = st_cuda_err(e, "cudaMalloc(cublasLt workspace)");
 		goto fail;
 	}
 	ctx->workspace_bytes = ST_CUDA_WORKSPACE_BYTES;
