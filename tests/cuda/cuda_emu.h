@@ -20,7 +20,9 @@
 #define ST_TESTS_CUDA_EMU_H
 
 #include <barrier>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <math.h>
@@ -203,6 +205,48 @@ static void emu_launch(K kern, dim3 grid, dim3 block, Args... args)
 		delete b;
 	emu_warp_bar.clear();
 	emu_block_bar = nullptr;
+}
+
+// Every element finite and ||got - ref|| / ||ref|| <= tol (absolute when ref
+// is all zero), the sizes equal; one "FAIL <label>: ..." line on stderr if
+// not, one "ok" line unless ST_QUIET is set. Returns 1 on failure, else 0.
+static inline int emu_expect_close(const char *label, const std::vector<float> &got,
+				   const std::vector<float> &ref, double tol)
+{
+	double num = 0.0, den = 0.0, max_abs = 0.0;
+	size_t max_at = 0;
+
+	if (got.size() != ref.size()) {
+		fprintf(stderr, "FAIL %s: %zu elements, %zu expected\n", label, got.size(),
+			ref.size());
+		return 1;
+	}
+	for (size_t i = 0; i < got.size(); i++) {
+		if (!std::isfinite(got[i])) {
+			fprintf(stderr, "FAIL %s: element %zu of %zu is %g (ref %g)\n", label, i,
+				got.size(), (double)got[i], (double)ref[i]);
+			return 1;
+		}
+		const double d = (double)got[i] - (double)ref[i];
+		num += d * d;
+		den += (double)ref[i] * (double)ref[i];
+		if (std::fabs(d) > max_abs) {
+			max_abs = std::fabs(d);
+			max_at = i;
+		}
+	}
+	const double rel = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
+	if (!(rel <= tol)) {
+		fprintf(stderr,
+			"FAIL %s: relative error %.3g > %.1g over %zu elements (largest |diff| "
+			"%.3g at %zu: emu %.9g cpu %.9g)\n",
+			label, rel, tol, got.size(), max_abs, max_at, (double)got[max_at],
+			(double)ref[max_at]);
+		return 1;
+	}
+	if (!getenv("ST_QUIET"))
+		printf("ok   %-34s n=%-7zu rel %.2e\n", label, got.size(), rel);
+	return 0;
 }
 
 #endif

@@ -115,43 +115,15 @@ static float rng_uniform(float lo, float hi)
 	return lo + (hi - lo) * (float)((rng_state >> 40) * (1.0 / 16777216.0));
 }
 
-// Every element finite and ||got - ref|| / ||ref|| <= tol (absolute when ref
-// is all zero); one line on stderr if not. Returns 1 on failure.
 static int expect_close(const char *shape, const char *what, const std::vector<float> &got,
 			const std::vector<float> &ref, double tol)
 {
-	double num = 0.0, den = 0.0, max_abs = 0.0;
-	size_t max_at = 0;
+	char label[96];
 
-	for (size_t i = 0; i < got.size(); i++) {
-		if (!std::isfinite(got[i])) {
-			fprintf(stderr, "FAIL %s %s: element %zu of %zu is %g (ref %g)\n", shape,
-				what, i, got.size(), (double)got[i], (double)ref[i]);
-			return 1;
-		}
-		const double d = (double)got[i] - (double)ref[i];
-		num += d * d;
-		den += (double)ref[i] * (double)ref[i];
-		if (std::fabs(d) > max_abs) {
-			max_abs = std::fabs(d);
-			max_at = i;
-		}
-	}
-	const double rel = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
-	if (!(rel <= tol)) {
-		fprintf(stderr,
-			"FAIL %s %s: relative error %.3g > %.1g over %zu elements (largest "
-			"|diff| %.3g at %zu: emu %.9g cpu %.9g)\n",
-			shape, what, rel, tol, got.size(), max_abs, max_at,
-			(double)got[max_at], (double)ref[max_at]);
-		return 1;
-	}
-	if (!getenv("ST_QUIET"))
-		printf("ok   %-22s %-5s n=%-7zu rel %.2e\n", shape, what, got.size(), rel);
-	return 0;
+	snprintf(label, sizeof(label), "%s %s", shape, what);
+	return emu_expect_close(label, got, ref, tol);
 }
 
-// Forward and backward of one shape; returns the number of failing tensors.
 static int check_shape(int B, int T, int C, int NH)
 {
 	const int hs = C / NH;

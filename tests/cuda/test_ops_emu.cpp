@@ -62,43 +62,7 @@ static int fails;
 static void expect_close(const char *what, const std::vector<float> &got,
 			 const std::vector<float> &ref)
 {
-	const double tol = 1e-5;
-	double num = 0.0, den = 0.0, max_abs = 0.0;
-	size_t max_at = 0;
-
-	if (got.size() != ref.size()) {
-		fprintf(stderr, "FAIL %s: %zu elements, %zu expected\n", what, got.size(),
-			ref.size());
-		fails++;
-		return;
-	}
-	for (size_t i = 0; i < got.size(); i++) {
-		if (!std::isfinite(got[i])) {
-			fprintf(stderr, "FAIL %s: element %zu of %zu is %g (ref %g)\n", what, i,
-				got.size(), (double)got[i], (double)ref[i]);
-			fails++;
-			return;
-		}
-		const double d = (double)got[i] - (double)ref[i];
-		num += d * d;
-		den += (double)ref[i] * (double)ref[i];
-		if (std::fabs(d) > max_abs) {
-			max_abs = std::fabs(d);
-			max_at = i;
-		}
-	}
-	const double rel = den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
-	if (!(rel <= tol)) {
-		fprintf(stderr,
-			"FAIL %s: relative error %.3g > %.1g over %zu elements (largest |diff| "
-			"%.3g at %zu: emu %.9g cpu %.9g)\n",
-			what, rel, tol, got.size(), max_abs, max_at, (double)got[max_at],
-			(double)ref[max_at]);
-		fails++;
-		return;
-	}
-	if (!getenv("ST_QUIET"))
-		printf("ok   %-34s n=%-7zu rel %.2e\n", what, got.size(), rel);
+	fails += emu_expect_close(what, got, ref, 1e-5);
 }
 
 // Bit for bit; one FAIL line if not.

@@ -17,4 +17,12 @@ cudaStream_t st_cuda_ctx_stream(struct st_cuda_ctx *ctx);
  * of the cuda device maps its errors through it. */
 int st_cuda_err(cudaError_t e, const char *what);
 
+/* Return st_cuda_err() from the calling function when call fails. */
+#define CU_CHECK(call, what)                              \
+	do {                                              \
+		cudaError_t e_ = (call);                  \
+		if (e_ != cudaSuccess)                    \
+			return st_cuda_err(e_, what);     \
+	} while (0)
+
 #endif

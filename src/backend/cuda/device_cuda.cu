@@ -47,13 +47,6 @@ int st_cuda_err(cudaError_t e, const char *what)
 			    cudaGetErrorName(e));
 }
 
-#define CU_CHECK(call, what)                              \
-	do {                                              \
-		cudaError_t e_ = (call);                  \
-		if (e_ != cudaSuccess)                    \
-			return st_cuda_err(e_, what);        \
-	} while (0)
-
 static int cuda_open(struct st_device *d, struct st_device_config *cfg)
 {
 	struct cuda_priv *p = (struct cuda_priv *)st_device_priv(d);

@@ -60,13 +60,6 @@ static int cublas_err(cublasStatus_t s, const char *what)
 			    cublasLtGetStatusName(s));
 }
 
-#define CU_CHECK(call, what)                              \
-	do {                                              \
-		cudaError_t e_ = (call);                  \
-		if (e_ != cudaSuccess)                    \
-			return st_cuda_err(e_, what);        \
-	} while (0)
-
 /* After a kernel launch: a bad configuration shows up here. */
 #define LAUNCH_CHECK(what) CU_CHECK(cudaGetLastError(), what)
 
