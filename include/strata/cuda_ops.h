@@ -41,6 +41,13 @@ int st_cuda_d2h(void *dst, const void *src, size_t bytes);
 /* Fill bytes of device memory with the byte value (poisoning outputs). */
 int st_cuda_memset(void *ptr, int value, size_t bytes);
 
+/* Queued on the context's stream (ordered with its ops): fill bytes with
+ * the byte value; copy bytes between any two of device memory and host
+ * memory (direction from the pointers; a copy from or to pageable host
+ * memory is done when it returns, so wait with st_cuda_sync() to read). */
+int st_cuda_memset_async(struct st_cuda_ctx *ctx, void *ptr, int value, size_t bytes);
+int st_cuda_memcpy_async(struct st_cuda_ctx *ctx, void *dst, const void *src, size_t bytes);
+
 /* ---- casts -------------------------------------------------------------- */
 int st_cuda_bf16_to_f32(struct st_cuda_ctx *ctx, float *out, const uint16_t *in, size_t n);
 int st_cuda_f32_to_bf16(struct st_cuda_ctx *ctx, uint16_t *out, const float *in, size_t n);
@@ -56,6 +63,13 @@ int st_cuda_matmul_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp,
 int st_cuda_matmul_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight, float *dbias,
 		       const float *dout, const float *inp, const float *weight, int N,
 		       int IC, int OC);
+
+/* Row-major C (M,N) = op(A) @ op(B) + beta * C, op = transpose when
+ * trans_* is nonzero (A stored (K,M), B (N,K)), as st_cpu_sgemm() with
+ * alpha 1. All fp32. */
+int st_cuda_gemm(struct st_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
+		 const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		 int ldc);
 
 /* ---- the rest: as strata/kernels.h --------------------------------------- */
 int st_cuda_layernorm_fwd(struct st_cuda_ctx *ctx, float *out, float *mean, float *rstd,

@@ -107,6 +107,8 @@ int st_device_create(const struct st_device_ops *ops,
 void st_device_destroy(struct st_device *d);
 
 const char *st_device_name(const struct st_device *d);
+/* The GPU the device was opened on (its config's ordinal; 0 for cpu). */
+int st_device_ordinal(const struct st_device *d);
 void *st_device_priv(struct st_device *d);
 /* Arena of the device: base pointer (device address) and size in bytes. */
 void *st_device_arena(struct st_device *d, uint64_t *bytes);

@@ -23,6 +23,7 @@ struct st_trace;
 
 struct st_engine_config {
 	struct st_train_config train;  /* model, batch, optimizer, seed */
+	const char *device;            /* "cpu" (NULL) or "cuda" */
 	uint64_t gpu_mem_bytes, host_mem_bytes, nvme_mem_bytes;
 	const char *nvme_dirs;         /* NULL: no nvme tier */
 	enum st_offload params, optim;

@@ -11,10 +11,11 @@
  * bytes. Padding is zero. Tensor names and shapes are Hugging Face GPT-2's
  * (Conv1D weights stored (in,out)), with no vocabulary padding.
  *
- * The model knows nothing about tiers or where buffers live: fwd and bwd are
- * handed fp32 pointers (a bf16 W is widened first, e.g. with
- * st_cpu_bf16_to_f32 from strata/kernels.h, once per use) and a workspace
- * sized by st_model_work_bytes(). Only each unit's input x[u] is kept
+ * The model knows nothing about tiers: fwd and bwd are handed fp32 pointers
+ * (a bf16 W is widened first, e.g. with st_compute_bf16_to_f32, once per
+ * use) and a workspace sized by st_model_work_bytes(), all in the memory
+ * of the model's compute (strata/compute.h; the cpu by default, set with
+ * st_model_set_compute()), and run every op through that compute. Only each unit's input x[u] is kept
  * between the forward and the backward (the activation checkpoint): bwd(u)
  * recomputes the unit's forward from it inside the workspace.
  *
@@ -31,6 +32,8 @@
 #include "strata/common.h"
 
 #include <stdbool.h>
+
+struct st_compute;
 
 /* Architecture. Every field is required and positive; dim % heads == 0. */
 struct st_model_config {
@@ -88,6 +91,13 @@ struct st_model;
 int st_model_create(const struct st_model_config *cfg, struct st_model **out);
 void st_model_destroy(struct st_model *m);
 
+/* Run fwd and bwd through compute c (borrowed; NULL: the cpu). Every
+ * pointer handed to them must then be c's memory. On a compute that
+ * queues (cuda), fwd and bwd return with the work queued, except the
+ * loss, which is on the host when they return; st_compute_sync() before
+ * another queue or the host touches the results. */
+void st_model_set_compute(struct st_model *m, struct st_compute *c);
+
 const struct st_model_config *st_model_config(const struct st_model *m);
 /* L + 2. */
 int st_model_unit_count(const struct st_model *m);
@@ -119,6 +129,9 @@ struct st_model_batch {
 	 * step, 1/n for n accumulated micro-batches. 0 is refused (-EINVAL),
 	 * so a forgotten field cannot silently zero every gradient. */
 	float loss_scale;
+	/* Host-readable copies of tokens and targets, for the range check,
+	 * when those two are device pointers; NULL: they are readable. */
+	const int32_t *host_tokens, *host_targets;
 };
 
 /* Workspace bytes that fwd and bwd of unit u need at this B and T. The same
@@ -132,7 +145,7 @@ size_t st_model_work_bytes(const struct st_model *m, int u, int B, int T);
  * params is unit u's flat buffer; tied is the embedding unit's flat buffer
  * (head only, NULL otherwise). work has work_bytes >= st_model_work_bytes().
  * x, y, work must not overlap. Returns 0 or -EINVAL (bad shapes, a token or
- * target out of range, workspace too small). */
+ * target out of range, workspace too small), or the compute's error. */
 int st_model_fwd(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
 		 const float *tied, const float *x, float *y, float *loss,
@@ -145,7 +158,8 @@ int st_model_fwd(const struct st_model *m, int u,
  *   head: dy unused; dwte is accumulated into tied_grad (the embedding
  *         unit's gradient buffer); *loss gets the mean loss when loss is
  *         not NULL (so the head's forward need not run separately).
- * params/tied as in st_model_fwd. Returns 0 or -EINVAL. */
+ * params/tied as in st_model_fwd. Returns 0, -EINVAL or the compute's
+ * error. */
 int st_model_bwd(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
 		 const float *tied, const float *x, const float *dy, float *dx,

@@ -95,6 +95,11 @@ const char *st_device_name(const struct st_device *d)
 	return d->ops->name;
 }
 
+int st_device_ordinal(const struct st_device *d)
+{
+	return d->cfg.ordinal;
+}
+
 void *st_device_priv(struct st_device *d)
 {
 	return d->priv;

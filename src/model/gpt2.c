@@ -1,7 +1,7 @@
 /* strata: GPT-2 as a list of units (layouts, init, fwd(u), bwd(u)). */
 #include "strata/model.h"
 
-#include "strata/kernels.h"
+#include "strata/compute.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -35,6 +35,7 @@ struct st_model {
 	struct st_unit_layout *units;     /* (n_units) */
 	struct st_tensor_layout *tensors; /* all units' tensors, unit order */
 	uint64_t param_count;
+	struct st_compute *cx; /* where fwd and bwd run; the cpu by default */
 };
 
 /* ---- config ------------------------------------------------------------------ */
@@ -184,6 +185,7 @@ int st_model_create(const struct st_model_config *cfg, struct st_model **out)
 	if (!m)
 		return st_error_set(-ENOMEM, "model: out of memory");
 	m->cfg = *cfg;
+	m->cx = st_compute_cpu();
 	const int L = cfg->n_layer;
 	const int64_t C = cfg->n_embd, V = cfg->vocab, T = cfg->ctx;
 	m->n_units = L + 2;
@@ -243,6 +245,11 @@ int st_model_create(const struct st_model_config *cfg, struct st_model **out)
 	}
 	*out = m;
 	return 0;
+}
+
+void st_model_set_compute(struct st_model *m, struct st_compute *c)
+{
+	m->cx = c ? c : st_compute_cpu();
 }
 
 void st_model_destroy(struct st_model *m)
@@ -523,7 +530,8 @@ static int st_call_check(const struct st_model *m, int u,
 	if (kind == ST_UNIT_EMBED) {
 		if (!b->tokens)
 			return st_error_set(-EINVAL, "model: the embedding needs tokens");
-		return st_ids_check(b->tokens, n, m->cfg.vocab, "tokens");
+		return st_ids_check(b->host_tokens ? b->host_tokens : b->tokens, n,
+				    m->cfg.vocab, "tokens");
 	}
 	if (kind == ST_UNIT_HEAD) {
 		if (!b->targets)
@@ -532,7 +540,8 @@ static int st_call_check(const struct st_model *m, int u,
 			    isinf(b->loss_scale)))
 			return st_error_set(-EINVAL, "model: loss_scale must be finite and nonzero, got %g",
 					    (double)b->loss_scale);
-		return st_ids_check(b->targets, n, m->cfg.vocab, "targets");
+		return st_ids_check(b->host_targets ? b->host_targets : b->targets, n,
+				    m->cfg.vocab, "targets");
 	}
 	return 0;
 }
@@ -557,38 +566,41 @@ static void st_block_fwd_core(const struct st_model *m, const float **p,
 			      const struct st_block_work *w, const float *x,
 			      float *attproj, int B, int T)
 {
+	struct st_compute *c = m->cx;
 	const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
 	// ln1, qkv, attention, projection, residual
-	st_cpu_layernorm_fwd(w->ln1, w->mean1, w->rstd1, x, p[BT_LN1_W],
+	st_compute_layernorm_fwd(c, w->ln1, w->mean1, w->rstd1, x, p[BT_LN1_W],
 			     p[BT_LN1_B], N, C);
-	st_cpu_matmul_fwd(w->qkv, w->ln1, p[BT_ATTN_W], p[BT_ATTN_B], N, C, 3 * C);
-	st_cpu_attention_fwd(w->atty, w->lse, w->qkv, B, T, C, NH);
-	st_cpu_matmul_fwd(attproj, w->atty, p[BT_PROJ_W], p[BT_PROJ_B], N, C, C);
-	st_cpu_residual_fwd(w->res, x, attproj, (size_t)N * C);
+	st_compute_matmul_fwd(c, w->qkv, w->ln1, p[BT_ATTN_W], p[BT_ATTN_B], N, C, 3 * C);
+	st_compute_attention_fwd(c, w->atty, w->lse, w->qkv, B, T, C, NH);
+	st_compute_matmul_fwd(c, attproj, w->atty, p[BT_PROJ_W], p[BT_PROJ_B], N, C, C);
+	st_compute_residual_fwd(c, w->res, x, attproj, (size_t)N * C);
 	// ln2, fc, gelu
-	st_cpu_layernorm_fwd(w->ln2, w->mean2, w->rstd2, w->res, p[BT_LN2_W],
+	st_compute_layernorm_fwd(c, w->ln2, w->mean2, w->rstd2, w->res, p[BT_LN2_W],
 			     p[BT_LN2_B], N, C);
-	st_cpu_matmul_fwd(w->fch, w->ln2, p[BT_FC_W], p[BT_FC_B], N, C, 4 * C);
-	st_cpu_gelu_fwd(w->gel, w->fch, (size_t)N * 4 * C);
+	st_compute_matmul_fwd(c, w->fch, w->ln2, p[BT_FC_W], p[BT_FC_B], N, C, 4 * C);
+	st_compute_gelu_fwd(c, w->gel, w->fch, (size_t)N * 4 * C);
 }
 
 static void st_block_fwd(const struct st_model *m, int u, int B, int T,
 			 const float *params, const float *x, float *y,
 			 const struct st_block_work *w)
 {
+	struct st_compute *c = m->cx;
 	const int C = m->cfg.n_embd, N = B * T;
 	const float *p[BT_COUNT];
 	st_block_views(m, u, params, p);
 	st_block_fwd_core(m, p, w, x, y, B, T);
 	// y = res + gel @ W_fcp + b
-	st_cpu_matmul_fwd(y, w->gel, p[BT_FCP_W], p[BT_FCP_B], N, 4 * C, C);
-	st_cpu_residual_fwd(y, w->res, y, (size_t)N * C);
+	st_compute_matmul_fwd(c, y, w->gel, p[BT_FCP_W], p[BT_FCP_B], N, 4 * C, C);
+	st_compute_residual_fwd(c, y, w->res, y, (size_t)N * C);
 }
 
 static void st_block_bwd(const struct st_model *m, int u, int B, int T,
 			 const float *params, const float *x, const float *dy,
 			 float *dx, float *grad, const struct st_block_work *w)
 {
+	struct st_compute *c = m->cx;
 	const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
 	const size_t NC = (size_t)N * C;
 	const struct st_unit_layout *ul = &m->units[u];
@@ -601,45 +613,55 @@ static void st_block_bwd(const struct st_model *m, int u, int B, int T,
 	st_block_fwd_core(m, p, w, x, w->dres, B, T);
 
 	// MLP projection: dW from gel, then dgel overwrites gel
-	st_cpu_matmul_bwd(NULL, g[BT_FCP_W], g[BT_FCP_B], dy, w->gel,
+	st_compute_matmul_bwd(c, NULL, g[BT_FCP_W], g[BT_FCP_B], dy, w->gel,
 			  p[BT_FCP_W], N, 4 * C, C);
-	memset(w->gel, 0, sizeof(float) * 4 * NC);
-	st_cpu_matmul_bwd(w->gel, NULL, NULL, dy, NULL, p[BT_FCP_W], N, 4 * C, C);
+	st_compute_zero(c, w->gel, sizeof(float) * 4 * NC);
+	st_compute_matmul_bwd(c, w->gel, NULL, NULL, dy, NULL, p[BT_FCP_W], N, 4 * C, C);
 	// gelu: the pre-activation becomes its gradient in place
-	st_cpu_gelu_bwd(w->fch, w->fch, w->gel, 4 * NC);
-	memset(w->dln, 0, sizeof(float) * NC);
-	st_cpu_matmul_bwd(w->dln, g[BT_FC_W], g[BT_FC_B], w->fch, w->ln2,
+	st_compute_gelu_bwd(c, w->fch, w->fch, w->gel, 4 * NC);
+	st_compute_zero(c, w->dln, sizeof(float) * NC);
+	st_compute_matmul_bwd(c, w->dln, g[BT_FC_W], g[BT_FC_B], w->fch, w->ln2,
 			  p[BT_FC_W], N, C, 4 * C);
 	// residual 2: dres = dy + ln2's input gradient
-	memcpy(w->dres, dy, sizeof(float) * NC);
-	st_cpu_layernorm_bwd(w->dres, g[BT_LN2_W], g[BT_LN2_B], w->dln, w->res,
+	st_compute_copy(c, w->dres, dy, sizeof(float) * NC);
+	st_compute_layernorm_bwd(c, w->dres, g[BT_LN2_W], g[BT_LN2_B], w->dln, w->res,
 			     p[BT_LN2_W], w->mean2, w->rstd2, N, C);
 	// attention projection; datty reuses ln2 (no longer needed)
 	float *datty = w->ln2;
-	memset(datty, 0, sizeof(float) * NC);
-	st_cpu_matmul_bwd(datty, g[BT_PROJ_W], g[BT_PROJ_B], w->dres, w->atty,
+	st_compute_zero(c, datty, sizeof(float) * NC);
+	st_compute_matmul_bwd(c, datty, g[BT_PROJ_W], g[BT_PROJ_B], w->dres, w->atty,
 			  p[BT_PROJ_W], N, C, C);
 	// attention; dqkv reuses gel (4NC >= 3NC)
 	float *dqkv = w->gel;
-	memset(dqkv, 0, sizeof(float) * 3 * NC);
-	st_cpu_attention_bwd(dqkv, datty, w->qkv, w->atty, w->lse, B, T, C, NH);
-	memset(w->dln, 0, sizeof(float) * NC);
-	st_cpu_matmul_bwd(w->dln, g[BT_ATTN_W], g[BT_ATTN_B], dqkv, w->ln1,
+	st_compute_zero(c, dqkv, sizeof(float) * 3 * NC);
+	st_compute_attention_bwd(c, dqkv, datty, w->qkv, w->atty, w->lse, B, T, C, NH);
+	st_compute_zero(c, w->dln, sizeof(float) * NC);
+	st_compute_matmul_bwd(c, w->dln, g[BT_ATTN_W], g[BT_ATTN_B], dqkv, w->ln1,
 			  p[BT_ATTN_W], N, C, 3 * C);
 	// residual 1: dx = dres + ln1's input gradient
-	memcpy(dx, w->dres, sizeof(float) * NC);
-	st_cpu_layernorm_bwd(dx, g[BT_LN1_W], g[BT_LN1_B], w->dln, x,
+	st_compute_copy(c, dx, w->dres, sizeof(float) * NC);
+	st_compute_layernorm_bwd(c, dx, g[BT_LN1_W], g[BT_LN1_B], w->dln, x,
 			     p[BT_LN1_W], w->mean1, w->rstd1, N, C);
 }
 
 /* ---- head ----------------------------------------------------------------------------------- */
 
-/* Mean of the per-row losses, summed in row order in double. */
-static float st_mean_loss(const float *losses, size_t n)
+/* Mean of the per-row losses (device memory), summed in row order in
+ * double; brought to the host a chunk at a time. */
+static float st_mean_loss(struct st_compute *c, const float *losses, size_t n)
 {
+	float chunk[256];
 	double s = 0.0;
-	for (size_t i = 0; i < n; i++)
-		s += losses[i];
+
+	for (size_t i0 = 0; i0 < n; i0 += ST_ARRAY_LEN(chunk)) {
+		size_t len = ST_MIN(ST_ARRAY_LEN(chunk), n - i0);
+
+		st_compute_to_host(c, chunk, losses + i0, len * sizeof(float));
+		if (c->err)
+			return NAN;
+		for (size_t i = 0; i < len; i++)
+			s += chunk[i];
+	}
 	return (float)(s / (double)n);
 }
 
@@ -648,6 +670,7 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 			float *dx, float *grad, float *tied_grad, float *loss,
 			const struct st_head_work *w)
 {
+	struct st_compute *c = m->cx;
 	const int C = m->cfg.n_embd, V = m->cfg.vocab, N = b->B * b->T;
 	const struct st_unit_layout *ul = &m->units[m->n_units - 1];
 	const float *lnw = params + ul->tensors[HT_LNF_W].offset_elems;
@@ -655,36 +678,36 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 	const float *wte = tied + m->units[0].tensors[ET_WTE].offset_elems;
 	const bool bwd = dx != NULL;
 
-	st_cpu_layernorm_fwd(w->xln, w->mean, w->rstd, x, lnw, lnb, N, C);
+	st_compute_layernorm_fwd(c, w->xln, w->mean, w->rstd, x, lnw, lnb, N, C);
 	if (bwd)
-		memset(w->dxln, 0, sizeof(float) * (size_t)N * C);
+		st_compute_zero(c, w->dxln, sizeof(float) * (size_t)N * C);
 	const float dloss = b->loss_scale / (float)N;
 	for (int r0 = 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
 		int nr = ST_MIN(ST_MODEL_CE_CHUNK_ROWS, N - r0);
 		const float *xr = w->xln + (size_t)r0 * C;
 		// logits (nr,V) = xln_r (nr,C) @ wte^T (C,V)
-		st_cpu_sgemm(0, 1, nr, V, C, 1.0f, xr, C, wte, C, 0.0f,
+		st_compute_gemm(c, 0, 1, nr, V, C, xr, C, wte, C, 0.0f,
 			     w->logits, V);
 		if (!bwd) {
-			st_cpu_crossentropy_fwd(w->losses + r0, w->logits,
+			st_compute_crossentropy_fwd(c, w->losses + r0, w->logits,
 						b->targets + r0, nr, V);
 			continue;
 		}
-		st_cpu_crossentropy_bwd(w->logits, w->losses + r0, w->logits,
+		st_compute_crossentropy_bwd(c, w->logits, w->losses + r0, w->logits,
 					b->targets + r0, dloss, nr, V);
 		// dxln_r (nr,C) += dlogits (nr,V) @ wte (V,C)
-		st_cpu_sgemm(0, 0, nr, C, V, 1.0f, w->logits, V, wte, C, 1.0f,
+		st_compute_gemm(c, 0, 0, nr, C, V, w->logits, V, wte, C, 1.0f,
 			     w->dxln + (size_t)r0 * C, C);
 		// dwte (V,C) += dlogits^T (V,nr) @ xln_r (nr,C)
 		float *dwte = tied_grad + m->units[0].tensors[ET_WTE].offset_elems;
-		st_cpu_sgemm(1, 0, V, C, nr, 1.0f, w->logits, V, xr, C, 1.0f,
+		st_compute_gemm(c, 1, 0, V, C, nr, w->logits, V, xr, C, 1.0f,
 			     dwte, C);
 	}
 	if (loss)
-		*loss = st_mean_loss(w->losses, (size_t)N);
+		*loss = st_mean_loss(c, w->losses, (size_t)N);
 	if (bwd) {
-		memset(dx, 0, sizeof(float) * (size_t)N * C);
-		st_cpu_layernorm_bwd(dx, grad + ul->tensors[HT_LNF_W].offset_elems,
+		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
+		st_compute_layernorm_bwd(c, dx, grad + ul->tensors[HT_LNF_W].offset_elems,
 				     grad + ul->tensors[HT_LNF_B].offset_elems,
 				     w->dxln, x, lnw, w->mean, w->rstd, N, C);
 	}
@@ -701,6 +724,7 @@ int st_model_fwd(const struct st_model *m, int u,
 	if (err)
 		return err;
 	const int B = batch->B, T = batch->T, C = m->cfg.n_embd;
+	struct st_compute *c = m->cx;
 	struct st_carver cv;
 	st_carver_init(&cv, work, work_bytes);
 	assert(params);
@@ -708,11 +732,11 @@ int st_model_fwd(const struct st_model *m, int u,
 	case ST_UNIT_EMBED: {
 		assert(y);
 		const struct st_unit_layout *ul = &m->units[0];
-		st_cpu_embedding_fwd(y, batch->tokens,
+		st_compute_embedding_fwd(c, y, batch->tokens,
 				     params + ul->tensors[ET_WTE].offset_elems,
 				     params + ul->tensors[ET_WPE].offset_elems, B,
 				     T, C);
-		return 0;
+		return st_compute_take_error(c);
 	}
 	case ST_UNIT_BLOCK: {
 		assert(x && y);
@@ -720,7 +744,7 @@ int st_model_fwd(const struct st_model *m, int u,
 		st_block_carve(&cv, &w, (size_t)B * T, (size_t)C,
 			       (size_t)B * m->cfg.n_head * T);
 		st_block_fwd(m, u, B, T, params, x, y, &w);
-		return 0;
+		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
 		assert(x && tied && loss);
@@ -728,7 +752,7 @@ int st_model_fwd(const struct st_model *m, int u,
 		st_head_carve(&cv, &w, (size_t)B * T, (size_t)C,
 			      (size_t)m->cfg.vocab);
 		st_head_run(m, batch, params, tied, x, NULL, NULL, NULL, loss, &w);
-		return 0;
+		return st_compute_take_error(c);
 	}
 	}
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
@@ -744,6 +768,7 @@ int st_model_bwd(const struct st_model *m, int u,
 	if (err)
 		return err;
 	const int B = batch->B, T = batch->T, C = m->cfg.n_embd;
+	struct st_compute *c = m->cx;
 	struct st_carver cv;
 	st_carver_init(&cv, work, work_bytes);
 	assert(params && grad);
@@ -751,10 +776,10 @@ int st_model_bwd(const struct st_model *m, int u,
 	case ST_UNIT_EMBED: {
 		assert(dy);
 		const struct st_unit_layout *ul = &m->units[0];
-		st_cpu_embedding_bwd(grad + ul->tensors[ET_WTE].offset_elems,
+		st_compute_embedding_bwd(c, grad + ul->tensors[ET_WTE].offset_elems,
 				     grad + ul->tensors[ET_WPE].offset_elems, dy,
 				     batch->tokens, B, T, C);
-		return 0;
+		return st_compute_take_error(c);
 	}
 	case ST_UNIT_BLOCK: {
 		assert(x && dy && dx);
@@ -762,7 +787,7 @@ int st_model_bwd(const struct st_model *m, int u,
 		st_block_carve(&cv, &w, (size_t)B * T, (size_t)C,
 			       (size_t)B * m->cfg.n_head * T);
 		st_block_bwd(m, u, B, T, params, x, dy, dx, grad, &w);
-		return 0;
+		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
 		assert(x && dx && tied && tied_grad);
@@ -770,7 +795,7 @@ int st_model_bwd(const struct st_model *m, int u,
 		st_head_carve(&cv, &w, (size_t)B * T, (size_t)C,
 			      (size_t)m->cfg.vocab);
 		st_head_run(m, batch, params, tied, x, dx, grad, tied_grad, loss, &w);
-		return 0;
+		return st_compute_take_error(c);
 	}
 	}
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);

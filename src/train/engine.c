@@ -23,6 +23,7 @@
  * The same operations happen in the same order whatever the homes: only the
  * memory they happen in differs, so the bits do not. */
 #include "strata/engine.h"
+#include "strata/compute.h"
 #include "strata/device.h"
 #include "strata/kernels.h"
 #include "strata/optim.h"
@@ -79,6 +80,7 @@ struct st_engine {
 	uint64_t tile;                /* update tile, elements */
 	size_t X;                     /* B*T*C floats */
 	struct st_device *dev;
+	struct st_compute *cx;        /* the model's ops on dev */
 	struct st_tier *tier[ST_HOME_COUNT];
 	struct shard *sh;             /* [U * ST_STATE_COUNT] */
 
@@ -90,7 +92,8 @@ struct st_engine {
 	float *acts, *wf, *wf_embed, *dW, *dW_embed, *dA, *dB;
 	void *work;
 	size_t work_bytes;
-	int32_t *tokens, *targets;
+	int32_t *tokens, *targets;    /* vram */
+	int32_t *tok_host, *tgt_host; /* drawn here, then copied to vram */
 
 	/* host pools */
 	struct st_extent land_ext, gstage_ext;
@@ -414,11 +417,11 @@ static int acquire_w(struct st_engine *e, int u, float *dst, int *slot_out)
 	}
 	src = w->home == ST_HOME_VRAM ? vaddr(e, &w->ext) : vaddr(e, &e->slots[*slot_out].ext);
 	if (e->Wb == 2)
-		st_cpu_bf16_to_f32(dst, src, e->elems[u]);
+		st_compute_bf16_to_f32(e->cx, dst, src, e->elems[u]);
 	else
-		memcpy(dst, src, e->elems[u] * sizeof(float));
+		st_compute_copy(e->cx, dst, src, e->elems[u] * sizeof(float));
 	e->consumed++;
-	return 0;
+	return st_compute_take_error(e->cx);
 }
 
 static void release_w(struct st_engine *e, int slot)
@@ -513,10 +516,16 @@ static int gather_grad(struct st_engine *e, int u, const struct st_extent *src_e
 
 /* --- one micro-batch ------------------------------------------------------------ */
 
-/* Account a compute span that ran from t0 until now; passes ret through. */
+/* Wait for the compute queued since t0 (others queues may then touch its
+ * results, and its W slot may be reused) and account the span; returns ret,
+ * or the compute's error. */
 static int compute_done(struct st_engine *e, int ret, uint64_t t0, const char *name)
 {
+	int sync_ret = st_compute_sync(e->cx);
 	uint64_t now = st_now_ns();
+
+	if (ret == 0)
+		ret = sync_ret;
 
 	e->lane[ST_LANE_COMPUTE].busy_ns += now - t0;
 	if (e->cfg.trace)
@@ -535,17 +544,23 @@ static struct st_model_batch batch_of(const struct st_engine *e)
 
 	return (struct st_model_batch){ .B = c->batch, .T = c->seq, .tokens = e->tokens,
 					.targets = e->targets,
-					.loss_scale = 1.0f / (float)c->grad_accum };
+					.loss_scale = 1.0f / (float)c->grad_accum,
+					.host_tokens = e->tok_host, .host_targets = e->tgt_host };
 }
 
 /* Draw the next batch and start the W fetch sequence over. w_ready is the
  * number of units (from 0) whose W may be fetched now: all of them, except
  * while the update sweep is still writing the new W (fused forward). */
-static void begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
+static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
 {
-	st_loader_next(ld, e->tokens, e->targets);
+	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
+
+	st_loader_next(ld, e->tok_host, e->tgt_host);
+	st_compute_from_host(e->cx, e->tokens, e->tok_host, bytes);
+	st_compute_from_host(e->cx, e->targets, e->tgt_host, bytes);
 	e->issued = e->consumed = 0;
 	e->w_ready = w_ready;
+	return st_compute_take_error(e->cx);
 }
 
 /* Forward of unit u (0 <= u <= U-2); x[u+1] is kept for the backward. */
@@ -576,12 +591,12 @@ static int backward(struct st_engine *e, int mb, double *loss)
 	struct st_extent dwe = e->dwe_ext, dwx = e->dw_ext;
 
 	/* the head computes its forward and the loss itself */
-	memset(e->dW_embed, 0, e->E0 * sizeof(float));
+	st_compute_zero(e->cx, e->dW_embed, e->E0 * sizeof(float));
 	for (int u = H; ret == 0 && u >= 1; u--) {
 		ret = acquire_w(e, u, e->wf, &slot);
 		if (ret < 0)
 			return ret;
-		memset(e->dW, 0, e->elems[u] * sizeof(float));
+		st_compute_zero(e->cx, e->dW, e->elems[u] * sizeof(float));
 		t0 = st_now_ns();
 		if (u == H)
 			ret = st_model_bwd(e->model, H, &b, e->wf, e->wf_embed, act(e, H), NULL, dy,
@@ -765,8 +780,8 @@ static int update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 	bool have = next_tile(e, &cur);
 
 	if (ld)
-		begin_micro_batch(e, ld, 0);
-	if (have)
+		ret = begin_micro_batch(e, ld, 0);
+	if (have && ret == 0)
 		ret = upd_load(e, 0, &cur);
 	while (have && ret == 0) {
 		nxt = cur;
@@ -826,7 +841,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		double l = 0;
 
 		if (a > 0 || !e->fwd_ready) {
-			begin_micro_batch(e, ld, e->U);
+			ret = begin_micro_batch(e, ld, e->U);
 			for (int u = 0; ret == 0 && u <= e->U - 2; u++)
 				ret = forward_unit(e, u);
 		}
@@ -893,6 +908,7 @@ void st_engine_destroy(struct st_engine *e)
 		drain(e);
 	for (int h = ST_HOME_NVME; h >= ST_HOME_VRAM; h--)
 		st_tier_destroy(e->tier[h]);
+	st_compute_destroy(e->cx);
 	st_device_destroy(e->dev);
 	st_plan_fini(&e->plan);
 	st_model_destroy(e->model);
@@ -902,6 +918,8 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->ops);
 	free(e->elems);
 	free(e->unit_sumsq);
+	free(e->tok_host);
+	free(e->tgt_host);
 	free(e);
 }
 
@@ -932,9 +950,19 @@ static int open_tiers(struct st_engine *e)
 	struct st_tier_config hc = { .budget_bytes = e->plan.total_bytes[ST_HOME_HOST] };
 	int ret;
 
-	ret = st_device_create(&st_device_cpu_ops, &dc, &e->dev);
+	const char *dev_name = e->cfg.device ? e->cfg.device : "cpu";
+	const struct st_device_ops *dops = st_device_find(dev_name);
+
+	if (!dops)
+		return st_error_set(-EINVAL, "device '%s' is not built into this binary (built: %s)",
+				    dev_name, st_device_list());
+	ret = st_device_create(dops, &dc, &e->dev);
 	if (ret < 0)
 		return ret;
+	ret = st_compute_create(e->dev, &e->cx);
+	if (ret < 0)
+		return ret;
+	st_model_set_compute(e->model, e->cx);
 	vc.device = e->dev;
 	hc.device = e->dev;
 	ret = st_tier_create(&st_tier_vram_ops, &vc, &e->tier[ST_HOME_VRAM]);
@@ -1078,7 +1106,9 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	e->unit_sumsq = calloc((size_t)e->U, sizeof(double));
 	e->nseq = 2 * e->U - 2;
 	e->seq = calloc((size_t)e->nseq, sizeof(int));
-	if (!e->elems || !e->sh || !e->unit_sumsq || !e->seq) {
+	e->tok_host = calloc((size_t)c->batch * c->seq, sizeof(int32_t));
+	e->tgt_host = calloc((size_t)c->batch * c->seq, sizeof(int32_t));
+	if (!e->elems || !e->sh || !e->unit_sumsq || !e->seq || !e->tok_host || !e->tgt_host) {
 		st_engine_destroy(e);
 		return -ENOMEM;
 	}

@@ -236,6 +236,30 @@ static void check_fill_rows(int N, int OC)
 	}
 }
 
+// k_scale is st_cuda_gemm at K == 0: C = beta * C in an (M,N) window of
+// rows ldc apart (columns past N untouched); beta 0 writes zeros, NaN too.
+static void check_gemm_k0(int M, int N, int ldc)
+{
+	static const float betas[] = {0.0f, 1.0f, -0.5f};
+
+	for (float beta : betas) {
+		auto c0 = rand_vec((size_t)M * ldc, -1, 1);
+		c0[0] = NAN;
+		std::vector<float> ref = c0, got = c0;
+		const float dummy = 0.0f; /* A (M,0), B (0,N) */
+		st_cpu_sgemm(0, 0, M, N, 0, 1.0f, &dummy, 1, &dummy, N, beta, ref.data(), ldc);
+		emu_launch(k_scale, grid_for((size_t)M * N, ST_CUDA_ELEM_BLOCK), ELEM, got.data(),
+			   beta, M, N, ldc);
+		if (beta != 0.0f) { /* NaN * beta stays NaN in both: compare the rest */
+			ref[0] = got[0] = 0.0f;
+		}
+		char what[64];
+		snprintf(what, sizeof(what), "gemm K=0 beta %g (%d,%d) ldc %d", (double)beta, M,
+			 N, ldc);
+		expect_close(what, got, ref);
+	}
+}
+
 static void check_layernorm(int N, int C)
 {
 	const size_t n = (size_t)N * C;
@@ -339,6 +363,7 @@ int main(void)
 	check_dbias(5, 70);
 	check_dbias(600, 33);
 	check_fill_rows(13, 37);
+	check_gemm_k0(7, 5, 9);
 	check_layernorm(300, 37);
 	check_layernorm(5, 70);
 	check_layernorm(3, 1);

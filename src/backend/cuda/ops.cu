@@ -382,6 +382,25 @@ int st_cuda_memset(void *ptr, int value, size_t bytes)
 	return 0;
 }
 
+int st_cuda_memset_async(struct st_cuda_ctx *ctx, void *ptr, int value, size_t bytes)
+{
+	int rc = ctx_enter(ctx);
+	if (rc || bytes == 0)
+		return rc;
+	CU_CHECK(cudaMemsetAsync(ptr, value, bytes, ctx->stream), "cudaMemsetAsync");
+	return 0;
+}
+
+int st_cuda_memcpy_async(struct st_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+	int rc = ctx_enter(ctx);
+	if (rc || bytes == 0)
+		return rc;
+	CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx->stream),
+		 "cudaMemcpyAsync");
+	return 0;
+}
+
 /* ---- public: casts ----------------------------------------------------------------- */
 
 int st_cuda_bf16_to_f32(struct st_cuda_ctx *ctx, float *out, const uint16_t *in, size_t n)
@@ -443,6 +462,31 @@ int st_cuda_matmul_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp,
 			       (uint64_t)IC, weight, OC, inp, IC, ab, out, OC, 1.0f, NULL);
 	}
 	return rc;
+}
+
+/* Row-major C (M,N) is column-major C^T (N,M) = op(B)^T @ op(A)^T: B's
+ * storage read column-major is B^T when B is not transposed (so no
+ * transpose there) and B when it is; the same for A. */
+int st_cuda_gemm(struct st_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
+		 const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		 int ldc)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (M < 0 || N < 0 || K < 0)
+		return st_error_set(-EINVAL, "cuda: gemm: bad shape");
+	if (M == 0 || N == 0)
+		return 0;
+	if (K == 0) { /* empty sum: C = beta * C */
+		k_scale<<<grid_for((size_t)M * N, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			  ctx->stream>>>(C, beta, M, N, ldc);
+		LAUNCH_CHECK("gemm scale");
+		return 0;
+	}
+	return lt_matmul(ctx, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+			 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (uint64_t)N, (uint64_t)M,
+			 (uint64_t)K, B, ldb, A, lda, CUDA_R_32F, C, ldc, beta, NULL);
 }
 
 /* dinp^T (IC,N) += W (IC,OC) @ dout^T (OC,N): A = weight as stored (OC,IC)

@@ -138,6 +138,18 @@ static __global__ void k_fill_rows(float *out, const float *bias, size_t N, int 
 		out[i] = bias ? bias[i % (size_t)OC] : 0.0f;
 }
 
+/* C (M,N) with leading dimension ldc *= beta; beta 0 writes zeros (BLAS:
+ * C is then not read, so a NaN there does not survive). */
+static __global__ void k_scale(float *C, float beta, int M, int N, int ldc)
+{
+	size_t n = (size_t)M * (size_t)N;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float *c = C + (i / (size_t)N) * (size_t)ldc + i % (size_t)N;
+		*c = beta == 0.0f ? 0.0f : beta * *c;
+	}
+}
+
 #define ST_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 #define ST_GELU_A 0.044715f
 

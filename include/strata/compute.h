@@ -1,0 +1,152 @@
+/* strata: compute, the ops a model runs on a device.
+ *
+ * A st_compute is one device's implementation of every op of
+ * strata/kernels.h (same shapes, argument order and conventions: forward
+ * overwrites, backward accumulates except gelu_bwd and crossentropy_bwd),
+ * plus the few memory moves a model needs, behind one ops table. Pointers
+ * are the device's (its vram arena, or workspace carved from it):
+ *   cpu   - the cpu kernels themselves, run on the calling thread (OpenMP
+ *           inside); device pointers are host pointers. The numbers are
+ *           the cpu kernels' bit for bit.
+ *   cuda  - strata/cuda_ops.h on a stream of its own; ops only queue work.
+ *
+ * Errors are sticky, as CUDA's: an op that fails keeps its -errno (and
+ * st_error_last() its message), and every later op is skipped until
+ * st_compute_take_error() or st_compute_sync() hands the error back. So a
+ * model can queue a whole unit and check once. The cpu ops never fail.
+ *
+ * Ordering: ops run in call order. st_compute_sync() returns when every op
+ * called so far has finished; only then may other queues (the device's copy
+ * queues) touch what they wrote, or the host reuse what they read.
+ * to_host() and from_host() are synchronous. */
+#ifndef STRATA_COMPUTE_H
+#define STRATA_COMPUTE_H
+
+#include "strata/common.h"
+
+struct st_device;
+struct st_compute;
+
+struct st_compute_ops {
+	const char *name;
+	/* Required, all of them: 0 or -errno. */
+	int (*sync)(struct st_compute *c);
+	void (*destroy)(struct st_compute *c);
+	int (*zero)(struct st_compute *c, void *p, size_t bytes);
+	int (*copy)(struct st_compute *c, void *dst, const void *src, size_t bytes);
+	int (*to_host)(struct st_compute *c, void *dst, const void *src, size_t bytes);
+	int (*from_host)(struct st_compute *c, void *dst, const void *src, size_t bytes);
+	int (*bf16_to_f32)(struct st_compute *c, float *out, const uint16_t *in, size_t n);
+	int (*gemm)(struct st_compute *c, int trans_a, int trans_b, int M, int N, int K,
+		    const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		    int ldc);
+	int (*matmul_fwd)(struct st_compute *c, float *out, const float *inp,
+			  const float *weight, const float *bias, int N, int IC, int OC);
+	int (*matmul_bwd)(struct st_compute *c, float *dinp, float *dweight, float *dbias,
+			  const float *dout, const float *inp, const float *weight, int N,
+			  int IC, int OC);
+	int (*layernorm_fwd)(struct st_compute *c, float *out, float *mean, float *rstd,
+			     const float *inp, const float *weight, const float *bias, int N,
+			     int C);
+	int (*layernorm_bwd)(struct st_compute *c, float *dinp, float *dweight, float *dbias,
+			     const float *dout, const float *inp, const float *weight,
+			     const float *mean, const float *rstd, int N, int C);
+	int (*gelu_fwd)(struct st_compute *c, float *out, const float *inp, size_t n);
+	int (*gelu_bwd)(struct st_compute *c, float *dinp, const float *inp,
+			const float *dout, size_t n);
+	int (*residual_fwd)(struct st_compute *c, float *out, const float *a, const float *b,
+			    size_t n);
+	int (*embedding_fwd)(struct st_compute *c, float *out, const int32_t *tokens,
+			     const float *wte, const float *wpe, int B, int T, int C);
+	int (*embedding_bwd)(struct st_compute *c, float *dwte, float *dwpe,
+			     const float *dout, const int32_t *tokens, int B, int T, int C);
+	int (*attention_fwd)(struct st_compute *c, float *out, float *lse, const float *qkv,
+			     int B, int T, int C, int NH);
+	int (*attention_bwd)(struct st_compute *c, float *dqkv, const float *dout,
+			     const float *qkv, const float *out, const float *lse, int B,
+			     int T, int C, int NH);
+	int (*crossentropy_fwd)(struct st_compute *c, float *losses, const float *logits,
+				const int32_t *targets, int N, int V);
+	int (*crossentropy_bwd)(struct st_compute *c, float *dlogits, float *losses,
+				const float *logits, const int32_t *targets, float dloss,
+				int N, int V);
+};
+
+/* An instance: the table, the sticky error and the implementation's own
+ * state. Only compute.c and the implementations touch the fields. */
+struct st_compute {
+	const struct st_compute_ops *ops;
+	int err;
+	void *impl;
+};
+
+/* The cpu compute: one shared instance (the cpu ops never fail, so its
+ * sticky error is never set). Never destroyed. */
+struct st_compute *st_compute_cpu(void);
+
+/* The compute for device d ("cpu" or "cuda", on the device's GPU). *out goes
+ * back with st_compute_destroy(). -ENODEV when the device has no compute
+ * built in, -ENOMEM. */
+int st_compute_create(struct st_device *d, struct st_compute **out);
+/* Finishes queued work first. The cpu instance is left alone. */
+void st_compute_destroy(struct st_compute *c);
+const char *st_compute_name(const struct st_compute *c);
+
+/* Wait for every op called so far; returns (and clears) the sticky error
+ * or what waiting found. */
+int st_compute_sync(struct st_compute *c);
+/* The sticky error, cleared; 0 when none. Does not wait. */
+int st_compute_take_error(struct st_compute *c);
+
+/* The ops. Each is skipped while an error is sticky. */
+void st_compute_zero(struct st_compute *c, void *p, size_t bytes);
+void st_compute_copy(struct st_compute *c, void *dst, const void *src, size_t bytes);
+/* Synchronous: dst (host) holds the bytes on return, when no error. */
+void st_compute_to_host(struct st_compute *c, void *dst, const void *src, size_t bytes);
+/* Synchronous: src (host) may be reused on return. */
+void st_compute_from_host(struct st_compute *c, void *dst, const void *src, size_t bytes);
+void st_compute_bf16_to_f32(struct st_compute *c, float *out, const uint16_t *in,
+			    size_t n);
+/* Row-major C (M,N) = op(A) @ op(B) + beta * C (alpha is 1), as
+ * st_cpu_sgemm(). */
+void st_compute_gemm(struct st_compute *c, int trans_a, int trans_b, int M, int N, int K,
+		     const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		     int ldc);
+void st_compute_matmul_fwd(struct st_compute *c, float *out, const float *inp,
+			   const float *weight, const float *bias, int N, int IC, int OC);
+void st_compute_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
+			   const float *dout, const float *inp, const float *weight, int N,
+			   int IC, int OC);
+void st_compute_layernorm_fwd(struct st_compute *c, float *out, float *mean, float *rstd,
+			      const float *inp, const float *weight, const float *bias,
+			      int N, int C);
+void st_compute_layernorm_bwd(struct st_compute *c, float *dinp, float *dweight,
+			      float *dbias, const float *dout, const float *inp,
+			      const float *weight, const float *mean, const float *rstd,
+			      int N, int C);
+void st_compute_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t n);
+void st_compute_gelu_bwd(struct st_compute *c, float *dinp, const float *inp,
+			 const float *dout, size_t n);
+void st_compute_residual_fwd(struct st_compute *c, float *out, const float *a,
+			     const float *b, size_t n);
+void st_compute_embedding_fwd(struct st_compute *c, float *out, const int32_t *tokens,
+			      const float *wte, const float *wpe, int B, int T, int C);
+void st_compute_embedding_bwd(struct st_compute *c, float *dwte, float *dwpe,
+			      const float *dout, const int32_t *tokens, int B, int T, int C);
+void st_compute_attention_fwd(struct st_compute *c, float *out, float *lse,
+			      const float *qkv, int B, int T, int C, int NH);
+void st_compute_attention_bwd(struct st_compute *c, float *dqkv, const float *dout,
+			      const float *qkv, const float *out, const float *lse, int B,
+			      int T, int C, int NH);
+void st_compute_crossentropy_fwd(struct st_compute *c, float *losses, const float *logits,
+				 const int32_t *targets, int N, int V);
+void st_compute_crossentropy_bwd(struct st_compute *c, float *dlogits, float *losses,
+				 const float *logits, const int32_t *targets, float dloss,
+				 int N, int V);
+
+/* The cuda compute on GPU `ordinal` (src/backend/cuda/compute_cuda.c). */
+#ifdef ST_HAVE_CUDA
+int st_compute_cuda_create(int ordinal, struct st_compute **out);
+#endif
+
+#endif
