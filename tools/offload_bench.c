@@ -7,7 +7,11 @@
  * prints the median step time of each and their ratio (goal: B/A <= 1.25),
  * B's overlap efficiency (the busiest queue's busy time over the step time;
  * goal >= 0.8), and the planner's predicted step time against the measured
- * one. The losses of A and B must be bit-identical, and are checked. */
+ * one. The losses of A and B must be bit-identical, and are checked.
+ * Tokens/s and model TFLOP/s (strata/model.h's count: recompute not
+ * counted) of each, too: on a GPU (--device cuda) that is the table of
+ * docs/gpu.md. */
+#include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/trace.h"
 
@@ -47,13 +51,15 @@ static void usage(FILE *f)
 "usage: offload-bench [--model DIMS] [--batch B] [--seq T] [--steps N]\n"
 "                     [--nvme DIR] [--gpu-mem SIZE] [--host-mem SIZE]\n"
 "                     [--threads N] [--trace FILE] [--json FILE]\n"
+"                     [--device cpu|cuda] [--data FILE]\n"
 "\n"
 "Step time with params and optimizer on nvme (B) against everything in\n"
 "vram (A), stepped alternately in one run; overlap efficiency of B from its\n"
 "queues; the planner's prediction against the measurement.\n"
 "Defaults: --model layers=4,dim=512,heads=8,vocab=256,ctx=256 --batch 4\n"
 "--seq 256 --steps 4 --nvme /var/tmp --gpu-mem 256M --host-mem 256M (for B;\n"
-"A gets what it needs).\n");
+"A gets what it needs) --device cpu --data /usr/share/common-licenses/GPL-3\n"
+"(any file: its bytes are the tokens).\n");
 }
 
 int main(int argc, char **argv)
@@ -62,8 +68,10 @@ int main(int argc, char **argv)
 		{ "model", 1, 0, 'm' }, { "batch", 1, 0, 'B' }, { "seq", 1, 0, 'T' },
 		{ "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' }, { "gpu-mem", 1, 0, 'g' },
 		{ "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' }, { "json", 1, 0, 'J' },
-		{ "trace", 1, 0, 'X' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "trace", 1, 0, 'X' }, { "device", 1, 0, 'D' }, { "data", 1, 0, 'd' },
+		{ "help", 0, 0, 'h' }, { 0 },
 	};
+	const char *device = "cpu", *data = "/usr/share/common-licenses/GPL-3";
 	const char *model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", *nvme = "/var/tmp";
 	const char *json = NULL, *trace_path = NULL;
 	int batch = 4, seq = 256, steps = 4, threads = 0, c;
@@ -94,6 +102,8 @@ int main(int argc, char **argv)
 		case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) die2("bad --threads ", optarg); break;
 		case 'J': json = optarg; break;
 		case 'X': trace_path = optarg; break;
+		case 'D': if (!st_device_find(optarg)) die2("--device is not built into this binary: ", optarg); device = optarg; break;
+		case 'd': data = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: die2("unknown or incomplete option ", argv[optind - 1]);
 		}
@@ -114,6 +124,7 @@ int main(int argc, char **argv)
 	ca.train.seq = seq;
 	ca.train.steps = steps + 1;
 	ca.train.warmup = 1;
+	ca.device = device;
 	cb = ca;
 	/* A: in memory. B: on nvme, with the budgets given. */
 	ca.gpu_mem_bytes = 64ull << 30;
@@ -130,9 +141,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	cb.trace = trace;
-	if (st_dataset_open(&ds, "/usr/share/common-licenses/GPL-3", ST_DATASET_BYTES) < 0) {
-		fprintf(stderr, "offload-bench: %s\n", st_error_last());
-		return 1;
+	if (st_dataset_open(&ds, data, ST_DATASET_BYTES) < 0) {
+		fprintf(stderr, "offload-bench: --data %s: %s\n", data, st_error_last());
+		return 2;
 	}
 	{
 		struct st_loader_config lc = { .batch = (uint32_t)batch, .seq = (uint32_t)seq,
@@ -154,9 +165,10 @@ int main(int argc, char **argv)
 	ta = calloc((size_t)steps, sizeof(double));
 	tb = calloc((size_t)steps, sizeof(double));
 	eff = calloc((size_t)steps, sizeof(double));
-	fprintf(stderr, "offload-bench: %s, B=%d T=%d, %.1fM params, %d threads; 1 warm-up + %d "
-		"steps each, alternating\n", model, batch, seq,
-		(double)st_model_param_count(st_engine_model(ea)) / 1e6, omp_get_max_threads(), steps);
+	fprintf(stderr, "offload-bench: %s, B=%d T=%d, %.1fM params, device %s, %d threads; "
+		"1 warm-up + %d steps each, alternating\n", model, batch, seq,
+		(double)st_model_param_count(st_engine_model(ea)) / 1e6, device,
+		omp_get_max_threads(), steps);
 	for (int s = 0; s <= steps; s++) {
 		struct st_step_result ra, rb;
 		struct st_engine_stats sa, sb;
@@ -208,12 +220,16 @@ int main(int argc, char **argv)
 		double ma = median(ta, steps), mb = median(tb, steps), me = median(eff, steps);
 		struct rusage ru;
 		double calibrated = 0;
+		double tokens = (double)batch * seq;
+		double tflop = st_model_flops_per_token(st_engine_model(ea), seq) * tokens / 1e12;
 
 		st_engine_get_stats(eb, &sb);
 		getrusage(RUSAGE_SELF, &ru);
-		printf("offload-bench: %s, B=%d T=%d\n", model, batch, seq);
-		printf("  step, everything in vram (A)      %8.3f s  (median of %d)\n", ma, steps);
-		printf("  step, params+optim on nvme (B)    %8.3f s\n", mb);
+		printf("offload-bench: %s, B=%d T=%d, device %s\n", model, batch, seq, device);
+		printf("  step, everything in vram (A)      %8.3f s  (median of %d; %.0f tok/s, "
+		       "%.3f model TFLOP/s)\n", ma, steps, tokens / ma, tflop / ma);
+		printf("  step, params+optim on nvme (B)    %8.3f s  (%.0f tok/s, %.3f model TFLOP/s)\n",
+		       mb, tokens / mb, tflop / mb);
 		printf("  ratio B/A                         %8.3f   (goal <= 1.25)\n", mb / ma);
 		printf("  overlap efficiency of B           %8.3f   (busiest queue: %s; goal >= 0.8)\n",
 		       me, busiest);
@@ -255,6 +271,13 @@ int main(int argc, char **argv)
 		if (json) {
 			json_object *o = json_object_new_object();
 
+			json_object_object_add(o, "device", json_object_new_string(device));
+			json_object_object_add(o, "model", json_object_new_string(model));
+			json_object_object_add(o, "tokens_per_step", json_object_new_double(tokens));
+			json_object_object_add(o, "tokens_per_s_vram", json_object_new_double(tokens / ma));
+			json_object_object_add(o, "tokens_per_s_nvme", json_object_new_double(tokens / mb));
+			json_object_object_add(o, "model_tflops_vram", json_object_new_double(tflop / ma));
+			json_object_object_add(o, "model_tflops_nvme", json_object_new_double(tflop / mb));
 			json_object_object_add(o, "step_vram_s", json_object_new_double(ma));
 			json_object_object_add(o, "step_nvme_s", json_object_new_double(mb));
 			json_object_object_add(o, "ratio", json_object_new_double(mb / ma));

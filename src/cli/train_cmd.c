@@ -4,6 +4,7 @@
  * allocated or written; an I/O failure mid-run exits 1 naming file, offset
  * and errno, and the last checkpoint stays loadable. */
 #include "cli.h"
+#include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/io.h"
 #include "strata/optim.h"
@@ -46,8 +47,9 @@ static void train_usage(FILE *f)
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
 "  --grad-accum N       micro-batches per step (default 1)\n"
 "  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
-"tiers\n"
-"  --gpu-mem SIZE       device budget (default %s; the cpu device's arena)\n"
+"device and tiers\n"
+"  --device cpu|cuda    where the model runs (default cpu; built here: %s)\n"
+"  --gpu-mem SIZE       device budget (default %s; the device's arena)\n"
 "  --host-mem SIZE      pinned host budget (default %s)\n"
 "  --nvme DIR[,DIR..]   swap directories, striped (default %s; 'none' for no nvme tier)\n"
 "  --nvme-mem SIZE      nvme budget (default: what the plan needs)\n"
@@ -73,7 +75,7 @@ static void train_usage(FILE *f)
 "                       bytes per link, peak per tier, busy time per queue)\n"
 "  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
 "  --log-every N        print every Nth step (default 1)\n"
-"  -h, --help\n", ST_DEFAULT_DATA, st_model_preset_list(), DEFAULT_GPU_MEM,
+"  -h, --help\n", ST_DEFAULT_DATA, st_model_preset_list(), st_device_list(), DEFAULT_GPU_MEM,
 	        DEFAULT_HOST_MEM, DEFAULT_NVME);
 }
 
@@ -161,9 +163,9 @@ int st_cli_train(int argc, char **argv)
 		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
-		{ "help", 0, 0, 'h' }, { 0 },
+		{ "device", 1, 0, 'D' }, { "help", 0, 0, 'h' }, { 0 },
 	};
-	struct st_engine_config ec = { 0 };
+	struct st_engine_config ec = { .device = "cpu" };
 	struct st_train_config *cfg = &ec.train;
 	const char *data = ST_DEFAULT_DATA, *save = NULL, *metrics = NULL, *init = NULL;
 	const char *model_text = "tiny", *trace_path = NULL, *resume = NULL;
@@ -254,6 +256,12 @@ int st_cli_train(int argc, char **argv)
 		case 'E': save_every = (int)st_cli_long("--save-every", optarg, 1, 1 << 30); break;
 		case 'k': keep = (int)st_cli_long("--keep", optarg, 1, 1 << 20); break;
 		case 'R': resume = optarg; break;
+		case 'D':
+			if (!st_device_find(optarg))
+				st_cli_die(2, "--device %s: not a device built into this binary (%s)",
+					   optarg, st_device_list());
+			ec.device = optarg;
+			break;
 		case 'h': train_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -304,7 +312,7 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(2, "--trace %s: %s", trace_path, st_error_last());
 	ec.trace = trace;
 	ret = st_engine_create(&ec, &e);
-	if (ret == -ENOSPC || ret == -EINVAL) {
+	if (ret == -ENOSPC || ret == -EINVAL || ret == -ENODEV) {
 		st_trace_abort(trace);
 		st_cli_die(2, "%s", st_error_last());
 	}
@@ -351,11 +359,11 @@ int st_cli_train(int argc, char **argv)
 			st_cli_die(2, "--metrics %s: %s", metrics, strerror(errno));
 	}
 	printf("strata train: %.2fM params, %d layers, dim %d, %d heads, vocab %d | data %s "
-	       "(%llu tokens) | B=%d T=%d accum %d | %d threads | adam %s\n",
+	       "(%llu tokens) | B=%d T=%d accum %d | device %s | %d threads | adam %s\n",
 	       (double)st_model_param_count(st_engine_model(e)) / 1e6, cfg->model.n_layer,
 	       cfg->model.n_embd, cfg->model.n_head, cfg->model.vocab, data,
 	       (unsigned long long)st_dataset_tokens(ds), cfg->batch, cfg->seq, cfg->grad_accum,
-	       omp_get_max_threads(), st_optim_path_name(st_optim_path_get()));
+	       ec.device, omp_get_max_threads(), st_optim_path_name(st_optim_path_get()));
 	fflush(stdout);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
@@ -405,8 +413,10 @@ int st_cli_train(int argc, char **argv)
 		}
 		if (mf) {
 			fprintf(mf, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-				    "\"tokens_per_s\":%.1f,\"step_s\":%.6f%s,\"bytes\":{",
-				s + 1, r.loss, r.lr, r.skipped ? 0.0 : r.grad_norm, tps, dt,
+				    "\"tokens_per_s\":%.1f,\"model_tflops\":%.4f,\"step_s\":%.6f%s,"
+				    "\"bytes\":{",
+				s + 1, r.loss, r.lr, r.skipped ? 0.0 : r.grad_norm, tps,
+				tps * st_model_flops_per_token(st_engine_model(e), cfg->seq) / 1e12, dt,
 				r.skipped ? ",\"skipped\":true" : "");
 			for (int l = ST_LANE_H2D; l <= ST_LANE_NVME_WRITE; l++)
 				fprintf(mf, "%s\"%s\":%llu", l == ST_LANE_H2D ? "" : ",",
