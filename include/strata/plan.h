@@ -69,6 +69,13 @@ struct st_plan_rates {
 	double adam_bps;       /* CPU AdamW bytes/s (30 B per parameter) */
 };
 
+/* The engine's defaults on the cuda device when no rates are given:
+ * fp32 matmuls (no TF32) on an A100/H100-class GPU, pinned copies over
+ * PCIe 4/5. They only shape the prediction; docs/plan.md says how to give
+ * measured ones. */
+#define ST_PLAN_CUDA_COMPUTE_FLOPS 15e12
+#define ST_PLAN_CUDA_COPY_BPS 20e9
+
 struct st_plan_input {
 	const struct st_model *model; /* borrowed */
 	int batch, seq, grad_accum;

@@ -1091,6 +1091,12 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		.have_nvme = cfg->nvme_dirs != NULL, .params = cfg->params, .optim = cfg->optim,
 		.prefetch = cfg->prefetch, .rates = cfg->rates,
 	};
+	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {
+		if (pin.rates.compute_flops <= 0)
+			pin.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
+		if (pin.rates.copy_bps <= 0)
+			pin.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
+	}
 	ret = st_plan_make(&pin, &e->plan);
 	if (ret < 0) {
 		st_model_destroy(e->model);
