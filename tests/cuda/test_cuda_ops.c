@@ -359,6 +359,76 @@ static void test_matmul_bwd(void **state)
 	matmul_bwd_case(512, 768, 2304, 7);
 }
 
+/* ---- gemm (the head's tied matmuls) ---------------------------------------------- */
+
+/* Row-major C (M,N) = op(A) @ op(B) + beta * C with leading dimensions pad
+ * wider than the rows (the columns past them must stay untouched). */
+static void gemm_case(int ta, int tb, int M, int N, int K, float beta, int pad)
+{
+	char what[96];
+	int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+	size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb;
+	size_t nc = (size_t)M * ldc;
+	float *a = host_rand(na, 1.0f), *b = host_rand(nb, 0.1f), *c = host_rand(nc, 1.0f);
+	float *d_a = dev_from(a, sizeof(float) * na), *d_b = dev_from(b, sizeof(float) * nb);
+	float *d_c = dev_from(c, sizeof(float) * nc);
+
+	st_cpu_sgemm(ta, tb, M, N, K, 1.0f, a, lda, b, ldb, beta, c, ldc);
+	snprintf(what, sizeof(what), "gemm %c%c M=%d N=%d K=%d beta %g pad %d", ta ? 'T' : 'N',
+		 tb ? 'T' : 'N', M, N, K, (double)beta, pad);
+	check_rc(st_cuda_gemm(ctx, ta, tb, M, N, K, d_a, lda, d_b, ldb, beta, d_c, ldc), what);
+	expect_close(what, d_c, c, nc, TOL_F32);
+	st_cuda_free(d_a);
+	st_cuda_free(d_b);
+	st_cuda_free(d_c);
+	free(a);
+	free(b);
+	free(c);
+}
+
+static void test_gemm(void **state)
+{
+	ST_UNUSED(state);
+	rng_seed(23);
+	for (int ta = 0; ta < 2; ta++)
+		for (int tb = 0; tb < 2; tb++) {
+			gemm_case(ta, tb, 37, 253, 96, 0.0f, 0);
+			gemm_case(ta, tb, 37, 253, 96, 1.0f, 3);
+		}
+	gemm_case(0, 0, 5, 7, 0, 1.0f, 2); /* K = 0: C = beta * C */
+	gemm_case(0, 0, 5, 7, 0, 0.0f, 2);
+	/* GPT-2's head, one chunk of 256 rows: logits = x @ wte^T, then
+	 * dx += dlogits @ wte, dwte += dlogits^T @ x (V = 50257, odd ld). */
+	gemm_case(0, 1, 256, 50257, 768, 0.0f, 0);
+	gemm_case(0, 0, 256, 768, 50257, 1.0f, 0);
+	gemm_case(1, 0, 50257, 768, 256, 1.0f, 0);
+}
+
+/* The context's own memset and copies, ordered with its ops. */
+static void test_memory_on_stream(void **state)
+{
+	const size_t n = 100003;
+	float *h = host_rand(n, 1.0f), *back = malloc(sizeof(float) * n);
+	float *d1 = dev_poisoned(sizeof(float) * n), *d2 = dev_poisoned(sizeof(float) * n);
+	float *zeros = calloc(n, sizeof(float));
+
+	ST_UNUSED(state);
+	assert_non_null(back);
+	assert_non_null(zeros);
+	check_rc(st_cuda_memcpy_async(ctx, d1, h, sizeof(float) * n), "memcpy_async h2d");
+	check_rc(st_cuda_memcpy_async(ctx, d2, d1, sizeof(float) * n), "memcpy_async d2d");
+	check_rc(st_cuda_memcpy_async(ctx, back, d2, sizeof(float) * n), "memcpy_async d2h");
+	check_rc(st_cuda_sync(ctx), "sync");
+	assert_memory_equal(back, h, sizeof(float) * n);
+	check_rc(st_cuda_memset_async(ctx, d2, 0, sizeof(float) * n), "memset_async");
+	expect_close("memset_async 0", d2, zeros, n, 0.0);
+	st_cuda_free(d1);
+	st_cuda_free(d2);
+	free(h);
+	free(back);
+	free(zeros);
+}
+
 /* ---- layernorm ---------------------------------------------------------------- */
 
 static void layernorm_case(int N, int C)
@@ -695,6 +765,8 @@ int main(void)
 		cmocka_unit_test(test_bf16_to_f32),
 		cmocka_unit_test(test_matmul_fwd),
 		cmocka_unit_test(test_matmul_bwd),
+		cmocka_unit_test(test_gemm),
+		cmocka_unit_test(test_memory_on_stream),
 		cmocka_unit_test(test_layernorm),
 		cmocka_unit_test(test_gelu),
 		cmocka_unit_test(test_residual),
