@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "strata/compute.h"
 #include "strata/kernels.h"
 #include "strata/model.h"
 
@@ -624,6 +625,138 @@ static void test_bad_calls(void **state)
 	net_fini(&n);
 }
 
+/* ---- the model through a compute other than the default ----------------------- */
+
+/* A compute that is the cpu one with a few ops wrapped: they count their
+ * calls, and the call numbered fail_at (from 1; 0 = never) returns -EIO. */
+static const struct st_compute_ops *cpu_ops;
+static int calls, fail_at;
+
+static int counted(void)
+{
+	return ++calls == fail_at ? st_error_set(-EIO, "test compute: op %d fails", calls) : 0;
+}
+
+static int w_matmul_fwd(struct st_compute *c, float *out, const float *inp,
+			const float *weight, const float *bias, int N, int IC, int OC)
+{
+	int r = counted();
+	return r ? r : cpu_ops->matmul_fwd(c, out, inp, weight, bias, N, IC, OC);
+}
+
+static int w_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t n)
+{
+	int r = counted();
+	return r ? r : cpu_ops->gelu_fwd(c, out, inp, n);
+}
+
+static int w_zero(struct st_compute *c, void *p, size_t bytes)
+{
+	int r = counted();
+	return r ? r : cpu_ops->zero(c, p, bytes);
+}
+
+static int w_copy(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	int r = counted();
+	return r ? r : cpu_ops->copy(c, dst, src, bytes);
+}
+
+static int w_to_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	int r = counted();
+	return r ? r : cpu_ops->to_host(c, dst, src, bytes);
+}
+
+/* Every op of fwd and bwd goes through the model's compute: the same bits
+ * through a wrapped table; a failing op fails the call with its error, the
+ * ops after it are skipped, and the next call starts clean; the range
+ * check reads host_tokens when given. */
+static void test_compute(void **state)
+{
+	(void)state;
+	struct net n;
+	struct st_compute_ops ops;
+	struct st_compute cx = {.ops = &ops};
+	net_init(&n, &small_cfg, 2, 20, 5);
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+	}
+	cpu_ops = st_compute_cpu()->ops;
+	ops = *cpu_ops;
+	ops.name = "test";
+	ops.matmul_fwd = w_matmul_fwd;
+	ops.gelu_fwd = w_gelu_fwd;
+	ops.zero = w_zero;
+	ops.copy = w_copy;
+	ops.to_host = w_to_host;
+
+	net_fwd(&n);
+	float ref_loss = net_bwd(&n);
+	size_t act_bytes = (size_t)n.B * n.T * n.C * sizeof(float);
+	float *y_ref = malloc(act_bytes);
+	memcpy(y_ref, n.x[2], act_bytes);
+	float **g_ref = calloc(n.U, sizeof(float *));
+	for (int u = 0; u < n.U; u++) {
+		size_t bytes = st_model_unit_layout(n.m, u)->elems * 4;
+		g_ref[u] = malloc(bytes);
+		memcpy(g_ref[u], n.g[u], bytes);
+	}
+
+	st_model_set_compute(n.m, &cx);
+	calls = fail_at = 0;
+	net_fwd(&n);
+	float loss = net_bwd(&n);
+	assert_memory_equal(&loss, &ref_loss, sizeof(float));
+	for (int u = 0; u < n.U; u++)
+		if (memcmp(g_ref[u], n.g[u], st_model_unit_layout(n.m, u)->elems * 4))
+			fail_msg("unit %d: gradient differs through the wrapped compute", u);
+	assert_true(calls > 4 * small_cfg.n_layer);
+
+	/* block 1's forward: its second wrapped op fails */
+	calls = 0;
+	fail_at = 2;
+	memset(n.x[2], 0, act_bytes);
+	assert_int_equal(st_model_fwd(n.m, 1, &n.batch, n.p[1], NULL, n.x[1], n.x[2], NULL,
+				      n.work, n.work_bytes), -EIO);
+	assert_int_equal(calls, 2); /* nothing after the failure ran */
+	assert_non_null(strstr(st_error_last(), "op 2 fails"));
+	fail_at = 0;
+	assert_int_equal(st_model_fwd(n.m, 1, &n.batch, n.p[1], NULL, n.x[1], n.x[2], NULL,
+				      n.work, n.work_bytes), 0);
+	assert_memory_equal(n.x[2], y_ref, act_bytes);
+
+	/* the head's loss comes back through to_host: fail it */
+	int H = n.U - 1;
+	calls = 0;
+	fail_at = 1;
+	loss = 0.0f;
+	assert_int_equal(st_model_fwd(n.m, H, &n.batch, n.p[H], n.p[0], n.x[H], NULL, &loss,
+				      n.work, n.work_bytes), -EIO);
+	fail_at = 0;
+
+	/* ids on the device are checked on their host copy */
+	int32_t *bad = malloc((size_t)n.B * n.T * sizeof(int32_t));
+	memcpy(bad, n.tok, (size_t)n.B * n.T * sizeof(int32_t));
+	bad[3] = small_cfg.vocab;
+	struct st_model_batch b = n.batch;
+	b.host_tokens = bad;
+	assert_int_equal(st_model_fwd(n.m, 0, &b, n.p[0], NULL, NULL, n.x[1], NULL, n.work,
+				      n.work_bytes), -EINVAL);
+	b.host_tokens = n.tok;
+	assert_int_equal(st_model_fwd(n.m, 0, &b, n.p[0], NULL, NULL, n.x[1], NULL, n.work,
+				      n.work_bytes), 0);
+
+	st_model_set_compute(n.m, NULL);
+	for (int u = 0; u < n.U; u++)
+		free(g_ref[u]);
+	free(g_ref);
+	free(y_ref);
+	free(bad);
+	net_fini(&n);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -636,6 +769,7 @@ int main(void)
 		cmocka_unit_test(test_overfit),
 		cmocka_unit_test(test_determinism),
 		cmocka_unit_test(test_bad_calls),
+		cmocka_unit_test(test_compute),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
