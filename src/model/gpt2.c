@@ -570,14 +570,14 @@ static void st_block_fwd_core(const struct st_model *m, const float **p,
 	const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
 	// ln1, qkv, attention, projection, residual
 	st_compute_layernorm_fwd(c, w->ln1, w->mean1, w->rstd1, x, p[BT_LN1_W],
-			     p[BT_LN1_B], N, C);
+				 p[BT_LN1_B], N, C);
 	st_compute_matmul_fwd(c, w->qkv, w->ln1, p[BT_ATTN_W], p[BT_ATTN_B], N, C, 3 * C);
 	st_compute_attention_fwd(c, w->atty, w->lse, w->qkv, B, T, C, NH);
 	st_compute_matmul_fwd(c, attproj, w->atty, p[BT_PROJ_W], p[BT_PROJ_B], N, C, C);
 	st_compute_residual_fwd(c, w->res, x, attproj, (size_t)N * C);
 	// ln2, fc, gelu
 	st_compute_layernorm_fwd(c, w->ln2, w->mean2, w->rstd2, w->res, p[BT_LN2_W],
-			     p[BT_LN2_B], N, C);
+				 p[BT_LN2_B], N, C);
 	st_compute_matmul_fwd(c, w->fch, w->ln2, p[BT_FC_W], p[BT_FC_B], N, C, 4 * C);
 	st_compute_gelu_fwd(c, w->gel, w->fch, (size_t)N * 4 * C);
 }
@@ -614,34 +614,34 @@ static void st_block_bwd(const struct st_model *m, int u, int B, int T,
 
 	// MLP projection: dW from gel, then dgel overwrites gel
 	st_compute_matmul_bwd(c, NULL, g[BT_FCP_W], g[BT_FCP_B], dy, w->gel,
-			  p[BT_FCP_W], N, 4 * C, C);
+			      p[BT_FCP_W], N, 4 * C, C);
 	st_compute_zero(c, w->gel, sizeof(float) * 4 * NC);
 	st_compute_matmul_bwd(c, w->gel, NULL, NULL, dy, NULL, p[BT_FCP_W], N, 4 * C, C);
 	// gelu: the pre-activation becomes its gradient in place
 	st_compute_gelu_bwd(c, w->fch, w->fch, w->gel, 4 * NC);
 	st_compute_zero(c, w->dln, sizeof(float) * NC);
 	st_compute_matmul_bwd(c, w->dln, g[BT_FC_W], g[BT_FC_B], w->fch, w->ln2,
-			  p[BT_FC_W], N, C, 4 * C);
+			      p[BT_FC_W], N, C, 4 * C);
 	// residual 2: dres = dy + ln2's input gradient
 	st_compute_copy(c, w->dres, dy, sizeof(float) * NC);
 	st_compute_layernorm_bwd(c, w->dres, g[BT_LN2_W], g[BT_LN2_B], w->dln, w->res,
-			     p[BT_LN2_W], w->mean2, w->rstd2, N, C);
+				 p[BT_LN2_W], w->mean2, w->rstd2, N, C);
 	// attention projection; datty reuses ln2 (no longer needed)
 	float *datty = w->ln2;
 	st_compute_zero(c, datty, sizeof(float) * NC);
 	st_compute_matmul_bwd(c, datty, g[BT_PROJ_W], g[BT_PROJ_B], w->dres, w->atty,
-			  p[BT_PROJ_W], N, C, C);
+			      p[BT_PROJ_W], N, C, C);
 	// attention; dqkv reuses gel (4NC >= 3NC)
 	float *dqkv = w->gel;
 	st_compute_zero(c, dqkv, sizeof(float) * 3 * NC);
 	st_compute_attention_bwd(c, dqkv, datty, w->qkv, w->atty, w->lse, B, T, C, NH);
 	st_compute_zero(c, w->dln, sizeof(float) * NC);
 	st_compute_matmul_bwd(c, w->dln, g[BT_ATTN_W], g[BT_ATTN_B], dqkv, w->ln1,
-			  p[BT_ATTN_W], N, C, 3 * C);
+			      p[BT_ATTN_W], N, C, 3 * C);
 	// residual 1: dx = dres + ln1's input gradient
 	st_compute_copy(c, dx, w->dres, sizeof(float) * NC);
 	st_compute_layernorm_bwd(c, dx, g[BT_LN1_W], g[BT_LN1_B], w->dln, x,
-			     p[BT_LN1_W], w->mean1, w->rstd1, N, C);
+				 p[BT_LN1_W], w->mean1, w->rstd1, N, C);
 }
 
 /* ---- head ----------------------------------------------------------------------------------- */
@@ -687,29 +687,29 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 		const float *xr = w->xln + (size_t)r0 * C;
 		// logits (nr,V) = xln_r (nr,C) @ wte^T (C,V)
 		st_compute_gemm(c, 0, 1, nr, V, C, xr, C, wte, C, 0.0f,
-			     w->logits, V);
+				w->logits, V);
 		if (!bwd) {
 			st_compute_crossentropy_fwd(c, w->losses + r0, w->logits,
-						b->targets + r0, nr, V);
+						    b->targets + r0, nr, V);
 			continue;
 		}
 		st_compute_crossentropy_bwd(c, w->logits, w->losses + r0, w->logits,
-					b->targets + r0, dloss, nr, V);
+					    b->targets + r0, dloss, nr, V);
 		// dxln_r (nr,C) += dlogits (nr,V) @ wte (V,C)
 		st_compute_gemm(c, 0, 0, nr, C, V, w->logits, V, wte, C, 1.0f,
-			     w->dxln + (size_t)r0 * C, C);
+				w->dxln + (size_t)r0 * C, C);
 		// dwte (V,C) += dlogits^T (V,nr) @ xln_r (nr,C)
 		float *dwte = tied_grad + m->units[0].tensors[ET_WTE].offset_elems;
 		st_compute_gemm(c, 1, 0, V, C, nr, w->logits, V, xr, C, 1.0f,
-			     dwte, C);
+				dwte, C);
 	}
 	if (loss)
 		*loss = st_mean_loss(c, w->losses, (size_t)N);
 	if (bwd) {
 		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
 		st_compute_layernorm_bwd(c, dx, grad + ul->tensors[HT_LNF_W].offset_elems,
-				     grad + ul->tensors[HT_LNF_B].offset_elems,
-				     w->dxln, x, lnw, w->mean, w->rstd, N, C);
+					 grad + ul->tensors[HT_LNF_B].offset_elems,
+					 w->dxln, x, lnw, w->mean, w->rstd, N, C);
 	}
 }
 
@@ -733,9 +733,9 @@ int st_model_fwd(const struct st_model *m, int u,
 		assert(y);
 		const struct st_unit_layout *ul = &m->units[0];
 		st_compute_embedding_fwd(c, y, batch->tokens,
-				     params + ul->tensors[ET_WTE].offset_elems,
-				     params + ul->tensors[ET_WPE].offset_elems, B,
-				     T, C);
+					 params + ul->tensors[ET_WTE].offset_elems,
+					 params + ul->tensors[ET_WPE].offset_elems, B,
+					 T, C);
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_BLOCK: {
@@ -777,8 +777,8 @@ int st_model_bwd(const struct st_model *m, int u,
 		assert(dy);
 		const struct st_unit_layout *ul = &m->units[0];
 		st_compute_embedding_bwd(c, grad + ul->tensors[ET_WTE].offset_elems,
-				     grad + ul->tensors[ET_WPE].offset_elems, dy,
-				     batch->tokens, B, T, C);
+					 grad + ul->tensors[ET_WPE].offset_elems, dy,
+					 batch->tokens, B, T, C);
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_BLOCK: {
