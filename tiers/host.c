@@ -27,6 +27,8 @@ int st_hwloc_numa_of_self(void);
 
 struct host_priv {
 	void *map;          /* the mapping (base rounded up to 2 MiB is in it) */
+	uint64_t map_bytes; /* the budget in whole huge pages, plus one to align */
+	uint64_t used_map_bytes; /* from base: the budget in whole huge pages */
 	char *base;
 	uint64_t bytes;
 	struct st_device *device; /* borrowed; pinned through it when set */
@@ -83,25 +85,31 @@ static int host_open(struct st_tier *t, const struct st_tier_config *cfg,
 	/* Huge pages: a transfer from 2 MiB pages is a handful of segments,
 	 * not hundreds. On this project's virtio disk 1 MiB O_DIRECT reads at
 	 * depth ran 2.7x faster from them (docs/nvme-bench.md); DMA to a GPU
-	 * likes them too. Map 2 MiB more to align the start, then ask. */
-	p = mmap(NULL, h->bytes + HOST_HUGE_BYTES, PROT_READ | PROT_WRITE,
+	 * likes them too. Map 2 MiB more to align the start, then ask for the
+	 * budget in whole huge pages, so its last part (or a budget under 2 MiB)
+	 * is not left on 4 KiB pages. NUMA binding, locking and pinning cover
+	 * the same whole pages: one that covered less would split the mapping
+	 * there, and a huge page needs all of its 2 MiB in one mapping. */
+	h->used_map_bytes = st_align_up(h->bytes, (uint64_t)HOST_HUGE_BYTES);
+	h->map_bytes = h->used_map_bytes + HOST_HUGE_BYTES;
+	p = mmap(NULL, h->map_bytes, PROT_READ | PROT_WRITE,
 		 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
 		return st_error_set(-ENOMEM, "host tier: cannot map %llu bytes",
 				    (unsigned long long)h->bytes);
 	h->map = p;
 	p = (void *)st_align_up((uintptr_t)p, HOST_HUGE_BYTES);
-	madvise(p, h->bytes, MADV_HUGEPAGE); /* advice: fine if refused */
+	madvise(p, h->used_map_bytes, MADV_HUGEPAGE); /* advice: fine if refused */
 	h->base = p;
 	h->numa_node = h->device ? st_device_numa_node(h->device) : -1;
 	if (h->numa_node < 0)
 		h->numa_node = st_hwloc_numa_of_self();
-	host_bind_numa(p, h->bytes, h->numa_node);
+	host_bind_numa(p, h->used_map_bytes, h->numa_node);
 
 	if (h->device && st_device_can_pin(h->device) &&
-	    st_device_pin_host(h->device, p, h->bytes) == 0) {
+	    st_device_pin_host(h->device, p, h->used_map_bytes) == 0) {
 		h->pinned_by_device = true;
-	} else if (host_mlock(p, h->bytes)) {
+	} else if (host_mlock(p, h->used_map_bytes)) {
 		h->locked = true;
 	} else if (!host_warned_pageable) {
 		host_warned_pageable = true;
@@ -112,7 +120,7 @@ static int host_open(struct st_tier *t, const struct st_tier_config *cfg,
 	h->cq_cap = HOST_CQ_SLOTS;
 	h->cq = malloc(h->cq_cap * sizeof(*h->cq));
 	if (!h->cq) {
-		munmap(h->map, h->bytes + HOST_HUGE_BYTES);
+		munmap(h->map, h->map_bytes);
 		return -ENOMEM;
 	}
 	*align_bytes = 64; /* cache line: any buffer a caller has will do */
@@ -126,8 +134,8 @@ static void host_close(struct st_tier *t)
 	if (h->pinned_by_device)
 		st_device_unpin_host(h->device, h->base);
 	if (h->locked)
-		munlock(h->base, h->bytes);
-	munmap(h->map, h->bytes + HOST_HUGE_BYTES);
+		munlock(h->base, h->used_map_bytes);
+	munmap(h->map, h->map_bytes);
 	free(h->cq);
 }
 
