@@ -602,6 +602,58 @@ static void test_misaligned_refused(void **state)
 	free(buf);
 }
 
+/* The host tier's mapping: every budget in whole 2 MiB pages, one mapping
+ * (VMA) from its base to the last of them, advised for huge pages. A lock
+ * or NUMA binding that stopped at the budget would split it there (the bug
+ * this holds off: a 1 MiB budget then never got a huge page). Read from
+ * /proc/self/smaps; whether the kernel then backs it with huge pages is its
+ * choice, so that is not asserted. */
+static void test_host_huge_pages(void **state)
+{
+	static const uint64_t budgets[] = { MiB, 3 * MiB, 4 * MiB, 5 * MiB + 4096 };
+	const uint64_t huge = 2 * MiB;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(budgets) / sizeof(budgets[0]); i++) {
+		struct fixture f;
+		struct st_extent ext;
+		uint64_t b = budgets[i], want = (b + huge - 1) / huge * huge;
+		unsigned long lo = 0, hi = 0, addr;
+		bool in = false, advised = false;
+		char line[512];
+		FILE *fp;
+
+		open_kind(&f, K_HOST, b, (struct st_fault_config){ 0 });
+		assert_int_equal(st_tier_alloc(f.tier, 4096, &ext), 0);
+		addr = (unsigned long)st_tier_addr(f.tier, &ext);
+		assert_int_equal(addr % huge, 0);
+		fp = fopen("/proc/self/smaps", "r");
+		assert_non_null(fp);
+		while (fgets(line, sizeof(line), fp)) {
+			unsigned long a, z;
+			char dash;
+
+			if (sscanf(line, "%lx%c%lx", &a, &dash, &z) == 3 && dash == '-' &&
+			    strchr(line, ' ') > strchr(line, '-')) {
+				in = addr >= a && addr < z;
+				if (in) {
+					lo = a;
+					hi = z;
+				}
+			} else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+				advised = strstr(line, " hg") != NULL;
+			}
+		}
+		fclose(fp);
+		if (lo != addr || hi < addr + want || !advised)
+			fail_msg("budget %llu: mapping %lx-%lx (want %lx-%lx or longer), %s",
+				 (unsigned long long)b, lo, hi, addr, addr + (unsigned long)want,
+				 advised ? "advised" : "not advised MADV_HUGEPAGE");
+		st_tier_free(f.tier, &ext);
+		close_kind(&f);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -622,6 +674,7 @@ int main(void)
 		cmocka_unit_test(test_fault_enospc_and_delay),
 		cmocka_unit_test(test_nvme_fixed_buffers),
 		cmocka_unit_test(test_misaligned_refused),
+		cmocka_unit_test(test_host_huge_pages),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
