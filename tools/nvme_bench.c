@@ -492,12 +492,11 @@ int main(int argc, char **argv)
 		bs_max = ST_MAX(bs_max, o.bs[i]);
 	total = o.nbs * o.nqd * o.nrw;
 
-	/* The I/O buffers come from the pinned host tier, as in training. Its
-	 * region is asked for in whole 2 MiB huge pages: the tier advises huge
-	 * pages on exactly its budget, and a smaller region (1M x depth 1) stays
-	 * on 4 KiB pages, which training's large pool never is. A 1 MiB request
-	 * from 4 KiB pages is 256 segments: the block layer splits it (1016K +
-	 * 8K) and the virtio disk serves the halves one after the other. */
+	/* The I/O buffers come from the pinned host tier, as in training, on
+	 * 2 MiB huge pages (the tier maps whole ones; asking for whole ones here
+	 * says so). A 1 MiB request from 4 KiB pages is 256 segments: the block
+	 * layer splits it (1016K + 8K) and the virtio disk serves the halves one
+	 * after the other. */
 	{
 		struct st_tier_config hc = { .budget_bytes = st_align_up(bs_max * qd_max,
 									 2 * ST_MiB) };
