@@ -54,7 +54,12 @@ static int cuda_open(struct st_device *d, struct st_device_config *cfg)
 	size_t free_bytes = 0, total_bytes = 0;
 	char busid[32];
 
-	CU_CHECK(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+	cudaError_t e = cudaGetDeviceCount(&count);
+	if (e != cudaSuccess) { /* no driver, an old driver, no device */
+		cudaGetLastError();
+		return st_error_set(-ENODEV, "cuda: no usable GPU: %s (%s)", cudaGetErrorString(e),
+				    cudaGetErrorName(e));
+	}
 	if (cfg->ordinal < 0 || cfg->ordinal >= count)
 		return st_error_set(-ENODEV, "cuda: no GPU %d (%d present)",
 				    cfg->ordinal, count);
