@@ -32,6 +32,7 @@ struct st_shape {
 	int units, accum;
 	uint64_t wb;           /* bytes per W element: 2 or 4 */
 	uint64_t e_max, e0;    /* E, E0: elements */
+	uint64_t e1;           /* the largest unit after the embedding */
 	uint64_t e_sum;        /* sum of e_u */
 	uint64_t x_bytes;      /* X = B*T*C*4 */
 	uint64_t work_bytes;   /* max_u st_model_work_bytes */
@@ -124,15 +125,19 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 		sh->e_max = ST_MAX(sh->e_max, l->elems);
 		if (u == 0)
 			sh->e0 = l->elems;
+		else
+			sh->e1 = ST_MAX(sh->e1, l->elems);
 		sh->work_bytes = ST_MAX(sh->work_bytes, (uint64_t)work);
 	}
 	sh->x_bytes = (uint64_t)in->batch * (uint64_t)in->seq * (uint64_t)cfg->n_embd * 4;
 	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
 	/* wf, wf_embed (W widened to fp32), dW, dW_embed, dA and dB (the
 	 * activation gradient in and out), the model's workspace, tokens and
-	 * targets (int32): each its own extent, so each rounded. */
+	 * targets (int32): each its own extent, so each rounded. wf and dW
+	 * serve the units after the embedding (which has its own two), so a
+	 * large vocabulary is not paid for four times. */
 	bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
-	sh->scratch_bytes = 2 * st_pg(sh->e_max * 4) + 2 * st_pg(sh->e0 * 4) +
+	sh->scratch_bytes = 2 * st_pg(sh->e1 * 4) + 2 * st_pg(sh->e0 * 4) +
 			    2 * st_pg(sh->x_bytes) + st_pg(sh->work_bytes) + 2 * st_pg(bt_bytes);
 	return 0;
 }

@@ -77,6 +77,7 @@ struct st_engine {
 	struct st_plan plan;
 	int U, k, Wb;
 	uint64_t *elems, E, E0;
+	uint64_t E1;                  /* largest unit after the embedding: wf, dW */
 	uint64_t tile;                /* update tile, elements */
 	size_t X;                     /* B*T*C floats */
 	struct st_device *dev;
@@ -1010,11 +1011,11 @@ static int alloc_pools(struct st_engine *e)
 	if (ret == 0 && e->U > 1)
 		ret = alloc_in(e, ST_HOME_VRAM, (uint64_t)(e->U - 1) * e->X * 4, &e->act_ext);
 	if (ret == 0)
-		ret = alloc_in(e, ST_HOME_VRAM, Ebytes, &e->wf_ext);
+		ret = alloc_in(e, ST_HOME_VRAM, e->E1 * 4, &e->wf_ext);
 	if (ret == 0)
 		ret = alloc_in(e, ST_HOME_VRAM, e->E0 * 4, &e->wfe_ext);
 	if (ret == 0)
-		ret = alloc_in(e, ST_HOME_VRAM, Ebytes, &e->dw_ext);
+		ret = alloc_in(e, ST_HOME_VRAM, e->E1 * 4, &e->dw_ext);
 	if (ret == 0)
 		ret = alloc_in(e, ST_HOME_VRAM, e->E0 * 4, &e->dwe_ext);
 	if (ret == 0)
@@ -1121,6 +1122,8 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	for (int u = 0; u < e->U; u++) {
 		e->elems[u] = st_model_unit_layout(e->model, u)->elems;
 		e->E = ST_MAX(e->E, e->elems[u]);
+		if (u > 0)
+			e->E1 = ST_MAX(e->E1, e->elems[u]);
 		e->work_bytes = ST_MAX(e->work_bytes, st_model_work_bytes(e->model, u, c->batch, c->seq));
 	}
 	e->E0 = e->elems[0];

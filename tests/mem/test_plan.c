@@ -92,7 +92,7 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 {
 	const struct st_model *m = in->model;
 	int U = st_model_unit_count(m);
-	uint64_t wb = in->bf16 ? 2 : 4, E = 0, E0 = st_model_unit_layout(m, 0)->elems;
+	uint64_t wb = in->bf16 ? 2 : 4, E = 0, E0 = st_model_unit_layout(m, 0)->elems, E1 = 0;
 	uint64_t X = (uint64_t)in->batch * in->seq * st_model_config(m)->n_embd * 4;
 	uint64_t work = 0, BT = (uint64_t)in->batch * in->seq;
 	bool streamed = w != ST_HOME_VRAM;
@@ -103,6 +103,8 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 
 		if (e > E)
 			E = e;
+		if (u > 0 && e > E1)
+			E1 = e; /* wf and dW serve the units after the embedding */
 		if (st_model_work_bytes(m, u, in->batch, in->seq) > work)
 			work = st_model_work_bytes(m, u, in->batch, in->seq);
 		r->homes[w] += e * wb;
@@ -114,7 +116,7 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 	r->embed_bytes = 0; /* the embedding's W is kept widened: no slot */
 	r->act = page((uint64_t)(U - 1) * X);
 	/* nine buffers, each its own 4 KiB-rounded extent */
-	r->scratch = page(E * 4) + page(E0 * 4) + page(E * 4) + page(E0 * 4) + page(X) +
+	r->scratch = page(E1 * 4) + page(E0 * 4) + page(E1 * 4) + page(E0 * 4) + page(X) +
 		     page(X) + page(work) + page(BT * 4) + page(BT * 4);
 	r->staging = w == ST_HOME_NVME ? ((uint64_t)k + 1) * E * wb : 0;
 	r->landing = E * 4 + (o == ST_HOME_NVME && in->grad_accum > 1 ? E * 4 : 0);
