@@ -98,7 +98,9 @@ struct st_plan {
 	uint64_t *state_bytes;                 /* [units * ST_STATE_COUNT] */
 	/* pools, as listed above */
 	uint64_t w_slot_bytes, w_slots;        /* vram W slots: count and size of each */
-	bool embed_slot;                       /* always false (kept for the layout) */
+	bool embed_slot;                       /* one more vram slot (and staging) for
+						  the embedding's W, when it is larger
+						  than every other unit and streamed */
 	uint64_t act_bytes, scratch_bytes;     /* vram */
 	uint64_t w_staging_bytes, grad_landing_bytes, update_staging_bytes; /* host */
 	uint64_t home_bytes[ST_HOME_COUNT];    /* sum of homes per tier */

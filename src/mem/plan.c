@@ -82,11 +82,17 @@ static void st_pools_compute(const struct st_shape *sh, struct st_cand c, int k,
 	p->home[c.w] += w_all;
 	p->home[c.o] += o_all;
 	if (streamed) {
+		/* An embedding larger than every other unit (GPT-2's vocabulary)
+		 * gets one slot of its own, so the k + 1 slots need only fit the
+		 * rest: it is fetched once per micro-batch and kept widened. */
+		bool embed_slot = sh->e0 > sh->e1;
+
 		p->w_slots = (uint64_t)k + 1;
-		p->w_slot_bytes = st_pg(sh->e_max * sh->wb);
+		p->w_slot_bytes = st_pg((embed_slot ? sh->e1 : sh->e_max) * sh->wb);
+		p->embed_slot_bytes = embed_slot ? st_pg(sh->e0 * sh->wb) : 0;
 	}
-	if (c.w == ST_HOME_NVME)
-		p->w_staging = st_pg(((uint64_t)k + 1) * sh->e_max * sh->wb);
+	if (c.w == ST_HOME_NVME) /* one host staging buffer per slot */
+		p->w_staging = p->w_slots * p->w_slot_bytes + p->embed_slot_bytes;
 	p->grad_landing = st_pg(sh->e_max * 4 *
 				(c.o == ST_HOME_NVME && sh->accum > 1 ? 2 : 1));
 	if (c.o == ST_HOME_NVME || c.w != ST_HOME_HOST)

@@ -87,7 +87,8 @@ struct st_engine {
 
 	/* vram pools */
 	struct wslot *slots;
-	int nslots;
+	int nslots;                   /* the plan's w_slots, and the embedding's */
+	int eslot;                    /* the embedding's own slot, or -1 */
 	struct st_extent act_ext, wf_ext, wfe_ext, dw_ext, dwe_ext, da_ext, db_ext,
 		work_ext, tok_ext, tgt_ext;
 	float *acts, *wf, *wf_embed, *dW, *dW_embed, *dA, *dB;
@@ -367,7 +368,8 @@ static int issue_fetches(struct st_engine *e)
 			continue;
 		}
 		for (int i = 0; i < e->nslots; i++)
-			if (e->slots[i].seq < 0 && e->slots[i].pending == 0) {
+			if (e->slots[i].seq < 0 && e->slots[i].pending == 0 &&
+			    (e->eslot < 0 || (i == e->eslot) == (u == 0))) {
 				slot = i;
 				break;
 			}
@@ -985,7 +987,7 @@ static int alloc_pools(struct st_engine *e)
 {
 	const struct st_plan *p = &e->plan;
 	const struct st_train_config *c = &e->cfg.train;
-	uint64_t Ebytes = e->E * 4, Wbytes = e->E * (uint64_t)e->Wb;
+	uint64_t Ebytes = e->E * 4;
 	int ret = 0;
 
 	/* homes */
@@ -997,16 +999,18 @@ static int alloc_pools(struct st_engine *e)
 			ret = alloc_in(e, x->home, e->elems[u] * (s == ST_STATE_W ? e->Wb : 4),
 				       &x->ext);
 		}
-	/* vram: W slots, activations, scratch */
-	e->nslots = (int)p->w_slots;
+	/* vram: W slots (the last the embedding's, with embed_slot), activations,
+	 * scratch */
 	e->slots = calloc((size_t)e->nslots + 1, sizeof(*e->slots));
 	if (!e->slots)
 		return -ENOMEM;
 	for (int i = 0; i < e->nslots && ret == 0; i++) {
+		uint64_t bytes = i == e->eslot ? p->embed_slot_bytes : p->w_slot_bytes;
+
 		e->slots[i].seq = -1;
-		ret = alloc_in(e, ST_HOME_VRAM, p->w_slot_bytes, &e->slots[i].ext);
+		ret = alloc_in(e, ST_HOME_VRAM, bytes, &e->slots[i].ext);
 		if (ret == 0 && p->w_staging_bytes)
-			ret = alloc_in(e, ST_HOME_HOST, Wbytes, &e->slots[i].stage);
+			ret = alloc_in(e, ST_HOME_HOST, bytes, &e->slots[i].stage);
 	}
 	if (ret == 0 && e->U > 1)
 		ret = alloc_in(e, ST_HOME_VRAM, (uint64_t)(e->U - 1) * e->X * 4, &e->act_ext);
@@ -1135,21 +1139,21 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		e->seq[u] = u;              /* forward: embed, blocks */
 	for (int i = 0; i < e->U - 1; i++)
 		e->seq[e->U - 1 + i] = e->U - 1 - i; /* backward: head, blocks */
+	e->nslots = (int)e->plan.w_slots + (e->plan.embed_slot ? 1 : 0);
+	e->eslot = e->plan.embed_slot ? (int)e->plan.w_slots : -1;
 	ret = open_tiers(e);
 	if (ret == 0) {
-		e->ops = calloc((size_t)(2 * e->plan.w_slots + 3 + 4 * ST_STATE_COUNT),
-				sizeof(*e->ops));
+		e->ops = calloc((size_t)(2 * e->nslots + 3 + 4 * ST_STATE_COUNT), sizeof(*e->ops));
 		if (!e->ops)
 			ret = -ENOMEM;
 	}
 	if (ret == 0) {
-		for (int i = 0; i < (int)e->plan.w_slots; i++) {
+		for (int i = 0; i < e->nslots; i++) {
 			op_w_nvme(e, i)->kind = OP_W_NVME;
 			op_w_nvme(e, i)->idx = i;
 			op_w_h2d(e, i)->kind = OP_W_H2D;
 			op_w_h2d(e, i)->idx = i;
 		}
-		e->nslots = (int)e->plan.w_slots;
 		op_misc(e, 0)->kind = OP_D2H;
 		op_misc(e, 1)->kind = OP_G_WRITE;
 		op_misc(e, 2)->kind = OP_G_READ;

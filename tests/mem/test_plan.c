@@ -111,14 +111,17 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 		for (int s = 1; s < ST_STATE_COUNT; s++)
 			r->homes[o] += e * 4;
 	}
+	/* An embedding larger than the rest has a slot of its own (fetched
+	 * once per micro-batch, kept widened); the k + 1 slots fit the rest. */
+	bool embed_slot = streamed && E0 > E1;
 	r->slots = streamed ? (uint64_t)k + 1 : 0;
-	r->slot_bytes = streamed ? E * wb : 0;
-	r->embed_bytes = 0; /* the embedding's W is kept widened: no slot */
+	r->slot_bytes = streamed ? (embed_slot ? E1 : E) * wb : 0;
+	r->embed_bytes = embed_slot ? E0 * wb : 0;
 	r->act = page((uint64_t)(U - 1) * X);
 	/* nine buffers, each its own 4 KiB-rounded extent */
 	r->scratch = page(E1 * 4) + page(E0 * 4) + page(E1 * 4) + page(E0 * 4) + page(X) +
 		     page(X) + page(work) + page(BT * 4) + page(BT * 4);
-	r->staging = w == ST_HOME_NVME ? ((uint64_t)k + 1) * E * wb : 0;
+	r->staging = w == ST_HOME_NVME ? ((uint64_t)k + 1) * r->slot_bytes + r->embed_bytes : 0;
 	r->landing = E * 4 + (o == ST_HOME_NVME && in->grad_accum > 1 ? E * 4 : 0);
 	bool any_nvme = o == ST_HOME_NVME;
 	uint64_t tile = E < ST_UPDATE_TILE_ELEMS ? E : ST_UPDATE_TILE_ELEMS;
@@ -476,6 +479,14 @@ static void test_pools_match_formulas(void **state)
 		p = plan_ok(&in);
 		expect_matches_ref(&p, &in);
 		assert_int_equal(p.update_staging_bytes, 2ull * ST_UPDATE_TILE_ELEMS * (16 + 2));
+		st_plan_fini(&p);
+		/* streamed: the embedding (5.6x a block) gets its own slot */
+		in.params = ST_OFFLOAD_NVME;
+		in.prefetch = 3;
+		p = plan_ok(&in);
+		expect_matches_ref(&p, &in);
+		assert_true(p.embed_slot);
+		assert_int_equal(p.w_slot_bytes, st_model_unit_layout(gpt2, 1)->elems * 2);
 		st_plan_fini(&p);
 		st_model_destroy(gpt2);
 	}

@@ -172,6 +172,41 @@ static void test_placement_invariance(void **state)
 		same(&ref, &r, STEPS, cases[i].name);
 		run_free(&r);
 	}
+	/* A vocabulary large enough that the embedding is the largest unit: it
+	 * then streams through a slot of its own (docs/plan.md). */
+	{
+		static const struct {
+			const char *name;
+			enum st_offload params, optim;
+			int prefetch, accum;
+		} big[] = {
+			{ "big vocab: params nvme, prefetch 1", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, 1 },
+			{ "big vocab: params host, prefetch 3", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 3, 1 },
+			{ "big vocab: params nvme, accum 2", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
+		};
+		struct run bref;
+
+		for (size_t i = 0; i < ST_ARRAY_LEN(big); i++) {
+			base_config(&c);
+			assert_int_equal(st_model_config_parse("layers=2,dim=64,heads=2,vocab=2048,ctx=64",
+							       &c.train.model), 0);
+			c.train.grad_accum = big[i].accum;
+			if (i == 0 || big[i].accum != big[i - 1].accum) {
+				if (i > 0)
+					run_free(&bref);
+				c.params = ST_OFFLOAD_NONE;
+				c.optim = ST_OFFLOAD_HOST;
+				train(&c, STEPS, &bref);
+			}
+			c.params = big[i].params;
+			c.optim = big[i].optim;
+			c.prefetch = big[i].prefetch;
+			train(&c, STEPS, &r);
+			same(&bref, &r, STEPS, big[i].name);
+			run_free(&r);
+		}
+		run_free(&bref);
+	}
 	/* with accumulation, too */
 	base_config(&c);
 	c.train.grad_accum = 2;
