@@ -326,6 +326,9 @@ static int check_io(struct st_tier *t, const struct st_tier_io *io)
 	if ((io->ext_off_bytes | io->len_bytes | (uintptr_t)io->buf) & (a - 1))
 		return st_error_set(-EINVAL, "%s tier: I/O not aligned to %llu bytes",
 				    t->ops->name, (unsigned long long)a);
+	if (io->after && t->ops->kind != ST_TIER_VRAM && t->ops->kind != ST_TIER_WRAP)
+		return st_error_set(-EINVAL, "%s tier: only vram copies can wait for a device event",
+				    t->ops->name);
 	return 0;
 }
 
@@ -401,6 +404,7 @@ static int resubmit_rest(struct st_tier *t, struct st_tier_req *r)
 	io.len_bytes = r->io.len_bytes - r->done_bytes;
 	io.buf = (char *)r->io.buf + r->done_bytes;
 	io.user = r;
+	io.after = NULL; /* the first part already waited */
 	t->stats.resubmits++;
 	return t->ops->submit(t, &io, 1);
 }

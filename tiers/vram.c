@@ -1,7 +1,8 @@
 /* The vram tier: extents of the device's arena, moved with the device's
  * asynchronous copies (cudaMemcpyAsync on the cuda device, the copy thread
  * on the cpu device). Writes go on the h2d queue, reads on the d2h queue,
- * each followed by an event; reap polls the events. */
+ * each followed by an event; reap polls the events. A request's `after`
+ * event becomes a wait on its queue, ahead of the copy. */
 #include "tier_impl.h"
 #include "strata/device.h"
 
@@ -108,10 +109,11 @@ static int vram_submit(struct st_tier *t, const struct st_tier_io *ios, unsigned
 		struct st_queue *q = io->op == ST_IO_WRITE ? v->h2d : v->d2h;
 		struct vram_op *op = &v->ops[v->nops];
 
-		if (io->op == ST_IO_WRITE)
+		ret = io->after ? st_queue_wait(v->dev, q, io->after) : 0;
+		if (ret == 0 && io->op == ST_IO_WRITE)
 			ret = st_device_memcpy_async(v->dev, q, dptr, io->buf, io->len_bytes,
 						     ST_COPY_H2D);
-		else
+		else if (ret == 0)
 			ret = st_device_memcpy_async(v->dev, q, io->buf, dptr, io->len_bytes,
 						     ST_COPY_D2H);
 		op->ev = v->ev_free[--v->nev_free];

@@ -24,6 +24,7 @@
 
 struct st_tier;
 struct st_device;
+struct st_event;
 
 enum st_tier_kind { ST_TIER_VRAM, ST_TIER_HOST, ST_TIER_NVME, ST_TIER_WRAP };
 
@@ -46,6 +47,12 @@ struct st_tier_io {
 	uint64_t len_bytes;
 	void *buf;              /* host memory */
 	void *user;             /* returned in the completion */
+	/* vram tier only (NULL elsewhere, else -EINVAL): the copy starts
+	 * once this event of the tier's device is done -- recorded on another
+	 * queue, e.g. the compute's, which keeps running meanwhile (CUDA:
+	 * cudaStreamWaitEvent on the copy stream). The event is read at
+	 * submit; recording it again later does not affect this request. */
+	struct st_event *after;
 };
 
 struct st_tier_cqe {

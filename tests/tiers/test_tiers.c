@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <string.h>
+#include <time.h>
 
 #include "strata/device.h"
 #include "strata/tier.h"
@@ -654,6 +656,72 @@ static void test_host_huge_pages(void **state)
 	}
 }
 
+
+/* A vram copy with `after` waits for that event of another queue: a slow
+ * host function on a third queue writes the extent, the read must see what
+ * it wrote (without the wait it reads the old bytes). Other tiers refuse
+ * `after`. */
+struct slow_write {
+	unsigned char *dst;
+	size_t bytes;
+};
+
+static void slow_write_fn(void *arg)
+{
+	struct slow_write *w = arg;
+	struct timespec ts = { 0, 50 * 1000 * 1000 };
+
+	nanosleep(&ts, NULL);
+	memset(w->dst, 0x5a, w->bytes);
+}
+
+static void test_vram_after_event(void **s)
+{
+	struct fixture f, h;
+	struct st_extent ext, hext;
+	struct st_queue *q;
+	struct st_event *ev;
+	struct st_tier_cqe cqe;
+	const size_t bytes = 64 * 1024;
+	unsigned char *buf = aligned_alloc(4096, bytes);
+	struct slow_write w;
+
+	(void)s;
+	open_kind(&f, K_VRAM, 4 * MiB, (struct st_fault_config){ 0 });
+	assert_int_equal(st_tier_alloc(f.tier, bytes, &ext), 0);
+	memset(buf, 0x11, bytes);
+	assert_int_equal(st_tier_write_sync(f.tier, &ext, 0, buf, bytes), 0);
+	assert_int_equal(st_queue_create(f.dev, &q), 0);
+	assert_int_equal(st_event_create(f.dev, &ev), 0);
+	w.dst = st_tier_addr(f.tier, &ext); /* the cpu device's arena is host memory */
+	w.bytes = bytes;
+	assert_int_equal(st_device_host_fn(f.dev, q, slow_write_fn, &w), 0);
+	assert_int_equal(st_event_record(f.dev, ev, q), 0);
+
+	memset(buf, 0, bytes);
+	struct st_tier_io io = { .op = ST_IO_READ, .ext = ext, .len_bytes = bytes, .buf = buf,
+				 .user = &w, .after = ev };
+	assert_int_equal(st_tier_submit(f.tier, &io, 1), 0);
+	assert_int_equal(st_tier_reap(f.tier, &cqe, 1, 1), 1);
+	assert_int_equal(cqe.res, (int64_t)bytes);
+	for (size_t i = 0; i < bytes; i++)
+		if (buf[i] != 0x5a)
+			fail_msg("byte %zu is %#x: the copy did not wait for the event", i, buf[i]);
+
+	open_kind(&h, K_HOST, 4 * MiB, (struct st_fault_config){ 0 });
+	assert_int_equal(st_tier_alloc(h.tier, bytes, &hext), 0);
+	io.ext = hext;
+	assert_int_equal(st_tier_submit(h.tier, &io, 1), -EINVAL);
+	st_tier_free(h.tier, &hext);
+	close_kind(&h);
+
+	st_queue_destroy(f.dev, q);
+	st_event_destroy(f.dev, ev);
+	st_tier_free(f.tier, &ext);
+	close_kind(&f);
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -675,6 +743,7 @@ int main(void)
 		cmocka_unit_test(test_nvme_fixed_buffers),
 		cmocka_unit_test(test_misaligned_refused),
 		cmocka_unit_test(test_host_huge_pages),
+		cmocka_unit_test(test_vram_after_event),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
