@@ -15,17 +15,36 @@
  * st_compute_take_error() or st_compute_sync() hands the error back. So a
  * model can queue a whole unit and check once. The cpu ops never fail.
  *
- * Ordering: ops run in call order. st_compute_sync() returns when every op
- * called so far has finished; only then may other queues (the device's copy
- * queues) touch what they wrote, or the host reuse what they read.
- * to_host() and from_host() are synchronous. */
+ * Ordering: ops run in call order, on the compute's own queue of its device
+ * (a CUDA stream; on the cpu device a worker thread, as the device's copy
+ * queues are). Between that queue and the device's others, order goes
+ * through the device's events: st_compute_record() marks the end of what was
+ * called so far, so a copy queue can wait for it (st_tier_io.after), and
+ * st_compute_wait() makes later ops wait for an event of another queue.
+ * st_compute_sync() returns when every op called so far has finished: only
+ * then may the host reuse what they read or read what they wrote.
+ * to_host() and from_host() are synchronous.
+ *
+ * Spans: st_compute_span_begin()/end() bracket ops, and the device times
+ * them (from reaching the first op to finishing the last): the compute
+ * lane's busy time and its trace, whatever the host was doing meanwhile.
+ *
+ * st_compute_cpu() is the exception: no queue, ops run at the call, no
+ * events and no spans. */
 #ifndef STRATA_COMPUTE_H
 #define STRATA_COMPUTE_H
 
 #include "strata/common.h"
 
 struct st_device;
+struct st_event;
 struct st_compute;
+
+/* A finished span, in host time (st_now_ns()). */
+struct st_compute_span {
+	const char *name; /* as given to span_begin (not copied) */
+	uint64_t t0_ns, t1_ns;
+};
 
 struct st_compute_ops {
 	const char *name;
@@ -70,6 +89,18 @@ struct st_compute_ops {
 	int (*crossentropy_bwd)(struct st_compute *c, float *dlogits, float *losses,
 				const float *logits, const int32_t *targets, float dloss,
 				int N, int V);
+
+	/* Optional (absent: the wrappers fail with -ENOTSUP). e is an event
+	 * of the compute's device: record marks the end of the ops called so
+	 * far; wait holds later ops until e is done. */
+	int (*record)(struct st_compute *c, struct st_event *e);
+	int (*wait)(struct st_compute *c, struct st_event *e);
+	/* Optional (absent: no spans). Open a span called name, or close the
+	 * open one (name NULL). */
+	int (*span)(struct st_compute *c, const char *name);
+	/* Optional. Move up to max finished spans, oldest first, into out;
+	 * returns how many. */
+	int (*take_spans)(struct st_compute *c, struct st_compute_span *out, int max);
 };
 
 /* An instance: the table, the sticky error and the implementation's own
@@ -84,9 +115,10 @@ struct st_compute {
  * sticky error is never set). Never destroyed. */
 struct st_compute *st_compute_cpu(void);
 
-/* The compute for device d ("cpu" or "cuda", on the device's GPU). *out goes
- * back with st_compute_destroy(). -ENODEV when the device has no compute
- * built in, -ENOMEM. */
+/* The compute for device d, with a queue of its own on d: the cpu kernels
+ * on a worker thread of the cpu device, or the cuda ops on a stream of the
+ * device's GPU. *out goes back with st_compute_destroy(), before d.
+ * -ENODEV when the device has no compute built in, -ENOMEM. */
 int st_compute_create(struct st_device *d, struct st_compute **out);
 /* Finishes queued work first. The cpu instance is left alone. */
 void st_compute_destroy(struct st_compute *c);
@@ -97,6 +129,16 @@ const char *st_compute_name(const struct st_compute *c);
 int st_compute_sync(struct st_compute *c);
 /* The sticky error, cleared; 0 when none. Does not wait. */
 int st_compute_take_error(struct st_compute *c);
+
+/* Events: e belongs to the compute's device (st_event_create on it). */
+void st_compute_record(struct st_compute *c, struct st_event *e);
+void st_compute_wait(struct st_compute *c, struct st_event *e);
+/* Spans do not nest: begin closes nothing, end closes the open one. */
+void st_compute_span_begin(struct st_compute *c, const char *name);
+void st_compute_span_end(struct st_compute *c);
+/* Finished spans, oldest first (all of them after st_compute_sync()), up
+ * to max; returns the count moved. */
+int st_compute_take_spans(struct st_compute *c, struct st_compute_span *out, int max);
 
 /* The ops. Each is skipped while an error is sticky. */
 void st_compute_zero(struct st_compute *c, void *p, size_t bytes);

@@ -33,6 +33,24 @@ void st_cuda_ctx_destroy(struct st_cuda_ctx *ctx);
 /* Wait for everything queued on the context. */
 int st_cuda_sync(struct st_cuda_ctx *ctx);
 
+/* Order between the context's stream and the cuda device's queues: e is an
+ * event of the cuda device (strata/device.h) on the same GPU. record marks
+ * the end of what is queued on the context; wait holds what is queued next
+ * until e is done (cudaStreamWaitEvent). */
+struct st_event;
+int st_cuda_ctx_record(struct st_cuda_ctx *ctx, struct st_event *e);
+int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e);
+
+/* A timer: a start and a stop marked on the context's stream (timing
+ * events). read returns 0 while the stop has not been reached, else 1 with
+ * the host-clock times (st_now_ns()) the GPU reached start and stop. */
+struct st_cuda_timer;
+int st_cuda_timer_create(struct st_cuda_timer **out);
+void st_cuda_timer_destroy(struct st_cuda_timer *t);
+int st_cuda_timer_mark(struct st_cuda_ctx *ctx, struct st_cuda_timer *t, int stop);
+int st_cuda_timer_read(struct st_cuda_ctx *ctx, struct st_cuda_timer *t, uint64_t *t0_ns,
+		       uint64_t *t1_ns);
+
 /* Device memory for tests and tools (the engine uses the vram tier). */
 int st_cuda_alloc(void **ptr, size_t bytes);
 void st_cuda_free(void *ptr);

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "strata/compute.h"
+#include "strata/device.h"
 #include "strata/kernels.h"
 #include "strata/model.h"
 
@@ -16,6 +17,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -757,6 +759,121 @@ static void test_compute(void **state)
 	net_fini(&n);
 }
 
+
+/* The cpu device's compute queues the cpu kernels on a worker thread: the
+ * model through it gives the same bits; its events order it against the
+ * device's other queues both ways; spans time what ran. */
+struct slow_fill {
+	float *dst;
+	size_t n;
+	float v;
+};
+
+static void slow_fill_fn(void *arg)
+{
+	struct slow_fill *f = arg;
+	struct timespec ts = { 0, 40 * 1000 * 1000 };
+
+	nanosleep(&ts, NULL);
+	for (size_t i = 0; i < f->n; i++)
+		f->dst[i] = f->v;
+}
+
+static void test_queued_compute(void **state)
+{
+	(void)state;
+	struct net n;
+	struct st_device *dev;
+	struct st_device_config dc = { 0 };
+	struct st_compute *cx;
+	struct st_queue *q;
+	struct st_event *ev;
+	struct st_compute_span sp[8];
+	net_init(&n, &small_cfg, 2, 20, 7);
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+	}
+	net_fwd(&n);
+	float ref_loss = net_bwd(&n);
+	float **g_ref = calloc(n.U, sizeof(float *));
+	for (int u = 0; u < n.U; u++) {
+		size_t bytes = st_model_unit_layout(n.m, u)->elems * 4;
+		g_ref[u] = malloc(bytes);
+		memcpy(g_ref[u], n.g[u], bytes);
+	}
+
+	assert_int_equal(st_device_create(&st_device_cpu_ops, &dc, &dev), 0);
+	assert_int_equal(st_compute_create(dev, &cx), 0);
+	assert_ptr_not_equal(cx, st_compute_cpu());
+	st_model_set_compute(n.m, cx);
+	st_compute_span_begin(cx, "fwd+bwd");
+	net_fwd(&n);
+	float loss = net_bwd(&n);
+	st_compute_span_end(cx);
+	assert_int_equal(st_compute_sync(cx), 0);
+	assert_memory_equal(&loss, &ref_loss, sizeof(float));
+	for (int u = 0; u < n.U; u++)
+		if (memcmp(g_ref[u], n.g[u], st_model_unit_layout(n.m, u)->elems * 4))
+			fail_msg("unit %d: gradient differs through the queued compute", u);
+	assert_int_equal(st_compute_take_spans(cx, sp, 8), 1);
+	assert_string_equal(sp[0].name, "fwd+bwd");
+	assert_true(sp[0].t1_ns > sp[0].t0_ns);
+	assert_int_equal(st_compute_take_spans(cx, sp, 8), 0);
+
+	/* another queue -> compute: the copy waits for the slow fill */
+	enum { NF = 4096 };
+	uint64_t arena_bytes;
+	float *a = st_device_arena(dev, &arena_bytes), *b = a + NF; /* host memory on cpu */
+	struct slow_fill f = { a, NF, 3.0f };
+	assert_int_equal(st_queue_create(dev, &q), 0);
+	assert_int_equal(st_event_create(dev, &ev), 0);
+	assert_int_equal(st_device_host_fn(dev, q, slow_fill_fn, &f), 0);
+	assert_int_equal(st_event_record(dev, ev, q), 0);
+	st_compute_wait(cx, ev);
+	st_compute_copy(cx, b, a, NF * sizeof(float));
+	assert_int_equal(st_compute_sync(cx), 0);
+	for (int i = 0; i < NF; i++)
+		if (b[i] != 3.0f)
+			fail_msg("element %d is %g: the compute did not wait for the event", i, b[i]);
+
+	/* compute -> another queue: a slow op, then a fill the queue waits for */
+	struct slow_fill f2 = { b, NF, 5.0f };
+	memset(a, 0, NF * sizeof(float));
+	st_compute_span_begin(cx, "slow");
+	st_compute_wait(cx, ev); /* already done: no effect */
+	assert_int_equal(st_device_host_fn(dev, q, slow_fill_fn, &f2), 0);
+	assert_int_equal(st_event_record(dev, ev, q), 0);
+	st_compute_wait(cx, ev);
+	st_compute_copy(cx, a, b, NF * sizeof(float));
+	st_compute_span_end(cx);
+	st_compute_record(cx, ev);
+	assert_int_equal(st_queue_wait(dev, q, ev), 0);
+	assert_int_equal(st_device_memcpy_async(dev, q, b, a, NF * sizeof(float), ST_COPY_D2D),
+			 0);
+	assert_int_equal(st_queue_sync(dev, q), 0);
+	for (int i = 0; i < NF; i++)
+		if (a[i] != 5.0f || b[i] != 5.0f)
+			fail_msg("element %d: %g %g, the queue did not wait for the compute", i,
+				 a[i], b[i]);
+	assert_int_equal(st_compute_take_spans(cx, sp, 8), 1);
+	assert_true(sp[0].t1_ns - sp[0].t0_ns >= 30 * 1000 * 1000); /* it waited for the fill */
+
+	/* the unqueued cpu compute has no events */
+	st_compute_record(st_compute_cpu(), ev);
+	assert_int_equal(st_compute_take_error(st_compute_cpu()), -ENOTSUP);
+
+	st_model_set_compute(n.m, NULL);
+	st_event_destroy(dev, ev);
+	st_queue_destroy(dev, q);
+	st_compute_destroy(cx);
+	st_device_destroy(dev);
+	for (int u = 0; u < n.U; u++)
+		free(g_ref[u]);
+	free(g_ref);
+	net_fini(&n);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -770,6 +887,7 @@ int main(void)
 		cmocka_unit_test(test_determinism),
 		cmocka_unit_test(test_bad_calls),
 		cmocka_unit_test(test_compute),
+		cmocka_unit_test(test_queued_compute),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,10 +6,28 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* The compute and its spans: a timer each, reused once read. */
+struct cucompute {
+	struct st_compute c;
+	struct cuspan {
+		const char *name;
+		struct st_cuda_timer *t;
+	} *spans;
+	int nspans, cap, open; /* open: index of the open span, or -1 */
+	struct st_cuda_timer **idle;
+	int nidle;
+};
 
 static struct st_cuda_ctx *ctx_of(struct st_compute *c)
 {
 	return c->impl;
+}
+
+static struct cucompute *cc_of(struct st_compute *c)
+{
+	return (struct cucompute *)c;
 }
 
 static int cu_sync(struct st_compute *c)
@@ -19,8 +37,16 @@ static int cu_sync(struct st_compute *c)
 
 static void cu_destroy(struct st_compute *c)
 {
+	struct cucompute *cc = cc_of(c);
+
 	st_cuda_ctx_destroy(ctx_of(c)); /* waits for the stream first */
-	free(c);
+	for (int i = 0; i < cc->nspans; i++)
+		st_cuda_timer_destroy(cc->spans[i].t);
+	for (int i = 0; i < cc->nidle; i++)
+		st_cuda_timer_destroy(cc->idle[i]);
+	free(cc->spans);
+	free(cc->idle);
+	free(cc);
 }
 
 static int cu_zero(struct st_compute *c, void *p, size_t bytes)
@@ -139,6 +165,81 @@ static int cu_crossentropy_bwd(struct st_compute *c, float *dlogits, float *loss
 					V);
 }
 
+static int cu_record(struct st_compute *c, struct st_event *e)
+{
+	return st_cuda_ctx_record(ctx_of(c), e);
+}
+
+static int cu_wait(struct st_compute *c, struct st_event *e)
+{
+	return st_cuda_ctx_wait(ctx_of(c), e);
+}
+
+static int cu_span(struct st_compute *c, const char *name)
+{
+	struct cucompute *cc = cc_of(c);
+	struct st_cuda_timer *t = NULL;
+	int rc;
+
+	if (!name) {
+		if (cc->open < 0)
+			return 0;
+		rc = st_cuda_timer_mark(ctx_of(c), cc->spans[cc->open].t, 1);
+		cc->open = -1;
+		return rc;
+	}
+	if (cc->open >= 0) /* an unclosed span is dropped */
+		cc->spans[cc->open].name = NULL;
+	if (cc->nspans == cc->cap) {
+		int cap = cc->cap ? 2 * cc->cap : 64;
+		struct cuspan *s = realloc(cc->spans, (size_t)cap * sizeof(*s));
+		struct st_cuda_timer **i = realloc(cc->idle, (size_t)cap * sizeof(*i));
+
+		if (s)
+			cc->spans = s;
+		if (i)
+			cc->idle = i;
+		if (!s || !i)
+			return st_error_set(-ENOMEM, "compute: out of memory for spans");
+		cc->cap = cap;
+	}
+	if (cc->nidle)
+		t = cc->idle[--cc->nidle];
+	else if ((rc = st_cuda_timer_create(&t)) < 0)
+		return rc;
+	rc = st_cuda_timer_mark(ctx_of(c), t, 0);
+	if (rc < 0) {
+		cc->idle[cc->nidle++] = t;
+		return rc;
+	}
+	cc->spans[cc->nspans] = (struct cuspan){ .name = name, .t = t };
+	cc->open = cc->nspans++;
+	return 0;
+}
+
+static int cu_take_spans(struct st_compute *c, struct st_compute_span *out, int max)
+{
+	struct cucompute *cc = cc_of(c);
+	int n = 0, k = 0;
+
+	/* the stream reaches them in order: the finished ones are a prefix */
+	while (k < cc->nspans && k != cc->open && n < max) {
+		uint64_t t0, t1;
+
+		if (st_cuda_timer_read(ctx_of(c), cc->spans[k].t, &t0, &t1) != 1)
+			break;
+		if (cc->spans[k].name)
+			out[n++] = (struct st_compute_span){ cc->spans[k].name, t0, t1 };
+		cc->idle[cc->nidle++] = cc->spans[k].t;
+		k++;
+	}
+	memmove(cc->spans, cc->spans + k, (size_t)(cc->nspans - k) * sizeof(*cc->spans));
+	cc->nspans -= k;
+	if (cc->open >= 0)
+		cc->open -= k;
+	return n;
+}
+
 static const struct st_compute_ops cuda_ops = {
 	.name = "cuda",
 	.sync = cu_sync,
@@ -162,24 +263,29 @@ static const struct st_compute_ops cuda_ops = {
 	.attention_bwd = cu_attention_bwd,
 	.crossentropy_fwd = cu_crossentropy_fwd,
 	.crossentropy_bwd = cu_crossentropy_bwd,
+	.record = cu_record,
+	.wait = cu_wait,
+	.span = cu_span,
+	.take_spans = cu_take_spans,
 };
 
 int st_compute_cuda_create(int ordinal, struct st_compute **out)
 {
-	struct st_compute *c = calloc(1, sizeof(*c));
+	struct cucompute *cc = calloc(1, sizeof(*cc));
 	struct st_cuda_ctx *ctx = NULL;
 	int rc;
 
 	*out = NULL;
-	if (!c)
+	if (!cc)
 		return st_error_set(-ENOMEM, "compute: out of memory");
 	rc = st_cuda_ctx_create(ordinal, &ctx);
 	if (rc) {
-		free(c);
+		free(cc);
 		return rc;
 	}
-	c->ops = &cuda_ops;
-	c->impl = ctx;
-	*out = c;
+	cc->c.ops = &cuda_ops;
+	cc->c.impl = ctx;
+	cc->open = -1;
+	*out = &cc->c;
 	return 0;
 }

@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "strata/device.h"
+#include "strata/cuda_ops.h"
 int st_hwloc_numa_of_pci(const char *busid);
 }
 
@@ -280,3 +281,18 @@ static struct st_device_ops cuda_ops_init(void)
 /* C++ has no designated initialisers for out-of-order fields before C++20;
  * build the table once with a helper instead. */
 extern "C" const struct st_device_ops st_device_cuda_ops = cuda_ops_init();
+
+/* ---- order with the cuda compute's stream (strata/cuda_ops.h) ---------------- */
+
+extern "C" int st_cuda_ctx_record(struct st_cuda_ctx *ctx, struct st_event *e)
+{
+	CU_CHECK(cudaEventRecord(e->ev, st_cuda_ctx_stream(ctx)), "cudaEventRecord(compute)");
+	return 0;
+}
+
+extern "C" int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e)
+{
+	CU_CHECK(cudaStreamWaitEvent(st_cuda_ctx_stream(ctx), e->ev, 0),
+		 "cudaStreamWaitEvent(compute)");
+	return 0;
+}

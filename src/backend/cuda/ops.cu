@@ -34,6 +34,8 @@ struct st_cuda_ctx {
 	size_t workspace_bytes;
 	void *scratch; /* partial sums of the two-pass reductions */
 	size_t scratch_bytes;
+	cudaEvent_t anchor; /* timers' zero: reached on the stream at anchor_ns */
+	uint64_t anchor_ns;
 };
 
 /* For the other op files (cuda_internal.h): C++ linkage, not public. */
@@ -300,6 +302,20 @@ int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out)
 		goto fail;
 	}
 	ctx->workspace_bytes = ST_CUDA_WORKSPACE_BYTES;
+	e = cudaEventCreate(&ctx->anchor);
+	if (e != cudaSuccess) {
+		ctx->anchor = NULL;
+		rc = st_cuda_err(e, "cudaEventCreate(anchor)");
+		goto fail;
+	}
+	e = cudaEventRecord(ctx->anchor, ctx->stream);
+	if (e == cudaSuccess)
+		e = cudaEventSynchronize(ctx->anchor);
+	if (e != cudaSuccess) {
+		rc = st_cuda_err(e, "cudaEventRecord(anchor)");
+		goto fail;
+	}
+	ctx->anchor_ns = st_now_ns();
 	*out = ctx;
 	return 0;
 fail:
@@ -320,10 +336,79 @@ void st_cuda_ctx_destroy(struct st_cuda_ctx *ctx)
 		cudaFree(ctx->workspace);
 	if (ctx->lt)
 		cublasLtDestroy(ctx->lt);
+	if (ctx->anchor)
+		cudaEventDestroy(ctx->anchor);
 	if (ctx->stream)
 		cudaStreamDestroy(ctx->stream);
 	cudaGetLastError();
 	free(ctx);
+}
+
+/* ---- timers ------------------------------------------------------------------ */
+
+struct st_cuda_timer {
+	cudaEvent_t ev[2]; /* start, stop: timing events */
+};
+
+int st_cuda_timer_create(struct st_cuda_timer **out)
+{
+	struct st_cuda_timer *t = (struct st_cuda_timer *)calloc(1, sizeof(*t));
+	cudaError_t e;
+
+	*out = NULL;
+	if (!t)
+		return st_error_set(-ENOMEM, "cuda: timer");
+	e = cudaEventCreate(&t->ev[0]);
+	if (e == cudaSuccess) {
+		e = cudaEventCreate(&t->ev[1]);
+		if (e != cudaSuccess)
+			cudaEventDestroy(t->ev[0]);
+	}
+	if (e != cudaSuccess) {
+		free(t);
+		return st_cuda_err(e, "cudaEventCreate(timer)");
+	}
+	*out = t;
+	return 0;
+}
+
+void st_cuda_timer_destroy(struct st_cuda_timer *t)
+{
+	if (!t)
+		return;
+	cudaEventDestroy(t->ev[0]);
+	cudaEventDestroy(t->ev[1]);
+	free(t);
+}
+
+int st_cuda_timer_mark(struct st_cuda_ctx *ctx, struct st_cuda_timer *t, int stop)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	CU_CHECK(cudaEventRecord(t->ev[stop ? 1 : 0], ctx->stream), "cudaEventRecord(timer)");
+	return 0;
+}
+
+int st_cuda_timer_read(struct st_cuda_ctx *ctx, struct st_cuda_timer *t, uint64_t *t0_ns,
+		       uint64_t *t1_ns)
+{
+	float from_anchor_ms = 0, span_ms = 0;
+	cudaError_t e = cudaEventQuery(t->ev[1]);
+
+	if (e == cudaErrorNotReady)
+		return 0;
+	if (e != cudaSuccess)
+		return st_cuda_err(e, "cudaEventQuery(timer)");
+	/* the span from its own pair (microsecond-exact); where it starts from
+	 * the anchor (a float of milliseconds: some microseconds off after
+	 * minutes, which only moves it on a trace) */
+	CU_CHECK(cudaEventElapsedTime(&span_ms, t->ev[0], t->ev[1]), "cudaEventElapsedTime");
+	CU_CHECK(cudaEventElapsedTime(&from_anchor_ms, ctx->anchor, t->ev[0]),
+		 "cudaEventElapsedTime(anchor)");
+	*t0_ns = ctx->anchor_ns + (uint64_t)((double)from_anchor_ms * 1e6);
+	*t1_ns = *t0_ns + (uint64_t)((double)span_ms * 1e6);
+	return 1;
 }
 
 int st_cuda_sync(struct st_cuda_ctx *ctx)
