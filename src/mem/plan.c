@@ -137,13 +137,14 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	}
 	sh->x_bytes = (uint64_t)in->batch * (uint64_t)in->seq * (uint64_t)cfg->n_embd * 4;
 	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
-	/* wf, wf_embed (W widened to fp32), dW, dW_embed, dA and dB (the
-	 * activation gradient in and out), the model's workspace, tokens and
-	 * targets (int32): each its own extent, so each rounded. wf and dW
-	 * serve the units after the embedding (which has its own two), so a
-	 * large vocabulary is not paid for four times. */
+	/* wf, wf_embed (W widened to fp32), two dW (one is computed while the
+	 * other is copied out), dW_embed, dA and dB (the activation gradient
+	 * in and out), the model's workspace, tokens and targets (int32): each
+	 * its own extent, so each rounded. wf and dW serve the units after the
+	 * embedding (which has its own two), so a large vocabulary is not paid
+	 * for five times. */
 	bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
-	sh->scratch_bytes = 2 * st_pg(sh->e1 * 4) + 2 * st_pg(sh->e0 * 4) +
+	sh->scratch_bytes = 3 * st_pg(sh->e1 * 4) + 2 * st_pg(sh->e0 * 4) +
 			    2 * st_pg(sh->x_bytes) + st_pg(sh->work_bytes) + 2 * st_pg(bt_bytes);
 	return 0;
 }

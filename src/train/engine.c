@@ -1,10 +1,23 @@
 /* The tiered engine: the step of docs/design.md over shards in their homes.
  *
- * Queues: compute and CPU AdamW run on the calling thread (OpenMP inside);
- * copies run on the device's h2d/d2h queues (the vram tier); NVMe I/O runs
- * in the kernel (io_uring, the nvme tier). pump() reaps completions from
- * both tiers and moves each pipeline on; waits are pump loops, so transfers
- * for the next units proceed while a unit computes.
+ * Queues: compute runs on the compute's own queue of the device (a CUDA
+ * stream; a worker thread on the cpu device); CPU AdamW runs on the calling
+ * thread (OpenMP inside); copies run on the device's h2d/d2h queues (the vram
+ * tier); NVMe I/O runs in the kernel (io_uring, the nvme tier). pump() reaps
+ * completions from both tiers and moves each pipeline on; waits are pump
+ * loops, so transfers for the next units proceed while a unit computes.
+ * The host queues a unit's compute and goes on; between the compute queue
+ * and the copy queues, order goes through device events, never through the
+ * host waiting for compute:
+ *   copy -> compute  the host queues a unit only once its W copy is reaped;
+ *   compute -> copy  a W slot is free once its W is widened: the next copy
+ *                    into it waits for the event recorded after the widen
+ *                    (ev_slot); dW's d2h waits for the event recorded after
+ *                    the backward that wrote it (ev_dw, ev_dwe), and dW has
+ *                    two buffers, so the backward of unit u-1 runs while
+ *                    unit u's dW is copied out and added into G on the CPU.
+ * The step ends with the compute drained, its spans (device-timed) counted
+ * as the compute lane's busy time.
  *
  * Pipelines:
  *   W fetch  the sequence 0..U-2 (forward), U-1..1 (backward) per micro-
@@ -89,9 +102,12 @@ struct st_engine {
 	struct wslot *slots;
 	int nslots;                   /* the plan's w_slots, and the embedding's */
 	int eslot;                    /* the embedding's own slot, or -1 */
-	struct st_extent act_ext, wf_ext, wfe_ext, dw_ext, dwe_ext, da_ext, db_ext,
+	struct st_extent act_ext, wf_ext, wfe_ext, dw_ext[2], dwe_ext, da_ext, db_ext,
 		work_ext, tok_ext, tgt_ext;
-	float *acts, *wf, *wf_embed, *dW, *dW_embed, *dA, *dB;
+	float *acts, *wf, *wf_embed, *dW[2], *dW_embed, *dA, *dB;
+	/* device events recorded by the compute: after the widen from each W
+	 * slot, after the backward that wrote dW[i], dW_embed */
+	struct st_event **ev_slot, *ev_dw[2], *ev_dwe;
 	void *work;
 	size_t work_bytes;
 	int32_t *tokens, *targets;    /* vram */
@@ -183,10 +199,10 @@ static void lane_end(struct st_engine *e, enum st_lane l, uint64_t t0, uint64_t 
 
 static int io(struct st_engine *e, enum st_home h, enum st_io_op rw,
 	      const struct st_extent *ext, uint64_t off, void *buf, uint64_t len,
-	      struct op *op)
+	      struct op *op, struct st_event *after)
 {
 	struct st_tier_io r = { .op = rw, .ext = *ext, .ext_off_bytes = off,
-				.len_bytes = len, .buf = buf, .user = op };
+				.len_bytes = len, .buf = buf, .user = op, .after = after };
 	int ret;
 
 	op->t0_ns = st_now_ns();
@@ -206,7 +222,7 @@ static int nvme_io_at(struct st_engine *e, enum st_io_op rw, const struct st_ext
 		      uint64_t off, void *buf, uint64_t len, struct op *op)
 {
 	op->lane = rw == ST_IO_READ ? ST_LANE_NVME_READ : ST_LANE_NVME_WRITE;
-	return io(e, ST_HOME_NVME, rw, ext, off, buf, len, op);
+	return io(e, ST_HOME_NVME, rw, ext, off, buf, len, op, NULL);
 }
 
 static int nvme_io(struct st_engine *e, enum st_io_op rw, const struct st_extent *ext,
@@ -215,25 +231,20 @@ static int nvme_io(struct st_engine *e, enum st_io_op rw, const struct st_extent
 	return nvme_io_at(e, rw, ext, 0, buf, len, op);
 }
 
-/* h2d: host buffer -> vram extent (a write of the vram tier). */
+/* h2d: host buffer -> vram extent (a write of the vram tier), once the
+ * device event after (if any) is done. */
 static int h2d_at(struct st_engine *e, const struct st_extent *vext, uint64_t off,
-		  const void *buf, uint64_t len, struct op *op)
+		  const void *buf, uint64_t len, struct op *op, struct st_event *after)
 {
 	op->lane = ST_LANE_H2D;
-	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, off, (void *)buf, len, op);
-}
-
-static int h2d(struct st_engine *e, const struct st_extent *vext, const void *buf,
-	       uint64_t len, struct op *op)
-{
-	return h2d_at(e, vext, 0, buf, len, op);
+	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, off, (void *)buf, len, op, after);
 }
 
 static int d2h(struct st_engine *e, const struct st_extent *vext, void *buf, uint64_t len,
-	       struct op *op)
+	       struct op *op, struct st_event *after)
 {
 	op->lane = ST_LANE_D2H;
-	return io(e, ST_HOME_VRAM, ST_IO_READ, vext, 0, buf, len, op);
+	return io(e, ST_HOME_VRAM, ST_IO_READ, vext, 0, buf, len, op, after);
 }
 
 static struct op *op_w_nvme(struct st_engine *e, int i) { return &e->ops[2 * i]; }
@@ -266,8 +277,8 @@ static void handle(struct st_engine *e, struct op *op, int64_t res, struct st_ti
 
 		s->pending--;
 		if (res >= 0)
-			ret = h2d(e, &s->ext, haddr(e, &s->stage), s->len,
-				  op_w_h2d(e, op->idx));
+			ret = h2d_at(e, &s->ext, 0, haddr(e, &s->stage), s->len,
+				     op_w_h2d(e, op->idx), e->ev_slot[op->idx]);
 		if (ret == 0 && res >= 0)
 			s->pending++;
 		break;
@@ -334,9 +345,12 @@ static int pump(struct st_engine *e, bool block)
 	return e->err;
 }
 
-/* Drain every transfer (after an error, or before reading states). */
+/* Drain every transfer and the compute (after an error, or before reading
+ * states). */
 static void drain(struct st_engine *e)
 {
+	if (e->cx)
+		st_compute_sync(e->cx);
 	for (int h = ST_HOME_VRAM; h <= ST_HOME_NVME; h += 2) {
 		struct st_tier *t = e->tier[h];
 		struct st_tier_cqe cqe[32];
@@ -382,8 +396,8 @@ static int issue_fetches(struct st_engine *e)
 			ret = nvme_io(e, ST_IO_READ, &w->ext, haddr(e, &e->slots[slot].stage),
 				      w->ext.len_bytes, op_w_nvme(e, slot));
 		else
-			ret = h2d(e, &e->slots[slot].ext, haddr(e, &w->ext), w->ext.len_bytes,
-				  op_w_h2d(e, slot));
+			ret = h2d_at(e, &e->slots[slot].ext, 0, haddr(e, &w->ext),
+				     w->ext.len_bytes, op_w_h2d(e, slot), e->ev_slot[slot]);
 		if (ret < 0)
 			return ret;
 		e->slots[slot].pending = 1;
@@ -392,17 +406,17 @@ static int issue_fetches(struct st_engine *e)
 	return 0;
 }
 
-/* Wait for the next unit of the sequence and widen its W into dst. Returns
- * the slot to release after compute (-1 for a vram home). */
-static int acquire_w(struct st_engine *e, int u, float *dst, int *slot_out)
+/* Wait for the next unit of the sequence and queue the widening of its W
+ * into dst. Its slot is free again at once: the next copy into it waits on
+ * the device for the widen (ev_slot). */
+static int acquire_w(struct st_engine *e, int u, float *dst)
 {
 	struct shard *w = shard(e, u, ST_STATE_W);
-	int idx = e->consumed, ret;
+	int idx = e->consumed, ret, slot = -1;
 	const void *src;
 
 	if (e->seq[idx] != u)
 		return st_error_set(-EINVAL, "engine: fetch sequence out of order");
-	*slot_out = -1;
 	for (;;) {
 		ret = issue_fetches(e);
 		if (ret < 0)
@@ -411,26 +425,24 @@ static int acquire_w(struct st_engine *e, int u, float *dst, int *slot_out)
 			break;
 		for (int i = 0; i < e->nslots; i++)
 			if (e->slots[i].seq == idx && e->slots[i].ready && !e->slots[i].pending)
-				*slot_out = i;
-		if (*slot_out >= 0)
+				slot = i;
+		if (slot >= 0)
 			break;
 		ret = pump(e, true);
 		if (ret < 0)
 			return ret;
 	}
-	src = w->home == ST_HOME_VRAM ? vaddr(e, &w->ext) : vaddr(e, &e->slots[*slot_out].ext);
+	src = w->home == ST_HOME_VRAM ? vaddr(e, &w->ext) : vaddr(e, &e->slots[slot].ext);
 	if (e->Wb == 2)
 		st_compute_bf16_to_f32(e->cx, dst, src, e->elems[u]);
 	else
 		st_compute_copy(e->cx, dst, src, e->elems[u] * sizeof(float));
+	if (slot >= 0) {
+		st_compute_record(e->cx, e->ev_slot[slot]);
+		e->slots[slot].seq = -1;
+	}
 	e->consumed++;
 	return st_compute_take_error(e->cx);
-}
-
-static void release_w(struct st_engine *e, int slot)
-{
-	if (slot >= 0)
-		e->slots[slot].seq = -1;
 }
 
 /* --- dW -> G ----------------------------------------------------------------- */
@@ -453,25 +465,34 @@ static void add_into(float *dst, const float *src, size_t n)
 		dst[i] += src[i];
 }
 
-/* dW of unit u (in vram at src_ext) joins G[u]; mb is the micro-batch. */
-static int gather_grad(struct st_engine *e, int u, const struct st_extent *src_ext, int mb)
+/* dW of unit u (in vram at src_ext, written by the backward that recorded
+ * done) starts for the host landing: the copy waits on the device. */
+static int grad_out(struct st_engine *e, int u, const struct st_extent *src_ext,
+		    struct st_event *done)
 {
-	struct shard *g = shard(e, u, ST_STATE_G);
 	uint64_t bytes = e->elems[u] * sizeof(float);
 	struct st_extent part = *src_ext;
-	bool last = mb == e->cfg.train.grad_accum - 1;
-	const float *final_g = NULL;
-	int ret;
+	int ret = wait_until(e, &e->land_busy); /* the previous unit's write */
 
-	ret = wait_until(e, &e->land_busy); /* the previous unit's write */
 	if (ret < 0)
 		return ret;
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
-	ret = d2h(e, &part, e->landing, bytes, op_misc(e, 0));
+	ret = d2h(e, &part, e->landing, bytes, op_misc(e, 0), done);
 	if (ret < 0)
 		return ret;
 	e->land_busy = 1;
-	ret = wait_until(e, &e->land_busy);
+	return 0;
+}
+
+/* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */
+static int grad_in(struct st_engine *e, int u, int mb)
+{
+	struct shard *g = shard(e, u, ST_STATE_G);
+	uint64_t bytes = e->elems[u] * sizeof(float);
+	bool last = mb == e->cfg.train.grad_accum - 1;
+	const float *final_g = NULL;
+	int ret = wait_until(e, &e->land_busy);
+
 	if (ret < 0)
 		return ret;
 	if (g->home == ST_HOME_HOST) {
@@ -519,20 +540,21 @@ static int gather_grad(struct st_engine *e, int u, const struct st_extent *src_e
 
 /* --- one micro-batch ------------------------------------------------------------ */
 
-/* Wait for the compute queued since t0 (others queues may then touch its
- * results, and its W slot may be reused) and account the span; returns ret,
- * or the compute's error. */
-static int compute_done(struct st_engine *e, int ret, uint64_t t0, const char *name)
+/* Wait for every op queued on the compute, then count its finished spans
+ * as the compute lane's busy time (and trace them). Returns the compute's
+ * error, or 0. */
+static int compute_drain(struct st_engine *e)
 {
-	int sync_ret = st_compute_sync(e->cx);
-	uint64_t now = st_now_ns();
+	int ret = st_compute_sync(e->cx), n;
+	struct st_compute_span sp[64];
 
-	if (ret == 0)
-		ret = sync_ret;
-
-	e->lane[ST_LANE_COMPUTE].busy_ns += now - t0;
-	if (e->cfg.trace)
-		st_trace_span(e->cfg.trace, e->trace_lane[ST_LANE_COMPUTE], name, t0, now, NULL);
+	while ((n = st_compute_take_spans(e->cx, sp, (int)ST_ARRAY_LEN(sp))) > 0)
+		for (int i = 0; i < n; i++) {
+			e->lane[ST_LANE_COMPUTE].busy_ns += sp[i].t1_ns - sp[i].t0_ns;
+			if (e->cfg.trace)
+				st_trace_span(e->cfg.trace, e->trace_lane[ST_LANE_COMPUTE],
+					      sp[i].name, sp[i].t0_ns, sp[i].t1_ns, NULL);
+		}
 	return ret;
 }
 
@@ -566,64 +588,79 @@ static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 	return st_compute_take_error(e->cx);
 }
 
-/* Forward of unit u (0 <= u <= U-2); x[u+1] is kept for the backward. */
+/* Queue the forward of unit u (0 <= u <= U-2); x[u+1] is kept for the
+ * backward. */
 static int forward_unit(struct st_engine *e, int u)
 {
 	struct st_model_batch b = batch_of(e);
 	float *w = u == 0 ? e->wf_embed : e->wf;
-	uint64_t t0;
-	int slot, ret = acquire_w(e, u, w, &slot);
+	int ret = acquire_w(e, u, w);
 
 	if (ret < 0)
 		return ret;
-	t0 = st_now_ns();
+	st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
 	ret = st_model_fwd(e->model, u, &b, w, NULL, u ? act(e, u) : NULL, act(e, u + 1), NULL,
 			   e->work, e->work_bytes);
-	ret = compute_done(e, ret, t0, u ? "fwd" : "fwd embed");
-	release_w(e, slot);
-	return ret;
+	st_compute_span_end(e->cx);
+	return ret ? ret : st_compute_take_error(e->cx);
 }
 
-/* Backward of every unit for micro-batch mb (its forward is done). */
+/* Backward of every unit for micro-batch mb (its forward is queued). Unit
+ * u's dW goes into dW[u & 1]; it is taken in (grad_in) only after the
+ * backward of the next unit is queued, so the device computes that one while
+ * the host adds u's into G. */
 static int backward(struct st_engine *e, int mb, double *loss)
 {
 	struct st_model_batch b = batch_of(e);
-	int H = e->U - 1, slot, ret = 0;
+	int H = e->U - 1, ret = 0, pend = -1;
 	float l = 0, *dy = e->dA, *dx = e->dB, *tmp;
-	uint64_t t0;
-	struct st_extent dwe = e->dwe_ext, dwx = e->dw_ext;
 
 	/* the head computes its forward and the loss itself */
 	st_compute_zero(e->cx, e->dW_embed, e->E0 * sizeof(float));
 	for (int u = H; ret == 0 && u >= 1; u--) {
-		ret = acquire_w(e, u, e->wf, &slot);
+		int i = u & 1;
+
+		ret = acquire_w(e, u, e->wf);
 		if (ret < 0)
 			return ret;
-		st_compute_zero(e->cx, e->dW, e->elems[u] * sizeof(float));
-		t0 = st_now_ns();
+		/* dW[i] held unit u+2's, in by now (grad_in waited for its copy) */
+		st_compute_zero(e->cx, e->dW[i], e->elems[u] * sizeof(float));
+		st_compute_span_begin(e->cx, u == H ? "bwd head" : "bwd");
 		if (u == H)
 			ret = st_model_bwd(e->model, H, &b, e->wf, e->wf_embed, act(e, H), NULL, dy,
-					   e->dW, e->dW_embed, &l, e->work, e->work_bytes);
+					   e->dW[i], e->dW_embed, &l, e->work, e->work_bytes);
 		else {
-			ret = st_model_bwd(e->model, u, &b, e->wf, NULL, act(e, u), dy, dx, e->dW,
+			ret = st_model_bwd(e->model, u, &b, e->wf, NULL, act(e, u), dy, dx, e->dW[i],
 					   NULL, NULL, e->work, e->work_bytes);
 			tmp = dy;
 			dy = dx;
 			dx = tmp;
 		}
-		ret = compute_done(e, ret, t0, u == H ? "bwd head" : "bwd");
-		release_w(e, slot);
+		st_compute_span_end(e->cx);
+		st_compute_record(e->cx, e->ev_dw[i]);
 		if (ret == 0)
-			ret = gather_grad(e, u, &dwx, mb);
+			ret = st_compute_take_error(e->cx);
+		if (ret == 0 && pend >= 0)
+			ret = grad_in(e, pend, mb);
+		if (ret == 0)
+			ret = grad_out(e, u, &e->dw_ext[i], e->ev_dw[i]);
+		pend = u;
 	}
 	if (ret < 0)
 		return ret;
-	t0 = st_now_ns();
+	st_compute_span_begin(e->cx, "bwd embed");
 	ret = st_model_bwd(e->model, 0, &b, e->wf_embed, NULL, NULL, dy, NULL, e->dW_embed, NULL,
 			   NULL, e->work, e->work_bytes);
-	ret = compute_done(e, ret, t0, "bwd embed");
+	st_compute_span_end(e->cx);
+	st_compute_record(e->cx, e->ev_dwe);
 	if (ret == 0)
-		ret = gather_grad(e, 0, &dwe, mb);
+		ret = st_compute_take_error(e->cx);
+	if (ret == 0 && pend >= 0)
+		ret = grad_in(e, pend, mb);
+	if (ret == 0)
+		ret = grad_out(e, 0, &e->dwe_ext, e->ev_dwe);
+	if (ret == 0)
+		ret = grad_in(e, 0, mb);
 	*loss = l;
 	return ret;
 }
@@ -695,7 +732,7 @@ static int upd_store(struct st_engine *e, int set, const struct tile *t)
 				 wlen, op_upd(e, set, 1, ST_STATE_W));
 	else if (w->home == ST_HOME_VRAM)
 		ret = h2d_at(e, &w->ext, woff, haddr(e, &us->ext[ST_STATE_W]), wlen,
-			     op_upd(e, set, 1, ST_STATE_W));
+			     op_upd(e, set, 1, ST_STATE_W), NULL);
 	else
 		return 0;
 	if (ret < 0)
@@ -876,6 +913,10 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	if (ret < 0)
 		goto fail;
 done:
+	/* the fused forward may still be computing */
+	ret = compute_drain(e);
+	if (ret < 0)
+		goto fail;
 	e->last.step_ns = st_now_ns() - t0;
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
 		e->last.busy_ns[l] = e->lane[l].busy_ns;
@@ -909,6 +950,18 @@ void st_engine_destroy(struct st_engine *e)
 		return;
 	if (e->tier[ST_HOME_VRAM])
 		drain(e);
+	else if (e->cx)
+		st_compute_sync(e->cx);
+	/* the events before the compute's queue they are recorded on */
+	for (int i = 0; e->ev_slot && i < e->nslots; i++)
+		if (e->ev_slot[i])
+			st_event_destroy(e->dev, e->ev_slot[i]);
+	for (int i = 0; i < 2; i++)
+		if (e->ev_dw[i])
+			st_event_destroy(e->dev, e->ev_dw[i]);
+	if (e->ev_dwe)
+		st_event_destroy(e->dev, e->ev_dwe);
+	free(e->ev_slot);
 	for (int h = ST_HOME_NVME; h >= ST_HOME_VRAM; h--)
 		st_tier_destroy(e->tier[h]);
 	st_compute_destroy(e->cx);
@@ -1002,8 +1055,15 @@ static int alloc_pools(struct st_engine *e)
 	/* vram: W slots (the last the embedding's, with embed_slot), activations,
 	 * scratch */
 	e->slots = calloc((size_t)e->nslots + 1, sizeof(*e->slots));
-	if (!e->slots)
+	e->ev_slot = calloc((size_t)e->nslots + 1, sizeof(*e->ev_slot));
+	if (!e->slots || !e->ev_slot)
 		return -ENOMEM;
+	for (int i = 0; i < e->nslots && ret == 0; i++)
+		ret = st_event_create(e->dev, &e->ev_slot[i]);
+	for (int i = 0; i < 2 && ret == 0; i++)
+		ret = st_event_create(e->dev, &e->ev_dw[i]);
+	if (ret == 0)
+		ret = st_event_create(e->dev, &e->ev_dwe);
 	for (int i = 0; i < e->nslots && ret == 0; i++) {
 		uint64_t bytes = i == e->eslot ? p->embed_slot_bytes : p->w_slot_bytes;
 
@@ -1019,7 +1079,9 @@ static int alloc_pools(struct st_engine *e)
 	if (ret == 0)
 		ret = alloc_in(e, ST_HOME_VRAM, e->E0 * 4, &e->wfe_ext);
 	if (ret == 0)
-		ret = alloc_in(e, ST_HOME_VRAM, e->E1 * 4, &e->dw_ext);
+		ret = alloc_in(e, ST_HOME_VRAM, e->E1 * 4, &e->dw_ext[0]);
+	if (ret == 0)
+		ret = alloc_in(e, ST_HOME_VRAM, e->E1 * 4, &e->dw_ext[1]);
 	if (ret == 0)
 		ret = alloc_in(e, ST_HOME_VRAM, e->E0 * 4, &e->dwe_ext);
 	if (ret == 0)
@@ -1046,7 +1108,8 @@ static int alloc_pools(struct st_engine *e)
 	e->acts = e->U > 1 ? vaddr(e, &e->act_ext) : NULL;
 	e->wf = vaddr(e, &e->wf_ext);
 	e->wf_embed = vaddr(e, &e->wfe_ext);
-	e->dW = vaddr(e, &e->dw_ext);
+	e->dW[0] = vaddr(e, &e->dw_ext[0]);
+	e->dW[1] = vaddr(e, &e->dw_ext[1]);
 	e->dW_embed = vaddr(e, &e->dwe_ext);
 	e->dA = vaddr(e, &e->da_ext);
 	e->dB = vaddr(e, &e->db_ext);

@@ -118,9 +118,10 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 	r->slot_bytes = streamed ? (embed_slot ? E1 : E) * wb : 0;
 	r->embed_bytes = embed_slot ? E0 * wb : 0;
 	r->act = page((uint64_t)(U - 1) * X);
-	/* nine buffers, each its own 4 KiB-rounded extent */
-	r->scratch = page(E1 * 4) + page(E0 * 4) + page(E1 * 4) + page(E0 * 4) + page(X) +
-		     page(X) + page(work) + page(BT * 4) + page(BT * 4);
+	/* ten buffers, each its own 4 KiB-rounded extent: wf, wf_embed, dW
+	 * twice, dW_embed, dA, dB, work, tokens, targets */
+	r->scratch = page(E1 * 4) + page(E0 * 4) + page(E1 * 4) + page(E1 * 4) + page(E0 * 4) +
+		     page(X) + page(X) + page(work) + page(BT * 4) + page(BT * 4);
 	r->staging = w == ST_HOME_NVME ? ((uint64_t)k + 1) * r->slot_bytes + r->embed_bytes : 0;
 	r->landing = E * 4 + (o == ST_HOME_NVME && in->grad_accum > 1 ? E * 4 : 0);
 	bool any_nvme = o == ST_HOME_NVME;

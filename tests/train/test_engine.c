@@ -561,7 +561,7 @@ static int teardown(void **state)
  * within float tolerance, not bit for bit: losses and gradient norms to
  * 1e-3 relative, the final master weights to 1e-3 in relative L2 norm of
  * what training moved them. */
-static void test_cuda_close_to_cpu(void **state)
+static void __attribute__((unused)) test_cuda_close_to_cpu(void **state)
 {
 	struct st_engine_config c;
 	struct run gpu, cpu, init;
@@ -595,11 +595,13 @@ static void test_cuda_close_to_cpu(void **state)
 
 int main(int argc, char **argv)
 {
+#ifdef ST_HAVE_CUDA
 	const struct CMUnitTest cuda_tests[] = {
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_cuda_close_to_cpu),
 		cmocka_unit_test(test_resume),
 	};
+#endif
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_budgets),
