@@ -56,7 +56,9 @@ struct op {
 	enum op_kind kind;
 	int idx;        /* slot; update set; for G writes 0 landing, 1 staging */
 	enum st_lane lane;
-	uint64_t t0_ns; /* submitted */
+	uint64_t t0_ns; /* submitted, or seen free of its wait */
+	struct st_event *waits; /* the compute event it waits for, until seen done */
+	uint64_t vram_seq;      /* in flight on the vram tier: its submit number; else 0 */
 };
 
 struct shard {
@@ -126,6 +128,8 @@ struct st_engine {
 					 micro-batch ran in the update sweep */
 
 	struct op *ops;               /* slots*2 + 3 + 2*(reads+writes) */
+	int nwaiting;                 /* ops whose compute wait is not seen over */
+	uint64_t vram_submits;
 	struct lane_busy lane[ST_LANE_COUNT];
 	double *unit_sumsq;
 	bool nonfinite;
@@ -205,10 +209,25 @@ static int io(struct st_engine *e, enum st_home h, enum st_io_op rw,
 				.len_bytes = len, .buf = buf, .user = op, .after = after };
 	int ret;
 
+	/* A copy waiting for the compute is not moving bytes yet: its lane is
+	 * busy from when the wait is seen over (see_waits()). */
 	op->t0_ns = st_now_ns();
-	lane_begin(e, op->lane);
+	op->waits = after;
+	if (after && st_event_query(e->dev, after) == 1)
+		op->waits = NULL;
+	if (!op->waits)
+		lane_begin(e, op->lane);
+	else
+		e->nwaiting++;
+	op->vram_seq = h == ST_HOME_VRAM ? ++e->vram_submits : 0;
 	ret = st_tier_submit(e->tier[h], &r, 1);
 	if (ret < 0) {
+		if (op->waits) {
+			op->waits = NULL;
+			e->nwaiting--;
+			lane_begin(e, op->lane);
+		}
+		op->vram_seq = 0;
 		lane_end(e, op->lane, op->t0_ns, 0, "failed");
 		if (!e->err) {
 			e->err = ret;
@@ -263,6 +282,13 @@ static void handle(struct st_engine *e, struct op *op, int64_t res, struct st_ti
 				"load", "store" };
 	int ret = 0;
 
+	op->vram_seq = 0;
+	if (op->waits) { /* done before its wait was seen over: no busy time */
+		op->waits = NULL;
+		e->nwaiting--;
+		op->t0_ns = st_now_ns();
+		lane_begin(e, op->lane);
+	}
 	lane_end(e, op->lane, op->t0_ns, res > 0 ? (uint64_t)res : 0, names[op->kind]);
 	if (res < 0) {
 		if (!e->err) {
@@ -308,12 +334,47 @@ static void handle(struct st_engine *e, struct op *op, int64_t res, struct st_ti
 	}
 }
 
+/* Copies waiting for a compute event: start their lane's busy time once
+ * the event is seen done. Returns how many started. */
+static int see_waits(struct st_engine *e)
+{
+	int started = 0, n = 2 * e->nslots + 3 + 4 * ST_STATE_COUNT;
+
+	for (int i = 0; i < n && e->nwaiting; i++) {
+		struct op *op = &e->ops[i];
+
+		if (!op->waits || st_event_query(e->dev, op->waits) != 1)
+			continue;
+		op->waits = NULL;
+		e->nwaiting--;
+		op->t0_ns = st_now_ns();
+		lane_begin(e, op->lane);
+		started++;
+	}
+	return started;
+}
+
+/* The engine's oldest copy in flight on the vram tier, or NULL. */
+static struct op *oldest_vram(struct st_engine *e)
+{
+	int n = 2 * e->nslots + 3 + 4 * ST_STATE_COUNT;
+	struct op *old = NULL;
+
+	for (int i = 0; i < n; i++)
+		if (e->ops[i].vram_seq && (!old || e->ops[i].vram_seq < old->vram_seq))
+			old = &e->ops[i];
+	return old;
+}
+
 /* Reap what has completed; with block, wait for at least one completion
  * when nothing had. Returns the engine's first I/O error, or 0. */
 static int pump(struct st_engine *e, bool block)
 {
 	struct st_tier_cqe cqe[32];
 	int progressed = 0;
+
+	if (e->nwaiting)
+		see_waits(e);
 
 	for (int h = ST_HOME_VRAM; h <= ST_HOME_NVME; h += 2) {
 		struct st_tier *t = e->tier[h];
@@ -331,6 +392,17 @@ static int pump(struct st_engine *e, bool block)
 		unsigned vin = st_tier_inflight(v), nin = n ? st_tier_inflight(n) : 0;
 		struct st_tier *only = vin && !nin ? v : nin && !vin ? n : NULL;
 
+		/* The vram tier blocks on its oldest copy: when that one waits
+		 * for the compute, block on the compute's event first, to see
+		 * when the copy starts (the wait is no longer for it). */
+		if (only == v && e->nwaiting) {
+			struct op *old = oldest_vram(e);
+
+			if (old && old->waits) {
+				st_event_sync(e->dev, old->waits);
+				see_waits(e);
+			}
+		}
 		if (only) {
 			int got = st_tier_reap(only, cqe, 32, 1);
 
