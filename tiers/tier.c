@@ -329,6 +329,10 @@ static int check_io(struct st_tier *t, const struct st_tier_io *io)
 	if (io->after && t->ops->kind != ST_TIER_VRAM && t->ops->kind != ST_TIER_WRAP)
 		return st_error_set(-EINVAL, "%s tier: only vram copies can wait for a device event",
 				    t->ops->name);
+	/* not through a wrapper: a short completion would mark only a part */
+	if (io->done && t->ops->kind != ST_TIER_VRAM)
+		return st_error_set(-EINVAL, "%s tier: only vram copies can record a device event",
+				    t->ops->name);
 	return 0;
 }
 
@@ -405,6 +409,7 @@ static int resubmit_rest(struct st_tier *t, struct st_tier_req *r)
 	io.buf = (char *)r->io.buf + r->done_bytes;
 	io.user = r;
 	io.after = NULL; /* the first part already waited */
+	io.done = NULL;  /* never set here: only the vram tier takes it, and is never short */
 	t->stats.resubmits++;
 	return t->ops->submit(t, &io, 1);
 }

@@ -2,7 +2,8 @@
  * asynchronous copies (cudaMemcpyAsync on the cuda device, the copy thread
  * on the cpu device). Writes go on the h2d queue, reads on the d2h queue,
  * each followed by an event; reap polls the events. A request's `after`
- * event becomes a wait on its queue, ahead of the copy. */
+ * event becomes a wait on its queue, ahead of the copy; its `done` event is
+ * recorded right after the copy. */
 #include "tier_impl.h"
 #include "strata/device.h"
 
@@ -117,6 +118,8 @@ static int vram_submit(struct st_tier *t, const struct st_tier_io *ios, unsigned
 			ret = st_device_memcpy_async(v->dev, q, io->buf, dptr, io->len_bytes,
 						     ST_COPY_D2H);
 		op->ev = v->ev_free[--v->nev_free];
+		if (ret == 0 && io->done)
+			ret = st_event_record(v->dev, io->done, q);
 		if (ret == 0)
 			ret = st_event_record(v->dev, op->ev, q);
 		if (ret < 0) {

@@ -53,6 +53,10 @@ struct st_tier_io {
 	 * cudaStreamWaitEvent on the copy stream). The event is read at
 	 * submit; recording it again later does not affect this request. */
 	struct st_event *after;
+	/* vram tier only (not through a wrapper: -EINVAL): recorded on the
+	 * copy's queue right after the copy, so another queue (the compute's)
+	 * can wait for the bytes without the host reaping the completion. */
+	struct st_event *done;
 };
 
 struct st_tier_cqe {

@@ -70,7 +70,7 @@ struct wslot {
 	int seq;        /* position in the fetch sequence, -1 when free */
 	uint64_t len;   /* bytes of the unit being fetched */
 	int pending;    /* transfers in flight */
-	bool ready;
+	bool ready;     /* its h2d is queued: the compute may wait for ev_h2d */
 	struct st_extent ext;   /* vram */
 	struct st_extent stage; /* host staging (W on nvme) */
 };
@@ -108,8 +108,9 @@ struct st_engine {
 		work_ext, tok_ext, tgt_ext;
 	float *acts, *wf, *wf_embed, *dW[2], *dW_embed, *dA, *dB;
 	/* device events recorded by the compute: after the widen from each W
-	 * slot, after the backward that wrote dW[i], dW_embed */
-	struct st_event **ev_slot, *ev_dw[2], *ev_dwe;
+	 * slot, after the backward that wrote dW[i], dW_embed; and by the h2d
+	 * queue after the copy into each slot */
+	struct st_event **ev_slot, *ev_dw[2], *ev_dwe, **ev_h2d;
 	void *work;
 	size_t work_bytes;
 	int32_t *tokens, *targets;    /* vram */
@@ -203,10 +204,10 @@ static void lane_end(struct st_engine *e, enum st_lane l, uint64_t t0, uint64_t 
 
 static int io(struct st_engine *e, enum st_home h, enum st_io_op rw,
 	      const struct st_extent *ext, uint64_t off, void *buf, uint64_t len,
-	      struct op *op, struct st_event *after)
+	      struct op *op, struct st_event *after, struct st_event *done)
 {
-	struct st_tier_io r = { .op = rw, .ext = *ext, .ext_off_bytes = off,
-				.len_bytes = len, .buf = buf, .user = op, .after = after };
+	struct st_tier_io r = { .op = rw, .ext = *ext, .ext_off_bytes = off, .len_bytes = len,
+				.buf = buf, .user = op, .after = after, .done = done };
 	int ret;
 
 	/* A copy waiting for the compute is not moving bytes yet: its lane is
@@ -241,7 +242,7 @@ static int nvme_io_at(struct st_engine *e, enum st_io_op rw, const struct st_ext
 		      uint64_t off, void *buf, uint64_t len, struct op *op)
 {
 	op->lane = rw == ST_IO_READ ? ST_LANE_NVME_READ : ST_LANE_NVME_WRITE;
-	return io(e, ST_HOME_NVME, rw, ext, off, buf, len, op, NULL);
+	return io(e, ST_HOME_NVME, rw, ext, off, buf, len, op, NULL, NULL);
 }
 
 static int nvme_io(struct st_engine *e, enum st_io_op rw, const struct st_extent *ext,
@@ -256,19 +257,34 @@ static int h2d_at(struct st_engine *e, const struct st_extent *vext, uint64_t of
 		  const void *buf, uint64_t len, struct op *op, struct st_event *after)
 {
 	op->lane = ST_LANE_H2D;
-	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, off, (void *)buf, len, op, after);
+	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, off, (void *)buf, len, op, after, NULL);
 }
+
 
 static int d2h(struct st_engine *e, const struct st_extent *vext, void *buf, uint64_t len,
 	       struct op *op, struct st_event *after)
 {
 	op->lane = ST_LANE_D2H;
-	return io(e, ST_HOME_VRAM, ST_IO_READ, vext, 0, buf, len, op, after);
+	return io(e, ST_HOME_VRAM, ST_IO_READ, vext, 0, buf, len, op, after, NULL);
 }
 
 static struct op *op_w_nvme(struct st_engine *e, int i) { return &e->ops[2 * i]; }
 static struct op *op_w_h2d(struct st_engine *e, int i) { return &e->ops[2 * i + 1]; }
 static struct op *op_misc(struct st_engine *e, int j) { return &e->ops[2 * e->nslots + j]; }
+
+/* W into slot i: after the widen of its last W, recording ev_h2d[i]. */
+static int h2d_slot(struct st_engine *e, int i, const void *buf)
+{
+	struct op *op = op_w_h2d(e, i);
+	int ret;
+
+	op->lane = ST_LANE_H2D;
+	ret = io(e, ST_HOME_VRAM, ST_IO_WRITE, &e->slots[i].ext, 0, (void *)buf, e->slots[i].len,
+		 op, e->ev_slot[i], e->ev_h2d[i]);
+	if (ret == 0)
+		e->slots[i].ready = true;
+	return ret;
+}
 /* misc: 0 d2h, 1 G write, 2 G read; then per update set 2 x ST_STATE_COUNT
  * (reads, then writes) */
 static struct op *op_upd(struct st_engine *e, int set, int write, enum st_state s)
@@ -303,15 +319,13 @@ static void handle(struct st_engine *e, struct op *op, int64_t res, struct st_ti
 
 		s->pending--;
 		if (res >= 0)
-			ret = h2d_at(e, &s->ext, 0, haddr(e, &s->stage), s->len,
-				     op_w_h2d(e, op->idx), e->ev_slot[op->idx]);
+			ret = h2d_slot(e, op->idx, haddr(e, &s->stage));
 		if (ret == 0 && res >= 0)
 			s->pending++;
 		break;
 	}
-	case OP_W_H2D:
+	case OP_W_H2D: /* the compute waited for it on the device (ev_h2d) */
 		e->slots[op->idx].pending--;
-		e->slots[op->idx].ready = res >= 0;
 		break;
 	case OP_D2H:
 		e->land_busy--;
@@ -468,8 +482,7 @@ static int issue_fetches(struct st_engine *e)
 			ret = nvme_io(e, ST_IO_READ, &w->ext, haddr(e, &e->slots[slot].stage),
 				      w->ext.len_bytes, op_w_nvme(e, slot));
 		else
-			ret = h2d_at(e, &e->slots[slot].ext, 0, haddr(e, &w->ext),
-				     w->ext.len_bytes, op_w_h2d(e, slot), e->ev_slot[slot]);
+			ret = h2d_slot(e, slot, haddr(e, &w->ext));
 		if (ret < 0)
 			return ret;
 		e->slots[slot].pending = 1;
@@ -478,9 +491,10 @@ static int issue_fetches(struct st_engine *e)
 	return 0;
 }
 
-/* Wait for the next unit of the sequence and queue the widening of its W
- * into dst. Its slot is free again at once: the next copy into it waits on
- * the device for the widen (ev_slot). */
+/* Wait for the next unit of the sequence to have its W copy queued, then
+ * queue the widening of its W into dst, behind that copy on the device
+ * (ev_h2d). Its slot is free again once the copy is reaped: the next copy
+ * into it waits on the device for the widen (ev_slot). */
 static int acquire_w(struct st_engine *e, int u, float *dst)
 {
 	struct shard *w = shard(e, u, ST_STATE_W);
@@ -496,7 +510,7 @@ static int acquire_w(struct st_engine *e, int u, float *dst)
 		if (w->home == ST_HOME_VRAM)
 			break;
 		for (int i = 0; i < e->nslots; i++)
-			if (e->slots[i].seq == idx && e->slots[i].ready && !e->slots[i].pending)
+			if (e->slots[i].seq == idx && e->slots[i].ready)
 				slot = i;
 		if (slot >= 0)
 			break;
@@ -505,6 +519,8 @@ static int acquire_w(struct st_engine *e, int u, float *dst)
 			return ret;
 	}
 	src = w->home == ST_HOME_VRAM ? vaddr(e, &w->ext) : vaddr(e, &e->slots[slot].ext);
+	if (slot >= 0)
+		st_compute_wait(e->cx, e->ev_h2d[slot]);
 	if (e->Wb == 2)
 		st_compute_bf16_to_f32(e->cx, dst, src, e->elems[u]);
 	else
@@ -1028,6 +1044,10 @@ void st_engine_destroy(struct st_engine *e)
 	for (int i = 0; e->ev_slot && i < e->nslots; i++)
 		if (e->ev_slot[i])
 			st_event_destroy(e->dev, e->ev_slot[i]);
+	for (int i = 0; e->ev_h2d && i < e->nslots; i++)
+		if (e->ev_h2d[i])
+			st_event_destroy(e->dev, e->ev_h2d[i]);
+	free(e->ev_h2d);
 	for (int i = 0; i < 2; i++)
 		if (e->ev_dw[i])
 			st_event_destroy(e->dev, e->ev_dw[i]);
@@ -1128,10 +1148,14 @@ static int alloc_pools(struct st_engine *e)
 	 * scratch */
 	e->slots = calloc((size_t)e->nslots + 1, sizeof(*e->slots));
 	e->ev_slot = calloc((size_t)e->nslots + 1, sizeof(*e->ev_slot));
-	if (!e->slots || !e->ev_slot)
+	e->ev_h2d = calloc((size_t)e->nslots + 1, sizeof(*e->ev_h2d));
+	if (!e->slots || !e->ev_slot || !e->ev_h2d)
 		return -ENOMEM;
-	for (int i = 0; i < e->nslots && ret == 0; i++)
+	for (int i = 0; i < e->nslots && ret == 0; i++) {
 		ret = st_event_create(e->dev, &e->ev_slot[i]);
+		if (ret == 0)
+			ret = st_event_create(e->dev, &e->ev_h2d[i]);
+	}
 	for (int i = 0; i < 2 && ret == 0; i++)
 		ret = st_event_create(e->dev, &e->ev_dw[i]);
 	if (ret == 0)

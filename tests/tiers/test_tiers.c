@@ -659,8 +659,8 @@ static void test_host_huge_pages(void **state)
 
 /* A vram copy with `after` waits for that event of another queue: a slow
  * host function on a third queue writes the extent, the read must see what
- * it wrote (without the wait it reads the old bytes). Other tiers refuse
- * `after`. */
+ * it wrote (without the wait it reads the old bytes). A copy's `done` event
+ * lets another queue wait for its bytes. Other tiers refuse both. */
 struct slow_write {
 	unsigned char *dst;
 	size_t bytes;
@@ -708,9 +708,47 @@ static void test_vram_after_event(void **s)
 		if (buf[i] != 0x5a)
 			fail_msg("byte %zu is %#x: the copy did not wait for the event", i, buf[i]);
 
+	/* done: a queue waiting for it sees the copy's bytes -- a slow fill
+	 * of the host buffer on q2, a write of it into the extent after that,
+	 * and q waits for the write's done event before reading the extent
+	 * back into another buffer (without the event it reads at once) */
+	{
+		unsigned char *back = aligned_alloc(4096, bytes);
+		struct st_event *landed;
+		struct st_queue *q2;
+		struct slow_write w2 = { buf, bytes };
+
+		assert_int_equal(st_event_create(f.dev, &landed), 0);
+		assert_int_equal(st_queue_create(f.dev, &q2), 0);
+		memset(back, 0, bytes);
+		assert_int_equal(st_device_host_fn(f.dev, q2, slow_write_fn, &w2), 0);
+		assert_int_equal(st_event_record(f.dev, ev, q2), 0);
+		memset(w.dst, 0, bytes); /* the arena's copy, before the write lands */
+		w2.dst = buf;
+		struct st_tier_io wr = { .op = ST_IO_WRITE, .ext = ext, .len_bytes = bytes,
+					 .buf = buf, .user = &w2, .after = ev, .done = landed };
+		assert_int_equal(st_tier_submit(f.tier, &wr, 1), 0);
+		assert_int_equal(st_queue_wait(f.dev, q, landed), 0);
+		assert_int_equal(st_device_memcpy_async(f.dev, q, back, w.dst, bytes, ST_COPY_D2H),
+				 0);
+		assert_int_equal(st_queue_sync(f.dev, q), 0);
+		for (size_t i = 0; i < bytes; i++)
+			if (back[i] != 0x5a)
+				fail_msg("byte %zu is %#x: done was not recorded after the copy", i,
+					 back[i]);
+		assert_int_equal(st_tier_reap(f.tier, &cqe, 1, 1), 1);
+		assert_int_equal(cqe.res, (int64_t)bytes);
+		st_queue_destroy(f.dev, q2);
+		st_event_destroy(f.dev, landed);
+		free(back);
+	}
+
 	open_kind(&h, K_HOST, 4 * MiB, (struct st_fault_config){ 0 });
 	assert_int_equal(st_tier_alloc(h.tier, bytes, &hext), 0);
 	io.ext = hext;
+	assert_int_equal(st_tier_submit(h.tier, &io, 1), -EINVAL);
+	io.after = NULL;
+	io.done = ev;
 	assert_int_equal(st_tier_submit(h.tier, &io, 1), -EINVAL);
 	st_tier_free(h.tier, &hext);
 	close_kind(&h);
