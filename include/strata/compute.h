@@ -61,6 +61,11 @@ struct st_compute_ops {
 		    int ldc);
 	int (*matmul_fwd)(struct st_compute *c, float *out, const float *inp,
 			  const float *weight, const float *bias, int N, int IC, int OC);
+	/* Optional: out = gelu(inp @ weight + bias), pre (or NULL) = the
+	 * matmul's output. Absent: matmul_fwd into pre (or out), then gelu_fwd
+	 * (the cpu kernels' bits). */
+	int (*matmul_gelu_fwd)(struct st_compute *c, float *out, float *pre, const float *inp,
+			       const float *weight, const float *bias, int N, int IC, int OC);
 	int (*matmul_bwd)(struct st_compute *c, float *dinp, float *dweight, float *dbias,
 			  const float *dout, const float *inp, const float *weight, int N,
 			  int IC, int OC);
@@ -156,6 +161,12 @@ void st_compute_gemm(struct st_compute *c, int trans_a, int trans_b, int M, int 
 		     int ldc);
 void st_compute_matmul_fwd(struct st_compute *c, float *out, const float *inp,
 			   const float *weight, const float *bias, int N, int IC, int OC);
+/* out (N,OC) = gelu(inp @ weight + bias); pre (N,OC), when not NULL, gets
+ * inp @ weight + bias. One fused op where the compute has it (the cuda
+ * compute: cuBLASLt's GELU epilogue). */
+void st_compute_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre,
+				const float *inp, const float *weight, const float *bias, int N,
+				int IC, int OC);
 void st_compute_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
 			   const float *dout, const float *inp, const float *weight, int N,
 			   int IC, int OC);

@@ -76,6 +76,15 @@ int st_cuda_f32_to_bf16(struct st_cuda_ctx *ctx, uint16_t *out, const float *in,
 int st_cuda_matmul_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp,
 		       const void *weight, const float *bias, int N, int IC, int OC,
 		       enum st_cuda_dtype dtype);
+/* out (N,OC) = gelu(inp @ weight + bias), fp32, GELU (GPT-2's tanh form) in
+ * cuBLASLt's epilogue; pre (N,OC), when not NULL, also gets inp @ weight +
+ * bias (the epilogue's aux output). Falls back to matmul_fwd then gelu_fwd
+ * where cuBLASLt takes no GELU epilogue for the case. */
+int st_cuda_matmul_gelu_fwd(struct st_cuda_ctx *ctx, float *out, float *pre, const float *inp,
+			    const float *weight, const float *bias, int N, int IC, int OC);
+/* How many matmul_gelu_fwd calls of ctx took the epilogue, and how many the
+ * matmul-then-gelu path. */
+void st_cuda_ctx_gelu_counts(struct st_cuda_ctx *ctx, uint64_t *fused, uint64_t *unfused);
 /* dinp (N,IC) += dout @ weight^T; dweight (IC,OC) += inp^T @ dout;
  * dbias (OC) += column sums of dout; any may be NULL. All fp32. */
 int st_cuda_matmul_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight, float *dbias,

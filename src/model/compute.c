@@ -826,6 +826,20 @@ void st_compute_matmul_fwd(struct st_compute *c, float *out, const float *inp,
 	OP(matmul_fwd(c, out, inp, weight, bias, N, IC, OC));
 }
 
+void st_compute_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre,
+				const float *inp, const float *weight, const float *bias, int N,
+				int IC, int OC)
+{
+	float *mid = pre ? pre : out;
+
+	if (c->ops->matmul_gelu_fwd) {
+		OP(matmul_gelu_fwd(c, out, pre, inp, weight, bias, N, IC, OC));
+		return;
+	}
+	OP(matmul_fwd(c, mid, inp, weight, bias, N, IC, OC));
+	OP(gelu_fwd(c, out, mid, (size_t)N * OC));
+}
+
 void st_compute_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
 			   const float *dout, const float *inp, const float *weight, int N,
 			   int IC, int OC)

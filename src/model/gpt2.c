@@ -575,11 +575,12 @@ static void st_block_fwd_core(const struct st_model *m, const float **p,
 	st_compute_attention_fwd(c, w->atty, w->lse, w->qkv, B, T, C, NH);
 	st_compute_matmul_fwd(c, attproj, w->atty, p[BT_PROJ_W], p[BT_PROJ_B], N, C, C);
 	st_compute_residual_fwd(c, w->res, x, attproj, (size_t)N * C);
-	// ln2, fc, gelu
+	// ln2, fc and gelu (one op where the compute fuses them; fch is kept
+	// for the backward)
 	st_compute_layernorm_fwd(c, w->ln2, w->mean2, w->rstd2, w->res, p[BT_LN2_W],
 				 p[BT_LN2_B], N, C);
-	st_compute_matmul_fwd(c, w->fch, w->ln2, p[BT_FC_W], p[BT_FC_B], N, C, 4 * C);
-	st_compute_gelu_fwd(c, w->gel, w->fch, (size_t)N * 4 * C);
+	st_compute_matmul_gelu_fwd(c, w->gel, w->fch, w->ln2, p[BT_FC_W], p[BT_FC_B], N, C,
+				   4 * C);
 }
 
 static void st_block_fwd(const struct st_model *m, int u, int B, int T,

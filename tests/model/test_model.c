@@ -652,6 +652,21 @@ static int w_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t
 	return r ? r : cpu_ops->gelu_fwd(c, out, inp, n);
 }
 
+/* A fused matmul + gelu, as a device's compute may have: the cpu ops */
+static int fused_calls;
+
+static int w_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre, const float *inp,
+			     const float *weight, const float *bias, int N, int IC, int OC)
+{
+	float *mid = pre ? pre : out;
+	int r = counted();
+
+	fused_calls++;
+	if (r == 0)
+		r = cpu_ops->matmul_fwd(c, mid, inp, weight, bias, N, IC, OC);
+	return r ? r : cpu_ops->gelu_fwd(c, out, mid, (size_t)N * OC);
+}
+
 static int w_zero(struct st_compute *c, void *p, size_t bytes)
 {
 	int r = counted();
@@ -715,6 +730,20 @@ static void test_compute(void **state)
 		if (memcmp(g_ref[u], n.g[u], st_model_unit_layout(n.m, u)->elems * 4))
 			fail_msg("unit %d: gradient differs through the wrapped compute", u);
 	assert_true(calls > 4 * small_cfg.n_layer);
+
+	/* with a fused matmul + gelu in the table, the blocks use it, once
+	 * per block in the forward and once per block in the backward's
+	 * recompute, with the same bits */
+	ops.matmul_gelu_fwd = w_matmul_gelu_fwd;
+	fused_calls = 0;
+	net_fwd(&n);
+	loss = net_bwd(&n);
+	assert_int_equal(fused_calls, 2 * small_cfg.n_layer);
+	assert_memory_equal(&loss, &ref_loss, sizeof(float));
+	for (int u = 0; u < n.U; u++)
+		if (memcmp(g_ref[u], n.g[u], st_model_unit_layout(n.m, u)->elems * 4))
+			fail_msg("unit %d: gradient differs through the fused matmul + gelu", u);
+	ops.matmul_gelu_fwd = NULL;
 
 	/* block 1's forward: its second wrapped op fails */
 	calls = 0;

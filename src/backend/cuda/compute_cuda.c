@@ -86,6 +86,12 @@ static int cu_matmul_fwd(struct st_compute *c, float *out, const float *inp,
 	return st_cuda_matmul_fwd(ctx_of(c), out, inp, weight, bias, N, IC, OC, ST_CUDA_F32);
 }
 
+static int cu_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre, const float *inp,
+			      const float *weight, const float *bias, int N, int IC, int OC)
+{
+	return st_cuda_matmul_gelu_fwd(ctx_of(c), out, pre, inp, weight, bias, N, IC, OC);
+}
+
 static int cu_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
 			 const float *dout, const float *inp, const float *weight, int N,
 			 int IC, int OC)
@@ -251,6 +257,7 @@ static const struct st_compute_ops cuda_ops = {
 	.bf16_to_f32 = cu_bf16_to_f32,
 	.gemm = cu_gemm,
 	.matmul_fwd = cu_matmul_fwd,
+	.matmul_gelu_fwd = cu_matmul_gelu_fwd,
 	.matmul_bwd = cu_matmul_bwd,
 	.layernorm_fwd = cu_layernorm_fwd,
 	.layernorm_bwd = cu_layernorm_bwd,

@@ -36,6 +36,7 @@ struct st_cuda_ctx {
 	size_t scratch_bytes;
 	cudaEvent_t anchor; /* timers' zero: reached on the stream at anchor_ns */
 	uint64_t anchor_ns;
+	uint64_t gelu_fused, gelu_unfused; /* matmul_gelu_fwd calls, by path */
 };
 
 /* For the other op files (cuda_internal.h): C++ linkage, not public. */
@@ -152,11 +153,13 @@ static uint32_t ptr_align(const void *p)
 /* Column-major D (m,n) = op(A) @ op(B) + beta * D (+ bias (m) per column
  * with bias non-NULL). A is stored (m,k) or, transposed, (k,m); B (k,n) or
  * (n,k); leading dimensions as stored. D and bias fp32; A and B of type
- * ab. -ENOTSUP when cuBLASLt has no algorithm for it. */
-static int lt_matmul(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb,
-		     uint64_t m, uint64_t n, uint64_t k, const void *A, int64_t lda,
-		     const void *B, int64_t ldb, cudaDataType_t ab, float *D, int64_t ldd,
-		     float beta, const float *bias)
+ * ab. With gelu, D gets GELU of that (cuBLASLt's GELU epilogue: GPT-2's
+ * tanh form) and aux, when not NULL, what went into the GELU (ld ldd).
+ * -ENOTSUP when cuBLASLt has no algorithm for it. */
+static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb,
+			 uint64_t m, uint64_t n, uint64_t k, const void *A, int64_t lda,
+			 const void *B, int64_t ldb, cudaDataType_t ab, float *D, int64_t ldd,
+			 float beta, const float *bias, int gelu, float *aux)
 {
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
@@ -174,18 +177,36 @@ static int lt_matmul(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperat
 		 "set TRANSA");
 	LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
 		 "set TRANSB");
-	if (bias) {
-		cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-		int32_t bias_type = CUDA_R_32F;
+	if (bias || gelu) {
+		cublasLtEpilogue_t epi =
+			!gelu ? CUBLASLT_EPILOGUE_BIAS
+			: aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+			      : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
 		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
 							sizeof(epi)),
 			 "set EPILOGUE");
+	}
+	if (bias) {
+		int32_t bias_type = CUDA_R_32F;
 		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
 							&bias, sizeof(bias)),
 			 "set BIAS_POINTER");
 		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
 							&bias_type, sizeof(bias_type)),
 			 "set BIAS_DATA_TYPE");
+	}
+	if (gelu && aux) {
+		int32_t aux_type = CUDA_R_32F;
+		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+							&aux, sizeof(aux)),
+			 "set EPILOGUE_AUX_POINTER");
+		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+							&ldd, sizeof(ldd)),
+			 "set EPILOGUE_AUX_LD");
+		LT_CHECK(cublasLtMatmulDescSetAttribute(op,
+							CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+							&aux_type, sizeof(aux_type)),
+			 "set EPILOGUE_AUX_DATA_TYPE");
 	}
 	LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k,
 					    ta == CUBLAS_OP_N ? k : m, lda),
@@ -219,10 +240,10 @@ static int lt_matmul(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperat
 					    &returned);
 	if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && returned == 0)) {
 		rc = st_error_set(-ENOTSUP,
-				  "cublasLt: no algorithm for m=%llu n=%llu k=%llu%s (%s)",
+				  "cublasLt: no algorithm for m=%llu n=%llu k=%llu%s%s (%s)",
 				  (unsigned long long)m, (unsigned long long)n,
 				  (unsigned long long)k, bias ? " with bias" : "",
-				  cublasLtGetStatusString(hs));
+				  gelu ? " and GELU" : "", cublasLtGetStatusString(hs));
 		goto out;
 	}
 	LT_CHECK(hs, "cublasLtMatmulAlgoGetHeuristic");
@@ -241,6 +262,15 @@ out:
 	if (op)
 		cublasLtMatmulDescDestroy(op);
 	return rc;
+}
+
+static int lt_matmul(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb,
+		     uint64_t m, uint64_t n, uint64_t k, const void *A, int64_t lda,
+		     const void *B, int64_t ldb, cudaDataType_t ab, float *D, int64_t ldd,
+		     float beta, const float *bias)
+{
+	return lt_matmul_epi(ctx, ta, tb, m, n, k, A, lda, B, ldb, ab, D, ldd, beta, bias, 0,
+			     NULL);
 }
 
 /* ---- public: context and memory ------------------------------------------------ */
@@ -342,6 +372,12 @@ void st_cuda_ctx_destroy(struct st_cuda_ctx *ctx)
 		cudaStreamDestroy(ctx->stream);
 	cudaGetLastError();
 	free(ctx);
+}
+
+void st_cuda_ctx_gelu_counts(struct st_cuda_ctx *ctx, uint64_t *fused, uint64_t *unfused)
+{
+	*fused = ctx->gelu_fused;
+	*unfused = ctx->gelu_unfused;
 }
 
 /* ---- timers ------------------------------------------------------------------ */
@@ -547,6 +583,40 @@ int st_cuda_matmul_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp,
 			       (uint64_t)IC, weight, OC, inp, IC, ab, out, OC, 1.0f, NULL);
 	}
 	return rc;
+}
+
+/* As matmul_fwd (fp32), with GELU in cuBLASLt's epilogue: out gets
+ * gelu(inp @ weight + bias) and pre, when not NULL, inp @ weight + bias (the
+ * epilogue's aux output, ld OC). Where cuBLASLt takes no GELU epilogue for
+ * the case (aux needs OC a multiple of 8 and 16-byte alignment, say), the
+ * matmul and the GELU kernel run one after the other. */
+int st_cuda_matmul_gelu_fwd(struct st_cuda_ctx *ctx, float *out, float *pre, const float *inp,
+			    const float *weight, const float *bias, int N, int IC, int OC)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: matmul_gelu_fwd: bad shape");
+	if (N == 0 || OC == 0)
+		return 0;
+	bool fusable = IC > 0 && (!pre || (OC % 8 == 0 && ptr_align(pre) >= 16));
+	if (fusable) {
+		/* a refusal (not supported, or a value it takes for no GELU
+		 * epilogue) means the unfused path; a real failure shows again
+		 * there */
+		rc = lt_matmul_epi(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N,
+				   (uint64_t)IC, weight, OC, inp, IC, CUDA_R_32F, out, OC, 0.0f,
+				   bias, 1, pre);
+		if (rc == 0) {
+			ctx->gelu_fused++;
+			return 0;
+		}
+	}
+	ctx->gelu_unfused++;
+	float *mid = pre ? pre : out;
+	rc = st_cuda_matmul_fwd(ctx, mid, inp, weight, bias, N, IC, OC, ST_CUDA_F32);
+	return rc ? rc : st_cuda_gelu_fwd(ctx, out, mid, (size_t)N * OC);
 }
 
 /* Row-major C (M,N) is column-major C^T (N,M) = op(B)^T @ op(A)^T: B's
