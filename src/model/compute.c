@@ -628,10 +628,18 @@ static int q_span(struct st_compute *c, const char *name)
 {
 	struct qcompute *qc = qc_of(c);
 	struct qop *o;
-	int idx;
+	int idx, ret;
 
 	if (!name && qc->open < 0)
 		return 0;
+	if (name && qc->open >= 0) { /* an unclosed span ends here, uncounted */
+		pthread_mutex_lock(&qc->lock);
+		qc->spans[qc->open].s.name = NULL;
+		pthread_mutex_unlock(&qc->lock);
+		ret = q_span(c, NULL);
+		if (ret < 0)
+			return ret;
+	}
 	o = q_new(c, name ? Q_SPAN_BEGIN : Q_SPAN_END);
 	if (!o)
 		return -ENOMEM;
@@ -649,8 +657,6 @@ static int q_span(struct st_compute *c, const char *name)
 		qc->cap = cap;
 	}
 	if (name) {
-		if (qc->open >= 0) /* an unclosed span is dropped from the count */
-			qc->spans[qc->open].s.name = NULL;
 		idx = qc->nspans++;
 		qc->spans[idx] = (struct qspan){ .s = { .name = name } };
 		qc->open = idx;

@@ -849,6 +849,15 @@ static void test_queued_compute(void **state)
 	assert_string_equal(sp[0].name, "fwd+bwd");
 	assert_true(sp[0].t1_ns > sp[0].t0_ns);
 	assert_int_equal(st_compute_take_spans(cx, sp, 8), 0);
+	/* a span begun while one is open ends that one, which is not counted */
+	st_compute_span_begin(cx, "dropped");
+	st_compute_zero(cx, n.g[0], 64);
+	st_compute_span_begin(cx, "kept");
+	st_compute_zero(cx, n.g[0], 64);
+	st_compute_span_end(cx);
+	assert_int_equal(st_compute_sync(cx), 0);
+	assert_int_equal(st_compute_take_spans(cx, sp, 8), 1);
+	assert_string_equal(sp[0].name, "kept");
 
 	/* another queue -> compute: the copy waits for the slow fill */
 	enum { NF = 4096 };

@@ -194,8 +194,12 @@ static int cu_span(struct st_compute *c, const char *name)
 		cc->open = -1;
 		return rc;
 	}
-	if (cc->open >= 0) /* an unclosed span is dropped */
+	if (cc->open >= 0) { /* an unclosed span ends here, uncounted */
 		cc->spans[cc->open].name = NULL;
+		rc = cu_span(c, NULL);
+		if (rc < 0)
+			return rc;
+	}
 	if (cc->nspans == cc->cap) {
 		int cap = cc->cap ? 2 * cc->cap : 64;
 		struct cuspan *s = realloc(cc->spans, (size_t)cap * sizeof(*s));
