@@ -236,7 +236,11 @@ static int cu_take_spans(struct st_compute *c, struct st_compute_span *out, int 
 	while (k < cc->nspans && k != cc->open && n < max) {
 		uint64_t t0, t1;
 
-		if (st_cuda_timer_read(ctx_of(c), cc->spans[k].t, &t0, &t1) != 1)
+		int rc = st_cuda_timer_read(ctx_of(c), cc->spans[k].t, &t0, &t1);
+
+		if (rc < 0 && c->err == 0) /* sticky: the next sync reports it */
+			c->err = rc;
+		if (rc != 1)
 			break;
 		if (cc->spans[k].name)
 			out[n++] = (struct st_compute_span){ cc->spans[k].name, t0, t1 };
