@@ -129,6 +129,7 @@ struct st_engine {
 					 micro-batch ran in the update sweep */
 
 	struct op *ops;               /* slots*2 + 3 + 2*(reads+writes) */
+	int nops;
 	int nwaiting;                 /* ops whose compute wait is not seen over */
 	uint64_t vram_submits;
 	struct lane_busy lane[ST_LANE_COUNT];
@@ -251,13 +252,12 @@ static int nvme_io(struct st_engine *e, enum st_io_op rw, const struct st_extent
 	return nvme_io_at(e, rw, ext, 0, buf, len, op);
 }
 
-/* h2d: host buffer -> vram extent (a write of the vram tier), once the
- * device event after (if any) is done. */
+/* h2d: host buffer -> vram extent (a write of the vram tier). */
 static int h2d_at(struct st_engine *e, const struct st_extent *vext, uint64_t off,
-		  const void *buf, uint64_t len, struct op *op, struct st_event *after)
+		  const void *buf, uint64_t len, struct op *op)
 {
 	op->lane = ST_LANE_H2D;
-	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, off, (void *)buf, len, op, after, NULL);
+	return io(e, ST_HOME_VRAM, ST_IO_WRITE, vext, off, (void *)buf, len, op, NULL, NULL);
 }
 
 
@@ -349,12 +349,10 @@ static void handle(struct st_engine *e, struct op *op, int64_t res, struct st_ti
 }
 
 /* Copies waiting for a compute event: start their lane's busy time once
- * the event is seen done. Returns how many started. */
-static int see_waits(struct st_engine *e)
+ * the event is seen done. */
+static void see_waits(struct st_engine *e)
 {
-	int started = 0, n = 2 * e->nslots + 3 + 4 * ST_STATE_COUNT;
-
-	for (int i = 0; i < n && e->nwaiting; i++) {
+	for (int i = 0; i < e->nops && e->nwaiting; i++) {
 		struct op *op = &e->ops[i];
 
 		if (!op->waits || st_event_query(e->dev, op->waits) != 1)
@@ -363,18 +361,15 @@ static int see_waits(struct st_engine *e)
 		e->nwaiting--;
 		op->t0_ns = st_now_ns();
 		lane_begin(e, op->lane);
-		started++;
 	}
-	return started;
 }
 
 /* The engine's oldest copy in flight on the vram tier, or NULL. */
 static struct op *oldest_vram(struct st_engine *e)
 {
-	int n = 2 * e->nslots + 3 + 4 * ST_STATE_COUNT;
 	struct op *old = NULL;
 
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < e->nops; i++)
 		if (e->ops[i].vram_seq && (!old || e->ops[i].vram_seq < old->vram_seq))
 			old = &e->ops[i];
 	return old;
@@ -820,7 +815,7 @@ static int upd_store(struct st_engine *e, int set, const struct tile *t)
 				 wlen, op_upd(e, set, 1, ST_STATE_W));
 	else if (w->home == ST_HOME_VRAM)
 		ret = h2d_at(e, &w->ext, woff, haddr(e, &us->ext[ST_STATE_W]), wlen,
-			     op_upd(e, set, 1, ST_STATE_W), NULL);
+			     op_upd(e, set, 1, ST_STATE_W));
 	else
 		return 0;
 	if (ret < 0)
@@ -1302,7 +1297,8 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	e->eslot = e->plan.embed_slot ? (int)e->plan.w_slots : -1;
 	ret = open_tiers(e);
 	if (ret == 0) {
-		e->ops = calloc((size_t)(2 * e->nslots + 3 + 4 * ST_STATE_COUNT), sizeof(*e->ops));
+		e->nops = 2 * e->nslots + 3 + 4 * ST_STATE_COUNT;
+		e->ops = calloc((size_t)e->nops, sizeof(*e->ops));
 		if (!e->ops)
 			ret = -ENOMEM;
 	}
