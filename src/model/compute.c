@@ -232,6 +232,7 @@ struct qcompute {
 		int done;
 	} *spans;
 	int nspans, cap, open; /* open: index of the open span, or -1 */
+	uint64_t taken;        /* spans ever taken: spans[i] is span number taken + i */
 };
 
 static struct qcompute *qc_of(struct st_compute *c)
@@ -239,11 +240,15 @@ static struct qcompute *qc_of(struct st_compute *c)
 	return (struct qcompute *)c;
 }
 
-static void q_span_stamp(struct qcompute *qc, int idx, bool end)
+/* Stamp span number id (counted from the first ever: the ones before it
+ * may have been taken, moving it down the array, since it was queued). */
+static void q_span_stamp(struct qcompute *qc, uint64_t id, bool end)
 {
 	uint64_t now = st_now_ns();
+	int idx;
 
 	pthread_mutex_lock(&qc->lock);
+	idx = (int)(id - qc->taken);
 	if (end) {
 		qc->spans[idx].s.t1_ns = now;
 		qc->spans[idx].done = 1;
@@ -316,7 +321,7 @@ static void q_run(void *arg)
 		break;
 	case Q_SPAN_BEGIN:
 	case Q_SPAN_END:
-		q_span_stamp(o->qc, i[0], o->kind == Q_SPAN_END);
+		q_span_stamp(o->qc, o->n, o->kind == Q_SPAN_END);
 		break;
 	}
 	free(o);
@@ -664,8 +669,8 @@ static int q_span(struct st_compute *c, const char *name)
 		idx = qc->open;
 		qc->open = -1;
 	}
+	o->n = qc->taken + (uint64_t)idx;
 	pthread_mutex_unlock(&qc->lock);
-	o->i[0] = idx;
 	return q_put(c, o);
 }
 
@@ -683,6 +688,7 @@ static int q_take_spans(struct st_compute *c, struct st_compute_span *out, int m
 	}
 	memmove(qc->spans, qc->spans + k, (size_t)(qc->nspans - k) * sizeof(*qc->spans));
 	qc->nspans -= k;
+	qc->taken += (uint64_t)k;
 	if (qc->open >= 0)
 		qc->open -= k;
 	pthread_mutex_unlock(&qc->lock);

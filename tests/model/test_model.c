@@ -897,6 +897,31 @@ static void test_queued_compute(void **state)
 	assert_int_equal(st_compute_take_spans(cx, sp, 8), 1);
 	assert_true(sp[0].t1_ns - sp[0].t0_ns >= 30 * 1000 * 1000); /* it waited for the fill */
 
+	/* spans taken while a later one is still queued: that one is still
+	 * stamped where it now lies */
+	struct st_event *ev2;
+	struct slow_fill f3 = { a, NF, 7.0f };
+	assert_int_equal(st_event_create(dev, &ev2), 0);
+	st_compute_span_begin(cx, "first");
+	st_compute_zero(cx, b, NF * sizeof(float));
+	st_compute_span_end(cx);
+	st_compute_record(cx, ev2);
+	assert_int_equal(st_event_sync(dev, ev2), 0);
+	assert_int_equal(st_device_host_fn(dev, q, slow_fill_fn, &f3), 0);
+	assert_int_equal(st_event_record(dev, ev, q), 0);
+	st_compute_span_begin(cx, "second");
+	st_compute_wait(cx, ev);
+	st_compute_copy(cx, b, a, NF * sizeof(float));
+	st_compute_span_end(cx);
+	assert_int_equal(st_compute_take_spans(cx, sp, 8), 1); /* "second" still waits */
+	assert_string_equal(sp[0].name, "first");
+	assert_int_equal(st_compute_sync(cx), 0);
+	assert_int_equal(st_compute_take_spans(cx, sp, 8), 1);
+	assert_string_equal(sp[0].name, "second");
+	assert_true(sp[0].t1_ns - sp[0].t0_ns >= 30 * 1000 * 1000);
+	assert_true(b[0] == 7.0f && b[NF - 1] == 7.0f);
+	st_event_destroy(dev, ev2);
+
 	/* the unqueued cpu compute has no events */
 	st_compute_record(st_compute_cpu(), ev);
 	assert_int_equal(st_compute_take_error(st_compute_cpu()), -ENOTSUP);
