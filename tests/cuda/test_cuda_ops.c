@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "strata/cuda_ops.h"
+#include "strata/device.h"
 #include "strata/kernels.h"
 
 #define TOL_F32 1e-5
@@ -809,6 +810,78 @@ static void test_crossentropy(void **state)
 	crossentropy_case(64, 50257);
 }
 
+
+/* ---- the context's stream against the cuda device's queues ----------------- */
+
+/* Both ways through events (st_cuda_ctx_wait, st_cuda_ctx_record), with
+ * copies long enough (256 MiB) that a missing wait reads the old bytes:
+ *   queue -> context: an H2D into A on a device queue, then the context
+ *     copies A to B after waiting for the queue's event: B must be the host
+ *     bytes;
+ *   context -> queue: the context waits for another long H2D, then sets A
+ *     to 0x11 and records; a device queue waits for that event before its
+ *     D2H of A: the host must see 0x11 everywhere. */
+static void test_ctx_events(void **state)
+{
+	const size_t bytes = 256ull << 20;
+	struct st_device_config cfg = { .mem_bytes = 3 * bytes, .ordinal = 0 };
+	struct st_device *dev = NULL;
+	struct st_queue *q = NULL, *q2 = NULL;
+	struct st_event *ev = NULL, *ev2 = NULL;
+	uint64_t arena_bytes;
+	unsigned char *host, *back;
+
+	ST_UNUSED(state);
+	check_rc(st_device_create(&st_device_cuda_ops, &cfg, &dev), "st_device_create(cuda)");
+	char *arena = st_device_arena(dev, &arena_bytes);
+	unsigned char *A = (unsigned char *)arena, *B = A + bytes, *C = B + bytes;
+	host = malloc(bytes);
+	back = malloc(bytes);
+	assert_true(host && back);
+	for (size_t i = 0; i < bytes; i++)
+		host[i] = (unsigned char)(i * 2654435761u >> 24);
+	check_rc(st_device_pin_host(dev, host, bytes), "pin host");
+	check_rc(st_device_pin_host(dev, back, bytes), "pin back");
+	check_rc(st_queue_create(dev, &q), "queue");
+	check_rc(st_queue_create(dev, &q2), "queue 2");
+	check_rc(st_event_create(dev, &ev), "event");
+	check_rc(st_event_create(dev, &ev2), "event 2");
+	check_rc(st_cuda_memset(A, 0, 2 * bytes), "clear A, B");
+
+	check_rc(st_device_memcpy_async(dev, q, A, host, bytes, ST_COPY_H2D), "h2d A");
+	check_rc(st_event_record(dev, ev, q), "record on the queue");
+	check_rc(st_cuda_ctx_wait(ctx, ev), "context waits");
+	check_rc(st_cuda_memcpy_async(ctx, B, A, bytes), "context copies A -> B");
+	check_rc(st_cuda_sync(ctx), "sync context");
+	check_rc(st_cuda_d2h(back, B, bytes), "d2h B");
+	if (memcmp(back, host, bytes))
+		fail_msg("queue -> context: B is not what the queue copied into A");
+
+	check_rc(st_device_memcpy_async(dev, q2, C, host, bytes, ST_COPY_H2D), "h2d C");
+	check_rc(st_event_record(dev, ev2, q2), "record on queue 2");
+	check_rc(st_cuda_ctx_wait(ctx, ev2), "context waits for queue 2");
+	check_rc(st_cuda_memset_async(ctx, A, 0x11, bytes), "context sets A");
+	check_rc(st_cuda_ctx_record(ctx, ev), "context records");
+	check_rc(st_queue_wait(dev, q, ev), "queue waits for the context");
+	check_rc(st_device_memcpy_async(dev, q, back, A, bytes, ST_COPY_D2H), "d2h A");
+	check_rc(st_queue_sync(dev, q), "sync queue");
+	for (size_t i = 0; i < bytes; i++)
+		if (back[i] != 0x11)
+			fail_msg("context -> queue: byte %zu of A is %#x, not 0x11", i, back[i]);
+	printf("ok   context/queue events both ways (256 MiB copies)\n");
+
+	check_rc(st_queue_sync(dev, q2), "sync queue 2");
+	st_event_destroy(dev, ev);
+	st_event_destroy(dev, ev2);
+	st_queue_destroy(dev, q);
+	st_queue_destroy(dev, q2);
+	st_device_unpin_host(dev, host);
+	st_device_unpin_host(dev, back);
+	st_device_destroy(dev);
+	free(host);
+	free(back);
+}
+
 int main(void)
 {
 	if (!st_cuda_available()) {
@@ -828,6 +901,7 @@ int main(void)
 		cmocka_unit_test(test_matmul_bwd),
 		cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_memory_on_stream),
+		cmocka_unit_test(test_ctx_events),
 		cmocka_unit_test(test_layernorm),
 		cmocka_unit_test(test_gelu),
 		cmocka_unit_test(test_residual),
