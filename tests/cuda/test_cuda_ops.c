@@ -870,6 +870,24 @@ static void test_ctx_events(void **state)
 			fail_msg("context -> queue: byte %zu of A is %#x, not 0x11", i, back[i]);
 	printf("ok   context/queue events both ways (256 MiB copies)\n");
 
+	/* a timer around a 256 MiB memset: read 0 until the stop is reached,
+	 * then a span of the host clock that ends no later than now */
+	struct st_cuda_timer *t = NULL;
+	uint64_t t0 = 0, t1 = 0, before = st_now_ns();
+	check_rc(st_cuda_timer_create(&t), "timer");
+	check_rc(st_cuda_timer_mark(ctx, t, 0), "timer start");
+	check_rc(st_cuda_memset_async(ctx, A, 0x22, bytes), "timed memset");
+	check_rc(st_cuda_timer_mark(ctx, t, 1), "timer stop");
+	check_rc(st_cuda_sync(ctx), "sync context");
+	assert_int_equal(st_cuda_timer_read(ctx, t, &t0, &t1), 1);
+	uint64_t after = st_now_ns();
+	if (!(t1 > t0 && t1 <= after + 1000000 && t0 + 1000000 >= before))
+		fail_msg("timer: span %llu..%llu ns outside the host's %llu..%llu",
+			 (unsigned long long)t0, (unsigned long long)t1,
+			 (unsigned long long)before, (unsigned long long)after);
+	printf("ok   timer: 256 MiB memset took %.3f ms\n", (double)(t1 - t0) / 1e6);
+	st_cuda_timer_destroy(t);
+
 	check_rc(st_queue_sync(dev, q2), "sync queue 2");
 	st_event_destroy(dev, ev);
 	st_event_destroy(dev, ev2);
