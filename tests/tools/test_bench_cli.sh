@@ -31,6 +31,9 @@ for tool in "$@"; do
 		     check "train-bench --model bogus" 2 "$tool" --model bogus ;;
 	offload-bench) check "offload-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
 		       check "offload-bench --batch 0" 2 "$tool" --batch 0 ;;
+	gpu-check) check "gpu-check --run without LOGDIR" 2 "$tool" --run build
+		   check "gpu-check --only an unknown step" 2 "$tool" --run build /tmp/gc-$$ --only nope
+		   check "gpu-check --prepare a missing build" 2 "$tool" --prepare /nonexistent ;;
 	esac
 done
 rm -f /tmp/bench-cli-err.$$
