@@ -333,8 +333,9 @@ static void matmul_gelu_case(int N, int IC, int OC, int with_bias, int with_pre)
 	st_cuda_ctx_gelu_counts(ctx, &fused1, &unfused1);
 	assert_int_equal(fused1 + unfused1, fused0 + unfused0 + 1);
 	/* which path ran goes to the log: cuBLASLt decides what it offers */
-	printf("note %s: %s\n", what,
-	       fused1 > fused0 ? "cuBLASLt GELU epilogue" : "matmul, then the gelu kernel");
+	printf("note %s: %s%s\n", what,
+	       fused1 > fused0 ? "cuBLASLt GELU epilogue" : "matmul, then the gelu kernel; last error: ",
+	       fused1 > fused0 ? "" : st_error_last());
 	expect_close(what, d_out, out, n_out, TOL_F32);
 	if (with_pre) {
 		snprintf(what, sizeof(what), "matmul_gelu_fwd N=%d IC=%d OC=%d pre", N, IC, OC);

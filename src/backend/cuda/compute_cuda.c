@@ -191,6 +191,12 @@ static int cu_span(struct st_compute *c, const char *name)
 		if (cc->open < 0)
 			return 0;
 		rc = st_cuda_timer_mark(ctx_of(c), cc->spans[cc->open].t, 1);
+		if (rc < 0) { /* no stop: the span goes, its timer back to idle */
+			cc->idle[cc->nidle++] = cc->spans[cc->open].t;
+			memmove(cc->spans + cc->open, cc->spans + cc->open + 1,
+				(size_t)(cc->nspans - cc->open - 1) * sizeof(*cc->spans));
+			cc->nspans--;
+		}
 		cc->open = -1;
 		return rc;
 	}

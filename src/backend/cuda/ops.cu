@@ -196,17 +196,14 @@ static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOp
 			 "set BIAS_DATA_TYPE");
 	}
 	if (gelu && aux) {
-		int32_t aux_type = CUDA_R_32F;
+		/* aux's type is left at its default, D's (fp32): setting it is
+		 * documented for fp8 only, and an unsupported one is refused */
 		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
 							&aux, sizeof(aux)),
 			 "set EPILOGUE_AUX_POINTER");
 		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
 							&ldd, sizeof(ldd)),
 			 "set EPILOGUE_AUX_LD");
-		LT_CHECK(cublasLtMatmulDescSetAttribute(op,
-							CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
-							&aux_type, sizeof(aux_type)),
-			 "set EPILOGUE_AUX_DATA_TYPE");
 	}
 	LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k,
 					    ta == CUBLAS_OP_N ? k : m, lda),
@@ -432,18 +429,20 @@ int st_cuda_timer_read(struct st_cuda_ctx *ctx, struct st_cuda_timer *t, uint64_
 	float from_anchor_ms = 0, span_ms = 0;
 	cudaError_t e = cudaEventQuery(t->ev[1]);
 
-	if (e == cudaErrorNotReady)
+	if (e == cudaErrorNotReady) {
+		cudaGetLastError(); /* not an error: leave nothing for the next check */
 		return 0;
+	}
 	if (e != cudaSuccess)
 		return st_cuda_err(e, "cudaEventQuery(timer)");
 	/* the span from its own pair (microsecond-exact); where it starts from
-	 * the anchor (a float of milliseconds: some microseconds off after
-	 * minutes, which only moves it on a trace) */
+	 * the anchor, which st_cuda_sync() moves now and then, so a span may
+	 * start before it (a negative offset) */
 	CU_CHECK(cudaEventElapsedTime(&span_ms, t->ev[0], t->ev[1]), "cudaEventElapsedTime");
 	CU_CHECK(cudaEventElapsedTime(&from_anchor_ms, ctx->anchor, t->ev[0]),
 		 "cudaEventElapsedTime(anchor)");
-	*t0_ns = ctx->anchor_ns + (uint64_t)((double)from_anchor_ms * 1e6);
-	*t1_ns = *t0_ns + (uint64_t)((double)span_ms * 1e6);
+	*t0_ns = (uint64_t)((int64_t)ctx->anchor_ns + (int64_t)((double)from_anchor_ms * 1e6));
+	*t1_ns = *t0_ns + (uint64_t)((double)(span_ms > 0 ? span_ms : 0) * 1e6);
 	return 1;
 }
 
@@ -453,6 +452,14 @@ int st_cuda_sync(struct st_cuda_ctx *ctx)
 	if (rc)
 		return rc;
 	CU_CHECK(cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
+	/* The timers' anchor again, now and then, while the stream is idle: an
+	 * offset from it is a float of milliseconds, microsecond-exact only
+	 * for a minute or so. */
+	if (st_now_ns() - ctx->anchor_ns > 30ull * 1000 * 1000 * 1000) {
+		CU_CHECK(cudaEventRecord(ctx->anchor, ctx->stream), "cudaEventRecord(anchor)");
+		CU_CHECK(cudaEventSynchronize(ctx->anchor), "cudaEventSynchronize(anchor)");
+		ctx->anchor_ns = st_now_ns();
+	}
 	return 0;
 }
 
