@@ -5,9 +5,10 @@
  * overwrites, backward accumulates except gelu_bwd and crossentropy_bwd),
  * plus the few memory moves a model needs, behind one ops table. Pointers
  * are the device's (its vram arena, or workspace carved from it):
- *   cpu   - the cpu kernels themselves, run on the calling thread (OpenMP
- *           inside); device pointers are host pointers. The numbers are
- *           the cpu kernels' bit for bit.
+ *   cpu   - the cpu kernels themselves (OpenMP inside), queued on a worker
+ *           thread of the cpu device (st_compute_create), or run on the
+ *           calling thread (st_compute_cpu()); device pointers are host
+ *           pointers. The numbers are the cpu kernels' bit for bit.
  *   cuda  - strata/cuda_ops.h on a stream of its own; ops only queue work.
  *
  * Errors are sticky, as CUDA's: an op that fails keeps its -errno (and

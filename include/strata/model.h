@@ -91,11 +91,12 @@ struct st_model;
 int st_model_create(const struct st_model_config *cfg, struct st_model **out);
 void st_model_destroy(struct st_model *m);
 
-/* Run fwd and bwd through compute c (borrowed; NULL: the cpu). Every
- * pointer handed to them must then be c's memory. On a compute that
- * queues (cuda), fwd and bwd return with the work queued, except the
- * loss, which is on the host when they return; st_compute_sync() before
- * another queue or the host touches the results. */
+/* Run fwd and bwd through compute c (borrowed; NULL: the cpu, unqueued).
+ * Every pointer handed to them must then be c's memory. On a compute that
+ * queues (a device's: cuda, or the cpu device's worker), fwd and bwd return
+ * with the work queued, except the loss, which is on the host when they
+ * return; st_compute_sync(), or an event of the compute that the other
+ * queue waits for, before another queue or the host touches the results. */
 void st_model_set_compute(struct st_model *m, struct st_compute *c);
 
 const struct st_model_config *st_model_config(const struct st_model *m);

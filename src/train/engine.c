@@ -9,8 +9,10 @@
  * The host queues a unit's compute and goes on; between the compute queue
  * and the copy queues, order goes through device events, never through the
  * host waiting for compute:
- *   copy -> compute  the host queues a unit only once its W copy is reaped;
- *   compute -> copy  a W slot is free once its W is widened: the next copy
+ *   copy -> compute  the compute waits for the event the h2d queue records
+ *                    after a W copy (ev_h2d): the host queues the unit once
+ *                    the copy is queued;
+ *   compute -> copy  a W slot is free once its copy is reaped: the next copy
  *                    into it waits for the event recorded after the widen
  *                    (ev_slot); dW's d2h waits for the event recorded after
  *                    the backward that wrote it (ev_dw, ev_dwe), and dW has
@@ -71,6 +73,7 @@ struct wslot {
 	uint64_t len;   /* bytes of the unit being fetched */
 	int pending;    /* transfers in flight */
 	bool ready;     /* its h2d is queued: the compute may wait for ev_h2d */
+	unsigned widens; /* W widened from it so far: picks the ev_slot pair's event */
 	struct st_extent ext;   /* vram */
 	struct st_extent stage; /* host staging (W on nvme) */
 };
@@ -108,8 +111,9 @@ struct st_engine {
 		work_ext, tok_ext, tgt_ext;
 	float *acts, *wf, *wf_embed, *dW[2], *dW_embed, *dA, *dB;
 	/* device events recorded by the compute: after the widen from each W
-	 * slot, after the backward that wrote dW[i], dW_embed; and by the h2d
-	 * queue after the copy into each slot */
+	 * slot (two per slot, in turn: a copy still waiting for one must not
+	 * see it recorded again), after the backward that wrote dW[i],
+	 * dW_embed; and by the h2d queue after the copy into each slot */
 	struct st_event **ev_slot, *ev_dw[2], *ev_dwe, **ev_h2d;
 	void *work;
 	size_t work_bytes;
@@ -272,6 +276,13 @@ static struct op *op_w_nvme(struct st_engine *e, int i) { return &e->ops[2 * i];
 static struct op *op_w_h2d(struct st_engine *e, int i) { return &e->ops[2 * i + 1]; }
 static struct op *op_misc(struct st_engine *e, int j) { return &e->ops[2 * e->nslots + j]; }
 
+/* The event recorded after the last widen from slot i (a slot used for the
+ * first time has one never recorded, which is done). */
+static struct st_event *slot_widened(struct st_engine *e, int i)
+{
+	return e->ev_slot[2 * i + (e->slots[i].widens + 1) % 2];
+}
+
 /* W into slot i: after the widen of its last W, recording ev_h2d[i]. */
 static int h2d_slot(struct st_engine *e, int i, const void *buf)
 {
@@ -280,7 +291,7 @@ static int h2d_slot(struct st_engine *e, int i, const void *buf)
 
 	op->lane = ST_LANE_H2D;
 	ret = io(e, ST_HOME_VRAM, ST_IO_WRITE, &e->slots[i].ext, 0, (void *)buf, e->slots[i].len,
-		 op, e->ev_slot[i], e->ev_h2d[i]);
+		 op, slot_widened(e, i), e->ev_h2d[i]);
 	if (ret == 0)
 		e->slots[i].ready = true;
 	return ret;
@@ -521,7 +532,8 @@ static int acquire_w(struct st_engine *e, int u, float *dst)
 	else
 		st_compute_copy(e->cx, dst, src, e->elems[u] * sizeof(float));
 	if (slot >= 0) {
-		st_compute_record(e->cx, e->ev_slot[slot]);
+		st_compute_record(e->cx, e->ev_slot[2 * slot + e->slots[slot].widens % 2]);
+		e->slots[slot].widens++;
 		e->slots[slot].seq = -1;
 	}
 	e->consumed++;
@@ -1036,7 +1048,7 @@ void st_engine_destroy(struct st_engine *e)
 	else if (e->cx)
 		st_compute_sync(e->cx);
 	/* the events before the compute's queue they are recorded on */
-	for (int i = 0; e->ev_slot && i < e->nslots; i++)
+	for (int i = 0; e->ev_slot && i < 2 * e->nslots; i++)
 		if (e->ev_slot[i])
 			st_event_destroy(e->dev, e->ev_slot[i]);
 	for (int i = 0; e->ev_h2d && i < e->nslots; i++)
@@ -1142,12 +1154,14 @@ static int alloc_pools(struct st_engine *e)
 	/* vram: W slots (the last the embedding's, with embed_slot), activations,
 	 * scratch */
 	e->slots = calloc((size_t)e->nslots + 1, sizeof(*e->slots));
-	e->ev_slot = calloc((size_t)e->nslots + 1, sizeof(*e->ev_slot));
+	e->ev_slot = calloc(2 * (size_t)e->nslots + 1, sizeof(*e->ev_slot));
 	e->ev_h2d = calloc((size_t)e->nslots + 1, sizeof(*e->ev_h2d));
 	if (!e->slots || !e->ev_slot || !e->ev_h2d)
 		return -ENOMEM;
 	for (int i = 0; i < e->nslots && ret == 0; i++) {
-		ret = st_event_create(e->dev, &e->ev_slot[i]);
+		ret = st_event_create(e->dev, &e->ev_slot[2 * i]);
+		if (ret == 0)
+			ret = st_event_create(e->dev, &e->ev_slot[2 * i + 1]);
 		if (ret == 0)
 			ret = st_event_create(e->dev, &e->ev_h2d[i]);
 	}
