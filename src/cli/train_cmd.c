@@ -26,7 +26,7 @@
 
 /* The demo's budgets: small enough that the tiny model uses all three
  * tiers (W streamed from host, the optimizer on nvme). */
-#define DEFAULT_GPU_MEM "15M"
+#define DEFAULT_GPU_MEM "16M"
 #define DEFAULT_HOST_MEM "12M"
 #define DEFAULT_NVME "/var/tmp"
 
