@@ -16,7 +16,7 @@
 static void plan_usage(FILE *f)
 {
 	fprintf(f,
-"usage: strata plan [options] --gpu-mem SIZE --host-mem SIZE [--nvme DIR[,DIR...]]\n"
+"usage: strata plan [options] [--gpu-mem SIZE] [--host-mem SIZE] [--nvme DIR[,DIR...]]\n"
 "\n"
 "Where every shard of the model lives (vram, pinned host, nvme), the pools the\n"
 "engine will allocate, each tier against its budget and minimum, the traffic of\n"

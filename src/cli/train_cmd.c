@@ -69,7 +69,7 @@ static void train_usage(FILE *f)
 "  --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 "  --save DIR           checkpoints go to DIR/step-N, DIR/latest points at the newest\n"
 "  --save-every N       also every N steps (default: only at the end)\n"
-"  --keep K             keep the newest K checkpoints (default 3)\n"
+"  --keep K             keep the newest K checkpoints (default 3; 0 keeps all)\n"
 "  --resume DIR         continue bit-identically from a checkpoint (or DIR/latest)\n"
 "  --metrics FILE       one JSON object per step (loss, lr, grad_norm, tokens_per_s,\n"
 "                       bytes per link, peak per tier, busy time per queue)\n"
@@ -254,7 +254,7 @@ int st_cli_train(int argc, char **argv)
 		case 'Q': ec.aio_depth = (unsigned)st_cli_long("--aio-depth", optarg, 1, 4096); break;
 		case 'X': trace_path = optarg; break;
 		case 'E': save_every = (int)st_cli_long("--save-every", optarg, 1, 1 << 30); break;
-		case 'k': keep = (int)st_cli_long("--keep", optarg, 1, 1 << 20); break;
+		case 'k': keep = (int)st_cli_long("--keep", optarg, 0, 1 << 20); break;
 		case 'R': resume = optarg; break;
 		case 'D':
 			if (!st_device_find(optarg))

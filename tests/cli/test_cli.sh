@@ -92,6 +92,12 @@ g1=$(cat "$work/out")
 "$strata" generate --ckpt "$work/ck" --prompt "the " --tokens 20 --seed 1 >"$work/out" 2>&1
 [ "$g1" = "$(cat "$work/out")" ] || { echo "FAIL generate is not deterministic"; fail=1; }
 
+# --keep K leaves the newest K step directories; --keep 0 leaves them all.
+"$strata" train $M --data "$data" --steps 3 --save "$work/k0" --save-every 1 --keep 0 >/dev/null 2>&1 || fail=1
+"$strata" train $M --data "$data" --steps 3 --save "$work/k1" --save-every 1 --keep 1 >/dev/null 2>&1 || fail=1
+[ "$(ls -d "$work"/k0/step-* | wc -l)" = 3 ] && [ "$(ls -d "$work"/k1/step-* | wc -l)" = 1 ] ||
+	{ echo "FAIL --keep: $(ls "$work/k0" | tr '\n' ' ')/ $(ls "$work/k1" | tr '\n' ' ')"; fail=1; }
+
 # --steps 0 writes the initial weights; two of them with one seed are equal.
 "$strata" train $M --data "$data" --steps 0 --seed 5 --save "$work/i1" >/dev/null 2>&1 || fail=1
 "$strata" train $M --data "$data" --steps 0 --seed 5 --save "$work/i2" >/dev/null 2>&1 || fail=1
