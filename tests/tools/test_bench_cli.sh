@@ -34,6 +34,11 @@ for tool in "$@"; do
 	gpu-check) check "gpu-check --run without LOGDIR" 2 "$tool" --run build
 		   check "gpu-check --only an unknown step" 2 "$tool" --run build /tmp/gc-$$ --only nope
 		   check "gpu-check --prepare a missing build" 2 "$tool" --prepare /nonexistent ;;
+	torch-ref) check "torch-ref without a command" 2 "$tool"
+		   check "torch-ref check --strata missing" 2 "$tool" check --strata /nonexistent
+		   check "torch-ref bench --batch 0" 2 "$tool" bench --batch 0
+		   check "torch-ref bench --model bogus" 2 "$tool" bench --model bogus
+		   check "torch-ref bench --against on cuda" 2 "$tool" bench --device cuda --against /bin/true ;;
 	esac
 done
 rm -f /tmp/bench-cli-err.$$
