@@ -216,13 +216,14 @@ int main(int argc, char **argv)
 	}
 	{
 		const struct st_plan *pb = st_engine_plan(eb), *pa = st_engine_plan(ea);
-		struct st_engine_stats sb;
+		struct st_engine_stats sa, sb;
 		double ma = median(ta, steps), mb = median(tb, steps), me = median(eff, steps);
 		struct rusage ru;
 		double calibrated = 0;
 		double tokens = (double)batch * seq;
 		double tflop = st_model_flops_per_token(st_engine_model(ea), seq) * tokens / 1e12;
 
+		st_engine_get_stats(ea, &sa);
 		st_engine_get_stats(eb, &sb);
 		getrusage(RUSAGE_SELF, &ru);
 		printf("offload-bench: %s, B=%d T=%d, device %s\n", model, batch, seq, device);
@@ -268,6 +269,8 @@ int main(int argc, char **argv)
 		printf("  B per step: nvme read %.1f MB, write %.1f MB; compute busy %.3f s; peak RSS %.0f MB\n",
 		       sb.bytes[ST_LANE_NVME_READ] / 1e6, sb.bytes[ST_LANE_NVME_WRITE] / 1e6,
 		       sb.busy_ns[ST_LANE_COMPUTE] / 1e9, ru.ru_maxrss / 1024.0);
+		printf("  peak vram tier use: A %.1f MiB, B %.1f MiB\n",
+		       sa.peak_bytes[ST_HOME_VRAM] / 1048576.0, sb.peak_bytes[ST_HOME_VRAM] / 1048576.0);
 		if (json) {
 			json_object *o = json_object_new_object();
 
@@ -287,6 +290,10 @@ int main(int argc, char **argv)
 			json_object_object_add(o, "predicted_step_vram_s", json_object_new_double(pa->t_step_s));
 			json_object_object_add(o, "predicted_step_nvme_calibrated_s",
 					       json_object_new_double(calibrated));
+			json_object_object_add(o, "peak_vram_mib_vram",
+					       json_object_new_double(sa.peak_bytes[ST_HOME_VRAM] / 1048576.0));
+			json_object_object_add(o, "peak_vram_mib_nvme",
+					       json_object_new_double(sb.peak_bytes[ST_HOME_VRAM] / 1048576.0));
 			if (json_object_to_file_ext(json, o, JSON_C_TO_STRING_PRETTY) < 0)
 				fprintf(stderr, "offload-bench: cannot write %s\n", json);
 			json_object_put(o);
