@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # strata's training steps against a GPT-2 and AdamW written in PyTorch
-# (tools/torch-ref check, docs/model.md): the default small model with
-# budgets that use every tier, W in fp32 and bf16; then GPT-2's vocabulary
-# (50257: the chunked cross-entropy's ragged last chunk) with 3 heads of 32.
-# Exits 77 (skipped) where python3 has no PyTorch.
+# (tools/torch-ref check, docs/model.md): the small default model with
+# W, G, P, M and V on nvme (streamed through host and vram), W in fp32 and
+# bf16, then one step from a transformers-style file; then GPT-2's
+# vocabulary (50257: the chunked cross-entropy's ragged last chunk) with 3
+# heads of 32 and W streamed from host. Exits 77 (skipped) where python3
+# has no PyTorch.
 set -u
 ref=$1 strata=$2 work=$3
-"$ref" check --strata "$strata" --work "$work" --threads 1 || exit $?
+"$ref" check --strata "$strata" --work "$work" --threads 1 \
+	--strata-args "--offload-params nvme --offload-optim nvme" || exit $?
 echo
 "$ref" check --strata "$strata" --work "$work" --threads 1 --precision fp32 \
 	--model layers=2,dim=96,heads=3,vocab=50257,ctx=48 \
-	--strata-args "--gpu-mem 128M --host-mem 128M"
+	--strata-args "--gpu-mem 128M --host-mem 128M --offload-params host"
