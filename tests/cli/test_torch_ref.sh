@@ -2,10 +2,10 @@
 # strata's training steps against a GPT-2 and AdamW written in PyTorch
 # (tools/torch-ref check, docs/model.md): the small default model with
 # W, G, P, M and V on nvme (streamed through host and vram), W in fp32 and
-# bf16, then one step from a transformers-style file; then GPT-2's
-# vocabulary (50257: the chunked cross-entropy's ragged last chunk) with 3
-# heads of 32 and W streamed from host. Exits 77 (skipped) where python3
-# has no PyTorch.
+# bf16, then one step from a transformers-style file and greedy generation
+# past the context; then GPT-2's vocabulary (50257: the chunked
+# cross-entropy's ragged last chunk) with 3 heads of 32 and W streamed from
+# host. Exits 77 (skipped) where python3 has no PyTorch.
 set -u
 ref=$1 strata=$2 work=$3
 "$ref" check --strata "$strata" --work "$work" --threads 1 \
