@@ -28,6 +28,7 @@
 #include "strata/common.h"
 #include "strata/safetensors.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -198,7 +199,8 @@ struct st_ckpt_dir {
 /* Start checkpoint step under root: create root (and missing parents),
  * remove leftovers of crashed writers in root (step-*.tmp.<pid> and
  * latest.tmp.<pid> whose process is gone, or ours; nothing else in root is
- * touched), and create d->tmp, empty. One writer per root at a time.
+ * touched), and create d->tmp, empty. One writer per root at a time
+ * (st_ckpt_lock() holds root for it).
  * Returns 0 or -errno; on failure d owns nothing. */
 int st_ckpt_dir_begin(struct st_ckpt_dir *d, const char *root, uint64_t step);
 
@@ -213,6 +215,19 @@ int st_ckpt_dir_begin(struct st_ckpt_dir *d, const char *root, uint64_t step);
  * removes d->tmp and leaves everything as it was; one after it (the latest
  * link, pruning) is still returned though the checkpoint is in place. */
 int st_ckpt_dir_commit(struct st_ckpt_dir *d, unsigned keep);
+
+/* Hold root for this process, the one writer it may have: create root (and
+ * missing parents) when it is missing, then take an exclusive flock(2) on
+ * the directory itself, held until st_ckpt_unlock() or the process ends (the
+ * kernel drops it however the process dies, SIGKILL too, so a crashed run
+ * never leaves root locked). *created: root did not exist before. Returns 0
+ * with *fd >= 0; 0 with *fd = -1 after a warning where the file system has
+ * no flock (nothing is enforced there); -EBUSY when another process holds
+ * root ("DIR: another process is saving checkpoints here ..."); -errno. */
+int st_ckpt_lock(const char *root, int *fd, bool *created);
+
+/* Release a lock st_ckpt_lock() took (fd < 0: nothing). */
+void st_ckpt_unlock(int fd);
 
 /* Remove d->tmp and what is in it, and finish d. Safe on a finished or
  * zeroed d. */

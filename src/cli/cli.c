@@ -12,10 +12,23 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static void (*at_die)(int code);
+
+void st_cli_at_die(void (*fn)(int code))
+{
+	at_die = fn;
+}
+
 void st_cli_die(int code, const char *fmt, ...)
 {
 	va_list ap;
 
+	if (at_die) {
+		void (*fn)(int) = at_die;
+
+		at_die = NULL; /* a die inside it does not come back here */
+		fn(code);
+	}
 	fflush(stdout);
 	fputs("strata: ", stderr);
 	va_start(ap, fmt);

@@ -11,8 +11,12 @@
 /* A text every Debian ships: the default training data. */
 #define ST_DEFAULT_DATA "/usr/share/common-licenses/GPL-3"
 
-/* "strata: <message>" on stderr and exit(code). */
+/* "strata: <message>" on stderr and exit(code), after the function
+ * st_cli_at_die() named (if any) has undone what the command started. */
 _Noreturn void st_cli_die(int code, const char *fmt, ...) ST_PRINTF(2, 3);
+/* fn(code) runs in st_cli_die() before it exits; one at a time, NULL for
+ * none. */
+void st_cli_at_die(void (*fn)(int code));
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);

@@ -4,6 +4,7 @@
  * allocated or written; an I/O failure mid-run exits 1 naming file, offset
  * and errno, and the last checkpoint stays loadable. */
 #include "cli.h"
+#include "strata/ckpt.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/io.h"
@@ -68,6 +69,7 @@ static void train_usage(FILE *f)
 "  --precision bf16|fp32  working weights W (bf16; master weights are fp32)\n"
 "  --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 "  --save DIR           checkpoints go to DIR/step-N, DIR/latest points at the newest\n"
+"                       (one run saves into a DIR at a time)\n"
 "  --save-every N       also every N steps (default: only at the end)\n"
 "  --keep K             keep the newest K checkpoints (default 3; 0 keeps all)\n"
 "  --resume DIR         continue bit-identically from a checkpoint (or DIR/latest)\n"
@@ -86,6 +88,29 @@ static const char *gbps(double bytes, double ns, char *buf, size_t n)
 }
 
 static volatile sig_atomic_t stop_requested;
+
+/* What a run that stops early must undo: before its first step, bad input
+ * (exit 2) leaves nothing behind, so the trace's temporary file goes and a
+ * --save DIR made by this run is removed (it is still empty); a run that
+ * fails later keeps the trace it has so far. */
+static struct {
+	struct st_trace *trace;
+	const char *save;
+	bool save_created, started;
+} run;
+
+static void undo_run(int code)
+{
+	(void)code;
+	if (run.started) {
+		st_trace_close(run.trace);
+	} else {
+		st_trace_abort(run.trace);
+		if (run.save_created)
+			rmdir(run.save);
+	}
+	run.trace = NULL;
+}
 
 static void on_signal(int sig)
 {
@@ -178,6 +203,7 @@ int st_cli_train(int argc, char **argv)
 	struct st_trace *trace = NULL;
 	FILE *mf = NULL;
 	uint64_t t0, start_step = 0;
+	int save_lock = -1;
 	char *cfg_json;
 	struct sigaction sa = { .sa_handler = on_signal };
 	int ret;
@@ -310,16 +336,13 @@ int st_cli_train(int argc, char **argv)
 	 * work is refused here, with exit 2. */
 	if (trace_path && st_trace_create(&trace, trace_path) < 0)
 		st_cli_die(2, "--trace %s: %s", trace_path, st_error_last());
-	ec.trace = trace;
+	ec.trace = run.trace = trace;
+	st_cli_at_die(undo_run);
 	ret = st_engine_create(&ec, &e);
-	if (ret == -ENOSPC || ret == -EINVAL || ret == -ENODEV) {
-		st_trace_abort(trace);
+	if (ret == -ENOSPC || ret == -EINVAL || ret == -ENODEV)
 		st_cli_die(2, "%s", st_error_last());
-	}
-	if (ret < 0) {
-		st_trace_abort(trace);
+	if (ret < 0)
 		st_cli_die(1, "%s", st_error_last());
-	}
 	{
 		struct st_plan_input pin = {
 			.model = st_engine_model(e), .batch = cfg->batch, .seq = cfg->seq,
@@ -353,6 +376,11 @@ int st_cli_train(int argc, char **argv)
 			st_cli_die(2, "--resume %s: %s", resume, st_error_last());
 		printf("resumed from %s at step %llu\n", resume, (unsigned long long)start_step);
 	}
+	/* One run saves into a DIR at a time: a second one (a restart while
+	 * the first still runs, say) would prune and relink the first's. */
+	run.save = save;
+	if (save && st_ckpt_lock(save, &save_lock, &run.save_created) < 0)
+		st_cli_die(2, "--save %s", st_error_last());
 	if (metrics) {
 		mf = fopen(metrics, resume ? "a" : "w");
 		if (!mf)
@@ -367,6 +395,7 @@ int st_cli_train(int argc, char **argv)
 	fflush(stdout);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	run.started = true;
 	t0 = st_now_ns();
 	for (int s = (int)start_step; s < cfg->steps && !stop_requested; s++) {
 		struct st_step_result r;
@@ -378,10 +407,8 @@ int st_cli_train(int argc, char **argv)
 
 		/* The next step's first forward runs in this step's update sweep,
 		 * unless the state is saved (or the run ends) after this step. */
-		if (st_engine_step(e, &ld, s, s + 1 < cfg->steps && !saving && !stop_requested, &r) < 0) {
-			st_trace_close(trace);
+		if (st_engine_step(e, &ld, s, s + 1 < cfg->steps && !saving && !stop_requested, &r) < 0)
 			st_cli_die(1, "step %d: %s", s + 1, st_error_last());
-		}
 		st_engine_get_stats(e, &es);
 		dt = (double)es.step_ns / 1e9;
 		tps = (double)cfg->batch * cfg->seq * cfg->grad_accum / dt;
@@ -455,8 +482,11 @@ int st_cli_train(int argc, char **argv)
 	}
 	if (mf && fclose(mf) != 0)
 		st_cli_die(1, "--metrics %s: %s", metrics, strerror(errno));
+	run.trace = NULL;
 	if (trace && st_trace_close(trace) < 0)
 		st_cli_die(1, "--trace %s: %s", trace_path, st_error_last());
+	st_cli_at_die(NULL);
+	st_ckpt_unlock(save_lock);
 	st_engine_destroy(e);
 	st_dataset_close(ds);
 	free(cfg_json);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -918,6 +919,41 @@ int st_ckpt_dir_begin(struct st_ckpt_dir *d, const char *root, uint64_t step)
 		return err;
 	}
 	return 0;
+}
+
+int st_ckpt_lock(const char *root, int *fd, bool *created)
+{
+	struct stat st;
+	int err;
+
+	*fd = -1;
+	*created = stat(root, &st) < 0 && errno == ENOENT;
+	err = st_ckpt_mkdirs(root);
+	if (err)
+		return err;
+	*fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (*fd < 0) {
+		err = -errno;
+		return st_error_set(err, "cannot open %s: %s", root, strerror(-err));
+	}
+	if (flock(*fd, LOCK_EX | LOCK_NB) == 0)
+		return 0;
+	err = -errno;
+	close(*fd);
+	*fd = -1;
+	if (err == -EWOULDBLOCK)
+		return st_error_set(-EBUSY, "%s: another process is saving checkpoints here "
+				    "(it holds the directory's lock)", root);
+	/* ENOLCK, or a file system whose flock needs a file open for writing */
+	st_warn("%s: cannot lock it (%s); make sure no other run saves there", root,
+		strerror(-err));
+	return 0;
+}
+
+void st_ckpt_unlock(int fd)
+{
+	if (fd >= 0)
+		close(fd);
 }
 
 void st_ckpt_dir_abort(struct st_ckpt_dir *d)

@@ -858,6 +858,56 @@ static void test_crash_anywhere(void **state)
 	free(root);
 }
 
+/* One writer per DIR: st_ckpt_lock() makes DIR (and its parents) when
+ * missing, refuses a second holder (another open file description, as
+ * another process has) with -EBUSY and a message naming DIR, and the lock
+ * goes with its holder: at st_ckpt_unlock(), and when a process holding it
+ * dies by SIGKILL. */
+static void test_lock_one_writer(void **state)
+{
+	char *root, buf;
+	int fd1, fd2, pipefd[2], status;
+	bool created;
+	pid_t pid;
+
+	ST_UNUSED(state);
+	assert_true(asprintf(&root, "%s/lock/a/b", tmp_root) > 0);
+	assert_int_equal(st_ckpt_lock(root, &fd1, &created), 0);
+	assert_true(fd1 >= 0);
+	assert_true(created);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &created), -EBUSY);
+	assert_int_equal(fd2, -1);
+	assert_false(created);
+	assert_non_null(strstr(st_error_last(), root));
+	assert_non_null(strstr(st_error_last(), "another process"));
+	st_ckpt_unlock(fd1);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &created), 0);
+	st_ckpt_unlock(fd2);
+
+	assert_int_equal(pipe(pipefd), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int fd;
+		bool c;
+
+		if (st_ckpt_lock(root, &fd, &c) < 0 || write(pipefd[1], "k", 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(pipefd[1]);
+	assert_int_equal(read(pipefd[0], &buf, 1), 1);
+	close(pipefd[0]);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &created), -EBUSY);
+	kill(pid, SIGKILL);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &created), 0);
+	st_ckpt_unlock(fd2);
+	free(root);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -867,6 +917,7 @@ int main(void)
 		cmocka_unit_test(test_verify_detects_damage),
 		cmocka_unit_test(test_keep_latest_resolve),
 		cmocka_unit_test(test_crash_anywhere),
+		cmocka_unit_test(test_lock_one_writer),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

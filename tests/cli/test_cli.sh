@@ -46,6 +46,12 @@ check save-is-file 2 "$strata" train $M --data "$data" --save "$data"
 check gen-no-ckpt 2 "$strata" generate --prompt hi
 check eval-no-data 2 "$strata" eval --ckpt "$work/nope"
 [ ! -e "$work/never" ] || { echo "FAIL bad input wrote --save"; fail=1; }
+# bad input found after the trace is open and --save is made: neither stays
+check resume-missing 2 "$strata" train $M --data "$data" --resume "$work/nope" --trace "$work/tr.json"
+check metrics-unwritable 2 "$strata" train $M --data "$data" --save "$work/never" \
+	--metrics "$work/nodir/m.jsonl" --trace "$work/tr.json"
+left=$(ls "$work" | grep -e '^tr\.json' -e '^never$')
+[ -z "$left" ] || { echo "FAIL bad input left $left"; fail=1; }
 
 run() { # out-prefix, extra flags...
 	local p=$1

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# A run that is killed (SIGKILL) again and again, and resumed each time from
+# the newest checkpoint with --resume, must end where an uninterrupted run
+# ends: the same checkpoint bytes (weights, Adam state, trainer.json) and the
+# same loss at every step. W and the optimizer state live on nvme, a
+# checkpoint is saved after every step (so kills land in saves, in steps and
+# in start-up), and nothing may be left behind: no swap file, no temporary
+# checkpoint directory once the last run has committed. And a second run
+# cannot save into the directory of a live one.
+set -u
+strata=$1
+work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-crash-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail=0
+steps=24
+data=$work/data.txt
+python3 -c "
+import random
+random.seed(5)
+words = 'a run that dies must come back where it was and go on'.split()
+print(' '.join(random.choice(words) for _ in range(4000)))" >"$data"
+mkdir "$work/swap"
+train() { # checkpoint dir, metrics file, extra flags... (exec: killing a
+	# background "train ... &" must kill strata, not a subshell around it)
+	local ck=$1 metrics=$2
+	shift 2
+	exec "$strata" train --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --batch 4 \
+		--grad-accum 2 --data "$data" --steps $steps --warmup 2 --seed 11 \
+		--offload-params nvme --offload-optim nvme --nvme "$work/swap" \
+		--save "$work/$ck" --save-every 1 --keep 2 --metrics "$work/$metrics" "$@"
+}
+
+t0=$(date +%s%N)
+(train ref ref.jsonl) >"$work/ref.log" 2>&1 || { echo "FAIL uninterrupted run"; tail -5 "$work/ref.log"; exit 1; }
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+step_ms=$(( ms / steps + 1 ))
+echo "uninterrupted: $steps steps in $ms ms"
+
+# Each run is killed once its metrics show n more steps (n drawn from
+# [0, a third of the steps still to go]), after a further delay drawn from [0, one
+# step's time): kills land in start-up, in steps and in saves, and the runs
+# get further each time. After 10 kills (or once the last checkpoint is
+# there) the run goes to its end.
+RANDOM=7
+kills=0 from=""
+lines() { [ -e "$work/run.jsonl" ] && wc -l <"$work/run.jsonl" || echo 0; }
+while :; do
+	resume=() done=0
+	if [ -e "$work/ck/latest" ]; then
+		resume=(--resume "$work/ck")
+		done=$(readlink "$work/ck/latest" | sed 's/^step-0*//')
+		from="$from ${done:-0}"
+	fi
+	want=$(( $(lines) + RANDOM % ((steps - ${done:-0}) / 3 + 1) ))
+	train ck run.jsonl "${resume[@]}" >"$work/run.log" 2>&1 &
+	pid=$!
+	if [ $kills -lt 10 ] && [ "${done:-0}" -lt $steps ]; then
+		while [ "$(lines)" -lt $want ] && kill -0 $pid 2>/dev/null; do
+			sleep 0.01
+		done
+		d=$(( RANDOM % step_ms ))
+		sleep "$(printf '%d.%03d' $((d / 1000)) $((d % 1000)))"
+		kill -KILL $pid 2>/dev/null
+	fi
+	wait $pid 2>/dev/null
+	rc=$?
+	if [ $rc = 137 ]; then
+		kills=$((kills + 1))
+		continue
+	fi
+	if [ $rc != 0 ]; then
+		echo "FAIL a run exited $rc"; tail -5 "$work/run.log"; exit 1
+	fi
+	break
+done
+echo "killed $kills times; runs resumed from steps:${from:- none}"
+
+# It shows something only if runs resumed from a checkpoint mid-run, trained
+# and saved again: at least two different steps in (0, steps) resumed from.
+mid=$(for s in $from; do [ "$s" -gt 0 ] && [ "$s" -lt $steps ] && echo "$s"; done | sort -u | wc -l)
+if [ "$kills" -lt 5 ] || [ "$mid" -lt 2 ]; then
+	echo "FAIL too few kills ($kills) or different steps resumed from mid-run ($mid)"; fail=1
+fi
+
+# A second run saving into the DIR of a live one is refused (exit 2, one
+# line) before it writes anything; the kills above showed that a dead one's
+# lock goes with it.
+"$strata" train --model layers=1,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --data "$data" \
+	--steps 100000 --save "$work/busy" --save-every 1000 --metrics "$work/busy.jsonl" \
+	>"$work/busy.log" 2>&1 &
+pid=$!
+while [ ! -s "$work/busy.jsonl" ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done
+"$strata" train --model layers=1,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --data "$data" \
+	--steps 2 --save "$work/busy" --metrics "$work/second.jsonl" >"$work/second.log" 2>"$work/err"
+rc=$?
+kill -KILL $pid 2>/dev/null
+wait $pid 2>/dev/null
+if [ $rc != 2 ] || [ "$(wc -l <"$work/err")" != 1 ] || ! grep -q "another process" "$work/err" ||
+   [ -e "$work/second.jsonl" ]; then
+	echo "FAIL second writer: exit $rc"; cat "$work/err"; tail -3 "$work/busy.log"; fail=1
+else
+	echo "ok   second writer refused: $(cat "$work/err")"
+fi
+
+last=$(printf 'step-%06d' $steps)
+for f in model.safetensors optimizer.safetensors trainer.json; do
+	cmp -s "$work/ref/$last/$f" "$work/ck/$last/$f" ||
+		{ echo "FAIL $last/$f differs from the uninterrupted run's"; fail=1; }
+done
+[ "$(readlink "$work/ck/latest")" = "$last" ] || { echo "FAIL latest is not $last"; fail=1; }
+left=$(find "$work/ck" "$work/swap" -mindepth 1 -maxdepth 1 -name '*.tmp.*' -o -name '*.swap')
+[ -z "$left" ] || { echo "FAIL left behind: $left"; fail=1; }
+python3 - "$work" $steps <<'PY' || fail=1
+import json, sys
+w, steps = sys.argv[1], int(sys.argv[2])
+ref = {j["step"]: j["loss"] for j in map(json.loads, open(f"{w}/ref.jsonl"))}
+run = {}
+for line in open(f"{w}/run.jsonl"):
+    try:
+        j = json.loads(line)
+    except ValueError:  # a line cut short by the kill
+        continue
+    run[j["step"]] = j["loss"]  # a step run again after a resume: the last
+assert sorted(ref) == list(range(1, steps + 1)), sorted(ref)
+assert sorted(run) == sorted(ref), sorted(run)
+bad = [s for s in ref if run[s] != ref[s]]
+assert not bad, [(s, ref[s], run[s]) for s in bad]
+print(f"ok   the killed and resumed run has the losses of the uninterrupted one at all {steps} steps")
+PY
+[ $fail = 0 ] && echo "ok   same checkpoint bytes at $last, nothing left behind"
+exit $fail
