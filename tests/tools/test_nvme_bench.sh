@@ -70,7 +70,15 @@ grep -q '^recommendation: --aio-block' "$work/out" || { echo "FAIL no recommenda
 "$bench" --dir "$work/d" --size 64M --bs 64K --qd 1 --time 30 --json "$work/int.json" \
 	>/dev/null 2>"$work/err" &
 pid=$!
-sleep 1
+# Not before it has started: bash starts a background job with SIGINT
+# ignored, and only the bench's own handler (set before it prints its first
+# line) undoes that, so a signal sent earlier (a slow start on a busy
+# machine) would be lost.
+for i in $(seq 200); do
+	grep -q 'points of' "$work/err" 2>/dev/null && break
+	sleep 0.1
+done
+sleep 0.5
 kill -INT $pid
 wait $pid
 rc=$?
