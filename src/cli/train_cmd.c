@@ -70,14 +70,17 @@ static void train_usage(FILE *f)
 "  --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 "  --save DIR           checkpoints go to DIR/step-N, DIR/latest points at the newest\n"
 "                       (one run saves into a DIR at a time)\n"
-"  --save-every N       also every N steps (default: only at the end)\n"
+"  --save-every N       also every N steps (default: only at the end, or when stopped)\n"
 "  --keep K             keep the newest K checkpoints (default 3; 0 keeps all)\n"
 "  --resume DIR         continue bit-identically from a checkpoint (or DIR/latest)\n"
 "  --metrics FILE       one JSON object per step (loss, lr, grad_norm, tokens_per_s,\n"
 "                       bytes per link, peak per tier, busy time per queue)\n"
 "  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
 "  --log-every N        print every Nth step (default 1)\n"
-"  -h, --help\n", ST_DEFAULT_DATA, st_model_preset_list(), st_device_list(), DEFAULT_GPU_MEM,
+"  -h, --help\n"
+"\n"
+"Ctrl-C or SIGTERM stops the run at the end of a step, saves it there when\n"
+"--save is given, and exits 130; a second one stops it at once.\n", ST_DEFAULT_DATA, st_model_preset_list(), st_device_list(), DEFAULT_GPU_MEM,
 	        DEFAULT_HOST_MEM, DEFAULT_NVME);
 }
 
@@ -203,9 +206,11 @@ int st_cli_train(int argc, char **argv)
 	struct st_trace *trace = NULL;
 	FILE *mf = NULL;
 	uint64_t t0, start_step = 0;
+	int done_steps;
 	int save_lock = -1;
 	char *cfg_json;
-	struct sigaction sa = { .sa_handler = on_signal };
+	/* the first signal asks for a stop; a second one has the default action */
+	struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESETHAND };
 	int ret;
 
 	st_train_config_default(cfg);
@@ -396,19 +401,27 @@ int st_cli_train(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	run.started = true;
+	done_steps = (int)start_step;
 	t0 = st_now_ns();
-	for (int s = (int)start_step; s < cfg->steps && !stop_requested; s++) {
+	for (int s = (int)start_step; s < cfg->steps; s++) {
 		struct st_step_result r;
 		struct st_engine_stats es;
 		double dt, tps;
 		char eta[32], a[16], b[16], cc[16], d[16];
-
-		bool saving = save && ((save_every && (s + 1) % save_every == 0) || s + 1 == cfg->steps);
-
+		/* A stop asked for (Ctrl-C, SIGTERM) ends the run after this step,
+		 * saved; one asked for while a step had begun the next also lets
+		 * that next one finish (the state is only saved between steps that
+		 * do not overlap). */
+		bool stopping = stop_requested;
+		bool saving = save && ((save_every && (s + 1) % save_every == 0) ||
+				       s + 1 == cfg->steps || stopping);
 		/* The next step's first forward runs in this step's update sweep,
 		 * unless the state is saved (or the run ends) after this step. */
-		if (st_engine_step(e, &ld, s, s + 1 < cfg->steps && !saving && !stop_requested, &r) < 0)
+		bool follows = s + 1 < cfg->steps && !saving;
+
+		if (st_engine_step(e, &ld, s, follows, &r) < 0)
 			st_cli_die(1, "step %d: %s", s + 1, st_error_last());
+		done_steps = s + 1;
 		st_engine_get_stats(e, &es);
 		dt = (double)es.step_ns / 1e9;
 		tps = (double)cfg->batch * cfg->seq * cfg->grad_accum / dt;
@@ -474,6 +487,8 @@ int st_cli_train(int argc, char **argv)
 				st_cli_die(1, "--save %s: %s", save, st_error_last());
 			printf("saved step %d in %s\n", s + 1, save);
 		}
+		if (stop_requested && (!follows || !save))
+			break;
 	}
 	if (save && cfg->steps == 0) {
 		if (st_engine_save(e, save, 0, &ld.cur, cfg_json, keep) < 0)
@@ -490,8 +505,13 @@ int st_cli_train(int argc, char **argv)
 	st_engine_destroy(e);
 	st_dataset_close(ds);
 	free(cfg_json);
-	if (stop_requested) {
-		fprintf(stderr, "strata: interrupted\n");
+	if (stop_requested && done_steps < cfg->steps) {
+		if (save)
+			fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with "
+				"--resume %s)\n", done_steps, save, save);
+		else
+			fprintf(stderr, "strata: stopped after step %d (nothing saved: no --save)\n",
+				done_steps);
 		return 130;
 	}
 	return 0;

@@ -5,8 +5,9 @@
 # same loss at every step. W and the optimizer state live on nvme, a
 # checkpoint is saved after every step (so kills land in saves, in steps and
 # in start-up), and nothing may be left behind: no swap file, no temporary
-# checkpoint directory once the last run has committed. And a second run
-# cannot save into the directory of a live one.
+# checkpoint directory once the last run has committed. A second run cannot
+# save into the directory of a live one. And Ctrl-C / SIGTERM stop a run at
+# a step's end, saved.
 set -u
 strata=$1
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-crash-test.XXXXXX")
@@ -27,7 +28,7 @@ train() { # checkpoint dir, metrics file, extra flags... (exec: killing a
 	exec "$strata" train --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --batch 4 \
 		--grad-accum 2 --data "$data" --steps $steps --warmup 2 --seed 11 \
 		--offload-params nvme --offload-optim nvme --nvme "$work/swap" \
-		--save "$work/$ck" --save-every 1 --keep 2 --metrics "$work/$metrics" "$@"
+		--save "$work/$ck" --save-every ${every:-1} --keep 2 --metrics "$work/$metrics" "$@"
 }
 
 t0=$(date +%s%N)
@@ -43,7 +44,7 @@ echo "uninterrupted: $steps steps in $ms ms"
 # there) the run goes to its end.
 RANDOM=7
 kills=0 from=""
-lines() { [ -e "$work/run.jsonl" ] && wc -l <"$work/run.jsonl" || echo 0; }
+lines() { [ -e "$work/${1:-run.jsonl}" ] && wc -l <"$work/${1:-run.jsonl}" || echo 0; }
 while :; do
 	resume=() done=0
 	if [ -e "$work/ck/latest" ]; then
@@ -102,30 +103,66 @@ else
 	echo "ok   second writer refused: $(cat "$work/err")"
 fi
 
+# same_as_ref CKDIR METRICS WHAT: the run that wrote CKDIR and METRICS
+# (resumed any number of times) ended as the uninterrupted one.
 last=$(printf 'step-%06d' $steps)
-for f in model.safetensors optimizer.safetensors trainer.json; do
-	cmp -s "$work/ref/$last/$f" "$work/ck/$last/$f" ||
-		{ echo "FAIL $last/$f differs from the uninterrupted run's"; fail=1; }
-done
-[ "$(readlink "$work/ck/latest")" = "$last" ] || { echo "FAIL latest is not $last"; fail=1; }
-left=$(find "$work/ck" "$work/swap" -mindepth 1 -maxdepth 1 -name '*.tmp.*' -o -name '*.swap')
-[ -z "$left" ] || { echo "FAIL left behind: $left"; fail=1; }
-python3 - "$work" $steps <<'PY' || fail=1
+same_as_ref() {
+	local ck=$1 metrics=$2 what=$3 bad=0 left
+	for f in model.safetensors optimizer.safetensors trainer.json; do
+		cmp -s "$work/ref/$last/$f" "$work/$ck/$last/$f" ||
+			{ echo "FAIL $what: $last/$f differs from the uninterrupted run's"; bad=1; }
+	done
+	[ "$(readlink "$work/$ck/latest")" = "$last" ] || { echo "FAIL $what: latest is not $last"; bad=1; }
+	left=$(find "$work/$ck" "$work/swap" -mindepth 1 -maxdepth 1 -name '*.tmp.*' -o -name '*.swap')
+	[ -z "$left" ] || { echo "FAIL $what: left behind: $left"; bad=1; }
+	python3 - "$work" $steps "$metrics" "$what" <<'PY' || bad=1
 import json, sys
-w, steps = sys.argv[1], int(sys.argv[2])
+w, steps, metrics, what = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 ref = {j["step"]: j["loss"] for j in map(json.loads, open(f"{w}/ref.jsonl"))}
 run = {}
-for line in open(f"{w}/run.jsonl"):
+for line in open(f"{w}/{metrics}"):
     try:
         j = json.loads(line)
     except ValueError:  # a line cut short by the kill
         continue
     run[j["step"]] = j["loss"]  # a step run again after a resume: the last
 assert sorted(ref) == list(range(1, steps + 1)), sorted(ref)
-assert sorted(run) == sorted(ref), sorted(run)
+assert sorted(run) == sorted(ref), (what, sorted(run))
 bad = [s for s in ref if run[s] != ref[s]]
-assert not bad, [(s, ref[s], run[s]) for s in bad]
-print(f"ok   the killed and resumed run has the losses of the uninterrupted one at all {steps} steps")
+assert not bad, (what, [(s, ref[s], run[s]) for s in bad])
 PY
-[ $fail = 0 ] && echo "ok   same checkpoint bytes at $last, nothing left behind"
+	[ $bad = 0 ] && echo "ok   $what: the uninterrupted run's losses at all $steps steps and checkpoint bytes at $last, nothing left behind"
+	return $bad
+}
+same_as_ref ck run.jsonl "killed $kills times" || fail=1
+
+# Ctrl-C (SIGINT) and SIGTERM: the run stops at the end of a step and saves
+# there although no --save-every asks for it, says so in one line, exits
+# 130; resumed each time, it ends as the uninterrupted run. Twice: SIGTERM
+# once 4 steps are done, SIGINT 6 steps after the resume.
+every=1000
+stops=""
+for sig in TERM INT; do
+	resume=()
+	[ -e "$work/stop/latest" ] && resume=(--resume "$work/stop")
+	want=$(( $(lines stop.jsonl) + (${#resume[@]} ? 6 : 4) ))
+	train stop stop.jsonl "${resume[@]}" >"$work/stop.log" 2>"$work/err" &
+	pid=$!
+	while [ "$(lines stop.jsonl)" -lt $want ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done
+	kill -$sig $pid 2>/dev/null
+	wait $pid 2>/dev/null
+	rc=$?
+	at=$(readlink "$work/stop/latest" 2>/dev/null | sed 's/^step-0*//')
+	if [ $rc != 130 ] || [ "$(wc -l <"$work/err")" != 1 ] ||
+	   ! grep -q "stopped after step ${at:-none}, saved in" "$work/err" || [ "${at:-0}" -lt $want ]; then
+		echo "FAIL SIG$sig: exit $rc, latest step ${at:-none} (want >= $want)"; cat "$work/err"; fail=1
+		break
+	fi
+	stops="$stops SIG$sig at step $at;"
+done
+if (train stop stop.jsonl --resume "$work/stop") >"$work/stop.log" 2>&1; then
+	same_as_ref stop stop.jsonl "stopped by$stops resumed" || fail=1
+else
+	echo "FAIL resume after the stops"; tail -3 "$work/stop.log"; fail=1
+fi
 exit $fail
