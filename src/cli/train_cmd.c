@@ -80,7 +80,8 @@ static void train_usage(FILE *f)
 "  -h, --help\n"
 "\n"
 "Ctrl-C or SIGTERM stops the run at the end of a step, saves it there when\n"
-"--save is given, and exits 130; a second one stops it at once.\n", ST_DEFAULT_DATA, st_model_preset_list(), st_device_list(), DEFAULT_GPU_MEM,
+"--save is given, and exits 130; a second one stops it at once.\n",
+		ST_DEFAULT_DATA, st_model_preset_list(), st_device_list(), DEFAULT_GPU_MEM,
 	        DEFAULT_HOST_MEM, DEFAULT_NVME);
 }
 
@@ -417,7 +418,7 @@ int st_cli_train(int argc, char **argv)
 				       s + 1 == cfg->steps || stopping);
 		/* The next step's first forward runs in this step's update sweep,
 		 * unless the state is saved (or the run ends) after this step. */
-		bool follows = s + 1 < cfg->steps && !saving;
+		bool follows = s + 1 < cfg->steps && !saving && !stopping;
 
 		if (st_engine_step(e, &ld, s, follows, &r) < 0)
 			st_cli_die(1, "step %d: %s", s + 1, st_error_last());
