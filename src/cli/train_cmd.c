@@ -72,7 +72,8 @@ static void train_usage(FILE *f)
 "                       (one run saves into a DIR at a time)\n"
 "  --save-every N       also every N steps (default: only at the end, or when stopped)\n"
 "  --keep K             keep the newest K checkpoints (default 3; 0 keeps all)\n"
-"  --resume DIR         continue bit-identically from a checkpoint (or DIR/latest)\n"
+"  --resume DIR|auto    continue bit-identically from a checkpoint (or DIR/latest);\n"
+"                       auto: from --save DIR when it has one, else from the start\n"
 "  --metrics FILE       one JSON object per step (loss, lr, grad_norm, tokens_per_s,\n"
 "                       bytes per link, peak per tier, busy time per queue)\n"
 "  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
@@ -326,6 +327,27 @@ int st_cli_train(int argc, char **argv)
 
 		if (stat(save, &st) == 0 && !S_ISDIR(st.st_mode))
 			st_cli_die(2, "--save %s exists and is not a directory", save);
+	}
+	/* --resume auto: one command line for a job's first start and its
+	 * restarts. Only "no checkpoint there" starts afresh (from --init, if
+	 * given); a damaged one is refused below as with --resume DIR. */
+	if (resume && strcmp(resume, "auto") == 0) {
+		char *found = NULL;
+
+		if (!save)
+			st_cli_die(2, "--resume auto needs --save DIR (it resumes from there)");
+		ret = st_ckpt_resolve(save, &found);
+		free(found);
+		if (ret < 0 && ret != -ENOENT)
+			st_cli_die(2, "--resume auto: %s", st_error_last());
+		resume = ret == 0 ? save : NULL;
+		if (!resume)
+			printf("no checkpoint in %s yet: starting at step 0\n", save);
+		else if (init)
+			printf("a checkpoint in %s: resuming from it, not from --init %s\n", save,
+			       init);
+		if (resume)
+			init = NULL;
 	}
 	if (init && resume)
 		st_cli_die(2, "--init and --resume do not go together");

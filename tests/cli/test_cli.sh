@@ -158,6 +158,18 @@ b = [json.loads(l)["loss"] for l in open(f"{w}/r22.jsonl")]
 assert a == b, (a, b)
 print("ok   resume: 2 + 2 steps give the losses of 4")
 PY
+# --resume auto: from the start (and --init) while --save DIR has no
+# checkpoint, from DIR once it has one; a damaged one is refused, never
+# silently started over.
+check resume-auto-no-save 2 "$strata" train $M --data "$data" --resume auto
+for want in "starting at step 0" "resumed from $work/auto at step 2"; do
+	"$strata" train $M --data "$data" --steps 2 --save "$work/auto" --resume auto \
+		--init "$work/ck" >"$work/out" 2>&1
+	grep -q "$want" "$work/out" && echo "ok   resume auto: $want" ||
+		{ echo "FAIL resume auto: no '$want'"; tail -3 "$work/out"; fail=1; }
+done
+echo '{' >"$work/auto/step-000002/trainer.json"
+check resume-auto-damaged 2 "$strata" train $M --data "$data" --steps 2 --save "$work/auto" --resume auto
 check resume-other-model 2 "$strata" train --model layers=1,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --data "$data" --resume "$work/rck"
 check resume-other-lr 2 "$strata" train $M --data "$data" --steps 4 --lr 0.5 --resume "$work/rck"
 # --trace: Chrome trace-event JSON, one lane per queue, nothing overlapping

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A run that is killed (SIGKILL) again and again, and resumed each time from
-# the newest checkpoint with --resume, must end where an uninterrupted run
+# A run that is killed (SIGKILL) again and again, and restarted each time
+# with the same command (--resume auto), must end where an uninterrupted run
 # ends: the same checkpoint bytes (weights, Adam state, trainer.json) and the
 # same loss at every step. W and the optimizer state live on nvme, a
 # checkpoint is saved after every step (so kills land in saves, in steps and
@@ -46,14 +46,14 @@ RANDOM=7
 kills=0 from=""
 lines() { [ -e "$work/${1:-run.jsonl}" ] && wc -l <"$work/${1:-run.jsonl}" || echo 0; }
 while :; do
-	resume=() done=0
+	done=0
 	if [ -e "$work/ck/latest" ]; then
-		resume=(--resume "$work/ck")
 		done=$(readlink "$work/ck/latest" | sed 's/^step-0*//')
 		from="$from ${done:-0}"
 	fi
 	want=$(( $(lines) + RANDOM % ((steps - ${done:-0}) / 3 + 1) ))
-	train ck run.jsonl "${resume[@]}" >"$work/run.log" 2>&1 &
+	# the same command each time, as a job's restarts would give it
+	train ck run.jsonl --resume auto >"$work/run.log" 2>&1 &
 	pid=$!
 	if [ $kills -lt 10 ] && [ "${done:-0}" -lt $steps ]; then
 		while [ "$(lines)" -lt $want ] && kill -0 $pid 2>/dev/null; do
