@@ -58,6 +58,14 @@ uint64_t st_engine_seed(const struct st_engine *e);
 int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		   bool next_follows, struct st_step_result *res);
 
+/* The loader's cursor at the end of the last step's batches, before the
+ * next step's first one that next_follows draws: what a checkpoint of the
+ * state after that step must hold. It lets a run that is told to stop save
+ * after a step that had next_follows (P, M and V are those of the step's
+ * end; st_engine_save() waits for the step's writes), and then end: stepping
+ * on after such a save is not supported. */
+const struct st_cursor *st_engine_step_end_cursor(const struct st_engine *e);
+
 /* Copy state s (W widened to fp32, or P, M, V) of unit u into dst (fp32,
  * the unit's flat length). For tests and checkpoints. */
 int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst);

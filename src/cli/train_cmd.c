@@ -431,10 +431,8 @@ int st_cli_train(int argc, char **argv)
 		struct st_engine_stats es;
 		double dt, tps;
 		char eta[32], a[16], b[16], cc[16], d[16];
-		/* A stop asked for (Ctrl-C, SIGTERM) ends the run after this step,
-		 * saved; one asked for while a step had begun the next also lets
-		 * that next one finish (the state is only saved between steps that
-		 * do not overlap). */
+		/* A stop asked for (Ctrl-C, SIGTERM) ends the run after the step
+		 * it comes in, saved. */
 		bool stopping = stop_requested;
 		bool saving = save && ((save_every && (s + 1) % save_every == 0) ||
 				       s + 1 == cfg->steps || stopping);
@@ -505,12 +503,16 @@ int st_cli_train(int argc, char **argv)
 			fflush(mf);
 		}
 		fflush(stdout);
-		if (saving) {
-			if (st_engine_save(e, save, (uint64_t)s + 1, &ld.cur, cfg_json, keep) < 0)
+		/* A stop that came during a step which began the next one saves
+		 * too: with the cursor of this step's end (ld has given the next
+		 * batch), and the run ends there. */
+		if (saving || (save && stop_requested)) {
+			if (st_engine_save(e, save, (uint64_t)s + 1, st_engine_step_end_cursor(e),
+					   cfg_json, keep) < 0)
 				st_cli_die(1, "--save %s: %s", save, st_error_last());
 			printf("saved step %d in %s\n", s + 1, save);
 		}
-		if (stop_requested && (!follows || !save))
+		if (stop_requested)
 			break;
 	}
 	if (save && cfg->steps == 0) {

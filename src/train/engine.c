@@ -129,6 +129,7 @@ struct st_engine {
 	/* W fetch sequence */
 	int *seq, nseq, issued, consumed;
 	int w_ready;                  /* units whose W may be fetched */
+	struct st_cursor end_cur;     /* st_engine_step_end_cursor() */
 	bool fwd_ready;               /* the forward of the next step's first
 					 micro-batch ran in the update sweep */
 
@@ -986,6 +987,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 			ret = backward(e, a, &l);
 		loss_sum += l;
 	}
+	e->end_cur = ld->cur; /* before update_sweep() draws the next batch */
 	if (ret == 0)
 		ret = wait_until(e, &e->land_busy);
 	if (ret == 0)
@@ -1091,6 +1093,11 @@ const struct st_model *st_engine_model(const struct st_engine *e)
 uint64_t st_engine_seed(const struct st_engine *e)
 {
 	return e->cfg.train.seed;
+}
+
+const struct st_cursor *st_engine_step_end_cursor(const struct st_engine *e)
+{
+	return &e->end_cur;
 }
 
 const char *st_engine_io_error(const struct st_engine *e)

@@ -363,7 +363,11 @@ static void test_traffic_matches_plan(void **state)
 		}
 }
 
-static void test_resume(void **state)
+/* 6 steps straight = 3 steps, save, resume (another placement), 3 steps.
+ * stopped: the third step runs with next_follows, as in a run told to stop
+ * during it, and the save takes st_engine_step_end_cursor() (the loader has
+ * given the next step's first batch by then). */
+static void resume_case(bool stopped)
 {
 	struct st_engine_config c;
 	struct run straight, resumed;
@@ -374,21 +378,21 @@ static void test_resume(void **state)
 	char ck[4200];
 	uint64_t step;
 
-	(void)state;
 	base_config(&c);
 	c.params = ST_OFFLOAD_NVME;
 	c.optim = ST_OFFLOAD_NVME;
 	train(&c, 6, &straight);
 
-	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	snprintf(ck, sizeof(ck), "%s/ck%s", dir, stopped ? "-stopped" : "");
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	for (int s = 0; s < 3; s++) {
-		assert_int_equal(st_engine_step(e, &ld, s, s < 2, &res), 0);
+		assert_int_equal(st_engine_step(e, &ld, s, s < 2 || stopped, &res), 0);
 		resumed.loss[s] = res.loss;
 		resumed.norm[s] = res.grad_norm;
 	}
-	if (st_engine_save(e, ck, 3, &ld.cur, "{\"k\":1}", 2))
+	assert_int_equal(st_engine_step_end_cursor(e)->step + stopped, ld.cur.step);
+	if (st_engine_save(e, ck, 3, st_engine_step_end_cursor(e), "{\"k\":1}", 2))
 		fail_msg("save: %s", st_error_last());
 	st_engine_destroy(e);
 	st_dataset_close(ds);
@@ -416,9 +420,17 @@ static void test_resume(void **state)
 	collect(e, &resumed);
 	st_engine_destroy(e);
 	st_dataset_close(ds);
-	same(&straight, &resumed, 6, "6 straight vs 3 + resume + 3");
+	same(&straight, &resumed, 6, stopped ? "6 straight vs 3 (the last beginning the 4th) + "
+		  "save + resume + 3" : "6 straight vs 3 + resume + 3");
 	run_free(&straight);
 	run_free(&resumed);
+}
+
+static void test_resume(void **state)
+{
+	(void)state;
+	resume_case(false);
+	resume_case(true);
 }
 
 static void test_nvme_fault(void **state)
