@@ -117,9 +117,15 @@ static void undo_run(int code)
 	run.trace = NULL;
 }
 
+/* The first SIGINT or SIGTERM asks for a stop; either one after it has the
+ * default action (sigaction is async-signal-safe). */
 static void on_signal(int sig)
 {
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+
 	(void)sig;
+	sigaction(SIGINT, &dfl, NULL);
+	sigaction(SIGTERM, &dfl, NULL);
 	stop_requested = 1;
 }
 
@@ -211,8 +217,7 @@ int st_cli_train(int argc, char **argv)
 	int done_steps;
 	int save_lock = -1;
 	char *cfg_json;
-	/* the first signal asks for a stop; a second one has the default action */
-	struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESETHAND };
+	struct sigaction sa = { .sa_handler = on_signal };
 	int ret;
 
 	st_train_config_default(cfg);
