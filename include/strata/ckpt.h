@@ -234,8 +234,9 @@ void st_ckpt_unlock(int fd);
 void st_ckpt_dir_abort(struct st_ckpt_dir *d);
 
 /* The checkpoint directory --resume path means: path itself when it holds
- * trainer.json; else the target of path/latest; else the step-N directory
- * of path with the largest N. *out is malloc'd (free() it). Returns 0,
+ * trainer.json; else the target of path/latest (unless that directory is
+ * missing: then a warning, and on); else the step-N directory of path with
+ * the largest N. *out is malloc'd (free() it). Returns 0,
  * -ENOENT when there is no checkpoint there (the detail says so), -errno. */
 int st_ckpt_resolve(const char *path, char **out);
 

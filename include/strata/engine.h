@@ -63,7 +63,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
  * state after that step must hold. It lets a run that is told to stop save
  * after a step that had next_follows (P, M and V are those of the step's
  * end; st_engine_save() waits for the step's writes), and then end: stepping
- * on after such a save is not supported. */
+ * on after such a save is not supported. Zeroed before the first step. */
 const struct st_cursor *st_engine_step_end_cursor(const struct st_engine *e);
 
 /* Copy state s (W widened to fp32, or P, M, V) of unit u into dst (fp32,

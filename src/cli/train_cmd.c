@@ -18,6 +18,7 @@
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,7 +93,9 @@ static const char *gbps(double bytes, double ns, char *buf, size_t n)
 	return buf;
 }
 
-static volatile sig_atomic_t stop_requested;
+/* Set by the signal handler, which may run on any thread: a lock-free
+ * atomic, which C11 allows a handler to store to. */
+static atomic_int stop_requested;
 
 /* What a run that stops early must undo: before its first step, bad input
  * (exit 2) leaves nothing behind, so the trace's temporary file goes and a
@@ -101,8 +104,45 @@ static volatile sig_atomic_t stop_requested;
 static struct {
 	struct st_trace *trace;
 	const char *save;
-	bool save_created, started;
+	char *made; /* the topmost directory of --save DIR that this run made */
+	bool started;
 } run;
+
+/* The topmost of path and its parents that does not exist (malloc'd), or
+ * NULL when path exists. */
+static char *missing_top(const char *path)
+{
+	char *p = strdup(path), *top = NULL, *slash;
+	size_t n = p ? strlen(p) : 0;
+	struct stat st;
+
+	while (n > 1 && p[n - 1] == '/')
+		p[--n] = '\0';
+	while (p && stat(p, &st) < 0 && errno == ENOENT) {
+		free(top);
+		top = strdup(p);
+		slash = strrchr(p, '/');
+		if (!top || !slash || slash == p)
+			break;
+		*slash = '\0';
+	}
+	free(p);
+	return top;
+}
+
+/* rmdir path, then its parents up to top (each only if empty). */
+static void remove_made(const char *path, const char *top)
+{
+	char *p = strdup(path), *slash;
+	size_t n = p ? strlen(p) : 0;
+
+	while (n > 1 && p[n - 1] == '/')
+		p[--n] = '\0';
+	while (p && rmdir(p) == 0 && strcmp(p, top) != 0 && (slash = strrchr(p, '/')) &&
+	       slash != p)
+		*slash = '\0';
+	free(p);
+}
 
 static void undo_run(int code)
 {
@@ -111,8 +151,8 @@ static void undo_run(int code)
 		st_trace_close(run.trace);
 	} else {
 		st_trace_abort(run.trace);
-		if (run.save_created)
-			rmdir(run.save);
+		if (run.made)
+			remove_made(run.save, run.made);
 	}
 	run.trace = NULL;
 }
@@ -215,6 +255,8 @@ int st_cli_train(int argc, char **argv)
 	FILE *mf = NULL;
 	uint64_t t0, start_step = 0;
 	int done_steps;
+	bool stopped = false;
+	char *auto_dir = NULL; /* what --resume auto resumes from */
 	int save_lock = -1;
 	char *cfg_json;
 	struct sigaction sa = { .sa_handler = on_signal };
@@ -333,28 +375,9 @@ int st_cli_train(int argc, char **argv)
 		if (stat(save, &st) == 0 && !S_ISDIR(st.st_mode))
 			st_cli_die(2, "--save %s exists and is not a directory", save);
 	}
-	/* --resume auto: one command line for a job's first start and its
-	 * restarts. Only "no checkpoint there" starts afresh (from --init, if
-	 * given); a damaged one is refused below as with --resume DIR. */
-	if (resume && strcmp(resume, "auto") == 0) {
-		char *found = NULL;
-
-		if (!save)
-			st_cli_die(2, "--resume auto needs --save DIR (it resumes from there)");
-		ret = st_ckpt_resolve(save, &found);
-		free(found);
-		if (ret < 0 && ret != -ENOENT)
-			st_cli_die(2, "--resume auto: %s", st_error_last());
-		resume = ret == 0 ? save : NULL;
-		if (!resume)
-			printf("no checkpoint in %s yet: starting at step 0\n", save);
-		else if (init)
-			printf("a checkpoint in %s: resuming from it, not from --init %s\n", save,
-			       init);
-		if (resume)
-			init = NULL;
-	}
-	if (init && resume)
+	if (resume && strcmp(resume, "auto") == 0 && !save)
+		st_cli_die(2, "--resume auto needs --save DIR (it resumes from there)");
+	if (init && resume && strcmp(resume, "auto") != 0)
 		st_cli_die(2, "--init and --resume do not go together");
 	set_threads_cli(threads);
 	ds = st_cli_open_data(data, cfg->model.vocab);
@@ -365,12 +388,45 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
 	cfg_json = config_json(cfg, model_text, data, shuffle);
 
+	/* One run saves into a DIR at a time: a second one (a restart while
+	 * the first still runs, say) would prune and relink the first's. The
+	 * lock comes before anything is read from DIR or allocated, so a
+	 * second run is refused before it has done any of that. */
+	st_cli_at_die(undo_run);
+	if (save) {
+		bool created;
+
+		run.save = save;
+		run.made = missing_top(save);
+		if (st_ckpt_lock(save, &save_lock, &created) < 0)
+			st_cli_die(2, "--save %s", st_error_last());
+	}
+	/* From here a Ctrl-C or SIGTERM only asks for a stop: in start-up, the
+	 * run ends before its first step; after, at the end of a step. */
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	/* --resume auto: one command line for a job's first start and its
+	 * restarts. Only "no checkpoint there" starts afresh (from --init, if
+	 * given); a damaged one is refused below as with --resume DIR. */
+	if (resume && strcmp(resume, "auto") == 0) {
+		ret = st_ckpt_resolve(save, &auto_dir);
+		if (ret < 0 && ret != -ENOENT)
+			st_cli_die(2, "--resume auto: %s", st_error_last());
+		resume = auto_dir;
+		if (!resume)
+			printf("no checkpoint in %s yet: starting at step 0\n", save);
+		else if (init)
+			printf("a checkpoint in %s: resuming from it, not from --init %s\n", save,
+			       init);
+		if (resume)
+			init = NULL;
+	}
+
 	/* The plan decides before anything is allocated: a budget that cannot
 	 * work is refused here, with exit 2. */
 	if (trace_path && st_trace_create(&trace, trace_path) < 0)
 		st_cli_die(2, "--trace %s: %s", trace_path, st_error_last());
 	ec.trace = run.trace = trace;
-	st_cli_at_die(undo_run);
 	ret = st_engine_create(&ec, &e);
 	if (ret == -ENOSPC || ret == -EINVAL || ret == -ENODEV)
 		st_cli_die(2, "%s", st_error_last());
@@ -409,11 +465,6 @@ int st_cli_train(int argc, char **argv)
 			st_cli_die(2, "--resume %s: %s", resume, st_error_last());
 		printf("resumed from %s at step %llu\n", resume, (unsigned long long)start_step);
 	}
-	/* One run saves into a DIR at a time: a second one (a restart while
-	 * the first still runs, say) would prune and relink the first's. */
-	run.save = save;
-	if (save && st_ckpt_lock(save, &save_lock, &run.save_created) < 0)
-		st_cli_die(2, "--save %s", st_error_last());
 	if (metrics) {
 		mf = fopen(metrics, resume ? "a" : "w");
 		if (!mf)
@@ -426,8 +477,8 @@ int st_cli_train(int argc, char **argv)
 	       (unsigned long long)st_dataset_tokens(ds), cfg->batch, cfg->seq, cfg->grad_accum,
 	       ec.device, omp_get_max_threads(), st_optim_path_name(st_optim_path_get()));
 	fflush(stdout);
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	if (stop_requested)
+		st_cli_die(130, "stopped before the first step (nothing saved)");
 	run.started = true;
 	done_steps = (int)start_step;
 	t0 = st_now_ns();
@@ -510,14 +561,16 @@ int st_cli_train(int argc, char **argv)
 		fflush(stdout);
 		/* A stop that came during a step which began the next one saves
 		 * too: with the cursor of this step's end (ld has given the next
-		 * batch), and the run ends there. */
-		if (saving || (save && stop_requested)) {
+		 * batch), and the run ends there. Read once: a signal between two
+		 * reads must not end the run unsaved. */
+		stopped = stop_requested;
+		if (saving || (save && stopped)) {
 			if (st_engine_save(e, save, (uint64_t)s + 1, st_engine_step_end_cursor(e),
 					   cfg_json, keep) < 0)
 				st_cli_die(1, "--save %s: %s", save, st_error_last());
 			printf("saved step %d in %s\n", s + 1, save);
 		}
-		if (stop_requested)
+		if (stopped)
 			break;
 	}
 	if (save && cfg->steps == 0) {
@@ -532,10 +585,12 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(1, "--trace %s: %s", trace_path, st_error_last());
 	st_cli_at_die(NULL);
 	st_ckpt_unlock(save_lock);
+	free(run.made);
+	free(auto_dir);
 	st_engine_destroy(e);
 	st_dataset_close(ds);
 	free(cfg_json);
-	if (stop_requested && done_steps < cfg->steps) {
+	if (stopped && done_steps < cfg->steps) {
 		if (save)
 			fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with "
 				"--resume %s)\n", done_steps, save, save);

@@ -1233,10 +1233,22 @@ int st_ckpt_resolve(const char *path, char **out)
 	len = readlink(link, target, sizeof(target) - 1);
 	free(link);
 	if (len > 0) {
+		struct stat sb;
+
 		target[len] = '\0';
 		*out = target[0] == '/' ? strdup(target)
 					: st_ckpt_fmt("%s/%s", path, target);
-		return *out ? 0 : st_error_set(-ENOMEM, "out of memory");
+		if (!*out)
+			return st_error_set(-ENOMEM, "out of memory");
+		if (stat(*out, &sb) == 0 || errno != ENOENT)
+			return 0;
+		/* latest names a directory that is gone (a crash while a step
+		 * was saved again without RENAME_EXCHANGE): take the newest
+		 * one there is, as without latest. */
+		st_warn("%s/" ST_CKPT_LATEST " names %s, which is missing: taking the newest "
+			"step-N directory", path, target);
+		free(*out);
+		*out = NULL;
 	}
 	/* No latest: a crash between the first rename and the link, or a
 	 * directory copied without its symlink. */

@@ -771,8 +771,12 @@ static void test_keep_latest_resolve(void **state)
 	/* Without latest, the largest step is taken. */
 	assert_true(asprintf(&p, "%s/latest", root) > 0);
 	unlink(p);
-	free(p);
 	assert_int_equal(check_ckpt(root), 70);
+	/* So it is when latest names a directory that is gone. */
+	assert_int_equal(symlink("step-000999", p), 0);
+	assert_int_equal(check_ckpt(root), 70);
+	unlink(p);
+	free(p);
 
 	/* keep 0: keep everything. */
 	assert_int_equal(write_ckpt(root, 80, 0, 0), 0);

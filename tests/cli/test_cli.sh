@@ -48,7 +48,7 @@ check eval-no-data 2 "$strata" eval --ckpt "$work/nope"
 [ ! -e "$work/never" ] || { echo "FAIL bad input wrote --save"; fail=1; }
 # bad input found after the trace is open and --save is made: neither stays
 check resume-missing 2 "$strata" train $M --data "$data" --resume "$work/nope" --trace "$work/tr.json"
-check metrics-unwritable 2 "$strata" train $M --data "$data" --save "$work/never" \
+check metrics-unwritable 2 "$strata" train $M --data "$data" --save "$work/never/a/b" \
 	--metrics "$work/nodir/m.jsonl" --trace "$work/tr.json"
 left=$(ls "$work" | grep -e '^tr\.json' -e '^never$')
 [ -z "$left" ] || { echo "FAIL bad input left $left"; fail=1; }
@@ -159,15 +159,18 @@ assert a == b, (a, b)
 print("ok   resume: 2 + 2 steps give the losses of 4")
 PY
 # --resume auto: from the start (and --init) while --save DIR has no
-# checkpoint, from DIR once it has one; a damaged one is refused, never
-# silently started over.
+# checkpoint, from DIR once it has one (also when latest names a directory
+# that is gone); a damaged one is refused, never silently started over.
 check resume-auto-no-save 2 "$strata" train $M --data "$data" --resume auto
-for want in "starting at step 0" "resumed from $work/auto at step 2"; do
-	"$strata" train $M --data "$data" --steps 2 --save "$work/auto" --resume auto \
+for want in "starting at step 0" "resumed from $work/auto/step-000002 at step 2" \
+	    "latest names step-000099, which is missing"; do
+	ST_QUIET=0 "$strata" train $M --data "$data" --steps 2 --save "$work/auto" --resume auto \
 		--init "$work/ck" >"$work/out" 2>&1
 	grep -q "$want" "$work/out" && echo "ok   resume auto: $want" ||
 		{ echo "FAIL resume auto: no '$want'"; tail -3 "$work/out"; fail=1; }
+	ln -sfn step-000099 "$work/auto/latest"
 done
+ln -sfn step-000002 "$work/auto/latest"
 echo '{' >"$work/auto/step-000002/trainer.json"
 check resume-auto-damaged 2 "$strata" train $M --data "$data" --steps 2 --save "$work/auto" --resume auto
 check resume-other-model 2 "$strata" train --model layers=1,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --data "$data" --resume "$work/rck"

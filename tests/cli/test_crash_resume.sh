@@ -160,17 +160,18 @@ for sig in TERM INT; do
 	fi
 	stops="$stops SIG$sig at step $at;"
 done
-# A second signal does not wait for the step: SIGTERM, then SIGINT 0.1 s
-# later (a model whose step takes longer), end the run by SIGINT's default
-# action, with no "stopped after" line. (Two signals at the same instant
-# can reach two threads' handlers at once and count as one.)
+# A second signal does not wait for the step: SIGTERM, then SIGINT a fifth
+# of a step later, end the run by SIGINT's default action, with no "stopped
+# after" line. (Two signals at the same instant can reach two threads'
+# handlers at once and count as one.) The step time is the run's own first.
 "$strata" train --model layers=4,dim=256,heads=4,vocab=256,ctx=128 --seq 128 --batch 16 \
 	--data "$data" --steps 1000 --gpu-mem 512M --host-mem 512M --save "$work/twice" \
-	--metrics "$work/twice.jsonl" >/dev/null 2>"$work/err" &
+	--threads 1 --metrics "$work/twice.jsonl" >/dev/null 2>"$work/err" &
 pid=$!
 while [ "$(lines twice.jsonl)" -lt 1 ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done
 kill -TERM $pid 2>/dev/null
-sleep 0.1
+sleep "$(sed -n '1s/.*"step_s":\([0-9.]*\).*/\1/p' "$work/twice.jsonl" |
+	awk '{ printf "%.3f", $1 / 5 }')"
 kill -INT $pid 2>/dev/null
 wait $pid 2>/dev/null
 rc=$?
