@@ -28,7 +28,6 @@
 #include "strata/common.h"
 #include "strata/safetensors.h"
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -220,11 +219,13 @@ int st_ckpt_dir_commit(struct st_ckpt_dir *d, unsigned keep);
  * missing parents) when it is missing, then take an exclusive flock(2) on
  * the directory itself, held until st_ckpt_unlock() or the process ends (the
  * kernel drops it however the process dies, SIGKILL too, so a crashed run
- * never leaves root locked). *created: root did not exist before. Returns 0
- * with *fd >= 0; 0 with *fd = -1 after a warning where the file system has
- * no flock (nothing is enforced there); -EBUSY when another process holds
- * root ("DIR: another process is saving checkpoints here ..."); -errno. */
-int st_ckpt_lock(const char *root, int *fd, bool *created);
+ * never leaves root locked). *made: the topmost directory this call created
+ * (malloc'd; NULL when root was there), for a caller that gives up before
+ * using root and removes what it made. Returns 0 with *fd >= 0; 0 with
+ * *fd = -1 after a warning where the file system has no flock (nothing is
+ * enforced there); -EBUSY when another process holds root ("DIR: another
+ * process is saving checkpoints here ..."); -errno. */
+int st_ckpt_lock(const char *root, int *fd, char **made);
 
 /* Release a lock st_ckpt_lock() took (fd < 0: nothing). */
 void st_ckpt_unlock(int fd);

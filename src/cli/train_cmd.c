@@ -99,7 +99,8 @@ static atomic_int stop_requested;
 
 /* What a run that stops early must undo: before its first step, bad input
  * (exit 2) leaves nothing behind, so the trace's temporary file goes and a
- * --save DIR made by this run is removed (it is still empty); a run that
+ * --save DIR made by this run is removed, with the parents it made (they are
+ * still empty); a run that
  * fails later keeps the trace it has so far. */
 static struct {
 	struct st_trace *trace;
@@ -107,28 +108,6 @@ static struct {
 	char *made; /* the topmost directory of --save DIR that this run made */
 	bool started;
 } run;
-
-/* The topmost of path and its parents that does not exist (malloc'd), or
- * NULL when path exists. */
-static char *missing_top(const char *path)
-{
-	char *p = strdup(path), *top = NULL, *slash;
-	size_t n = p ? strlen(p) : 0;
-	struct stat st;
-
-	while (n > 1 && p[n - 1] == '/')
-		p[--n] = '\0';
-	while (p && stat(p, &st) < 0 && errno == ENOENT) {
-		free(top);
-		top = strdup(p);
-		slash = strrchr(p, '/');
-		if (!top || !slash || slash == p)
-			break;
-		*slash = '\0';
-	}
-	free(p);
-	return top;
-}
 
 /* rmdir path, then its parents up to top (each only if empty). */
 static void remove_made(const char *path, const char *top)
@@ -393,14 +372,9 @@ int st_cli_train(int argc, char **argv)
 	 * lock comes before anything is read from DIR or allocated, so a
 	 * second run is refused before it has done any of that. */
 	st_cli_at_die(undo_run);
-	if (save) {
-		bool created;
-
-		run.save = save;
-		run.made = missing_top(save);
-		if (st_ckpt_lock(save, &save_lock, &created) < 0)
-			st_cli_die(2, "--save %s", st_error_last());
-	}
+	run.save = save;
+	if (save && st_ckpt_lock(save, &save_lock, &run.made) < 0)
+		st_cli_die(2, "--save %s", st_error_last());
 	/* From here a Ctrl-C or SIGTERM only asks for a stop: in start-up, the
 	 * run ends before its first step; after, at the end of a step. */
 	sigaction(SIGINT, &sa, NULL);
@@ -413,13 +387,13 @@ int st_cli_train(int argc, char **argv)
 		if (ret < 0 && ret != -ENOENT)
 			st_cli_die(2, "--resume auto: %s", st_error_last());
 		resume = auto_dir;
-		if (!resume)
+		if (!resume) {
 			printf("no checkpoint in %s yet: starting at step 0\n", save);
-		else if (init)
+		} else if (init) {
 			printf("a checkpoint in %s: resuming from it, not from --init %s\n", save,
 			       init);
-		if (resume)
 			init = NULL;
+		}
 	}
 
 	/* The plan decides before anything is allocated: a budget that cannot

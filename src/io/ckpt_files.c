@@ -921,13 +921,34 @@ int st_ckpt_dir_begin(struct st_ckpt_dir *d, const char *root, uint64_t step)
 	return 0;
 }
 
-int st_ckpt_lock(const char *root, int *fd, bool *created)
+/* The topmost of path and its parents that does not exist (malloc'd), or
+ * NULL when path exists. */
+static char *st_ckpt_missing_top(const char *path)
 {
+	char *p = strdup(path), *top = NULL, *slash;
+	size_t n = p ? strlen(p) : 0;
 	struct stat st;
+
+	while (n > 1 && p[n - 1] == '/')
+		p[--n] = '\0';
+	while (p && stat(p, &st) < 0 && errno == ENOENT) {
+		free(top);
+		top = strdup(p);
+		slash = strrchr(p, '/');
+		if (!top || !slash || slash == p)
+			break;
+		*slash = '\0';
+	}
+	free(p);
+	return top;
+}
+
+int st_ckpt_lock(const char *root, int *fd, char **made)
+{
 	int err;
 
 	*fd = -1;
-	*created = stat(root, &st) < 0 && errno == ENOENT;
+	*made = st_ckpt_missing_top(root);
 	err = st_ckpt_mkdirs(root);
 	if (err)
 		return err;

@@ -869,23 +869,25 @@ static void test_crash_anywhere(void **state)
  * dies by SIGKILL. */
 static void test_lock_one_writer(void **state)
 {
-	char *root, buf;
+	char *root, *top, *made, buf;
 	int fd1, fd2, pipefd[2], status;
-	bool created;
 	pid_t pid;
 
 	ST_UNUSED(state);
 	assert_true(asprintf(&root, "%s/lock/a/b", tmp_root) > 0);
-	assert_int_equal(st_ckpt_lock(root, &fd1, &created), 0);
+	assert_true(asprintf(&top, "%s/lock", tmp_root) > 0);
+	assert_int_equal(st_ckpt_lock(root, &fd1, &made), 0);
 	assert_true(fd1 >= 0);
-	assert_true(created);
-	assert_int_equal(st_ckpt_lock(root, &fd2, &created), -EBUSY);
+	assert_string_equal(made, top); /* lock, lock/a and lock/a/b were made */
+	free(made);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &made), -EBUSY);
 	assert_int_equal(fd2, -1);
-	assert_false(created);
+	assert_null(made);
 	assert_non_null(strstr(st_error_last(), root));
 	assert_non_null(strstr(st_error_last(), "another process"));
 	st_ckpt_unlock(fd1);
-	assert_int_equal(st_ckpt_lock(root, &fd2, &created), 0);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &made), 0);
+	assert_null(made);
 	st_ckpt_unlock(fd2);
 
 	assert_int_equal(pipe(pipefd), 0);
@@ -893,9 +895,9 @@ static void test_lock_one_writer(void **state)
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		int fd;
-		bool c;
+		char *m;
 
-		if (st_ckpt_lock(root, &fd, &c) < 0 || write(pipefd[1], "k", 1) != 1)
+		if (st_ckpt_lock(root, &fd, &m) < 0 || write(pipefd[1], "k", 1) != 1)
 			_exit(1);
 		for (;;)
 			pause();
@@ -903,13 +905,14 @@ static void test_lock_one_writer(void **state)
 	close(pipefd[1]);
 	assert_int_equal(read(pipefd[0], &buf, 1), 1);
 	close(pipefd[0]);
-	assert_int_equal(st_ckpt_lock(root, &fd2, &created), -EBUSY);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &made), -EBUSY);
 	kill(pid, SIGKILL);
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
-	assert_int_equal(st_ckpt_lock(root, &fd2, &created), 0);
+	assert_int_equal(st_ckpt_lock(root, &fd2, &made), 0);
 	st_ckpt_unlock(fd2);
 	free(root);
+	free(top);
 }
 
 int main(void)
