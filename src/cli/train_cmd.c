@@ -99,9 +99,8 @@ static atomic_int stop_requested;
 
 /* What a run that stops early must undo: before its first step, bad input
  * (exit 2) leaves nothing behind, so the trace's temporary file goes and a
- * --save DIR made by this run is removed, with the parents it made (they are
- * still empty); a run that
- * fails later keeps the trace it has so far. */
+ * --save DIR made by this run is removed, with the parents it made (all
+ * still empty); a run that fails later keeps the trace it has so far. */
 static struct {
 	struct st_trace *trace;
 	const char *save;
