@@ -19,8 +19,6 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
-int st_hwloc_numa_of_self(void);
-
 #define HOST_CQ_SLOTS 256u
 
 #define HOST_HUGE_BYTES (2u << 20)

@@ -230,6 +230,18 @@ int st_ckpt_lock(const char *root, int *fd, char **made);
 /* Release a lock st_ckpt_lock() took (fd < 0: nothing). */
 void st_ckpt_unlock(int fd);
 
+/* A step-N directory of a --save root: N, and its name ("step-000123"). */
+struct st_ckpt_step {
+	int64_t step;
+	char *name;
+};
+
+/* root's step-N directories (N all digits; temporaries and other names are
+ * left out), newest (largest N) first: *out is malloc'd, NULL when *n is 0;
+ * give it back with st_ckpt_list_free(). Returns 0 or -errno ("root: ..."). */
+int st_ckpt_list(const char *root, struct st_ckpt_step **out, size_t *n);
+void st_ckpt_list_free(struct st_ckpt_step *s, size_t n);
+
 /* Remove d->tmp and what is in it, and finish d. Safe on a finished or
  * zeroed d. */
 void st_ckpt_dir_abort(struct st_ckpt_dir *d);

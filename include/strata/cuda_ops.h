@@ -26,6 +26,22 @@ enum st_cuda_dtype { ST_CUDA_F32, ST_CUDA_BF16 };
 
 /* 1 when a usable GPU is present, else 0 (never fails). */
 int st_cuda_available(void);
+/* What `strata info` shows of a GPU. */
+struct st_cuda_info {
+	int count;                 /* GPUs the runtime sees */
+	int runtime_version;       /* 13000 for 13.0 */
+	int driver_version;        /* the newest CUDA the driver takes; 0 without one */
+	char name[256];
+	int cc_major, cc_minor;    /* compute capability */
+	int sm_count;
+	uint64_t total_bytes, free_bytes;
+	char busid[32];            /* "0000:65:00.0" */
+	int numa_node;             /* hwloc OS index near the GPU, or -1 */
+};
+/* Fill *out for GPU `ordinal` (versions and count even without a GPU).
+ * Returns 0; -ENODEV when there is no such GPU, with the runtime's reason
+ * in st_error_last() ("no CUDA-capable device is detected"). */
+int st_cuda_info(int ordinal, struct st_cuda_info *out);
 /* Make a context on GPU `ordinal` with its own stream. -ENODEV without a
  * GPU. *out goes back with st_cuda_ctx_destroy(). */
 int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out);

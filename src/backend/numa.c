@@ -1,12 +1,10 @@
 /* hwloc helpers shared by the devices and the host tier: which NUMA node is
  * nearest a PCI device, and which node the calling thread runs on. */
 #include "strata/common.h"
+#include "strata/device.h"
 
 #include <hwloc.h>
 #include <stdio.h>
-
-int st_hwloc_numa_of_pci(const char *busid);
-int st_hwloc_numa_of_self(void);
 
 static int numa_of_cpuset(hwloc_topology_t topo, hwloc_const_cpuset_t set)
 {
@@ -57,4 +55,17 @@ int st_hwloc_numa_of_self(void)
 	hwloc_bitmap_free(set);
 	hwloc_topology_destroy(topo);
 	return node;
+}
+
+int st_hwloc_numa_count(void)
+{
+	hwloc_topology_t topo;
+	int n = 1;
+
+	if (hwloc_topology_init(&topo) < 0)
+		return 1;
+	if (hwloc_topology_load(topo) == 0)
+		n = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+	hwloc_topology_destroy(topo);
+	return n > 0 ? n : 1;
 }

@@ -1,4 +1,4 @@
-/* strata: the command line. `strata train | generate | eval`.
+/* strata: the command line. `strata train | plan | info | generate | eval`.
  * Flags become one config struct; everything else is in the seams below.
  * Bad input: one line on stderr and exit 2, before anything is written. */
 #include "cli.h"
@@ -257,6 +257,7 @@ static void usage(FILE *f)
 "  plan       print where every shard would live, and the predicted step\n"
 "  generate   continue a prompt with a byte-level checkpoint\n"
 "  eval       mean loss of a checkpoint on a data file\n"
+"  info       what strata finds on this machine, in --nvme dirs, or in a checkpoint\n"
 "\n"
 "strata COMMAND --help for each command's options.\n");
 }
@@ -279,6 +280,8 @@ int main(int argc, char **argv)
 		return st_cli_train(argc - 1, argv + 1);
 	if (strcmp(cmd, "plan") == 0)
 		return st_cli_plan(argc - 1, argv + 1);
+	if (strcmp(cmd, "info") == 0)
+		return st_cli_info(argc - 1, argv + 1);
 	if (strcmp(cmd, "generate") == 0)
 		return cmd_generate(argc - 1, argv + 1);
 	if (strcmp(cmd, "eval") == 0)

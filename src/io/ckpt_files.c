@@ -1101,33 +1101,25 @@ static int64_t st_ckpt_step_of(const char *name)
 	return (int64_t)v;
 }
 
-/* A step-N directory of root. */
-struct st_ckpt_step_dir {
-	int64_t step;
-	char *name;
-};
-
 static int st_ckpt_cmp_desc(const void *a, const void *b)
 {
-	int64_t x = ((const struct st_ckpt_step_dir *)a)->step;
-	int64_t y = ((const struct st_ckpt_step_dir *)b)->step;
+	int64_t x = ((const struct st_ckpt_step *)a)->step;
+	int64_t y = ((const struct st_ckpt_step *)b)->step;
 
 	return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static void st_ckpt_steps_free(struct st_ckpt_step_dir *s, size_t n)
+void st_ckpt_list_free(struct st_ckpt_step *s, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		free(s[i].name);
 	free(s);
 }
 
-/* root's step-N directories, newest (largest N) first, malloc'd. */
-static int st_ckpt_list_steps(const char *root, struct st_ckpt_step_dir **out,
-			      size_t *out_n)
+int st_ckpt_list(const char *root, struct st_ckpt_step **out, size_t *out_n)
 {
 	DIR *dir = opendir(root);
-	struct st_ckpt_step_dir *steps = NULL;
+	struct st_ckpt_step *steps = NULL;
 	struct dirent *de;
 	size_t n = 0, cap = 0;
 
@@ -1142,7 +1134,7 @@ static int st_ckpt_list_steps(const char *root, struct st_ckpt_step_dir **out,
 		if (s < 0 || (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN))
 			continue;
 		if (n == cap) {
-			struct st_ckpt_step_dir *p;
+			struct st_ckpt_step *p;
 
 			cap = cap ? 2 * cap : 16;
 			p = realloc(steps, cap * sizeof(*p));
@@ -1163,16 +1155,16 @@ static int st_ckpt_list_steps(const char *root, struct st_ckpt_step_dir **out,
 	return 0;
 oom:
 	closedir(dir);
-	st_ckpt_steps_free(steps, n);
+	st_ckpt_list_free(steps, n);
 	return st_error_set(-ENOMEM, "out of memory");
 }
 
 static int st_ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 {
 	const char *mine = strrchr(d->final, '/') + 1;
-	struct st_ckpt_step_dir *steps;
+	struct st_ckpt_step *steps;
 	size_t n, kept = 0;
-	int err = st_ckpt_list_steps(d->root, &steps, &n);
+	int err = st_ckpt_list(d->root, &steps, &n);
 
 	if (err)
 		return err;
@@ -1198,7 +1190,7 @@ static int st_ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 		free(name);
 		free(doomed);
 	}
-	st_ckpt_steps_free(steps, n);
+	st_ckpt_list_free(steps, n);
 	if (!err)
 		err = st_ckpt_fsync_path(d->root, O_DIRECTORY);
 	return err;
@@ -1236,7 +1228,7 @@ static bool st_ckpt_exists(const char *dir, const char *name, bool want_dir)
 
 int st_ckpt_resolve(const char *path, char **out)
 {
-	struct st_ckpt_step_dir *steps;
+	struct st_ckpt_step *steps;
 	char target[4096];
 	size_t n;
 	ssize_t len;
@@ -1273,13 +1265,13 @@ int st_ckpt_resolve(const char *path, char **out)
 	}
 	/* No latest: a crash between the first rename and the link, or a
 	 * directory copied without its symlink. */
-	err = st_ckpt_list_steps(path, &steps, &n);
+	err = st_ckpt_list(path, &steps, &n);
 	if (err)
 		return err;
 	for (size_t i = 0; i < n && !*out; i++)
 		if (st_ckpt_exists(path, steps[i].name, true))
 			*out = st_ckpt_fmt("%s/%s", path, steps[i].name);
-	st_ckpt_steps_free(steps, n);
+	st_ckpt_list_free(steps, n);
 	if (!*out)
 		return st_error_set(-ENOENT, "%s: no checkpoint here (no "
 				    "trainer.json, no '" ST_CKPT_LATEST "' link, "

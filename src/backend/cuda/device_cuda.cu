@@ -12,7 +12,6 @@
 extern "C" {
 #include "strata/device.h"
 #include "strata/cuda_ops.h"
-int st_hwloc_numa_of_pci(const char *busid);
 }
 
 struct st_queue {

@@ -17,10 +17,13 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "strata/cuda_ops.h"
+#include "strata/device.h"
 }
 #include "cuda_internal.h"
 
@@ -284,6 +287,48 @@ int st_cuda_available(void)
 		return 0;
 	}
 	return count > 0;
+}
+
+int st_cuda_info(int ordinal, struct st_cuda_info *out)
+{
+	struct cudaDeviceProp prop;
+	size_t free_bytes = 0, total_bytes = 0;
+	cudaError_t e;
+
+	memset(out, 0, sizeof(*out));
+	out->numa_node = -1;
+	if (cudaRuntimeGetVersion(&out->runtime_version) != cudaSuccess)
+		out->runtime_version = 0;
+	if (cudaDriverGetVersion(&out->driver_version) != cudaSuccess)
+		out->driver_version = 0;
+	e = cudaGetDeviceCount(&out->count);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		out->count = 0;
+		return st_error_set(-ENODEV, "cuda: no usable GPU: %s (%s)",
+				    cudaGetErrorString(e), cudaGetErrorName(e));
+	}
+	if (ordinal < 0 || ordinal >= out->count)
+		return st_error_set(-ENODEV, "cuda: no GPU %d (%d present)", ordinal, out->count);
+	e = cudaGetDeviceProperties(&prop, ordinal);
+	if (e != cudaSuccess)
+		return st_cuda_err(e, "cudaGetDeviceProperties");
+	snprintf(out->name, sizeof(out->name), "%s", prop.name);
+	out->cc_major = prop.major;
+	out->cc_minor = prop.minor;
+	out->sm_count = prop.multiProcessorCount;
+	out->total_bytes = prop.totalGlobalMem;
+	e = cudaSetDevice(ordinal);
+	if (e == cudaSuccess)
+		e = cudaMemGetInfo(&free_bytes, &total_bytes);
+	if (e != cudaSuccess)
+		return st_cuda_err(e, "cudaMemGetInfo");
+	out->free_bytes = free_bytes;
+	if (cudaDeviceGetPCIBusId(out->busid, sizeof(out->busid), ordinal) == cudaSuccess)
+		out->numa_node = st_hwloc_numa_of_pci(out->busid);
+	else
+		cudaGetLastError();
+	return 0;
 }
 
 int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out)

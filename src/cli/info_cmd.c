@@ -1,0 +1,756 @@
+/* strata: `strata info`, what strata finds before a run: on this machine
+ * (the build, the CPU and the AdamW kernel it picks, memory, huge pages and
+ * the locked-memory limit, NUMA, the GPU or why there is none, io_uring),
+ * in the --nvme directories (each probed with the nvme tier itself: a
+ * write and a read back through io_uring), and in a checkpoint directory
+ * (--ckpt: what --resume would take, every step-N there, --verify their
+ * sizes and XXH64). Text, or --json. Exit 2 for bad input, 1 when a probe
+ * or a checkpoint fails. */
+#include "cli.h"
+#include "strata/ckpt.h"
+#include "strata/device.h"
+#include "strata/io.h"
+#include "strata/optim.h"
+#include "strata/tier.h"
+#ifdef ST_HAVE_CUDA
+#include "strata/cuda_ops.h"
+#endif
+
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <json-c/json.h>
+#include <liburing.h>
+#include <mntent.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#define PROBE_BYTES (1u << 20) /* what the nvme probe writes and reads back */
+
+static void info_usage(FILE *f)
+{
+	fprintf(f,
+"usage: strata info [--nvme DIR[,DIR...]] [--json]\n"
+"       strata info --ckpt DIR [--verify] [--json]\n"
+"\n"
+"What strata finds on this machine: the build, the CPU and the AdamW kernel it\n"
+"picks, memory, huge pages, the locked-memory limit (the host tier's pinned\n"
+"memory without a GPU), NUMA, the GPU (or why there is none), io_uring.\n"
+"  --nvme DIR[,DIR...]  also each directory's file system and free space, and\n"
+"                       whether the nvme tier works there: it writes 1 MiB and\n"
+"                       reads it back through io_uring, with O_DIRECT or, where\n"
+"                       the file system refuses it, buffered (nothing is left)\n"
+"\n"
+"With --ckpt, a checkpoint directory instead (a --save DIR or one step-N in\n"
+"it): the checkpoint --resume DIR would take, with its step, model, training\n"
+"config and files, and every step-N directory there.\n"
+"  --verify             check each listed checkpoint's files: size and XXH64\n"
+"\n"
+"  --json               the same as one JSON object\n"
+"  -h, --help\n"
+"Exit status: 0; 1 when a probe fails or a checkpoint is damaged; 2 for bad\n"
+"input (a flag, a missing directory, no checkpoint there).\n");
+}
+
+/* json-c helpers: add a value to an object */
+static void put_str(struct json_object *o, const char *k, const char *v)
+{
+	json_object_object_add(o, k, v ? json_object_new_string(v) : NULL);
+}
+
+static void put_int(struct json_object *o, const char *k, int64_t v)
+{
+	json_object_object_add(o, k, json_object_new_int64(v));
+}
+
+static void put_bool(struct json_object *o, const char *k, bool v)
+{
+	json_object_object_add(o, k, json_object_new_boolean(v));
+}
+
+/* --- the machine --------------------------------------------------------- */
+
+/* First "key : value" line of /proc/cpuinfo with key, into buf. */
+static void cpuinfo_field(const char *key, char *buf, size_t n)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[512];
+	size_t klen = strlen(key);
+
+	snprintf(buf, n, "unknown");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *colon = strchr(line, ':');
+
+		if (strncmp(line, key, klen) != 0 || !colon)
+			continue;
+		colon++;
+		colon += strspn(colon, " \t");
+		colon[strcspn(colon, "\n")] = '\0';
+		snprintf(buf, n, "%s", colon);
+		break;
+	}
+	fclose(f);
+}
+
+/* A /proc/meminfo value ("MemTotal:  24000 kB"), in its unit times mult;
+ * -1 when absent. */
+static int64_t meminfo(const char *key, int64_t mult)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	size_t klen = strlen(key);
+	int64_t v = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, key, klen) == 0 && line[klen] == ':') {
+			v = strtoll(line + klen + 1, NULL, 10) * mult;
+			break;
+		}
+	fclose(f);
+	return v;
+}
+
+/* The [chosen] word of a sysfs choice file ("always [madvise] never"). */
+static void sysfs_choice(const char *path, char *buf, size_t n)
+{
+	FILE *f = fopen(path, "r");
+	char line[256], *a, *b;
+
+	snprintf(buf, n, "unknown");
+	if (!f)
+		return;
+	if (fgets(line, sizeof(line), f) && (a = strchr(line, '[')) && (b = strchr(a, ']'))) {
+		*b = '\0';
+		snprintf(buf, n, "%s", a + 1);
+	}
+	fclose(f);
+}
+
+/* Whether this process may lock any amount of memory (CAP_IPC_LOCK, bit
+ * 14 of /proc/self/status's CapEff). */
+static bool cap_ipc_lock(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	bool yes = false;
+
+	if (!f)
+		return false;
+	while (fgets(line, sizeof(line), f))
+		if (strncmp(line, "CapEff:", 7) == 0) {
+			yes = (strtoull(line + 7, NULL, 16) >> 14) & 1;
+			break;
+		}
+	fclose(f);
+	return yes;
+}
+
+static struct json_object *limit_json(rlim_t v)
+{
+	return v == RLIM_INFINITY ? json_object_new_string("unlimited")
+				  : json_object_new_int64((int64_t)v);
+}
+
+static const char *limit_text(rlim_t v, char *buf, size_t n)
+{
+	return v == RLIM_INFINITY ? "unlimited" : st_format_bytes((uint64_t)v, buf, n);
+}
+
+static struct json_object *machine_json(void)
+{
+	struct json_object *o = json_object_new_object(), *s;
+	char buf[512];
+	cpu_set_t set;
+	struct rlimit rl;
+	struct utsname un;
+	struct io_uring ring;
+	int ret;
+
+	snprintf(buf, sizeof(buf), "%d.%d", ST_VERSION_MAJOR, ST_VERSION_MINOR);
+	put_str(o, "version", buf);
+	put_str(o, "devices", st_device_list());
+
+	s = json_object_new_object();
+	cpuinfo_field("model name", buf, sizeof(buf));
+	put_str(s, "model", buf);
+	put_int(s, "online", sysconf(_SC_NPROCESSORS_ONLN));
+	put_int(s, "usable", sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : -1);
+	put_int(s, "omp_threads", omp_get_max_threads());
+	put_str(s, "adam", st_optim_path_name(st_optim_path_get()));
+	snprintf(buf, sizeof(buf), "%s", openblas_get_config());
+	buf[strcspn(buf, "\n")] = '\0';
+	put_str(s, "blas", buf);
+	json_object_object_add(o, "cpu", s);
+
+	s = json_object_new_object();
+	put_int(s, "total_bytes", meminfo("MemTotal", 1024));
+	put_int(s, "available_bytes", meminfo("MemAvailable", 1024));
+	put_int(s, "hugepage_bytes", meminfo("Hugepagesize", 1024));
+	put_int(s, "hugepages_total", meminfo("HugePages_Total", 1));
+	put_int(s, "hugepages_free", meminfo("HugePages_Free", 1));
+	sysfs_choice("/sys/kernel/mm/transparent_hugepage/enabled", buf, sizeof(buf));
+	put_str(s, "transparent_hugepages", buf);
+	if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+		json_object_object_add(s, "memlock_soft", limit_json(rl.rlim_cur));
+		json_object_object_add(s, "memlock_hard", limit_json(rl.rlim_max));
+	}
+	put_bool(s, "cap_ipc_lock", cap_ipc_lock());
+	json_object_object_add(o, "memory", s);
+
+	s = json_object_new_object();
+	put_int(s, "nodes", st_hwloc_numa_count());
+	put_int(s, "self", st_hwloc_numa_of_self());
+	json_object_object_add(o, "numa", s);
+
+	s = json_object_new_object();
+#ifdef ST_HAVE_CUDA
+	{
+		struct st_cuda_info ci;
+
+		put_bool(s, "built", true);
+		ret = st_cuda_info(0, &ci);
+		put_int(s, "count", ci.count);
+		put_int(s, "runtime_version", ci.runtime_version);
+		put_int(s, "driver_version", ci.driver_version);
+		if (ret < 0) {
+			put_str(s, "error", st_error_last());
+		} else {
+			put_str(s, "name", ci.name);
+			snprintf(buf, sizeof(buf), "%d.%d", ci.cc_major, ci.cc_minor);
+			put_str(s, "compute_capability", buf);
+			put_int(s, "sms", ci.sm_count);
+			put_int(s, "total_bytes", (int64_t)ci.total_bytes);
+			put_int(s, "free_bytes", (int64_t)ci.free_bytes);
+			put_str(s, "pci", ci.busid);
+			put_int(s, "numa_node", ci.numa_node);
+		}
+	}
+#else
+	put_bool(s, "built", false);
+	put_int(s, "count", 0);
+	put_str(s, "error", "built without CUDA (no nvcc when strata was configured)");
+#endif
+	json_object_object_add(o, "gpu", s);
+
+	s = json_object_new_object();
+	if (uname(&un) == 0)
+		put_str(s, "kernel", un.release);
+	ret = io_uring_queue_init(8, &ring, 0);
+	put_bool(s, "ok", ret == 0);
+	if (ret == 0)
+		io_uring_queue_exit(&ring);
+	else
+		put_str(s, "error", strerror(-ret));
+	json_object_object_add(o, "io_uring", s);
+	return o;
+}
+
+/* The file system type of the mount that holds path (longest mount point
+ * that is a prefix of its real path). */
+static void fs_type(const char *path, char *buf, size_t n)
+{
+	char *real = realpath(path, NULL);
+	FILE *f = setmntent("/proc/self/mounts", "r");
+	struct mntent *m;
+	size_t best = 0;
+
+	snprintf(buf, n, "unknown");
+	if (real && f)
+		while ((m = getmntent(f))) {
+			size_t len = strlen(m->mnt_dir);
+			bool under = strncmp(real, m->mnt_dir, len) == 0 &&
+				     (real[len] == '/' || real[len] == '\0' || len == 1);
+
+			if (under && len >= best) {
+				best = len;
+				snprintf(buf, n, "%s", m->mnt_type);
+			}
+		}
+	if (f)
+		endmntent(f);
+	free(real);
+}
+
+/* One write and one read of PROBE_BYTES through tier t; 0 or -errno. */
+static int probe_io(struct st_tier *t, enum st_io_op op, const struct st_extent *ext, void *buf)
+{
+	struct st_tier_io io = { .op = op, .ext = *ext, .len_bytes = PROBE_BYTES, .buf = buf };
+	struct st_tier_cqe cqe;
+	int ret = st_tier_submit(t, &io, 1);
+
+	if (ret < 0)
+		return ret;
+	ret = st_tier_reap(t, &cqe, 1, 1);
+	if (ret < 0)
+		return ret;
+	return cqe.res < 0 ? (int)cqe.res : 0;
+}
+
+/* The nvme tier on dir: open with a budget of 2 probes, write a pattern,
+ * read it back into another buffer, compare. */
+static struct json_object *probe_dir(const char *dir)
+{
+	struct json_object *o = json_object_new_object();
+	struct st_tier_config cfg = { .budget_bytes = 2 * PROBE_BYTES, .dirs = dir };
+	struct st_tier *t = NULL;
+	struct st_extent ext;
+	struct statvfs sv;
+	uint8_t *wbuf = NULL, *rbuf = NULL;
+	char fs[64];
+	int ret;
+
+	put_str(o, "dir", dir);
+	fs_type(dir, fs, sizeof(fs));
+	put_str(o, "fs", fs);
+	if (statvfs(dir, &sv) == 0)
+		put_int(o, "free_bytes", (int64_t)((uint64_t)sv.f_bavail * sv.f_frsize));
+	if (posix_memalign((void **)&wbuf, ST_PAGE_BYTES, PROBE_BYTES) ||
+	    posix_memalign((void **)&rbuf, ST_PAGE_BYTES, PROBE_BYTES)) {
+		ret = st_error_set(-ENOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < PROBE_BYTES; i++)
+		wbuf[i] = (uint8_t)(i * 131 + (i >> 12));
+	memset(rbuf, 0, PROBE_BYTES);
+	ret = st_tier_create(&st_tier_nvme_ops, &cfg, &t);
+	if (ret == 0) {
+		put_str(o, "tier", st_tier_describe(t));
+		ret = st_tier_alloc(t, PROBE_BYTES, &ext);
+	}
+	if (ret == 0)
+		ret = probe_io(t, ST_IO_WRITE, &ext, wbuf);
+	if (ret == 0)
+		ret = probe_io(t, ST_IO_READ, &ext, rbuf);
+	if (ret < 0 && !strstr(st_error_last(), dir))
+		st_error_set(ret, "%s: %s", dir, st_error_last());
+	else if (ret == 0 && memcmp(wbuf, rbuf, PROBE_BYTES) != 0)
+		ret = st_error_set(-EIO, "%s: the bytes read back differ from those written", dir);
+out:
+	put_bool(o, "ok", ret == 0);
+	if (ret < 0)
+		put_str(o, "error", st_error_last());
+	st_tier_destroy(t);
+	free(wbuf);
+	free(rbuf);
+	return o;
+}
+
+static const char *jstr(struct json_object *o, const char *k)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, k, &v) && v ? json_object_get_string(v) : NULL;
+}
+
+static int64_t jint(struct json_object *o, const char *k)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, k, &v) && v ? json_object_get_int64(v) : -1;
+}
+
+static struct json_object *jobj(struct json_object *o, const char *k)
+{
+	struct json_object *v = NULL;
+
+	json_object_object_get_ex(o, k, &v);
+	return v;
+}
+
+static const char *bytes_or_unknown(int64_t v, char *buf, size_t n)
+{
+	return v < 0 ? "unknown" : st_format_bytes((uint64_t)v, buf, n);
+}
+
+static void print_machine(struct json_object *m)
+{
+	struct json_object *cpu = jobj(m, "cpu"), *mem = jobj(m, "memory"),
+			   *numa = jobj(m, "numa"), *gpu = jobj(m, "gpu"), *ur = jobj(m, "io_uring");
+	char a[32], b[32], c[32];
+	struct rlimit rl;
+
+	printf("strata %s, devices %s\n", jstr(m, "version"), jstr(m, "devices"));
+	printf("cpu       %s: %lld online, %lld usable here, %lld OpenMP threads; AdamW %s\n",
+	       jstr(cpu, "model"), (long long)jint(cpu, "online"), (long long)jint(cpu, "usable"),
+	       (long long)jint(cpu, "omp_threads"), jstr(cpu, "adam"));
+	printf("blas      %s\n", jstr(cpu, "blas"));
+	printf("memory    %s, %s available; huge pages: transparent [%s], %lld of %lld %s pages free\n",
+	       bytes_or_unknown(jint(mem, "total_bytes"), a, sizeof(a)),
+	       bytes_or_unknown(jint(mem, "available_bytes"), b, sizeof(b)),
+	       jstr(mem, "transparent_hugepages"), (long long)jint(mem, "hugepages_free"),
+	       (long long)jint(mem, "hugepages_total"),
+	       bytes_or_unknown(jint(mem, "hugepage_bytes"), c, sizeof(c)));
+	/* the host tier's pinned memory without a GPU: mlock (tiers/host.c) */
+	if (json_object_get_boolean(jobj(mem, "cap_ipc_lock")))
+		printf("          locked memory: CAP_IPC_LOCK, so the host tier can lock any budget\n");
+	else if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_max != RLIM_INFINITY)
+		printf("          locked memory: limit %s (hard %s); without a GPU to pin it, a host\n"
+		       "          tier over %s stays pageable (same numbers, slower copies)\n",
+		       limit_text(rl.rlim_cur, a, sizeof(a)), limit_text(rl.rlim_max, b, sizeof(b)), b);
+	else
+		printf("          locked memory: no limit, so the host tier can lock any budget\n");
+	if (jint(numa, "self") >= 0)
+		printf("numa      %lld node%s; this process runs on node %lld\n",
+		       (long long)jint(numa, "nodes"), jint(numa, "nodes") == 1 ? "" : "s",
+		       (long long)jint(numa, "self"));
+	else
+		printf("numa      %lld node%s; this process may run on several\n",
+		       (long long)jint(numa, "nodes"), jint(numa, "nodes") == 1 ? "" : "s");
+	if (jstr(gpu, "error")) {
+		printf("gpu       none: %s\n", jstr(gpu, "error"));
+	} else {
+		printf("gpu       %lld: 0 is %s, compute capability %s, %lld SMs, %s (%s free), "
+		       "PCI %s, NUMA node %lld\n",
+		       (long long)jint(gpu, "count"), jstr(gpu, "name"),
+		       jstr(gpu, "compute_capability"), (long long)jint(gpu, "sms"),
+		       bytes_or_unknown(jint(gpu, "total_bytes"), a, sizeof(a)),
+		       bytes_or_unknown(jint(gpu, "free_bytes"), b, sizeof(b)), jstr(gpu, "pci"),
+		       (long long)jint(gpu, "numa_node"));
+	}
+	if (jint(gpu, "runtime_version") > 0) {
+		int64_t rv = jint(gpu, "runtime_version"), dv = jint(gpu, "driver_version");
+
+		printf("          CUDA runtime %lld.%lld, driver %s", (long long)(rv / 1000),
+		       (long long)(rv % 1000 / 10), dv > 0 ? "" : "none\n");
+		if (dv > 0)
+			printf("for CUDA %lld.%lld\n", (long long)(dv / 1000), (long long)(dv % 1000 / 10));
+	}
+	printf("io_uring  %s (kernel %s)\n",
+	       json_object_get_boolean(jobj(ur, "ok")) ? "works" : jstr(ur, "error"),
+	       jstr(ur, "kernel") ? jstr(ur, "kernel") : "unknown");
+}
+
+static void print_dir(struct json_object *d)
+{
+	char a[32];
+
+	printf("nvme      %s: %s, %s free: ", jstr(d, "dir"), jstr(d, "fs"),
+	       bytes_or_unknown(jint(d, "free_bytes"), a, sizeof(a)));
+	if (json_object_get_boolean(jobj(d, "ok")))
+		printf("1 MiB written and read back (%s)\n", jstr(d, "tier"));
+	else
+		printf("FAILED: %s\n", jstr(d, "error"));
+}
+
+/* --- a checkpoint ----------------------------------------------------------- */
+
+static char *path_join(const char *a, const char *b)
+{
+	size_t n = strlen(a) + strlen(b) + 2;
+	char *p = malloc(n);
+
+	if (!p)
+		st_cli_die(1, "out of memory");
+	snprintf(p, n, "%s/%s", a, b);
+	return p;
+}
+
+/* One checkpoint directory: its trainer.json in brief, and --verify. */
+static struct json_object *ckpt_entry(const char *name, const char *dir, bool verify,
+				       bool *bad)
+{
+	struct json_object *o = json_object_new_object();
+	struct st_ckpt_trainer tr;
+	char *tj = path_join(dir, ST_CKPT_TRAINER_FILE);
+	uint64_t bytes = 0;
+	int ret = st_ckpt_trainer_read(tj, &tr);
+
+	free(tj);
+	put_str(o, "name", name);
+	if (ret == 0) {
+		put_int(o, "step", (int64_t)tr.step);
+		for (size_t i = 0; i < tr.n_files; i++)
+			bytes += tr.files[i].bytes;
+		put_int(o, "bytes", (int64_t)bytes);
+		if (verify)
+			ret = st_ckpt_verify(dir, &tr);
+		st_ckpt_trainer_fini(&tr);
+	}
+	if (ret < 0) {
+		put_bool(o, "ok", false);
+		put_str(o, "error", st_error_last());
+		*bad = true;
+	} else if (verify) {
+		put_bool(o, "ok", true);
+	}
+	return o;
+}
+
+/* Details of the checkpoint in dir: step, seed, model, config, files. */
+static void ckpt_details(struct json_object *o, const char *dir, bool *bad)
+{
+	struct st_ckpt_trainer tr;
+	struct st_gpt2_config gc;
+	struct st_ckpt_reader *r;
+	struct json_object *files, *model;
+	char *p = path_join(dir, ST_CKPT_TRAINER_FILE);
+	char hex[17];
+	int ret = st_ckpt_trainer_read(p, &tr);
+
+	free(p);
+	if (ret < 0) {
+		put_str(o, "error", st_error_last());
+		*bad = true;
+		return;
+	}
+	put_int(o, "step", (int64_t)tr.step);
+	json_object_object_add(o, "seed", json_object_new_uint64(tr.seed));
+	json_object_object_add(o, "config", json_tokener_parse(tr.config_json ? tr.config_json : "{}"));
+	files = json_object_new_array();
+	for (size_t i = 0; i < tr.n_files; i++) {
+		struct json_object *f = json_object_new_object();
+
+		put_str(f, "name", tr.files[i].name);
+		put_int(f, "bytes", (int64_t)tr.files[i].bytes);
+		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)tr.files[i].xxh64);
+		put_str(f, "xxh64", hex);
+		json_object_array_add(files, f);
+	}
+	json_object_object_add(o, "files", files);
+	st_ckpt_trainer_fini(&tr);
+
+	model = json_object_new_object();
+	p = path_join(dir, ST_CKPT_CONFIG_FILE);
+	ret = st_gpt2_config_read(p, &gc);
+	free(p);
+	if (ret == 0) {
+		put_int(model, "n_layer", gc.n_layer);
+		put_int(model, "n_embd", gc.n_embd);
+		put_int(model, "n_head", gc.n_head);
+		put_int(model, "vocab_size", gc.vocab_size);
+		put_int(model, "n_positions", gc.n_positions);
+	} else {
+		put_str(model, "error", st_error_last());
+		*bad = true;
+	}
+	/* the parameters as the weights file's header counts them */
+	p = path_join(dir, ST_CKPT_MODEL_FILE);
+	ret = st_ckpt_reader_open(&r, p);
+	free(p);
+	if (ret == 0) {
+		const struct st_safetensors *sf = st_ckpt_reader_file(r);
+		uint64_t n = 0;
+
+		for (size_t i = 0; i < st_safetensors_count(sf); i++)
+			n += st_safetensors_at(sf, i)->elems;
+		put_int(model, "tensors", (int64_t)st_safetensors_count(sf));
+		put_int(model, "params", (int64_t)n);
+		st_ckpt_reader_close(r);
+	} else {
+		put_str(model, "weights_error", st_error_last());
+		*bad = true;
+	}
+	json_object_object_add(o, "model", model);
+}
+
+static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad)
+{
+	struct json_object *o = json_object_new_object(), *list;
+	struct st_ckpt_step *steps = NULL;
+	char *chosen, *tj = path_join(dir, ST_CKPT_TRAINER_FILE), target[4096];
+	bool single = access(tj, F_OK) == 0;
+	size_t n = 0;
+	ssize_t len;
+	int ret;
+
+	free(tj);
+	if (access(dir, F_OK) < 0)
+		st_cli_die(2, "--ckpt %s: %s", dir, strerror(errno));
+	ret = st_ckpt_resolve(dir, &chosen);
+	if (ret < 0)
+		st_cli_die(ret == -ENOENT || ret == -ENOTDIR ? 2 : 1, "--ckpt %s", st_error_last());
+	put_str(o, "dir", dir);
+	put_str(o, "resume", chosen);
+	list = json_object_new_array();
+	if (single) {
+		json_object_array_add(list, ckpt_entry(dir, dir, verify, bad));
+	} else {
+		char *link = path_join(dir, ST_CKPT_LATEST);
+
+		len = readlink(link, target, sizeof(target) - 1);
+		free(link);
+		target[len > 0 ? len : 0] = '\0';
+		put_str(o, "latest", len > 0 ? target : NULL);
+		ret = st_ckpt_list(dir, &steps, &n);
+		if (ret < 0)
+			st_cli_die(1, "--ckpt %s", st_error_last());
+		for (size_t i = 0; i < n; i++) {
+			char *sd = path_join(dir, steps[i].name);
+			json_object_array_add(list, ckpt_entry(steps[i].name, sd, verify, bad));
+			free(sd);
+		}
+		st_ckpt_list_free(steps, n);
+	}
+	json_object_object_add(o, "checkpoints", list);
+	ckpt_details(o, chosen, bad);
+	free(chosen);
+	return o;
+}
+
+/* The training config as "key value" pairs, wrapped. */
+static void print_config(struct json_object *cfg)
+{
+	int col = 0;
+
+	if (!cfg || !json_object_is_type(cfg, json_type_object))
+		return;
+	json_object_object_foreach(cfg, key, val) {
+		char item[512];
+		int n;
+
+		if (json_object_is_type(val, json_type_double))
+			n = snprintf(item, sizeof(item), "%s %g", key, json_object_get_double(val));
+		else
+			n = snprintf(item, sizeof(item), "%s %s", key, json_object_get_string(val));
+		if (col == 0 || col + 2 + n > 78) {
+			printf("%s  %s %s", col ? "\n" : "", col ? "        " : "trained:", item);
+			col = 2 + 9 + n;
+		} else {
+			printf(", %s", item);
+			col += 2 + n;
+		}
+	}
+	if (col)
+		printf("\n");
+}
+
+static void print_ckpt(struct json_object *o, bool verify)
+{
+	struct json_object *model = jobj(o, "model"), *list = jobj(o, "checkpoints"),
+			   *files = jobj(o, "files");
+	char a[32];
+
+	printf("checkpoint %s (what --resume %s takes)\n", jstr(o, "resume"), jstr(o, "dir"));
+	if (jstr(o, "error")) {
+		printf("  DAMAGED: %s\n", jstr(o, "error"));
+	} else {
+		printf("  step %lld, seed %s\n", (long long)jint(o, "step"), jstr(o, "seed"));
+		if (jstr(model, "error"))
+			printf("  model: %s\n", jstr(model, "error"));
+		else
+			printf("  model: GPT-2, %lld layers, dim %lld, %lld heads, vocab %lld, ctx %lld\n",
+			       (long long)jint(model, "n_layer"), (long long)jint(model, "n_embd"),
+			       (long long)jint(model, "n_head"), (long long)jint(model, "vocab_size"),
+			       (long long)jint(model, "n_positions"));
+		if (jstr(model, "weights_error"))
+			printf("  weights: %s\n", jstr(model, "weights_error"));
+		else
+			printf("  weights: %lld parameters in %lld tensors\n",
+			       (long long)jint(model, "params"), (long long)jint(model, "tensors"));
+		print_config(jobj(o, "config"));
+		for (size_t i = 0; files && i < json_object_array_length(files); i++) {
+			struct json_object *f = json_object_array_get_idx(files, i);
+
+			printf("  %-24s %10s  xxh64 %s\n", jstr(f, "name"),
+			       bytes_or_unknown(jint(f, "bytes"), a, sizeof(a)), jstr(f, "xxh64"));
+		}
+	}
+	if (strcmp(jstr(o, "resume"), jstr(o, "dir")) != 0) {
+		printf("checkpoints in %s", jstr(o, "dir"));
+		if (jstr(o, "latest"))
+			printf(" (latest -> %s)", jstr(o, "latest"));
+		printf(":\n");
+	} else {
+		struct json_object *e = json_object_array_get_idx(list, 0);
+
+		if (verify && !jstr(e, "error"))
+			printf("  verified: every file's size and XXH64 match\n");
+		else if (verify && !jstr(o, "error"))
+			printf("  verify FAILED: %s\n", jstr(e, "error"));
+		return;
+	}
+	for (size_t i = 0; i < json_object_array_length(list); i++) {
+		struct json_object *e = json_object_array_get_idx(list, i);
+
+		printf("  %-14s ", jstr(e, "name"));
+		if (jstr(e, "error")) {
+			printf("DAMAGED: %s\n", jstr(e, "error"));
+			continue;
+		}
+		printf("step %-8lld %10s%s\n", (long long)jint(e, "step"),
+		       bytes_or_unknown(jint(e, "bytes"), a, sizeof(a)),
+		       verify ? "  verified: sizes and XXH64 match" : "");
+	}
+}
+
+int st_cli_info(int argc, char **argv)
+{
+	static const struct option longs[] = {
+		{ "nvme", 1, 0, 'n' }, { "ckpt", 1, 0, 'c' }, { "verify", 0, 0, 'v' },
+		{ "json", 0, 0, 'j' }, { "help", 0, 0, 'h' }, { 0 },
+	};
+	const char *nvme = NULL, *ckpt = NULL;
+	bool json = false, verify = false, bad = false;
+	struct json_object *out;
+	int c;
+
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+		switch (c) {
+		case 'n': nvme = optarg; break;
+		case 'c': ckpt = optarg; break;
+		case 'v': verify = true; break;
+		case 'j': json = true; break;
+		case 'h': info_usage(stdout); return 0;
+		default:
+			st_cli_die(2, "info: unknown or incomplete option %s (see strata info --help)",
+				   argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		st_cli_die(2, "info: unexpected argument %s", argv[optind]);
+	if (ckpt && nvme)
+		st_cli_die(2, "info: --ckpt and --nvme are separate uses (see strata info --help)");
+	if (verify && !ckpt)
+		st_cli_die(2, "info: --verify needs --ckpt DIR");
+	if (ckpt) {
+		out = ckpt_json(ckpt, verify, &bad);
+	} else {
+		out = machine_json();
+		if (nvme) {
+			struct json_object *dirs = json_object_new_array();
+			char *list, *save = NULL;
+
+			st_cli_check_dirs("--nvme", nvme, true);
+			list = strdup(nvme);
+			if (!list)
+				st_cli_die(1, "out of memory");
+			for (char *d = strtok_r(list, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
+				struct json_object *r = probe_dir(d);
+
+				bad |= !json_object_get_boolean(jobj(r, "ok"));
+				json_object_array_add(dirs, r);
+			}
+			free(list);
+			json_object_object_add(out, "nvme", dirs);
+		}
+	}
+	if (json) {
+		puts(json_object_to_json_string_ext(out, JSON_C_TO_STRING_PRETTY |
+							   JSON_C_TO_STRING_NOSLASHESCAPE));
+	} else if (ckpt) {
+		print_ckpt(out, verify);
+	} else {
+		struct json_object *dirs = jobj(out, "nvme");
+
+		print_machine(out);
+		for (size_t i = 0; dirs && i < json_object_array_length(dirs); i++)
+			print_dir(json_object_array_get_idx(dirs, i));
+	}
+	json_object_put(out);
+	if (fflush(stdout) != 0)
+		st_cli_die(1, "info: cannot write the output: %s", strerror(errno));
+	return bad ? 1 : 0;
+}

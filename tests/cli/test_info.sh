@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# strata info as a user meets it: the machine's facts against what Python and
+# the system report on their own; the nvme probe in two directories (file
+# system, free space, nothing left behind); a --save directory (what --resume
+# takes, every step-N, the model's parameters counted from the weights file's
+# header by a parser written here, the files as trainer.json lists them) and
+# --verify finding a changed byte and a truncated file; bad input.
+set -u
+strata=$1
+work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-info-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail=0
+
+check() { # name, expected rc, command...
+	local name=$1 want=$2 rc
+	shift 2
+	"$@" >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ "$rc" != "$want" ]; then
+		echo "FAIL $name: exit $rc, want $want"; cat "$work/err" "$work/out" | tail -5; fail=1; return 1
+	fi
+	if [ "$want" = 2 ] && [ "$(wc -l <"$work/err")" != 1 ]; then
+		echo "FAIL $name: stderr is not one line"; cat "$work/err"; fail=1; return 1
+	fi
+	echo "ok   $name $(head -1 "$work/err")"
+}
+
+check help 0 "$strata" info --help
+grep -q -e "--verify" "$work/out" || { echo "FAIL help does not name --verify"; fail=1; }
+check bad-flag 2 "$strata" info --frobnicate
+check bad-arg 2 "$strata" info extra
+check verify-alone 2 "$strata" info --verify
+check both-uses 2 "$strata" info --ckpt "$work" --nvme "$work"
+check nvme-missing 2 "$strata" info --nvme "$work/nope"
+check ckpt-missing 2 "$strata" info --ckpt "$work/nope"
+mkdir "$work/empty"
+check ckpt-empty 2 "$strata" info --ckpt "$work/empty"
+
+# --- the machine --------------------------------------------------------------
+mkdir "$work/d1" "$work/d2"
+check machine-text 0 env OMP_NUM_THREADS=1 "$strata" info --nvme "$work/d1,$work/d2"
+cp "$work/out" "$work/machine.txt"
+check machine-json 0 env OMP_NUM_THREADS=1 "$strata" info --json --nvme "$work/d1,$work/d2"
+cp "$work/out" "$work/machine.json"
+left=$(ls -A "$work/d1" "$work/d2" | grep -v -e '^$' -e ':$')
+[ -z "$left" ] || { echo "FAIL the nvme probe left $left"; fail=1; }
+# the AdamW kernel a training run reports
+adam=$("$strata" train --model layers=1,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --steps 0 \
+	--data /usr/share/common-licenses/GPL-3 2>&1 | sed -n 's/.*| adam \([a-z0-9]*\).*/\1/p')
+fst=$(findmnt -n -o FSTYPE --target "$work/d1" 2>/dev/null || echo unknown)
+python3 - "$work" "$adam" "$fst" <<'PY' || fail=1
+import glob, json, os, resource, sys
+w, adam, fst = sys.argv[1:4]
+m = json.load(open(f"{w}/machine.json"))
+text = open(f"{w}/machine.txt").read()
+cpu, mem = m["cpu"], m["memory"]
+assert cpu["online"] == os.sysconf("SC_NPROCESSORS_ONLN"), cpu
+assert cpu["usable"] == len(os.sched_getaffinity(0)), cpu
+assert cpu["omp_threads"] == 1, cpu  # OMP_NUM_THREADS=1
+assert cpu["adam"] == adam, (cpu, adam)
+assert "OpenBLAS" in cpu["blas"], cpu
+info = {l.split(":")[0]: l.split(":")[1].split() for l in open("/proc/meminfo")}
+assert mem["total_bytes"] == int(info["MemTotal"][0]) * 1024, mem
+assert 0 < mem["available_bytes"] <= mem["total_bytes"], mem
+assert mem["hugepages_total"] == int(info["HugePages_Total"][0]), mem
+def lim(v):
+    return "unlimited" if v == resource.RLIM_INFINITY else v
+soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+assert (mem["memlock_soft"], mem["memlock_hard"]) == (lim(soft), lim(hard)), mem
+cap = [l for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+assert mem["cap_ipc_lock"] == bool(int(cap.split()[1], 16) >> 14 & 1), mem
+nodes = len(glob.glob("/sys/devices/system/node/node[0-9]*")) or 1
+assert m["numa"]["nodes"] == nodes, m["numa"]
+assert m["io_uring"]["kernel"] == os.uname().release, m["io_uring"]
+assert m["io_uring"]["ok"] is True, m["io_uring"]  # the nvme tier's tests need it too
+gpu = m["gpu"]
+assert gpu["built"] == ("cuda" in m["devices"].split(",")), (gpu, m["devices"])
+if gpu["count"] == 0:
+    assert gpu["error"], gpu
+    assert "gpu       none: " + gpu["error"] in text, text
+else:
+    assert gpu["total_bytes"] >= gpu["free_bytes"] > 0, gpu
+    assert gpu["name"] in text, text
+dirs = m["nvme"]
+assert [d["dir"] for d in dirs] == [f"{w}/d1", f"{w}/d2"], dirs
+for d in dirs:
+    assert d["ok"] is True and "error" not in d, d
+    assert d["fs"] == fst or fst == "unknown", (d, fst)
+    sv = os.statvfs(d["dir"])
+    free = sv.f_bavail * sv.f_frsize
+    assert abs(d["free_bytes"] - free) <= max(free // 20, 64 << 20), (d, free)
+    assert f"nvme      {d['dir']}: {d['fs']}" in text and "written and read back" in text, text
+assert "AdamW " + adam in text and "io_uring  works" in text, text
+print("ok   machine facts match /proc, sysconf, rlimits, findmnt, statvfs and strata train")
+PY
+
+# --- a checkpoint directory ----------------------------------------------------
+M="--model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --batch 2"
+"$strata" train $M --data /usr/share/common-licenses/GPL-3 --steps 3 --seed 5 \
+	--save "$work/ck" --save-every 1 --keep 2 >"$work/train.log" 2>&1 ||
+	{ echo "FAIL train"; tail -5 "$work/train.log"; fail=1; }
+check ckpt-text 0 "$strata" info --ckpt "$work/ck"
+grep -q "checkpoint $work/ck/step-000003 (what --resume $work/ck takes)" "$work/out" ||
+	{ echo "FAIL ckpt-text: no heading"; cat "$work/out"; fail=1; }
+check ckpt-json 0 "$strata" info --ckpt "$work/ck" --json --verify
+cp "$work/out" "$work/ck.json"
+python3 - "$work" <<'PY' || fail=1
+import json, os, struct, sys
+w = sys.argv[1]
+c = json.load(open(f"{w}/ck.json"))
+assert c["resume"] == f"{w}/ck/step-000003" and c["latest"] == "step-000003", c
+assert [(e["name"], e["step"], e["ok"]) for e in c["checkpoints"]] == \
+    [("step-000003", 3, True), ("step-000002", 2, True)], c["checkpoints"]
+tj = json.load(open(f"{w}/ck/step-000003/trainer.json"))
+assert c["step"] == tj["step"] == 3 and c["seed"] == tj["seed"] == 5, c
+assert c["config"] == tj["config"], (c["config"], tj["config"])
+assert c["files"] == [{"name": f["name"], "bytes": f["bytes"], "xxh64": f["xxh64"]}
+                      for f in tj["files"]], c["files"]
+for f in c["files"]:
+    assert os.path.getsize(f"{w}/ck/step-000003/{f['name']}") == f["bytes"], f
+for e in c["checkpoints"]:
+    d = f"{w}/ck/{e['name']}"
+    assert e["bytes"] == sum(os.path.getsize(f"{d}/{n}") for n in os.listdir(d)
+                             if n != "trainer.json"), e
+# the parameters, from the safetensors header read here
+raw = open(f"{w}/ck/step-000003/model.safetensors", "rb").read()
+(hlen,) = struct.unpack("<Q", raw[:8])
+hdr = json.loads(raw[8:8 + hlen])
+params = 0
+for k, v in hdr.items():
+    if k != "__metadata__":
+        n = 1
+        for s in v["shape"]:
+            n *= s
+        params += n
+L, C, V, T = 2, 64, 256, 64
+assert params == V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C, params
+cfg = json.load(open(f"{w}/ck/step-000003/config.json"))
+assert c["model"] == {"n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"], "n_head": cfg["n_head"],
+                      "vocab_size": cfg["vocab_size"], "n_positions": cfg["n_positions"],
+                      "tensors": len(hdr) - ("__metadata__" in hdr), "params": params}, c["model"]
+print("ok   ckpt-json matches trainer.json, config.json, the files and a header count")
+PY
+check ckpt-one 0 "$strata" info --ckpt "$work/ck/step-000002" --verify
+grep -q "verified: every file's size and XXH64 match" "$work/out" ||
+	{ echo "FAIL ckpt-one: not verified"; cat "$work/out"; fail=1; }
+
+# one changed byte: only --verify sees it, names the file, exits 1
+printf '\x55' | dd of="$work/ck/step-000002/optimizer.safetensors" bs=1 seek=5000 conv=notrunc 2>/dev/null
+check changed-unverified 0 "$strata" info --ckpt "$work/ck"
+check changed-verify 1 "$strata" info --ckpt "$work/ck" --verify
+grep -q "step-000002 *DAMAGED: .*step-000002/optimizer.safetensors: checksum mismatch" "$work/out" &&
+	grep -q "step-000003 .*verified" "$work/out" ||
+	{ echo "FAIL changed-verify: output"; cat "$work/out"; fail=1; }
+check changed-one 1 "$strata" info --ckpt "$work/ck/step-000002" --verify
+grep -q "verify FAILED: .*optimizer.safetensors: checksum mismatch" "$work/out" ||
+	{ echo "FAIL changed-one: output"; cat "$work/out"; fail=1; }
+# a truncated weights file: its header no longer fits, seen without --verify
+truncate -s 4000 "$work/ck/step-000003/model.safetensors"
+check truncated 1 "$strata" info --ckpt "$work/ck"
+grep -q "weights: .*model.safetensors" "$work/out" ||
+	{ echo "FAIL truncated: output"; cat "$work/out"; fail=1; }
+# without latest, --resume takes the newest step-N: so does info
+rm "$work/ck/latest"
+check no-latest 1 "$strata" info --ckpt "$work/ck" --json
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert c['resume'].endswith('/step-000003') and c['latest'] is None, c" \
+	"$work/out" || { echo "FAIL no-latest"; fail=1; }
+
+exit $fail
