@@ -42,5 +42,6 @@ const char *st_cli_ckpt_dir(const char *dir);
 int st_cli_train(int argc, char **argv);
 int st_cli_plan(int argc, char **argv);
 int st_cli_info(int argc, char **argv);
+int st_cli_export(int argc, char **argv);
 
 #endif

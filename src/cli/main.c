@@ -1,4 +1,4 @@
-/* strata: the command line. `strata train | plan | info | generate | eval`.
+/* strata: the command line. `strata train | plan | info | generate | eval | export`.
  * Flags become one config struct; everything else is in the seams below.
  * Bad input: one line on stderr and exit 2, before anything is written. */
 #include "cli.h"
@@ -182,10 +182,11 @@ static int cmd_eval(int argc, char **argv)
 	static const struct option longs[] = {
 		{ "ckpt", 1, 0, 'c' }, { "data", 1, 0, 'd' }, { "batch", 1, 0, 'B' },
 		{ "seq", 1, 0, 'T' }, { "batches", 1, 0, 'n' }, { "threads", 1, 0, 'j' },
-		{ "help", 0, 0, 'h' }, { 0 },
+		{ "precision", 1, 0, 'p' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	const char *ckpt = NULL, *data = NULL;
 	int B = 4, T = 0, nb = 0, threads = 0, c;
+	bool bf16 = true;
 	struct st_train_config cfg;
 	struct st_trainer *t;
 	struct st_dataset *ds;
@@ -204,11 +205,20 @@ static int cmd_eval(int argc, char **argv)
 		case 'T': T = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
 		case 'n': nb = (int)st_cli_long("--batches", optarg, 1, 1 << 30); break;
 		case 'j': threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
+		case 'p':
+			if (strcmp(optarg, "bf16") != 0 && strcmp(optarg, "fp32") != 0)
+				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
+			bf16 = strcmp(optarg, "bf16") == 0;
+			break;
 		case 'h':
 			printf("usage: strata eval --ckpt DIR --data FILE [--batch B] [--seq T] [--batches N]\n"
+			       "                   [--precision bf16|fp32] [--threads N]\n"
 			       "\nMean cross-entropy of the checkpoint over FILE, read in order\n"
 			       "(llm.c's contiguous windows). Defaults: B=4, T=min(ctx,256), as many\n"
-			       "batches as the file holds, at most 100.\n");
+			       "batches as the file holds, at most 100. --precision: the weights the\n"
+			       "forward reads, the master weights rounded to bf16 as in training\n"
+			       "(default) or as they are (fp32, as llm.c's train_gpt2.c reads an\n"
+			       "export --format llmc).\n");
 			return 0;
 		default: st_cli_die(2, "eval: unknown or incomplete option %s (see strata eval --help)",
 			     argv[optind - 1]);
@@ -233,6 +243,7 @@ static int cmd_eval(int argc, char **argv)
 		nb = (int)ST_MIN(avail, 100);
 	cfg.batch = B;
 	cfg.seq = T;
+	cfg.bf16 = bf16;
 	lc = (struct st_loader_config){ .batch = (uint32_t)B, .seq = (uint32_t)T, .shuffle = 0,
 					.split = ST_SPLIT_ALL };
 	if (st_loader_init(&ld, ds, &lc) < 0)
@@ -258,6 +269,7 @@ static void usage(FILE *f)
 "  generate   continue a prompt with a byte-level checkpoint\n"
 "  eval       mean loss of a checkpoint on a data file\n"
 "  info       what strata finds on this machine, in --nvme dirs, or in a checkpoint\n"
+"  export     a checkpoint's weights for transformers (hf) or llm.c (llmc)\n"
 "\n"
 "strata COMMAND --help for each command's options.\n");
 }
@@ -280,6 +292,8 @@ int main(int argc, char **argv)
 		return st_cli_train(argc - 1, argv + 1);
 	if (strcmp(cmd, "plan") == 0)
 		return st_cli_plan(argc - 1, argv + 1);
+	if (strcmp(cmd, "export") == 0)
+		return st_cli_export(argc - 1, argv + 1);
 	if (strcmp(cmd, "info") == 0)
 		return st_cli_info(argc - 1, argv + 1);
 	if (strcmp(cmd, "generate") == 0)

@@ -1,0 +1,517 @@
+/* strata: `strata export`, a checkpoint's weights for other programs:
+ *   hf    a directory with model.safetensors (fp32 or bf16) and config.json,
+ *         what transformers' GPT2LMHeadModel.from_pretrained() loads, with
+ *         no optimizer state;
+ *   llmc  one file in llm.c's GPT-2 model format (what train_gpt2.c reads
+ *         as gpt2_124M.bin): 256 int32 of header (magic 20240326, version
+ *         3 for fp32 or 5 for bf16, maxT, V, L, NH, C, padded V), then the
+ *         parameters grouped by kind across layers, matrices as
+ *         (out, in) where GPT-2's Conv1D keeps (in, out), the vocabulary
+ *         padded to a multiple of 128 with zero rows.
+ * The source is a strata checkpoint (verified first) or a directory with
+ * config.json and a GPT-2 model.safetensors (fp32, bf16 or fp16, with or
+ * without the "transformer." prefix). One tensor is in memory at a time.
+ * The output appears whole or not at all: written under a temporary name,
+ * fsynced, renamed; an existing --out is refused. */
+#include "cli.h"
+#include "strata/ckpt.h"
+#include "strata/file.h"
+#include "strata/io.h"
+#include "strata/model.h"
+#include "strata/optim.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LLMC_MAGIC 20240326
+#define LLMC_VERSION_F32 3
+#define LLMC_VERSION_BF16 5
+#define LLMC_VOCAB_MULTIPLE 128
+
+static void export_usage(FILE *f)
+{
+	fprintf(f,
+"usage: strata export --ckpt DIR --out PATH [--format hf|llmc] [--dtype fp32|bf16]\n"
+"\n"
+"Write a checkpoint's weights (the fp32 master weights P) for other programs.\n"
+"DIR is a --save directory (its latest checkpoint), one step-N in it, or any\n"
+"directory with config.json and a GPT-2 model.safetensors. A strata checkpoint\n"
+"is verified first (sizes and XXH64). PATH must not exist; it appears whole or\n"
+"not at all.\n"
+"  --format hf     PATH is a directory: model.safetensors + config.json, for\n"
+"                  transformers (GPT2LMHeadModel.from_pretrained), strata eval,\n"
+"                  generate and --init (default)\n"
+"  --format llmc   PATH is one file in llm.c's GPT-2 model format\n"
+"                  (train_gpt2.c's gpt2_124M.bin: version 3 is fp32, 5 is bf16)\n"
+"  --dtype fp32|bf16  element type written (default fp32; bf16 rounds to\n"
+"                  nearest even, as the working weights W are)\n"
+"  -h, --help\n");
+}
+
+/* The weights being exported. */
+struct src {
+	char *dir;
+	char *path; /* dir/model.safetensors */
+	struct st_gpt2_config gc;
+	struct st_ckpt_reader *r;
+};
+
+/* An output tensor: HF name and shape. */
+struct out_tensor {
+	char name[ST_MODEL_NAME_BYTES];
+	int ndim;
+	uint64_t shape[2];
+};
+
+static char *tmp_made; /* removed by undo() when the command dies */
+static bool tmp_is_dir;
+
+static void undo(int code)
+{
+	(void)code;
+	if (!tmp_made)
+		return;
+	if (tmp_is_dir) { /* ours alone: whatever is in it goes */
+		DIR *d = opendir(tmp_made);
+		struct dirent *de;
+
+		while (d && (de = readdir(d)))
+			if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+				unlinkat(dirfd(d), de->d_name, 0);
+		if (d)
+			closedir(d);
+		rmdir(tmp_made);
+	} else {
+		unlink(tmp_made);
+	}
+	free(tmp_made);
+	tmp_made = NULL;
+}
+
+static bool exists(const char *dir, const char *name)
+{
+	char p[4096];
+	struct stat sb;
+
+	snprintf(p, sizeof(p), "%.4000s/%s", dir, name);
+	return stat(p, &sb) == 0;
+}
+
+/* Find the checkpoint (or HF directory), verify it, read its config. */
+static void src_open(struct src *s, const char *dir)
+{
+	char p[4096];
+	int ret;
+
+	memset(s, 0, sizeof(*s));
+	if (access(dir, F_OK) < 0)
+		st_cli_die(2, "--ckpt %s: %s", dir, strerror(errno));
+	if (!exists(dir, ST_CKPT_TRAINER_FILE) && exists(dir, ST_CKPT_CONFIG_FILE) &&
+	    exists(dir, ST_CKPT_MODEL_FILE)) {
+		s->dir = strdup(dir); /* a Hugging Face directory: nothing to verify */
+	} else {
+		struct st_ckpt_trainer tr;
+
+		ret = st_ckpt_resolve(dir, &s->dir);
+		if (ret < 0)
+			st_cli_die(2, "--ckpt %s", st_error_last());
+		snprintf(p, sizeof(p), "%.4000s/%s", s->dir, ST_CKPT_TRAINER_FILE);
+		ret = st_ckpt_trainer_read(p, &tr);
+		if (ret == 0) {
+			ret = st_ckpt_verify(s->dir, &tr);
+			st_ckpt_trainer_fini(&tr);
+		}
+		if (ret < 0)
+			st_cli_die(2, "--ckpt %s: %s", dir, st_error_last());
+	}
+	if (!s->dir)
+		st_cli_die(1, "out of memory");
+	snprintf(p, sizeof(p), "%.4000s/%s", s->dir, ST_CKPT_CONFIG_FILE);
+	if (st_gpt2_config_read(p, &s->gc) < 0)
+		st_cli_die(2, "--ckpt %s: %s", dir, st_error_last());
+	snprintf(p, sizeof(p), "%.4000s/%s", s->dir, ST_CKPT_MODEL_FILE);
+	s->path = strdup(p);
+	if (!s->path)
+		st_cli_die(1, "out of memory");
+	if (st_ckpt_reader_open(&s->r, s->path) < 0)
+		st_cli_die(2, "--ckpt %s: %s", dir, st_error_last());
+}
+
+static void src_close(struct src *s)
+{
+	st_ckpt_reader_close(s->r);
+	free(s->dir);
+	free(s->path);
+}
+
+/* The source's tensor for t: name (or "transformer." name), shape, a float
+ * type. Returns 0; -EINVAL (bad input) with the detail. */
+static int src_find(struct src *s, const struct out_tensor *t, const struct st_sf_info **out)
+{
+	const struct st_safetensors *sf = st_ckpt_reader_file(s->r);
+	const struct st_sf_info *info = st_safetensors_find(sf, t->name);
+	char alt[ST_MODEL_NAME_BYTES + 16];
+
+	if (!info) {
+		snprintf(alt, sizeof(alt), "transformer.%s", t->name);
+		info = st_safetensors_find(sf, alt);
+	}
+	if (!info)
+		return st_error_set(-EINVAL, "%s: tensor %s is missing", s->path, t->name);
+	if (info->ndim != t->ndim || info->shape[0] != t->shape[0] ||
+	    (t->ndim == 2 && info->shape[1] != t->shape[1]))
+		return st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for config.json's model",
+				    s->path, t->name);
+	if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 && info->dtype != ST_SF_F16)
+		return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", s->path, t->name,
+				    st_sf_dtype_name(info->dtype));
+	*out = info;
+	return 0;
+}
+
+/* Tensor t of the source as fp32 into out (t->shape[0] * t->shape[1]
+ * elements). Returns 0, src_find()'s -EINVAL, or -errno from reading. */
+static int src_read(struct src *s, const struct out_tensor *t, float *out)
+{
+	const struct st_sf_info *info;
+	uint64_t n = t->shape[0] * t->shape[1];
+	void *raw;
+	int ret = src_find(s, t, &info);
+
+	if (ret < 0)
+		return ret;
+	if (info->dtype == ST_SF_F32)
+		return st_ckpt_reader_pread(s->r, info, 0, out, n * sizeof(float));
+	raw = malloc(n * sizeof(uint16_t));
+	if (!raw)
+		return st_error_set(-ENOMEM, "out of memory");
+	ret = st_ckpt_reader_pread(s->r, info, 0, raw, n * sizeof(uint16_t));
+	for (uint64_t k = 0; ret == 0 && k < n; k++) {
+		uint16_t h = ((const uint16_t *)raw)[k];
+
+		out[k] = info->dtype == ST_SF_BF16 ? st_f32_from_bf16(h) : st_f32_from_f16(h);
+	}
+	free(raw);
+	return ret;
+}
+
+static void die_read(int ret)
+{
+	st_cli_die(ret == -EINVAL ? 2 : 1, "%s", st_error_last());
+}
+
+/* Every tensor of the model in the checkpoint's order, from the model's
+ * unit layouts. *n_out tensors; the largest's element count in *max_elems. */
+static struct out_tensor *model_tensors(const struct st_gpt2_config *gc, size_t *n_out,
+					uint64_t *max_elems)
+{
+	struct st_model_config mc = { .n_layer = (int)gc->n_layer, .n_embd = (int)gc->n_embd,
+				      .n_head = (int)gc->n_head, .vocab = (int)gc->vocab_size,
+				      .ctx = (int)gc->n_positions };
+	struct st_model *m;
+	struct out_tensor *t = NULL;
+	size_t n = 0, cap = 0;
+
+	*max_elems = 0;
+	if (st_model_create(&mc, &m) < 0)
+		st_cli_die(2, "config.json: %s", st_error_last());
+	for (int u = 0; u < st_model_unit_count(m); u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+
+		for (int i = 0; i < ul->n_tensors; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+
+			if (n == cap) {
+				cap = cap ? 2 * cap : 64;
+				t = realloc(t, cap * sizeof(*t));
+				if (!t)
+					st_cli_die(1, "out of memory");
+			}
+			snprintf(t[n].name, sizeof(t[n].name), "%s", tl->name);
+			t[n].ndim = tl->ndim;
+			t[n].shape[0] = (uint64_t)tl->shape[0];
+			t[n].shape[1] = tl->ndim == 2 ? (uint64_t)tl->shape[1] : 1;
+			*max_elems = ST_MAX(*max_elems, tl->n_elems);
+			n++;
+		}
+	}
+	st_model_destroy(m);
+	*n_out = n;
+	return t;
+}
+
+/* Every tensor there, of the right shape and a float type, before anything
+ * is written: exit 2 naming the first that is not. */
+static void src_check(struct src *s, const struct out_tensor *t, size_t n)
+{
+	const struct st_sf_info *info;
+
+	for (size_t i = 0; i < n; i++)
+		if (src_find(s, &t[i], &info) < 0)
+			st_cli_die(2, "%s", st_error_last());
+}
+
+/* --- hf ------------------------------------------------------------------------- */
+
+struct hf_fill {
+	struct src *s;
+	const struct out_tensor *t;
+	bool bf16;
+	size_t cached; /* index of the tensor in f32, or SIZE_MAX */
+	float *f32;
+};
+
+static int hf_fill(void *ctx, size_t ti, uint64_t off, void *buf, size_t len)
+{
+	struct hf_fill *h = ctx;
+
+	if (h->cached != ti) {
+		int ret = src_read(h->s, &h->t[ti], h->f32);
+
+		if (ret < 0)
+			return ret; /* the writer removes its temporary, then we die */
+		h->cached = ti;
+	}
+	if (!h->bf16) {
+		memcpy(buf, (const char *)h->f32 + off, len);
+		return 0;
+	}
+	for (size_t k = 0; k < len / 2; k++)
+		((uint16_t *)buf)[k] = st_bf16_from_f32(h->f32[off / 2 + k]);
+	return 0;
+}
+
+static uint64_t export_hf(struct src *s, const char *out, bool bf16)
+{
+	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
+	struct hf_fill h = { .s = s, .bf16 = bf16, .cached = SIZE_MAX };
+	struct st_ckpt_tensor *ct;
+	struct out_tensor *t;
+	uint64_t max_elems, params = 0;
+	size_t n;
+	char p[4096];
+	int ret;
+
+	t = model_tensors(&s->gc, &n, &max_elems);
+	src_check(s, t, n);
+	ct = calloc(n, sizeof(*ct));
+	h.f32 = malloc(max_elems * sizeof(float));
+	if (!ct || !h.f32)
+		st_cli_die(1, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		ct[i] = (struct st_ckpt_tensor){ .name = t[i].name,
+						 .dtype = bf16 ? ST_SF_BF16 : ST_SF_F32,
+						 .ndim = t[i].ndim,
+						 .shape = { t[i].shape[0], t[i].shape[1] } };
+		params += t[i].shape[0] * t[i].shape[1];
+	}
+	h.t = t;
+	snprintf(p, sizeof(p), "%.4000s.tmp.%ld", out, (long)getpid());
+	if (mkdir(p, 0755) < 0)
+		st_cli_die(errno == EACCES || errno == ENOENT || errno == EROFS ? 2 : 1,
+			   "--out %s: cannot create %s: %s", out, p, strerror(errno));
+	tmp_made = strdup(p);
+	tmp_is_dir = true;
+	if (!tmp_made)
+		st_cli_die(1, "out of memory");
+	snprintf(p, sizeof(p), "%.4000s/%s", tmp_made, ST_CKPT_MODEL_FILE);
+	ret = st_ckpt_write_safetensors(p, ct, n, meta, 2, hf_fill, &h, NULL, NULL);
+	if (ret < 0)
+		die_read(ret);
+	snprintf(p, sizeof(p), "%.4000s/%s", tmp_made, ST_CKPT_CONFIG_FILE);
+	if (st_gpt2_config_write(p, &s->gc) < 0)
+		st_cli_die(1, "%s", st_error_last());
+	/* both files are fsynced by their writers: publish the directory */
+	if (rename(tmp_made, out) < 0)
+		st_cli_die(1, "--out %s: cannot rename %s to it: %s", out, tmp_made, strerror(errno));
+	free(tmp_made);
+	tmp_made = NULL;
+	free(h.f32);
+	free(ct);
+	free(t);
+	return params;
+}
+
+/* --- llmc ----------------------------------------------------------------------- */
+
+/* llm.c's parameter order: each kind for every layer in turn; transpose:
+ * a Conv1D (in, out) matrix that llm.c keeps as (out, in). */
+static const struct {
+	const char *suffix;
+	bool per_layer, transpose;
+} llmc_order[] = {
+	{ "wte.weight", false, false },          { "wpe.weight", false, false },
+	{ "ln_1.weight", true, false },          { "ln_1.bias", true, false },
+	{ "attn.c_attn.weight", true, true },    { "attn.c_attn.bias", true, false },
+	{ "attn.c_proj.weight", true, true },    { "attn.c_proj.bias", true, false },
+	{ "ln_2.weight", true, false },          { "ln_2.bias", true, false },
+	{ "mlp.c_fc.weight", true, true },       { "mlp.c_fc.bias", true, false },
+	{ "mlp.c_proj.weight", true, true },     { "mlp.c_proj.bias", true, false },
+	{ "ln_f.weight", false, false },         { "ln_f.bias", false, false },
+};
+
+static void llmc_write(struct st_file_atomic *f, const float *x, uint64_t n, bool bf16,
+		       uint16_t *tmp)
+{
+	int ret;
+
+	if (bf16) {
+		for (uint64_t k = 0; k < n; k++)
+			tmp[k] = st_bf16_from_f32(x[k]);
+		ret = st_file_atomic_write(f, tmp, n * sizeof(uint16_t));
+	} else {
+		ret = st_file_atomic_write(f, x, n * sizeof(float));
+	}
+	if (ret < 0)
+		st_cli_die(1, "%s", st_error_last());
+}
+
+static uint64_t export_llmc(struct src *s, const char *out, bool bf16)
+{
+	const struct st_gpt2_config *gc = &s->gc;
+	uint64_t V = (uint64_t)gc->vocab_size, C = (uint64_t)gc->n_embd, params = 0;
+	uint64_t Vp = (V + LLMC_VOCAB_MULTIPLE - 1) / LLMC_VOCAB_MULTIPLE * LLMC_VOCAB_MULTIPLE;
+	uint64_t max_elems;
+	int32_t header[256] = { 0 };
+	struct st_file_atomic f;
+	struct out_tensor *all;
+	size_t n_all;
+	float *a, *b;
+	uint16_t *h16;
+	int c;
+
+	if (gc->n_positions > INT32_MAX || Vp > INT32_MAX || gc->n_layer > INT32_MAX ||
+	    gc->n_head > INT32_MAX || gc->n_embd > INT32_MAX)
+		st_cli_die(2, "--format llmc: the model's sizes do not fit llm.c's int32 header");
+	all = model_tensors(gc, &n_all, &max_elems);
+	src_check(s, all, n_all);
+	max_elems = ST_MAX(max_elems, Vp * C);
+	a = malloc(max_elems * sizeof(float));
+	b = malloc(max_elems * sizeof(float));
+	h16 = malloc(max_elems * sizeof(uint16_t));
+	if (!a || !b || !h16)
+		st_cli_die(1, "out of memory");
+	header[0] = LLMC_MAGIC;
+	header[1] = bf16 ? LLMC_VERSION_BF16 : LLMC_VERSION_F32;
+	header[2] = (int32_t)gc->n_positions;
+	header[3] = (int32_t)V;
+	header[4] = (int32_t)gc->n_layer;
+	header[5] = (int32_t)gc->n_head;
+	header[6] = (int32_t)C;
+	header[7] = (int32_t)Vp;
+	c = st_file_atomic_open(&f, out);
+	if (c < 0)
+		st_cli_die(c == -ENOENT || c == -EACCES || c == -ENOTDIR || c == -EROFS ? 2 : 1,
+			   "--out %s", st_error_last());
+	tmp_made = strdup(f.tmp_path);
+	tmp_is_dir = false;
+	if (!tmp_made)
+		st_cli_die(1, "out of memory");
+	if (st_file_atomic_write(&f, header, sizeof(header)) < 0)
+		st_cli_die(1, "%s", st_error_last());
+	for (size_t g = 0; g < ST_ARRAY_LEN(llmc_order); g++) {
+		int layers = llmc_order[g].per_layer ? (int)gc->n_layer : 1;
+
+		for (int l = 0; l < layers; l++) {
+			struct out_tensor t = { 0 };
+			const struct out_tensor *like = NULL;
+			uint64_t n;
+
+			if (llmc_order[g].per_layer)
+				snprintf(t.name, sizeof(t.name), "h.%d.%s", l, llmc_order[g].suffix);
+			else
+				snprintf(t.name, sizeof(t.name), "%s", llmc_order[g].suffix);
+			for (size_t i = 0; i < n_all && !like; i++)
+				if (strcmp(all[i].name, t.name) == 0)
+					like = &all[i];
+			if (!like)
+				st_cli_die(1, "export: the model has no tensor %s", t.name);
+			t = *like;
+			n = t.shape[0] * t.shape[1];
+			c = src_read(s, &t, a);
+			if (c < 0)
+				die_read(c);
+			if (llmc_order[g].transpose) {
+				uint64_t R = t.shape[0], K = t.shape[1];
+
+				for (uint64_t i = 0; i < R; i++)
+					for (uint64_t j = 0; j < K; j++)
+						b[j * R + i] = a[i * K + j];
+				llmc_write(&f, b, n, bf16, h16);
+			} else {
+				if (g == 0) { /* wte: zero rows up to Vp */
+					memset(a + n, 0, (Vp - V) * C * sizeof(float));
+					n = Vp * C;
+				}
+				llmc_write(&f, a, n, bf16, h16);
+			}
+			params += t.shape[0] * t.shape[1];
+		}
+	}
+	if (st_file_atomic_commit(&f) < 0)
+		st_cli_die(1, "%s", st_error_last());
+	free(tmp_made);
+	tmp_made = NULL;
+	free(a);
+	free(b);
+	free(h16);
+	free(all);
+	return params;
+}
+
+int st_cli_export(int argc, char **argv)
+{
+	static const struct option longs[] = {
+		{ "ckpt", 1, 0, 'c' }, { "out", 1, 0, 'o' }, { "format", 1, 0, 'f' },
+		{ "dtype", 1, 0, 'd' }, { "help", 0, 0, 'h' }, { 0 },
+	};
+	const char *ckpt = NULL, *out = NULL, *format = "hf", *dtype = "fp32";
+	struct src s;
+	struct stat sb;
+	uint64_t params;
+	bool bf16;
+	int c;
+
+	optind = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+		switch (c) {
+		case 'c': ckpt = optarg; break;
+		case 'o': out = optarg; break;
+		case 'f': format = optarg; break;
+		case 'd': dtype = optarg; break;
+		case 'h': export_usage(stdout); return 0;
+		default:
+			st_cli_die(2, "export: unknown or incomplete option %s (see strata export --help)",
+				   argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		st_cli_die(2, "export: unexpected argument %s", argv[optind]);
+	if (!ckpt || !out)
+		st_cli_die(2, "export: --ckpt DIR and --out PATH are required");
+	if (strcmp(format, "hf") != 0 && strcmp(format, "llmc") != 0)
+		st_cli_die(2, "--format %s: expected hf or llmc", format);
+	if (strcmp(dtype, "fp32") != 0 && strcmp(dtype, "bf16") != 0)
+		st_cli_die(2, "--dtype %s: expected fp32 or bf16", dtype);
+	bf16 = strcmp(dtype, "bf16") == 0;
+	if (lstat(out, &sb) == 0)
+		st_cli_die(2, "--out %s exists; export writes a new %s", out,
+			   strcmp(format, "hf") == 0 ? "directory" : "file");
+	src_open(&s, ckpt);
+	st_cli_at_die(undo);
+	params = strcmp(format, "hf") == 0 ? export_hf(&s, out, bf16) : export_llmc(&s, out, bf16);
+	st_cli_at_die(NULL);
+	printf("exported %s (%llu parameters, %s) to %s as %s\n", s.dir, (unsigned long long)params,
+	       dtype, out,
+	       strcmp(format, "hf") == 0 ? "a Hugging Face GPT-2 directory" : "an llm.c model file");
+	src_close(&s);
+	return 0;
+}
