@@ -15,19 +15,7 @@ random.seed(3)
 words = 'the quick brown fox jumps over a lazy dog while strata streams units'.split()
 print(' '.join(random.choice(words) for _ in range(4000)))" >"$data"
 
-check() { # name, expected rc, command...
-	local name=$1 want=$2 rc
-	shift 2
-	"$@" >"$work/out" 2>"$work/err"
-	rc=$?
-	if [ "$rc" != "$want" ]; then
-		echo "FAIL $name: exit $rc, want $want"; cat "$work/err" "$work/out" | tail -5; fail=1; return 1
-	fi
-	if [ "$want" = 2 ] && [ "$(wc -l <"$work/err")" != 1 ]; then
-		echo "FAIL $name: stderr is not one line"; cat "$work/err"; fail=1; return 1
-	fi
-	echo "ok   $name $(head -1 "$work/err")"
-}
+. "$(dirname "$0")/check.sh"
 
 check help 0 "$strata" --help
 check train-help 0 "$strata" train --help

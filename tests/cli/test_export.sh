@@ -14,19 +14,8 @@ trap 'rm -rf "$work"' EXIT
 fail=0
 data=/usr/share/common-licenses/GPL-3
 
-check() { # name, expected rc, command...
-	local name=$1 want=$2 rc
-	shift 2
-	"$@" >"$work/out" 2>"$work/err"
-	rc=$?
-	if [ "$rc" != "$want" ]; then
-		echo "FAIL $name: exit $rc, want $want"; cat "$work/err" "$work/out" | tail -5; fail=1; return 1
-	fi
-	if [ "$want" = 2 ] && [ "$(wc -l <"$work/err")" != 1 ]; then
-		echo "FAIL $name: stderr is not one line"; cat "$work/err"; fail=1; return 1
-	fi
-	echo "ok   $name $(head -1 "$work/err")"
-}
+quiet_refusals=1
+. "$(dirname "$0")/check.sh"
 nothing_left() { # name: no export output or temporary in $work/o
 	local left
 	left=$(ls -A "$work/o")

@@ -11,19 +11,8 @@ work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-info-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail=0
 
-check() { # name, expected rc, command...
-	local name=$1 want=$2 rc
-	shift 2
-	"$@" >"$work/out" 2>"$work/err"
-	rc=$?
-	if [ "$rc" != "$want" ]; then
-		echo "FAIL $name: exit $rc, want $want"; cat "$work/err" "$work/out" | tail -5; fail=1; return 1
-	fi
-	if [ "$want" = 2 ] && [ "$(wc -l <"$work/err")" != 1 ]; then
-		echo "FAIL $name: stderr is not one line"; cat "$work/err"; fail=1; return 1
-	fi
-	echo "ok   $name $(head -1 "$work/err")"
-}
+quiet_refusals=1
+. "$(dirname "$0")/check.sh"
 
 check help 0 "$strata" info --help
 grep -q -e "--verify" "$work/out" || { echo "FAIL help does not name --verify"; fail=1; }

@@ -10,22 +10,8 @@ trap 'rm -rf "$work"' EXIT
 fail=0
 M="--model layers=4,dim=64,heads=2,vocab=256,ctx=64 --batch 4 --seq 32"
 
-check() { # name, expected rc, command...
-	local name=$1 want=$2 rc
-	shift 2
-	"$@" >"$work/out" 2>"$work/err"
-	rc=$?
-	if [ "$rc" != "$want" ]; then
-		echo "FAIL $name: exit $rc, want $want"; cat "$work/err" "$work/out" | tail -5; fail=1; return 1
-	fi
-	if [ "$want" = 2 ] && [ "$(wc -l <"$work/err")" != 1 ]; then
-		echo "FAIL $name: stderr is not one line"; cat "$work/err"; fail=1; return 1
-	fi
-	if [ "$want" = 2 ] && [ -s "$work/out" ]; then
-		echo "FAIL $name: refused but wrote to stdout"; fail=1; return 1
-	fi
-	echo "ok   $name $(head -1 "$work/err")"
-}
+quiet_refusals=1
+. "$(dirname "$0")/../cli/check.sh"
 expect_err() { # name, text expected in stderr
 	if ! grep -qF -- "$2" "$work/err"; then
 		echo "FAIL $1: stderr lacks '$2'"; cat "$work/err"; fail=1

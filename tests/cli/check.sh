@@ -1,0 +1,23 @@
+# Sourced by the CLI tests (tests/cli, tests/mem): check NAME RC COMMAND...
+# runs COMMAND with stdout and stderr in $work/out and $work/err, and
+# passes when it exits RC; a refusal (RC 2) must also be one line on
+# stderr, and with quiet_refusals=1 nothing on stdout (strata train prints
+# its plan before it reads a --resume checkpoint, so test_cli.sh leaves it
+# unset). Prints "ok   NAME <first stderr line>", or "FAIL ..." and sets
+# fail=1. Needs $work and $fail.
+check() {
+	local name=$1 want=$2 rc
+	shift 2
+	"$@" >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ "$rc" != "$want" ]; then
+		echo "FAIL $name: exit $rc, want $want"; cat "$work/err" "$work/out" | tail -5; fail=1; return 1
+	fi
+	if [ "$want" = 2 ] && [ "$(wc -l <"$work/err")" != 1 ]; then
+		echo "FAIL $name: stderr is not one line"; cat "$work/err"; fail=1; return 1
+	fi
+	if [ "$want" = 2 ] && [ "${quiet_refusals:-0}" = 1 ] && [ -s "$work/out" ]; then
+		echo "FAIL $name: refused but wrote to stdout"; head -3 "$work/out"; fail=1; return 1
+	fi
+	echo "ok   $name $(head -1 "$work/err")"
+}
