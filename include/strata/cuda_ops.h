@@ -38,9 +38,13 @@ struct st_cuda_info {
 	char busid[32];            /* "0000:65:00.0" */
 	int numa_node;             /* hwloc OS index near the GPU, or -1 */
 };
-/* Fill *out for GPU `ordinal` (versions and count even without a GPU).
- * Returns 0; -ENODEV when there is no such GPU, with the runtime's reason
- * in st_error_last() ("no CUDA-capable device is detected"). */
+/* Fill *out for GPU `ordinal` (versions and count even without a GPU). It
+ * makes `ordinal` the calling thread's current device, whose primary
+ * context it creates: free_bytes is what is free with that context made.
+ * Returns 0; -ENODEV when there is no such GPU (the runtime's reason in
+ * st_error_last(), "no CUDA-capable device is detected"); another -errno
+ * (st_cuda_err()) when the GPU is there but a query fails, e.g. one in
+ * exclusive-process mode that another process holds. */
 int st_cuda_info(int ordinal, struct st_cuda_info *out);
 /* Make a context on GPU `ordinal` with its own stream. -ENODEV without a
  * GPU. *out goes back with st_cuda_ctx_destroy(). */

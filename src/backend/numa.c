@@ -64,6 +64,8 @@ int st_hwloc_numa_count(void)
 
 	if (hwloc_topology_init(&topo) < 0)
 		return 1;
+	/* the machine's nodes, not only those this process's cpuset allows */
+	hwloc_topology_set_flags(topo, HWLOC_TOPOLOGY_FLAG_INCLUDE_DISALLOWED);
 	if (hwloc_topology_load(topo) == 0)
 		n = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
 	hwloc_topology_destroy(topo);

@@ -55,8 +55,9 @@ static void info_usage(FILE *f)
 "\n"
 "  --json               the same as one JSON object\n"
 "  -h, --help\n"
-"Exit status: 0; 1 when a probe fails or a checkpoint is damaged; 2 for bad\n"
-"input (a flag, a missing directory, no checkpoint there).\n");
+"Exit status: 0 (a machine without a GPU or io_uring too); 1 when an --nvme\n"
+"probe fails or a listed checkpoint is damaged; 2 for bad input (a flag, a\n"
+"missing directory, no checkpoint there).\n");
 }
 
 /* json-c helpers: add a value to an object */
@@ -282,27 +283,13 @@ static void fs_type(const char *path, char *buf, size_t n)
 	free(real);
 }
 
-/* One write and one read of PROBE_BYTES through tier t; 0 or -errno. */
-static int probe_io(struct st_tier *t, enum st_io_op op, const struct st_extent *ext, void *buf)
-{
-	struct st_tier_io io = { .op = op, .ext = *ext, .len_bytes = PROBE_BYTES, .buf = buf };
-	struct st_tier_cqe cqe;
-	int ret = st_tier_submit(t, &io, 1);
-
-	if (ret < 0)
-		return ret;
-	ret = st_tier_reap(t, &cqe, 1, 1);
-	if (ret < 0)
-		return ret;
-	return cqe.res < 0 ? (int)cqe.res : 0;
-}
-
-/* The nvme tier on dir: open with a budget of 2 probes, write a pattern,
- * read it back into another buffer, compare. */
+/* The nvme tier on dir: open with a budget of one probe, write a pattern,
+ * read it back into another buffer, compare. The tier unlinks its file as
+ * soon as it is made, so nothing is left however this ends. */
 static struct json_object *probe_dir(const char *dir)
 {
 	struct json_object *o = json_object_new_object();
-	struct st_tier_config cfg = { .budget_bytes = 2 * PROBE_BYTES, .dirs = dir };
+	struct st_tier_config cfg = { .budget_bytes = PROBE_BYTES, .dirs = dir };
 	struct st_tier *t = NULL;
 	struct st_extent ext;
 	struct statvfs sv;
@@ -329,12 +316,15 @@ static struct json_object *probe_dir(const char *dir)
 		ret = st_tier_alloc(t, PROBE_BYTES, &ext);
 	}
 	if (ret == 0)
-		ret = probe_io(t, ST_IO_WRITE, &ext, wbuf);
+		ret = st_tier_write_sync(t, &ext, 0, wbuf, PROBE_BYTES);
 	if (ret == 0)
-		ret = probe_io(t, ST_IO_READ, &ext, rbuf);
-	if (ret < 0 && !strstr(st_error_last(), dir))
-		st_error_set(ret, "%s: %s", dir, st_error_last());
-	else if (ret == 0 && memcmp(wbuf, rbuf, PROBE_BYTES) != 0)
+		ret = st_tier_read_sync(t, &ext, 0, rbuf, PROBE_BYTES);
+	if (ret < 0 && !strstr(st_error_last(), dir)) {
+		char msg[512]; /* st_error_last() is the buffer st_error_set() writes */
+
+		snprintf(msg, sizeof(msg), "%s", st_error_last());
+		st_error_set(ret, "%s: %s", dir, msg);
+	} else if (ret == 0 && memcmp(wbuf, rbuf, PROBE_BYTES) != 0)
 		ret = st_error_set(-EIO, "%s: the bytes read back differ from those written", dir);
 out:
 	put_bool(o, "ok", ret == 0);
@@ -396,7 +386,8 @@ static void print_machine(struct json_object *m)
 		printf("          locked memory: CAP_IPC_LOCK, so the host tier can lock any budget\n");
 	else if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_max != RLIM_INFINITY)
 		printf("          locked memory: limit %s (hard %s); without a GPU to pin it, a host\n"
-		       "          tier over %s stays pageable (same numbers, slower copies)\n",
+		       "          tier whose budget, rounded up to 2 MiB pages, passes %s (less what\n"
+		       "          else the process locks) stays pageable: same numbers, slower copies\n",
 		       limit_text(rl.rlim_cur, a, sizeof(a)), limit_text(rl.rlim_max, b, sizeof(b)), b);
 	else
 		printf("          locked memory: no limit, so the host tier can lock any budget\n");
@@ -407,7 +398,14 @@ static void print_machine(struct json_object *m)
 	else
 		printf("numa      %lld node%s; this process may run on several\n",
 		       (long long)jint(numa, "nodes"), jint(numa, "nodes") == 1 ? "" : "s");
-	if (jstr(gpu, "error")) {
+	if (jstr(gpu, "error") && jint(gpu, "count") > 0) {
+		printf("gpu       %lld present, GPU 0 unusable: %s\n", (long long)jint(gpu, "count"),
+		       jstr(gpu, "error"));
+	} else if (jstr(gpu, "error") && json_object_get_boolean(jobj(gpu, "built")) &&
+		   jint(gpu, "driver_version") == 0) {
+		printf("gpu       none: no NVIDIA driver found (the CUDA runtime says: %s)\n",
+		       jstr(gpu, "error"));
+	} else if (jstr(gpu, "error")) {
 		printf("gpu       none: %s\n", jstr(gpu, "error"));
 	} else {
 		printf("gpu       %lld: 0 is %s, compute capability %s, %lld SMs, %s (%s free), "
@@ -456,17 +454,20 @@ static char *path_join(const char *a, const char *b)
 	return p;
 }
 
-/* One checkpoint directory: its trainer.json in brief, and --verify. */
+/* One checkpoint directory: its trainer.json in brief, config.json and the
+ * weights file's header read (as a resume would), and --verify. */
 static struct json_object *ckpt_entry(const char *name, const char *dir, bool verify,
 				       bool *bad)
 {
 	struct json_object *o = json_object_new_object();
 	struct st_ckpt_trainer tr;
-	char *tj = path_join(dir, ST_CKPT_TRAINER_FILE);
+	struct st_gpt2_config gc;
+	struct st_ckpt_reader *r;
+	char *p = path_join(dir, ST_CKPT_TRAINER_FILE);
 	uint64_t bytes = 0;
-	int ret = st_ckpt_trainer_read(tj, &tr);
+	int ret = st_ckpt_trainer_read(p, &tr);
 
-	free(tj);
+	free(p);
 	put_str(o, "name", name);
 	if (ret == 0) {
 		put_int(o, "step", (int64_t)tr.step);
@@ -476,6 +477,18 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 		if (verify)
 			ret = st_ckpt_verify(dir, &tr);
 		st_ckpt_trainer_fini(&tr);
+	}
+	if (ret == 0) {
+		p = path_join(dir, ST_CKPT_CONFIG_FILE);
+		ret = st_gpt2_config_read(p, &gc);
+		free(p);
+	}
+	if (ret == 0) {
+		p = path_join(dir, ST_CKPT_MODEL_FILE);
+		ret = st_ckpt_reader_open(&r, p);
+		free(p);
+		if (ret == 0)
+			st_ckpt_reader_close(r);
 	}
 	if (ret < 0) {
 		put_bool(o, "ok", false);
@@ -582,6 +595,12 @@ static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad)
 		free(link);
 		target[len > 0 ? len : 0] = '\0';
 		put_str(o, "latest", len > 0 ? target : NULL);
+		if (len > 0) {
+			char *t = target[0] == '/' ? strdup(target) : path_join(dir, target);
+
+			put_bool(o, "latest_missing", !t || access(t, F_OK) < 0);
+			free(t);
+		}
 		ret = st_ckpt_list(dir, &steps, &n);
 		if (ret < 0)
 			st_cli_die(1, "--ckpt %s", st_error_last());
@@ -659,7 +678,9 @@ static void print_ckpt(struct json_object *o, bool verify)
 	if (strcmp(jstr(o, "resume"), jstr(o, "dir")) != 0) {
 		printf("checkpoints in %s", jstr(o, "dir"));
 		if (jstr(o, "latest"))
-			printf(" (latest -> %s)", jstr(o, "latest"));
+			printf(" (latest -> %s%s)", jstr(o, "latest"),
+			       json_object_get_boolean(jobj(o, "latest_missing")) ? ", which is missing"
+										: "");
 		printf(":\n");
 	} else {
 		struct json_object *e = json_object_array_get_idx(list, 0);
@@ -715,6 +736,8 @@ int st_cli_info(int argc, char **argv)
 		st_cli_die(2, "info: --ckpt and --nvme are separate uses (see strata info --help)");
 	if (verify && !ckpt)
 		st_cli_die(2, "info: --verify needs --ckpt DIR");
+	if (nvme) /* before the machine's probes, which may take a GPU's seconds */
+		st_cli_check_dirs("--nvme", nvme, true);
 	if (ckpt) {
 		out = ckpt_json(ckpt, verify, &bad);
 	} else {
@@ -723,7 +746,6 @@ int st_cli_info(int argc, char **argv)
 			struct json_object *dirs = json_object_new_array();
 			char *list, *save = NULL;
 
-			st_cli_check_dirs("--nvme", nvme, true);
 			list = strdup(nvme);
 			if (!list)
 				st_cli_die(1, "out of memory");

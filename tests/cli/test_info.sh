@@ -64,11 +64,11 @@ assert m["io_uring"]["kernel"] == os.uname().release, m["io_uring"]
 assert m["io_uring"]["ok"] is True, m["io_uring"]  # the nvme tier's tests need it too
 gpu = m["gpu"]
 assert gpu["built"] == ("cuda" in m["devices"].split(",")), (gpu, m["devices"])
-if gpu["count"] == 0:
-    assert gpu["error"], gpu
-    assert "gpu       none: " + gpu["error"] in text, text
+if "error" in gpu:  # no GPU, or one that cannot be used
+    assert gpu["error"] and gpu["error"] in text, (gpu, text)
+    assert ("gpu       none: " in text) == (gpu["count"] == 0), text
 else:
-    assert gpu["total_bytes"] >= gpu["free_bytes"] > 0, gpu
+    assert gpu["count"] > 0 and gpu["total_bytes"] >= gpu["free_bytes"] > 0, gpu
     assert gpu["name"] in text, text
 dirs = m["nvme"]
 assert [d["dir"] for d in dirs] == [f"{w}/d1", f"{w}/d2"], dirs
@@ -82,6 +82,14 @@ for d in dirs:
 assert "AdamW " + adam in text and "io_uring  works" in text, text
 print("ok   machine facts match /proc, sysconf, rlimits, findmnt, statvfs and strata train")
 PY
+# a probe that fails (no file descriptor left for the tier's io_uring or its
+# file): exit 1, the directory named once, the system's reason
+check probe-fails 1 python3 -c 'import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (4, 4))
+os.execv(sys.argv[1], sys.argv[1:])' "$strata" info --nvme "$work/d1"
+grep -q "^nvme      $work/d1: .*FAILED: .*Too many open files" "$work/out" &&
+	! grep -q "FAILED: $work/d1: $work/d1" "$work/out" ||
+	{ echo "FAIL probe-fails: output"; cat "$work/out"; fail=1; }
 
 # --- a checkpoint directory ----------------------------------------------------
 M="--model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --batch 2"
@@ -154,5 +162,19 @@ rm "$work/ck/latest"
 check no-latest 1 "$strata" info --ckpt "$work/ck" --json
 python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert c['resume'].endswith('/step-000003') and c['latest'] is None, c" \
 	"$work/out" || { echo "FAIL no-latest"; fail=1; }
+# latest naming a directory that is gone: said so; --resume takes the newest
+ln -s step-000009 "$work/ck/latest"
+check latest-missing 1 "$strata" info --ckpt "$work/ck"
+grep -q "(latest -> step-000009, which is missing)" "$work/out" ||
+	{ echo "FAIL latest-missing: output"; cat "$work/out"; fail=1; }
+# a checkpoint other than the one --resume takes, with a bad config.json:
+# found without --verify
+"$strata" train $M --data /usr/share/common-licenses/GPL-3 --steps 2 --seed 5 \
+	--save "$work/ck2" --save-every 1 --keep 2 >"$work/train.log" 2>&1 || fail=1
+check old-step-fine 0 "$strata" info --ckpt "$work/ck2"
+echo '{bad' >"$work/ck2/step-000001/config.json"
+check old-step-config 1 "$strata" info --ckpt "$work/ck2"
+grep -q "step-000001 *DAMAGED: .*step-000001/config.json" "$work/out" ||
+	{ echo "FAIL old-step-config: output"; cat "$work/out"; fail=1; }
 
 exit $fail

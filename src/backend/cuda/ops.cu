@@ -318,11 +318,8 @@ int st_cuda_info(int ordinal, struct st_cuda_info *out)
 	out->cc_minor = prop.minor;
 	out->sm_count = prop.multiProcessorCount;
 	out->total_bytes = prop.totalGlobalMem;
-	e = cudaSetDevice(ordinal);
-	if (e == cudaSuccess)
-		e = cudaMemGetInfo(&free_bytes, &total_bytes);
-	if (e != cudaSuccess)
-		return st_cuda_err(e, "cudaMemGetInfo");
+	CU_CHECK(cudaSetDevice(ordinal), "cudaSetDevice");
+	CU_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
 	out->free_bytes = free_bytes;
 	if (cudaDeviceGetPCIBusId(out->busid, sizeof(out->busid), ordinal) == cudaSuccess)
 		out->numa_node = st_hwloc_numa_of_pci(out->busid);
