@@ -49,7 +49,8 @@ static inline int st_is_pow2(uint64_t x)
 
 /* Record the detail of a failure for this thread and return err unchanged,
  * so call sites read `return st_error_set(-EIO, "read %s: ...", path);`.
- * err must be a negative errno. */
+ * err must be a negative errno. An argument may be st_error_last(), to add
+ * context to the detail a callee recorded. */
 int st_error_set(int err, const char *fmt, ...) ST_PRINTF(2, 3);
 
 /* The detail recorded by the last st_error_set() on this thread, or "" when

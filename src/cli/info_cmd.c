@@ -319,12 +319,9 @@ static struct json_object *probe_dir(const char *dir)
 		ret = st_tier_write_sync(t, &ext, 0, wbuf, PROBE_BYTES);
 	if (ret == 0)
 		ret = st_tier_read_sync(t, &ext, 0, rbuf, PROBE_BYTES);
-	if (ret < 0 && !strstr(st_error_last(), dir)) {
-		char msg[512]; /* st_error_last() is the buffer st_error_set() writes */
-
-		snprintf(msg, sizeof(msg), "%s", st_error_last());
-		st_error_set(ret, "%s: %s", dir, msg);
-	} else if (ret == 0 && memcmp(wbuf, rbuf, PROBE_BYTES) != 0)
+	if (ret < 0 && !strstr(st_error_last(), dir))
+		st_error_set(ret, "%s: %s", dir, st_error_last());
+	else if (ret == 0 && memcmp(wbuf, rbuf, PROBE_BYTES) != 0)
 		ret = st_error_set(-EIO, "%s: the bytes read back differ from those written", dir);
 out:
 	put_bool(o, "ok", ret == 0);

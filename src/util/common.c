@@ -12,11 +12,13 @@ static _Thread_local char st_error_buf[512];
 
 int st_error_set(int err, const char *fmt, ...)
 {
+	char msg[sizeof(st_error_buf)]; /* an argument may be st_error_last() */
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(st_error_buf, sizeof(st_error_buf), fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	memcpy(st_error_buf, msg, sizeof(msg));
 	return err;
 }
 

@@ -188,6 +188,9 @@ static void test_error_set_returns_err(void **state)
 	assert_string_equal(st_error_last(), "read /x/y offset 4096");
 	assert_int_equal(st_error_set(-ENOSPC, "second"), -ENOSPC);
 	assert_string_equal(st_error_last(), "second");
+	/* context added to a callee's detail: the detail is an argument */
+	st_error_set(-EIO, "outer %s: %s", "/dir", st_error_last());
+	assert_string_equal(st_error_last(), "outer /dir: second");
 	st_error_clear();
 	assert_string_equal(st_error_last(), "");
 }
