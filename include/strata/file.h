@@ -28,6 +28,15 @@ int st_file_atomic_write(struct st_file_atomic *f, const void *buf,
  * removed. f is finished either way. Returns 0 or -errno. */
 int st_file_atomic_commit(struct st_file_atomic *f);
 
+/* As commit, but refuse to replace path when something is there by then
+ * (renameat2 RENAME_NOREPLACE: -EEXIST, and the temporary is removed). */
+int st_file_atomic_commit_new(struct st_file_atomic *f);
+
+/* Rename from (a finished file or directory) to path unless path exists
+ * (RENAME_NOREPLACE: -EEXIST), then fsync path's directory. Returns 0 or
+ * -errno; from is left where it was when the rename fails. */
+int st_file_rename_new(const char *from, const char *path);
+
 /* The second half of commit, for a writer that wrapped f->fd in a stdio
  * stream: it has flushed, fsynced and fclosed the stream and set f->fd to
  * -1. Rename the temporary over path and fsync the directory. On a failed

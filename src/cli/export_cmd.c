@@ -11,8 +11,9 @@
  * The source is a strata checkpoint (verified first) or a directory with
  * config.json and a GPT-2 model.safetensors (fp32, bf16 or fp16, with or
  * without the "transformer." prefix). One tensor is in memory at a time.
- * The output appears whole or not at all: written under a temporary name,
- * fsynced, renamed; an existing --out is refused. */
+ * The output appears whole or not at all: written under a temporary name
+ * (removed on any failure and on SIGINT/SIGTERM/SIGHUP), fsynced, renamed
+ * unless something is at --out by then. */
 #include "cli.h"
 #include "strata/ckpt.h"
 #include "strata/file.h"
@@ -24,9 +25,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,7 +43,8 @@ static void export_usage(FILE *f)
 	fprintf(f,
 "usage: strata export --ckpt DIR --out PATH [--format hf|llmc] [--dtype fp32|bf16]\n"
 "\n"
-"Write a checkpoint's weights (the fp32 master weights P) for other programs.\n"
+"Write a model's weights for other programs: a checkpoint's fp32 master\n"
+"weights P, or the weights of a Hugging Face GPT-2 directory.\n"
 "DIR is a --save directory (its latest checkpoint), one step-N in it, or any\n"
 "directory with config.json and a GPT-2 model.safetensors. A strata checkpoint\n"
 "is verified first (sizes and XXH64). PATH must not exist; it appears whole or\n"
@@ -70,29 +74,80 @@ struct out_tensor {
 	uint64_t shape[2];
 };
 
-static char *tmp_made; /* removed by undo() when the command dies */
-static bool tmp_is_dir;
+/* The output's temporary (PATH.tmp.*), removed when the command dies or a
+ * signal ends it: a directory (hf; tmp_dirfd open on it) or a file. Kept
+ * in static storage, since a signal handler removes it. */
+static char tmp_path[4096];
+static int tmp_dirfd = -1;
+
+/* Remove the temporary; async-signal-safe (getdents64, unlinkat, rmdir). */
+static void tmp_remove(void)
+{
+	if (tmp_dirfd >= 0) { /* ours alone: whatever is in it goes */
+		char buf[4096] __attribute__((aligned(8)));
+		long n;
+
+		lseek(tmp_dirfd, 0, SEEK_SET);
+		while ((n = getdents64(tmp_dirfd, buf, sizeof(buf))) > 0)
+			for (long off = 0; off < n;) {
+				struct dirent64 *de = (struct dirent64 *)(buf + off);
+
+				if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
+					unlinkat(tmp_dirfd, de->d_name, 0);
+				off += de->d_reclen;
+			}
+		rmdir(tmp_path);
+	} else if (tmp_path[0]) {
+		unlink(tmp_path);
+	}
+}
+
+/* The temporary is no longer ours to remove (published, or gone). */
+static void tmp_forget(void)
+{
+	if (tmp_dirfd >= 0)
+		close(tmp_dirfd);
+	tmp_dirfd = -1;
+	tmp_path[0] = '\0';
+}
 
 static void undo(int code)
 {
 	(void)code;
-	if (!tmp_made)
-		return;
-	if (tmp_is_dir) { /* ours alone: whatever is in it goes */
-		DIR *d = opendir(tmp_made);
-		struct dirent *de;
+	tmp_remove();
+	tmp_forget();
+}
 
-		while (d && (de = readdir(d)))
-			if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0)
-				unlinkat(dirfd(d), de->d_name, 0);
-		if (d)
-			closedir(d);
-		rmdir(tmp_made);
-	} else {
-		unlink(tmp_made);
-	}
-	free(tmp_made);
-	tmp_made = NULL;
+static void on_signal(int sig)
+{
+	tmp_remove();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/* Signals that end the command: the temporary goes first. */
+static void catch_signals(void)
+{
+	static const int sigs[] = { SIGINT, SIGTERM, SIGHUP };
+	struct sigaction sa = { .sa_handler = on_signal };
+
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < ST_ARRAY_LEN(sigs); i++)
+		sigaddset(&sa.sa_mask, sigs[i]);
+	for (size_t i = 0; i < ST_ARRAY_LEN(sigs); i++)
+		sigaction(sigs[i], &sa, NULL);
+}
+
+/* Block those signals around publishing (the temporary becomes PATH). */
+static void block_signals(bool block)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
+	sigprocmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
 }
 
 static bool exists(const char *dir, const char *name)
@@ -105,6 +160,39 @@ static bool exists(const char *dir, const char *name)
 }
 
 /* Find the checkpoint (or HF directory), verify it, read its config. */
+/* Exit for a source that cannot be read: 2 when it is bad input (missing,
+ * not a directory, malformed or damaged: -EINVAL), else 1 (an I/O error). */
+static void die_src(int ret, const char *dir)
+{
+	st_cli_die(ret == -EINVAL || ret == -ENOENT || ret == -ENOTDIR ? 2 : 1, "--ckpt %s: %s",
+		   dir, st_error_last());
+}
+
+/* A Hugging Face config.json's fields that would make another model than
+ * the GPT-2 strata computes and export writes (its config.json has GPT-2's
+ * fixed values): refused. */
+static void check_hf_config(const char *path, const char *dir)
+{
+	struct json_object *root = json_object_from_file(path), *v;
+
+	if (!root)
+		st_cli_die(2, "--ckpt %s: %s is not JSON", dir, path);
+	if (json_object_object_get_ex(root, "tie_word_embeddings", &v) &&
+	    json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v))
+		st_cli_die(2, "--ckpt %s: an untied head (tie_word_embeddings false) is not GPT-2 "
+			   "as strata trains it", dir);
+	if (json_object_object_get_ex(root, "activation_function", &v) &&
+	    strcmp(json_object_get_string(v), "gelu_new") != 0)
+		st_cli_die(2, "--ckpt %s: activation_function %s; strata's GPT-2 uses gelu_new",
+			   dir, json_object_get_string(v));
+	if (json_object_object_get_ex(root, "layer_norm_epsilon", &v) &&
+	    json_object_get_double(v) != 1e-5)
+		st_cli_die(2, "--ckpt %s: layer_norm_epsilon %g; strata's GPT-2 uses 1e-05", dir,
+			   json_object_get_double(v));
+	json_object_put(root);
+}
+
+/* Find the checkpoint (or HF directory), verify it, read its config. */
 static void src_open(struct src *s, const char *dir)
 {
 	char p[4096];
@@ -113,15 +201,21 @@ static void src_open(struct src *s, const char *dir)
 	memset(s, 0, sizeof(*s));
 	if (access(dir, F_OK) < 0)
 		st_cli_die(2, "--ckpt %s: %s", dir, strerror(errno));
+	if (!exists(dir, ST_CKPT_TRAINER_FILE) && exists(dir, ST_CKPT_OPTIM_FILE))
+		st_cli_die(2, "--ckpt %s: a strata checkpoint without its %s (damaged)", dir,
+			   ST_CKPT_TRAINER_FILE);
 	if (!exists(dir, ST_CKPT_TRAINER_FILE) && exists(dir, ST_CKPT_CONFIG_FILE) &&
 	    exists(dir, ST_CKPT_MODEL_FILE)) {
 		s->dir = strdup(dir); /* a Hugging Face directory: nothing to verify */
+		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_CONFIG_FILE);
+		check_hf_config(p, dir);
 	} else {
 		struct st_ckpt_trainer tr;
 
 		ret = st_ckpt_resolve(dir, &s->dir);
 		if (ret < 0)
-			st_cli_die(2, "--ckpt %s", st_error_last());
+			st_cli_die(ret == -ENOENT || ret == -ENOTDIR ? 2 : 1, "--ckpt %s",
+				   st_error_last());
 		snprintf(p, sizeof(p), "%.4000s/%s", s->dir, ST_CKPT_TRAINER_FILE);
 		ret = st_ckpt_trainer_read(p, &tr);
 		if (ret == 0) {
@@ -129,19 +223,21 @@ static void src_open(struct src *s, const char *dir)
 			st_ckpt_trainer_fini(&tr);
 		}
 		if (ret < 0)
-			st_cli_die(2, "--ckpt %s: %s", dir, st_error_last());
+			die_src(ret, dir);
 	}
 	if (!s->dir)
 		st_cli_die(1, "out of memory");
 	snprintf(p, sizeof(p), "%.4000s/%s", s->dir, ST_CKPT_CONFIG_FILE);
-	if (st_gpt2_config_read(p, &s->gc) < 0)
-		st_cli_die(2, "--ckpt %s: %s", dir, st_error_last());
+	ret = st_gpt2_config_read(p, &s->gc);
+	if (ret < 0)
+		die_src(ret, dir);
 	snprintf(p, sizeof(p), "%.4000s/%s", s->dir, ST_CKPT_MODEL_FILE);
 	s->path = strdup(p);
 	if (!s->path)
 		st_cli_die(1, "out of memory");
-	if (st_ckpt_reader_open(&s->r, s->path) < 0)
-		st_cli_die(2, "--ckpt %s: %s", dir, st_error_last());
+	ret = st_ckpt_reader_open(&s->r, s->path);
+	if (ret < 0)
+		die_src(ret, dir);
 }
 
 static void src_close(struct src *s)
@@ -314,25 +410,34 @@ static uint64_t export_hf(struct src *s, const char *out, bool bf16)
 	}
 	h.t = t;
 	snprintf(p, sizeof(p), "%.4000s.tmp.%ld", out, (long)getpid());
-	if (mkdir(p, 0755) < 0)
-		st_cli_die(errno == EACCES || errno == ENOENT || errno == EROFS ? 2 : 1,
-			   "--out %s: cannot create %s: %s", out, p, strerror(errno));
-	tmp_made = strdup(p);
-	tmp_is_dir = true;
-	if (!tmp_made)
-		st_cli_die(1, "out of memory");
-	snprintf(p, sizeof(p), "%.4000s/%s", tmp_made, ST_CKPT_MODEL_FILE);
+	block_signals(true); /* the directory is ours to remove from its first instant */
+	if (mkdir(p, 0755) < 0) {
+		ret = -errno;
+		st_cli_die(ret == -EACCES || ret == -ENOENT || ret == -ENOTDIR || ret == -EROFS ? 2 : 1,
+			   "--out %s: cannot create %s: %s", out, p, strerror(-ret));
+	}
+	snprintf(tmp_path, sizeof(tmp_path), "%s", p);
+	tmp_dirfd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	block_signals(false);
+	if (tmp_dirfd < 0)
+		st_cli_die(1, "%s: %s", p, strerror(errno));
+	snprintf(p, sizeof(p), "%.4000s/%s", tmp_path, ST_CKPT_MODEL_FILE);
 	ret = st_ckpt_write_safetensors(p, ct, n, meta, 2, hf_fill, &h, NULL, NULL);
 	if (ret < 0)
 		die_read(ret);
-	snprintf(p, sizeof(p), "%.4000s/%s", tmp_made, ST_CKPT_CONFIG_FILE);
+	snprintf(p, sizeof(p), "%.4000s/%s", tmp_path, ST_CKPT_CONFIG_FILE);
 	if (st_gpt2_config_write(p, &s->gc) < 0)
 		st_cli_die(1, "%s", st_error_last());
-	/* both files are fsynced by their writers: publish the directory */
-	if (rename(tmp_made, out) < 0)
-		st_cli_die(1, "--out %s: cannot rename %s to it: %s", out, tmp_made, strerror(errno));
-	free(tmp_made);
-	tmp_made = NULL;
+	/* both files are fsynced by their writers: publish the directory,
+	 * unless something took PATH meanwhile */
+	block_signals(true);
+	ret = st_file_rename_new(tmp_path, out);
+	if (ret < 0 && access(tmp_path, F_OK) == 0)
+		st_cli_die(ret == -EEXIST || ret == -ENOTEMPTY ? 2 : 1, "--out %s", st_error_last());
+	tmp_forget();
+	block_signals(false);
+	if (ret < 0)
+		st_cli_die(1, "--out %s", st_error_last());
 	free(h.f32);
 	free(ct);
 	free(t);
@@ -392,11 +497,13 @@ static uint64_t export_llmc(struct src *s, const char *out, bool bf16)
 		st_cli_die(2, "--format llmc: the model's sizes do not fit llm.c's int32 header");
 	all = model_tensors(gc, &n_all, &max_elems);
 	src_check(s, all, n_all);
+	/* a: any tensor, wte with its padding; b: the largest transposed
+	 * matrix, 4C x C; h16: what is written, in bf16 */
 	max_elems = ST_MAX(max_elems, Vp * C);
 	a = malloc(max_elems * sizeof(float));
-	b = malloc(max_elems * sizeof(float));
-	h16 = malloc(max_elems * sizeof(uint16_t));
-	if (!a || !b || !h16)
+	b = malloc(4 * C * C * sizeof(float));
+	h16 = bf16 ? malloc(max_elems * sizeof(uint16_t)) : NULL;
+	if (!a || !b || (bf16 && !h16))
 		st_cli_die(1, "out of memory");
 	header[0] = LLMC_MAGIC;
 	header[1] = bf16 ? LLMC_VERSION_BF16 : LLMC_VERSION_F32;
@@ -406,14 +513,13 @@ static uint64_t export_llmc(struct src *s, const char *out, bool bf16)
 	header[5] = (int32_t)gc->n_head;
 	header[6] = (int32_t)C;
 	header[7] = (int32_t)Vp;
+	block_signals(true);
 	c = st_file_atomic_open(&f, out);
 	if (c < 0)
 		st_cli_die(c == -ENOENT || c == -EACCES || c == -ENOTDIR || c == -EROFS ? 2 : 1,
 			   "--out %s", st_error_last());
-	tmp_made = strdup(f.tmp_path);
-	tmp_is_dir = false;
-	if (!tmp_made)
-		st_cli_die(1, "out of memory");
+	snprintf(tmp_path, sizeof(tmp_path), "%s", f.tmp_path);
+	block_signals(false);
 	if (st_file_atomic_write(&f, header, sizeof(header)) < 0)
 		st_cli_die(1, "%s", st_error_last());
 	for (size_t g = 0; g < ST_ARRAY_LEN(llmc_order); g++) {
@@ -455,10 +561,12 @@ static uint64_t export_llmc(struct src *s, const char *out, bool bf16)
 			params += t.shape[0] * t.shape[1];
 		}
 	}
-	if (st_file_atomic_commit(&f) < 0)
-		st_cli_die(1, "%s", st_error_last());
-	free(tmp_made);
-	tmp_made = NULL;
+	block_signals(true); /* fsync, close, rename: then the file is PATH's */
+	c = st_file_atomic_commit_new(&f); /* removes the temporary when not renamed */
+	tmp_forget();
+	block_signals(false);
+	if (c < 0)
+		st_cli_die(c == -EEXIST ? 2 : 1, "--out %s", st_error_last());
 	free(a);
 	free(b);
 	free(h16);
@@ -472,7 +580,8 @@ int st_cli_export(int argc, char **argv)
 		{ "ckpt", 1, 0, 'c' }, { "out", 1, 0, 'o' }, { "format", 1, 0, 'f' },
 		{ "dtype", 1, 0, 'd' }, { "help", 0, 0, 'h' }, { 0 },
 	};
-	const char *ckpt = NULL, *out = NULL, *format = "hf", *dtype = "fp32";
+	const char *ckpt = NULL, *format = "hf", *dtype = "fp32";
+	char out[4096] = "";
 	struct src s;
 	struct stat sb;
 	uint64_t params;
@@ -484,7 +593,13 @@ int st_cli_export(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
 		switch (c) {
 		case 'c': ckpt = optarg; break;
-		case 'o': out = optarg; break;
+		case 'o':
+			if (strlen(optarg) >= sizeof(out))
+				st_cli_die(2, "--out: a path of %zu bytes is too long", strlen(optarg));
+			snprintf(out, sizeof(out), "%s", optarg);
+			for (size_t n = strlen(out); n > 1 && out[n - 1] == '/';)
+				out[--n] = '\0'; /* "dir/" names dir: the temporary goes next to it */
+			break;
 		case 'f': format = optarg; break;
 		case 'd': dtype = optarg; break;
 		case 'h': export_usage(stdout); return 0;
@@ -495,7 +610,7 @@ int st_cli_export(int argc, char **argv)
 	}
 	if (optind < argc)
 		st_cli_die(2, "export: unexpected argument %s", argv[optind]);
-	if (!ckpt || !out)
+	if (!ckpt || !out[0])
 		st_cli_die(2, "export: --ckpt DIR and --out PATH are required");
 	if (strcmp(format, "hf") != 0 && strcmp(format, "llmc") != 0)
 		st_cli_die(2, "--format %s: expected hf or llmc", format);
@@ -507,6 +622,7 @@ int st_cli_export(int argc, char **argv)
 			   strcmp(format, "hf") == 0 ? "directory" : "file");
 	src_open(&s, ckpt);
 	st_cli_at_die(undo);
+	catch_signals();
 	params = strcmp(format, "hf") == 0 ? export_hf(&s, out, bf16) : export_llmc(&s, out, bf16);
 	st_cli_at_die(NULL);
 	printf("exported %s (%llu parameters, %s) to %s as %s\n", s.dir, (unsigned long long)params,

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,7 +96,18 @@ static int st_file_fsync_dir_of(const char *path)
 	return err;
 }
 
-int st_file_atomic_commit(struct st_file_atomic *f)
+int st_file_rename_new(const char *from, const char *path)
+{
+	int err;
+
+	if (renameat2(AT_FDCWD, from, AT_FDCWD, path, RENAME_NOREPLACE) < 0) {
+		err = -errno;
+		return st_error_set(err, "%s: rename from %s: %s", path, from, strerror(-err));
+	}
+	return st_file_fsync_dir_of(path);
+}
+
+static int st_file_atomic_finish(struct st_file_atomic *f, bool replace)
 {
 	int err = 0;
 
@@ -111,10 +123,28 @@ int st_file_atomic_commit(struct st_file_atomic *f)
 		goto fail;
 	}
 	f->fd = -1;
-	return st_file_atomic_publish(f);
+	if (replace)
+		return st_file_atomic_publish(f);
+	err = st_file_rename_new(f->tmp_path, f->path);
+	if (err < 0 && access(f->tmp_path, F_OK) == 0)
+		goto fail; /* not renamed (path was there): the temporary goes */
+	free(f->path);
+	free(f->tmp_path);
+	f->path = f->tmp_path = NULL;
+	return err;
 fail:
 	st_file_atomic_abort(f);
 	return err;
+}
+
+int st_file_atomic_commit(struct st_file_atomic *f)
+{
+	return st_file_atomic_finish(f, true);
+}
+
+int st_file_atomic_commit_new(struct st_file_atomic *f)
+{
+	return st_file_atomic_finish(f, false);
 }
 
 int st_file_atomic_publish(struct st_file_atomic *f)

@@ -4,9 +4,11 @@
 # rounding written here) and strata eval reads it to the same loss as the
 # checkpoint with bf16 weights. llmc: a reader of llm.c's format written here
 # (header, order, (out, in) matrices, zero-padded vocabulary) finds every
-# checkpoint tensor. A Hugging Face directory (bf16, "transformer." names)
-# exports too. Bad input, a damaged checkpoint and a tensor of the wrong shape
-# (found before anything is written): exit 2, nothing left.
+# checkpoint tensor. Hugging Face directories export too (bf16; F16 with
+# "transformer." names and lm_head, as transformers saves); an untied head is
+# refused. Bad input, a damaged checkpoint and a tensor of the wrong shape
+# (found before anything is written): exit 2, nothing left; a write that
+# fails halfway: exit 1, nothing left; SIGTERM: nothing left.
 set -u
 strata=$1
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-export-test.XXXXXX")
@@ -66,11 +68,13 @@ def st_read(path):
         fmt = "<%d%s" % (cnt, "f" if v["dtype"] == "F32" else "H")
         out[k] = (v["dtype"], v["shape"], list(struct.unpack(fmt, b)))
     return out
-def rne(x):  # fp32 -> bf16 bits, round to nearest even
-    (u,) = struct.unpack("<I", struct.pack("<f", x))
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
 def widen(h):
     return struct.unpack("<f", struct.pack("<I", h << 16))[0]
+def rne(x):  # the bf16 nearest x, ties to the even one: by distance, not bit tricks
+    (u,) = struct.unpack("<I", struct.pack("<f", x))
+    lo = u >> 16  # the bf16 next to x towards zero; lo + 1 the one away from zero
+    dl, dh = abs(x - widen(lo)), abs(widen(lo + 1) - x)
+    return lo if dl < dh or (dl == dh and lo % 2 == 0) else lo + 1
 ck = st_read(f"{w}/ck/latest/model.safetensors")
 h16 = st_read(f"{w}/o/hf16/model.safetensors")
 h32 = st_read(f"{w}/o/hf32/model.safetensors")
@@ -124,7 +128,10 @@ fi
 # a damaged checkpoint is refused before anything is written
 rm -rf "$work/o"/*
 cp -r "$work/ck" "$work/ckbad"
-printf '\x55' | dd of="$work/ckbad/latest/model.safetensors" bs=1 seek=3000 conv=notrunc 2>/dev/null
+flip() { # FILE OFFSET: invert one byte
+	python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0xff]))' "$1" "$2"
+}
+flip "$work/ckbad/latest/model.safetensors" 3000
 check damaged 2 "$strata" export --ckpt "$work/ckbad" --out "$work/o/x"
 grep -q "checksum mismatch" "$work/err" || { echo "FAIL damaged: not a checksum message"; fail=1; }
 nothing_left damaged
@@ -145,4 +152,137 @@ PY
 check wrong-shape 2 "$strata" export --ckpt "$work/badhf" --out "$work/o/x"
 check wrong-shape-llmc 2 "$strata" export --ckpt "$work/badhf" --out "$work/o/x.bin" --format llmc
 nothing_left wrong-shape
+
+# a Hugging Face file as transformers saves one: "transformer." names, F16,
+# lm_head and mask buffers besides; an untied head is refused
+python3 - "$work" <<'PY' || fail=1
+import json, os, struct, sys
+w = sys.argv[1]
+raw = open(f"{w}/ck/latest/model.safetensors", "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+hdr = json.loads(raw[8:8 + n])
+tensors, data, blobs = {}, 0, []
+for k, v in hdr.items():
+    if k == "__metadata__":
+        continue
+    a, b = v["data_offsets"]
+    vals = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
+    blob = struct.pack("<%de" % len(vals), *vals)  # to F16 (round to nearest)
+    tensors["transformer." + k] = {"dtype": "F16", "shape": v["shape"],
+                                   "data_offsets": [data, data + len(blob)]}
+    blobs.append(blob)
+    data += len(blob)
+    if k == "wte.weight":  # transformers also saves the tied head
+        tensors["lm_head.weight"] = {"dtype": "F16", "shape": v["shape"],
+                                     "data_offsets": [data, data + len(blob)]}
+        blobs.append(blob)
+        data += len(blob)
+h = json.dumps(tensors).encode()
+h += b" " * (-len(h) % 8)
+cfg = json.load(open(f"{w}/ck/latest/config.json"))
+for d, tied in (("tf", True), ("untied", False)):
+    os.makedirs(f"{w}/{d}")
+    open(f"{w}/{d}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    json.dump(dict(cfg, tie_word_embeddings=tied, architectures=["GPT2LMHeadModel"]),
+              open(f"{w}/{d}/config.json", "w"))
+PY
+check from-transformers 0 "$strata" export --ckpt "$work/tf" --out "$work/o/tf32/"
+check untied 2 "$strata" export --ckpt "$work/untied" --out "$work/o/u"
+python3 - "$work" <<'PY' || fail=1
+import json, struct, sys
+w = sys.argv[1]
+def read(path):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    hdr = json.loads(raw[8:8 + n])
+    out = {}
+    for k, v in hdr.items():
+        if k != "__metadata__":
+            a, b = v["data_offsets"]
+            f = "e" if v["dtype"] == "F16" else "f"
+            out[k] = struct.unpack("<%d%s" % ((b - a) // struct.calcsize(f), f), raw[8 + n + a:8 + n + b])
+    return out
+src, got = read(f"{w}/tf/model.safetensors"), read(f"{w}/o/tf32/model.safetensors")
+assert sorted("transformer." + k for k in got) == sorted(k for k in src if k != "lm_head.weight")
+for k, v in got.items():
+    assert v == src["transformer." + k], k  # F16 widened exactly
+print("ok   a transformers-style F16 file exports as the same values in F32")
+PY
+rm -rf "$work/o"/*
+
+# a write that fails halfway (the file size limit): exit 1, nothing left
+for fmt in hf llmc; do
+	( trap '' XFSZ; ulimit -f 64; exec "$strata" export --ckpt "$work/ck" --out "$work/o/big" --format $fmt ) \
+		>"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc != 1 ] || [ "$(wc -l <"$work/err")" != 1 ]; then
+		echo "FAIL write-fails-$fmt: exit $rc, want 1 and one line"; cat "$work/err"; fail=1
+	else
+		echo "ok   write-fails-$fmt $(cat "$work/err")"
+	fi
+	nothing_left "write-fails-$fmt"
+done
+
+# SIGTERM while a larger model is written: the temporary goes, then the signal
+# ends the run as it would have
+python3 - "$work" <<'PY' || fail=1
+import json, os, struct, sys
+w = sys.argv[1]
+L, C, V, T = 1, 768, 50257, 64
+shapes = {"wte.weight": [V, C], "wpe.weight": [T, C], "ln_f.weight": [C], "ln_f.bias": [C]}
+for k, s in (("ln_1.weight", [C]), ("ln_1.bias", [C]), ("attn.c_attn.weight", [C, 3 * C]),
+             ("attn.c_attn.bias", [3 * C]), ("attn.c_proj.weight", [C, C]),
+             ("attn.c_proj.bias", [C]), ("ln_2.weight", [C]), ("ln_2.bias", [C]),
+             ("mlp.c_fc.weight", [C, 4 * C]), ("mlp.c_fc.bias", [4 * C]),
+             ("mlp.c_proj.weight", [4 * C, C]), ("mlp.c_proj.bias", [C])):
+    shapes[f"h.0.{k}"] = s
+hdr, off = {}, 0
+for k, s in shapes.items():
+    n = 4 * s[0] * (s[1] if len(s) > 1 else 1)
+    hdr[k] = {"dtype": "F32", "shape": s, "data_offsets": [off, off + n]}
+    off += n
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+os.makedirs(f"{w}/large")
+with open(f"{w}/large/model.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    f.truncate(8 + len(h) + off)  # zeros
+json.dump({"n_layer": L, "n_embd": C, "n_head": 12, "vocab_size": V, "n_positions": T},
+          open(f"{w}/large/config.json", "w"))
+PY
+python3 - "$strata" "$work" <<'PY' || fail=1
+import os, signal, subprocess, sys, time
+strata, w = sys.argv[1:3]
+o = f"{w}/o"
+def writing(fmt):  # the export has begun to write its temporary
+    for e in os.listdir(o):
+        p = os.path.join(o, e)
+        if e.startswith("sig.tmp."):
+            if fmt == "llmc" and os.path.getsize(p) > 1024:
+                return True
+            if fmt == "hf" and os.path.isdir(p) and os.listdir(p):
+                return True
+    return False
+bad = False
+for fmt in ("hf", "llmc"):
+    pr = subprocess.Popen([strata, "export", "--ckpt", f"{w}/large", "--out", f"{o}/sig",
+                           "--format", fmt], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while pr.poll() is None and not writing(fmt) and time.monotonic() - t0 < 60:
+        time.sleep(0.0005)
+    if pr.poll() is None:
+        pr.send_signal(signal.SIGTERM)
+    rc = pr.wait()
+    left = os.listdir(o)
+    if rc == 0:
+        print(f"note sigterm-{fmt}: the export finished before SIGTERM came; not checked this time")
+        for e in left:
+            subprocess.run(["rm", "-rf", os.path.join(o, e)])
+    elif rc != -signal.SIGTERM or left:
+        print(f"FAIL sigterm-{fmt}: exit {rc}, want SIGTERM's; left {left}")
+        bad = True
+    else:
+        print(f"ok   sigterm-{fmt}: ended by SIGTERM while writing, nothing left")
+sys.exit(1 if bad else 0)
+PY
 exit $fail

@@ -143,7 +143,8 @@ grep -q "verified: every file's size and XXH64 match" "$work/out" ||
 	{ echo "FAIL ckpt-one: not verified"; cat "$work/out"; fail=1; }
 
 # one changed byte: only --verify sees it, names the file, exits 1
-printf '\x55' | dd of="$work/ck/step-000002/optimizer.safetensors" bs=1 seek=5000 conv=notrunc 2>/dev/null
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(5000); b = f.read(1); f.seek(5000); f.write(bytes([b[0] ^ 0xff]))' \
+	"$work/ck/step-000002/optimizer.safetensors"
 check changed-unverified 0 "$strata" info --ckpt "$work/ck"
 check changed-verify 1 "$strata" info --ckpt "$work/ck" --verify
 grep -q "step-000002 *DAMAGED: .*step-000002/optimizer.safetensors: checksum mismatch" "$work/out" &&
