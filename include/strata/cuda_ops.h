@@ -24,6 +24,12 @@ struct st_cuda_ctx; /* a stream, a cuBLASLt handle and its workspace */
 
 enum st_cuda_dtype { ST_CUDA_F32, ST_CUDA_BF16 };
 
+/* Load cuBLASLt (libcublasLt.so.<major> with dlopen, once; a cuda context
+ * does it first): its static initialisers cost about 0.45 s, so programs
+ * that never make a context never load it. *soname (may be NULL) gets the
+ * library's name. Returns 0, or -ENOENT when the library or one of its
+ * functions is not found (the detail says which). No GPU is needed. */
+int st_cuda_blas_load(const char **soname);
 /* 1 when a usable GPU is present, else 0 (never fails). */
 int st_cuda_available(void);
 /* What `strata info` shows of a GPU. */

@@ -219,7 +219,14 @@ static struct json_object *machine_json(void)
 	{
 		struct st_cuda_info ci;
 
+		const char *so;
+
 		put_bool(s, "built", true);
+		/* loaded on first use: what a cuda context would find */
+		if (st_cuda_blas_load(&so) == 0)
+			put_str(s, "cublaslt", so);
+		else
+			put_str(s, "cublaslt_error", st_error_last());
 		ret = st_cuda_info(0, &ci);
 		put_int(s, "count", ci.count);
 		put_int(s, "runtime_version", ci.runtime_version);
@@ -416,10 +423,16 @@ static void print_machine(struct json_object *m)
 	if (jint(gpu, "runtime_version") > 0) {
 		int64_t rv = jint(gpu, "runtime_version"), dv = jint(gpu, "driver_version");
 
-		printf("          CUDA runtime %lld.%lld, driver %s", (long long)(rv / 1000),
-		       (long long)(rv % 1000 / 10), dv > 0 ? "" : "none\n");
+		printf("          CUDA runtime %lld.%lld, driver ", (long long)(rv / 1000),
+		       (long long)(rv % 1000 / 10));
 		if (dv > 0)
-			printf("for CUDA %lld.%lld\n", (long long)(dv / 1000), (long long)(dv % 1000 / 10));
+			printf("for CUDA %lld.%lld", (long long)(dv / 1000), (long long)(dv % 1000 / 10));
+		else
+			printf("none");
+		if (jstr(gpu, "cublaslt"))
+			printf("; %s loads\n", jstr(gpu, "cublaslt"));
+		else
+			printf("; cuBLASLt: %s\n", jstr(gpu, "cublaslt_error"));
 	}
 	printf("io_uring  %s (kernel %s)\n",
 	       json_object_get_boolean(jobj(ur, "ok")) ? "works" : jstr(ur, "error"),

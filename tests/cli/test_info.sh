@@ -64,6 +64,9 @@ assert m["io_uring"]["kernel"] == os.uname().release, m["io_uring"]
 assert m["io_uring"]["ok"] is True, m["io_uring"]  # the nvme tier's tests need it too
 gpu = m["gpu"]
 assert gpu["built"] == ("cuda" in m["devices"].split(",")), (gpu, m["devices"])
+if gpu["built"]:  # cuBLASLt, loaded on first use, comes with the toolkit strata was built with
+    assert gpu.get("cublaslt", "").startswith("libcublasLt.so."), gpu
+    assert f"; {gpu['cublaslt']} loads" in text, text
 if "error" in gpu:  # no GPU, or one that cannot be used
     assert gpu["error"] and gpu["error"] in text, (gpu, text)
     assert ("gpu       none: " in text) == (gpu["count"] == 0), text

@@ -13,6 +13,8 @@
  * programs by the C linker. */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <pthread.h>
 
 #include <errno.h>
 #include <math.h>
@@ -28,6 +30,47 @@ extern "C" {
 #include "cuda_internal.h"
 
 #define ST_CUDA_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
+
+/* cuBLASLt is loaded on first use (st_cuda_blas_load()), not linked: its
+ * static initialisers take about 0.45 s at every start of every program
+ * that links it, GPU or not, and only a cuda context needs it. */
+#define ST_LT_FUNCS(X)                                                                 \
+	X(Create) X(Destroy) X(GetStatusName) X(GetStatusString) X(Matmul)             \
+	X(MatmulAlgoGetHeuristic) X(MatmulDescCreate) X(MatmulDescDestroy)              \
+	X(MatmulDescSetAttribute) X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy)  \
+	X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy)
+
+static struct { /* blas.Matmul is cublasLtMatmul */
+#define ST_LT_MEMBER(f) decltype(&cublasLt##f) f;
+	ST_LT_FUNCS(ST_LT_MEMBER)
+#undef ST_LT_MEMBER
+} blas;
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static int blas_err;            /* 0 once every function is there */
+static char blas_error[512];
+static char blas_soname[32];
+
+static void blas_load_once(void)
+{
+	void *h;
+
+	snprintf(blas_soname, sizeof(blas_soname), "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
+	h = dlopen(blas_soname, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		blas_err = -ENOENT;
+		snprintf(blas_error, sizeof(blas_error), "cuda: cannot load %s: %s", blas_soname,
+			 dlerror());
+		return;
+	}
+#define ST_LT_LOAD(f)                                                                  \
+	if (!blas_err && !(blas.f = (decltype(blas.f))dlsym(h, "cublasLt" #f))) { \
+		blas_err = -ENOENT;                                               \
+		snprintf(blas_error, sizeof(blas_error), "cuda: %s has no cublasLt%s", \
+			 blas_soname, #f);                                        \
+	}
+	ST_LT_FUNCS(ST_LT_LOAD)
+#undef ST_LT_LOAD
+}
 
 struct st_cuda_ctx {
 	int ordinal;
@@ -63,8 +106,8 @@ static int cublas_err(cublasStatus_t s, const char *what)
 	case CUBLAS_STATUS_NOT_SUPPORTED: err = -ENOTSUP; break;
 	default: err = -EIO; break;
 	}
-	return st_error_set(err, "cublasLt: %s: %s (%s)", what, cublasLtGetStatusString(s),
-			    cublasLtGetStatusName(s));
+	return st_error_set(err, "cublasLt: %s: %s (%s)", what, blas.GetStatusString(s),
+			    blas.GetStatusName(s));
 }
 
 /* After a kernel launch: a bad configuration shows up here. */
@@ -175,93 +218,93 @@ static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOp
 	uint32_t al_a = ptr_align(A), al_b = ptr_align(B), al_d = ptr_align(D);
 	cublasStatus_t hs;
 
-	LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+	LT_CHECK(blas.MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
 		 "cublasLtMatmulDescCreate");
-	LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+	LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
 		 "set TRANSA");
-	LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+	LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
 		 "set TRANSB");
 	if (bias || gelu) {
 		cublasLtEpilogue_t epi =
 			!gelu ? CUBLASLT_EPILOGUE_BIAS
 			: aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
 			      : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
-		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
 							sizeof(epi)),
 			 "set EPILOGUE");
 	}
 	if (bias) {
 		int32_t bias_type = CUDA_R_32F;
-		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
 							&bias, sizeof(bias)),
 			 "set BIAS_POINTER");
-		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
 							&bias_type, sizeof(bias_type)),
 			 "set BIAS_DATA_TYPE");
 	}
 	if (gelu && aux) {
 		/* aux's type is left at its default, D's (fp32): setting it is
 		 * documented for fp8 only, and an unsupported one is refused */
-		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
 							&aux, sizeof(aux)),
 			 "set EPILOGUE_AUX_POINTER");
-		LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
 							&ldd, sizeof(ldd)),
 			 "set EPILOGUE_AUX_LD");
 	}
-	LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k,
+	LT_CHECK(blas.MatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k,
 					    ta == CUBLAS_OP_N ? k : m, lda),
 		 "layout A");
-	LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n,
+	LT_CHECK(blas.MatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n,
 					    tb == CUBLAS_OP_N ? n : k, ldb),
 		 "layout B");
-	LT_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd), "layout D");
-	LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
+	LT_CHECK(blas.MatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd), "layout D");
+	LT_CHECK(blas.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
 						      CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
 						      &ws_bytes, sizeof(ws_bytes)),
 		 "set MAX_WORKSPACE_BYTES");
-	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
+	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
 						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
 						      &al_a, sizeof(al_a)),
 		 "set MIN_ALIGNMENT_A");
-	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
+	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
 						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
 						      &al_b, sizeof(al_b)),
 		 "set MIN_ALIGNMENT_B");
-	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
+	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
 						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
 						      &al_d, sizeof(al_d)),
 		 "set MIN_ALIGNMENT_C");
-	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref,
+	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
 						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
 						      &al_d, sizeof(al_d)),
 		 "set MIN_ALIGNMENT_D");
-	hs = cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &heur,
+	hs = blas.MatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &heur,
 					    &returned);
 	if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && returned == 0)) {
 		rc = st_error_set(-ENOTSUP,
 				  "cublasLt: no algorithm for m=%llu n=%llu k=%llu%s%s (%s)",
 				  (unsigned long long)m, (unsigned long long)n,
 				  (unsigned long long)k, bias ? " with bias" : "",
-				  gelu ? " and GELU" : "", cublasLtGetStatusString(hs));
+				  gelu ? " and GELU" : "", blas.GetStatusString(hs));
 		goto out;
 	}
 	LT_CHECK(hs, "cublasLtMatmulAlgoGetHeuristic");
-	LT_CHECK(cublasLtMatmul(ctx->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld,
+	LT_CHECK(blas.Matmul(ctx->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld,
 				&heur.algo, ctx->workspace, ctx->workspace_bytes, ctx->stream),
 		 "cublasLtMatmul");
 out:
 	if (pref)
-		cublasLtMatmulPreferenceDestroy(pref);
+		blas.MatmulPreferenceDestroy(pref);
 	if (ld)
-		cublasLtMatrixLayoutDestroy(ld);
+		blas.MatrixLayoutDestroy(ld);
 	if (lb)
-		cublasLtMatrixLayoutDestroy(lb);
+		blas.MatrixLayoutDestroy(lb);
 	if (la)
-		cublasLtMatrixLayoutDestroy(la);
+		blas.MatrixLayoutDestroy(la);
 	if (op)
-		cublasLtMatmulDescDestroy(op);
+		blas.MatmulDescDestroy(op);
 	return rc;
 }
 
@@ -277,6 +320,14 @@ static int lt_matmul(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperat
 /* ---- public: context and memory ------------------------------------------------ */
 
 extern "C" {
+
+int st_cuda_blas_load(const char **soname)
+{
+	pthread_once(&blas_once, blas_load_once);
+	if (soname)
+		*soname = blas_soname;
+	return blas_err ? st_error_set(blas_err, "%s", blas_error) : 0;
+}
 
 int st_cuda_available(void)
 {
@@ -359,7 +410,10 @@ int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out)
 		rc = st_cuda_err(e, "cudaStreamCreate");
 		goto fail;
 	}
-	s = cublasLtCreate(&ctx->lt);
+	rc = st_cuda_blas_load(NULL);
+	if (rc < 0)
+		goto fail;
+	s = blas.Create(&ctx->lt);
 	if (s != CUBLAS_STATUS_SUCCESS) {
 		ctx->lt = NULL;
 		rc = cublas_err(s, "cublasLtCreate");
@@ -405,7 +459,7 @@ void st_cuda_ctx_destroy(struct st_cuda_ctx *ctx)
 	if (ctx->workspace)
 		cudaFree(ctx->workspace);
 	if (ctx->lt)
-		cublasLtDestroy(ctx->lt);
+		blas.Destroy(ctx->lt);
 	if (ctx->anchor)
 		cudaEventDestroy(ctx->anchor);
 	if (ctx->stream)
