@@ -218,7 +218,6 @@ static struct json_object *machine_json(void)
 #ifdef ST_HAVE_CUDA
 	{
 		struct st_cuda_info ci;
-
 		const char *so;
 
 		put_bool(s, "built", true);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "strata/common.h"
 #include "strata/cuda_ops.h"
 
 /* Whether a mapping of this process names lib. */
@@ -34,7 +35,8 @@ static void test_loaded_on_first_use(void **state)
 
 	(void)state;
 	assert_false(mapped("libcublasLt"));
-	assert_int_equal(st_cuda_blas_load(&soname), 0);
+	if (st_cuda_blas_load(&soname) != 0)
+		fail_msg("%s", st_error_last());
 	assert_non_null(soname);
 	assert_non_null(strstr(soname, "libcublasLt.so."));
 	assert_true(mapped("libcublasLt"));
