@@ -8,9 +8,11 @@
  *         parameters grouped by kind across layers, matrices as
  *         (out, in) where GPT-2's Conv1D keeps (in, out), the vocabulary
  *         padded to a multiple of 128 with zero rows.
- * The source is a strata checkpoint (verified first) or a directory with
+ * The source is a strata checkpoint (verified first), a directory with
  * config.json and a GPT-2 model.safetensors (fp32, bf16 or fp16, with or
- * without the "transformer." prefix). One tensor is in memory at a time.
+ * without the "transformer." prefix), or an llm.c model file (read back
+ * into Conv1D layout, the padding rows dropped). One tensor is in memory
+ * at a time.
  * The output appears whole or not at all: written under a temporary name
  * (removed on any failure and on SIGINT/SIGTERM/SIGHUP), fsynced, renamed
  * unless something is at --out by then. */
@@ -44,10 +46,11 @@ static void export_usage(FILE *f)
 "usage: strata export --ckpt DIR --out PATH [--format hf|llmc] [--dtype fp32|bf16]\n"
 "\n"
 "Write a model's weights for other programs: a checkpoint's fp32 master\n"
-"weights P, or the weights of a Hugging Face GPT-2 directory.\n"
-"DIR is a --save directory (its latest checkpoint), one step-N in it, or any\n"
-"directory with config.json and a GPT-2 model.safetensors. A strata checkpoint\n"
-"is verified first (sizes and XXH64). PATH must not exist; it appears whole or\n"
+"weights P, or the weights of a Hugging Face GPT-2 directory or an llm.c model\n"
+"file. DIR is a --save directory (its latest checkpoint), one step-N in it,\n"
+"any directory with config.json and a GPT-2 model.safetensors, or an llm.c\n"
+"model file (version 3 or 5, e.g. gpt2_124M.bin). A strata checkpoint is\n"
+"verified first (sizes and XXH64). PATH must not exist; it appears whole or\n"
 "not at all.\n"
 "  --format hf     PATH is a directory: model.safetensors + config.json, for\n"
 "                  transformers (GPT2LMHeadModel.from_pretrained), strata eval,\n"
@@ -59,12 +62,34 @@ static void export_usage(FILE *f)
 "  -h, --help\n");
 }
 
+/* llm.c's parameter order: each kind for every layer in turn; transpose:
+ * a Conv1D (in, out) matrix that llm.c keeps as (out, in); a kind's
+ * elements per layer are cc * C * C + c * C (wte and wpe: see
+ * llmc_kind_elems()). */
+static const struct {
+	const char *suffix;
+	bool per_layer, transpose;
+	unsigned cc, c;
+} llmc_order[] = {
+	{ "wte.weight", false, false, 0, 0 },      { "wpe.weight", false, false, 0, 0 },
+	{ "ln_1.weight", true, false, 0, 1 },      { "ln_1.bias", true, false, 0, 1 },
+	{ "attn.c_attn.weight", true, true, 3, 0 }, { "attn.c_attn.bias", true, false, 0, 3 },
+	{ "attn.c_proj.weight", true, true, 1, 0 }, { "attn.c_proj.bias", true, false, 0, 1 },
+	{ "ln_2.weight", true, false, 0, 1 },      { "ln_2.bias", true, false, 0, 1 },
+	{ "mlp.c_fc.weight", true, true, 4, 0 },   { "mlp.c_fc.bias", true, false, 0, 4 },
+	{ "mlp.c_proj.weight", true, true, 4, 0 }, { "mlp.c_proj.bias", true, false, 0, 1 },
+	{ "ln_f.weight", false, false, 0, 1 },     { "ln_f.bias", false, false, 0, 1 },
+};
+
 /* The weights being exported. */
 struct src {
 	char *dir;
-	char *path; /* dir/model.safetensors */
+	char *path; /* dir/model.safetensors, or the llm.c file */
 	struct st_gpt2_config gc;
-	struct st_ckpt_reader *r;
+	struct st_ckpt_reader *r; /* safetensors, or NULL for an llm.c file: */
+	int fd;                   /* the llm.c file */
+	unsigned esize;           /* its element size: 4 (version 3) or 2 (5) */
+	uint64_t vp;              /* its padded vocabulary */
 };
 
 /* An output tensor: HF name and shape. */
@@ -159,7 +184,6 @@ static bool exists(const char *dir, const char *name)
 	return stat(p, &sb) == 0;
 }
 
-/* Find the checkpoint (or HF directory), verify it, read its config. */
 /* Exit for a source that cannot be read: 2 when it is bad input (missing,
  * not a directory, malformed or damaged: -EINVAL), else 1 (an I/O error). */
 static void die_src(int ret, const char *dir)
@@ -192,15 +216,125 @@ static void check_hf_config(const char *path, const char *dir)
 	json_object_put(root);
 }
 
-/* Find the checkpoint (or HF directory), verify it, read its config. */
+/* Elements per layer of llm.c's kind g. */
+static uint64_t llmc_kind_elems(const struct st_gpt2_config *gc, uint64_t vp, size_t g)
+{
+	uint64_t C = (uint64_t)gc->n_embd;
+
+	if (g == 0)
+		return vp * C; /* wte, padded */
+	if (g == 1)
+		return (uint64_t)gc->n_positions * C;
+	return llmc_order[g].cc * C * C + llmc_order[g].c * C;
+}
+
+/* An llm.c model file as the source: header checked, size checked. */
+static void llmc_open(struct src *s, const char *path)
+{
+	int32_t h[256];
+	uint64_t bytes = 0, elems = 0;
+	int ret;
+
+	ret = st_file_open_regular(path, &s->fd, &bytes);
+	if (ret == 0)
+		ret = st_file_pread_full(s->fd, h, sizeof(h), 0, path);
+	if (ret < 0)
+		die_src(ret == -EIO && bytes < sizeof(h) ? -EINVAL : ret, path);
+	if (h[0] != LLMC_MAGIC)
+		st_cli_die(2, "--ckpt %s: neither a checkpoint directory nor an llm.c model file "
+			   "(magic %d, not %d)", path, h[0], LLMC_MAGIC);
+	if (h[1] != LLMC_VERSION_F32 && h[1] != LLMC_VERSION_BF16)
+		st_cli_die(2, "--ckpt %s: llm.c model version %d (3 and 5 are known)", path, h[1]);
+	for (int i = 2; i < 8; i++)
+		if (h[i] <= 0)
+			st_cli_die(2, "--ckpt %s: llm.c header field %d is %d", path, i, h[i]);
+	if (h[7] < h[3] || h[6] % h[5] != 0)
+		st_cli_die(2, "--ckpt %s: llm.c header: padded vocab %d < vocab %d, or %d heads do "
+			   "not divide dim %d", path, h[7], h[3], h[5], h[6]);
+	s->gc = (struct st_gpt2_config){ .n_positions = h[2], .vocab_size = h[3],
+					 .n_layer = h[4], .n_head = h[5], .n_embd = h[6] };
+	s->vp = (uint64_t)h[7];
+	s->esize = h[1] == LLMC_VERSION_F32 ? 4 : 2;
+	for (size_t g = 0; g < ST_ARRAY_LEN(llmc_order); g++)
+		elems += llmc_kind_elems(&s->gc, s->vp, g) *
+			 (llmc_order[g].per_layer ? (uint64_t)s->gc.n_layer : 1);
+	if (bytes != sizeof(h) + elems * s->esize)
+		st_cli_die(2, "--ckpt %s: %llu bytes; its header says %llu", path,
+			   (unsigned long long)bytes,
+			   (unsigned long long)(sizeof(h) + elems * s->esize));
+	s->dir = strdup(path);
+	s->path = strdup(path);
+	if (!s->dir || !s->path)
+		st_cli_die(1, "out of memory");
+}
+
+/* Tensor t (a Hugging Face name) from the llm.c file, as fp32 in Conv1D
+ * layout. Returns 0 or -errno. */
+static int llmc_read(struct src *s, const struct out_tensor *t, float *out)
+{
+	uint64_t n = t->shape[0] * t->shape[1], off = 256 * sizeof(int32_t) / s->esize;
+	const char *suffix = t->name;
+	int layer = 0, len = 0;
+	float *tmp = NULL;
+	void *raw;
+	size_t g;
+	int ret;
+
+	if (sscanf(t->name, "h.%d.%n", &layer, &len) == 1 && len > 0)
+		suffix = t->name + len;
+	for (g = 0; g < ST_ARRAY_LEN(llmc_order); g++) {
+		if (strcmp(llmc_order[g].suffix, suffix) == 0)
+			break;
+		off += llmc_kind_elems(&s->gc, s->vp, g) *
+		       (llmc_order[g].per_layer ? (uint64_t)s->gc.n_layer : 1);
+	}
+	if (g == ST_ARRAY_LEN(llmc_order))
+		return st_error_set(-EINVAL, "%s: no tensor %s in llm.c's layout", s->path, t->name);
+	off += (uint64_t)layer * llmc_kind_elems(&s->gc, s->vp, g);
+	raw = malloc(n * s->esize);
+	if (llmc_order[g].transpose)
+		tmp = malloc(n * sizeof(float));
+	if (!raw || (llmc_order[g].transpose && !tmp)) {
+		free(raw);
+		return st_error_set(-ENOMEM, "out of memory");
+	}
+	ret = st_file_pread_full(s->fd, raw, n * s->esize, off * s->esize, s->path);
+	if (ret == 0) {
+		float *dst = tmp ? tmp : out;
+
+		for (uint64_t k = 0; k < n; k++)
+			dst[k] = s->esize == 4 ? ((const float *)raw)[k]
+					       : st_f32_from_bf16(((const uint16_t *)raw)[k]);
+		if (tmp) { /* stored (out, in) = (shape[1], shape[0]) */
+			uint64_t R = t->shape[0], K = t->shape[1];
+
+			for (uint64_t i = 0; i < R; i++)
+				for (uint64_t j = 0; j < K; j++)
+					out[i * K + j] = tmp[j * R + i];
+		}
+	}
+	free(raw);
+	free(tmp);
+	return ret;
+}
+
+/* Find the checkpoint (or HF directory, or llm.c file), verify it, read
+ * its config. */
 static void src_open(struct src *s, const char *dir)
 {
 	char p[4096];
 	int ret;
 
+	struct stat sb;
+
 	memset(s, 0, sizeof(*s));
-	if (access(dir, F_OK) < 0)
+	s->fd = -1;
+	if (stat(dir, &sb) < 0)
 		st_cli_die(2, "--ckpt %s: %s", dir, strerror(errno));
+	if (S_ISREG(sb.st_mode)) {
+		llmc_open(s, dir);
+		return;
+	}
 	if (!exists(dir, ST_CKPT_TRAINER_FILE) && exists(dir, ST_CKPT_OPTIM_FILE))
 		st_cli_die(2, "--ckpt %s: a strata checkpoint without its %s (damaged)", dir,
 			   ST_CKPT_TRAINER_FILE);
@@ -243,6 +377,8 @@ static void src_open(struct src *s, const char *dir)
 static void src_close(struct src *s)
 {
 	st_ckpt_reader_close(s->r);
+	if (s->fd >= 0)
+		close(s->fd);
 	free(s->dir);
 	free(s->path);
 }
@@ -279,8 +415,11 @@ static int src_read(struct src *s, const struct out_tensor *t, float *out)
 	const struct st_sf_info *info;
 	uint64_t n = t->shape[0] * t->shape[1];
 	void *raw;
-	int ret = src_find(s, t, &info);
+	int ret;
 
+	if (!s->r)
+		return llmc_read(s, t, out);
+	ret = src_find(s, t, &info);
 	if (ret < 0)
 		return ret;
 	if (info->dtype == ST_SF_F32)
@@ -349,6 +488,8 @@ static void src_check(struct src *s, const struct out_tensor *t, size_t n)
 {
 	const struct st_sf_info *info;
 
+	if (!s->r)
+		return; /* an llm.c file: its header made the model, its size is checked */
 	for (size_t i = 0; i < n; i++)
 		if (src_find(s, &t[i], &info) < 0)
 			st_cli_die(2, "%s", st_error_last());
@@ -445,22 +586,6 @@ static uint64_t export_hf(struct src *s, const char *out, bool bf16)
 }
 
 /* --- llmc ----------------------------------------------------------------------- */
-
-/* llm.c's parameter order: each kind for every layer in turn; transpose:
- * a Conv1D (in, out) matrix that llm.c keeps as (out, in). */
-static const struct {
-	const char *suffix;
-	bool per_layer, transpose;
-} llmc_order[] = {
-	{ "wte.weight", false, false },          { "wpe.weight", false, false },
-	{ "ln_1.weight", true, false },          { "ln_1.bias", true, false },
-	{ "attn.c_attn.weight", true, true },    { "attn.c_attn.bias", true, false },
-	{ "attn.c_proj.weight", true, true },    { "attn.c_proj.bias", true, false },
-	{ "ln_2.weight", true, false },          { "ln_2.bias", true, false },
-	{ "mlp.c_fc.weight", true, true },       { "mlp.c_fc.bias", true, false },
-	{ "mlp.c_proj.weight", true, true },     { "mlp.c_proj.bias", true, false },
-	{ "ln_f.weight", false, false },         { "ln_f.bias", false, false },
-};
 
 static void llmc_write(struct st_file_atomic *f, const float *x, uint64_t n, bool bf16,
 		       uint16_t *tmp)

@@ -4,7 +4,8 @@
 # rounding written here) and strata eval reads it to the same loss as the
 # checkpoint with bf16 weights. llmc: a reader of llm.c's format written here
 # (header, order, (out, in) matrices, zero-padded vocabulary) finds every
-# checkpoint tensor. Hugging Face directories export too (bf16; F16 with
+# checkpoint tensor, and an llm.c file exports back to the checkpoint's bytes.
+# Hugging Face directories export too (bf16; F16 with
 # "transformer." names and lm_head, as transformers saves); an untied head is
 # refused. Bad input, a damaged checkpoint and a tensor of the wrong shape
 # (found before anything is written): exit 2, nothing left; a write that
@@ -115,6 +116,24 @@ for fname, version, esize in (("m.bin", 3, 4), ("m16.bin", 5, 2)):
     assert list(got) == want, f"{fname}: a parameter differs from the checkpoint's"
 print("ok   hf bf16 rounds to nearest even; hf from hf widens; llmc fp32 and bf16 are llm.c's layout")
 PY
+# an llm.c model file as the source: back to the checkpoint's bytes
+check from-llmc 0 "$strata" export --ckpt "$work/o/m.bin" --out "$work/o/back"
+check from-llmc-bf16 0 "$strata" export --ckpt "$work/o/m16.bin" --out "$work/o/back16" --dtype bf16
+check llmc-to-llmc 0 "$strata" export --ckpt "$work/o/m.bin" --out "$work/o/m2.bin" --format llmc
+cmp -s "$work/o/back/model.safetensors" "$work/ck/latest/model.safetensors" &&
+	cmp -s "$work/o/back/config.json" "$work/ck/latest/config.json" &&
+	cmp -s "$work/o/back16/model.safetensors" "$work/o/hf16/model.safetensors" &&
+	cmp -s "$work/o/m2.bin" "$work/o/m.bin" ||
+	{ echo "FAIL llm.c file -> hf is not the checkpoint's weights"; fail=1; }
+head -c 1000 "$work/o/m.bin" >"$work/short.bin"
+head -c 5000 "$work/o/m.bin" >"$work/cut.bin"
+check llmc-short 2 "$strata" export --ckpt "$work/short.bin" --out "$work/o/x"
+check llmc-cut 2 "$strata" export --ckpt "$work/cut.bin" --out "$work/o/x"
+check not-llmc 2 "$strata" export --ckpt "$data" --out "$work/o/x"
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(4); f.write((4).to_bytes(4, "little"))' "$work/cut.bin"
+check llmc-version 2 "$strata" export --ckpt "$work/cut.bin" --out "$work/o/x"
+[ ! -e "$work/o/x" ] || { echo "FAIL a refused llm.c source wrote --out"; fail=1; }
+
 # strata reads the exports: the same losses as the checkpoint
 ev() { "$strata" eval --data "$data" --batch 2 --seq 32 --batches 3 "$@" 2>&1; }
 a=$(ev --ckpt "$work/ck" --precision fp32) b=$(ev --ckpt "$work/o/hf" --precision fp32)
