@@ -16,6 +16,7 @@ work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-export-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail=0
 data=/usr/share/common-licenses/GPL-3
+export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}" # sftools.py
 
 quiet_refusals=1
 . "$(dirname "$0")/check.sh"
@@ -55,20 +56,9 @@ check llmc-bf16 0 "$strata" export --ckpt "$work/ck" --out "$work/o/m16.bin" --f
 check from-hf 0 "$strata" export --ckpt "$work/o/hf16" --out "$work/o/hf32"
 python3 - "$work" <<'PY' || fail=1
 import json, struct, sys
+import sftools
 w = sys.argv[1]
-def st_read(path):
-    raw = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    hdr = json.loads(raw[8:8 + n])
-    out = {}
-    for k, v in hdr.items():
-        if k == "__metadata__":
-            continue
-        b = raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
-        cnt = len(b) // (4 if v["dtype"] == "F32" else 2)
-        fmt = "<%d%s" % (cnt, "f" if v["dtype"] == "F32" else "H")
-        out[k] = (v["dtype"], v["shape"], list(struct.unpack(fmt, b)))
-    return out
+st_read = sftools.read
 def widen(h):
     return struct.unpack("<f", struct.pack("<I", h << 16))[0]
 def rne(x):  # the bf16 nearest x, ties to the even one: by distance, not bit tricks
@@ -156,16 +146,14 @@ grep -q "checksum mismatch" "$work/err" || { echo "FAIL damaged: not a checksum 
 nothing_left damaged
 # a Hugging Face directory with a tensor of the wrong shape (the last block's)
 python3 - "$work" <<'PY' || fail=1
-import json, os, struct, sys
+import os, sys
+import sftools
 w = sys.argv[1]
 os.makedirs(f"{w}/badhf")
-raw = open(f"{w}/ck/latest/model.safetensors", "rb").read()
-(n,) = struct.unpack("<Q", raw[:8])
-hdr = json.loads(raw[8:8 + n])
-hdr["h.1.mlp.c_fc.bias"]["shape"] = [2, hdr["h.1.mlp.c_fc.bias"]["shape"][0] // 2]
-h = json.dumps(hdr).encode()
-h += b" " * (-len(h) % 8)
-open(f"{w}/badhf/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+t = sftools.read(f"{w}/ck/latest/model.safetensors")
+dtype, shape, vals = t["h.1.mlp.c_fc.bias"]
+t["h.1.mlp.c_fc.bias"] = (dtype, [2, shape[0] // 2], vals)
+sftools.write(f"{w}/badhf/model.safetensors", t)
 open(f"{w}/badhf/config.json", "w").write(open(f"{w}/ck/latest/config.json").read())
 PY
 check wrong-shape 2 "$strata" export --ckpt "$work/badhf" --out "$work/o/x"
@@ -175,56 +163,32 @@ nothing_left wrong-shape
 # a Hugging Face file as transformers saves one: "transformer." names, F16,
 # lm_head and mask buffers besides; an untied head is refused
 python3 - "$work" <<'PY' || fail=1
-import json, os, struct, sys
+import json, os, sys
+import sftools
 w = sys.argv[1]
-raw = open(f"{w}/ck/latest/model.safetensors", "rb").read()
-(n,) = struct.unpack("<Q", raw[:8])
-hdr = json.loads(raw[8:8 + n])
-tensors, data, blobs = {}, 0, []
-for k, v in hdr.items():
-    if k == "__metadata__":
-        continue
-    a, b = v["data_offsets"]
-    vals = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
-    blob = struct.pack("<%de" % len(vals), *vals)  # to F16 (round to nearest)
-    tensors["transformer." + k] = {"dtype": "F16", "shape": v["shape"],
-                                   "data_offsets": [data, data + len(blob)]}
-    blobs.append(blob)
-    data += len(blob)
+tensors = {}
+for k, (dtype, shape, vals) in sftools.read(f"{w}/ck/latest/model.safetensors").items():
+    tensors["transformer." + k] = ("F16", shape, vals)  # packed as F16: rounded to nearest
     if k == "wte.weight":  # transformers also saves the tied head
-        tensors["lm_head.weight"] = {"dtype": "F16", "shape": v["shape"],
-                                     "data_offsets": [data, data + len(blob)]}
-        blobs.append(blob)
-        data += len(blob)
-h = json.dumps(tensors).encode()
-h += b" " * (-len(h) % 8)
+        tensors["lm_head.weight"] = ("F16", shape, vals)
 cfg = json.load(open(f"{w}/ck/latest/config.json"))
 for d, tied in (("tf", True), ("untied", False)):
     os.makedirs(f"{w}/{d}")
-    open(f"{w}/{d}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    sftools.write(f"{w}/{d}/model.safetensors", tensors)
     json.dump(dict(cfg, tie_word_embeddings=tied, architectures=["GPT2LMHeadModel"]),
               open(f"{w}/{d}/config.json", "w"))
 PY
 check from-transformers 0 "$strata" export --ckpt "$work/tf" --out "$work/o/tf32/"
 check untied 2 "$strata" export --ckpt "$work/untied" --out "$work/o/u"
 python3 - "$work" <<'PY' || fail=1
-import json, struct, sys
+import sys
+import sftools
 w = sys.argv[1]
-def read(path):
-    raw = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    hdr = json.loads(raw[8:8 + n])
-    out = {}
-    for k, v in hdr.items():
-        if k != "__metadata__":
-            a, b = v["data_offsets"]
-            f = "e" if v["dtype"] == "F16" else "f"
-            out[k] = struct.unpack("<%d%s" % ((b - a) // struct.calcsize(f), f), raw[8 + n + a:8 + n + b])
-    return out
-src, got = read(f"{w}/tf/model.safetensors"), read(f"{w}/o/tf32/model.safetensors")
+src = sftools.read(f"{w}/tf/model.safetensors")
+got = sftools.read(f"{w}/o/tf32/model.safetensors")
 assert sorted("transformer." + k for k in got) == sorted(k for k in src if k != "lm_head.weight")
-for k, v in got.items():
-    assert v == src["transformer." + k], k  # F16 widened exactly
+for k, (dtype, shape, vals) in got.items():
+    assert dtype == "F32" and vals == src["transformer." + k][2], k  # F16 widened exactly
 print("ok   a transformers-style F16 file exports as the same values in F32")
 PY
 rm -rf "$work/o"/*
@@ -245,7 +209,8 @@ done
 # SIGTERM while a larger model is written: the temporary goes, then the signal
 # ends the run as it would have
 python3 - "$work" <<'PY' || fail=1
-import json, os, struct, sys
+import json, os, sys
+import sftools
 w = sys.argv[1]
 L, C, V, T = 1, 768, 50257, 64
 shapes = {"wte.weight": [V, C], "wpe.weight": [T, C], "ln_f.weight": [C], "ln_f.bias": [C]}
@@ -255,17 +220,8 @@ for k, s in (("ln_1.weight", [C]), ("ln_1.bias", [C]), ("attn.c_attn.weight", [C
              ("mlp.c_fc.weight", [C, 4 * C]), ("mlp.c_fc.bias", [4 * C]),
              ("mlp.c_proj.weight", [4 * C, C]), ("mlp.c_proj.bias", [C])):
     shapes[f"h.0.{k}"] = s
-hdr, off = {}, 0
-for k, s in shapes.items():
-    n = 4 * s[0] * (s[1] if len(s) > 1 else 1)
-    hdr[k] = {"dtype": "F32", "shape": s, "data_offsets": [off, off + n]}
-    off += n
-h = json.dumps(hdr).encode()
-h += b" " * (-len(h) % 8)
 os.makedirs(f"{w}/large")
-with open(f"{w}/large/model.safetensors", "wb") as f:
-    f.write(struct.pack("<Q", len(h)) + h)
-    f.truncate(8 + len(h) + off)  # zeros
+sftools.write(f"{w}/large/model.safetensors", {k: ("F32", s, None) for k, s in shapes.items()})
 json.dump({"n_layer": L, "n_embd": C, "n_head": 12, "vocab_size": V, "n_positions": T},
           open(f"{w}/large/config.json", "w"))
 PY

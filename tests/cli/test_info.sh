@@ -10,6 +10,7 @@ strata=$1
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-info-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail=0
+export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}" # sftools.py
 
 quiet_refusals=1
 . "$(dirname "$0")/check.sh"
@@ -105,7 +106,8 @@ grep -q "checkpoint $work/ck/step-000003 (what --resume $work/ck takes)" "$work/
 check ckpt-json 0 "$strata" info --ckpt "$work/ck" --json --verify
 cp "$work/out" "$work/ck.json"
 python3 - "$work" <<'PY' || fail=1
-import json, os, struct, sys
+import json, os, sys
+import sftools
 w = sys.argv[1]
 c = json.load(open(f"{w}/ck.json"))
 assert c["resume"] == f"{w}/ck/step-000003" and c["latest"] == "step-000003", c
@@ -123,9 +125,7 @@ for e in c["checkpoints"]:
     assert e["bytes"] == sum(os.path.getsize(f"{d}/{n}") for n in os.listdir(d)
                              if n != "trainer.json"), e
 # the parameters, from the safetensors header read here
-raw = open(f"{w}/ck/step-000003/model.safetensors", "rb").read()
-(hlen,) = struct.unpack("<Q", raw[:8])
-hdr = json.loads(raw[8:8 + hlen])
+hdr = sftools.header(f"{w}/ck/step-000003/model.safetensors")
 params = 0
 for k, v in hdr.items():
     if k != "__metadata__":
