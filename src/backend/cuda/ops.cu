@@ -230,58 +230,58 @@ static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOp
 			: aux ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
 			      : (bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
 		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-							sizeof(epi)),
+						     sizeof(epi)),
 			 "set EPILOGUE");
 	}
 	if (bias) {
 		int32_t bias_type = CUDA_R_32F;
 		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-							&bias, sizeof(bias)),
+						     &bias, sizeof(bias)),
 			 "set BIAS_POINTER");
 		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-							&bias_type, sizeof(bias_type)),
+						     &bias_type, sizeof(bias_type)),
 			 "set BIAS_DATA_TYPE");
 	}
 	if (gelu && aux) {
 		/* aux's type is left at its default, D's (fp32): setting it is
 		 * documented for fp8 only, and an unsupported one is refused */
 		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-							&aux, sizeof(aux)),
+						     &aux, sizeof(aux)),
 			 "set EPILOGUE_AUX_POINTER");
 		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-							&ldd, sizeof(ldd)),
+						     &ldd, sizeof(ldd)),
 			 "set EPILOGUE_AUX_LD");
 	}
 	LT_CHECK(blas.MatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k,
-					    ta == CUBLAS_OP_N ? k : m, lda),
+					 ta == CUBLAS_OP_N ? k : m, lda),
 		 "layout A");
 	LT_CHECK(blas.MatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n,
-					    tb == CUBLAS_OP_N ? n : k, ldb),
+					 tb == CUBLAS_OP_N ? n : k, ldb),
 		 "layout B");
 	LT_CHECK(blas.MatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd), "layout D");
 	LT_CHECK(blas.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
 	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
-						      CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-						      &ws_bytes, sizeof(ws_bytes)),
+						   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+						   &ws_bytes, sizeof(ws_bytes)),
 		 "set MAX_WORKSPACE_BYTES");
 	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
-						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-						      &al_a, sizeof(al_a)),
+						   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+						   &al_a, sizeof(al_a)),
 		 "set MIN_ALIGNMENT_A");
 	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
-						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-						      &al_b, sizeof(al_b)),
+						   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+						   &al_b, sizeof(al_b)),
 		 "set MIN_ALIGNMENT_B");
 	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
-						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-						      &al_d, sizeof(al_d)),
+						   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+						   &al_d, sizeof(al_d)),
 		 "set MIN_ALIGNMENT_C");
 	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
-						      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-						      &al_d, sizeof(al_d)),
+						   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+						   &al_d, sizeof(al_d)),
 		 "set MIN_ALIGNMENT_D");
 	hs = blas.MatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &heur,
-					    &returned);
+					 &returned);
 	if (hs == CUBLAS_STATUS_NOT_SUPPORTED || (hs == CUBLAS_STATUS_SUCCESS && returned == 0)) {
 		rc = st_error_set(-ENOTSUP,
 				  "cublasLt: no algorithm for m=%llu n=%llu k=%llu%s%s (%s)",
@@ -292,7 +292,7 @@ static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOp
 	}
 	LT_CHECK(hs, "cublasLtMatmulAlgoGetHeuristic");
 	LT_CHECK(blas.Matmul(ctx->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld,
-				&heur.algo, ctx->workspace, ctx->workspace_bytes, ctx->stream),
+			     &heur.algo, ctx->workspace, ctx->workspace_bytes, ctx->stream),
 		 "cublasLtMatmul");
 out:
 	if (pref)
