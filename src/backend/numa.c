@@ -1,5 +1,6 @@
 /* hwloc helpers shared by the devices and the host tier: which NUMA node is
- * nearest a PCI device, and which node the calling thread runs on. */
+ * nearest a PCI device, which node the calling thread runs on, and how
+ * many there are (strata info). */
 #include "strata/common.h"
 #include "strata/device.h"
 

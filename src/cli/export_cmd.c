@@ -216,6 +216,15 @@ static void check_hf_config(const char *path, const char *dir)
 	json_object_put(root);
 }
 
+/* dst (cols x rows) = src (rows x cols) transposed: Conv1D's (in, out)
+ * and llm.c's (out, in), either way. */
+static void transpose(float *dst, const float *src, uint64_t rows, uint64_t cols)
+{
+	for (uint64_t i = 0; i < rows; i++)
+		for (uint64_t j = 0; j < cols; j++)
+			dst[j * rows + i] = src[i * cols + j];
+}
+
 /* Elements per layer of llm.c's kind g. */
 static uint64_t llmc_kind_elems(const struct st_gpt2_config *gc, uint64_t vp, size_t g)
 {
@@ -305,13 +314,8 @@ static int llmc_read(struct src *s, const struct out_tensor *t, float *out)
 		for (uint64_t k = 0; k < n; k++)
 			dst[k] = s->esize == 4 ? ((const float *)raw)[k]
 					       : st_f32_from_bf16(((const uint16_t *)raw)[k]);
-		if (tmp) { /* stored (out, in) = (shape[1], shape[0]) */
-			uint64_t R = t->shape[0], K = t->shape[1];
-
-			for (uint64_t i = 0; i < R; i++)
-				for (uint64_t j = 0; j < K; j++)
-					out[i * K + j] = tmp[j * R + i];
-		}
+		if (tmp) /* stored (out, in) = (shape[1], shape[0]) */
+			transpose(out, tmp, t->shape[1], t->shape[0]);
 	}
 	free(raw);
 	free(tmp);
@@ -670,11 +674,7 @@ static uint64_t export_llmc(struct src *s, const char *out, bool bf16)
 			if (c < 0)
 				die_read(c);
 			if (llmc_order[g].transpose) {
-				uint64_t R = t.shape[0], K = t.shape[1];
-
-				for (uint64_t i = 0; i < R; i++)
-					for (uint64_t j = 0; j < K; j++)
-						b[j * R + i] = a[i * K + j];
+				transpose(b, a, t.shape[0], t.shape[1]);
 				llmc_write(&f, b, n, bf16, h16);
 			} else {
 				if (g == 0) { /* wte: zero rows up to Vp */
