@@ -90,9 +90,11 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 int st_engine_resume(struct st_engine *e, const char *dir, uint64_t *step,
 		     struct st_cursor *cursor, char **config_json);
 
-/* Load only the weights of a Hugging Face GPT-2 model.safetensors (as
- * `strata train --init`): P = the file, W = round(P), M = V = 0. */
-int st_engine_load_weights(struct st_engine *e, const char *path);
+/* Load only weights (`strata train --init`; strata/weights.h: a strata
+ * checkpoint, a Hugging Face GPT-2, an llm.c model file): P = them,
+ * W = round(P), M = V = 0. */
+struct st_weights;
+int st_engine_load_weights(struct st_engine *e, struct st_weights *w);
 
 enum st_lane { ST_LANE_COMPUTE, ST_LANE_H2D, ST_LANE_D2H, ST_LANE_NVME_READ,
 	       ST_LANE_NVME_WRITE, ST_LANE_ADAM, ST_LANE_COUNT };

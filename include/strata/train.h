@@ -46,11 +46,12 @@ void st_trainer_destroy(struct st_trainer *t);
 
 const struct st_model *st_trainer_model(const struct st_trainer *t);
 
-/* Replace the parameters with those of a Hugging Face GPT-2 checkpoint
- * (model.safetensors; F32, BF16 or F16; names with or without a
- * "transformer." prefix; attention-mask buffers ignored). Every tensor of
- * the model must be present with its exact shape. Moments are zeroed. */
-int st_trainer_load_weights(struct st_trainer *t, const char *safetensors_path);
+/* Replace the parameters with w's (strata/weights.h: a strata checkpoint,
+ * a Hugging Face GPT-2 in F32, BF16 or F16, an llm.c model file). Every
+ * tensor of the model must be there with its exact shape. Moments are
+ * zeroed. */
+struct st_weights;
+int st_trainer_load_weights(struct st_trainer *t, struct st_weights *w);
 
 /* Copy unit u's fp32 master weights into p (the unit's flat length). */
 int st_trainer_read_master(const struct st_trainer *t, int u, float *p);
@@ -85,15 +86,13 @@ struct st_adam_step;
 int st_train_adam_prep(const struct st_train_config *c, int step, double grad_norm,
 		       struct st_adam_step *with_wd, struct st_adam_step *without_wd);
 
-struct st_ckpt_reader;
+struct st_weights;
 
-/* Unit u's parameters from a Hugging Face GPT-2 safetensors file opened as
- * r (named path in messages) into p (fp32, the unit's flat length, padding
- * zeroed): F32, BF16 or F16, names with or without "transformer.". raw is
- * scratch of the unit's fp32 size. Every tensor must be there with its
- * shape. Shared by the trainer and the engine. */
-int st_train_read_unit(const struct st_model *m, struct st_ckpt_reader *r, const char *path,
-		       int u, float *p, void *raw);
+/* Unit u's parameters from w (strata/weights.h: a checkpoint, a Hugging
+ * Face GPT-2, an llm.c file) into p (fp32, the unit's flat length, padding
+ * zeroed). Every tensor must be there with its exact shape. Shared by the
+ * trainer and the engine. */
+int st_train_read_unit(const struct st_model *m, struct st_weights *w, int u, float *p);
 
 /* Learning rate of step (0-based) under cfg's schedule. */
 double st_lr_at(const struct st_train_config *cfg, int step);

@@ -149,17 +149,3 @@ const char *st_cli_eta(double s, char *buf, size_t n)
 		snprintf(buf, n, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
 	return buf;
 }
-
-const char *st_cli_ckpt_dir(const char *dir)
-{
-	static char buf[4096];
-	struct stat st;
-
-	snprintf(buf, sizeof(buf), "%.4000s/config.json", dir);
-	if (stat(buf, &st) == 0)
-		return dir;
-	snprintf(buf, sizeof(buf), "%.4000s/latest", dir);
-	if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode))
-		return buf;
-	return dir;
-}

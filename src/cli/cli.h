@@ -35,9 +35,6 @@ void set_threads_cli(int n);
 struct st_dataset *st_cli_open_data(const char *path, int vocab);
 /* "12s", "3m04s", "2h05m" */
 const char *st_cli_eta(double seconds, char *buf, size_t n);
-/* A checkpoint directory: dir itself when it holds config.json, else
- * dir/latest (what `strata train --save dir` points at the newest). */
-const char *st_cli_ckpt_dir(const char *dir);
 
 int st_cli_train(int argc, char **argv);
 int st_cli_plan(int argc, char **argv);

@@ -5,6 +5,7 @@
 #include "strata/io.h"
 #include "strata/optim.h"
 #include "strata/train.h"
+#include "strata/weights.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -19,27 +20,30 @@
 #include <unistd.h>
 
 
-/* Model config from DIR/config.json. */
-static void read_ckpt_config(const char *dir, struct st_model_config *mc)
+/* The weights of --ckpt PATH (strata/weights.h: a checkpoint, verified; a
+ * Hugging Face GPT-2; an llm.c model file) and their model, or exit 2. */
+static struct st_weights *open_ckpt(const char *path, struct st_model_config *mc)
 {
 	struct st_gpt2_config gc;
-	char path[4096];
+	struct st_weights *w;
+	int ret = st_weights_open(path, &w);
 
-	snprintf(path, sizeof(path), "%.4000s/config.json", st_cli_ckpt_dir(dir));
-	if (st_gpt2_config_read(path, &gc) < 0)
-		st_cli_die(2, "--ckpt %s: %s", dir, st_error_last());
+	if (ret == 0)
+		ret = st_weights_config(w, &gc);
+	if (ret < 0)
+		st_cli_die(ret == -ENOENT || ret == -EINVAL || ret == -ENOTDIR ? 2 : 1,
+			   "--ckpt %s: %s", path, st_error_last());
 	*mc = (struct st_model_config){ .n_layer = (int)gc.n_layer, .n_embd = (int)gc.n_embd,
 					.n_head = (int)gc.n_head, .vocab = (int)gc.vocab_size,
 					.ctx = (int)gc.n_positions };
+	return w;
 }
 
-static void load_ckpt(struct st_trainer *t, const char *dir)
+static void load_ckpt(struct st_trainer *t, struct st_weights *w)
 {
-	char path[4096];
-
-	snprintf(path, sizeof(path), "%.4000s/model.safetensors", st_cli_ckpt_dir(dir));
-	if (st_trainer_load_weights(t, path) < 0)
+	if (st_trainer_load_weights(t, w) < 0)
 		st_cli_die(2, "%s", st_error_last());
+	st_weights_close(w);
 }
 
 /* --- generate --------------------------------------------------------------- */
@@ -100,7 +104,9 @@ static void gen_usage(FILE *f)
 "usage: strata generate --ckpt DIR [--prompt TEXT] [--tokens N] [--temperature X]\n"
 "                       [--top-k K] [--seed N] [--threads N]\n"
 "\n"
-"Continue TEXT with a byte-level (vocab 256) checkpoint and print the result.\n"
+"Continue TEXT with a byte-level (vocab 256) model and print the result.\n"
+"--ckpt: a strata checkpoint (a --save DIR or one step-N in it), a Hugging Face\n"
+"GPT-2 directory or an llm.c model file.\n"
 "  --tokens N        bytes to generate (default 200)\n"
 "  --temperature X   0 is greedy (default 0.8)\n"
 "  --top-k K         sample among the K likeliest, 0 for all (default 40)\n");
@@ -119,6 +125,7 @@ static int cmd_generate(int argc, char **argv)
 	uint64_t rng = 1337;
 	struct st_train_config cfg;
 	struct st_trainer *t;
+	struct st_weights *w;
 	int32_t *toks;
 	float *logits;
 
@@ -145,7 +152,7 @@ static int cmd_generate(int argc, char **argv)
 	if (!*prompt)
 		st_cli_die(2, "generate: --prompt must not be empty");
 	st_train_config_default(&cfg);
-	read_ckpt_config(ckpt, &cfg.model);
+	w = open_ckpt(ckpt, &cfg.model);
 	if (cfg.model.vocab != 256)
 		st_cli_die(2, "generate: --ckpt %s has a vocabulary of %d; generate needs a byte-level model (256)",
 		    ckpt, cfg.model.vocab);
@@ -154,7 +161,7 @@ static int cmd_generate(int argc, char **argv)
 	cfg.seq = cfg.model.ctx;
 	if (st_trainer_create(&cfg, &t) < 0)
 		st_cli_die(1, "%s", st_error_last());
-	load_ckpt(t, ckpt);
+	load_ckpt(t, w);
 	len = (int)strlen(prompt);
 	toks = malloc(sizeof(*toks) * (size_t)(len + n));
 	logits = malloc(sizeof(*logits) * 256);
@@ -189,6 +196,7 @@ static int cmd_eval(int argc, char **argv)
 	bool bf16 = true;
 	struct st_train_config cfg;
 	struct st_trainer *t;
+	struct st_weights *w;
 	struct st_dataset *ds;
 	struct st_loader ld;
 	struct st_loader_config lc;
@@ -213,12 +221,14 @@ static int cmd_eval(int argc, char **argv)
 		case 'h':
 			printf("usage: strata eval --ckpt DIR --data FILE [--batch B] [--seq T] [--batches N]\n"
 			       "                   [--precision bf16|fp32] [--threads N]\n"
-			       "\nMean cross-entropy of the checkpoint over FILE, read in order\n"
+			       "\nMean cross-entropy of the model over FILE, read in order\n"
 			       "(llm.c's contiguous windows). Defaults: B=4, T=min(ctx,256), as many\n"
 			       "batches as the file holds, at most 100. --precision: the weights the\n"
 			       "forward reads, the master weights rounded to bf16 as in training\n"
 			       "(default) or as they are (fp32, as llm.c's train_gpt2.c reads an\n"
-			       "export --format llmc).\n");
+			       "export --format llmc). --ckpt: a strata checkpoint (a --save DIR\n"
+			       "or one step-N in it), a Hugging Face GPT-2 directory or an llm.c\n"
+			       "model file.\n");
 			return 0;
 		default: st_cli_die(2, "eval: unknown or incomplete option %s (see strata eval --help)",
 			     argv[optind - 1]);
@@ -229,7 +239,7 @@ static int cmd_eval(int argc, char **argv)
 	if (!ckpt || !data)
 		st_cli_die(2, "eval: --ckpt DIR and --data FILE are required");
 	st_train_config_default(&cfg);
-	read_ckpt_config(ckpt, &cfg.model);
+	w = open_ckpt(ckpt, &cfg.model);
 	if (T == 0)
 		T = ST_MIN(cfg.model.ctx, 256);
 	if (T > cfg.model.ctx)
@@ -250,7 +260,7 @@ static int cmd_eval(int argc, char **argv)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
 	if (st_trainer_create(&cfg, &t) < 0)
 		st_cli_die(1, "%s", st_error_last());
-	load_ckpt(t, ckpt);
+	load_ckpt(t, w);
 	if (st_trainer_eval(t, &ld, nb, &loss) < 0)
 		st_cli_die(1, "%s", st_error_last());
 	printf("loss %.6f over %d batches of %d x %d tokens\n", loss, nb, B, T);

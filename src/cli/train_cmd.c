@@ -4,6 +4,7 @@
  * allocated or written; an I/O failure mid-run exits 1 naming file, offset
  * and errno, and the last checkpoint stays loadable. */
 #include "cli.h"
+#include "strata/weights.h"
 #include "strata/ckpt.h"
 #include "strata/device.h"
 #include "strata/engine.h"
@@ -44,7 +45,8 @@ static void train_usage(FILE *f)
 "\n"
 "model and data\n"
 "  --model NAME|DIMS    %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
-"  --init FILE|DIR      start from Hugging Face GPT-2 weights (model.safetensors or its directory)\n"
+"  --init FILE|DIR      start from GPT-2 weights: a Hugging Face model.safetensors or its\n"
+"                       directory, a strata checkpoint, an llm.c model file (gpt2_124M.bin)\n"
 "  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
 "  --grad-accum N       micro-batches per step (default 1)\n"
@@ -417,15 +419,27 @@ int st_cli_train(int argc, char **argv)
 		st_plan_print(st_engine_plan(e), &pin, stdout);
 	}
 	if (init) {
-		char path[4096];
-		struct stat st;
+		struct st_weights *w;
+		struct st_gpt2_config gc;
+		int ret = st_weights_open(init, &w);
 
-		snprintf(path, sizeof(path), "%s", init);
-		if (stat(init, &st) == 0 && S_ISDIR(st.st_mode))
-			snprintf(path, sizeof(path), "%.4000s/model.safetensors",
-				 st_cli_ckpt_dir(init));
-		if (st_engine_load_weights(e, path) < 0)
-			st_cli_die(2, "--init %s: %s", init, st_error_last());
+		/* a file that says which model it holds must hold --model's
+		 * (a bare model.safetensors: its tensors' shapes are checked) */
+		if (ret == 0 && st_weights_config(w, &gc) == 0 &&
+		    (gc.n_layer != cfg->model.n_layer || gc.n_embd != cfg->model.n_embd ||
+		     gc.n_head != cfg->model.n_head || gc.vocab_size != cfg->model.vocab ||
+		     gc.n_positions != cfg->model.ctx))
+			ret = st_error_set(-EINVAL, "it holds layers=%lld,dim=%lld,heads=%lld,vocab=%lld,"
+					   "ctx=%lld, not the model --model gives",
+					   (long long)gc.n_layer, (long long)gc.n_embd,
+					   (long long)gc.n_head, (long long)gc.vocab_size,
+					   (long long)gc.n_positions);
+		if (ret == 0)
+			ret = st_engine_load_weights(e, w);
+		st_weights_close(w);
+		if (ret < 0)
+			st_cli_die(ret == -ENOENT || ret == -EINVAL || ret == -ENOTDIR ? 2 : 1,
+				   "--init %s: %s", init, st_error_last());
 	}
 	if (resume) {
 		char *saved = NULL;

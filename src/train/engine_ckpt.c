@@ -277,26 +277,19 @@ int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
 	return ret;
 }
 
-int st_engine_load_weights(struct st_engine *e, const char *path)
+int st_engine_load_weights(struct st_engine *e, struct st_weights *w)
 {
 	const struct st_model *m = st_engine_model(e);
-	struct st_ckpt_reader *r;
 	float *p = NULL;
-	void *raw = NULL;
-	int ret = st_ckpt_reader_open(&r, path);
+	int ret = 0;
 
-	if (ret < 0)
-		return ret;
-	if (posix_memalign((void **)&p, ST_PAGE_BYTES, max_unit_elems(m) * sizeof(float)) ||
-	    !(raw = malloc(max_unit_elems(m) * sizeof(float))))
-		ret = -ENOMEM;
+	if (posix_memalign((void **)&p, ST_PAGE_BYTES, max_unit_elems(m) * sizeof(float)))
+		return st_error_set(-ENOMEM, "out of memory");
 	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
-		ret = st_train_read_unit(m, r, path, u, p, raw);
+		ret = st_train_read_unit(m, w, u, p);
 		if (ret == 0)
 			ret = st_engine_write_state(e, u, p, NULL, NULL);
 	}
 	free(p);
-	free(raw);
-	st_ckpt_reader_close(r);
 	return ret;
 }

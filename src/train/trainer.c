@@ -6,6 +6,7 @@
 #include "strata/io.h"
 #include "strata/kernels.h"
 #include "strata/optim.h"
+#include "strata/weights.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -425,65 +426,27 @@ int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n, float 
 	return 0;
 }
 
-int st_train_read_unit(const struct st_model *m, struct st_ckpt_reader *r, const char *path,
-		       int u, float *p, void *raw)
+int st_train_read_unit(const struct st_model *m, struct st_weights *w, int u, float *p)
 {
-	const struct st_safetensors *sf = st_ckpt_reader_file(r);
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	int ret = 0;
 
 	memset(p, 0, ul->elems * sizeof(float));
 	for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
 		const struct st_tensor_layout *tl = &ul->tensors[i];
-		const struct st_sf_info *info = st_safetensors_find(sf, tl->name);
-		char alt[ST_MODEL_NAME_BYTES + 16];
-		float *dst = p + tl->offset_elems;
+		uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
 
-		if (!info) {
-			snprintf(alt, sizeof(alt), "transformer.%s", tl->name);
-			info = st_safetensors_find(sf, alt);
-		}
-		if (!info)
-			return st_error_set(-EINVAL, "%s: tensor %s is missing", path, tl->name);
-		if (info->elems != tl->n_elems || info->ndim != tl->ndim ||
-		    info->shape[0] != (uint64_t)tl->shape[0])
-			return st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for this model",
-					    path, tl->name);
-		if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 &&
-		    info->dtype != ST_SF_F16)
-			return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", path,
-					    tl->name, st_sf_dtype_name(info->dtype));
-		ret = st_ckpt_reader_pread(r, info, 0, info->dtype == ST_SF_F32 ? (void *)dst : raw,
-					   info->size_bytes);
-		if (ret == 0 && info->dtype != ST_SF_F32)
-			for (uint64_t k = 0; k < info->elems; k++) {
-				uint16_t h = ((const uint16_t *)raw)[k];
-
-				dst[k] = info->dtype == ST_SF_BF16 ? st_f32_from_bf16(h)
-								   : st_f32_from_f16(h);
-			}
+		ret = st_weights_read(w, tl->name, tl->ndim, shape, p + tl->offset_elems);
 	}
 	return ret;
 }
 
-int st_trainer_load_weights(struct st_trainer *t, const char *path)
+int st_trainer_load_weights(struct st_trainer *t, struct st_weights *w)
 {
-	struct st_ckpt_reader *r;
-	uint64_t E = 0;
-	void *raw;
-	int ret = st_ckpt_reader_open(&r, path);
+	int ret = 0;
 
-	if (ret < 0)
-		return ret;
-	for (int u = 0; u < t->U; u++)
-		E = ST_MAX(E, t->elems[u]);
-	raw = malloc(E * sizeof(float));
-	if (!raw)
-		ret = -ENOMEM;
 	for (int u = 0; ret == 0 && u < t->U; u++)
-		ret = st_train_read_unit(t->model, r, path, u, t->P[u], raw);
-	free(raw);
-	st_ckpt_reader_close(r);
+		ret = st_train_read_unit(t->model, w, u, t->P[u]);
 	if (ret < 0)
 		return ret;
 	for (int u = 0; u < t->U; u++) {

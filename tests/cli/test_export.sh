@@ -124,6 +124,27 @@ python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(4); f.write((4).to_
 check llmc-version 2 "$strata" export --ckpt "$work/cut.bin" --out "$work/o/x"
 [ ! -e "$work/o/x" ] || { echo "FAIL a refused llm.c source wrote --out"; fail=1; }
 
+# --init and eval take an llm.c file (and a checkpoint directory) as they
+# take a Hugging Face one: the same numbers
+ev32() { "$strata" eval --data "$data" --batch 2 --seq 32 --batches 3 --precision fp32 "$@" 2>&1; }
+if [ "$(ev32 --ckpt "$work/o/m.bin")" != "$(ev32 --ckpt "$work/ck")" ]; then
+	echo "FAIL eval of the llm.c file differs from the checkpoint's"; fail=1
+fi
+tr2() { # OUT INIT: two steps from INIT
+	"$strata" train --model layers=2,dim=96,heads=3,vocab=300,ctx=64 --seq 32 --batch 2 \
+		--data "$data" --steps 2 --seed 3 --init "$2" --metrics "$work/$1.jsonl" >/dev/null 2>&1 ||
+		{ echo "FAIL train --init $2"; fail=1; }
+	cut -d, -f1-3 "$work/$1.jsonl"
+}
+a=$(tr2 i1 "$work/ck/latest/model.safetensors") b=$(tr2 i2 "$work/o/m.bin") c=$(tr2 i3 "$work/ck")
+if [ -z "$a" ] || [ "$a" != "$b" ] || [ "$a" != "$c" ]; then
+	echo "FAIL --init from the llm.c file or the checkpoint directory trains differently"; fail=1
+else
+	echo "ok   --init from model.safetensors, the llm.c file and the checkpoint directory: the same steps"
+fi
+quiet_refusals=0 check init-other-model 2 "$strata" train --model layers=1,dim=96,heads=3,vocab=300,ctx=64 \
+	--seq 32 --data "$data" --steps 1 --init "$work/o/m.bin"
+
 # strata reads the exports: the same losses as the checkpoint
 ev() { "$strata" eval --data "$data" --batch 2 --seq 32 --batches 3 "$@" 2>&1; }
 a=$(ev --ckpt "$work/ck" --precision fp32) b=$(ev --ckpt "$work/o/hf" --precision fp32)
@@ -143,6 +164,9 @@ flip() { # FILE OFFSET: invert one byte
 flip "$work/ckbad/latest/model.safetensors" 3000
 check damaged 2 "$strata" export --ckpt "$work/ckbad" --out "$work/o/x"
 grep -q "checksum mismatch" "$work/err" || { echo "FAIL damaged: not a checksum message"; fail=1; }
+quiet_refusals=0 check init-damaged 2 "$strata" train --model layers=2,dim=96,heads=3,vocab=300,ctx=64 --seq 32 \
+	--data "$data" --steps 1 --init "$work/ckbad"
+grep -q "checksum mismatch" "$work/err" || { echo "FAIL init-damaged: not a checksum message"; fail=1; }
 nothing_left damaged
 # a Hugging Face directory with a tensor of the wrong shape (the last block's)
 python3 - "$work" <<'PY' || fail=1

@@ -1,0 +1,83 @@
+/* strata: a GPT-2's weights from any source strata reads (`strata train
+ * --init`, `eval` and `generate --ckpt`, `export --ckpt`):
+ *   - a strata checkpoint: DIR/step-N, or a --save DIR (what --resume DIR
+ *     takes), checked against its trainer.json (sizes, XXH64) first;
+ *   - a Hugging Face GPT-2 directory (config.json + model.safetensors), or
+ *     a model.safetensors file (with the config.json beside it, if any);
+ *   - an llm.c model file (train_gpt2.py's format, version 3 or 5).
+ * Tensors come out one at a time, by their Hugging Face name
+ * ("h.3.attn.c_attn.weight"; a "transformer." prefix in the file is
+ * accepted), as fp32 in Hugging Face's layout (Conv1D matrices (in, out)),
+ * whatever the file holds (F32, BF16, F16; llm.c's (out, in)). A Hugging
+ * Face config.json that describes another model than strata's GPT-2 (an
+ * untied head, another activation, another LayerNorm epsilon) is refused.
+ *
+ * Functions return 0 or -errno with the detail (naming the file) in
+ * st_error_last(): -ENOENT for a missing path, -EINVAL for a file that is
+ * malformed, damaged or of another model, other -errno from the system. */
+#ifndef STRATA_WEIGHTS_H
+#define STRATA_WEIGHTS_H
+
+#include "strata/common.h"
+#include "strata/io.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct st_weights;
+
+/* Open path (one of the sources above). A strata checkpoint is verified
+ * (st_ckpt_verify()) before anything is read from it. *out goes back with
+ * st_weights_close(). */
+int st_weights_open(const char *path, struct st_weights **out);
+void st_weights_close(struct st_weights *w);
+
+/* What was opened, for messages: the checkpoint directory --resume would
+ * take, the directory, the file. Borrowed. */
+const char *st_weights_name(const struct st_weights *w);
+
+/* The model: 0 and *out, or -ENOENT for a model.safetensors file with no
+ * config.json beside it. */
+int st_weights_config(const struct st_weights *w, struct st_gpt2_config *out);
+
+/* Tensor name is there, of a float type, with shape[0..ndim) (ndim 1 or
+ * 2): 0, or -EINVAL naming it. Reads nothing. */
+int st_weights_check(struct st_weights *w, const char *name, int ndim, const uint64_t *shape);
+
+/* Read tensor name (as st_weights_check()) into out, fp32, Hugging Face
+ * layout, the product of shape elements. */
+int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint64_t *shape,
+		    float *out);
+
+/* ---- llm.c's GPT-2 model file ------------------------------------------------
+ * 256 int32 (the machine's byte order): magic, version (3: fp32, 5: bf16),
+ * maxT, V, L, NH, C, Vp (V rounded up to a multiple of 128), zeros. Then the
+ * parameters with no gaps, each kind below for all layers before the next
+ * kind; matrices as (out, in). wte has Vp rows, those past V zero. */
+#define ST_LLMC_MODEL_MAGIC 20240326 /* (token files: ST_LLMC_MAGIC) */
+#define ST_LLMC_MODEL_F32 3
+#define ST_LLMC_MODEL_BF16 5
+/* the header: ST_LLMC_HEADER_INTS, as token files' (strata/dataset.h) */
+#define ST_LLMC_VOCAB_MULTIPLE 128
+#define ST_LLMC_KINDS 16
+
+/* One kind of parameter in llm.c's order: the Hugging Face name's suffix
+ * ("ln_1.weight"; "h.<l>." before it when per_layer), whether llm.c keeps
+ * it transposed (the four Conv1D matrices), its elements per layer,
+ * cc * C * C + c * C (wte and wpe: st_llmc_kind_elems()), and for a
+ * matrix its Hugging Face shape's rows in units of C (in * C, cc * C / in). */
+struct st_llmc_kind {
+	const char *suffix;
+	bool per_layer, transpose;
+	unsigned cc, c, in;
+};
+extern const struct st_llmc_kind st_llmc_kinds[ST_LLMC_KINDS];
+
+/* Elements of kind g for one layer of the model gc, wte with vp rows. */
+uint64_t st_llmc_kind_elems(const struct st_gpt2_config *gc, uint64_t vp, int g);
+
+/* dst (cols x rows) = src (rows x cols) transposed: Conv1D's (in, out) to
+ * llm.c's (out, in) and back. */
+void st_llmc_transpose(float *dst, const float *src, uint64_t rows, uint64_t cols);
+
+#endif

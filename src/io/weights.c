@@ -1,0 +1,415 @@
+/* A GPT-2's weights from a strata checkpoint, a Hugging Face directory or
+ * file, or an llm.c model file (strata/weights.h). */
+#include "strata/weights.h"
+#include "strata/ckpt.h"
+#include "strata/file.h"
+#include "strata/optim.h" /* st_f32_from_bf16(), st_f32_from_f16(): inline */
+
+#include <errno.h>
+#include <json-c/json.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const struct st_llmc_kind st_llmc_kinds[ST_LLMC_KINDS] = {
+	{ "wte.weight", false, false, 0, 0, 0 },      { "wpe.weight", false, false, 0, 0, 0 },
+	{ "ln_1.weight", true, false, 0, 1, 0 },      { "ln_1.bias", true, false, 0, 1, 0 },
+	{ "attn.c_attn.weight", true, true, 3, 0, 1 }, { "attn.c_attn.bias", true, false, 0, 3, 0 },
+	{ "attn.c_proj.weight", true, true, 1, 0, 1 }, { "attn.c_proj.bias", true, false, 0, 1, 0 },
+	{ "ln_2.weight", true, false, 0, 1, 0 },      { "ln_2.bias", true, false, 0, 1, 0 },
+	{ "mlp.c_fc.weight", true, true, 4, 0, 1 },   { "mlp.c_fc.bias", true, false, 0, 4, 0 },
+	{ "mlp.c_proj.weight", true, true, 4, 0, 4 }, { "mlp.c_proj.bias", true, false, 0, 1, 0 },
+	{ "ln_f.weight", false, false, 0, 1, 0 },     { "ln_f.bias", false, false, 0, 1, 0 },
+};
+
+uint64_t st_llmc_kind_elems(const struct st_gpt2_config *gc, uint64_t vp, int g)
+{
+	uint64_t C = (uint64_t)gc->n_embd;
+
+	if (g == 0)
+		return vp * C; /* wte, padded */
+	if (g == 1)
+		return (uint64_t)gc->n_positions * C;
+	return st_llmc_kinds[g].cc * C * C + st_llmc_kinds[g].c * C;
+}
+
+void st_llmc_transpose(float *dst, const float *src, uint64_t rows, uint64_t cols)
+{
+	for (uint64_t i = 0; i < rows; i++)
+		for (uint64_t j = 0; j < cols; j++)
+			dst[j * rows + i] = src[i * cols + j];
+}
+
+struct st_weights {
+	char *name;                /* for messages */
+	char *path;                /* the file read: model.safetensors or llm.c's */
+	struct st_gpt2_config gc;
+	bool have_config;
+	struct st_ckpt_reader *r;  /* safetensors, or NULL for an llm.c file: */
+	int fd;
+	unsigned esize;            /* 4 (version 3) or 2 (version 5) */
+	uint64_t vp;               /* padded vocabulary */
+};
+
+static char *join(const char *dir, const char *name)
+{
+	size_t n = strlen(dir) + strlen(name) + 2;
+	char *p = malloc(n);
+
+	if (p)
+		snprintf(p, n, "%s/%s", dir, name);
+	return p;
+}
+
+static bool exists_in(const char *dir, const char *name)
+{
+	char *p = join(dir, name);
+	struct stat sb;
+	bool yes = p && stat(p, &sb) == 0;
+
+	free(p);
+	return yes;
+}
+
+/* A Hugging Face config.json's fields that make another model than the
+ * GPT-2 strata computes: refused. */
+static int check_hf_config(const char *path)
+{
+	struct json_object *root = json_object_from_file(path), *v;
+	int ret = 0;
+
+	if (!root)
+		return st_error_set(-EINVAL, "%s: not a JSON object", path);
+	if (json_object_object_get_ex(root, "tie_word_embeddings", &v) &&
+	    json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v))
+		ret = st_error_set(-EINVAL, "%s: an untied head (tie_word_embeddings false) is "
+				   "not GPT-2 as strata trains it", path);
+	else if (json_object_object_get_ex(root, "activation_function", &v) &&
+		 strcmp(json_object_get_string(v), "gelu_new") != 0)
+		ret = st_error_set(-EINVAL, "%s: activation_function %s; strata's GPT-2 uses "
+				   "gelu_new", path, json_object_get_string(v));
+	else if (json_object_object_get_ex(root, "layer_norm_epsilon", &v) &&
+		 json_object_get_double(v) != 1e-5)
+		ret = st_error_set(-EINVAL, "%s: layer_norm_epsilon %g; strata's GPT-2 uses 1e-05",
+				   path, json_object_get_double(v));
+	json_object_put(root);
+	return ret;
+}
+
+/* The llm.c file path, already open as w->fd: header and size checked. */
+static int llmc_open(struct st_weights *w, const char *path, uint64_t bytes)
+{
+	int32_t h[ST_LLMC_HEADER_INTS];
+	uint64_t elems = 0;
+	int ret = st_file_pread_full(w->fd, h, sizeof(h), 0, path);
+
+	if (ret < 0)
+		return bytes < sizeof(h) ? st_error_set(-EINVAL, "%s: %llu bytes, shorter than "
+							"llm.c's header", path,
+							(unsigned long long)bytes)
+					 : ret;
+	if (h[1] != ST_LLMC_MODEL_F32 && h[1] != ST_LLMC_MODEL_BF16)
+		return st_error_set(-EINVAL, "%s: llm.c model version %d (3 and 5 are known)", path,
+				    h[1]);
+	for (int i = 2; i < 8; i++)
+		if (h[i] <= 0)
+			return st_error_set(-EINVAL, "%s: llm.c header field %d is %d", path, i, h[i]);
+	if (h[7] < h[3] || h[6] % h[5] != 0)
+		return st_error_set(-EINVAL, "%s: llm.c header: padded vocab %d < vocab %d, or %d "
+				    "heads do not divide dim %d", path, h[7], h[3], h[5], h[6]);
+	w->gc = (struct st_gpt2_config){ .n_positions = h[2], .vocab_size = h[3],
+					 .n_layer = h[4], .n_head = h[5], .n_embd = h[6] };
+	w->have_config = true;
+	w->vp = (uint64_t)h[7];
+	w->esize = h[1] == ST_LLMC_MODEL_F32 ? 4 : 2;
+	for (int g = 0; g < ST_LLMC_KINDS; g++)
+		elems += st_llmc_kind_elems(&w->gc, w->vp, g) *
+			 (st_llmc_kinds[g].per_layer ? (uint64_t)w->gc.n_layer : 1);
+	if (bytes != sizeof(h) + elems * w->esize)
+		return st_error_set(-EINVAL, "%s: %llu bytes; its llm.c header says %llu", path,
+				    (unsigned long long)bytes,
+				    (unsigned long long)(sizeof(h) + elems * w->esize));
+	return 0;
+}
+
+/* A file: llm.c's (by its magic), else safetensors (config.json beside). */
+static int open_file(struct st_weights *w, const char *path)
+{
+	uint64_t bytes = 0;
+	int32_t magic = 0;
+	char *copy, *cfg;
+	int ret = st_file_open_regular(path, &w->fd, &bytes);
+
+	if (ret < 0)
+		return ret;
+	if (bytes >= sizeof(magic))
+		ret = st_file_pread_full(w->fd, &magic, sizeof(magic), 0, path);
+	if (ret == 0 && magic == ST_LLMC_MODEL_MAGIC)
+		return llmc_open(w, path, bytes);
+	close(w->fd);
+	w->fd = -1;
+	if (ret < 0)
+		return ret;
+	ret = st_ckpt_reader_open(&w->r, path);
+	if (ret < 0)
+		return ret;
+	copy = strdup(path);
+	cfg = copy ? join(dirname(copy), ST_CKPT_CONFIG_FILE) : NULL;
+	if (!cfg)
+		ret = st_error_set(-ENOMEM, "out of memory");
+	else if (access(cfg, F_OK) == 0)
+		ret = check_hf_config(cfg);
+	if (ret == 0 && cfg && access(cfg, F_OK) == 0) {
+		ret = st_gpt2_config_read(cfg, &w->gc);
+		w->have_config = ret == 0;
+	}
+	free(copy);
+	free(cfg);
+	return ret;
+}
+
+/* A directory: a strata checkpoint (verified) or a Hugging Face one. */
+static int open_dir(struct st_weights *w, const char *path)
+{
+	char *dir = NULL, *p;
+	int ret;
+
+	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && exists_in(path, ST_CKPT_OPTIM_FILE))
+		return st_error_set(-EINVAL, "%s: a strata checkpoint without its %s (damaged)",
+				    path, ST_CKPT_TRAINER_FILE);
+	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && exists_in(path, ST_CKPT_CONFIG_FILE) &&
+	    exists_in(path, ST_CKPT_MODEL_FILE)) {
+		dir = strdup(path); /* Hugging Face's: nothing to verify */
+		p = dir ? join(dir, ST_CKPT_CONFIG_FILE) : NULL;
+		ret = p ? check_hf_config(p) : st_error_set(-ENOMEM, "out of memory");
+		free(p);
+	} else {
+		struct st_ckpt_trainer tr;
+
+		ret = st_ckpt_resolve(path, &dir);
+		p = ret == 0 ? join(dir, ST_CKPT_TRAINER_FILE) : NULL;
+		if (ret == 0 && !p)
+			ret = st_error_set(-ENOMEM, "out of memory");
+		if (ret == 0)
+			ret = st_ckpt_trainer_read(p, &tr);
+		free(p);
+		if (ret == 0) {
+			ret = st_ckpt_verify(dir, &tr);
+			st_ckpt_trainer_fini(&tr);
+		}
+	}
+	w->name = dir;
+	if (ret < 0)
+		return ret;
+	p = join(dir, ST_CKPT_CONFIG_FILE);
+	ret = p ? st_gpt2_config_read(p, &w->gc) : st_error_set(-ENOMEM, "out of memory");
+	free(p);
+	w->have_config = ret == 0;
+	if (ret == 0) {
+		w->path = join(dir, ST_CKPT_MODEL_FILE);
+		ret = w->path ? st_ckpt_reader_open(&w->r, w->path)
+			      : st_error_set(-ENOMEM, "out of memory");
+	}
+	return ret;
+}
+
+int st_weights_open(const char *path, struct st_weights **out)
+{
+	struct st_weights *w = calloc(1, sizeof(*w));
+	struct stat sb;
+	int ret;
+
+	*out = NULL;
+	if (!w)
+		return st_error_set(-ENOMEM, "out of memory");
+	w->fd = -1;
+	if (stat(path, &sb) < 0) {
+		ret = -errno;
+		st_error_set(ret, "%s: %s", path, strerror(-ret));
+	} else if (S_ISDIR(sb.st_mode)) {
+		ret = open_dir(w, path);
+	} else {
+		w->name = strdup(path);
+		w->path = strdup(path);
+		ret = w->name && w->path ? open_file(w, path)
+					 : st_error_set(-ENOMEM, "out of memory");
+	}
+	if (ret < 0) {
+		st_weights_close(w);
+		return ret;
+	}
+	*out = w;
+	return 0;
+}
+
+void st_weights_close(struct st_weights *w)
+{
+	if (!w)
+		return;
+	st_ckpt_reader_close(w->r);
+	if (w->fd >= 0)
+		close(w->fd);
+	free(w->name);
+	free(w->path);
+	free(w);
+}
+
+const char *st_weights_name(const struct st_weights *w)
+{
+	return w->name;
+}
+
+int st_weights_config(const struct st_weights *w, struct st_gpt2_config *out)
+{
+	if (!w->have_config)
+		return st_error_set(-ENOENT, "%s: no config.json beside it", w->path);
+	*out = w->gc;
+	return 0;
+}
+
+/* llm.c's kind g and layer of a Hugging Face name, and its element offset
+ * in the file (header included), or -EINVAL. */
+static int llmc_locate(const struct st_weights *w, const char *name, int *g_out,
+		       uint64_t *off_out)
+{
+	uint64_t off = ST_LLMC_HEADER_INTS * sizeof(int32_t) / w->esize;
+	const char *suffix = name;
+	int layer = 0, len = 0, g;
+
+	if (sscanf(name, "h.%d.%n", &layer, &len) == 1 && len > 0)
+		suffix = name + len;
+	for (g = 0; g < ST_LLMC_KINDS; g++) {
+		if (strcmp(st_llmc_kinds[g].suffix, suffix) == 0 &&
+		    st_llmc_kinds[g].per_layer == (len > 0))
+			break;
+		off += st_llmc_kind_elems(&w->gc, w->vp, g) *
+		       (st_llmc_kinds[g].per_layer ? (uint64_t)w->gc.n_layer : 1);
+	}
+	if (g == ST_LLMC_KINDS || layer < 0 || layer >= w->gc.n_layer)
+		return st_error_set(-EINVAL, "%s: tensor %s is missing", w->path, name);
+	*g_out = g;
+	*off_out = off + (uint64_t)layer * st_llmc_kind_elems(&w->gc, w->vp, g);
+	return 0;
+}
+
+/* The llm.c file's shape of kind g in Hugging Face's layout. */
+static void llmc_shape(const struct st_weights *w, int g, int *ndim, uint64_t shape[2])
+{
+	uint64_t C = (uint64_t)w->gc.n_embd;
+
+	*ndim = 2;
+	shape[1] = C;
+	if (g == 0) {
+		shape[0] = (uint64_t)w->gc.vocab_size; /* the padding rows are not the model's */
+	} else if (g == 1) {
+		shape[0] = (uint64_t)w->gc.n_positions;
+	} else if (st_llmc_kinds[g].cc) { /* (in, out) */
+		shape[0] = st_llmc_kinds[g].in * C;
+		shape[1] = st_llmc_kinds[g].cc * C / st_llmc_kinds[g].in;
+	} else {
+		*ndim = 1;
+		shape[0] = st_llmc_kinds[g].c * C;
+		shape[1] = 1;
+	}
+}
+
+/* The safetensors entry for name, or NULL. */
+static const struct st_sf_info *sf_find(const struct st_weights *w, const char *name)
+{
+	const struct st_safetensors *sf = st_ckpt_reader_file(w->r);
+	const struct st_sf_info *info = st_safetensors_find(sf, name);
+	char alt[256];
+
+	if (!info) {
+		snprintf(alt, sizeof(alt), "transformer.%s", name);
+		info = st_safetensors_find(sf, alt);
+	}
+	return info;
+}
+
+int st_weights_check(struct st_weights *w, const char *name, int ndim, const uint64_t *shape)
+{
+	uint64_t have[2] = { 0, 1 };
+	int have_ndim;
+
+	if (!w->r) {
+		int g;
+		uint64_t off;
+		int ret = llmc_locate(w, name, &g, &off);
+
+		if (ret < 0)
+			return ret;
+		llmc_shape(w, g, &have_ndim, have);
+	} else {
+		const struct st_sf_info *info = sf_find(w, name);
+
+		if (!info)
+			return st_error_set(-EINVAL, "%s: tensor %s is missing", w->path, name);
+		if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 &&
+		    info->dtype != ST_SF_F16)
+			return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", w->path,
+					    name, st_sf_dtype_name(info->dtype));
+		have_ndim = info->ndim;
+		have[0] = info->ndim > 0 ? info->shape[0] : 1;
+		have[1] = info->ndim > 1 ? info->shape[1] : 1;
+	}
+	if (have_ndim != ndim || have[0] != shape[0] || (ndim == 2 && have[1] != shape[1]))
+		return st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for the model",
+				    w->path, name);
+	return 0;
+}
+
+int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint64_t *shape,
+		    float *out)
+{
+	uint64_t n = shape[0] * (ndim == 2 ? shape[1] : 1);
+	const struct st_sf_info *info = NULL;
+	float *tmp = NULL;
+	void *raw = NULL;
+	unsigned esize;
+	int ret = st_weights_check(w, name, ndim, shape);
+
+	if (ret < 0)
+		return ret;
+	if (w->r) {
+		info = sf_find(w, name);
+		if (info->dtype == ST_SF_F32)
+			return st_ckpt_reader_pread(w->r, info, 0, out, n * sizeof(float));
+		esize = 2;
+	} else {
+		esize = w->esize;
+	}
+	raw = malloc(n * esize);
+	if (!raw)
+		return st_error_set(-ENOMEM, "out of memory");
+	if (w->r) {
+		ret = st_ckpt_reader_pread(w->r, info, 0, raw, n * esize);
+	} else {
+		int g;
+		uint64_t off;
+
+		llmc_locate(w, name, &g, &off);
+		if (st_llmc_kinds[g].transpose && !(tmp = malloc(n * sizeof(float))))
+			ret = st_error_set(-ENOMEM, "out of memory");
+		if (ret == 0)
+			ret = st_file_pread_full(w->fd, raw, n * esize, off * esize, w->path);
+	}
+	for (uint64_t k = 0; ret == 0 && k < n; k++) {
+		float *dst = tmp ? tmp : out;
+
+		if (esize == 4)
+			dst[k] = ((const float *)raw)[k];
+		else if (info && info->dtype == ST_SF_F16)
+			dst[k] = st_f32_from_f16(((const uint16_t *)raw)[k]);
+		else
+			dst[k] = st_f32_from_bf16(((const uint16_t *)raw)[k]);
+	}
+	if (ret == 0 && tmp) /* llm.c's (out, in) = (shape[1], shape[0]) */
+		st_llmc_transpose(out, tmp, shape[1], shape[0]);
+	free(raw);
+	free(tmp);
+	return ret;
+}
