@@ -41,8 +41,11 @@ static struct st_weights *open_ckpt(const char *path, struct st_model_config *mc
 
 static void load_ckpt(struct st_trainer *t, struct st_weights *w)
 {
-	if (st_trainer_load_weights(t, w) < 0)
-		st_cli_die(2, "%s", st_error_last());
+	int ret = st_trainer_load_weights(t, w);
+
+	if (ret < 0) /* as open_ckpt(): bad input 2, the system's failure 1 */
+		st_cli_die(ret == -ENOENT || ret == -EINVAL || ret == -ENOTDIR ? 2 : 1, "%s",
+			   st_error_last());
 	st_weights_close(w);
 }
 
@@ -101,12 +104,12 @@ static int sample(float *logits, int V, double temp, int top_k, uint64_t *rng)
 static void gen_usage(FILE *f)
 {
 	fprintf(f,
-"usage: strata generate --ckpt DIR [--prompt TEXT] [--tokens N] [--temperature X]\n"
+"usage: strata generate --ckpt PATH [--prompt TEXT] [--tokens N] [--temperature X]\n"
 "                       [--top-k K] [--seed N] [--threads N]\n"
 "\n"
 "Continue TEXT with a byte-level (vocab 256) model and print the result.\n"
 "--ckpt: a strata checkpoint (a --save DIR or one step-N in it), a Hugging Face\n"
-"GPT-2 directory or an llm.c model file.\n"
+"GPT-2 directory or model.safetensors (config.json beside it), an llm.c model file.\n"
 "  --tokens N        bytes to generate (default 200)\n"
 "  --temperature X   0 is greedy (default 0.8)\n"
 "  --top-k K         sample among the K likeliest, 0 for all (default 40)\n");
@@ -148,7 +151,7 @@ static int cmd_generate(int argc, char **argv)
 	if (optind < argc)
 		st_cli_die(2, "generate: unexpected argument %s", argv[optind]);
 	if (!ckpt)
-		st_cli_die(2, "generate: --ckpt DIR is required");
+		st_cli_die(2, "generate: --ckpt PATH is required");
 	if (!*prompt)
 		st_cli_die(2, "generate: --prompt must not be empty");
 	st_train_config_default(&cfg);
@@ -219,7 +222,7 @@ static int cmd_eval(int argc, char **argv)
 			bf16 = strcmp(optarg, "bf16") == 0;
 			break;
 		case 'h':
-			printf("usage: strata eval --ckpt DIR --data FILE [--batch B] [--seq T] [--batches N]\n"
+			printf("usage: strata eval --ckpt PATH --data FILE [--batch B] [--seq T] [--batches N]\n"
 			       "                   [--precision bf16|fp32] [--threads N]\n"
 			       "\nMean cross-entropy of the model over FILE, read in order\n"
 			       "(llm.c's contiguous windows). Defaults: B=4, T=min(ctx,256), as many\n"
@@ -227,8 +230,8 @@ static int cmd_eval(int argc, char **argv)
 			       "forward reads, the master weights rounded to bf16 as in training\n"
 			       "(default) or as they are (fp32, as llm.c's train_gpt2.c reads an\n"
 			       "export --format llmc). --ckpt: a strata checkpoint (a --save DIR\n"
-			       "or one step-N in it), a Hugging Face GPT-2 directory or an llm.c\n"
-			       "model file.\n");
+			       "or one step-N in it), a Hugging Face GPT-2 directory or\n"
+			       "model.safetensors (config.json beside it), an llm.c model file.\n");
 			return 0;
 		default: st_cli_die(2, "eval: unknown or incomplete option %s (see strata eval --help)",
 			     argv[optind - 1]);
@@ -237,7 +240,7 @@ static int cmd_eval(int argc, char **argv)
 	if (optind < argc)
 		st_cli_die(2, "eval: unexpected argument %s", argv[optind]);
 	if (!ckpt || !data)
-		st_cli_die(2, "eval: --ckpt DIR and --data FILE are required");
+		st_cli_die(2, "eval: --ckpt PATH and --data FILE are required");
 	st_train_config_default(&cfg);
 	w = open_ckpt(ckpt, &cfg.model);
 	if (T == 0)

@@ -74,6 +74,13 @@ static bool exists_in(const char *dir, const char *name)
 	return yes;
 }
 
+/* transformers' names for GELU's tanh form, the one strata computes. */
+static bool tanh_gelu(const char *name)
+{
+	return strcmp(name, "gelu_new") == 0 || strcmp(name, "gelu_pytorch_tanh") == 0 ||
+	       strcmp(name, "gelu_fast") == 0;
+}
+
 /* A Hugging Face config.json's fields that make another model than the
  * GPT-2 strata computes: refused. */
 static int check_hf_config(const char *path)
@@ -88,9 +95,9 @@ static int check_hf_config(const char *path)
 		ret = st_error_set(-EINVAL, "%s: an untied head (tie_word_embeddings false) is "
 				   "not GPT-2 as strata trains it", path);
 	else if (json_object_object_get_ex(root, "activation_function", &v) &&
-		 strcmp(json_object_get_string(v), "gelu_new") != 0)
+		 (!json_object_is_type(v, json_type_string) || !tanh_gelu(json_object_get_string(v))))
 		ret = st_error_set(-EINVAL, "%s: activation_function %s; strata's GPT-2 uses "
-				   "gelu_new", path, json_object_get_string(v));
+				   "GELU's tanh form (gelu_new)", path, json_object_to_json_string(v));
 	else if (json_object_object_get_ex(root, "layer_norm_epsilon", &v) &&
 		 json_object_get_double(v) != 1e-5)
 		ret = st_error_set(-EINVAL, "%s: layer_norm_epsilon %g; strata's GPT-2 uses 1e-05",
@@ -125,6 +132,9 @@ static int llmc_open(struct st_weights *w, const char *path, uint64_t bytes)
 	w->have_config = true;
 	w->vp = (uint64_t)h[7];
 	w->esize = h[1] == ST_LLMC_MODEL_F32 ? 4 : 2;
+	if (h[6] > 65536 || h[4] > 4096) /* far past any GPT-2; keeps the sums below in range */
+		return st_error_set(-EINVAL, "%s: llm.c header: %d layers of dim %d", path, h[4],
+				    h[6]);
 	for (int g = 0; g < ST_LLMC_KINDS; g++)
 		elems += st_llmc_kind_elems(&w->gc, w->vp, g) *
 			 (st_llmc_kinds[g].per_layer ? (uint64_t)w->gc.n_layer : 1);
@@ -147,24 +157,34 @@ static int open_file(struct st_weights *w, const char *path)
 		return ret;
 	if (bytes >= sizeof(magic))
 		ret = st_file_pread_full(w->fd, &magic, sizeof(magic), 0, path);
-	if (ret == 0 && magic == ST_LLMC_MODEL_MAGIC)
-		return llmc_open(w, path, bytes);
+	if (ret == 0 && magic == ST_LLMC_MODEL_MAGIC) {
+		char msg[512];
+
+		ret = llmc_open(w, path, bytes);
+		if (ret != -EINVAL)
+			return ret;
+		/* a safetensors header of exactly that length starts alike */
+		snprintf(msg, sizeof(msg), "%s", st_error_last());
+		w->have_config = false;
+		if (st_ckpt_reader_open(&w->r, path) < 0)
+			return st_error_set(ret, "%s", msg); /* the llm.c reading's */
+		ret = 0;
+	} else {
+		ret = ret < 0 ? ret : st_ckpt_reader_open(&w->r, path);
+	}
 	close(w->fd);
 	w->fd = -1;
 	if (ret < 0)
 		return ret;
-	ret = st_ckpt_reader_open(&w->r, path);
-	if (ret < 0)
-		return ret;
+	/* the config.json beside it, when it is a GPT-2 one (a file given by
+	 * name may sit next to anything) */
 	copy = strdup(path);
 	cfg = copy ? join(dirname(copy), ST_CKPT_CONFIG_FILE) : NULL;
 	if (!cfg)
 		ret = st_error_set(-ENOMEM, "out of memory");
-	else if (access(cfg, F_OK) == 0)
+	else if (access(cfg, F_OK) == 0 && st_gpt2_config_read(cfg, &w->gc) == 0) {
+		w->have_config = true;
 		ret = check_hf_config(cfg);
-	if (ret == 0 && cfg && access(cfg, F_OK) == 0) {
-		ret = st_gpt2_config_read(cfg, &w->gc);
-		w->have_config = ret == 0;
 	}
 	free(copy);
 	free(cfg);
@@ -180,6 +200,14 @@ static int open_dir(struct st_weights *w, const char *path)
 	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && exists_in(path, ST_CKPT_OPTIM_FILE))
 		return st_error_set(-EINVAL, "%s: a strata checkpoint without its %s (damaged)",
 				    path, ST_CKPT_TRAINER_FILE);
+	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && !exists_in(path, ST_CKPT_CONFIG_FILE) &&
+	    exists_in(path, ST_CKPT_MODEL_FILE)) { /* its model.safetensors alone */
+		char *file = join(path, ST_CKPT_MODEL_FILE);
+
+		w->name = strdup(path);
+		w->path = file;
+		return file && w->name ? open_file(w, file) : st_error_set(-ENOMEM, "out of memory");
+	}
 	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && exists_in(path, ST_CKPT_CONFIG_FILE) &&
 	    exists_in(path, ST_CKPT_MODEL_FILE)) {
 		dir = strdup(path); /* Hugging Face's: nothing to verify */
@@ -196,7 +224,14 @@ static int open_dir(struct st_weights *w, const char *path)
 		if (ret == 0)
 			ret = st_ckpt_trainer_read(p, &tr);
 		free(p);
-		if (ret == 0) {
+		if (ret == 0) { /* what is read here: the weights and the config */
+			size_t k = 0;
+
+			for (size_t i = 0; i < tr.n_files; i++)
+				if (strcmp(tr.files[i].name, ST_CKPT_MODEL_FILE) == 0 ||
+				    strcmp(tr.files[i].name, ST_CKPT_CONFIG_FILE) == 0)
+					tr.files[k++] = tr.files[i];
+			tr.n_files = k;
 			ret = st_ckpt_verify(dir, &tr);
 			st_ckpt_trainer_fini(&tr);
 		}

@@ -142,8 +142,15 @@ if [ -z "$a" ] || [ "$a" != "$b" ] || [ "$a" != "$c" ]; then
 else
 	echo "ok   --init from model.safetensors, the llm.c file and the checkpoint directory: the same steps"
 fi
-quiet_refusals=0 check init-other-model 2 "$strata" train --model layers=1,dim=96,heads=3,vocab=300,ctx=64 \
-	--seq 32 --data "$data" --steps 1 --init "$work/o/m.bin"
+for src in "$work/o/m.bin" "$work/o/hf" "$work/o/hf/model.safetensors"; do # its config says 2 layers
+	quiet_refusals=0 check "init-other-model ${src#$work/}" 2 "$strata" train \
+		--model layers=1,dim=96,heads=3,vocab=300,ctx=64 --seq 32 --data "$data" --steps 1 --init "$src"
+	grep -q "not the model --model gives" "$work/err" || { echo "FAIL: not refused as another model"; fail=1; }
+done
+# a directory with model.safetensors alone: its tensors' shapes are what is checked
+mkdir "$work/bare" && cp "$work/o/hf/model.safetensors" "$work/bare/"
+d=$(tr2 i4 "$work/bare")
+[ "$d" = "$a" ] || { echo "FAIL --init from a directory with model.safetensors alone"; fail=1; }
 
 # strata reads the exports: the same losses as the checkpoint
 ev() { "$strata" eval --data "$data" --batch 2 --seq 32 --batches 3 "$@" 2>&1; }

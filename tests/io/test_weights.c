@@ -1,4 +1,4 @@
-/* strata/weights.h: a tiny GPT-2 (1 layer, dim 4, 2 heads, vocab 5, ctx 3)
+/* strata/weights.h: a tiny GPT-2 (2 layers, dim 4, 2 heads, vocab 130, ctx 3)
  * with a distinct value in every element, written here as a Hugging Face
  * directory (F32, then BF16 with "transformer." names), a bare
  * model.safetensors, and an llm.c model file laid out by this test's own
@@ -22,12 +22,12 @@
 #include "strata/optim.h" /* st_bf16_from_f32, st_f32_from_bf16 */
 #include "strata/weights.h"
 
-#define L 1
+#define L 2
 #define C 4
 #define NH 2
-#define V 5
+#define V 130
 #define T 3
-#define VP 128 /* V rounded up to llm.c's multiple */
+#define VP 256 /* V rounded up to llm.c's multiple: 126 zero rows */
 
 /* The model's tensors in Hugging Face's names and layout. */
 struct tensor {
@@ -36,7 +36,7 @@ struct tensor {
 	uint64_t shape[2];
 	float *data;
 };
-static struct tensor tensors[16];
+static struct tensor tensors[32];
 static int n_tensors;
 static char dir[64];
 
@@ -51,8 +51,8 @@ static void add(const char *name, int ndim, uint64_t r, uint64_t c)
 	t->shape[1] = ndim == 2 ? c : 1;
 	t->data = malloc(n * sizeof(float));
 	assert_non_null(t->data);
-	for (uint64_t k = 0; k < n; k++) /* distinct in a tensor, exact in bf16 (7 bits) */
-		t->data[k] = (float)((k % 2 ? -1 : 1) * (int)(k + 1)) *
+	for (uint64_t k = 0; k < n; k++) /* distinct in a tensor, exact in bf16 (8 bits) */
+		t->data[k] = (float)((k % 2 ? -1 : 1) * (int)(k % 256 + 1)) *
 			     (float)(1 << (n_tensors % 8)) / 64.0f;
 	n_tensors++;
 }
@@ -73,18 +73,27 @@ static int setup(void **state)
 		return -1;
 	add("wte.weight", 2, V, C);
 	add("wpe.weight", 2, T, C);
-	add("h.0.ln_1.weight", 1, C, 1);
-	add("h.0.ln_1.bias", 1, C, 1);
-	add("h.0.attn.c_attn.weight", 2, C, 3 * C);
-	add("h.0.attn.c_attn.bias", 1, 3 * C, 1);
-	add("h.0.attn.c_proj.weight", 2, C, C);
-	add("h.0.attn.c_proj.bias", 1, C, 1);
-	add("h.0.ln_2.weight", 1, C, 1);
-	add("h.0.ln_2.bias", 1, C, 1);
-	add("h.0.mlp.c_fc.weight", 2, C, 4 * C);
-	add("h.0.mlp.c_fc.bias", 1, 4 * C, 1);
-	add("h.0.mlp.c_proj.weight", 2, 4 * C, C);
-	add("h.0.mlp.c_proj.bias", 1, C, 1);
+	for (int l = 0; l < L; l++) {
+		char n[48];
+#define ADD(suffix, ndim, r, c)                                          \
+	do {                                                             \
+		snprintf(n, sizeof(n), "h.%d.%s", l, suffix);            \
+		add(n, ndim, r, c);                                      \
+	} while (0)
+		ADD("ln_1.weight", 1, C, 1);
+		ADD("ln_1.bias", 1, C, 1);
+		ADD("attn.c_attn.weight", 2, C, 3 * C);
+		ADD("attn.c_attn.bias", 1, 3 * C, 1);
+		ADD("attn.c_proj.weight", 2, C, C);
+		ADD("attn.c_proj.bias", 1, C, 1);
+		ADD("ln_2.weight", 1, C, 1);
+		ADD("ln_2.bias", 1, C, 1);
+		ADD("mlp.c_fc.weight", 2, C, 4 * C);
+		ADD("mlp.c_fc.bias", 1, 4 * C, 1);
+		ADD("mlp.c_proj.weight", 2, 4 * C, C);
+		ADD("mlp.c_proj.bias", 1, C, 1);
+#undef ADD
+	}
 	add("ln_f.weight", 1, C, 1);
 	add("ln_f.bias", 1, C, 1);
 	return 0;
@@ -110,9 +119,9 @@ static void path_in(char *p, size_t n, const char *sub, const char *name)
  * sub/config.json (plus extra fields). */
 static void write_hf(const char *sub, bool bf16, const char *prefix, const char *extra)
 {
-	struct st_sf_tensor st[16];
-	char names[16][96], p[256];
-	uint16_t *h[16] = { 0 };
+	struct st_sf_tensor st[32];
+	char names[32][96], p[256];
+	uint16_t *h[32] = { 0 };
 	struct st_gpt2_config gc = { .n_embd = C, .n_layer = L, .n_head = NH, .vocab_size = V,
 				     .n_positions = T };
 
@@ -205,7 +214,7 @@ static void test_refusals(void **state)
 	assert_int_equal(st_weights_check(w, "h.0.attn.c_attn.weight", 2, shape), 0);
 	assert_int_equal(st_weights_read(w, "h.0.attn.c_attn.weight", 2, wrong, buf), -EINVAL);
 	assert_non_null(strstr(st_error_last(), "wrong shape"));
-	assert_int_equal(st_weights_check(w, "h.1.ln_1.weight", 1, shape), -EINVAL);
+	assert_int_equal(st_weights_check(w, "h.2.ln_1.weight", 1, shape), -EINVAL);
 	assert_non_null(strstr(st_error_last(), "missing"));
 	st_weights_close(w);
 	/* another model by its config */
@@ -216,6 +225,34 @@ static void test_refusals(void **state)
 	write_hf("relu", false, "", "\"activation_function\": \"relu\"");
 	path_in(p, sizeof(p), "relu", "");
 	assert_int_equal(st_weights_open(p, &w), -EINVAL);
+	write_hf("null", false, "", "\"activation_function\": null");
+	path_in(p, sizeof(p), "null", "");
+	assert_int_equal(st_weights_open(p, &w), -EINVAL);
+	write_hf("tanh", false, "", "\"activation_function\": \"gelu_pytorch_tanh\"");
+	path_in(p, sizeof(p), "tanh", "");
+	assert_int_equal(st_weights_open(p, &w), 0); /* the same function */
+	st_weights_close(w);
+	/* a file given by name next to a config.json of something else: the
+	 * config is not this model's, so there is none */
+	write_hf("other", false, "", "");
+	path_in(p, sizeof(p), "other", "config.json");
+	{
+		FILE *f = fopen(p, "w");
+
+		assert_non_null(f);
+		fputs("{\"model_type\": \"bert\"}\n", f);
+		fclose(f);
+	}
+	path_in(p, sizeof(p), "other", "model.safetensors");
+	assert_int_equal(st_weights_open(p, &w), 0);
+	assert_int_equal(st_weights_config(w, &gc), -ENOENT);
+	st_weights_close(w);
+	/* a directory with model.safetensors alone */
+	path_in(p, sizeof(p), "bare", "");
+	assert_int_equal(st_weights_open(p, &w), 0);
+	assert_int_equal(st_weights_config(w, &gc), -ENOENT);
+	check_all(w);
+	st_weights_close(w);
 	path_in(p, sizeof(p), "nothere", "");
 	assert_int_equal(st_weights_open(p, &w), -ENOENT);
 }
@@ -238,32 +275,36 @@ static void write_llmc(const char *name, int version, long cut)
 	f = fopen(p, "wb");
 	assert_non_null(f);
 	fwrite(h, sizeof(h), 1, f);
-	for (int g = 0; g < 16; g++) {
-		bool matrix = g == 4 || g == 6 || g == 10 || g == 12; /* Conv1D (in, out) */
-		struct tensor *t;
-		uint64_t R, K;
+	for (int g = 0; g < 16; g++)
+		for (int l = 0; l < (g >= 2 && g < 14 ? L : 1); l++) {
+			bool matrix = g == 4 || g == 6 || g == 10 || g == 12; /* Conv1D (in, out) */
+			struct tensor *t;
+			uint64_t R, K;
 
-		snprintf(full, sizeof(full), "%s%s", g >= 2 && g < 14 ? "h.0." : "", order[g]);
-		t = find(full);
-		assert_non_null(t);
-		R = t->shape[0];
-		K = t->shape[1];
-		for (uint64_t i = 0; i < (matrix ? K : g == 0 ? VP : R); i++)
-			for (uint64_t j = 0; j < (matrix ? R : K); j++) {
-				/* llm.c's row i of a matrix is Conv1D's column i;
-				 * wte's rows from V on are zero */
-				float x = matrix ? t->data[j * K + i]
-				       : i < R ? t->data[i * K + j] : 0.0f;
+			if (g >= 2 && g < 14)
+				snprintf(full, sizeof(full), "h.%d.%s", l, order[g]);
+			else
+				snprintf(full, sizeof(full), "%s", order[g]);
+			t = find(full);
+			assert_non_null(t);
+			R = t->shape[0];
+			K = t->shape[1];
+			for (uint64_t i = 0; i < (matrix ? K : g == 0 ? VP : R); i++)
+				for (uint64_t j = 0; j < (matrix ? R : K); j++) {
+					/* llm.c's row i of a matrix is Conv1D's column i;
+					 * wte's rows from V on are zero */
+					float x = matrix ? t->data[j * K + i]
+					       : i < R ? t->data[i * K + j] : 0.0f;
 
-				if (version == 3) {
-					fwrite(&x, sizeof(x), 1, f);
-				} else {
-					uint16_t b = st_bf16_from_f32(x);
+					if (version == 3) {
+						fwrite(&x, sizeof(x), 1, f);
+					} else {
+						uint16_t b = st_bf16_from_f32(x);
 
-					fwrite(&b, sizeof(b), 1, f);
+						fwrite(&b, sizeof(b), 1, f);
+					}
 				}
-			}
-	}
+		}
 	fclose(f);
 	if (cut)
 		assert_int_equal(truncate(p, cut), 0);
@@ -299,12 +340,41 @@ static void test_llmc(void **state)
 	assert_int_equal(st_weights_open(p, &w), -EINVAL);
 }
 
+/* A safetensors file whose header is exactly llm.c's magic long starts
+ * with the same four bytes: it is read as safetensors. */
+static void test_magic_lookalike(void **state)
+{
+	const char *json = "{\"ln_f.bias\":{\"dtype\":\"F32\",\"shape\":[4],"
+			   "\"data_offsets\":[0,16]}}";
+	uint64_t len = ST_LLMC_MODEL_MAGIC, shape[1] = { 4 };
+	float data[4] = { 1, -2, 3, -4 }, got[4];
+	struct st_weights *w;
+	char p[256];
+	FILE *f;
+
+	(void)state;
+	path_in(p, sizeof(p), "", "lookalike.safetensors");
+	f = fopen(p, "wb");
+	assert_non_null(f);
+	fwrite(&len, sizeof(len), 1, f);
+	fputs(json, f);
+	for (uint64_t i = strlen(json); i < len; i++)
+		fputc(' ', f);
+	fwrite(data, sizeof(data), 1, f);
+	fclose(f);
+	assert_int_equal(st_weights_open(p, &w), 0);
+	assert_int_equal(st_weights_read(w, "ln_f.bias", 1, shape, got), 0);
+	assert_memory_equal(got, data, sizeof(data));
+	st_weights_close(w);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hf_dir),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_llmc),
+		cmocka_unit_test(test_magic_lookalike),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
