@@ -1,9 +1,11 @@
 /* strata: a GPT-2's weights from any source strata reads (`strata train
  * --init`, `eval` and `generate --ckpt`, `export --ckpt`):
  *   - a strata checkpoint: DIR/step-N, or a --save DIR (what --resume DIR
- *     takes), checked against its trainer.json (sizes, XXH64) first;
- *   - a Hugging Face GPT-2 directory (config.json + model.safetensors), or
- *     a model.safetensors file (with the config.json beside it, if any);
+ *     takes), its model.safetensors and config.json checked against its
+ *     trainer.json (sizes, XXH64) first (the optimizer state is not read);
+ *   - a Hugging Face GPT-2 directory (config.json + model.safetensors, or
+ *     model.safetensors alone), or a model.safetensors file (with the
+ *     config.json beside it when that is a GPT-2 config);
  *   - an llm.c model file (train_gpt2.py's format, version 3 or 5).
  * Tensors come out one at a time, by their Hugging Face name
  * ("h.3.attn.c_attn.weight"; a "transformer." prefix in the file is
@@ -26,8 +28,8 @@
 
 struct st_weights;
 
-/* Open path (one of the sources above). A strata checkpoint is verified
- * (st_ckpt_verify()) before anything is read from it. *out goes back with
+/* Open path (one of the sources above). A strata checkpoint's files that
+ * are read are verified (st_ckpt_verify()) first. *out goes back with
  * st_weights_close(). */
 int st_weights_open(const char *path, struct st_weights **out);
 void st_weights_close(struct st_weights *w);
