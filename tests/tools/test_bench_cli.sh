@@ -39,6 +39,8 @@ for tool in "$@"; do
 		   check "torch-ref bench --batch 0" 2 "$tool" bench --batch 0
 		   check "torch-ref bench --model bogus" 2 "$tool" bench --model bogus
 		   check "torch-ref bench --against on cuda" 2 "$tool" bench --device cuda --against /bin/true ;;
+	startup-bench) check "startup-bench --strata missing" 2 "$tool" --strata /nonexistent
+		       check "startup-bench --rounds 0" 2 "$tool" --rounds 0 ;;
 	esac
 done
 rm -f /tmp/bench-cli-err.$$
