@@ -38,6 +38,11 @@ void st_cli_die(int code, const char *fmt, ...)
 	exit(code);
 }
 
+int st_cli_input_exit(int err)
+{
+	return err == -ENOENT || err == -ENOTDIR || err == -EINVAL ? 2 : 1;
+}
+
 long st_cli_long(const char *flag, const char *s, long lo, long hi)
 {
 	char *end;

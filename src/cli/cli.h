@@ -17,6 +17,10 @@ _Noreturn void st_cli_die(int code, const char *fmt, ...) ST_PRINTF(2, 3);
 /* fn(code) runs in st_cli_die() before it exits; one at a time, NULL for
  * none. */
 void st_cli_at_die(void (*fn)(int code));
+/* The exit code for a failure to read input the user named: 2 when it is
+ * bad input (-ENOENT, -ENOTDIR: missing; -EINVAL: malformed, damaged, of
+ * another model), 1 when the system failed (any other -errno). */
+int st_cli_input_exit(int err);
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);

@@ -140,7 +140,7 @@ static void block_signals(bool block)
 
 static void die_read(int ret)
 {
-	st_cli_die(ret == -EINVAL ? 2 : 1, "%s", st_error_last());
+	st_cli_die(st_cli_input_exit(ret), "%s", st_error_last());
 }
 
 /* Every tensor of the model in the checkpoint's order, from the model's
@@ -445,9 +445,8 @@ int st_cli_export(int argc, char **argv)
 	c = st_weights_open(ckpt, &w);
 	if (c == 0)
 		c = st_weights_config(w, &gc);
-	if (c < 0) /* bad input: missing, malformed, damaged; else the system's */
-		st_cli_die(c == -ENOENT || c == -EINVAL || c == -ENOTDIR ? 2 : 1, "--ckpt %s: %s",
-			   ckpt, st_error_last());
+	if (c < 0)
+		st_cli_die(st_cli_input_exit(c), "--ckpt %s: %s", ckpt, st_error_last());
 	st_cli_at_die(undo);
 	catch_signals();
 	params = strcmp(format, "hf") == 0 ? export_hf(w, &gc, out, bf16)

@@ -31,8 +31,7 @@ static struct st_weights *open_ckpt(const char *path, struct st_model_config *mc
 	if (ret == 0)
 		ret = st_weights_config(w, &gc);
 	if (ret < 0)
-		st_cli_die(ret == -ENOENT || ret == -EINVAL || ret == -ENOTDIR ? 2 : 1,
-			   "--ckpt %s: %s", path, st_error_last());
+		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, st_error_last());
 	*mc = (struct st_model_config){ .n_layer = (int)gc.n_layer, .n_embd = (int)gc.n_embd,
 					.n_head = (int)gc.n_head, .vocab = (int)gc.vocab_size,
 					.ctx = (int)gc.n_positions };
@@ -43,9 +42,8 @@ static void load_ckpt(struct st_trainer *t, struct st_weights *w)
 {
 	int ret = st_trainer_load_weights(t, w);
 
-	if (ret < 0) /* as open_ckpt(): bad input 2, the system's failure 1 */
-		st_cli_die(ret == -ENOENT || ret == -EINVAL || ret == -ENOTDIR ? 2 : 1, "%s",
-			   st_error_last());
+	if (ret < 0)
+		st_cli_die(st_cli_input_exit(ret), "%s", st_error_last());
 	st_weights_close(w);
 }
 

@@ -438,8 +438,7 @@ int st_cli_train(int argc, char **argv)
 			ret = st_engine_load_weights(e, w);
 		st_weights_close(w);
 		if (ret < 0)
-			st_cli_die(ret == -ENOENT || ret == -EINVAL || ret == -ENOTDIR ? 2 : 1,
-				   "--init %s: %s", init, st_error_last());
+			st_cli_die(st_cli_input_exit(ret), "--init %s: %s", init, st_error_last());
 	}
 	if (resume) {
 		char *saved = NULL;
