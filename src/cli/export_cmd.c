@@ -36,11 +36,11 @@
 static void export_usage(FILE *f)
 {
 	fprintf(f,
-"usage: strata export --ckpt DIR --out PATH [--format hf|llmc] [--dtype fp32|bf16]\n"
+"usage: strata export --ckpt SRC --out PATH [--format hf|llmc] [--dtype fp32|bf16]\n"
 "\n"
 "Write a model's weights for other programs: a checkpoint's fp32 master\n"
 "weights P, or the weights of a Hugging Face GPT-2 directory or an llm.c model\n"
-"file. DIR is a --save directory (its latest checkpoint), one step-N in it,\n"
+"file. SRC is a --save directory (its latest checkpoint), one step-N in it,\n"
 "any directory with config.json and a GPT-2 model.safetensors, or an llm.c\n"
 "model file (version 3 or 5, e.g. gpt2_124M.bin). A strata checkpoint is\n"
 "verified first (sizes and XXH64). PATH must not exist; it appears whole or\n"
@@ -433,7 +433,7 @@ int st_cli_export(int argc, char **argv)
 	if (optind < argc)
 		st_cli_die(2, "export: unexpected argument %s", argv[optind]);
 	if (!ckpt || !out[0])
-		st_cli_die(2, "export: --ckpt DIR and --out PATH are required");
+		st_cli_die(2, "export: --ckpt SRC and --out PATH are required");
 	if (strcmp(format, "hf") != 0 && strcmp(format, "llmc") != 0)
 		st_cli_die(2, "--format %s: expected hf or llmc", format);
 	if (strcmp(dtype, "fp32") != 0 && strcmp(dtype, "bf16") != 0)

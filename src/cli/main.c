@@ -107,7 +107,8 @@ static void gen_usage(FILE *f)
 "\n"
 "Continue TEXT with a byte-level (vocab 256) model and print the result.\n"
 "--ckpt: a strata checkpoint (a --save DIR or one step-N in it), a Hugging Face\n"
-"GPT-2 directory or model.safetensors (config.json beside it), an llm.c model file.\n"
+"GPT-2 directory or model.safetensors (config.json beside it), or an llm.c\n"
+"model file.\n"
 "  --tokens N        bytes to generate (default 200)\n"
 "  --temperature X   0 is greedy (default 0.8)\n"
 "  --top-k K         sample among the K likeliest, 0 for all (default 40)\n");
