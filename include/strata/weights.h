@@ -38,6 +38,10 @@ void st_weights_close(struct st_weights *w);
  * take, the directory, the file. Borrowed. */
 const char *st_weights_name(const struct st_weights *w);
 
+/* What it is: "strata checkpoint", "Hugging Face safetensors", "llm.c model
+ * file, version 3 (fp32)" or "... version 5 (bf16)". Static. */
+const char *st_weights_format(const struct st_weights *w);
+
 /* The model: 0 and *out, or -ENOENT for a model.safetensors file with no
  * config.json beside it. */
 int st_weights_config(const struct st_weights *w, struct st_gpt2_config *out);

@@ -10,8 +10,10 @@
 #include "strata/ckpt.h"
 #include "strata/device.h"
 #include "strata/io.h"
+#include "strata/model.h"
 #include "strata/optim.h"
 #include "strata/tier.h"
+#include "strata/weights.h"
 #ifdef ST_HAVE_CUDA
 #include "strata/cuda_ops.h"
 #endif
@@ -21,6 +23,7 @@
 #include <getopt.h>
 #include <json-c/json.h>
 #include <liburing.h>
+#include <math.h>
 #include <mntent.h>
 #include <omp.h>
 #include <sched.h>
@@ -38,7 +41,7 @@ static void info_usage(FILE *f)
 {
 	fprintf(f,
 "usage: strata info [--nvme DIR[,DIR...]] [--json]\n"
-"       strata info --ckpt DIR [--verify] [--json]\n"
+"       strata info --ckpt PATH [--verify] [--json]\n"
 "\n"
 "What strata finds on this machine: the build, the CPU and the AdamW kernel it\n"
 "picks, memory, huge pages, the locked-memory limit (the host tier's pinned\n"
@@ -50,8 +53,11 @@ static void info_usage(FILE *f)
 "\n"
 "With --ckpt, a checkpoint directory instead (a --save DIR or one step-N in\n"
 "it): the checkpoint --resume DIR would take, with its step, model, training\n"
-"config and files, and every step-N directory there.\n"
-"  --verify             check each listed checkpoint's files: size and XXH64\n"
+"config and files, and every step-N directory there. Other weights (a Hugging\n"
+"Face GPT-2 directory or model.safetensors, an llm.c model file): what they\n"
+"are, the model, and whether every tensor of it is there with its shape.\n"
+"  --verify             check each listed checkpoint's files: size and XXH64;\n"
+"                       other weights: read every tensor, every value finite\n"
 "\n"
 "  --json               the same as one JSON object\n"
 "  -h, --help\n"
@@ -576,6 +582,100 @@ static void ckpt_details(struct json_object *o, const char *dir, bool *bad)
 	json_object_object_add(o, "model", model);
 }
 
+/* Weights that are not a strata checkpoint (strata/weights.h: a Hugging
+ * Face directory or file, an llm.c model file): what they are, the model,
+ * every tensor of it there; --verify reads them all and counts values that
+ * are not finite. */
+static struct json_object *weights_json(const char *path, bool verify, bool *bad)
+{
+	struct json_object *o = json_object_new_object(), *model = json_object_new_object();
+	struct st_gpt2_config gc;
+	struct st_model *m = NULL;
+	struct st_weights *w;
+	int ret = st_weights_open(path, &w);
+
+	if (ret < 0)
+		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, st_error_last());
+	put_str(o, "path", path);
+	put_str(o, "format", st_weights_format(w));
+	ret = st_weights_config(w, &gc);
+	if (ret == -ENOENT) { /* a bare model.safetensors: no model to check it against */
+		put_str(model, "unknown", st_error_last());
+		json_object_object_add(o, "model", model);
+		st_weights_close(w);
+		return o;
+	}
+	if (ret == 0) {
+		struct st_model_config mc = { .n_layer = (int)gc.n_layer, .n_embd = (int)gc.n_embd,
+					      .n_head = (int)gc.n_head, .vocab = (int)gc.vocab_size,
+					      .ctx = (int)gc.n_positions };
+
+		put_int(model, "n_layer", gc.n_layer);
+		put_int(model, "n_embd", gc.n_embd);
+		put_int(model, "n_head", gc.n_head);
+		put_int(model, "vocab_size", gc.vocab_size);
+		put_int(model, "n_positions", gc.n_positions);
+		ret = st_model_create(&mc, &m);
+	}
+	if (ret == 0)
+		put_int(model, "params", (int64_t)st_model_param_count(m));
+	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+
+		for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+			uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
+			float *x;
+
+			ret = st_weights_check(w, tl->name, tl->ndim, shape);
+			if (ret < 0 || !verify)
+				continue;
+			x = malloc(tl->n_elems * sizeof(float));
+			if (!x)
+				st_cli_die(1, "out of memory");
+			ret = st_weights_read(w, tl->name, tl->ndim, shape, x);
+			for (uint64_t k = 0; ret == 0 && k < tl->n_elems; k++)
+				if (!isfinite(x[k]))
+					ret = st_error_set(-EINVAL, "%s: tensor %s has a value that is not "
+							   "finite at %llu", path, tl->name,
+							   (unsigned long long)k);
+			free(x);
+		}
+	}
+	if (ret < 0) {
+		put_str(model, "error", st_error_last());
+		*bad = true;
+	} else if (verify) {
+		put_bool(o, "ok", true);
+	}
+	json_object_object_add(o, "model", model);
+	st_model_destroy(m);
+	st_weights_close(w);
+	return o;
+}
+
+static void print_weights(struct json_object *o, bool verify)
+{
+	struct json_object *model = jobj(o, "model");
+
+	printf("weights %s (%s)\n", jstr(o, "path"), jstr(o, "format"));
+	if (jint(model, "n_layer") > 0)
+		printf("  model: GPT-2, %lld layers, dim %lld, %lld heads, vocab %lld, ctx %lld\n",
+		       (long long)jint(model, "n_layer"), (long long)jint(model, "n_embd"),
+		       (long long)jint(model, "n_head"), (long long)jint(model, "vocab_size"),
+		       (long long)jint(model, "n_positions"));
+	if (jstr(model, "unknown"))
+		printf("  model: unknown (%s)\n", jstr(model, "unknown"));
+	else if (jstr(model, "error"))
+		printf("  DAMAGED: %s\n", jstr(model, "error"));
+	else if (verify)
+		printf("  weights: %lld parameters; verified: every tensor read, every value "
+		       "finite\n", (long long)jint(model, "params"));
+	else
+		printf("  weights: %lld parameters, every tensor there with its shape\n",
+		       (long long)jint(model, "params"));
+}
+
 static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad)
 {
 	struct json_object *o = json_object_new_object(), *list;
@@ -590,8 +690,12 @@ static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad)
 	if (access(dir, F_OK) < 0)
 		st_cli_die(2, "--ckpt %s: %s", dir, strerror(errno));
 	ret = st_ckpt_resolve(dir, &chosen);
+	if (ret == -ENOENT || ret == -ENOTDIR) { /* not a checkpoint: other weights? */
+		json_object_put(o);
+		return weights_json(dir, verify, bad);
+	}
 	if (ret < 0)
-		st_cli_die(ret == -ENOENT || ret == -ENOTDIR ? 2 : 1, "--ckpt %s", st_error_last());
+		st_cli_die(1, "--ckpt %s", st_error_last());
 	put_str(o, "dir", dir);
 	put_str(o, "resume", chosen);
 	list = json_object_new_array();
@@ -771,6 +875,8 @@ int st_cli_info(int argc, char **argv)
 	if (json) {
 		puts(json_object_to_json_string_ext(out, JSON_C_TO_STRING_PRETTY |
 							   JSON_C_TO_STRING_NOSLASHESCAPE));
+	} else if (ckpt && jstr(out, "format")) {
+		print_weights(out, verify);
 	} else if (ckpt) {
 		print_ckpt(out, verify);
 	} else {

@@ -44,6 +44,7 @@ void st_llmc_transpose(float *dst, const float *src, uint64_t rows, uint64_t col
 }
 
 struct st_weights {
+	const char *format;        /* st_weights_format() */
 	char *name;                /* for messages */
 	char *path;                /* the file read: model.safetensors or llm.c's */
 	struct st_gpt2_config gc;
@@ -132,6 +133,8 @@ static int llmc_open(struct st_weights *w, const char *path, uint64_t bytes)
 	w->have_config = true;
 	w->vp = (uint64_t)h[7];
 	w->esize = h[1] == ST_LLMC_MODEL_F32 ? 4 : 2;
+	w->format = w->esize == 4 ? "llm.c model file, version 3 (fp32)"
+				  : "llm.c model file, version 5 (bf16)";
 	if (h[6] > 65536 || h[4] > 4096) /* far past any GPT-2; keeps the sums below in range */
 		return st_error_set(-EINVAL, "%s: llm.c header: %d layers of dim %d", path, h[4],
 				    h[6]);
@@ -176,6 +179,7 @@ static int open_file(struct st_weights *w, const char *path)
 	w->fd = -1;
 	if (ret < 0)
 		return ret;
+	w->format = "Hugging Face safetensors";
 	/* the config.json beside it, when it is a GPT-2 one (a file given by
 	 * name may sit next to anything) */
 	copy = strdup(path);
@@ -211,12 +215,14 @@ static int open_dir(struct st_weights *w, const char *path)
 	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && exists_in(path, ST_CKPT_CONFIG_FILE) &&
 	    exists_in(path, ST_CKPT_MODEL_FILE)) {
 		dir = strdup(path); /* Hugging Face's: nothing to verify */
+		w->format = "Hugging Face safetensors";
 		p = dir ? join(dir, ST_CKPT_CONFIG_FILE) : NULL;
 		ret = p ? check_hf_config(p) : st_error_set(-ENOMEM, "out of memory");
 		free(p);
 	} else {
 		struct st_ckpt_trainer tr;
 
+		w->format = "strata checkpoint";
 		ret = st_ckpt_resolve(path, &dir);
 		p = ret == 0 ? join(dir, ST_CKPT_TRAINER_FILE) : NULL;
 		if (ret == 0 && !p)
@@ -295,6 +301,11 @@ void st_weights_close(struct st_weights *w)
 const char *st_weights_name(const struct st_weights *w)
 {
 	return w->name;
+}
+
+const char *st_weights_format(const struct st_weights *w)
+{
+	return w->format;
 }
 
 int st_weights_config(const struct st_weights *w, struct st_gpt2_config *out)

@@ -4,7 +4,8 @@
 # system, free space, nothing left behind); a --save directory (what --resume
 # takes, every step-N, the model's parameters counted from the weights file's
 # header by a parser written here, the files as trainer.json lists them) and
-# --verify finding a changed byte and a truncated file; bad input.
+# --verify finding a changed byte and a truncated file; other weights (an
+# llm.c file, a Hugging Face directory, a bare file, a NaN); bad input.
 set -u
 strata=$1
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-info-test.XXXXXX")
@@ -141,6 +142,40 @@ assert c["model"] == {"n_layer": cfg["n_layer"], "n_embd": cfg["n_embd"], "n_hea
                       "tensors": len(hdr) - ("__metadata__" in hdr), "params": params}, c["model"]
 print("ok   ckpt-json matches trainer.json, config.json, the files and a header count")
 PY
+# other weights: an llm.c file and a Hugging Face directory made from the
+# checkpoint, a bare model.safetensors, a value that is not finite
+"$strata" export --ckpt "$work/ck" --out "$work/m.bin" --format llmc >/dev/null &&
+	"$strata" export --ckpt "$work/ck" --out "$work/hf" >/dev/null || fail=1
+check llmc-file 0 "$strata" info --ckpt "$work/m.bin" --json
+cp "$work/out" "$work/m.json"
+check hf-verify 0 "$strata" info --ckpt "$work/hf" --verify
+grep -q "Hugging Face safetensors" "$work/out" && grep -q "every value finite" "$work/out" ||
+	{ echo "FAIL hf-verify: output"; cat "$work/out"; fail=1; }
+python3 - "$work" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+m, c = json.load(open(f"{w}/m.json")), json.load(open(f"{w}/ck.json"))
+assert m["format"] == "llm.c model file, version 3 (fp32)", m
+assert m["model"] == {k: v for k, v in c["model"].items() if k != "tensors"}, (m, c["model"])
+print("ok   the llm.c file's model and parameter count are the checkpoint's")
+PY
+mkdir "$work/bare" && cp "$work/hf/model.safetensors" "$work/bare/"
+check bare 0 "$strata" info --ckpt "$work/bare"
+grep -q "model: unknown" "$work/out" || { echo "FAIL bare: output"; cat "$work/out"; fail=1; }
+python3 - "$work" <<'PY' || fail=1
+import sys
+import sftools
+w = sys.argv[1]
+t = sftools.read(f"{w}/hf/model.safetensors")
+dtype, shape, vals = t["h.1.mlp.c_fc.bias"]
+vals[7] = float("nan")
+t["h.1.mlp.c_fc.bias"] = (dtype, shape, vals)
+sftools.write(f"{w}/hf/model.safetensors", t)
+PY
+check hf-nan 0 "$strata" info --ckpt "$work/hf"
+check hf-nan-verify 1 "$strata" info --ckpt "$work/hf" --verify
+grep -q "DAMAGED: .*h.1.mlp.c_fc.bias has a value that is not finite at 7" "$work/out" ||
+	{ echo "FAIL hf-nan-verify: output"; cat "$work/out"; fail=1; }
 check ckpt-one 0 "$strata" info --ckpt "$work/ck/step-000002" --verify
 grep -q "verified: every file's size and XXH64 match" "$work/out" ||
 	{ echo "FAIL ckpt-one: not verified"; cat "$work/out"; fail=1; }
