@@ -654,16 +654,22 @@ static struct json_object *weights_json(const char *path, bool verify, bool *bad
 	return o;
 }
 
+/* "  model: GPT-2, 12 layers, dim 768, ..." from a model object. */
+static void print_model(struct json_object *model)
+{
+	printf("  model: GPT-2, %lld layers, dim %lld, %lld heads, vocab %lld, ctx %lld\n",
+	       (long long)jint(model, "n_layer"), (long long)jint(model, "n_embd"),
+	       (long long)jint(model, "n_head"), (long long)jint(model, "vocab_size"),
+	       (long long)jint(model, "n_positions"));
+}
+
 static void print_weights(struct json_object *o, bool verify)
 {
 	struct json_object *model = jobj(o, "model");
 
 	printf("weights %s (%s)\n", jstr(o, "path"), jstr(o, "format"));
 	if (jint(model, "n_layer") > 0)
-		printf("  model: GPT-2, %lld layers, dim %lld, %lld heads, vocab %lld, ctx %lld\n",
-		       (long long)jint(model, "n_layer"), (long long)jint(model, "n_embd"),
-		       (long long)jint(model, "n_head"), (long long)jint(model, "vocab_size"),
-		       (long long)jint(model, "n_positions"));
+		print_model(model);
 	if (jstr(model, "unknown"))
 		printf("  model: unknown (%s)\n", jstr(model, "unknown"));
 	else if (jstr(model, "error"))
@@ -771,10 +777,7 @@ static void print_ckpt(struct json_object *o, bool verify)
 		if (jstr(model, "error"))
 			printf("  model: %s\n", jstr(model, "error"));
 		else
-			printf("  model: GPT-2, %lld layers, dim %lld, %lld heads, vocab %lld, ctx %lld\n",
-			       (long long)jint(model, "n_layer"), (long long)jint(model, "n_embd"),
-			       (long long)jint(model, "n_head"), (long long)jint(model, "vocab_size"),
-			       (long long)jint(model, "n_positions"));
+			print_model(model);
 		if (jstr(model, "weights_error"))
 			printf("  weights: %s\n", jstr(model, "weights_error"));
 		else
