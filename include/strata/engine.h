@@ -35,6 +35,9 @@ struct st_engine_config {
 	struct st_fault_config nvme_fault; /* tests: fail the nvme tier */
 	uint64_t update_tile_elems;    /* tests: a smaller update tile (a
 					  multiple of 2048); 0 = the plan's */
+	const enum st_home *homes;     /* tests: the home of every (unit,
+					  state), as st_plan_input.homes;
+					  NULL = the planner's policy */
 };
 
 struct st_engine;

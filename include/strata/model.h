@@ -81,6 +81,14 @@ struct st_unit_layout {
 	const struct st_tensor_layout *tensors; /* borrowed from the model */
 	uint64_t param_elems; /* parameters in the unit (sum of n_elems) */
 	uint64_t elems;       /* flat buffer length, padding included */
+	/* -1, or the unit whose W this unit's fwd/bwd also read (passed as
+	 * `other`) and into whose gradient its bwd accumulates (`other_grad`):
+	 * GPT-2's tied head reads the embedding */
+	int reads_unit;
+	/* the engine keeps this unit's widened W and its dW on the device from
+	 * its forward to the end of its backward in each micro-batch (a unit
+	 * that another reads: GPT-2's embedding) */
+	bool resident;
 };
 
 struct st_model;
@@ -105,6 +113,10 @@ int st_model_unit_count(const struct st_model *m);
 /* Layout of unit u (0 <= u < count). Borrowed; lives as long as m. */
 const struct st_unit_layout *st_model_unit_layout(const struct st_model *m,
 						  int u);
+/* Bytes of unit u's output y at (B, T), which is unit u+1's input x and is
+ * kept as its activation checkpoint; 0 for the last unit (its output is the
+ * loss). */
+size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T);
 /* All parameters of the model (wte counted once). */
 uint64_t st_model_param_count(const struct st_model *m);
 /* Find a tensor by its Hugging Face name; returns 0 and sets *unit and

@@ -89,7 +89,51 @@ struct st_plan_input {
 	enum st_offload optim;        /* G,P,M,V: AUTO, HOST, NVME (NONE = HOST) */
 	int prefetch;                 /* k; 0 = as many as the budget allows (max U) */
 	struct st_plan_rates rates;
+	/* Optional: the home of every (unit, state), [units * ST_STATE_COUNT]
+	 * (W in any tier; G, P, M, V in host or nvme), instead of the policy:
+	 * the plan then only sizes the pools and checks the budgets. Tests
+	 * use it for split placements; params and optim are ignored. */
+	const enum st_home *homes;
 };
+
+/* The engine's pools, each listed once in the plan: the engine allocates
+ * `count` extents of `bytes` in `tier` for each, in list order, and finds
+ * them by id. Sizes live only in the planner (src/mem/plan.c). */
+enum st_pool_id {
+	ST_POOL_W_SLOT,       /* vram: k + 1 W slots (when W is streamed) */
+	ST_POOL_W_SLOT_RES,   /* vram: one slot for resident units larger than
+				 every other unit */
+	ST_POOL_W_STAGE,      /* host: a staging buffer per slot (W on nvme) */
+	ST_POOL_W_STAGE_RES,  /* host: the resident slot's */
+	ST_POOL_ACT,          /* vram: the activation checkpoints, U-1 of X */
+	ST_POOL_WF,           /* vram: W widened to fp32, units not resident */
+	ST_POOL_WF_RES,       /* vram: a resident unit's own (unit set) */
+	ST_POOL_DW,           /* vram: two dW, units not resident */
+	ST_POOL_DW_RES,       /* vram: a resident unit's own (unit set) */
+	ST_POOL_DACT,         /* vram: two activation gradients of X */
+	ST_POOL_WORK,         /* vram: the model's workspace */
+	ST_POOL_TOKENS,       /* vram: (B,T) int32 */
+	ST_POOL_TARGETS,      /* vram: (B,T) int32 */
+	ST_POOL_LANDING,      /* host: dW lands here, E*4 */
+	ST_POOL_GSTAGE,       /* host: G staging (G on nvme, grad_accum > 1) */
+	ST_POOL_UPD_W,        /* host: update staging for W, one per set (2) */
+	ST_POOL_UPD_F32,      /* host: for G, P, M, V, 4 per set (8) */
+	ST_POOL_KIND_COUNT
+};
+
+#define ST_PLAN_MAX_RESIDENT 8
+#define ST_PLAN_MAX_POOLS (ST_POOL_KIND_COUNT + 2 * ST_PLAN_MAX_RESIDENT)
+
+struct st_plan_pool {
+	enum st_pool_id id;
+	const char *name;   /* "W slot", static */
+	enum st_home tier;
+	uint64_t bytes;     /* each extent, a multiple of 4 KiB */
+	uint32_t count;     /* extents; pools of count 0 are not listed */
+	int unit;           /* the resident unit it serves, or -1 */
+};
+
+const char *st_pool_name(enum st_pool_id id);
 
 struct st_plan {
 	int units;
@@ -118,6 +162,10 @@ struct st_plan {
 	uint64_t act_each_bytes;               /* X = B*T*C*4, one checkpoint */
 	uint64_t work_bytes;                   /* max_u st_model_work_bytes, in scratch */
 	struct st_plan_rates rates;            /* the rates used, defaults filled in */
+	/* every pool once, in allocation order; total_bytes = home_bytes +
+	 * the pools of each tier */
+	struct st_plan_pool *pools;
+	int n_pools;
 };
 
 /* Make the plan. Returns 0; -ENOSPC when a budget cannot work, with one

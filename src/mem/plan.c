@@ -29,27 +29,34 @@
 
 /* What the pools are made of; fixed by the model and the batch. */
 struct st_shape {
+	const struct st_model *model;
 	int units, accum;
 	uint64_t wb;           /* bytes per W element: 2 or 4 */
-	uint64_t e_max, e0;    /* E, E0: elements */
-	uint64_t e1;           /* the largest unit after the embedding */
-	uint64_t e_sum;        /* sum of e_u */
-	uint64_t x_bytes;      /* X = B*T*C*4 */
+	uint64_t *elems;       /* [units] e_u */
+	bool *resident;        /* [units] kept on the device for a micro-batch */
+	int n_resident;
+	uint64_t e_max;        /* E */
+	uint64_t e_reg;        /* the largest unit that is not resident */
+	uint64_t e_res;        /* the largest resident unit */
+	uint64_t x_bytes;      /* X: the largest unit output (a checkpoint) */
+	uint64_t bt_bytes;     /* B*T*4: tokens or targets */
 	uint64_t work_bytes;   /* max_u st_model_work_bytes */
 	uint64_t act_bytes;    /* rounded activation checkpoint pool */
-	uint64_t scratch_bytes;
+	enum st_home *homes;   /* [units * ST_STATE_COUNT] scratch for a placement */
 };
 
 /* One placement: W's home and G, P, M, V's home. */
 struct st_cand {
 	enum st_home w, o;
+	const enum st_home *explicit_homes; /* the input's, when it gives them */
 };
 
-/* Pools of one placement at one prefetch depth. */
+/* Pools of one placement at one prefetch depth: the list the engine
+ * allocates, and the totals the budgets are held to. */
 struct st_pools {
 	uint64_t home[ST_HOME_COUNT];
-	uint64_t w_slots, w_slot_bytes, embed_slot_bytes;
-	uint64_t w_staging, grad_landing, update_staging;
+	struct st_plan_pool list[ST_PLAN_MAX_POOLS];
+	int n;
 	uint64_t total[ST_HOME_COUNT];
 };
 
@@ -72,37 +79,140 @@ static uint64_t st_pg(uint64_t bytes)
 	return st_align_up(bytes, ST_PAGE_BYTES);
 }
 
-static void st_pools_compute(const struct st_shape *sh, struct st_cand c, int k,
+static const struct {
+	const char *name;
+	enum st_home tier;
+} st_pool_kinds[ST_POOL_KIND_COUNT] = {
+	[ST_POOL_W_SLOT] = { "W slot", ST_HOME_VRAM },
+	[ST_POOL_W_SLOT_RES] = { "W slot (resident)", ST_HOME_VRAM },
+	[ST_POOL_W_STAGE] = { "W staging", ST_HOME_HOST },
+	[ST_POOL_W_STAGE_RES] = { "W staging (resident)", ST_HOME_HOST },
+	[ST_POOL_ACT] = { "checkpoints", ST_HOME_VRAM },
+	[ST_POOL_WF] = { "W fp32", ST_HOME_VRAM },
+	[ST_POOL_WF_RES] = { "W fp32 (resident)", ST_HOME_VRAM },
+	[ST_POOL_DW] = { "dW", ST_HOME_VRAM },
+	[ST_POOL_DW_RES] = { "dW (resident)", ST_HOME_VRAM },
+	[ST_POOL_DACT] = { "activation grad", ST_HOME_VRAM },
+	[ST_POOL_WORK] = { "workspace", ST_HOME_VRAM },
+	[ST_POOL_TOKENS] = { "tokens", ST_HOME_VRAM },
+	[ST_POOL_TARGETS] = { "targets", ST_HOME_VRAM },
+	[ST_POOL_LANDING] = { "grad landing", ST_HOME_HOST },
+	[ST_POOL_GSTAGE] = { "grad staging", ST_HOME_HOST },
+	[ST_POOL_UPD_W] = { "update staging W", ST_HOME_HOST },
+	[ST_POOL_UPD_F32] = { "update staging G,P,M,V", ST_HOME_HOST },
+};
+
+const char *st_pool_name(enum st_pool_id id)
+{
+	return (unsigned)id < ST_POOL_KIND_COUNT ? st_pool_kinds[id].name : "?";
+}
+
+static void st_pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
+			uint32_t count, int unit)
+{
+	struct st_plan_pool *x;
+
+	if (!count)
+		return;
+	x = &p->list[p->n++];
+	*x = (struct st_plan_pool){ .id = id, .name = st_pool_kinds[id].name,
+				    .tier = st_pool_kinds[id].tier, .bytes = st_pg(bytes),
+				    .count = count, .unit = unit };
+	p->total[x->tier] += x->bytes * count;
+}
+
+static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st_state s0,
+		   enum st_state s1, enum st_home h, bool equal)
+{
+	for (int u = 0; u < sh->units; u++)
+		for (int s = s0; s <= (int)s1; s++)
+			if ((homes[u * ST_STATE_COUNT + s] == h) == equal)
+				return true;
+	return false;
+}
+
+/* The pools of placement `homes` (per unit and state) at prefetch k, in
+ * the order the engine allocates them. This is the one place that knows
+ * a pool's size. */
+static void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int k,
 			     struct st_pools *p)
 {
-	bool streamed = c.w != ST_HOME_VRAM;
-	uint64_t w_all = sh->e_sum * sh->wb, o_all = sh->e_sum * 4 * 4;
+	bool streamed = st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_VRAM, false);
+	bool w_nvme = st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_NVME, true);
+	bool g_nvme = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_NVME, true);
+	bool upd = st_any(sh, homes, ST_STATE_G, ST_STATE_V, ST_HOME_NVME, true) ||
+		   st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_HOST, false);
+	/* A resident unit larger than every other (GPT-2's embedding with its
+	 * vocabulary) gets a slot of its own, so the k + 1 slots need only fit
+	 * the rest: it is fetched once per micro-batch and kept widened. */
+	bool res_slot = streamed && sh->e_res > sh->e_reg;
+	uint64_t slot_bytes = (res_slot ? sh->e_reg : sh->e_max) * sh->wb;
+	uint64_t et = ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
 
 	memset(p, 0, sizeof(*p));
-	p->home[c.w] += w_all;
-	p->home[c.o] += o_all;
-	if (streamed) {
-		/* An embedding larger than every other unit (GPT-2's vocabulary)
-		 * gets one slot of its own, so the k + 1 slots need only fit the
-		 * rest: it is fetched once per micro-batch and kept widened. */
-		bool embed_slot = sh->e0 > sh->e1;
+	for (int u = 0; u < sh->units; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			p->home[homes[u * ST_STATE_COUNT + s]] +=
+				sh->elems[u] * (s == ST_STATE_W ? sh->wb : 4);
+	for (int t = 0; t < ST_HOME_COUNT; t++)
+		p->total[t] = p->home[t];
+	st_pool_add(p, ST_POOL_W_SLOT, slot_bytes, streamed ? (uint32_t)k + 1 : 0, -1);
+	st_pool_add(p, ST_POOL_W_SLOT_RES, sh->e_res * sh->wb, res_slot, -1);
+	/* one host staging buffer per slot */
+	st_pool_add(p, ST_POOL_W_STAGE, slot_bytes, streamed && w_nvme ? (uint32_t)k + 1 : 0, -1);
+	st_pool_add(p, ST_POOL_W_STAGE_RES, sh->e_res * sh->wb, res_slot && w_nvme, -1);
+	if (sh->units > 1)
+		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
+	/* W widened to fp32 and dW (two: one is computed while the other is
+	 * copied out) for the units that are not resident; each resident unit
+	 * has its own for the micro-batch, so a large vocabulary is not paid
+	 * for five times. dA and dB: the activation gradient in and out. */
+	st_pool_add(p, ST_POOL_WF, sh->e_reg * 4, 1, -1);
+	for (int u = 0; u < sh->units; u++)
+		if (sh->resident[u])
+			st_pool_add(p, ST_POOL_WF_RES, sh->elems[u] * 4, 1, u);
+	st_pool_add(p, ST_POOL_DW, sh->e_reg * 4, 2, -1);
+	for (int u = 0; u < sh->units; u++)
+		if (sh->resident[u])
+			st_pool_add(p, ST_POOL_DW_RES, sh->elems[u] * 4, 1, u);
+	st_pool_add(p, ST_POOL_DACT, sh->x_bytes, 2, -1);
+	st_pool_add(p, ST_POOL_WORK, sh->work_bytes ? sh->work_bytes : 1, 1, -1);
+	st_pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
+	st_pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
+	st_pool_add(p, ST_POOL_LANDING, sh->e_max * 4, 1, -1);
+	st_pool_add(p, ST_POOL_GSTAGE, sh->e_max * 4, g_nvme && sh->accum > 1, -1);
+	/* the update sweep goes tile by tile, two sets of staging in turn */
+	st_pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd ? 2 : 0, -1);
+	st_pool_add(p, ST_POOL_UPD_F32, et * 4, upd ? 2 * 4 : 0, -1);
+}
 
-		p->w_slots = (uint64_t)k + 1;
-		p->w_slot_bytes = st_pg((embed_slot ? sh->e1 : sh->e_max) * sh->wb);
-		p->embed_slot_bytes = embed_slot ? st_pg(sh->e0 * sh->wb) : 0;
-	}
-	if (c.w == ST_HOME_NVME) /* one host staging buffer per slot */
-		p->w_staging = p->w_slots * p->w_slot_bytes + p->embed_slot_bytes;
-	p->grad_landing = st_pg(sh->e_max * 4 *
-				(c.o == ST_HOME_NVME && sh->accum > 1 ? 2 : 1));
-	if (c.o == ST_HOME_NVME || c.w != ST_HOME_HOST)
-		p->update_staging = st_pg(2 * ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS) *
-					   (16 + sh->wb));
-	p->total[ST_HOME_VRAM] = p->home[ST_HOME_VRAM] + p->w_slots * p->w_slot_bytes +
-				 p->embed_slot_bytes + sh->act_bytes + sh->scratch_bytes;
-	p->total[ST_HOME_HOST] = p->home[ST_HOME_HOST] + p->w_staging + p->grad_landing +
-				 p->update_staging;
-	p->total[ST_HOME_NVME] = p->home[ST_HOME_NVME];
+static uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < p->n; i++)
+		if (p->list[i].id >= a && p->list[i].id <= b)
+			n += p->list[i].bytes * p->list[i].count;
+	return n;
+}
+
+static const struct st_plan_pool *st_pools_find(const struct st_pools *p, enum st_pool_id id)
+{
+	for (int i = 0; i < p->n; i++)
+		if (p->list[i].id == id)
+			return &p->list[i];
+	return NULL;
+}
+
+/* The homes of a uniform placement. */
+static const enum st_home *st_cand_homes(const struct st_shape *sh, struct st_cand c)
+{
+	if (c.explicit_homes)
+		return c.explicit_homes;
+	for (int u = 0; u < sh->units; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			sh->homes[u * ST_STATE_COUNT + s] = s == ST_STATE_W ? c.w : c.o;
+	return sh->homes;
 }
 
 static bool st_fits(const struct st_pools *p, const uint64_t *budget, int skip)
@@ -113,39 +223,58 @@ static bool st_fits(const struct st_pools *p, const uint64_t *budget, int skip)
 	return true;
 }
 
+/* Bytes of unit u's output at (B, T): the next unit's input, kept as its
+ * activation checkpoint. */
+static uint64_t st_out_bytes(const struct st_model *m, int u, int B, int T)
+{
+	return st_model_act_bytes(m, u, B, T);
+}
+
+static void st_shape_fini(struct st_shape *sh)
+{
+	free(sh->elems);
+	free(sh->resident);
+	free(sh->homes);
+}
+
 static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 {
 	const struct st_model *m = in->model;
-	const struct st_model_config *cfg = st_model_config(m);
-	uint64_t bt_bytes;
 
 	memset(sh, 0, sizeof(*sh));
+	sh->model = m;
 	sh->units = st_model_unit_count(m);
 	sh->accum = in->grad_accum;
 	sh->wb = in->bf16 ? 2 : 4;
+	sh->elems = calloc((size_t)sh->units, sizeof(*sh->elems));
+	sh->resident = calloc((size_t)sh->units, sizeof(*sh->resident));
+	sh->homes = calloc((size_t)sh->units * ST_STATE_COUNT, sizeof(*sh->homes));
+	if (!sh->elems || !sh->resident || !sh->homes) {
+		st_shape_fini(sh);
+		return st_error_set(-ENOMEM, "plan: out of memory");
+	}
 	for (int u = 0; u < sh->units; u++) {
 		const struct st_unit_layout *l = st_model_unit_layout(m, u);
 		size_t work = st_model_work_bytes(m, u, in->batch, in->seq);
 
-		sh->e_sum += l->elems;
+		sh->elems[u] = l->elems;
+		sh->resident[u] = l->resident;
+		sh->n_resident += l->resident;
 		sh->e_max = ST_MAX(sh->e_max, l->elems);
-		if (u == 0)
-			sh->e0 = l->elems;
+		if (l->resident)
+			sh->e_res = ST_MAX(sh->e_res, l->elems);
 		else
-			sh->e1 = ST_MAX(sh->e1, l->elems);
+			sh->e_reg = ST_MAX(sh->e_reg, l->elems);
 		sh->work_bytes = ST_MAX(sh->work_bytes, (uint64_t)work);
+		sh->x_bytes = ST_MAX(sh->x_bytes, st_out_bytes(m, u, in->batch, in->seq));
 	}
-	sh->x_bytes = (uint64_t)in->batch * (uint64_t)in->seq * (uint64_t)cfg->n_embd * 4;
+	if (sh->n_resident > ST_PLAN_MAX_RESIDENT) {
+		st_shape_fini(sh);
+		return st_error_set(-EINVAL, "plan: %d resident units (at most %d)",
+				    sh->n_resident, ST_PLAN_MAX_RESIDENT);
+	}
 	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
-	/* wf, wf_embed (W widened to fp32), two dW (one is computed while the
-	 * other is copied out), dW_embed, dA and dB (the activation gradient
-	 * in and out), the model's workspace, tokens and targets (int32): each
-	 * its own extent, so each rounded. wf and dW serve the units after the
-	 * embedding (which has its own two), so a large vocabulary is not paid
-	 * for five times. */
-	bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
-	sh->scratch_bytes = 3 * st_pg(sh->e1 * 4) + 2 * st_pg(sh->e0 * 4) +
-			    2 * st_pg(sh->x_bytes) + st_pg(sh->work_bytes) + 2 * st_pg(bt_bytes);
+	sh->bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
 	return 0;
 }
 
@@ -198,6 +327,12 @@ static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 	enum st_home ws[3], os[2];
 	int nw = 0, no = 0, n = 0;
 
+	if (in->homes) {
+		c[0] = (struct st_cand){ .w = in->homes[ST_STATE_W], .o = in->homes[ST_STATE_G],
+					 .explicit_homes = in->homes };
+		return 1;
+	}
+
 	switch (in->params) {
 	case ST_OFFLOAD_NONE: ws[nw++] = ST_HOME_VRAM; break;
 	case ST_OFFLOAD_HOST: ws[nw++] = ST_HOME_HOST; break;
@@ -219,7 +354,7 @@ static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 	}
 	for (int i = 0; i < nw; i++)
 		for (int j = 0; j < no; j++)
-			c[n++] = (struct st_cand){ ws[i], os[j] };
+			c[n++] = (struct st_cand){ .w = ws[i], .o = os[j] };
 	return n;
 }
 
@@ -232,7 +367,7 @@ static uint64_t st_cond_min(const struct st_shape *sh, const struct st_cand *c, 
 	struct st_pools p;
 
 	for (int i = 0; i < n; i++) {
-		st_pools_compute(sh, c[i], k, &p);
+		st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
 		if (st_fits(&p, budget, t))
 			best = ST_MIN(best, p.total[t]);
 	}
@@ -283,7 +418,7 @@ static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n,
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		need = ST_PLAN_UNLIMITED;
 		for (int i = 0; i < n; i++) {
-			st_pools_compute(sh, c[i], k, &p);
+			st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
 			need = ST_MIN(need, p.total[t]);
 		}
 		if (need > budget[t])
@@ -295,7 +430,7 @@ static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n,
 	for (int i = 0; i < n; i++) {
 		int fail = 0;
 
-		st_pools_compute(sh, c[i], k, &p);
+		st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
 		for (int t = 0; t < ST_HOME_COUNT; t++)
 			fail += p.total[t] > budget[t];
 		if (fail < best_fail) {
@@ -303,7 +438,7 @@ static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n,
 			best_i = i;
 		}
 	}
-	st_pools_compute(sh, c[best_i], k, &p);
+	st_pools_compute(sh, st_cand_homes(sh, c[best_i]), k, &p);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		if (p.total[t] > budget[t])
 			return st_refuse(t, budget[t], p.total[t],
@@ -312,38 +447,45 @@ static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n,
 }
 
 static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
-		       struct st_cand c, struct st_plan *p)
+		       const enum st_home *homes, struct st_plan *p)
 {
 	const struct st_plan_rates *r = &p->rates;
 	uint64_t n = (uint64_t)sh->accum;
-	uint64_t w_all = sh->e_sum * sh->wb, g_all = sh->e_sum * 4;
 	double tokens = (double)in->batch * in->seq * (double)sh->accum;
 	double t[4];
 	static const char *names[] = { "compute", "copy", "nvme", "adam" };
 
-	/* W comes into a slot for the forward and again for the backward of
-	 * every block in every micro-batch; the embedding's once (widened in
-	 * the forward and kept for the head and its own backward) and the
-	 * head's once (its backward computes its forward and the loss). After
-	 * the update the new W goes to its home. */
-	int U = st_model_unit_count(in->model);
-	uint64_t e_head = st_model_unit_layout(in->model, U - 1)->elems;
-	uint64_t w_fetch = 2 * w_all - (sh->e0 + e_head) * sh->wb;
+	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
+	for (int u = 0; u < sh->units; u++) {
+		const enum st_home *h = &homes[u * ST_STATE_COUNT];
+		uint64_t w = sh->elems[u] * sh->wb, g = sh->elems[u] * 4;
+		/* W comes into a slot for the forward of every unit but the
+		 * last (whose backward computes its forward and the loss) and
+		 * for the backward of every unit but a resident one fetched in
+		 * the forward (kept widened), in every micro-batch. After the
+		 * update the new W goes to its home. */
+		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
 
-	p->h2d_bytes = (c.w != ST_HOME_VRAM ? n * w_fetch : 0) +
-		       (c.w == ST_HOME_VRAM ? w_all : 0);
-	p->d2h_bytes = n * g_all;
-	p->nvme_read_bytes = 0;
-	p->nvme_write_bytes = 0;
-	if (c.w == ST_HOME_NVME) {
-		p->nvme_read_bytes += n * w_fetch;
-		p->nvme_write_bytes += w_all;
-	}
-	if (c.o == ST_HOME_NVME) {
+		if (h[ST_STATE_W] == ST_HOME_VRAM)
+			p->h2d_bytes += w;
+		else
+			p->h2d_bytes += n * fetches * w;
+		if (h[ST_STATE_W] == ST_HOME_NVME) {
+			p->nvme_read_bytes += n * fetches * w;
+			p->nvme_write_bytes += w;
+		}
+		p->d2h_bytes += n * g;
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update; P, M, V read and written once. */
-		p->nvme_read_bytes += n * g_all + 3 * g_all;
-		p->nvme_write_bytes += n * g_all + 3 * g_all;
+		if (h[ST_STATE_G] == ST_HOME_NVME) {
+			p->nvme_read_bytes += n * g;
+			p->nvme_write_bytes += n * g;
+		}
+		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+			if (h[s] == ST_HOME_NVME) {
+				p->nvme_read_bytes += g;
+				p->nvme_write_bytes += g;
+			}
 	}
 	/* 4/3: the backward recomputes the forward (1/3 of fwd + bwd). */
 	t[0] = st_model_flops_per_token(in->model, in->seq) * tokens * 4.0 / 3.0 /
@@ -372,6 +514,8 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	struct st_cand cands[6], c;
 	struct st_pools pools;
 	uint64_t budget[ST_HOME_COUNT];
+	const enum st_home *homes;
+	const struct st_plan_pool *x;
 	struct st_plan p;
 	int n, k0, k, chosen = -1, ret;
 
@@ -380,9 +524,10 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		return ret;
 	memset(&p, 0, sizeof(p));
 	ret = st_rates_fill(&in->rates, &p.rates);
+	if (ret == 0)
+		ret = st_shape_init(in, &sh);
 	if (ret < 0)
 		return ret;
-	st_shape_init(in, &sh);
 	budget[ST_HOME_VRAM] = in->gpu_mem_bytes;
 	budget[ST_HOME_HOST] = in->host_mem_bytes;
 	budget[ST_HOME_NVME] = !in->have_nvme ? 0 :
@@ -390,21 +535,25 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	n = st_cands(in, cands);
 	k0 = in->prefetch > 0 ? in->prefetch : 1;
 	for (int i = 0; i < n && chosen < 0; i++) {
-		st_pools_compute(&sh, cands[i], k0, &pools);
+		st_pools_compute(&sh, st_cand_homes(&sh, cands[i]), k0, &pools);
 		if (st_fits(&pools, budget, -1))
 			chosen = i;
 	}
-	if (chosen < 0)
-		return st_explain(&sh, cands, n, k0, budget);
+	if (chosen < 0) {
+		ret = st_explain(&sh, cands, n, k0, budget);
+		st_shape_fini(&sh);
+		return ret;
+	}
 	c = cands[chosen];
 	k = k0;
 	if (in->prefetch == 0)
 		for (k = sh.units; k > 1; k--) {
-			st_pools_compute(&sh, c, k, &pools);
+			st_pools_compute(&sh, st_cand_homes(&sh, c), k, &pools);
 			if (st_fits(&pools, budget, -1))
 				break;
 		}
-	st_pools_compute(&sh, c, k, &pools);
+	homes = st_cand_homes(&sh, c);
+	st_pools_compute(&sh, homes, k, &pools);
 
 	p.units = sh.units;
 	p.prefetch = k;
@@ -412,30 +561,34 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.optim_home = c.o;
 	p.home = malloc(sizeof(*p.home) * (size_t)sh.units * ST_STATE_COUNT);
 	p.state_bytes = malloc(sizeof(*p.state_bytes) * (size_t)sh.units * ST_STATE_COUNT);
-	if (!p.home || !p.state_bytes) {
-		free(p.home);
-		free(p.state_bytes);
+	p.pools = malloc(sizeof(*p.pools) * (size_t)pools.n);
+	if (!p.home || !p.state_bytes || !p.pools) {
+		st_plan_fini(&p);
+		st_shape_fini(&sh);
 		return st_error_set(-ENOMEM, "plan: out of memory");
 	}
-	for (int u = 0; u < sh.units; u++) {
-		uint64_t e = st_model_unit_layout(in->model, u)->elems;
-
+	for (int u = 0; u < sh.units; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
-			p.home[u * ST_STATE_COUNT + s] = s == ST_STATE_W ? c.w : c.o;
-			p.state_bytes[u * ST_STATE_COUNT + s] = e * (s == ST_STATE_W ? sh.wb : 4);
+			p.home[u * ST_STATE_COUNT + s] = homes[u * ST_STATE_COUNT + s];
+			p.state_bytes[u * ST_STATE_COUNT + s] =
+				sh.elems[u] * (s == ST_STATE_W ? sh.wb : 4);
 		}
-	}
-	p.w_slot_bytes = pools.w_slot_bytes;
-	p.w_slots = pools.w_slots;
-	p.embed_slot = pools.embed_slot_bytes > 0;
-	p.embed_slot_bytes = pools.embed_slot_bytes;
-	p.act_bytes = sh.act_bytes;
+	memcpy(p.pools, pools.list, sizeof(*p.pools) * (size_t)pools.n);
+	p.n_pools = pools.n;
+	/* the summary `strata plan` prints, from the same list */
+	x = st_pools_find(&pools, ST_POOL_W_SLOT);
+	p.w_slots = x ? x->count : 0;
+	p.w_slot_bytes = x ? x->bytes : 0;
+	x = st_pools_find(&pools, ST_POOL_W_SLOT_RES);
+	p.embed_slot = x != NULL;
+	p.embed_slot_bytes = x ? x->bytes : 0;
+	p.act_bytes = st_pools_sum(&pools, ST_POOL_ACT, ST_POOL_ACT);
 	p.act_each_bytes = sh.x_bytes;
-	p.scratch_bytes = sh.scratch_bytes;
+	p.scratch_bytes = st_pools_sum(&pools, ST_POOL_WF, ST_POOL_TARGETS);
 	p.work_bytes = sh.work_bytes;
-	p.w_staging_bytes = pools.w_staging;
-	p.grad_landing_bytes = pools.grad_landing;
-	p.update_staging_bytes = pools.update_staging;
+	p.w_staging_bytes = st_pools_sum(&pools, ST_POOL_W_STAGE, ST_POOL_W_STAGE_RES);
+	p.grad_landing_bytes = st_pools_sum(&pools, ST_POOL_LANDING, ST_POOL_GSTAGE);
+	p.update_staging_bytes = st_pools_sum(&pools, ST_POOL_UPD_W, ST_POOL_UPD_F32);
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		p.home_bytes[t] = pools.home[t];
 		p.total_bytes[t] = pools.total[t];
@@ -444,7 +597,8 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	}
 	if (budget[ST_HOME_NVME] == ST_PLAN_UNLIMITED)
 		p.budget_bytes[ST_HOME_NVME] = pools.total[ST_HOME_NVME];
-	st_predict(in, &sh, c, &p);
+	st_predict(in, &sh, p.home, &p);
+	st_shape_fini(&sh);
 	*plan = p;
 	return 0;
 }
@@ -455,8 +609,11 @@ void st_plan_fini(struct st_plan *plan)
 		return;
 	free(plan->home);
 	free(plan->state_bytes);
+	free(plan->pools);
 	plan->home = NULL;
 	plan->state_bytes = NULL;
+	plan->pools = NULL;
+	plan->n_pools = 0;
 }
 
 /* --- output ------------------------------------------------------------------ */
@@ -670,6 +827,21 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "grad_landing_bytes", st_ju(p->grad_landing_bytes));
 	json_object_object_add(o, "update_staging_bytes", st_ju(p->update_staging_bytes));
 	json_object_object_add(root, "pools", o);
+	/* every pool the engine allocates, in its order */
+	arr = json_object_new_array();
+	for (int i = 0; i < p->n_pools; i++) {
+		const struct st_plan_pool *x = &p->pools[i];
+
+		o = json_object_new_object();
+		json_object_object_add(o, "name", json_object_new_string(x->name));
+		json_object_object_add(o, "tier", json_object_new_string(st_home_name(x->tier)));
+		json_object_object_add(o, "bytes", st_ju(x->bytes));
+		json_object_object_add(o, "count", json_object_new_int((int)x->count));
+		if (x->unit >= 0)
+			json_object_object_add(o, "unit", json_object_new_int(x->unit));
+		json_object_array_add(arr, o);
+	}
+	json_object_object_add(root, "pool_list", arr);
 
 	o = json_object_new_object();
 	for (int h = 0; h < ST_HOME_COUNT; h++) {

@@ -202,6 +202,8 @@ int st_model_create(const struct st_model_config *cfg, struct st_model **out)
 		struct st_unit_layout *ul = &m->units[u];
 		uint64_t off = 0;
 		ul->tensors = t;
+		ul->reads_unit = u == L + 1 ? 0 : -1; /* the tied head reads wte */
+		ul->resident = u == 0;
 		if (u == 0) {
 			ul->kind = ST_UNIT_EMBED;
 			ul->block = -1;
@@ -276,6 +278,12 @@ const struct st_unit_layout *st_model_unit_layout(const struct st_model *m,
 {
 	assert(u >= 0 && u < m->n_units);
 	return &m->units[u];
+}
+
+size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T)
+{
+	assert(u >= 0 && u < m->n_units);
+	return u == m->n_units - 1 ? 0 : (size_t)B * T * m->cfg.n_embd * sizeof(float);
 }
 
 uint64_t st_model_param_count(const struct st_model *m)

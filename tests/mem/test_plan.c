@@ -812,6 +812,100 @@ static void test_rates_from_bench(void **state)
 	}
 }
 
+/* The plan lists every pool once, and the totals are the homes plus the
+ * list; explicit per-(unit, state) homes are kept and size the pools. */
+static void expect_list(const struct st_plan *p)
+{
+	uint64_t sum[ST_HOME_COUNT] = { 0 };
+
+	for (int i = 0; i < p->n_pools; i++) {
+		const struct st_plan_pool *x = &p->pools[i];
+
+		assert_true(x->count > 0);
+		assert_int_equal(x->bytes % 4096, 0);
+		assert_string_equal(x->name, st_pool_name(x->id));
+		sum[x->tier] += x->bytes * x->count;
+		for (int j = 0; j < i; j++)
+			assert_false(p->pools[j].id == x->id && p->pools[j].unit == x->unit);
+	}
+	for (int t = 0; t < ST_HOME_COUNT; t++)
+		assert_int_equal(p->home_bytes[t] + sum[t], p->total_bytes[t]);
+}
+
+static const struct st_plan_pool *find_pool(const struct st_plan *p, enum st_pool_id id)
+{
+	for (int i = 0; i < p->n_pools; i++)
+		if (p->pools[i].id == id)
+			return &p->pools[i];
+	return NULL;
+}
+
+static void test_pool_list(void **state)
+{
+	struct st_plan_input in = input(tiny);
+	struct st_plan p;
+	enum st_home homes[64 * ST_STATE_COUNT];
+	int U = st_model_unit_count(tiny);
+	uint64_t want[ST_HOME_COUNT] = { 0 };
+
+	ST_UNUSED(state);
+	for (int w = ST_OFFLOAD_NONE; w <= ST_OFFLOAD_NVME; w++) {
+		in.params = (enum st_offload)w;
+		in.optim = w == ST_OFFLOAD_NVME ? ST_OFFLOAD_NVME : ST_OFFLOAD_HOST;
+		in.grad_accum = w == ST_OFFLOAD_NVME ? 2 : 1;
+		p = plan_ok(&in);
+		expect_list(&p);
+		/* GPT-2's embedding is resident: its own W fp32 and dW */
+		assert_non_null(find_pool(&p, ST_POOL_WF_RES));
+		assert_int_equal(find_pool(&p, ST_POOL_WF_RES)->unit, 0);
+		assert_int_equal(find_pool(&p, ST_POOL_DW_RES)->count, 1);
+		assert_int_equal(find_pool(&p, ST_POOL_DW)->count, 2);
+		assert_int_equal(find_pool(&p, ST_POOL_DACT)->count, 2);
+		assert_true((find_pool(&p, ST_POOL_W_SLOT) != NULL) == (w != ST_OFFLOAD_NONE));
+		assert_true((find_pool(&p, ST_POOL_W_STAGE) != NULL) == (w == ST_OFFLOAD_NVME));
+		assert_true((find_pool(&p, ST_POOL_GSTAGE) != NULL) == (w == ST_OFFLOAD_NVME));
+		st_plan_fini(&p);
+	}
+	/* split: W by unit in vram, host, nvme; G..V by unit and state */
+	assert_true(U <= 64);
+	for (int u = 0; u < U; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++) {
+			enum st_home h = s == ST_STATE_W ? (enum st_home)(u % 3)
+				       : (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
+			uint64_t e = st_model_unit_layout(tiny, u)->elems;
+
+			homes[u * ST_STATE_COUNT + s] = h;
+			want[h] += e * (s == ST_STATE_W ? 2 : 4);
+		}
+	in = input(tiny);
+	in.homes = homes;
+	in.grad_accum = 2;
+	p = plan_ok(&in);
+	expect_list(&p);
+	for (int u = 0; u < U; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			assert_int_equal(st_plan_home(&p, u, (enum st_state)s),
+					 homes[u * ST_STATE_COUNT + s]);
+	for (int t = 0; t < ST_HOME_COUNT; t++)
+		assert_int_equal(p.home_bytes[t], want[t]);
+	assert_non_null(find_pool(&p, ST_POOL_W_SLOT));
+	assert_non_null(find_pool(&p, ST_POOL_W_STAGE));
+	assert_non_null(find_pool(&p, ST_POOL_GSTAGE));
+	assert_non_null(find_pool(&p, ST_POOL_UPD_F32));
+	st_plan_fini(&p);
+	/* no W on nvme, G all in host: neither W staging nor G staging */
+	for (int u = 0; u < U; u++) {
+		homes[u * ST_STATE_COUNT + ST_STATE_W] = u % 2 ? ST_HOME_HOST : ST_HOME_VRAM;
+		homes[u * ST_STATE_COUNT + ST_STATE_G] = ST_HOME_HOST;
+	}
+	p = plan_ok(&in);
+	expect_list(&p);
+	assert_null(find_pool(&p, ST_POOL_W_STAGE));
+	assert_null(find_pool(&p, ST_POOL_GSTAGE));
+	assert_non_null(find_pool(&p, ST_POOL_W_SLOT));
+	st_plan_fini(&p);
+}
+
 static void test_bad_input(void **state)
 {
 	struct st_plan_input in;
@@ -857,6 +951,7 @@ int main(void)
 		cmocka_unit_test(test_traffic_hand_computed),
 		cmocka_unit_test(test_json),
 		cmocka_unit_test(test_rates_from_bench),
+		cmocka_unit_test(test_pool_list),
 		cmocka_unit_test(test_bad_input),
 	};
 

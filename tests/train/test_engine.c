@@ -219,6 +219,27 @@ static void test_placement_invariance(void **state)
 	train(&c, STEPS, &r);
 	same(&ref, &r, STEPS, "accum 2: vram vs nvme");
 	run_free(&r);
+	/* Split placements: each (unit, state) has its own home, as the plan
+	 * allows (st_plan_input.homes): W in vram, host and nvme by unit, and
+	 * G, P, M, V each in host or nvme by unit and state. */
+	for (int pattern = 0; pattern < 2; pattern++) {
+		enum st_home homes[4 * ST_STATE_COUNT];
+		char what[64];
+
+		for (int u = 0; u < 4; u++)
+			for (int s = 0; s < ST_STATE_COUNT; s++)
+				homes[u * ST_STATE_COUNT + s] =
+					s == ST_STATE_W ? (enum st_home)((u + pattern) % 3)
+					: (u + s + pattern) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
+		base_config(&c);
+		c.train.grad_accum = 2;
+		c.homes = homes;
+		c.prefetch = 1 + pattern;
+		train(&c, STEPS, &r);
+		snprintf(what, sizeof(what), "accum 2: split placement %d", pattern);
+		same(&ref, &r, STEPS, what);
+		run_free(&r);
+	}
 	run_free(&ref);
 }
 

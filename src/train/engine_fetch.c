@@ -1,0 +1,120 @@
+/* The W fetch pipeline: each unit's W from its home into a vram slot, up to
+ * k units ahead of the unit computing, then widened to fp32 on the compute.
+ *
+ * The sequence is the forward's units 0..U-2, then the backward's U-1..0
+ * without the resident units fetched in the forward (their widened W is
+ * kept for the micro-batch), per micro-batch. A fetch is a chain: nvme ->
+ * host staging -> vram slot, or host -> vram slot; a W whose home is vram
+ * needs none. The h2d hop waits on the device for the widen of the slot's
+ * previous W (ev_slot) and records ev_h2d, which the widen of this one
+ * waits for: the host never waits for the compute here. */
+#include "engine_internal.h"
+
+#include <errno.h>
+
+/* The event recorded after the last widen from slot i (a slot used for the
+ * first time has one never recorded, which is done). */
+static struct st_event *slot_widened(struct st_engine *e, int i)
+{
+	return e->ev_slot[2 * i + (e->slots[i].widens + 1) % 2];
+}
+
+/* A free slot for unit u: resident units take the resident slot when there
+ * is one, the others never do. -1 when none is free. */
+static int free_slot(struct st_engine *e, int u)
+{
+	bool res_slot = e->slots[e->nslots - 1].resident;
+
+	for (int i = 0; i < e->nslots; i++)
+		if (e->slots[i].seq < 0 && e->slots[i].pending == 0 &&
+		    (!res_slot || e->slots[i].resident == unit_resident(e, u)))
+			return i;
+	return -1;
+}
+
+static int fetch_start(struct st_engine *e, int u, int i)
+{
+	struct shard *w = shard(e, u, ST_STATE_W);
+	struct wslot *s = &e->slots[i];
+	struct hop hops[2];
+	int n = 0;
+	void *host = w->home == ST_HOME_NVME ? haddr(e, &s->stage) : haddr(e, &w->ext);
+
+	if (w->home == ST_HOME_NVME)
+		hops[n++] = st_eng_hop("W nvme->host", ST_HOME_NVME, ST_IO_READ, &w->ext, 0, host,
+				       w->ext.len_bytes);
+	hops[n] = st_eng_hop("W h2d", ST_HOME_VRAM, ST_IO_WRITE, &s->ext, 0, host,
+			     w->ext.len_bytes);
+	hops[n].after = slot_widened(e, i);
+	hops[n].done = e->ev_h2d[i];
+	n++;
+	s->ready = false;
+	s->len = w->ext.len_bytes;
+	return st_eng_chain_start(e, &s->fetch, hops, n, &s->pending, &s->ready);
+}
+
+static int issue_fetches(struct st_engine *e)
+{
+	while (e->issued < e->nseq && e->issued - e->consumed <= e->k) {
+		int u = e->seq[e->issued], slot, ret;
+
+		if (u >= e->w_ready)
+			return 0; /* its new W is still being written */
+		if (shard(e, u, ST_STATE_W)->home == ST_HOME_VRAM) {
+			e->issued++;
+			continue;
+		}
+		slot = free_slot(e, u);
+		if (slot < 0)
+			return 0;
+		e->slots[slot].seq = e->issued;
+		ret = fetch_start(e, u, slot);
+		if (ret < 0)
+			return ret;
+		e->issued++;
+	}
+	return 0;
+}
+
+/* Wait for the next unit of the sequence to have its W copy queued, then
+ * queue the widening of its W into dst, behind that copy on the device
+ * (ev_h2d). Its slot is free again once the copy is reaped: the next copy
+ * into it waits on the device for the widen (ev_slot). */
+int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
+{
+	struct shard *w = shard(e, u, ST_STATE_W);
+	int idx = e->consumed, ret, slot = -1;
+	const void *src;
+
+	if (e->seq[idx] != u)
+		return st_error_set(-EINVAL, "engine: fetch sequence out of order");
+	for (;;) {
+		ret = issue_fetches(e);
+		if (ret < 0)
+			return ret;
+		if (w->home == ST_HOME_VRAM)
+			break;
+		for (int i = 0; i < e->nslots; i++)
+			if (e->slots[i].seq == idx && e->slots[i].ready)
+				slot = i;
+		if (slot >= 0)
+			break;
+		ret = st_eng_pump(e, true);
+		if (ret < 0)
+			return ret;
+	}
+	src = w->home == ST_HOME_VRAM ? vaddr(e, &w->ext) : vaddr(e, &e->slots[slot].ext);
+	if (slot >= 0)
+		st_compute_wait(e->cx, e->ev_h2d[slot]);
+	if (e->Wb == 2)
+		st_compute_bf16_to_f32(e->cx, dst, src, e->elems[u]);
+	else
+		st_compute_copy(e->cx, dst, src, e->elems[u] * sizeof(float));
+	if (slot >= 0) {
+		st_compute_record(e->cx, e->ev_slot[2 * slot + e->slots[slot].widens % 2]);
+		e->slots[slot].widens++;
+		e->slots[slot].seq = -1;
+	}
+	e->consumed++;
+	return st_compute_take_error(e->cx);
+}

@@ -1,0 +1,91 @@
+/* The gradient gather: after bwd(u), unit u's dW goes to the host landing
+ * buffer (d2h, waiting on the device for the backward that wrote it), then
+ * joins G[u]: the first micro-batch copies, later ones add (through host
+ * staging when G lives on nvme). The final G's sum of squares is taken
+ * there, per unit; the step sums them in unit order. */
+#include "engine_internal.h"
+
+#include <string.h>
+
+static void add_into(float *dst, const float *src, size_t n)
+{
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < n; i++)
+		dst[i] += src[i];
+}
+
+/* dW of unit u (in vram in b, written by the backward that recorded
+ * b->ev_dw) starts for the host landing: the copy waits on the device. */
+int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
+{
+	uint64_t bytes = e->elems[u] * sizeof(float);
+	struct st_extent part = b->dw_ext;
+	struct hop h;
+	int ret = st_eng_wait_until(e, &e->land_busy); /* the previous unit's write */
+
+	if (ret < 0)
+		return ret;
+	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
+	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->landing, bytes);
+	h.after = b->ev_dw;
+	return st_eng_chain_start(e, &e->c_d2h, &h, 1, &e->land_busy, NULL);
+}
+
+static void final_sumsq(struct st_engine *e, int u, const float *g)
+{
+	if (st_grad_sumsq(g, ST_OPTIM_F32, e->elems[u], &e->unit_sumsq[u]) < 0)
+		e->nonfinite = true;
+}
+
+/* G on nvme: write the landing buffer (first micro-batch), or read G into
+ * staging, add, and write it back. */
+static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
+{
+	struct shard *g = shard(e, u, ST_STATE_G);
+	uint64_t bytes = e->elems[u] * sizeof(float);
+	struct hop h;
+	int ret;
+
+	if (mb == 0) {
+		if (last)
+			final_sumsq(e, u, e->landing);
+		h = st_eng_hop("G write", ST_HOME_NVME, ST_IO_WRITE, &g->ext, 0, e->landing, bytes);
+		return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->land_busy, NULL);
+	}
+	ret = st_eng_wait_until(e, &e->gstage_busy);
+	if (ret < 0)
+		return ret;
+	h = st_eng_hop("G read", ST_HOME_NVME, ST_IO_READ, &g->ext, 0, e->gstage, bytes);
+	ret = st_eng_chain_start(e, &e->c_gread, &h, 1, &e->gstage_busy, NULL);
+	if (ret == 0)
+		ret = st_eng_wait_until(e, &e->gstage_busy);
+	if (ret < 0)
+		return ret;
+	add_into(e->gstage, e->landing, e->elems[u]);
+	if (last)
+		final_sumsq(e, u, e->gstage);
+	h = st_eng_hop("G write", ST_HOME_NVME, ST_IO_WRITE, &g->ext, 0, e->gstage, bytes);
+	return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->gstage_busy, NULL);
+}
+
+/* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */
+int st_eng_grad_in(struct st_engine *e, int u, int mb)
+{
+	struct shard *g = shard(e, u, ST_STATE_G);
+	bool last = mb == e->cfg.train.grad_accum - 1;
+	int ret = st_eng_wait_until(e, &e->land_busy);
+	float *gp;
+
+	if (ret < 0)
+		return ret;
+	if (g->home != ST_HOME_HOST)
+		return grad_in_nvme(e, u, mb, last);
+	gp = haddr(e, &g->ext);
+	if (mb == 0)
+		memcpy(gp, e->landing, e->elems[u] * sizeof(float));
+	else
+		add_into(gp, e->landing, e->elems[u]);
+	if (last)
+		final_sumsq(e, u, gp);
+	return 0;
+}

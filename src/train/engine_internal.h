@@ -1,0 +1,211 @@
+/* The tiered engine's private state, shared by its files:
+ *   engine.c         create / destroy, the pools from the plan, accessors
+ *   engine_lanes.c   transfer chains (hops on the tiers), the pump that
+ *                    reaps them, each queue's busy time and the trace
+ *   engine_fetch.c   the W fetch pipeline (tier -> staging -> vram slot)
+ *   engine_grad.c    the gradient gather (dW -> host -> G)
+ *   engine_update.c  the update sweep (G, P, M, V -> AdamW -> homes)
+ *   engine_step.c    the step: micro-batches, forward, backward, clip
+ *   engine_state.c   state access between steps, stats
+ *   engine_ckpt.c    checkpoints (through the public API only)
+ * See engine_step.c for the step's orderings between the queues. */
+#ifndef STRATA_ENGINE_INTERNAL_H
+#define STRATA_ENGINE_INTERNAL_H
+
+#include "strata/engine.h"
+#include "strata/compute.h"
+#include "strata/device.h"
+#include "strata/optim.h"
+
+#include <stdbool.h>
+
+/* --- transfer chains ------------------------------------------------------------ */
+
+/* One hop of a transfer: a tier's read or write between an extent and a
+ * host buffer. On the vram tier a write is an h2d copy and a read a d2h
+ * copy, and the hop may wait for a device event (after) and record one
+ * when done. The lane (the queue whose busy time it counts) follows from
+ * the tier and the direction. */
+struct hop {
+	const char *name;        /* for the trace: "W nvme->host" */
+	enum st_home tier;
+	enum st_io_op rw;
+	struct st_extent ext;
+	uint64_t off_bytes, len_bytes;
+	void *buf;
+	struct st_event *after, *done; /* vram only */
+};
+
+#define ST_CHAIN_MAX_HOPS 4
+
+/* A chain of hops that run one after another: the next is submitted when
+ * the one before completes, so a W on nvme goes nvme -> staging -> vram
+ * without the pipelines seeing the middle. A new kind of transfer is a new
+ * list of hops, not a case in a switch. *busy counts the chains in flight
+ * on what they use (a slot, a landing buffer, a staging set): incremented
+ * when the chain starts, decremented when its last hop completes or any
+ * hop fails. *queued (optional) is set once the last hop is submitted:
+ * another queue may then wait for its done event. */
+struct chain {
+	struct hop hop[ST_CHAIN_MAX_HOPS];
+	int nhops, at;           /* hops, and the one in flight */
+	int *busy;
+	bool *queued;
+	/* the hop in flight */
+	uint64_t t0_ns;          /* submitted, or seen free of its wait */
+	struct st_event *waits;  /* the event it waits for, until seen done */
+	uint64_t vram_seq;       /* in flight on the vram tier: its submit number */
+};
+
+/* --- pools ------------------------------------------------------------------------ */
+
+struct shard {
+	enum st_home home;
+	struct st_extent ext;
+};
+
+struct wslot {
+	int seq;        /* position in the fetch sequence, -1 when free */
+	uint64_t len;   /* bytes of the unit being fetched */
+	int pending;    /* chains in flight into it */
+	bool ready;     /* its h2d is queued: the compute may wait for ev_h2d */
+	unsigned widens; /* W widened from it so far: picks the ev_slot pair's event */
+	bool resident;  /* kept for resident units (a larger slot), or not */
+	struct st_extent ext;   /* vram */
+	struct st_extent stage; /* host staging (W on nvme) */
+	struct chain fetch;
+};
+
+struct updset {
+	int reads, writes; /* chains in flight */
+	struct st_extent ext[ST_STATE_COUNT]; /* host staging for each state */
+	struct chain load[ST_STATE_COUNT], store[ST_STATE_COUNT];
+};
+
+struct lane_busy {
+	unsigned inflight;
+	uint64_t since_ns, busy_ns, bytes;
+	uint64_t requests; /* in the current busy interval */
+};
+
+/* A unit's device-side fp32 buffers: its widened W and its dW. Resident
+ * units have their own for the whole micro-batch; the others share two
+ * (wf one, dW two: one is computed while the other is copied out). */
+struct ubufs {
+	float *wf, *dw;
+	struct st_extent dw_ext;
+	struct st_event *ev_dw; /* recorded after the backward that wrote dw */
+};
+
+struct st_engine {
+	struct st_engine_config cfg;
+	struct st_model *model;
+	struct st_plan plan;
+	int U, k, Wb;
+	uint64_t *elems, E;
+	uint64_t tile;                /* update tile, elements */
+	struct st_device *dev;
+	struct st_compute *cx;        /* the model's ops on dev */
+	struct st_tier *tier[ST_HOME_COUNT];
+	struct shard *sh;             /* [U * ST_STATE_COUNT] */
+	struct st_extent *pool_ext;   /* [plan.n_pools][count]: see pool() */
+	int *pool_first;              /* [plan.n_pools]: index into pool_ext */
+
+	/* vram */
+	struct wslot *slots;
+	int nslots;
+	/* device events recorded by the compute after the widen from each W
+	 * slot (two per slot, in turn: a copy still waiting for one must not
+	 * see it recorded again); by the h2d queue after the copy into each
+	 * slot */
+	struct st_event **ev_slot, **ev_h2d;
+	float *acts;                  /* activation checkpoints, X floats each */
+	size_t X;                     /* floats of the largest unit output */
+	struct ubufs *ub;             /* [U] */
+	struct ubufs shared[2];       /* the non-resident units' dW in turn */
+	float *dA, *dB;               /* activation gradients */
+	void *work;
+	size_t work_bytes;
+	int32_t *tokens, *targets;    /* vram */
+	int32_t *tok_host, *tgt_host; /* drawn here, then copied to vram */
+
+	/* host */
+	float *landing, *gstage;
+	int land_busy, gstage_busy;   /* chains in flight on them */
+	struct chain c_d2h, c_gwrite, c_gread;
+	struct updset upd[2];
+
+	/* W fetch sequence */
+	int *seq, nseq, issued, consumed;
+	int w_ready;                  /* units whose W may be fetched */
+	struct st_cursor end_cur;     /* st_engine_step_end_cursor() */
+	bool fwd_ready;               /* the forward of the next step's first
+					 micro-batch ran in the update sweep */
+
+	struct chain **chains;        /* every chain, for the pump's scans */
+	int nchains;
+	int nwaiting;                 /* chains whose hop's wait is not seen over */
+	uint64_t vram_submits;
+	struct lane_busy lane[ST_LANE_COUNT];
+	double *unit_sumsq;
+	bool nonfinite;
+
+	int err;
+	char errmsg[512];
+	struct st_engine_stats last;
+	int trace_lane[ST_LANE_COUNT];
+};
+
+static inline struct shard *shard(struct st_engine *e, int u, enum st_state s)
+{
+	return &e->sh[u * ST_STATE_COUNT + s];
+}
+
+static inline void *haddr(struct st_engine *e, const struct st_extent *x)
+{
+	return st_tier_addr(e->tier[ST_HOME_HOST], x);
+}
+
+static inline void *vaddr(struct st_engine *e, const struct st_extent *x)
+{
+	return st_tier_addr(e->tier[ST_HOME_VRAM], x);
+}
+
+static inline bool unit_resident(const struct st_engine *e, int u)
+{
+	return st_model_unit_layout(e->model, u)->resident;
+}
+
+/* engine_lanes.c */
+void st_eng_lane_begin(struct st_engine *e, enum st_lane l);
+void st_eng_lane_end(struct st_engine *e, enum st_lane l, uint64_t t0, uint64_t bytes,
+		     const char *name);
+struct hop st_eng_hop(const char *name, enum st_home tier, enum st_io_op rw,
+		      const struct st_extent *ext, uint64_t off_bytes, void *buf,
+		      uint64_t len_bytes);
+int st_eng_chain_start(struct st_engine *e, struct chain *c, const struct hop *hops,
+		       int nhops, int *busy, bool *queued);
+int st_eng_pump(struct st_engine *e, bool block);
+int st_eng_wait_until(struct st_engine *e, const int *counter);
+void st_eng_drain(struct st_engine *e);
+int st_eng_compute_drain(struct st_engine *e);
+void st_eng_stats_begin(struct st_engine *e);
+void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns);
+void st_eng_fail(struct st_engine *e, int ret);
+
+/* engine_fetch.c */
+int st_eng_acquire_w(struct st_engine *e, int u, float *dst);
+
+/* engine_grad.c */
+int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
+int st_eng_grad_in(struct st_engine *e, int u, int mb);
+
+/* engine_update.c */
+int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
+			const struct st_adam_step *nowd, struct st_loader *ld);
+
+/* engine_step.c */
+int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready);
+int st_eng_forward_unit(struct st_engine *e, int u);
+
+#endif

@@ -1,0 +1,251 @@
+/* The tiered engine's step: the step of docs/design.md over shards in
+ * their homes.
+ *
+ * Queues: compute runs on the compute's own queue of the device (a CUDA
+ * stream; a worker thread on the cpu device); CPU AdamW runs on the calling
+ * thread (OpenMP inside); copies run on the device's h2d/d2h queues (the vram
+ * tier); NVMe I/O runs in the kernel (io_uring, the nvme tier). The pump
+ * (engine_lanes.c) reaps completions from both tiers and moves each chain
+ * on; waits are pump loops, so transfers for the next units proceed while a
+ * unit computes. The host queues a unit's compute and goes on; between the
+ * compute queue and the copy queues, order goes through device events, never
+ * through the host waiting for compute:
+ *   copy -> compute  the compute waits for the event the h2d queue records
+ *                    after a W copy (ev_h2d): the host queues the unit once
+ *                    the copy is queued;
+ *   compute -> copy  a W slot is free once its copy is reaped: the next copy
+ *                    into it waits for the event recorded after the widen
+ *                    (ev_slot); dW's d2h waits for the event recorded after
+ *                    the backward that wrote it (ubufs.ev_dw), and dW has
+ *                    two buffers, so the backward of unit u-1 runs while
+ *                    unit u's dW is copied out and added into G on the CPU.
+ * The step ends with the compute drained, its spans (device-timed) counted
+ * as the compute lane's busy time.
+ *
+ * Pipelines: the W fetch (engine_fetch.c), the gradient gather
+ * (engine_grad.c) and the update sweep (engine_update.c). The units are the
+ * model's: each unit's input is the previous one's output, the last unit
+ * computes the loss inside its backward, a unit may read another's W (and
+ * add into its gradient: reads_unit), and a resident unit keeps its widened
+ * W and its dW for the micro-batch. The same operations happen in the same
+ * order whatever the homes: only the memory they happen in differs, so the
+ * bits do not. */
+#include "engine_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static float *act(struct st_engine *e, int u)
+{
+	return e->acts + (size_t)(u - 1) * e->X;
+}
+
+/* The device buffers unit u computes with: its own when resident, else the
+ * shared W and one of the two shared dW, in turn by unit. */
+static struct ubufs *bufs_of(struct st_engine *e, int u)
+{
+	return unit_resident(e, u) ? &e->ub[u] : &e->shared[u & 1];
+}
+
+/* The W of the unit u reads (its layout's reads_unit), or NULL. */
+static const float *other_w(struct st_engine *e, int u)
+{
+	int r = st_model_unit_layout(e->model, u)->reads_unit;
+
+	return r >= 0 ? e->ub[r].wf : NULL;
+}
+
+static float *other_grad(struct st_engine *e, int u)
+{
+	int r = st_model_unit_layout(e->model, u)->reads_unit;
+
+	return r >= 0 ? e->ub[r].dw : NULL;
+}
+
+static struct st_model_batch batch_of(const struct st_engine *e)
+{
+	const struct st_train_config *c = &e->cfg.train;
+
+	return (struct st_model_batch){ .B = c->batch, .T = c->seq, .tokens = e->tokens,
+					.targets = e->targets,
+					.loss_scale = 1.0f / (float)c->grad_accum,
+					.host_tokens = e->tok_host, .host_targets = e->tgt_host };
+}
+
+/* Draw the next batch and start the W fetch sequence over. w_ready is the
+ * number of units (from 0) whose W may be fetched now: all of them, except
+ * while the update sweep is still writing the new W (fused forward). */
+int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
+{
+	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
+
+	st_loader_next(ld, e->tok_host, e->tgt_host);
+	st_compute_from_host(e->cx, e->tokens, e->tok_host, bytes);
+	st_compute_from_host(e->cx, e->targets, e->tgt_host, bytes);
+	e->issued = e->consumed = 0;
+	e->w_ready = w_ready;
+	return st_compute_take_error(e->cx);
+}
+
+/* Queue the forward of unit u (0 <= u <= U-2); its output is kept as unit
+ * u+1's checkpoint for the backward. */
+int st_eng_forward_unit(struct st_engine *e, int u)
+{
+	struct st_model_batch b = batch_of(e);
+	float *w = bufs_of(e, u)->wf;
+	int ret = st_eng_acquire_w(e, u, w);
+
+	if (ret < 0)
+		return ret;
+	st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
+	ret = st_model_fwd(e->model, u, &b, w, other_w(e, u), u ? act(e, u) : NULL,
+			   act(e, u + 1), NULL, e->work, e->work_bytes);
+	st_compute_span_end(e->cx);
+	return ret ? ret : st_compute_take_error(e->cx);
+}
+
+static const char *bwd_span(const struct st_engine *e, int u)
+{
+	return u == e->U - 1 ? "bwd head" : u == 0 ? "bwd embed" : "bwd";
+}
+
+/* Backward of unit u into its dW buffers: *dy is the gradient of its
+ * output (none for the last unit, whose output is the loss), its input's
+ * goes into *dx (none for the first unit), and the two swap. */
+static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, float *loss)
+{
+	struct st_model_batch b = batch_of(e);
+	struct ubufs *ub = bufs_of(e, u);
+	bool last = u == e->U - 1, first = u == 0;
+	int ret = 0;
+
+	/* a resident unit's W was widened in the forward and kept */
+	if (!(unit_resident(e, u) && !last))
+		ret = st_eng_acquire_w(e, u, ub->wf);
+	if (ret < 0)
+		return ret;
+	/* a shared dW held unit u+2's, in by now (grad_in waited for its copy);
+	 * a resident unit's was zeroed at the start, as others may add to it */
+	if (!unit_resident(e, u))
+		st_compute_zero(e->cx, ub->dw, e->elems[u] * sizeof(float));
+	st_compute_span_begin(e->cx, bwd_span(e, u));
+	ret = st_model_bwd(e->model, u, &b, ub->wf, other_w(e, u), first ? NULL : act(e, u),
+			   last ? NULL : *dy, first ? NULL : *dx, ub->dw, other_grad(e, u),
+			   last ? loss : NULL, e->work, e->work_bytes);
+	st_compute_span_end(e->cx);
+	st_compute_record(e->cx, ub->ev_dw);
+	if (!first) {
+		float *tmp = *dy;
+
+		*dy = *dx;
+		*dx = tmp;
+	}
+	return ret ? ret : st_compute_take_error(e->cx);
+}
+
+/* Backward of every unit for micro-batch mb (its forward is queued). Unit
+ * u's dW is taken in (grad_in) only after the backward of the next unit is
+ * queued, so the device computes that one while the host adds u's into G. */
+static int backward(struct st_engine *e, int mb, double *loss)
+{
+	int ret = 0, pend = -1;
+	float l = 0, *dy = e->dA, *dx = e->dB;
+
+	for (int u = 0; u < e->U; u++)
+		if (unit_resident(e, u))
+			st_compute_zero(e->cx, e->ub[u].dw, e->elems[u] * sizeof(float));
+	for (int u = e->U - 1; ret == 0 && u >= 0; u--) {
+		ret = backward_unit(e, u, &dy, &dx, &l);
+		if (ret == 0 && pend >= 0)
+			ret = st_eng_grad_in(e, pend, mb);
+		if (ret == 0)
+			ret = st_eng_grad_out(e, u, bufs_of(e, u));
+		pend = u;
+	}
+	if (ret == 0)
+		ret = st_eng_grad_in(e, pend, mb);
+	*loss = l;
+	return ret;
+}
+
+/* The gradient norm from the per-unit sums of squares, summed in unit order
+ * (deterministic); NAN when a gradient was not finite. */
+static double grad_norm(struct st_engine *e)
+{
+	double sumsq = 0;
+
+	for (int u = 0; u < e->U; u++)
+		sumsq += e->unit_sumsq[u];
+	if (e->nonfinite || !isfinite(sumsq))
+		return NAN;
+	return sqrt(sumsq);
+}
+
+/* Every micro-batch's forward and backward; *loss_sum their losses. */
+static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss_sum)
+{
+	const struct st_train_config *c = &e->cfg.train;
+	int ret = 0;
+
+	for (int a = 0; a < c->grad_accum && ret == 0; a++) {
+		double l = 0;
+
+		if (a > 0 || !e->fwd_ready) {
+			ret = st_eng_begin_micro_batch(e, ld, e->U);
+			for (int u = 0; ret == 0 && u <= e->U - 2; u++)
+				ret = st_eng_forward_unit(e, u);
+		}
+		e->fwd_ready = false;
+		e->w_ready = e->U;
+		if (ret == 0)
+			ret = backward(e, a, &l);
+		*loss_sum += l;
+	}
+	return ret;
+}
+
+int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
+		   bool next_follows, struct st_step_result *res)
+{
+	const struct st_train_config *c = &e->cfg.train;
+	struct st_adam_step with_wd, without_wd;
+	double loss_sum = 0;
+	uint64_t t0 = st_now_ns();
+	int ret;
+
+	memset(res, 0, sizeof(*res));
+	if (e->err)
+		return st_error_set(e->err, "%s", e->errmsg);
+	st_eng_stats_begin(e);
+	e->nonfinite = false;
+	ret = micro_batches(e, ld, &loss_sum);
+	e->end_cur = ld->cur; /* before the update sweep draws the next batch */
+	if (ret == 0)
+		ret = st_eng_wait_until(e, &e->land_busy);
+	if (ret == 0)
+		ret = st_eng_wait_until(e, &e->gstage_busy);
+	if (ret < 0)
+		goto fail;
+	res->loss = loss_sum / c->grad_accum;
+	res->lr = st_lr_at(c, step);
+	res->grad_norm = grad_norm(e);
+	if (isnan(res->grad_norm)) {
+		res->skipped = true;
+	} else {
+		ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
+		if (ret == 0)
+			ret = st_eng_update_sweep(e, &with_wd, &without_wd,
+						  next_follows ? ld : NULL);
+		if (ret < 0)
+			goto fail;
+	}
+	/* the fused forward may still be computing */
+	ret = st_eng_compute_drain(e);
+	if (ret < 0)
+		goto fail;
+	st_eng_stats_end(e, t0);
+	return 0;
+fail:
+	st_eng_fail(e, ret);
+	return st_error_set(e->err, "%s", e->errmsg);
+}

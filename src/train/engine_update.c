@@ -1,0 +1,198 @@
+/* The update sweep: tile by tile in unit order, loading the next tile's G,
+ * P, M, V (nvme -> host staging) while AdamW runs on this one; P, M, V go
+ * back to nvme and the new W to its home (h2d for vram, nvme write, or in
+ * place in host). Two staging sets in turn. */
+#include "engine_internal.h"
+
+#include <string.h>
+
+/* [t0, t0 + n) elements of unit u, t0 and n multiples of the tile (whole
+ * pages in bf16 and fp32) except where the unit ends, so staging is bounded
+ * by the tile, not by the largest unit (the embedding of a 50k vocabulary). */
+struct tile {
+	int u;
+	uint64_t t0, n;
+};
+
+static float *upd_ptr(struct st_engine *e, int set, const struct tile *t, enum st_state s)
+{
+	struct shard *x = shard(e, t->u, s);
+
+	if (x->home == ST_HOME_HOST)
+		return (float *)haddr(e, &x->ext) + t->t0;
+	return haddr(e, &e->upd[set].ext[s]);
+}
+
+static int upd_load(struct st_engine *e, int set, const struct tile *t)
+{
+	struct updset *us = &e->upd[set];
+	int ret = st_eng_wait_until(e, &us->writes);
+
+	if (ret < 0)
+		return ret;
+	for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++) {
+		struct shard *x = shard(e, t->u, s);
+		struct hop h;
+
+		if (x->home != ST_HOME_NVME)
+			continue;
+		h = st_eng_hop("load", ST_HOME_NVME, ST_IO_READ, &x->ext, t->t0 * 4,
+			       haddr(e, &us->ext[s]), t->n * 4);
+		ret = st_eng_chain_start(e, &us->load[s], &h, 1, &us->reads, NULL);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+static int upd_store(struct st_engine *e, int set, const struct tile *t)
+{
+	struct updset *us = &e->upd[set];
+	struct shard *w = shard(e, t->u, ST_STATE_W);
+	uint64_t woff = t->t0 * (uint64_t)e->Wb, wlen = t->n * (uint64_t)e->Wb;
+	struct hop h;
+	int ret;
+
+	for (enum st_state s = ST_STATE_P; s <= ST_STATE_V; s++) {
+		struct shard *x = shard(e, t->u, s);
+
+		if (x->home != ST_HOME_NVME)
+			continue;
+		h = st_eng_hop("store", ST_HOME_NVME, ST_IO_WRITE, &x->ext, t->t0 * 4,
+			       haddr(e, &us->ext[s]), t->n * 4);
+		ret = st_eng_chain_start(e, &us->store[s], &h, 1, &us->writes, NULL);
+		if (ret < 0)
+			return ret;
+	}
+	if (w->home == ST_HOME_HOST)
+		return 0;
+	/* nvme: a write of the nvme tier; vram: an h2d copy */
+	h = st_eng_hop("store", w->home, ST_IO_WRITE, &w->ext, woff,
+		       haddr(e, &us->ext[ST_STATE_W]), wlen);
+	return st_eng_chain_start(e, &us->store[ST_STATE_W], &h, 1, &us->writes, NULL);
+}
+
+/* W's padding in the tile zeroed when W goes through staging (the buffer
+ * served other tiles), so W's home holds the same bytes whatever the
+ * placement. */
+static void zero_padding(struct st_engine *e, const struct st_unit_layout *ul,
+			 const struct tile *t, char *wout)
+{
+	uint64_t end = t->t0, t1 = t->t0 + t->n;
+
+	for (int i = 0; i <= ul->n_tensors; i++) {
+		uint64_t start = i < ul->n_tensors ? ul->tensors[i].offset_elems : ul->elems;
+
+		start = ST_MIN(ST_MAX(start, t->t0), t1);
+		if (start > end)
+			memset(wout + (end - t->t0) * (size_t)e->Wb, 0,
+			       (start - end) * (size_t)e->Wb);
+		if (i < ul->n_tensors)
+			end = ST_MIN(ST_MAX(ul->tensors[i].offset_elems + ul->tensors[i].n_elems,
+					    t->t0), t1);
+	}
+}
+
+/* AdamW over one tile: each tensor's part of it, with or without weight
+ * decay. */
+static int adam_tile(struct st_engine *e, int set, const struct tile *t,
+		     const struct st_adam_step *wd, const struct st_adam_step *nowd)
+{
+	const struct st_unit_layout *ul = st_model_unit_layout(e->model, t->u);
+	float *g = upd_ptr(e, set, t, ST_STATE_G), *p = upd_ptr(e, set, t, ST_STATE_P);
+	float *m = upd_ptr(e, set, t, ST_STATE_M), *v = upd_ptr(e, set, t, ST_STATE_V);
+	struct shard *w = shard(e, t->u, ST_STATE_W);
+	char *wout = w->home == ST_HOME_HOST
+			     ? (char *)haddr(e, &w->ext) + t->t0 * (uint64_t)e->Wb
+			     : haddr(e, &e->upd[set].ext[ST_STATE_W]);
+	uint64_t t1 = t->t0 + t->n, t0 = st_now_ns();
+	int ret = 0;
+
+	st_eng_lane_begin(e, ST_LANE_ADAM);
+	if (w->home != ST_HOME_HOST)
+		zero_padding(e, ul, t, wout);
+	for (int i = 0; i < ul->n_tensors && ret == 0; i++) {
+		const struct st_tensor_layout *tl = &ul->tensors[i];
+		uint64_t a = ST_MAX(tl->offset_elems, t->t0);
+		uint64_t b = ST_MIN(tl->offset_elems + tl->n_elems, t1);
+		size_t o;
+		struct st_adam_bufs bufs;
+
+		if (a >= b)
+			continue;
+		o = a - t->t0;
+		bufs = (struct st_adam_bufs){
+			.g = g + o, .g_dtype = ST_OPTIM_F32, .p = p + o, .m = m + o, .v = v + o,
+			.w = wout + o * (size_t)e->Wb,
+			.w_dtype = e->Wb == 2 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
+		};
+		ret = st_adam_apply(tl->decay ? wd : nowd, &bufs, b - a, ST_ADAM_GRAD_CHECKED, NULL);
+	}
+	st_eng_lane_end(e, ST_LANE_ADAM, t0, 0, "adam");
+	return ret;
+}
+
+static bool next_tile(const struct st_engine *e, struct tile *t)
+{
+	if (t->u >= 0 && t->t0 + t->n < e->elems[t->u]) {
+		t->t0 += t->n;
+	} else {
+		if (++t->u >= e->U)
+			return false;
+		t->t0 = 0;
+	}
+	t->n = ST_MIN(e->tile, e->elems[t->u] - t->t0);
+	return true;
+}
+
+/* Once unit u's last tile is stored (both sets' writes landed), its new W
+ * is home: the next step's forward of u may run. */
+static int unit_done(struct st_engine *e, int set, int u)
+{
+	int ret = st_eng_wait_until(e, &e->upd[set].writes);
+
+	if (ret == 0)
+		ret = st_eng_wait_until(e, &e->upd[set ^ 1].writes);
+	e->w_ready = u + 1;
+	if (ret == 0 && u <= e->U - 2)
+		ret = st_eng_forward_unit(e, u);
+	return ret;
+}
+
+/* The update sweep, tile by tile in unit order. With ld, it is fused with
+ * the next step's first forward: once unit u's new W is home, fwd(u) runs
+ * while the next tiles load and u's P, M, V go back -- the next step's
+ * forward of u waits only on update(u). */
+int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
+			const struct st_adam_step *nowd, struct st_loader *ld)
+{
+	struct tile cur = { .u = -1 }, nxt;
+	int set = 0, ret = 0;
+	bool have = next_tile(e, &cur);
+
+	if (ld)
+		ret = st_eng_begin_micro_batch(e, ld, 0);
+	if (have && ret == 0)
+		ret = upd_load(e, 0, &cur);
+	while (have && ret == 0) {
+		nxt = cur;
+		have = next_tile(e, &nxt);
+		if (have)
+			ret = upd_load(e, set ^ 1, &nxt); /* overlaps this tile's Adam */
+		if (ret == 0)
+			ret = st_eng_wait_until(e, &e->upd[set].reads);
+		if (ret == 0)
+			ret = adam_tile(e, set, &cur, wd, nowd);
+		if (ret == 0)
+			ret = upd_store(e, set, &cur);
+		if (ret == 0 && ld && (!have || nxt.u != cur.u))
+			ret = unit_done(e, set, cur.u);
+		cur = nxt;
+		set ^= 1;
+	}
+	for (int s = 0; ret == 0 && s < 2; s++)
+		ret = st_eng_wait_until(e, &e->upd[s].writes);
+	if (ret == 0 && ld)
+		e->fwd_ready = true;
+	return ret;
+}
