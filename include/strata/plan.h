@@ -2,43 +2,47 @@
  *
  * Decides, once before training, the home tier of every shard (unit x state)
  * and the size of every pool the engine allocates, from the model, the batch
- * and the tier budgets. The engine (src/sched) allocates exactly the pools
+ * and the tier budgets. The engine (src/train) allocates exactly the pools
  * this plan lists, so a plan that fits is a run that fits: budgets are hard.
  *
  * States: W working weights (bf16 or fp32), G gradient, P master weights,
  * M, V moments (fp32). Homes: W in vram, host or nvme; G, P, M, V in host or
  * nvme (the optimizer runs on the CPU).
  *
- * The engine's pools, with Wb = 2 (bf16) or 4 bytes, e_u the flat length of
- * unit u (padding included), E = max_u e_u, E0 = e_0 (the embedding, which
- * the head reads through the tie), U units, X = B*T*C*4 bytes, k = prefetch
- * depth (>= 1), "streamed" = some unit's W home is not vram:
+ * The engine's pools, listed once each in st_plan.pools (the engine
+ * allocates by walking that list; only src/mem/plan.c knows a size). With
+ * Wb = 2 (bf16) or 4 bytes, e_u the flat length of unit u (padding
+ * included), E = max_u e_u, Er = the largest unit that is not resident,
+ * Eres = the largest resident unit (a unit whose widened W and dW stay on
+ * the device for the micro-batch, because another unit reads it: GPT-2's
+ * embedding, which the tied head reads), U units, X = the largest unit
+ * output (B*T*C*4 bytes for GPT-2), k = prefetch depth (>= 1), "streamed" =
+ * some unit's W home is not vram:
  *   vram  W homes in vram              sum e_u*Wb over those units
- *         W slots (when streamed)      (k+1) * E * Wb (the embedding's W is
- *                                      widened into wf_embed once per
- *                                      micro-batch and kept for the head:
- *                                      no slot of its own)
+ *         W slots (when streamed)      (k+1) * Er * Wb, and one slot of
+ *                                      Eres * Wb for the resident units
+ *                                      when Eres > Er (else (k+1) * E * Wb)
  *         activation checkpoints       (U-1) * X
- *         compute scratch              wf E*4 + wf_embed E0*4 + dW E*4 +
- *                                      dW_embed E0*4 + dA, dB 2*X +
- *                                      work (max_u st_model_work_bytes) +
- *                                      tokens, targets 2*B*T*4
+ *         compute scratch              W fp32 Er*4 + dW 2*Er*4 + for each
+ *                                      resident unit its own W fp32 and dW
+ *                                      2*e_u*4 + dA, dB 2*X + work (max_u
+ *                                      st_model_work_bytes) + tokens,
+ *                                      targets 2*B*T*4
  *   host  homes in host                e_u*Wb for W, e_u*4 for G, P, M, V
- *         W staging (some W on nvme)   (k+1) * E * Wb
- *         gradient landing             E*4, and another E*4 when G is on
- *                                      nvme and grad_accum > 1
- *         update staging (any of G,P,M,V on nvme, or W not in host)
+ *         W staging (some W on nvme)   one per slot, the slot's size
+ *         gradient landing             E*4, and another E*4 when some G is
+ *                                      on nvme and grad_accum > 1
+ *         update staging (any of G,P,M,V on nvme, or some W not in host)
  *                                      2 * Et * (16 + Wb), Et = min(E,
  *                                      ST_UPDATE_TILE_ELEMS): the sweep
  *                                      goes tile by tile
  *   nvme  homes on nvme                as host homes
- * Every pool is rounded up to 4 KiB; every extent to its tier's alignment.
- * act_bytes = round_4K((U-1)*X) is one extent (checkpoints at offsets i*X);
- * scratch_bytes is the sum of its nine buffers each rounded up to 4 KiB, so
- * the engine may allocate each as its own extent (tier alignment <= 4 KiB);
- * W slots, staging buffers and update tiles are whole pages already.
- * Homes are uniform per state class: every unit's W has one home, and G, P,
- * M, V of every unit share one home (docs/plan.md).
+ * Every pool's extent is rounded up to 4 KiB (so the engine may allocate
+ * each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
+ * (checkpoints at offsets i*X); scratch_bytes is the sum of the scratch
+ * pools. Placement is per (unit, state) (st_plan_home()); the policy homes
+ * every unit's W in one tier and G, P, M, V of every unit in one tier
+ * (docs/plan.md), and st_plan_input.homes may give any other placement.
  * The minimum of a tier is its size at k = 1 (or at the forced prefetch)
  * minimised over the placements the forced options allow whose other two
  * tiers fit their budgets: a budget equal to it is accepted, one byte less
