@@ -44,8 +44,11 @@ static inline size_t st_dtype_elem_bytes(enum st_dtype dt)
 #define ST_TENSOR_MAX_DIMS 4
 
 /* A tensor descriptor: a borrowed device pointer, its dtype and its
- * row-major shape (ndim dims, outermost first). data may be NULL where the
- * op says the tensor is optional (a bias, a gradient to skip). */
+ * row-major shape (ndim dims, outermost first; -1 for a dim the caller
+ * does not know, e.g. an embedding table's rows). data may be NULL where
+ * the op says the tensor is optional (a bias, a gradient to skip). The
+ * backends take sizes from the op's integer parameters; the shape
+ * describes the tensor (traces, checks, tests). */
 struct st_tensor {
 	void *data;
 	enum st_dtype dtype;
