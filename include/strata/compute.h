@@ -1,15 +1,20 @@
 /* strata: compute, the ops a model runs on a device.
  *
- * A st_compute is one device's implementation of every op of
+ * A st_compute runs op records (strata/op.h) on one device: every op of
  * strata/kernels.h (same shapes, argument order and conventions: forward
  * overwrites, backward accumulates except gelu_bwd and crossentropy_bwd),
- * plus the few memory moves a model needs, behind one ops table. Pointers
- * are the device's (its vram arena, or workspace carved from it):
+ * plus the few memory moves a model needs, through one run hook of one ops
+ * table. Pointers are the device's (its vram arena, or workspace carved
+ * from it):
  *   cpu   - the cpu kernels themselves (OpenMP inside), queued on a worker
  *           thread of the cpu device (st_compute_create), or run on the
  *           calling thread (st_compute_cpu()); device pointers are host
  *           pointers. The numbers are the cpu kernels' bit for bit.
+ *           (src/backend/cpu/compute_cpu.c)
  *   cuda  - strata/cuda_ops.h on a stream of its own; ops only queue work.
+ *           (src/backend/cuda/compute_cuda.c)
+ * Both run every op in fp32, and matmul_fwd with bf16 inp and weight too
+ * (st_compute_supports()).
  *
  * Errors are sticky, as CUDA's: an op that fails keeps its -errno (and
  * st_error_last() its message), and every later op is skipped until
@@ -36,6 +41,7 @@
 #define STRATA_COMPUTE_H
 
 #include "strata/common.h"
+#include "strata/op.h"
 
 struct st_device;
 struct st_event;
@@ -47,54 +53,28 @@ struct st_compute_span {
 	uint64_t t0_ns, t1_ns;
 };
 
+/* A compute backend is one ops table: every op goes through run(), one
+ * dispatch per backend (a table or a switch over enum st_op_kind), and
+ * supports() says which ops and dtypes it runs. The core calls the
+ * wrappers below, never the hooks. */
 struct st_compute_ops {
 	const char *name;
-	/* Required, all of them: 0 or -errno. */
+	/* Required. Queue (or, on the direct cpu compute, run) op; op is
+	 * borrowed for the call only (a queue copies it). Called only for
+	 * ops supports() accepts. 0 or -errno. */
+	int (*run)(struct st_compute *c, const struct st_op *op);
+	/* Required. Whether run() takes op `kind` with these tensor dtypes
+	 * (dtypes[k] for slot k, st_op_tensors(kind) of them). Never fails. */
+	bool (*supports)(const struct st_compute *c, enum st_op_kind kind,
+			 const enum st_dtype *dtypes);
+	/* Required. Wait for every op run so far. 0 or -errno. */
 	int (*sync)(struct st_compute *c);
+	/* Required. Finish queued work and free the instance. */
 	void (*destroy)(struct st_compute *c);
-	int (*zero)(struct st_compute *c, void *p, size_t bytes);
-	int (*copy)(struct st_compute *c, void *dst, const void *src, size_t bytes);
+	/* Required. Synchronous copies between device memory and host
+	 * memory: in queue order, and done on return. 0 or -errno. */
 	int (*to_host)(struct st_compute *c, void *dst, const void *src, size_t bytes);
 	int (*from_host)(struct st_compute *c, void *dst, const void *src, size_t bytes);
-	int (*bf16_to_f32)(struct st_compute *c, float *out, const uint16_t *in, size_t n);
-	int (*gemm)(struct st_compute *c, int trans_a, int trans_b, int M, int N, int K,
-		    const float *A, int lda, const float *B, int ldb, float beta, float *C,
-		    int ldc);
-	int (*matmul_fwd)(struct st_compute *c, float *out, const float *inp,
-			  const float *weight, const float *bias, int N, int IC, int OC);
-	/* Optional: out = gelu(inp @ weight + bias), pre (or NULL) = the
-	 * matmul's output. Absent: matmul_fwd into pre (or out), then gelu_fwd
-	 * (the cpu kernels' bits). */
-	int (*matmul_gelu_fwd)(struct st_compute *c, float *out, float *pre, const float *inp,
-			       const float *weight, const float *bias, int N, int IC, int OC);
-	int (*matmul_bwd)(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			  const float *dout, const float *inp, const float *weight, int N,
-			  int IC, int OC);
-	int (*layernorm_fwd)(struct st_compute *c, float *out, float *mean, float *rstd,
-			     const float *inp, const float *weight, const float *bias, int N,
-			     int C);
-	int (*layernorm_bwd)(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			     const float *dout, const float *inp, const float *weight,
-			     const float *mean, const float *rstd, int N, int C);
-	int (*gelu_fwd)(struct st_compute *c, float *out, const float *inp, size_t n);
-	int (*gelu_bwd)(struct st_compute *c, float *dinp, const float *inp,
-			const float *dout, size_t n);
-	int (*residual_fwd)(struct st_compute *c, float *out, const float *a, const float *b,
-			    size_t n);
-	int (*embedding_fwd)(struct st_compute *c, float *out, const int32_t *tokens,
-			     const float *wte, const float *wpe, int B, int T, int C);
-	int (*embedding_bwd)(struct st_compute *c, float *dwte, float *dwpe,
-			     const float *dout, const int32_t *tokens, int B, int T, int C);
-	int (*attention_fwd)(struct st_compute *c, float *out, float *lse, const float *qkv,
-			     int B, int T, int C, int NH);
-	int (*attention_bwd)(struct st_compute *c, float *dqkv, const float *dout,
-			     const float *qkv, const float *out, const float *lse, int B,
-			     int T, int C, int NH);
-	int (*crossentropy_fwd)(struct st_compute *c, float *losses, const float *logits,
-				const int32_t *targets, int N, int V);
-	int (*crossentropy_bwd)(struct st_compute *c, float *dlogits, float *losses,
-				const float *logits, const int32_t *targets, float dloss,
-				int N, int V);
 
 	/* Optional (absent: the wrappers fail with -ENOTSUP). e is an event
 	 * of the compute's device: record marks the end of the ops called so
@@ -110,7 +90,8 @@ struct st_compute_ops {
 };
 
 /* An instance: the table, the sticky error and the implementation's own
- * state. Only compute.c and the implementations touch the fields. */
+ * state. Only src/backend/compute.c and the implementations touch the
+ * fields. */
 struct st_compute {
 	const struct st_compute_ops *ops;
 	int err;
@@ -146,7 +127,23 @@ void st_compute_span_end(struct st_compute *c);
  * to max; returns the count moved. */
 int st_compute_take_spans(struct st_compute *c, struct st_compute_span *out, int max);
 
-/* The ops. Each is skipped while an error is sticky. */
+/* Run op on c, in call order: the one entry every op goes through (the
+ * typed st_compute_<op>() below fill a record and call it). Skipped while
+ * an error is sticky; an op c does not support (st_compute_supports())
+ * sets -ENOTSUP as the sticky error and runs nothing; a failing run sets
+ * its -errno. op is borrowed for the call only. */
+void st_compute_run(struct st_compute *c, const struct st_op *op);
+/* Whether c runs op `kind` with these dtypes (dtypes[k] for slot k,
+ * st_op_tensors(kind) of them). */
+bool st_compute_supports(const struct st_compute *c, enum st_op_kind kind,
+			 const enum st_dtype *dtypes);
+/* The same for the dtypes of op's tensors. */
+bool st_compute_supports_op(const struct st_compute *c, const struct st_op *op);
+
+/* The typed conveniences: each fills a record (fp32 tensors, the
+ * kernel's argument order) and calls st_compute_run(), so each is
+ * skipped while an error is sticky. */
+/* zero and copy move bytes. */
 void st_compute_zero(struct st_compute *c, void *p, size_t bytes);
 void st_compute_copy(struct st_compute *c, void *dst, const void *src, size_t bytes);
 /* Synchronous: dst (host) holds the bytes on return, when no error. */
@@ -162,9 +159,17 @@ void st_compute_gemm(struct st_compute *c, int trans_a, int trans_b, int M, int 
 		     int ldc);
 void st_compute_matmul_fwd(struct st_compute *c, float *out, const float *inp,
 			   const float *weight, const float *bias, int N, int IC, int OC);
+/* The same with bf16 inp (N,IC) and weight (IC,OC), fp32 accumulation;
+ * out and bias fp32. -ENOTSUP (sticky) where the compute has no bf16
+ * matmul; both the cpu and the cuda computes have one. */
+void st_compute_matmul_fwd_bf16(struct st_compute *c, float *out, const uint16_t *inp,
+				const uint16_t *weight, const float *bias, int N, int IC,
+				int OC);
 /* out (N,OC) = gelu(inp @ weight + bias); pre (N,OC), when not NULL, gets
- * inp @ weight + bias. One fused op where the compute has it (the cuda
- * compute: cuBLASLt's GELU epilogue). */
+ * inp @ weight + bias. One op (ST_OP_MATMUL_GELU_FWD) where the compute
+ * supports it (the cpu computes: matmul_fwd then gelu_fwd; the cuda
+ * compute: cuBLASLt's GELU epilogue), else matmul_fwd into pre (or out)
+ * then gelu_fwd. */
 void st_compute_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre,
 				const float *inp, const float *weight, const float *bias, int N,
 				int IC, int OC);
@@ -198,9 +203,5 @@ void st_compute_crossentropy_bwd(struct st_compute *c, float *dlogits, float *lo
 				 const float *logits, const int32_t *targets, float dloss,
 				 int N, int V);
 
-/* The cuda compute on GPU `ordinal` (src/backend/cuda/compute_cuda.c). */
-#ifdef ST_HAVE_CUDA
-int st_compute_cuda_create(int ordinal, struct st_compute **out);
-#endif
 
 #endif

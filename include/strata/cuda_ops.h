@@ -7,6 +7,9 @@
  * the reference: tests/cuda/test_cuda_ops.c holds each op to relative error
  * ||out - ref|| / ||ref|| <= 1e-2 with bf16 operands and 1e-5 in fp32.
  *
+ * The cuda compute (src/backend/cuda/compute_cuda.c) reaches these
+ * through the op seam (strata/op.h): one case of its run() per op.
+ *
  * Built only with nvcc (ST_HAVE_CUDA). Without a GPU, st_cuda_ctx_create()
  * returns -ENODEV and the tests exit 77. Functions return 0 or -errno; the
  * CUDA/cuBLAS message is kept in st_error_last(). Ops only queue work:

@@ -65,6 +65,14 @@ void st_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
  * out is (N,OC), inp is (N,IC), weight is (IC,OC), bias is (OC) or NULL. */
 void st_cpu_matmul_fwd(float *out, const float *inp, const float *weight,
 		       const float *bias, int N, int IC, int OC);
+/* The same with bf16 operands: out (N,OC) = inp (N,IC) @ weight (IC,OC) +
+ * bias (OC, or NULL), inp and weight bf16, out and bias fp32. Each output
+ * is bias (or 0) plus the products in input-channel order, accumulated in
+ * fp32 (the products of two bf16 are exact in fp32); rows are split over
+ * threads, so the bits do not depend on the thread count. A reference
+ * loop, not a fast path: nothing in the step uses it. */
+void st_cpu_matmul_fwd_bf16(float *out, const uint16_t *inp, const uint16_t *weight,
+			    const float *bias, int N, int IC, int OC);
 /* dinp (N,IC) += dout @ weight^T; dweight (IC,OC) += inp^T @ dout;
  * dbias (OC) += column sums of dout. Any of dinp, dweight, dbias may be NULL
  * (that gradient is skipped). dout is (N,OC). */

@@ -22,6 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/compute_internal.h"
+#include "compute_cases.h"
+#include "strata/compute.h"
 #include "strata/cuda_ops.h"
 #include "strata/device.h"
 #include "strata/kernels.h"
@@ -901,6 +904,64 @@ static void test_ctx_events(void **state)
 	free(back);
 }
 
+/* ---- the op seam ----------------------------------------------------------------- */
+
+/* Every row of tests/compute_cases.h through the cuda compute
+ * (st_compute_run) against the cpu compute on the same inputs: outputs
+ * start poisoned on both sides, accumulated gradients from the same
+ * values; bytes and casts bit for bit, the rest to the row's relative
+ * error. Also: supports() takes what the rows take, bf16 matmul operands
+ * included. */
+static void test_seam_rows(void **state)
+{
+	struct st_compute *cx = NULL;
+
+	ST_UNUSED(state);
+	check_rc(st_compute_cuda_create(0, &cx), "st_compute_cuda_create");
+	for (size_t r = 0; r < N_OP_CASES; r++) {
+		const struct op_case *c = &op_cases[r];
+		void *h[ST_OP_MAX_TENSORS], *d[ST_OP_MAX_TENSORS] = { 0 };
+		struct st_op oh, od;
+		int n = st_op_tensors(c->kind);
+		char what[96];
+
+		case_fill(c, r + 1, h, &oh);
+		od = oh;
+		for (int k = 0; k < n; k++)
+			if (h[k])
+				od.t[k].data = d[k] = dev_from(h[k], case_bytes(&c->t[k]));
+		snprintf(what, sizeof(what), "seam %s", c->what);
+		assert_true(st_compute_supports_op(cx, &od));
+		st_compute_run(cx, &od);
+		check_rc(st_compute_sync(cx), what);
+		st_compute_run(st_compute_cpu(), &oh);
+		check_rc(st_compute_take_error(st_compute_cpu()), what);
+		for (int k = 0; k < n; k++) {
+			if (!h[k] || !case_written(c, k))
+				continue;
+			size_t bytes = case_bytes(&c->t[k]);
+			snprintf(what, sizeof(what), "seam %s slot %d", c->what, k);
+			if (c->tol == 0.0 || c->t[k].dtype != ST_DTYPE_F32) {
+				void *got = malloc(bytes ? bytes : 1);
+				assert_non_null(got);
+				check_rc(st_cuda_d2h(got, d[k], bytes), "st_cuda_d2h");
+				if (memcmp(got, h[k], bytes) != 0) {
+					fprintf(stderr, "FAIL %s: not bit for bit\n", what);
+					fail();
+				}
+				printf("ok   %-40s bytes=%zu bit for bit\n", what, bytes);
+				free(got);
+			} else {
+				expect_close(what, d[k], h[k], (size_t)c->t[k].elems, c->tol);
+			}
+		}
+		for (int k = 0; k < n; k++)
+			st_cuda_free(d[k]);
+		case_free(h);
+	}
+	st_compute_destroy(cx);
+}
+
 int main(void)
 {
 	if (!st_cuda_available()) {
@@ -928,6 +989,7 @@ int main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_refuses),
 		cmocka_unit_test(test_crossentropy),
+		cmocka_unit_test(test_seam_rows),
 	};
 	rc = cmocka_run_group_tests(tests, NULL, NULL);
 	st_cuda_ctx_destroy(ctx);

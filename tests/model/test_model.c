@@ -629,54 +629,48 @@ static void test_bad_calls(void **state)
 
 /* ---- the model through a compute other than the default ----------------------- */
 
-/* A compute that is the cpu one with a few ops wrapped: they count their
- * calls, and the call numbered fail_at (from 1; 0 = never) returns -EIO. */
+/* A compute that is the cpu one with a few ops wrapped: matmul_fwd,
+ * gelu_fwd, zero, copy, to_host (and the fused matmul + gelu, when the
+ * table says it has one) count their calls, and the call numbered fail_at
+ * (from 1; 0 = never) returns -EIO. */
 static const struct st_compute_ops *cpu_ops;
 static int calls, fail_at;
+static bool fused; /* whether the wrapped compute supports matmul_gelu_fwd */
 
 static int counted(void)
 {
 	return ++calls == fail_at ? st_error_set(-EIO, "test compute: op %d fails", calls) : 0;
 }
 
-static int w_matmul_fwd(struct st_compute *c, float *out, const float *inp,
-			const float *weight, const float *bias, int N, int IC, int OC)
-{
-	int r = counted();
-	return r ? r : cpu_ops->matmul_fwd(c, out, inp, weight, bias, N, IC, OC);
-}
-
-static int w_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t n)
-{
-	int r = counted();
-	return r ? r : cpu_ops->gelu_fwd(c, out, inp, n);
-}
-
 /* A fused matmul + gelu, as a device's compute may have: the cpu ops */
 static int fused_calls;
 
-static int w_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre, const float *inp,
-			     const float *weight, const float *bias, int N, int IC, int OC)
+static int w_run(struct st_compute *c, const struct st_op *op)
 {
-	float *mid = pre ? pre : out;
-	int r = counted();
+	int r = 0;
 
-	fused_calls++;
-	if (r == 0)
-		r = cpu_ops->matmul_fwd(c, mid, inp, weight, bias, N, IC, OC);
-	return r ? r : cpu_ops->gelu_fwd(c, out, mid, (size_t)N * OC);
+	switch (op->kind) {
+	case ST_OP_MATMUL_GELU_FWD:
+		fused_calls++;
+		/* fall through */
+	case ST_OP_MATMUL_FWD:
+	case ST_OP_GELU_FWD:
+	case ST_OP_ZERO:
+	case ST_OP_COPY:
+		r = counted();
+		break;
+	default:
+		break;
+	}
+	return r ? r : cpu_ops->run(c, op);
 }
 
-static int w_zero(struct st_compute *c, void *p, size_t bytes)
+static bool w_supports(const struct st_compute *c, enum st_op_kind kind,
+		       const enum st_dtype *dtypes)
 {
-	int r = counted();
-	return r ? r : cpu_ops->zero(c, p, bytes);
-}
-
-static int w_copy(struct st_compute *c, void *dst, const void *src, size_t bytes)
-{
-	int r = counted();
-	return r ? r : cpu_ops->copy(c, dst, src, bytes);
+	if (kind == ST_OP_MATMUL_GELU_FWD && !fused)
+		return false;
+	return cpu_ops->supports(c, kind, dtypes);
 }
 
 static int w_to_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
@@ -703,11 +697,10 @@ static void test_compute(void **state)
 	cpu_ops = st_compute_cpu()->ops;
 	ops = *cpu_ops;
 	ops.name = "test";
-	ops.matmul_fwd = w_matmul_fwd;
-	ops.gelu_fwd = w_gelu_fwd;
-	ops.zero = w_zero;
-	ops.copy = w_copy;
+	ops.run = w_run;
+	ops.supports = w_supports;
 	ops.to_host = w_to_host;
+	fused = false;
 
 	net_fwd(&n);
 	float ref_loss = net_bwd(&n);
@@ -734,7 +727,7 @@ static void test_compute(void **state)
 	/* with a fused matmul + gelu in the table, the blocks use it, once
 	 * per block in the forward and once per block in the backward's
 	 * recompute, with the same bits */
-	ops.matmul_gelu_fwd = w_matmul_gelu_fwd;
+	fused = true;
 	fused_calls = 0;
 	net_fwd(&n);
 	loss = net_bwd(&n);
@@ -743,7 +736,7 @@ static void test_compute(void **state)
 	for (int u = 0; u < n.U; u++)
 		if (memcmp(g_ref[u], n.g[u], st_model_unit_layout(n.m, u)->elems * 4))
 			fail_msg("unit %d: gradient differs through the fused matmul + gelu", u);
-	ops.matmul_gelu_fwd = NULL;
+	fused = false;
 
 	/* block 1's forward: its second wrapped op fails */
 	calls = 0;

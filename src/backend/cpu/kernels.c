@@ -135,6 +135,28 @@ void st_cpu_matmul_fwd(float *out, const float *inp, const float *weight,
 		     bias ? 1.0f : 0.0f, out, OC);
 }
 
+void st_cpu_matmul_fwd_bf16(float *out, const uint16_t *inp, const uint16_t *weight,
+			    const float *bias, int N, int IC, int OC)
+{
+	// out is (N,OC), inp is (N,IC), weight is (IC,OC), bias is (OC)
+	assert(N >= 0 && IC >= 0 && OC >= 0);
+#pragma omp parallel for schedule(static)
+	for (int n = 0; n < N; n++) {
+		float *o = out + (size_t)n * OC;
+		const uint16_t *x = inp + (size_t)n * IC;
+
+		for (int j = 0; j < OC; j++)
+			o[j] = bias ? bias[j] : 0.0f;
+		for (int k = 0; k < IC; k++) {
+			float a = st_cpu_f32_from_bf16(x[k]);
+			const uint16_t *w = weight + (size_t)k * OC;
+#pragma omp simd
+			for (int j = 0; j < OC; j++)
+				o[j] += a * st_cpu_f32_from_bf16(w[j]);
+		}
+	}
+}
+
 void st_cpu_matmul_bwd(float *dinp, float *dweight, float *dbias,
 		       const float *dout, const float *inp, const float *weight,
 		       int N, int IC, int OC)

@@ -1,7 +1,8 @@
 /* The cuda compute: strata/compute.h over strata/cuda_ops.h, every op queued
- * on one st_cuda_ctx (its own stream and cuBLASLt handle). Matmul operands
- * are fp32 here (the model hands fp32 weights). */
-#include "strata/compute.h"
+ * on one st_cuda_ctx (its own stream and cuBLASLt handle). matmul_fwd takes
+ * fp32 or bf16 operands (the model hands fp32 weights today); every other
+ * op is fp32. */
+#include "backend/compute_internal.h"
 #include "strata/cuda_ops.h"
 
 #include <errno.h>
@@ -49,14 +50,78 @@ static void cu_destroy(struct st_compute *c)
 	free(cc);
 }
 
-static int cu_zero(struct st_compute *c, void *p, size_t bytes)
+/* The one dispatch: each op to its strata/cuda_ops.h call. Slot k's
+ * pointer is P(k); integer parameters as the ops take them. */
+#define P(k) (op->t[k].data)
+#define I(k) ((int)op->i[k])
+#define Z(k) ((size_t)op->i[k])
+
+static int cu_run(struct st_compute *c, const struct st_op *op)
 {
-	return st_cuda_memset_async(ctx_of(c), p, 0, bytes);
+	struct st_cuda_ctx *ctx = ctx_of(c);
+
+	switch (op->kind) {
+	case ST_OP_ZERO:
+		return st_cuda_memset_async(ctx, P(0), 0, Z(0));
+	case ST_OP_COPY:
+		return st_cuda_memcpy_async(ctx, P(0), P(1), Z(0));
+	case ST_OP_BF16_TO_F32:
+		return st_cuda_bf16_to_f32(ctx, P(0), P(1), Z(0));
+	case ST_OP_GEMM:
+		return st_cuda_gemm(ctx, I(0), I(1), I(2), I(3), I(4), P(0), I(5), P(1), I(6),
+				    op->f[0], P(2), I(7));
+	case ST_OP_MATMUL_FWD:
+		return st_cuda_matmul_fwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2),
+					  op->t[1].dtype == ST_DTYPE_BF16 ? ST_CUDA_BF16
+									  : ST_CUDA_F32);
+	case ST_OP_MATMUL_GELU_FWD:
+		return st_cuda_matmul_gelu_fwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
+					       I(2));
+	case ST_OP_MATMUL_BWD:
+		return st_cuda_matmul_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1),
+					  I(2));
+	case ST_OP_LAYERNORM_FWD:
+		return st_cuda_layernorm_fwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1));
+	case ST_OP_LAYERNORM_BWD:
+		return st_cuda_layernorm_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7),
+					     I(0), I(1));
+	case ST_OP_GELU_FWD:
+		return st_cuda_gelu_fwd(ctx, P(0), P(1), Z(0));
+	case ST_OP_GELU_BWD:
+		return st_cuda_gelu_bwd(ctx, P(0), P(1), P(2), Z(0));
+	case ST_OP_RESIDUAL_FWD:
+		return st_cuda_residual_fwd(ctx, P(0), P(1), P(2), Z(0));
+	case ST_OP_EMBEDDING_FWD:
+		return st_cuda_embedding_fwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	case ST_OP_EMBEDDING_BWD:
+		return st_cuda_embedding_bwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	case ST_OP_ATTENTION_FWD:
+		return st_cuda_attention_fwd(ctx, P(0), P(1), P(2), I(0), I(1), I(2), I(3));
+	case ST_OP_ATTENTION_BWD:
+		return st_cuda_attention_bwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2),
+					     I(3));
+	case ST_OP_CROSSENTROPY_FWD:
+		return st_cuda_crossentropy_fwd(ctx, P(0), P(1), P(2), I(0), I(1));
+	case ST_OP_CROSSENTROPY_BWD:
+		return st_cuda_crossentropy_bwd(ctx, P(0), P(1), P(2), P(3), op->f[0], I(0), I(1));
+	case ST_OP_COUNT:
+		break;
+	}
+	return st_error_set(-ENOTSUP, "cuda compute: no op %d", (int)op->kind);
 }
 
-static int cu_copy(struct st_compute *c, void *dst, const void *src, size_t bytes)
+/* Every op at its reference dtypes; matmul_fwd also with bf16 inp and
+ * weight (cuBLASLt, fp32 accumulation). */
+static bool cu_supports(const struct st_compute *c, enum st_op_kind kind,
+			const enum st_dtype *dt)
 {
-	return st_cuda_memcpy_async(ctx_of(c), dst, src, bytes);
+	(void)c;
+	if ((unsigned)kind >= ST_OP_COUNT)
+		return false;
+	if (kind == ST_OP_MATMUL_FWD && dt[1] == ST_DTYPE_BF16 && dt[2] == ST_DTYPE_BF16 &&
+	    dt[0] == ST_DTYPE_F32 && dt[3] == ST_DTYPE_F32)
+		return true;
+	return st_op_is_ref(kind, dt);
 }
 
 /* to_host and from_host are synchronous (the host reads or reuses the
@@ -66,109 +131,6 @@ static int cu_copy_sync(struct st_compute *c, void *dst, const void *src, size_t
 	int rc = st_cuda_memcpy_async(ctx_of(c), dst, src, bytes);
 
 	return rc ? rc : st_cuda_sync(ctx_of(c));
-}
-
-static int cu_bf16_to_f32(struct st_compute *c, float *out, const uint16_t *in, size_t n)
-{
-	return st_cuda_bf16_to_f32(ctx_of(c), out, in, n);
-}
-
-static int cu_gemm(struct st_compute *c, int ta, int tb, int M, int N, int K,
-		   const float *A, int lda, const float *B, int ldb, float beta, float *C,
-		   int ldc)
-{
-	return st_cuda_gemm(ctx_of(c), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
-}
-
-static int cu_matmul_fwd(struct st_compute *c, float *out, const float *inp,
-			 const float *weight, const float *bias, int N, int IC, int OC)
-{
-	return st_cuda_matmul_fwd(ctx_of(c), out, inp, weight, bias, N, IC, OC, ST_CUDA_F32);
-}
-
-static int cu_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre, const float *inp,
-			      const float *weight, const float *bias, int N, int IC, int OC)
-{
-	return st_cuda_matmul_gelu_fwd(ctx_of(c), out, pre, inp, weight, bias, N, IC, OC);
-}
-
-static int cu_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			 const float *dout, const float *inp, const float *weight, int N,
-			 int IC, int OC)
-{
-	return st_cuda_matmul_bwd(ctx_of(c), dinp, dweight, dbias, dout, inp, weight, N, IC,
-				  OC);
-}
-
-static int cu_layernorm_fwd(struct st_compute *c, float *out, float *mean, float *rstd,
-			    const float *inp, const float *weight, const float *bias, int N,
-			    int C)
-{
-	return st_cuda_layernorm_fwd(ctx_of(c), out, mean, rstd, inp, weight, bias, N, C);
-}
-
-static int cu_layernorm_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			    const float *dout, const float *inp, const float *weight,
-			    const float *mean, const float *rstd, int N, int C)
-{
-	return st_cuda_layernorm_bwd(ctx_of(c), dinp, dweight, dbias, dout, inp, weight, mean,
-				     rstd, N, C);
-}
-
-static int cu_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t n)
-{
-	return st_cuda_gelu_fwd(ctx_of(c), out, inp, n);
-}
-
-static int cu_gelu_bwd(struct st_compute *c, float *dinp, const float *inp,
-		       const float *dout, size_t n)
-{
-	return st_cuda_gelu_bwd(ctx_of(c), dinp, inp, dout, n);
-}
-
-static int cu_residual_fwd(struct st_compute *c, float *out, const float *a, const float *b,
-			   size_t n)
-{
-	return st_cuda_residual_fwd(ctx_of(c), out, a, b, n);
-}
-
-static int cu_embedding_fwd(struct st_compute *c, float *out, const int32_t *tokens,
-			    const float *wte, const float *wpe, int B, int T, int C)
-{
-	return st_cuda_embedding_fwd(ctx_of(c), out, tokens, wte, wpe, B, T, C);
-}
-
-static int cu_embedding_bwd(struct st_compute *c, float *dwte, float *dwpe,
-			    const float *dout, const int32_t *tokens, int B, int T, int C)
-{
-	return st_cuda_embedding_bwd(ctx_of(c), dwte, dwpe, dout, tokens, B, T, C);
-}
-
-static int cu_attention_fwd(struct st_compute *c, float *out, float *lse, const float *qkv,
-			    int B, int T, int C, int NH)
-{
-	return st_cuda_attention_fwd(ctx_of(c), out, lse, qkv, B, T, C, NH);
-}
-
-static int cu_attention_bwd(struct st_compute *c, float *dqkv, const float *dout,
-			    const float *qkv, const float *out, const float *lse, int B, int T,
-			    int C, int NH)
-{
-	return st_cuda_attention_bwd(ctx_of(c), dqkv, dout, qkv, out, lse, B, T, C, NH);
-}
-
-static int cu_crossentropy_fwd(struct st_compute *c, float *losses, const float *logits,
-			       const int32_t *targets, int N, int V)
-{
-	return st_cuda_crossentropy_fwd(ctx_of(c), losses, logits, targets, N, V);
-}
-
-static int cu_crossentropy_bwd(struct st_compute *c, float *dlogits, float *losses,
-			       const float *logits, const int32_t *targets, float dloss, int N,
-			       int V)
-{
-	return st_cuda_crossentropy_bwd(ctx_of(c), dlogits, losses, logits, targets, dloss, N,
-					V);
 }
 
 static int cu_record(struct st_compute *c, struct st_event *e)
@@ -262,28 +224,12 @@ static int cu_take_spans(struct st_compute *c, struct st_compute_span *out, int 
 
 static const struct st_compute_ops cuda_ops = {
 	.name = "cuda",
+	.run = cu_run,
+	.supports = cu_supports,
 	.sync = cu_sync,
 	.destroy = cu_destroy,
-	.zero = cu_zero,
-	.copy = cu_copy,
 	.to_host = cu_copy_sync,
 	.from_host = cu_copy_sync,
-	.bf16_to_f32 = cu_bf16_to_f32,
-	.gemm = cu_gemm,
-	.matmul_fwd = cu_matmul_fwd,
-	.matmul_gelu_fwd = cu_matmul_gelu_fwd,
-	.matmul_bwd = cu_matmul_bwd,
-	.layernorm_fwd = cu_layernorm_fwd,
-	.layernorm_bwd = cu_layernorm_bwd,
-	.gelu_fwd = cu_gelu_fwd,
-	.gelu_bwd = cu_gelu_bwd,
-	.residual_fwd = cu_residual_fwd,
-	.embedding_fwd = cu_embedding_fwd,
-	.embedding_bwd = cu_embedding_bwd,
-	.attention_fwd = cu_attention_fwd,
-	.attention_bwd = cu_attention_bwd,
-	.crossentropy_fwd = cu_crossentropy_fwd,
-	.crossentropy_bwd = cu_crossentropy_bwd,
 	.record = cu_record,
 	.wait = cu_wait,
 	.span = cu_span,

@@ -1,0 +1,175 @@
+/* strata: the op seam. An op is a record: what to run (an entry of
+ * ST_OP_LIST), its typed tensors and its scalar parameters. A compute
+ * (strata/compute.h) runs records through one hook, so an op is data that
+ * every backend can queue, copy, test and refuse, instead of a function
+ * signature written out per backend.
+ *
+ * Adding an op: one line in ST_OP_LIST below (its tensors in the kernel's
+ * argument order and their reference dtypes), one cpu kernel and its row
+ * in src/backend/cpu/compute_cpu.c's table, one cuda kernel and its case in
+ * src/backend/cuda/compute_cuda.c's switch, and one row in the shared op
+ * cases (tests/compute_cases.h), which holds the queued cpu compute to the
+ * direct one bit for bit and the cuda compute to the cpu one (docs/model.md,
+ * "The op seam"). A typed st_compute_<op>() convenience is optional.
+ *
+ * Nothing here allocates; a record is plain data, copied freely (a queued
+ * compute copies it into its ring). Tensor pointers are borrowed: they are
+ * the compute's device pointers and must stay valid until the op has run
+ * (st_compute_sync()). */
+#ifndef STRATA_OP_H
+#define STRATA_OP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types. U8 is raw bytes (zero, copy). */
+enum st_dtype {
+	ST_DTYPE_F32,
+	ST_DTYPE_BF16,
+	ST_DTYPE_I32,
+	ST_DTYPE_U8,
+};
+
+/* Bytes per element of dt. */
+static inline size_t st_dtype_elem_bytes(enum st_dtype dt)
+{
+	return dt == ST_DTYPE_BF16 ? 2 : dt == ST_DTYPE_U8 ? 1 : 4;
+}
+
+#define ST_TENSOR_MAX_DIMS 4
+
+/* A tensor descriptor: a borrowed device pointer, its dtype and its
+ * row-major shape (ndim dims, outermost first; -1 for a dim the caller
+ * does not know, e.g. an embedding table's rows). data may be NULL where
+ * the op says the tensor is optional (a bias, a gradient to skip). The
+ * backends take sizes from the op's integer parameters; the shape
+ * describes the tensor (traces, checks, tests). */
+struct st_tensor {
+	void *data;
+	enum st_dtype dtype;
+	int ndim;
+	int64_t shape[ST_TENSOR_MAX_DIMS];
+};
+
+/* Elements of t (1 for ndim 0). */
+static inline int64_t st_tensor_elems(const struct st_tensor *t)
+{
+	int64_t n = 1;
+
+	for (int d = 0; d < t->ndim; d++)
+		n *= t->shape[d];
+	return n;
+}
+
+/* Descriptors of 1, 2 or 3 dims; p may be const (the record drops it, as
+ * the kernels' argument lists say which tensors are written). */
+static inline struct st_tensor st_tensor_1d(const void *p, enum st_dtype dt, int64_t d0)
+{
+	struct st_tensor t = { (void *)(uintptr_t)p, dt, 1, { d0, 0, 0, 0 } };
+	return t;
+}
+
+static inline struct st_tensor st_tensor_2d(const void *p, enum st_dtype dt, int64_t d0,
+					    int64_t d1)
+{
+	struct st_tensor t = { (void *)(uintptr_t)p, dt, 2, { d0, d1, 0, 0 } };
+	return t;
+}
+
+static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int64_t d0,
+					    int64_t d1, int64_t d2)
+{
+	struct st_tensor t = { (void *)(uintptr_t)p, dt, 3, { d0, d1, d2, 0 } };
+	return t;
+}
+
+/* Every op: X(ENUM, "name", "signature"). The signature has one letter per
+ * tensor slot, in order, giving its reference dtype: f fp32, b bf16, i
+ * int32, u bytes. Slots, integer parameters i[] and float parameters f[]
+ * follow strata/kernels.h's argument order (shapes and conventions as
+ * there: forward overwrites, backward accumulates except gelu_bwd and
+ * crossentropy_bwd):
+ *
+ *   ZERO              t: p                                   i: bytes
+ *   COPY              t: dst, src                            i: bytes
+ *   BF16_TO_F32       t: out (f32), in (bf16)                i: n
+ *   GEMM              t: A, B, C       i: trans_a, trans_b, M, N, K, lda, ldb, ldc
+ *                                                            f: beta (alpha is 1)
+ *   MATMUL_FWD        t: out, inp, weight, bias?             i: N, IC, OC
+ *                     inp and weight may both be bf16 (fp32 accumulation,
+ *                     out and bias fp32): st_compute_supports() says where
+ *   MATMUL_GELU_FWD   t: out, pre?, inp, weight, bias?       i: N, IC, OC
+ *   MATMUL_BWD        t: dinp?, dweight?, dbias?, dout, inp, weight
+ *                                                            i: N, IC, OC
+ *   LAYERNORM_FWD     t: out, mean, rstd, inp, weight, bias  i: N, C
+ *   LAYERNORM_BWD     t: dinp, dweight, dbias, dout, inp, weight, mean, rstd
+ *                                                            i: N, C
+ *   GELU_FWD          t: out, inp                            i: n
+ *   GELU_BWD          t: dinp, inp, dout                     i: n
+ *   RESIDUAL_FWD      t: out, a, b                           i: n
+ *   EMBEDDING_FWD     t: out, tokens, wte, wpe               i: B, T, C
+ *   EMBEDDING_BWD     t: dwte, dwpe, dout, tokens            i: B, T, C
+ *   ATTENTION_FWD     t: out, lse, qkv                       i: B, T, C, NH
+ *   ATTENTION_BWD     t: dqkv, dout, qkv, out, lse           i: B, T, C, NH
+ *   CROSSENTROPY_FWD  t: losses, logits, targets             i: N, V
+ *   CROSSENTROPY_BWD  t: dlogits, losses?, logits, targets   i: N, V
+ *                                                            f: dloss
+ * (? = may be NULL.) New ops go at the end, before ST_OP_COUNT. */
+#define ST_OP_LIST(X)                                   \
+	X(ZERO, "zero", "u")                            \
+	X(COPY, "copy", "uu")                           \
+	X(BF16_TO_F32, "bf16_to_f32", "fb")             \
+	X(GEMM, "gemm", "fff")                          \
+	X(MATMUL_FWD, "matmul_fwd", "ffff")             \
+	X(MATMUL_GELU_FWD, "matmul_gelu_fwd", "fffff")  \
+	X(MATMUL_BWD, "matmul_bwd", "ffffff")           \
+	X(LAYERNORM_FWD, "layernorm_fwd", "ffffff")     \
+	X(LAYERNORM_BWD, "layernorm_bwd", "ffffffff")   \
+	X(GELU_FWD, "gelu_fwd", "ff")                   \
+	X(GELU_BWD, "gelu_bwd", "fff")                  \
+	X(RESIDUAL_FWD, "residual_fwd", "fff")          \
+	X(EMBEDDING_FWD, "embedding_fwd", "fiff")       \
+	X(EMBEDDING_BWD, "embedding_bwd", "fffi")       \
+	X(ATTENTION_FWD, "attention_fwd", "fff")        \
+	X(ATTENTION_BWD, "attention_bwd", "fffff")      \
+	X(CROSSENTROPY_FWD, "crossentropy_fwd", "ffi")  \
+	X(CROSSENTROPY_BWD, "crossentropy_bwd", "fffi")
+
+#define ST_OP_ENUM_(name, str, sig) ST_OP_##name,
+enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };
+#undef ST_OP_ENUM_
+
+#define ST_OP_MAX_TENSORS 8
+#define ST_OP_MAX_INTS 8
+#define ST_OP_MAX_FLOATS 2
+
+/* An op record. Slots past the op's tensor count, and parameters it does
+ * not take, are ignored (zero them: designated initialisers do). */
+struct st_op {
+	enum st_op_kind kind;
+	struct st_tensor t[ST_OP_MAX_TENSORS];
+	int64_t i[ST_OP_MAX_INTS];
+	float f[ST_OP_MAX_FLOATS];
+};
+
+/* The op's name ("matmul_fwd"), or "?" past the list. */
+const char *st_op_name(enum st_op_kind kind);
+/* How many tensor slots the op has (its signature's length). */
+int st_op_tensors(enum st_op_kind kind);
+/* The reference dtype of slot `slot` of the op (the fp32 signature every
+ * compute runs); slot must be below st_op_tensors(kind). */
+enum st_dtype st_op_ref_dtype(enum st_op_kind kind, int slot);
+/* Whether dtypes (one per slot, st_op_tensors(kind) of them) is the op's
+ * reference signature. */
+bool st_op_is_ref(enum st_op_kind kind, const enum st_dtype *dtypes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,374 @@
+/* Compute: the wrappers every caller goes through (sticky errors, the
+ * supports() check, defaults for optional hooks), the typed conveniences
+ * that fill op records, and the choice of compute for a device. The
+ * backends are src/backend/cpu/compute_cpu.c and
+ * src/backend/cuda/compute_cuda.c. */
+#include "strata/compute.h"
+
+#include "backend/compute_internal.h"
+#include "strata/device.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <string.h>
+
+/* ---- instances --------------------------------------------------------------- */
+
+int st_compute_create(struct st_device *d, struct st_compute **out)
+{
+	const char *name = st_device_name(d);
+
+	*out = NULL;
+	if (strcmp(name, "cpu") == 0)
+		return st_compute_cpu_queued_create(d, out);
+#ifdef ST_HAVE_CUDA
+	if (strcmp(name, "cuda") == 0)
+		return st_compute_cuda_create(st_device_ordinal(d), out);
+#endif
+	return st_error_set(-ENODEV, "compute: no compute for device '%s'", name);
+}
+
+void st_compute_destroy(struct st_compute *c)
+{
+	if (c && c != st_compute_cpu())
+		c->ops->destroy(c);
+}
+
+const char *st_compute_name(const struct st_compute *c)
+{
+	return c->ops->name;
+}
+
+int st_compute_take_error(struct st_compute *c)
+{
+	int err = c->err;
+
+	c->err = 0;
+	return err;
+}
+
+int st_compute_sync(struct st_compute *c)
+{
+	int ret = c->ops->sync(c);
+
+	if (c->err)
+		ret = c->err;
+	c->err = 0;
+	return ret;
+}
+
+/* Call hook `call` unless an error is sticky; keep its error. */
+#define OP(call)                                \
+	do {                                    \
+		if (c->err == 0) {              \
+			int r_ = c->ops->call;  \
+			if (r_)                 \
+				c->err = r_;    \
+		}                               \
+	} while (0)
+
+void st_compute_to_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	OP(to_host(c, dst, src, bytes));
+}
+
+void st_compute_from_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	OP(from_host(c, dst, src, bytes));
+}
+
+void st_compute_record(struct st_compute *c, struct st_event *e)
+{
+	if (c->err == 0 && !c->ops->record)
+		c->err = st_error_set(-ENOTSUP, "compute '%s' has no queue to record an event on",
+				      c->ops->name);
+	OP(record(c, e));
+}
+
+void st_compute_wait(struct st_compute *c, struct st_event *e)
+{
+	if (c->err == 0 && !c->ops->wait)
+		c->err = st_error_set(-ENOTSUP, "compute '%s' has no queue to wait on",
+				      c->ops->name);
+	OP(wait(c, e));
+}
+
+void st_compute_span_begin(struct st_compute *c, const char *name)
+{
+	if (c->ops->span)
+		OP(span(c, name));
+}
+
+void st_compute_span_end(struct st_compute *c)
+{
+	if (c->ops->span)
+		OP(span(c, NULL));
+}
+
+int st_compute_take_spans(struct st_compute *c, struct st_compute_span *out, int max)
+{
+	return c->ops->take_spans ? c->ops->take_spans(c, out, max) : 0;
+}
+
+/* ---- the op seam ------------------------------------------------------------- */
+
+bool st_compute_supports(const struct st_compute *c, enum st_op_kind kind,
+			 const enum st_dtype *dtypes)
+{
+	assert(c && (unsigned)kind < ST_OP_COUNT && dtypes);
+	return c->ops->supports(c, kind, dtypes);
+}
+
+bool st_compute_supports_op(const struct st_compute *c, const struct st_op *op)
+{
+	enum st_dtype dt[ST_OP_MAX_TENSORS];
+	int n = st_op_tensors(op->kind);
+
+	for (int k = 0; k < n; k++)
+		dt[k] = op->t[k].dtype;
+	return st_compute_supports(c, op->kind, dt);
+}
+
+void st_compute_run(struct st_compute *c, const struct st_op *op)
+{
+	assert(c && op && (unsigned)op->kind < ST_OP_COUNT);
+	if (c->err)
+		return;
+	if (!st_compute_supports_op(c, op)) {
+		c->err = st_error_set(-ENOTSUP, "compute '%s' does not run %s with these dtypes",
+				      c->ops->name, st_op_name(op->kind));
+		return;
+	}
+	OP(run(c, op));
+}
+
+/* ---- the typed conveniences: fp32 records -------------------------------------- */
+
+#define F1(p, n) st_tensor_1d((p), ST_DTYPE_F32, (int64_t)(n))
+#define F2(p, r, k) st_tensor_2d((p), ST_DTYPE_F32, (int64_t)(r), (int64_t)(k))
+#define I2(p, r, k) st_tensor_2d((p), ST_DTYPE_I32, (int64_t)(r), (int64_t)(k))
+#define U1(p, n) st_tensor_1d((p), ST_DTYPE_U8, (int64_t)(n))
+
+void st_compute_zero(struct st_compute *c, void *p, size_t bytes)
+{
+	struct st_op op = { .kind = ST_OP_ZERO, .t = { U1(p, bytes) }, .i = { (int64_t)bytes } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_copy(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	struct st_op op = { .kind = ST_OP_COPY,
+			    .t = { U1(dst, bytes), U1(src, bytes) },
+			    .i = { (int64_t)bytes } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_bf16_to_f32(struct st_compute *c, float *out, const uint16_t *in, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_BF16_TO_F32,
+			    .t = { F1(out, n), st_tensor_1d(in, ST_DTYPE_BF16, (int64_t)n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_gemm(struct st_compute *c, int trans_a, int trans_b, int M, int N, int K,
+		     const float *A, int lda, const float *B, int ldb, float beta, float *C,
+		     int ldc)
+{
+	/* A is stored (M,K) or, transposed, (K,M); B (K,N) or (N,K); C (M,N);
+	 * the shapes say the logical rows and the leading dimension */
+	struct st_op op = {
+		.kind = ST_OP_GEMM,
+		.t = { F2(A, trans_a ? K : M, lda), F2(B, trans_b ? N : K, ldb), F2(C, M, ldc) },
+		.i = { trans_a, trans_b, M, N, K, lda, ldb, ldc },
+		.f = { beta },
+	};
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_matmul_fwd(struct st_compute *c, float *out, const float *inp,
+			   const float *weight, const float *bias, int N, int IC, int OC)
+{
+	struct st_op op = { .kind = ST_OP_MATMUL_FWD,
+			    .t = { F2(out, N, OC), F2(inp, N, IC), F2(weight, IC, OC),
+				   F1(bias, OC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_matmul_fwd_bf16(struct st_compute *c, float *out, const uint16_t *inp,
+				const uint16_t *weight, const float *bias, int N, int IC,
+				int OC)
+{
+	struct st_op op = { .kind = ST_OP_MATMUL_FWD,
+			    .t = { F2(out, N, OC), st_tensor_2d(inp, ST_DTYPE_BF16, N, IC),
+				   st_tensor_2d(weight, ST_DTYPE_BF16, IC, OC), F1(bias, OC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre,
+				const float *inp, const float *weight, const float *bias, int N,
+				int IC, int OC)
+{
+	static const enum st_dtype f32[ST_OP_MAX_TENSORS] = { 0 }; /* ST_DTYPE_F32 is 0 */
+	float *mid = pre ? pre : out;
+
+	if (st_compute_supports(c, ST_OP_MATMUL_GELU_FWD, f32)) {
+		struct st_op op = { .kind = ST_OP_MATMUL_GELU_FWD,
+				    .t = { F2(out, N, OC), F2(pre, N, OC), F2(inp, N, IC),
+					   F2(weight, IC, OC), F1(bias, OC) },
+				    .i = { N, IC, OC } };
+
+		st_compute_run(c, &op);
+		return;
+	}
+	st_compute_matmul_fwd(c, mid, inp, weight, bias, N, IC, OC);
+	st_compute_gelu_fwd(c, out, mid, (size_t)N * OC);
+}
+
+void st_compute_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
+			   const float *dout, const float *inp, const float *weight, int N,
+			   int IC, int OC)
+{
+	struct st_op op = { .kind = ST_OP_MATMUL_BWD,
+			    .t = { F2(dinp, N, IC), F2(dweight, IC, OC), F1(dbias, OC),
+				   F2(dout, N, OC), F2(inp, N, IC), F2(weight, IC, OC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_layernorm_fwd(struct st_compute *c, float *out, float *mean, float *rstd,
+			      const float *inp, const float *weight, const float *bias,
+			      int N, int C)
+{
+	struct st_op op = { .kind = ST_OP_LAYERNORM_FWD,
+			    .t = { F2(out, N, C), F1(mean, N), F1(rstd, N), F2(inp, N, C),
+				   F1(weight, C), F1(bias, C) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_layernorm_bwd(struct st_compute *c, float *dinp, float *dweight,
+			      float *dbias, const float *dout, const float *inp,
+			      const float *weight, const float *mean, const float *rstd,
+			      int N, int C)
+{
+	struct st_op op = { .kind = ST_OP_LAYERNORM_BWD,
+			    .t = { F2(dinp, N, C), F1(dweight, C), F1(dbias, C), F2(dout, N, C),
+				   F2(inp, N, C), F1(weight, C), F1(mean, N), F1(rstd, N) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_GELU_FWD,
+			    .t = { F1(out, n), F1(inp, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_gelu_bwd(struct st_compute *c, float *dinp, const float *inp,
+			 const float *dout, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_GELU_BWD,
+			    .t = { F1(dinp, n), F1(inp, n), F1(dout, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_residual_fwd(struct st_compute *c, float *out, const float *a,
+			     const float *b, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_RESIDUAL_FWD,
+			    .t = { F1(out, n), F1(a, n), F1(b, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_embedding_fwd(struct st_compute *c, float *out, const int32_t *tokens,
+			      const float *wte, const float *wpe, int B, int T, int C)
+{
+	/* wte is (V,C) and wpe (>=T,C): the op does not know V, nor wpe's rows */
+	struct st_op op = { .kind = ST_OP_EMBEDDING_FWD,
+			    .t = { st_tensor_3d(out, ST_DTYPE_F32, B, T, C), I2(tokens, B, T),
+				   F2(wte, -1, C), F2(wpe, -1, C) },
+			    .i = { B, T, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_embedding_bwd(struct st_compute *c, float *dwte, float *dwpe,
+			      const float *dout, const int32_t *tokens, int B, int T, int C)
+{
+	struct st_op op = { .kind = ST_OP_EMBEDDING_BWD,
+			    .t = { F2(dwte, -1, C), F2(dwpe, T, C),
+				   st_tensor_3d(dout, ST_DTYPE_F32, B, T, C), I2(tokens, B, T) },
+			    .i = { B, T, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_attention_fwd(struct st_compute *c, float *out, float *lse,
+			      const float *qkv, int B, int T, int C, int NH)
+{
+	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
+			    .t = { st_tensor_3d(out, ST_DTYPE_F32, B, T, C),
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
+				   st_tensor_3d(qkv, ST_DTYPE_F32, B, T, 3 * (int64_t)C) },
+			    .i = { B, T, C, NH } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_attention_bwd(struct st_compute *c, float *dqkv, const float *dout,
+			      const float *qkv, const float *out, const float *lse, int B,
+			      int T, int C, int NH)
+{
+	struct st_op op = { .kind = ST_OP_ATTENTION_BWD,
+			    .t = { st_tensor_3d(dqkv, ST_DTYPE_F32, B, T, 3 * (int64_t)C),
+				   st_tensor_3d(dout, ST_DTYPE_F32, B, T, C),
+				   st_tensor_3d(qkv, ST_DTYPE_F32, B, T, 3 * (int64_t)C),
+				   st_tensor_3d(out, ST_DTYPE_F32, B, T, C),
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T) },
+			    .i = { B, T, C, NH } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_crossentropy_fwd(struct st_compute *c, float *losses, const float *logits,
+				 const int32_t *targets, int N, int V)
+{
+	struct st_op op = { .kind = ST_OP_CROSSENTROPY_FWD,
+			    .t = { F1(losses, N), F2(logits, N, V),
+				   st_tensor_1d(targets, ST_DTYPE_I32, N) },
+			    .i = { N, V } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_crossentropy_bwd(struct st_compute *c, float *dlogits, float *losses,
+				 const float *logits, const int32_t *targets, float dloss,
+				 int N, int V)
+{
+	struct st_op op = { .kind = ST_OP_CROSSENTROPY_BWD,
+			    .t = { F2(dlogits, N, V), F1(losses, N), F2(logits, N, V),
+				   st_tensor_1d(targets, ST_DTYPE_I32, N) },
+			    .i = { N, V },
+			    .f = { dloss } };
+
+	st_compute_run(c, &op);
+}
