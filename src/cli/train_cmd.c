@@ -420,20 +420,16 @@ int st_cli_train(int argc, char **argv)
 	}
 	if (init) {
 		struct st_weights *w;
-		struct st_gpt2_config gc;
+		struct st_model_config gc;
+		char dims[256];
 		int ret = st_weights_open(init, &w);
 
 		/* a file that says which model it holds must hold --model's
 		 * (a bare model.safetensors: its tensors' shapes are checked) */
 		if (ret == 0 && st_weights_config(w, &gc) == 0 &&
-		    (gc.n_layer != cfg->model.n_layer || gc.n_embd != cfg->model.n_embd ||
-		     gc.n_head != cfg->model.n_head || gc.vocab_size != cfg->model.vocab ||
-		     gc.n_positions != cfg->model.ctx))
-			ret = st_error_set(-EINVAL, "it holds layers=%lld,dim=%lld,heads=%lld,vocab=%lld,"
-					   "ctx=%lld, not the model --model gives",
-					   (long long)gc.n_layer, (long long)gc.n_embd,
-					   (long long)gc.n_head, (long long)gc.vocab_size,
-					   (long long)gc.n_positions);
+		    !st_model_config_equal(&gc, &cfg->model))
+			ret = st_error_set(-EINVAL, "it holds %s, not the model --model gives",
+					   st_model_config_format(&gc, dims, sizeof(dims)));
 		if (ret == 0)
 			ret = st_engine_load_weights(e, w);
 		st_weights_close(w);
@@ -459,7 +455,7 @@ int st_cli_train(int argc, char **argv)
 	printf("strata train: %.2fM params, %d layers, dim %d, %d heads, vocab %d | data %s "
 	       "(%llu tokens) | B=%d T=%d accum %d | device %s | %d threads | adam %s\n",
 	       (double)st_model_param_count(st_engine_model(e)) / 1e6, cfg->model.n_layer,
-	       cfg->model.n_embd, cfg->model.n_head, cfg->model.vocab, data,
+	       cfg->model.dim, cfg->model.n_head, cfg->model.vocab, data,
 	       (unsigned long long)st_dataset_tokens(ds), cfg->batch, cfg->seq, cfg->grad_accum,
 	       ec.device, omp_get_max_threads(), st_optim_path_name(st_optim_path_get()));
 	fflush(stdout);

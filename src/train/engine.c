@@ -1286,7 +1286,7 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	e->U = st_model_unit_count(e->model);
 	e->k = e->plan.prefetch;
 	e->Wb = c->bf16 ? 2 : 4;
-	e->X = (size_t)c->batch * c->seq * c->model.n_embd;
+	e->X = (size_t)c->batch * c->seq * c->model.dim;
 	e->elems = calloc((size_t)e->U, sizeof(*e->elems));
 	e->sh = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->sh));
 	e->unit_sumsq = calloc((size_t)e->U, sizeof(double));

@@ -56,7 +56,7 @@ static void net_init(struct net *n, const struct st_model_config *cfg, int B,
 	n->U = st_model_unit_count(n->m);
 	n->B = B;
 	n->T = T;
-	n->C = cfg->n_embd;
+	n->C = cfg->dim;
 	n->p = calloc(n->U, sizeof(float *));
 	n->g = calloc(n->U, sizeof(float *));
 	n->x = calloc(n->U + 1, sizeof(float *));
@@ -135,7 +135,7 @@ static float net_bwd(struct net *n)
 }
 
 static const struct st_model_config small_cfg = {
-	.n_layer = 2, .n_embd = 32, .n_head = 4, .vocab = 37, .ctx = 80};
+	.n_layer = 2, .dim = 32, .n_head = 4, .vocab = 37, .ctx = 80};
 
 /* ---- config and layout ----------------------------------------------------------------- */
 
@@ -145,15 +145,15 @@ static void test_config(void **state)
 	struct st_model_config c;
 	assert_int_equal(st_model_config_parse("gpt2", &c), 0);
 	assert_int_equal(c.n_layer, 12);
-	assert_int_equal(c.n_embd, 768);
+	assert_int_equal(c.dim, 768);
 	assert_int_equal(c.vocab, 50257);
 	assert_int_equal(st_model_config_parse("gpt2-xl", &c), 0);
-	assert_int_equal(c.n_embd, 1600);
+	assert_int_equal(c.dim, 1600);
 	assert_int_equal(st_model_config_parse("tiny", &c), 0);
 	assert_int_equal(c.vocab, 256);
 	assert_int_equal(st_model_config_parse("ctx=64,layers=3,dim=48,heads=6,vocab=100", &c), 0);
 	assert_int_equal(c.n_layer, 3);
-	assert_int_equal(c.n_embd, 48);
+	assert_int_equal(c.dim, 48);
 	assert_int_equal(c.n_head, 6);
 	assert_int_equal(c.vocab, 100);
 	assert_int_equal(c.ctx, 64);
@@ -233,7 +233,7 @@ static void test_layout(void **state)
 static void test_init(void **state)
 {
 	(void)state;
-	struct st_model_config c = {.n_layer = 8, .n_embd = 256, .n_head = 4,
+	struct st_model_config c = {.n_layer = 8, .dim = 256, .n_head = 4,
 				    .vocab = 300, .ctx = 64};
 	struct st_model *m;
 	assert_int_equal(st_model_create(&c, &m), 0);
@@ -530,7 +530,7 @@ static void adamw(struct net *n, float **mom, float **vel, int step, float lr)
 static void test_overfit(void **state)
 {
 	(void)state;
-	struct st_model_config c = {.n_layer = 2, .n_embd = 64, .n_head = 4,
+	struct st_model_config c = {.n_layer = 2, .dim = 64, .n_head = 4,
 				    .vocab = 256, .ctx = 32};
 	struct net n;
 	net_init(&n, &c, 2, 32, 3);
