@@ -104,8 +104,9 @@ static float net_fwd(struct net *n)
 {
 	float loss = 0.0f;
 	for (int u = 0; u < n->U; u++) {
-		const float *tied = u == n->U - 1 ? n->p[0] : NULL;
-		assert_int_equal(st_model_fwd(n->m, u, &n->batch, n->p[u], tied,
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		const float *other = k >= 0 ? n->p[k] : NULL;
+		assert_int_equal(st_model_fwd(n->m, u, &n->batch, n->p[u], other,
 					      n->x[u], n->x[u + 1], &loss, n->work,
 					      n->work_bytes), 0);
 	}
@@ -122,12 +123,13 @@ static float net_bwd(struct net *n)
 	}
 	int cur = 0;
 	for (int u = n->U - 1; u >= 0; u--) {
-		const float *tied = u == n->U - 1 ? n->p[0] : NULL;
-		float *tied_g = u == n->U - 1 ? n->g[0] : NULL;
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		const float *other = k >= 0 ? n->p[k] : NULL;
+		float *other_g = k >= 0 ? n->g[k] : NULL;
 		float *dx = u > 0 ? n->dbuf[cur ^ 1] : NULL;
-		assert_int_equal(st_model_bwd(n->m, u, &n->batch, n->p[u], tied,
+		assert_int_equal(st_model_bwd(n->m, u, &n->batch, n->p[u], other,
 					      n->x[u], n->dbuf[cur], dx, n->g[u],
-					      tied_g, u == n->U - 1 ? &loss : NULL,
+					      other_g, u == n->U - 1 ? &loss : NULL,
 					      n->work, n->work_bytes), 0);
 		cur ^= 1;
 	}
@@ -226,6 +228,15 @@ static void test_layout(void **state)
 	assert_int_equal(st_model_find_tensor(m, "ln_f.weight", &u, &k), 0);
 	assert_int_equal(u, 13);
 	assert_int_equal(st_model_find_tensor(m, "lm_head.weight", &u, &k), -ENOENT);
+	/* the tie as data: the head reads unit 0, which stays resident */
+	assert_int_equal(st_model_unit_layout(m, 13)->reads_unit, 0);
+	assert_true(st_model_unit_layout(m, 0)->resident);
+	for (u = 1; u < 13; u++) {
+		assert_int_equal(st_model_unit_layout(m, u)->reads_unit, -1);
+		assert_false(st_model_unit_layout(m, u)->resident);
+	}
+	assert_int_equal(st_model_act_bytes(m, 0, 2, 16), 2 * 16 * 768 * 4);
+	assert_int_equal(st_model_act_bytes(m, 13, 2, 16), 0);
 	st_model_destroy(m);
 	st_model_destroy(NULL);
 }
