@@ -8,6 +8,7 @@
 #include "strata/ckpt.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/family.h"
 #include "strata/io.h"
 #include "strata/optim.h"
 #include "strata/trace.h"
@@ -45,6 +46,7 @@ static void train_usage(FILE *f)
 "\n"
 "model and data\n"
 "  --model NAME|DIMS    %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
+"                       either may follow FAMILY: (families: %s)\n"
 "  --init FILE|DIR      start from GPT-2 weights: a Hugging Face model.safetensors or its\n"
 "                       directory, a strata checkpoint, an llm.c model file (gpt2_124M.bin)\n"
 "  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
@@ -85,7 +87,7 @@ static void train_usage(FILE *f)
 "\n"
 "Ctrl-C or SIGTERM stops the run at the end of a step, saves it there when\n"
 "--save is given, and exits 130; a second one stops it at once.\n",
-		ST_DEFAULT_DATA, st_model_preset_list(), st_device_list(), DEFAULT_GPU_MEM,
+		ST_DEFAULT_DATA, st_model_preset_list(), st_family_list(), st_device_list(), DEFAULT_GPU_MEM,
 	        DEFAULT_HOST_MEM, DEFAULT_NVME);
 }
 
