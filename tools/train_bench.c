@@ -173,7 +173,7 @@ int main(int argc, char **argv)
 		omp_set_num_threads(threads);
 	threads = omp_get_max_threads();
 
-	struct bench s = {.B = B, .T = T, .C = cfg.n_embd};
+	struct bench s = {.B = B, .T = T, .C = cfg.dim};
 	if (st_model_create(&cfg, &s.m)) {
 		fprintf(stderr, "train-bench: %s\n", st_error_last());
 		return 1;
@@ -183,7 +183,7 @@ int main(int argc, char **argv)
 	s.g = calloc((size_t)s.U, sizeof(*s.g));
 	s.x = calloc((size_t)s.U, sizeof(*s.x));
 	size_t max_elems = 0;
-	size_t act = (size_t)B * T * cfg.n_embd;
+	size_t act = (size_t)B * T * cfg.dim;
 	int32_t *tok = malloc((size_t)B * T * sizeof(int32_t));
 	int32_t *tgt = malloc((size_t)B * T * sizeof(int32_t));
 	int ok = s.w && s.g && s.x && tok && tgt;
@@ -262,7 +262,7 @@ int main(int argc, char **argv)
 	double ratio = model_flops / gemm_flops;
 
 	printf("model %s: L=%d C=%d H=%d V=%d, %.1fM params; B=%d T=%d, %d threads, %d steps\n",
-	       model, cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab,
+	       model, cfg.n_layer, cfg.dim, cfg.n_head, cfg.vocab,
 	       (double)st_model_param_count(s.m) / 1e6, B, T, threads, steps);
 	printf("step (fwd + bwd with recompute, W bf16): median %.3f s, loss %.4f (ln V = %.4f)\n",
 	       step_s, (double)loss, log((double)cfg.vocab));

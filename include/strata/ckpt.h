@@ -4,7 +4,7 @@
  *   DIR/step-000123/model.safetensors      fp32 master weights P (HF names)
  *   DIR/step-000123/optimizer.safetensors  Adam moments: "<name>.exp_avg" (M),
  *                                          "<name>.exp_avg_sq" (V)
- *   DIR/step-000123/config.json            st_gpt2_config_write()
+ *   DIR/step-000123/config.json            st_model_config_write()
  *   DIR/step-000123/trainer.json           version, step, seed, sampler
  *                                          cursor, training config, and the
  *                                          size + XXH64 of every other file

@@ -1,28 +1,36 @@
-/* strata: models as lists of units (GPT-2).
+/* strata: a model, the instance the engine, planner and trainer use.
  *
- * A model is a list of units, the grain of streaming:
+ * A model is a list of units, the grain of streaming, built by its family
+ * (strata/family.h: GPT-2 today, in src/model/gpt2.c). GPT-2's units:
  *   u = 0          the embedding   (wte.weight, wpe.weight)
  *   u = 1 .. L     block u-1       (h.{i}.ln_1 ... h.{i}.mlp.c_proj)
- *   u = L + 1      the head        (ln_f; its matmul uses wte, tied)
+ *   u = L + 1      the head        (ln_f; its matmul reads unit 0's wte)
  * Each unit's parameters live in one flat buffer of `elems` values (bf16 or
  * fp32, the caller's choice): tensors sit at offsets that are multiples of
  * 64 elements and `elems` is a multiple of 2048, so the buffer is a whole
  * number of ST_PAGE_BYTES pages in either precision and can move as opaque
- * bytes. Padding is zero. Tensor names and shapes are Hugging Face GPT-2's
- * (Conv1D weights stored (in,out)), with no vocabulary padding.
+ * bytes. Padding is zero. Tensor names and shapes are Hugging Face's (for
+ * GPT-2: Conv1D weights stored (in,out)), with no vocabulary padding.
  *
  * The model knows nothing about tiers: fwd and bwd are handed fp32 pointers
  * (a bf16 W is widened first, e.g. with st_compute_bf16_to_f32, once per
  * use) and a workspace sized by st_model_work_bytes(), all in the memory
  * of the model's compute (strata/compute.h; the cpu by default, set with
- * st_model_set_compute()), and run every op through that compute. Only each unit's input x[u] is kept
- * between the forward and the backward (the activation checkpoint): bwd(u)
- * recomputes the unit's forward from it inside the workspace.
+ * st_model_set_compute()), and run every op through that compute.
  *
- * The tie: the head reads wte from the embedding unit's flat buffer (passed
- * as `tied`) and adds its share of dwte into the embedding unit's gradient
- * buffer (`tied_grad`), so dwte gathers both uses even when units stream
- * independently.
+ * The contract the engine relies on, for every family:
+ *   - every unit's input is the previous unit's output: unit u's y is unit
+ *     u+1's x, st_model_act_bytes(m, u, B, T) bytes, and it is the only
+ *     thing kept between the forward and the backward (the activation
+ *     checkpoint): bwd(u) recomputes the unit's forward from it inside the
+ *     workspace. Unit 0 reads the batch's tokens instead of an x;
+ *   - the last unit computes the loss (it reads the batch's targets), and
+ *     its forward runs inside its bwd: a training step runs its bwd only;
+ *   - a unit with reads_unit = k (>= 0) needs unit k's W during its fwd and
+ *     its bwd (passed as `other`) and its bwd accumulates into unit k's
+ *     gradient (`other_grad`); unit k is marked resident: GPT-2's head reads
+ *     the embedding's wte (the tie), so dwte gathers both uses even when
+ *     units stream independently.
  *
  * Everything is deterministic: bit-identical results at any OpenMP thread
  * count. Functions return 0 or -errno (details in st_error_last()). */
@@ -34,23 +42,89 @@
 #include <stdbool.h>
 
 struct st_compute;
+struct st_family_ops;
 
-/* Architecture. Every field is required and positive; dim % heads == 0. */
+/* Architecture: one config type for every family. The family owns it: it
+ * parses, checks, reads and writes it (strata/family.h). Fields a family
+ * does not use stay 0. Every field GPT-2 uses is required and positive;
+ * dim % n_head == 0. */
 struct st_model_config {
-	int n_layer; /* L: transformer blocks */
-	int n_embd;  /* C: channels */
-	int n_head;  /* H: attention heads */
-	int vocab;   /* V: vocabulary size (no padding) */
-	int ctx;     /* T: maximum sequence length (wpe rows) */
+	/* The family: NULL is the first one, GPT-2 (so a config written as
+	 * dims alone stays GPT-2's). Static, borrowed. */
+	const struct st_family_ops *family;
+	int n_layer;   /* L: transformer blocks */
+	int dim;       /* C: channels (GPT-2's n_embd) */
+	int n_head;    /* H: attention heads */
+	int n_kv_head; /* key/value heads (GQA); 0 where the family has none (GPT-2) */
+	int ffn_dim;   /* the MLP's hidden size; 0 where the family fixes it (GPT-2: 4C) */
+	int vocab;     /* V: vocabulary size (no padding) */
+	int ctx;       /* T: maximum sequence length */
 };
 
-/* Fill *out from a preset name ("tiny", "gpt2", "gpt2-medium", "gpt2-large",
- * "gpt2-xl") or from explicit dimensions "layers=L,dim=C,heads=H,vocab=V,
- * ctx=T" (all five keys, any order). Returns 0 or -EINVAL with the reason. */
+/* Fill *out from --model's text: a preset name of a family ("tiny",
+ * "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"), or explicit dimensions
+ * "layers=L,dim=C,heads=H,vocab=V,ctx=T" (GPT-2's keys, all five, any
+ * order), either after an optional family prefix "gpt2:". Without a prefix
+ * presets are looked up in every family and dimensions are GPT-2's.
+ * Returns 0 or -EINVAL with the reason (*out untouched). */
 int st_model_config_parse(const char *text, struct st_model_config *out);
 
-/* Names of the presets, comma-separated, for --help. */
+/* Names of every family's presets, comma-separated, for --help. Static. */
 const char *st_model_preset_list(void);
+
+/* The family of cfg (cfg->family, or the first family when NULL). */
+const struct st_family_ops *st_model_config_family(const struct st_model_config *cfg);
+
+/* Check cfg as its family does. Returns 0 or -EINVAL naming the field. */
+int st_model_config_check(const struct st_model_config *cfg);
+
+/* The same model: the same family and every field equal. */
+bool st_model_config_equal(const struct st_model_config *a, const struct st_model_config *b);
+
+/* cfg as the dimensions text st_model_config_parse() reads back (without
+ * the family prefix; "layers=12,dim=768,heads=12,vocab=50257,ctx=1024"),
+ * NUL-terminated, truncated to bytes. Returns buf. */
+char *st_model_config_format(const struct st_model_config *cfg, char *buf, size_t bytes);
+
+/* cfg in words for a summary line ("GPT-2, 12 layers, dim 768, 12 heads,
+ * vocab 50257, ctx 1024"), as st_model_config_format(). Returns buf. */
+char *st_model_config_describe(const struct st_model_config *cfg, char *buf, size_t bytes);
+
+/* One integer field of a Hugging Face config.json that gives the shape. */
+struct st_config_field {
+	const char *key; /* static: "n_embd" */
+	int64_t value;
+};
+#define ST_MODEL_CONFIG_FIELDS_MAX 16
+
+/* The shape's fields of cfg's config.json, in the family's order (GPT-2:
+ * n_layer, n_embd, n_head, vocab_size, n_positions), into out (room for
+ * ST_MODEL_CONFIG_FIELDS_MAX). Returns how many. */
+int st_model_config_fields(const struct st_model_config *cfg, struct st_config_field *out);
+
+/* Read a Hugging Face config.json: its family by model_type, else by the
+ * first of architectures ("GPT2LMHeadModel"), else the first family (a
+ * config with neither, as llm.c's tools write it, is GPT-2's); then the
+ * family's fields (GPT-2: n_embd, n_layer, n_head, vocab_size, n_positions,
+ * n_ctx when n_positions is absent; others ignored). Returns 0, -EINVAL
+ * when the file is not a JSON object, names a model_type no family
+ * knows, or a field is missing, not an integer, out of range, or n_head
+ * does not divide n_embd (the detail names it), or the errno of reading
+ * the file. */
+int st_model_config_read(const char *path, struct st_model_config *out);
+
+/* Write cfg as a config.json that Hugging Face transformers loads as its
+ * family's model (GPT-2: model_type "gpt2", the five fields, n_ctx, and
+ * GPT-2's fixed hyper-parameters), atomically. Returns 0, -EINVAL for a
+ * config st_model_config_read() would refuse, or -errno. */
+int st_model_config_write(const char *path, const struct st_model_config *cfg);
+
+/* Refuse a Hugging Face config.json that describes another model than its
+ * family computes (GPT-2: an untied head, another activation, another
+ * LayerNorm epsilon). Returns 0, or -EINVAL with the reason (a file that
+ * is not a JSON object too). Reads only; st_model_config_read() does not
+ * call it (a strata checkpoint's config.json is strata's own). */
+int st_model_config_hf_check(const char *path);
 
 #define ST_MODEL_NAME_BYTES 48
 #define ST_MODEL_TENSOR_ALIGN_ELEMS 64u  /* 128 B in bf16, 256 B in fp32 */
@@ -60,13 +134,13 @@ const char *st_model_preset_list(void);
 #define ST_MODEL_CE_CHUNK_ROWS 256
 
 enum st_unit_kind {
-	ST_UNIT_EMBED,
+	ST_UNIT_EMBED, /* reads the batch's tokens; no x */
 	ST_UNIT_BLOCK,
-	ST_UNIT_HEAD,
+	ST_UNIT_HEAD,  /* the last unit: reads the targets, computes the loss */
 };
 
 struct st_tensor_layout {
-	char name[ST_MODEL_NAME_BYTES]; /* "h.3.attn.c_attn.weight" */
+	char name[ST_MODEL_NAME_BYTES]; /* Hugging Face's: "h.3.attn.c_attn.weight" */
 	int ndim;                       /* 1 or 2 */
 	int64_t shape[2];               /* shape[1] is 1 when ndim is 1 */
 	uint64_t offset_elems;          /* into the unit's flat buffer */
@@ -93,9 +167,10 @@ struct st_unit_layout {
 
 struct st_model;
 
-/* Build a model (config and layouts; no parameters: those are the caller's
- * buffers). *out goes back with st_model_destroy(). Returns 0, -EINVAL for a
- * bad config, -ENOMEM. */
+/* Build a model from cfg: its family (st_model_config_family()) checks the
+ * config and lays the units out; no parameters (those are the caller's
+ * buffers). *out goes back with st_model_destroy(). Returns 0, -EINVAL for
+ * a bad config, -ENOMEM. */
 int st_model_create(const struct st_model_config *cfg, struct st_model **out);
 void st_model_destroy(struct st_model *m);
 
@@ -106,38 +181,39 @@ void st_model_destroy(struct st_model *m);
  * return; st_compute_sync(), or an event of the compute that the other
  * queue waits for, before another queue or the host touches the results. */
 void st_model_set_compute(struct st_model *m, struct st_compute *c);
+/* The compute fwd and bwd run through (never NULL). Borrowed. */
+struct st_compute *st_model_compute(const struct st_model *m);
 
+/* The model's config (its family set). Borrowed; lives as long as m. */
 const struct st_model_config *st_model_config(const struct st_model *m);
-/* L + 2. */
+/* The model's family. Static. */
+const struct st_family_ops *st_model_family(const struct st_model *m);
+/* Units: GPT-2's L + 2. */
 int st_model_unit_count(const struct st_model *m);
 /* Layout of unit u (0 <= u < count). Borrowed; lives as long as m. */
 const struct st_unit_layout *st_model_unit_layout(const struct st_model *m,
 						  int u);
-/* Bytes of unit u's output y at (B, T), which is unit u+1's input x and is
- * kept as its activation checkpoint; 0 for the last unit (its output is the
- * loss). */
-size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T);
-/* All parameters of the model (wte counted once). */
+/* All parameters of the model (a tensor another unit reads counted once). */
 uint64_t st_model_param_count(const struct st_model *m);
 /* Find a tensor by its Hugging Face name; returns 0 and sets *unit and
  * *tensor (indexes), or -ENOENT. */
 int st_model_find_tensor(const struct st_model *m, const char *name,
 			 int *unit, int *tensor);
 
-/* GPT-2 initialisation of unit u into params (fp32, layout.elems values,
- * padding zeroed): normal(0, 0.02), attn.c_proj.weight and mlp.c_proj.weight
- * scaled by 1/sqrt(2L), biases 0, LayerNorm gains 1. A function of
- * (seed, u) alone, computed with integer hashing and IEEE basic operations
- * only, so it is identical on every machine and at any thread count.
- * Returns 0 or -EINVAL. */
+/* The family's initialisation of unit u into params (fp32, layout.elems
+ * values, padding zeroed). GPT-2's: normal(0, 0.02), attn.c_proj.weight
+ * and mlp.c_proj.weight scaled by 1/sqrt(2L), biases 0, LayerNorm gains 1.
+ * A function of (seed, u) alone, computed with integer hashing and IEEE
+ * basic operations only, so it is identical on every machine and at any
+ * thread count. Returns 0 or -EINVAL. */
 int st_model_init_unit(const struct st_model *m, int u, uint64_t seed,
 		       float *params);
 
 /* One micro-batch. tokens and targets are (B,T) int32 in [0,V). */
 struct st_model_batch {
 	int B, T;                /* 1 <= T <= ctx */
-	const int32_t *tokens;   /* read by the embedding unit */
-	const int32_t *targets;  /* read by the head */
+	const int32_t *tokens;   /* read by the first unit (ST_UNIT_EMBED) */
+	const int32_t *targets;  /* read by the last unit (ST_UNIT_HEAD) */
 	/* The gradients are those of loss_scale * mean loss: 1 for a plain
 	 * step, 1/n for n accumulated micro-batches. 0 is refused (-EINVAL),
 	 * so a forgotten field cannot silently zero every gradient. */
@@ -151,39 +227,54 @@ struct st_model_batch {
  * workspace can serve every unit in turn; its content is scratch. */
 size_t st_model_work_bytes(const struct st_model *m, int u, int B, int T);
 
-/* Forward of unit u. Shapes (fp32):
+/* bytes of unit u's output y, which is unit u+1's input x and is kept as its activation checkpoint; 0 for the last unit (its output is the loss) */
+size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T);
+
+/* Forward of unit u. Shapes (fp32; GPT-2's):
  *   embedding  x unused (NULL),        y (B,T,C)
  *   block      x (B,T,C),              y (B,T,C)
  *   head       x (B,T,C), y unused,    *loss = mean cross-entropy
- * params is unit u's flat buffer; tied is the embedding unit's flat buffer
- * (head only, NULL otherwise). work has work_bytes >= st_model_work_bytes().
- * x, y, work must not overlap. Returns 0 or -EINVAL (bad shapes, a token or
- * target out of range, workspace too small), or the compute's error. */
+ * params is unit u's flat buffer; other is the flat buffer of the unit
+ * layout.reads_unit names (NULL when it is -1). work has work_bytes >=
+ * st_model_work_bytes(). x, y, work must not overlap. Returns 0 or -EINVAL
+ * (bad shapes, a token or target out of range, workspace too small), or
+ * the compute's error. */
 int st_model_fwd(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
-		 const float *tied, const float *x, float *y, float *loss,
+		 const float *other, const float *x, float *y, float *loss,
 		 void *work, size_t work_bytes);
 
 /* Backward of unit u: recomputes the unit's forward from x (its saved
  * input) in work, then
- *   dx (B,T,C) is WRITTEN (not accumulated); NULL for the embedding;
+ *   dx (the shape of x) is WRITTEN (not accumulated); NULL for unit 0;
  *   grad (fp32, the unit's layout) is ACCUMULATED (+=);
- *   head: dy unused; dwte is accumulated into tied_grad (the embedding
- *         unit's gradient buffer); *loss gets the mean loss when loss is
- *         not NULL (so the head's forward need not run separately).
- * params/tied as in st_model_fwd. Returns 0, -EINVAL or the compute's
+ *   other_grad, the gradient buffer of unit layout.reads_unit (NULL when it
+ *         is -1), is ACCUMULATED (GPT-2's head: dwte);
+ *   the last unit: dy unused; *loss gets the mean loss when loss is not
+ *         NULL (so its forward need not run separately).
+ * params/other as in st_model_fwd. Returns 0, -EINVAL or the compute's
  * error. */
 int st_model_bwd(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
-		 const float *tied, const float *x, const float *dy, float *dx,
-		 float *grad, float *tied_grad, float *loss, void *work,
+		 const float *other, const float *x, const float *dy, float *dx,
+		 float *grad, float *other_grad, float *loss, void *work,
 		 size_t work_bytes);
 
+/* Logits of one position, for generation: x is the last unit's input at
+ * that position (one row: st_model_act_bytes(m, U-2, 1, 1) bytes), logits
+ * (V) is written. params is the last unit's buffer, other as in
+ * st_model_fwd; work as for st_model_work_bytes(m, U-1, 1, 1). Synchronous
+ * (the logits are there when it returns). Returns 0, -EINVAL (workspace too
+ * small), -ENOTSUP for a family that does not generate, or the compute's
+ * error. */
+int st_model_logits(const struct st_model *m, const float *params, const float *other,
+		    const float *x, float *logits, void *work, size_t work_bytes);
+
 /* Model FLOPs per token of one training step (fwd + bwd, recompute not
- * counted): 6 * N_mm + 6 * L * T * C, where N_mm counts the parameters that
- * take part in a matmul (the blocks' weights and wte as the head; not wpe,
- * biases or norms) and the second term is causal attention (QK^T and AV,
- * half of the T x T scores). */
+ * counted), as the family counts them. GPT-2's: 6 * N_mm + 6 * L * T * C,
+ * where N_mm counts the parameters that take part in a matmul (the blocks'
+ * weights and wte as the head; not wpe, biases or norms) and the second
+ * term is causal attention (QK^T and AV, half of the T x T scores). */
 double st_model_flops_per_token(const struct st_model *m, int T);
 
 #endif

@@ -1,18 +1,19 @@
-/* strata: a GPT-2's weights from any source strata reads (`strata train
+/* strata: a model's weights from any source strata reads (`strata train
  * --init`, `eval` and `generate --ckpt`, `export --ckpt`):
  *   - a strata checkpoint: DIR/step-N, or a --save DIR (what --resume DIR
  *     takes), its model.safetensors and config.json checked against its
  *     trainer.json (sizes, XXH64) first (the optimizer state is not read);
- *   - a Hugging Face GPT-2 directory (config.json + model.safetensors, or
+ *   - a Hugging Face directory (config.json + model.safetensors, or
  *     model.safetensors alone), or a model.safetensors file (with the
- *     config.json beside it when that is a GPT-2 config);
- *   - an llm.c model file (train_gpt2.py's format, version 3 or 5).
+ *     config.json beside it when a family reads it: st_model_config_read());
+ *   - an llm.c model file (train_gpt2.py's format, version 3 or 5: GPT-2).
  * Tensors come out one at a time, by their Hugging Face name
  * ("h.3.attn.c_attn.weight"; a "transformer." prefix in the file is
  * accepted), as fp32 in Hugging Face's layout (Conv1D matrices (in, out)),
  * whatever the file holds (F32, BF16, F16; llm.c's (out, in)). A Hugging
- * Face config.json that describes another model than strata's GPT-2 (an
- * untied head, another activation, another LayerNorm epsilon) is refused.
+ * Face config.json that describes another model than its family computes
+ * (st_model_config_hf_check(); GPT-2: an untied head, another activation,
+ * another LayerNorm epsilon) is refused.
  *
  * Functions return 0 or -errno with the detail (naming the file) in
  * st_error_last(): -ENOENT for a missing path, -EINVAL for a file that is
@@ -22,6 +23,7 @@
 
 #include "strata/common.h"
 #include "strata/io.h"
+#include "strata/model.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -42,9 +44,9 @@ const char *st_weights_name(const struct st_weights *w);
  * file, version 3 (fp32)" or "... version 5 (bf16)". Static. */
 const char *st_weights_format(const struct st_weights *w);
 
-/* The model: 0 and *out, or -ENOENT for a model.safetensors file with no
- * config.json beside it. */
-int st_weights_config(const struct st_weights *w, struct st_gpt2_config *out);
+/* The model (its family set): 0 and *out, or -ENOENT for a
+ * model.safetensors file with no config.json beside it. */
+int st_weights_config(const struct st_weights *w, struct st_model_config *out);
 
 /* Tensor name is there, of a float type, with shape[0..ndim) (ndim 1 or
  * 2): 0, or -EINVAL naming it. Reads nothing. */
@@ -79,8 +81,22 @@ struct st_llmc_kind {
 };
 extern const struct st_llmc_kind st_llmc_kinds[ST_LLMC_KINDS];
 
-/* Elements of kind g for one layer of the model gc, wte with vp rows. */
-uint64_t st_llmc_kind_elems(const struct st_gpt2_config *gc, uint64_t vp, int g);
+/* Elements of kind g for one layer of the GPT-2 mc, as the file holds them:
+ * the token embedding with vp rows (its rows from V on are padding). */
+uint64_t st_llmc_kind_elems(const struct st_model_config *mc, uint64_t vp, int g);
+
+/* The vocabulary V as llm.c pads it (a multiple of ST_LLMC_VOCAB_MULTIPLE). */
+uint64_t st_llmc_padded_vocab(uint64_t V);
+
+/* The header of an llm.c file of the model mc, fp32 or bf16 values.
+ * Returns 0, or -EINVAL for a model that is not a GPT-2 or whose sizes do
+ * not fit llm.c's int32 fields. */
+int st_llmc_header_fill(const struct st_model_config *mc, bool bf16,
+			int32_t header[ST_LLMC_HEADER_INTS]);
+
+/* The Hugging Face name of kind g's tensor of layer l (l ignored for a kind
+ * that is not per layer) into buf. */
+void st_llmc_tensor_name(int g, int l, char *buf, size_t bytes);
 
 /* dst (cols x rows) = src (rows x cols) transposed: Conv1D's (in, out) to
  * llm.c's (out, in) and back. */

@@ -145,18 +145,15 @@ static void die_read(int ret)
 
 /* Every tensor of the model in the checkpoint's order, from the model's
  * unit layouts. *n_out tensors; the largest's element count in *max_elems. */
-static struct out_tensor *model_tensors(const struct st_gpt2_config *gc, size_t *n_out,
+static struct out_tensor *model_tensors(const struct st_model_config *mc, size_t *n_out,
 					uint64_t *max_elems)
 {
-	struct st_model_config mc = { .n_layer = (int)gc->n_layer, .n_embd = (int)gc->n_embd,
-				      .n_head = (int)gc->n_head, .vocab = (int)gc->vocab_size,
-				      .ctx = (int)gc->n_positions };
 	struct st_model *m;
 	struct out_tensor *t = NULL;
 	size_t n = 0, cap = 0;
 
 	*max_elems = 0;
-	if (st_model_create(&mc, &m) < 0)
+	if (st_model_create(mc, &m) < 0)
 		st_cli_die(2, "config.json: %s", st_error_last());
 	for (int u = 0; u < st_model_unit_count(m); u++) {
 		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
@@ -223,7 +220,7 @@ static int hf_fill(void *ctx, size_t ti, uint64_t off, void *buf, size_t len)
 	return 0;
 }
 
-static uint64_t export_hf(struct st_weights *w, const struct st_gpt2_config *gc,
+static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc,
 			  const char *out, bool bf16)
 {
 	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
@@ -266,7 +263,7 @@ static uint64_t export_hf(struct st_weights *w, const struct st_gpt2_config *gc,
 	if (ret < 0)
 		die_read(ret);
 	snprintf(p, sizeof(p), "%.4000s/%s", tmp_path, ST_CKPT_CONFIG_FILE);
-	if (st_gpt2_config_write(p, gc) < 0)
+	if (st_model_config_write(p, gc) < 0)
 		st_cli_die(1, "%s", st_error_last());
 	/* both files are fsynced by their writers: publish the directory,
 	 * unless something took PATH meanwhile */
@@ -302,14 +299,12 @@ static void llmc_write(struct st_file_atomic *f, const float *x, uint64_t n, boo
 		st_cli_die(1, "%s", st_error_last());
 }
 
-static uint64_t export_llmc(struct st_weights *w, const struct st_gpt2_config *gc,
+static uint64_t export_llmc(struct st_weights *w, const struct st_model_config *gc,
 			    const char *out, bool bf16)
 {
-	uint64_t V = (uint64_t)gc->vocab_size, C = (uint64_t)gc->n_embd, params = 0;
-	uint64_t Vp = (V + ST_LLMC_VOCAB_MULTIPLE - 1) / ST_LLMC_VOCAB_MULTIPLE *
-		      ST_LLMC_VOCAB_MULTIPLE;
-	uint64_t max_elems;
-	int32_t header[ST_LLMC_HEADER_INTS] = { 0 };
+	uint64_t Vp = st_llmc_padded_vocab((uint64_t)gc->vocab), params = 0;
+	uint64_t max_elems, C = (uint64_t)gc->dim;
+	int32_t header[ST_LLMC_HEADER_INTS];
 	struct st_file_atomic f;
 	struct out_tensor *all;
 	size_t n_all;
@@ -317,27 +312,19 @@ static uint64_t export_llmc(struct st_weights *w, const struct st_gpt2_config *g
 	uint16_t *h16;
 	int c;
 
-	if (gc->n_positions > INT32_MAX || Vp > INT32_MAX || gc->n_layer > INT32_MAX ||
-	    gc->n_head > INT32_MAX || gc->n_embd > INT32_MAX)
-		st_cli_die(2, "--format llmc: the model's sizes do not fit llm.c's int32 header");
+	if (st_llmc_header_fill(gc, bf16, header) < 0)
+		st_cli_die(2, "%s", st_error_last());
 	all = model_tensors(gc, &n_all, &max_elems);
 	check_all(w, all, n_all);
-	/* a: any tensor, wte with its padding; b: the largest transposed
-	 * matrix, 4C x C; h16: what is written, in bf16 */
-	max_elems = ST_MAX(max_elems, Vp * C);
+	/* a: any tensor as the file holds it (padded); b: the largest
+	 * transposed matrix, 4C x C; h16: what is written, in bf16 */
+	for (int g = 0; g < ST_LLMC_KINDS; g++)
+		max_elems = ST_MAX(max_elems, st_llmc_kind_elems(gc, Vp, g));
 	a = malloc(max_elems * sizeof(float));
 	b = malloc(4 * C * C * sizeof(float));
 	h16 = bf16 ? malloc(max_elems * sizeof(uint16_t)) : NULL;
 	if (!a || !b || (bf16 && !h16))
 		st_cli_die(1, "out of memory");
-	header[0] = ST_LLMC_MODEL_MAGIC;
-	header[1] = bf16 ? ST_LLMC_MODEL_BF16 : ST_LLMC_MODEL_F32;
-	header[2] = (int32_t)gc->n_positions;
-	header[3] = (int32_t)V;
-	header[4] = (int32_t)gc->n_layer;
-	header[5] = (int32_t)gc->n_head;
-	header[6] = (int32_t)C;
-	header[7] = (int32_t)Vp;
 	block_signals(true);
 	c = st_file_atomic_open(&f, out);
 	if (c < 0)
@@ -348,17 +335,14 @@ static uint64_t export_llmc(struct st_weights *w, const struct st_gpt2_config *g
 	if (st_file_atomic_write(&f, header, sizeof(header)) < 0)
 		st_cli_die(1, "%s", st_error_last());
 	for (int g = 0; g < ST_LLMC_KINDS; g++) {
-		int layers = st_llmc_kinds[g].per_layer ? (int)gc->n_layer : 1;
+		int layers = st_llmc_kinds[g].per_layer ? gc->n_layer : 1;
 
 		for (int l = 0; l < layers; l++) {
 			struct out_tensor t = { 0 };
 			const struct out_tensor *like = NULL;
 			uint64_t n;
 
-			if (st_llmc_kinds[g].per_layer)
-				snprintf(t.name, sizeof(t.name), "h.%d.%s", l, st_llmc_kinds[g].suffix);
-			else
-				snprintf(t.name, sizeof(t.name), "%s", st_llmc_kinds[g].suffix);
+			st_llmc_tensor_name(g, l, t.name, sizeof(t.name));
 			for (size_t i = 0; i < n_all && !like; i++)
 				if (strcmp(all[i].name, t.name) == 0)
 					like = &all[i];
@@ -372,12 +356,11 @@ static uint64_t export_llmc(struct st_weights *w, const struct st_gpt2_config *g
 			if (st_llmc_kinds[g].transpose) {
 				st_llmc_transpose(b, a, t.shape[0], t.shape[1]);
 				llmc_write(&f, b, n, bf16, h16);
-			} else {
-				if (g == 0) { /* wte: zero rows up to Vp */
-					memset(a + n, 0, (Vp - V) * C * sizeof(float));
-					n = Vp * C;
-				}
-				llmc_write(&f, a, n, bf16, h16);
+			} else { /* zero padding to the file's size (the vocabulary's) */
+				uint64_t n_file = st_llmc_kind_elems(gc, Vp, g);
+
+				memset(a + n, 0, (n_file - n) * sizeof(float));
+				llmc_write(&f, a, n_file, bf16, h16);
 			}
 			params += t.shape[0] * t.shape[1];
 		}
@@ -404,7 +387,7 @@ int st_cli_export(int argc, char **argv)
 	const char *ckpt = NULL, *format = "hf", *dtype = "fp32";
 	char out[4096] = "";
 	struct st_weights *w;
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	struct stat sb;
 	uint64_t params;
 	bool bf16;

@@ -476,7 +476,7 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 {
 	struct json_object *o = json_object_new_object();
 	struct st_ckpt_trainer tr;
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	struct st_ckpt_reader *r;
 	char *p = path_join(dir, ST_CKPT_TRAINER_FILE);
 	uint64_t bytes = 0;
@@ -495,7 +495,7 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 	}
 	if (ret == 0) {
 		p = path_join(dir, ST_CKPT_CONFIG_FILE);
-		ret = st_gpt2_config_read(p, &gc);
+		ret = st_model_config_read(p, &gc);
 		free(p);
 	}
 	if (ret == 0) {
@@ -515,11 +515,23 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 	return o;
 }
 
-/* Details of the checkpoint in dir: step, seed, model, config, files. */
-static void ckpt_details(struct json_object *o, const char *dir, bool *bad)
+/* The shape's fields of mc's config.json (the family's names) into model. */
+static void put_config(struct json_object *model, const struct st_model_config *mc)
+{
+	struct st_config_field f[ST_MODEL_CONFIG_FIELDS_MAX];
+	int n = st_model_config_fields(mc, f);
+
+	for (int i = 0; i < n; i++)
+		put_int(model, f[i].key, f[i].value);
+}
+
+/* Details of the checkpoint in dir: step, seed, model, config, files; its
+ * model into *mc (mc->n_layer 0 when unknown). */
+static void ckpt_details(struct json_object *o, const char *dir, bool *bad,
+			 struct st_model_config *mc)
 {
 	struct st_ckpt_trainer tr;
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	struct st_ckpt_reader *r;
 	struct json_object *files, *model;
 	char *p = path_join(dir, ST_CKPT_TRAINER_FILE);
@@ -550,14 +562,11 @@ static void ckpt_details(struct json_object *o, const char *dir, bool *bad)
 
 	model = json_object_new_object();
 	p = path_join(dir, ST_CKPT_CONFIG_FILE);
-	ret = st_gpt2_config_read(p, &gc);
+	ret = st_model_config_read(p, &gc);
 	free(p);
 	if (ret == 0) {
-		put_int(model, "n_layer", gc.n_layer);
-		put_int(model, "n_embd", gc.n_embd);
-		put_int(model, "n_head", gc.n_head);
-		put_int(model, "vocab_size", gc.vocab_size);
-		put_int(model, "n_positions", gc.n_positions);
+		put_config(model, &gc);
+		*mc = gc;
 	} else {
 		put_str(model, "error", st_error_last());
 		*bad = true;
@@ -586,10 +595,11 @@ static void ckpt_details(struct json_object *o, const char *dir, bool *bad)
  * Face directory or file, an llm.c model file): what they are, the model,
  * every tensor of it there; --verify reads them all and counts values that
  * are not finite. */
-static struct json_object *weights_json(const char *path, bool verify, bool *bad)
+static struct json_object *weights_json(const char *path, bool verify, bool *bad,
+					struct st_model_config *mc)
 {
 	struct json_object *o = json_object_new_object(), *model = json_object_new_object();
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	struct st_model *m = NULL;
 	struct st_weights *w;
 	int ret = st_weights_open(path, &w);
@@ -606,16 +616,9 @@ static struct json_object *weights_json(const char *path, bool verify, bool *bad
 		return o;
 	}
 	if (ret == 0) {
-		struct st_model_config mc = { .n_layer = (int)gc.n_layer, .n_embd = (int)gc.n_embd,
-					      .n_head = (int)gc.n_head, .vocab = (int)gc.vocab_size,
-					      .ctx = (int)gc.n_positions };
-
-		put_int(model, "n_layer", gc.n_layer);
-		put_int(model, "n_embd", gc.n_embd);
-		put_int(model, "n_head", gc.n_head);
-		put_int(model, "vocab_size", gc.vocab_size);
-		put_int(model, "n_positions", gc.n_positions);
-		ret = st_model_create(&mc, &m);
+		put_config(model, &gc);
+		*mc = gc;
+		ret = st_model_create(&gc, &m);
 	}
 	if (ret == 0)
 		put_int(model, "params", (int64_t)st_model_param_count(m));
@@ -654,22 +657,21 @@ static struct json_object *weights_json(const char *path, bool verify, bool *bad
 	return o;
 }
 
-/* "  model: GPT-2, 12 layers, dim 768, ..." from a model object. */
-static void print_model(struct json_object *model)
+/* "  model: GPT-2, 12 layers, dim 768, ..." as the family says it. */
+static void print_model(const struct st_model_config *mc)
 {
-	printf("  model: GPT-2, %lld layers, dim %lld, %lld heads, vocab %lld, ctx %lld\n",
-	       (long long)jint(model, "n_layer"), (long long)jint(model, "n_embd"),
-	       (long long)jint(model, "n_head"), (long long)jint(model, "vocab_size"),
-	       (long long)jint(model, "n_positions"));
+	char line[256];
+
+	printf("  model: %s\n", st_model_config_describe(mc, line, sizeof(line)));
 }
 
-static void print_weights(struct json_object *o, bool verify)
+static void print_weights(struct json_object *o, bool verify, const struct st_model_config *mc)
 {
 	struct json_object *model = jobj(o, "model");
 
 	printf("weights %s (%s)\n", jstr(o, "path"), jstr(o, "format"));
-	if (jint(model, "n_layer") > 0)
-		print_model(model);
+	if (mc->n_layer > 0)
+		print_model(mc);
 	if (jstr(model, "unknown"))
 		printf("  model: unknown (%s)\n", jstr(model, "unknown"));
 	else if (jstr(model, "error"))
@@ -682,7 +684,8 @@ static void print_weights(struct json_object *o, bool verify)
 		       (long long)jint(model, "params"));
 }
 
-static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad)
+static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad,
+				      struct st_model_config *mc)
 {
 	struct json_object *o = json_object_new_object(), *list;
 	struct st_ckpt_step *steps = NULL;
@@ -698,7 +701,7 @@ static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad)
 	ret = st_ckpt_resolve(dir, &chosen);
 	if (ret == -ENOENT || ret == -ENOTDIR) { /* not a checkpoint: other weights? */
 		json_object_put(o);
-		return weights_json(dir, verify, bad);
+		return weights_json(dir, verify, bad, mc);
 	}
 	if (ret < 0)
 		st_cli_die(1, "--ckpt %s", st_error_last());
@@ -731,7 +734,7 @@ static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad)
 		st_ckpt_list_free(steps, n);
 	}
 	json_object_object_add(o, "checkpoints", list);
-	ckpt_details(o, chosen, bad);
+	ckpt_details(o, chosen, bad, mc);
 	free(chosen);
 	return o;
 }
@@ -763,7 +766,7 @@ static void print_config(struct json_object *cfg)
 		printf("\n");
 }
 
-static void print_ckpt(struct json_object *o, bool verify)
+static void print_ckpt(struct json_object *o, bool verify, const struct st_model_config *mc)
 {
 	struct json_object *model = jobj(o, "model"), *list = jobj(o, "checkpoints"),
 			   *files = jobj(o, "files");
@@ -777,7 +780,7 @@ static void print_ckpt(struct json_object *o, bool verify)
 		if (jstr(model, "error"))
 			printf("  model: %s\n", jstr(model, "error"));
 		else
-			print_model(model);
+			print_model(mc);
 		if (jstr(model, "weights_error"))
 			printf("  weights: %s\n", jstr(model, "weights_error"));
 		else
@@ -830,6 +833,7 @@ int st_cli_info(int argc, char **argv)
 	const char *nvme = NULL, *ckpt = NULL;
 	bool json = false, verify = false, bad = false;
 	struct json_object *out;
+	struct st_model_config mc = { 0 };
 	int c;
 
 	optind = 1;
@@ -855,7 +859,7 @@ int st_cli_info(int argc, char **argv)
 	if (nvme) /* before the machine's probes, which may take a GPU's seconds */
 		st_cli_check_dirs("--nvme", nvme, true);
 	if (ckpt) {
-		out = ckpt_json(ckpt, verify, &bad);
+		out = ckpt_json(ckpt, verify, &bad, &mc);
 	} else {
 		out = machine_json();
 		if (nvme) {
@@ -879,9 +883,9 @@ int st_cli_info(int argc, char **argv)
 		puts(json_object_to_json_string_ext(out, JSON_C_TO_STRING_PRETTY |
 							   JSON_C_TO_STRING_NOSLASHESCAPE));
 	} else if (ckpt && jstr(out, "format")) {
-		print_weights(out, verify);
+		print_weights(out, verify, &mc);
 	} else if (ckpt) {
-		print_ckpt(out, verify);
+		print_ckpt(out, verify, &mc);
 	} else {
 		struct json_object *dirs = jobj(out, "nvme");
 

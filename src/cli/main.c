@@ -21,20 +21,16 @@
 
 
 /* The weights of --ckpt PATH (strata/weights.h: a checkpoint, verified; a
- * Hugging Face GPT-2; an llm.c model file) and their model, or exit 2. */
+ * Hugging Face model; an llm.c model file) and their model, or exit 2. */
 static struct st_weights *open_ckpt(const char *path, struct st_model_config *mc)
 {
-	struct st_gpt2_config gc;
 	struct st_weights *w;
 	int ret = st_weights_open(path, &w);
 
 	if (ret == 0)
-		ret = st_weights_config(w, &gc);
+		ret = st_weights_config(w, mc);
 	if (ret < 0)
 		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, st_error_last());
-	*mc = (struct st_model_config){ .n_layer = (int)gc.n_layer, .n_embd = (int)gc.n_embd,
-					.n_head = (int)gc.n_head, .vocab = (int)gc.vocab_size,
-					.ctx = (int)gc.n_positions };
 	return w;
 }
 

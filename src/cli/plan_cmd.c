@@ -3,6 +3,7 @@
  * minimum, the traffic and the predicted time of a step. Bad input or a
  * budget that cannot work: one line on stderr, exit 2. */
 #include "cli.h"
+#include "strata/family.h"
 #include "strata/plan.h"
 
 #include <errno.h>
@@ -24,6 +25,7 @@ static void plan_usage(FILE *f)
 "\n"
 "model and batch\n"
 "  --model NAME|DIMS      %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
+"                         either may follow FAMILY: (families: %s)\n"
 "  --batch B              sequences per micro-batch (default 8)\n"
 "  --seq T                tokens per sequence, at most the model's ctx (default 128)\n"
 "  --grad-accum N         micro-batches per step (default 1)\n"
@@ -45,7 +47,7 @@ static void plan_usage(FILE *f)
 "output\n"
 "  --json                 the plan as JSON (per-unit rows included)\n"
 "  --verbose              also the home and bytes of every unit's states\n"
-"  -h, --help\n", st_model_preset_list());
+"  -h, --help\n", st_model_preset_list(), st_family_list());
 }
 
 int st_cli_plan(int argc, char **argv)

@@ -8,6 +8,7 @@
 #include "strata/ckpt.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/family.h"
 #include "strata/io.h"
 #include "strata/optim.h"
 #include "strata/trace.h"
@@ -45,6 +46,7 @@ static void train_usage(FILE *f)
 "\n"
 "model and data\n"
 "  --model NAME|DIMS    %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
+"                       either may follow FAMILY: (families: %s)\n"
 "  --init FILE|DIR      start from GPT-2 weights: a Hugging Face model.safetensors or its\n"
 "                       directory, a strata checkpoint, an llm.c model file (gpt2_124M.bin)\n"
 "  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
@@ -85,7 +87,7 @@ static void train_usage(FILE *f)
 "\n"
 "Ctrl-C or SIGTERM stops the run at the end of a step, saves it there when\n"
 "--save is given, and exits 130; a second one stops it at once.\n",
-		ST_DEFAULT_DATA, st_model_preset_list(), st_device_list(), DEFAULT_GPU_MEM,
+		ST_DEFAULT_DATA, st_model_preset_list(), st_family_list(), st_device_list(), DEFAULT_GPU_MEM,
 	        DEFAULT_HOST_MEM, DEFAULT_NVME);
 }
 
@@ -420,20 +422,16 @@ int st_cli_train(int argc, char **argv)
 	}
 	if (init) {
 		struct st_weights *w;
-		struct st_gpt2_config gc;
+		struct st_model_config gc;
+		char dims[256];
 		int ret = st_weights_open(init, &w);
 
 		/* a file that says which model it holds must hold --model's
 		 * (a bare model.safetensors: its tensors' shapes are checked) */
 		if (ret == 0 && st_weights_config(w, &gc) == 0 &&
-		    (gc.n_layer != cfg->model.n_layer || gc.n_embd != cfg->model.n_embd ||
-		     gc.n_head != cfg->model.n_head || gc.vocab_size != cfg->model.vocab ||
-		     gc.n_positions != cfg->model.ctx))
-			ret = st_error_set(-EINVAL, "it holds layers=%lld,dim=%lld,heads=%lld,vocab=%lld,"
-					   "ctx=%lld, not the model --model gives",
-					   (long long)gc.n_layer, (long long)gc.n_embd,
-					   (long long)gc.n_head, (long long)gc.vocab_size,
-					   (long long)gc.n_positions);
+		    !st_model_config_equal(&gc, &cfg->model))
+			ret = st_error_set(-EINVAL, "it holds %s, not the model --model gives",
+					   st_model_config_format(&gc, dims, sizeof(dims)));
 		if (ret == 0)
 			ret = st_engine_load_weights(e, w);
 		st_weights_close(w);
@@ -459,7 +457,7 @@ int st_cli_train(int argc, char **argv)
 	printf("strata train: %.2fM params, %d layers, dim %d, %d heads, vocab %d | data %s "
 	       "(%llu tokens) | B=%d T=%d accum %d | device %s | %d threads | adam %s\n",
 	       (double)st_model_param_count(st_engine_model(e)) / 1e6, cfg->model.n_layer,
-	       cfg->model.n_embd, cfg->model.n_head, cfg->model.vocab, data,
+	       cfg->model.dim, cfg->model.n_head, cfg->model.vocab, data,
 	       (unsigned long long)st_dataset_tokens(ds), cfg->batch, cfg->seq, cfg->grad_accum,
 	       ec.device, omp_get_max_threads(), st_optim_path_name(st_optim_path_get()));
 	fflush(stdout);

@@ -1,7 +1,8 @@
-/* A GPT-2's weights from a strata checkpoint, a Hugging Face directory or
+/* A model's weights from a strata checkpoint, a Hugging Face directory or
  * file, or an llm.c model file (strata/weights.h). */
 #include "strata/weights.h"
 #include "strata/ckpt.h"
+#include "strata/family.h"
 #include "strata/file.h"
 #include "strata/optim.h" /* st_f32_from_bf16(), st_f32_from_f16(): inline */
 
@@ -25,15 +26,51 @@ const struct st_llmc_kind st_llmc_kinds[ST_LLMC_KINDS] = {
 	{ "ln_f.weight", false, false, 0, 1, 0 },     { "ln_f.bias", false, false, 0, 1, 0 },
 };
 
-uint64_t st_llmc_kind_elems(const struct st_gpt2_config *gc, uint64_t vp, int g)
+uint64_t st_llmc_kind_elems(const struct st_model_config *mc, uint64_t vp, int g)
 {
-	uint64_t C = (uint64_t)gc->n_embd;
+	uint64_t C = (uint64_t)mc->dim;
 
 	if (g == 0)
-		return vp * C; /* wte, padded */
+		return vp * C; /* the token embedding, padded */
 	if (g == 1)
-		return (uint64_t)gc->n_positions * C;
+		return (uint64_t)mc->ctx * C;
 	return st_llmc_kinds[g].cc * C * C + st_llmc_kinds[g].c * C;
+}
+
+uint64_t st_llmc_padded_vocab(uint64_t V)
+{
+	return (V + ST_LLMC_VOCAB_MULTIPLE - 1) / ST_LLMC_VOCAB_MULTIPLE * ST_LLMC_VOCAB_MULTIPLE;
+}
+
+int st_llmc_header_fill(const struct st_model_config *mc, bool bf16,
+			int32_t header[ST_LLMC_HEADER_INTS])
+{
+	uint64_t Vp = st_llmc_padded_vocab((uint64_t)mc->vocab);
+
+	if (st_model_config_family(mc) != st_family_find("gpt2"))
+		return st_error_set(-EINVAL, "--format llmc: llm.c's files hold GPT-2 models, "
+				    "not %s", st_model_config_family(mc)->title);
+	if (Vp > INT32_MAX)
+		return st_error_set(-EINVAL, "--format llmc: the model's sizes do not fit llm.c's "
+				    "int32 header");
+	memset(header, 0, ST_LLMC_HEADER_INTS * sizeof(int32_t));
+	header[0] = ST_LLMC_MODEL_MAGIC;
+	header[1] = bf16 ? ST_LLMC_MODEL_BF16 : ST_LLMC_MODEL_F32;
+	header[2] = mc->ctx;
+	header[3] = mc->vocab;
+	header[4] = mc->n_layer;
+	header[5] = mc->n_head;
+	header[6] = mc->dim;
+	header[7] = (int32_t)Vp;
+	return 0;
+}
+
+void st_llmc_tensor_name(int g, int l, char *buf, size_t bytes)
+{
+	if (st_llmc_kinds[g].per_layer)
+		snprintf(buf, bytes, "h.%d.%s", l, st_llmc_kinds[g].suffix);
+	else
+		snprintf(buf, bytes, "%s", st_llmc_kinds[g].suffix);
 }
 
 void st_llmc_transpose(float *dst, const float *src, uint64_t rows, uint64_t cols)
@@ -47,7 +84,7 @@ struct st_weights {
 	const char *format;        /* st_weights_format() */
 	char *name;                /* for messages */
 	char *path;                /* the file read: model.safetensors or llm.c's */
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	bool have_config;
 	struct st_ckpt_reader *r;  /* safetensors, or NULL for an llm.c file: */
 	int fd;
@@ -75,38 +112,6 @@ static bool exists_in(const char *dir, const char *name)
 	return yes;
 }
 
-/* transformers' names for GELU's tanh form, the one strata computes. */
-static bool tanh_gelu(const char *name)
-{
-	return strcmp(name, "gelu_new") == 0 || strcmp(name, "gelu_pytorch_tanh") == 0 ||
-	       strcmp(name, "gelu_fast") == 0;
-}
-
-/* A Hugging Face config.json's fields that make another model than the
- * GPT-2 strata computes: refused. */
-static int check_hf_config(const char *path)
-{
-	struct json_object *root = json_object_from_file(path), *v;
-	int ret = 0;
-
-	if (!root)
-		return st_error_set(-EINVAL, "%s: not a JSON object", path);
-	if (json_object_object_get_ex(root, "tie_word_embeddings", &v) &&
-	    json_object_is_type(v, json_type_boolean) && !json_object_get_boolean(v))
-		ret = st_error_set(-EINVAL, "%s: an untied head (tie_word_embeddings false) is "
-				   "not GPT-2 as strata trains it", path);
-	else if (json_object_object_get_ex(root, "activation_function", &v) &&
-		 (!json_object_is_type(v, json_type_string) || !tanh_gelu(json_object_get_string(v))))
-		ret = st_error_set(-EINVAL, "%s: activation_function %s; strata's GPT-2 uses "
-				   "GELU's tanh form (gelu_new)", path, json_object_to_json_string(v));
-	else if (json_object_object_get_ex(root, "layer_norm_epsilon", &v) &&
-		 json_object_get_double(v) != 1e-5)
-		ret = st_error_set(-EINVAL, "%s: layer_norm_epsilon %g; strata's GPT-2 uses 1e-05",
-				   path, json_object_get_double(v));
-	json_object_put(root);
-	return ret;
-}
-
 /* The llm.c file path, already open as w->fd: header and size checked. */
 static int llmc_open(struct st_weights *w, const char *path, uint64_t bytes)
 {
@@ -128,8 +133,9 @@ static int llmc_open(struct st_weights *w, const char *path, uint64_t bytes)
 	if (h[7] < h[3] || h[6] % h[5] != 0)
 		return st_error_set(-EINVAL, "%s: llm.c header: padded vocab %d < vocab %d, or %d "
 				    "heads do not divide dim %d", path, h[7], h[3], h[5], h[6]);
-	w->gc = (struct st_gpt2_config){ .n_positions = h[2], .vocab_size = h[3],
-					 .n_layer = h[4], .n_head = h[5], .n_embd = h[6] };
+	w->gc = (struct st_model_config){ .family = st_family_find("gpt2"), .ctx = h[2],
+					  .vocab = h[3], .n_layer = h[4], .n_head = h[5],
+					  .dim = h[6] };
 	w->have_config = true;
 	w->vp = (uint64_t)h[7];
 	w->esize = h[1] == ST_LLMC_MODEL_F32 ? 4 : 2;
@@ -180,15 +186,15 @@ static int open_file(struct st_weights *w, const char *path)
 	if (ret < 0)
 		return ret;
 	w->format = "Hugging Face safetensors";
-	/* the config.json beside it, when it is a GPT-2 one (a file given by
+	/* the config.json beside it, when a family reads it (a file given by
 	 * name may sit next to anything) */
 	copy = strdup(path);
 	cfg = copy ? join(dirname(copy), ST_CKPT_CONFIG_FILE) : NULL;
 	if (!cfg)
 		ret = st_error_set(-ENOMEM, "out of memory");
-	else if (access(cfg, F_OK) == 0 && st_gpt2_config_read(cfg, &w->gc) == 0) {
+	else if (access(cfg, F_OK) == 0 && st_model_config_read(cfg, &w->gc) == 0) {
 		w->have_config = true;
-		ret = check_hf_config(cfg);
+		ret = st_model_config_hf_check(cfg);
 	}
 	free(copy);
 	free(cfg);
@@ -217,7 +223,7 @@ static int open_dir(struct st_weights *w, const char *path)
 		dir = strdup(path); /* Hugging Face's: nothing to verify */
 		w->format = "Hugging Face safetensors";
 		p = dir ? join(dir, ST_CKPT_CONFIG_FILE) : NULL;
-		ret = p ? check_hf_config(p) : st_error_set(-ENOMEM, "out of memory");
+		ret = p ? st_model_config_hf_check(p) : st_error_set(-ENOMEM, "out of memory");
 		free(p);
 	} else {
 		struct st_ckpt_trainer tr;
@@ -246,7 +252,7 @@ static int open_dir(struct st_weights *w, const char *path)
 	if (ret < 0)
 		return ret;
 	p = join(dir, ST_CKPT_CONFIG_FILE);
-	ret = p ? st_gpt2_config_read(p, &w->gc) : st_error_set(-ENOMEM, "out of memory");
+	ret = p ? st_model_config_read(p, &w->gc) : st_error_set(-ENOMEM, "out of memory");
 	free(p);
 	w->have_config = ret == 0;
 	if (ret == 0) {
@@ -308,7 +314,7 @@ const char *st_weights_format(const struct st_weights *w)
 	return w->format;
 }
 
-int st_weights_config(const struct st_weights *w, struct st_gpt2_config *out)
+int st_weights_config(const struct st_weights *w, struct st_model_config *out)
 {
 	if (!w->have_config)
 		return st_error_set(-ENOENT, "%s: no config.json beside it", w->path);
@@ -344,14 +350,14 @@ static int llmc_locate(const struct st_weights *w, const char *name, int *g_out,
 /* The llm.c file's shape of kind g in Hugging Face's layout. */
 static void llmc_shape(const struct st_weights *w, int g, int *ndim, uint64_t shape[2])
 {
-	uint64_t C = (uint64_t)w->gc.n_embd;
+	uint64_t C = (uint64_t)w->gc.dim;
 
 	*ndim = 2;
 	shape[1] = C;
 	if (g == 0) {
-		shape[0] = (uint64_t)w->gc.vocab_size; /* the padding rows are not the model's */
+		shape[0] = (uint64_t)w->gc.vocab; /* the padding rows are not the model's */
 	} else if (g == 1) {
-		shape[0] = (uint64_t)w->gc.n_positions;
+		shape[0] = (uint64_t)w->gc.ctx;
 	} else if (st_llmc_kinds[g].cc) { /* (in, out) */
 		shape[0] = st_llmc_kinds[g].in * C;
 		shape[1] = st_llmc_kinds[g].cc * C / st_llmc_kinds[g].in;

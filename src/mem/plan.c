@@ -653,7 +653,7 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	char a[32], b[32], c[32], d[32];
 
 	fprintf(f, "model %.2fM params, %d layers, dim %d, %d heads, vocab %d, ctx %d | %d units\n",
-		(double)st_model_param_count(in->model) / 1e6, cfg->n_layer, cfg->n_embd,
+		(double)st_model_param_count(in->model) / 1e6, cfg->n_layer, cfg->dim,
 		cfg->n_head, cfg->vocab, cfg->ctx, p->units);
 	fprintf(f, "batch B=%d T=%d accum %d | W %s | prefetch %d%s\n", in->batch, in->seq,
 		in->grad_accum, in->bf16 ? "bf16" : "fp32", p->prefetch,
@@ -766,7 +766,7 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 
 	o = json_object_new_object();
 	json_object_object_add(o, "layers", json_object_new_int(cfg->n_layer));
-	json_object_object_add(o, "dim", json_object_new_int(cfg->n_embd));
+	json_object_object_add(o, "dim", json_object_new_int(cfg->dim));
 	json_object_object_add(o, "heads", json_object_new_int(cfg->n_head));
 	json_object_object_add(o, "vocab", json_object_new_int(cfg->vocab));
 	json_object_object_add(o, "ctx", json_object_new_int(cfg->ctx));

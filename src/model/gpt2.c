@@ -1,5 +1,8 @@
-/* strata: GPT-2 as a list of units (layouts, init, fwd(u), bwd(u)). */
-#include "strata/model.h"
+/* strata: the GPT-2 family's math: its units' layouts with Hugging Face's
+ * names, init, workspace, fwd(u), bwd(u), logits and FLOPs; the config is
+ * in gpt2_config.c, the table that joins them at the end of this file. A
+ * new family starts from a copy of these two files (docs/model.md). */
+#include "gpt2.h"
 
 #include "strata/compute.h"
 
@@ -29,186 +32,30 @@ enum {
 enum { ET_WTE, ET_WPE, ET_COUNT };
 enum { HT_LNF_W, HT_LNF_B, HT_COUNT };
 
-struct st_model {
-	struct st_model_config cfg;
-	int n_units;
-	struct st_unit_layout *units;     /* (n_units) */
-	struct st_tensor_layout *tensors; /* all units' tensors, unit order */
-	uint64_t param_count;
-	struct st_compute *cx; /* where fwd and bwd run; the cpu by default */
-};
-
-/* ---- config ------------------------------------------------------------------ */
-
-static const struct {
-	const char *name;
-	struct st_model_config cfg;
-} st_presets[] = {
-	/* byte-level, for tests and smoke runs */
-	{"tiny", {.n_layer = 4, .n_embd = 128, .n_head = 4, .vocab = 256, .ctx = 256}},
-	{"gpt2", {.n_layer = 12, .n_embd = 768, .n_head = 12, .vocab = 50257, .ctx = 1024}},
-	{"gpt2-medium", {.n_layer = 24, .n_embd = 1024, .n_head = 16, .vocab = 50257, .ctx = 1024}},
-	{"gpt2-large", {.n_layer = 36, .n_embd = 1280, .n_head = 20, .vocab = 50257, .ctx = 1024}},
-	{"gpt2-xl", {.n_layer = 48, .n_embd = 1600, .n_head = 25, .vocab = 50257, .ctx = 1024}},
-};
-
-const char *st_model_preset_list(void)
-{
-	return "tiny,gpt2,gpt2-medium,gpt2-large,gpt2-xl";
-}
-
-/* Limits keep every B*T*4C product and tensor offset far from overflow. */
-#define ST_MAX_DIM (1 << 16)
-#define ST_MAX_VOCAB (1 << 24)
-#define ST_MAX_LAYERS 4096
-
-static int st_config_check(const struct st_model_config *c)
-{
-	if (c->n_layer < 1 || c->n_layer > ST_MAX_LAYERS)
-		return st_error_set(-EINVAL, "model: layers must be in 1..%d, got %d",
-				    ST_MAX_LAYERS, c->n_layer);
-	if (c->n_embd < 1 || c->n_embd > ST_MAX_DIM)
-		return st_error_set(-EINVAL, "model: dim must be in 1..%d, got %d",
-				    ST_MAX_DIM, c->n_embd);
-	if (c->n_head < 1 || c->n_embd % c->n_head != 0)
-		return st_error_set(-EINVAL,
-				    "model: heads (%d) must be >= 1 and divide dim (%d)",
-				    c->n_head, c->n_embd);
-	if (c->vocab < 1 || c->vocab > ST_MAX_VOCAB)
-		return st_error_set(-EINVAL, "model: vocab must be in 1..%d, got %d",
-				    ST_MAX_VOCAB, c->vocab);
-	if (c->ctx < 1 || c->ctx > ST_MAX_DIM)
-		return st_error_set(-EINVAL, "model: ctx must be in 1..%d, got %d",
-				    ST_MAX_DIM, c->ctx);
-	return 0;
-}
-
-static int st_parse_posint(const char *s, size_t len, int *out)
-{
-	long v = 0;
-	if (len == 0 || len > 9)
-		return -EINVAL;
-	for (size_t i = 0; i < len; i++) {
-		if (s[i] < '0' || s[i] > '9')
-			return -EINVAL;
-		v = v * 10 + (s[i] - '0');
-	}
-	*out = (int)v;
-	return 0;
-}
-
-int st_model_config_parse(const char *text, struct st_model_config *out)
-{
-	if (!text || !*text)
-		return st_error_set(-EINVAL, "model: empty model name");
-	for (size_t i = 0; i < ST_ARRAY_LEN(st_presets); i++) {
-		if (strcmp(text, st_presets[i].name) == 0) {
-			*out = st_presets[i].cfg;
-			return 0;
-		}
-	}
-	if (!strchr(text, '='))
-		return st_error_set(-EINVAL,
-				    "model: unknown model '%s' (presets: %s, or "
-				    "layers=L,dim=C,heads=H,vocab=V,ctx=T)",
-				    text, st_model_preset_list());
-	static const char *keys[] = {"layers", "dim", "heads", "vocab", "ctx"};
-	int vals[5], seen[5] = {0};
-	const char *p = text;
-	while (*p) {
-		const char *comma = strchr(p, ',');
-		size_t item_len = comma ? (size_t)(comma - p) : strlen(p);
-		const char *eq = memchr(p, '=', item_len);
-		if (!eq)
-			return st_error_set(-EINVAL, "model: '%.*s' in '%s' is not key=value",
-					    (int)item_len, p, text);
-		size_t key_len = (size_t)(eq - p);
-		int k = -1;
-		for (int i = 0; i < 5; i++)
-			if (strlen(keys[i]) == key_len && !strncmp(p, keys[i], key_len))
-				k = i;
-		if (k < 0)
-			return st_error_set(-EINVAL,
-					    "model: unknown key '%.*s' in '%s' (keys: layers, dim, heads, vocab, ctx)",
-					    (int)key_len, p, text);
-		if (seen[k])
-			return st_error_set(-EINVAL, "model: key '%s' given twice in '%s'",
-					    keys[k], text);
-		if (st_parse_posint(eq + 1, item_len - key_len - 1, &vals[k]))
-			return st_error_set(-EINVAL,
-					    "model: '%s' needs a positive integer, got '%.*s'",
-					    keys[k], (int)(item_len - key_len - 1), eq + 1);
-		seen[k] = 1;
-		if (!comma)
-			break;
-		p = comma + 1;
-		if (!*p)
-			return st_error_set(-EINVAL, "model: trailing ',' in '%s'", text);
-	}
-	for (int i = 0; i < 5; i++)
-		if (!seen[i])
-			return st_error_set(-EINVAL, "model: '%s' lacks key '%s' (need layers, dim, heads, vocab, ctx)",
-					    text, keys[i]);
-	struct st_model_config c = {.n_layer = vals[0], .n_embd = vals[1],
-				    .n_head = vals[2], .vocab = vals[3], .ctx = vals[4]};
-	int err = st_config_check(&c);
-	if (err)
-		return err;
-	*out = c;
-	return 0;
-}
-
 /* ---- layout ------------------------------------------------------------------- */
 
-static void st_tensor_add(struct st_unit_layout *ul, struct st_tensor_layout *t,
-			  uint64_t *off, const char *name, int64_t d0, int64_t d1,
-			  bool decay)
+static int st_gpt2_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
+			  struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
 {
-	snprintf(t->name, sizeof(t->name), "%s", name);
-	t->ndim = d1 ? 2 : 1;
-	t->shape[0] = d0;
-	t->shape[1] = d1 ? d1 : 1;
-	t->n_elems = (uint64_t)d0 * (uint64_t)(d1 ? d1 : 1);
-	t->offset_elems = *off;
-	t->decay = decay;
-	*off = st_align_up(*off + t->n_elems, ST_MODEL_TENSOR_ALIGN_ELEMS);
-	ul->param_elems += t->n_elems;
-	ul->n_tensors++;
-}
-
-int st_model_create(const struct st_model_config *cfg, struct st_model **out)
-{
-	int err = st_config_check(cfg);
-	if (err)
-		return err;
-	struct st_model *m = calloc(1, sizeof(*m));
-	if (!m)
-		return st_error_set(-ENOMEM, "model: out of memory");
-	m->cfg = *cfg;
-	m->cx = st_compute_cpu();
 	const int L = cfg->n_layer;
-	const int64_t C = cfg->n_embd, V = cfg->vocab, T = cfg->ctx;
-	m->n_units = L + 2;
-	m->units = calloc((size_t)m->n_units, sizeof(*m->units));
-	m->tensors = calloc((size_t)(ET_COUNT + BT_COUNT * L + HT_COUNT),
-			    sizeof(*m->tensors));
-	if (!m->units || !m->tensors) {
-		st_model_destroy(m);
-		return st_error_set(-ENOMEM, "model: out of memory");
-	}
-	struct st_tensor_layout *t = m->tensors;
+	const int64_t C = cfg->dim, V = cfg->vocab, T = cfg->ctx;
+
+	*n_units = L + 2;
+	*n_tensors = ET_COUNT + BT_COUNT * L + HT_COUNT;
+	if (!units)
+		return 0;
+	struct st_tensor_layout *t = tensors;
 	char name[ST_MODEL_NAME_BYTES];
-	for (int u = 0; u < m->n_units; u++) {
-		struct st_unit_layout *ul = &m->units[u];
-		uint64_t off = 0;
+	for (int u = 0; u < *n_units; u++) {
+		struct st_unit_layout *ul = &units[u];
 		ul->tensors = t;
-		ul->reads_unit = u == L + 1 ? 0 : -1; /* the tied head reads wte */
-		ul->resident = u == 0;
+		ul->reads_unit = -1;
 		if (u == 0) {
 			ul->kind = ST_UNIT_EMBED;
 			ul->block = -1;
-			st_tensor_add(ul, t++, &off, "wte.weight", V, C, true);
-			st_tensor_add(ul, t++, &off, "wpe.weight", T, C, true);
+			ul->resident = true; /* the head reads wte */
+			st_unit_tensor_add(ul, t++, "wte.weight", V, C, true);
+			st_unit_tensor_add(ul, t++, "wpe.weight", T, C, true);
 		} else if (u <= L) {
 			int i = u - 1;
 			ul->kind = ST_UNIT_BLOCK;
@@ -233,147 +80,39 @@ int st_model_create(const struct st_model_config *cfg, struct st_model **out)
 			};
 			for (int k = 0; k < BT_COUNT; k++) {
 				snprintf(name, sizeof(name), "h.%d.%s", i, bt[k].suffix);
-				st_tensor_add(ul, t++, &off, name, bt[k].d0 * C,
-					      bt[k].d1 * C, bt[k].decay);
+				st_unit_tensor_add(ul, t++, name, bt[k].d0 * C,
+						   bt[k].d1 * C, bt[k].decay);
 			}
 		} else {
 			ul->kind = ST_UNIT_HEAD;
 			ul->block = -1;
-			st_tensor_add(ul, t++, &off, "ln_f.weight", C, 0, false);
-			st_tensor_add(ul, t++, &off, "ln_f.bias", C, 0, false);
+			ul->reads_unit = 0; /* the tie: logits = ln_f(x) @ wte^T */
+			st_unit_tensor_add(ul, t++, "ln_f.weight", C, 0, false);
+			st_unit_tensor_add(ul, t++, "ln_f.bias", C, 0, false);
 		}
-		ul->elems = st_align_up(off, ST_MODEL_UNIT_ALIGN_ELEMS);
-		m->param_count += ul->param_elems;
 	}
-	*out = m;
 	return 0;
 }
 
-void st_model_set_compute(struct st_model *m, struct st_compute *c)
+static double st_gpt2_flops_per_token(const struct st_model *m, int T)
 {
-	m->cx = c ? c : st_compute_cpu();
-}
-
-void st_model_destroy(struct st_model *m)
-{
-	if (!m)
-		return;
-	free(m->units);
-	free(m->tensors);
-	free(m);
-}
-
-const struct st_model_config *st_model_config(const struct st_model *m)
-{
-	return &m->cfg;
-}
-
-int st_model_unit_count(const struct st_model *m)
-{
-	return m->n_units;
-}
-
-const struct st_unit_layout *st_model_unit_layout(const struct st_model *m,
-						  int u)
-{
-	assert(u >= 0 && u < m->n_units);
-	return &m->units[u];
-}
-
-size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T)
-{
-	assert(u >= 0 && u < m->n_units);
-	return u == m->n_units - 1 ? 0 : (size_t)B * T * m->cfg.n_embd * sizeof(float);
-}
-
-uint64_t st_model_param_count(const struct st_model *m)
-{
-	return m->param_count;
-}
-
-int st_model_find_tensor(const struct st_model *m, const char *name,
-			 int *unit, int *tensor)
-{
-	for (int u = 0; u < m->n_units; u++)
-		for (int k = 0; k < m->units[u].n_tensors; k++)
-			if (!strcmp(m->units[u].tensors[k].name, name)) {
-				*unit = u;
-				*tensor = k;
-				return 0;
-			}
-	return -ENOENT;
-}
-
-double st_model_flops_per_token(const struct st_model *m, int T)
-{
-	const double L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.vocab;
+	const struct st_model_config *cfg = st_model_config(m);
+	const double L = cfg->n_layer, C = cfg->dim, V = cfg->vocab;
 	double n_mm = L * 12.0 * C * C + V * C;
 	return 6.0 * n_mm + 6.0 * L * (double)T * C;
 }
 
 /* ---- init ----------------------------------------------------------------------- */
 
-static uint64_t st_mix64(uint64_t z)
-{
-	z += 0x9e3779b97f4a7c15ull;
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-/* ln(s) for s in (0,1] with frexp (exact) and an atanh series in basic
- * operations only: libm's log may differ in the last bit between
- * machines, this does not (IEEE double, no contraction under -std=c11). */
-static double st_det_log(double s)
-{
-	int e;
-	double mant = frexp(s, &e); /* s = mant * 2^e, mant in [0.5,1) */
-	if (mant < 0.70710678118654752) {
-		mant *= 2.0;
-		e -= 1;
-	}
-	double t = (mant - 1.0) / (mant + 1.0), t2 = t * t;
-	double sum = 0.0;
-	for (int k = 21; k >= 1; k -= 2)
-		sum = sum * t2 + 1.0 / (double)k;
-	return 2.0 * t * sum + (double)e * 0.69314718055994530942;
-}
-
 #define ST_INIT_CHUNK 65536
 
-/* One chunk of normal(0, std) values: Marsaglia's polar method on a
- * splitmix64 stream keyed by (seed, unit, tensor, chunk), so chunks can be
- * filled in parallel and in any order. */
-static void st_fill_normal(float *out, size_t n, uint64_t key, double std)
+static int st_gpt2_init_unit(const struct st_model *m, int u, uint64_t seed,
+			     float *params)
 {
-	uint64_t state = key;
-	size_t i = 0;
-	while (i < n) {
-		double v1, v2, s;
-		do {
-			state += 0x9e3779b97f4a7c15ull;
-			v1 = (double)(st_mix64(state) >> 11) * 0x1.0p-52 - 1.0;
-			state += 0x9e3779b97f4a7c15ull;
-			v2 = (double)(st_mix64(state) >> 11) * 0x1.0p-52 - 1.0;
-			s = v1 * v1 + v2 * v2;
-		} while (s >= 1.0 || s == 0.0);
-		double f = sqrt(-2.0 * st_det_log(s) / s);
-		out[i++] = (float)(v1 * f * std);
-		if (i < n)
-			out[i++] = (float)(v2 * f * std);
-	}
-}
-
-int st_model_init_unit(const struct st_model *m, int u, uint64_t seed,
-		       float *params)
-{
-	if (u < 0 || u >= m->n_units)
-		return st_error_set(-EINVAL, "model: unit %d out of 0..%d", u,
-				    m->n_units - 1);
-	const struct st_unit_layout *ul = &m->units[u];
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	memset(params, 0, ul->elems * sizeof(float));
-	const double res_scale = 1.0 / sqrt(2.0 * m->cfg.n_layer);
-	uint64_t unit_key = st_mix64(st_mix64(seed) ^ (uint64_t)u);
+	const double res_scale = 1.0 / sqrt(2.0 * st_model_config(m)->n_layer);
+	uint64_t unit_key = st_family_mix64(st_family_mix64(seed) ^ (uint64_t)u);
 	for (int k = 0; k < ul->n_tensors; k++) {
 		const struct st_tensor_layout *t = &ul->tensors[k];
 		float *p = params + t->offset_elems;
@@ -390,13 +129,13 @@ int st_model_init_unit(const struct st_model *m, int u, uint64_t seed,
 		double std = 0.02;
 		if (strstr(t->name, "c_proj.weight"))
 			std *= res_scale;
-		uint64_t tkey = st_mix64(unit_key ^ ((uint64_t)k << 32));
+		uint64_t tkey = st_family_mix64(unit_key ^ ((uint64_t)k << 32));
 		int64_t n_chunks = (int64_t)((t->n_elems + ST_INIT_CHUNK - 1) / ST_INIT_CHUNK);
 #pragma omp parallel for schedule(dynamic, 1)
 		for (int64_t ch = 0; ch < n_chunks; ch++) {
 			uint64_t lo = (uint64_t)ch * ST_INIT_CHUNK;
 			uint64_t len = ST_MIN((uint64_t)ST_INIT_CHUNK, t->n_elems - lo);
-			st_fill_normal(p + lo, len, st_mix64(tkey + (uint64_t)ch), std);
+			st_family_fill_normal(p + lo, len, st_family_mix64(tkey + (uint64_t)ch), std);
 		}
 	}
 	return 0;
@@ -485,72 +224,40 @@ static size_t st_work_need(const struct st_model *m, int u, int B, int T)
 {
 	struct st_carver cv;
 	st_carver_init(&cv, NULL, 0);
-	size_t N = (size_t)B * T, C = (size_t)m->cfg.n_embd;
-	if (m->units[u].kind == ST_UNIT_BLOCK) {
+	size_t N = (size_t)B * T, C = (size_t)st_model_config(m)->dim;
+	if (st_model_unit_layout(m, u)->kind == ST_UNIT_BLOCK) {
 		struct st_block_work w;
-		st_block_carve(&cv, &w, N, C, (size_t)B * m->cfg.n_head * T);
-	} else if (m->units[u].kind == ST_UNIT_HEAD) {
+		st_block_carve(&cv, &w, N, C, (size_t)B * st_model_config(m)->n_head * T);
+	} else if (st_model_unit_layout(m, u)->kind == ST_UNIT_HEAD) {
 		struct st_head_work w;
-		st_head_carve(&cv, &w, N, C, (size_t)m->cfg.vocab);
+		st_head_carve(&cv, &w, N, C, (size_t)st_model_config(m)->vocab);
 	} else {
 		return 0;
 	}
 	return cv.need_bytes;
 }
 
-size_t st_model_work_bytes(const struct st_model *m, int u, int B, int T)
+static size_t st_gpt2_work_bytes(const struct st_model *m, int u, int B, int T)
 {
-	assert(u >= 0 && u < m->n_units && B > 0 && T > 0);
 	return st_work_need(m, u, B, T);
 }
 
-/* ---- argument checks ------------------------------------------------------------------ */
-
-static int st_ids_check(const int32_t *ids, size_t n, int V, const char *what)
+/* Every unit's output is (B,T,C): the embedding's and each block's. */
+static size_t st_gpt2_act_bytes(const struct st_model *m, int u, int B, int T)
 {
-	for (size_t i = 0; i < n; i++)
-		if (ids[i] < 0 || ids[i] >= V)
-			return st_error_set(-EINVAL, "model: %s[%zu] = %d is outside the vocabulary 0..%d",
-					    what, i, ids[i], V - 1);
-	return 0;
+	(void)u;
+	return (size_t)B * T * st_model_config(m)->dim * sizeof(float);
 }
 
-static int st_call_check(const struct st_model *m, int u,
-			 const struct st_model_batch *b, size_t work_bytes,
-			 bool bwd)
+/* Kernels index B*T*4C and B*H*T with int. */
+static int st_gpt2_batch_check(const struct st_model *m, int B, int T)
 {
-	if (u < 0 || u >= m->n_units)
-		return st_error_set(-EINVAL, "model: unit %d out of 0..%d", u,
-				    m->n_units - 1);
-	if (!b || b->B < 1 || b->T < 1 || b->T > m->cfg.ctx)
-		return st_error_set(-EINVAL, "model: batch B=%d T=%d: need B >= 1 and 1 <= T <= ctx (%d)",
-				    b ? b->B : 0, b ? b->T : 0, m->cfg.ctx);
-	if ((int64_t)b->B * b->T * 4 * m->cfg.n_embd > INT32_MAX ||
-	    (int64_t)b->B * m->cfg.n_head * b->T > INT32_MAX)
+	const struct st_model_config *cfg = st_model_config(m);
+
+	if ((int64_t)B * T * 4 * cfg->dim > INT32_MAX ||
+	    (int64_t)B * cfg->n_head * T > INT32_MAX)
 		return st_error_set(-EINVAL, "model: batch B=%d T=%d too large for dim %d",
-				    b->B, b->T, m->cfg.n_embd);
-	size_t need = st_work_need(m, u, b->B, b->T);
-	if (work_bytes < need)
-		return st_error_set(-EINVAL, "model: unit %d needs %zu workspace bytes, got %zu",
-				    u, need, work_bytes);
-	size_t n = (size_t)b->B * b->T;
-	enum st_unit_kind kind = m->units[u].kind;
-	if (kind == ST_UNIT_EMBED) {
-		if (!b->tokens)
-			return st_error_set(-EINVAL, "model: the embedding needs tokens");
-		return st_ids_check(b->host_tokens ? b->host_tokens : b->tokens, n,
-				    m->cfg.vocab, "tokens");
-	}
-	if (kind == ST_UNIT_HEAD) {
-		if (!b->targets)
-			return st_error_set(-EINVAL, "model: the head needs targets");
-		if (bwd && (!(b->loss_scale == b->loss_scale) || b->loss_scale == 0.0f ||
-			    isinf(b->loss_scale)))
-			return st_error_set(-EINVAL, "model: loss_scale must be finite and nonzero, got %g",
-					    (double)b->loss_scale);
-		return st_ids_check(b->host_targets ? b->host_targets : b->targets, n,
-				    m->cfg.vocab, "targets");
-	}
+				    B, T, cfg->dim);
 	return 0;
 }
 
@@ -563,7 +270,7 @@ struct st_block_params {
 static void st_block_views(const struct st_model *m, int u, const float *params,
 			   const float **out)
 {
-	const struct st_unit_layout *ul = &m->units[u];
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	for (int k = 0; k < BT_COUNT; k++)
 		out[k] = params + ul->tensors[k].offset_elems;
 }
@@ -574,8 +281,8 @@ static void st_block_fwd_core(const struct st_model *m, const float **p,
 			      const struct st_block_work *w, const float *x,
 			      float *attproj, int B, int T)
 {
-	struct st_compute *c = m->cx;
-	const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head, N = B * T;
 	// ln1, qkv, attention, projection, residual
 	st_compute_layernorm_fwd(c, w->ln1, w->mean1, w->rstd1, x, p[BT_LN1_W],
 				 p[BT_LN1_B], N, C);
@@ -595,8 +302,8 @@ static void st_block_fwd(const struct st_model *m, int u, int B, int T,
 			 const float *params, const float *x, float *y,
 			 const struct st_block_work *w)
 {
-	struct st_compute *c = m->cx;
-	const int C = m->cfg.n_embd, N = B * T;
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, N = B * T;
 	const float *p[BT_COUNT];
 	st_block_views(m, u, params, p);
 	st_block_fwd_core(m, p, w, x, y, B, T);
@@ -609,10 +316,10 @@ static void st_block_bwd(const struct st_model *m, int u, int B, int T,
 			 const float *params, const float *x, const float *dy,
 			 float *dx, float *grad, const struct st_block_work *w)
 {
-	struct st_compute *c = m->cx;
-	const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head, N = B * T;
 	const size_t NC = (size_t)N * C;
-	const struct st_unit_layout *ul = &m->units[u];
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	const float *p[BT_COUNT];
 	float *g[BT_COUNT];
 	st_block_views(m, u, params, p);
@@ -676,16 +383,16 @@ static float st_mean_loss(struct st_compute *c, const float *losses, size_t n)
 }
 
 static void st_head_run(const struct st_model *m, const struct st_model_batch *b,
-			const float *params, const float *tied, const float *x,
-			float *dx, float *grad, float *tied_grad, float *loss,
+			const float *params, const float *other, const float *x,
+			float *dx, float *grad, float *other_grad, float *loss,
 			const struct st_head_work *w)
 {
-	struct st_compute *c = m->cx;
-	const int C = m->cfg.n_embd, V = m->cfg.vocab, N = b->B * b->T;
-	const struct st_unit_layout *ul = &m->units[m->n_units - 1];
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab, N = b->B * b->T;
+	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
 	const float *lnw = params + ul->tensors[HT_LNF_W].offset_elems;
 	const float *lnb = params + ul->tensors[HT_LNF_B].offset_elems;
-	const float *wte = tied + m->units[0].tensors[ET_WTE].offset_elems;
+	const float *wte = other + st_model_unit_layout(m, 0)->tensors[ET_WTE].offset_elems;
 	const bool bwd = dx != NULL;
 
 	st_compute_layernorm_fwd(c, w->xln, w->mean, w->rstd, x, lnw, lnb, N, C);
@@ -709,7 +416,7 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 		st_compute_gemm(c, 0, 0, nr, C, V, w->logits, V, wte, C, 1.0f,
 				w->dxln + (size_t)r0 * C, C);
 		// dwte (V,C) += dlogits^T (V,nr) @ xln_r (nr,C)
-		float *dwte = tied_grad + m->units[0].tensors[ET_WTE].offset_elems;
+		float *dwte = other_grad + st_model_unit_layout(m, 0)->tensors[ET_WTE].offset_elems;
 		st_compute_gemm(c, 1, 0, V, C, nr, w->logits, V, xr, C, 1.0f,
 				dwte, C);
 	}
@@ -725,23 +432,19 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 
 /* ---- fwd / bwd -------------------------------------------------------------------------------- */
 
-int st_model_fwd(const struct st_model *m, int u,
+static int st_gpt2_fwd(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
-		 const float *tied, const float *x, float *y, float *loss,
+		 const float *other, const float *x, float *y, float *loss,
 		 void *work, size_t work_bytes)
 {
-	int err = st_call_check(m, u, batch, work_bytes, false);
-	if (err)
-		return err;
-	const int B = batch->B, T = batch->T, C = m->cfg.n_embd;
-	struct st_compute *c = m->cx;
+	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
+	struct st_compute *c = st_model_compute(m);
 	struct st_carver cv;
 	st_carver_init(&cv, work, work_bytes);
-	assert(params);
-	switch (m->units[u].kind) {
+	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED: {
 		assert(y);
-		const struct st_unit_layout *ul = &m->units[0];
+		const struct st_unit_layout *ul = st_model_unit_layout(m, 0);
 		st_compute_embedding_fwd(c, y, batch->tokens,
 					 params + ul->tensors[ET_WTE].offset_elems,
 					 params + ul->tensors[ET_WPE].offset_elems, B,
@@ -752,40 +455,36 @@ int st_model_fwd(const struct st_model *m, int u,
 		assert(x && y);
 		struct st_block_work w;
 		st_block_carve(&cv, &w, (size_t)B * T, (size_t)C,
-			       (size_t)B * m->cfg.n_head * T);
+			       (size_t)B * st_model_config(m)->n_head * T);
 		st_block_fwd(m, u, B, T, params, x, y, &w);
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
-		assert(x && tied && loss);
+		assert(x && other && loss);
 		struct st_head_work w;
 		st_head_carve(&cv, &w, (size_t)B * T, (size_t)C,
-			      (size_t)m->cfg.vocab);
-		st_head_run(m, batch, params, tied, x, NULL, NULL, NULL, loss, &w);
+			      (size_t)st_model_config(m)->vocab);
+		st_head_run(m, batch, params, other, x, NULL, NULL, NULL, loss, &w);
 		return st_compute_take_error(c);
 	}
 	}
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
 }
 
-int st_model_bwd(const struct st_model *m, int u,
+static int st_gpt2_bwd(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
-		 const float *tied, const float *x, const float *dy, float *dx,
-		 float *grad, float *tied_grad, float *loss, void *work,
+		 const float *other, const float *x, const float *dy, float *dx,
+		 float *grad, float *other_grad, float *loss, void *work,
 		 size_t work_bytes)
 {
-	int err = st_call_check(m, u, batch, work_bytes, true);
-	if (err)
-		return err;
-	const int B = batch->B, T = batch->T, C = m->cfg.n_embd;
-	struct st_compute *c = m->cx;
+	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
+	struct st_compute *c = st_model_compute(m);
 	struct st_carver cv;
 	st_carver_init(&cv, work, work_bytes);
-	assert(params && grad);
-	switch (m->units[u].kind) {
+	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED: {
 		assert(dy);
-		const struct st_unit_layout *ul = &m->units[0];
+		const struct st_unit_layout *ul = st_model_unit_layout(m, 0);
 		st_compute_embedding_bwd(c, grad + ul->tensors[ET_WTE].offset_elems,
 					 grad + ul->tensors[ET_WPE].offset_elems, dy,
 					 batch->tokens, B, T, C);
@@ -795,18 +494,69 @@ int st_model_bwd(const struct st_model *m, int u,
 		assert(x && dy && dx);
 		struct st_block_work w;
 		st_block_carve(&cv, &w, (size_t)B * T, (size_t)C,
-			       (size_t)B * m->cfg.n_head * T);
+			       (size_t)B * st_model_config(m)->n_head * T);
 		st_block_bwd(m, u, B, T, params, x, dy, dx, grad, &w);
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
-		assert(x && dx && tied && tied_grad);
+		assert(x && dx && other && other_grad);
 		struct st_head_work w;
 		st_head_carve(&cv, &w, (size_t)B * T, (size_t)C,
-			      (size_t)m->cfg.vocab);
-		st_head_run(m, batch, params, tied, x, dx, grad, tied_grad, loss, &w);
+			      (size_t)st_model_config(m)->vocab);
+		st_head_run(m, batch, params, other, x, dx, grad, other_grad, loss, &w);
 		return st_compute_take_error(c);
 	}
 	}
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
 }
+
+/* One position's logits: ln_f(x) @ wte^T, through the head's workspace at
+ * B = T = 1 (xln, mean, rstd). */
+static int st_gpt2_logits(const struct st_model *m, const float *params, const float *other,
+			  const float *x, float *logits, void *work, size_t work_bytes)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
+	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
+	const float *wte = other + st_model_unit_layout(m, 0)->tensors[ET_WTE].offset_elems;
+	struct st_carver cv;
+	struct st_head_work w;
+
+	st_carver_init(&cv, work, work_bytes);
+	st_head_carve(&cv, &w, 1, (size_t)C, (size_t)V);
+	st_compute_layernorm_fwd(c, w.xln, w.mean, w.rstd, x,
+				 params + ul->tensors[HT_LNF_W].offset_elems,
+				 params + ul->tensors[HT_LNF_B].offset_elems, 1, C);
+	st_compute_gemm(c, 0, 1, 1, V, C, w.xln, C, wte, C, 0.0f, logits, V);
+	return st_compute_sync(c);
+}
+
+static const char *const st_gpt2_model_types[] = { "gpt2", NULL };
+static const char *const st_gpt2_architectures[] = { "GPT2LMHeadModel", "GPT2Model", NULL };
+
+const struct st_family_ops st_family_gpt2 = {
+	.name = "gpt2",
+	.abi = ST_FAMILY_ABI,
+	.title = "GPT-2",
+	.presets = "tiny,gpt2,gpt2-medium,gpt2-large,gpt2-xl",
+	.hf_model_types = st_gpt2_model_types,
+	.hf_architectures = st_gpt2_architectures,
+	.config_preset = st_gpt2_config_preset,
+	.config_parse = st_gpt2_config_parse,
+	.config_check = st_gpt2_config_check,
+	.config_format = st_gpt2_config_format,
+	.config_describe = st_gpt2_config_describe,
+	.config_fields = st_gpt2_config_fields,
+	.hf_config_read = st_gpt2_hf_config_read,
+	.hf_config_write = st_gpt2_hf_config_write,
+	.hf_config_check = st_gpt2_hf_config_check,
+	.layout = st_gpt2_layout,
+	.init_unit = st_gpt2_init_unit,
+	.work_bytes = st_gpt2_work_bytes,
+	.act_bytes = st_gpt2_act_bytes,
+	.batch_check = st_gpt2_batch_check,
+	.fwd = st_gpt2_fwd,
+	.bwd = st_gpt2_bwd,
+	.flops_per_token = st_gpt2_flops_per_token,
+	.logits = st_gpt2_logits,
+};

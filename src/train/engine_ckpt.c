@@ -138,9 +138,6 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 		   const struct st_cursor *cursor, const char *config_json, int keep)
 {
 	const struct st_model_config *mc = st_model_config(st_engine_model(e));
-	struct st_gpt2_config gc = { .n_embd = mc->n_embd, .n_layer = mc->n_layer,
-				     .n_head = mc->n_head, .vocab_size = mc->vocab,
-				     .n_positions = mc->ctx };
 	struct st_ckpt_trainer tr = { 0 };
 	struct st_ckpt_dir d;
 	char path[4096];
@@ -162,7 +159,7 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_FILE, mv_states, mv_suffix, 2, &tr);
 	if (ret == 0) {
 		snprintf(path, sizeof(path), "%.4000s/%s", d.tmp, ST_CKPT_CONFIG_FILE);
-		ret = st_gpt2_config_write(path, &gc);
+		ret = st_model_config_write(path, mc);
 	}
 	if (ret == 0)
 		ret = st_ckpt_trainer_add_hashed(&tr, d.tmp, ST_CKPT_CONFIG_FILE);
@@ -214,7 +211,7 @@ int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
 	const struct st_model *m = st_engine_model(e);
 	const struct st_model_config *mc = st_model_config(m);
 	struct st_ckpt_trainer tr = { 0 };
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	char *dir = NULL, p[4096];
 	int U = st_model_unit_count(m), ret;
 	float *buf[3] = { 0 };
@@ -228,15 +225,14 @@ int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
 		ret = st_ckpt_verify(dir, &tr);
 	if (ret == 0) {
 		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_CONFIG_FILE);
-		ret = st_gpt2_config_read(p, &gc);
+		ret = st_model_config_read(p, &gc);
 	}
-	if (ret == 0 && (gc.n_embd != mc->n_embd || gc.n_layer != mc->n_layer ||
-			 gc.n_head != mc->n_head || gc.vocab_size != mc->vocab ||
-			 gc.n_positions != mc->ctx))
-		ret = st_error_set(-EINVAL, "%s holds a different model (layers=%lld,dim=%lld,"
-				   "heads=%lld,vocab=%lld,ctx=%lld)", dir, (long long)gc.n_layer,
-				   (long long)gc.n_embd, (long long)gc.n_head,
-				   (long long)gc.vocab_size, (long long)gc.n_positions);
+	if (ret == 0 && !st_model_config_equal(&gc, mc)) {
+		char dims[256];
+
+		ret = st_error_set(-EINVAL, "%s holds a different model (%s)", dir,
+				   st_model_config_format(&gc, dims, sizeof(dims)));
+	}
 	if (ret == 0 && st_cursor_unpack(cursor, tr.cursor, tr.cursor_bytes) < 0)
 		ret = st_error_set(-EINVAL, "%s/trainer.json: bad sampler cursor", dir);
 	/* Unit by unit: three unit-sized buffers, whatever the model's size. */

@@ -25,13 +25,13 @@ struct st_trainer {
 	float **P, **M, **V, **G;
 	void **W;          /* bf16 (uint16_t) or fp32 working weights */
 	float *wf;         /* fp32 compute copy of the unit being run */
-	float *wf_embed;   /* fp32 copy of the embedding unit (the head's tie) */
-	float *acts;       /* x[1..U-1], each (B,T,C) */
-	float *dA, *dB;    /* (B,T,C) gradient ping-pong */
+	float **wr;        /* fp32 copy of each resident unit (another reads it), else NULL */
+	size_t x_elems;    /* the largest unit output, in floats */
+	float *acts;       /* x[1..U-1], each x_elems */
+	float *dA, *dB;    /* x_elems each: gradient ping-pong */
 	void *work;
 	size_t work_bytes;
 	int32_t *tokens, *targets; /* (B,T) */
-	float *lnf, *lnf_mean, *lnf_rstd; /* (1,C) scratch for logits */
 };
 
 void st_train_config_default(struct st_train_config *c)
@@ -89,14 +89,9 @@ int st_train_adam_prep(const struct st_train_config *c, int step, double grad_no
 	return ret;
 }
 
-static size_t x_elems(const struct st_trainer *t)
-{
-	return (size_t)t->cfg.batch * t->cfg.seq * t->cfg.model.n_embd;
-}
-
 static float *act(struct st_trainer *t, int u) /* input of unit u, u >= 1 */
 {
-	return t->acts + (size_t)(u - 1) * x_elems(t);
+	return t->acts + (size_t)(u - 1) * t->x_elems;
 }
 
 /* W[u] as fp32 into dst (once per use). */
@@ -149,6 +144,8 @@ void st_trainer_destroy(struct st_trainer *t)
 			free(t->G[u]);
 		if (t->W)
 			free(t->W[u]);
+		if (t->wr)
+			free(t->wr[u]);
 	}
 	free(t->P);
 	free(t->M);
@@ -157,16 +154,13 @@ void st_trainer_destroy(struct st_trainer *t)
 	free(t->W);
 	free(t->elems);
 	free(t->wf);
-	free(t->wf_embed);
+	free(t->wr);
 	free(t->acts);
 	free(t->dA);
 	free(t->dB);
 	free(t->work);
 	free(t->tokens);
 	free(t->targets);
-	free(t->lnf);
-	free(t->lnf_mean);
-	free(t->lnf_rstd);
 	st_model_destroy(t->model);
 	free(t);
 }
@@ -199,7 +193,8 @@ int st_trainer_create(const struct st_train_config *cfg, struct st_trainer **out
 	t->V = calloc((size_t)t->U, sizeof(float *));
 	t->G = calloc((size_t)t->U, sizeof(float *));
 	t->W = calloc((size_t)t->U, sizeof(void *));
-	if (!t->elems || !t->P || !t->M || !t->V || !t->G || !t->W) {
+	t->wr = calloc((size_t)t->U, sizeof(float *));
+	if (!t->elems || !t->P || !t->M || !t->V || !t->G || !t->W || !t->wr) {
 		st_trainer_destroy(t);
 		return -ENOMEM;
 	}
@@ -214,18 +209,18 @@ int st_trainer_create(const struct st_train_config *cfg, struct st_trainer **out
 		t->V[u] = xcalloc(t->elems[u], sizeof(float), &err);
 		t->G[u] = xcalloc(t->elems[u], sizeof(float), &err);
 		t->W[u] = xcalloc(t->elems[u], cfg->bf16 ? 2 : 4, &err);
+		if (st_model_unit_layout(t->model, u)->resident)
+			t->wr[u] = xcalloc(t->elems[u], sizeof(float), &err);
+		t->x_elems = ST_MAX(t->x_elems, st_model_act_bytes(t->model, u, cfg->batch,
+								   cfg->seq) / sizeof(float));
 	}
 	t->wf = xcalloc(max_elems, sizeof(float), &err);
-	t->wf_embed = xcalloc(t->elems[0], sizeof(float), &err);
-	t->acts = xcalloc(x_elems(t) * (size_t)(t->U - 1), sizeof(float), &err);
-	t->dA = xcalloc(x_elems(t), sizeof(float), &err);
-	t->dB = xcalloc(x_elems(t), sizeof(float), &err);
+	t->acts = xcalloc(t->x_elems * (size_t)(t->U - 1), sizeof(float), &err);
+	t->dA = xcalloc(t->x_elems, sizeof(float), &err);
+	t->dB = xcalloc(t->x_elems, sizeof(float), &err);
 	t->work = xcalloc(t->work_bytes, 1, &err);
 	t->tokens = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
 	t->targets = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
-	t->lnf = xcalloc((size_t)cfg->model.n_embd, sizeof(float), &err);
-	t->lnf_mean = xcalloc(1, sizeof(float), &err);
-	t->lnf_rstd = xcalloc(1, sizeof(float), &err);
 	if (err) {
 		st_trainer_destroy(t);
 		return st_error_set(err, "cannot allocate the model's buffers");
@@ -255,19 +250,36 @@ int st_trainer_read_master(const struct st_trainer *t, int u, float *p)
 	return 0;
 }
 
-/* Forward of every unit but the head; leaves x[1..U-1] in acts and the
- * embedding's fp32 weights in wf_embed. */
+/* Unit u's fp32 weights: a resident unit's copy (widened by the forward,
+ * kept to the end of the backward), else W[u] widened into wf now. */
+static float *weights(struct st_trainer *t, int u)
+{
+	if (t->wr[u])
+		return t->wr[u];
+	widen(t, u, t->wf);
+	return t->wf;
+}
+
+/* The weights unit u reads of another unit (layout.reads_unit), or NULL. */
+static const float *other_of(struct st_trainer *t, int u)
+{
+	int k = st_model_unit_layout(t->model, u)->reads_unit;
+
+	return k >= 0 ? t->wr[k] : NULL;
+}
+
+/* Forward of every unit but the last; leaves x[1..U-1] in acts and each
+ * resident unit's fp32 weights in wr. */
 static int forward_body(struct st_trainer *t, const struct st_model_batch *b)
 {
-	int ret;
+	int ret = 0;
 
-	widen(t, 0, t->wf_embed);
-	ret = st_model_fwd(t->model, 0, b, t->wf_embed, NULL, NULL, act(t, 1), NULL,
-			   t->work, t->work_bytes);
-	for (int u = 1; ret == 0 && u < t->U - 1; u++) {
-		widen(t, u, t->wf);
-		ret = st_model_fwd(t->model, u, b, t->wf, NULL, act(t, u), act(t, u + 1), NULL,
-				   t->work, t->work_bytes);
+	for (int u = 0; ret == 0 && u < t->U - 1; u++) {
+		if (t->wr[u])
+			widen(t, u, t->wr[u]);
+		ret = st_model_fwd(t->model, u, b, weights(t, u), other_of(t, u),
+				   u ? act(t, u) : NULL, act(t, u + 1), NULL, t->work,
+				   t->work_bytes);
 	}
 	return ret;
 }
@@ -278,27 +290,22 @@ static int micro_step(struct st_trainer *t, struct st_loader *ld, float loss_sca
 	struct st_model_batch b = { .B = t->cfg.batch, .T = t->cfg.seq, .tokens = t->tokens,
 				    .targets = t->targets, .loss_scale = loss_scale };
 	int H = t->U - 1, ret;
-	float l = 0, *dy = t->dA, *dx = t->dB, *tmp;
+	float l = 0, *dy = NULL, *dx = t->dA;
 
 	st_loader_next(ld, t->tokens, t->targets);
 	ret = forward_body(t, &b);
-	if (ret < 0)
-		return ret;
-	/* The head's backward computes its forward (and the loss) itself. */
-	widen(t, H, t->wf);
-	ret = st_model_bwd(t->model, H, &b, t->wf, t->wf_embed, act(t, H), NULL, dy,
-			   t->G[H], t->G[0], &l, t->work, t->work_bytes);
-	for (int u = H - 1; ret == 0 && u >= 1; u--) {
-		widen(t, u, t->wf);
-		ret = st_model_bwd(t->model, u, &b, t->wf, NULL, act(t, u), dy, dx, t->G[u], NULL,
-				   NULL, t->work, t->work_bytes);
-		tmp = dy;
+	/* Backward from the last unit, whose backward computes its forward
+	 * (and the loss) itself; each unit's dx is the previous one's dy. */
+	for (int u = H; ret == 0 && u >= 0; u--) {
+		int k = st_model_unit_layout(t->model, u)->reads_unit;
+
+		ret = st_model_bwd(t->model, u, &b, weights(t, u), other_of(t, u),
+				   u ? act(t, u) : NULL, dy, u ? dx : NULL, t->G[u],
+				   k >= 0 ? t->G[k] : NULL, u == H ? &l : NULL, t->work,
+				   t->work_bytes);
 		dy = dx;
-		dx = tmp;
+		dx = dx == t->dA ? t->dB : t->dA;
 	}
-	if (ret == 0)
-		ret = st_model_bwd(t->model, 0, &b, t->wf_embed, NULL, NULL, dy, NULL, t->G[0],
-				   NULL, NULL, t->work, t->work_bytes);
 	*loss = l;
 	return ret;
 }
@@ -379,11 +386,9 @@ int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
 
 		st_loader_next(ld, t->tokens, t->targets);
 		ret = forward_body(t, &b);
-		if (ret == 0) {
-			widen(t, H, t->wf);
-			ret = st_model_fwd(t->model, H, &b, t->wf, t->wf_embed, act(t, H), NULL, &l,
-					   t->work, t->work_bytes);
-		}
+		if (ret == 0)
+			ret = st_model_fwd(t->model, H, &b, weights(t, H), other_of(t, H),
+					   act(t, H), NULL, &l, t->work, t->work_bytes);
 		sum += l;
 	}
 	*mean_loss = n_batches ? sum / n_batches : NAN;
@@ -392,11 +397,9 @@ int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
 
 int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n, float *logits)
 {
-	const struct st_model_config *mc = &t->cfg.model;
-	const struct st_unit_layout *hl = st_model_unit_layout(t->model, t->U - 1);
-	const float *lw = NULL, *lb = NULL;
 	struct st_model_batch b;
-	int T = ST_MIN(n, t->cfg.seq), C = mc->n_embd, ret;
+	int H = t->U - 1, T = ST_MIN(n, t->cfg.seq), ret;
+	size_t row_elems = st_model_act_bytes(t->model, H - 1, 1, 1) / sizeof(float);
 
 	if (n <= 0)
 		return st_error_set(-EINVAL, "no tokens to continue");
@@ -409,21 +412,10 @@ int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n, float 
 	ret = forward_body(t, &b);
 	if (ret < 0)
 		return ret;
-	/* ln_f on the last position, then logits = ln @ wte^T (the tie). */
-	widen(t, t->U - 1, t->wf);
-	for (int i = 0; i < hl->n_tensors; i++) {
-		if (strcmp(hl->tensors[i].name, "ln_f.weight") == 0)
-			lw = t->wf + hl->tensors[i].offset_elems;
-		else if (strcmp(hl->tensors[i].name, "ln_f.bias") == 0)
-			lb = t->wf + hl->tensors[i].offset_elems;
-	}
-	if (!lw || !lb)
-		return st_error_set(-EINVAL, "the head has no ln_f");
-	st_cpu_layernorm_fwd(t->lnf, t->lnf_mean, t->lnf_rstd,
-			     act(t, t->U - 1) + (size_t)(T - 1) * C, lw, lb, 1, C);
-	st_cpu_sgemm(0, 1, 1, mc->vocab, C, 1.0f, t->lnf, C, t->wf_embed, C, 0.0f, logits,
-		     mc->vocab);
-	return 0;
+	/* the last unit on the last position only */
+	return st_model_logits(t->model, weights(t, H), other_of(t, H),
+			       act(t, H) + (size_t)(T - 1) * row_elems, logits, t->work,
+			       t->work_bytes);
 }
 
 int st_train_read_unit(const struct st_model *m, struct st_weights *w, int u, float *p)

@@ -526,8 +526,8 @@ static const struct st_ckpt_tensor optim_t[4] = {
 static int write_ckpt(const char *root, uint64_t step, unsigned keep,
 		      int fail_at_call)
 {
-	struct st_gpt2_config gc = { .n_embd = 300, .n_layer = 1, .n_head = 3,
-				     .vocab_size = 100, .n_positions = 64 };
+	struct st_model_config gc = { .dim = 300, .n_layer = 1, .n_head = 3,
+				      .vocab = 100, .ctx = 64 };
 	struct st_ckpt_trainer tr = { 0 };
 	struct st_ckpt_dir d;
 	struct gen_src gm = { .seed = step }, go = { .seed = step + 1000000,
@@ -568,7 +568,7 @@ static int write_ckpt(const char *root, uint64_t step, unsigned keep,
 	if (!err && asprintf(&p, "%s/" ST_CKPT_CONFIG_FILE, d.tmp) < 0)
 		err = -ENOMEM;
 	if (!err)
-		err = st_gpt2_config_write(p, &gc);
+		err = st_model_config_write(p, &gc);
 	if (!err)
 		err = st_ckpt_trainer_add_hashed(&tr, d.tmp, ST_CKPT_CONFIG_FILE);
 	free(p);

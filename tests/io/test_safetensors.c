@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "strata/family.h"
 #include "strata/io.h"
 #include "io_test_util.h"
 
@@ -302,17 +303,19 @@ static void test_writer_errors(void **state)
 
 static void test_gpt2_config(void **state)
 {
-	const struct st_gpt2_config c = { 768, 12, 12, 50257, 1024 };
-	struct st_gpt2_config r;
+	const struct st_model_config c = { .n_layer = 12, .dim = 768, .n_head = 12,
+					   .vocab = 50257, .ctx = 1024 };
+	struct st_model_config r;
 	char path[128];
 	FILE *f;
 
 	(void)state;
 	snprintf(path, sizeof(path), "%s/config.json", tmpdir);
-	assert_int_equal(st_gpt2_config_write(path, &c), 0);
+	assert_int_equal(st_model_config_write(path, &c), 0);
 	memset(&r, 0, sizeof(r));
-	assert_int_equal(st_gpt2_config_read(path, &r), 0);
-	assert_memory_equal(&r, &c, sizeof(c));
+	assert_int_equal(st_model_config_read(path, &r), 0);
+	assert_true(st_model_config_equal(&r, &c));
+	assert_ptr_equal(r.family, st_family_find("gpt2"));
 
 	/* As Hugging Face's gpt2 config.json spells it (n_ctx, extra keys). */
 	f = fopen(path, "w");
@@ -322,41 +325,41 @@ static void test_gpt2_config(void **state)
 	      " \"vocab_size\": 50257, \"task_specific_params\": "
 	      "{\"text-generation\": {\"do_sample\": true}}}\n", f);
 	fclose(f);
-	assert_int_equal(st_gpt2_config_read(path, &r), 0);
-	assert_int_equal(r.n_embd, 1600);
+	assert_int_equal(st_model_config_read(path, &r), 0);
+	assert_int_equal(r.dim, 1600);
 	assert_int_equal(r.n_head, 25);
 	assert_int_equal(r.n_layer, 48);
-	assert_int_equal(r.n_positions, 1024);
-	assert_int_equal(r.vocab_size, 50257);
+	assert_int_equal(r.ctx, 1024);
+	assert_int_equal(r.vocab, 50257);
 
 	f = fopen(path, "w");
 	fputs("{\"n_embd\": 100, \"n_head\": 3, \"n_layer\": 1, "
 	      "\"vocab_size\": 10, \"n_positions\": 8}", f);
 	fclose(f);
-	assert_int_equal(st_gpt2_config_read(path, &r), -EINVAL);
+	assert_int_equal(st_model_config_read(path, &r), -EINVAL);
 	assert_non_null(strstr(st_error_last(), "n_head 3 does not divide"));
 
 	f = fopen(path, "w");
 	fputs("{\"n_embd\": 96, \"n_head\": 3, \"vocab_size\": 10, "
 	      "\"n_positions\": 8}", f);
 	fclose(f);
-	assert_int_equal(st_gpt2_config_read(path, &r), -EINVAL);
+	assert_int_equal(st_model_config_read(path, &r), -EINVAL);
 	assert_non_null(strstr(st_error_last(), "missing \"n_layer\""));
 
 	f = fopen(path, "w");
 	fputs("{\"n_embd\": 96, \"n_head\": 3, \"n_layer\": \"2\"", f);
 	fclose(f);
-	assert_int_equal(st_gpt2_config_read(path, &r), -EINVAL);
+	assert_int_equal(st_model_config_read(path, &r), -EINVAL);
 	assert_non_null(strstr(st_error_last(), "not valid JSON"));
 
 	{
-		struct st_gpt2_config bad = c;
+		struct st_model_config bad = c;
 
 		bad.n_layer = 0;
-		assert_int_equal(st_gpt2_config_write(path, &bad), -EINVAL);
+		assert_int_equal(st_model_config_write(path, &bad), -EINVAL);
 		assert_non_null(strstr(st_error_last(), "n_layer is 0"));
 	}
-	assert_int_equal(st_gpt2_config_read("/nonexistent/config.json", &r),
+	assert_int_equal(st_model_config_read("/nonexistent/config.json", &r),
 			 -ENOENT);
 }
 

@@ -122,8 +122,8 @@ static void write_hf(const char *sub, bool bf16, const char *prefix, const char 
 	struct st_sf_tensor st[32];
 	char names[32][96], p[256];
 	uint16_t *h[32] = { 0 };
-	struct st_gpt2_config gc = { .n_embd = C, .n_layer = L, .n_head = NH, .vocab_size = V,
-				     .n_positions = T };
+	struct st_model_config gc = { .dim = C, .n_layer = L, .n_head = NH, .vocab = V,
+				      .ctx = T };
 
 	path_in(p, sizeof(p), sub, "");
 	mkdir(p, 0755);
@@ -149,7 +149,7 @@ static void write_hf(const char *sub, bool bf16, const char *prefix, const char 
 	if (!extra)
 		return;
 	path_in(p, sizeof(p), sub, "config.json");
-	assert_int_equal(st_gpt2_config_write(p, &gc), 0);
+	assert_int_equal(st_model_config_write(p, &gc), 0);
 	if (*extra) { /* rewrite it with a field more */
 		FILE *f = fopen(p, "w");
 
@@ -180,7 +180,7 @@ static void check_all(struct st_weights *w)
 static void test_hf_dir(void **state)
 {
 	struct st_weights *w;
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	char p[256];
 
 	(void)state;
@@ -191,7 +191,7 @@ static void test_hf_dir(void **state)
 		assert_int_equal(st_weights_open(p, &w), 0);
 		assert_int_equal(st_weights_config(w, &gc), 0);
 		assert_int_equal(gc.n_layer, L);
-		assert_int_equal(gc.vocab_size, V);
+		assert_int_equal(gc.vocab, V);
 		check_all(w);
 		st_weights_close(w);
 	}
@@ -200,7 +200,7 @@ static void test_hf_dir(void **state)
 static void test_refusals(void **state)
 {
 	struct st_weights *w;
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	uint64_t shape[2] = { C, 3 * C }, wrong[2] = { C, 2 * C };
 	float buf[64];
 	char p[256];
@@ -313,7 +313,7 @@ static void write_llmc(const char *name, int version, long cut)
 static void test_llmc(void **state)
 {
 	struct st_weights *w;
-	struct st_gpt2_config gc;
+	struct st_model_config gc;
 	char p[256];
 
 	(void)state;
@@ -322,9 +322,9 @@ static void test_llmc(void **state)
 		path_in(p, sizeof(p), "", k ? "m5.bin" : "m3.bin");
 		assert_int_equal(st_weights_open(p, &w), 0);
 		assert_int_equal(st_weights_config(w, &gc), 0);
-		assert_int_equal(gc.n_embd, C);
+		assert_int_equal(gc.dim, C);
 		assert_int_equal(gc.n_head, NH);
-		assert_int_equal(gc.n_positions, T);
+		assert_int_equal(gc.ctx, T);
 		check_all(w); /* the values are exact in bf16 */
 		st_weights_close(w);
 	}

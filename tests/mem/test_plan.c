@@ -93,7 +93,7 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 	const struct st_model *m = in->model;
 	int U = st_model_unit_count(m);
 	uint64_t wb = in->bf16 ? 2 : 4, E = 0, E0 = st_model_unit_layout(m, 0)->elems, E1 = 0;
-	uint64_t X = (uint64_t)in->batch * in->seq * st_model_config(m)->n_embd * 4;
+	uint64_t X = (uint64_t)in->batch * in->seq * st_model_config(m)->dim * 4;
 	uint64_t work = 0, BT = (uint64_t)in->batch * in->seq;
 	bool streamed = w != ST_HOME_VRAM;
 

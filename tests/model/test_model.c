@@ -56,7 +56,7 @@ static void net_init(struct net *n, const struct st_model_config *cfg, int B,
 	n->U = st_model_unit_count(n->m);
 	n->B = B;
 	n->T = T;
-	n->C = cfg->n_embd;
+	n->C = cfg->dim;
 	n->p = calloc(n->U, sizeof(float *));
 	n->g = calloc(n->U, sizeof(float *));
 	n->x = calloc(n->U + 1, sizeof(float *));
@@ -104,8 +104,9 @@ static float net_fwd(struct net *n)
 {
 	float loss = 0.0f;
 	for (int u = 0; u < n->U; u++) {
-		const float *tied = u == n->U - 1 ? n->p[0] : NULL;
-		assert_int_equal(st_model_fwd(n->m, u, &n->batch, n->p[u], tied,
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		const float *other = k >= 0 ? n->p[k] : NULL;
+		assert_int_equal(st_model_fwd(n->m, u, &n->batch, n->p[u], other,
 					      n->x[u], n->x[u + 1], &loss, n->work,
 					      n->work_bytes), 0);
 	}
@@ -122,12 +123,13 @@ static float net_bwd(struct net *n)
 	}
 	int cur = 0;
 	for (int u = n->U - 1; u >= 0; u--) {
-		const float *tied = u == n->U - 1 ? n->p[0] : NULL;
-		float *tied_g = u == n->U - 1 ? n->g[0] : NULL;
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		const float *other = k >= 0 ? n->p[k] : NULL;
+		float *other_g = k >= 0 ? n->g[k] : NULL;
 		float *dx = u > 0 ? n->dbuf[cur ^ 1] : NULL;
-		assert_int_equal(st_model_bwd(n->m, u, &n->batch, n->p[u], tied,
+		assert_int_equal(st_model_bwd(n->m, u, &n->batch, n->p[u], other,
 					      n->x[u], n->dbuf[cur], dx, n->g[u],
-					      tied_g, u == n->U - 1 ? &loss : NULL,
+					      other_g, u == n->U - 1 ? &loss : NULL,
 					      n->work, n->work_bytes), 0);
 		cur ^= 1;
 	}
@@ -135,7 +137,7 @@ static float net_bwd(struct net *n)
 }
 
 static const struct st_model_config small_cfg = {
-	.n_layer = 2, .n_embd = 32, .n_head = 4, .vocab = 37, .ctx = 80};
+	.n_layer = 2, .dim = 32, .n_head = 4, .vocab = 37, .ctx = 80};
 
 /* ---- config and layout ----------------------------------------------------------------- */
 
@@ -145,15 +147,15 @@ static void test_config(void **state)
 	struct st_model_config c;
 	assert_int_equal(st_model_config_parse("gpt2", &c), 0);
 	assert_int_equal(c.n_layer, 12);
-	assert_int_equal(c.n_embd, 768);
+	assert_int_equal(c.dim, 768);
 	assert_int_equal(c.vocab, 50257);
 	assert_int_equal(st_model_config_parse("gpt2-xl", &c), 0);
-	assert_int_equal(c.n_embd, 1600);
+	assert_int_equal(c.dim, 1600);
 	assert_int_equal(st_model_config_parse("tiny", &c), 0);
 	assert_int_equal(c.vocab, 256);
 	assert_int_equal(st_model_config_parse("ctx=64,layers=3,dim=48,heads=6,vocab=100", &c), 0);
 	assert_int_equal(c.n_layer, 3);
-	assert_int_equal(c.n_embd, 48);
+	assert_int_equal(c.dim, 48);
 	assert_int_equal(c.n_head, 6);
 	assert_int_equal(c.vocab, 100);
 	assert_int_equal(c.ctx, 64);
@@ -226,6 +228,15 @@ static void test_layout(void **state)
 	assert_int_equal(st_model_find_tensor(m, "ln_f.weight", &u, &k), 0);
 	assert_int_equal(u, 13);
 	assert_int_equal(st_model_find_tensor(m, "lm_head.weight", &u, &k), -ENOENT);
+	/* the tie as data: the head reads unit 0, which stays resident */
+	assert_int_equal(st_model_unit_layout(m, 13)->reads_unit, 0);
+	assert_true(st_model_unit_layout(m, 0)->resident);
+	for (u = 1; u < 13; u++) {
+		assert_int_equal(st_model_unit_layout(m, u)->reads_unit, -1);
+		assert_false(st_model_unit_layout(m, u)->resident);
+	}
+	assert_int_equal(st_model_act_bytes(m, 0, 2, 16), 2 * 16 * 768 * 4);
+	assert_int_equal(st_model_act_bytes(m, 13, 2, 16), 0);
 	st_model_destroy(m);
 	st_model_destroy(NULL);
 }
@@ -233,7 +244,7 @@ static void test_layout(void **state)
 static void test_init(void **state)
 {
 	(void)state;
-	struct st_model_config c = {.n_layer = 8, .n_embd = 256, .n_head = 4,
+	struct st_model_config c = {.n_layer = 8, .dim = 256, .n_head = 4,
 				    .vocab = 300, .ctx = 64};
 	struct st_model *m;
 	assert_int_equal(st_model_create(&c, &m), 0);
@@ -530,7 +541,7 @@ static void adamw(struct net *n, float **mom, float **vel, int step, float lr)
 static void test_overfit(void **state)
 {
 	(void)state;
-	struct st_model_config c = {.n_layer = 2, .n_embd = 64, .n_head = 4,
+	struct st_model_config c = {.n_layer = 2, .dim = 64, .n_head = 4,
 				    .vocab = 256, .ctx = 32};
 	struct net n;
 	net_init(&n, &c, 2, 32, 3);

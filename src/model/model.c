@@ -1,0 +1,247 @@
+/* strata: the model instance (strata/model.h): the layouts its family
+ * builds, and the wrappers that check each call and run the family's
+ * hooks. Nothing here knows a family's shape. */
+#include "strata/family.h"
+
+#include "strata/compute.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct st_model {
+	struct st_model_config cfg;
+	const struct st_family_ops *family;
+	int n_units;
+	struct st_unit_layout *units;     /* (n_units) */
+	struct st_tensor_layout *tensors; /* all units' tensors, unit order */
+	uint64_t param_count;
+	struct st_compute *cx; /* where fwd and bwd run; the cpu by default */
+};
+
+int st_model_create(const struct st_model_config *cfg, struct st_model **out)
+{
+	const struct st_family_ops *f = st_model_config_family(cfg);
+	int n_units = 0, n_tensors = 0;
+	int err = f->config_check(cfg);
+
+	if (err)
+		return err;
+	err = f->layout(cfg, NULL, NULL, &n_units, &n_tensors);
+	if (err)
+		return err;
+	assert(n_units >= 2);
+	struct st_model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return st_error_set(-ENOMEM, "model: out of memory");
+	m->cfg = *cfg;
+	m->cfg.family = f;
+	m->family = f;
+	m->cx = st_compute_cpu();
+	m->n_units = n_units;
+	m->units = calloc((size_t)n_units, sizeof(*m->units));
+	m->tensors = calloc((size_t)ST_MAX(n_tensors, 1), sizeof(*m->tensors));
+	if (!m->units || !m->tensors) {
+		st_model_destroy(m);
+		return st_error_set(-ENOMEM, "model: out of memory");
+	}
+	err = f->layout(&m->cfg, m->units, m->tensors, &n_units, &n_tensors);
+	if (err) {
+		st_model_destroy(m);
+		return err;
+	}
+	for (int u = 0; u < m->n_units; u++) {
+		struct st_unit_layout *ul = &m->units[u];
+
+		assert(ul->reads_unit >= -1 && ul->reads_unit < m->n_units &&
+		       ul->reads_unit != u);
+		assert(ul->reads_unit < 0 || m->units[ul->reads_unit].resident);
+		ul->elems = st_align_up(ul->elems, ST_MODEL_UNIT_ALIGN_ELEMS);
+		m->param_count += ul->param_elems;
+	}
+	*out = m;
+	return 0;
+}
+
+void st_model_set_compute(struct st_model *m, struct st_compute *c)
+{
+	m->cx = c ? c : st_compute_cpu();
+}
+
+struct st_compute *st_model_compute(const struct st_model *m)
+{
+	return m->cx;
+}
+
+void st_model_destroy(struct st_model *m)
+{
+	if (!m)
+		return;
+	free(m->units);
+	free(m->tensors);
+	free(m);
+}
+
+const struct st_model_config *st_model_config(const struct st_model *m)
+{
+	return &m->cfg;
+}
+
+const struct st_family_ops *st_model_family(const struct st_model *m)
+{
+	return m->family;
+}
+
+int st_model_unit_count(const struct st_model *m)
+{
+	return m->n_units;
+}
+
+const struct st_unit_layout *st_model_unit_layout(const struct st_model *m,
+						  int u)
+{
+	assert(u >= 0 && u < m->n_units);
+	return &m->units[u];
+}
+
+uint64_t st_model_param_count(const struct st_model *m)
+{
+	return m->param_count;
+}
+
+int st_model_find_tensor(const struct st_model *m, const char *name,
+			 int *unit, int *tensor)
+{
+	for (int u = 0; u < m->n_units; u++)
+		for (int k = 0; k < m->units[u].n_tensors; k++)
+			if (!strcmp(m->units[u].tensors[k].name, name)) {
+				*unit = u;
+				*tensor = k;
+				return 0;
+			}
+	return -ENOENT;
+}
+
+double st_model_flops_per_token(const struct st_model *m, int T)
+{
+	return m->family->flops_per_token(m, T);
+}
+
+int st_model_init_unit(const struct st_model *m, int u, uint64_t seed,
+		       float *params)
+{
+	if (u < 0 || u >= m->n_units)
+		return st_error_set(-EINVAL, "model: unit %d out of 0..%d", u,
+				    m->n_units - 1);
+	return m->family->init_unit(m, u, seed, params);
+}
+
+size_t st_model_work_bytes(const struct st_model *m, int u, int B, int T)
+{
+	assert(u >= 0 && u < m->n_units && B > 0 && T > 0);
+	return m->family->work_bytes(m, u, B, T);
+}
+
+size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T)
+{
+	assert(u >= 0 && u < m->n_units && B > 0 && T > 0);
+	return u == m->n_units - 1 ? 0 : m->family->act_bytes(m, u, B, T);
+}
+
+/* ---- argument checks ------------------------------------------------------------------ */
+
+static int st_ids_check(const int32_t *ids, size_t n, int V, const char *what)
+{
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < 0 || ids[i] >= V)
+			return st_error_set(-EINVAL, "model: %s[%zu] = %d is outside the vocabulary 0..%d",
+					    what, i, ids[i], V - 1);
+	return 0;
+}
+
+static int st_call_check(const struct st_model *m, int u,
+			 const struct st_model_batch *b, size_t work_bytes,
+			 bool bwd)
+{
+	if (u < 0 || u >= m->n_units)
+		return st_error_set(-EINVAL, "model: unit %d out of 0..%d", u,
+				    m->n_units - 1);
+	if (!b || b->B < 1 || b->T < 1 || b->T > m->cfg.ctx)
+		return st_error_set(-EINVAL, "model: batch B=%d T=%d: need B >= 1 and 1 <= T <= ctx (%d)",
+				    b ? b->B : 0, b ? b->T : 0, m->cfg.ctx);
+	if (m->family->batch_check) {
+		int err = m->family->batch_check(m, b->B, b->T);
+		if (err)
+			return err;
+	}
+	size_t need = m->family->work_bytes(m, u, b->B, b->T);
+	if (work_bytes < need)
+		return st_error_set(-EINVAL, "model: unit %d needs %zu workspace bytes, got %zu",
+				    u, need, work_bytes);
+	size_t n = (size_t)b->B * b->T;
+	enum st_unit_kind kind = m->units[u].kind;
+	if (kind == ST_UNIT_EMBED) {
+		if (!b->tokens)
+			return st_error_set(-EINVAL, "model: the embedding needs tokens");
+		return st_ids_check(b->host_tokens ? b->host_tokens : b->tokens, n,
+				    m->cfg.vocab, "tokens");
+	}
+	if (kind == ST_UNIT_HEAD) {
+		if (!b->targets)
+			return st_error_set(-EINVAL, "model: the head needs targets");
+		if (bwd && (!(b->loss_scale == b->loss_scale) || b->loss_scale == 0.0f ||
+			    isinf(b->loss_scale)))
+			return st_error_set(-EINVAL, "model: loss_scale must be finite and nonzero, got %g",
+					    (double)b->loss_scale);
+		return st_ids_check(b->host_targets ? b->host_targets : b->targets, n,
+				    m->cfg.vocab, "targets");
+	}
+	return 0;
+}
+
+int st_model_fwd(const struct st_model *m, int u,
+		 const struct st_model_batch *batch, const float *params,
+		 const float *other, const float *x, float *y, float *loss,
+		 void *work, size_t work_bytes)
+{
+	int err = st_call_check(m, u, batch, work_bytes, false);
+	if (err)
+		return err;
+	assert(params);
+	assert(m->units[u].reads_unit < 0 || other);
+	return m->family->fwd(m, u, batch, params, other, x, y, loss, work, work_bytes);
+}
+
+int st_model_bwd(const struct st_model *m, int u,
+		 const struct st_model_batch *batch, const float *params,
+		 const float *other, const float *x, const float *dy, float *dx,
+		 float *grad, float *other_grad, float *loss, void *work,
+		 size_t work_bytes)
+{
+	int err = st_call_check(m, u, batch, work_bytes, true);
+	if (err)
+		return err;
+	assert(params && grad);
+	assert(m->units[u].reads_unit < 0 || (other && other_grad));
+	return m->family->bwd(m, u, batch, params, other, x, dy, dx, grad, other_grad, loss,
+			      work, work_bytes);
+}
+
+int st_model_logits(const struct st_model *m, const float *params, const float *other,
+		    const float *x, float *logits, void *work, size_t work_bytes)
+{
+	int H = m->n_units - 1;
+
+	if (!m->family->logits)
+		return st_error_set(-ENOTSUP, "model: the %s family does not generate",
+				    m->family->name);
+	size_t need = m->family->work_bytes(m, H, 1, 1);
+	if (work_bytes < need)
+		return st_error_set(-EINVAL, "model: unit %d needs %zu workspace bytes, got %zu",
+				    H, need, work_bytes);
+	assert(params && x && logits);
+	assert(m->units[H].reads_unit < 0 || other);
+	return m->family->logits(m, params, other, x, logits, work, work_bytes);
+}
