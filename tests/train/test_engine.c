@@ -26,6 +26,8 @@
 
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/family.h"
+#include "model/gpt2.h"
 #ifdef ST_HAVE_CUDA
 #include "strata/cuda_ops.h"
 #endif
@@ -241,6 +243,165 @@ static void test_placement_invariance(void **state)
 		run_free(&r);
 	}
 	run_free(&ref);
+}
+
+/* --- an untied head ------------------------------------------------------------
+ * A test family: GPT-2 whose head has an lm_head.weight (V,C) of its own
+ * instead of reading wte, so no unit reads another and none is resident.
+ * Its math is GPT-2's (the head is handed its own matrix as `other`), and
+ * lm_head starts as a copy of wte: the first forward is the tied model's. */
+static const struct st_family_ops *gpt2 = &st_family_gpt2;
+
+static int untied_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
+			 struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
+{
+	int nu, nt, ret;
+
+	if (!units) {
+		ret = gpt2->layout(cfg, NULL, NULL, &nu, &nt);
+		*n_units = nu;
+		*n_tensors = nt + 1;
+		return ret;
+	}
+	nu = *n_units;
+	nt = *n_tensors - 1;
+	ret = gpt2->layout(cfg, units, tensors, &nu, &nt);
+	if (ret < 0)
+		return ret;
+	units[0].resident = false;
+	units[nu - 1].reads_unit = -1;
+	st_unit_tensor_add(&units[nu - 1], &tensors[nt], "lm_head.weight", cfg->vocab, cfg->dim,
+			   true);
+	return 0;
+}
+
+static uint64_t lm_head_off(const struct st_model *m)
+{
+	const struct st_unit_layout *h = st_model_unit_layout(m, st_model_unit_count(m) - 1);
+
+	return h->tensors[h->n_tensors - 1].offset_elems;
+}
+
+static int untied_init(const struct st_model *m, int u, uint64_t seed, float *params)
+{
+	const struct st_unit_layout *e = st_model_unit_layout(m, 0);
+	int ret = gpt2->init_unit(m, u, seed, params);
+	float *tmp;
+
+	if (ret < 0 || u != st_model_unit_count(m) - 1)
+		return ret;
+	tmp = calloc(e->elems, sizeof(float));
+	if (!tmp)
+		return -ENOMEM;
+	ret = gpt2->init_unit(m, 0, seed, tmp); /* wte is tensor 0 of unit 0 */
+	memcpy(params + lm_head_off(m), tmp + e->tensors[0].offset_elems,
+	       e->tensors[0].n_elems * sizeof(float));
+	free(tmp);
+	return ret;
+}
+
+static int untied_fwd(const struct st_model *m, int u, const struct st_model_batch *b,
+		      const float *params, const float *other, const float *x, float *y,
+		      float *loss, void *work, size_t work_bytes)
+{
+	if (u == st_model_unit_count(m) - 1)
+		other = params + lm_head_off(m); /* GPT-2's head reads "wte" at offset 0 */
+	return gpt2->fwd(m, u, b, params, other, x, y, loss, work, work_bytes);
+}
+
+static int untied_bwd(const struct st_model *m, int u, const struct st_model_batch *b,
+		      const float *params, const float *other, const float *x, const float *dy,
+		      float *dx, float *grad, float *other_grad, float *loss, void *work,
+		      size_t work_bytes)
+{
+	if (u == st_model_unit_count(m) - 1) {
+		other = params + lm_head_off(m);
+		other_grad = grad + lm_head_off(m);
+	}
+	return gpt2->bwd(m, u, b, params, other, x, dy, dx, grad, other_grad, loss, work,
+			 work_bytes);
+}
+
+static const char *const untied_types[] = { "gpt2-untied-test", NULL };
+
+static const struct st_family_ops untied_family = {
+	.name = "gpt2-untied-test",
+	.abi = ST_FAMILY_ABI,
+	.title = "GPT-2 with an untied head (test)",
+	.hf_model_types = untied_types,
+	.config_parse = st_gpt2_config_parse,
+	.config_check = st_gpt2_config_check,
+	.config_format = st_gpt2_config_format,
+	.config_describe = st_gpt2_config_describe,
+	.config_fields = st_gpt2_config_fields,
+	.hf_config_read = st_gpt2_hf_config_read,
+	.hf_config_write = st_gpt2_hf_config_write,
+	.layout = untied_layout,
+	.init_unit = untied_init,
+	.work_bytes = NULL, /* set from GPT-2's in test_untied_head */
+	.act_bytes = NULL,
+	.fwd = untied_fwd,
+	.bwd = untied_bwd,
+	.flops_per_token = NULL,
+};
+
+/* The engine runs a head that reads no other unit through the same code:
+ * placement invariance holds (vram, nvme, split), its first loss is the
+ * tied model's bit for bit, and no pool is kept for a resident unit. */
+static void test_untied_head(void **state)
+{
+	static struct st_family_ops fam;
+	struct st_engine_config c;
+	struct st_plan_input pin;
+	struct st_plan plan;
+	struct st_model *m;
+	struct run tied, ref, r;
+	enum st_home homes[4 * ST_STATE_COUNT];
+
+	(void)state;
+	fam = untied_family;
+	fam.work_bytes = gpt2->work_bytes;
+	fam.act_bytes = gpt2->act_bytes;
+	fam.flops_per_token = gpt2->flops_per_token;
+	assert_int_equal(st_family_register(&fam), 0);
+	base_config(&c);
+	c.params = ST_OFFLOAD_NONE;
+	c.optim = ST_OFFLOAD_HOST;
+	train(&c, STEPS, &tied);
+	c.train.model.family = &fam;
+	train(&c, STEPS, &ref);
+	if (memcmp(&tied.loss[0], &ref.loss[0], sizeof(double)))
+		fail_msg("untied first loss %.9g, tied %.9g", ref.loss[0], tied.loss[0]);
+	assert_true(ref.norm[0] != tied.norm[0]); /* dwte no longer gathers the head's */
+	assert_true(ref.n > tied.n);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	c.prefetch = 1;
+	train(&c, STEPS, &r);
+	same(&ref, &r, STEPS, "untied: vram vs nvme, prefetch 1");
+	run_free(&r);
+	for (int u = 0; u < 4; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			homes[u * ST_STATE_COUNT + s] =
+				s == ST_STATE_W ? (enum st_home)(u % 3)
+				: (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
+	c.homes = homes;
+	train(&c, STEPS, &r);
+	same(&ref, &r, STEPS, "untied: split placement");
+	run_free(&r);
+	/* no resident unit: no pool of its own */
+	assert_int_equal(st_model_create(&c.train.model, &m), 0);
+	assert_false(st_model_unit_layout(m, 0)->resident);
+	pin = (struct st_plan_input){ .model = m, .batch = 4, .seq = 32, .grad_accum = 1,
+				      .bf16 = true, .gpu_mem_bytes = 1ull << 30,
+				      .host_mem_bytes = 1ull << 30, .params = ST_OFFLOAD_HOST };
+	assert_int_equal(st_plan_make(&pin, &plan), 0);
+	for (int i = 0; i < plan.n_pools; i++)
+		assert_int_not_equal(plan.pools[i].id, ST_POOL_WF_RES);
+	st_plan_fini(&plan);
+	st_model_destroy(m);
+	run_free(&ref);
+	run_free(&tied);
 }
 
 static void test_budgets(void **state)
@@ -637,6 +798,7 @@ int main(int argc, char **argv)
 #endif
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_placement_invariance),
+		cmocka_unit_test(test_untied_head),
 		cmocka_unit_test(test_budgets),
 		cmocka_unit_test(test_matches_reference_trainer),
 		cmocka_unit_test(test_traffic_matches_plan),
