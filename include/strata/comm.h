@@ -16,7 +16,10 @@
  * Buffers are device memory of the communicator's device (its arena; on
  * the cpu device, host pointers inside the arena) and are borrowed until
  * the collective is done. Counts are in elements of the call's dtype.
- * A buffer must be aligned to its element size.
+ * A buffer must be aligned to its element size. (An in-place collective
+ * at world 1 touches no memory, so there a host buffer works too, as the
+ * engine's host-side norm sum; at world > 1 only an mpi backend would take
+ * host memory, nccl takes device memory.)
  *
  * The order promise. strata owns the reduction order, so the result is
  * bit-identical whatever the backend, the topology or the ZeRO stage:

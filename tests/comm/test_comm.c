@@ -15,6 +15,7 @@
 #include "strata/device.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -240,6 +241,14 @@ static void test_norm_double(void **state)
 	assert_int_equal(st_comm_allreduce(c->comm, sumsq, sumsq, 1, ST_COMM_F64), 0);
 	assert_int_equal(st_comm_sync(c->comm), 0);
 	assert_true(*sumsq == 1234.5678901234567);
+
+	/* in place at world 1 touches nothing: the engine's host-side sum */
+	double host_sumsq = -0.0;
+
+	assert_int_equal(st_comm_allreduce(c->comm, &host_sumsq, &host_sumsq, 1, ST_COMM_F64),
+			 0);
+	assert_int_equal(st_comm_sync(c->comm), 0);
+	assert_true(host_sumsq == 0.0 && signbit(host_sumsq));
 }
 
 /* ---- ordering through events -------------------------------------------------- */
