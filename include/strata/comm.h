@@ -1,0 +1,240 @@
+/* strata: the communication seam (collectives between data-parallel ranks).
+ *
+ * A communicator is one rank of a world of N ranks, bound to one device.
+ * Its collectives run on a queue of its own on that device (a CUDA stream;
+ * on the cpu device a worker thread), ordered against the device's other
+ * queues by the device's events exactly as the compute is:
+ *   st_comm_record(c, e) marks the end of the collectives called so far, so
+ *                        another queue can wait for e (st_queue_wait,
+ *                        st_compute_wait, st_tier_io.after);
+ *   st_comm_wait(c, e)   makes later collectives wait for an event recorded
+ *                        on another queue (the compute's, after bwd(u));
+ *   st_comm_sync(c)      returns when every collective called so far is done.
+ * Collectives only queue work; the host may not reuse what they read or
+ * read what they write before an event recorded after them is done.
+ *
+ * Buffers are device memory of the communicator's device (its arena; on
+ * the cpu device, host pointers inside the arena) and are borrowed until
+ * the collective is done. Counts are in elements of the call's dtype.
+ * A buffer must be aligned to its element size. (An in-place collective
+ * at world 1 touches no memory, so there a host buffer works too, as the
+ * engine's host-side norm sum; at world > 1 only an mpi backend would take
+ * host memory, nccl takes device memory.)
+ *
+ * The order promise. strata owns the reduction order, so the result is
+ * bit-identical whatever the backend, the topology or the ZeRO stage:
+ *   reduce_scatter: rank r's out[i] = fold(in_0[r*n + i], in_1[r*n + i], ...,
+ *                   in_{N-1}[r*n + i]), n = slice_elems;
+ *   allreduce:      every rank's out[i] = fold(in_0[i], ..., in_{N-1}[i]);
+ * where fold(a_0, ..., a_{N-1}) = (((a_0 + a_1) + a_2) + ... + a_{N-1}),
+ * left to right in rank order, starting from rank 0's term (not from +0),
+ * each addition rounded to the dtype (no wider accumulator, no fused
+ * multiply-add, no tree). At world 1 the result is the input, bit for bit.
+ * So allreduce's element i equals reduce_scatter's (then allgather's).
+ *
+ * How a backend keeps it: its reduce_scatter and allreduce hooks are
+ * Optional, and a backend supplies one only when it computes exactly that
+ * fold (the local backend: one term; an mpi backend summing in rank order
+ * itself). MPI_Reduce_scatter and ncclReduceScatter promise no order, so
+ * mpi and nccl backends leave the hooks out and the core composes them:
+ *   reduce_scatter = all-to-all of the slices into the scratch buffer
+ *                    (N * slice_elems: slot q holds rank q's slice r), then
+ *                    a local sum of the N slots in rank order into out;
+ *   allreduce      = all-gather of every rank's buffer into the scratch
+ *                    (N * count_elems), then the same local sum into out.
+ * The local sum is the backend's reduce_local hook (a device kernel), or,
+ * on a device whose memory the host can read (the cpu device), a host
+ * function on the comm's queue. The scratch is device memory given at
+ * create (plan, then allocate once); a composed collective that needs more
+ * than it fails with -ENOSPC.
+ *
+ * In place (nothing is copied at world 1):
+ *   allreduce, broadcast, all-to-all: recv == send;
+ *   reduce_scatter: recv == send + rank * slice_elems (the rank's slice);
+ *   allgather:      send == recv + rank * slice_elems.
+ * Otherwise the two buffers must not overlap. At world 1 an in-place
+ * collective queues nothing and touches no memory; an out-of-place one is
+ * one device-to-device copy on the comm's queue.
+ *
+ * Errors are sticky, as the compute's: a collective that fails (bad
+ * arguments included: -EINVAL, detail in st_error_last()) keeps its -errno,
+ * and every later collective, record and wait is skipped, returning that
+ * error, until st_comm_take_error() or st_comm_sync() hands it back. So the
+ * engine can queue a unit's collectives and check once.
+ *
+ * Lifetimes: the comm borrows its device and is destroyed before it; the
+ * comm's queue belongs to the comm.
+ *
+ * The core never calls c->ops->hook directly: it calls the st_comm_*()
+ * wrappers below, which check arguments, keep the sticky error and the
+ * stats. All functions return 0 or -errno. */
+#ifndef STRATA_COMM_H
+#define STRATA_COMM_H
+
+#include "strata/common.h"
+
+#include <stdbool.h>
+
+struct st_comm;
+struct st_device;
+struct st_queue;
+struct st_event;
+
+/* Element types. Reductions take F32 and F64 only; BF16 moves (allgather
+ * of W slices at ZeRO stage 3, broadcast, all-to-all). */
+enum st_comm_dtype {
+	ST_COMM_F32,  /* the gradient */
+	ST_COMM_F64,  /* the global norm's partial sums */
+	ST_COMM_BF16, /* working weights; not reducible */
+	ST_COMM_DTYPES
+};
+
+/* The collectives, for the stats. */
+enum st_comm_kind {
+	ST_COMM_ALLREDUCE,
+	ST_COMM_REDUCE_SCATTER,
+	ST_COMM_ALLGATHER,
+	ST_COMM_ALLTOALL,
+	ST_COMM_BROADCAST,
+	ST_COMM_KINDS
+};
+
+/* Version of struct st_comm_ops; a table of another version is refused. */
+#define ST_COMM_OPS_VERSION 1u
+
+struct st_comm_config {
+	/* Device scratch for the composed reduce_scatter / allreduce (see
+	 * above): borrowed, unused by the local backend (may be NULL, 0). */
+	void *scratch;
+	size_t scratch_bytes;
+};
+
+struct st_comm_ops {
+	const char *name;  /* Required. "local", "mpi", "nccl". */
+	unsigned version;  /* Required. ST_COMM_OPS_VERSION. */
+	size_t priv_bytes; /* Private state the core allocates (may be 0). */
+
+	/* Required. Join the world: write this rank and the world size
+	 * (0 <= *rank < *world). The comm's queue and device are ready
+	 * (st_comm_queue(), st_comm_device()). 0 or -errno. */
+	int (*open)(struct st_comm *c, const struct st_comm_config *cfg, int *rank,
+		    int *world);
+	/* Required. Leave the world; the core has drained the queue. */
+	void (*close)(struct st_comm *c);
+
+	/* The collectives. Each only queues work on st_comm_queue(c) and
+	 * returns 0 or -errno. The core has checked the arguments (counts > 0,
+	 * buffers aligned, in place or disjoint, root in range, reductions on
+	 * F32/F64) and counts the stats; a hook sees only valid calls. */
+
+	/* Required. send and recv are world * slice_elems: slot q of recv
+	 * gets rank q's slot `rank` of send. */
+	int (*alltoall)(struct st_comm *c, const void *send, void *recv,
+			size_t slice_elems, enum st_comm_dtype dt);
+	/* Required. send is slice_elems, recv world * slice_elems: slot q of
+	 * recv gets rank q's send. */
+	int (*allgather)(struct st_comm *c, const void *send, void *recv,
+			 size_t slice_elems, enum st_comm_dtype dt);
+	/* Required. recv (count_elems) on every rank gets root's send; send
+	 * is read on root only. */
+	int (*broadcast)(struct st_comm *c, const void *send, void *recv,
+			 size_t count_elems, enum st_comm_dtype dt, int root);
+	/* Optional: only when it computes the fold above bit for bit.
+	 * Absent: all-to-all into the scratch, then the local sum. send is
+	 * world * slice_elems, recv slice_elems. */
+	int (*reduce_scatter)(struct st_comm *c, const void *send, void *recv,
+			      size_t slice_elems, enum st_comm_dtype dt);
+	/* Optional: only when it computes the fold above bit for bit.
+	 * Absent: all-gather into the scratch, then the local sum. */
+	int (*allreduce)(struct st_comm *c, const void *send, void *recv,
+			 size_t count_elems, enum st_comm_dtype dt);
+	/* Optional. The local sum: out[i] = fold(in[0*n + i], ...,
+	 * in[(terms-1)*n + i]) with n = count_elems, in device memory, on
+	 * the comm's queue. Absent: a host function on the queue when the
+	 * device is unified (cpu), else the composed collectives fail with
+	 * -ENOTSUP. */
+	int (*reduce_local)(struct st_comm *c, const void *in, void *out,
+			    size_t count_elems, int terms, enum st_comm_dtype dt);
+};
+
+/* Per collective kind: calls made (in place included), bytes of the
+ * collective's full buffer (reduce_scatter's send, allgather's recv,
+ * all-to-all's send, allreduce's and broadcast's count), and the time the
+ * comm's queue spent running it (0 for what queued nothing: in place at
+ * world 1). */
+struct st_comm_stats {
+	struct {
+		uint64_t calls;
+		uint64_t bytes;
+		uint64_t busy_ns;
+	} kind[ST_COMM_KINDS];
+};
+
+/* Backends built into this binary, by name ("local"); NULL when unknown. */
+const struct st_comm_ops *st_comm_find(const char *name);
+/* The name of a collective kind ("allreduce", "reduce_scatter", ...). */
+const char *st_comm_kind_name(enum st_comm_kind k);
+/* Bytes of one element of dt (4, 8, 2). dt must be valid. */
+size_t st_comm_dtype_bytes(enum st_comm_dtype dt);
+
+/* Open a communicator of backend ops on device d (borrowed) with a queue
+ * of its own on d. cfg may be NULL. *out goes back with st_comm_destroy(),
+ * before d. Returns 0; -EINVAL for a table of another version or lacking a
+ * required hook (nothing is opened); -ENOMEM; or the backend's -errno. */
+int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
+		   const struct st_comm_config *cfg, struct st_comm **out);
+/* Drains the queue, leaves the world. NULL does nothing. */
+void st_comm_destroy(struct st_comm *c);
+
+const char *st_comm_name(const struct st_comm *c);
+int st_comm_rank(const struct st_comm *c);
+int st_comm_world(const struct st_comm *c);
+/* Borrowed: the comm's device, its queue, the backend's private state. */
+struct st_device *st_comm_device(struct st_comm *c);
+struct st_queue *st_comm_queue(struct st_comm *c);
+void *st_comm_priv(struct st_comm *c);
+
+/* Reduce-scatter (sum, the fold above): send is world * slice_elems, rank
+ * r's recv (slice_elems) gets the sum of every rank's slice r. In place:
+ * recv == send + rank * slice_elems. F32, F64. ZeRO stage 2: a unit's flat
+ * dW into this rank's 1/N slice. Returns 0 or the (sticky) -errno. */
+int st_comm_reduce_scatter(struct st_comm *c, const void *send, void *recv,
+			   size_t slice_elems, enum st_comm_dtype dt);
+/* Allreduce (sum, the fold above): recv on every rank (count_elems) gets
+ * the sum of every rank's send. In place: recv == send. F32, F64. The
+ * global norm: one double. Returns 0 or the (sticky) -errno. */
+int st_comm_allreduce(struct st_comm *c, const void *send, void *recv,
+		      size_t count_elems, enum st_comm_dtype dt);
+/* Allgather: send is slice_elems, recv world * slice_elems; slot q gets
+ * rank q's send. In place: send == recv + rank * slice_elems. ZeRO stage
+ * 3: W slices into a slot. Returns 0 or the (sticky) -errno. */
+int st_comm_allgather(struct st_comm *c, const void *send, void *recv,
+		      size_t slice_elems, enum st_comm_dtype dt);
+/* All-to-all: send and recv are world * slice_elems; recv slot q gets rank
+ * q's send slot `rank`. In place: recv == send (a backend that cannot do
+ * that at world > 1 fails with -ENOTSUP). Returns 0 or the (sticky) -errno. */
+int st_comm_alltoall(struct st_comm *c, const void *send, void *recv,
+		     size_t slice_elems, enum st_comm_dtype dt);
+/* Broadcast: recv (count_elems) on every rank gets root's send (read on
+ * root only). In place: recv == send. Returns 0 or the (sticky) -errno. */
+int st_comm_broadcast(struct st_comm *c, const void *send, void *recv,
+		      size_t count_elems, enum st_comm_dtype dt, int root);
+
+/* Events: e belongs to the comm's device. Record marks the end of the
+ * collectives called so far; wait holds later collectives until e is done.
+ * Skipped while an error is sticky. Return 0 or -errno. */
+int st_comm_record(struct st_comm *c, struct st_event *e);
+int st_comm_wait(struct st_comm *c, struct st_event *e);
+/* Wait for every collective called so far; returns (and clears) the
+ * sticky error, or what waiting found. */
+int st_comm_sync(struct st_comm *c);
+/* The sticky error, cleared; 0 when none. Does not wait. */
+int st_comm_take_error(struct st_comm *c);
+
+/* Stats so far. busy_ns is complete only after st_comm_sync(). */
+void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s);
+
+/* The backends. */
+extern const struct st_comm_ops st_comm_local_ops;
+
+#endif

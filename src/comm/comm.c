@@ -1,0 +1,523 @@
+/* Comm wrappers: the only place that calls a backend's hooks. They check
+ * arguments, keep the sticky error and the stats, time what the comm's
+ * queue runs, and compose reduce_scatter / allreduce from all-to-all /
+ * allgather and a rank-order local sum when a backend leaves them out
+ * (strata/comm.h, "The order promise"). */
+#include "strata/comm.h"
+
+#include "strata/device.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A timing stamp's argument: host functions on the comm's queue take one
+ * pointer, and these live in the comm, so timing allocates nothing. */
+struct st_comm_stamp {
+	struct st_comm *c;
+	enum st_comm_kind kind;
+};
+
+struct st_comm {
+	const struct st_comm_ops *ops;
+	struct st_device *dev; /* borrowed */
+	struct st_queue *q;
+	struct st_comm_config cfg;
+	int rank, world;
+	int err; /* sticky */
+	void *priv;
+	uint64_t calls[ST_COMM_KINDS], bytes[ST_COMM_KINDS]; /* host only */
+	_Atomic uint64_t busy_ns[ST_COMM_KINDS];             /* added by the queue */
+	uint64_t t0_ns; /* the open collective's start; the queue's thread only */
+	struct st_comm_stamp stamp[ST_COMM_KINDS];
+};
+
+static const struct st_comm_ops *const st_comms[] = {
+	&st_comm_local_ops,
+};
+
+static const char *const st_comm_kind_names[ST_COMM_KINDS] = {
+	[ST_COMM_ALLREDUCE] = "allreduce",
+	[ST_COMM_REDUCE_SCATTER] = "reduce_scatter",
+	[ST_COMM_ALLGATHER] = "allgather",
+	[ST_COMM_ALLTOALL] = "alltoall",
+	[ST_COMM_BROADCAST] = "broadcast",
+};
+
+static const size_t st_comm_dtype_sizes[ST_COMM_DTYPES] = {
+	[ST_COMM_F32] = 4,
+	[ST_COMM_F64] = 8,
+	[ST_COMM_BF16] = 2,
+};
+
+const struct st_comm_ops *st_comm_find(const char *name)
+{
+	for (size_t i = 0; i < ST_ARRAY_LEN(st_comms); i++)
+		if (name && strcmp(st_comms[i]->name, name) == 0)
+			return st_comms[i];
+	return NULL;
+}
+
+const char *st_comm_kind_name(enum st_comm_kind k)
+{
+	assert((unsigned)k < ST_COMM_KINDS);
+	return st_comm_kind_names[k];
+}
+
+size_t st_comm_dtype_bytes(enum st_comm_dtype dt)
+{
+	assert((unsigned)dt < ST_COMM_DTYPES);
+	return st_comm_dtype_sizes[dt];
+}
+
+/* ---- registration ------------------------------------------------------------- */
+
+static int st_comm_ops_check(const struct st_comm_ops *o)
+{
+	if (!o || !o->name)
+		return st_error_set(-EINVAL, "comm ops table has no name");
+	if (o->version != ST_COMM_OPS_VERSION)
+		return st_error_set(-EINVAL, "comm '%s': ops version %u, this build takes %u",
+				    o->name, o->version, ST_COMM_OPS_VERSION);
+	if (!o->open || !o->close || !o->alltoall || !o->allgather || !o->broadcast)
+		return st_error_set(-EINVAL, "comm '%s': ops table lacks a required hook",
+				    o->name);
+	return 0;
+}
+
+int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
+		   const struct st_comm_config *cfg, struct st_comm **out)
+{
+	struct st_comm *c;
+	int ret;
+
+	assert(d && out);
+	*out = NULL;
+	ret = st_comm_ops_check(ops);
+	if (ret < 0)
+		return ret;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return st_error_set(-ENOMEM, "comm: out of memory");
+	c->ops = ops;
+	c->dev = d;
+	if (cfg)
+		c->cfg = *cfg;
+	for (int k = 0; k < ST_COMM_KINDS; k++)
+		c->stamp[k] = (struct st_comm_stamp){ .c = c, .kind = (enum st_comm_kind)k };
+	if (ops->priv_bytes) {
+		c->priv = calloc(1, ops->priv_bytes);
+		if (!c->priv) {
+			free(c);
+			return st_error_set(-ENOMEM, "comm: out of memory");
+		}
+	}
+	ret = st_queue_create(d, &c->q);
+	if (ret < 0)
+		goto fail;
+	ret = ops->open(c, &c->cfg, &c->rank, &c->world);
+	if (ret < 0) {
+		st_queue_destroy(d, c->q);
+		goto fail;
+	}
+	assert(c->world >= 1 && c->rank >= 0 && c->rank < c->world);
+	*out = c;
+	return 0;
+fail:
+	free(c->priv);
+	free(c);
+	return ret;
+}
+
+void st_comm_destroy(struct st_comm *c)
+{
+	if (!c)
+		return;
+	st_queue_sync(c->dev, c->q);
+	c->ops->close(c);
+	st_queue_destroy(c->dev, c->q);
+	free(c->priv);
+	free(c);
+}
+
+const char *st_comm_name(const struct st_comm *c)
+{
+	return c->ops->name;
+}
+
+int st_comm_rank(const struct st_comm *c)
+{
+	return c->rank;
+}
+
+int st_comm_world(const struct st_comm *c)
+{
+	return c->world;
+}
+
+struct st_device *st_comm_device(struct st_comm *c)
+{
+	return c->dev;
+}
+
+struct st_queue *st_comm_queue(struct st_comm *c)
+{
+	return c->q;
+}
+
+void *st_comm_priv(struct st_comm *c)
+{
+	return c->priv;
+}
+
+/* ---- the local sum in rank order (unified devices) ------------------------------ */
+
+/* Host-function record of one local sum; freed by the function. */
+struct st_comm_sum {
+	const void *in;
+	void *out;
+	size_t count_elems;
+	int terms;
+	enum st_comm_dtype dt;
+};
+
+/* out[i] = ((in[0][i] + in[1][i]) + ...) in the dtype's precision: the
+ * fold of strata/comm.h. Built with -ffp-contract=off. */
+static void st_comm_sum_run(void *arg)
+{
+	struct st_comm_sum *s = arg;
+	size_t n = s->count_elems;
+
+	if (s->dt == ST_COMM_F32) {
+		const float *in = s->in;
+		float *out = s->out;
+
+		for (size_t i = 0; i < n; i++) {
+			float acc = in[i];
+
+			for (int q = 1; q < s->terms; q++)
+				acc += in[(size_t)q * n + i];
+			out[i] = acc;
+		}
+	} else {
+		const double *in = s->in;
+		double *out = s->out;
+
+		for (size_t i = 0; i < n; i++) {
+			double acc = in[i];
+
+			for (int q = 1; q < s->terms; q++)
+				acc += in[(size_t)q * n + i];
+			out[i] = acc;
+		}
+	}
+	free(s);
+}
+
+static int st_comm_reduce_local(struct st_comm *c, const void *in, void *out,
+				size_t count_elems, enum st_comm_dtype dt)
+{
+	struct st_comm_sum *s;
+	int ret;
+
+	if (c->ops->reduce_local)
+		return c->ops->reduce_local(c, in, out, count_elems, c->world, dt);
+	if (!st_device_unified(c->dev))
+		return st_error_set(-ENOTSUP,
+				    "comm '%s': no local sum for device '%s' (reduce_local)",
+				    c->ops->name, st_device_name(c->dev));
+	s = malloc(sizeof(*s));
+	if (!s)
+		return st_error_set(-ENOMEM, "comm: out of memory queueing a sum");
+	*s = (struct st_comm_sum){ .in = in, .out = out, .count_elems = count_elems,
+				   .terms = c->world, .dt = dt };
+	ret = st_device_host_fn(c->dev, c->q, st_comm_sum_run, s);
+	if (ret < 0)
+		free(s);
+	return ret;
+}
+
+/* The scratch for a composed collective of world * elems elements. */
+static int st_comm_scratch(struct st_comm *c, size_t elems, enum st_comm_dtype dt,
+			   void **out)
+{
+	size_t need_bytes = (size_t)c->world * elems * st_comm_dtype_bytes(dt);
+
+	if (!c->cfg.scratch || c->cfg.scratch_bytes < need_bytes)
+		return st_error_set(-ENOSPC,
+				    "comm '%s': a composed reduction needs %zu bytes of scratch, has %zu",
+				    c->ops->name, need_bytes, c->cfg.scratch_bytes);
+	*out = c->cfg.scratch;
+	return 0;
+}
+
+/* ---- timing ------------------------------------------------------------------- */
+
+static void st_comm_stamp_begin(void *arg)
+{
+	struct st_comm_stamp *s = arg;
+
+	s->c->t0_ns = st_now_ns();
+}
+
+static void st_comm_stamp_end(void *arg)
+{
+	struct st_comm_stamp *s = arg;
+
+	atomic_fetch_add(&s->c->busy_ns[s->kind], st_now_ns() - s->c->t0_ns);
+}
+
+/* ---- argument checks ---------------------------------------------------------- */
+
+/* One call, as the wrappers see it. elems is the per-call count of the API
+ * (slice_elems or count_elems); send_elems and recv_elems the buffers'. */
+struct st_comm_call {
+	enum st_comm_kind kind;
+	const void *send;
+	void *recv;
+	size_t elems, send_elems, recv_elems;
+	enum st_comm_dtype dt;
+	int root;
+};
+
+static bool st_comm_disjoint(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+	uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+
+	return x + a_bytes <= y || y + b_bytes <= x;
+}
+
+/* 1 when in place, 0 when out of place, -EINVAL (set) when the call is bad. */
+static int st_comm_check(struct st_comm *c, struct st_comm_call *a)
+{
+	const char *kn = st_comm_kind_names[a->kind];
+	size_t eb, w = (size_t)c->world;
+	const char *in_place_at;
+
+	if ((unsigned)a->dt >= ST_COMM_DTYPES)
+		return st_error_set(-EINVAL, "comm %s: bad dtype %d", kn, (int)a->dt);
+	if ((a->kind == ST_COMM_ALLREDUCE || a->kind == ST_COMM_REDUCE_SCATTER) &&
+	    a->dt == ST_COMM_BF16)
+		return st_error_set(-EINVAL, "comm %s: bf16 is not reducible", kn);
+	if (a->elems == 0)
+		return st_error_set(-EINVAL, "comm %s: count of 0 elements", kn);
+	if (!a->send || !a->recv)
+		return st_error_set(-EINVAL, "comm %s: NULL %s buffer", kn,
+				    a->send ? "recv" : "send");
+	eb = st_comm_dtype_sizes[a->dt];
+	if (a->elems > SIZE_MAX / eb / w)
+		return st_error_set(-EINVAL, "comm %s: %zu elements overflow", kn, a->elems);
+	if ((uintptr_t)a->send % eb || (uintptr_t)a->recv % eb)
+		return st_error_set(-EINVAL, "comm %s: buffer not aligned to its %zu-byte elements",
+				    kn, eb);
+	if (a->kind == ST_COMM_BROADCAST && (a->root < 0 || a->root >= c->world))
+		return st_error_set(-EINVAL, "comm broadcast: root %d outside world %d", a->root,
+				    c->world);
+
+	switch (a->kind) {
+	case ST_COMM_REDUCE_SCATTER:
+		a->send_elems = w * a->elems;
+		a->recv_elems = a->elems;
+		in_place_at = (const char *)a->send + (size_t)c->rank * a->elems * eb;
+		if ((const void *)in_place_at == a->recv)
+			return 1;
+		break;
+	case ST_COMM_ALLGATHER:
+		a->send_elems = a->elems;
+		a->recv_elems = w * a->elems;
+		in_place_at = (const char *)a->recv + (size_t)c->rank * a->elems * eb;
+		if ((const void *)in_place_at == a->send)
+			return 1;
+		break;
+	case ST_COMM_ALLTOALL:
+		a->send_elems = a->recv_elems = w * a->elems;
+		if (a->send == a->recv)
+			return 1;
+		break;
+	default: /* allreduce, broadcast */
+		a->send_elems = a->recv_elems = a->elems;
+		if (a->send == a->recv)
+			return 1;
+		break;
+	}
+	if (!st_comm_disjoint(a->send, a->send_elems * eb, a->recv, a->recv_elems * eb))
+		return st_error_set(-EINVAL,
+				    "comm %s: send and recv overlap but the slice is not in place",
+				    kn);
+	return 0;
+}
+
+/* ---- the collectives ---------------------------------------------------------- */
+
+static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
+{
+	void *scratch = NULL;
+	int ret;
+
+	switch (a->kind) {
+	case ST_COMM_ALLTOALL:
+		return c->ops->alltoall(c, a->send, a->recv, a->elems, a->dt);
+	case ST_COMM_ALLGATHER:
+		return c->ops->allgather(c, a->send, a->recv, a->elems, a->dt);
+	case ST_COMM_BROADCAST:
+		return c->ops->broadcast(c, a->send, a->recv, a->elems, a->dt, a->root);
+	case ST_COMM_REDUCE_SCATTER:
+		if (c->ops->reduce_scatter)
+			return c->ops->reduce_scatter(c, a->send, a->recv, a->elems, a->dt);
+		ret = st_comm_scratch(c, a->elems, a->dt, &scratch);
+		if (ret == 0)
+			ret = c->ops->alltoall(c, a->send, scratch, a->elems, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, a->recv, a->elems, a->dt);
+		return ret;
+	case ST_COMM_ALLREDUCE:
+		if (c->ops->allreduce)
+			return c->ops->allreduce(c, a->send, a->recv, a->elems, a->dt);
+		ret = st_comm_scratch(c, a->elems, a->dt, &scratch);
+		if (ret == 0)
+			ret = c->ops->allgather(c, a->send, scratch, a->elems, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, a->recv, a->elems, a->dt);
+		return ret;
+	case ST_COMM_KINDS:
+		break;
+	}
+	assert(0);
+	return -EINVAL;
+}
+
+static int st_comm_call(struct st_comm *c, struct st_comm_call *a)
+{
+	size_t eb;
+	int in_place, ret;
+
+	assert(c);
+	if (c->err)
+		return c->err;
+	in_place = st_comm_check(c, a);
+	if (in_place < 0)
+		return c->err = in_place;
+	eb = st_comm_dtype_sizes[a->dt];
+	c->calls[a->kind]++;
+	c->bytes[a->kind] += ST_MAX(a->send_elems, a->recv_elems) * eb;
+	/* At world 1 an in-place collective is the identity: no hook, no
+	 * queue, no stamp. */
+	if (in_place && c->world == 1)
+		return 0;
+	ret = st_device_host_fn(c->dev, c->q, st_comm_stamp_begin, &c->stamp[a->kind]);
+	if (ret == 0)
+		ret = st_comm_dispatch(c, a);
+	if (ret == 0)
+		ret = st_device_host_fn(c->dev, c->q, st_comm_stamp_end, &c->stamp[a->kind]);
+	if (ret < 0)
+		c->err = ret;
+	return ret;
+}
+
+int st_comm_reduce_scatter(struct st_comm *c, const void *send, void *recv,
+			   size_t slice_elems, enum st_comm_dtype dt)
+{
+	struct st_comm_call a = { .kind = ST_COMM_REDUCE_SCATTER, .send = send, .recv = recv,
+				  .elems = slice_elems, .dt = dt };
+
+	return st_comm_call(c, &a);
+}
+
+int st_comm_allreduce(struct st_comm *c, const void *send, void *recv,
+		      size_t count_elems, enum st_comm_dtype dt)
+{
+	struct st_comm_call a = { .kind = ST_COMM_ALLREDUCE, .send = send, .recv = recv,
+				  .elems = count_elems, .dt = dt };
+
+	return st_comm_call(c, &a);
+}
+
+int st_comm_allgather(struct st_comm *c, const void *send, void *recv,
+		      size_t slice_elems, enum st_comm_dtype dt)
+{
+	struct st_comm_call a = { .kind = ST_COMM_ALLGATHER, .send = send, .recv = recv,
+				  .elems = slice_elems, .dt = dt };
+
+	return st_comm_call(c, &a);
+}
+
+int st_comm_alltoall(struct st_comm *c, const void *send, void *recv,
+		     size_t slice_elems, enum st_comm_dtype dt)
+{
+	struct st_comm_call a = { .kind = ST_COMM_ALLTOALL, .send = send, .recv = recv,
+				  .elems = slice_elems, .dt = dt };
+
+	return st_comm_call(c, &a);
+}
+
+int st_comm_broadcast(struct st_comm *c, const void *send, void *recv,
+		      size_t count_elems, enum st_comm_dtype dt, int root)
+{
+	struct st_comm_call a = { .kind = ST_COMM_BROADCAST, .send = send, .recv = recv,
+				  .elems = count_elems, .dt = dt, .root = root };
+
+	return st_comm_call(c, &a);
+}
+
+/* ---- ordering ------------------------------------------------------------------ */
+
+int st_comm_record(struct st_comm *c, struct st_event *e)
+{
+	int ret;
+
+	assert(c && e);
+	if (c->err)
+		return c->err;
+	ret = st_event_record(c->dev, e, c->q);
+	if (ret < 0)
+		c->err = ret;
+	return ret;
+}
+
+int st_comm_wait(struct st_comm *c, struct st_event *e)
+{
+	int ret;
+
+	assert(c && e);
+	if (c->err)
+		return c->err;
+	ret = st_queue_wait(c->dev, c->q, e);
+	if (ret < 0)
+		c->err = ret;
+	return ret;
+}
+
+int st_comm_sync(struct st_comm *c)
+{
+	int ret;
+
+	assert(c);
+	ret = st_queue_sync(c->dev, c->q);
+	if (c->err)
+		ret = c->err;
+	c->err = 0;
+	return ret;
+}
+
+int st_comm_take_error(struct st_comm *c)
+{
+	int err;
+
+	assert(c);
+	err = c->err;
+	c->err = 0;
+	return err;
+}
+
+void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s)
+{
+	assert(c && s);
+	memset(s, 0, sizeof(*s));
+	for (int k = 0; k < ST_COMM_KINDS; k++) {
+		s->kind[k].calls = c->calls[k];
+		s->kind[k].bytes = c->bytes[k];
+		s->kind[k].busy_ns = atomic_load(&c->busy_ns[k]);
+	}
+}
