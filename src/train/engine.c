@@ -55,6 +55,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->ev_slot);
 	for (int h = ST_HOME_NVME; h >= ST_HOME_VRAM; h--)
 		st_tier_destroy(e->tier[h]);
+	st_comm_destroy(e->comm);
 	st_compute_destroy(e->cx);
 	st_device_destroy(e->dev);
 	st_plan_fini(&e->plan);
@@ -114,6 +115,8 @@ static int open_tiers(struct st_engine *e)
 	if (ret < 0)
 		return ret;
 	ret = st_compute_create(e->dev, &e->cx);
+	if (ret == 0)
+		ret = st_comm_create(st_comm_find("local"), e->dev, NULL, &e->comm);
 	if (ret < 0)
 		return ret;
 	st_model_set_compute(e->model, e->cx);

@@ -14,6 +14,21 @@ static void add_into(float *dst, const float *src, size_t n)
 		dst[i] += src[i];
 }
 
+/* The gradient's collective: this rank's slice of unit u's dW reduced over
+ * the ranks (ZeRO's reduce-scatter). At world 1 the rank's slice is the
+ * whole dW and the collective is in place: it queues nothing, so the d2h
+ * keeps waiting for the backward's own event. At world > 1 (ZeRO stage 2,
+ * not built yet: the local backend is world 1) the comm waits for ev_dw,
+ * records its own event, and the d2h of the rank's slice waits for that. */
+static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b)
+{
+	int world = st_comm_world(e->comm), rank = st_comm_rank(e->comm);
+	size_t slice = e->elems[u] / (size_t)world;
+
+	return st_comm_reduce_scatter(e->comm, b->dw, b->dw + (size_t)rank * slice, slice,
+				      ST_COMM_F32);
+}
+
 /* dW of unit u (in vram in b, written by the backward that recorded
  * b->ev_dw) starts for the host landing: the copy waits on the device. */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
@@ -23,6 +38,8 @@ int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
 	struct hop h;
 	int ret = st_eng_wait_until(e, &e->land_busy); /* the previous unit's write */
 
+	if (ret == 0)
+		ret = grad_reduce(e, u, b);
 	if (ret < 0)
 		return ret;
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));

@@ -13,6 +13,7 @@
 #define STRATA_ENGINE_INTERNAL_H
 
 #include "strata/engine.h"
+#include "strata/comm.h"
 #include "strata/compute.h"
 #include "strata/device.h"
 #include "strata/optim.h"
@@ -106,6 +107,7 @@ struct st_engine {
 	uint64_t tile;                /* update tile, elements */
 	struct st_device *dev;
 	struct st_compute *cx;        /* the model's ops on dev */
+	struct st_comm *comm;         /* this rank's collectives (world 1: local) */
 	struct st_tier *tier[ST_HOME_COUNT];
 	struct shard *sh;             /* [U * ST_STATE_COUNT] */
 	struct st_extent *pool_ext;   /* [plan.n_pools][count]: see pool() */

@@ -169,16 +169,20 @@ static int backward(struct st_engine *e, int mb, double *loss)
 }
 
 /* The gradient norm from the per-unit sums of squares, summed in unit order
- * (deterministic); NAN when a gradient was not finite. */
-static double grad_norm(struct st_engine *e)
+ * (deterministic), then over the ranks (in rank order; at world 1 in place,
+ * nothing queued); NAN when a gradient was not finite. */
+static int grad_norm(struct st_engine *e, double *norm)
 {
 	double sumsq = 0;
+	int ret;
 
 	for (int u = 0; u < e->U; u++)
 		sumsq += e->unit_sumsq[u];
-	if (e->nonfinite || !isfinite(sumsq))
-		return NAN;
-	return sqrt(sumsq);
+	ret = st_comm_allreduce(e->comm, &sumsq, &sumsq, 1, ST_COMM_F64);
+	if (ret == 0)
+		ret = st_comm_sync(e->comm);
+	*norm = e->nonfinite || !isfinite(sumsq) ? NAN : sqrt(sumsq);
+	return ret;
 }
 
 /* Every micro-batch's forward and backward; *loss_sum their losses. */
@@ -228,7 +232,9 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		goto fail;
 	res->loss = loss_sum / c->grad_accum;
 	res->lr = st_lr_at(c, step);
-	res->grad_norm = grad_norm(e);
+	ret = grad_norm(e, &res->grad_norm);
+	if (ret < 0)
+		goto fail;
 	if (isnan(res->grad_norm)) {
 		res->skipped = true;
 	} else {
