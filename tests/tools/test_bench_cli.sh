@@ -41,6 +41,10 @@ for tool in "$@"; do
 		   check "torch-ref bench --against on cuda" 2 "$tool" bench --device cuda --against /bin/true ;;
 	startup-bench) check "startup-bench --strata missing" 2 "$tool" --strata /nonexistent
 		       check "startup-bench --rounds 0" 2 "$tool" --rounds 0 ;;
+	ab-bench) check "ab-bench without --new" 2 "$tool" --old /nonexistent
+		  check "ab-bench --old missing" 2 "$tool" --old /nonexistent --new /nonexistent
+		  check "ab-bench --rounds 0" 2 "$tool" --old /tmp --new /tmp --rounds 0 ;;
+	fingerprint) check "fingerprint --strata missing" 2 "$tool" --strata /nonexistent ;;
 	esac
 done
 rm -f /tmp/bench-cli-err.$$
