@@ -11,6 +11,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "cuda_probe.h"
+
 #include <stdio.h>
 
 #include "device_checks.h"
@@ -274,24 +276,9 @@ int main(void)
 						cuda_teardown),
 		cmocka_unit_test_setup_teardown(test_host_tier_pinned, cuda_setup, cuda_teardown),
 	};
-	struct st_device_config cfg = { .mem_bytes = 64 * MiB };
-	struct st_device *probe = NULL;
-	int ret;
+	int ret = st_test_cuda_probe(&cuda_ops);
 
-	cuda_ops = st_device_find("cuda");
-	if (!cuda_ops) {
-		printf("no cuda device in this build: skipped\n");
-		return 77;
-	}
-	ret = st_device_create(cuda_ops, &cfg, &probe);
-	if (ret == -ENODEV) {
-		printf("no GPU: skipped\n");
-		return 77;
-	}
-	if (ret < 0) {
-		fprintf(stderr, "cuda device: %d %s\n", ret, st_error_last());
-		return 1;
-	}
-	st_device_destroy(probe);
+	if (ret)
+		return ret;
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
