@@ -144,11 +144,13 @@ struct st_plan {
 	int prefetch;                          /* k chosen */
 	enum st_home *home;                    /* [units * ST_STATE_COUNT] */
 	uint64_t *state_bytes;                 /* [units * ST_STATE_COUNT] */
-	/* pools, as listed above */
+	/* A summary of the pool list below, for `strata plan` (the engine
+	 * uses only the list) */
 	uint64_t w_slot_bytes, w_slots;        /* vram W slots: count and size of each */
 	bool embed_slot;                       /* one more vram slot (and staging) for
-						  the embedding's W, when it is larger
-						  than every other unit and streamed */
+						  the resident units (GPT-2's embedding),
+						  when one is larger than every other
+						  unit and W is streamed */
 	uint64_t act_bytes, scratch_bytes;     /* vram */
 	uint64_t w_staging_bytes, grad_landing_bytes, update_staging_bytes; /* host */
 	uint64_t home_bytes[ST_HOME_COUNT];    /* sum of homes per tier */
@@ -161,9 +163,11 @@ struct st_plan {
 	double t_compute_s, t_copy_s, t_nvme_s, t_adam_s, t_step_s;
 	const char *bound;                     /* "compute", "copy", "nvme", "adam" */
 	/* added after the first draft */
-	enum st_home w_home, optim_home;       /* the uniform homes of W and of G,P,M,V */
-	uint64_t embed_slot_bytes;             /* E0*Wb rounded, 0 without embed_slot */
-	uint64_t act_each_bytes;               /* X = B*T*C*4, one checkpoint */
+	enum st_home w_home, optim_home;       /* the uniform homes of W and of G,P,M,V
+						  (with explicit homes: unit 0's) */
+	uint64_t embed_slot_bytes;             /* Eres*Wb rounded, 0 without embed_slot */
+	uint64_t act_each_bytes;               /* X: the largest unit output
+						  (st_model_act_bytes), one checkpoint */
 	uint64_t work_bytes;                   /* max_u st_model_work_bytes, in scratch */
 	struct st_plan_rates rates;            /* the rates used, defaults filled in */
 	/* every pool once, in allocation order; total_bytes = home_bytes +
