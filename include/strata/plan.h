@@ -37,8 +37,8 @@
  *                                      ST_UPDATE_TILE_ELEMS): the sweep
  *                                      goes tile by tile
  *   nvme  homes on nvme                as host homes
- * Every pool's extent is rounded up to 4 KiB (so the engine may allocate
- * each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
+ * Every pool's extent is counted rounded up to 4 KiB (so the engine may
+ * allocate each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
  * (checkpoints at offsets i*X); scratch_bytes is the sum of the scratch
  * pools. Placement is per (unit, state) (st_plan_home()); the policy homes
  * every unit's W in one tier and G, P, M, V of every unit in one tier
@@ -132,7 +132,9 @@ struct st_plan_pool {
 	enum st_pool_id id;
 	const char *name;   /* "W slot", static */
 	enum st_home tier;
-	uint64_t bytes;     /* each extent, a multiple of 4 KiB */
+	uint64_t bytes;     /* each extent's size; the plan counts each rounded
+			       up to 4 KiB, so the tier's alignment never
+			       takes more than the plan has */
 	uint32_t count;     /* extents; pools of count 0 are not listed */
 	int unit;           /* the resident unit it serves, or -1 */
 };

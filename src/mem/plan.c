@@ -116,9 +116,9 @@ static void st_pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
 		return;
 	x = &p->list[p->n++];
 	*x = (struct st_plan_pool){ .id = id, .name = st_pool_kinds[id].name,
-				    .tier = st_pool_kinds[id].tier, .bytes = st_pg(bytes),
+				    .tier = st_pool_kinds[id].tier, .bytes = bytes,
 				    .count = count, .unit = unit };
-	p->total[x->tier] += x->bytes * count;
+	p->total[x->tier] += st_pg(bytes) * count;
 }
 
 static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st_state s0,
@@ -192,7 +192,7 @@ static uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum s
 
 	for (int i = 0; i < p->n; i++)
 		if (p->list[i].id >= a && p->list[i].id <= b)
-			n += p->list[i].bytes * p->list[i].count;
+			n += st_pg(p->list[i].bytes) * p->list[i].count;
 	return n;
 }
 
@@ -578,10 +578,10 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	/* the summary `strata plan` prints, from the same list */
 	x = st_pools_find(&pools, ST_POOL_W_SLOT);
 	p.w_slots = x ? x->count : 0;
-	p.w_slot_bytes = x ? x->bytes : 0;
+	p.w_slot_bytes = x ? st_pg(x->bytes) : 0;
 	x = st_pools_find(&pools, ST_POOL_W_SLOT_RES);
 	p.embed_slot = x != NULL;
-	p.embed_slot_bytes = x ? x->bytes : 0;
+	p.embed_slot_bytes = x ? st_pg(x->bytes) : 0;
 	p.act_bytes = st_pools_sum(&pools, ST_POOL_ACT, ST_POOL_ACT);
 	p.act_each_bytes = sh.x_bytes;
 	p.scratch_bytes = st_pools_sum(&pools, ST_POOL_WF, ST_POOL_TARGETS);
