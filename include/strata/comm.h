@@ -216,7 +216,8 @@ int st_comm_allgather(struct st_comm *c, const void *send, void *recv,
 int st_comm_alltoall(struct st_comm *c, const void *send, void *recv,
 		     size_t slice_elems, enum st_comm_dtype dt);
 /* Broadcast: recv (count_elems) on every rank gets root's send (read on
- * root only). In place: recv == send. Returns 0 or the (sticky) -errno. */
+ * root only, but every rank passes one: recv itself for in place; NULL is
+ * refused). In place: recv == send. Returns 0 or the (sticky) -errno. */
 int st_comm_broadcast(struct st_comm *c, const void *send, void *recv,
 		      size_t count_elems, enum st_comm_dtype dt, int root);
 

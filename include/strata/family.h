@@ -25,6 +25,9 @@
 
 struct json_object;
 
+/* A family's name is shorter than this, without ':', '=' or ','. */
+#define ST_FAMILY_NAME_MAX 48
+
 /* The version of this table; a table of another is refused. */
 #define ST_FAMILY_ABI 1
 
@@ -135,7 +138,8 @@ int st_family_check(const struct st_family_ops *ops);
 
 /* Add a family (ops static, borrowed) after the built-in ones. Before any
  * other thread uses the registry. Returns 0, -EINVAL (st_family_check()),
- * -EEXIST (the name is taken), -ENOSPC (the list is full). */
+ * -EEXIST (its name, one of its model_types or presets is another
+ * family's: it would be shadowed), -ENOSPC (the list is full). */
 int st_family_register(const struct st_family_ops *ops);
 
 /* ---- helpers for families ---- */

@@ -45,10 +45,16 @@ static const char *st_family_join(char *buf, size_t bytes, bool presets)
 		const struct st_family_ops *f = st_family_at(i);
 		const char *s = presets ? f->presets : f->name;
 
+		int n;
+
 		if (!s || !*s)
 			continue;
-		len += (size_t)snprintf(buf + len, len < bytes ? bytes - len : 0, "%s%s",
-					len ? "," : "", s);
+		n = snprintf(buf + len, bytes - len, "%s%s", len ? "," : "", s);
+		if (n < 0 || (size_t)n >= bytes - len) { /* full: stop at the last whole name */
+			buf[len] = '\0';
+			break;
+		}
+		len += (size_t)n;
 	}
 	return buf;
 }
@@ -113,6 +119,10 @@ int st_family_check(const struct st_family_ops *f)
 {
 	if (!f || !f->name || !*f->name)
 		return st_error_set(-EINVAL, "family: a table without a name");
+	/* --model NAME:... must be able to reach it */
+	if (strlen(f->name) >= ST_FAMILY_NAME_MAX || strpbrk(f->name, ":=,"))
+		return st_error_set(-EINVAL, "family '%s': a name is under %d characters, "
+				    "without ':', '=' or ','", f->name, ST_FAMILY_NAME_MAX);
 	if (f->abi != ST_FAMILY_ABI)
 		return st_error_set(-EINVAL, "family %s: ABI %u, this strata has %u", f->name,
 				    f->abi, ST_FAMILY_ABI);
@@ -144,15 +154,59 @@ int st_family_check(const struct st_family_ops *f)
 	return 0;
 }
 
+/* Does the comma-separated list have the word w (of n characters)? */
+static bool st_list_has(const char *list, const char *w, size_t n)
+{
+	for (const char *p = list; p && *p;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+
+		if (len == n && strncmp(p, w, n) == 0)
+			return true;
+		p = end ? end + 1 : NULL;
+	}
+	return false;
+}
+
+/* A name, model_type or preset of ops that family g has already (it would
+ * be shadowed by g, silently), copied into buf; NULL when none. */
+static const char *st_family_clash(const struct st_family_ops *g,
+				   const struct st_family_ops *ops, char *buf, size_t bytes)
+{
+	if (strcmp(g->name, ops->name) == 0)
+		return ops->name;
+	for (const char *const *t = ops->hf_model_types; *t; t++)
+		for (const char *const *u = g->hf_model_types; *u; u++)
+			if (strcmp(*t, *u) == 0)
+				return *t;
+	for (const char *p = ops->presets; p && *p;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+
+		if (st_list_has(g->presets, p, len)) {
+			snprintf(buf, bytes, "%.*s", (int)len, p);
+			return buf;
+		}
+		p = end ? end + 1 : NULL;
+	}
+	return NULL;
+}
+
 int st_family_register(const struct st_family_ops *ops)
 {
 	int err = st_family_check(ops);
 
 	if (err)
 		return err;
-	for (int i = 0; i < st_family_count(); i++)
-		if (strcmp(st_family_at(i)->name, ops->name) == 0)
-			return st_error_set(-EEXIST, "family %s is already registered", ops->name);
+	for (int i = 0; i < st_family_count(); i++) {
+		const struct st_family_ops *g = st_family_at(i);
+		char word[64];
+		const char *clash = st_family_clash(g, ops, word, sizeof(word));
+
+		if (clash)
+			return st_error_set(-EEXIST, "family %s: '%s' is family %s's already",
+					    ops->name, clash, g->name);
+	}
 	if (st_n_registered == ST_FAMILY_MAX)
 		return st_error_set(-ENOSPC, "family %s: the registry is full (%d)", ops->name,
 				    ST_FAMILY_MAX);
@@ -211,7 +265,7 @@ int st_model_config_parse(const char *text, struct st_model_config *out)
 	colon = strchr(text, ':');
 	eq = strchr(text, '=');
 	if (colon && (!eq || colon < eq)) {
-		char name[64];
+		char name[ST_FAMILY_NAME_MAX + 1];
 
 		snprintf(name, sizeof(name), "%.*s", (int)(colon - text), text);
 		f = st_family_find(name);
@@ -293,14 +347,17 @@ static int st_json_read(const char *path, struct json_object **out)
 /* root's family: model_type, else the first architecture, else the first. */
 static const struct st_family_ops *st_json_family(const char *path, struct json_object *root)
 {
-	struct json_object *v;
+	struct json_object *v = NULL;
 	const char *type = NULL, *arch = NULL;
 	const struct st_family_ops *f;
 
-	if (json_object_object_get_ex(root, "model_type", &v) &&
-	    json_object_is_type(v, json_type_string))
+	if (json_object_object_get_ex(root, "model_type", &v)) {
+		if (!json_object_is_type(v, json_type_string)) {
+			st_error_set(-EINVAL, "%s: \"model_type\" is not a string", path);
+			return NULL;
+		}
 		type = json_object_get_string(v);
-	else if (json_object_object_get_ex(root, "architectures", &v) &&
+	} else if (json_object_object_get_ex(root, "architectures", &v) &&
 		 json_object_is_type(v, json_type_array) && json_object_array_length(v) > 0 &&
 		 json_object_is_type(json_object_array_get_idx(v, 0), json_type_string))
 		arch = json_object_get_string(json_object_array_get_idx(v, 0));

@@ -119,6 +119,10 @@ static int open_tiers(struct st_engine *e)
 		ret = st_comm_create(st_comm_find("local"), e->dev, NULL, &e->comm);
 	if (ret < 0)
 		return ret;
+	/* the gradient path calls the comm as world 1 needs (engine_grad.c) */
+	if (st_comm_world(e->comm) != 1)
+		return st_error_set(-ENOTSUP, "engine: %d ranks: ZeRO across ranks is not "
+				    "built yet", st_comm_world(e->comm));
 	st_model_set_compute(e->model, e->cx);
 	vc.device = e->dev;
 	hc.device = e->dev;

@@ -106,8 +106,32 @@ static void test_incomplete_table(void **state)
 	b = t;
 	b.title = NULL;
 	assert_int_equal(st_family_check(&b), -EINVAL);
+	/* a name --model cannot reach */
+	b = t;
+	b.name = "a:b";
+	assert_int_equal(st_family_check(&b), -EINVAL);
+	b.name = "a,b";
+	assert_int_equal(st_family_check(&b), -EINVAL);
+	b.name = "0123456789012345678901234567890123456789012345678"; /* 49 */
+	assert_int_equal(st_family_check(&b), -EINVAL);
 	/* a name taken */
 	assert_int_equal(st_family_register(g), -EEXIST);
+	/* a model_type or a preset another family has: it would be shadowed */
+	{
+		static const char *const gpt2_type[] = { "other", "gpt2", NULL };
+		static struct st_family_ops c;
+
+		c = *g;
+		c.name = "shadowed";
+		c.hf_model_types = gpt2_type;
+		c.presets = NULL;
+		assert_int_equal(st_family_register(&c), -EEXIST);
+		assert_non_null(strstr(st_error_last(), "'gpt2'"));
+		c.hf_model_types = (const char *const[]){ "other", NULL };
+		c.presets = "tiny,mine";
+		assert_int_equal(st_family_register(&c), -EEXIST);
+		assert_non_null(strstr(st_error_last(), "'tiny'"));
+	}
 }
 
 /* A family registered after the built-in ones is found and parses with
@@ -309,6 +333,11 @@ static void test_hf_config(void **state)
 	assert_int_equal(st_model_config_read(path, &r), -EINVAL);
 	assert_non_null(strstr(st_error_last(), "bert"));
 	assert_int_equal(st_model_config_hf_check(path), -EINVAL);
+	/* a model_type that is not a string is refused, not skipped */
+	write_text(path, "{\"model_type\": 5, \"n_embd\": 48, \"n_layer\": 3, \"n_head\": 6, "
+			 "\"vocab_size\": 100, \"n_positions\": 64}");
+	assert_int_equal(st_model_config_read(path, &r), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "\"model_type\" is not a string"));
 	/* a GPT-2 of another kind than strata computes */
 	write_text(path, "{\"model_type\": \"gpt2\", \"n_embd\": 48, \"n_layer\": 3, \"n_head\": 6, "
 			 "\"vocab_size\": 100, \"n_positions\": 64, \"layer_norm_epsilon\": 1e-6}");

@@ -391,9 +391,9 @@ static int q_span(struct st_compute *c, const char *name)
 		int cap = qc->cap ? 2 * qc->cap : 64;
 		struct qspan *n = realloc(qc->spans, (size_t)cap * sizeof(*n));
 
-		if (!n) {
+		if (!n) { /* this span goes uncounted; the ops still run */
 			pthread_mutex_unlock(&qc->lock);
-			return st_error_set(-ENOMEM, "compute: out of memory for spans");
+			return 0;
 		}
 		qc->spans = n;
 		qc->cap = cap;
@@ -455,14 +455,23 @@ int st_compute_cpu_queued_create(struct st_device *d, struct st_compute **out)
 	int ret;
 
 	*out = NULL;
-	if (qc)
+	if (qc) {
 		qc->ring = calloc(ST_COMPUTE_CPU_RING_OPS, sizeof(*qc->ring));
-	if (!qc || !qc->ring) {
+		/* room for the spans a step leaves pending (it grows past that) */
+		qc->cap = 64;
+		qc->spans = calloc((size_t)qc->cap, sizeof(*qc->spans));
+	}
+	if (!qc || !qc->ring || !qc->spans) {
+		if (qc) {
+			free(qc->ring);
+			free(qc->spans);
+		}
 		free(qc);
 		return st_error_set(-ENOMEM, "compute: out of memory");
 	}
 	ret = st_queue_create(d, &qc->q);
 	if (ret < 0) {
+		free(qc->spans);
 		free(qc->ring);
 		free(qc);
 		return ret;
