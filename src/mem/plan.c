@@ -1,12 +1,14 @@
 /* strata: the placement planner. See strata/plan.h for the pools and
  * docs/plan.md for the policy.
  *
- * Homes are uniform per state class: every unit's W has one home, and
- * G, P, M, V of every unit share one home. That leaves at most 3 x 2
- * placements, so the planner simply tries them in order of preference and
- * takes the first whose pools fit all three budgets. The same small set
+ * The policy's homes are uniform per state class: every unit's W has one
+ * home, and G, P, M, V of every unit share one home. That leaves at most
+ * 3 x 2 placements, so the planner simply tries them in order of preference
+ * and takes the first whose pools fit all three budgets. The same small set
  * makes each tier's minimum exact: it is the smallest total that tier takes
- * over the placements whose other two tiers fit their budgets. */
+ * over the placements whose other two tiers fit their budgets. The pools
+ * are sized from per-(unit, state) homes, so explicit homes (the input's
+ * `homes`: one candidate) go through the same code. */
 #include "strata/plan.h"
 
 #include <errno.h>
@@ -137,17 +139,41 @@ static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st
 static void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int k,
 			     struct st_pools *p)
 {
-	bool streamed = st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_VRAM, false);
-	bool w_nvme = st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_NVME, true);
 	bool g_nvme = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_NVME, true);
 	bool upd = st_any(sh, homes, ST_STATE_G, ST_STATE_V, ST_HOME_NVME, true) ||
 		   st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_HOST, false);
-	/* A resident unit larger than every other (GPT-2's embedding with its
-	 * vocabulary) gets a slot of its own, so the k + 1 slots need only fit
-	 * the rest: it is fetched once per micro-batch and kept widened. */
-	bool res_slot = streamed && sh->e_res > sh->e_reg;
-	uint64_t slot_bytes = (res_slot ? sh->e_reg : sh->e_max) * sh->wb;
-	uint64_t et = ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
+	uint64_t e_reg = 0, e_res = 0; /* the largest streamed unit of each kind */
+	bool res_slot, reg_nvme = false, res_nvme = false;
+	uint64_t slot_bytes, et = ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
+	uint32_t slots;
+
+	for (int u = 0; u < sh->units; u++) {
+		enum st_home w = homes[u * ST_STATE_COUNT + ST_STATE_W];
+
+		if (w == ST_HOME_VRAM)
+			continue;
+		if (sh->resident[u])
+			e_res = ST_MAX(e_res, sh->elems[u]);
+		else
+			e_reg = ST_MAX(e_reg, sh->elems[u]);
+	}
+	/* A streamed resident unit larger than every other streamed unit
+	 * (GPT-2's embedding with its vocabulary) gets a slot of its own, so
+	 * the k + 1 slots need only fit the rest: it is fetched once per
+	 * micro-batch and kept widened. */
+	res_slot = e_res > e_reg;
+	slot_bytes = res_slot ? e_reg : ST_MAX(e_reg, e_res);
+	slots = slot_bytes ? (uint32_t)k + 1 : 0;
+	slot_bytes *= sh->wb;
+	/* one host staging buffer per slot that a unit on nvme goes through */
+	for (int u = 0; u < sh->units; u++) {
+		if (homes[u * ST_STATE_COUNT + ST_STATE_W] != ST_HOME_NVME)
+			continue;
+		if (sh->resident[u] && res_slot)
+			res_nvme = true;
+		else
+			reg_nvme = true;
+	}
 
 	memset(p, 0, sizeof(*p));
 	for (int u = 0; u < sh->units; u++)
@@ -156,11 +182,10 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 				sh->elems[u] * (s == ST_STATE_W ? sh->wb : 4);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		p->total[t] = p->home[t];
-	st_pool_add(p, ST_POOL_W_SLOT, slot_bytes, streamed ? (uint32_t)k + 1 : 0, -1);
-	st_pool_add(p, ST_POOL_W_SLOT_RES, sh->e_res * sh->wb, res_slot, -1);
-	/* one host staging buffer per slot */
-	st_pool_add(p, ST_POOL_W_STAGE, slot_bytes, streamed && w_nvme ? (uint32_t)k + 1 : 0, -1);
-	st_pool_add(p, ST_POOL_W_STAGE_RES, sh->e_res * sh->wb, res_slot && w_nvme, -1);
+	st_pool_add(p, ST_POOL_W_SLOT, slot_bytes, slots, -1);
+	st_pool_add(p, ST_POOL_W_SLOT_RES, e_res * sh->wb, res_slot, -1);
+	st_pool_add(p, ST_POOL_W_STAGE, slot_bytes, reg_nvme ? slots : 0, -1);
+	st_pool_add(p, ST_POOL_W_STAGE_RES, e_res * sh->wb, res_nvme, -1);
 	if (sh->units > 1)
 		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
 	/* W widened to fp32 and dW (two: one is computed while the other is
@@ -317,6 +342,21 @@ static int st_input_check(const struct st_plan_input *in)
 		return st_error_set(-EINVAL, "--offload-params nvme needs --nvme DIR");
 	if (in->optim == ST_OFFLOAD_NVME && !in->have_nvme)
 		return st_error_set(-EINVAL, "--offload-optim nvme needs --nvme DIR");
+	for (int u = 0; in->homes && u < st_model_unit_count(in->model); u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++) {
+			enum st_home h = in->homes[u * ST_STATE_COUNT + s];
+
+			if ((unsigned)h >= ST_HOME_COUNT ||
+			    (s != ST_STATE_W && h == ST_HOME_VRAM))
+				return st_error_set(-EINVAL, "plan: unit %d's %s cannot live in "
+						    "tier %d (W: vram, host or nvme; G, P, M, V: "
+						    "host or nvme)", u,
+						    st_state_name((enum st_state)s), (int)h);
+			if (h == ST_HOME_NVME && !in->have_nvme)
+				return st_error_set(-EINVAL, "plan: unit %d's %s on nvme needs "
+						    "--nvme DIR", u,
+						    st_state_name((enum st_state)s));
+		}
 	return 0;
 }
 
@@ -657,7 +697,7 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 		cfg->n_head, cfg->vocab, cfg->ctx, p->units);
 	fprintf(f, "batch B=%d T=%d accum %d | W %s | prefetch %d%s\n", in->batch, in->seq,
 		in->grad_accum, in->bf16 ? "bf16" : "fp32", p->prefetch,
-		p->w_home == ST_HOME_VRAM ? " (W resident: nothing streamed)" : "");
+		!p->w_slots && !p->embed_slot ? " (W resident: nothing streamed)" : "");
 	fprintf(f, "\nplacement       %-22s %-22s %s\n", "vram", "host", "nvme");
 	for (int s = 0; s < ST_STATE_COUNT; s++) {
 		fprintf(f, "  %s            ", st_state_name((enum st_state)s));

@@ -246,17 +246,25 @@ int st_eng_wait_until(struct st_engine *e, const int *counter)
 }
 
 /* Drain every transfer and the compute (after an error, or before reading
- * states). */
+ * states). A chain whose nvme hop lands here submits its h2d hop, so both
+ * tiers are drained until neither has anything in flight. */
 void st_eng_drain(struct st_engine *e)
 {
+	bool busy = true;
+
 	if (e->cx)
 		st_compute_sync(e->cx);
-	for (int h = ST_HOME_VRAM; h <= ST_HOME_NVME; h += 2) {
-		struct st_tier *t = e->tier[h];
+	while (busy) {
+		busy = false;
+		for (int h = ST_HOME_VRAM; h <= ST_HOME_NVME; h += 2) {
+			struct st_tier *t = e->tier[h];
 
-		while (t && st_tier_inflight(t))
-			if (reap(e, t, 1) < 0)
-				break;
+			while (t && st_tier_inflight(t)) {
+				if (reap(e, t, 1) < 0)
+					break; /* the tier failed: leave it */
+				busy = true;
+			}
+		}
 	}
 }
 

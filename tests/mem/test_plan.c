@@ -903,7 +903,57 @@ static void test_pool_list(void **state)
 	assert_null(find_pool(&p, ST_POOL_GSTAGE));
 	assert_non_null(find_pool(&p, ST_POOL_W_SLOT));
 	st_plan_fini(&p);
+	/* homes that cannot be: G in vram, no such tier, nvme without --nvme */
+	homes[1 * ST_STATE_COUNT + ST_STATE_G] = ST_HOME_VRAM;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "unit 1's G"));
+	homes[1 * ST_STATE_COUNT + ST_STATE_G] = (enum st_home)7;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	homes[1 * ST_STATE_COUNT + ST_STATE_G] = ST_HOME_NVME;
+	in.have_nvme = false;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "needs --nvme"));
 }
+
+/* Slots are sized from the units that stream: a resident unit larger than
+ * the rest has a slot of its own only when it streams itself. */
+static void test_split_slots(void **state)
+{
+	struct st_model *big = model_make("layers=2,dim=64,heads=2,vocab=4096,ctx=64");
+	struct st_plan_input in = input(big);
+	enum st_home homes[4 * ST_STATE_COUNT];
+	uint64_t e0 = st_model_unit_layout(big, 0)->elems, e1 = st_model_unit_layout(big, 1)->elems;
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	assert_true(e0 > e1); /* the embedding is the largest unit */
+	for (int k = 0; k < 2; k++) {
+		for (int u = 0; u < 4; u++)
+			for (int s = 0; s < ST_STATE_COUNT; s++)
+				homes[u * ST_STATE_COUNT + s] =
+					s != ST_STATE_W ? ST_HOME_HOST
+					: (u == 0) == (k == 0) ? ST_HOME_NVME : ST_HOME_VRAM;
+		in.homes = homes;
+		in.prefetch = 2;
+		p = plan_ok(&in);
+		expect_list(&p);
+		if (k == 0) { /* only the embedding streams: its slot alone */
+			assert_null(find_pool(&p, ST_POOL_W_SLOT));
+			assert_null(find_pool(&p, ST_POOL_W_STAGE));
+			assert_int_equal(find_pool(&p, ST_POOL_W_SLOT_RES)->bytes, e0 * 2);
+			assert_int_equal(find_pool(&p, ST_POOL_W_STAGE_RES)->bytes, e0 * 2);
+		} else { /* the embedding stays: k + 1 slots for the rest */
+			assert_null(find_pool(&p, ST_POOL_W_SLOT_RES));
+			assert_null(find_pool(&p, ST_POOL_W_STAGE_RES));
+			assert_int_equal(find_pool(&p, ST_POOL_W_SLOT)->count, 3);
+			assert_true(find_pool(&p, ST_POOL_W_SLOT)->bytes < e0 * 2);
+			assert_non_null(find_pool(&p, ST_POOL_W_STAGE));
+		}
+		st_plan_fini(&p);
+	}
+	st_model_destroy(big);
+}
+
 
 static void test_bad_input(void **state)
 {
@@ -951,6 +1001,7 @@ int main(void)
 		cmocka_unit_test(test_json),
 		cmocka_unit_test(test_rates_from_bench),
 		cmocka_unit_test(test_pool_list),
+		cmocka_unit_test(test_split_slots),
 		cmocka_unit_test(test_bad_input),
 	};
 

@@ -208,6 +208,30 @@ static void test_placement_invariance(void **state)
 			run_free(&r);
 		}
 		run_free(&bref);
+		/* split: only the embedding streamed (through its own slot alone),
+		 * and everything but the embedding streamed (no slot of its own) */
+		base_config(&c);
+		assert_int_equal(st_model_config_parse("layers=2,dim=64,heads=2,vocab=2048,ctx=64",
+						       &c.train.model), 0);
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = ST_OFFLOAD_HOST;
+		train(&c, STEPS, &bref);
+		for (int k = 0; k < 2; k++) {
+			enum st_home homes[4 * ST_STATE_COUNT];
+
+			for (int u = 0; u < 4; u++)
+				for (int s = 0; s < ST_STATE_COUNT; s++)
+					homes[u * ST_STATE_COUNT + s] =
+						s != ST_STATE_W ? ST_HOME_HOST
+						: (u == 0) == (k == 0) ? ST_HOME_NVME : ST_HOME_VRAM;
+			c.homes = homes;
+			c.prefetch = 1;
+			train(&c, STEPS, &r);
+			same(&bref, &r, STEPS, k ? "big vocab: all but the embedding streamed"
+						 : "big vocab: only the embedding streamed");
+			run_free(&r);
+		}
+		run_free(&bref);
 	}
 	/* with accumulation, too */
 	base_config(&c);
