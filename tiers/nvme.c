@@ -543,6 +543,16 @@ static int nvme_sync(struct st_tier *t)
 	return 0;
 }
 
+/* The file and offset of tier byte pos (the layout above). */
+static void nvme_locate(struct st_tier *t, uint64_t pos, char *buf, size_t bytes)
+{
+	struct nvme_priv *p = st_tier_priv(t);
+	uint64_t blk = pos / p->block_bytes, within = pos % p->block_bytes;
+
+	snprintf(buf, bytes, "%s (unlinked) offset %llu", p->paths[blk % p->nfiles],
+		 (unsigned long long)((blk / p->nfiles) * p->block_bytes + within));
+}
+
 static const char *nvme_describe(struct st_tier *t)
 {
 	struct nvme_priv *p = st_tier_priv(t);
@@ -568,4 +578,5 @@ const struct st_tier_ops st_tier_nvme_ops = {
 	.unregister_buffers = nvme_unregister_buffers,
 	.sync = nvme_sync,
 	.describe = nvme_describe,
+	.locate = nvme_locate,
 };

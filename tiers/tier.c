@@ -172,6 +172,18 @@ const char *st_tier_describe(struct st_tier *t)
 	return t->desc;
 }
 
+const char *st_tier_locate(struct st_tier *t, const struct st_extent *ext,
+			   uint64_t off_bytes, char *buf, size_t bytes)
+{
+	uint64_t pos = ext->off_bytes + off_bytes;
+
+	if (t->ops->locate)
+		t->ops->locate(t, pos, buf, bytes);
+	else
+		snprintf(buf, bytes, "%s offset %llu", t->ops->name, (unsigned long long)pos);
+	return buf;
+}
+
 const char *st_tier_error(const struct st_tier *t)
 {
 	return t->err;

@@ -35,6 +35,9 @@ struct st_engine_config {
 	struct st_fault_config nvme_fault; /* tests: fail the nvme tier */
 	uint64_t update_tile_elems;    /* tests: a smaller update tile (a
 					  multiple of 2048); 0 = the plan's */
+	bool no_verify_reads;          /* skip the nvme checksums (strata train
+					  --verify-reads off); false: every
+					  nvme read is checked */
 	const enum st_home *homes;     /* tests: the home of every (unit,
 					  state), as st_plan_input.homes;
 					  NULL = the planner's policy */
@@ -72,6 +75,10 @@ const struct st_cursor *st_engine_step_end_cursor(const struct st_engine *e);
 /* Copy state s (W widened to fp32, or P, M, V) of unit u into dst (fp32,
  * the unit's flat length). For tests and checkpoints. */
 int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst);
+/* Where shard (u, s) lives: its home and its extent in that tier (tests
+ * and tools: st_tier_locate() names the file and offset). 0 or -EINVAL. */
+int st_engine_shard(const struct st_engine *e, int u, enum st_state s, enum st_home *home,
+		    struct st_extent *ext);
 /* Overwrite P, M and V of unit u (each NULL = zeros for M and V) and set W
  * to round(P). For loading weights and resuming. */
 int st_engine_write_state(struct st_engine *e, int u, const float *p,

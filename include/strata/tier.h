@@ -158,6 +158,10 @@ struct st_tier_ops {
 	int (*sync)(struct st_tier *t);
 	/* Optional. Human-readable description ("3 dirs, O_DIRECT, qd 32"). */
 	const char *(*describe)(struct st_tier *t);
+	/* Optional. Where byte off_bytes of the tier's address space lives,
+	 * in words ("/var/tmp/strata-nvme.ab12cd (unlinked) offset 1048576"),
+	 * into buf; absent: "<name> offset N". */
+	void (*locate)(struct st_tier *t, uint64_t off_bytes, char *buf, size_t bytes);
 };
 
 /* Tiers built into this binary. */
@@ -179,6 +183,10 @@ const char *st_tier_name(const struct st_tier *t);
 uint64_t st_tier_align(const struct st_tier *t);
 void *st_tier_priv(struct st_tier *t);
 const char *st_tier_describe(struct st_tier *t);
+/* Where byte off_bytes of extent ext lives (a file and its offset for
+ * nvme), for messages; into buf, which it returns. */
+const char *st_tier_locate(struct st_tier *t, const struct st_extent *ext,
+			   uint64_t off_bytes, char *buf, size_t bytes);
 
 /* Allocate len_bytes (rounded up to align) within the budget. -ENOMEM and
  * nothing allocated when the budget (or fragmentation) does not allow it. */

@@ -63,6 +63,8 @@ static void train_usage(FILE *f)
 "  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
 "  --prefetch N         units fetched ahead (default: as many as the budget allows)\n"
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
+"  --verify-reads on|off  check every nvme read against the XXH3 of what was\n"
+"                       written (default on: a mismatch stops the run, exit 1)\n"
 "optimizer\n"
 "  --steps N            optimizer steps (default 100)\n"
 "  --lr X --lr-schedule cosine|constant --warmup N   (1e-3, cosine to lr/10, 10)\n"
@@ -221,7 +223,8 @@ int st_cli_train(int argc, char **argv)
 		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
-		{ "device", 1, 0, 'D' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' }, { "help", 0, 0, 'h' },
+		{ 0 },
 	};
 	struct st_engine_config ec = { .device = "cpu" };
 	struct st_train_config *cfg = &ec.train;
@@ -284,6 +287,14 @@ int st_cli_train(int argc, char **argv)
 				cfg->bf16 = false;
 			else
 				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
+			break;
+		case 'V':
+			if (strcmp(optarg, "on") == 0)
+				ec.no_verify_reads = false;
+			else if (strcmp(optarg, "off") == 0)
+				ec.no_verify_reads = true;
+			else
+				st_cli_die(2, "--verify-reads %s: expected on or off", optarg);
 			break;
 		case 'u':
 			if (strcmp(optarg, "on") == 0)

@@ -67,12 +67,16 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 		if (last)
 			final_sumsq(e, u, e->landing);
 		h = st_eng_hop("G write", ST_HOME_NVME, ST_IO_WRITE, &g->ext, 0, e->landing, bytes);
+		h.unit = u;
+		h.state = ST_STATE_G;
 		return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->land_busy, NULL);
 	}
 	ret = st_eng_wait_until(e, &e->gstage_busy);
 	if (ret < 0)
 		return ret;
 	h = st_eng_hop("G read", ST_HOME_NVME, ST_IO_READ, &g->ext, 0, e->gstage, bytes);
+	h.unit = u;
+	h.state = ST_STATE_G;
 	ret = st_eng_chain_start(e, &e->c_gread, &h, 1, &e->gstage_busy, NULL);
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->gstage_busy);
@@ -82,6 +86,8 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 	if (last)
 		final_sumsq(e, u, e->gstage);
 	h = st_eng_hop("G write", ST_HOME_NVME, ST_IO_WRITE, &g->ext, 0, e->gstage, bytes);
+	h.unit = u;
+	h.state = ST_STATE_G;
 	return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->gstage_busy, NULL);
 }
 

@@ -18,6 +18,7 @@
 #include "strata/device.h"
 #include "strata/optim.h"
 
+#include <assert.h>
 #include <stdbool.h>
 
 /* --- transfer chains ------------------------------------------------------------ */
@@ -35,6 +36,10 @@ struct hop {
 	uint64_t off_bytes, len_bytes;
 	void *buf;
 	struct st_event *after, *done; /* vram only */
+	/* the shard it moves, for the nvme checksums (engine_sums.c): its
+	 * unit, or -1 for none, its state, and off_bytes is into it */
+	int unit;
+	enum st_state state;
 };
 
 #define ST_CHAIN_MAX_HOPS 4
@@ -151,6 +156,7 @@ struct st_engine {
 	struct lane_busy lane[ST_LANE_COUNT];
 	double *unit_sumsq;
 	bool nonfinite;
+	uint64_t **sums;              /* [U * ST_STATE_COUNT]: per tile, nvme shards only */
 
 	int err;
 	char errmsg[512];
@@ -194,6 +200,14 @@ int st_eng_compute_drain(struct st_engine *e);
 void st_eng_stats_begin(struct st_engine *e);
 void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns);
 void st_eng_fail(struct st_engine *e, int ret);
+
+/* engine_sums.c */
+int st_eng_sums_init(struct st_engine *e);
+void st_eng_sums_fini(struct st_engine *e);
+void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
+		     const void *buf, uint64_t len_bytes);
+int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
+		      const void *buf, uint64_t len_bytes);
 
 /* engine_fetch.c */
 int st_eng_acquire_w(struct st_engine *e, int u, float *dst);

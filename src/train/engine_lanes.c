@@ -62,7 +62,8 @@ struct hop st_eng_hop(const char *name, enum st_home tier, enum st_io_op rw,
 		      uint64_t len_bytes)
 {
 	return (struct hop){ .name = name, .tier = tier, .rw = rw, .ext = *ext,
-			     .off_bytes = off_bytes, .buf = buf, .len_bytes = len_bytes };
+			     .off_bytes = off_bytes, .buf = buf, .len_bytes = len_bytes,
+			     .unit = -1 };
 }
 
 static void record_error(struct st_engine *e, int ret, const char *msg)
@@ -83,6 +84,9 @@ static int hop_submit(struct st_engine *e, struct chain *c)
 				.after = h->after, .done = h->done };
 	int ret;
 
+	/* what goes to nvme is summed as it leaves (engine_sums.c) */
+	if (h->tier == ST_HOME_NVME && h->rw == ST_IO_WRITE && h->unit >= 0)
+		st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
 	/* A copy waiting for the compute is not moving bytes yet: its lane is
 	 * busy from when the wait is seen over (see_waits()). */
 	c->t0_ns = st_now_ns();
@@ -133,6 +137,7 @@ static void hop_done(struct st_engine *e, struct chain *c, int64_t res, struct s
 {
 	const struct hop *h = &c->hop[c->at];
 	enum st_lane lane = hop_lane(h);
+	const char *msg = res < 0 ? st_tier_error(t) : NULL;
 
 	c->vram_seq = 0;
 	if (c->waits) { /* done before its wait was seen over: no busy time */
@@ -142,8 +147,18 @@ static void hop_done(struct st_engine *e, struct chain *c, int64_t res, struct s
 		st_eng_lane_begin(e, lane);
 	}
 	st_eng_lane_end(e, lane, c->t0_ns, res > 0 ? (uint64_t)res : 0, h->name);
+	/* what comes back from nvme is checked before anything uses it */
+	if (res >= 0 && h->tier == ST_HOME_NVME && h->rw == ST_IO_READ && h->unit >= 0) {
+		int ret = st_eng_sums_check(e, h->unit, h->state, h->off_bytes, h->buf,
+					    h->len_bytes);
+
+		if (ret < 0) {
+			res = ret;
+			msg = st_error_last();
+		}
+	}
 	if (res < 0) /* the pipelines stop here; the step reports the error */
-		record_error(e, (int)res, st_tier_error(t));
+		record_error(e, (int)res, msg);
 	else if (++c->at < c->nhops && hop_submit(e, c) == 0)
 		return;
 	(*c->busy)--;

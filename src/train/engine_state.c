@@ -6,22 +6,44 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int shard_read(struct st_engine *e, struct shard *x, void *buf)
+/* Shard (u, s) into buf; from nvme, checked against its sums. */
+static int shard_read(struct st_engine *e, int u, enum st_state s, void *buf)
 {
+	struct shard *x = shard(e, u, s);
+	int ret;
+
 	if (x->home == ST_HOME_HOST) {
 		memcpy(buf, haddr(e, &x->ext), x->ext.len_bytes);
 		return 0;
 	}
-	return st_tier_read_sync(e->tier[x->home], &x->ext, 0, buf, x->ext.len_bytes);
+	ret = st_tier_read_sync(e->tier[x->home], &x->ext, 0, buf, x->ext.len_bytes);
+	if (ret == 0 && x->home == ST_HOME_NVME)
+		ret = st_eng_sums_check(e, u, s, 0, buf, x->ext.len_bytes);
+	return ret;
 }
 
-static int shard_write(struct st_engine *e, struct shard *x, const void *buf)
+/* buf into shard (u, s); to nvme, summed. */
+static int shard_write(struct st_engine *e, int u, enum st_state s, const void *buf)
 {
+	struct shard *x = shard(e, u, s);
+
 	if (x->home == ST_HOME_HOST) {
 		memcpy(haddr(e, &x->ext), buf, x->ext.len_bytes);
 		return 0;
 	}
+	if (x->home == ST_HOME_NVME)
+		st_eng_sums_put(e, u, s, 0, buf, x->ext.len_bytes);
 	return st_tier_write_sync(e->tier[x->home], &x->ext, 0, buf, x->ext.len_bytes);
+}
+
+int st_engine_shard(const struct st_engine *e, int u, enum st_state s, enum st_home *home,
+		    struct st_extent *ext)
+{
+	if (u < 0 || u >= e->U || (unsigned)s >= ST_STATE_COUNT)
+		return -EINVAL;
+	*home = e->sh[u * ST_STATE_COUNT + s].home;
+	*ext = e->sh[u * ST_STATE_COUNT + s].ext;
+	return 0;
 }
 
 int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst)
@@ -36,7 +58,7 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 	st_eng_drain(e);
 	if (posix_memalign(&tmp, ST_PAGE_BYTES, x->ext.len_bytes))
 		return -ENOMEM;
-	ret = shard_read(e, x, tmp);
+	ret = shard_read(e, u, s, tmp);
 	if (ret == 0) {
 		if (s == ST_STATE_W && e->Wb == 2)
 			st_cpu_bf16_to_f32(dst, tmp, e->elems[u]);
@@ -61,7 +83,7 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 	if (posix_memalign(&buf, ST_PAGE_BYTES, bytes))
 		return -ENOMEM;
 	memcpy(buf, p, bytes);
-	ret = shard_write(e, shard(e, u, ST_STATE_P), buf);
+	ret = shard_write(e, u, ST_STATE_P, buf);
 	for (enum st_state s = ST_STATE_M; ret == 0 && s <= ST_STATE_V; s++) {
 		const float *src = s == ST_STATE_M ? m : v;
 
@@ -69,14 +91,14 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 			memcpy(buf, src, bytes);
 		else
 			memset(buf, 0, bytes);
-		ret = shard_write(e, shard(e, u, s), buf);
+		ret = shard_write(e, u, s, buf);
 	}
 	if (ret == 0) {
 		if (e->Wb == 2)
 			st_cpu_f32_to_bf16(buf, p, e->elems[u]);
 		else
 			memcpy(buf, p, bytes);
-		ret = shard_write(e, shard(e, u, ST_STATE_W), buf);
+		ret = shard_write(e, u, ST_STATE_W, buf);
 	}
 	free(buf);
 	return ret;

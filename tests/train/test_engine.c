@@ -15,7 +15,9 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -683,6 +685,126 @@ static void test_nvme_fault(void **state)
 	st_dataset_close(ds);
 }
 
+/* --- what comes back from nvme is what went in ----------------------------------
+ * The engine's swap file is corrupted behind its back, through its own
+ * descriptor (as a bad drive or another process would), after the state is
+ * written and before it is read again: one bit, one byte, a page of 0xFF,
+ * a stale older version of the page, a page of another shard. The next read
+ * must stop the run with -EIO naming unit, state, file, offset and both
+ * checksums, every time; with no_verify_reads the same corruption goes
+ * through (so the check is what caught it). */
+static int swap_fd(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *de;
+	int fd = -1;
+
+	assert_non_null(d);
+	while ((de = readdir(d)) && fd < 0) {
+		char link[300], target[4300];
+		ssize_t n;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%s", de->d_name);
+		n = readlink(link, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = '\0';
+		if (strncmp(target, dir, strlen(dir)) == 0 && strstr(target, ".swap"))
+			fd = atoi(de->d_name);
+	}
+	closedir(d);
+	assert_true(fd >= 0);
+	return fd;
+}
+
+/* The page at byte off of the file (O_DIRECT: aligned buffer and offset). */
+static void page_io(int fd, uint64_t off, void *page, bool write)
+{
+	ssize_t n = write ? pwrite(fd, page, 4096, (off_t)off) : pread(fd, page, 4096, (off_t)off);
+
+	assert_int_equal(n, 4096);
+}
+
+enum corruption { C_BIT, C_BYTE, C_PAGE, C_STALE, C_OTHER, C_COUNT };
+
+/* Train a step, corrupt unit 1's P (which the next update reads), train
+ * on; the step that reads it returns. */
+static int corrupt_and_step(enum corruption kind, bool verify, char *msg, size_t msg_bytes)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	struct st_extent p_ext, m_ext;
+	enum st_home home;
+	void *page, *old;
+	uint64_t off;
+	int fd, ret = 0;
+
+	base_config(&c);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	c.no_verify_reads = !verify;
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	assert_int_equal(st_engine_shard(e, 1, ST_STATE_P, &home, &p_ext), 0);
+	assert_int_equal(home, ST_HOME_NVME);
+	assert_int_equal(st_engine_shard(e, 1, ST_STATE_M, &home, &m_ext), 0);
+	assert_int_equal(posix_memalign(&page, 4096, 4096), 0);
+	assert_int_equal(posix_memalign(&old, 4096, 4096), 0);
+	fd = swap_fd(); /* one --nvme dir: the tier's offset is the file's */
+	off = p_ext.off_bytes + 4096; /* the second page of unit 1's P */
+	page_io(fd, off, old, false);
+	assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
+	page_io(fd, off, page, false);
+	assert_true(memcmp(page, old, 4096) != 0); /* the step rewrote it */
+	switch (kind) {
+	case C_BIT: ((uint8_t *)page)[100] ^= 0x10; break;
+	case C_BYTE: /* a byte that is not zero already */
+		for (int i = 0; i < 4096; i++)
+			if (((uint8_t *)page)[i]) {
+				((uint8_t *)page)[i] = 0;
+				break;
+			}
+		break;
+	case C_PAGE: memset(page, 0xFF, 4096); break;
+	case C_STALE: memcpy(page, old, 4096); break; /* what it held a step ago */
+	case C_OTHER: page_io(fd, m_ext.off_bytes + 4096, page, false); break;
+	default: break;
+	}
+	page_io(fd, off, page, true);
+	for (int s = 1; s < 3 && ret == 0; s++)
+		ret = st_engine_step(e, &ld, s, false, &res);
+	snprintf(msg, msg_bytes, "%s", ret ? st_error_last() : "");
+	free(page);
+	free(old);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	return ret;
+}
+
+static void test_nvme_checksums(void **state)
+{
+	static const char *names[C_COUNT] = { "one bit", "one byte", "one page of 0xFF",
+					      "a stale page", "another shard's page" };
+	char msg[1024];
+
+	(void)state;
+	for (int k = 0; k < C_COUNT; k++) {
+		int ret = corrupt_and_step((enum corruption)k, true, msg, sizeof(msg));
+
+		if (ret != -EIO)
+			fail_msg("%s: step returned %d, want -EIO (%s)", names[k], ret, msg);
+		if (!strstr(msg, "unit 1 (h.0.") || !strstr(msg, "state P") ||
+		    !strstr(msg, dir) || !strstr(msg, "offset ") || !strstr(msg, "written "))
+			fail_msg("%s: message lacks unit, state, file, offset or sums: %s",
+				 names[k], msg);
+	}
+	/* unchecked, the same corruption goes through */
+	assert_int_equal(corrupt_and_step(C_PAGE, false, msg, sizeof(msg)), 0);
+}
+
 static void test_grad_accum(void **state)
 {
 	struct st_engine_config c;
@@ -828,6 +950,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_traffic_matches_plan),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_nvme_fault),
+		cmocka_unit_test(test_nvme_checksums),
 		cmocka_unit_test(test_grad_accum),
 	};
 

@@ -1,0 +1,113 @@
+/* Checksums of the shards that live on nvme.
+ *
+ * Drives, filesystems and controllers do return wrong data (a misdirected
+ * write, a flipped bit, a firmware bug), and a run keeps its state there
+ * for days. So every write of a shard to nvme records the XXH3-64 of its
+ * bytes here, in host memory (not beside the data, where a misdirected
+ * write would carry its own checksum along), and every read is checked
+ * before its bytes are used: a mismatch stops the run with -EIO and one
+ * line naming the unit, the state, the file, the offset and both sums.
+ *
+ * The grain is the update tile (e->tile elements): the update sweep reads
+ * and writes one tile of a state at a time, and every other transfer moves
+ * whole shards, which are whole tiles but the last. So a shard of e_u
+ * elements has ceil(e_u / tile) sums, for each state on nvme. */
+#include "engine_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <xxhash.h>
+
+static uint64_t state_bytes(const struct st_engine *e, enum st_state s)
+{
+	return s == ST_STATE_W ? (uint64_t)e->Wb : 4;
+}
+
+static uint64_t chunk_bytes(const struct st_engine *e, enum st_state s)
+{
+	return e->tile * state_bytes(e, s);
+}
+
+int st_eng_sums_init(struct st_engine *e)
+{
+	e->sums = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->sums));
+	if (!e->sums)
+		return -ENOMEM;
+	if (e->cfg.no_verify_reads)
+		return 0;
+	for (int u = 0; u < e->U; u++)
+		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
+			uint64_t n = (e->elems[u] + e->tile - 1) / e->tile;
+
+			if (shard(e, u, s)->home != ST_HOME_NVME)
+				continue;
+			e->sums[u * ST_STATE_COUNT + s] = calloc(n, sizeof(uint64_t));
+			if (!e->sums[u * ST_STATE_COUNT + s])
+				return -ENOMEM;
+		}
+	return 0;
+}
+
+void st_eng_sums_fini(struct st_engine *e)
+{
+	for (int i = 0; e->sums && i < e->U * ST_STATE_COUNT; i++)
+		free(e->sums[i]);
+	free(e->sums);
+	e->sums = NULL;
+}
+
+/* The sums of shard (u, s) covering bytes [off, off + len): whole chunks,
+ * the last one may end with the shard. NULL when not kept. */
+static uint64_t *sums_of(struct st_engine *e, int u, enum st_state s, uint64_t off,
+			 uint64_t len, uint64_t *first, uint64_t *count)
+{
+	uint64_t cb = chunk_bytes(e, s), end = e->elems[u] * state_bytes(e, s);
+	uint64_t *v = e->sums ? e->sums[u * ST_STATE_COUNT + s] : NULL;
+
+	if (!v)
+		return NULL;
+	assert(off % cb == 0 && (len % cb == 0 || off + len == end) && off + len <= end);
+	*first = off / cb;
+	*count = (len + cb - 1) / cb;
+	return v;
+}
+
+void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
+		     const void *buf, uint64_t len_bytes)
+{
+	uint64_t first, n, cb = chunk_bytes(e, s);
+	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes, &first, &n);
+
+	for (uint64_t i = 0; v && i < n; i++)
+		v[first + i] = XXH3_64bits((const char *)buf + i * cb,
+					   ST_MIN(cb, len_bytes - i * cb));
+}
+
+int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
+		      const void *buf, uint64_t len_bytes)
+{
+	uint64_t first, n, cb = chunk_bytes(e, s);
+	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes, &first, &n);
+
+	for (uint64_t i = 0; v && i < n; i++) {
+		uint64_t got = XXH3_64bits((const char *)buf + i * cb,
+					   ST_MIN(cb, len_bytes - i * cb));
+		const struct st_unit_layout *l;
+		char where[512];
+
+		if (got == v[first + i])
+			continue;
+		l = st_model_unit_layout(e->model, u);
+		st_tier_locate(e->tier[ST_HOME_NVME], &shard(e, u, s)->ext, off_bytes + i * cb,
+			       where, sizeof(where));
+		return st_error_set(-EIO, "nvme: unit %d (%s...) state %s: %s: %llu bytes read "
+				    "back have XXH3 %016" PRIx64 ", written %016" PRIx64
+				    ": the drive returned other bytes than were written",
+				    u, l->n_tensors ? l->tensors[0].name : "?", st_state_name(s),
+				    where, (unsigned long long)ST_MIN(cb, len_bytes - i * cb), got,
+				    v[first + i]);
+	}
+	return 0;
+}
