@@ -1,10 +1,17 @@
 /* The fault tier: wraps a real tier and, at the Nth operation (allocs and
  * I/O requests, counted from 1), injects EIO, a short transfer, ENOSPC or a
- * delay. Tests build every failure path of the engine on it.
+ * delay; and, at the Nth write, corrupts what the write leaves on the inner
+ * tier (a flipped bit, a zeroed byte, a page of 0xFF, a lost write, a page
+ * of another extent). Tests build every failure path of the engine on it;
+ * it is the one place strata injects faults (docs/reliability.md).
  *
  * It takes one extent of its budget from the inner tier at open and maps its
  * own address space onto it. A short transfer forwards only the first half
- * and reports that count, so the core must resubmit the rest. */
+ * and reports that count, so the core must resubmit the rest. A corrupted
+ * write goes to the inner tier in up to three pieces: the bytes before the
+ * corrupted page and after it from the caller's buffer, the page from a
+ * bounce page of our own (changed, or read first from the source page);
+ * the caller sees one completion once all pieces are done. */
 #include "tier_impl.h"
 
 #include <errno.h>
@@ -18,6 +25,19 @@ struct fault_held {        /* a completion held back (EIO now, or delayed) */
 	uint64_t due_ns;
 };
 
+/* The one corrupted write in flight: its pieces on the inner tier carry
+ * &tag_write or &tag_read (the source page's read, OTHER_PAGE), and the
+ * caller's completion goes out when the last piece is done. */
+struct fault_job {
+	bool active;
+	void *user;             /* the caller's request */
+	int64_t len_bytes;      /* its completion */
+	int64_t err;            /* the first piece's failure, or 0 */
+	unsigned pending;       /* pieces on the inner tier */
+	struct st_tier_io page; /* OTHER_PAGE: the page's write, after the read */
+	char tag_read, tag_write;
+};
+
 struct fault_priv {
 	struct st_tier *inner; /* borrowed */
 	struct st_extent ext;  /* our whole space inside inner */
@@ -28,6 +48,14 @@ struct fault_priv {
 	struct fault_held *held;
 	unsigned nheld, cap;
 	unsigned inner_inflight;
+	/* corruption */
+	struct st_fault_corrupt cor; /* armed (kind NONE: none) */
+	uint64_t writes;             /* writes seen since it was armed */
+	struct st_fault_corrupted last;
+	unsigned ncorrupted;
+	uint64_t page_bytes;
+	char *page;                  /* bounce page, page_bytes, aligned */
+	struct fault_job job;
 };
 
 static bool fault_hit(struct fault_priv *p)
@@ -41,6 +69,20 @@ static bool fault_hit(struct fault_priv *p)
 	return p->f.every && (n - p->f.nth) % p->f.every == 0;
 }
 
+static int fault_check_corrupt(const struct fault_priv *p, const struct st_fault_corrupt *c,
+			       uint64_t budget_bytes)
+{
+	if (c->kind < ST_CORRUPT_NONE || c->kind > ST_CORRUPT_OTHER_PAGE)
+		return st_error_set(-EINVAL, "fault tier: corruption kind %d unknown", (int)c->kind);
+	if (c->kind == ST_CORRUPT_BIT && c->bit > 7)
+		return st_error_set(-EINVAL, "fault tier: bit %u of a byte (0 to 7)", c->bit);
+	if (c->kind == ST_CORRUPT_OTHER_PAGE &&
+	    c->src_off_bytes / p->page_bytes * p->page_bytes + p->page_bytes > budget_bytes)
+		return st_error_set(-EINVAL, "fault tier: source page at %llu is outside the tier",
+				    (unsigned long long)c->src_off_bytes);
+	return 0;
+}
+
 static int fault_open(struct st_tier *t, const struct st_tier_config *cfg,
 		      uint64_t *align_bytes)
 {
@@ -51,9 +93,18 @@ static int fault_open(struct st_tier *t, const struct st_tier_config *cfg,
 		return st_error_set(-EINVAL, "fault tier: no inner tier");
 	p->inner = cfg->inner;
 	p->f = cfg->fault;
-	ret = st_tier_alloc(p->inner, cfg->budget_bytes, &p->ext);
+	p->page_bytes = ST_MAX((uint64_t)ST_PAGE_BYTES, st_tier_align(p->inner));
+	ret = fault_check_corrupt(p, &p->f.corrupt, cfg->budget_bytes);
 	if (ret < 0)
 		return ret;
+	p->cor = p->f.corrupt;
+	if (posix_memalign((void **)&p->page, p->page_bytes, p->page_bytes))
+		return -ENOMEM;
+	ret = st_tier_alloc(p->inner, cfg->budget_bytes, &p->ext);
+	if (ret < 0) {
+		free(p->page);
+		return ret;
+	}
 	*align_bytes = st_tier_align(p->inner);
 	return 0;
 }
@@ -70,6 +121,7 @@ static void fault_close(struct st_tier *t)
 	}
 	st_tier_free(p->inner, &p->ext);
 	free(p->held);
+	free(p->page);
 }
 
 static int fault_alloc_check(struct st_tier *t, uint64_t bytes)
@@ -98,6 +150,127 @@ static int fault_hold(struct fault_priv *p, void *user, int64_t res, uint64_t du
 	return 0;
 }
 
+/* Whether this write (absolute offset off in our space) is the one armed
+ * for corruption; counts it. */
+static bool corrupt_due(struct fault_priv *p)
+{
+	if (p->cor.kind == ST_CORRUPT_NONE || p->job.active)
+		return false;
+	return ++p->writes >= ST_MAX(p->cor.nth_write, (uint64_t)1);
+}
+
+/* Submit the write io (offsets already in inner's space; off its offset in
+ * ours) with the corruption armed. Returns 0 or -errno (nothing queued). */
+static int corrupt_submit(struct st_tier *t, struct fault_priv *p, const struct st_tier_io *io,
+			  uint64_t off)
+{
+	const struct st_fault_corrupt cor = p->cor, *c = &cor;
+	const uint8_t *src = io->buf;
+	uint64_t len = io->len_bytes, at = ST_MIN(c->at_bytes, len - 1);
+	uint64_t ps, pe; /* the page's bytes in the write: [ps, pe) of it */
+	struct st_tier_io piece[3];
+	unsigned n = 0;
+	int ret;
+
+	ST_UNUSED(t);
+	if (c->kind == ST_CORRUPT_ZERO_BYTE)
+		while (at + 1 < len && src[at] == 0)
+			at++;
+	ps = (off + at) / p->page_bytes * p->page_bytes;
+	ps = ps > off ? ps - off : 0;
+	pe = ST_MIN((off + at) / p->page_bytes * p->page_bytes + p->page_bytes - off, len);
+	p->last = (struct st_fault_corrupted){ c->kind, p->writes, off + ps, pe - ps };
+	p->ncorrupted++;
+	p->cor.kind = ST_CORRUPT_NONE; /* done once */
+	if (c->kind == ST_CORRUPT_STALE) {
+		/* lost: acknowledged, never written */
+		p->last.off_bytes = off;
+		p->last.len_bytes = len;
+		return fault_hold(p, io->user, (int64_t)len, 0);
+	}
+	memcpy(p->page, src + ps, pe - ps);
+	switch (c->kind) {
+	case ST_CORRUPT_BIT:
+		p->page[at - ps] ^= (char)(1u << c->bit);
+		p->last.off_bytes = off + at;
+		p->last.len_bytes = 1;
+		break;
+	case ST_CORRUPT_ZERO_BYTE:
+		p->last.off_bytes = off + at;
+		p->last.len_bytes = src[at] != 0;
+		p->page[at - ps] = 0;
+		break;
+	case ST_CORRUPT_PAGE_FF:
+		memset(p->page, 0xff, pe - ps);
+		break;
+	default:
+		break;
+	}
+	p->job = (struct fault_job){ .active = true, .user = io->user,
+				     .len_bytes = (int64_t)len };
+	if (ps > 0) {
+		piece[n] = *io;
+		piece[n].len_bytes = ps;
+		piece[n++].user = &p->job.tag_write;
+	}
+	if (pe < len) {
+		piece[n] = *io;
+		piece[n].ext_off_bytes += pe;
+		piece[n].buf = (char *)io->buf + pe;
+		piece[n].len_bytes = len - pe;
+		piece[n++].user = &p->job.tag_write;
+	}
+	p->job.page = *io;
+	p->job.page.ext_off_bytes += ps;
+	p->job.page.buf = p->page;
+	p->job.page.len_bytes = pe - ps;
+	p->job.page.user = &p->job.tag_write;
+	if (c->kind == ST_CORRUPT_OTHER_PAGE) {
+		/* the source page first; its write follows in fault_reap */
+		piece[n] = (struct st_tier_io){
+			.op = ST_IO_READ, .ext = p->ext,
+			.ext_off_bytes = c->src_off_bytes / p->page_bytes * p->page_bytes,
+			.len_bytes = pe - ps, .buf = p->page, .user = &p->job.tag_read };
+		n++;
+	} else {
+		piece[n++] = p->job.page;
+	}
+	ret = st_tier_submit(p->inner, piece, n);
+	if (ret < 0) {
+		p->job.active = false;
+		return ret;
+	}
+	p->job.pending = n;
+	p->inner_inflight += n;
+	return 0;
+}
+
+/* A completion of one of the corrupted write's pieces: into *out the
+ * caller's, once they are all done. Returns 1 when *out is set, 0 when
+ * not, -errno when the page's write could not be queued. */
+static int job_piece_done(struct fault_priv *p, const struct st_tier_cqe *c,
+			  struct st_tier_cqe *out)
+{
+	struct fault_job *j = &p->job;
+
+	j->pending--;
+	if (c->res < 0 && !j->err)
+		j->err = c->res;
+	if (c->user == &j->tag_read && c->res >= 0) {
+		int ret = st_tier_submit(p->inner, &j->page, 1);
+
+		if (ret < 0)
+			return ret;
+		j->pending++;
+		p->inner_inflight++;
+	}
+	if (j->pending)
+		return 0;
+	j->active = false;
+	*out = (struct st_tier_cqe){ j->user, j->err ? j->err : j->len_bytes };
+	return 1;
+}
+
 static int fault_submit(struct st_tier *t, const struct st_tier_io *ios, unsigned n)
 {
 	struct fault_priv *p = st_tier_priv(t);
@@ -110,11 +283,22 @@ static int fault_submit(struct st_tier *t, const struct st_tier_io *ios, unsigne
 		io.ext = p->ext;
 		if (fault_hit(p)) {
 			const char *what = io.op == ST_IO_READ ? "read" : "write";
+			char where[320];
 
 			switch (p->f.kind) {
 			case ST_FAULT_EIO:
-				st_tier_set_error(t, -EIO, "fault: injected EIO on %s at offset %llu",
-						  what, (unsigned long long)off);
+				/* named as the inner tier names a real failure
+				 * (its file and offset), when it can */
+				if (st_tier_where(p->inner, p->ext.off_bytes + off, where,
+						  sizeof(where)) == 0)
+					st_tier_set_error(t, -EIO, "fault: injected EIO on %s %s: %s",
+							  what, where, strerror(EIO));
+				else
+					st_tier_set_error(t, -EIO, "fault: injected EIO on %s at "
+							  "offset %llu: %s", what,
+							  (unsigned long long)off, strerror(EIO));
+				if (io.op == ST_IO_WRITE && corrupt_due(p))
+					p->writes--; /* the next write is corrupted */
 				ret = fault_hold(p, io.user, -EIO, 0);
 				if (ret < 0)
 					return ret;
@@ -125,6 +309,8 @@ static int fault_submit(struct st_tier *t, const struct st_tier_io *ios, unsigne
 				st_tier_set_error(t, -ENOSPC,
 						  "fault: injected ENOSPC on write at offset %llu",
 						  (unsigned long long)off);
+				if (corrupt_due(p))
+					p->writes--;
 				ret = fault_hold(p, io.user, -ENOSPC, 0);
 				if (ret < 0)
 					return ret;
@@ -146,6 +332,12 @@ static int fault_submit(struct st_tier *t, const struct st_tier_io *ios, unsigne
 			case ST_FAULT_NONE:
 				break;
 			}
+		}
+		if (io.op == ST_IO_WRITE && io.user != p->delay_user && corrupt_due(p)) {
+			ret = corrupt_submit(t, p, &io, off);
+			if (ret < 0)
+				return ret;
+			continue;
 		}
 		ret = st_tier_submit(p->inner, &io, 1);
 		if (ret < 0)
@@ -185,6 +377,14 @@ static int fault_reap(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
 				return n;
 			for (int i = 0; i < n; i++) {
 				p->inner_inflight--;
+				if (c[i].user == &p->job.tag_read || c[i].user == &p->job.tag_write) {
+					int r = job_piece_done(p, &c[i], &out[got]);
+
+					if (r < 0)
+						return r;
+					got += (unsigned)r;
+					continue;
+				}
 				if (c[i].user == p->delay_user && p->delay_user) {
 					p->delay_user = NULL;
 					if (fault_hold(p, c[i].user, c[i].res, p->delay_due_ns) < 0)
@@ -215,6 +415,70 @@ static void *fault_addr(struct st_tier *t, uint64_t off_bytes)
 	return base ? base + off_bytes : NULL;
 }
 
+static int fault_register_buffers(struct st_tier *t, const struct st_tier_buffer *b,
+				  unsigned n)
+{
+	struct fault_priv *p = st_tier_priv(t);
+
+	return st_tier_register_buffers(p->inner, b, n);
+}
+
+static void fault_unregister_buffers(struct st_tier *t)
+{
+	struct fault_priv *p = st_tier_priv(t);
+
+	st_tier_unregister_buffers(p->inner);
+}
+
+static int fault_sync(struct st_tier *t)
+{
+	struct fault_priv *p = st_tier_priv(t);
+
+	return st_tier_sync(p->inner);
+}
+
+static const char *fault_describe(struct st_tier *t)
+{
+	struct fault_priv *p = st_tier_priv(t);
+
+	return st_tier_describe(p->inner);
+}
+
+static int fault_where(struct st_tier *t, uint64_t off_bytes, char *buf, size_t len)
+{
+	struct fault_priv *p = st_tier_priv(t);
+
+	return st_tier_where(p->inner, p->ext.off_bytes + off_bytes, buf, len);
+}
+
+int st_tier_fault_arm(struct st_tier *t, const struct st_fault_corrupt *c)
+{
+	struct fault_priv *p;
+	int ret;
+
+	if (!t || st_tier_ops_of(t) != &st_tier_fault_ops)
+		return st_error_set(-EINVAL, "st_tier_fault_arm: not a fault tier");
+	p = st_tier_priv(t);
+	ret = fault_check_corrupt(p, c, p->ext.len_bytes);
+	if (ret < 0)
+		return ret;
+	p->cor = *c;
+	p->writes = 0;
+	return 0;
+}
+
+int st_tier_fault_corrupted(const struct st_tier *t, struct st_fault_corrupted *out)
+{
+	struct fault_priv *p;
+
+	if (!t || st_tier_ops_of(t) != &st_tier_fault_ops)
+		return st_error_set(-EINVAL, "st_tier_fault_corrupted: not a fault tier");
+	p = st_tier_priv((struct st_tier *)t);
+	if (p->ncorrupted && out)
+		*out = p->last;
+	return (int)p->ncorrupted;
+}
+
 const struct st_tier_ops st_tier_fault_ops = {
 	.name = "fault",
 	.kind = ST_TIER_WRAP,
@@ -225,4 +489,9 @@ const struct st_tier_ops st_tier_fault_ops = {
 	.reap = fault_reap,
 	.addr = fault_addr,
 	.alloc_check = fault_alloc_check,
+	.register_buffers = fault_register_buffers,
+	.unregister_buffers = fault_unregister_buffers,
+	.sync = fault_sync,
+	.describe = fault_describe,
+	.where = fault_where,
 };

@@ -61,7 +61,6 @@ struct nvme_priv {
 	unsigned qd;
 	bool direct;
 	unsigned short_every, cqe_count;
-	struct st_fault_config fault; /* EIO at the Nth completed piece (tests) */
 
 	struct nvme_slot *slots;
 	unsigned *free_slots, nfree_slots;
@@ -160,8 +159,6 @@ static int nvme_open(struct st_tier *t, const struct st_tier_config *cfg,
 		return st_error_set(-EINVAL, "nvme: queue depth %u is above 4096", p->qd);
 	p->direct = !cfg->buffered;
 	p->short_every = cfg->short_every;
-	if (!cfg->inner)
-		p->fault = cfg->fault;
 
 	dirs = strdup(cfg->dirs);
 	if (!dirs)
@@ -417,10 +414,6 @@ static unsigned nvme_complete(struct st_tier *t, struct nvme_priv *p,
 		/* Test hook: pretend the kernel moved only the first half. */
 		res = (int)((left / 2) & ~(uint32_t)(st_tier_align(t) - 1));
 	}
-	if (p->fault.kind == ST_FAULT_EIO && p->cqe_count >= p->fault.nth &&
-	    (p->cqe_count == p->fault.nth ||
-	     (p->fault.every && (p->cqe_count - p->fault.nth) % p->fault.every == 0)))
-		res = -EIO; /* injected where a real drive error would appear */
 	if (res == -EINTR || res == -EAGAIN) {
 		nvme_prep_slot(p, idx);
 		return 1;
@@ -543,16 +536,6 @@ static int nvme_sync(struct st_tier *t)
 	return 0;
 }
 
-/* The file and offset of tier byte pos (the layout above). */
-static void nvme_locate(struct st_tier *t, uint64_t pos, char *buf, size_t bytes)
-{
-	struct nvme_priv *p = st_tier_priv(t);
-	uint64_t blk = pos / p->block_bytes, within = pos % p->block_bytes;
-
-	snprintf(buf, bytes, "%s (unlinked) offset %llu", p->paths[blk % p->nfiles],
-		 (unsigned long long)((blk / p->nfiles) * p->block_bytes + within));
-}
-
 static const char *nvme_describe(struct st_tier *t)
 {
 	struct nvme_priv *p = st_tier_priv(t);
@@ -564,6 +547,18 @@ static const char *nvme_describe(struct st_tier *t)
 		 st_format_bytes(p->block_bytes, bs, sizeof(bs)), p->qd,
 		 p->nbufs ? ", fixed buffers" : "");
 	return p->desc;
+}
+
+/* The file and the offset in it of a byte of the tier, as nvme_fill cuts
+ * requests into blocks (block b in file b mod n at (b div n) x block). */
+static int nvme_where(struct st_tier *t, uint64_t off_bytes, char *buf, size_t len)
+{
+	struct nvme_priv *p = st_tier_priv(t);
+	uint64_t blk = off_bytes / p->block_bytes, within = off_bytes % p->block_bytes;
+
+	snprintf(buf, len, "%s (unlinked) offset %llu", p->paths[blk % p->nfiles],
+		 (unsigned long long)((blk / p->nfiles) * p->block_bytes + within));
+	return 0;
 }
 
 const struct st_tier_ops st_tier_nvme_ops = {
@@ -578,5 +573,5 @@ const struct st_tier_ops st_tier_nvme_ops = {
 	.unregister_buffers = nvme_unregister_buffers,
 	.sync = nvme_sync,
 	.describe = nvme_describe,
-	.locate = nvme_locate,
+	.where = nvme_where,
 };

@@ -7,7 +7,8 @@
  *    complete it short and the core resubmits the rest, so callers only
  *    ever see the full length or -errno;
  *  - stats (used, peak, bytes moved, busy time), tracing, arguments checks.
- * Fault injection is a tier of its own (fault.c) that wraps a real one. */
+ * Fault injection is a tier of its own (fault.c) that wraps a real one,
+ * and lives nowhere else. */
 #include "tier_impl.h"
 
 #include <assert.h>
@@ -64,6 +65,19 @@ int st_tier_set_error(struct st_tier *t, int err, const char *fmt, ...)
 	vsnprintf(t->err, sizeof(t->err), fmt, ap);
 	va_end(ap);
 	return st_error_set(err, "%s", t->err);
+}
+
+const struct st_tier_ops *st_tier_ops_of(const struct st_tier *t)
+{
+	return t->ops;
+}
+
+int st_tier_where(struct st_tier *t, uint64_t off_bytes, char *buf, size_t len)
+{
+	assert(t && buf && len);
+	if (!t->ops->where || off_bytes >= t->cfg.budget_bytes)
+		return -ENOTSUP;
+	return t->ops->where(t, off_bytes, buf, len);
 }
 
 uint64_t st_tier_budget(const struct st_tier *t)
@@ -177,9 +191,7 @@ const char *st_tier_locate(struct st_tier *t, const struct st_extent *ext,
 {
 	uint64_t pos = ext->off_bytes + off_bytes;
 
-	if (t->ops->locate)
-		t->ops->locate(t, pos, buf, bytes);
-	else
+	if (st_tier_where(t, pos, buf, bytes) < 0)
 		snprintf(buf, bytes, "%s offset %llu", t->ops->name, (unsigned long long)pos);
 	return buf;
 }

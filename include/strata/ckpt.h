@@ -242,6 +242,31 @@ struct st_ckpt_step {
 int st_ckpt_list(const char *root, struct st_ckpt_step **out, size_t *n);
 void st_ckpt_list_free(struct st_ckpt_step *s, size_t n);
 
+/* Reading a --save root while a run saves into it: the run may prune a
+ * step directory (--keep: renamed to *.tmp.<pid>, then removed) or replace
+ * it (the same step saved again: RENAME_EXCHANGE) while it is read, so a
+ * file of it goes missing mid-read. A stamp taken before the reading tells
+ * such a checkpoint from a damaged one afterwards: a damaged one is still
+ * the directory stamped. The identity is the directory's device and inode. */
+struct st_ckpt_stamp {
+	uint64_t dev, ino;
+};
+
+enum st_ckpt_fate {
+	ST_CKPT_THERE,    /* dir is still the directory stamped */
+	ST_CKPT_PRUNED,   /* nothing is at dir any more */
+	ST_CKPT_REPLACED, /* another directory is at dir now */
+};
+
+/* Stamp the directory dir. Returns 0; -ENOENT when it is not there (pruned
+ * before the reading began); -ENOTDIR; -errno. */
+int st_ckpt_stamp(const char *dir, struct st_ckpt_stamp *s);
+
+/* What became of the directory stamped as s at dir since. An error other
+ * than "not there" (EACCES...) counts as ST_CKPT_THERE: the reading's own
+ * error is the one to report then. */
+enum st_ckpt_fate st_ckpt_fate(const char *dir, const struct st_ckpt_stamp *s);
+
 /* Remove d->tmp and what is in it, and finish d. Safe on a finished or
  * zeroed d. */
 void st_ckpt_dir_abort(struct st_ckpt_dir *d);

@@ -32,7 +32,10 @@ struct st_engine_config {
 	unsigned aio_depth;            /* 0: 32 */
 	struct st_plan_rates rates;
 	struct st_trace *trace;        /* optional, borrowed */
-	struct st_fault_config nvme_fault; /* tests: fail the nvme tier */
+	struct st_fault_config nvme_fault; /* tests: when it asks for a fault
+					      or a corruption, the nvme tier is
+					      wrapped in the fault tier with it
+					      (-EINVAL without an nvme tier) */
 	uint64_t update_tile_elems;    /* tests: a smaller update tile (a
 					  multiple of 2048); 0 = the plan's */
 	bool no_verify_reads;          /* skip the nvme checksums (strata train

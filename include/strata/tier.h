@@ -64,7 +64,10 @@ struct st_tier_cqe {
 	int64_t res; /* len_bytes, or -errno */
 };
 
-/* Fault injection (tests): applied by the "fault" wrapper tier. */
+/* Fault injection (tests) lives in one place: the "fault" tier, which
+ * wraps a real one (as SQLite's test VFS wraps a file). The engine wraps
+ * its nvme tier in it when st_engine_config.nvme_fault asks for anything;
+ * strata train reaches it through --test-fault (docs/reliability.md). */
 enum st_fault_kind {
 	ST_FAULT_NONE,
 	ST_FAULT_EIO,    /* the Nth I/O completes with -EIO and moves nothing */
@@ -73,11 +76,58 @@ enum st_fault_kind {
 	ST_FAULT_DELAY,  /* the Nth I/O completes no sooner than delay_ns */
 };
 
+/* Corruption of what a write leaves on the inner tier (tests of the
+ * checksums that must catch it). The write completes for the caller as
+ * asked (res = its length, its buffer untouched), but afterwards the inner
+ * tier holds other bytes: those a drive that flips a bit, loses or
+ * misdirects a write would leave. The "page" is 4 KiB (or the tier's
+ * alignment, when larger) of the tier's address space, cut to the write. */
+enum st_corrupt_kind {
+	ST_CORRUPT_NONE,
+	ST_CORRUPT_BIT,        /* bit `bit` of the byte at `at_bytes` flipped */
+	ST_CORRUPT_ZERO_BYTE,  /* the byte at `at_bytes` zeroed; when it is 0
+				  already, the first non-zero byte after it in
+				  the write (none: nothing changes) */
+	ST_CORRUPT_PAGE_FF,    /* the page holding `at_bytes` filled with 0xFF */
+	ST_CORRUPT_STALE,      /* the write is lost: its whole range keeps the
+				  older bytes (the previous version) */
+	ST_CORRUPT_OTHER_PAGE, /* the page holding `at_bytes` gets the bytes of
+				  the page at `src_off_bytes` (another extent's,
+				  as a misdirected write would leave them) */
+};
+
+/* One corruption to do, at the Nth write request (counted from 1, writes
+ * only, in submit order, from when it was armed: at open for the config's,
+ * at st_tier_fault_arm() for a later one). Done once; a write that an
+ * injected EIO or ENOSPC fails is not corrupted: the next write is. */
+struct st_fault_corrupt {
+	enum st_corrupt_kind kind;
+	uint64_t nth_write;     /* 1-based; 0 is taken as 1 */
+	uint64_t at_bytes;      /* offset inside the write (its last byte when
+				   past it) */
+	unsigned bit;           /* ST_CORRUPT_BIT: 0..7 */
+	uint64_t src_off_bytes; /* ST_CORRUPT_OTHER_PAGE: an offset in the
+				   fault tier's address space, rounded down to
+				   a page; the page must lie outside the write */
+};
+
 struct st_fault_config {
 	enum st_fault_kind kind;
 	uint64_t nth;      /* 1-based count of operations (alloc + I/O) */
 	uint64_t every;    /* 0: once; else also every `every` ops after nth */
 	uint64_t delay_ns; /* ST_FAULT_DELAY */
+	struct st_fault_corrupt corrupt; /* armed at open (kind NONE: none) */
+};
+
+/* What the fault tier corrupted last: which write (its number since the
+ * arming), and the range of the tier's address space whose bytes differ
+ * from what was written (len_bytes 0: ST_CORRUPT_ZERO_BYTE found only
+ * zeros, nothing changed). */
+struct st_fault_corrupted {
+	enum st_corrupt_kind kind;
+	uint64_t nth_write;
+	uint64_t off_bytes;
+	uint64_t len_bytes;
 };
 
 struct st_tier_config {
@@ -95,10 +145,7 @@ struct st_tier_config {
 	/* (uses device's arena; budget_bytes must fit in it) */
 	/* fault wrapper */
 	struct st_tier *inner;    /* wrapped tier; borrowed */
-	struct st_fault_config fault; /* fault tier: what to inject; nvme tier
-					 (without inner): ST_FAULT_EIO at the
-					 Nth completed block, so the error
-					 names the real file and offset */
+	struct st_fault_config fault; /* fault tier: what to inject */
 };
 
 /* Registered-buffer hint: buffers the caller will use for I/O. The nvme
@@ -158,10 +205,10 @@ struct st_tier_ops {
 	int (*sync)(struct st_tier *t);
 	/* Optional. Human-readable description ("3 dirs, O_DIRECT, qd 32"). */
 	const char *(*describe)(struct st_tier *t);
-	/* Optional. Where byte off_bytes of the tier's address space lives,
-	 * in words ("/var/tmp/strata-nvme.ab12cd (unlinked) offset 1048576"),
-	 * into buf; absent: "<name> offset N". */
-	void (*locate)(struct st_tier *t, uint64_t off_bytes, char *buf, size_t bytes);
+	/* Optional. Where the byte at off_bytes of the tier's address space
+	 * lives, for messages: "/mnt/a/strata-1-0-0.swap (unlinked) offset
+	 * 1048576" into buf (len bytes). Returns 0 or -errno. */
+	int (*where)(struct st_tier *t, uint64_t off_bytes, char *buf, size_t len);
 };
 
 /* Tiers built into this binary. */
@@ -183,8 +230,9 @@ const char *st_tier_name(const struct st_tier *t);
 uint64_t st_tier_align(const struct st_tier *t);
 void *st_tier_priv(struct st_tier *t);
 const char *st_tier_describe(struct st_tier *t);
-/* Where byte off_bytes of extent ext lives (a file and its offset for
- * nvme), for messages; into buf, which it returns. */
+/* Where byte off_bytes of extent ext lives, for messages: st_tier_where()
+ * of its tier offset, or "<tier> offset N" where the tier cannot say; into
+ * buf, which it returns. */
 const char *st_tier_locate(struct st_tier *t, const struct st_extent *ext,
 			   uint64_t off_bytes, char *buf, size_t bytes);
 
@@ -228,6 +276,24 @@ void st_tier_reset_peak(struct st_tier *t);
 /* The detail of this tier's last failed request ("nvme: read
  * /mnt/a/strata-0.swap offset 1048576: Input/output error"), or "". */
 const char *st_tier_error(const struct st_tier *t);
+
+/* Where the byte at off_bytes of t's address space lives, for messages
+ * (the nvme tier: its file and the offset in it; a fault tier: its inner
+ * tier's answer). Returns 0 with buf filled, -ENOTSUP when t cannot say. */
+int st_tier_where(struct st_tier *t, uint64_t off_bytes, char *buf, size_t len);
+
+/* Arm a corruption on the fault tier t (st_tier_fault_ops), replacing one
+ * armed and not yet done; c->kind ST_CORRUPT_NONE disarms. nth_write
+ * counts the writes submitted after this call. Not to be called while
+ * another thread submits to t. Returns 0; -EINVAL when t is not a fault
+ * tier, or for a bad kind, a bit past 7, an ST_CORRUPT_OTHER_PAGE source
+ * page outside the tier. */
+int st_tier_fault_arm(struct st_tier *t, const struct st_fault_corrupt *c);
+
+/* How many corruptions the fault tier t has done (0, 1, ...), with the
+ * last one in *out when there was one (out may be NULL); -EINVAL when t is
+ * not a fault tier. A corruption counts once its write is submitted. */
+int st_tier_fault_corrupted(const struct st_tier *t, struct st_fault_corrupted *out);
 
 /* Tracing hook: called on submit and completion of every request. */
 enum st_trace_phase { ST_TRACE_SUBMIT, ST_TRACE_COMPLETE };

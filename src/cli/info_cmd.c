@@ -469,8 +469,24 @@ static char *path_join(const char *a, const char *b)
 	return p;
 }
 
+/* A run saving into the --save directory may prune (or replace) a
+ * checkpoint while it is read here: that is no damage. "pruned" or
+ * "replaced" for a stamped directory that is no longer there as it was,
+ * else NULL (then the failure is the checkpoint's own). */
+static const char *gone_since(const char *dir, const struct st_ckpt_stamp *st)
+{
+	switch (st_ckpt_fate(dir, st)) {
+	case ST_CKPT_PRUNED: return "pruned";
+	case ST_CKPT_REPLACED: return "replaced";
+	case ST_CKPT_THERE: break;
+	}
+	return NULL;
+}
+
 /* One checkpoint directory: its trainer.json in brief, config.json and the
- * weights file's header read (as a resume would), and --verify. */
+ * weights file's header read (as a resume would), and --verify. One that
+ * was pruned or replaced while it was read gets "pruned" or "replaced"
+ * instead of an error, and does not count as bad. */
 static struct json_object *ckpt_entry(const char *name, const char *dir, bool verify,
 				       bool *bad)
 {
@@ -478,12 +494,21 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 	struct st_ckpt_trainer tr;
 	struct st_model_config gc;
 	struct st_ckpt_reader *r;
+	struct st_ckpt_stamp st;
 	char *p = path_join(dir, ST_CKPT_TRAINER_FILE);
 	uint64_t bytes = 0;
-	int ret = st_ckpt_trainer_read(p, &tr);
+	const char *gone;
+	int ret;
 
-	free(p);
 	put_str(o, "name", name);
+	/* Listed, then pruned before its reading began. */
+	if (st_ckpt_stamp(dir, &st) == -ENOENT) {
+		free(p);
+		put_bool(o, "pruned", true);
+		return o;
+	}
+	ret = st_ckpt_trainer_read(p, &tr);
+	free(p);
 	if (ret == 0) {
 		put_int(o, "step", (int64_t)tr.step);
 		for (size_t i = 0; i < tr.n_files; i++)
@@ -505,7 +530,9 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 		if (ret == 0)
 			st_ckpt_reader_close(r);
 	}
-	if (ret < 0) {
+	if (ret < 0 && (gone = gone_since(dir, &st))) {
+		put_bool(o, gone, true);
+	} else if (ret < 0) {
 		put_bool(o, "ok", false);
 		put_str(o, "error", st_error_last());
 		*bad = true;
@@ -684,58 +711,99 @@ static void print_weights(struct json_object *o, bool verify, const struct st_mo
 		       (long long)jint(model, "params"));
 }
 
+/* How many times a --save directory is read again when the checkpoint
+ * --resume takes was pruned while it was read (a run saving into it with a
+ * small --keep moves on meanwhile). */
+#define CKPT_READ_TRIES 20
+
+/* One reading of a --save directory: latest, every step-N in it, and the
+ * details of the one --resume takes (chosen, stamped as st before the
+ * reading began). NULL when chosen was pruned or replaced meanwhile: its
+ * verification would not be that of what --resume takes now. */
+static struct json_object *ckpt_save_dir(const char *dir, const char *chosen,
+					 const struct st_ckpt_stamp *st, bool verify, bool *bad,
+					 struct st_model_config *mc)
+{
+	struct json_object *o = json_object_new_object(), *list = json_object_new_array();
+	struct st_ckpt_step *steps = NULL;
+	char *link = path_join(dir, ST_CKPT_LATEST), target[4096];
+	size_t n = 0;
+	ssize_t len = readlink(link, target, sizeof(target) - 1);
+	int ret;
+
+	free(link);
+	target[len > 0 ? len : 0] = '\0';
+	put_str(o, "dir", dir);
+	put_str(o, "resume", chosen);
+	put_str(o, "latest", len > 0 ? target : NULL);
+	if (len > 0) {
+		char *t = target[0] == '/' ? strdup(target) : path_join(dir, target);
+
+		put_bool(o, "latest_missing", !t || access(t, F_OK) < 0);
+		free(t);
+	}
+	ret = st_ckpt_list(dir, &steps, &n);
+	if (ret < 0)
+		st_cli_die(1, "--ckpt %s", st_error_last());
+	for (size_t i = 0; i < n; i++) {
+		char *sd = path_join(dir, steps[i].name);
+
+		json_object_array_add(list, ckpt_entry(steps[i].name, sd, verify, bad));
+		free(sd);
+	}
+	st_ckpt_list_free(steps, n);
+	json_object_object_add(o, "checkpoints", list);
+	ckpt_details(o, chosen, bad, mc);
+	if (st_ckpt_fate(chosen, st) != ST_CKPT_THERE) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
 static struct json_object *ckpt_json(const char *dir, bool verify, bool *bad,
 				      struct st_model_config *mc)
 {
-	struct json_object *o = json_object_new_object(), *list;
-	struct st_ckpt_step *steps = NULL;
-	char *chosen, *tj = path_join(dir, ST_CKPT_TRAINER_FILE), target[4096];
+	struct json_object *o = NULL;
+	char *chosen, *tj = path_join(dir, ST_CKPT_TRAINER_FILE);
 	bool single = access(tj, F_OK) == 0;
-	size_t n = 0;
-	ssize_t len;
 	int ret;
 
 	free(tj);
 	if (access(dir, F_OK) < 0)
 		st_cli_die(2, "--ckpt %s: %s", dir, strerror(errno));
-	ret = st_ckpt_resolve(dir, &chosen);
-	if (ret == -ENOENT || ret == -ENOTDIR) { /* not a checkpoint: other weights? */
-		json_object_put(o);
-		return weights_json(dir, verify, bad, mc);
-	}
-	if (ret < 0)
-		st_cli_die(1, "--ckpt %s", st_error_last());
-	put_str(o, "dir", dir);
-	put_str(o, "resume", chosen);
-	list = json_object_new_array();
-	if (single) {
-		json_object_array_add(list, ckpt_entry(dir, dir, verify, bad));
-	} else {
-		char *link = path_join(dir, ST_CKPT_LATEST);
+	for (int tries = 0; !o && tries < CKPT_READ_TRIES; tries++) {
+		struct st_ckpt_stamp st;
+		bool pass_bad = false;
 
-		len = readlink(link, target, sizeof(target) - 1);
-		free(link);
-		target[len > 0 ? len : 0] = '\0';
-		put_str(o, "latest", len > 0 ? target : NULL);
-		if (len > 0) {
-			char *t = target[0] == '/' ? strdup(target) : path_join(dir, target);
-
-			put_bool(o, "latest_missing", !t || access(t, F_OK) < 0);
-			free(t);
+		ret = st_ckpt_resolve(dir, &chosen);
+		if ((ret == -ENOENT || ret == -ENOTDIR) && tries == 0) {
+			/* not a checkpoint: other weights? */
+			return weights_json(dir, verify, bad, mc);
 		}
-		ret = st_ckpt_list(dir, &steps, &n);
 		if (ret < 0)
 			st_cli_die(1, "--ckpt %s", st_error_last());
-		for (size_t i = 0; i < n; i++) {
-			char *sd = path_join(dir, steps[i].name);
-			json_object_array_add(list, ckpt_entry(steps[i].name, sd, verify, bad));
-			free(sd);
+		if (single) {
+			o = json_object_new_object();
+			put_str(o, "dir", dir);
+			put_str(o, "resume", chosen);
+			json_object_object_add(o, "checkpoints", json_object_new_array());
+			json_object_array_add(jobj(o, "checkpoints"),
+					      ckpt_entry(dir, dir, verify, bad));
+			ckpt_details(o, chosen, bad, mc);
+		} else if (st_ckpt_stamp(chosen, &st) == 0) {
+			/* latest moved on and its old target was pruned
+			 * before the stamp: resolve again */
+			o = ckpt_save_dir(dir, chosen, &st, verify, &pass_bad, mc);
+			if (o)
+				*bad = *bad || pass_bad;
 		}
-		st_ckpt_list_free(steps, n);
+		free(chosen);
 	}
-	json_object_object_add(o, "checkpoints", list);
-	ckpt_details(o, chosen, bad, mc);
-	free(chosen);
+	if (!o)
+		st_cli_die(1, "--ckpt %s: the checkpoint --resume takes was pruned while it was "
+			   "read, %d times (a run is saving into it with a small --keep)", dir,
+			   CKPT_READ_TRIES);
 	return o;
 }
 
@@ -814,6 +882,12 @@ static void print_ckpt(struct json_object *o, bool verify, const struct st_model
 		struct json_object *e = json_object_array_get_idx(list, i);
 
 		printf("  %-14s ", jstr(e, "name"));
+		if (json_object_get_boolean(jobj(e, "pruned")) ||
+		    json_object_get_boolean(jobj(e, "replaced"))) {
+			printf("%s while being read (a run is saving into %s)\n",
+			       jobj(e, "pruned") ? "pruned" : "replaced", jstr(o, "dir"));
+			continue;
+		}
 		if (jstr(e, "error")) {
 			printf("DAMAGED: %s\n", jstr(e, "error"));
 			continue;

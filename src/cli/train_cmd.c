@@ -86,6 +86,15 @@ static void train_usage(FILE *f)
 "  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
 "  --log-every N        print every Nth step (default 1)\n"
 "  -h, --help\n"
+"testing\n"
+"  --test-fault SPEC    inject a fault into the nvme tier through the fault tier\n"
+"                       (docs/reliability.md); may be given twice, a fault and a\n"
+"                       corruption. SPEC is KIND@N[+M][:ARG]:\n"
+"                       eio, short, enospc, delay (ARG: ms, default 100) at the Nth\n"
+"                       operation of the nvme tier (allocations and requests, from 1),\n"
+"                       again every M after; bit, zero-byte, page-ff (ARG: the byte\n"
+"                       in the write, default 0), stale, other-page (ARG: the offset\n"
+"                       of the source page in the tier) at the Nth write\n"
 "\n"
 "Ctrl-C or SIGTERM stops the run at the end of a step, saves it there when\n"
 "--save is given, and exits 130; a second one stops it at once.\n",
@@ -97,6 +106,76 @@ static const char *gbps(double bytes, double ns, char *buf, size_t n)
 {
 	snprintf(buf, n, "%.2f", ns > 0 ? bytes / ns : 0.0);
 	return buf;
+}
+
+/* --test-fault KIND@N[+M][:ARG] into f (docs/reliability.md). Bad input
+ * exits 2 with one line. */
+static void parse_test_fault(const char *spec, struct st_fault_config *f)
+{
+	static const struct { const char *name; int fault; int corrupt; } kinds[] = {
+		{ "eio", ST_FAULT_EIO, 0 }, { "short", ST_FAULT_SHORT, 0 },
+		{ "enospc", ST_FAULT_ENOSPC, 0 }, { "delay", ST_FAULT_DELAY, 0 },
+		{ "bit", 0, ST_CORRUPT_BIT }, { "zero-byte", 0, ST_CORRUPT_ZERO_BYTE },
+		{ "page-ff", 0, ST_CORRUPT_PAGE_FF }, { "stale", 0, ST_CORRUPT_STALE },
+		{ "other-page", 0, ST_CORRUPT_OTHER_PAGE },
+	};
+	const char *at = strchr(spec, '@');
+	char *end;
+	unsigned long long n, every = 0, arg = 0;
+	bool has_arg = false;
+	size_t k;
+
+	for (k = 0; at && k < ST_ARRAY_LEN(kinds); k++)
+		if (strlen(kinds[k].name) == (size_t)(at - spec) &&
+		    strncmp(spec, kinds[k].name, (size_t)(at - spec)) == 0)
+			break;
+	if (!at || k == ST_ARRAY_LEN(kinds) || at[1] < '0' || at[1] > '9')
+		goto bad;
+	errno = 0;
+	n = strtoull(at + 1, &end, 10);
+	if (*end == '+') {
+		if (end[1] < '0' || end[1] > '9' || kinds[k].corrupt)
+			goto bad;
+		every = strtoull(end + 1, &end, 10);
+	}
+	if (*end == ':') {
+		if (end[1] < '0' || end[1] > '9' || kinds[k].fault == ST_FAULT_EIO ||
+		    kinds[k].fault == ST_FAULT_SHORT || kinds[k].fault == ST_FAULT_ENOSPC ||
+		    kinds[k].corrupt == ST_CORRUPT_STALE)
+			goto bad;
+		arg = strtoull(end + 1, &end, 10);
+		has_arg = true;
+	}
+	if (*end || errno || n == 0 || n > (1ull << 40) || every > (1ull << 40) ||
+	    arg > (1ull << 50))
+		goto bad;
+	if (kinds[k].fault) {
+		if (f->kind != ST_FAULT_NONE)
+			st_cli_die(2, "--test-fault %s: one fault (eio, short, enospc, delay) "
+				   "at a time", spec);
+		f->kind = (enum st_fault_kind)kinds[k].fault;
+		f->nth = n;
+		f->every = every;
+		if (f->kind == ST_FAULT_DELAY)
+			f->delay_ns = (has_arg ? arg : 100) * 1000000ull;
+		return;
+	}
+	if (f->corrupt.kind != ST_CORRUPT_NONE)
+		st_cli_die(2, "--test-fault %s: one corruption (bit, zero-byte, page-ff, stale, "
+			   "other-page) at a time", spec);
+	if (kinds[k].corrupt == ST_CORRUPT_OTHER_PAGE && !has_arg)
+		goto bad;
+	f->corrupt = (struct st_fault_corrupt){ .kind = (enum st_corrupt_kind)kinds[k].corrupt,
+						.nth_write = n };
+	if (kinds[k].corrupt == ST_CORRUPT_OTHER_PAGE)
+		f->corrupt.src_off_bytes = arg;
+	else
+		f->corrupt.at_bytes = arg;
+	return;
+bad:
+	st_cli_die(2, "--test-fault %s: expected KIND@N[+M][:ARG], KIND one of eio, short, "
+		   "enospc, delay, bit, zero-byte, page-ff, stale, other-page "
+		   "(see strata train --help)", spec);
 }
 
 /* Set by the signal handler, which may run on any thread: a lock-free
@@ -223,7 +302,8 @@ int st_cli_train(int argc, char **argv)
 		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
-		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' }, { "help", 0, 0, 'h' },
+		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
+		{ "test-fault", 1, 0, 'y' }, { "help", 0, 0, 'h' },
 		{ 0 },
 	};
 	struct st_engine_config ec = { .device = "cpu" };
@@ -335,6 +415,7 @@ int st_cli_train(int argc, char **argv)
 					   optarg, st_device_list());
 			ec.device = optarg;
 			break;
+		case 'y': parse_test_fault(optarg, &ec.nvme_fault); break;
 		case 'h': train_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -347,16 +428,9 @@ int st_cli_train(int argc, char **argv)
 		st_cli_check_dirs("--nvme", nvme, true);
 		ec.nvme_dirs = nvme;
 	}
-	{
-		/* Test hook (docs/engine.md): fail the Nth nvme block with EIO,
-		 * as a failing drive would. */
-		const char *f = getenv("ST_TEST_NVME_EIO_AT");
-
-		if (f && *f)
-			ec.nvme_fault = (struct st_fault_config){
-				.kind = ST_FAULT_EIO,
-				.nth = (uint64_t)st_cli_long("ST_TEST_NVME_EIO_AT", f, 1, 1L << 40) };
-	}
+	if ((ec.nvme_fault.kind != ST_FAULT_NONE ||
+	     ec.nvme_fault.corrupt.kind != ST_CORRUPT_NONE) && !ec.nvme_dirs)
+		st_cli_die(2, "--test-fault needs an nvme tier (--nvme DIR)");
 	if (cfg->seq > cfg->model.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", cfg->seq,
 			   cfg->model.ctx);

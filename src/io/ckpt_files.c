@@ -1159,6 +1159,32 @@ oom:
 	return st_error_set(-ENOMEM, "out of memory");
 }
 
+int st_ckpt_stamp(const char *dir, struct st_ckpt_stamp *s)
+{
+	struct stat sb;
+
+	if (stat(dir, &sb) < 0) {
+		int err = -errno;
+
+		return st_error_set(err, "%s: %s", dir, strerror(-err));
+	}
+	if (!S_ISDIR(sb.st_mode))
+		return st_error_set(-ENOTDIR, "%s: not a directory", dir);
+	*s = (struct st_ckpt_stamp){ (uint64_t)sb.st_dev, (uint64_t)sb.st_ino };
+	return 0;
+}
+
+enum st_ckpt_fate st_ckpt_fate(const char *dir, const struct st_ckpt_stamp *s)
+{
+	struct stat sb;
+
+	if (stat(dir, &sb) < 0)
+		return errno == ENOENT || errno == ENOTDIR ? ST_CKPT_PRUNED : ST_CKPT_THERE;
+	if ((uint64_t)sb.st_dev != s->dev || (uint64_t)sb.st_ino != s->ino)
+		return ST_CKPT_REPLACED;
+	return ST_CKPT_THERE;
+}
+
 static int st_ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 {
 	const char *mine = strrchr(d->final, '/') + 1;

@@ -55,6 +55,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->ev_slot);
 	for (int h = ST_HOME_NVME; h >= ST_HOME_VRAM; h--)
 		st_tier_destroy(e->tier[h]);
+	st_tier_destroy(e->nvme_inner);
 	st_comm_destroy(e->comm);
 	st_compute_destroy(e->cx);
 	st_device_destroy(e->dev);
@@ -134,10 +135,25 @@ static int open_tiers(struct st_engine *e)
 		struct st_tier_config nc = {
 			.budget_bytes = e->plan.total_bytes[ST_HOME_NVME],
 			.dirs = e->cfg.nvme_dirs, .block_bytes = e->cfg.aio_block_bytes,
-			.queue_depth = e->cfg.aio_depth, .fault = e->cfg.nvme_fault,
+			.queue_depth = e->cfg.aio_depth,
 		};
 
 		ret = st_tier_create(&st_tier_nvme_ops, &nc, &e->tier[ST_HOME_NVME]);
+	}
+	/* Tests: the nvme tier inside the fault tier, the one place faults
+	 * are injected (docs/reliability.md). */
+	if (ret == 0 && (e->cfg.nvme_fault.kind != ST_FAULT_NONE ||
+			 e->cfg.nvme_fault.corrupt.kind != ST_CORRUPT_NONE)) {
+		struct st_tier_config fc = { .budget_bytes = e->plan.total_bytes[ST_HOME_NVME],
+					     .inner = e->tier[ST_HOME_NVME],
+					     .fault = e->cfg.nvme_fault };
+
+		if (!fc.inner)
+			return st_error_set(-EINVAL, "engine: a fault for the nvme tier, but "
+					    "the plan puts nothing on nvme");
+		e->nvme_inner = fc.inner;
+		e->tier[ST_HOME_NVME] = NULL;
+		ret = st_tier_create(&st_tier_fault_ops, &fc, &e->tier[ST_HOME_NVME]);
 	}
 	return ret;
 }

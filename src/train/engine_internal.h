@@ -114,6 +114,8 @@ struct st_engine {
 	struct st_compute *cx;        /* the model's ops on dev */
 	struct st_comm *comm;         /* this rank's collectives (world 1: local) */
 	struct st_tier *tier[ST_HOME_COUNT];
+	struct st_tier *nvme_inner; /* tests: the nvme tier inside the fault
+				       tier tier[ST_HOME_NVME], else NULL */
 	struct shard *sh;             /* [U * ST_STATE_COUNT] */
 	struct st_extent *pool_ext;   /* [plan.n_pools][count]: see pool() */
 	int *pool_first;              /* [plan.n_pools]: index into pool_ext */

@@ -27,6 +27,14 @@ check bad-flag 2 "$strata" train --frobnicate
 check bad-number 2 "$strata" train --batch 0 --data "$data"
 check bad-lr 2 "$strata" train --lr abc --data "$data"
 check bad-precision 2 "$strata" train --precision fp8 --data "$data"
+check test-fault-spec 2 "$strata" train $M --data "$data" --test-fault eio300
+check test-fault-kind 2 "$strata" train $M --data "$data" --test-fault melt@3
+check test-fault-arg 2 "$strata" train $M --data "$data" --test-fault eio@3:5
+check test-fault-two 2 "$strata" train $M --data "$data" --test-fault eio@3 --test-fault short@4
+check test-fault-src 2 "$strata" train $M --data "$data" --test-fault other-page@3
+check test-fault-no-nvme 2 "$strata" train $M --data "$data" --nvme none --test-fault eio@3
+"$strata" train --help | sed -n '/^testing$/,$p' | grep -q -e "--test-fault SPEC" ||
+	{ echo "FAIL train --help lists no --test-fault under testing"; fail=1; }
 check missing-data 2 "$strata" train --data "$work/nope" --save "$work/never"
 check seq-too-long 2 "$strata" train $M --seq 65 --data "$data"
 check vocab-too-small 2 "$strata" train --model layers=1,dim=64,heads=2,vocab=100,ctx=64 --seq 32 --data "$data"
@@ -115,10 +123,11 @@ for a, b in zip(g1, g2):
 print("ok   2 x B=2 accumulated matches 1 x B=4")
 PY
 # A drive failure mid-run: exit 1, one line naming file, offset and errno;
-# the checkpoint written before it still evaluates.
-ST_TEST_NVME_EIO_AT=300 "$strata" train $M --data "$data" --steps 50 --nvme "$work" \
+# the checkpoint written before it still evaluates. The fault tier's
+# operation 290 is step 5's write at nvme offset 1290240.
+"$strata" train $M --data "$data" --steps 50 --nvme "$work" \
 	--offload-params nvme --offload-optim nvme --save "$work/fck" --save-every 1 \
-	>"$work/out" 2>"$work/err"
+	--test-fault eio@290 >"$work/out" 2>"$work/err"
 rc=$?
 if [ $rc != 1 ] || ! grep -q "offset [0-9]*: Input/output error" "$work/err" ||
    ! grep -q "$work" "$work/err" || [ "$(wc -l <"$work/err")" != 1 ]; then

@@ -548,6 +548,139 @@ static void test_fault_enospc_and_delay(void **state)
 	free(src);
 }
 
+/* Corruption after a write: the write completes as asked and the caller's
+ * buffer is untouched, but what is read back from the tier is exactly the
+ * corruption asked for, in the 3rd write of a batch of 8 (64 KiB each),
+ * and nowhere else. BIT is armed in the config at open (its write is the
+ * 12th since open); the others with st_tier_fault_arm() (the 3rd after). */
+static void test_fault_corrupt(void **state)
+{
+	static const enum st_corrupt_kind kinds[] = { ST_CORRUPT_BIT, ST_CORRUPT_ZERO_BYTE,
+						      ST_CORRUPT_PAGE_FF, ST_CORRUPT_STALE,
+						      ST_CORRUPT_OTHER_PAGE };
+	const uint64_t w = 2 * 65536, at = 5000; /* the 3rd write; a byte in its 2nd page */
+
+	(void)state;
+	for (enum kind k = K_FAULT_NVME; k <= K_FAULT_HOST; k++)
+		for (size_t ki = 0; ki < ST_ARRAY_LEN(kinds); ki++) {
+			enum st_corrupt_kind ck = kinds[ki];
+			struct fixture f;
+			struct st_extent a, b;
+			struct st_fault_config fc = { 0 };
+			struct st_fault_corrupted done;
+			uint8_t *old = xalign(8 * 65536), *src = xalign(8 * 65536);
+			uint8_t *copy = xalign(8 * 65536), *want = xalign(8 * 65536);
+			uint8_t *dst = xalign(8 * 65536), *other = xalign(65536);
+			uint8_t *odst = xalign(65536);
+			uint64_t first = at, coff, clen;
+			int64_t res[8];
+
+			if (ck == ST_CORRUPT_BIT)
+				fc.corrupt = (struct st_fault_corrupt){ .kind = ck, .nth_write = 12,
+									.at_bytes = at, .bit = 3 };
+			open_kind(&f, k, MiB, fc);
+			assert_int_equal(st_tier_alloc(f.tier, 8 * 65536, &a), 0);
+			assert_int_equal(st_tier_alloc(f.tier, 65536, &b), 0);
+			tt_fill(other, 65536, 100);
+			tt_fill(old, 8 * 65536, 50);
+			tt_fill(src, 8 * 65536, 7);
+			src[w + at] = 0; /* ZERO_BYTE takes the next non-zero one */
+			assert_int_equal(st_tier_write_sync(f.tier, &b, 0, other, 65536), 0);
+			write8(f.tier, &a, old, res);
+			assert_int_equal(st_tier_fault_corrupted(f.tier, NULL), 0);
+			if (ck != ST_CORRUPT_BIT) {
+				struct st_fault_corrupt c = { .kind = ck, .nth_write = 3, .at_bytes = at,
+							      .src_off_bytes = b.off_bytes + 4096 };
+
+				assert_int_equal(st_tier_fault_arm(f.tier, &c), 0);
+			}
+			memcpy(copy, src, 8 * 65536);
+			write8(f.tier, &a, src, res);
+			for (int i = 0; i < 8; i++)
+				assert_int_equal(res[i], 65536);
+			assert_memory_equal(src, copy, 8 * 65536);
+			/* what must be there */
+			memcpy(want, src, 8 * 65536);
+			coff = w + 4096;
+			clen = 4096;
+			switch (ck) {
+			case ST_CORRUPT_BIT:
+				want[w + at] ^= 8;
+				coff = w + at;
+				clen = 1;
+				break;
+			case ST_CORRUPT_ZERO_BYTE:
+				while (src[w + first] == 0)
+					first++;
+				want[w + first] = 0;
+				coff = w + first;
+				clen = 1;
+				break;
+			case ST_CORRUPT_PAGE_FF:
+				memset(want + w + 4096, 0xff, 4096);
+				break;
+			case ST_CORRUPT_STALE:
+				memcpy(want + w, old + w, 65536);
+				coff = w;
+				clen = 65536;
+				break;
+			case ST_CORRUPT_OTHER_PAGE:
+				memcpy(want + w + 4096, other + 4096, 4096);
+				break;
+			default:
+				break;
+			}
+			assert_int_equal(st_tier_read_sync(f.tier, &a, 0, dst, 8 * 65536), 0);
+			assert_memory_equal(dst, want, 8 * 65536);
+			assert_true(memcmp(dst, src, 8 * 65536) != 0);
+			assert_int_equal(st_tier_read_sync(f.tier, &b, 0, odst, 65536), 0);
+			assert_memory_equal(odst, other, 65536);
+			assert_int_equal(st_tier_fault_corrupted(f.tier, &done), 1);
+			assert_int_equal(done.kind, ck);
+			assert_int_equal(done.nth_write, ck == ST_CORRUPT_BIT ? 12 : 3);
+			assert_int_equal(done.off_bytes, a.off_bytes + coff);
+			assert_int_equal(done.len_bytes, clen);
+			/* done once: the next writes are whole */
+			write8(f.tier, &a, src, res);
+			assert_int_equal(st_tier_read_sync(f.tier, &a, 0, dst, 8 * 65536), 0);
+			assert_memory_equal(dst, src, 8 * 65536);
+			assert_int_equal(st_tier_fault_corrupted(f.tier, NULL), 1);
+			st_tier_free(f.tier, &a);
+			st_tier_free(f.tier, &b);
+			close_kind(&f);
+			free(old);
+			free(src);
+			free(copy);
+			free(want);
+			free(dst);
+			free(other);
+			free(odst);
+		}
+}
+
+/* Bad corruptions are refused; only a fault tier takes one. */
+static void test_fault_corrupt_refused(void **state)
+{
+	struct fixture f;
+	struct st_fault_corrupt c = { .kind = ST_CORRUPT_BIT, .nth_write = 1, .bit = 8 };
+	struct st_fault_config fc = { .corrupt = c };
+	struct st_tier_config w;
+	struct st_tier *t = NULL;
+
+	(void)state;
+	open_kind(&f, K_FAULT_HOST, MiB, (struct st_fault_config){ 0 });
+	assert_int_equal(st_tier_fault_arm(f.tier, &c), -EINVAL);
+	c = (struct st_fault_corrupt){ .kind = ST_CORRUPT_OTHER_PAGE, .src_off_bytes = MiB };
+	assert_int_equal(st_tier_fault_arm(f.tier, &c), -EINVAL);
+	assert_int_equal(st_tier_fault_arm(f.inner, &c), -EINVAL);
+	assert_int_equal(st_tier_fault_corrupted(f.inner, NULL), -EINVAL);
+	c.src_off_bytes = MiB - 4096;
+	assert_int_equal(st_tier_fault_arm(f.tier, &c), 0);
+	w = (struct st_tier_config){ .budget_bytes = 65536, .inner = f.inner, .fault = fc };
+	assert_int_equal(st_tier_create(&st_tier_fault_ops, &w, &t), -EINVAL);
+	close_kind(&f);
+}
+
 /* Fixed buffers: registered memory goes through READ_FIXED/WRITE_FIXED and
  * gives the same bytes. The host tier is the pool they come from. */
 static void test_nvme_fixed_buffers(void **state)
@@ -778,6 +911,8 @@ int main(void)
 		cmocka_unit_test(test_nvme_short_completions),
 		cmocka_unit_test(test_nvme_error_names_file),
 		cmocka_unit_test(test_fault_enospc_and_delay),
+		cmocka_unit_test(test_fault_corrupt),
+		cmocka_unit_test(test_fault_corrupt_refused),
 		cmocka_unit_test(test_nvme_fixed_buffers),
 		cmocka_unit_test(test_misaligned_refused),
 		cmocka_unit_test(test_host_huge_pages),

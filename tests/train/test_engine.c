@@ -657,7 +657,10 @@ static void test_nvme_fault(void **state)
 	base_config(&c);
 	c.params = ST_OFFLOAD_NVME;
 	c.optim = ST_OFFLOAD_NVME;
-	c.nvme_fault = (struct st_fault_config){ .kind = ST_FAULT_EIO, .nth = 400 };
+	/* The fault tier's operation 165 is a read at nvme offset 2215936
+	 * mid-run: the request in which the nvme tier's own hook, now gone,
+	 * failed its 400th completed block. */
+	c.nvme_fault = (struct st_fault_config){ .kind = ST_FAULT_EIO, .nth = 165 };
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	for (s = 0; s < 20 && ret == 0; s++) {
@@ -670,6 +673,8 @@ static void test_nvme_fault(void **state)
 	assert_non_null(strstr(st_error_last(), dir));
 	assert_non_null(strstr(st_error_last(), "offset "));
 	assert_non_null(strstr(st_error_last(), "Input/output error"));
+	assert_non_null(strstr(st_error_last(), "read "));
+	assert_non_null(strstr(st_error_last(), "offset 2215936: "));
 	/* the engine stays failed */
 	assert_int_equal(st_engine_step(e, &ld, s, true, &res), -EIO);
 	st_engine_destroy(e);
@@ -803,6 +808,66 @@ static void test_nvme_checksums(void **state)
 	}
 	/* unchecked, the same corruption goes through */
 	assert_int_equal(corrupt_and_step(C_PAGE, false, msg, sizeof(msg)), 0);
+}
+
+/* The same through the fault tier (tiers/fault.c), which damages what a
+ * write leaves behind while completing it as asked: at the 60th write to
+ * nvme (in the second step's update), each kind of damage is caught on the
+ * next read of that range, with the line naming unit, state and file. */
+static void test_nvme_checksums_fault_tier(void **state)
+{
+	static const enum st_corrupt_kind kinds[] = { ST_CORRUPT_BIT, ST_CORRUPT_ZERO_BYTE,
+						      ST_CORRUPT_PAGE_FF, ST_CORRUPT_STALE,
+						      ST_CORRUPT_OTHER_PAGE };
+	struct st_engine_config c;
+	struct st_extent last_v;
+	enum st_home home;
+
+	(void)state;
+	base_config(&c);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	{ /* the last unit's V: the other shard a page comes from */
+		struct st_engine *e;
+
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		assert_int_equal(st_engine_shard(e, 3, ST_STATE_V, &home, &last_v), 0);
+		st_engine_destroy(e);
+	}
+	for (size_t k = 0; k <= ST_ARRAY_LEN(kinds); k++) {
+		bool unchecked = k == ST_ARRAY_LEN(kinds); /* a page of 0xFF, not checked */
+		struct st_engine *e;
+		struct st_dataset *ds;
+		struct st_loader ld;
+		struct st_step_result res;
+		int ret = 0, s;
+
+		base_config(&c);
+		c.params = ST_OFFLOAD_NVME;
+		c.optim = ST_OFFLOAD_NVME;
+		c.no_verify_reads = unchecked;
+		c.nvme_fault.corrupt = (struct st_fault_corrupt){
+			.kind = unchecked ? ST_CORRUPT_PAGE_FF : kinds[k], .nth_write = 60, .at_bytes = 100, .bit = 3,
+			.src_off_bytes = last_v.off_bytes + last_v.len_bytes - 4096,
+		};
+		open_loader(&ds, &ld, &c);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		for (s = 0; s < 4 && ret == 0; s++)
+			ret = st_engine_step(e, &ld, s, false, &res);
+		if (unchecked) { /* garbage goes in: whatever comes of it, not the check */
+			assert_false(ret == -EIO && strstr(st_error_last(), "XXH3"));
+			st_engine_destroy(e);
+			st_dataset_close(ds);
+			continue;
+		}
+		if (ret != -EIO)
+			fail_msg("corruption %d: steps returned %d, want -EIO", (int)kinds[k], ret);
+		if (!strstr(st_error_last(), "unit ") || !strstr(st_error_last(), " state ") ||
+		    !strstr(st_error_last(), dir) || !strstr(st_error_last(), "written "))
+			fail_msg("corruption %d: %s", (int)kinds[k], st_error_last());
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+	}
 }
 
 static void test_grad_accum(void **state)
@@ -951,6 +1016,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_nvme_fault),
 		cmocka_unit_test(test_nvme_checksums),
+		cmocka_unit_test(test_nvme_checksums_fault_tier),
 		cmocka_unit_test(test_grad_accum),
 	};
 
