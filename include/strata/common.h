@@ -8,6 +8,7 @@
 #ifndef STRATA_COMMON_H
 #define STRATA_COMMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,5 +76,14 @@ const char *st_format_bytes(uint64_t bytes, char *buf, size_t buf_len);
  * prints anything else. Goes to stderr prefixed with "strata: warning: ".
  * Set ST_QUIET=1 in the environment to silence them. */
 void st_warn(const char *fmt, ...) ST_PRINTF(1, 2);
+
+/* The index of the first of x's n_elems values that is NaN or +-Inf or,
+ * with nonneg, below zero (-0 passes); n_elems when every value passes.
+ * One read of x, in blocks with no branch inside, so a finite tensor costs
+ * about what reading it from cache does (src/util/finite.c). */
+uint64_t st_f32_find_bad(const float *x, uint64_t n_elems, bool nonneg);
+
+/* v as a message says it: "nan", "inf", "-inf", or "%g". Returns buf. */
+const char *st_f32_name(float v, char *buf, size_t bytes);
 
 #endif

@@ -91,7 +91,10 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p,
  * (model.safetensors, optimizer.safetensors, config.json, trainer.json with
  * each file's size and XXH64), atomically, then point DIR/latest at it and
  * keep only the newest `keep` (0 = all). Streams from the tiers: a model
- * whose state lives on nvme never has to fit in RAM. */
+ * whose state lives on nvme never has to fit in RAM. Every value of P, M
+ * and V is checked as it is streamed: one that is not finite (or a V below
+ * 0) gives -EINVAL naming the file, the tensor and the index, and nothing
+ * is saved (DIR and `latest` stay as they were). */
 int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 		   const struct st_cursor *cursor, const char *config_json, int keep);
 
@@ -99,7 +102,8 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
  * after checking every file against trainer.json: P, M, V into their homes,
  * W = round(P). Sets *step and *cursor; *config_json (malloc'd, may be NULL)
  * is the saved training configuration. -EINVAL names the file that does not
- * match. */
+ * match, or the file, tensor and index of a value that is not finite (P, M,
+ * V) or of a V below 0. */
 int st_engine_resume(struct st_engine *e, const char *dir, uint64_t *step,
 		     struct st_cursor *cursor, char **config_json);
 

@@ -53,7 +53,10 @@ int st_weights_config(const struct st_weights *w, struct st_model_config *out);
 int st_weights_check(struct st_weights *w, const char *name, int ndim, const uint64_t *shape);
 
 /* Read tensor name (as st_weights_check()) into out, fp32, Hugging Face
- * layout, the product of shape elements. */
+ * layout, the product of shape elements. Every value is checked as it is
+ * read: -EINVAL, naming the file, the tensor and the first index, when one
+ * is NaN or Inf ("m/model.safetensors: wte.weight[1234] is nan: not finite
+ * weights are refused"); out is then partly written. */
 int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint64_t *shape,
 		    float *out);
 

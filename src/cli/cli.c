@@ -43,6 +43,13 @@ int st_cli_input_exit(int err)
 	return err == -ENOENT || err == -ENOTDIR || err == -EINVAL ? 2 : 1;
 }
 
+const char *st_cli_unprefix(const char *msg, const char *path)
+{
+	size_t n = strlen(path);
+
+	return strncmp(msg, path, n) == 0 && strncmp(msg + n, ": ", 2) == 0 ? msg + n + 2 : msg;
+}
+
 long st_cli_long(const char *flag, const char *s, long lo, long hi)
 {
 	char *end;

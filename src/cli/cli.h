@@ -21,6 +21,10 @@ void st_cli_at_die(void (*fn)(int code));
  * bad input (-ENOENT, -ENOTDIR: missing; -EINVAL: malformed, damaged, of
  * another model), 1 when the system failed (any other -errno). */
 int st_cli_input_exit(int err);
+/* msg without a leading "path: ": a reader's message names the file it
+ * read, which is the one the user named when PATH was a file, and the
+ * caller's "--flag PATH: " says that already. Borrowed from msg. */
+const char *st_cli_unprefix(const char *msg, const char *path);
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);

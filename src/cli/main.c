@@ -30,17 +30,29 @@ static struct st_weights *open_ckpt(const char *path, struct st_model_config *mc
 	if (ret == 0)
 		ret = st_weights_config(w, mc);
 	if (ret < 0)
-		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, st_error_last());
+		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path,
+			   st_cli_unprefix(st_error_last(), path));
 	return w;
 }
 
-static void load_ckpt(struct st_trainer *t, struct st_weights *w)
+/* Every value is checked as it is read: a NaN or Inf is refused (exit 2)
+ * naming the tensor and its index. */
+static void load_ckpt(struct st_trainer *t, struct st_weights *w, const char *path)
 {
 	int ret = st_trainer_load_weights(t, w);
 
 	if (ret < 0)
-		st_cli_die(st_cli_input_exit(ret), "%s", st_error_last());
+		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path,
+			   st_cli_unprefix(st_error_last(), path));
 	st_weights_close(w);
+}
+
+/* The first of n values that is not finite, or -1. */
+static long first_nonfinite(const float *x, uint64_t n)
+{
+	uint64_t k = st_f32_find_bad(x, n, false);
+
+	return k == n ? -1 : (long)k;
 }
 
 /* --- generate --------------------------------------------------------------- */
@@ -159,7 +171,7 @@ static int cmd_generate(int argc, char **argv)
 	cfg.seq = cfg.model.ctx;
 	if (st_trainer_create(&cfg, &t) < 0)
 		st_cli_die(1, "%s", st_error_last());
-	load_ckpt(t, w);
+	load_ckpt(t, w, ckpt);
 	len = (int)strlen(prompt);
 	toks = malloc(sizeof(*toks) * (size_t)(len + n));
 	logits = malloc(sizeof(*logits) * 256);
@@ -167,8 +179,19 @@ static int cmd_generate(int argc, char **argv)
 		toks[i] = (unsigned char)prompt[i];
 	fputs(prompt, stdout);
 	for (int i = 0; i < n; i++) {
+		long bad;
+		char v[32];
+
 		if (st_trainer_logits(t, toks, len + i, logits) < 0)
 			st_cli_die(1, "%s", st_error_last());
+		/* finite weights can still overflow: sampling from NaN would
+		 * print garbage and exit 0 */
+		if ((bad = first_nonfinite(logits, 256)) >= 0) {
+			putchar('\n');
+			st_cli_die(1, "generate: --ckpt %s: logit %ld of byte %d is %s: the model's "
+				   "values are not finite (it overflows), nothing more generated",
+				   ckpt, bad, i + 1, st_f32_name(logits[bad], v, sizeof(v)));
+		}
 		toks[len + i] = sample(logits, 256, temp, top_k, &rng);
 		putchar(toks[len + i]);
 		fflush(stdout);
@@ -258,9 +281,12 @@ static int cmd_eval(int argc, char **argv)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
 	if (st_trainer_create(&cfg, &t) < 0)
 		st_cli_die(1, "%s", st_error_last());
-	load_ckpt(t, w);
+	load_ckpt(t, w, ckpt);
 	if (st_trainer_eval(t, &ld, nb, &loss) < 0)
 		st_cli_die(1, "%s", st_error_last());
+	if (!isfinite(loss)) /* finite weights whose forward overflows */
+		st_cli_die(1, "eval: --ckpt %s: the loss over %d batches is %s: the model's values "
+			   "are not finite (it overflows)", ckpt, nb, isnan(loss) ? "nan" : "inf");
 	printf("loss %.6f over %d batches of %d x %d tokens\n", loss, nb, B, T);
 	st_trainer_destroy(t);
 	st_dataset_close(ds);

@@ -85,6 +85,8 @@ static void train_usage(FILE *f)
 "                       bytes per link, peak per tier, busy time per queue)\n"
 "  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
 "  --log-every N        print every Nth step (default 1)\n"
+"  --max-skipped N      stop (exit 1) after N steps in a row whose gradient was not\n"
+"                       finite, each skipped (default 10; 0 never stops)\n"
 "  -h, --help\n"
 "testing\n"
 "  --test-fault SPEC    inject a fault into the nvme tier through the fault tier\n"
@@ -97,7 +99,10 @@ static void train_usage(FILE *f)
 "                       of the source page in the tier) at the Nth write\n"
 "\n"
 "Ctrl-C or SIGTERM stops the run at the end of a step, saves it there when\n"
-"--save is given, and exits 130; a second one stops it at once.\n",
+"--save is given, and exits 130; a second one stops it at once.\n"
+"Values that are not finite: --init and --resume refuse weights or optimizer\n"
+"state holding a NaN or Inf (exit 2, naming the tensor and index); a save whose\n"
+"state is not finite is refused (exit 1), so `latest` always names a finite one.\n",
 		ST_DEFAULT_DATA, st_model_preset_list(), st_family_list(), st_device_list(), DEFAULT_GPU_MEM,
 	        DEFAULT_HOST_MEM, DEFAULT_NVME);
 }
@@ -263,6 +268,37 @@ static char *config_json(const struct st_train_config *c, const char *model_text
 	return s;
 }
 
+/* What the user can go on from, for the lines of a run that stops: the
+ * checkpoint `--resume SAVE` would take now. */
+static const char *last_ckpt(const char *save, char *buf, size_t bytes)
+{
+	char *dir = NULL;
+
+	if (!save)
+		snprintf(buf, bytes, "nothing is saved (no --save)");
+	else if (st_ckpt_resolve(save, &dir) == 0)
+		snprintf(buf, bytes, "the last checkpoint is %s", dir);
+	else
+		snprintf(buf, bytes, "no checkpoint in %s", save);
+	free(dir);
+	return buf;
+}
+
+/* A number of a --metrics line: JSON has no NaN or Inf, so one that is
+ * not finite is null and its key goes into the line's "nonfinite" list. */
+static void metric(FILE *f, const char *key, const char *fmt, double v, char *nonfinite,
+		   size_t bytes)
+{
+	fprintf(f, ",\"%s\":", key);
+	if (isfinite(v)) {
+		fprintf(f, fmt, v);
+		return;
+	}
+	fputs("null", f);
+	snprintf(nonfinite + strlen(nonfinite), bytes - strlen(nonfinite), "%s\"%s\"",
+		 nonfinite[0] ? "," : "", key);
+}
+
 /* Fields that must match between the run and the checkpoint it resumes. */
 static void check_resume_config(const char *saved, const char *now)
 {
@@ -303,7 +339,8 @@ int st_cli_train(int argc, char **argv)
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
-		{ "test-fault", 1, 0, 'y' }, { "help", 0, 0, 'h' },
+		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
+		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
 	struct st_engine_config ec = { .device = "cpu" };
@@ -312,6 +349,7 @@ int st_cli_train(int argc, char **argv)
 	const char *model_text = "tiny", *trace_path = NULL, *resume = NULL;
 	const char *nvme = DEFAULT_NVME;
 	int shuffle = 1, threads = 0, log_every = 1, save_every = 0, keep = 3, c;
+	int max_skipped = 10, skipped_in_row = 0;
 	struct st_engine *e;
 	struct st_dataset *ds;
 	struct st_loader ld;
@@ -409,6 +447,7 @@ int st_cli_train(int argc, char **argv)
 		case 'E': save_every = (int)st_cli_long("--save-every", optarg, 1, 1 << 30); break;
 		case 'k': keep = (int)st_cli_long("--keep", optarg, 0, 1 << 20); break;
 		case 'R': resume = optarg; break;
+		case 'x': max_skipped = (int)st_cli_long("--max-skipped", optarg, 0, 1 << 30); break;
 		case 'D':
 			if (!st_device_find(optarg))
 				st_cli_die(2, "--device %s: not a device built into this binary (%s)",
@@ -521,13 +560,15 @@ int st_cli_train(int argc, char **argv)
 			ret = st_engine_load_weights(e, w);
 		st_weights_close(w);
 		if (ret < 0)
-			st_cli_die(st_cli_input_exit(ret), "--init %s: %s", init, st_error_last());
+			st_cli_die(st_cli_input_exit(ret), "--init %s: %s", init,
+				   st_cli_unprefix(st_error_last(), init));
 	}
 	if (resume) {
 		char *saved = NULL;
 
 		if (st_engine_resume(e, resume, &start_step, &ld.cur, &saved) < 0)
-			st_cli_die(2, "--resume %s: %s", resume, st_error_last());
+			st_cli_die(2, "--resume %s: %s", resume,
+				   st_cli_unprefix(st_error_last(), resume));
 		check_resume_config(saved, cfg_json);
 		free(saved);
 		if (st_loader_seek(&ld, &ld.cur) < 0)
@@ -598,12 +639,20 @@ int st_cli_train(int argc, char **argv)
 			       ru.ru_maxrss / 1024.0);
 		}
 		if (mf) {
-			fprintf(mf, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
-				    "\"tokens_per_s\":%.1f,\"model_tflops\":%.4f,\"step_s\":%.6f%s,"
-				    "\"bytes\":{",
-				s + 1, r.loss, r.lr, r.skipped ? 0.0 : r.grad_norm, tps,
-				tps * st_model_flops_per_token(st_engine_model(e), cfg->seq) / 1e12, dt,
-				r.skipped ? ",\"skipped\":true" : "");
+			/* a finite step's line is what it always was, byte for byte */
+			char nf[128] = "";
+
+			fprintf(mf, "{\"step\":%d", s + 1);
+			metric(mf, "loss", "%.9g", r.loss, nf, sizeof(nf));
+			metric(mf, "lr", "%.9g", r.lr, nf, sizeof(nf));
+			metric(mf, "grad_norm", "%.9g", r.grad_norm, nf, sizeof(nf));
+			metric(mf, "tokens_per_s", "%.1f", tps, nf, sizeof(nf));
+			metric(mf, "model_tflops", "%.4f",
+			       tps * st_model_flops_per_token(st_engine_model(e), cfg->seq) / 1e12, nf,
+			       sizeof(nf));
+			metric(mf, "step_s", "%.6f", dt, nf, sizeof(nf));
+			fprintf(mf, "%s%s%s%s,\"bytes\":{", r.skipped ? ",\"skipped\":true" : "",
+				nf[0] ? ",\"nonfinite\":[" : "", nf, nf[0] ? "]" : "");
 			for (int l = ST_LANE_H2D; l <= ST_LANE_NVME_WRITE; l++)
 				fprintf(mf, "%s\"%s\":%llu", l == ST_LANE_H2D ? "" : ",",
 					l == ST_LANE_H2D ? "h2d" : l == ST_LANE_D2H ? "d2h"
@@ -633,10 +682,29 @@ int st_cli_train(int argc, char **argv)
 		 * batch), and the run ends there. Read once: a signal between two
 		 * reads must not end the run unsaved. */
 		stopped = stop_requested;
+		/* Steps whose gradient is not finite are skipped (the state stays
+		 * that of the last good step); a run of them means the run has
+		 * gone bad: it stops, unsaved, and says what to go on from. */
+		skipped_in_row = r.skipped ? skipped_in_row + 1 : 0;
+		if (max_skipped && skipped_in_row >= max_skipped) {
+			char last[4200];
+
+			st_cli_die(1, "%d steps in a row had a non-finite gradient (last at step %d): "
+				   "stopped; %s", skipped_in_row, s + 1,
+				   last_ckpt(save, last, sizeof(last)));
+		}
 		if (saving || (save && stopped)) {
-			if (st_engine_save(e, save, (uint64_t)s + 1, st_engine_step_end_cursor(e),
-					   cfg_json, keep) < 0)
-				st_cli_die(1, "--save %s: %s", save, st_error_last());
+			ret = st_engine_save(e, save, (uint64_t)s + 1, st_engine_step_end_cursor(e),
+					     cfg_json, keep);
+			if (ret < 0) {
+				char why[1024], last[4200];
+
+				/* a state that is not finite: refused, latest unchanged */
+				snprintf(why, sizeof(why), "%s", st_error_last());
+				st_cli_die(1, "--save %s: step %d: %s%s%s", save, s + 1, why,
+					   ret == -EINVAL ? "; " : "",
+					   ret == -EINVAL ? last_ckpt(save, last, sizeof(last)) : "");
+			}
 			printf("saved step %d in %s\n", s + 1, save);
 		}
 		if (stopped)

@@ -414,6 +414,21 @@ int st_weights_check(struct st_weights *w, const char *name, int ndim, const uin
 	return 0;
 }
 
+/* Every value of a tensor just read must be finite: a NaN or Inf loaded
+ * would make every step skip (train) or every loss NaN (eval). The index
+ * is in the tensor's Hugging Face layout, whatever the file's. */
+static int check_finite(const struct st_weights *w, const char *name, const float *x,
+			uint64_t n)
+{
+	uint64_t k = st_f32_find_bad(x, n, false);
+	char v[32];
+
+	if (k == n)
+		return 0;
+	return st_error_set(-EINVAL, "%s: %s[%llu] is %s: not finite weights are refused",
+			    w->path, name, (unsigned long long)k, st_f32_name(x[k], v, sizeof(v)));
+}
+
 int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint64_t *shape,
 		    float *out)
 {
@@ -428,8 +443,10 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 		return ret;
 	if (w->r) {
 		info = sf_find(w, name);
-		if (info->dtype == ST_SF_F32)
-			return st_ckpt_reader_pread(w->r, info, 0, out, n * sizeof(float));
+		if (info->dtype == ST_SF_F32) {
+			ret = st_ckpt_reader_pread(w->r, info, 0, out, n * sizeof(float));
+			return ret < 0 ? ret : check_finite(w, name, out, n);
+		}
 		esize = 2;
 	} else {
 		esize = w->esize;
@@ -463,5 +480,5 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 		st_llmc_transpose(out, tmp, shape[1], shape[0]);
 	free(raw);
 	free(tmp);
-	return ret;
+	return ret < 0 ? ret : check_finite(w, name, out, n);
 }

@@ -13,12 +13,32 @@
 
 struct fill_ctx {
 	struct st_engine *e;
+	const struct st_ckpt_tensor *t; /* [tensor]: names for messages */
+	char bad[256];        /* the first value refused, "" when none */
 	int *unit;            /* [tensor] */
 	uint64_t *off_elems;  /* [tensor] */
 	enum st_state *state; /* [tensor] */
 	float *unit_buf;      /* one unit's state, E floats */
 	int staged;           /* unit * ST_STATE_COUNT + state in unit_buf, or -1 */
 };
+
+/* A state must be finite (and V, Adam's second moment, >= 0) to be saved,
+ * and to be resumed from: a checkpoint that holds a NaN would make every
+ * step after a resume skip, and `latest` would name it. x holds elements
+ * [first, first + n) of tensor name. On a bad value: -EINVAL, and why[]
+ * says which. */
+static int check_state(enum st_state s, const char *name, const float *x, uint64_t first,
+		       uint64_t n, char *why, size_t why_bytes)
+{
+	uint64_t k = st_f32_find_bad(x, n, s == ST_STATE_V);
+	char v[32];
+
+	if (k == n)
+		return 0;
+	snprintf(why, why_bytes, "%s[%llu] is %s", name, (unsigned long long)(first + k),
+		 st_f32_name(x[k], v, sizeof(v)));
+	return st_error_set(-EINVAL, "%s", why);
+}
 
 static int fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
 {
@@ -32,7 +52,8 @@ static int fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
 		c->staged = key;
 	}
 	memcpy(buf, (const char *)(c->unit_buf + c->off_elems[ti]) + off, len);
-	return 0;
+	return check_state(c->state[ti], c->t[ti].name, buf, off / sizeof(float),
+			   len / sizeof(float), c->bad, sizeof(c->bad));
 }
 
 /* The tensors of the model in unit order, once per state with its name
@@ -120,6 +141,7 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *fi
 	if (ret == 0 && posix_memalign((void **)&c.unit_buf, ST_PAGE_BYTES,
 				       max_unit_elems(m) * sizeof(float)))
 		ret = -ENOMEM;
+	c.t = t;
 	c.unit = unit;
 	c.off_elems = off;
 	c.state = st;
@@ -127,6 +149,9 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *fi
 	if (ret == 0)
 		ret = st_ckpt_write_safetensors(path, t, n, meta, ST_ARRAY_LEN(meta), fill, &c,
 						&bytes, &hash);
+	if (ret < 0 && c.bad[0]) /* not the temporary file's name: it is gone */
+		ret = st_error_set(-EINVAL, "%s: %s: a state that is not finite is not saved",
+				   file, c.bad);
 	if (ret == 0)
 		ret = st_ckpt_trainer_add(tr, file, bytes, hash);
 	free(c.unit_buf);
@@ -182,9 +207,11 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 	return st_ckpt_dir_commit(&d, keep > 0 ? (unsigned)keep : 0);
 }
 
-/* Read unit u's tensors (names + suffix) from r into buf (padding zero). */
-static int read_unit(const struct st_model *m, struct st_ckpt_reader *r, int u,
-		     const char *suffix, float *buf)
+/* Read unit u's state s (its tensors' names + suffix) from r, the file
+ * path, into buf (padding zero), checking every value as st_engine_save()
+ * does. */
+static int read_unit(const struct st_model *m, struct st_ckpt_reader *r, const char *path,
+		     int u, enum st_state s, const char *suffix, float *buf)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	int ret = 0;
@@ -201,6 +228,17 @@ static int read_unit(const struct st_model *m, struct st_ckpt_reader *r, int u,
 		if (ret == 0)
 			ret = st_ckpt_reader_pread(r, info, 0, buf + tl->offset_elems,
 						   tl->n_elems * sizeof(float));
+		if (ret == 0) {
+			char why[256];
+
+			ret = check_state(s, name, buf + tl->offset_elems, 0, tl->n_elems, why,
+					  sizeof(why));
+			if (ret < 0)
+				ret = st_error_set(ret, "%s: %s: %s", path, why,
+						   s == ST_STATE_V ? "Adam's second moment must be "
+						   "finite and >= 0" : "values that are not finite are "
+						   "refused");
+		}
 	}
 	return ret;
 }
@@ -243,18 +281,22 @@ int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
 		for (int k = 0; k < 3; k++)
 			if (!(buf[k] = malloc(E * sizeof(float))))
 				ret = -ENOMEM;
+		char po[4096];
+
 		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_MODEL_FILE);
 		if (ret == 0)
 			ret = st_ckpt_reader_open(&rm, p);
-		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_OPTIM_FILE);
+		snprintf(po, sizeof(po), "%.4000s/%s", dir, ST_CKPT_OPTIM_FILE);
 		if (ret == 0)
-			ret = st_ckpt_reader_open(&ro, p);
+			ret = st_ckpt_reader_open(&ro, po);
 		for (int u = 0; ret == 0 && u < U; u++) {
-			ret = read_unit(m, rm, u, "", buf[0]);
+			ret = read_unit(m, rm, p, u, ST_STATE_P, "", buf[0]);
 			if (ret == 0)
-				ret = read_unit(m, ro, u, ST_CKPT_SUFFIX_EXP_AVG, buf[1]);
+				ret = read_unit(m, ro, po, u, ST_STATE_M, ST_CKPT_SUFFIX_EXP_AVG,
+						buf[1]);
 			if (ret == 0)
-				ret = read_unit(m, ro, u, ST_CKPT_SUFFIX_EXP_AVG_SQ, buf[2]);
+				ret = read_unit(m, ro, po, u, ST_STATE_V, ST_CKPT_SUFFIX_EXP_AVG_SQ,
+						buf[2]);
 			if (ret == 0)
 				ret = st_engine_write_state(e, u, buf[0], buf[1], buf[2]);
 		}

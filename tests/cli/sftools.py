@@ -50,3 +50,49 @@ def write(path, tensors):
             if vals is not None:
                 f.write(struct.pack("<%d%s" % (len(vals), FORMAT[dtype]), *vals))
         f.truncate(8 + len(h) + off)
+
+
+M64 = (1 << 64) - 1
+_P1, _P2, _P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+_P4, _P5 = 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
+
+
+def _rotl(x, r):
+    return ((x << r) | (x >> (64 - r))) & M64
+
+
+def _round(acc, lane):
+    return (_rotl((acc + lane * _P2) & M64, 31) * _P1) & M64
+
+
+def xxh64(data, seed=0):
+    """XXH64 of data as its specification defines it (what trainer.json
+    lists per file, seed 0), so a test can edit a checkpoint file and list
+    its new checksum; written here from the spec, slow but small."""
+    n, i = len(data), 0
+    if n >= 32:
+        v = [(seed + _P1 + _P2) & M64, (seed + _P2) & M64, seed, (seed - _P1) & M64]
+        lanes = struct.unpack_from("<%dQ" % (n // 32 * 4), data)
+        for k in range(0, len(lanes), 4):
+            v = [_round(v[j], lanes[k + j]) for j in range(4)]
+        i = n // 32 * 32
+        h = (_rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)) & M64
+        for x in v:
+            h = ((h ^ _round(0, x)) * _P1 + _P4) & M64
+    else:
+        h = (seed + _P5) & M64
+    h = (h + n) & M64
+    while i + 8 <= n:
+        (lane,) = struct.unpack_from("<Q", data, i)
+        h = (_rotl(h ^ _round(0, lane), 27) * _P1 + _P4) & M64
+        i += 8
+    if i + 4 <= n:
+        (lane,) = struct.unpack_from("<I", data, i)
+        h = (_rotl(h ^ (lane * _P1 & M64), 23) * _P2 + _P3) & M64
+        i += 4
+    while i < n:
+        h = (_rotl(h ^ (data[i] * _P5 & M64), 11) * _P1) & M64
+        i += 1
+    h = ((h ^ (h >> 33)) * _P2) & M64
+    h = ((h ^ (h >> 29)) * _P3) & M64
+    return h ^ (h >> 32)

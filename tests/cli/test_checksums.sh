@@ -72,9 +72,18 @@ corrupt unchecked
 wait $pid
 rc=$?
 pid=
+# Unchecked, the damage gets through to the values: the run ends with
+# exit 0, or (0xFF pages are NaNs) is stopped by the non-finite guards
+# (docs/reliability.md#non-finite-values: a save of a NaN P refused, or
+# --max-skipped; or AdamW's own scan of a G damaged after the norm was
+# taken), never by the checksum.
 if [ $rc = 0 ]; then
 	echo "ok   unchecked: the same damage is not noticed (exit 0)"
+elif [ $rc = 1 ] && ! grep -q XXH3 "$work/unchecked.err" &&
+	grep -qE 'is not finite is not saved|steps in a row had a non-finite gradient|gradient elements NaN or Inf' \
+		"$work/unchecked.err"; then
+	echo "ok   unchecked: not noticed by the checksum; the values: $(cat "$work/unchecked.err")"
 else
-	echo "FAIL unchecked: exit $rc, want 0"; tail -3 "$work/unchecked.err"; fail=1
+	echo "FAIL unchecked: exit $rc, want 0 or a non-finite stop"; tail -3 "$work/unchecked.err"; fail=1
 fi
 exit $fail

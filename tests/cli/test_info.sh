@@ -174,7 +174,7 @@ sftools.write(f"{w}/hf/model.safetensors", t)
 PY
 check hf-nan 0 "$strata" info --ckpt "$work/hf"
 check hf-nan-verify 1 "$strata" info --ckpt "$work/hf" --verify
-grep -q "DAMAGED: .*h.1.mlp.c_fc.bias has a value that is not finite at 7" "$work/out" ||
+grep -q "DAMAGED: .*model.safetensors: h.1.mlp.c_fc.bias\[7\] is nan: not finite weights are refused" "$work/out" ||
 	{ echo "FAIL hf-nan-verify: output"; cat "$work/out"; fail=1; }
 check ckpt-one 0 "$strata" info --ckpt "$work/ck/step-000002" --verify
 grep -q "verified: every file's size and XXH64 match" "$work/out" ||

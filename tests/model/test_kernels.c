@@ -322,6 +322,65 @@ static void test_gelu(void **state)
 
 /* ---- embedding ----------------------------------------------------------------------------- */
 
+/* NaN and Inf inputs through every kernel built on the polynomial exp
+ * (gelu, cross-entropy): a NaN comes out NaN, nothing is undefined (the
+ * sanitizer build runs this with halt_on_error), and the finite elements
+ * beside them give the bits they give alone. */
+static void test_nonfinite(void **state)
+{
+	(void)state;
+	const size_t n = 64;
+	float *x = rand_buf(n, 8.0f), *dout = rand_buf(n, 1.0f);
+	float *ref = zero_buf(n), *dref = zero_buf(n), *out = zero_buf(n), *dx = zero_buf(n);
+	const size_t bad[] = { 3, 17, 40 };
+	const float vals[] = { NAN, INFINITY, -INFINITY };
+
+	st_cpu_gelu_fwd(ref, x, n);
+	st_cpu_gelu_bwd(dref, x, dout, n);
+	for (size_t k = 0; k < 3; k++)
+		x[bad[k]] = vals[k];
+	st_cpu_gelu_fwd(out, x, n);
+	st_cpu_gelu_bwd(dx, x, dout, n);
+	for (size_t i = 0; i < n; i++) {
+		if (i == bad[0]) {
+			assert_true(isnan(out[i]) && isnan(dx[i]));
+		} else if (i == bad[1]) {
+			assert_true(isinf(out[i]) && out[i] > 0); /* gelu(x) -> x */
+		} else if (i != bad[2]) {
+			assert_memory_equal(&out[i], &ref[i], sizeof(float));
+			assert_memory_equal(&dx[i], &dref[i], sizeof(float));
+		}
+	}
+
+	/* rows of 16 logits: finite, one NaN, one +Inf (inf - max is NaN),
+	 * one -Inf (a zero probability: finite loss) */
+	enum { N = 4, V = 16 };
+	float logits[N * V], losses[N], dl[N * V], lref[N], dlref[N * V];
+	int32_t targets[N] = { 1, 2, 3, 4 };
+	for (int i = 0; i < N * V; i++)
+		logits[i] = rng_f() * 4.0f;
+	for (int r = 1; r < N; r++)
+		memcpy(logits + r * V, logits, V * sizeof(float));
+	st_cpu_crossentropy_fwd(lref, logits, targets, N, V);
+	st_cpu_crossentropy_bwd(dlref, NULL, logits, targets, 1.0f, N, V);
+	logits[1 * V + 7] = NAN;
+	logits[2 * V + 7] = INFINITY;
+	logits[3 * V + 7] = -INFINITY;
+	st_cpu_crossentropy_fwd(losses, logits, targets, N, V);
+	st_cpu_crossentropy_bwd(dl, NULL, logits, targets, 1.0f, N, V);
+	assert_memory_equal(&losses[0], &lref[0], sizeof(float));
+	assert_memory_equal(dl, dlref, V * sizeof(float));
+	assert_true(isnan(losses[1]) && isnan(dl[1 * V + 7]));
+	assert_true(!isfinite(losses[2]));
+	assert_true(isfinite(losses[3]) && dl[3 * V + 7] == 0.0f);
+	free(x);
+	free(dout);
+	free(ref);
+	free(dref);
+	free(out);
+	free(dx);
+}
+
 static void test_embedding(void **state)
 {
 	(void)state;
@@ -514,6 +573,7 @@ int main(void)
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_layernorm),
 		cmocka_unit_test(test_gelu),
+		cmocka_unit_test(test_nonfinite),
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_crossentropy),

@@ -4,6 +4,7 @@
  *  3. a checkpoint resumes bit-identically;
  *  4. an nvme failure mid-run is reported with file, offset and errno, and
  *     the last checkpoint still loads;
+ *  5. a state that is not finite is never saved (latest stays);
  *  and gradient accumulation matches the large batch.
  *
  * `test_engine --device cuda` runs the engine on the cuda device instead:
@@ -870,6 +871,92 @@ static void test_nvme_checksums_fault_tier(void **state)
 	}
 }
 
+/* P, M or V not finite (or V below 0) at a save: refused naming the file,
+ * tensor and index; nothing of it is left and latest names the last
+ * finite checkpoint, which still resumes. */
+static void test_nonfinite_save(void **state)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	char ck[4200], link[64], want[4400];
+	const struct st_unit_layout *ul;
+	float *p, *m, *v;
+	uint64_t step;
+	ssize_t n;
+
+	(void)state;
+	snprintf(ck, sizeof(ck), "%s/nonfinite-ck", dir);
+	base_config(&c);
+	c.optim = ST_OFFLOAD_NVME;
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
+	assert_int_equal(st_engine_save(e, ck, 1, &ld.cur, NULL, 0), 0);
+	ul = st_model_unit_layout(st_engine_model(e), 1);
+	p = malloc(ul->elems * sizeof(float));
+	m = malloc(ul->elems * sizeof(float));
+	v = malloc(ul->elems * sizeof(float));
+	assert_true(p && m && v);
+	assert_int_equal(st_engine_read_state(e, 1, ST_STATE_P, p), 0);
+	assert_int_equal(st_engine_read_state(e, 1, ST_STATE_M, m), 0);
+	assert_int_equal(st_engine_read_state(e, 1, ST_STATE_V, v), 0);
+	for (int k = 0; k < 3; k++) {
+		static const char *const file[] = { "model.safetensors", "optimizer.safetensors",
+						    "optimizer.safetensors" };
+		static const char *const suffix[] = { "", ".exp_avg", ".exp_avg_sq" };
+		static const char *const val[] = { "nan", "inf", "-1" };
+		float *x[] = { p, m, v }, keep;
+		const struct st_tensor_layout *tl = &ul->tensors[1];
+		DIR *d;
+		struct dirent *de;
+		int entries = 0;
+
+		keep = x[k][tl->offset_elems + 5];
+		x[k][tl->offset_elems + 5] = k == 0 ? NAN : k == 1 ? INFINITY : -1.0f;
+		assert_int_equal(st_engine_write_state(e, 1, p, m, v), 0);
+		assert_int_equal(st_engine_save(e, ck, 2, &ld.cur, NULL, 0), -EINVAL);
+		snprintf(want, sizeof(want), "%s: %s%s[5] is %s: a state that is not finite is "
+			 "not saved", file[k], tl->name, suffix[k], val[k]);
+		if (!strstr(st_error_last(), want))
+			fail_msg("save %d: '%s' does not say '%s'", k, st_error_last(), want);
+		x[k][tl->offset_elems + 5] = keep;
+		/* only step-000001 and latest -> it */
+		snprintf(want, sizeof(want), "%s/latest", ck);
+		n = readlink(want, link, sizeof(link) - 1);
+		assert_true(n > 0);
+		link[n] = '\0';
+		assert_string_equal(link, "step-000001");
+		assert_non_null(d = opendir(ck));
+		while ((de = readdir(d)))
+			if (de->d_name[0] != '.') {
+				entries++;
+				if (strcmp(de->d_name, "latest") && strcmp(de->d_name, "step-000001"))
+					fail_msg("left in the checkpoint dir: %s", de->d_name);
+			}
+		closedir(d);
+		assert_int_equal(entries, 2);
+	}
+	/* the state made whole again saves */
+	assert_int_equal(st_engine_write_state(e, 1, p, m, v), 0);
+	assert_int_equal(st_engine_save(e, ck, 2, &ld.cur, NULL, 0), 0);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	free(p);
+	free(m);
+	free(v);
+	base_config(&c);
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	if (st_engine_resume(e, ck, &step, &ld.cur, NULL))
+		fail_msg("resume: %s", st_error_last());
+	assert_int_equal(step, 2);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+}
+
 static void test_grad_accum(void **state)
 {
 	struct st_engine_config c;
@@ -1017,6 +1104,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_nvme_fault),
 		cmocka_unit_test(test_nvme_checksums),
 		cmocka_unit_test(test_nvme_checksums_fault_tier),
+		cmocka_unit_test(test_nonfinite_save),
 		cmocka_unit_test(test_grad_accum),
 	};
 

@@ -22,10 +22,14 @@
  * a scalar call). n = round(x / ln2), r = x - n ln2 (Cody-Waite split),
  * exp(r) by a degree-7 Taylor polynomial (|r| <= ln2/2: error < 1e-8),
  * times 2^n built in the exponent bits. Within 2 ulp of expf; returns 0
- * below -87 (where expf is near FLT_MIN) and saturates above 88. */
+ * below -87 (where expf is near FLT_MIN) and saturates above 88. NaN gives
+ * NaN: the upper clamp is written so a NaN fails its test and becomes 88,
+ * so n stays in range (a NaN converted to int32 and shifted is undefined
+ * behaviour), and the last line puts the NaN back. Every other input gives
+ * the bits it always did. */
 static inline float st_expf(float x)
 {
-	float xc = x > 88.0f ? 88.0f : x;
+	float xc = x < 88.0f ? x : 88.0f;
 	xc = xc < -87.0f ? -87.0f : xc;
 	/* 1.5 * 2^23: adding and subtracting it rounds to nearest integer */
 	float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -45,7 +49,8 @@ static inline float st_expf(float x)
 	} s;
 	s.i = ((int32_t)n + 127) << 23;
 	float y = p * s.f;
-	return x < -87.0f ? 0.0f : y;
+	y = x < -87.0f ? 0.0f : y;
+	return x != x ? x : y;
 }
 
 /* ---- bf16 ------------------------------------------------------------------ */
