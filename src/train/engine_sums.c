@@ -11,7 +11,12 @@
  * The grain is the update tile (e->tile elements): the update sweep reads
  * and writes one tile of a state at a time, and every other transfer moves
  * whole shards, which are whole tiles but the last. So a shard of e_u
- * elements has ceil(e_u / tile) sums, for each state on nvme. */
+ * elements has ceil(e_u / tile) sums, for each state on nvme.
+ *
+ * A tile's sum is the XXH3-64 of the XXH3-64s of its 256 KiB blocks (the
+ * last may be shorter), so the blocks are hashed by all OpenMP threads at
+ * once, each block while it is in the core's cache: hashing is then no
+ * longer one thread's pass over every byte moved. */
 #include "engine_internal.h"
 
 #include <errno.h>
@@ -19,6 +24,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <xxhash.h>
+
+#define ST_SUM_BLOCK_BYTES (256u << 10)
+
+/* Blocks in the largest tile: ST_UPDATE_TILE_ELEMS fp32 values. */
+#define ST_SUM_MAX_BLOCKS ((uint64_t)ST_UPDATE_TILE_ELEMS * 4 / ST_SUM_BLOCK_BYTES)
+
+/* The sum of len bytes at p (see above); len is at most one tile. */
+static uint64_t tile_sum(const void *p, uint64_t len)
+{
+	uint64_t nb = (len + ST_SUM_BLOCK_BYTES - 1) / ST_SUM_BLOCK_BYTES;
+	uint64_t h[ST_SUM_MAX_BLOCKS];
+
+	assert(nb >= 1 && nb <= ST_SUM_MAX_BLOCKS);
+#pragma omp parallel for schedule(static) if (nb > 1)
+	for (uint64_t b = 0; b < nb; b++)
+		h[b] = XXH3_64bits((const char *)p + b * ST_SUM_BLOCK_BYTES,
+				   ST_MIN((uint64_t)ST_SUM_BLOCK_BYTES, len - b * ST_SUM_BLOCK_BYTES));
+	return XXH3_64bits(h, nb * sizeof(*h));
+}
 
 static uint64_t state_bytes(const struct st_engine *e, enum st_state s)
 {
@@ -81,8 +105,7 @@ void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_b
 	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes, &first, &n);
 
 	for (uint64_t i = 0; v && i < n; i++)
-		v[first + i] = XXH3_64bits((const char *)buf + i * cb,
-					   ST_MIN(cb, len_bytes - i * cb));
+		v[first + i] = tile_sum((const char *)buf + i * cb, ST_MIN(cb, len_bytes - i * cb));
 }
 
 int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
@@ -92,8 +115,7 @@ int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_
 	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes, &first, &n);
 
 	for (uint64_t i = 0; v && i < n; i++) {
-		uint64_t got = XXH3_64bits((const char *)buf + i * cb,
-					   ST_MIN(cb, len_bytes - i * cb));
+		uint64_t got = tile_sum((const char *)buf + i * cb, ST_MIN(cb, len_bytes - i * cb));
 		const struct st_unit_layout *l;
 		char where[512];
 
