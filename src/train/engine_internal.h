@@ -159,6 +159,7 @@ struct st_engine {
 	double *unit_sumsq;
 	bool nonfinite;
 	uint64_t **sums;              /* [U * ST_STATE_COUNT]: per tile, nvme shards only */
+	bool *summed;                 /* [U * ST_STATE_COUNT]: written since create */
 
 	int err;
 	char errmsg[512];

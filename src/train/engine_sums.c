@@ -57,7 +57,8 @@ static uint64_t chunk_bytes(const struct st_engine *e, enum st_state s)
 int st_eng_sums_init(struct st_engine *e)
 {
 	e->sums = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->sums));
-	if (!e->sums)
+	e->summed = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->summed));
+	if (!e->sums || !e->summed)
 		return -ENOMEM;
 	if (e->cfg.no_verify_reads)
 		return 0;
@@ -79,7 +80,9 @@ void st_eng_sums_fini(struct st_engine *e)
 	for (int i = 0; e->sums && i < e->U * ST_STATE_COUNT; i++)
 		free(e->sums[i]);
 	free(e->sums);
+	free(e->summed);
 	e->sums = NULL;
+	e->summed = NULL;
 }
 
 /* The sums of shard (u, s) covering bytes [off, off + len): whole chunks,
@@ -106,6 +109,8 @@ void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_b
 
 	for (uint64_t i = 0; v && i < n; i++)
 		v[first + i] = tile_sum((const char *)buf + i * cb, ST_MIN(cb, len_bytes - i * cb));
+	if (v)
+		e->summed[u * ST_STATE_COUNT + s] = true;
 }
 
 int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
@@ -114,6 +119,10 @@ int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_
 	uint64_t first, n, cb = chunk_bytes(e, s);
 	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes, &first, &n);
 
+	/* a shard never written holds what the tier was made with: nothing
+	 * to hold it to (a G read before any backward) */
+	if (v && !e->summed[u * ST_STATE_COUNT + s])
+		return 0;
 	for (uint64_t i = 0; v && i < n; i++) {
 		uint64_t got = tile_sum((const char *)buf + i * cb, ST_MIN(cb, len_bytes - i * cb));
 		const struct st_unit_layout *l;
