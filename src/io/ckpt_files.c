@@ -520,6 +520,13 @@ static int st_ckpt_field(const char *path, struct json_object *root,
 				    key, json_type_to_name(
 					    json_object_get_type(*out)),
 				    json_type_to_name(type));
+	/* A JSON string may hold \u0000, which C would cut at: a name
+	 * "a\u0000b" would be read as "a" and a cursor "\u0000..." as none. */
+	if (type == json_type_string &&
+	    strlen(json_object_get_string(*out)) !=
+	    (size_t)json_object_get_string_len(*out))
+		return st_error_set(-EINVAL, "%s: \"%s\" holds a NUL byte",
+				    path, key);
 	return 0;
 }
 
