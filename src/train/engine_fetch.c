@@ -40,12 +40,9 @@ static int fetch_start(struct st_engine *e, int u, int i)
 	int n = 0;
 	void *host = w->home == ST_HOME_NVME ? haddr(e, &s->stage) : haddr(e, &w->ext);
 
-	if (w->home == ST_HOME_NVME) {
-		hops[n] = st_eng_hop("W nvme->host", ST_HOME_NVME, ST_IO_READ, &w->ext, 0, host,
-				     w->ext.len_bytes);
-		hops[n].unit = u;
-		hops[n++].state = ST_STATE_W;
-	}
+	if (w->home == ST_HOME_NVME)
+		hops[n++] = st_eng_shard_hop(e, "W nvme->host", u, ST_STATE_W, ST_IO_READ, 0, host,
+					     w->ext.len_bytes);
 	hops[n] = st_eng_hop("W h2d", ST_HOME_VRAM, ST_IO_WRITE, &s->ext, 0, host,
 			     w->ext.len_bytes);
 	hops[n].after = slot_widened(e, i);

@@ -58,7 +58,6 @@ static void final_sumsq(struct st_engine *e, int u, const float *g)
  * staging, add, and write it back. */
 static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 {
-	struct shard *g = shard(e, u, ST_STATE_G);
 	uint64_t bytes = e->elems[u] * sizeof(float);
 	struct hop h;
 	int ret;
@@ -66,17 +65,13 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 	if (mb == 0) {
 		if (last)
 			final_sumsq(e, u, e->landing);
-		h = st_eng_hop("G write", ST_HOME_NVME, ST_IO_WRITE, &g->ext, 0, e->landing, bytes);
-		h.unit = u;
-		h.state = ST_STATE_G;
+		h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, e->landing, bytes);
 		return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->land_busy, NULL);
 	}
 	ret = st_eng_wait_until(e, &e->gstage_busy);
 	if (ret < 0)
 		return ret;
-	h = st_eng_hop("G read", ST_HOME_NVME, ST_IO_READ, &g->ext, 0, e->gstage, bytes);
-	h.unit = u;
-	h.state = ST_STATE_G;
+	h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, 0, e->gstage, bytes);
 	ret = st_eng_chain_start(e, &e->c_gread, &h, 1, &e->gstage_busy, NULL);
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->gstage_busy);
@@ -85,9 +80,7 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 	add_into(e->gstage, e->landing, e->elems[u]);
 	if (last)
 		final_sumsq(e, u, e->gstage);
-	h = st_eng_hop("G write", ST_HOME_NVME, ST_IO_WRITE, &g->ext, 0, e->gstage, bytes);
-	h.unit = u;
-	h.state = ST_STATE_G;
+	h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, e->gstage, bytes);
 	return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->gstage_busy, NULL);
 }
 

@@ -194,6 +194,10 @@ void st_eng_lane_end(struct st_engine *e, enum st_lane l, uint64_t t0, uint64_t 
 struct hop st_eng_hop(const char *name, enum st_home tier, enum st_io_op rw,
 		      const struct st_extent *ext, uint64_t off_bytes, void *buf,
 		      uint64_t len_bytes);
+/* A hop between shard (u, s) in its home and buf; off_bytes is into the
+ * shard. It carries the shard, so an nvme hop is summed or checked. */
+struct hop st_eng_shard_hop(struct st_engine *e, const char *name, int u, enum st_state s,
+			    enum st_io_op rw, uint64_t off_bytes, void *buf, uint64_t len_bytes);
 int st_eng_chain_start(struct st_engine *e, struct chain *c, const struct hop *hops,
 		       int nhops, int *busy, bool *queued);
 int st_eng_pump(struct st_engine *e, bool block);

@@ -66,6 +66,17 @@ struct hop st_eng_hop(const char *name, enum st_home tier, enum st_io_op rw,
 			     .unit = -1 };
 }
 
+struct hop st_eng_shard_hop(struct st_engine *e, const char *name, int u, enum st_state s,
+			    enum st_io_op rw, uint64_t off_bytes, void *buf, uint64_t len_bytes)
+{
+	struct shard *x = shard(e, u, s);
+	struct hop h = st_eng_hop(name, x->home, rw, &x->ext, off_bytes, buf, len_bytes);
+
+	h.unit = u;
+	h.state = s;
+	return h;
+}
+
 static void record_error(struct st_engine *e, int ret, const char *msg)
 {
 	if (!e->err) {

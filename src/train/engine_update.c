@@ -36,10 +36,8 @@ static int upd_load(struct st_engine *e, int set, const struct tile *t)
 
 		if (x->home != ST_HOME_NVME)
 			continue;
-		h = st_eng_hop("load", ST_HOME_NVME, ST_IO_READ, &x->ext, t->t0 * 4,
-			       haddr(e, &us->ext[s]), t->n * 4);
-		h.unit = t->u;
-		h.state = s;
+		h = st_eng_shard_hop(e, "load", t->u, s, ST_IO_READ, t->t0 * 4,
+				     haddr(e, &us->ext[s]), t->n * 4);
 		ret = st_eng_chain_start(e, &us->load[s], &h, 1, &us->reads, NULL);
 		if (ret < 0)
 			return ret;
@@ -60,10 +58,8 @@ static int upd_store(struct st_engine *e, int set, const struct tile *t)
 
 		if (x->home != ST_HOME_NVME)
 			continue;
-		h = st_eng_hop("store", ST_HOME_NVME, ST_IO_WRITE, &x->ext, t->t0 * 4,
-			       haddr(e, &us->ext[s]), t->n * 4);
-		h.unit = t->u;
-		h.state = s;
+		h = st_eng_shard_hop(e, "store", t->u, s, ST_IO_WRITE, t->t0 * 4,
+				     haddr(e, &us->ext[s]), t->n * 4);
 		ret = st_eng_chain_start(e, &us->store[s], &h, 1, &us->writes, NULL);
 		if (ret < 0)
 			return ret;
@@ -71,10 +67,8 @@ static int upd_store(struct st_engine *e, int set, const struct tile *t)
 	if (w->home == ST_HOME_HOST)
 		return 0;
 	/* nvme: a write of the nvme tier; vram: an h2d copy */
-	h = st_eng_hop("store", w->home, ST_IO_WRITE, &w->ext, woff,
-		       haddr(e, &us->ext[ST_STATE_W]), wlen);
-	h.unit = t->u;
-	h.state = ST_STATE_W;
+	h = st_eng_shard_hop(e, "store", t->u, ST_STATE_W, ST_IO_WRITE, woff,
+			     haddr(e, &us->ext[ST_STATE_W]), wlen);
 	return st_eng_chain_start(e, &us->store[ST_STATE_W], &h, 1, &us->writes, NULL);
 }
 
