@@ -1,4 +1,5 @@
 # Sourced by the CLI tests (tests/cli, tests/mem): check NAME RC COMMAND...
+# (and text FILE SEED WORDS..., below, for a training text)
 # runs COMMAND with stdout and stderr in $work/out and $work/err, and
 # passes when it exits RC; a refusal (RC 2) must also be one line on
 # stderr, and with quiet_refusals=1 nothing on stdout (strata train prints
@@ -20,4 +21,17 @@ check() {
 		echo "FAIL $name: refused but wrote to stdout"; head -3 "$work/out"; fail=1; return 1
 	fi
 	echo "ok   $name $(head -1 "$work/err")"
+}
+
+# text FILE SEED WORDS...: 4000 of WORDS drawn at random (seeded) into FILE,
+# the training text of a test.
+text() {
+	local file=$1 seed=$2
+	shift 2
+	python3 - "$seed" "$@" >"$file" <<'PY'
+import random, sys
+random.seed(int(sys.argv[1]))
+words = sys.argv[2:]
+print(' '.join(random.choice(words) for _ in range(4000)))
+PY
 }

@@ -9,13 +9,8 @@ trap 'rm -rf "$work"' EXIT
 fail=0
 M="--model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32"
 data=$work/data.txt
-python3 -c "
-import random
-random.seed(3)
-words = 'the quick brown fox jumps over a lazy dog while strata streams units'.split()
-print(' '.join(random.choice(words) for _ in range(4000)))" >"$data"
-
 . "$(dirname "$0")/check.sh"
+text "$data" 3 the quick brown fox jumps over a lazy dog while strata streams units
 
 check help 0 "$strata" --help
 check train-help 0 "$strata" train --help

@@ -16,13 +16,8 @@ export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}" # 
 export ST_QUIET=1
 M="--model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --batch 2 --nvme $work"
 data=$work/data.txt
-python3 -c "
-import random
-random.seed(3)
-words = 'the quick brown fox jumps over a lazy dog while strata streams units'.split()
-print(' '.join(random.choice(words) for _ in range(4000)))" >"$data"
-
 . "$(dirname "$0")/check.sh"
+text "$data" 3 the quick brown fox jumps over a lazy dog while strata streams units
 
 # named(WORDS): the one stderr line holds WORDS
 named() {
