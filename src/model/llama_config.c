@@ -303,21 +303,40 @@ int st_llama_config_parse(const char *text, struct st_model_config *out)
 	return 0;
 }
 
+/* d in its shortest form that reads back exactly (1e-05, 500000.0, not
+ * 1.0000000000000001e-05 or 5e+05). */
+static void st_llama_fmt_double(char *buf, size_t bytes, double d)
+{
+	if (d == floor(d) && fabs(d) < 1e15) {
+		snprintf(buf, bytes, "%.1f", d);
+		return;
+	}
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(buf, bytes, "%.*g", prec, d);
+		if (strtod(buf, NULL) == d)
+			return;
+	}
+}
+
 void st_llama_config_format(const struct st_model_config *c, char *buf, size_t bytes)
 {
+	char th[40], eps[40], f[40], lo[40], hi[40];
+	st_llama_fmt_double(th, sizeof(th), c->rope_theta);
+	st_llama_fmt_double(eps, sizeof(eps), c->norm_eps);
+	st_llama_fmt_double(f, sizeof(f), c->rope_factor);
+	st_llama_fmt_double(lo, sizeof(lo), c->rope_low_freq_factor);
+	st_llama_fmt_double(hi, sizeof(hi), c->rope_high_freq_factor);
 	int n = snprintf(buf, bytes,
 			 "layers=%d,dim=%d,heads=%d,kv-heads=%d,ffn=%d,vocab=%d,ctx=%d,"
-			 "head-dim=%d,rope-theta=%.17g,tied=%d,bias=%d,eps=%.17g",
+			 "head-dim=%d,rope-theta=%s,tied=%d,bias=%d,eps=%s",
 			 c->n_layer, c->dim, c->n_head, c->n_kv_head, c->ffn_dim, c->vocab,
-			 c->ctx, st_llama_head_dim(c), c->rope_theta, !c->untied, c->qkv_bias,
-			 c->norm_eps);
+			 c->ctx, st_llama_head_dim(c), th, !c->untied, c->qkv_bias, eps);
 	if (n < 0 || (size_t)n >= bytes)
 		return;
 	if (c->rope_type == ST_ROPE_LINEAR)
-		snprintf(buf + n, bytes - (size_t)n, ",rope-scaling=linear:%.17g", c->rope_factor);
+		snprintf(buf + n, bytes - (size_t)n, ",rope-scaling=linear:%s", f);
 	else if (c->rope_type == ST_ROPE_LLAMA3)
-		snprintf(buf + n, bytes - (size_t)n, ",rope-scaling=llama3:%.17g:%.17g:%.17g:%d",
-			 c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+		snprintf(buf + n, bytes - (size_t)n, ",rope-scaling=llama3:%s:%s:%s:%d", f, lo, hi,
 			 c->rope_original_ctx);
 }
 
@@ -539,6 +558,14 @@ static void st_hf_add(struct json_object *obj, const char *key, struct json_obje
 	}
 }
 
+static struct json_object *st_json_double(double d)
+{
+	char buf[40];
+
+	st_llama_fmt_double(buf, sizeof(buf), d);
+	return json_object_new_double_s(d, buf);
+}
+
 int st_llama_hf_config_write(const char *path, const struct st_model_config *c,
 			     struct json_object *root)
 {
@@ -566,8 +593,8 @@ int st_llama_hf_config_write(const char *path, const struct st_model_config *c,
 	st_hf_add(root, "vocab_size", json_object_new_int64(c->vocab), &oom);
 	st_hf_add(root, "max_position_embeddings", json_object_new_int64(c->ctx), &oom);
 	st_hf_add(root, "hidden_act", json_object_new_string("silu"), &oom);
-	st_hf_add(root, "rms_norm_eps", json_object_new_double(c->norm_eps), &oom);
-	st_hf_add(root, "rope_theta", json_object_new_double(c->rope_theta), &oom);
+	st_hf_add(root, "rms_norm_eps", st_json_double(c->norm_eps), &oom);
+	st_hf_add(root, "rope_theta", st_json_double(c->rope_theta), &oom);
 	if (c->rope_type == ST_ROPE_DEFAULT) {
 		/* a NULL value is JSON null */
 		if (!oom && json_object_object_add(root, "rope_scaling", NULL))
@@ -576,12 +603,12 @@ int st_llama_hf_config_write(const char *path, const struct st_model_config *c,
 		struct json_object *rs = json_object_new_object();
 		bool l3 = c->rope_type == ST_ROPE_LLAMA3;
 		st_hf_add(rs, "rope_type", json_object_new_string(l3 ? "llama3" : "linear"), &oom);
-		st_hf_add(rs, "factor", json_object_new_double(c->rope_factor), &oom);
+		st_hf_add(rs, "factor", st_json_double(c->rope_factor), &oom);
 		if (l3) {
 			st_hf_add(rs, "low_freq_factor",
-				  json_object_new_double(c->rope_low_freq_factor), &oom);
+				  st_json_double(c->rope_low_freq_factor), &oom);
 			st_hf_add(rs, "high_freq_factor",
-				  json_object_new_double(c->rope_high_freq_factor), &oom);
+				  st_json_double(c->rope_high_freq_factor), &oom);
 			st_hf_add(rs, "original_max_position_embeddings",
 				  json_object_new_int64(c->rope_original_ctx), &oom);
 		}
@@ -594,7 +621,7 @@ int st_llama_hf_config_write(const char *path, const struct st_model_config *c,
 		st_hf_add(root, "attention_bias", json_object_new_boolean(0), &oom);
 		st_hf_add(root, "mlp_bias", json_object_new_boolean(0), &oom);
 	}
-	st_hf_add(root, "initializer_range", json_object_new_double(0.02), &oom);
+	st_hf_add(root, "initializer_range", st_json_double(0.02), &oom);
 	return oom ? -ENOMEM : 0;
 }
 
