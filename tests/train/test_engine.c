@@ -1165,6 +1165,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_cuda_close_to_cpu),
 		cmocka_unit_test(test_resume),
+		cmocka_unit_test(test_llama_placement),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
