@@ -498,8 +498,7 @@ static void test_kernels_ref(void **state)
 	// SwiGLU
 	st_cpu_swiglu_fwd(y, x, x + n_el, n_el);
 	for (int i = 0; i < n_el; i++) {
-		double g = x[i] * 4.0 / 2.0;
-		g = x[i];
+		double g = x[i];
 		ref[i] = g / (1.0 + exp(-g)) * x[n_el + i];
 	}
 	close_to(y, ref, n_el, 1e-6, "swiglu_fwd");
@@ -624,7 +623,27 @@ static void test_gqa_ref(void **state)
 		}
 	close_to(o, ref, B * T * Q, 1e-5, "gqa attention out");
 	close_to(lse, lref, B * NH * T, 1e-6, "gqa attention lse");
-	/* NKV = NH is plain attention: the same as GPT-2's kernel on [q|k|v] */
+	/* NKV = NH is plain attention: GPT-2's kernel on [q|k|v] agrees */
+	{
+		const int C = NH * hd;
+		float *qkv = malloc((size_t)B * T * 3 * C * 4), *o2 = malloc((size_t)B * T * C * 4);
+		float *l2 = malloc((size_t)B * NH * T * 4), *k2 = malloc((size_t)B * T * C * 4);
+		float *v2 = malloc((size_t)B * T * C * 4), *o3 = malloc((size_t)B * T * C * 4);
+		double *d = malloc((size_t)B * T * C * 8);
+		fill(k2, (size_t)B * T * C, 1.5f);
+		fill(v2, (size_t)B * T * C, 1.0f);
+		for (int r = 0; r < B * T; r++) {
+			memcpy(qkv + (size_t)r * 3 * C, q + (size_t)r * C, C * 4);
+			memcpy(qkv + (size_t)r * 3 * C + C, k2 + (size_t)r * C, C * 4);
+			memcpy(qkv + (size_t)r * 3 * C + 2 * C, v2 + (size_t)r * C, C * 4);
+		}
+		st_cpu_attention_fwd(o2, l2, qkv, B, T, C, NH);
+		st_cpu_gqa_attention_fwd(o3, lse, q, k2, v2, B, T, NH, NH, hd);
+		for (int i = 0; i < B * T * C; i++)
+			d[i] = o2[i];
+		close_to(o3, d, (size_t)B * T * C, 1e-6, "gqa with NKV = NH vs attention_fwd");
+		free(qkv); free(o2); free(l2); free(k2); free(v2); free(o3); free(d);
+	}
 	free(q); free(k); free(v); free(o); free(lse); free(ref); free(lref); free(s);
 }
 
