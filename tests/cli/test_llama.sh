@@ -72,8 +72,21 @@ first = json.loads(open(sys.argv[1]).readline())["loss"]
 assert abs(first - math.log(256)) < 0.15, first
 PY
 "$strata" train --model $model --init "$work/ck" --steps 1 --batch 2 --seq 32 \
-	>"$work/init.log" 2>&1 && ok "--init from a LLaMA checkpoint" ||
+	--metrics "$work/i1.jsonl" >"$work/init.log" 2>&1 && ok "--init from a LLaMA checkpoint" ||
 	{ bad "--init"; tail -3 "$work/init.log"; }
+# without --model: the model the checkpoint's config.json says, the same step
+"$strata" train --init "$work/ck" --steps 1 --batch 2 --seq 32 --metrics "$work/i2.jsonl" \
+	>"$work/init2.log" 2>&1 || { bad "--init without --model"; tail -3 "$work/init2.log"; }
+if python3 - "$work/i1.jsonl" "$work/i2.jsonl" <<'PY'
+import json, sys
+a, b = (json.loads(open(f).readline()) for f in sys.argv[1:])
+assert (a["loss"], a["grad_norm"]) == (b["loss"], b["grad_norm"]), (a, b)
+PY
+then
+	ok "--init without --model: the checkpoint's model, the same step"
+else
+	bad "--init without --model trains another step"; cat "$work/i1.jsonl" "$work/i2.jsonl"
+fi
 "$strata" train --model llama:layers=1,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64 \
 	--init "$work/ck" --steps 1 --seq 32 >/dev/null 2>"$work/err"
 [ $? = 2 ] && grep -q "not the model --model gives" "$work/err" &&
