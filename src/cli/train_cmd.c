@@ -51,7 +51,7 @@ static void train_usage(FILE *f)
 "                       with optional keys for head size, rope and head (docs/model.md)\n"
 "  --init FILE|DIR      start from GPT-2 weights: a Hugging Face model.safetensors or its\n"
 "                       directory, a strata checkpoint, an llm.c model file (gpt2_124M.bin);\n"
-"                       without --model, the model its config.json says\n"
+"                       without --model, the model they say (config.json, llm.c header)\n"
 "  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
 "  --grad-accum N       micro-batches per step (default 1)\n"
