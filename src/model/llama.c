@@ -218,7 +218,8 @@ static void st_carver_init(struct st_carver *cv, void *work, size_t work_bytes)
 	cv->left_bytes = work_bytes - (aligned - base);
 }
 
-/* Buffers of a layer's forward and backward. */
+/* Buffers of a layer's forward and backward (datt, dq, dk, dv alias act,
+ * gate and up where they fit: st_layer_carve). */
 struct st_layer_work {
 	float *xn, *rstd1, *q, *k, *v, *att, *lse, *h, *hn, *rstd2, *gate, *up, *act;
 	float *dh, *dn, *datt, *dq, *dk, *dv;
@@ -242,10 +243,18 @@ static void st_layer_carve(struct st_carver *cv, struct st_layer_work *w, size_t
 	w->act = st_carve(cv, N * d->F);
 	w->dh = st_carve(cv, N * d->C);
 	w->dn = st_carve(cv, N * d->C);
-	w->datt = st_carve(cv, N * d->Q);
-	w->dq = st_carve(cv, N * d->Q);
-	w->dk = st_carve(cv, N * d->KV);
-	w->dv = st_carve(cv, N * d->KV);
+	/* The attention's gradients come after the MLP's backward, when act,
+	 * gate and up are dead: they live there where they fit (F >= Q and
+	 * F >= 2 KV in every released shape), else in buffers of their own. */
+	w->datt = d->Q <= d->F ? w->act : st_carve(cv, N * d->Q);
+	w->dq = d->Q <= d->F ? w->gate : st_carve(cv, N * d->Q);
+	if (2 * d->KV <= d->F) {
+		w->dk = w->up;
+		w->dv = w->up ? w->up + N * d->KV : NULL;
+	} else {
+		w->dk = st_carve(cv, N * d->KV);
+		w->dv = st_carve(cv, N * d->KV);
+	}
 }
 
 struct st_head_work {
