@@ -599,18 +599,7 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 		if (err)
 			goto out;
 	}
-	/* every tensor the index maps is in its file */
-	json_object_object_foreach(wm, key2, val2) {
-		ssize_t f = st_ckpt_set_file_ix(s, json_object_get_string(val2));
-
-		if (!st_safetensors_find(st_ckpt_reader_file(s->r[f]), key2)) {
-			err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] names %.200s, "
-					   "which has no tensor \"%.200s\"", s->path, key2,
-					   s->names[f], key2);
-			goto out;
-		}
-	}
-	/* and every tensor of those files is mapped to the file it is in */
+	/* every tensor of those files is mapped to the file it is in */
 	for (size_t f = 0; f < s->n; f++) {
 		const struct st_safetensors *sf = st_ckpt_reader_file(s->r[f]);
 
@@ -627,13 +616,31 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 			}
 			mapped = json_object_get_string(v);
 			if (strcmp(mapped, s->names[f]) != 0) {
-				err = st_error_set(-EINVAL, "%s: tensor \"%.200s\" is in two shards, "
-						   "%.200s and %.200s (weight_map names %.200s)",
-						   s->path, t->name, s->names[f], mapped, mapped);
+				ssize_t g = st_ckpt_set_file_ix(s, mapped);
+
+				if (st_safetensors_find(st_ckpt_reader_file(s->r[g]), t->name))
+					err = st_error_set(-EINVAL, "%s: tensor \"%.200s\" is in two "
+							   "shards, %.200s and %.200s", s->path,
+							   t->name, s->names[f], mapped);
+				else
+					err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] names "
+							   "%.200s, but the tensor is in %.200s",
+							   s->path, t->name, mapped, s->names[f]);
 				goto out;
 			}
 			s->data_bytes += t->size_bytes;
 			s->count++;
+		}
+	}
+	/* and every tensor the index maps is in its file */
+	json_object_object_foreach(wm, key2, val2) {
+		ssize_t f = st_ckpt_set_file_ix(s, json_object_get_string(val2));
+
+		if (!st_safetensors_find(st_ckpt_reader_file(s->r[f]), key2)) {
+			err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] names %.200s, "
+					   "which has no tensor \"%.200s\"", s->path, key2,
+					   s->names[f], key2);
+			goto out;
 		}
 	}
 out:
