@@ -221,12 +221,14 @@ void st_ckpt_set_close(struct st_ckpt_set *s);
 /* A set of one file given by its path (any name). */
 int st_ckpt_set_open_file(struct st_ckpt_set **out, const char *path);
 
-/* Its files: the one file, or the shards in the index's order of first
- * mention; the index's file name ("" for one file); their paths. */
+/* Its files: the one file, or the shards the index names, by name; the
+ * index's file name ("" for one file). */
 size_t st_ckpt_set_files(const struct st_ckpt_set *s);
 const struct st_ckpt_reader *st_ckpt_set_reader(const struct st_ckpt_set *s, size_t i);
 const char *st_ckpt_set_file_name(const struct st_ckpt_set *s, size_t i);
 const char *st_ckpt_set_index_name(const struct st_ckpt_set *s);
+/* File i's size in bytes (as it was when the set was opened). */
+uint64_t st_ckpt_set_file_bytes(const struct st_ckpt_set *s, size_t i);
 /* Its tensors' data in bytes, summed; the path shown in messages (the
  * index, or the one file). */
 uint64_t st_ckpt_set_data_bytes(const struct st_ckpt_set *s);

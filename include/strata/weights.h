@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 struct st_weights;
+struct st_ckpt_set;
 
 /* Open path (one of the sources above). A strata checkpoint's files that
  * are read are verified (st_ckpt_verify()) first. *out goes back with
@@ -43,6 +44,11 @@ const char *st_weights_name(const struct st_weights *w);
 /* What it is: "strata checkpoint", "Hugging Face safetensors", "llm.c model
  * file, version 3 (fp32)" or "... version 5 (bf16)". Static. */
 const char *st_weights_format(const struct st_weights *w);
+
+/* The safetensors files the weights are read from (one file, or shards
+ * and their index: strata/ckpt.h), or NULL for an llm.c model file.
+ * Borrowed until close. */
+const struct st_ckpt_set *st_weights_set(const struct st_weights *w);
 
 /* The model (its family set): 0 and *out, or -ENOENT for a
  * model.safetensors file with no config.json beside it. */

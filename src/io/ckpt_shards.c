@@ -406,6 +406,7 @@ struct st_ckpt_set {
 	char index_name[96]; /* "" for one file */
 	size_t n;
 	char **names;        /* [n] file names in the directory */
+	uint64_t *bytes;     /* [n] their sizes */
 	struct st_ckpt_reader **r;
 	uint64_t data_bytes;
 	size_t count;
@@ -418,6 +419,13 @@ static char *st_ckpt_join(const char *dir, const char *name)
 	if (asprintf(&p, "%s/%s", dir, name) < 0)
 		return NULL;
 	return p;
+}
+
+static uint64_t st_ckpt_path_bytes(const char *path)
+{
+	struct stat sb;
+
+	return stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
 }
 
 static bool st_ckpt_is_file(const char *dir, const char *name)
@@ -455,6 +463,7 @@ void st_ckpt_set_close(struct st_ckpt_set *s)
 	}
 	free(s->r);
 	free(s->names);
+	free(s->bytes);
 	free(s->path);
 	free(s);
 }
@@ -463,10 +472,16 @@ static int st_ckpt_set_add(struct st_ckpt_set *s, const char *name)
 {
 	char **names = realloc(s->names, (s->n + 1) * sizeof(*names));
 	struct st_ckpt_reader **r;
+	uint64_t *bytes;
 
 	if (!names)
 		return -ENOMEM;
 	s->names = names;
+	bytes = realloc(s->bytes, (s->n + 1) * sizeof(*bytes));
+	if (!bytes)
+		return -ENOMEM;
+	s->bytes = bytes;
+	s->bytes[s->n] = 0;
 	r = realloc(s->r, (s->n + 1) * sizeof(*r));
 	if (!r)
 		return -ENOMEM;
@@ -592,6 +607,8 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 		p = st_ckpt_join(dir, file);
 		err = p ? st_ckpt_reader_open(&s->r[s->n - 1], p)
 			: st_error_set(-ENOMEM, "%s: out of memory", s->path);
+		if (!err)
+			s->bytes[s->n - 1] = st_ckpt_path_bytes(p);
 		free(p);
 		if (err == -ENOENT)
 			err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] names %.200s, "
@@ -599,6 +616,20 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 		if (err)
 			goto out;
 	}
+	/* in name order (model-00001-of-... first), as a listing shows them */
+	for (size_t i = 1; i < s->n; i++)
+		for (size_t j = i; j > 0 && strcmp(s->names[j - 1], s->names[j]) > 0; j--) {
+			char *tn = s->names[j];
+			struct st_ckpt_reader *tr = s->r[j];
+			uint64_t tb = s->bytes[j];
+
+			s->names[j] = s->names[j - 1];
+			s->r[j] = s->r[j - 1];
+			s->bytes[j] = s->bytes[j - 1];
+			s->names[j - 1] = tn;
+			s->r[j - 1] = tr;
+			s->bytes[j - 1] = tb;
+		}
 	/* every tensor of those files is mapped to the file it is in */
 	for (size_t f = 0; f < s->n; f++) {
 		const struct st_safetensors *sf = st_ckpt_reader_file(s->r[f]);
@@ -676,6 +707,7 @@ int st_ckpt_set_open(struct st_ckpt_set **out, const char *dir, const char *stem
 		else
 			err = st_ckpt_reader_open(&s->r[0], s->path); /* -ENOENT when kind 0 */
 		if (!err) {
+			s->bytes[0] = st_ckpt_path_bytes(s->path);
 			sf = st_ckpt_reader_file(s->r[0]);
 			s->count = st_safetensors_count(sf);
 			for (size_t i = 0; i < s->count; i++)
@@ -707,12 +739,18 @@ int st_ckpt_set_open_file(struct st_ckpt_set **out, const char *path)
 		st_ckpt_set_close(s);
 		return err;
 	}
+	s->bytes[0] = st_ckpt_path_bytes(path);
 	sf = st_ckpt_reader_file(s->r[0]);
 	s->count = st_safetensors_count(sf);
 	for (size_t i = 0; i < s->count; i++)
 		s->data_bytes += st_safetensors_at(sf, i)->size_bytes;
 	*out = s;
 	return 0;
+}
+
+uint64_t st_ckpt_set_file_bytes(const struct st_ckpt_set *s, size_t i)
+{
+	return s->bytes[i];
 }
 
 size_t st_ckpt_set_files(const struct st_ckpt_set *s)

@@ -403,6 +403,11 @@ const char *st_weights_name(const struct st_weights *w)
 	return w->name;
 }
 
+const struct st_ckpt_set *st_weights_set(const struct st_weights *w)
+{
+	return w->r;
+}
+
 const char *st_weights_format(const struct st_weights *w)
 {
 	return w->format;
