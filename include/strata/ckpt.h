@@ -101,6 +101,9 @@ int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path);
 /* Close. NULL does nothing. */
 void st_ckpt_reader_close(struct st_ckpt_reader *r);
 
+/* The path it was opened with. Borrowed until close. */
+const char *st_ckpt_reader_path(const struct st_ckpt_reader *r);
+
 /* The validated file (count, at, metadata...). Borrowed until close. */
 const struct st_safetensors *st_ckpt_reader_file(const struct st_ckpt_reader *r);
 

@@ -274,6 +274,11 @@ void st_ckpt_reader_close(struct st_ckpt_reader *r)
 	free(r);
 }
 
+const char *st_ckpt_reader_path(const struct st_ckpt_reader *r)
+{
+	return r->path;
+}
+
 const struct st_safetensors *st_ckpt_reader_file(const struct st_ckpt_reader *r)
 {
 	return r->sf;

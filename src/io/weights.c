@@ -484,6 +484,7 @@ static const struct st_sf_info *sf_find(const struct st_weights *w, const char *
 int st_weights_check(struct st_weights *w, const char *name, int ndim, const uint64_t *shape)
 {
 	uint64_t have[2] = { 0, 1 };
+	const char *where = w->path;
 	int have_ndim;
 
 	if (!w->r) {
@@ -495,13 +496,15 @@ int st_weights_check(struct st_weights *w, const char *name, int ndim, const uin
 			return ret;
 		llmc_shape(w, g, &have_ndim, have);
 	} else {
-		const struct st_sf_info *info = sf_find(w, name, NULL);
+		const struct st_ckpt_reader *rd = NULL;
+		const struct st_sf_info *info = sf_find(w, name, &rd);
 
 		if (!info)
 			return st_error_set(-EINVAL, "%s: tensor %s is missing", w->path, name);
+		where = st_ckpt_reader_path(rd); /* the shard that holds it */
 		if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 &&
 		    info->dtype != ST_SF_F16)
-			return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", w->path,
+			return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", where,
 					    name, st_sf_dtype_name(info->dtype));
 		have_ndim = info->ndim;
 		have[0] = info->ndim > 0 ? info->shape[0] : 1;
@@ -521,7 +524,7 @@ int st_weights_check(struct st_weights *w, const char *name, int ndim, const uin
 			snprintf(b, sizeof(b), "[%llu,%llu]", (unsigned long long)shape[0],
 				 (unsigned long long)shape[1]);
 		return st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for the model: "
-				    "%s, the model's is %s", w->path, name,
+				    "%s, the model's is %s", where, name,
 				    have_ndim > 2 ? "more than 2 dimensions" : a, b);
 	}
 	return 0;
@@ -530,8 +533,7 @@ int st_weights_check(struct st_weights *w, const char *name, int ndim, const uin
 /* Every value of a tensor just read must be finite: a NaN or Inf loaded
  * would make every step skip (train) or every loss NaN (eval). The index
  * is in the tensor's Hugging Face layout, whatever the file's. */
-static int check_finite(const struct st_weights *w, const char *name, const float *x,
-			uint64_t n)
+static int check_finite(const char *path, const char *name, const float *x, uint64_t n)
 {
 	uint64_t k = st_f32_find_bad(x, n, false);
 	char v[32];
@@ -539,7 +541,7 @@ static int check_finite(const struct st_weights *w, const char *name, const floa
 	if (k == n)
 		return 0;
 	return st_error_set(-EINVAL, "%s: %s[%llu] is %s: not finite weights are refused",
-			    w->path, name, (unsigned long long)k, st_f32_name(x[k], v, sizeof(v)));
+			    path, name, (unsigned long long)k, st_f32_name(x[k], v, sizeof(v)));
 }
 
 int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint64_t *shape,
@@ -559,7 +561,7 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 		info = sf_find(w, name, &rd);
 		if (info->dtype == ST_SF_F32) {
 			ret = st_ckpt_reader_pread(rd, info, 0, out, n * sizeof(float));
-			return ret < 0 ? ret : check_finite(w, name, out, n);
+			return ret < 0 ? ret : check_finite(st_ckpt_reader_path(rd), name, out, n);
 		}
 		esize = 2;
 	} else {
@@ -594,5 +596,5 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 		st_llmc_transpose(out, tmp, shape[1], shape[0]);
 	free(raw);
 	free(tmp);
-	return ret < 0 ? ret : check_finite(w, name, out, n);
+	return ret < 0 ? ret : check_finite(rd ? st_ckpt_reader_path(rd) : w->path, name, out, n);
 }
