@@ -569,6 +569,7 @@ static int st_ckpt_index_parse(const char *path, struct json_object **out)
 static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 {
 	struct json_object *root = NULL, *wm = NULL, *md = NULL;
+	char sk[ST_SF_SHOW_LEN], sn[ST_SF_SHOW_LEN], sm[ST_SF_SHOW_LEN];
 	int err = st_ckpt_index_parse(s->path, &root);
 
 	if (err)
@@ -594,8 +595,8 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 
 		if (!json_object_is_type(val, json_type_string) ||
 		    !st_ckpt_plain_name(file = json_object_get_string(val))) {
-			err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] is not the name of "
-					   "a file in the directory", s->path, key);
+			err = st_error_set(-EINVAL, "%s: weight_map[\"%s\"] is not the name of "
+					   "a file in the directory", s->path, st_sf_show(key, sk));
 			goto out;
 		}
 		if (st_ckpt_set_file_ix(s, file) >= 0)
@@ -611,8 +612,9 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 			s->bytes[s->n - 1] = st_ckpt_path_bytes(p);
 		free(p);
 		if (err == -ENOENT)
-			err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] names %.200s, "
-					   "which is missing", s->path, key, file);
+			err = st_error_set(-EINVAL, "%s: weight_map[\"%s\"] names %s, "
+					   "which is missing", s->path, st_sf_show(key, sk),
+					   st_sf_show(file, sn));
 		if (err)
 			goto out;
 	}
@@ -640,9 +642,9 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 			const char *mapped;
 
 			if (!json_object_object_get_ex(wm, t->name, &v)) {
-				err = st_error_set(-EINVAL, "%s: tensor \"%.200s\" of %.200s is not in "
-						   "its weight_map", s->path, t->name,
-						   s->names[f]);
+				err = st_error_set(-EINVAL, "%s: tensor \"%s\" of %s is not in "
+						   "its weight_map", s->path, st_sf_show(t->name, sk),
+						   st_sf_show(s->names[f], sn));
 				goto out;
 			}
 			mapped = json_object_get_string(v);
@@ -650,13 +652,16 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 				ssize_t g = st_ckpt_set_file_ix(s, mapped);
 
 				if (st_safetensors_find(st_ckpt_reader_file(s->r[g]), t->name))
-					err = st_error_set(-EINVAL, "%s: tensor \"%.200s\" is in two "
-							   "shards, %.200s and %.200s", s->path,
-							   t->name, s->names[f], mapped);
+					err = st_error_set(-EINVAL, "%s: tensor \"%s\" is in two "
+							   "shards, %s and %s", s->path,
+							   st_sf_show(t->name, sk),
+							   st_sf_show(s->names[f], sn),
+							   st_sf_show(mapped, sm));
 				else
-					err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] names "
-							   "%.200s, but the tensor is in %.200s",
-							   s->path, t->name, mapped, s->names[f]);
+					err = st_error_set(-EINVAL, "%s: weight_map[\"%s\"] names "
+							   "%s, but the tensor is in %s", s->path,
+							   st_sf_show(t->name, sk), st_sf_show(mapped, sm),
+							   st_sf_show(s->names[f], sn));
 				goto out;
 			}
 			s->data_bytes += t->size_bytes;
@@ -668,9 +673,9 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 		ssize_t f = st_ckpt_set_file_ix(s, json_object_get_string(val2));
 
 		if (!st_safetensors_find(st_ckpt_reader_file(s->r[f]), key2)) {
-			err = st_error_set(-EINVAL, "%s: weight_map[\"%.200s\"] names %.200s, "
-					   "which has no tensor \"%.200s\"", s->path, key2,
-					   s->names[f], key2);
+			err = st_error_set(-EINVAL, "%s: weight_map[\"%s\"] names %s, "
+					   "which has no tensor \"%s\"", s->path, st_sf_show(key2, sk),
+					   st_sf_show(s->names[f], sn), sk);
 			goto out;
 		}
 	}
@@ -809,10 +814,11 @@ int st_ckpt_set_find(const struct st_ckpt_set *s, const char *name,
 		     const struct st_sf_info **out, const struct st_ckpt_reader **r)
 {
 	const struct st_ckpt_reader *in = NULL;
+	char sk[ST_SF_SHOW_LEN];
 
 	*out = NULL;
 	if (!st_ckpt_set_lookup(s, name, &in))
-		return st_error_set(-ENOENT, "%s: no tensor '%.200s'", s->path, name);
+		return st_error_set(-ENOENT, "%s: no tensor '%s'", s->path, st_sf_show(name, sk));
 	if (r)
 		*r = in;
 	return st_ckpt_reader_find(in, name, dtype, ndim, shape, out);

@@ -51,6 +51,13 @@ int st_ckpt_write_with_header(const char *path, const uint8_t *hdr, size_t hdr_b
 			      st_ckpt_fill_fn fill, void *ctx,
 			      uint64_t *out_bytes, uint64_t *out_xxh64);
 
+/* A name from a file as it may appear in a one-line error: control bytes
+ * spelled \xNN, cut at ST_SF_NAME_SHOWN bytes with "...", into buf
+ * (ST_SF_SHOW_LEN bytes). Returns buf. */
+#define ST_SF_NAME_SHOWN 120
+#define ST_SF_SHOW_LEN (ST_SF_NAME_SHOWN * 4 + 4)
+const char *st_sf_show(const char *s, char *buf);
+
 /* shape as "[4,8]" in buf (ST_SF_SHAPE_STR_LEN bytes hold any shape of
  * 0..ST_SF_MAX_DIMS dimensions; a shorter buf gets a cut string). Returns
  * buf. */

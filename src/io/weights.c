@@ -1,6 +1,7 @@
 /* A model's weights from a strata checkpoint, a Hugging Face directory or
  * file, or an llm.c model file (strata/weights.h). */
 #include "strata/weights.h"
+#include "io/sf_internal.h"
 #include "strata/ckpt.h"
 #include "strata/family.h"
 #include "strata/file.h"
@@ -340,15 +341,18 @@ static int check_model(struct st_weights *w)
 			}
 			for (size_t d = 0; !known && f->hf_derived && f->hf_derived[d]; d++)
 				known = fnmatch(f->hf_derived[d], name, 0) == 0;
-			if (!known)
+			if (!known) {
+				char shown[ST_SF_SHOW_LEN];
+
 				ret = st_error_set(-EINVAL, "%s%s%s: tensor %s is not one of the "
 						   "model's (%s) and not one %s derives",
 						   st_ckpt_set_index_name(w->r)[0] ? w->name : w->path,
 						   st_ckpt_set_index_name(w->r)[0] ? "/" : "",
 						   st_ckpt_set_index_name(w->r)[0]
 						   ? st_ckpt_set_file_name(w->r, k) : "",
-						   st_safetensors_at(sf, i)->name, f->title,
-						   f->title);
+						   st_sf_show(st_safetensors_at(sf, i)->name, shown),
+						   f->title, f->title);
+			}
 		}
 	}
 	st_model_destroy(m);
