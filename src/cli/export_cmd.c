@@ -1,7 +1,9 @@
 /* strata: `strata export`, a checkpoint's weights for other programs:
  *   hf    a directory with model.safetensors (fp32 or bf16) and config.json,
- *         what transformers' GPT2LMHeadModel.from_pretrained() loads, with
- *         no optimizer state;
+ *         what transformers' from_pretrained() loads, with no optimizer
+ *         state; above --shard-size (default 5e9 bytes) shards and
+ *         model.safetensors.index.json, as save_pretrained() writes them
+ *         and as a checkpoint holds them (strata/ckpt.h);
  *   llmc  one file in llm.c's GPT-2 model format (what train_gpt2.c reads
  *         as gpt2_124M.bin): 256 int32 of header (magic 20240326, version
  *         3 for fp32 or 5 for bf16, maxT, V, L, NH, C, padded V), then the
@@ -9,7 +11,8 @@
  *         (out, in) where GPT-2's Conv1D keeps (in, out), the vocabulary
  *         padded to a multiple of 128 with zero rows.
  * The source is any that strata/weights.h reads: a strata checkpoint
- * (verified first), a Hugging Face GPT-2 directory, an llm.c model file.
+ * (verified first), a Hugging Face directory (one file or shards), an llm.c
+ * model file.
  * One tensor is in memory at a time.
  * The output appears whole or not at all: written under a temporary name
  * (removed on any failure and on SIGINT/SIGTERM/SIGHUP), fsynced, renamed

@@ -16,6 +16,7 @@ struct fill_ctx {
 	struct st_engine *e;
 	const struct st_ckpt_tensor *t; /* [tensor]: names for messages */
 	char bad[256];        /* the first value refused, "" when none */
+	size_t bad_ti;        /* and its tensor */
 	int *unit;            /* [tensor] */
 	uint64_t *off_elems;  /* [tensor] */
 	enum st_state *state; /* [tensor] */
@@ -53,6 +54,7 @@ static int fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
 		c->staged = key;
 	}
 	memcpy(buf, (const char *)(c->unit_buf + c->off_elems[ti]) + off, len);
+	c->bad_ti = ti;
 	return check_state(c->state[ti], c->t[ti].name, buf, off / sizeof(float),
 			   len / sizeof(float), c->bad, sizeof(c->bad));
 }
@@ -155,7 +157,7 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *st
 		ret = st_ckpt_layout_write(dir, &l, t, fill, &c, tr);
 	if (ret < 0 && c.bad[0]) /* not the temporary file's name: it is gone */
 		ret = st_error_set(-EINVAL, "%s: %s: a state that is not finite is not saved",
-				   l.n_files == 1 ? l.files[0].name : stem, c.bad);
+				   l.files[l.file_of[c.bad_ti]].name, c.bad);
 	st_ckpt_layout_free(&l);
 	free(c.unit_buf);
 	free_list(t, names, unit, off, st, n);
