@@ -197,6 +197,13 @@ int st_ckpt_layout_index_json(const struct st_ckpt_layout *l,
 			      const struct st_ckpt_tensor *tensors, char **out,
 			      size_t *out_len);
 
+/* The index into dir (nothing when n_files is 1), atomically; listed in tr
+ * (when not NULL) with its size and XXH64. For writers by parts, once the
+ * shards are written. */
+int st_ckpt_layout_write_index(const char *dir, const struct st_ckpt_layout *l,
+			       const struct st_ckpt_tensor *tensors,
+			       struct st_ckpt_trainer *tr);
+
 /* Every file of the layout into dir: the shards, then the index (n_files >
  * 1), each written atomically and, when tr is not NULL, listed in it with
  * its size and XXH64. fill as for st_ckpt_layout_write_file(). */

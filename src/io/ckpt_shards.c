@@ -364,23 +364,17 @@ int st_ckpt_layout_index_json(const struct st_ckpt_layout *l,
 	return 0;
 }
 
-int st_ckpt_layout_write(const char *dir, const struct st_ckpt_layout *l,
-			 const struct st_ckpt_tensor *tensors, st_ckpt_fill_fn fill,
-			 void *ctx, struct st_ckpt_trainer *tr)
+int st_ckpt_layout_write_index(const char *dir, const struct st_ckpt_layout *l,
+			       const struct st_ckpt_tensor *tensors,
+			       struct st_ckpt_trainer *tr)
 {
 	struct st_file_atomic fa;
-	uint64_t bytes, hash;
 	char path[4096], *text = NULL;
 	size_t len = 0;
-	int err = 0;
+	int err;
 
-	for (size_t f = 0; !err && f < l->n_files; f++) {
-		err = st_ckpt_layout_write_file(dir, l, tensors, f, fill, ctx, &bytes, &hash);
-		if (!err && tr)
-			err = st_ckpt_trainer_add(tr, l->files[f].name, bytes, hash);
-	}
-	if (err || l->n_files == 1)
-		return err;
+	if (l->n_files == 1)
+		return 0;
 	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, l->index_name) >= sizeof(path))
 		return st_error_set(-ENAMETOOLONG, "%s/%s: path too long", dir, l->index_name);
 	err = st_ckpt_layout_index_json(l, tensors, &text, &len);
@@ -397,6 +391,21 @@ int st_ckpt_layout_write(const char *dir, const struct st_ckpt_layout *l,
 		err = st_ckpt_trainer_add(tr, l->index_name, len, XXH64(text, len, 0));
 	free(text);
 	return err;
+}
+
+int st_ckpt_layout_write(const char *dir, const struct st_ckpt_layout *l,
+			 const struct st_ckpt_tensor *tensors, st_ckpt_fill_fn fill,
+			 void *ctx, struct st_ckpt_trainer *tr)
+{
+	uint64_t bytes, hash;
+	int err = 0;
+
+	for (size_t f = 0; !err && f < l->n_files; f++) {
+		err = st_ckpt_layout_write_file(dir, l, tensors, f, fill, ctx, &bytes, &hash);
+		if (!err && tr)
+			err = st_ckpt_trainer_add(tr, l->files[f].name, bytes, hash);
+	}
+	return err ? err : st_ckpt_layout_write_index(dir, l, tensors, tr);
 }
 
 /* ---- reading a set ---------------------------------------------------------- */

@@ -226,7 +226,8 @@ static int open_dir(struct st_weights *w, const char *path)
 	bool trainer = exists_in(path, ST_CKPT_TRAINER_FILE);
 	bool config = exists_in(path, ST_CKPT_CONFIG_FILE);
 
-	if (!trainer && exists_in(path, ST_CKPT_OPTIM_FILE))
+	if (!trainer && (exists_in(path, ST_CKPT_OPTIM_FILE) ||
+			 exists_in(path, ST_CKPT_OPTIM_STEM ST_CKPT_INDEX_SUFFIX)))
 		return st_error_set(-EINVAL, "%s: a strata checkpoint without its %s (damaged)",
 				    path, ST_CKPT_TRAINER_FILE);
 	kind = trainer ? 0 : st_ckpt_set_kind(path, ST_CKPT_MODEL_STEM);

@@ -7,13 +7,15 @@ Tensors are PyTorch's (Debian's python3-torch); transformers is not needed."""
 import json
 import struct
 
-import torch
 
-DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-         torch.bool: "BOOL", torch.int32: "I32"}
+def _dtype_name(t):
+    import torch  # only where tensors are made: reading needs no torch
+    return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+            torch.bool: "BOOL", torch.int32: "I32"}[t.dtype]
 
 
 def tensor_bytes(t):
+    import torch
     t = t.contiguous()
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its bit patterns
         t = t.view(torch.int16)
@@ -27,7 +29,7 @@ def write_safetensors(path, tensors, metadata=None):
         hdr["__metadata__"] = metadata
     for name, t in tensors:
         b = tensor_bytes(t)
-        hdr[name] = {"dtype": DTYPE[t.dtype], "shape": list(t.shape),
+        hdr[name] = {"dtype": _dtype_name(t), "shape": list(t.shape),
                      "data_offsets": [off, off + len(b)]}
         off += len(b)
         blobs.append(b)
@@ -111,6 +113,7 @@ def gpt2_tensors(L, C, V, T, seed, dtype, buffers=True):
     """A GPT2LMHeadModel state_dict in its order, with transformers' names
     ("transformer." prefix, the tied lm_head.weight, and with buffers the
     attn.bias masks and attn.masked_bias of older files), random values."""
+    import torch
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, std=0.02):

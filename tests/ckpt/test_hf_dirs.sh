@@ -176,7 +176,7 @@ PY
 # --- refusals ----------------------------------------------------------------------
 # each a copy of hf-bf16 damaged in one way; exit 2, one line, naming it
 python3 - "$work" <<'PY' || fail=1
-import json, os, shutil, sys, torch
+import json, os, shutil, struct, sys
 import hfdir
 w = sys.argv[1]
 src = f"{w}/hf-bf16"
@@ -200,7 +200,7 @@ def rewrite(d, fname, edit):
         hdr[k] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
         off += len(raw)
         blobs.append(raw)
-    import struct
+
     h = json.dumps(hdr).encode()
     h += b" " * (-len(h) % 8)
     with open(f"{d}/{fname}", "wb") as f:
