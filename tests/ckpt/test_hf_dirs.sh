@@ -5,6 +5,8 @@
 #     tensor order), whose index text is json.dumps(indent=2, sort_keys=True),
 #     whose tensors are the unsharded run's bytes; the same losses; a resume
 #     from a sharded checkpoint ends byte-identical to the run it resumes;
+#     a run saving shards at every step (--resume auto) killed with SIGKILL
+#     at several instants always leaves latest a whole, verified checkpoint;
 #   - export --shard-size writes the checkpoint's shards byte for byte, and
 #     --init from that export gives the first loss --init from the
 #     checkpoint gives;
@@ -86,6 +88,28 @@ for f in "$work/sh/step-000004"/*; do
 		{ echo "FAIL resumed from shards: $(basename "$f") differs"; fail=1; }
 done
 echo "ok   resumed from a sharded checkpoint: step 4 byte-identical"
+
+# SIGKILL while shards are being saved: latest always names a whole,
+# verified checkpoint (the directory protocol is the same for many files)
+kills=0
+for delay in 0.6 1.0 1.5 2.1 2.8 3.6; do
+	[ "$kills" -ge 3 ] && break
+	"$strata" train --model layers=4,dim=128,heads=2,vocab=256,ctx=64 --seq 32 --batch 2 \
+		--data "$data" --seed 3 --steps 1000 --save-every 1 --keep 2 --save "$work/kill" \
+		--shard-size 32K --resume auto >/dev/null 2>&1 &
+	pid=$!
+	sleep "$delay"
+	kill -KILL "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	if [ -e "$work/kill/latest" ]; then
+		"$strata" info --ckpt "$work/kill" --verify >"$work/out" 2>&1 ||
+			{ echo "FAIL killed after ${delay}s: $(grep -m1 -E 'DAMAGED|FAILED|strata:' "$work/out")"; fail=1; }
+		kills=$((kills + 1))
+	fi
+done
+n=$(ls "$work/kill/latest" | grep -c '^optimizer-')
+[ "$kills" -ge 2 ] && [ "$n" -gt 20 ] && echo "ok   SIGKILL during sharded saves ($kills with a checkpoint, $n optimizer shards): latest verified" ||
+	{ echo "FAIL kill test: $kills kills with a checkpoint, $n optimizer shards"; fail=1; }
 
 # export writes the checkpoint's layout; --init from it is --init from ck
 check export-sharded 0 "$strata" export --ckpt "$work/sh" --out "$work/ex" --shard-size 64K
