@@ -170,12 +170,12 @@ struct st_ckpt_layout {
  * ("model") for a shard size of shard_bytes (0: ST_CKPT_SHARD_BYTES_DEFAULT).
  * One file, STEM.safetensors, when the data fits: then its bytes are exactly
  * st_ckpt_write_safetensors()'s. Checks as st_ckpt_write_safetensors() does.
- * Returns 0 (free l with st_ckpt_layout_free()), -EINVAL, -ENOMEM. */
-int st_ckpt_layout_plan(struct st_ckpt_layout *l, const char *stem,
+ * Returns 0 (free l with st_ckpt_layout_fini()), -EINVAL, -ENOMEM. */
+int st_ckpt_layout_init(struct st_ckpt_layout *l, const char *stem,
 			const struct st_ckpt_tensor *tensors, size_t n,
 			const struct st_sf_meta *meta, size_t n_meta,
 			uint64_t shard_bytes);
-void st_ckpt_layout_free(struct st_ckpt_layout *l);
+void st_ckpt_layout_fini(struct st_ckpt_layout *l);
 
 /* Write file f of l into dir, atomically, its data pulled through fill
  * (tensor_index: the list's, as planned; calls in the file's order), as

@@ -269,12 +269,12 @@ static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc
 	block_signals(false);
 	if (tmp_dirfd < 0)
 		st_cli_die(1, "%s: %s", p, strerror(errno));
-	ret = st_ckpt_layout_plan(&l, ST_CKPT_MODEL_STEM, ct, n, meta, 2, shard_bytes);
+	ret = st_ckpt_layout_init(&l, ST_CKPT_MODEL_STEM, ct, n, meta, 2, shard_bytes);
 	if (ret < 0)
 		st_cli_die(ret == -EINVAL ? 2 : 1, "--out %s: %s", out, st_error_last());
 	*n_files = l.n_files;
 	ret = st_ckpt_layout_write(tmp_path, &l, ct, hf_fill, &h, NULL);
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 	if (ret < 0)
 		die_read(ret);
 	snprintf(p, sizeof(p), "%.4000s/%s", tmp_path, ST_CKPT_CONFIG_FILE);

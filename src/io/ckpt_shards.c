@@ -22,7 +22,7 @@
 
 /* ---- the layout ------------------------------------------------------------- */
 
-void st_ckpt_layout_free(struct st_ckpt_layout *l)
+void st_ckpt_layout_fini(struct st_ckpt_layout *l)
 {
 	if (!l)
 		return;
@@ -73,7 +73,7 @@ static size_t st_ckpt_split(const uint64_t *size, size_t n, uint64_t max, size_t
 	return next ? next : 1; /* no tensors: one empty file */
 }
 
-int st_ckpt_layout_plan(struct st_ckpt_layout *l, const char *stem,
+int st_ckpt_layout_init(struct st_ckpt_layout *l, const char *stem,
 			const struct st_ckpt_tensor *tensors, size_t n,
 			const struct st_sf_meta *meta, size_t n_meta,
 			uint64_t shard_bytes)
@@ -177,7 +177,7 @@ int st_ckpt_layout_plan(struct st_ckpt_layout *l, const char *stem,
 out:
 	free(e);
 	if (err)
-		st_ckpt_layout_free(l);
+		st_ckpt_layout_fini(l);
 	return err;
 }
 
@@ -210,6 +210,8 @@ int st_ckpt_layout_write_file(const char *dir, const struct st_ckpt_layout *l,
 				    l->n_files);
 	s = &l->files[f];
 	sub.map = s->tensors;
+	if (!fill && s->data_bytes)
+		return st_error_set(-EINVAL, "%s: no fill callback", s->name);
 	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, s->name) >= sizeof(path))
 		return st_error_set(-ENAMETOOLONG, "%s/%s: path too long", dir, s->name);
 	e = calloc(s->n_tensors + 1, sizeof(*e));

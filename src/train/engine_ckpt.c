@@ -151,14 +151,14 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *st
 	c.off_elems = off;
 	c.state = st;
 	if (ret == 0)
-		ret = st_ckpt_layout_plan(&l, stem, t, n, meta, ST_ARRAY_LEN(meta),
+		ret = st_ckpt_layout_init(&l, stem, t, n, meta, ST_ARRAY_LEN(meta),
 					  e->cfg.ckpt_shard_bytes);
 	if (ret == 0)
 		ret = st_ckpt_layout_write(dir, &l, t, fill, &c, tr);
 	if (ret < 0 && c.bad[0]) /* not the temporary file's name: it is gone */
 		ret = st_error_set(-EINVAL, "%s: %s: a state that is not finite is not saved",
 				   l.files[l.file_of[c.bad_ti]].name, c.bad);
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 	free(c.unit_buf);
 	free_list(t, names, unit, off, st, n);
 	return ret;

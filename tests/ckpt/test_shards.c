@@ -105,7 +105,7 @@ static void test_split_as_hub(void **state)
 	for (int i = 0; i < 5; i++)
 		t[i] = (struct st_ckpt_tensor){ .name = names[i], .dtype = ST_SF_U8, .ndim = 1,
 						.shape = { sizes[i] } };
-	assert_int_equal(st_ckpt_layout_plan(&l, "model", t, 5, NULL, 0, 10), 0);
+	assert_int_equal(st_ckpt_layout_init(&l, "model", t, 5, NULL, 0, 10), 0);
 	assert_int_equal(l.n_files, 4);
 	for (int i = 0; i < 5; i++)
 		assert_int_equal(l.file_of[i], want[i]);
@@ -118,22 +118,22 @@ static void test_split_as_hub(void **state)
 	/* the offsets: after the header, in file order */
 	assert_int_equal(l.offset[3], l.files[3].header_bytes);
 	assert_int_equal(l.offset[4], l.files[3].header_bytes + 2);
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 
 	/* all of it fits: one file, model.safetensors, no index */
-	assert_int_equal(st_ckpt_layout_plan(&l, "model", t, 5, NULL, 0, 50), 0);
+	assert_int_equal(st_ckpt_layout_init(&l, "model", t, 5, NULL, 0, 50), 0);
 	assert_int_equal(l.n_files, 1);
 	assert_string_equal(l.files[0].name, "model.safetensors");
 	assert_string_equal(l.index_name, "");
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 	/* 0: transformers' 5 GB */
-	assert_int_equal(st_ckpt_layout_plan(&l, "model", t, 5, NULL, 0, 0), 0);
+	assert_int_equal(st_ckpt_layout_init(&l, "model", t, 5, NULL, 0, 0), 0);
 	assert_int_equal(l.n_files, 1);
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 	/* a name given twice across shards is refused as in one file */
 	t[4].name = "layer_1";
-	assert_int_equal(st_ckpt_layout_plan(&l, "model", t, 5, NULL, 0, 10), -EINVAL);
-	assert_int_equal(st_ckpt_layout_plan(&l, "a/b", t, 4, NULL, 0, 10), -EINVAL);
+	assert_int_equal(st_ckpt_layout_init(&l, "model", t, 5, NULL, 0, 10), -EINVAL);
+	assert_int_equal(st_ckpt_layout_init(&l, "a/b", t, 4, NULL, 0, 10), -EINVAL);
 }
 
 static const char *names8[] = { "wte.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.weight",
@@ -165,7 +165,7 @@ static void test_one_file_is_the_writer(void **state)
 
 	ST_UNUSED(state);
 	tensors8(t);
-	assert_int_equal(st_ckpt_layout_plan(&l, "model", t, 8, meta, 2, 0), 0);
+	assert_int_equal(st_ckpt_layout_init(&l, "model", t, 8, meta, 2, 0), 0);
 	assert_int_equal(st_ckpt_layout_write(dir, &l, t, fill_pattern, NULL, &tr), 0);
 	assert_int_equal(tr.n_files, 1);
 	assert_string_equal(tr.files[0].name, "model.safetensors");
@@ -183,7 +183,7 @@ static void test_one_file_is_the_writer(void **state)
 	free(y);
 	free(a);
 	free(b);
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 	st_ckpt_trainer_fini(&tr);
 	free(dir);
 }
@@ -215,7 +215,7 @@ static void test_shards_whole_and_by_parts(void **state)
 	ST_UNUSED(state);
 	tensors8(t);
 	/* 64 KiB: wte (76800 bytes) alone, then the rest in order */
-	assert_int_equal(st_ckpt_layout_plan(&l, "model", t, 8, meta, 1, 64 * 1024), 0);
+	assert_int_equal(st_ckpt_layout_init(&l, "model", t, 8, meta, 1, 64 * 1024), 0);
 	assert_true(l.n_files >= 3);
 	for (size_t f = 0; f < l.n_files; f++)
 		assert_true(l.files[f].data_bytes <= 64 * 1024 || l.files[f].n_tensors == 1);
@@ -303,7 +303,7 @@ static void test_shards_whole_and_by_parts(void **state)
 	}
 	st_ckpt_set_close(s);
 	assert_int_equal(st_ckpt_verify(whole, &tr), 0);
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 	st_ckpt_trainer_fini(&tr);
 	free(whole);
 	free(parts);
@@ -320,10 +320,10 @@ static char *two_shards(const char *name)
 	struct st_ckpt_layout l;
 	char *dir = fresh_dir(name);
 
-	assert_int_equal(st_ckpt_layout_plan(&l, "model", t, 3, NULL, 0, 32), 0);
+	assert_int_equal(st_ckpt_layout_init(&l, "model", t, 3, NULL, 0, 32), 0);
 	assert_int_equal(l.n_files, 2);
 	assert_int_equal(st_ckpt_layout_write(dir, &l, t, fill_pattern, NULL, NULL), 0);
-	st_ckpt_layout_free(&l);
+	st_ckpt_layout_fini(&l);
 	return dir;
 }
 
