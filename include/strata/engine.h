@@ -44,6 +44,9 @@ struct st_engine_config {
 	const enum st_home *homes;     /* tests: the home of every (unit,
 					  state), as st_plan_input.homes;
 					  NULL = the planner's policy */
+	uint64_t ckpt_shard_bytes;     /* st_engine_save(): files over this
+					  are sharded (strata/ckpt.h); 0 =
+					  ST_CKPT_SHARD_BYTES_DEFAULT */
 };
 
 struct st_engine;

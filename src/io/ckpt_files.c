@@ -85,43 +85,27 @@ static int st_ckpt_stream_data(struct st_file_atomic *f, const char *path,
 	return err;
 }
 
-int st_ckpt_write_safetensors(const char *path,
-			      const struct st_ckpt_tensor *tensors, size_t n,
-			      const struct st_sf_meta *meta, size_t n_meta,
+int st_ckpt_write_with_header(const char *path, const uint8_t *hdr, size_t hdr_bytes,
+			      const struct st_sf_entry *entries, size_t n,
 			      st_ckpt_fill_fn fill, void *ctx,
 			      uint64_t *out_bytes, uint64_t *out_xxh64)
 {
 	struct st_file_atomic f;
-	struct st_sf_entry *entries;
 	XXH64_state_t *xs = NULL;
 	uint64_t total = 0, max_bytes = 0, digest;
-	uint8_t *hdr = NULL;
-	size_t hdr_bytes = 0;
-	int err;
+	int err = 0;
 
-	entries = calloc(n + 1, sizeof(*entries));
-	if (!entries)
+	for (size_t i = 0; i < n; i++) {
+		max_bytes = ST_MAX(max_bytes, entries[i].size_bytes);
+		total += entries[i].size_bytes;
+	}
+	if (total && !fill)
+		return st_error_set(-EINVAL, "%s: no fill callback", path);
+	if (!(xs = XXH64_createState()))
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	for (size_t i = 0; i < n; i++)
-		entries[i] = (struct st_sf_entry){
-			.name = tensors[i].name, .dtype = tensors[i].dtype,
-			.ndim = tensors[i].ndim, .shape = tensors[i].shape };
-	/* The checks and the header of st_safetensors_write(): the same
-	 * tensors give the same bytes. */
-	err = st_sf_entries_check(path, entries, n, meta, n_meta, &total);
-	if (!err && total && !fill)
-		err = st_error_set(-EINVAL, "%s: no fill callback", path);
-	if (!err)
-		err = st_sf_header_build(path, entries, n, meta, n_meta, &hdr,
-					 &hdr_bytes);
-	if (!err && !(xs = XXH64_createState()))
-		err = st_error_set(-ENOMEM, "%s: out of memory", path);
-	if (!err)
-		err = st_file_atomic_open(&f, path);
+	err = st_file_atomic_open(&f, path);
 	if (err)
 		goto out;
-	for (size_t i = 0; i < n; i++)
-		max_bytes = ST_MAX(max_bytes, entries[i].size_bytes);
 	XXH64_reset(xs, 0);
 	XXH64_update(xs, hdr, hdr_bytes);
 	err = st_file_atomic_write(&f, hdr, hdr_bytes);
@@ -142,6 +126,39 @@ int st_ckpt_write_safetensors(const char *path,
 		*out_xxh64 = digest;
 out:
 	XXH64_freeState(xs);
+	return err;
+}
+
+int st_ckpt_write_safetensors(const char *path,
+			      const struct st_ckpt_tensor *tensors, size_t n,
+			      const struct st_sf_meta *meta, size_t n_meta,
+			      st_ckpt_fill_fn fill, void *ctx,
+			      uint64_t *out_bytes, uint64_t *out_xxh64)
+{
+	struct st_sf_entry *entries;
+	uint64_t total = 0;
+	uint8_t *hdr = NULL;
+	size_t hdr_bytes = 0;
+	int err;
+
+	entries = calloc(n + 1, sizeof(*entries));
+	if (!entries)
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	for (size_t i = 0; i < n; i++)
+		entries[i] = (struct st_sf_entry){
+			.name = tensors[i].name, .dtype = tensors[i].dtype,
+			.ndim = tensors[i].ndim, .shape = tensors[i].shape };
+	/* The checks and the header of st_safetensors_write(): the same
+	 * tensors give the same bytes. */
+	err = st_sf_entries_check(path, entries, n, meta, n_meta, &total);
+	if (!err && total && !fill)
+		err = st_error_set(-EINVAL, "%s: no fill callback", path);
+	if (!err)
+		err = st_sf_header_build(path, entries, n, meta, n_meta, &hdr,
+					 &hdr_bytes);
+	if (!err)
+		err = st_ckpt_write_with_header(path, hdr, hdr_bytes, entries, n,
+						fill, ctx, out_bytes, out_xxh64);
 	free(hdr);
 	free(entries);
 	return err;
@@ -198,7 +215,7 @@ out:
 
 struct st_ckpt_reader {
 	struct st_safetensors *sf;
-	int fd;
+	int fd;            /* sf's: not ours to close */
 	uint64_t data_off; /* 8 + header length */
 	char *path;
 };
@@ -206,8 +223,6 @@ struct st_ckpt_reader {
 int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path)
 {
 	struct st_ckpt_reader *r;
-	uint8_t len8[8];
-	uint64_t hdr_bytes = 0;
 	int err;
 
 	*out = NULL;
@@ -218,43 +233,28 @@ int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path)
 	}
 	r->fd = -1;
 	err = st_safetensors_open(&r->sf, path);
-	if (err)
-		goto fail;
-	/* A second descriptor: the handle does not say where its data
-	 * starts. The header was validated through the first. */
-	r->fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (r->fd < 0) {
-		err = -errno;
-		st_error_set(err, "%s: %s", path, strerror(-err));
-		goto fail;
+	if (err) {
+		st_ckpt_reader_close(r);
+		return err;
 	}
-	err = st_file_pread_full(r->fd, len8, 8, 0, path);
-	if (err)
-		goto fail;
-	for (int i = 0; i < 8; i++)
-		hdr_bytes |= (uint64_t)len8[i] << (8 * i);
-	if (hdr_bytes > ST_SF_MAX_HEADER_BYTES) {
-		err = st_error_set(-EINVAL, "%s: changed while being opened",
-				   path);
-		goto fail;
-	}
-	r->data_off = 8 + hdr_bytes;
+	/* the handle's descriptor: the header it validated is the one read */
+	r->fd = st_sf_file_fd(r->sf, &r->data_off);
 	*out = r;
 	return 0;
-fail:
-	st_ckpt_reader_close(r);
-	return err;
 }
 
 void st_ckpt_reader_close(struct st_ckpt_reader *r)
 {
 	if (!r)
 		return;
-	st_safetensors_close(r->sf);
-	if (r->fd >= 0)
-		close(r->fd);
+	st_safetensors_close(r->sf); /* and r->fd, its descriptor */
 	free(r->path);
 	free(r);
+}
+
+const char *st_ckpt_reader_path(const struct st_ckpt_reader *r)
+{
+	return r->path;
 }
 
 const struct st_safetensors *st_ckpt_reader_file(const struct st_ckpt_reader *r)
