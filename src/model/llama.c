@@ -595,6 +595,12 @@ static int st_llama_logits(const struct st_model *m, const float *params, const 
 static const char *const st_llama_model_types[] = { "llama", "qwen2", NULL };
 static const char *const st_llama_architectures[] = { "LlamaForCausalLM", "Qwen2ForCausalLM",
 						       NULL };
+/* What transformers' LLaMA / Qwen2 files may hold besides the model: a
+ * tied head's copy of the embedding and, in older files, the rotary
+ * inv_freq buffers. (An untied lm_head.weight is the model's own.) */
+static const char *const st_llama_hf_derived[] = { "lm_head.weight",
+						    "model.layers.*.self_attn.rotary_emb.inv_freq",
+						    NULL };
 
 const struct st_family_ops st_family_llama = {
 	.name = "llama",
@@ -622,4 +628,5 @@ const struct st_family_ops st_family_llama = {
 	.bwd = st_llama_bwd,
 	.flops_per_token = st_llama_flops_per_token,
 	.logits = st_llama_logits,
+	.hf_derived = st_llama_hf_derived,
 };
