@@ -34,6 +34,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm_ref.h"
+
 #define MiB (1024ull * 1024ull)
 
 static struct st_comm *g_comm; /* for CHECK's abort */
@@ -108,85 +110,6 @@ static void close_world(struct world *w)
 	g_comm = NULL;
 }
 
-/* ---- rank-seeded data ------------------------------------------------------------ */
-
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
-/* Element i of rank q's buffer for test salt: magnitudes spread over many
- * binades, so the sum's bits depend on the order of its terms; element 0
- * is -0.0 on every rank (a fold from +0 would give +0.0); element 1 a
- * subnormal. */
-static double value(int q, size_t i, uint64_t salt)
-{
-	uint64_t h = mix(salt * 1000003u + (uint64_t)q * 7919u + i);
-	double m = (double)(h & 0xffffff) / (double)0x1000000 - 0.5;
-	int e = (int)((h >> 24) % 40) - 20;
-
-	if (i == 0)
-		return -0.0;
-	if (i == 1)
-		return 1e-41 * (q + 1);
-	return ldexp(m, e);
-}
-
-static void gen(void *p, size_t n, enum st_comm_dtype dt, int q, uint64_t salt)
-{
-	for (size_t i = 0; i < n; i++) {
-		double v = value(q, i, salt);
-
-		if (dt == ST_COMM_F32)
-			((float *)p)[i] = (float)v;
-		else if (dt == ST_COMM_F64)
-			((double *)p)[i] = v * (1.0 + 1e-9 * (double)q);
-		else
-			((uint16_t *)p)[i] = (uint16_t)(mix(salt + (uint64_t)q * 31 + i) & 0xffff);
-	}
-}
-
-/* ref[i] = fold over q of in_q[off + i], in rank order (strata/comm.h). */
-static void fold(void *ref, size_t n, size_t off, size_t per_rank, enum st_comm_dtype dt, int world,
-		 uint64_t salt, bool reverse)
-{
-	size_t eb = st_comm_dtype_bytes(dt);
-	char *all = malloc(per_rank * eb * (size_t)world);
-
-	CHECK(all, "out of memory");
-	for (int q = 0; q < world; q++)
-		gen(all + (size_t)q * per_rank * eb, per_rank, dt, q, salt);
-	for (size_t i = 0; i < n; i++) {
-		if (dt == ST_COMM_F32) {
-			const float *a = (const float *)all;
-			int q0 = reverse ? world - 1 : 0;
-			float acc = a[(size_t)q0 * per_rank + off + i];
-
-			for (int k = 1; k < world; k++) {
-				int q = reverse ? world - 1 - k : k;
-
-				acc += a[(size_t)q * per_rank + off + i];
-			}
-			((float *)ref)[i] = acc;
-		} else {
-			const double *a = (const double *)all;
-			int q0 = reverse ? world - 1 : 0;
-			double acc = a[(size_t)q0 * per_rank + off + i];
-
-			for (int k = 1; k < world; k++) {
-				int q = reverse ? world - 1 - k : k;
-
-				acc += a[(size_t)q * per_rank + off + i];
-			}
-			((double *)ref)[i] = acc;
-		}
-	}
-	free(all);
-}
-
 static const char *dt_name(enum st_comm_dtype dt)
 {
 	return dt == ST_COMM_F32 ? "f32" : dt == ST_COMM_F64 ? "f64" : "bf16";
@@ -205,7 +128,7 @@ static void test_reduce_scatter(struct world *w, size_t n, enum st_comm_dtype dt
 	gen(send, N * n, dt, w->rank, salt);
 	CHECK(st_comm_reduce_scatter(w->comm, send, recv, n, dt) == 0, "reduce_scatter");
 	CHECK(st_comm_sync(w->comm) == 0, "sync");
-	fold(ref, n, (size_t)w->rank * n, N * n, dt, w->n, salt, false);
+	CHECK(fold(ref, n, (size_t)w->rank * n, N * n, dt, w->n, salt, false) == 0, "oom");
 	CHECK(memcmp(recv, ref, n * eb) == 0, "reduce_scatter %s n=%zu %s differs from the fold",
 	      dt_name(dt), n, in_place ? "in place" : "out of place");
 	/* The check can fail: element 0 is -0.0 on every rank (a fold from +0
@@ -214,7 +137,7 @@ static void test_reduce_scatter(struct world *w, size_t n, enum st_comm_dtype dt
 	CHECK(w->rank != 0 || signbit(dt == ST_COMM_F32 ? (double)((float *)recv)[0] : ((double *)recv)[0]),
 	      "element 0 lost the sign of -0.0");
 	if (w->n >= 3 && n >= 64) {
-		fold(rev, n, (size_t)w->rank * n, N * n, dt, w->n, salt, true);
+		CHECK(fold(rev, n, (size_t)w->rank * n, N * n, dt, w->n, salt, true) == 0, "oom");
 		CHECK(memcmp(rev, ref, n * eb) != 0, "the data does not tell orders apart");
 	}
 	free(ref);
@@ -231,7 +154,7 @@ static void test_allreduce(struct world *w, size_t n, enum st_comm_dtype dt, boo
 	gen(send, n, dt, w->rank, salt);
 	CHECK(st_comm_allreduce(w->comm, send, recv, n, dt) == 0, "allreduce");
 	CHECK(st_comm_sync(w->comm) == 0, "sync");
-	fold(ref, n, 0, n, dt, w->n, salt, false);
+	CHECK(fold(ref, n, 0, n, dt, w->n, salt, false) == 0, "oom");
 	CHECK(memcmp(recv, ref, n * eb) == 0, "allreduce %s n=%zu %s differs from the fold",
 	      dt_name(dt), n, in_place ? "in place" : "out of place");
 	free(ref);
