@@ -298,6 +298,10 @@ void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s);
 int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes);
 /* Every rank reaches it before any leaves. 0 or -errno. */
 int st_comm_barrier(struct st_comm *c);
+/* Blocking broadcast of host memory, off the queue: every rank's buf
+ * (bytes, the same on every rank) gets root's (the step to resume, a
+ * checkpoint's name). Small buffers: it moves world * bytes. 0 or -errno. */
+int st_comm_host_broadcast(struct st_comm *c, void *buf, size_t bytes, int root);
 
 /* Bytes of each text kept by st_comm_agree() (longer lines are cut). */
 #define ST_COMM_AGREE_TEXT 200
@@ -320,6 +324,10 @@ struct st_comm_disagreement {
  * rank calls it. */
 int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
 		  struct st_comm_disagreement *out);
+/* The one line a CLI prints for d (no newline): "ranks disagree at line
+ * 2: rank 0 has 'steps=400', rank 1 has 'steps=300'". Returns buf. */
+const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char *buf,
+				      size_t bytes);
 
 /* End every rank of the job now with exit code code (mpi: MPI_Abort, so
  * the launcher stops the others), after flushing stdio. For a rank that

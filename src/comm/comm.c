@@ -655,6 +655,30 @@ int st_comm_barrier(struct st_comm *c)
 	return ret;
 }
 
+int st_comm_host_broadcast(struct st_comm *c, void *buf, size_t bytes, int root)
+{
+	char *all;
+	int ret;
+
+	assert(c && (buf || !bytes));
+	if (root < 0 || root >= c->world)
+		return st_error_set(-EINVAL, "comm host broadcast: root %d outside world %d", root,
+				    c->world);
+	if (c->world == 1 || bytes == 0)
+		return 0;
+	if (bytes > SIZE_MAX / (size_t)c->world)
+		return st_error_set(-EOVERFLOW, "comm host broadcast: %zu bytes overflow", bytes);
+	all = malloc(bytes * (size_t)c->world);
+	if (!all)
+		return st_error_set(-ENOMEM, "comm host broadcast: out of memory for %zu bytes",
+				    bytes * (size_t)c->world);
+	ret = st_comm_host_allgather(c, buf, all, bytes);
+	if (ret == 0)
+		memcpy(buf, all + (size_t)root * bytes, bytes);
+	free(all);
+	return ret;
+}
+
 /* Line i's text as st_comm_agree() reports it: cut to fit, "(none)" past n. */
 static void st_comm_agree_text(char *dst, const char *const *lines, int n, int i)
 {
@@ -738,6 +762,14 @@ out:
 	free(hs);
 	free(texts);
 	return ret;
+}
+
+const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char *buf,
+				      size_t bytes)
+{
+	snprintf(buf, bytes, "ranks disagree at line %d: rank 0 has '%s', rank %d has '%s'",
+		 d->line, d->rank0_text, d->rank, d->rank_text);
+	return buf;
 }
 
 _Noreturn void st_comm_abort(struct st_comm *c, int code)

@@ -375,6 +375,14 @@ static void test_host(struct world *w)
 	for (int q = 0; q < w->n; q++)
 		CHECK(all[2 * q] == q && all[2 * q + 1] == 1000 + q, "host slot %d", q);
 	CHECK(st_comm_barrier(w->comm) == 0, "barrier");
+	for (int root = 0; root < w->n; root++) {
+		long v[3] = { w->rank, 7 * w->rank, -w->rank };
+
+		CHECK(st_comm_host_broadcast(w->comm, v, sizeof(v), root) == 0, "host broadcast");
+		CHECK(v[0] == root && v[1] == 7 * root && v[2] == -root, "host broadcast root %d",
+		      root);
+	}
+	CHECK(st_comm_host_broadcast(w->comm, mine, sizeof(mine), w->n) == -EINVAL, "bad root");
 	CHECK(st_comm_agree(w->comm, lines, 3, &d) == 0, "the same lines agree");
 	CHECK(st_comm_agree(w->comm, lines, 0, NULL) == 0, "no lines agree");
 	/* The last rank has one line fewer: line 2 differs, "(none)". */
@@ -382,6 +390,19 @@ static void test_host(struct world *w)
 	CHECK(d.line == 2 && d.rank == w->n - 1, "line %d rank %d", d.line, d.rank);
 	CHECK(strcmp(d.rank0_text, lines[2]) == 0 && strcmp(d.rank_text, "(none)") == 0,
 	      "texts '%s' '%s'", d.rank0_text, d.rank_text);
+	/* A line longer than ST_COMM_AGREE_TEXT is cut, with "...". */
+	{
+		char longline[3 * ST_COMM_AGREE_TEXT];
+		const char *one[1] = { longline };
+
+		memset(longline, 'a' + (w->rank == 1), sizeof(longline) - 1);
+		longline[sizeof(longline) - 1] = 0;
+		CHECK(st_comm_agree(w->comm, one, 1, &d) == 1 && d.rank == 1, "long lines differ");
+		CHECK(strlen(d.rank_text) == ST_COMM_AGREE_TEXT - 1 &&
+			      strcmp(d.rank_text + ST_COMM_AGREE_TEXT - 4, "...") == 0 &&
+			      d.rank_text[0] == 'b' && d.rank0_text[0] == 'a',
+		      "cut '%s'", d.rank_text);
+	}
 	free(all);
 }
 
@@ -415,6 +436,7 @@ static int run_mismatch(void)
 	struct world w;
 	struct st_comm_disagreement d;
 	const char *lines[] = { "model=tiny", "seed=1", "steps=400", "lr=0.001" };
+	char text[2 * ST_COMM_AGREE_TEXT + 64];
 	int ret;
 
 	open_world(&w, 30);
@@ -426,8 +448,8 @@ static int run_mismatch(void)
 		      strcmp(d.rank_text, "steps=300") == 0,
 	      "found line %d rank %d '%s' '%s'", d.line, d.rank, d.rank0_text, d.rank_text);
 	/* What a CLI does: one line, exit 2, on every rank. */
-	fprintf(stderr, "test_comm_mpi: rank %d: ranks disagree at line %d: rank 0 has '%s', rank %d has '%s'\n",
-		w.rank, d.line, d.rank0_text, d.rank, d.rank_text);
+	fprintf(stderr, "test_comm_mpi: rank %d: %s\n", w.rank,
+		st_comm_disagreement_line(&d, text, sizeof(text)));
 	close_world(&w);
 	return 2;
 }
