@@ -40,8 +40,14 @@
  *   reduce_scatter = all-to-all of the slices into the scratch buffer
  *                    (N * slice_elems: slot q holds rank q's slice r), then
  *                    a local sum of the N slots in rank order into out;
- *   allreduce      = all-gather of every rank's buffer into the scratch
- *                    (N * count_elems), then the same local sum into out.
+ *   allreduce      = that reduce-scatter of the first m = N * (count / N)
+ *                    elements into this rank's slice of out, an all-gather
+ *                    of the slices in place in out, and for the last
+ *                    count % N elements an all-gather into the scratch and
+ *                    the local sum (scratch: max(m, N * (count % N))
+ *                    elements). Each element is folded by one rank and
+ *                    copied by the others, so it is still the fold; the
+ *                    bytes moved are a ring allreduce's, 2 (N-1)/N.
  * The local sum is the backend's reduce_local hook (a device kernel), or,
  * on a device whose memory the host can read (the cpu device), a host
  * function on the comm's queue. The scratch is device memory given at

@@ -447,6 +447,49 @@ static int st_comm_check(struct st_comm *c, struct st_comm_call *a)
 
 /* ---- the collectives ---------------------------------------------------------- */
 
+/* Allreduce without a hook: a reduce-scatter of the first m = N * (n / N)
+ * elements (all-to-all into the scratch, the local sum into this rank's
+ * slice of recv), an allgather of the slices in place in recv, and the
+ * last n % N elements by an allgather into the scratch and the local sum.
+ * Each element is still the fold in rank order (one rank folds it, the
+ * others copy its bits); each rank moves about 2 (N-1)/N of the buffer,
+ * as a ring allreduce, and the scratch holds max(m, N * (n % N))
+ * elements. In place (recv == send) works: the slice the sum writes is
+ * read only by the all-to-all before it, the tail only by its allgather. */
+static int st_comm_allreduce_composed(struct st_comm *c, const struct st_comm_call *a)
+{
+	size_t eb = st_comm_dtype_sizes[a->dt], w = (size_t)c->world;
+	size_t slice = a->elems / w, m = slice * w, rest = a->elems - m;
+	const char *send = a->send;
+	char *recv = a->recv, *mine = recv + (size_t)c->rank * slice * eb;
+	void *scratch = NULL;
+	size_t need = ST_MAX(m, w * rest);
+	int ret;
+
+	if (!c->cfg.scratch || c->cfg.scratch_bytes < need * eb)
+		return st_error_set(-ENOSPC,
+				    "comm '%s': a composed allreduce of %zu elements needs %zu bytes of scratch, has %zu",
+				    c->ops->name, a->elems, need * eb, c->cfg.scratch_bytes);
+	scratch = c->cfg.scratch;
+	if (slice) {
+		ret = c->ops->alltoall(c, send, scratch, slice, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, mine, slice, a->dt);
+		if (ret == 0)
+			ret = c->ops->allgather(c, mine, recv, slice, a->dt);
+		if (ret < 0)
+			return ret;
+	}
+	if (rest) {
+		ret = c->ops->allgather(c, send + m * eb, scratch, rest, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, recv + m * eb, rest, a->dt);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
 static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 {
 	void *scratch = NULL;
@@ -471,12 +514,7 @@ static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 	case ST_COMM_ALLREDUCE:
 		if (c->ops->allreduce)
 			return c->ops->allreduce(c, a->send, a->recv, a->elems, a->dt);
-		ret = st_comm_scratch(c, a->elems, a->dt, &scratch);
-		if (ret == 0)
-			ret = c->ops->allgather(c, a->send, scratch, a->elems, a->dt);
-		if (ret == 0)
-			ret = st_comm_reduce_local(c, scratch, a->recv, a->elems, a->dt);
-		return ret;
+		return st_comm_allreduce_composed(c, a);
 	case ST_COMM_KINDS:
 		break;
 	}
