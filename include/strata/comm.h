@@ -229,6 +229,11 @@ void st_comm_launch(struct st_comm_launch *out);
 int st_comm_auto(const char *device_name, const struct st_comm_ops **out);
 /* The library line of ops (its library hook, else its name) into buf. */
 int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes);
+/* One line for `strata info`, starting no library: the built backends,
+ * each one's library, and the launcher's world: "local,mpi,nccl; mpi:
+ * Open MPI v4.1.4, ...; nccl: NCCL 2.28.9; launcher: mpirun, rank 0 of 2,
+ * local rank 0" (or "launcher: none, one rank"). Returns buf. */
+const char *st_comm_describe(char *buf, size_t bytes);
 /* The name of a collective kind ("allreduce", "reduce_scatter", ...). */
 const char *st_comm_kind_name(enum st_comm_kind k);
 /* Bytes of one element of dt (4, 8, 2). dt must be valid. */

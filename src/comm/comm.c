@@ -150,6 +150,31 @@ int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes)
 	return 0;
 }
 
+const char *st_comm_describe(char *buf, size_t bytes)
+{
+	struct st_comm_launch l;
+	size_t at;
+
+	assert(buf && bytes);
+	at = (size_t)snprintf(buf, bytes, "%s", st_comm_list());
+	for (size_t i = 0; i < ST_ARRAY_LEN(st_comms) && at < bytes; i++) {
+		char lib[160];
+
+		if (!st_comms[i]->library || st_comms[i]->library(lib, sizeof(lib)) < 0)
+			continue;
+		at += (size_t)snprintf(buf + at, bytes - at, "; %s: %s", st_comms[i]->name, lib);
+	}
+	st_comm_launch(&l);
+	if (at < bytes) {
+		if (l.launcher)
+			snprintf(buf + at, bytes - at, "; launcher: %s, rank %d of %d, local rank %d",
+				 l.launcher, l.rank, l.world, l.local_rank);
+		else
+			snprintf(buf + at, bytes - at, "; launcher: none, one rank");
+	}
+	return buf;
+}
+
 const char *st_comm_kind_name(enum st_comm_kind k)
 {
 	assert((unsigned)k < ST_COMM_KINDS);

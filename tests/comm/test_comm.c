@@ -206,6 +206,20 @@ static void test_launch(void **state)
 
 	assert_int_equal(st_comm_library(&st_comm_local_ops, lib, sizeof(lib)), 0);
 	assert_string_equal(lib, "local");
+	{
+		char line[512];
+
+		st_comm_describe(line, sizeof(line));
+		assert_true(strncmp(line, st_comm_list(), strlen(st_comm_list())) == 0);
+		assert_non_null(strstr(line, "launcher: none, one rank"));
+		if (st_comm_find("mpi"))
+			assert_non_null(strstr(line, "mpi: Open MPI"));
+		if (st_comm_find("nccl"))
+			assert_non_null(strstr(line, "nccl: NCCL 2."));
+		/* cut short, still a string */
+		st_comm_describe(line, 8);
+		assert_int_equal(strlen(line), 7);
+	}
 }
 
 /* World 1: the host exchange is a copy, the barrier nothing, and any lines

@@ -425,8 +425,16 @@ static void test_discovery(struct world *w)
 		      strncmp(lib, "Open MPI", 8) == 0,
 	      "library '%s'", lib);
 	CHECK(strstr(st_comm_list(), "mpi") != NULL, "list %s", st_comm_list());
-	if (w->rank == 0)
-		printf("test_comm_mpi: world %d, %s\n", w->n, lib);
+	{
+		char line[512], want[64];
+
+		snprintf(want, sizeof(want), "launcher: mpirun, rank %d of %d, local rank %d",
+			 w->rank, w->n, st_comm_local_rank(w->comm));
+		st_comm_describe(line, sizeof(line));
+		CHECK(strstr(line, want) && strstr(line, "mpi: Open MPI"), "describe '%s'", line);
+		if (w->rank == 0)
+			printf("test_comm_mpi: world %d: %s\n", w->n, line);
+	}
 }
 
 /* ---- the fault modes ----------------------------------------------------------------- */
