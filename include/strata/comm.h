@@ -120,6 +120,13 @@ struct st_comm_config {
 	 * mpi backend's watchdog: MPI_Abort). 0: $ST_COMM_TIMEOUT, else 300.
 	 * Negative: no watchdog. Unused at world 1. */
 	double timeout_s;
+	/* mpi: move every collective through a pinned host staging buffer
+	 * (device -> host copy, the MPI call on host memory, host -> device,
+	 * in pieces of at most 8 MiB a rank, all on the comm's queue). It is
+	 * on by itself on a device the host cannot address (cuda: two ranks
+	 * sharing one GPU, which NCCL refuses); set it to run that path on
+	 * the cpu device (the tests). Other backends ignore it. */
+	bool stage_host;
 };
 
 struct st_comm_ops {

@@ -1,5 +1,8 @@
 /* The mpi comm backend across ranks, run under mpirun (tests/mpi-run N):
  *
+ *   test_comm_mpi --stage the same, every comm through the host staging
+ *                         of a device the host cannot address (forced on
+ *                         the cpu device), with slices of two pieces.
  *   test_comm_mpi [all]   every collective against a reference each rank
  *                         computes from every rank's inputs (each rank's
  *                         data is generated from its rank, so any rank can
@@ -76,10 +79,12 @@ static void *take(struct world *w, size_t bytes)
 	return p;
 }
 
+static bool g_stage; /* --stage: every comm moves through host staging */
+
 static void open_world(struct world *w, double timeout_s)
 {
-	struct st_device_config dcfg = { .mem_bytes = 64 * MiB };
-	struct st_comm_config cfg = { .timeout_s = timeout_s };
+	struct st_device_config dcfg = { .mem_bytes = (g_stage ? 192 : 64) * MiB };
+	struct st_comm_config cfg = { .timeout_s = timeout_s, .stage_host = g_stage };
 	char *arena;
 
 	memset(w, 0, sizeof(*w));
@@ -244,6 +249,29 @@ static void test_collectives(struct world *w)
 			}
 }
 
+/* Staging cuts each rank's part into pieces of 8 MiB (the tests set
+ * ST_COMM_STAGE_PIECE smaller, so test_collectives' counts take many):
+ * slices of two default pieces and a bit, in place and not. Run when
+ * ST_COMM_STAGE_PIECE is unset (by hand: it takes ~30 s at 4 ranks). */
+static void test_pieces(struct world *w)
+{
+	const size_t n = 2 * MiB + 12345; /* fp32 elements: 2 pieces */
+	uint64_t mark = w->used;
+
+	if (getenv("ST_COMM_STAGE_PIECE"))
+		return;
+	for (int ip = 0; ip < 2; ip++) {
+		test_allgather(w, n, ST_COMM_F32, ip, 900 + (uint64_t)ip);
+		w->used = mark;
+		test_alltoall(w, n / (size_t)w->n + 3 * MiB, ST_COMM_F32, ip, 910 + (uint64_t)ip);
+		w->used = mark;
+		test_broadcast(w, n, ST_COMM_F32, ip, w->n - 1, 920 + (uint64_t)ip);
+		w->used = mark;
+		test_reduce_scatter(w, n / (size_t)w->n, ST_COMM_F32, ip, 930 + (uint64_t)ip);
+		w->used = mark;
+	}
+}
+
 /* Many collectives queued before one sync, ordered by an event against
  * another queue of the device (the compute's stand-in). */
 static void fill_fn(void *arg)
@@ -326,12 +354,22 @@ static void test_stats(struct world *w)
 	struct st_comm_stats s0, s1;
 	double *x = take(w, 3 * sizeof(double)), *y = take(w, 3 * (size_t)w->n * sizeof(double));
 
+	struct st_device_stats d0, d1;
+
 	st_comm_get_stats(w->comm, &s0);
+	st_device_get_stats(w->dev, &d0);
 	x[0] = x[1] = x[2] = 1;
 	CHECK(st_comm_allgather(w->comm, x, y, 3, ST_COMM_F64) == 0, "allgather");
 	CHECK(st_comm_allreduce(w->comm, x, x, 3, ST_COMM_F64) == 0, "allreduce");
 	CHECK(st_comm_sync(w->comm) == 0, "sync");
 	st_comm_get_stats(w->comm, &s1);
+	st_device_get_stats(w->dev, &d1);
+	/* Staging moves through the device's copies; MPI on the arena none. */
+	CHECK((d1.d2h_bytes > d0.d2h_bytes && d1.h2d_bytes > d0.h2d_bytes) == g_stage,
+	      "device copies %llu/%llu -> %llu/%llu with staging %s",
+	      (unsigned long long)d0.d2h_bytes, (unsigned long long)d0.h2d_bytes,
+	      (unsigned long long)d1.d2h_bytes, (unsigned long long)d1.h2d_bytes,
+	      g_stage ? "on" : "off");
 	CHECK(s1.kind[ST_COMM_ALLGATHER].calls == s0.kind[ST_COMM_ALLGATHER].calls + 1, "calls");
 	CHECK(s1.kind[ST_COMM_ALLGATHER].bytes ==
 		      s0.kind[ST_COMM_ALLGATHER].bytes + 3 * sizeof(double) * (size_t)w->n,
@@ -345,7 +383,8 @@ static void test_stats(struct world *w)
  * own communicators and queue, no crossed messages. */
 static void test_two_comms(struct world *w)
 {
-	struct st_comm_config cfg = { .scratch = take(w, 4 * MiB), .scratch_bytes = 4 * MiB };
+	struct st_comm_config cfg = { .scratch = take(w, 4 * MiB), .scratch_bytes = 4 * MiB,
+				      .stage_host = g_stage };
 	struct st_comm *c2;
 	float *a = take(w, 100 * sizeof(float)), *b = take(w, 100 * sizeof(float));
 	float *x = take(w, 100 * sizeof(float)), *y = take(w, 100 * sizeof(float));
@@ -513,7 +552,7 @@ int main(int argc, char **argv)
 	struct world w;
 
 	if (strcmp(mode, "--help") == 0) {
-		printf("usage: tests/mpi-run N test_comm_mpi [all|mismatch|kill|stuck]\n"
+		printf("usage: tests/mpi-run N test_comm_mpi [all|--stage|mismatch|kill|stuck]\n"
 		       "  the mpi comm backend across N ranks (see the top of test_comm_mpi.c)\n");
 		return 0;
 	}
@@ -523,13 +562,20 @@ int main(int argc, char **argv)
 		return run_kill();
 	if (strcmp(mode, "stuck") == 0)
 		return run_stuck();
+	if (strcmp(mode, "--stage") == 0) {
+		g_stage = true;
+		mode = "all";
+	}
 	if (strcmp(mode, "all") != 0) {
-		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, mismatch, kill, stuck)\n", mode);
+		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, --stage, mismatch, kill, stuck)\n",
+			mode);
 		return 2;
 	}
 	open_world(&w, 60);
 	test_discovery(&w);
 	test_collectives(&w);
+	if (g_stage)
+		test_pieces(&w);
 	test_queued(&w);
 	test_errors(&w);
 	test_stats(&w);
@@ -537,7 +583,8 @@ int main(int argc, char **argv)
 	test_host(&w);
 	CHECK(st_comm_barrier(w.comm) == 0, "final barrier");
 	if (w.rank == 0)
-		printf("test_comm_mpi: %d ranks: %ld checks passed on rank 0\n", w.n, g_checks);
+		printf("test_comm_mpi: %d ranks%s: %ld checks passed on rank 0\n", w.n,
+		       g_stage ? ", through host staging" : "", g_checks);
 	close_world(&w);
 	return 0;
 }
