@@ -107,7 +107,7 @@ enum st_comm_kind {
 
 /* Version of struct st_comm_ops; a table of another version is refused.
  * 2: the optional hooks async_error, host_allgather, local_rank, abort,
- * library. */
+ * sync, library. */
 #define ST_COMM_OPS_VERSION 2u
 
 struct st_comm_config {
@@ -193,6 +193,11 @@ struct st_comm_ops {
 	/* Optional. End every rank of the job now with code (MPI_Abort).
 	 * Absent: exit(code) of this process. */
 	void (*abort)(struct st_comm *c, int code);
+	/* Optional. Wait for everything queued on the comm's queue, watching
+	 * for the backend's errors and its timeout (nccl: polls the stream and
+	 * ncclCommGetAsyncError, aborts the communicator on an error so the
+	 * stream drains). 0 or -errno. Absent: st_queue_sync(). */
+	int (*sync)(struct st_comm *c);
 	/* Optional. One line naming the library behind the backend and its
 	 * version into buf ("Open MPI v4.1.4, ...", "NCCL 2.28.9"); callable
 	 * without a comm. 0 or -errno. Absent: the backend's name. */

@@ -251,7 +251,8 @@ void st_comm_destroy(struct st_comm *c)
 {
 	if (!c)
 		return;
-	st_queue_sync(c->dev, c->q);
+	if (!c->ops->sync || c->ops->sync(c) < 0)
+		st_queue_sync(c->dev, c->q);
 	c->ops->close(c);
 	st_queue_destroy(c->dev, c->q);
 	free(c->priv);
@@ -655,7 +656,7 @@ int st_comm_sync(struct st_comm *c)
 	int ret;
 
 	assert(c);
-	ret = st_queue_sync(c->dev, c->q);
+	ret = c->ops->sync ? c->ops->sync(c) : st_queue_sync(c->dev, c->q);
 	if (!c->err && c->ops->async_error)
 		c->err = c->ops->async_error(c);
 	if (c->err)

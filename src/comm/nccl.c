@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef ST_HAVE_MPI
 #include "mpi_world.h"
@@ -50,7 +51,11 @@ struct nccl_priv {
 	struct st_mpi_watch watch;
 #endif
 	bool async_reported;
+	bool aborted;     /* ncclCommAbort was called: no destroy */
+	double timeout_s; /* sync's watchdog; <= 0 (and at world 1): none */
 };
+
+static void nccl_abort(struct st_comm *c, int code);
 
 static int nccl_err(ncclResult_t r, const char *what)
 {
@@ -116,8 +121,8 @@ static int nccl_world(struct nccl_priv *p, const struct st_comm_config *cfg, ncc
 		ret = st_mpi_node_rank(p->ctl, &p->local_rank);
 		if (ret < 0)
 			return ret;
-		ret = st_mpi_watch_start(&p->watch, "comm nccl", p->rank, p->world,
-					 st_mpi_timeout(cfg->timeout_s));
+		p->timeout_s = st_mpi_timeout(cfg->timeout_s);
+		ret = st_mpi_watch_start(&p->watch, "comm nccl", p->rank, p->world, p->timeout_s);
 		if (ret < 0)
 			return ret;
 		if (p->rank == 0)
@@ -190,7 +195,8 @@ static void nccl_close(struct st_comm *c)
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
-	ncclCommDestroy(p->comm);
+	if (!p->aborted)
+		ncclCommDestroy(p->comm);
 	nccl_world_close(p);
 }
 
@@ -255,7 +261,7 @@ static int nccl_async_error(struct st_comm *c)
 	struct nccl_priv *p = st_comm_priv(c);
 	ncclResult_t r = ncclSuccess;
 
-	if (p->async_reported)
+	if (p->async_reported || p->aborted)
 		return 0;
 	if (ncclCommGetAsyncError(p->comm, &r) != ncclSuccess || r == ncclSuccess ||
 	    r == ncclInProgress)
@@ -265,6 +271,50 @@ static int nccl_async_error(struct st_comm *c)
 	st_mpi_failed();
 #endif
 	return nccl_err(r, "a collective (ncclCommGetAsyncError)");
+}
+
+/* Wait for the comm's stream by polling it, so a collective that never
+ * ends (a peer stuck or gone without mpirun seeing it) or fails inside
+ * NCCL is seen: an asynchronous error aborts the communicator (its kernels
+ * end, the stream drains) and returns -EIO; past the timeout the job ends,
+ * naming this rank, as the mpi backend's watchdog does. */
+static int nccl_sync(struct st_comm *c)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+	uint64_t t0 = st_now_ns();
+	unsigned nap_us = 1;
+
+	for (;;) {
+		cudaError_t e = cudaStreamQuery(p->stream);
+		ncclResult_t r = ncclSuccess;
+
+		if (e == cudaSuccess)
+			return 0;
+		if (e != cudaErrorNotReady)
+			return st_error_set(-EIO, "comm nccl: the comm's stream: %s",
+					    cudaGetErrorString(e));
+		if (!p->aborted && ncclCommGetAsyncError(p->comm, &r) == ncclSuccess &&
+		    r != ncclSuccess && r != ncclInProgress) {
+			int ret = nccl_err(r, "a collective (ncclCommGetAsyncError)");
+
+			ncclCommAbort(p->comm);
+			p->aborted = true;
+			p->async_reported = true;
+#ifdef ST_HAVE_MPI
+			st_mpi_failed();
+#endif
+			return ret;
+		}
+		if (p->world > 1 && p->timeout_s > 0 &&
+		    (double)(st_now_ns() - t0) > p->timeout_s * 1e9) {
+			fprintf(stderr,
+				"strata: rank %d of %d: nccl collectives have waited %.1f s for their peers (timeout %g s, ST_COMM_TIMEOUT); a rank is stuck or gone: ending the job\n",
+				p->rank, p->world, (double)(st_now_ns() - t0) / 1e9, p->timeout_s);
+			nccl_abort(c, 1);
+		}
+		usleep(nap_us);
+		nap_us = nap_us < 1000 ? nap_us * 2 : 1000;
+	}
 }
 
 static int nccl_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes)
@@ -292,7 +342,9 @@ static void nccl_abort(struct st_comm *c, int code)
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
-	ncclCommAbort(p->comm);
+	if (!p->aborted)
+		ncclCommAbort(p->comm);
+	p->aborted = true;
 #ifdef ST_HAVE_MPI
 	if (p->mpi)
 		st_mpi_abort(code);
@@ -316,5 +368,6 @@ const struct st_comm_ops st_comm_nccl_ops = {
 	.host_allgather = nccl_host_allgather,
 	.local_rank = nccl_local_rank,
 	.abort = nccl_abort,
+	.sync = nccl_sync,
 	.library = nccl_library,
 };
