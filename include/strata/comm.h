@@ -170,9 +170,10 @@ struct st_comm_ops {
 			 size_t count_elems, enum st_comm_dtype dt);
 	/* Optional. The local sum: out[i] = fold(in[0*n + i], ...,
 	 * in[(terms-1)*n + i]) with n = count_elems, in device memory, on
-	 * the comm's queue. Absent: a host function on the queue when the
-	 * device is unified (cpu), else the composed collectives fail with
-	 * -ENOTSUP. */
+	 * the comm's queue, for a device the host cannot address (cuda). On
+	 * a unified device (cpu) the core always uses its host function on
+	 * the queue instead; absent elsewhere, the composed collectives fail
+	 * with -ENOTSUP. */
 	int (*reduce_local)(struct st_comm *c, const void *in, void *out,
 			    size_t count_elems, int terms, enum st_comm_dtype dt);
 

@@ -344,7 +344,10 @@ static int st_comm_reduce_local(struct st_comm *c, const void *in, void *out,
 	struct st_comm_sum *s;
 	int ret;
 
-	if (c->ops->reduce_local)
+	/* The host sum wherever the host reads the device's memory, so every
+	 * backend on the cpu device folds with the same code; a backend's
+	 * kernel elsewhere. */
+	if (c->ops->reduce_local && !st_device_unified(c->dev))
 		return c->ops->reduce_local(c, in, out, count_elems, c->world, dt);
 	if (!st_device_unified(c->dev))
 		return st_error_set(-ENOTSUP,

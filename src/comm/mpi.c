@@ -25,6 +25,9 @@
 #include "strata/device.h"
 
 #include "mpi_world.h"
+#ifdef ST_COMM_CUDA_FOLD
+#include "nccl_cuda.h"
+#endif
 
 #include <assert.h>
 #include <errno.h>
@@ -621,6 +624,28 @@ static int mpi_broadcast(struct st_comm *c, const void *send, void *recv, size_t
 			 root);
 }
 
+/* The local sum on a device the host cannot address (the core calls it
+ * only there): the fold kernel on the comm's stream for cuda. */
+static int mpi_reduce_local(struct st_comm *c, const void *in, void *out, size_t count_elems,
+			    int terms, enum st_comm_dtype dt)
+{
+	struct st_device *d = st_comm_device(c);
+
+#ifdef ST_COMM_CUDA_FOLD
+	if (strcmp(st_device_name(d), "cuda") == 0)
+		return st_comm_cuda_fold(in, out, count_elems, terms, st_comm_dtype_bytes(dt),
+					 st_cuda_queue_stream(st_comm_queue(c)));
+#else
+	ST_UNUSED(in);
+	ST_UNUSED(out);
+	ST_UNUSED(count_elems);
+	ST_UNUSED(terms);
+	ST_UNUSED(dt);
+#endif
+	return st_error_set(-ENOTSUP, "comm mpi: no local sum for device '%s'",
+			    st_device_name(d));
+}
+
 static int mpi_async_error(struct st_comm *c)
 {
 	struct mpi_priv *p = st_comm_priv(c);
@@ -665,7 +690,9 @@ const struct st_comm_ops st_comm_mpi_ops = {
 	.allgather = mpi_allgather,
 	.broadcast = mpi_broadcast,
 	/* reduce_scatter, allreduce: absent, the core composes them in rank
-	 * order; reduce_local: absent, the core's host sum (cpu device). */
+	 * order; the local sum is the core's host sum on the cpu device, the
+	 * fold kernel on cuda. */
+	.reduce_local = mpi_reduce_local,
 	.async_error = mpi_async_error,
 	.host_allgather = mpi_host_allgather,
 	.local_rank = mpi_local_rank,
