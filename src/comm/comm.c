@@ -7,6 +7,8 @@
 
 #include "strata/device.h"
 
+#include "comm_internal.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -35,6 +37,8 @@ struct st_comm {
 	uint64_t t0_ns; /* the open collective's start; the queue's thread only */
 	struct st_comm_stamp stamp[ST_COMM_KINDS];
 };
+
+atomic_bool st_comm_exit_alike;
 
 static const struct st_comm_ops *const st_comms[] = {
 	&st_comm_local_ops,
@@ -822,6 +826,7 @@ int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
 		out->rank0_text[ST_COMM_AGREE_TEXT - 1] = 0;
 		out->rank_text[ST_COMM_AGREE_TEXT - 1] = 0;
 	}
+	atomic_store(&st_comm_exit_alike, true);
 	ret = 1;
 out:
 	free(ns);

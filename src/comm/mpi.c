@@ -24,6 +24,7 @@
 
 #include "strata/device.h"
 
+#include "comm_internal.h"
 #include "mpi_world.h"
 #ifdef ST_COMM_CUDA_FOLD
 #include "nccl_cuda.h"
@@ -44,17 +45,28 @@ static pthread_mutex_t st_mpi_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool st_mpi_started; /* by st_mpi_start (by us or by the program) */
 static atomic_bool st_mpi_bad; /* a comm failed: abort at exit */
 
-static void st_mpi_atexit(void)
+/* At exit (on_exit: it sees the status). A clean exit, or one every rank
+ * makes alike (a disagreement st_comm_agree found), finishes MPI. Any
+ * other non-zero exit, or one after a comm error, aborts the whole job
+ * at once: MPI_Finalize would wait for peers that wait in a collective
+ * for this rank, until their watchdog fired (measured: the whole
+ * timeout). */
+static void st_mpi_on_exit(int status, void *arg)
 {
-	int fin = 0;
+	int fin = 0, rank = -1, world = 0;
 
+	ST_UNUSED(arg);
 	MPI_Finalized(&fin);
 	if (fin)
 		return;
-	if (atomic_load(&st_mpi_bad)) {
-		fflush(stdout);
-		fflush(stderr);
-		MPI_Abort(MPI_COMM_WORLD, 1);
+	MPI_Comm_size(MPI_COMM_WORLD, &world);
+	if (world > 1 && (atomic_load(&st_mpi_bad) ||
+			  (status != 0 && !atomic_load(&st_comm_exit_alike)))) {
+		MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+		fprintf(stderr,
+			"strata: rank %d of %d exits with status %d while its peers may wait for it: ending the job\n",
+			rank, world, status);
+		st_mpi_abort(status ? status : 1);
 	}
 	MPI_Finalize();
 }
@@ -112,7 +124,7 @@ int st_mpi_start(void)
 			ret = st_mpi_err(rc, "MPI_Init_thread");
 			goto out;
 		}
-		atexit(st_mpi_atexit);
+		on_exit(st_mpi_on_exit, NULL);
 	} else {
 		MPI_Query_thread(&level);
 	}

@@ -5,9 +5,10 @@
  * MPI is started once per process (MPI_Init_thread, MPI_THREAD_MULTIPLE:
  * a comm's collectives run on its queue's thread while the host thread may
  * exchange on another communicator and a watchdog may abort), and finished
- * at exit (atexit: MPI_Finalize, or MPI_Abort when a comm met an error, so
- * a rank that leaves after a failure does not wait in MPI_Finalize for
- * peers stuck in a collective). A comm holds communicators of its own
+ * at exit (on_exit: MPI_Finalize after status 0 or a disagreement every
+ * rank exits on; MPI_Abort after any other failure or a comm error, so a
+ * rank that leaves alone does not wait in MPI_Finalize for peers stuck in
+ * a collective). A comm holds communicators of its own
  * (MPI_Comm_dup of MPI_COMM_WORLD), so two comms never mix messages. */
 #ifndef STRATA_COMM_MPI_WORLD_H
 #define STRATA_COMM_MPI_WORLD_H

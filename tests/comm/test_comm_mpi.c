@@ -525,6 +525,29 @@ static int run_kill(void)
 	return 0;
 }
 
+/* Rank world-1 fails alone and returns 1 from main, as a CLI would after
+ * an I/O error, while the others wait in an allreduce: exit runs
+ * MPI_Finalize on it (not MPI_Abort: no comm error). */
+static int run_exit(void)
+{
+	struct world w;
+	float *a;
+
+	open_world(&w, 0); /* $ST_COMM_TIMEOUT */
+	a = take(&w, 1024 * sizeof(float));
+	for (int it = 0; it < 1000; it++) {
+		if (it == 3 && w.rank == w.n - 1) {
+			fprintf(stderr, "test_comm_mpi: rank %d fails alone and exits 1 at step %d\n",
+				w.rank, it);
+			exit(1);
+		}
+		CHECK(st_comm_allreduce(w.comm, a, a, 1024, ST_COMM_F32) == 0, "allreduce");
+		CHECK(st_comm_sync(w.comm) == 0, "sync");
+	}
+	close_world(&w);
+	return 0;
+}
+
 static int run_stuck(void)
 {
 	struct world w;
@@ -562,6 +585,8 @@ int main(int argc, char **argv)
 		return run_kill();
 	if (strcmp(mode, "stuck") == 0)
 		return run_stuck();
+	if (strcmp(mode, "exit") == 0)
+		return run_exit();
 	if (strcmp(mode, "--stage") == 0) {
 		g_stage = true;
 		mode = "all";
