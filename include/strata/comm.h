@@ -353,6 +353,13 @@ int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
 const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char *buf,
 				      size_t bytes);
 
+/* Say that every rank will exit with the same status (a refusal all
+ * ranks make alike, after an agreement): a non-zero exit then finishes
+ * MPI, and mpirun exits with that status, instead of the exit handler
+ * ending the job with MPI_Abort as it does for a rank that fails alone
+ * (docs/comm.md, Faults). st_comm_agree() calls it when ranks differ. */
+void st_comm_exit_together(void);
+
 /* End every rank of the job now with exit code code (mpi: MPI_Abort, so
  * the launcher stops the others), after flushing stdio. For a rank that
  * fails alone while its peers may wait in a collective. */

@@ -826,7 +826,7 @@ int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
 		out->rank0_text[ST_COMM_AGREE_TEXT - 1] = 0;
 		out->rank_text[ST_COMM_AGREE_TEXT - 1] = 0;
 	}
-	atomic_store(&st_comm_exit_alike, true);
+	st_comm_exit_together();
 	ret = 1;
 out:
 	free(ns);
@@ -842,6 +842,11 @@ const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char
 	snprintf(buf, bytes, "ranks disagree at line %d: rank 0 has '%s', rank %d has '%s'",
 		 d->line, d->rank0_text, d->rank, d->rank_text);
 	return buf;
+}
+
+void st_comm_exit_together(void)
+{
+	atomic_store(&st_comm_exit_alike, true);
 }
 
 _Noreturn void st_comm_abort(struct st_comm *c, int code)
