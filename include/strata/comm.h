@@ -107,7 +107,7 @@ enum st_comm_kind {
 
 /* Version of struct st_comm_ops; a table of another version is refused.
  * 2: the optional hooks async_error, host_allgather, local_rank, abort,
- * sync, library. */
+ * sync, set_timeout, library. */
 #define ST_COMM_OPS_VERSION 2u
 
 struct st_comm_config {
@@ -117,8 +117,9 @@ struct st_comm_config {
 	size_t scratch_bytes;
 	/* Seconds one collective (or host-side exchange) may wait for its
 	 * peers before the backend ends the whole job, naming this rank (the
-	 * mpi backend's watchdog: MPI_Abort). 0: $ST_COMM_TIMEOUT, else 300.
-	 * Negative: no watchdog. Unused at world 1. */
+	 * mpi backend's watchdog: MPI_Abort). 0: $ST_COMM_TIMEOUT (0 there:
+	 * none), else 300; st_comm_create() resolves it before the backend's
+	 * open sees it. Negative: no watchdog. Unused at world 1. */
 	double timeout_s;
 	/* mpi: move every collective through a pinned host staging buffer
 	 * (device -> host copy, the MPI call on host memory, host -> device,
@@ -199,6 +200,9 @@ struct st_comm_ops {
 	 * ncclCommGetAsyncError, aborts the communicator on an error so the
 	 * stream drains). 0 or -errno. Absent: st_queue_sync(). */
 	int (*sync)(struct st_comm *c);
+	/* Optional. A new timeout for the waits of st_comm_config.timeout_s
+	 * (seconds; <= 0: none), from the next wait on. */
+	void (*set_timeout)(struct st_comm *c, double timeout_s);
 	/* Optional. One line naming the library behind the backend and its
 	 * version into buf ("Open MPI v4.1.4, ...", "NCCL 2.28.9"); callable
 	 * without a comm. 0 or -errno. Absent: the backend's name. */
@@ -322,6 +326,12 @@ void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s);
 int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes);
 /* Every rank reaches it before any leaves. 0 or -errno. */
 int st_comm_barrier(struct st_comm *c);
+/* Change how long a wait for peers may last before the job ends
+ * (st_comm_config.timeout_s; seconds, <= 0: no limit), from the next wait
+ * on: e.g. raise it around a checkpoint, where ranks legitimately wait in
+ * a barrier for the slowest writer. Returns the timeout it replaces (0:
+ * none, or a backend without one). */
+double st_comm_set_timeout(struct st_comm *c, double timeout_s);
 /* Blocking broadcast of host memory, off the queue: every rank's buf
  * (bytes, the same on every rank) gets root's (the step to resume, a
  * checkpoint's name). Small buffers: it moves world * bytes. 0 or -errno. */

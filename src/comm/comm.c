@@ -29,6 +29,7 @@ struct st_comm {
 	struct st_device *dev; /* borrowed */
 	struct st_queue *q;
 	struct st_comm_config cfg;
+	double timeout_s; /* what set_timeout last set; the backend's start value */
 	int rank, world, local_rank;
 	int err; /* sticky */
 	void *priv;
@@ -233,6 +234,24 @@ int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 			return st_error_set(-ENOMEM, "comm: out of memory");
 		}
 	}
+	/* The wait limit, resolved once: the backends see seconds or < 0. */
+	if (c->cfg.timeout_s == 0) {
+		const char *v = getenv("ST_COMM_TIMEOUT");
+		char *end;
+
+		c->cfg.timeout_s = 300;
+		if (v && *v) {
+			double t = strtod(v, &end);
+
+			if (!*end && t == t)
+				c->cfg.timeout_s = t == 0 ? -1 : t;
+			else
+				fprintf(stderr,
+					"strata: ST_COMM_TIMEOUT=%s is not a number of seconds; using 300\n",
+					v);
+		}
+	}
+	c->timeout_s = c->cfg.timeout_s > 0 ? c->cfg.timeout_s : 0;
 	ret = st_queue_create(d, &c->q);
 	if (ret < 0)
 		goto fail;
@@ -709,6 +728,18 @@ int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size
 		return st_error_set(-ENOTSUP, "comm '%s': no host-side exchange at world %d",
 				    c->ops->name, c->world);
 	return c->ops->host_allgather(c, send, recv, bytes);
+}
+
+double st_comm_set_timeout(struct st_comm *c, double timeout_s)
+{
+	double old = c->timeout_s;
+
+	assert(c);
+	if (!c->ops->set_timeout)
+		return 0;
+	c->ops->set_timeout(c, timeout_s);
+	c->timeout_s = timeout_s > 0 ? timeout_s : 0;
+	return old;
 }
 
 int st_comm_barrier(struct st_comm *c)

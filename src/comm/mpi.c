@@ -167,32 +167,19 @@ int st_mpi_node_rank(MPI_Comm comm, int *out)
 
 double st_mpi_timeout(double cfg_timeout_s)
 {
-	const char *v;
-	char *end;
-	double t;
-
-	if (cfg_timeout_s != 0)
-		return cfg_timeout_s;
-	v = getenv("ST_COMM_TIMEOUT");
-	if (v && *v) {
-		t = strtod(v, &end);
-		if (!*end)
-			return t;
-		fprintf(stderr, "strata: ST_COMM_TIMEOUT=%s is not a number of seconds; using 300\n",
-			v);
-	}
-	return 300.0;
+	/* st_comm_create() resolved 0 ($ST_COMM_TIMEOUT, 300) already. */
+	return cfg_timeout_s != 0 ? cfg_timeout_s : 300.0;
 }
 
 static void *st_mpi_watch_main(void *arg)
 {
 	struct st_mpi_watch *w = arg;
-	uint64_t limit_ns = (uint64_t)(w->timeout_s * 1e9);
-	/* Look four times a timeout, at most every second. */
-	uint64_t tick_ns = ST_MIN(limit_ns / 4 + 1, 1000000000ull);
 
 	pthread_mutex_lock(&w->lock);
 	while (!w->stop) {
+		uint64_t limit_ns = atomic_load(&w->limit_ns);
+		/* Look four times a timeout, at most every second. */
+		uint64_t tick_ns = limit_ns ? ST_MIN(limit_ns / 4 + 1, 1000000000ull) : 1000000000ull;
 		struct timespec ts;
 		uint64_t now, at;
 
@@ -203,6 +190,9 @@ static void *st_mpi_watch_main(void *arg)
 		pthread_cond_timedwait(&w->cond, &w->lock, &ts);
 		if (w->stop)
 			break;
+		limit_ns = atomic_load(&w->limit_ns);
+		if (!limit_ns)
+			continue;
 		now = st_now_ns();
 		for (int s = 0; s < ST_MPI_WATCH_SLOTS; s++) {
 			uint64_t since = atomic_load(&w->since_ns[s]);
@@ -211,13 +201,23 @@ static void *st_mpi_watch_main(void *arg)
 				fprintf(stderr,
 					"strata: rank %d of %d: %s has waited %.1f s for its peers (timeout %g s, ST_COMM_TIMEOUT); a rank is stuck or gone: ending the job\n",
 					w->rank, w->world, atomic_load(&w->what[s]),
-					(double)(now - since) / 1e9, w->timeout_s);
+					(double)(now - since) / 1e9, (double)limit_ns / 1e9);
 				st_mpi_abort(1);
 			}
 		}
 	}
 	pthread_mutex_unlock(&w->lock);
 	return NULL;
+}
+
+void st_mpi_watch_set(struct st_mpi_watch *w, double timeout_s)
+{
+	atomic_store(&w->limit_ns, timeout_s > 0 ? (uint64_t)(timeout_s * 1e9) : 0);
+}
+
+double st_mpi_watch_get(const struct st_mpi_watch *w)
+{
+	return (double)atomic_load(&w->limit_ns) / 1e9;
 }
 
 int st_mpi_watch_start(struct st_mpi_watch *w, const char *backend, int rank, int world,
@@ -229,8 +229,8 @@ int st_mpi_watch_start(struct st_mpi_watch *w, const char *backend, int rank, in
 	w->backend = backend;
 	w->rank = rank;
 	w->world = world;
-	w->timeout_s = timeout_s;
-	if (timeout_s <= 0 || world == 1)
+	st_mpi_watch_set(w, timeout_s);
+	if (world == 1)
 		return 0;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
@@ -686,6 +686,11 @@ static int mpi_local_rank(struct st_comm *c)
 	return ((struct mpi_priv *)st_comm_priv(c))->local_rank;
 }
 
+static void mpi_set_timeout(struct st_comm *c, double timeout_s)
+{
+	st_mpi_watch_set(&((struct mpi_priv *)st_comm_priv(c))->watch, timeout_s);
+}
+
 static void mpi_abort(struct st_comm *c, int code)
 {
 	ST_UNUSED(c);
@@ -709,5 +714,6 @@ const struct st_comm_ops st_comm_mpi_ops = {
 	.host_allgather = mpi_host_allgather,
 	.local_rank = mpi_local_rank,
 	.abort = mpi_abort,
+	.set_timeout = mpi_set_timeout,
 	.library = st_mpi_library,
 };

@@ -42,7 +42,7 @@ enum { ST_MPI_WATCH_QUEUE, ST_MPI_WATCH_HOST, ST_MPI_WATCH_SLOTS };
 
 struct st_mpi_watch {
 	int rank, world;
-	double timeout_s; /* <= 0: off */
+	_Atomic uint64_t limit_ns; /* 0: off (st_mpi_watch_set) */
 	const char *backend;
 	_Atomic uint64_t since_ns[ST_MPI_WATCH_SLOTS]; /* 0: not waiting */
 	const char *_Atomic what[ST_MPI_WATCH_SLOTS];
@@ -52,11 +52,17 @@ struct st_mpi_watch {
 	bool running, stop;
 };
 
-/* timeout_s as st_comm_config says: 0 reads $ST_COMM_TIMEOUT (default
- * 300), negative turns the watchdog off. */
+/* timeout_s as st_comm_config says (st_comm_create resolved 0 already;
+ * negative: off). */
 double st_mpi_timeout(double cfg_timeout_s);
+/* The thread runs at world > 1 even with the timeout off, so
+ * st_mpi_watch_set() can turn it on later. */
 int st_mpi_watch_start(struct st_mpi_watch *w, const char *backend, int rank, int world,
 		       double timeout_s);
+/* A new timeout (seconds; <= 0: off), from the next wait on. */
+void st_mpi_watch_set(struct st_mpi_watch *w, double timeout_s);
+/* The timeout now, in seconds (0: off). */
+double st_mpi_watch_get(const struct st_mpi_watch *w);
 void st_mpi_watch_stop(struct st_mpi_watch *w);
 void st_mpi_watch_enter(struct st_mpi_watch *w, int slot, const char *what);
 void st_mpi_watch_leave(struct st_mpi_watch *w, int slot);

@@ -338,6 +338,17 @@ static int nccl_local_rank(struct st_comm *c)
 	return ((struct nccl_priv *)st_comm_priv(c))->local_rank;
 }
 
+static void nccl_set_timeout(struct st_comm *c, double timeout_s)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+	p->timeout_s = timeout_s;
+#ifdef ST_HAVE_MPI
+	if (p->mpi)
+		st_mpi_watch_set(&p->watch, timeout_s);
+#endif
+}
+
 static void nccl_abort(struct st_comm *c, int code)
 {
 	struct nccl_priv *p = st_comm_priv(c);
@@ -369,5 +380,6 @@ const struct st_comm_ops st_comm_nccl_ops = {
 	.local_rank = nccl_local_rank,
 	.abort = nccl_abort,
 	.sync = nccl_sync,
+	.set_timeout = nccl_set_timeout,
 	.library = nccl_library,
 };

@@ -553,7 +553,14 @@ static int run_stuck(void)
 	struct world w;
 	float *a;
 
-	open_world(&w, 0); /* $ST_COMM_TIMEOUT */
+	double was;
+
+	/* Open with no limit, then take $ST_COMM_TIMEOUT through
+	 * st_comm_set_timeout (so a limit set while running is what fires). */
+	open_world(&w, -1);
+	was = st_comm_set_timeout(w.comm, atof(getenv("ST_COMM_TIMEOUT") ? getenv("ST_COMM_TIMEOUT")
+									    : "300"));
+	CHECK(was == 0, "the timeout was %g, opened with none", was);
 	a = take(&w, 1024 * sizeof(float));
 	for (int it = 0; it < 1000; it++) {
 		if (it == 3 && w.rank == w.n - 1) {
@@ -597,6 +604,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	open_world(&w, 60);
+	CHECK(st_comm_set_timeout(w.comm, 90) == 60 && st_comm_set_timeout(w.comm, 60) == 90,
+	      "set_timeout hands back the limit it replaces");
 	test_discovery(&w);
 	test_collectives(&w);
 	if (g_stage)
