@@ -18,8 +18,9 @@
  * the collective is done. Counts are in elements of the call's dtype.
  * A buffer must be aligned to its element size. (An in-place collective
  * at world 1 touches no memory, so there a host buffer works too, as the
- * engine's host-side norm sum; at world > 1 only an mpi backend would take
- * host memory, nccl takes device memory.)
+ * engine's host-side norm sum; at world > 1 only the mpi backend on the
+ * cpu device takes host memory: nccl, and mpi through host staging,
+ * take device memory.)
  *
  * The order promise. strata owns the reduction order, so the result is
  * bit-identical whatever the backend, the topology or the ZeRO stage:
