@@ -402,10 +402,21 @@ static int mpi_queue_staged(struct st_comm *c, enum st_comm_kind kind, const voi
 static int mpi_queue(struct st_comm *c, enum st_comm_kind kind, const void *send, void *recv,
 		     size_t count, enum st_comm_dtype dt, int root)
 {
+	struct mpi_priv *p = st_comm_priv(c);
 	struct mpi_op *op;
 	int ret;
 
-	if (((struct mpi_priv *)st_comm_priv(c))->stage)
+	/* After a failed call the ranks' collectives no longer pair up: every
+	 * later one fails too (the first error was handed back once). */
+	if (atomic_load(&p->failed)) {
+		char msg[sizeof(p->msg)];
+
+		pthread_mutex_lock(&p->lock);
+		memcpy(msg, p->msg, sizeof(msg));
+		pthread_mutex_unlock(&p->lock);
+		return st_error_set(-EIO, "%s (earlier: this comm is unusable)", msg);
+	}
+	if (p->stage)
 		return mpi_queue_staged(c, kind, send, recv, count, dt, root);
 	if (count > INT_MAX)
 		return st_error_set(-EOVERFLOW,
