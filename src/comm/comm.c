@@ -7,11 +7,15 @@
 
 #include "strata/device.h"
 
+#include "comm_internal.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* A timing stamp's argument: host functions on the comm's queue take one
  * pointer, and these live in the comm, so timing allocates nothing. */
@@ -25,7 +29,8 @@ struct st_comm {
 	struct st_device *dev; /* borrowed */
 	struct st_queue *q;
 	struct st_comm_config cfg;
-	int rank, world;
+	double timeout_s; /* what set_timeout last set; the backend's start value */
+	int rank, world, local_rank;
 	int err; /* sticky */
 	void *priv;
 	uint64_t calls[ST_COMM_KINDS], bytes[ST_COMM_KINDS]; /* host only */
@@ -34,8 +39,16 @@ struct st_comm {
 	struct st_comm_stamp stamp[ST_COMM_KINDS];
 };
 
+atomic_bool st_comm_exit_alike;
+
 static const struct st_comm_ops *const st_comms[] = {
 	&st_comm_local_ops,
+#ifdef ST_HAVE_MPI
+	&st_comm_mpi_ops,
+#endif
+#ifdef ST_COMM_NCCL /* src/comm/meson.build: when nccl.c is built */
+	&st_comm_nccl_ops,
+#endif
 };
 
 static const char *const st_comm_kind_names[ST_COMM_KINDS] = {
@@ -58,6 +71,113 @@ const struct st_comm_ops *st_comm_find(const char *name)
 		if (name && strcmp(st_comms[i]->name, name) == 0)
 			return st_comms[i];
 	return NULL;
+}
+
+const char *st_comm_list(void)
+{
+	static char list[64];
+
+	if (!list[0]) {
+		size_t at = 0;
+
+		for (size_t i = 0; i < ST_ARRAY_LEN(st_comms); i++)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%s",
+					       i ? "," : "", st_comms[i]->name);
+	}
+	return list;
+}
+
+/* ---- the launcher ------------------------------------------------------------ */
+
+static int st_comm_env_int(const char *name)
+{
+	const char *v = getenv(name);
+	char *end;
+	long x;
+
+	if (!v || !*v)
+		return -1;
+	x = strtol(v, &end, 10);
+	return (*end || x < 0 || x > 1 << 30) ? -1 : (int)x;
+}
+
+void st_comm_launch(struct st_comm_launch *out)
+{
+	*out = (struct st_comm_launch){ .rank = -1, .world = -1, .local_rank = -1 };
+	if (st_comm_env_int("OMPI_COMM_WORLD_SIZE") >= 0) {
+		out->launcher = "mpirun";
+		out->rank = st_comm_env_int("OMPI_COMM_WORLD_RANK");
+		out->world = st_comm_env_int("OMPI_COMM_WORLD_SIZE");
+		out->local_rank = st_comm_env_int("OMPI_COMM_WORLD_LOCAL_RANK");
+	} else if (st_comm_env_int("PMIX_RANK") >= 0) {
+		out->launcher = "pmix"; /* srun --mpi=pmix */
+		out->rank = st_comm_env_int("PMIX_RANK");
+		out->world = st_comm_env_int("SLURM_STEP_NUM_TASKS");
+		if (out->world < 0)
+			out->world = st_comm_env_int("SLURM_NTASKS");
+		out->local_rank = st_comm_env_int("SLURM_LOCALID");
+	} else if (st_comm_env_int("PMI_RANK") >= 0) {
+		out->launcher = "pmi";
+		out->rank = st_comm_env_int("PMI_RANK");
+		out->world = st_comm_env_int("PMI_SIZE");
+		out->local_rank = st_comm_env_int("MPI_LOCALRANKID");
+		if (out->local_rank < 0)
+			out->local_rank = st_comm_env_int("SLURM_LOCALID");
+	}
+}
+
+int st_comm_auto(const char *device_name, const struct st_comm_ops **out)
+{
+	struct st_comm_launch l;
+	const char *want;
+
+	st_comm_launch(&l);
+	*out = &st_comm_local_ops;
+	if (!l.launcher)
+		return 0;
+	want = device_name && strcmp(device_name, "cuda") == 0 ? "nccl" : "mpi";
+	*out = st_comm_find(want);
+	if (!*out) {
+		*out = &st_comm_local_ops;
+		return st_error_set(-ENOTSUP,
+				    "comm: launched by %s as rank %d of %d, but this strata was built without the %s backend (comm backends: %s)",
+				    l.launcher, l.rank, l.world, want, st_comm_list());
+	}
+	return 0;
+}
+
+int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes)
+{
+	assert(ops && buf && bytes);
+	if (ops->library)
+		return ops->library(buf, bytes);
+	snprintf(buf, bytes, "%s", ops->name);
+	return 0;
+}
+
+const char *st_comm_describe(char *buf, size_t bytes)
+{
+	struct st_comm_launch l;
+	size_t at;
+
+	assert(buf && bytes);
+	at = (size_t)snprintf(buf, bytes, "%s", st_comm_list());
+	for (size_t i = 0; i < ST_ARRAY_LEN(st_comms) && at < bytes; i++) {
+		char lib[160];
+
+		if (!st_comms[i]->library || st_comms[i]->library(lib, sizeof(lib)) < 0)
+			continue;
+		at += (size_t)snprintf(buf + at, bytes - at, "; %s: %s", st_comms[i]->name, lib);
+	}
+	st_comm_launch(&l);
+	if (at < bytes) {
+		if (l.launcher)
+			snprintf(buf + at, bytes - at, "; launcher: %s, rank %d of %d, local rank %d",
+				 l.launcher, l.rank, l.world, l.local_rank);
+		else
+			snprintf(buf + at, bytes - at, "; launcher: none, one rank");
+	}
+	return buf;
 }
 
 const char *st_comm_kind_name(enum st_comm_kind k)
@@ -114,6 +234,24 @@ int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 			return st_error_set(-ENOMEM, "comm: out of memory");
 		}
 	}
+	/* The wait limit, resolved once: the backends see seconds or < 0. */
+	if (c->cfg.timeout_s == 0) {
+		const char *v = getenv("ST_COMM_TIMEOUT");
+		char *end;
+
+		c->cfg.timeout_s = 300;
+		if (v && *v) {
+			double t = strtod(v, &end);
+
+			if (!*end && t == t)
+				c->cfg.timeout_s = t == 0 ? -1 : t;
+			else
+				fprintf(stderr,
+					"strata: ST_COMM_TIMEOUT=%s is not a number of seconds; using 300\n",
+					v);
+		}
+	}
+	c->timeout_s = c->cfg.timeout_s > 0 ? c->cfg.timeout_s : 0;
 	ret = st_queue_create(d, &c->q);
 	if (ret < 0)
 		goto fail;
@@ -123,6 +261,7 @@ int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 		goto fail;
 	}
 	assert(c->world >= 1 && c->rank >= 0 && c->rank < c->world);
+	c->local_rank = ops->local_rank ? ops->local_rank(c) : 0;
 	*out = c;
 	return 0;
 fail:
@@ -135,7 +274,8 @@ void st_comm_destroy(struct st_comm *c)
 {
 	if (!c)
 		return;
-	st_queue_sync(c->dev, c->q);
+	if (!c->ops->sync || c->ops->sync(c) < 0)
+		st_queue_sync(c->dev, c->q);
 	c->ops->close(c);
 	st_queue_destroy(c->dev, c->q);
 	free(c->priv);
@@ -155,6 +295,11 @@ int st_comm_rank(const struct st_comm *c)
 int st_comm_world(const struct st_comm *c)
 {
 	return c->world;
+}
+
+int st_comm_local_rank(const struct st_comm *c)
+{
+	return c->local_rank;
 }
 
 struct st_device *st_comm_device(struct st_comm *c)
@@ -222,7 +367,10 @@ static int st_comm_reduce_local(struct st_comm *c, const void *in, void *out,
 	struct st_comm_sum *s;
 	int ret;
 
-	if (c->ops->reduce_local)
+	/* The host sum wherever the host reads the device's memory, so every
+	 * backend on the cpu device folds with the same code; a backend's
+	 * kernel elsewhere. */
+	if (c->ops->reduce_local && !st_device_unified(c->dev))
 		return c->ops->reduce_local(c, in, out, count_elems, c->world, dt);
 	if (!st_device_unified(c->dev))
 		return st_error_set(-ENOTSUP,
@@ -351,6 +499,49 @@ static int st_comm_check(struct st_comm *c, struct st_comm_call *a)
 
 /* ---- the collectives ---------------------------------------------------------- */
 
+/* Allreduce without a hook: a reduce-scatter of the first m = N * (n / N)
+ * elements (all-to-all into the scratch, the local sum into this rank's
+ * slice of recv), an allgather of the slices in place in recv, and the
+ * last n % N elements by an allgather into the scratch and the local sum.
+ * Each element is still the fold in rank order (one rank folds it, the
+ * others copy its bits); each rank moves about 2 (N-1)/N of the buffer,
+ * as a ring allreduce, and the scratch holds max(m, N * (n % N))
+ * elements. In place (recv == send) works: the slice the sum writes is
+ * read only by the all-to-all before it, the tail only by its allgather. */
+static int st_comm_allreduce_composed(struct st_comm *c, const struct st_comm_call *a)
+{
+	size_t eb = st_comm_dtype_sizes[a->dt], w = (size_t)c->world;
+	size_t slice = a->elems / w, m = slice * w, rest = a->elems - m;
+	const char *send = a->send;
+	char *recv = a->recv, *mine = recv + (size_t)c->rank * slice * eb;
+	void *scratch = NULL;
+	size_t need = ST_MAX(m, w * rest);
+	int ret;
+
+	if (!c->cfg.scratch || c->cfg.scratch_bytes < need * eb)
+		return st_error_set(-ENOSPC,
+				    "comm '%s': a composed allreduce of %zu elements needs %zu bytes of scratch, has %zu",
+				    c->ops->name, a->elems, need * eb, c->cfg.scratch_bytes);
+	scratch = c->cfg.scratch;
+	if (slice) {
+		ret = c->ops->alltoall(c, send, scratch, slice, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, mine, slice, a->dt);
+		if (ret == 0)
+			ret = c->ops->allgather(c, mine, recv, slice, a->dt);
+		if (ret < 0)
+			return ret;
+	}
+	if (rest) {
+		ret = c->ops->allgather(c, send + m * eb, scratch, rest, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, recv + m * eb, rest, a->dt);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
 static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 {
 	void *scratch = NULL;
@@ -375,12 +566,7 @@ static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 	case ST_COMM_ALLREDUCE:
 		if (c->ops->allreduce)
 			return c->ops->allreduce(c, a->send, a->recv, a->elems, a->dt);
-		ret = st_comm_scratch(c, a->elems, a->dt, &scratch);
-		if (ret == 0)
-			ret = c->ops->allgather(c, a->send, scratch, a->elems, a->dt);
-		if (ret == 0)
-			ret = st_comm_reduce_local(c, scratch, a->recv, a->elems, a->dt);
-		return ret;
+		return st_comm_allreduce_composed(c, a);
 	case ST_COMM_KINDS:
 		break;
 	}
@@ -394,6 +580,8 @@ static int st_comm_call(struct st_comm *c, struct st_comm_call *a)
 	int in_place, ret;
 
 	assert(c);
+	if (!c->err && c->ops->async_error)
+		c->err = c->ops->async_error(c);
 	if (c->err)
 		return c->err;
 	in_place = st_comm_check(c, a);
@@ -494,7 +682,9 @@ int st_comm_sync(struct st_comm *c)
 	int ret;
 
 	assert(c);
-	ret = st_queue_sync(c->dev, c->q);
+	ret = c->ops->sync ? c->ops->sync(c) : st_queue_sync(c->dev, c->q);
+	if (!c->err && c->ops->async_error)
+		c->err = c->ops->async_error(c);
 	if (c->err)
 		ret = c->err;
 	c->err = 0;
@@ -506,6 +696,8 @@ int st_comm_take_error(struct st_comm *c)
 	int err;
 
 	assert(c);
+	if (!c->err && c->ops->async_error)
+		c->err = c->ops->async_error(c);
 	err = c->err;
 	c->err = 0;
 	return err;
@@ -520,4 +712,179 @@ void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s)
 		s->kind[k].bytes = c->bytes[k];
 		s->kind[k].busy_ns = atomic_load(&c->busy_ns[k]);
 	}
+}
+
+/* ---- host-side agreement -------------------------------------------------------- */
+
+int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes)
+{
+	assert(c && (send || !bytes) && (recv || !bytes));
+	if (c->world == 1) {
+		if (bytes && send != recv)
+			memmove(recv, send, bytes);
+		return 0;
+	}
+	if (!c->ops->host_allgather)
+		return st_error_set(-ENOTSUP, "comm '%s': no host-side exchange at world %d",
+				    c->ops->name, c->world);
+	return c->ops->host_allgather(c, send, recv, bytes);
+}
+
+double st_comm_set_timeout(struct st_comm *c, double timeout_s)
+{
+	double old = c->timeout_s;
+
+	assert(c);
+	if (!c->ops->set_timeout)
+		return 0;
+	c->ops->set_timeout(c, timeout_s);
+	c->timeout_s = timeout_s > 0 ? timeout_s : 0;
+	return old;
+}
+
+int st_comm_barrier(struct st_comm *c)
+{
+	unsigned char one = 1, *all;
+	int ret;
+
+	if (c->world == 1)
+		return 0;
+	all = malloc((size_t)c->world);
+	if (!all)
+		return st_error_set(-ENOMEM, "comm: out of memory for a barrier");
+	ret = st_comm_host_allgather(c, &one, all, 1);
+	free(all);
+	return ret;
+}
+
+int st_comm_host_broadcast(struct st_comm *c, void *buf, size_t bytes, int root)
+{
+	char *all;
+	int ret;
+
+	assert(c && (buf || !bytes));
+	if (root < 0 || root >= c->world)
+		return st_error_set(-EINVAL, "comm host broadcast: root %d outside world %d", root,
+				    c->world);
+	if (c->world == 1 || bytes == 0)
+		return 0;
+	if (bytes > SIZE_MAX / (size_t)c->world)
+		return st_error_set(-EOVERFLOW, "comm host broadcast: %zu bytes overflow", bytes);
+	all = malloc(bytes * (size_t)c->world);
+	if (!all)
+		return st_error_set(-ENOMEM, "comm host broadcast: out of memory for %zu bytes",
+				    bytes * (size_t)c->world);
+	ret = st_comm_host_allgather(c, buf, all, bytes);
+	if (ret == 0)
+		memcpy(buf, all + (size_t)root * bytes, bytes);
+	free(all);
+	return ret;
+}
+
+/* Line i's text as st_comm_agree() reports it: cut to fit, "(none)" past n. */
+static void st_comm_agree_text(char *dst, const char *const *lines, int n, int i)
+{
+	const char *t = i < n ? (lines[i] ? lines[i] : "") : "(none)";
+	size_t len = strlen(t);
+
+	if (len < ST_COMM_AGREE_TEXT) {
+		memcpy(dst, t, len + 1);
+		return;
+	}
+	memcpy(dst, t, ST_COMM_AGREE_TEXT - 4);
+	memcpy(dst + ST_COMM_AGREE_TEXT - 4, "...", 4);
+}
+
+int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
+		  struct st_comm_disagreement *out)
+{
+	size_t w = (size_t)c->world;
+	int64_t mine = n, *ns = NULL;
+	uint64_t *h = NULL, *hs = NULL;
+	char (*texts)[ST_COMM_AGREE_TEXT] = NULL;
+	char text[ST_COMM_AGREE_TEXT];
+	int max_n = n, line = -1, rank = -1, ret;
+
+	assert(c && n >= 0 && (lines || n == 0));
+	ns = calloc(w, sizeof(*ns));
+	if (!ns)
+		return st_error_set(-ENOMEM, "comm agree: out of memory");
+	ret = st_comm_host_allgather(c, &mine, ns, sizeof(mine));
+	if (ret < 0)
+		goto out;
+	for (size_t q = 0; q < w; q++)
+		max_n = (int)ST_MAX((int64_t)max_n, ns[q]);
+	/* One hash per line, 0 past this rank's n (the counts tell missing
+	 * lines apart). */
+	h = calloc((size_t)max_n + 1, sizeof(*h));
+	hs = calloc(w * ((size_t)max_n + 1), sizeof(*hs));
+	if (!h || !hs) {
+		ret = st_error_set(-ENOMEM, "comm agree: out of memory for %d lines", max_n);
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		h[i] = XXH3_64bits(lines[i] ? lines[i] : "", lines[i] ? strlen(lines[i]) : 0);
+	ret = st_comm_host_allgather(c, h, hs, ((size_t)max_n + 1) * sizeof(*h));
+	if (ret < 0)
+		goto out;
+	for (int i = 0; i < max_n && line < 0; i++)
+		for (size_t q = 1; q < w && line < 0; q++) {
+			bool have0 = i < ns[0], haveq = i < ns[q];
+			const uint64_t *h0 = hs, *hq = hs + q * ((size_t)max_n + 1);
+
+			if (have0 != haveq || (have0 && h0[i] != hq[i])) {
+				line = i;
+				rank = (int)q;
+			}
+		}
+	if (line < 0)
+		goto out; /* ret == 0: all agree */
+	/* Every rank learns the texts of the line that differs. */
+	texts = calloc(w, sizeof(*texts));
+	if (!texts) {
+		ret = st_error_set(-ENOMEM, "comm agree: out of memory");
+		goto out;
+	}
+	st_comm_agree_text(text, lines, n, line);
+	ret = st_comm_host_allgather(c, text, texts, sizeof(text));
+	if (ret < 0)
+		goto out;
+	if (out) {
+		out->line = line;
+		out->rank = rank;
+		memcpy(out->rank0_text, texts[0], ST_COMM_AGREE_TEXT);
+		memcpy(out->rank_text, texts[rank], ST_COMM_AGREE_TEXT);
+		out->rank0_text[ST_COMM_AGREE_TEXT - 1] = 0;
+		out->rank_text[ST_COMM_AGREE_TEXT - 1] = 0;
+	}
+	st_comm_exit_together();
+	ret = 1;
+out:
+	free(ns);
+	free(h);
+	free(hs);
+	free(texts);
+	return ret;
+}
+
+const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char *buf,
+				      size_t bytes)
+{
+	snprintf(buf, bytes, "ranks disagree at line %d: rank 0 has '%s', rank %d has '%s'",
+		 d->line, d->rank0_text, d->rank, d->rank_text);
+	return buf;
+}
+
+void st_comm_exit_together(void)
+{
+	atomic_store(&st_comm_exit_alike, true);
+}
+
+_Noreturn void st_comm_abort(struct st_comm *c, int code)
+{
+	fflush(stdout);
+	fflush(stderr);
+	if (c && c->ops->abort)
+		c->ops->abort(c, code);
+	exit(code);
 }
