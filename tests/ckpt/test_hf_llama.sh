@@ -130,6 +130,42 @@ PY
 	done
 done
 
+# --- export --format hf: the architecture, PyTorch's fp32 values, the same loss
+for fam in llama qwen; do
+	arch=LlamaForCausalLM
+	[ $fam = qwen ] && arch=Qwen2ForCausalLM
+	check "export-$fam" 0 "$strata" export --ckpt "$work/$fam-f16" --out "$work/ex-$fam" \
+		--shard-size 64K
+	grep -q "as a Hugging Face $arch directory (LLaMA) in [0-9]* shards" "$work/out" ||
+		{ echo "FAIL export $fam: $(cat "$work/out")"; fail=1; }
+	python3 - "$work" "$fam" "$arch" <<'PY' || fail=1
+import json, sys
+import hfdir
+w, fam, arch = sys.argv[1:]
+c = json.load(open(f"{w}/ex-{fam}/config.json"))
+src = json.load(open(f"{w}/{fam}-f16/config.json"))
+assert c["architectures"] == [arch], c
+for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads", "num_key_value_heads", "vocab_size", "rms_norm_eps",
+          "rope_theta", "rope_scaling", "tie_word_embeddings"):
+    assert c.get(k) == src.get(k), (k, c.get(k), src.get(k))
+wm = json.load(open(f"{w}/ex-{fam}/model.safetensors.index.json"))["weight_map"]
+got = {}
+for f in sorted(set(wm.values())):
+    got.update(hfdir.read_safetensors(f"{w}/ex-{fam}/{f}")[0])
+ref, _ = hfdir.read_safetensors(f"{w}/ref-{fam}-f16/model.safetensors")
+assert set(got) == set(ref), set(got) ^ set(ref)
+for k in ref:
+    assert got[k] == ref[k], k
+print(f"ok   export {fam}: config.json is {arch}'s, every value PyTorch's fp32 ({len(ref)} tensors)")
+PY
+	check "init-ex-$fam" 0 "$strata" train --init "$work/ex-$fam" "${run[@]}" \
+		--metrics "$work/ex-$fam.jsonl"
+	a=$(first_loss "$work/ex-$fam.jsonl") b=$(first_loss "$work/$fam-f16.jsonl")
+	[ -n "$a" ] && [ "$a" = "$b" ] && echo "ok   --init from the $fam export: loss $a" ||
+		{ echo "FAIL --init from the $fam export: $a, from the source $b"; fail=1; }
+done
+
 # --- refusals: copies of llama-bf16 damaged in one way ---------------------------
 python3 - "$work" <<'PY' || fail=1
 import json, os, shutil, sys
