@@ -61,9 +61,12 @@ static int read_json(const char *path, struct json_object **out)
 
 		for (size_t i = 0; i < at && i < bytes; i++)
 			line += buf[i] == '\n';
+		enum json_tokener_error e = json_tokener_get_error(tk);
+
 		ret = st_error_set(-EINVAL, "%s: not JSON (line %zu: %s)", path, line,
 				   *out ? "text after the value"
-					: json_tokener_error_desc(json_tokener_get_error(tk)));
+				   : e == json_tokener_continue ? "the file ends inside a value"
+								: json_tokener_error_desc(e));
 		json_object_put(*out);
 		*out = NULL;
 	} else if (!json_object_is_type(*out, json_type_object)) {
