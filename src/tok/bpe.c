@@ -49,7 +49,7 @@ struct cache_slot {
 	uint32_t ids_off, ids_n;
 };
 
-#define CACHE_SLOTS (1u << 16)
+#define CACHE_SLOTS (1u << 18)
 #define CACHE_WORD_MAX 256
 
 struct tok_bpe {
@@ -64,6 +64,11 @@ struct tok_bpe {
 	size_t merge_cap;
 
 	bool byte_level, byte_fallback, fuse_unk, ignore_merges;
+	/* no token holds U+2581 after another character: a SentencePiece
+	 * word (no pre-tokenizer splits it) can be cut before each U+2581
+	 * that follows another character without changing the result, and
+	 * the pieces are cached */
+	bool meta_split;
 	int64_t unk;
 	int64_t byte_id[256];     /* the single-byte symbols (byte-level) */
 	int64_t fallback_id[256]; /* <0xNN> */
@@ -210,11 +215,17 @@ static int refuse_nonempty(struct json_object *model, const char *key, const cha
 			    json_object_to_json_string(v));
 }
 
+/* Fibonacci hashing of a pair: inline, and the high bits are well mixed */
+static inline size_t pair_slot(uint64_t key, size_t mask)
+{
+	return (size_t)((key * 0x9e3779b97f4a7c15ull) >> 29) & mask;
+}
+
 static int merge_add(struct tok_bpe *m, uint32_t left, uint32_t right, uint32_t rank,
 		     uint32_t id)
 {
 	uint64_t key = (uint64_t)left << 32 | right;
-	size_t mask = m->merge_cap - 1, i = (size_t)XXH3_64bits(&key, 8) & mask;
+	size_t mask = m->merge_cap - 1, i = pair_slot(key, mask);
 
 	for (;; i = (i + 1) & mask) {
 		if (m->merges[i].key == ~0ull) {
@@ -230,7 +241,7 @@ static inline const struct merge_slot *merge_find(const struct tok_bpe *m, uint3
 						  uint32_t right)
 {
 	uint64_t key = (uint64_t)left << 32 | right;
-	size_t mask = m->merge_cap - 1, i = (size_t)XXH3_64bits(&key, 8) & mask;
+	size_t mask = m->merge_cap - 1, i = pair_slot(key, mask);
 
 	for (;; i = (i + 1) & mask) {
 		if (m->merges[i].key == key)
@@ -386,6 +397,22 @@ int tok_bpe_create(struct json_object *model, bool byte_level, const char *file,
 				continue;
 			map_add(m, &m->by_json, true, id);
 			map_add(m, &m->by_model, false, id);
+		}
+	}
+
+	if (!byte_level && map_find(m, &m->by_model, false, "\xe2\x96\x81", 3) >= 0) {
+		m->meta_split = true;
+		for (uint32_t id = 0; id < m->n_vocab && m->meta_split; id++) {
+			const char *t = m->pool.p + m->model_off[id];
+			size_t len = m->model_len[id];
+
+			for (size_t i = 1; i + 3 <= len; i++)
+				if (memcmp(t + i, "\xe2\x96\x81", 3) == 0 &&
+				    !(i >= 3 && memcmp(t + i - 3, "\xe2\x96\x81", 3) == 0) &&
+				    ((uint8_t)t[i] & 0xc0) != 0x80) {
+					m->meta_split = false;
+					break;
+				}
 		}
 	}
 
@@ -677,7 +704,82 @@ static int emit_unknown(struct tok_bpe *m, const char *s, size_t n, struct st_to
 	return tok_ids_push(out, (uint32_t)m->unk);
 }
 
+static int word_one(struct tok_bpe *m, const char *w, size_t n, struct st_tok_ids *out);
+
+/* Words of at most this many symbols merge by a scan for the lowest rank
+ * over an array of the adjacent pairs' ranks (two entries change a merge):
+ * fewer lookups and no heap for the short words that most text is. */
+#define SHORT_WORD 48
+
+static void merge_short(struct tok_bpe *m, size_t nsym)
+{
+	struct sym *s = m->syms;
+	uint32_t rank[SHORT_WORD], id[SHORT_WORD];
+	int32_t at[SHORT_WORD]; /* live symbols in order */
+	size_t n = nsym;
+
+	for (size_t i = 0; i < n; i++)
+		at[i] = (int32_t)i;
+	for (size_t i = 0; i + 1 < n; i++) {
+		const struct merge_slot *ms = s[i].id >= 0 && s[i + 1].id >= 0
+			? merge_find(m, (uint32_t)s[i].id, (uint32_t)s[i + 1].id) : NULL;
+
+		rank[i] = ms ? ms->rank : UINT32_MAX;
+		id[i] = ms ? ms->id : 0;
+	}
+	while (n > 1) {
+		size_t best = 0;
+
+		for (size_t i = 1; i + 1 < n; i++)
+			if (rank[i] < rank[best])
+				best = i;
+		if (rank[best] == UINT32_MAX)
+			break;
+		/* at[best] absorbs at[best + 1] */
+		{
+			struct sym *l = &s[at[best]], *r = &s[at[best + 1]];
+
+			l->id = id[best];
+			l->len += r->len;
+			r->len = 0;
+			l->next = r->next;
+			if (l->next >= 0)
+				s[l->next].prev = at[best];
+		}
+		memmove(at + best + 1, at + best + 2, (n - best - 2) * sizeof(*at));
+		memmove(rank + best, rank + best + 1, (n - best - 2) * sizeof(*rank));
+		memmove(id + best, id + best + 1, (n - best - 2) * sizeof(*id));
+		n--;
+		for (size_t k = best ? best - 1 : 0; k <= best && k + 1 < n; k++) {
+			const struct sym *a = &s[at[k]], *b = &s[at[k + 1]];
+			const struct merge_slot *ms = a->id >= 0 && b->id >= 0
+				? merge_find(m, (uint32_t)a->id, (uint32_t)b->id) : NULL;
+
+			rank[k] = ms ? ms->rank : UINT32_MAX;
+			id[k] = ms ? ms->id : 0;
+		}
+	}
+}
+
 int tok_bpe_word(struct tok_bpe *m, const char *w, size_t n, struct st_tok_ids *out)
+{
+	size_t at = 0;
+	int ret;
+
+	if (!m->meta_split || n < 4)
+		return word_one(m, w, n, out);
+	for (size_t i = 1; i + 3 <= n; i++)
+		if (memcmp(w + i, "\xe2\x96\x81", 3) == 0 &&
+		    !(i >= 3 && memcmp(w + i - 3, "\xe2\x96\x81", 3) == 0)) {
+			if ((ret = word_one(m, w + at, i - at, out)))
+				return ret;
+			at = i;
+			i += 2;
+		}
+	return word_one(m, w + at, n - at, out);
+}
+
+static int word_one(struct tok_bpe *m, const char *w, size_t n, struct st_tok_ids *out)
 {
 	size_t first = out->n, nsym = 0, nh = 0, i, k;
 	uint64_t h = 0;
@@ -724,6 +826,10 @@ int tok_bpe_word(struct tok_bpe *m, const char *w, size_t n, struct st_tok_ids *
 		nsym++;
 	}
 	m->syms[nsym - 1].next = -1;
+	if (nsym <= SHORT_WORD) {
+		merge_short(m, nsym);
+		goto emit;
+	}
 	for (i = 0; i + 1 < nsym; i++)
 		consider(m, &nh, (int32_t)i);
 	while (nh) {
@@ -745,6 +851,7 @@ int tok_bpe_word(struct tok_bpe *m, const char *w, size_t n, struct st_tok_ids *
 		consider(m, &nh, s[p].prev);
 		consider(m, &nh, p);
 	}
+emit:
 	for (int32_t p = 0; p >= 0; p = m->syms[p].next) {
 		const struct sym *s = &m->syms[p];
 
