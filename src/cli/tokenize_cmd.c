@@ -209,6 +209,12 @@ int st_cli_tokenize(int argc, char **argv)
 	}
 	if (!tpath || !o.path)
 		st_cli_die(2, "tokenize: --tokenizer DIR and --out FILE are required");
+	{
+		struct stat sb;
+
+		if (stat(o.path, &sb) == 0 && S_ISDIR(sb.st_mode))
+			st_cli_die(2, "--out %s is a directory; tokenize writes a file", o.path);
+	}
 	inputs = optind < argc ? (const char *const *)argv + optind : stdin_only;
 	n_inputs = optind < argc ? (size_t)(argc - optind) : 1;
 	for (size_t i = 0; i < n_inputs; i++) {

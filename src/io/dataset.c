@@ -5,6 +5,7 @@
 #include "strata/file.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,6 +173,13 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 		     (format == ST_DATASET_LLMC ? ST_LLMC_HEADER_BYTES : 0);
 	for (uint64_t i = 0; i < n_tokens; i++)
 		ds->max_token = ST_MAX(ds->max_token, st_tok(ds, i));
+	/* batches are int32: a uint32 shard's ids must fit */
+	if (ds->max_token > INT32_MAX) {
+		err = st_error_set(-EINVAL, "%s: token %u is past 2^31-1, the "
+				   "largest id a batch holds", path, ds->max_token);
+		st_dataset_close(ds);
+		return err;
+	}
 	*out = ds;
 	return 0;
 }

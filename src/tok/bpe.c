@@ -331,8 +331,11 @@ int tok_bpe_create(struct json_object *model, bool byte_level, const char *file,
 			(void)key;
 			if (!json_object_is_type(val, json_type_int) ||
 			    (id = json_object_get_int64(val)) < 0 || id >= (1ll << 31)) {
-				ret = st_error_set(-EINVAL, "%s: model.vocab[\"%.40s\"]: the id must "
-						   "be an integer in [0, 2^31)", file, key);
+				char pk[48];
+
+				ret = st_error_set(-EINVAL, "%s: model.vocab[\"%s\"]: the id must "
+						   "be an integer in [0, 2^31)", file,
+						   tok_printable(key, strlen(key), pk, sizeof(pk)));
 				goto fail;
 			}
 			if ((uint32_t)id > max_id)
@@ -698,9 +701,12 @@ static int emit_unknown(struct tok_bpe *m, const char *s, size_t n, struct st_to
 			return 0;
 		}
 	}
-	if (m->unk < 0)
-		return st_error_set(-EINVAL, "tokenizer: \"%.*s\" has no token and the model "
-				    "has no unk_token", (int)ST_MIN(n, 40), s);
+	if (m->unk < 0) {
+		char pk[48];
+
+		return st_error_set(-EINVAL, "tokenizer: \"%s\" has no token and the model "
+				    "has no unk_token", tok_printable(s, n, pk, sizeof(pk)));
+	}
 	return tok_ids_push(out, (uint32_t)m->unk);
 }
 

@@ -177,23 +177,33 @@ int tok_utf8_sanitize(struct tok_buf *dst, const char *src, size_t n)
 uint32_t tok_utf8_get(const char *s, size_t n, size_t *len)
 {
 	const uint8_t *p = (const uint8_t *)s;
+	size_t need = p[0] < 0x80 ? 1 : p[0] < 0xe0 ? 2 : p[0] < 0xf0 ? 3 : 4;
 
-	if (p[0] < 0x80 || n < 2) {
-		*len = 1;
-		return p[0];
-	}
-	if (p[0] < 0xe0) {
-		*len = 2;
-		return (uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f);
-	}
-	if (p[0] < 0xf0 || n < 4) {
-		*len = 3;
+	/* a sequence cut short (only in text that was not sanitised, such as
+	 * a vocabulary string): one byte */
+	if (need > n)
+		need = 1;
+	*len = need;
+	switch (need) {
+	case 1: return p[0];
+	case 2: return (uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f);
+	case 3:
 		return (uint32_t)(p[0] & 0x0f) << 12 | (uint32_t)(p[1] & 0x3f) << 6 |
 		       (p[2] & 0x3f);
+	default:
+		return (uint32_t)(p[0] & 0x07) << 18 | (uint32_t)(p[1] & 0x3f) << 12 |
+		       (uint32_t)(p[2] & 0x3f) << 6 | (p[3] & 0x3f);
 	}
-	*len = 4;
-	return (uint32_t)(p[0] & 0x07) << 18 | (uint32_t)(p[1] & 0x3f) << 12 |
-	       (uint32_t)(p[2] & 0x3f) << 6 | (p[3] & 0x3f);
+}
+
+const char *tok_printable(const char *s, size_t n, char *buf, size_t cap)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n && k + 1 < cap; i++)
+		buf[k++] = (unsigned char)s[i] < 0x20 ? '?' : s[i];
+	buf[k] = 0;
+	return buf;
 }
 
 size_t tok_utf8_put(uint32_t cp, char *out)

@@ -45,6 +45,8 @@ int tok_utf8_sanitize(struct tok_buf *dst, const char *src, size_t n);
 bool tok_utf8_valid(const char *s, size_t n);
 /* Decode one code point of valid UTF-8 at s (n > 0); sets *len. */
 uint32_t tok_utf8_get(const char *s, size_t n, size_t *len);
+/* s[0..n) for a one-line message: at most cap-1 bytes, controls as '?'. */
+const char *tok_printable(const char *s, size_t n, char *buf, size_t cap);
 /* Encode cp into out[4]; returns the bytes written. */
 size_t tok_utf8_put(uint32_t cp, char *out);
 /* Unicode White_Space (what trimming beside added tokens removes). */

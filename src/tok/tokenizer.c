@@ -136,10 +136,18 @@ static int parse_pattern(struct json_object *o, const char *file, const char *ke
 	return st_error_set(-EINVAL, "%s: expected {\"String\": ...} or {\"Regex\": ...}", what);
 }
 
+/* A value from the file, fit for a one-line message (static: one at a time). */
+static const char *shown(const char *s)
+{
+	static char buf[48];
+
+	return s ? tok_printable(s, strlen(s), buf, sizeof(buf)) : "(missing)";
+}
+
 static int unsupported(const char *file, const char *key, const char *type)
 {
 	return st_error_set(-EINVAL, "%s: %s.type: %s is not supported (docs/tokenizer.md)",
-			    file, key, type ? type : "(missing)");
+			    file, key, shown(type));
 }
 
 /* --- normalizer ----------------------------------------------------------------- */
@@ -250,7 +258,7 @@ static int parse_prepend(struct st_tokenizer *t, struct json_object *o, const ch
 		*out = TOK_PREPEND_NEVER;
 	else
 		return st_error_set(-EINVAL, "%s: %s.prepend_scheme: \"%s\" is not one of "
-				    "always, first, never", t->file, key, s);
+				    "always, first, never", t->file, key, shown(s));
 	return 0;
 }
 
@@ -290,7 +298,7 @@ static int parse_pre(struct st_tokenizer *t, struct json_object *o, int depth)
 			p.behavior = TOK_SPLIT_MERGED_NEXT;
 		else
 			return st_error_set(-EINVAL, "%s: pre_tokenizer.behavior: %s is not "
-					    "supported (docs/tokenizer.md)", t->file, b);
+					    "supported (docs/tokenizer.md)", t->file, shown(b));
 		if (get_bool(o, "invert", false))
 			return st_error_set(-EINVAL, "%s: pre_tokenizer.invert: true is not "
 					    "supported (docs/tokenizer.md)", t->file);
@@ -445,16 +453,19 @@ static int parse_template(struct st_tokenizer *t, struct json_object *o)
 		if (!sp || !(name = get_str(sp, "id", NULL)))
 			return st_error_set(-EINVAL, "%s: post_processor.single[%zu]: expected "
 					    "a SpecialToken or a Sequence", t->file, i);
+		char pk[48];
+
+		tok_printable(name, strlen(name), pk, sizeof(pk));
 		ids = get(get(specials, name), "ids");
 		if (!ids || !json_object_is_type(ids, json_type_array))
 			return st_error_set(-EINVAL, "%s: post_processor.special_tokens[\"%s\"]."
-					    "ids: missing", t->file, name);
+					    "ids: missing", t->file, pk);
 		for (size_t k = 0; k < json_object_array_length(ids); k++) {
 			int64_t id = json_object_get_int64(json_object_array_get_idx(ids, k));
 
 			if (id < 0 || id > UINT32_MAX)
 				return st_error_set(-EINVAL, "%s: post_processor.special_tokens"
-						    "[\"%s\"]: id %lld", t->file, name,
+						    "[\"%s\"]: id %lld", t->file, pk,
 						    (long long)id);
 			ret = after ? push_u32(&t->suffix, &t->n_suffix, (uint32_t)id)
 				    : push_u32(&t->prefix, &t->n_prefix, (uint32_t)id);
@@ -709,7 +720,7 @@ int st_tokenizer_open(const char *path, struct st_tokenizer **out)
 	}
 	if (type && strcmp(type, "BPE") != 0) {
 		ret = st_error_set(-EINVAL, "%s: model.type: %s is not supported (strata "
-				   "reads BPE models; docs/tokenizer.md)", file, type);
+				   "reads BPE models; docs/tokenizer.md)", file, shown(type));
 		goto out;
 	}
 	if ((o = get(root, "normalizer")) && (ret = parse_normalizer(t, o, 0)))

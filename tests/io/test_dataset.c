@@ -223,6 +223,18 @@ static void test_shard32(void **state)
 	make_shard32(path, 7, 1000, 999);
 	expect_bad(path, ST_DATASET_AUTO, "header says 1000 tokens (4000 bytes) but the file "
 		   "holds 3996 bytes");
+	{
+		/* an id that an int32 batch cannot hold */
+		uint8_t b[1024 + 8] = { 0 };
+		const int32_t h[3] = { 20240801, 7, 2 };
+
+		for (int i = 0; i < 3; i++)
+			for (int k = 0; k < 4; k++)
+				b[4 * i + k] = (uint8_t)((uint32_t)h[i] >> (8 * k));
+		b[1024 + 4 + 3] = 0x80;
+		write_file(path, b, sizeof(b));
+		expect_bad(path, ST_DATASET_AUTO, "token 2147483648 is past 2^31-1");
+	}
 }
 
 static void test_bytes_dataset(void **state)

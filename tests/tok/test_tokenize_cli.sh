@@ -85,6 +85,7 @@ check tok-no-out 2 "$strata" tokenize --tokenizer "$work/tok" "$data"
 check tok-no-tokenizer 2 "$strata" tokenize --tokenizer "$work/nope" --out "$work/x.bin" "$data"
 check tok-missing-input 2 "$strata" tokenize --tokenizer "$work/tok" --out "$work/x.bin" "$work/nope.txt"
 check tok-bad-flag 2 "$strata" tokenize --frobnicate
+check tok-out-dir 2 "$strata" tokenize --tokenizer "$work/tok" --out "$work" "$data"
 mkdir -p "$work/badjson" && echo '{"model": {' > "$work/badjson/tokenizer.json"
 check tok-bad-json 2 "$strata" tokenize --tokenizer "$work/badjson" --out "$work/x.bin" "$data"
 grep -q "not JSON" "$work/err" || { echo "FAIL tok-bad-json: $(cat "$work/err")"; fail=1; }
