@@ -101,6 +101,7 @@ enum tok_split_behavior {
 	TOK_SPLIT_REMOVED,
 	TOK_SPLIT_MERGED_PREV,
 	TOK_SPLIT_MERGED_NEXT,
+	TOK_SPLIT_KEEP_MATCHES, /* invert + Removed: only the matches */
 };
 
 enum tok_pre_kind {

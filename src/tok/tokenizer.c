@@ -299,9 +299,16 @@ static int parse_pre(struct st_tokenizer *t, struct json_object *o, int depth)
 		else
 			return st_error_set(-EINVAL, "%s: pre_tokenizer.behavior: %s is not "
 					    "supported (docs/tokenizer.md)", t->file, shown(b));
-		if (get_bool(o, "invert", false))
-			return st_error_set(-EINVAL, "%s: pre_tokenizer.invert: true is not "
-					    "supported (docs/tokenizer.md)", t->file);
+		/* invert: the pattern matches the pieces, not the delimiters;
+		 * with Removed (tiktoken's patterns, GPT-4o's file) what is
+		 * between matches goes */
+		if (get_bool(o, "invert", false)) {
+			if (p.behavior != TOK_SPLIT_REMOVED)
+				return st_error_set(-EINVAL, "%s: pre_tokenizer.invert: true is "
+						    "supported with the behavior Removed only "
+						    "(docs/tokenizer.md)", t->file);
+			p.behavior = TOK_SPLIT_KEEP_MATCHES;
+		}
 		if ((ret = parse_pattern(o, t->file, "pre_tokenizer", &p.re)))
 			return ret;
 	} else if (strcmp(type, "ByteLevel") == 0) {
@@ -935,6 +942,10 @@ static int split_pieces(struct tok_re *re, enum tok_split_behavior bh, const cha
 				if (mb > at && (ret = tok_spans_push(out, base + at, mb - at)))
 					return ret;
 				break;
+			case TOK_SPLIT_KEEP_MATCHES:
+				if ((ret = tok_spans_push(out, base + mb, me - mb)))
+					return ret;
+				break;
 			case TOK_SPLIT_MERGED_PREV:
 				if ((ret = tok_spans_push(out, base + at, me - at)))
 					return ret;
@@ -954,7 +965,8 @@ static int split_pieces(struct tok_re *re, enum tok_split_behavior bh, const cha
 			return got;
 		if (pending != SIZE_MAX)
 			at = pending;
-		if (at < n && (ret = tok_spans_push(out, base + at, n - at)))
+		if (at < n && bh != TOK_SPLIT_KEEP_MATCHES &&
+		    (ret = tok_spans_push(out, base + at, n - at)))
 			return ret;
 	}
 	return 0;

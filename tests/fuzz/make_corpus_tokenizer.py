@@ -119,7 +119,12 @@ put("valid_split_merged.json", bytelevel(pre={"type": "Sequence", "pretokenizers
     {"type": "Split", "pattern": {"Regex": "\\s"}, "behavior": "MergedWithNext"},
     {"type": "Split", "pattern": {"Regex": ","}, "behavior": "MergedWithPrevious"},
     {"type": "ByteLevel", "use_regex": False}]}))
+put("valid_gpt4o_invert.json", bytelevel(pre={"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": LLAMA3_RE}, "behavior": "Removed", "invert": True},
+    {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}]}))
 # refusals
+put("invert_isolated.json", bytelevel(pre={"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Isolated",
+                                           "invert": True}))
 put("not_json.json", '{"model": {"type": "BPE", "vocab": {')
 put("array.json", "[1, 2, 3]")
 put("no_model.json", {"version": "1.0"})

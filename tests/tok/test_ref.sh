@@ -1,8 +1,8 @@
 #!/bin/bash
 # strata's tokenizer against the reference (@lenml/tokenizers, tools/tok-ref)
-# on real tokenizer files: Llama 3 and Qwen 3 (byte-level BPE) and Llama 2
-# (SentencePiece-style BPE with byte fallback), as the npm packages ship
-# them, over a little more than 1 MB of real text in eight scripts (Debian's
+# on real tokenizer files: Llama 3, Qwen 3 and GPT-4o (byte-level BPE; GPT-4o
+# splits with an inverted pattern) and Llama 2 (SentencePiece-style BPE with
+# byte fallback), as the npm packages ship them, over a little more than 1 MB of real text in eight scripts (Debian's
 # manuals in de, fr, ja, ru, zh_CN, ko, uk and its licences) and the edge
 # cases (empty, invalid UTF-8, long runs of spaces and digits, emoji,
 # special-token text, BOM and NEL, combining marks, a 20000-byte word).
@@ -21,7 +21,7 @@ ref=$root/tools/tok-ref
 if ! command -v node >/dev/null; then
 	echo "SKIP: node is not installed (apt-get install nodejs npm)"; exit 77
 fi
-for p in tokenizers tokenizer-llama3 tokenizer-qwen3 tokenizer-llama2; do
+for p in tokenizers tokenizer-llama3 tokenizer-qwen3 tokenizer-llama2 tokenizer-gpt4o; do
 	if [ ! -d "$npm_dir/$p/package" ]; then
 		echo "SKIP: $npm_dir/$p is not there: run tools/quickstart test-data"; exit 77
 	fi
@@ -56,6 +56,7 @@ declare -A not_same=(
 	[llama3]="edge-invalid-utf8"
 	[qwen3]="edge-invalid-utf8 edge-combining edge-contractions" # NFC
 	[llama2]="edge-invalid-utf8 edge-metaspace edge-special" # U+2581 is a space; a section after an added token gets its own prefix space
+	[gpt4o]="edge-invalid-utf8"
 )
 
 fail=0
@@ -65,7 +66,7 @@ fail=0
 # changed (by every build directory).
 cache=$root/.testdata/tok-ref-cache
 mkdir -p "$cache"
-for m in llama3 qwen3 llama2; do
+for m in llama3 qwen3 llama2 gpt4o; do
 	tok=$npm_dir/tokenizer-$m/package/models
 	key=$( (cat "$npm_dir/tokenizers/package/package.json" "$tok"/tokenizer*.json "$ref"; \
 		for f in $files; do basename "$f"; cat "$f"; done) | sha256sum | cut -c1-16)
