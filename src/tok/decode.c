@@ -248,6 +248,8 @@ static int cleanup(struct tok_buf *text, struct tok_buf *tmp)
 	};
 	int ret;
 
+	if (text->n == 0)
+		return 0;
 	for (size_t i = 0; i < ST_ARRAY_LEN(pairs); i++) {
 		struct tok_buf swap;
 
