@@ -127,6 +127,34 @@ shard "$work/far.bin" > "$work/far.txt.shard"
 	grep -qw 70000 "$work/far.txt.shard" ||
 	{ echo "FAIL tok-uint32: $(head -c 200 "$work/far.txt.shard")"; fail=1; }
 
+# invalid UTF-8 is read as Python's errors="replace" reads it (one U+FFFD
+# per maximal invalid subsequence, the WHATWG decoder): with a byte-level
+# tokenizer without a normalizer, decode(encode(x)) is exactly that, for
+# 300 random byte strings biased to UTF-8's lead and continuation bytes
+mkdir -p "$work/rnd"
+python3 - "$work/rnd" <<'PY'
+import random, sys
+random.seed(7)
+pool = [0x41, 0x20, 0x0a, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1, 0xc2, 0xdf, 0xe0,
+        0xe1, 0xed, 0xee, 0xef, 0xf0, 0xf1, 0xf4, 0xf5, 0xff, 0xbb, 0xbd]
+for i in range(300):
+    n = random.randint(0, 24)
+    open(f"{sys.argv[1]}/{i:03d}", "wb").write(bytes(random.choice(pool) for _ in range(n)))
+PY
+"$dump" "$work/tok" --no-special --decoded "$work/rnd.dec" "$work"/rnd/* > /dev/null &&
+python3 - "$work/rnd.dec" "$work"/rnd/* <<'PY'
+import json, sys
+dec = open(sys.argv[1], encoding="utf-8").read().split("\n")
+bad = [(f, d) for f, d in zip(sys.argv[2:], dec)
+       if json.loads(d) != open(f, "rb").read().decode("utf-8", "replace")]
+for f, d in bad[:3]:
+    print(f"FAIL utf8-replace: {f}: {open(f, 'rb').read()!r} -> {json.loads(d)!r}, Python: "
+          f"{open(f, 'rb').read().decode('utf-8', 'replace')!r}")
+print(f"ok   utf8-replace: {len(sys.argv) - 2 - len(bad)} of {len(sys.argv) - 2} as Python reads them")
+sys.exit(1 if bad else 0)
+PY
+[ $? = 0 ] || fail=1
+
 # train on the shard, evaluate the shard and the text: the same tokens, the
 # same loss; generate through the tokenizer
 M="--model layers=2,dim=64,heads=2,vocab=$V,ctx=64 --seq 32 --batch 2"
