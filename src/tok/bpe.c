@@ -475,11 +475,7 @@ int tok_bpe_create(struct json_object *model, bool byte_level, const char *file,
 		m->fallback_id[b] = map_find(m, &m->by_json, true, name, 6);
 		m->byte_id[b] = model_lookup(m, &c, 1);
 	}
-	m->cache = calloc(CACHE_SLOTS, sizeof(*m->cache));
-	if (!m->cache) {
-		ret = st_error_set(-ENOMEM, "tokenizer: out of memory");
-		goto fail;
-	}
+	/* the cache (6 MiB) comes with the first word: opening stays cheap */
 	*out = m;
 	return 0;
 fail:
@@ -614,6 +610,8 @@ static const struct cache_slot *cache_get(const struct tok_bpe *m, const char *w
 {
 	size_t i = h & (CACHE_SLOTS - 1);
 
+	if (!m->cache)
+		return NULL;
 	for (;; i = (i + 1) & (CACHE_SLOTS - 1)) {
 		const struct cache_slot *c = &m->cache[i];
 
@@ -630,6 +628,8 @@ static void cache_put(struct tok_bpe *m, const char *w, size_t n, uint64_t h,
 {
 	size_t i;
 
+	if (!m->cache && !(m->cache = calloc(CACHE_SLOTS, sizeof(*m->cache))))
+		return; /* no cache: every word is merged */
 	if (m->cache_used >= CACHE_SLOTS / 2 || m->cache_ids_n + k > (1u << 22))
 		cache_clear(m);
 	if (m->cache_ids_n + k > m->cache_ids_cap) {
