@@ -127,6 +127,14 @@ shard "$work/far.bin" > "$work/far.txt.shard"
 	grep -qw 70000 "$work/far.txt.shard" ||
 	{ echo "FAIL tok-uint32: $(head -c 200 "$work/far.txt.shard")"; fail=1; }
 
+# train and eval read the uint32 shard: the same text, the ids of the
+# small tokenizer (<|far|> is id 70000)
+check tok-uint32-data 0 "$strata" tokenize --tokenizer "$work/wide" --out "$work/wide.bin" "$data" "$work/far.txt"
+W="--model layers=1,dim=32,heads=2,vocab=70001,ctx=64 --seq 32 --batch 2 --gpu-mem 256M --host-mem 512M"
+check train-uint32 0 "$strata" train $W --data "$work/wide.bin" --steps 2 --save "$work/ckw"
+check eval-uint32 0 "$strata" eval --ckpt "$work/ckw" --data "$work/wide.bin" --batch 2 --seq 32
+grep -q "^loss " "$work/out" || { echo "FAIL eval-uint32: $(cat "$work/out")"; fail=1; }
+
 # invalid UTF-8 is read as Python's errors="replace" reads it (one U+FFFD
 # per maximal invalid subsequence, the WHATWG decoder): with a byte-level
 # tokenizer without a normalizer, decode(encode(x)) is exactly that, for
