@@ -313,7 +313,9 @@ static int parse_pre(struct st_tokenizer *t, struct json_object *o, int depth)
 			return ret;
 	} else if (strcmp(type, "ByteLevel") == 0) {
 		p.kind = TOK_PRE_BYTELEVEL;
-		p.add_prefix_space = get_bool(o, "add_prefix_space", true);
+		/* a key Hugging Face requires; absent reads as false, as the
+		 * reference reads it */
+		p.add_prefix_space = get_bool(o, "add_prefix_space", false);
 		p.use_regex = get_bool(o, "use_regex", true);
 		if (p.use_regex &&
 		    (ret = tok_re_compile(&p.re, gpt2_pattern, sizeof(gpt2_pattern) - 1, false,
