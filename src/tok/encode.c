@@ -9,7 +9,7 @@
 
 /* --- encode ------------------------------------------------------------------------------ */
 
-static size_t trim_end(const char *s, size_t n)
+size_t tok_trim_end(const char *s, size_t n)
 {
 	while (n > 0) {
 		size_t k = 1, at = n - 1;
@@ -23,7 +23,7 @@ static size_t trim_end(const char *s, size_t n)
 	return n;
 }
 
-static size_t trim_start(const char *s, size_t n)
+size_t tok_trim_start(const char *s, size_t n)
 {
 	size_t i = 0, k;
 
@@ -53,8 +53,8 @@ static int replace_all(struct tok_re *re, const char *src, size_t n, const char 
 }
 
 /* Normalise s[0..n) into one of t->a / t->b; *res points at the result. */
-static int normalize(struct st_tokenizer *t, const char *s, size_t n, const char **res,
-		     size_t *res_n)
+int tok_normalize(struct st_tokenizer *t, const char *s, size_t n, const char **res,
+		  size_t *res_n)
 {
 	struct tok_buf *cur = NULL, *bufs[2] = { &t->a, &t->b };
 	int which = 0, ret = 0;
@@ -77,8 +77,8 @@ static int normalize(struct st_tokenizer *t, const char *s, size_t n, const char
 			ret = replace_all(&nm->re, s, n, nm->a, nm->a_len, dst);
 			break;
 		case TOK_NORM_STRIP: {
-			size_t b = nm->left ? trim_start(s, n) : 0;
-			size_t e = nm->right ? trim_end(s, n) : n;
+			size_t b = nm->left ? tok_trim_start(s, n) : 0;
+			size_t e = nm->right ? tok_trim_end(s, n) : n;
 
 			dst->n = 0;
 			ret = tok_buf_put(dst, s + b, e > b ? e - b : 0);
@@ -237,33 +237,34 @@ static int pre_bytelevel(struct st_tokenizer *t, struct tok_pre *p, struct tok_b
 	return 0;
 }
 
-/* One section of text between added tokens: normalise, pre-tokenise, BPE. */
-static int encode_section(struct st_tokenizer *t, const char *s, size_t n, size_t section,
-			  struct st_tok_ids *out)
+/* The added token of index (first, by_first) starting at s (the longest),
+ * or NULL. */
+static const struct tok_added *added_at(const struct st_tokenizer *t, const uint32_t *first,
+					const uint32_t *by_first, bool norm, const char *s,
+					size_t n)
 {
-	struct tok_buf *buf;
+	uint8_t b = (uint8_t)s[0];
+
+	for (uint32_t k = first[b]; k < first[b + 1]; k++) {
+		const struct tok_added *a = &t->added[by_first[k]];
+		const char *c = norm ? a->ncontent : a->content;
+		size_t len = norm ? a->nlen : a->len;
+
+		if (len <= n && memcmp(c, s, len) == 0)
+			return a;
+	}
+	return NULL;
+}
+
+/* Pre-tokenise buf->p[0..n) and run the model over the pieces. */
+static int encode_pretok(struct st_tokenizer *t, struct tok_buf *buf, size_t n,
+			 size_t section, struct st_tok_ids *out)
+{
 	size_t first = out->n;
 	int ret;
 
 	if (n == 0)
 		return 0;
-	/* the section goes into a buffer the pre-tokenizers may rewrite from */
-	if (t->n_norm) {
-		const char *r;
-		size_t rn;
-
-		if ((ret = normalize(t, s, n, &r, &rn)))
-			return ret;
-		if (rn == 0)
-			return 0;
-		buf = r == t->a.p ? &t->a : &t->b;
-		n = rn;
-	} else {
-		t->a.n = 0;
-		if ((ret = tok_buf_put(&t->a, s, n)))
-			return ret;
-		buf = &t->a;
-	}
 	t->sp.n = 0;
 	if ((ret = tok_spans_push(&t->sp, 0, n)))
 		return ret;
@@ -301,18 +302,72 @@ static int encode_section(struct st_tokenizer *t, const char *s, size_t n, size_
 	return 0;
 }
 
-/* The added token starting at s (the longest), or NULL. */
-static const struct tok_added *added_at(const struct st_tokenizer *t, const char *s, size_t n)
+/* One section of text between the added tokens matched in the raw text:
+ * normalise; split out the added tokens that match normalised text
+ * (normalized: true, when there is a normalizer), as Hugging Face does;
+ * pre-tokenise and BPE what is between. *section counts the sections so
+ * far (a Metaspace prepend_scheme "first" looks at it). */
+static int encode_section(struct st_tokenizer *t, const char *s, size_t n, size_t *section,
+			  struct st_tok_ids *out)
 {
-	uint8_t b = (uint8_t)s[0];
+	size_t pos = 0, start = 0;
+	bool rstrip = false;
+	const char *r = s;
+	size_t rn = n;
+	int ret;
 
-	for (uint32_t k = t->first[b]; k < t->first[b + 1]; k++) {
-		const struct tok_added *a = &t->added[t->by_first[k]];
-
-		if (a->len <= n && memcmp(a->content, s, a->len) == 0)
-			return a;
+	if (n == 0)
+		return 0;
+	if (t->n_norm && (ret = tok_normalize(t, s, n, &r, &rn)))
+		return ret;
+	if (rn == 0)
+		return 0;
+	if (!t->n_nadded) {
+		if (r != t->a.p) {
+			t->a.n = 0;
+			if ((ret = tok_buf_put(&t->a, r, rn)))
+				return ret;
+		}
+		ret = encode_pretok(t, &t->a, rn, *section, out);
+		(*section)++;
+		return ret;
 	}
-	return NULL;
+	/* the normalised text stays in ntext while its pieces go through a */
+	t->ntext.n = 0;
+	if ((ret = tok_buf_put(&t->ntext, r, rn)))
+		return ret;
+	r = t->ntext.p;
+	while (pos <= rn) {
+		const struct tok_added *a = pos < rn && t->nfirst[(uint8_t)r[pos] + 1] >
+							t->nfirst[(uint8_t)r[pos]]
+			? added_at(t, t->nfirst, t->nby_first, true, r + pos, rn - pos) : NULL;
+		size_t b = start, e = pos;
+
+		if (!a && pos < rn) {
+			pos++;
+			continue;
+		}
+		if (rstrip)
+			b += tok_trim_start(r + b, e - b);
+		if (a && a->lstrip)
+			e = b + tok_trim_end(r + b, e - b);
+		if (e > b) {
+			t->a.n = 0;
+			if ((ret = tok_buf_put(&t->a, r + b, e - b)) ||
+			    (ret = encode_pretok(t, &t->a, e - b, *section, out)))
+				return ret;
+			(*section)++;
+		}
+		if (!a)
+			break;
+		if ((ret = tok_ids_push(out, a->id)))
+			return ret;
+		(*section)++;
+		rstrip = a->rstrip;
+		pos += a->nlen;
+		start = pos;
+	}
+	return 0;
 }
 
 int st_tokenizer_encode(struct st_tokenizer *t, const char *text, size_t bytes,
@@ -335,7 +390,8 @@ int st_tokenizer_encode(struct st_tokenizer *t, const char *text, size_t bytes,
 	while (pos < bytes) {
 		const struct tok_added *a = t->first[(uint8_t)text[pos] + 1] >
 						    t->first[(uint8_t)text[pos]]
-					    ? added_at(t, text + pos, bytes - pos)
+					    ? added_at(t, t->first, t->by_first, false, text + pos,
+						       bytes - pos)
 					    : NULL;
 		size_t b, e;
 
@@ -346,13 +402,18 @@ int st_tokenizer_encode(struct st_tokenizer *t, const char *text, size_t bytes,
 		b = start;
 		e = pos;
 		if (rstrip)
-			b += trim_start(text + b, e - b);
+			b += tok_trim_start(text + b, e - b);
 		if (a->lstrip && section > 0)
-			e = b + trim_end(text + b, e - b);
+			e = b + tok_trim_end(text + b, e - b);
 		if (pos > start) {
-			if ((ret = encode_section(t, text + b, e - b, section, out)))
+			size_t before = section;
+
+			if ((ret = encode_section(t, text + b, e - b, &section, out)))
 				return ret;
-			section++;
+			/* a raw section counts once in the reference, even when it
+			 * normalises or trims to nothing */
+			if (section == before)
+				section++;
 		}
 		if ((ret = tok_ids_push(out, a->id)))
 			return ret;
@@ -362,9 +423,9 @@ int st_tokenizer_encode(struct st_tokenizer *t, const char *text, size_t bytes,
 		start = pos;
 	}
 	if (start < bytes) {
-		size_t b = start + (rstrip ? trim_start(text + start, bytes - start) : 0);
+		size_t b = start + (rstrip ? tok_trim_start(text + start, bytes - start) : 0);
 
-		if ((ret = encode_section(t, text + b, bytes - b, section, out)))
+		if ((ret = encode_section(t, text + b, bytes - b, &section, out)))
 			return ret;
 	}
 	if (flags & ST_TOK_ADD_SPECIAL)

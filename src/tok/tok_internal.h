@@ -144,6 +144,11 @@ struct tok_added {
 	size_t len;
 	uint32_t id;
 	bool lstrip, rstrip, special;
+	/* normalized: true with a normalizer there: matched in normalised
+	 * text, as its content normalised (ncontent); else ncontent is NULL */
+	bool normalized;
+	char *ncontent;
+	size_t nlen;
 };
 
 /* --- the BPE model (bpe.c) ------------------------------------------------ */
@@ -185,6 +190,10 @@ struct st_tokenizer {
 	 * index by_first[] */
 	uint32_t first[257];
 	uint32_t *by_first;
+	/* the same for the added tokens matched in normalised text */
+	uint32_t nfirst[257];
+	uint32_t *nby_first;
+	size_t n_nadded;
 	/* id -> is special (added with special: true, or named by
 	 * tokenizer_config.json's additional_special_tokens) */
 	uint8_t *special;
@@ -205,9 +214,17 @@ struct st_tokenizer {
 	bool cleanup;
 
 	/* scratch reused by encode */
-	struct tok_buf text, a, b;
+	struct tok_buf text, a, b, ntext;
 	struct tok_spans sp, sp2;
 };
+
+/* Normalise s[0..n) through t's normalizers into t->a or t->b; *res
+ * points at the result (s itself when there are none). encode.c. */
+int tok_normalize(struct st_tokenizer *t, const char *s, size_t n, const char **res,
+		  size_t *res_n);
+/* Bytes of Unicode white space at the end / start of s[0..n). */
+size_t tok_trim_end(const char *s, size_t n);
+size_t tok_trim_start(const char *s, size_t n);
 
 int tok_decode_run(const struct st_tokenizer *t, const uint32_t *ids,
 		   size_t n, unsigned flags, struct tok_buf *out);

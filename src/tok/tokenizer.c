@@ -537,16 +537,49 @@ static int cmp_len_desc(const void *a, const void *b, void *ctx)
 	return x < y ? -1 : x > y;
 }
 
+static int cmp_nlen_desc(const void *a, const void *b, void *ctx)
+{
+	const struct tok_added *v = ctx;
+	const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	if (v[x].nlen != v[y].nlen)
+		return v[x].nlen > v[y].nlen ? -1 : 1;
+	return x < y ? -1 : x > y;
+}
+
+/* Index tokens [i : pick(i)] of t->added by first byte, longest first (the
+ * first that matches is the longest, as a trie's leftmost-longest match). */
+static void index_added(struct st_tokenizer *t, bool norm, uint32_t *first, uint32_t *by_first)
+{
+	uint32_t count[257] = { 0 }, fill[256];
+
+	for (uint32_t i = 0; i < t->n_added; i++)
+		if (!!t->added[i].ncontent == norm)
+			count[(uint8_t)(norm ? t->added[i].ncontent : t->added[i].content)[0]]++;
+	first[0] = 0;
+	for (unsigned b = 0; b < 256; b++)
+		first[b + 1] = first[b] + count[b];
+	memcpy(fill, first, sizeof(fill));
+	for (uint32_t i = 0; i < t->n_added; i++)
+		if (!!t->added[i].ncontent == norm)
+			by_first[fill[(uint8_t)(norm ? t->added[i].ncontent
+						     : t->added[i].content)[0]]++] = i;
+	for (unsigned b = 0; b < 256; b++)
+		if (first[b + 1] - first[b] > 1)
+			qsort_r(by_first + first[b], first[b + 1] - first[b], sizeof(uint32_t),
+				norm ? cmp_nlen_desc : cmp_len_desc, t->added);
+}
+
 static int parse_added(struct st_tokenizer *t, struct json_object *a)
 {
 	size_t n = a ? json_object_array_length(a) : 0;
-	uint32_t count[257] = { 0 };
 
 	if (a && !json_object_is_type(a, json_type_array))
 		return st_error_set(-EINVAL, "%s: added_tokens: not an array", t->file);
 	t->added = calloc(n + 1, sizeof(*t->added));
 	t->by_first = calloc(n + 1, sizeof(*t->by_first));
-	if (!t->added || !t->by_first)
+	t->nby_first = calloc(n + 1, sizeof(*t->nby_first));
+	if (!t->added || !t->by_first || !t->nby_first)
 		return st_error_set(-ENOMEM, "tokenizer: out of memory");
 	for (size_t i = 0; i < n; i++) {
 		struct json_object *o = json_object_array_get_idx(a, i), *idv = get(o, "id");
@@ -566,28 +599,30 @@ static int parse_added(struct st_tokenizer *t, struct json_object *a)
 			.lstrip = get_bool(o, "lstrip", false),
 			.rstrip = get_bool(o, "rstrip", false),
 			.special = get_bool(o, "special", false),
+			.normalized = get_bool(o, "normalized", false),
 		};
 		if (!t->added[i].content)
 			return st_error_set(-ENOMEM, "tokenizer: out of memory");
 		t->n_added++;
-		count[(uint8_t)c[0]]++;
-	}
-	/* index by first byte, longest first: the first that matches is the
-	 * longest, as a trie's leftmost-longest match */
-	t->first[0] = 0;
-	for (unsigned b = 0; b < 256; b++)
-		t->first[b + 1] = t->first[b] + count[b];
-	{
-		uint32_t fill[256];
+		/* normalized: matched in normalised text, as its content
+		 * normalised (the normalizers are read by now) */
+		if (t->added[i].normalized && t->n_norm) {
+			const char *r;
+			size_t rn;
+			int ret = tok_normalize(t, c, len, &r, &rn);
 
-		memcpy(fill, t->first, sizeof(fill));
-		for (uint32_t i = 0; i < t->n_added; i++)
-			t->by_first[fill[(uint8_t)t->added[i].content[0]]++] = i;
+			if (ret)
+				return ret;
+			if (rn) {
+				if (!(t->added[i].ncontent = dup_n(r, rn)))
+					return st_error_set(-ENOMEM, "tokenizer: out of memory");
+				t->added[i].nlen = rn;
+				t->n_nadded++;
+			}
+		}
 	}
-	for (unsigned b = 0; b < 256; b++)
-		if (t->first[b + 1] - t->first[b] > 1)
-			qsort_r(t->by_first + t->first[b], t->first[b + 1] - t->first[b],
-				sizeof(uint32_t), cmp_len_desc, t->added);
+	index_added(t, false, t->first, t->by_first);
+	index_added(t, true, t->nfirst, t->nby_first);
 	return 0;
 }
 
@@ -668,13 +703,17 @@ void st_tokenizer_close(struct st_tokenizer *t)
 		free(t->dec[i].a);
 		free(t->dec[i].b);
 	}
-	for (size_t i = 0; i < t->n_added; i++)
+	for (size_t i = 0; t->added && i < t->n_added; i++) {
 		free(t->added[i].content);
+		free(t->added[i].ncontent);
+	}
 	free(t->norm);
 	free(t->pre);
 	free(t->dec);
 	free(t->added);
 	free(t->by_first);
+	free(t->nby_first);
+	tok_buf_fini(&t->ntext);
 	free(t->special);
 	free(t->added_of);
 	free(t->prefix);

@@ -127,6 +127,39 @@ shard "$work/far.bin" > "$work/far.txt.shard"
 	grep -qw 70000 "$work/far.txt.shard" ||
 	{ echo "FAIL tok-uint32: $(head -c 200 "$work/far.txt.shard")"; fail=1; }
 
+# added tokens: normalized: true ones match the normalised text (as their
+# content normalised), the others the raw text; lstrip/rstrip take the
+# white space beside them (Hugging Face's rules)
+python3 - "$work/tok" "$work/norm" <<'PY'
+import json, os, sys
+t = json.load(open(sys.argv[1] + "/tokenizer.json"))
+t["normalizer"] = {"type": "Lowercase"}
+n = max(a["id"] for a in t["added_tokens"]) + 1
+t["added_tokens"] += [
+    {"id": n, "content": "<NORM>", "normalized": True, "special": False},
+    {"id": n + 1, "content": "<RAW>", "normalized": False, "special": True},
+    {"id": n + 2, "content": "<STRIP>", "normalized": False, "special": True,
+     "lstrip": True, "rstrip": True}]
+os.makedirs(sys.argv[2], exist_ok=True)
+json.dump(t, open(sys.argv[2] + "/tokenizer.json", "w"))
+print(n)
+PY
+printf 'a <NORM> b <norm> c <RAW> d <raw> e   <STRIP>   f' > "$work/norm.txt"
+nid=$(python3 -c "import json; print(max(a['id'] for a in json.load(open('$work/norm/tokenizer.json'))['added_tokens']) - 2)")
+"$dump" "$work/norm" --no-special "$work/norm.txt" > "$work/norm.ids"
+got=$(python3 - "$work/norm.ids" "$nid" <<'PY'
+import sys
+ids = list(map(int, open(sys.argv[1]).read().split()))
+n = int(sys.argv[2])
+print(ids.count(n), ids.count(n + 1), ids.count(n + 2))
+PY
+)
+case "$got" in "2 1 1") echo "ok   added-normalized: <NORM> twice (normalised), <RAW> once, <STRIP> once";;
+	*) echo "FAIL added-normalized: counts $got (want 2 1 1)"; fail=1;; esac
+# <STRIP> took the spaces: e and f are encoded as without them
+"$dump" "$work/norm" --no-special --decoded "$work/norm.dec" "$work/norm.txt" > /dev/null
+grep -q 'e<STRIP>f' "$work/norm.dec" || { echo "FAIL added-strip: $(cat "$work/norm.dec")"; fail=1; }
+
 # train and eval read the uint32 shard: the same text, the ids of the
 # small tokenizer (<|far|> is id 70000)
 check tok-uint32-data 0 "$strata" tokenize --tokenizer "$work/wide" --out "$work/wide.bin" "$data" "$work/far.txt"
