@@ -57,7 +57,8 @@ static void export_usage(FILE *f)
 "                  transformers (from_pretrained), strata eval, generate and\n"
 "                  --init (default); above --shard-size, shards\n"
 "                  model-0000K-of-0000N.safetensors and their index,\n"
-"                  model.safetensors.index.json, as save_pretrained writes them\n"
+"                  model.safetensors.index.json, as save_pretrained writes them;\n"
+"                  the tokenizer files beside SRC (tokenizer.json, ...) too\n"
 "  --shard-size SIZE  most tensor data in a shard (default 5e9 bytes,\n"
 "                  transformers' \"5GB\"; SIZE as 512M or 2G is binary units)\n"
 "  --format llmc   PATH is one file in llm.c's GPT-2 model format\n"
@@ -249,8 +250,8 @@ static void written_architecture(const char *path, const struct st_model_config 
 }
 
 static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc,
-			  const char *out, bool bf16, uint64_t shard_bytes, size_t *n_files,
-			  char *arch, size_t arch_size)
+			  const char *src, const char *out, bool bf16, uint64_t shard_bytes,
+			  size_t *n_files, char *arch, size_t arch_size)
 {
 	struct st_ckpt_layout l;
 	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
@@ -300,6 +301,10 @@ static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc
 	if (st_model_config_write(p, gc) < 0)
 		st_cli_die(1, "%s", st_error_last());
 	written_architecture(p, gc, arch, arch_size);
+	/* the tokenizer beside the source (a --save DIR's, a Hugging Face
+	 * directory's) goes with the model, as save_pretrained() puts it */
+	if (st_cli_tokenizer_dir(src, p, sizeof(p)))
+		st_cli_tokenizer_copy(p, tmp_path);
 	/* both files are fsynced by their writers: publish the directory,
 	 * unless something took PATH meanwhile */
 	block_signals(true);
@@ -473,7 +478,7 @@ int st_cli_export(int argc, char **argv)
 	catch_signals();
 	if (shard_bytes && strcmp(format, "hf") != 0)
 		st_cli_die(2, "--shard-size: only --format hf is sharded");
-	params = strcmp(format, "hf") == 0 ? export_hf(w, &gc, out, bf16, shard_bytes, &n_files,
+	params = strcmp(format, "hf") == 0 ? export_hf(w, &gc, ckpt, out, bf16, shard_bytes, &n_files,
 						       arch, sizeof(arch))
 					   : export_llmc(w, &gc, out, bf16);
 	st_cli_at_die(NULL);
