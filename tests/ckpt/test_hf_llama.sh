@@ -3,7 +3,8 @@
 # --init, `strata plan --model DIR` and `strata info --ckpt DIR`:
 #   - a LlamaForCausalLM (grouped-query attention, an untied head, llama3
 #     rope scaling) and a Qwen2ForCausalLM (q/k/v biases, a tied head with
-#     the redundant lm_head.weight copy, rotary_emb.inv_freq buffers) made
+#     the redundant lm_head.weight copy, rotary_emb.inv_freq buffers,
+#     linear rope scaling under the older key "type") made
 #     here with PyTorch, in BF16, F16 and F32, in shards with the index;
 #   - plan and info describe each; --init (without --model: the model
 #     config.json says) gives the first loss of PyTorch's own conversion of
@@ -34,7 +35,7 @@ first_loss() { # metrics file: its first step's loss
 }
 # the two shapes: strata's --model text of each (tools/torch_llama.py reads it)
 llama=llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,rope-theta=500000,tied=0,bias=0,eps=1e-05,rope-scaling=llama3:8:1:4:32
-qwen=llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,rope-theta=10000,tied=1,bias=1,eps=1e-06
+qwen=llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,rope-theta=10000,tied=1,bias=1,eps=1e-06,rope-scaling=linear:2
 
 python3 - "$work" <<'PY' || fail=1
 import json, os, sys, torch
@@ -46,7 +47,7 @@ l3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 for fam, qwen in (("llama", False), ("qwen", True)):
     theta = 10000.0 if qwen else 500000.0
     cfg = hfdir.llama_config(L, C, H, K, F, V, T, qwen=qwen, tied=qwen, theta=theta,
-                             scaling=None if qwen else l3)
+                             scaling={"type": "linear", "factor": 2.0} if qwen else l3)
     for name, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16), ("f32", torch.float32)):
         d = f"{w}/{fam}-{name}"
         os.mkdir(d)
@@ -72,7 +73,7 @@ for fam in llama qwen; do
 		arch=LlamaForCausalLM desc="LLaMA, 2 layers, dim 64, 4 heads (2 kv, head dim 16), ffn 96, vocab 256, ctx 64, rope theta 500000, llama3 x8, untied head"
 		model=$llama tensors=21 mix="BF16 21"
 	else
-		arch=Qwen2ForCausalLM desc="LLaMA (q/k/v biases), 2 layers, dim 64, 4 heads (2 kv, head dim 16), ffn 96, vocab 256, ctx 64, rope theta 10000, tied head"
+		arch=Qwen2ForCausalLM desc="LLaMA (q/k/v biases), 2 layers, dim 64, 4 heads (2 kv, head dim 16), ffn 96, vocab 256, ctx 64, rope theta 10000, linear x2, tied head"
 		model=$qwen tensors=29 mix="BF16 27, F32 2"
 	fi
 	check "plan-$fam" 0 "$strata" plan --model "$work/$fam-bf16" --seq 32 --batch 2
@@ -148,7 +149,11 @@ assert c["architectures"] == [arch], c
 for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
           "num_attention_heads", "num_key_value_heads", "vocab_size", "rms_norm_eps",
           "rope_theta", "rope_scaling", "tie_word_embeddings"):
-    assert c.get(k) == src.get(k), (k, c.get(k), src.get(k))
+    want = src.get(k)
+    if k == "rope_scaling" and want and "type" in want:  # the older key, as
+        want = dict(want)                                  # transformers reads it
+        want["rope_type"] = want.pop("type")
+    assert c.get(k) == want, (k, c.get(k), want)
 wm = json.load(open(f"{w}/ex-{fam}/model.safetensors.index.json"))["weight_map"]
 got = {}
 for f in sorted(set(wm.values())):
