@@ -370,7 +370,15 @@ bool st_cli_tokenizer_dir(const char *ckpt, char *out, size_t n)
 	}
 	snprintf(cand, sizeof(cand), "%s/../tokenizer.json", dir);
 	if (is_file(cand)) {
-		snprintf(out, n, "%s/..", dir);
+		/* "ck/step-000004/.." is named "ck" (the path people gave) */
+		const char *slash = strrchr(dir, '/'), *last = slash ? slash + 1 : dir;
+
+		if (!strcmp(last, ".") || !strcmp(last, "..") || !*last)
+			snprintf(out, n, "%s/..", dir);
+		else if (!slash)
+			snprintf(out, n, ".");
+		else
+			snprintf(out, n, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
 		return true;
 	}
 	return false;

@@ -97,6 +97,10 @@ cmp -s "$w/model/tokenizer.json" "$w/ck/tokenizer.json" &&
 	{ echo "FAIL the checkpoint's tokenizer files are not the model's"; fail=1; }
 [ "$(wc -l <"$w/train.jsonl")" = 4 ] || { echo "FAIL train: $(wc -l <"$w/train.jsonl") metrics rows"; fail=1; }
 check "$tok-info" 0 "$strata" info --ckpt "$w/ck" --verify
+local tv="BPE, 32000 ids"
+[ "$qwen" = 1 ] && tv="byte-level BPE, 151669 ids"
+grep -qF "tokenizer: $w/ck/tokenizer.json ($tv)" "$work/out" ||
+	{ echo "FAIL info --ckpt ck: no tokenizer line"; cat "$work/out"; fail=1; }
 
 # 4. generate through the tokenizer beside the checkpoint: text out,
 # the same with --tokenizer naming it, the same twice
