@@ -44,6 +44,17 @@ struct st_engine_config {
 	const enum st_home *homes;     /* tests: the home of every (unit,
 					  state), as st_plan_input.homes;
 					  NULL = the planner's policy */
+	/* ZeRO data parallelism (docs/zero.md). comm_ops: the backend of
+	 * this rank's communicator (NULL: local, world 1); world and rank:
+	 * what the launcher says (0, 0: one rank), checked against what the
+	 * backend finds; zero: the stage 0..3. At world > 1 each rank trains
+	 * on micro-batch r of every group of `world` drawn from the loader,
+	 * so N ranks at grad_accum A read what one rank reads at N * A; every
+	 * budget is one rank's; each rank's nvme files go to DIR/rank-R of
+	 * every nvme dir. */
+	const struct st_comm_ops *comm_ops;
+	int world, rank;
+	int zero;
 };
 
 struct st_engine;
@@ -127,6 +138,11 @@ struct st_engine_stats {
 };
 void st_engine_get_stats(const struct st_engine *e, struct st_engine_stats *s);
 const char *st_lane_name(enum st_lane l);
+
+/* This rank's communicator (borrowed; the local one at world 1): for the
+ * start-up agreement, barriers and the collectives' stats. */
+struct st_comm;
+struct st_comm *st_engine_comm(struct st_engine *e);
 
 /* The detail of the last I/O failure ("nvme: read ... offset ...: ..."). */
 const char *st_engine_io_error(const struct st_engine *e);

@@ -65,6 +65,11 @@ static void train_usage(FILE *f)
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
 "  --verify-reads on|off  check every nvme read against the XXH3 of what was\n"
 "                       written (default on: a mismatch stops the run, exit 1)\n"
+"data parallelism (mpirun -np N strata train ...; docs/zero.md)\n"
+"  --zero 0|1|2|3       ZeRO stage: 0 every rank holds everything, 1 shards P, M, V,\n"
+"                       2 also G, 3 also W (default 0). Each rank takes micro-batch r\n"
+"                       of every N, so N ranks at --grad-accum A read what one reads\n"
+"                       at N*A; budgets are per rank; rank 0 prints and saves\n"
 "optimizer\n"
 "  --steps N            optimizer steps (default 100)\n"
 "  --lr X --lr-schedule cosine|constant --warmup N   (1e-3, cosine to lr/10, 10)\n"
@@ -240,7 +245,7 @@ static void on_signal(int sig)
 /* The training configuration, saved in trainer.json and checked at resume:
  * everything that changes the numbers. */
 static char *config_json(const struct st_train_config *c, const char *model_text,
-			 const char *data, int shuffle)
+			 const char *data, int shuffle, int world, int zero)
 {
 	json_object *o = json_object_new_object();
 	char *s;
@@ -249,7 +254,10 @@ static char *config_json(const struct st_train_config *c, const char *model_text
 	json_object_object_add(o, "data", json_object_new_string(data));
 	json_object_object_add(o, "batch", json_object_new_int(c->batch));
 	json_object_object_add(o, "seq", json_object_new_int(c->seq));
-	json_object_object_add(o, "grad_accum", json_object_new_int(c->grad_accum));
+	/* the micro-batches of a step over every rank: what the numbers
+	 * depend on, so a checkpoint resumes at another world size (N ranks
+	 * at --grad-accum A are one rank at N * A) */
+	json_object_object_add(o, "grad_accum", json_object_new_int(c->grad_accum * world));
 	json_object_object_add(o, "steps", json_object_new_int(c->steps));
 	json_object_object_add(o, "lr", json_object_new_double(c->lr));
 	json_object_object_add(o, "schedule", json_object_new_string(
@@ -263,6 +271,10 @@ static char *config_json(const struct st_train_config *c, const char *model_text
 	json_object_object_add(o, "seed", json_object_new_int64((int64_t)c->seed));
 	json_object_object_add(o, "precision", json_object_new_string(c->bf16 ? "bf16" : "fp32"));
 	json_object_object_add(o, "shuffle", json_object_new_boolean(shuffle));
+	if (world > 1) { /* where it ran: not compared at resume */
+		json_object_object_add(o, "world", json_object_new_int(world));
+		json_object_object_add(o, "zero", json_object_new_int(zero));
+	}
 	s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
 	json_object_put(o);
 	return s;
@@ -340,6 +352,7 @@ int st_cli_train(int argc, char **argv)
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
+		{ "zero", 1, 0, 'z' },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -455,6 +468,7 @@ int st_cli_train(int argc, char **argv)
 			ec.device = optarg;
 			break;
 		case 'y': parse_test_fault(optarg, &ec.nvme_fault); break;
+		case 'z': ec.zero = (int)st_cli_long("--zero", optarg, 0, 3); break;
 		case 'h': train_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -492,7 +506,7 @@ int st_cli_train(int argc, char **argv)
 					.split = ST_SPLIT_ALL };
 	if (st_loader_init(&ld, ds, &lc) < 0)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
-	cfg_json = config_json(cfg, model_text, data, shuffle);
+	cfg_json = config_json(cfg, model_text, data, shuffle, ec.world, ec.zero);
 
 	/* One run saves into a DIR at a time: a second one (a restart while
 	 * the first still runs, say) would prune and relink the first's. The
