@@ -99,14 +99,21 @@ enum st_comm_kind {
 	ST_COMM_KINDS
 };
 
-/* Version of struct st_comm_ops; a table of another version is refused. */
-#define ST_COMM_OPS_VERSION 1u
+/* Version of struct st_comm_ops; a table of another version is refused.
+ * 2: the optional hooks async_error, host_allgather, local_rank, abort,
+ * library. */
+#define ST_COMM_OPS_VERSION 2u
 
 struct st_comm_config {
 	/* Device scratch for the composed reduce_scatter / allreduce (see
 	 * above): borrowed, unused by the local backend (may be NULL, 0). */
 	void *scratch;
 	size_t scratch_bytes;
+	/* Seconds one collective (or host-side exchange) may wait for its
+	 * peers before the backend ends the whole job, naming this rank (the
+	 * mpi backend's watchdog: MPI_Abort). 0: $ST_COMM_TIMEOUT, else 300.
+	 * Negative: no watchdog. Unused at world 1. */
+	double timeout_s;
 };
 
 struct st_comm_ops {
@@ -155,6 +162,28 @@ struct st_comm_ops {
 	 * -ENOTSUP. */
 	int (*reduce_local)(struct st_comm *c, const void *in, void *out,
 			    size_t count_elems, int terms, enum st_comm_dtype dt);
+
+	/* Optional. An error the queue met after its call was queued (a
+	 * failed MPI call on the queue's thread): returned once, as -errno
+	 * with its detail put in st_error_last() of the calling thread; 0 when
+	 * none. The core polls it at each call and at sync, so it turns
+	 * sticky. Absent: hooks fail only when they queue. */
+	int (*async_error)(struct st_comm *c);
+	/* Optional (needed at world > 1 by st_comm_host_allgather and what is
+	 * built on it). Blocking, host memory, off the queue: slot q (bytes)
+	 * of recv (world * bytes) gets rank q's send. */
+	int (*host_allgather)(struct st_comm *c, const void *send, void *recv,
+			      size_t bytes);
+	/* Optional. This rank's index among the ranks of its node (the GPU it
+	 * takes). Absent: 0. */
+	int (*local_rank)(struct st_comm *c);
+	/* Optional. End every rank of the job now with code (MPI_Abort).
+	 * Absent: exit(code) of this process. */
+	void (*abort)(struct st_comm *c, int code);
+	/* Optional. One line naming the library behind the backend and its
+	 * version into buf ("Open MPI v4.1.4, ...", "NCCL 2.28.9"); callable
+	 * without a comm. 0 or -errno. Absent: the backend's name. */
+	int (*library)(char *buf, size_t bytes);
 };
 
 /* Per collective kind: calls made (in place included), bytes of the
@@ -170,8 +199,30 @@ struct st_comm_stats {
 	} kind[ST_COMM_KINDS];
 };
 
-/* Backends built into this binary, by name ("local"); NULL when unknown. */
+/* Backends built into this binary, by name ("local", "mpi", "nccl");
+ * NULL when unknown or not built. */
 const struct st_comm_ops *st_comm_find(const char *name);
+/* Names of the built backends, comma-separated ("local,mpi,nccl"). */
+const char *st_comm_list(void);
+
+/* What the launcher says about this process, read from its environment
+ * without starting any library: Open MPI's mpirun (OMPI_COMM_WORLD_*),
+ * PMIx (PMIX_RANK, with Slurm's SLURM_NTASKS / SLURM_LOCALID for srun),
+ * PMI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID). */
+struct st_comm_launch {
+	const char *launcher; /* "mpirun", "pmix", "pmi"; NULL: none (one rank) */
+	int rank;             /* -1 when the launcher does not say */
+	int world;            /* -1 when the launcher does not say */
+	int local_rank;       /* -1 when the launcher does not say */
+};
+void st_comm_launch(struct st_comm_launch *out);
+/* The backend for device_name ("cpu", "cuda") as launched: "local" when no
+ * launcher is seen; under one, "mpi" for the cpu device and "nccl" for
+ * cuda. Returns 0; -ENOTSUP (detail set) when launched by a launcher but
+ * the backend it needs is not built. */
+int st_comm_auto(const char *device_name, const struct st_comm_ops **out);
+/* The library line of ops (its library hook, else its name) into buf. */
+int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes);
 /* The name of a collective kind ("allreduce", "reduce_scatter", ...). */
 const char *st_comm_kind_name(enum st_comm_kind k);
 /* Bytes of one element of dt (4, 8, 2). dt must be valid. */
@@ -189,6 +240,9 @@ void st_comm_destroy(struct st_comm *c);
 const char *st_comm_name(const struct st_comm *c);
 int st_comm_rank(const struct st_comm *c);
 int st_comm_world(const struct st_comm *c);
+/* This rank's index among the ranks of its node (the GPU to take): what
+ * the backend found (MPI_Comm_split_type SHARED for mpi), 0 at world 1. */
+int st_comm_local_rank(const struct st_comm *c);
 /* Borrowed: the comm's device, its queue, the backend's private state. */
 struct st_device *st_comm_device(struct st_comm *c);
 struct st_queue *st_comm_queue(struct st_comm *c);
@@ -235,7 +289,50 @@ int st_comm_take_error(struct st_comm *c);
 /* Stats so far. busy_ns is complete only after st_comm_sync(). */
 void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s);
 
-/* The backends. */
+/* ---- host-side agreement (start-up, checkpoints), off the queue ---- */
+
+/* Blocking exchange of host memory, outside the comm's queue and its
+ * sticky error: recv (world * bytes) slot q gets rank q's send (bytes).
+ * Every rank calls it with the same bytes. At world 1 a copy. 0 or
+ * -errno (-ENOTSUP: the backend has no host_allgather). */
+int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes);
+/* Every rank reaches it before any leaves. 0 or -errno. */
+int st_comm_barrier(struct st_comm *c);
+
+/* Bytes of each text kept by st_comm_agree() (longer lines are cut). */
+#define ST_COMM_AGREE_TEXT 200
+
+/* What st_comm_agree() found: the same on every rank. */
+struct st_comm_disagreement {
+	int line;      /* index of the first line where some rank differs */
+	int rank;      /* the lowest rank whose line `line` differs from rank 0's */
+	char rank0_text[ST_COMM_AGREE_TEXT]; /* rank 0's line ("(none)": it has fewer) */
+	char rank_text[ST_COMM_AGREE_TEXT];  /* that rank's line, the same way */
+};
+
+/* Do all ranks hold the same n lines (a config, a data description)? Each
+ * rank hashes each line (XXH3), the hashes are gathered, and every rank
+ * finds the same first difference: the lowest line index, then the lowest
+ * rank differing from rank 0 there, with both texts (so a CLI prints one
+ * line naming it on every rank and exits 2). n may differ between ranks
+ * (a missing line differs). Returns 0 when all agree, 1 when they differ
+ * (*out filled, out may be NULL), -errno on failure. Collective: every
+ * rank calls it. */
+int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
+		  struct st_comm_disagreement *out);
+
+/* End every rank of the job now with exit code code (mpi: MPI_Abort, so
+ * the launcher stops the others), after flushing stdio. For a rank that
+ * fails alone while its peers may wait in a collective. */
+_Noreturn void st_comm_abort(struct st_comm *c, int code);
+
+/* The backends (mpi and nccl only where built: ST_HAVE_MPI, ST_HAVE_NCCL). */
 extern const struct st_comm_ops st_comm_local_ops;
+#ifdef ST_HAVE_MPI
+extern const struct st_comm_ops st_comm_mpi_ops;
+#endif
+#ifdef ST_HAVE_NCCL
+extern const struct st_comm_ops st_comm_nccl_ops;
+#endif
 
 #endif

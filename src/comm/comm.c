@@ -10,8 +10,10 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* A timing stamp's argument: host functions on the comm's queue take one
  * pointer, and these live in the comm, so timing allocates nothing. */
@@ -25,7 +27,7 @@ struct st_comm {
 	struct st_device *dev; /* borrowed */
 	struct st_queue *q;
 	struct st_comm_config cfg;
-	int rank, world;
+	int rank, world, local_rank;
 	int err; /* sticky */
 	void *priv;
 	uint64_t calls[ST_COMM_KINDS], bytes[ST_COMM_KINDS]; /* host only */
@@ -36,6 +38,12 @@ struct st_comm {
 
 static const struct st_comm_ops *const st_comms[] = {
 	&st_comm_local_ops,
+#ifdef ST_HAVE_MPI
+	&st_comm_mpi_ops,
+#endif
+#ifdef ST_COMM_NCCL /* src/comm/meson.build: when nccl.c is built */
+	&st_comm_nccl_ops,
+#endif
 };
 
 static const char *const st_comm_kind_names[ST_COMM_KINDS] = {
@@ -58,6 +66,88 @@ const struct st_comm_ops *st_comm_find(const char *name)
 		if (name && strcmp(st_comms[i]->name, name) == 0)
 			return st_comms[i];
 	return NULL;
+}
+
+const char *st_comm_list(void)
+{
+	static char list[64];
+
+	if (!list[0]) {
+		size_t at = 0;
+
+		for (size_t i = 0; i < ST_ARRAY_LEN(st_comms); i++)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%s",
+					       i ? "," : "", st_comms[i]->name);
+	}
+	return list;
+}
+
+/* ---- the launcher ------------------------------------------------------------ */
+
+static int st_comm_env_int(const char *name)
+{
+	const char *v = getenv(name);
+	char *end;
+	long x;
+
+	if (!v || !*v)
+		return -1;
+	x = strtol(v, &end, 10);
+	return (*end || x < 0 || x > 1 << 30) ? -1 : (int)x;
+}
+
+void st_comm_launch(struct st_comm_launch *out)
+{
+	*out = (struct st_comm_launch){ .rank = -1, .world = -1, .local_rank = -1 };
+	if (st_comm_env_int("OMPI_COMM_WORLD_SIZE") >= 0) {
+		out->launcher = "mpirun";
+		out->rank = st_comm_env_int("OMPI_COMM_WORLD_RANK");
+		out->world = st_comm_env_int("OMPI_COMM_WORLD_SIZE");
+		out->local_rank = st_comm_env_int("OMPI_COMM_WORLD_LOCAL_RANK");
+	} else if (st_comm_env_int("PMIX_RANK") >= 0) {
+		out->launcher = "pmix"; /* srun --mpi=pmix */
+		out->rank = st_comm_env_int("PMIX_RANK");
+		out->world = st_comm_env_int("SLURM_STEP_NUM_TASKS");
+		if (out->world < 0)
+			out->world = st_comm_env_int("SLURM_NTASKS");
+		out->local_rank = st_comm_env_int("SLURM_LOCALID");
+	} else if (st_comm_env_int("PMI_RANK") >= 0) {
+		out->launcher = "pmi";
+		out->rank = st_comm_env_int("PMI_RANK");
+		out->world = st_comm_env_int("PMI_SIZE");
+		out->local_rank = st_comm_env_int("MPI_LOCALRANKID");
+		if (out->local_rank < 0)
+			out->local_rank = st_comm_env_int("SLURM_LOCALID");
+	}
+}
+
+int st_comm_auto(const char *device_name, const struct st_comm_ops **out)
+{
+	struct st_comm_launch l;
+	const char *want;
+
+	st_comm_launch(&l);
+	*out = &st_comm_local_ops;
+	if (!l.launcher)
+		return 0;
+	want = device_name && strcmp(device_name, "cuda") == 0 ? "nccl" : "mpi";
+	*out = st_comm_find(want);
+	if (!*out) {
+		*out = &st_comm_local_ops;
+		return st_error_set(-ENOTSUP,
+				    "comm: launched by %s as rank %d of %d, but this strata was built without the %s backend (comm backends: %s)",
+				    l.launcher, l.rank, l.world, want, st_comm_list());
+	}
+	return 0;
+}
+
+int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes)
+{
+	assert(ops && buf && bytes);
+	if (ops->library)
+		return ops->library(buf, bytes);
+	snprintf(buf, bytes, "%s", ops->name);
+	return 0;
 }
 
 const char *st_comm_kind_name(enum st_comm_kind k)
@@ -123,6 +213,7 @@ int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 		goto fail;
 	}
 	assert(c->world >= 1 && c->rank >= 0 && c->rank < c->world);
+	c->local_rank = ops->local_rank ? ops->local_rank(c) : 0;
 	*out = c;
 	return 0;
 fail:
@@ -155,6 +246,11 @@ int st_comm_rank(const struct st_comm *c)
 int st_comm_world(const struct st_comm *c)
 {
 	return c->world;
+}
+
+int st_comm_local_rank(const struct st_comm *c)
+{
+	return c->local_rank;
 }
 
 struct st_device *st_comm_device(struct st_comm *c)
@@ -394,6 +490,8 @@ static int st_comm_call(struct st_comm *c, struct st_comm_call *a)
 	int in_place, ret;
 
 	assert(c);
+	if (!c->err && c->ops->async_error)
+		c->err = c->ops->async_error(c);
 	if (c->err)
 		return c->err;
 	in_place = st_comm_check(c, a);
@@ -495,6 +593,8 @@ int st_comm_sync(struct st_comm *c)
 
 	assert(c);
 	ret = st_queue_sync(c->dev, c->q);
+	if (!c->err && c->ops->async_error)
+		c->err = c->ops->async_error(c);
 	if (c->err)
 		ret = c->err;
 	c->err = 0;
@@ -506,6 +606,8 @@ int st_comm_take_error(struct st_comm *c)
 	int err;
 
 	assert(c);
+	if (!c->err && c->ops->async_error)
+		c->err = c->ops->async_error(c);
 	err = c->err;
 	c->err = 0;
 	return err;
@@ -520,4 +622,129 @@ void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s)
 		s->kind[k].bytes = c->bytes[k];
 		s->kind[k].busy_ns = atomic_load(&c->busy_ns[k]);
 	}
+}
+
+/* ---- host-side agreement -------------------------------------------------------- */
+
+int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes)
+{
+	assert(c && (send || !bytes) && (recv || !bytes));
+	if (c->world == 1) {
+		if (bytes && send != recv)
+			memmove(recv, send, bytes);
+		return 0;
+	}
+	if (!c->ops->host_allgather)
+		return st_error_set(-ENOTSUP, "comm '%s': no host-side exchange at world %d",
+				    c->ops->name, c->world);
+	return c->ops->host_allgather(c, send, recv, bytes);
+}
+
+int st_comm_barrier(struct st_comm *c)
+{
+	unsigned char one = 1, *all;
+	int ret;
+
+	if (c->world == 1)
+		return 0;
+	all = malloc((size_t)c->world);
+	if (!all)
+		return st_error_set(-ENOMEM, "comm: out of memory for a barrier");
+	ret = st_comm_host_allgather(c, &one, all, 1);
+	free(all);
+	return ret;
+}
+
+/* Line i's text as st_comm_agree() reports it: cut to fit, "(none)" past n. */
+static void st_comm_agree_text(char *dst, const char *const *lines, int n, int i)
+{
+	const char *t = i < n ? (lines[i] ? lines[i] : "") : "(none)";
+	size_t len = strlen(t);
+
+	if (len < ST_COMM_AGREE_TEXT) {
+		memcpy(dst, t, len + 1);
+		return;
+	}
+	memcpy(dst, t, ST_COMM_AGREE_TEXT - 4);
+	memcpy(dst + ST_COMM_AGREE_TEXT - 4, "...", 4);
+}
+
+int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
+		  struct st_comm_disagreement *out)
+{
+	size_t w = (size_t)c->world;
+	int64_t mine = n, *ns = NULL;
+	uint64_t *h = NULL, *hs = NULL;
+	char (*texts)[ST_COMM_AGREE_TEXT] = NULL;
+	char text[ST_COMM_AGREE_TEXT];
+	int max_n = n, line = -1, rank = -1, ret;
+
+	assert(c && n >= 0 && (lines || n == 0));
+	ns = calloc(w, sizeof(*ns));
+	if (!ns)
+		return st_error_set(-ENOMEM, "comm agree: out of memory");
+	ret = st_comm_host_allgather(c, &mine, ns, sizeof(mine));
+	if (ret < 0)
+		goto out;
+	for (size_t q = 0; q < w; q++)
+		max_n = (int)ST_MAX((int64_t)max_n, ns[q]);
+	/* One hash per line, 0 past this rank's n (the counts tell missing
+	 * lines apart). */
+	h = calloc((size_t)max_n + 1, sizeof(*h));
+	hs = calloc(w * ((size_t)max_n + 1), sizeof(*hs));
+	if (!h || !hs) {
+		ret = st_error_set(-ENOMEM, "comm agree: out of memory for %d lines", max_n);
+		goto out;
+	}
+	for (int i = 0; i < n; i++)
+		h[i] = XXH3_64bits(lines[i] ? lines[i] : "", lines[i] ? strlen(lines[i]) : 0);
+	ret = st_comm_host_allgather(c, h, hs, ((size_t)max_n + 1) * sizeof(*h));
+	if (ret < 0)
+		goto out;
+	for (int i = 0; i < max_n && line < 0; i++)
+		for (size_t q = 1; q < w && line < 0; q++) {
+			bool have0 = i < ns[0], haveq = i < ns[q];
+			const uint64_t *h0 = hs, *hq = hs + q * ((size_t)max_n + 1);
+
+			if (have0 != haveq || (have0 && h0[i] != hq[i])) {
+				line = i;
+				rank = (int)q;
+			}
+		}
+	if (line < 0)
+		goto out; /* ret == 0: all agree */
+	/* Every rank learns the texts of the line that differs. */
+	texts = calloc(w, sizeof(*texts));
+	if (!texts) {
+		ret = st_error_set(-ENOMEM, "comm agree: out of memory");
+		goto out;
+	}
+	st_comm_agree_text(text, lines, n, line);
+	ret = st_comm_host_allgather(c, text, texts, sizeof(text));
+	if (ret < 0)
+		goto out;
+	if (out) {
+		out->line = line;
+		out->rank = rank;
+		memcpy(out->rank0_text, texts[0], ST_COMM_AGREE_TEXT);
+		memcpy(out->rank_text, texts[rank], ST_COMM_AGREE_TEXT);
+		out->rank0_text[ST_COMM_AGREE_TEXT - 1] = 0;
+		out->rank_text[ST_COMM_AGREE_TEXT - 1] = 0;
+	}
+	ret = 1;
+out:
+	free(ns);
+	free(h);
+	free(hs);
+	free(texts);
+	return ret;
+}
+
+_Noreturn void st_comm_abort(struct st_comm *c, int code)
+{
+	fflush(stdout);
+	fflush(stderr);
+	if (c && c->ops->abort)
+		c->ops->abort(c, code);
+	exit(code);
 }
