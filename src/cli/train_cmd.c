@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "strata/weights.h"
 #include "strata/ckpt.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/family.h"
@@ -311,6 +312,97 @@ static void metric(FILE *f, const char *key, const char *fmt, double v, char *no
 		 nonfinite[0] ? "," : "", key);
 }
 
+/* The world this process is a rank of: what the launcher says (mpirun,
+ * srun), with the backend for the device (docs/zero.md). */
+static void zero_world(struct st_engine_config *ec)
+{
+	struct st_comm_launch l;
+
+	st_comm_launch(&l);
+	if (st_comm_auto(ec->device, &ec->comm_ops) < 0)
+		st_cli_die(2, "%s", st_error_last());
+	ec->world = l.launcher && l.world > 0 ? l.world : 1;
+	ec->rank = l.launcher && l.rank >= 0 ? l.rank : 0;
+	if (ec->world > 1 && ec->device && strcmp(ec->device, "cpu") != 0)
+		st_cli_die(2, "--device %s with %d ranks: ZeRO across ranks runs on the cpu "
+			   "device (cuda at world > 1 is not built yet)", ec->device, ec->world);
+	if (ec->world == 1 && ec->zero == 3)
+		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
+			"--zero 0\n");
+}
+
+/* Every rank runs the same configuration on the same data: one line per
+ * setting and the data's size, compared across the ranks before anything
+ * is allocated (st_comm_agree, on a communicator of its own). A mismatch
+ * ends every rank with exit 2 and one line (rank 0's) naming the first
+ * difference. */
+static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
+		       const struct st_dataset *ds)
+{
+	struct st_device_config dc = { .mem_bytes = 1 << 20 };
+	struct st_device *d = NULL;
+	struct st_comm *c = NULL;
+	struct st_comm_disagreement dis;
+	json_object *o = json_tokener_parse(cfg_json);
+	char *lines[64], buf[64];
+	int n = 0, ret;
+
+	if (ec->world == 1 || !o)
+		goto out;
+	json_object_object_foreach(o, key, val) {
+		size_t len;
+
+		if (n >= 62)
+			break;
+		len = strlen(key) + strlen(json_object_to_json_string(val)) + 2;
+		lines[n] = malloc(len);
+		if (lines[n])
+			snprintf(lines[n++], len, "%s=%s", key, json_object_to_json_string(val));
+	}
+	snprintf(buf, sizeof(buf), "data tokens=%llu max=%u",
+		 (unsigned long long)st_dataset_tokens(ds), st_dataset_max_token(ds));
+	lines[n++] = strdup(buf);
+	ret = st_device_create(st_device_find("cpu"), &dc, &d);
+	if (ret == 0)
+		ret = st_comm_create(ec->comm_ops, d, NULL, &c);
+	if (ret == 0)
+		ret = st_comm_agree(c, (const char *const *)lines, n, &dis);
+	st_comm_destroy(c);
+	st_device_destroy(d);
+	for (int i = 0; i < n; i++)
+		free(lines[i]);
+	if (ret < 0)
+		st_cli_die(1, "the ranks' agreement on the configuration: %s", st_error_last());
+	if (ret == 1) {
+		if (ec->rank == 0)
+			fprintf(stderr, "strata: the ranks do not run the same configuration: rank "
+				"%d has %s where rank 0 has %s\n", dis.rank, dis.rank_text,
+				dis.rank0_text);
+		fflush(stderr);
+		exit(2);
+	}
+out:
+	json_object_put(o);
+}
+
+/* Whether any rank has flag (a stop asked for): every rank stops after the
+ * same step, or their collectives would no longer pair up. */
+static bool zero_any(struct st_engine *e, bool flag)
+{
+	struct st_comm *c = st_engine_comm(e);
+	int w = st_comm_world(c);
+	int32_t mine = flag, all[1024];
+
+	if (w == 1)
+		return flag;
+	if (w > 1024 || st_comm_host_allgather(c, &mine, all, sizeof(mine)) < 0)
+		st_cli_die(1, "the ranks' stop flags: %s", st_error_last());
+	for (int i = 0; i < w; i++)
+		if (all[i])
+			return true;
+	return false;
+}
+
 /* Fields that must match between the run and the checkpoint it resumes. */
 static void check_resume_config(const char *saved, const char *now)
 {
@@ -477,6 +569,7 @@ int st_cli_train(int argc, char **argv)
 	}
 	if (optind < argc)
 		st_cli_die(2, "train: unexpected argument %s", argv[optind]);
+	zero_world(&ec);
 	if (strcmp(nvme, "none") != 0) {
 		st_cli_check_dirs("--nvme", nvme, true);
 		ec.nvme_dirs = nvme;
@@ -507,6 +600,7 @@ int st_cli_train(int argc, char **argv)
 	if (st_loader_init(&ld, ds, &lc) < 0)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
 	cfg_json = config_json(cfg, model_text, data, shuffle, ec.world, ec.zero);
+	zero_agree(&ec, cfg_json, ds);
 
 	/* One run saves into a DIR at a time: a second one (a restart while
 	 * the first still runs, say) would prune and relink the first's. The
@@ -514,7 +608,13 @@ int st_cli_train(int argc, char **argv)
 	 * second run is refused before it has done any of that. */
 	st_cli_at_die(undo_run);
 	run.save = save;
-	if (save && st_ckpt_lock(save, &save_lock, &run.made) < 0)
+	/* rank 0 prints, saves and holds the lock; the others write only their
+	 * slices (through st_engine_save) and say nothing but their errors */
+	if (ec.rank > 0 && !freopen("/dev/null", "w", stdout))
+		st_cli_die(1, "/dev/null: %s", strerror(errno));
+	if (ec.rank > 0)
+		metrics = NULL;
+	if (save && ec.rank == 0 && st_ckpt_lock(save, &save_lock, &run.made) < 0)
 		st_cli_die(2, "--save %s", st_error_last());
 	/* From here a Ctrl-C or SIGTERM only asks for a stop: in start-up, the
 	 * run ends before its first step; after, at the end of a step. */
@@ -539,6 +639,12 @@ int st_cli_train(int argc, char **argv)
 
 	/* The plan decides before anything is allocated: a budget that cannot
 	 * work is refused here, with exit 2. */
+	if (trace_path && ec.world > 1) { /* one file per rank */
+		static char tp[4200];
+
+		snprintf(tp, sizeof(tp), "%s.rank-%d", trace_path, ec.rank);
+		trace_path = tp;
+	}
 	if (trace_path && st_trace_create(&trace, trace_path) < 0)
 		st_cli_die(2, "--trace %s: %s", trace_path, st_error_last());
 	ec.trace = run.trace = trace;
@@ -613,7 +719,7 @@ int st_cli_train(int argc, char **argv)
 		char eta[32], a[16], b[16], cc[16], d[16];
 		/* A stop asked for (Ctrl-C, SIGTERM) ends the run after the step
 		 * it comes in, saved. */
-		bool stopping = stop_requested;
+		bool stopping = zero_any(e, stop_requested);
 		bool saving = save && ((save_every && (s + 1) % save_every == 0) ||
 				       s + 1 == cfg->steps || stopping);
 		/* The next step's first forward runs in this step's update sweep,
@@ -695,7 +801,7 @@ int st_cli_train(int argc, char **argv)
 		 * too: with the cursor of this step's end (ld has given the next
 		 * batch), and the run ends there. Read once: a signal between two
 		 * reads must not end the run unsaved. */
-		stopped = stop_requested;
+		stopped = zero_any(e, stop_requested);
 		/* Steps whose gradient is not finite are skipped (the state stays
 		 * that of the last good step); a run of them means the run has
 		 * gone bad: it stops, unsaved, and says what to go on from. */

@@ -580,20 +580,20 @@ static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n,
 static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum, N = (uint64_t)sh->world, parts = 0;
-	enum { AR = 0, RS = 1, AG = 2 }; /* strata/comm.h's order */
+	enum { AR = 0, RS = 1, AG = 2, A2A = 3 }; /* strata/comm.h's order */
 
 	memset(p->comm_bytes, 0, sizeof(p->comm_bytes));
 	memset(p->comm_calls, 0, sizeof(p->comm_calls));
 	for (int u = 0; u < sh->units; u++) {
 		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
 
-		/* every micro-batch: dW reduce-scattered; stages 0-1 gather the
-		 * reduced slices back (an allreduce in two halves) */
-		p->comm_calls[RS] += n;
-		p->comm_bytes[RS] += n * sh->epad[u] * 4;
-		if (N > 1 && sh->zero <= 1) {
-			p->comm_calls[AG] += n;
-			p->comm_bytes[AG] += n * sh->epad[u] * 4;
+		/* every micro-batch: dW's slices to their ranks (world 1: the
+		 * reduce-scatter in place); stage 0 gathers the final G slices */
+		p->comm_calls[N > 1 ? A2A : RS] += n;
+		p->comm_bytes[N > 1 ? A2A : RS] += n * sh->epad[u] * 4;
+		if (N > 1 && sh->zero == 0) {
+			p->comm_calls[AG] += 1;
+			p->comm_bytes[AG] += sh->epad[u] * 4;
 		}
 		/* stages 1-2: the updated W slices; stage 3: W before each use */
 		if (sh->w_gather) {
@@ -611,13 +611,9 @@ static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
 		p->comm_bytes[AR] += 8;
 		return;
 	}
-	/* the micro-batches' losses; from stage 2 the norm's partial sums */
-	p->comm_calls[AG] += 1;
-	p->comm_bytes[AG] += N * n * 8;
-	if (sh->zero >= 2) {
-		p->comm_calls[AG] += 1;
-		p->comm_bytes[AG] += N * parts * 8;
-	}
+	/* the micro-batches' losses and the norm's chunk sums */
+	p->comm_calls[AG] += 2;
+	p->comm_bytes[AG] += N * n * 8 + N * parts * 8;
 }
 
 static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
@@ -635,7 +631,9 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 		const uint64_t *se = &sh->st_elems[u * ST_STATE_COUNT];
 		/* W's home holds the unit (a slice at stage 3, world > 1); the
 		 * update writes it whole, a fetch moves it whole */
-		uint64_t w = se[ST_STATE_W] * sh->wb, g = se[ST_STATE_G] * 4, pmv = se[ST_STATE_P] * 4;
+		uint64_t w = se[ST_STATE_W] * sh->wb, pmv = se[ST_STATE_P] * 4;
+		/* G: what a micro-batch adds (the rank's slice at world > 1) */
+		uint64_t g = (sh->world > 1 ? sh->slice[u] : se[ST_STATE_G]) * 4;
 		/* W comes into a slot for the forward of every unit but the
 		 * last (whose backward computes its forward and the loss) and
 		 * for the backward of every unit but a resident one fetched in
@@ -651,7 +649,8 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 			p->nvme_read_bytes += n * fetches * w;
 			p->nvme_write_bytes += w;
 		}
-		p->d2h_bytes += n * g;
+		/* dW to the host: at world > 1 the N slots of the rank's slice */
+		p->d2h_bytes += n * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update; P, M, V read and written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {

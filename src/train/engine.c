@@ -343,6 +343,8 @@ static int setup_pools(struct st_engine *e)
 	e->landing = hpool(e, ST_POOL_LANDING, 0);
 	e->gstage = hpool(e, ST_POOL_GSTAGE, 0);
 	e->comm_scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
+	if (e->comm_scratch)
+		e->scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);
 	e->wgather = hpool(e, ST_POOL_W_GATHER, 0);
 	/* what no rank's update writes (past the unit's end) stays zero */
 	if (e->wgather)

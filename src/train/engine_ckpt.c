@@ -2,6 +2,7 @@
  * (a model whose state lives on nvme never has to fit in RAM), and read
  * back the same way after every file is checked against trainer.json. */
 #include "strata/ckpt.h"
+#include "strata/comm.h"
 #include "strata/engine.h"
 #include "strata/io.h"
 #include "strata/optim.h"
@@ -20,6 +21,7 @@ struct fill_ctx {
 	enum st_state *state; /* [tensor] */
 	float *unit_buf;      /* one unit's state, E floats */
 	int staged;           /* unit * ST_STATE_COUNT + state in unit_buf, or -1 */
+	int *reads;           /* the save's (state, unit) reads so far */
 };
 
 /* A state must be finite (and V, Adam's second moment, >= 0) to be saved,
@@ -46,6 +48,7 @@ static int fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
 	int u = c->unit[ti], key = u * ST_STATE_COUNT + (int)c->state[ti], ret;
 
 	if (c->staged != key) {
+		(*c->reads)++;
 		ret = st_engine_read_state(c->e, u, c->state[ti], c->unit_buf);
 		if (ret < 0)
 			return ret;
@@ -125,7 +128,7 @@ static uint64_t max_unit_elems(const struct st_model *m)
 /* Stream the given states of every unit into dir/file. */
 static int write_state_file(struct st_engine *e, const char *dir, const char *file,
 			    const enum st_state *states, const char *const *suffixes,
-			    int nstates, struct st_ckpt_trainer *tr)
+			    int nstates, struct st_ckpt_trainer *tr, int *reads)
 {
 	const struct st_model *m = st_engine_model(e);
 	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
@@ -134,7 +137,7 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *fi
 	int *unit = NULL;
 	uint64_t *off = NULL, bytes, hash;
 	size_t n = 0;
-	struct fill_ctx c = { .e = e, .staged = -1 };
+	struct fill_ctx c = { .e = e, .staged = -1, .reads = reads };
 	enum st_state *st = NULL;
 	int ret = list_tensors(m, states, suffixes, nstates, &t, &names, &unit, &off, &st, &n);
 
@@ -159,8 +162,78 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *fi
 	return ret;
 }
 
+/* The states a checkpoint holds, in the order the save reads them: P of
+ * every unit (model.safetensors), then M, then V (optimizer.safetensors). */
+static const enum st_state save_order[] = { ST_STATE_P, ST_STATE_M, ST_STATE_V };
+
+/* At world > 1 reading a sharded state is collective (every rank gives
+ * its slices): a rank that writes no file, or rank 0 after a failure,
+ * makes the rest of the save's reads, from the `from`-th on, so every
+ * rank has made the same ones. */
+static int replay_reads(struct st_engine *e, int from)
+{
+	const struct st_model *m = st_engine_model(e);
+	int U = st_model_unit_count(m), ret = 0;
+	float *buf = NULL;
+
+	if (posix_memalign((void **)&buf, ST_PAGE_BYTES, max_unit_elems(m) * sizeof(float)))
+		return st_error_set(-ENOMEM, "out of memory");
+	for (int i = from; i < 3 * U; i++) {
+		int r = st_engine_read_state(e, i % U, save_order[i / U], buf);
+
+		if (r < 0 && ret == 0)
+			ret = r;
+	}
+	free(buf);
+	return ret;
+}
+
+static int save_files(struct st_engine *e, const char *dir, uint64_t step,
+		      const struct st_cursor *cursor, const char *config_json, int keep,
+		      int *reads);
+
+/* Every rank's slices go into rank 0's files: every rank reads the states
+ * in the same order (each gives its slices, strata/engine.h), rank 0
+ * streams them into the checkpoint and commits it, and every rank learns
+ * how that went (the same return on every rank). The checkpoint is the
+ * files one rank writes: it resumes at any world size and stage. */
 int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 		   const struct st_cursor *cursor, const char *config_json, int keep)
+{
+	struct st_comm *c = st_engine_comm(e);
+	int world = st_comm_world(c), reads = 0, ret;
+	int32_t mine, all[1024];
+	char msg[512];
+
+	if (world == 1)
+		return save_files(e, dir, step, cursor, config_json, keep, &reads);
+	if (world > 1024)
+		return st_error_set(-EINVAL, "checkpoint: %d ranks (at most 1024)", world);
+	if (st_comm_rank(c) == 0) {
+		ret = save_files(e, dir, step, cursor, config_json, keep, &reads);
+		snprintf(msg, sizeof(msg), "%s", ret < 0 ? st_error_last() : "");
+		/* the reads a failure cut short */
+		if (reads < 3 * st_model_unit_count(st_engine_model(e)))
+			replay_reads(e, reads);
+	} else {
+		ret = replay_reads(e, 0);
+		snprintf(msg, sizeof(msg), "%s", ret < 0 ? st_error_last() : "");
+	}
+	mine = ret;
+	if (st_comm_host_allgather(c, &mine, all, sizeof(mine)) < 0)
+		return st_error_set(-EIO, "checkpoint: the ranks' results: %s", st_error_last());
+	for (int q = 0; q < world; q++)
+		if (all[q] < 0) {
+			if (q != st_comm_rank(c))
+				return st_error_set(all[q], "checkpoint: rank %d failed to save", q);
+			return st_error_set(all[q], "%s", msg);
+		}
+	return 0;
+}
+
+static int save_files(struct st_engine *e, const char *dir, uint64_t step,
+		      const struct st_cursor *cursor, const char *config_json, int keep,
+		      int *reads)
 {
 	const struct st_model_config *mc = st_model_config(st_engine_model(e));
 	struct st_ckpt_trainer tr = { 0 };
@@ -179,9 +252,10 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 
 	/* P is model.safetensors (fp32 master weights, Hugging Face names);
 	 * optimizer.safetensors holds M and V under PyTorch's AdamW names. */
-	ret = write_state_file(e, d.tmp, ST_CKPT_MODEL_FILE, p_state, p_suffix, 1, &tr);
+	ret = write_state_file(e, d.tmp, ST_CKPT_MODEL_FILE, p_state, p_suffix, 1, &tr, reads);
 	if (ret == 0)
-		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_FILE, mv_states, mv_suffix, 2, &tr);
+		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_FILE, mv_states, mv_suffix, 2, &tr,
+				       reads);
 	if (ret == 0) {
 		snprintf(path, sizeof(path), "%.4000s/%s", d.tmp, ST_CKPT_CONFIG_FILE);
 		ret = st_model_config_write(path, mc);

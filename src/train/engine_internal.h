@@ -172,7 +172,8 @@ struct st_engine {
 	bool w_stream;                /* stage 3, world > 1: W gathered into its
 					 slot before each use */
 	char *nvme_dirs;              /* world > 1: DIR/rank-R of every dir */
-	void *comm_scratch;           /* vram, the composed reduce-scatter's */
+	void *comm_scratch;           /* vram: dW's all-to-all lands here */
+	struct st_extent scratch_ext;
 	char *wgather;                /* host, a padded unit of W */
 	int wg_busy;
 	struct chain c_wstore;        /* W from wgather to its home */

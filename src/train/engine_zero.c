@@ -145,7 +145,7 @@ int st_eng_zero_wstore(struct st_engine *e, int u)
 	return st_eng_chain_start(e, &e->c_wstore, &h, 1, &e->wg_busy, NULL);
 }
 
-/* This rank's chunk sums of its final G slice of unit u (stage >= 2):
+/* This rank's chunk sums of its final G slice of unit u:
  * st_grad_sumsq() of each ST_PLAN_SLICE_ALIGN chunk, which is exactly the
  * partial sum the one-rank sum of the unit adds at that chunk (strata/
  * optim.h: chunks of 16384 elements, added in index order; a slice's
@@ -160,16 +160,16 @@ void st_eng_zero_parts(struct st_engine *e, int u, const float *g)
 			out[c] = NAN;
 }
 
-/* The global sum of squares at world > 1. Stages 0-1: every rank holds
- * the whole reduced G, and unit_sumsq is the one-rank value. From stage 2:
- * gather every rank's chunk sums and fold each unit's in chunk order,
- * rank after rank (a unit's chunks in order), as one rank sums the unit. */
+/* The global sum of squares at world > 1: every rank's chunk sums of its
+ * G slice gathered, each unit's folded in chunk order, rank after rank (a
+ * unit's chunks in order), as one rank sums the unit; then the units in
+ * unit order. */
 int st_eng_zero_norm(struct st_engine *e, double *sumsq)
 {
 	double total = 0;
 	int ret = 0;
 
-	if (e->zero >= 2) {
+	{
 		ret = st_comm_allgather(e->comm, e->parts + (size_t)e->rank * e->nparts, e->parts,
 					e->nparts, ST_COMM_F64);
 		if (ret == 0)
