@@ -403,6 +403,51 @@ static bool zero_any(struct st_engine *e, bool flag)
 	return false;
 }
 
+/* Every rank's peak per tier (world > 1, --metrics: collective), into
+ * *all: [world * ST_HOME_COUNT], 0 for a tier a rank does not have. */
+static void zero_peaks(struct st_engine *e, const struct st_engine_stats *es, uint64_t **all)
+{
+	struct st_comm *c = st_engine_comm(e);
+	uint64_t mine[ST_HOME_COUNT];
+
+	if (!*all && !(*all = calloc((size_t)st_comm_world(c) * ST_HOME_COUNT, sizeof(**all))))
+		st_cli_die(1, "out of memory");
+	for (int h = 0; h < ST_HOME_COUNT; h++)
+		mine[h] = es->has_tier[h] ? es->peak_bytes[h] : 0;
+	if (st_comm_host_allgather(c, mine, *all, sizeof(mine)) < 0)
+		st_cli_die(1, "the ranks' peaks: %s", st_error_last());
+}
+
+/* A metrics line's ZeRO part (world > 1): each collective of the step
+ * (calls, bytes as strata/comm.h counts them, the comm queue's busy time)
+ * and every rank's peak per tier. */
+static void zero_metrics(FILE *mf, const struct st_comm_stats *a, const struct st_comm_stats *b,
+			 const uint64_t *peaks, int world)
+{
+	fprintf(mf, "},\"comm\":{");
+	for (int k = 0, first = 1; k < ST_COMM_KINDS; k++) {
+		uint64_t calls = b->kind[k].calls - a->kind[k].calls;
+
+		if (!calls)
+			continue;
+		fprintf(mf, "%s\"%s\":{\"calls\":%llu,\"bytes\":%llu,\"busy_s\":%.6f}",
+			first ? "" : ",", st_comm_kind_name((enum st_comm_kind)k),
+			(unsigned long long)calls,
+			(unsigned long long)(b->kind[k].bytes - a->kind[k].bytes),
+			(double)(b->kind[k].busy_ns - a->kind[k].busy_ns) / 1e9);
+		first = 0;
+	}
+	fprintf(mf, "},\"rank_peak\":[");
+	for (int q = 0; peaks && q < world; q++) {
+		fprintf(mf, "%s{", q ? "," : "");
+		for (int h = 0; h < ST_HOME_COUNT; h++)
+			fprintf(mf, "%s\"%s\":%llu", h ? "," : "", st_home_name(h),
+				(unsigned long long)peaks[q * ST_HOME_COUNT + h]);
+		fprintf(mf, "}");
+	}
+	fprintf(mf, "]");
+}
+
 /* Fields that must match between the run and the checkpoint it resumes. */
 static void check_resume_config(const char *saved, const char *now)
 {
@@ -455,6 +500,9 @@ int st_cli_train(int argc, char **argv)
 	const char *nvme = DEFAULT_NVME;
 	int shuffle = 1, threads = 0, log_every = 1, save_every = 0, keep = 3, c;
 	int max_skipped = 10, skipped_in_row = 0;
+	bool want_metrics = false;
+	struct st_comm_stats cs0, cs1;
+	uint64_t *rank_peaks = NULL;
 	struct st_engine *e;
 	struct st_dataset *ds;
 	struct st_loader ld;
@@ -612,6 +660,7 @@ int st_cli_train(int argc, char **argv)
 	 * slices (through st_engine_save) and say nothing but their errors */
 	if (ec.rank > 0 && !freopen("/dev/null", "w", stdout))
 		st_cli_die(1, "/dev/null: %s", strerror(errno));
+	want_metrics = metrics != NULL; /* every rank gathers what rank 0 writes */
 	if (ec.rank > 0)
 		metrics = NULL;
 	if (save && ec.rank == 0 && st_ckpt_lock(save, &save_lock, &run.made) < 0)
@@ -726,10 +775,14 @@ int st_cli_train(int argc, char **argv)
 		 * unless the state is saved (or the run ends) after this step. */
 		bool follows = s + 1 < cfg->steps && !saving && !stopping;
 
+		st_comm_get_stats(st_engine_comm(e), &cs0);
 		if (st_engine_step(e, &ld, s, follows, &r) < 0)
 			st_cli_die(1, "step %d: %s", s + 1, st_error_last());
+		st_comm_get_stats(st_engine_comm(e), &cs1);
 		done_steps = s + 1;
 		st_engine_get_stats(e, &es);
+		if (want_metrics && ec.world > 1)
+			zero_peaks(e, &es, &rank_peaks);
 		dt = (double)es.step_ns / 1e9;
 		tps = (double)cfg->batch * cfg->seq * cfg->grad_accum / dt;
 		if ((s + 1) % log_every == 0 || s + 1 == cfg->steps || r.skipped) {
@@ -793,7 +846,9 @@ int st_cli_train(int argc, char **argv)
 					: l == ST_LANE_D2H ? "d2h" : l == ST_LANE_NVME_READ ? "nvme_read"
 					: l == ST_LANE_NVME_WRITE ? "nvme_write" : "adam",
 					(double)es.busy_ns[l] / 1e9);
-			fprintf(mf, "}}\n");
+			if (ec.world > 1) /* closes busy_s */
+				zero_metrics(mf, &cs0, &cs1, rank_peaks, ec.world);
+			fprintf(mf, ec.world > 1 ? "}\n" : "}}\n");
 			fflush(mf);
 		}
 		fflush(stdout);
@@ -847,6 +902,7 @@ int st_cli_train(int argc, char **argv)
 	st_engine_destroy(e);
 	st_dataset_close(ds);
 	free(cfg_json);
+	free(rank_peaks);
 	if (stopped && done_steps < cfg->steps) {
 		if (save)
 			fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with "

@@ -902,6 +902,21 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "  vram -> host  %s\n", st_fb(p->d2h_bytes, a));
 	fprintf(f, "  nvme -> host  %s\n", st_fb(p->nvme_read_bytes, a));
 	fprintf(f, "  host -> nvme  %s\n", st_fb(p->nvme_write_bytes, a));
+	if (p->world > 1) {
+		static const char *stage_says[] = {
+			"every rank holds every state", "P, M, V sharded",
+			"G, P, M, V sharded", "W, G, P, M, V sharded" };
+
+		fprintf(f, "\nZeRO stage %d at world %d (this is rank %d's plan; %s)\n", p->zero,
+			p->world, p->rank, stage_says[p->zero]);
+		fprintf(f, "  collectives per step (the comm's bytes: each call's full buffer)\n");
+		for (int k = 0; k < 5; k++)
+			if (p->comm_calls[k])
+				fprintf(f, "    %-15s %6llu calls %s\n",
+					k == 0 ? "allreduce" : k == 1 ? "reduce_scatter" : k == 2 ? "allgather"
+					: k == 3 ? "alltoall" : "broadcast", (unsigned long long)p->comm_calls[k],
+					st_fb(p->comm_bytes[k], a));
+	}
 	fprintf(f, "\ntime per step (predicted; the resources overlap)\n");
 	fprintf(f, "  compute  %-10s at %.1f GFLOP/s\n", st_fmt_s(p->t_compute_s, a, 32),
 		p->rates.compute_flops / 1e9);
@@ -912,6 +927,9 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 		p->rates.nvme_write_bps / 1e9);
 	fprintf(f, "  adam     %-10s at %.2f GB/s\n", st_fmt_s(p->t_adam_s, a, 32),
 		p->rates.adam_bps / 1e9);
+	if (p->world > 1)
+		fprintf(f, "  net      %-10s at %.2f GB/s\n", st_fmt_s(p->t_net_s, a, 32),
+			p->rates.net_bps / 1e9);
 	fprintf(f, "  step     %-10s bound by %s\n", st_fmt_s(p->t_step_s, a, 32), p->bound);
 }
 
@@ -971,6 +989,30 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(root, "grad_accum", json_object_new_int(in->grad_accum));
 	json_object_object_add(root, "precision", json_object_new_string(in->bf16 ? "bf16" : "fp32"));
 	json_object_object_add(root, "prefetch", json_object_new_int(p->prefetch));
+	if (p->world > 1) {
+		static const char *kinds[] = { "allreduce", "reduce_scatter", "allgather",
+					       "alltoall", "broadcast" };
+
+		o = json_object_new_object();
+		json_object_object_add(o, "world", json_object_new_int(p->world));
+		json_object_object_add(o, "rank", json_object_new_int(p->rank));
+		json_object_object_add(o, "stage", json_object_new_int(p->zero));
+		o2 = json_object_new_object();
+		for (int k = 0; k < 5; k++) {
+			json_object *cell;
+
+			if (!p->comm_calls[k])
+				continue;
+			cell = json_object_new_object();
+			json_object_object_add(cell, "calls", st_ju(p->comm_calls[k]));
+			json_object_object_add(cell, "bytes", st_ju(p->comm_bytes[k]));
+			json_object_object_add(o2, kinds[k], cell);
+		}
+		json_object_object_add(o, "comm", o2);
+		json_object_object_add(o, "net_s", json_object_new_double(p->t_net_s));
+		json_object_object_add(o, "net_bps", json_object_new_double(p->rates.net_bps));
+		json_object_object_add(root, "zero", o);
+	}
 
 	/* placement: state -> tier -> {units, bytes} */
 	o = json_object_new_object();
