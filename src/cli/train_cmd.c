@@ -319,13 +319,13 @@ static void zero_world(struct st_engine_config *ec)
 	struct st_comm_launch l;
 
 	st_comm_launch(&l);
-	if (st_comm_auto(ec->device, &ec->comm_ops) < 0)
-		st_cli_die(2, "%s", st_error_last());
 	ec->world = l.launcher && l.world > 0 ? l.world : 1;
 	ec->rank = l.launcher && l.rank >= 0 ? l.rank : 0;
 	if (ec->world > 1 && ec->device && strcmp(ec->device, "cpu") != 0)
 		st_cli_die(2, "--device %s with %d ranks: ZeRO across ranks runs on the cpu "
 			   "device (cuda at world > 1 is not built yet)", ec->device, ec->world);
+	if (st_comm_auto(ec->device, &ec->comm_ops) < 0)
+		st_cli_die(2, "%s", st_error_last());
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
 			"--zero 0\n");
