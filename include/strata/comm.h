@@ -40,8 +40,14 @@
  *   reduce_scatter = all-to-all of the slices into the scratch buffer
  *                    (N * slice_elems: slot q holds rank q's slice r), then
  *                    a local sum of the N slots in rank order into out;
- *   allreduce      = all-gather of every rank's buffer into the scratch
- *                    (N * count_elems), then the same local sum into out.
+ *   allreduce      = that reduce-scatter of the first m = N * (count / N)
+ *                    elements into this rank's slice of out, an all-gather
+ *                    of the slices in place in out, and for the last
+ *                    count % N elements an all-gather into the scratch and
+ *                    the local sum (scratch: max(m, N * (count % N))
+ *                    elements). Each element is folded by one rank and
+ *                    copied by the others, so it is still the fold; the
+ *                    bytes moved are a ring allreduce's, 2 (N-1)/N.
  * The local sum is the backend's reduce_local hook (a device kernel), or,
  * on a device whose memory the host can read (the cpu device), a host
  * function on the comm's queue. The scratch is device memory given at
@@ -114,6 +120,13 @@ struct st_comm_config {
 	 * mpi backend's watchdog: MPI_Abort). 0: $ST_COMM_TIMEOUT, else 300.
 	 * Negative: no watchdog. Unused at world 1. */
 	double timeout_s;
+	/* mpi: move every collective through a pinned host staging buffer
+	 * (device -> host copy, the MPI call on host memory, host -> device,
+	 * in pieces of at most 8 MiB a rank, all on the comm's queue). It is
+	 * on by itself on a device the host cannot address (cuda: two ranks
+	 * sharing one GPU, which NCCL refuses); set it to run that path on
+	 * the cpu device (the tests). Other backends ignore it. */
+	bool stage_host;
 };
 
 struct st_comm_ops {
@@ -223,6 +236,11 @@ void st_comm_launch(struct st_comm_launch *out);
 int st_comm_auto(const char *device_name, const struct st_comm_ops **out);
 /* The library line of ops (its library hook, else its name) into buf. */
 int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes);
+/* One line for `strata info`, starting no library: the built backends,
+ * each one's library, and the launcher's world: "local,mpi,nccl; mpi:
+ * Open MPI v4.1.4, ...; nccl: NCCL 2.28.9; launcher: mpirun, rank 0 of 2,
+ * local rank 0" (or "launcher: none, one rank"). Returns buf. */
+const char *st_comm_describe(char *buf, size_t bytes);
 /* The name of a collective kind ("allreduce", "reduce_scatter", ...). */
 const char *st_comm_kind_name(enum st_comm_kind k);
 /* Bytes of one element of dt (4, 8, 2). dt must be valid. */
@@ -298,6 +316,10 @@ void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s);
 int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes);
 /* Every rank reaches it before any leaves. 0 or -errno. */
 int st_comm_barrier(struct st_comm *c);
+/* Blocking broadcast of host memory, off the queue: every rank's buf
+ * (bytes, the same on every rank) gets root's (the step to resume, a
+ * checkpoint's name). Small buffers: it moves world * bytes. 0 or -errno. */
+int st_comm_host_broadcast(struct st_comm *c, void *buf, size_t bytes, int root);
 
 /* Bytes of each text kept by st_comm_agree() (longer lines are cut). */
 #define ST_COMM_AGREE_TEXT 200
@@ -320,6 +342,10 @@ struct st_comm_disagreement {
  * rank calls it. */
 int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
 		  struct st_comm_disagreement *out);
+/* The one line a CLI prints for d (no newline): "ranks disagree at line
+ * 2: rank 0 has 'steps=400', rank 1 has 'steps=300'". Returns buf. */
+const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char *buf,
+				      size_t bytes);
 
 /* End every rank of the job now with exit code code (mpi: MPI_Abort, so
  * the launcher stops the others), after flushing stdio. For a rank that

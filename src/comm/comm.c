@@ -150,6 +150,31 @@ int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes)
 	return 0;
 }
 
+const char *st_comm_describe(char *buf, size_t bytes)
+{
+	struct st_comm_launch l;
+	size_t at;
+
+	assert(buf && bytes);
+	at = (size_t)snprintf(buf, bytes, "%s", st_comm_list());
+	for (size_t i = 0; i < ST_ARRAY_LEN(st_comms) && at < bytes; i++) {
+		char lib[160];
+
+		if (!st_comms[i]->library || st_comms[i]->library(lib, sizeof(lib)) < 0)
+			continue;
+		at += (size_t)snprintf(buf + at, bytes - at, "; %s: %s", st_comms[i]->name, lib);
+	}
+	st_comm_launch(&l);
+	if (at < bytes) {
+		if (l.launcher)
+			snprintf(buf + at, bytes - at, "; launcher: %s, rank %d of %d, local rank %d",
+				 l.launcher, l.rank, l.world, l.local_rank);
+		else
+			snprintf(buf + at, bytes - at, "; launcher: none, one rank");
+	}
+	return buf;
+}
+
 const char *st_comm_kind_name(enum st_comm_kind k)
 {
 	assert((unsigned)k < ST_COMM_KINDS);
@@ -447,6 +472,49 @@ static int st_comm_check(struct st_comm *c, struct st_comm_call *a)
 
 /* ---- the collectives ---------------------------------------------------------- */
 
+/* Allreduce without a hook: a reduce-scatter of the first m = N * (n / N)
+ * elements (all-to-all into the scratch, the local sum into this rank's
+ * slice of recv), an allgather of the slices in place in recv, and the
+ * last n % N elements by an allgather into the scratch and the local sum.
+ * Each element is still the fold in rank order (one rank folds it, the
+ * others copy its bits); each rank moves about 2 (N-1)/N of the buffer,
+ * as a ring allreduce, and the scratch holds max(m, N * (n % N))
+ * elements. In place (recv == send) works: the slice the sum writes is
+ * read only by the all-to-all before it, the tail only by its allgather. */
+static int st_comm_allreduce_composed(struct st_comm *c, const struct st_comm_call *a)
+{
+	size_t eb = st_comm_dtype_sizes[a->dt], w = (size_t)c->world;
+	size_t slice = a->elems / w, m = slice * w, rest = a->elems - m;
+	const char *send = a->send;
+	char *recv = a->recv, *mine = recv + (size_t)c->rank * slice * eb;
+	void *scratch = NULL;
+	size_t need = ST_MAX(m, w * rest);
+	int ret;
+
+	if (!c->cfg.scratch || c->cfg.scratch_bytes < need * eb)
+		return st_error_set(-ENOSPC,
+				    "comm '%s': a composed allreduce of %zu elements needs %zu bytes of scratch, has %zu",
+				    c->ops->name, a->elems, need * eb, c->cfg.scratch_bytes);
+	scratch = c->cfg.scratch;
+	if (slice) {
+		ret = c->ops->alltoall(c, send, scratch, slice, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, mine, slice, a->dt);
+		if (ret == 0)
+			ret = c->ops->allgather(c, mine, recv, slice, a->dt);
+		if (ret < 0)
+			return ret;
+	}
+	if (rest) {
+		ret = c->ops->allgather(c, send + m * eb, scratch, rest, a->dt);
+		if (ret == 0)
+			ret = st_comm_reduce_local(c, scratch, recv + m * eb, rest, a->dt);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
 static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 {
 	void *scratch = NULL;
@@ -471,12 +539,7 @@ static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 	case ST_COMM_ALLREDUCE:
 		if (c->ops->allreduce)
 			return c->ops->allreduce(c, a->send, a->recv, a->elems, a->dt);
-		ret = st_comm_scratch(c, a->elems, a->dt, &scratch);
-		if (ret == 0)
-			ret = c->ops->allgather(c, a->send, scratch, a->elems, a->dt);
-		if (ret == 0)
-			ret = st_comm_reduce_local(c, scratch, a->recv, a->elems, a->dt);
-		return ret;
+		return st_comm_allreduce_composed(c, a);
 	case ST_COMM_KINDS:
 		break;
 	}
@@ -655,6 +718,30 @@ int st_comm_barrier(struct st_comm *c)
 	return ret;
 }
 
+int st_comm_host_broadcast(struct st_comm *c, void *buf, size_t bytes, int root)
+{
+	char *all;
+	int ret;
+
+	assert(c && (buf || !bytes));
+	if (root < 0 || root >= c->world)
+		return st_error_set(-EINVAL, "comm host broadcast: root %d outside world %d", root,
+				    c->world);
+	if (c->world == 1 || bytes == 0)
+		return 0;
+	if (bytes > SIZE_MAX / (size_t)c->world)
+		return st_error_set(-EOVERFLOW, "comm host broadcast: %zu bytes overflow", bytes);
+	all = malloc(bytes * (size_t)c->world);
+	if (!all)
+		return st_error_set(-ENOMEM, "comm host broadcast: out of memory for %zu bytes",
+				    bytes * (size_t)c->world);
+	ret = st_comm_host_allgather(c, buf, all, bytes);
+	if (ret == 0)
+		memcpy(buf, all + (size_t)root * bytes, bytes);
+	free(all);
+	return ret;
+}
+
 /* Line i's text as st_comm_agree() reports it: cut to fit, "(none)" past n. */
 static void st_comm_agree_text(char *dst, const char *const *lines, int n, int i)
 {
@@ -738,6 +825,14 @@ out:
 	free(hs);
 	free(texts);
 	return ret;
+}
+
+const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char *buf,
+				      size_t bytes)
+{
+	snprintf(buf, bytes, "ranks disagree at line %d: rank 0 has '%s', rank %d has '%s'",
+		 d->line, d->rank0_text, d->rank, d->rank_text);
+	return buf;
 }
 
 _Noreturn void st_comm_abort(struct st_comm *c, int code)

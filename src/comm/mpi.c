@@ -276,7 +276,18 @@ int st_mpi_allgather_bytes(MPI_Comm comm, struct st_mpi_watch *w, const void *se
 
 /* ---- the backend ------------------------------------------------------------------- */
 
+/* The staging path: pieces of at most this many bytes a rank (the same on
+ * every rank, so every rank cuts a collective alike). $ST_COMM_STAGE_PIECE
+ * (bytes, 8 to 1 GiB) changes it for the tests, which cut small buffers
+ * into many pieces; mpirun gives every rank the same environment. */
+#define MPI_STAGE_BYTES (8u * 1024u * 1024u)
+
 struct mpi_priv {
+	/* Staging (cfg.stage_host, or a device the host cannot address):
+	 * [0, world * piece_bytes) receives, then world * piece_bytes sends;
+	 * pinned through the device. NULL: MPI reads device memory. */
+	char *stage;
+	size_t stage_bytes, piece_bytes;
 	MPI_Comm coll; /* the collectives, on the queue's thread */
 	MPI_Comm ctl;  /* host-side exchanges, on the caller's thread */
 	int rank, world, local_rank;
@@ -370,12 +381,17 @@ static void mpi_op_run(void *arg)
 	free(op);
 }
 
+static int mpi_queue_staged(struct st_comm *c, enum st_comm_kind kind, const void *send,
+			    void *recv, size_t count, enum st_comm_dtype dt, int root);
+
 static int mpi_queue(struct st_comm *c, enum st_comm_kind kind, const void *send, void *recv,
 		     size_t count, enum st_comm_dtype dt, int root)
 {
 	struct mpi_op *op;
 	int ret;
 
+	if (((struct mpi_priv *)st_comm_priv(c))->stage)
+		return mpi_queue_staged(c, kind, send, recv, count, dt, root);
 	if (count > INT_MAX)
 		return st_error_set(-EOVERFLOW,
 				    "mpi %s: %zu elements per rank, MPI counts stop at %d",
@@ -392,16 +408,141 @@ static int mpi_queue(struct st_comm *c, enum st_comm_kind kind, const void *send
 	return ret;
 }
 
+/* ---- staging through host memory ------------------------------------------------ */
+
+static int mpi_stage_open(struct st_comm *c, struct mpi_priv *p)
+{
+	const char *env = getenv("ST_COMM_STAGE_PIECE");
+	int ret;
+
+	p->piece_bytes = MPI_STAGE_BYTES;
+	if (env && *env) {
+		char *end;
+		unsigned long long v = strtoull(env, &end, 10);
+
+		if (*end || v < 8 || v > (1ull << 30))
+			return st_error_set(-EINVAL,
+					    "comm mpi: ST_COMM_STAGE_PIECE=%s is not a byte count in 8..1073741824",
+					    env);
+		p->piece_bytes = (size_t)v / 8 * 8;
+	}
+	p->stage_bytes = st_align_up(2 * (size_t)p->world * p->piece_bytes, ST_PAGE_BYTES);
+	p->stage = aligned_alloc(ST_PAGE_BYTES, p->stage_bytes);
+	if (!p->stage)
+		return st_error_set(-ENOMEM, "comm mpi: out of memory for a %zu-byte staging buffer",
+				    p->stage_bytes);
+	ret = st_device_pin_host(st_comm_device(c), p->stage, p->stage_bytes);
+	if (ret < 0) {
+		free(p->stage);
+		p->stage = NULL;
+	}
+	return ret;
+}
+
+static void mpi_stage_close(struct st_comm *c, struct mpi_priv *p)
+{
+	if (!p->stage)
+		return;
+	st_device_unpin_host(st_comm_device(c), p->stage);
+	free(p->stage);
+	p->stage = NULL;
+}
+
+static int mpi_d2h(struct st_comm *c, void *host, const void *dev, size_t bytes)
+{
+	return st_device_memcpy_async(st_comm_device(c), st_comm_queue(c), host, dev, bytes,
+				      ST_COPY_D2H);
+}
+
+static int mpi_h2d(struct st_comm *c, void *dev, const void *host, size_t bytes)
+{
+	return st_device_memcpy_async(st_comm_device(c), st_comm_queue(c), dev, host, bytes,
+				      ST_COPY_H2D);
+}
+
+/* One piece on the queue: the MPI call between the staging areas (the
+ * copies around it are queued by mpi_queue_staged). */
+static int mpi_queue_piece(struct st_comm *c, enum st_comm_kind kind, const void *send,
+			   void *recv, size_t count, enum st_comm_dtype dt, int root)
+{
+	struct mpi_op *op = malloc(sizeof(*op));
+	int ret;
+
+	if (!op)
+		return st_error_set(-ENOMEM, "mpi: out of memory queueing a collective");
+	*op = (struct mpi_op){ .c = c, .kind = kind, .send = send, .recv = recv,
+			       .count = (int)count, .bytes = count * st_comm_dtype_bytes(dt),
+			       .type = mpi_type(dt), .root = root };
+	ret = st_device_host_fn(st_comm_device(c), st_comm_queue(c), mpi_op_run, op);
+	if (ret < 0)
+		free(op);
+	return ret;
+}
+
+/* A collective on device memory through the staging buffer: pieces of k
+ * elements of each rank's slice (k from the count and the world only, so
+ * every rank cuts alike); per piece, device -> stage copies of what this
+ * rank sends, the MPI call between the stage's send and receive areas,
+ * stage -> device copies of what it receives, all in queue order (so one
+ * buffer serves every queued piece). In place works: a piece reads only
+ * its own offsets of send before its copies back write the same offsets
+ * of recv. */
+static int mpi_queue_staged(struct st_comm *c, enum st_comm_kind kind, const void *send,
+			    void *recv, size_t count, enum st_comm_dtype dt, int root)
+{
+	struct mpi_priv *p = st_comm_priv(c);
+	size_t eb = st_comm_dtype_bytes(dt), w = (size_t)p->world;
+	size_t k = p->piece_bytes / eb;
+	char *srecv = p->stage, *ssend = p->stage + w * p->piece_bytes;
+	const char *s = send ? send : NULL;
+	int ret = 0;
+
+	if (kind == ST_COMM_ALLGATHER && !send) /* in place: this rank's slot */
+		s = (const char *)recv + (size_t)p->rank * count * eb;
+	if (kind == ST_COMM_ALLTOALL && !send)
+		s = recv;
+	if (kind == ST_COMM_BROADCAST && !send)
+		s = recv;
+	for (size_t off = 0; off < count && ret == 0; off += k) {
+		size_t m = ST_MIN(k, count - off), mb = m * eb;
+
+		switch (kind) {
+		case ST_COMM_ALLTOALL:
+			for (size_t q = 0; q < w && ret == 0; q++)
+				ret = mpi_d2h(c, ssend + q * mb, s + (q * count + off) * eb, mb);
+			if (ret == 0)
+				ret = mpi_queue_piece(c, kind, ssend, srecv, m, dt, 0);
+			for (size_t q = 0; q < w && ret == 0; q++)
+				ret = mpi_h2d(c, (char *)recv + (q * count + off) * eb, srecv + q * mb,
+					      mb);
+			break;
+		case ST_COMM_ALLGATHER:
+			ret = mpi_d2h(c, ssend, s + off * eb, mb);
+			if (ret == 0)
+				ret = mpi_queue_piece(c, kind, ssend, srecv, m, dt, 0);
+			for (size_t q = 0; q < w && ret == 0; q++)
+				ret = mpi_h2d(c, (char *)recv + (q * count + off) * eb, srecv + q * mb,
+					      mb);
+			break;
+		default: /* broadcast: root's piece into the stage, then out */
+			if (p->rank == root)
+				ret = mpi_d2h(c, srecv, s + off * eb, mb);
+			if (ret == 0)
+				ret = mpi_queue_piece(c, kind, NULL, srecv, m, dt, root);
+			if (ret == 0)
+				ret = mpi_h2d(c, (char *)recv + off * eb, srecv, mb);
+			break;
+		}
+	}
+	return ret;
+}
+
 static int mpi_open(struct st_comm *c, const struct st_comm_config *cfg, int *rank,
 		    int *world)
 {
 	struct mpi_priv *p = st_comm_priv(c);
 	int ret, rc;
 
-	if (!st_device_unified(st_comm_device(c)))
-		return st_error_set(-ENOTSUP,
-				    "comm mpi: device '%s' is not host-addressable; use nccl",
-				    st_device_name(st_comm_device(c)));
 	ret = st_mpi_start();
 	if (ret < 0)
 		return ret;
@@ -420,11 +561,17 @@ static int mpi_open(struct st_comm *c, const struct st_comm_config *cfg, int *ra
 	ret = st_mpi_node_rank(p->ctl, &p->local_rank);
 	if (ret < 0)
 		goto fail;
+	if (cfg->stage_host || !st_device_unified(st_comm_device(c))) {
+		ret = mpi_stage_open(c, p);
+		if (ret < 0)
+			goto fail;
+	}
 	pthread_mutex_init(&p->lock, NULL);
 	ret = st_mpi_watch_start(&p->watch, "comm mpi", p->rank, p->world,
 				 st_mpi_timeout(cfg->timeout_s));
 	if (ret < 0) {
 		pthread_mutex_destroy(&p->lock);
+		mpi_stage_close(c, p);
 		goto fail;
 	}
 	*rank = p->rank;
@@ -443,6 +590,7 @@ static void mpi_close(struct st_comm *c)
 	struct mpi_priv *p = st_comm_priv(c);
 
 	st_mpi_watch_stop(&p->watch);
+	mpi_stage_close(c, p);
 	MPI_Comm_free(&p->coll);
 	MPI_Comm_free(&p->ctl);
 	pthread_mutex_destroy(&p->lock);

@@ -120,7 +120,14 @@ static void test_find(void **state)
 {
 	(void)state;
 	assert_ptr_equal(st_comm_find("local"), &st_comm_local_ops);
-	assert_null(st_comm_find("nccl"));
+	assert_null(st_comm_find("gloo"));
+	/* mpi and nccl are there exactly when built */
+	assert_true(strncmp(st_comm_list(), "local", 5) == 0);
+	assert_int_equal(st_comm_find("mpi") != NULL, strstr(st_comm_list(), "mpi") != NULL);
+	assert_int_equal(st_comm_find("nccl") != NULL, strstr(st_comm_list(), "nccl") != NULL);
+#ifdef ST_HAVE_MPI
+	assert_ptr_equal(st_comm_find("mpi"), &st_comm_mpi_ops);
+#endif
 	assert_null(st_comm_find(""));
 	assert_null(st_comm_find(NULL));
 	assert_string_equal(st_comm_kind_name(ST_COMM_REDUCE_SCATTER), "reduce_scatter");
@@ -128,6 +135,109 @@ static void test_find(void **state)
 	assert_int_equal(st_comm_dtype_bytes(ST_COMM_F32), 4);
 	assert_int_equal(st_comm_dtype_bytes(ST_COMM_F64), 8);
 	assert_int_equal(st_comm_dtype_bytes(ST_COMM_BF16), 2);
+}
+
+/* The launcher's environment, and the backend it picks. */
+static void test_launch(void **state)
+{
+	static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+					     "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK",
+					     "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+					     "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID" };
+	struct st_comm_launch l;
+	const struct st_comm_ops *ops;
+	char lib[64];
+	int ret;
+
+	(void)state;
+	for (size_t i = 0; i < ST_ARRAY_LEN(vars); i++)
+		unsetenv(vars[i]);
+	st_comm_launch(&l);
+	assert_null(l.launcher);
+	assert_int_equal(l.rank, -1);
+	assert_int_equal(st_comm_auto("cpu", &ops), 0);
+	assert_ptr_equal(ops, &st_comm_local_ops);
+
+	setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+	setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+	setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+	st_comm_launch(&l);
+	assert_string_equal(l.launcher, "mpirun");
+	assert_int_equal(l.rank, 2);
+	assert_int_equal(l.world, 4);
+	assert_int_equal(l.local_rank, 1);
+	ret = st_comm_auto("cpu", &ops);
+	if (st_comm_find("mpi")) {
+		assert_int_equal(ret, 0);
+		assert_string_equal(ops->name, "mpi");
+	} else {
+		assert_int_equal(ret, -ENOTSUP);
+		assert_non_null(strstr(st_error_last(), "without the mpi backend"));
+		assert_ptr_equal(ops, &st_comm_local_ops);
+	}
+	ret = st_comm_auto("cuda", &ops);
+	assert_int_equal(ret, st_comm_find("nccl") ? 0 : -ENOTSUP);
+	unsetenv("OMPI_COMM_WORLD_SIZE");
+	unsetenv("OMPI_COMM_WORLD_RANK");
+	unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+
+	setenv("PMIX_RANK", "3", 1);
+	setenv("SLURM_NTASKS", "8", 1);
+	setenv("SLURM_LOCALID", "0", 1);
+	st_comm_launch(&l);
+	assert_string_equal(l.launcher, "pmix");
+	assert_int_equal(l.rank, 3);
+	assert_int_equal(l.world, 8);
+	assert_int_equal(l.local_rank, 0);
+	unsetenv("PMIX_RANK");
+	unsetenv("SLURM_NTASKS");
+	unsetenv("SLURM_LOCALID");
+
+	setenv("PMI_RANK", "1", 1);
+	setenv("PMI_SIZE", "2", 1);
+	setenv("MPI_LOCALRANKID", "x", 1); /* not a number: unknown */
+	st_comm_launch(&l);
+	assert_string_equal(l.launcher, "pmi");
+	assert_int_equal(l.world, 2);
+	assert_int_equal(l.local_rank, -1);
+	unsetenv("PMI_RANK");
+	unsetenv("PMI_SIZE");
+	unsetenv("MPI_LOCALRANKID");
+
+	assert_int_equal(st_comm_library(&st_comm_local_ops, lib, sizeof(lib)), 0);
+	assert_string_equal(lib, "local");
+	{
+		char line[512];
+
+		st_comm_describe(line, sizeof(line));
+		assert_true(strncmp(line, st_comm_list(), strlen(st_comm_list())) == 0);
+		assert_non_null(strstr(line, "launcher: none, one rank"));
+		if (st_comm_find("mpi"))
+			assert_non_null(strstr(line, "mpi: Open MPI"));
+		if (st_comm_find("nccl"))
+			assert_non_null(strstr(line, "nccl: NCCL 2."));
+		/* cut short, still a string */
+		st_comm_describe(line, 8);
+		assert_int_equal(strlen(line), 7);
+	}
+}
+
+/* World 1: the host exchange is a copy, the barrier nothing, and any lines
+ * agree with themselves. */
+static void test_local_host(void **state)
+{
+	struct ctx *c = *state;
+	const char *lines[] = { "a=1", "b=2" };
+	struct st_comm_disagreement d = { .line = -5 };
+	int x = 42, y = 0;
+
+	assert_int_equal(st_comm_local_rank(c->comm), 0);
+	assert_int_equal(st_comm_host_allgather(c->comm, &x, &y, sizeof(x)), 0);
+	assert_int_equal(y, 42);
+	assert_int_equal(st_comm_barrier(c->comm), 0);
+	assert_int_equal(st_comm_agree(c->comm, lines, 2, &d), 0);
+	assert_int_equal(d.line, -5); /* untouched */
+	assert_int_equal(st_comm_agree(c->comm, NULL, 0, NULL), 0);
 }
 
 static void test_local_world(void **state)
@@ -636,16 +746,25 @@ static void test_composed_order(void **state)
 
 	/* out of place, then in place (recv = this rank's slice of send) */
 	assert_int_equal(st_comm_reduce_scatter(m, fs, fr, n, ST_COMM_F32), 0);
-	assert_int_equal(st_comm_allreduce(m, ds, dr, n, ST_COMM_F64), 0);
+	/* An allreduce of fewer elements than ranks is all tail: an
+	 * allgather into the scratch and the local sum, which this fake
+	 * world can show (longer ones reduce-scatter, then allgather the
+	 * folded slices: the mpi tests check them across real ranks). */
+	assert_int_equal(st_comm_allreduce(m, ds, dr, FAKE_WORLD - 1, ST_COMM_F64), 0);
 	assert_int_equal(st_comm_sync(m), 0);
 	for (size_t i = 0; i < n; i++) {
 		float mine = 0.75f + (float)(FAKE_RANK * n + i) * 0.125f;
 		float want = (peer_f32(0, i) + mine) + peer_f32(2, i);
 		float other = peer_f32(0, i) + (mine + peer_f32(2, i));
-		double dwant = (peer_f64(0, i) + ds[i]) + peer_f64(2, i);
 
 		order_matters += want != other;
 		assert_memory_equal(&fr[i], &want, sizeof(float));
+	}
+	for (size_t i = 0; i < FAKE_WORLD - 1; i++) {
+		double dwant = (peer_f64(0, i) + ds[i]) + peer_f64(2, i);
+		double dother = peer_f64(0, i) + (ds[i] + peer_f64(2, i));
+
+		order_matters += dwant != dother;
 		assert_memory_equal(&dr[i], &dwant, sizeof(double));
 	}
 	assert_true(order_matters > 0); /* the check could fail */
@@ -654,8 +773,11 @@ static void test_composed_order(void **state)
 	assert_int_equal(st_comm_sync(m), 0);
 	assert_memory_equal(fs + FAKE_RANK * n, fr, n * sizeof(float));
 
-	/* a scratch too small for 3 slices */
-	assert_int_equal(st_comm_allreduce(m, ds, dr, n + 1, ST_COMM_F64), -ENOSPC);
+	/* a scratch too small for 3 slices (reduce-scatter), or for the
+	 * allreduce's first 3n + 3 elements */
+	assert_int_equal(st_comm_reduce_scatter(m, ds, dr + n, n + 1, ST_COMM_F64), -ENOSPC);
+	assert_int_equal(st_comm_sync(m), -ENOSPC);
+	assert_int_equal(st_comm_allreduce(m, ds, dr, 3 * n + 3, ST_COMM_F64), -ENOSPC);
 	assert_int_equal(st_comm_sync(m), -ENOSPC);
 	/* the backend's failure is sticky too */
 	assert_int_equal(st_comm_broadcast(m, ds, dr, n, ST_COMM_F64, 0), -ENOTSUP);
@@ -668,6 +790,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_find),
+		cmocka_unit_test(test_launch),
+		cmocka_unit_test_setup_teardown(test_local_host, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_local_world, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_out_of_place_f32, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_out_of_place_f64, setup, teardown),

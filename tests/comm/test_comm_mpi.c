@@ -1,5 +1,8 @@
 /* The mpi comm backend across ranks, run under mpirun (tests/mpi-run N):
  *
+ *   test_comm_mpi --stage the same, every comm through the host staging
+ *                         of a device the host cannot address (forced on
+ *                         the cpu device), with slices of two pieces.
  *   test_comm_mpi [all]   every collective against a reference each rank
  *                         computes from every rank's inputs (each rank's
  *                         data is generated from its rank, so any rank can
@@ -33,6 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "comm_ref.h"
 
 #define MiB (1024ull * 1024ull)
 
@@ -74,10 +79,12 @@ static void *take(struct world *w, size_t bytes)
 	return p;
 }
 
+static bool g_stage; /* --stage: every comm moves through host staging */
+
 static void open_world(struct world *w, double timeout_s)
 {
-	struct st_device_config dcfg = { .mem_bytes = 64 * MiB };
-	struct st_comm_config cfg = { .timeout_s = timeout_s };
+	struct st_device_config dcfg = { .mem_bytes = (g_stage ? 192 : 64) * MiB };
+	struct st_comm_config cfg = { .timeout_s = timeout_s, .stage_host = g_stage };
 	char *arena;
 
 	memset(w, 0, sizeof(*w));
@@ -108,85 +115,6 @@ static void close_world(struct world *w)
 	g_comm = NULL;
 }
 
-/* ---- rank-seeded data ------------------------------------------------------------ */
-
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
-/* Element i of rank q's buffer for test salt: magnitudes spread over many
- * binades, so the sum's bits depend on the order of its terms; element 0
- * is -0.0 on every rank (a fold from +0 would give +0.0); element 1 a
- * subnormal. */
-static double value(int q, size_t i, uint64_t salt)
-{
-	uint64_t h = mix(salt * 1000003u + (uint64_t)q * 7919u + i);
-	double m = (double)(h & 0xffffff) / (double)0x1000000 - 0.5;
-	int e = (int)((h >> 24) % 40) - 20;
-
-	if (i == 0)
-		return -0.0;
-	if (i == 1)
-		return 1e-41 * (q + 1);
-	return ldexp(m, e);
-}
-
-static void gen(void *p, size_t n, enum st_comm_dtype dt, int q, uint64_t salt)
-{
-	for (size_t i = 0; i < n; i++) {
-		double v = value(q, i, salt);
-
-		if (dt == ST_COMM_F32)
-			((float *)p)[i] = (float)v;
-		else if (dt == ST_COMM_F64)
-			((double *)p)[i] = v * (1.0 + 1e-9 * (double)q);
-		else
-			((uint16_t *)p)[i] = (uint16_t)(mix(salt + (uint64_t)q * 31 + i) & 0xffff);
-	}
-}
-
-/* ref[i] = fold over q of in_q[off + i], in rank order (strata/comm.h). */
-static void fold(void *ref, size_t n, size_t off, size_t per_rank, enum st_comm_dtype dt, int world,
-		 uint64_t salt, bool reverse)
-{
-	size_t eb = st_comm_dtype_bytes(dt);
-	char *all = malloc(per_rank * eb * (size_t)world);
-
-	CHECK(all, "out of memory");
-	for (int q = 0; q < world; q++)
-		gen(all + (size_t)q * per_rank * eb, per_rank, dt, q, salt);
-	for (size_t i = 0; i < n; i++) {
-		if (dt == ST_COMM_F32) {
-			const float *a = (const float *)all;
-			int q0 = reverse ? world - 1 : 0;
-			float acc = a[(size_t)q0 * per_rank + off + i];
-
-			for (int k = 1; k < world; k++) {
-				int q = reverse ? world - 1 - k : k;
-
-				acc += a[(size_t)q * per_rank + off + i];
-			}
-			((float *)ref)[i] = acc;
-		} else {
-			const double *a = (const double *)all;
-			int q0 = reverse ? world - 1 : 0;
-			double acc = a[(size_t)q0 * per_rank + off + i];
-
-			for (int k = 1; k < world; k++) {
-				int q = reverse ? world - 1 - k : k;
-
-				acc += a[(size_t)q * per_rank + off + i];
-			}
-			((double *)ref)[i] = acc;
-		}
-	}
-	free(all);
-}
-
 static const char *dt_name(enum st_comm_dtype dt)
 {
 	return dt == ST_COMM_F32 ? "f32" : dt == ST_COMM_F64 ? "f64" : "bf16";
@@ -205,7 +133,7 @@ static void test_reduce_scatter(struct world *w, size_t n, enum st_comm_dtype dt
 	gen(send, N * n, dt, w->rank, salt);
 	CHECK(st_comm_reduce_scatter(w->comm, send, recv, n, dt) == 0, "reduce_scatter");
 	CHECK(st_comm_sync(w->comm) == 0, "sync");
-	fold(ref, n, (size_t)w->rank * n, N * n, dt, w->n, salt, false);
+	CHECK(fold(ref, n, (size_t)w->rank * n, N * n, dt, w->n, salt, false) == 0, "oom");
 	CHECK(memcmp(recv, ref, n * eb) == 0, "reduce_scatter %s n=%zu %s differs from the fold",
 	      dt_name(dt), n, in_place ? "in place" : "out of place");
 	/* The check can fail: element 0 is -0.0 on every rank (a fold from +0
@@ -214,7 +142,7 @@ static void test_reduce_scatter(struct world *w, size_t n, enum st_comm_dtype dt
 	CHECK(w->rank != 0 || signbit(dt == ST_COMM_F32 ? (double)((float *)recv)[0] : ((double *)recv)[0]),
 	      "element 0 lost the sign of -0.0");
 	if (w->n >= 3 && n >= 64) {
-		fold(rev, n, (size_t)w->rank * n, N * n, dt, w->n, salt, true);
+		CHECK(fold(rev, n, (size_t)w->rank * n, N * n, dt, w->n, salt, true) == 0, "oom");
 		CHECK(memcmp(rev, ref, n * eb) != 0, "the data does not tell orders apart");
 	}
 	free(ref);
@@ -231,7 +159,7 @@ static void test_allreduce(struct world *w, size_t n, enum st_comm_dtype dt, boo
 	gen(send, n, dt, w->rank, salt);
 	CHECK(st_comm_allreduce(w->comm, send, recv, n, dt) == 0, "allreduce");
 	CHECK(st_comm_sync(w->comm) == 0, "sync");
-	fold(ref, n, 0, n, dt, w->n, salt, false);
+	CHECK(fold(ref, n, 0, n, dt, w->n, salt, false) == 0, "oom");
 	CHECK(memcmp(recv, ref, n * eb) == 0, "allreduce %s n=%zu %s differs from the fold",
 	      dt_name(dt), n, in_place ? "in place" : "out of place");
 	free(ref);
@@ -321,6 +249,29 @@ static void test_collectives(struct world *w)
 			}
 }
 
+/* Staging cuts each rank's part into pieces of 8 MiB (the tests set
+ * ST_COMM_STAGE_PIECE smaller, so test_collectives' counts take many):
+ * slices of two default pieces and a bit, in place and not. Run when
+ * ST_COMM_STAGE_PIECE is unset (by hand: it takes ~30 s at 4 ranks). */
+static void test_pieces(struct world *w)
+{
+	const size_t n = 2 * MiB + 12345; /* fp32 elements: 2 pieces */
+	uint64_t mark = w->used;
+
+	if (getenv("ST_COMM_STAGE_PIECE"))
+		return;
+	for (int ip = 0; ip < 2; ip++) {
+		test_allgather(w, n, ST_COMM_F32, ip, 900 + (uint64_t)ip);
+		w->used = mark;
+		test_alltoall(w, n / (size_t)w->n + 3 * MiB, ST_COMM_F32, ip, 910 + (uint64_t)ip);
+		w->used = mark;
+		test_broadcast(w, n, ST_COMM_F32, ip, w->n - 1, 920 + (uint64_t)ip);
+		w->used = mark;
+		test_reduce_scatter(w, n / (size_t)w->n, ST_COMM_F32, ip, 930 + (uint64_t)ip);
+		w->used = mark;
+	}
+}
+
 /* Many collectives queued before one sync, ordered by an event against
  * another queue of the device (the compute's stand-in). */
 static void fill_fn(void *arg)
@@ -403,12 +354,22 @@ static void test_stats(struct world *w)
 	struct st_comm_stats s0, s1;
 	double *x = take(w, 3 * sizeof(double)), *y = take(w, 3 * (size_t)w->n * sizeof(double));
 
+	struct st_device_stats d0, d1;
+
 	st_comm_get_stats(w->comm, &s0);
+	st_device_get_stats(w->dev, &d0);
 	x[0] = x[1] = x[2] = 1;
 	CHECK(st_comm_allgather(w->comm, x, y, 3, ST_COMM_F64) == 0, "allgather");
 	CHECK(st_comm_allreduce(w->comm, x, x, 3, ST_COMM_F64) == 0, "allreduce");
 	CHECK(st_comm_sync(w->comm) == 0, "sync");
 	st_comm_get_stats(w->comm, &s1);
+	st_device_get_stats(w->dev, &d1);
+	/* Staging moves through the device's copies; MPI on the arena none. */
+	CHECK((d1.d2h_bytes > d0.d2h_bytes && d1.h2d_bytes > d0.h2d_bytes) == g_stage,
+	      "device copies %llu/%llu -> %llu/%llu with staging %s",
+	      (unsigned long long)d0.d2h_bytes, (unsigned long long)d0.h2d_bytes,
+	      (unsigned long long)d1.d2h_bytes, (unsigned long long)d1.h2d_bytes,
+	      g_stage ? "on" : "off");
 	CHECK(s1.kind[ST_COMM_ALLGATHER].calls == s0.kind[ST_COMM_ALLGATHER].calls + 1, "calls");
 	CHECK(s1.kind[ST_COMM_ALLGATHER].bytes ==
 		      s0.kind[ST_COMM_ALLGATHER].bytes + 3 * sizeof(double) * (size_t)w->n,
@@ -422,7 +383,8 @@ static void test_stats(struct world *w)
  * own communicators and queue, no crossed messages. */
 static void test_two_comms(struct world *w)
 {
-	struct st_comm_config cfg = { .scratch = take(w, 4 * MiB), .scratch_bytes = 4 * MiB };
+	struct st_comm_config cfg = { .scratch = take(w, 4 * MiB), .scratch_bytes = 4 * MiB,
+				      .stage_host = g_stage };
 	struct st_comm *c2;
 	float *a = take(w, 100 * sizeof(float)), *b = take(w, 100 * sizeof(float));
 	float *x = take(w, 100 * sizeof(float)), *y = take(w, 100 * sizeof(float));
@@ -452,6 +414,14 @@ static void test_host(struct world *w)
 	for (int q = 0; q < w->n; q++)
 		CHECK(all[2 * q] == q && all[2 * q + 1] == 1000 + q, "host slot %d", q);
 	CHECK(st_comm_barrier(w->comm) == 0, "barrier");
+	for (int root = 0; root < w->n; root++) {
+		long v[3] = { w->rank, 7 * w->rank, -w->rank };
+
+		CHECK(st_comm_host_broadcast(w->comm, v, sizeof(v), root) == 0, "host broadcast");
+		CHECK(v[0] == root && v[1] == 7 * root && v[2] == -root, "host broadcast root %d",
+		      root);
+	}
+	CHECK(st_comm_host_broadcast(w->comm, mine, sizeof(mine), w->n) == -EINVAL, "bad root");
 	CHECK(st_comm_agree(w->comm, lines, 3, &d) == 0, "the same lines agree");
 	CHECK(st_comm_agree(w->comm, lines, 0, NULL) == 0, "no lines agree");
 	/* The last rank has one line fewer: line 2 differs, "(none)". */
@@ -459,6 +429,19 @@ static void test_host(struct world *w)
 	CHECK(d.line == 2 && d.rank == w->n - 1, "line %d rank %d", d.line, d.rank);
 	CHECK(strcmp(d.rank0_text, lines[2]) == 0 && strcmp(d.rank_text, "(none)") == 0,
 	      "texts '%s' '%s'", d.rank0_text, d.rank_text);
+	/* A line longer than ST_COMM_AGREE_TEXT is cut, with "...". */
+	{
+		char longline[3 * ST_COMM_AGREE_TEXT];
+		const char *one[1] = { longline };
+
+		memset(longline, 'a' + (w->rank == 1), sizeof(longline) - 1);
+		longline[sizeof(longline) - 1] = 0;
+		CHECK(st_comm_agree(w->comm, one, 1, &d) == 1 && d.rank == 1, "long lines differ");
+		CHECK(strlen(d.rank_text) == ST_COMM_AGREE_TEXT - 1 &&
+			      strcmp(d.rank_text + ST_COMM_AGREE_TEXT - 4, "...") == 0 &&
+			      d.rank_text[0] == 'b' && d.rank0_text[0] == 'a',
+		      "cut '%s'", d.rank_text);
+	}
 	free(all);
 }
 
@@ -481,8 +464,16 @@ static void test_discovery(struct world *w)
 		      strncmp(lib, "Open MPI", 8) == 0,
 	      "library '%s'", lib);
 	CHECK(strstr(st_comm_list(), "mpi") != NULL, "list %s", st_comm_list());
-	if (w->rank == 0)
-		printf("test_comm_mpi: world %d, %s\n", w->n, lib);
+	{
+		char line[512], want[64];
+
+		snprintf(want, sizeof(want), "launcher: mpirun, rank %d of %d, local rank %d",
+			 w->rank, w->n, st_comm_local_rank(w->comm));
+		st_comm_describe(line, sizeof(line));
+		CHECK(strstr(line, want) && strstr(line, "mpi: Open MPI"), "describe '%s'", line);
+		if (w->rank == 0)
+			printf("test_comm_mpi: world %d: %s\n", w->n, line);
+	}
 }
 
 /* ---- the fault modes ----------------------------------------------------------------- */
@@ -492,6 +483,7 @@ static int run_mismatch(void)
 	struct world w;
 	struct st_comm_disagreement d;
 	const char *lines[] = { "model=tiny", "seed=1", "steps=400", "lr=0.001" };
+	char text[2 * ST_COMM_AGREE_TEXT + 64];
 	int ret;
 
 	open_world(&w, 30);
@@ -503,8 +495,8 @@ static int run_mismatch(void)
 		      strcmp(d.rank_text, "steps=300") == 0,
 	      "found line %d rank %d '%s' '%s'", d.line, d.rank, d.rank0_text, d.rank_text);
 	/* What a CLI does: one line, exit 2, on every rank. */
-	fprintf(stderr, "test_comm_mpi: rank %d: ranks disagree at line %d: rank 0 has '%s', rank %d has '%s'\n",
-		w.rank, d.line, d.rank0_text, d.rank, d.rank_text);
+	fprintf(stderr, "test_comm_mpi: rank %d: %s\n", w.rank,
+		st_comm_disagreement_line(&d, text, sizeof(text)));
 	close_world(&w);
 	return 2;
 }
@@ -560,7 +552,7 @@ int main(int argc, char **argv)
 	struct world w;
 
 	if (strcmp(mode, "--help") == 0) {
-		printf("usage: tests/mpi-run N test_comm_mpi [all|mismatch|kill|stuck]\n"
+		printf("usage: tests/mpi-run N test_comm_mpi [all|--stage|mismatch|kill|stuck]\n"
 		       "  the mpi comm backend across N ranks (see the top of test_comm_mpi.c)\n");
 		return 0;
 	}
@@ -570,13 +562,20 @@ int main(int argc, char **argv)
 		return run_kill();
 	if (strcmp(mode, "stuck") == 0)
 		return run_stuck();
+	if (strcmp(mode, "--stage") == 0) {
+		g_stage = true;
+		mode = "all";
+	}
 	if (strcmp(mode, "all") != 0) {
-		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, mismatch, kill, stuck)\n", mode);
+		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, --stage, mismatch, kill, stuck)\n",
+			mode);
 		return 2;
 	}
 	open_world(&w, 60);
 	test_discovery(&w);
 	test_collectives(&w);
+	if (g_stage)
+		test_pieces(&w);
 	test_queued(&w);
 	test_errors(&w);
 	test_stats(&w);
@@ -584,7 +583,8 @@ int main(int argc, char **argv)
 	test_host(&w);
 	CHECK(st_comm_barrier(w.comm) == 0, "final barrier");
 	if (w.rank == 0)
-		printf("test_comm_mpi: %d ranks: %ld checks passed on rank 0\n", w.n, g_checks);
+		printf("test_comm_mpi: %d ranks%s: %ld checks passed on rank 0\n", w.n,
+		       g_stage ? ", through host staging" : "", g_checks);
 	close_world(&w);
 	return 0;
 }

@@ -295,3 +295,11 @@ extern "C" int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e)
 		 "cudaStreamWaitEvent(compute)");
 	return 0;
 }
+
+/* ---- the stream behind a queue, for the nccl comm backend (src/comm/nccl.c:
+ * its collectives go on the comm's own queue) --------------------------------- */
+
+extern "C" cudaStream_t st_cuda_queue_stream(struct st_queue *q)
+{
+	return q->stream;
+}

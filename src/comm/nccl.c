@@ -1,0 +1,320 @@
+/* The nccl comm backend: N ranks over NCCL, for the cuda device.
+ *
+ * The communicator: under a launcher (st_comm_launch) and with MPI built,
+ * MPI gives rank and world, rank 0 makes the ncclUniqueId and MPI_Bcast
+ * sends it to the others (on a communicator of the comm's own), and
+ * ncclCommInitRank joins them. Without a launcher it is world 1 (its own
+ * unique id), which runs the whole engine through NCCL on one GPU.
+ *
+ * The collectives go on the comm's own queue (its CUDA stream):
+ * all-to-all as a group of ncclSend / ncclRecv (out of place only: a
+ * backend that cannot do all-to-all in place at world > 1 says -ENOTSUP,
+ * strata/comm.h), ncclAllGather (in place when send is the rank's slot of
+ * recv), ncclBroadcast. Like mpi, it leaves the reductions to the core's
+ * rank-order composition (ncclReduceScatter promises no order), and gives
+ * the local sum as a kernel (nccl_sum_kernels.cuh), so the result is the
+ * fold of strata/comm.h, the same bits as the mpi backend's.
+ *
+ * Errors: a failed enqueue is returned at once; an asynchronous one (a
+ * peer gone, a network error) comes back through async_error
+ * (ncclCommGetAsyncError). abort ends the job: ncclCommAbort, then
+ * MPI_Abort when MPI started the world.
+ *
+ * NCCL refuses two ranks on one GPU, so a world > 1 needs a GPU a rank;
+ * the rank takes the GPU of its local rank (st_comm_launch's, or MPI's
+ * node rank), which the engine opens the cuda device on. */
+#include "strata/comm.h"
+
+#include "strata/device.h"
+
+#include "nccl_cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef ST_HAVE_MPI
+#include "mpi_world.h"
+#endif
+
+struct nccl_priv {
+	ncclComm_t comm;
+	cudaStream_t stream; /* the comm's queue */
+	int rank, world, local_rank;
+#ifdef ST_HAVE_MPI
+	bool mpi;     /* MPI made the world */
+	MPI_Comm ctl; /* the unique id, the host-side exchanges */
+	struct st_mpi_watch watch;
+#endif
+	bool async_reported;
+};
+
+static int nccl_err(ncclResult_t r, const char *what)
+{
+	const char *last = ncclGetLastError(NULL);
+
+	return st_error_set(r == ncclInvalidArgument || r == ncclInvalidUsage ? -EINVAL : -EIO,
+			    "nccl: %s: %s%s%s", what, ncclGetErrorString(r),
+			    last && *last ? ": " : "", last ? last : "");
+}
+
+#define NCCL_CHECK(call, what)                          \
+	do {                                            \
+		ncclResult_t r_ = (call);               \
+		if (r_ != ncclSuccess)                  \
+			return nccl_err(r_, what);      \
+	} while (0)
+
+static ncclDataType_t nccl_type(enum st_comm_dtype dt)
+{
+	switch (dt) {
+	case ST_COMM_F32:
+		return ncclFloat32;
+	case ST_COMM_F64:
+		return ncclFloat64;
+	default:
+		return ncclBfloat16; /* moved, never reduced */
+	}
+}
+
+static int nccl_library(char *buf, size_t bytes)
+{
+	int v = 0;
+
+	NCCL_CHECK(ncclGetVersion(&v), "ncclGetVersion");
+	/* NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9. */
+	snprintf(buf, bytes, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+	return 0;
+}
+
+/* Rank, world, local rank and the unique id: MPI under a launcher, else
+ * world 1. */
+static int nccl_world(struct nccl_priv *p, const struct st_comm_config *cfg, ncclUniqueId *id)
+{
+	struct st_comm_launch l;
+
+	st_comm_launch(&l);
+	p->rank = 0;
+	p->world = 1;
+	p->local_rank = 0;
+#ifdef ST_HAVE_MPI
+	if (l.launcher) {
+		int ret = st_mpi_start(), rc;
+
+		if (ret < 0)
+			return ret;
+		rc = MPI_Comm_dup(MPI_COMM_WORLD, &p->ctl);
+		if (rc != MPI_SUCCESS)
+			return st_mpi_err(rc, "MPI_Comm_dup");
+		MPI_Comm_set_errhandler(p->ctl, MPI_ERRORS_RETURN);
+		p->mpi = true;
+		MPI_Comm_rank(p->ctl, &p->rank);
+		MPI_Comm_size(p->ctl, &p->world);
+		ret = st_mpi_node_rank(p->ctl, &p->local_rank);
+		if (ret < 0)
+			return ret;
+		ret = st_mpi_watch_start(&p->watch, "comm nccl", p->rank, p->world,
+					 st_mpi_timeout(cfg->timeout_s));
+		if (ret < 0)
+			return ret;
+		if (p->rank == 0)
+			NCCL_CHECK(ncclGetUniqueId(id), "ncclGetUniqueId");
+		st_mpi_watch_enter(&p->watch, ST_MPI_WATCH_HOST, "MPI_Bcast (ncclUniqueId)");
+		rc = MPI_Bcast(id, (int)sizeof(*id), MPI_BYTE, 0, p->ctl);
+		st_mpi_watch_leave(&p->watch, ST_MPI_WATCH_HOST);
+		if (rc != MPI_SUCCESS)
+			return st_mpi_err(rc, "MPI_Bcast (ncclUniqueId)");
+		return 0;
+	}
+#else
+	ST_UNUSED(cfg);
+	if (l.launcher && l.world > 1)
+		return st_error_set(-ENOTSUP,
+				    "comm nccl: launched by %s as rank %d of %d, but this strata was built without MPI, which starts nccl's world",
+				    l.launcher, l.rank, l.world);
+#endif
+	NCCL_CHECK(ncclGetUniqueId(id), "ncclGetUniqueId");
+	return 0;
+}
+
+static void nccl_world_close(struct nccl_priv *p)
+{
+#ifdef ST_HAVE_MPI
+	if (p->mpi) {
+		st_mpi_watch_stop(&p->watch);
+		MPI_Comm_free(&p->ctl);
+		p->mpi = false;
+	}
+#else
+	ST_UNUSED(p);
+#endif
+}
+
+static int nccl_open(struct st_comm *c, const struct st_comm_config *cfg, int *rank, int *world)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+	struct st_device *d = st_comm_device(c);
+	ncclUniqueId id;
+	ncclResult_t r;
+	cudaError_t e;
+	int ret;
+
+	if (strcmp(st_device_name(d), "cuda") != 0)
+		return st_error_set(-ENOTSUP, "comm nccl: device '%s' is not cuda; use mpi",
+				    st_device_name(d));
+	p->stream = st_cuda_queue_stream(st_comm_queue(c));
+	e = cudaSetDevice(st_device_ordinal(d));
+	if (e != cudaSuccess)
+		return st_error_set(-ENODEV, "comm nccl: cudaSetDevice(%d): %s",
+				    st_device_ordinal(d), cudaGetErrorString(e));
+	ret = nccl_world(p, cfg, &id);
+	if (ret < 0) {
+		nccl_world_close(p);
+		return ret;
+	}
+	r = ncclCommInitRank(&p->comm, p->world, id, p->rank);
+	if (r != ncclSuccess) {
+		ret = nccl_err(r, "ncclCommInitRank");
+		nccl_world_close(p);
+		return ret;
+	}
+	*rank = p->rank;
+	*world = p->world;
+	return 0;
+}
+
+static void nccl_close(struct st_comm *c)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+	ncclCommDestroy(p->comm);
+	nccl_world_close(p);
+}
+
+static int nccl_alltoall(struct st_comm *c, const void *send, void *recv, size_t slice_elems,
+			 enum st_comm_dtype dt)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+	size_t slice_bytes = slice_elems * st_comm_dtype_bytes(dt);
+	ncclDataType_t t = nccl_type(dt);
+
+	if (send == recv)
+		return st_error_set(-ENOTSUP,
+				    "comm nccl: all-to-all in place at world %d (send and recv must differ)",
+				    p->world);
+	NCCL_CHECK(ncclGroupStart(), "ncclGroupStart");
+	for (int q = 0; q < p->world; q++) {
+		ncclResult_t r = ncclSend((const char *)send + (size_t)q * slice_bytes, slice_elems,
+					  t, q, p->comm, p->stream);
+
+		if (r == ncclSuccess)
+			r = ncclRecv((char *)recv + (size_t)q * slice_bytes, slice_elems, t, q,
+				     p->comm, p->stream);
+		if (r != ncclSuccess) {
+			ncclGroupEnd();
+			return nccl_err(r, "ncclSend/ncclRecv");
+		}
+	}
+	NCCL_CHECK(ncclGroupEnd(), "ncclGroupEnd (all-to-all)");
+	return 0;
+}
+
+static int nccl_allgather(struct st_comm *c, const void *send, void *recv, size_t slice_elems,
+			  enum st_comm_dtype dt)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+	NCCL_CHECK(ncclAllGather(send, recv, slice_elems, nccl_type(dt), p->comm, p->stream),
+		   "ncclAllGather");
+	return 0;
+}
+
+static int nccl_broadcast(struct st_comm *c, const void *send, void *recv, size_t count_elems,
+			  enum st_comm_dtype dt, int root)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+	NCCL_CHECK(ncclBroadcast(send, recv, count_elems, nccl_type(dt), root, p->comm, p->stream),
+		   "ncclBroadcast");
+	return 0;
+}
+
+static int nccl_reduce_local(struct st_comm *c, const void *in, void *out, size_t count_elems,
+			     int terms, enum st_comm_dtype dt)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+	return st_comm_cuda_fold(in, out, count_elems, terms, st_comm_dtype_bytes(dt), p->stream);
+}
+
+static int nccl_async_error(struct st_comm *c)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+	ncclResult_t r = ncclSuccess;
+
+	if (p->async_reported)
+		return 0;
+	if (ncclCommGetAsyncError(p->comm, &r) != ncclSuccess || r == ncclSuccess ||
+	    r == ncclInProgress)
+		return 0;
+	p->async_reported = true;
+#ifdef ST_HAVE_MPI
+	st_mpi_failed();
+#endif
+	return nccl_err(r, "a collective (ncclCommGetAsyncError)");
+}
+
+static int nccl_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+#ifdef ST_HAVE_MPI
+	if (p->mpi)
+		return st_mpi_allgather_bytes(p->ctl, &p->watch, send, recv, bytes);
+#else
+	ST_UNUSED(send);
+	ST_UNUSED(recv);
+	ST_UNUSED(bytes);
+#endif
+	return st_error_set(-ENOTSUP, "comm nccl: no host-side exchange at world %d without MPI",
+			    p->world);
+}
+
+static int nccl_local_rank(struct st_comm *c)
+{
+	return ((struct nccl_priv *)st_comm_priv(c))->local_rank;
+}
+
+static void nccl_abort(struct st_comm *c, int code)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+	ncclCommAbort(p->comm);
+#ifdef ST_HAVE_MPI
+	if (p->mpi)
+		st_mpi_abort(code);
+#endif
+	exit(code);
+}
+
+const struct st_comm_ops st_comm_nccl_ops = {
+	.name = "nccl",
+	.version = ST_COMM_OPS_VERSION,
+	.priv_bytes = sizeof(struct nccl_priv),
+	.open = nccl_open,
+	.close = nccl_close,
+	.alltoall = nccl_alltoall,
+	.allgather = nccl_allgather,
+	.broadcast = nccl_broadcast,
+	/* reduce_scatter, allreduce: absent, the core composes them in rank
+	 * order. */
+	.reduce_local = nccl_reduce_local,
+	.async_error = nccl_async_error,
+	.host_allgather = nccl_host_allgather,
+	.local_rank = nccl_local_rank,
+	.abort = nccl_abort,
+	.library = nccl_library,
+};
