@@ -14,7 +14,8 @@
 #              it; --resume auto then ends where an uninterrupted run ends
 #   mismatch   ranks with different settings stop (exit 2) before a step,
 #              naming the first difference
-#   refuse     flags that make no sense with N ranks: exit 2, one line
+#   refuse     flags that make no sense with N ranks: exit 2, one line;
+#              strata info's comm line (libraries, world)
 #   budget     per-rank peaks within the budgets; stage 3's nvme bytes per
 #              rank about 1/N of one rank's
 #   comm       the collectives' calls and bytes per step = strata plan's
@@ -183,6 +184,14 @@ refuse)
 		fi
 	fi
 	check "plan --rank outside --world" 2 "$strata" plan --world 2 --rank 2
+	# strata info names the libraries and the world
+	"$strata" info >"$work/out" 2>&1
+	grep -q "^comm .*mpi: Open MPI.*launcher: none, one rank" "$work/out" ||
+		{ echo "FAIL info: no comm line at one rank"; grep comm "$work/out"; fail=1; }
+	"$mpirun" 2 "$strata" info >"$work/out" 2>&1
+	grep -q "^comm .*launcher: mpirun, rank 1 of 2" "$work/out" ||
+		{ echo "FAIL info: no world under mpirun"; grep comm "$work/out"; fail=1; }
+	echo "ok   info: $(grep -m1 '^comm' "$work/out" | cut -c1-60)..."
 	;;
 budget)
 	b=(--gpu-mem 12M --host-mem 10M --nvme-mem 16M --offload-params nvme --offload-optim nvme
