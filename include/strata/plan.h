@@ -37,6 +37,11 @@
  *                                      ST_UPDATE_TILE_ELEMS): the sweep
  *                                      goes tile by tile
  *   nvme  homes on nvme                as host homes
+ * At world N > 1 (ZeRO, docs/zero.md) e_u above is the padded unit N*S_u
+ * for dW, the grad landing and (stage 3: every W streamed) the W slots; a
+ * home holds S_u elements for a sharded state, N*S_u otherwise; and two
+ * pools are added: vram comm scratch N*S_max*4 (dW's all-to-all), host W
+ * gather N*S_max*Wb (stages 1-2).
  * Every pool's extent is counted rounded up to 4 KiB (so the engine may
  * allocate each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
  * (checkpoints at offsets i*X); scratch_bytes is the sum of the scratch

@@ -115,6 +115,7 @@ static int gather_to(struct st_engine *e, int upto)
 			continue;
 		}
 		dst = vaddr(e, &e->slots[slot].ext);
+		st_eng_zero_mark(e, "W gather", false);
 		if (w->home == ST_HOME_VRAM) {
 			ret = st_comm_wait(e->comm, slot_widened(e, slot));
 			if (ret == 0)
@@ -125,6 +126,7 @@ static int gather_to(struct st_engine *e, int upto)
 				ret = st_comm_allgather(e->comm, dst + (size_t)e->rank * S * wb, dst,
 							S, dt);
 		}
+		st_eng_zero_mark(e, "W gather", true);
 		if (ret == 0)
 			ret = st_comm_record(e->comm, e->ev_gather[slot]);
 		if (ret < 0)

@@ -34,8 +34,10 @@ static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b,
 		return st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->elems[u], ST_COMM_F32);
 	*after = b->ev_red;
 	ret = st_comm_wait(e->comm, b->ev_dw);
+	st_eng_zero_mark(e, "dW all-to-all", false);
 	if (ret == 0)
 		ret = st_comm_alltoall(e->comm, b->dw, e->comm_scratch, e->slice[u], ST_COMM_F32);
+	st_eng_zero_mark(e, "dW all-to-all", true);
 	if (ret == 0)
 		ret = st_comm_record(e->comm, b->ev_red);
 	return ret;

@@ -183,6 +183,11 @@ struct st_engine {
 					 sums, [world * nparts] */
 	uint64_t *part_off, nparts;   /* [U]: unit u's chunks at part_off[u] */
 	double *losses;               /* world > 1: [world * grad_accum] */
+	/* --trace at world > 1: the comm queue's collectives as spans on a
+	 * lane of their own, stamped on the queue (engine_zero.c) */
+	struct comm_span *cspan;
+	unsigned cspan_head, cspan_tail;
+	int comm_trace_lane;
 
 	int err;
 	char errmsg[512];
@@ -271,6 +276,8 @@ int st_eng_zero_wstore(struct st_engine *e, int u);
 void st_eng_zero_parts(struct st_engine *e, int u, const float *g);
 int st_eng_zero_norm(struct st_engine *e, double *sumsq);
 int st_eng_zero_loss(struct st_engine *e, double *sum);
+void st_eng_zero_mark(struct st_engine *e, const char *name, bool end);
+void st_eng_zero_trace(struct st_engine *e);
 
 /* engine_step.c */
 int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready);

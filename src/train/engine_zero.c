@@ -11,6 +11,9 @@
  * them. So the numbers do not depend on the stage, and N ranks at
  * grad_accum 1 equal one rank at grad_accum N bit for bit. */
 #include "engine_internal.h"
+#include "strata/trace.h"
+
+#include <stdatomic.h>
 
 #include <errno.h>
 #include <math.h>
@@ -54,6 +57,63 @@ int st_eng_zero_dirs(struct st_engine *e)
 	return 0;
 }
 
+/* --trace at world > 1: each collective the engine queues is bracketed
+ * by two host functions on the comm's queue that stamp its start and end
+ * into a ring; the host moves the finished ones to the trace's "comm"
+ * lane at each step's end, so the trace shows the collectives against
+ * the compute. */
+#define ST_CSPANS 4096u
+
+struct comm_span {
+	const char *name;
+	uint64_t t0_ns, t1_ns;
+	atomic_bool done;
+};
+
+static void span_begin(void *arg)
+{
+	struct comm_span *s = arg;
+
+	s->t0_ns = st_now_ns();
+}
+
+static void span_end(void *arg)
+{
+	struct comm_span *s = arg;
+
+	s->t1_ns = st_now_ns();
+	atomic_store(&s->done, true);
+}
+
+void st_eng_zero_mark(struct st_engine *e, const char *name, bool end)
+{
+	struct comm_span *s;
+
+	if (!e->cspan || e->cspan_head - e->cspan_tail >= ST_CSPANS - 1)
+		return;
+	s = &e->cspan[e->cspan_head % ST_CSPANS];
+	if (!end) {
+		s->name = name;
+		atomic_store(&s->done, false);
+		st_device_host_fn(e->dev, st_comm_queue(e->comm), span_begin, s);
+		return;
+	}
+	st_device_host_fn(e->dev, st_comm_queue(e->comm), span_end, s);
+	e->cspan_head++;
+}
+
+void st_eng_zero_trace(struct st_engine *e)
+{
+	while (e->cspan && e->cspan_tail != e->cspan_head) {
+		struct comm_span *s = &e->cspan[e->cspan_tail % ST_CSPANS];
+
+		if (!atomic_load(&s->done))
+			break;
+		st_trace_span(e->cfg.trace, e->comm_trace_lane, s->name, s->t0_ns, s->t1_ns, NULL);
+		e->cspan_tail++;
+	}
+}
+
 /* The communicator, with the plan's scratch; the buffers only world > 1
  * needs. */
 int st_eng_zero_setup(struct st_engine *e)
@@ -93,6 +153,12 @@ int st_eng_zero_setup(struct st_engine *e)
 		nparts += e->slice[u] / ST_PLAN_SLICE_ALIGN;
 	}
 	e->nparts = nparts;
+	if (e->cfg.trace) {
+		e->cspan = calloc(ST_CSPANS, sizeof(*e->cspan));
+		e->comm_trace_lane = st_trace_lane(e->cfg.trace, "comm");
+		if (!e->cspan || e->comm_trace_lane < 0)
+			return -ENOMEM;
+	}
 	e->parts = calloc((size_t)e->world * nparts, sizeof(double));
 	e->losses = calloc((size_t)e->world * (size_t)e->cfg.train.grad_accum, sizeof(double));
 	if (!e->parts || !e->losses)
@@ -109,6 +175,8 @@ int st_eng_zero_setup(struct st_engine *e)
 
 void st_eng_zero_fini(struct st_engine *e)
 {
+	free(e->cspan);
+	e->cspan = NULL;
 	free(e->parts);
 	free(e->part_off);
 	free(e->losses);
@@ -128,8 +196,12 @@ int st_eng_zero_wstore(struct st_engine *e, int u)
 	struct shard *w = shard(e, u, ST_STATE_W);
 	uint64_t S = e->slice[u];
 	struct hop h;
-	int ret = st_comm_allgather(e->comm, e->wgather + (size_t)e->rank * S * (size_t)e->Wb,
-				    e->wgather, S, w_dtype(e));
+	int ret;
+
+	st_eng_zero_mark(e, "W gather", false);
+	ret = st_comm_allgather(e->comm, e->wgather + (size_t)e->rank * S * (size_t)e->Wb,
+				e->wgather, S, w_dtype(e));
+	st_eng_zero_mark(e, "W gather", true);
 
 	if (ret == 0)
 		ret = st_comm_sync(e->comm);

@@ -19,6 +19,8 @@
 #   budget     per-rank peaks within the budgets; stage 3's nvme bytes per
 #              rank about 1/N of one rank's
 #   comm       the collectives' calls and bytes per step = strata plan's
+#   trace      --trace: one file per rank, the collectives on a comm lane
+#              overlapping the compute
 set -u
 strata=$1 mpirun=$2 part=$3
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-zero-test.XXXXXX")
@@ -240,6 +242,31 @@ want = {k: [v["calls"] * len(steps), v["bytes"] * len(steps)] for k, v in plan.i
 if got != want:
     print(f"FAIL {sys.argv[3]}: measured {got}, the plan says {want}"); sys.exit(1)
 print(f"ok   {sys.argv[3]}: collectives = the plan's ({want})")
+PY
+	done
+	;;
+trace)
+	# one trace per rank; the collectives on a "comm" lane, overlapping
+	# the compute
+	timeout 120 "$mpirun" 2 "$strata" train "${common[@]}" --steps 3 --zero 3 \
+		--trace "$work/t.json" >"$work/t.log" 2>&1 || { echo "FAIL trace run"; tail -3 "$work/t.log"; fail=1; }
+	for r in 0 1; do
+		python3 - "$work/t.json.rank-$r" "$r" <<'PY' || fail=1
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"] if isinstance(d, dict) else d
+lanes = {x["tid"]: x["args"]["name"] for x in ev
+         if x.get("ph") == "M" and x.get("name") == "thread_name"}
+spans = {}
+for x in ev:
+    if x.get("ph") == "X":
+        spans.setdefault(lanes.get(x["tid"]), []).append((x["ts"], x["ts"] + x["dur"]))
+comm, comp = spans.get("comm", []), spans.get("compute", [])
+ov = sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in comm for b0, b1 in comp)
+if not comm or ov <= 0:
+    print(f"FAIL trace rank {sys.argv[2]}: {len(comm)} comm spans, {ov:.0f} us over compute")
+    sys.exit(1)
+print(f"ok   trace rank {sys.argv[2]}: {len(comm)} collectives, {ov:.0f} us of them over compute")
 PY
 	done
 	;;
