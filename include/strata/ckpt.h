@@ -101,6 +101,9 @@ int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path);
 /* Close. NULL does nothing. */
 void st_ckpt_reader_close(struct st_ckpt_reader *r);
 
+/* The path it was opened with. Borrowed until close. */
+const char *st_ckpt_reader_path(const struct st_ckpt_reader *r);
+
 /* The validated file (count, at, metadata...). Borrowed until close. */
 const struct st_safetensors *st_ckpt_reader_file(const struct st_ckpt_reader *r);
 
@@ -118,9 +121,143 @@ int st_ckpt_reader_pread(const struct st_ckpt_reader *r,
 			 const struct st_sf_info *t, uint64_t offset_bytes,
 			 void *buf, size_t len);
 
+/* ---- sharded files: the layout transformers writes ---------------------------
+ * A set of tensors is one file, STEM.safetensors, when its data fits in the
+ * shard size; else shards STEM-0000K-of-0000N.safetensors and
+ * STEM.safetensors.index.json ({"metadata": {"total_size": data bytes},
+ * "weight_map": {tensor: shard}}, as transformers' save_pretrained() writes
+ * it: json.dumps(indent=2, sort_keys=True) + newline). Tensors go to shards
+ * in list order, as huggingface_hub's split_state_dict_into_shards() does:
+ * a shard is closed when the next tensor would take its data past the shard
+ * size; a tensor larger than the shard size alone gets a shard of its own
+ * at the point it comes. Sizes count tensor data only (not headers). */
+
+struct st_ckpt_trainer;
+
+/* transformers' max_shard_size default, "5GB": 5 * 10^9 bytes. */
+#define ST_CKPT_SHARD_BYTES_DEFAULT 5000000000ull
+#define ST_CKPT_INDEX_SUFFIX ".safetensors.index.json"
+/* The stems strata writes: P (model) and Adam's M and V (optimizer). */
+#define ST_CKPT_MODEL_STEM "model"
+#define ST_CKPT_OPTIM_STEM "optimizer"
+
+/* One file of a layout. */
+struct st_ckpt_shard {
+	char name[64];           /* "model.safetensors", "model-00002-of-00004.safetensors" */
+	size_t n_tensors;        /* its tensors: tensors[0..n_tensors), global */
+	size_t *tensors;         /* indices into the list, in file order */
+	uint64_t header_bytes;   /* 8 + padded JSON: where its data region starts */
+	uint64_t bytes;          /* the whole file */
+	uint64_t data_bytes;     /* its tensors' data */
+};
+
+/* Where each tensor of a list goes: which file, and at which byte of it. A
+ * rank that writes part of a tensor pwrite()s at file offset[i] + k into a
+ * file that st_ckpt_layout_create() made. */
+struct st_ckpt_layout {
+	char stem[32];
+	size_t n_tensors, n_files;
+	struct st_ckpt_shard *files;   /* [n_files] */
+	size_t *file_of;               /* [n_tensors]: its file */
+	uint64_t *offset;              /* [n_tensors]: first byte of its data in its file */
+	uint64_t *size_bytes;          /* [n_tensors] */
+	uint64_t total_bytes;          /* all tensors' data: the index's total_size */
+	uint8_t **headers;             /* [n_files]: each file's first header_bytes */
+	char index_name[64];           /* STEM.safetensors.index.json, "" for one file */
+};
+
+/* Lay tensors[0..n) (with meta in every file's header) out under stem
+ * ("model") for a shard size of shard_bytes (0: ST_CKPT_SHARD_BYTES_DEFAULT).
+ * One file, STEM.safetensors, when the data fits: then its bytes are exactly
+ * st_ckpt_write_safetensors()'s. Checks as st_ckpt_write_safetensors() does.
+ * Returns 0 (free l with st_ckpt_layout_fini()), -EINVAL, -ENOMEM. */
+int st_ckpt_layout_init(struct st_ckpt_layout *l, const char *stem,
+			const struct st_ckpt_tensor *tensors, size_t n,
+			const struct st_sf_meta *meta, size_t n_meta,
+			uint64_t shard_bytes);
+void st_ckpt_layout_fini(struct st_ckpt_layout *l);
+
+/* Write file f of l into dir, atomically, its data pulled through fill
+ * (tensor_index: the list's, as planned; calls in the file's order), as
+ * st_ckpt_write_safetensors() does. out_bytes, out_xxh64 as there. */
+int st_ckpt_layout_write_file(const char *dir, const struct st_ckpt_layout *l,
+			      const struct st_ckpt_tensor *tensors, size_t f,
+			      st_ckpt_fill_fn fill, void *ctx,
+			      uint64_t *out_bytes, uint64_t *out_xxh64);
+
+/* For writers that fill a file by parts (a rank each): create dir/name of
+ * file f with its header and its full size (holes where the data goes), not
+ * fsynced (st_ckpt_dir_commit() fsyncs every file). Then pwrite() each
+ * tensor's bytes at l->offset[i]; st_ckpt_trainer_add_hashed() lists it. */
+int st_ckpt_layout_create(const char *dir, const struct st_ckpt_layout *l, size_t f);
+
+/* The index's text (n_files > 1) into *out (malloc'd, *out_len bytes).
+ * Returns 0 or -ENOMEM. */
+int st_ckpt_layout_index_json(const struct st_ckpt_layout *l,
+			      const struct st_ckpt_tensor *tensors, char **out,
+			      size_t *out_len);
+
+/* The index into dir (nothing when n_files is 1), atomically; listed in tr
+ * (when not NULL) with its size and XXH64. For writers by parts, once the
+ * shards are written. */
+int st_ckpt_layout_write_index(const char *dir, const struct st_ckpt_layout *l,
+			       const struct st_ckpt_tensor *tensors,
+			       struct st_ckpt_trainer *tr);
+
+/* Every file of the layout into dir: the shards, then the index (n_files >
+ * 1), each written atomically and, when tr is not NULL, listed in it with
+ * its size and XXH64. fill as for st_ckpt_layout_write_file(). */
+int st_ckpt_layout_write(const char *dir, const struct st_ckpt_layout *l,
+			 const struct st_ckpt_tensor *tensors, st_ckpt_fill_fn fill,
+			 void *ctx, struct st_ckpt_trainer *tr);
+
+/* A set of tensors as a directory holds it: dir/STEM.safetensors, or the
+ * shards dir/STEM.safetensors.index.json names. Opening reads every header
+ * and checks the index against them: weight_map an object of tensor name ->
+ * plain file name; every file it names there; every tensor it maps in that
+ * file and in no other file it names; every tensor of those files in it. A
+ * refusal names the index, the key and the file, e.g.
+ *   m/model.safetensors.index.json: weight_map["h.3.ln_1.weight"] names
+ *   model-00003-of-00004.safetensors, which is missing */
+struct st_ckpt_set;
+
+/* Which form dir holds stem in: 1 one file, 2 shards (the index), 0
+ * neither; -EINVAL (naming both) when it holds both. */
+int st_ckpt_set_kind(const char *dir, const char *stem);
+
+/* Open stem in dir (-ENOENT when neither form is there). */
+int st_ckpt_set_open(struct st_ckpt_set **out, const char *dir, const char *stem);
+void st_ckpt_set_close(struct st_ckpt_set *s);
+/* A set of one file given by its path (any name). */
+int st_ckpt_set_open_file(struct st_ckpt_set **out, const char *path);
+
+/* Its files: the one file, or the shards the index names, by name; the
+ * index's file name ("" for one file). */
+size_t st_ckpt_set_files(const struct st_ckpt_set *s);
+const struct st_ckpt_reader *st_ckpt_set_reader(const struct st_ckpt_set *s, size_t i);
+const char *st_ckpt_set_file_name(const struct st_ckpt_set *s, size_t i);
+const char *st_ckpt_set_index_name(const struct st_ckpt_set *s);
+/* File i's size in bytes (as it was when the set was opened). */
+uint64_t st_ckpt_set_file_bytes(const struct st_ckpt_set *s, size_t i);
+/* Its tensors' data in bytes, summed; the path shown in messages (the
+ * index, or the one file). */
+uint64_t st_ckpt_set_data_bytes(const struct st_ckpt_set *s);
+const char *st_ckpt_set_path(const struct st_ckpt_set *s);
+/* Tensors in all files. */
+size_t st_ckpt_set_count(const struct st_ckpt_set *s);
+
+/* The tensor called name and the file that holds it, or NULL. */
+const struct st_sf_info *st_ckpt_set_lookup(const struct st_ckpt_set *s, const char *name,
+					    const struct st_ckpt_reader **r);
+
+/* As st_ckpt_reader_find() over the set; *r gets the file that holds it. */
+int st_ckpt_set_find(const struct st_ckpt_set *s, const char *name,
+		     enum st_sf_dtype dtype, int ndim, const uint64_t *shape,
+		     const struct st_sf_info **out, const struct st_ckpt_reader **r);
+
 /* ---- trainer.json ------------------------------------------------------------ */
 
-#define ST_CKPT_MAX_FILES 16
+#define ST_CKPT_MAX_FILES 1024
 #define ST_CKPT_NAME_BYTES 64
 #define ST_CKPT_CURSOR_MAX_BYTES 256
 

@@ -55,6 +55,9 @@ struct st_engine_config {
 	const struct st_comm_ops *comm_ops;
 	int world, rank;
 	int zero;
+	uint64_t ckpt_shard_bytes;     /* st_engine_save(): files over this
+					  are sharded (strata/ckpt.h); 0 =
+					  ST_CKPT_SHARD_BYTES_DEFAULT */
 };
 
 struct st_engine;

@@ -111,6 +111,14 @@ struct st_family_ops {
 	/* Optional. st_model_logits(), the workspace checked. */
 	int (*logits)(const struct st_model *m, const float *params, const float *other,
 		      const float *x, float *logits, void *work, size_t work_bytes);
+
+	/* Optional. The tensors a Hugging Face file of this family may hold
+	 * that are not the model's own (buffers the family derives, such as
+	 * attention masks or rotary inv_freq; a tied head's copy), as
+	 * fnmatch(3) patterns, NULL-terminated ({"h.*.attn.bias", NULL}).
+	 * Reading weights skips these; any other tensor that is not the
+	 * model's is refused, naming it (strata/weights.h). */
+	const char *const *hf_derived;
 };
 
 /* ---- the registry ---- */

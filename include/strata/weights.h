@@ -3,9 +3,10 @@
  *   - a strata checkpoint: DIR/step-N, or a --save DIR (what --resume DIR
  *     takes), its model.safetensors and config.json checked against its
  *     trainer.json (sizes, XXH64) first (the optimizer state is not read);
- *   - a Hugging Face directory (config.json + model.safetensors, or
- *     model.safetensors alone), or a model.safetensors file (with the
- *     config.json beside it when a family reads it: st_model_config_read());
+ *   - a Hugging Face directory (config.json + model.safetensors, or the
+ *     shards model.safetensors.index.json names, or either without
+ *     config.json), or a model.safetensors file (with the config.json
+ *     beside it when a family reads it: st_model_config_read());
  *   - an llm.c model file (train_gpt2.py's format, version 3 or 5: GPT-2).
  * Tensors come out one at a time, by their Hugging Face name
  * ("h.3.attn.c_attn.weight"; a "transformer." prefix in the file is
@@ -13,7 +14,11 @@
  * whatever the file holds (F32, BF16, F16; llm.c's (out, in)). A Hugging
  * Face config.json that describes another model than its family computes
  * (st_model_config_hf_check(); GPT-2: an untied head, another activation,
- * another LayerNorm epsilon) is refused.
+ * another LayerNorm epsilon) is refused. With the model known (a
+ * config.json), opening checks every tensor of it there, a float type, of
+ * its shape, and every other tensor of the files one its family derives
+ * (st_family_ops.hf_derived), before anything is read: one line naming
+ * the file and the tensor (docs/formats.md, Sharded directories).
  *
  * Functions return 0 or -errno with the detail (naming the file) in
  * st_error_last(): -ENOENT for a missing path, -EINVAL for a file that is
@@ -29,6 +34,7 @@
 #include <stdint.h>
 
 struct st_weights;
+struct st_ckpt_set;
 
 /* Open path (one of the sources above). A strata checkpoint's files that
  * are read are verified (st_ckpt_verify()) first. *out goes back with
@@ -43,6 +49,11 @@ const char *st_weights_name(const struct st_weights *w);
 /* What it is: "strata checkpoint", "Hugging Face safetensors", "llm.c model
  * file, version 3 (fp32)" or "... version 5 (bf16)". Static. */
 const char *st_weights_format(const struct st_weights *w);
+
+/* The safetensors files the weights are read from (one file, or shards
+ * and their index: strata/ckpt.h), or NULL for an llm.c model file.
+ * Borrowed until close. */
+const struct st_ckpt_set *st_weights_set(const struct st_weights *w);
 
 /* The model (its family set): 0 and *out, or -ENOENT for a
  * model.safetensors file with no config.json beside it. */

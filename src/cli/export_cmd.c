@@ -1,7 +1,9 @@
 /* strata: `strata export`, a checkpoint's weights for other programs:
  *   hf    a directory with model.safetensors (fp32 or bf16) and config.json,
- *         what transformers' GPT2LMHeadModel.from_pretrained() loads, with
- *         no optimizer state;
+ *         what transformers' from_pretrained() loads, with no optimizer
+ *         state; above --shard-size (default 5e9 bytes) shards and
+ *         model.safetensors.index.json, as save_pretrained() writes them
+ *         and as a checkpoint holds them (strata/ckpt.h);
  *   llmc  one file in llm.c's GPT-2 model format (what train_gpt2.c reads
  *         as gpt2_124M.bin): 256 int32 of header (magic 20240326, version
  *         3 for fp32 or 5 for bf16, maxT, V, L, NH, C, padded V), then the
@@ -9,13 +11,15 @@
  *         (out, in) where GPT-2's Conv1D keeps (in, out), the vocabulary
  *         padded to a multiple of 128 with zero rows.
  * The source is any that strata/weights.h reads: a strata checkpoint
- * (verified first), a Hugging Face GPT-2 directory, an llm.c model file.
+ * (verified first), a Hugging Face directory (one file or shards), an llm.c
+ * model file.
  * One tensor is in memory at a time.
  * The output appears whole or not at all: written under a temporary name
  * (removed on any failure and on SIGINT/SIGTERM/SIGHUP), fsynced, renamed
  * unless something is at --out by then. */
 #include "cli.h"
 #include "strata/ckpt.h"
+#include "strata/family.h"
 #include "strata/file.h"
 #include "strata/io.h"
 #include "strata/model.h"
@@ -37,17 +41,23 @@ static void export_usage(FILE *f)
 {
 	fprintf(f,
 "usage: strata export --ckpt SRC --out PATH [--format hf|llmc] [--dtype fp32|bf16]\n"
+"                     [--shard-size SIZE]\n"
 "\n"
 "Write a model's weights for other programs: a checkpoint's fp32 master\n"
-"weights P, or the weights of a Hugging Face GPT-2 directory or an llm.c model\n"
+"weights P, or the weights of a Hugging Face directory or an llm.c model\n"
 "file. SRC is a --save directory (its latest checkpoint), one step-N in it,\n"
-"any directory with config.json and a GPT-2 model.safetensors, or an llm.c\n"
+"any directory with config.json and model.safetensors (or its shards and\n"
+"model.safetensors.index.json), or an llm.c\n"
 "model file (version 3 or 5, e.g. gpt2_124M.bin). A strata checkpoint is\n"
 "verified first (sizes and XXH64). PATH must not exist; it appears whole or\n"
 "not at all.\n"
 "  --format hf     PATH is a directory: model.safetensors + config.json, for\n"
-"                  transformers (GPT2LMHeadModel.from_pretrained), strata eval,\n"
-"                  generate and --init (default)\n"
+"                  transformers (from_pretrained), strata eval, generate and\n"
+"                  --init (default); above --shard-size, shards\n"
+"                  model-0000K-of-0000N.safetensors + model.safetensors.index.json\n"
+"                  as transformers' save_pretrained writes them\n"
+"  --shard-size SIZE  largest shard's tensor data (default 5e9 bytes, transformers'\n"
+"                  \"5GB\"; SIZE as 512M or 2G is in binary units)\n"
 "  --format llmc   PATH is one file in llm.c's GPT-2 model format\n"
 "                  (train_gpt2.c's gpt2_124M.bin: version 3 is fp32, 5 is bf16)\n"
 "  --dtype fp32|bf16  element type written (default fp32; bf16 rounds to\n"
@@ -221,8 +231,9 @@ static int hf_fill(void *ctx, size_t ti, uint64_t off, void *buf, size_t len)
 }
 
 static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc,
-			  const char *out, bool bf16)
+			  const char *out, bool bf16, uint64_t shard_bytes, size_t *n_files)
 {
+	struct st_ckpt_layout l;
 	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
 	struct hf_fill h = { .w = w, .bf16 = bf16, .cached = SIZE_MAX };
 	struct st_ckpt_tensor *ct;
@@ -258,8 +269,12 @@ static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc
 	block_signals(false);
 	if (tmp_dirfd < 0)
 		st_cli_die(1, "%s: %s", p, strerror(errno));
-	snprintf(p, sizeof(p), "%.4000s/%s", tmp_path, ST_CKPT_MODEL_FILE);
-	ret = st_ckpt_write_safetensors(p, ct, n, meta, 2, hf_fill, &h, NULL, NULL);
+	ret = st_ckpt_layout_init(&l, ST_CKPT_MODEL_STEM, ct, n, meta, 2, shard_bytes);
+	if (ret < 0)
+		st_cli_die(ret == -EINVAL ? 2 : 1, "--out %s: %s", out, st_error_last());
+	*n_files = l.n_files;
+	ret = st_ckpt_layout_write(tmp_path, &l, ct, hf_fill, &h, NULL);
+	st_ckpt_layout_fini(&l);
 	if (ret < 0)
 		die_read(ret);
 	snprintf(p, sizeof(p), "%.4000s/%s", tmp_path, ST_CKPT_CONFIG_FILE);
@@ -382,9 +397,12 @@ int st_cli_export(int argc, char **argv)
 {
 	static const struct option longs[] = {
 		{ "ckpt", 1, 0, 'c' }, { "out", 1, 0, 'o' }, { "format", 1, 0, 'f' },
-		{ "dtype", 1, 0, 'd' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "dtype", 1, 0, 'd' }, { "shard-size", 1, 0, 's' }, { "help", 0, 0, 'h' },
+		{ 0 },
 	};
 	const char *ckpt = NULL, *format = "hf", *dtype = "fp32";
+	uint64_t shard_bytes = 0;
+	size_t n_files = 1;
 	char out[4096] = "";
 	struct st_weights *w;
 	struct st_model_config gc;
@@ -407,6 +425,7 @@ int st_cli_export(int argc, char **argv)
 			break;
 		case 'f': format = optarg; break;
 		case 'd': dtype = optarg; break;
+		case 's': shard_bytes = st_cli_size("--shard-size", optarg); break;
 		case 'h': export_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "export: unknown or incomplete option %s (see strata export --help)",
@@ -432,12 +451,22 @@ int st_cli_export(int argc, char **argv)
 		st_cli_die(st_cli_input_exit(c), "--ckpt %s: %s", ckpt, st_error_last());
 	st_cli_at_die(undo);
 	catch_signals();
-	params = strcmp(format, "hf") == 0 ? export_hf(w, &gc, out, bf16)
+	if (shard_bytes && strcmp(format, "hf") != 0)
+		st_cli_die(2, "--shard-size: only --format hf is sharded");
+	params = strcmp(format, "hf") == 0 ? export_hf(w, &gc, out, bf16, shard_bytes, &n_files)
 					   : export_llmc(w, &gc, out, bf16);
 	st_cli_at_die(NULL);
-	printf("exported %s (%llu parameters, %s) to %s as %s\n", st_weights_name(w),
-	       (unsigned long long)params, dtype, out,
-	       strcmp(format, "hf") == 0 ? "a Hugging Face GPT-2 directory" : "an llm.c model file");
+	if (strcmp(format, "hf") == 0 && n_files > 1)
+		printf("exported %s (%llu parameters, %s) to %s as a Hugging Face %s directory "
+		       "in %zu shards\n", st_weights_name(w), (unsigned long long)params, dtype,
+		       out, st_model_config_family(&gc)->title, n_files);
+	else if (strcmp(format, "hf") == 0)
+		printf("exported %s (%llu parameters, %s) to %s as a Hugging Face %s directory\n",
+		       st_weights_name(w), (unsigned long long)params, dtype, out,
+		       st_model_config_family(&gc)->title);
+	else
+		printf("exported %s (%llu parameters, %s) to %s as an llm.c model file\n",
+		       st_weights_name(w), (unsigned long long)params, dtype, out);
 	st_weights_close(w);
 	return 0;
 }

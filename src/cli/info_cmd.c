@@ -492,6 +492,92 @@ static const char *gone_since(const char *dir, const struct st_ckpt_stamp *st)
 	return NULL;
 }
 
+/* The files a set of weights is in (strata/ckpt.h): the index, each file
+ * with its size and tensor count, the dtypes, tensors, parameters. */
+static struct json_object *set_json(const struct st_ckpt_set *set)
+{
+	struct json_object *o = json_object_new_object(), *files = json_object_new_array();
+	uint64_t per[ST_SF_DTYPE_COUNT] = { 0 }, params = 0;
+	char dtypes[256] = "";
+
+	if (st_ckpt_set_index_name(set)[0])
+		put_str(o, "index", st_ckpt_set_index_name(set));
+	for (size_t i = 0; i < st_ckpt_set_files(set); i++) {
+		const struct st_safetensors *sf = st_ckpt_reader_file(st_ckpt_set_reader(set, i));
+		struct json_object *f = json_object_new_object();
+
+		for (size_t k = 0; k < st_safetensors_count(sf); k++) {
+			const struct st_sf_info *t = st_safetensors_at(sf, k);
+
+			per[t->dtype]++;
+			params += t->elems;
+		}
+		put_str(f, "name", st_ckpt_set_file_name(set, i));
+		put_int(f, "bytes", (int64_t)st_ckpt_set_file_bytes(set, i));
+		put_int(f, "tensors", (int64_t)st_safetensors_count(sf));
+		json_object_array_add(files, f);
+	}
+	for (int d = 0; d < ST_SF_DTYPE_COUNT; d++)
+		if (per[d]) {
+			size_t n = strlen(dtypes);
+
+			snprintf(dtypes + n, sizeof(dtypes) - n, "%s%s %llu", n ? ", " : "",
+				 st_sf_dtype_name((enum st_sf_dtype)d), (unsigned long long)per[d]);
+		}
+	put_str(o, "dtypes", dtypes);
+	put_int(o, "tensors", (int64_t)st_ckpt_set_count(set));
+	put_int(o, "params", (int64_t)params);
+	put_int(o, "data_bytes", (int64_t)st_ckpt_set_data_bytes(set));
+	json_object_object_add(o, "files", files);
+	return o;
+}
+
+/* config.json's first architecture (or model_type), for the line
+ * "architecture: LlamaForCausalLM"; NULL when it has neither. */
+static void put_architecture(struct json_object *o, const char *config)
+{
+	struct json_object *root = json_object_from_file(config), *v;
+
+	if (!root)
+		return;
+	if (json_object_object_get_ex(root, "architectures", &v) &&
+	    json_object_is_type(v, json_type_array) && json_object_array_length(v) > 0 &&
+	    json_object_is_type(json_object_array_get_idx(v, 0), json_type_string))
+		put_str(o, "architecture", json_object_get_string(json_object_array_get_idx(v, 0)));
+	else if (json_object_object_get_ex(root, "model_type", &v) &&
+		 json_object_is_type(v, json_type_string))
+		put_str(o, "architecture", json_object_get_string(v));
+	json_object_put(root);
+}
+
+/* "  weights: N parameters in T tensors (F32 27, BF16 1), in S shards (index)";
+ * what: "weights" or "files" */
+static void print_set(struct json_object *wt, const char *what, const char *tail)
+{
+	struct json_object *files = jobj(wt, "files");
+	size_t n = files ? json_object_array_length(files) : 0;
+
+	printf("  %s: %lld %s in %lld tensors (%s)", what, (long long)jint(wt, "params"),
+	       strcmp(what, "weights") == 0 ? "parameters" : "values",
+	       (long long)jint(wt, "tensors"), jstr(wt, "dtypes"));
+	if (jstr(wt, "index"))
+		printf(", in %zu shards (%s)", n, jstr(wt, "index"));
+	printf("%s\n", tail);
+}
+
+static void print_set_files(struct json_object *wt)
+{
+	struct json_object *files = jobj(wt, "files");
+	char a[32];
+
+	for (size_t i = 0; files && i < json_object_array_length(files); i++) {
+		struct json_object *f = json_object_array_get_idx(files, i);
+
+		printf("  %-34s %10s  %lld tensors\n", jstr(f, "name"),
+		       bytes_or_unknown(jint(f, "bytes"), a, sizeof(a)), (long long)jint(f, "tensors"));
+	}
+}
+
 /* One checkpoint directory: its trainer.json in brief, config.json and the
  * weights file's header read (as a resume would), and --verify. One that
  * was pruned or replaced while it was read gets "pruned" or "replaced"
@@ -502,7 +588,7 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 	struct json_object *o = json_object_new_object();
 	struct st_ckpt_trainer tr;
 	struct st_model_config gc;
-	struct st_ckpt_reader *r;
+	struct st_ckpt_set *set;
 	struct st_ckpt_stamp st;
 	char *p = path_join(dir, ST_CKPT_TRAINER_FILE);
 	uint64_t bytes = 0;
@@ -533,11 +619,9 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 		free(p);
 	}
 	if (ret == 0) {
-		p = path_join(dir, ST_CKPT_MODEL_FILE);
-		ret = st_ckpt_reader_open(&r, p);
-		free(p);
+		ret = st_ckpt_set_open(&set, dir, ST_CKPT_MODEL_STEM);
 		if (ret == 0)
-			st_ckpt_reader_close(r);
+			st_ckpt_set_close(set);
 	}
 	if (ret < 0 && (gone = gone_since(dir, &st))) {
 		put_bool(o, gone, true);
@@ -568,7 +652,7 @@ static void ckpt_details(struct json_object *o, const char *dir, bool *bad,
 {
 	struct st_ckpt_trainer tr;
 	struct st_model_config gc;
-	struct st_ckpt_reader *r;
+	struct st_ckpt_set *set;
 	struct json_object *files, *model;
 	char *p = path_join(dir, ST_CKPT_TRAINER_FILE);
 	char hex[17];
@@ -607,19 +691,18 @@ static void ckpt_details(struct json_object *o, const char *dir, bool *bad,
 		put_str(model, "error", st_error_last());
 		*bad = true;
 	}
-	/* the parameters as the weights file's header counts them */
-	p = path_join(dir, ST_CKPT_MODEL_FILE);
-	ret = st_ckpt_reader_open(&r, p);
+	p = path_join(dir, ST_CKPT_CONFIG_FILE);
+	put_architecture(o, p);
 	free(p);
+	/* the parameters as the weights files' headers count them */
+	ret = st_ckpt_set_open(&set, dir, ST_CKPT_MODEL_STEM);
 	if (ret == 0) {
-		const struct st_safetensors *sf = st_ckpt_reader_file(r);
-		uint64_t n = 0;
+		struct json_object *wt = set_json(set);
 
-		for (size_t i = 0; i < st_safetensors_count(sf); i++)
-			n += st_safetensors_at(sf, i)->elems;
-		put_int(model, "tensors", (int64_t)st_safetensors_count(sf));
-		put_int(model, "params", (int64_t)n);
-		st_ckpt_reader_close(r);
+		put_int(model, "tensors", jint(wt, "tensors"));
+		put_int(model, "params", jint(wt, "params"));
+		json_object_object_add(o, "weights", wt);
+		st_ckpt_set_close(set);
 	} else {
 		put_str(model, "weights_error", st_error_last());
 		*bad = true;
@@ -644,6 +727,18 @@ static struct json_object *weights_json(const char *path, bool verify, bool *bad
 		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, st_error_last());
 	put_str(o, "path", path);
 	put_str(o, "format", st_weights_format(w));
+	if (st_weights_set(w)) {
+		const char *sp = st_ckpt_set_path(st_weights_set(w));
+		const char *slash = strrchr(sp, '/');
+		char *cfg;
+
+		json_object_object_add(o, "weights", set_json(st_weights_set(w)));
+		if (asprintf(&cfg, "%.*s%s", slash ? (int)(slash - sp + 1) : 0, sp,
+			     ST_CKPT_CONFIG_FILE) > 0) {
+			put_architecture(o, cfg);
+			free(cfg);
+		}
+	}
 	ret = st_weights_config(w, &gc);
 	if (ret == -ENOENT) { /* a bare model.safetensors: no model to check it against */
 		put_str(model, "unknown", st_error_last());
@@ -702,6 +797,8 @@ static void print_weights(struct json_object *o, bool verify, const struct st_mo
 	struct json_object *model = jobj(o, "model");
 
 	printf("weights %s (%s)\n", jstr(o, "path"), jstr(o, "format"));
+	if (jstr(o, "architecture"))
+		printf("  architecture: %s\n", jstr(o, "architecture"));
 	if (mc->n_layer > 0)
 		print_model(mc);
 	if (jstr(model, "unknown"))
@@ -714,6 +811,10 @@ static void print_weights(struct json_object *o, bool verify, const struct st_mo
 	else
 		printf("  weights: %lld parameters, every tensor there with its shape\n",
 		       (long long)jint(model, "params"));
+	if (jobj(o, "weights")) {
+		print_set(jobj(o, "weights"), "files", "");
+		print_set_files(jobj(o, "weights"));
+	}
 }
 
 /* How many times a --save directory is read again when the checkpoint
@@ -850,6 +951,8 @@ static void print_ckpt(struct json_object *o, bool verify, const struct st_model
 		printf("  DAMAGED: %s\n", jstr(o, "error"));
 	} else {
 		printf("  step %lld, seed %s\n", (long long)jint(o, "step"), jstr(o, "seed"));
+		if (jstr(o, "architecture"))
+			printf("  architecture: %s\n", jstr(o, "architecture"));
 		if (jstr(model, "error"))
 			printf("  model: %s\n", jstr(model, "error"));
 		else
@@ -857,13 +960,13 @@ static void print_ckpt(struct json_object *o, bool verify, const struct st_model
 		if (jstr(model, "weights_error"))
 			printf("  weights: %s\n", jstr(model, "weights_error"));
 		else
-			printf("  weights: %lld parameters in %lld tensors\n",
-			       (long long)jint(model, "params"), (long long)jint(model, "tensors"));
+			print_set(jobj(o, "weights"), "weights", "");
 		print_config(jobj(o, "config"));
 		for (size_t i = 0; files && i < json_object_array_length(files); i++) {
 			struct json_object *f = json_object_array_get_idx(files, i);
 
-			printf("  %-24s %10s  xxh64 %s\n", jstr(f, "name"),
+			printf("  %-*s %10s  xxh64 %s\n", (int)ST_MAX(24, strlen(jstr(f, "name"))),
+			       jstr(f, "name"),
 			       bytes_or_unknown(jint(f, "bytes"), a, sizeof(a)), jstr(f, "xxh64"));
 		}
 	}

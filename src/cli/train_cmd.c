@@ -85,6 +85,8 @@ static void train_usage(FILE *f)
 "                       (one run saves into a DIR at a time)\n"
 "  --save-every N       also every N steps (default: only at the end, or when stopped)\n"
 "  --keep K             keep the newest K checkpoints (default 3; 0 keeps all)\n"
+"  --shard-size SIZE    a checkpoint file over SIZE is sharded as transformers shards\n"
+"                       (model-0000K-of-0000N.safetensors + index; default 5e9 bytes)\n"
 "  --resume DIR|auto    continue bit-identically from a checkpoint (or DIR/latest);\n"
 "                       auto: from --save DIR when it has one, else from the start\n"
 "  --metrics FILE       one JSON object per step (loss, lr, grad_norm, tokens_per_s,\n"
@@ -487,6 +489,7 @@ int st_cli_train(int argc, char **argv)
 		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
+		{ "shard-size", 1, 0, 1000 },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' },
@@ -599,6 +602,9 @@ int st_cli_train(int argc, char **argv)
 		case 'X': trace_path = optarg; break;
 		case 'E': save_every = (int)st_cli_long("--save-every", optarg, 1, 1 << 30); break;
 		case 'k': keep = (int)st_cli_long("--keep", optarg, 0, 1 << 20); break;
+		case 1000:
+			ec.ckpt_shard_bytes = st_cli_size("--shard-size", optarg);
+			break;
 		case 'R': resume = optarg; break;
 		case 'x': max_skipped = (int)st_cli_long("--max-skipped", optarg, 0, 1 << 30); break;
 		case 'D':

@@ -85,43 +85,27 @@ static int st_ckpt_stream_data(struct st_file_atomic *f, const char *path,
 	return err;
 }
 
-int st_ckpt_write_safetensors(const char *path,
-			      const struct st_ckpt_tensor *tensors, size_t n,
-			      const struct st_sf_meta *meta, size_t n_meta,
+int st_ckpt_write_with_header(const char *path, const uint8_t *hdr, size_t hdr_bytes,
+			      const struct st_sf_entry *entries, size_t n,
 			      st_ckpt_fill_fn fill, void *ctx,
 			      uint64_t *out_bytes, uint64_t *out_xxh64)
 {
 	struct st_file_atomic f;
-	struct st_sf_entry *entries;
 	XXH64_state_t *xs = NULL;
 	uint64_t total = 0, max_bytes = 0, digest;
-	uint8_t *hdr = NULL;
-	size_t hdr_bytes = 0;
-	int err;
+	int err = 0;
 
-	entries = calloc(n + 1, sizeof(*entries));
-	if (!entries)
+	for (size_t i = 0; i < n; i++) {
+		max_bytes = ST_MAX(max_bytes, entries[i].size_bytes);
+		total += entries[i].size_bytes;
+	}
+	if (total && !fill)
+		return st_error_set(-EINVAL, "%s: no fill callback", path);
+	if (!(xs = XXH64_createState()))
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	for (size_t i = 0; i < n; i++)
-		entries[i] = (struct st_sf_entry){
-			.name = tensors[i].name, .dtype = tensors[i].dtype,
-			.ndim = tensors[i].ndim, .shape = tensors[i].shape };
-	/* The checks and the header of st_safetensors_write(): the same
-	 * tensors give the same bytes. */
-	err = st_sf_entries_check(path, entries, n, meta, n_meta, &total);
-	if (!err && total && !fill)
-		err = st_error_set(-EINVAL, "%s: no fill callback", path);
-	if (!err)
-		err = st_sf_header_build(path, entries, n, meta, n_meta, &hdr,
-					 &hdr_bytes);
-	if (!err && !(xs = XXH64_createState()))
-		err = st_error_set(-ENOMEM, "%s: out of memory", path);
-	if (!err)
-		err = st_file_atomic_open(&f, path);
+	err = st_file_atomic_open(&f, path);
 	if (err)
 		goto out;
-	for (size_t i = 0; i < n; i++)
-		max_bytes = ST_MAX(max_bytes, entries[i].size_bytes);
 	XXH64_reset(xs, 0);
 	XXH64_update(xs, hdr, hdr_bytes);
 	err = st_file_atomic_write(&f, hdr, hdr_bytes);
@@ -142,6 +126,39 @@ int st_ckpt_write_safetensors(const char *path,
 		*out_xxh64 = digest;
 out:
 	XXH64_freeState(xs);
+	return err;
+}
+
+int st_ckpt_write_safetensors(const char *path,
+			      const struct st_ckpt_tensor *tensors, size_t n,
+			      const struct st_sf_meta *meta, size_t n_meta,
+			      st_ckpt_fill_fn fill, void *ctx,
+			      uint64_t *out_bytes, uint64_t *out_xxh64)
+{
+	struct st_sf_entry *entries;
+	uint64_t total = 0;
+	uint8_t *hdr = NULL;
+	size_t hdr_bytes = 0;
+	int err;
+
+	entries = calloc(n + 1, sizeof(*entries));
+	if (!entries)
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	for (size_t i = 0; i < n; i++)
+		entries[i] = (struct st_sf_entry){
+			.name = tensors[i].name, .dtype = tensors[i].dtype,
+			.ndim = tensors[i].ndim, .shape = tensors[i].shape };
+	/* The checks and the header of st_safetensors_write(): the same
+	 * tensors give the same bytes. */
+	err = st_sf_entries_check(path, entries, n, meta, n_meta, &total);
+	if (!err && total && !fill)
+		err = st_error_set(-EINVAL, "%s: no fill callback", path);
+	if (!err)
+		err = st_sf_header_build(path, entries, n, meta, n_meta, &hdr,
+					 &hdr_bytes);
+	if (!err)
+		err = st_ckpt_write_with_header(path, hdr, hdr_bytes, entries, n,
+						fill, ctx, out_bytes, out_xxh64);
 	free(hdr);
 	free(entries);
 	return err;
@@ -255,6 +272,11 @@ void st_ckpt_reader_close(struct st_ckpt_reader *r)
 		close(r->fd);
 	free(r->path);
 	free(r);
+}
+
+const char *st_ckpt_reader_path(const struct st_ckpt_reader *r)
+{
+	return r->path;
 }
 
 const struct st_safetensors *st_ckpt_reader_file(const struct st_ckpt_reader *r)

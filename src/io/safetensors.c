@@ -39,8 +39,6 @@ static const struct {
 
 /* Names in error messages are cut to this many bytes, so the problem that
  * follows the name still fits in the error line. */
-#define ST_SF_NAME_SHOWN 120
-#define ST_SF_SHOW_LEN (ST_SF_NAME_SHOWN * 4 + 4)
 
 /* JSON nesting in a valid header is 3 ({ name: { shape: [ ] } }). */
 #define ST_SF_JSON_DEPTH 8
@@ -105,7 +103,7 @@ const char *st_sf_shape_str(const uint64_t *shape, int ndim, char *buf,
 
 /* A name from the file as it may appear in the one-line error: control
  * bytes spelled \xNN, cut at ST_SF_NAME_SHOWN bytes with "...". */
-static const char *st_sf_show(const char *s, char *buf)
+const char *st_sf_show(const char *s, char *buf)
 {
 	size_t at = 0, i;
 

@@ -5,6 +5,7 @@
 #ifndef STRATA_IO_SF_INTERNAL_H
 #define STRATA_IO_SF_INTERNAL_H
 
+#include "strata/ckpt.h"
 #include "strata/safetensors.h"
 
 #include <json-c/json.h>
@@ -40,6 +41,22 @@ int st_sf_entries_check(const char *path, struct st_sf_entry *entries,
 int st_sf_header_build(const char *path, const struct st_sf_entry *entries,
 		       size_t n, const struct st_sf_meta *meta, size_t n_meta,
 		       uint8_t **out, size_t *out_bytes);
+
+/* Write a safetensors file whose header bytes (hdr, from
+ * st_sf_header_build()) are given: then every entry's size_bytes of data
+ * pulled through fill, as st_ckpt_write_safetensors() does (temporary,
+ * hashed, fsynced, renamed). Defined in ckpt_files.c. */
+int st_ckpt_write_with_header(const char *path, const uint8_t *hdr, size_t hdr_bytes,
+			      const struct st_sf_entry *entries, size_t n,
+			      st_ckpt_fill_fn fill, void *ctx,
+			      uint64_t *out_bytes, uint64_t *out_xxh64);
+
+/* A name from a file as it may appear in a one-line error: control bytes
+ * spelled \xNN, cut at ST_SF_NAME_SHOWN bytes with "...", into buf
+ * (ST_SF_SHOW_LEN bytes). Returns buf. */
+#define ST_SF_NAME_SHOWN 120
+#define ST_SF_SHOW_LEN (ST_SF_NAME_SHOWN * 4 + 4)
+const char *st_sf_show(const char *s, char *buf);
 
 /* shape as "[4,8]" in buf (ST_SF_SHAPE_STR_LEN bytes hold any shape of
  * 0..ST_SF_MAX_DIMS dimensions; a shorter buf gets a cut string). Returns

@@ -1,12 +1,14 @@
 /* A model's weights from a strata checkpoint, a Hugging Face directory or
  * file, or an llm.c model file (strata/weights.h). */
 #include "strata/weights.h"
+#include "io/sf_internal.h"
 #include "strata/ckpt.h"
 #include "strata/family.h"
 #include "strata/file.h"
 #include "strata/optim.h" /* st_f32_from_bf16(), st_f32_from_f16(): inline */
 
 #include <errno.h>
+#include <fnmatch.h>
 #include <json-c/json.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -86,7 +88,8 @@ struct st_weights {
 	char *path;                /* the file read: model.safetensors or llm.c's */
 	struct st_model_config gc;
 	bool have_config;
-	struct st_ckpt_reader *r;  /* safetensors, or NULL for an llm.c file: */
+	struct st_ckpt_set *r;     /* safetensors (one file or shards), or NULL
+				    * for an llm.c file: */
 	int fd;
 	unsigned esize;            /* 4 (version 3) or 2 (version 5) */
 	uint64_t vp;               /* padded vocabulary */
@@ -175,11 +178,11 @@ static int open_file(struct st_weights *w, const char *path)
 		/* a safetensors header of exactly that length starts alike */
 		snprintf(msg, sizeof(msg), "%s", st_error_last());
 		w->have_config = false;
-		if (st_ckpt_reader_open(&w->r, path) < 0)
+		if (st_ckpt_set_open_file(&w->r, path) < 0)
 			return st_error_set(ret, "%s", msg); /* the llm.c reading's */
 		ret = 0;
 	} else {
-		ret = ret < 0 ? ret : st_ckpt_reader_open(&w->r, path);
+		ret = ret < 0 ? ret : st_ckpt_set_open_file(&w->r, path);
 	}
 	close(w->fd);
 	w->fd = -1;
@@ -201,30 +204,59 @@ static int open_file(struct st_weights *w, const char *path)
 	return ret;
 }
 
+/* A file of a checkpoint's weights: model.safetensors, its shards or their
+ * index (what a strata checkpoint verifies before --init reads it). */
+static bool is_model_file(const char *name)
+{
+	size_t n = strlen(name), k = strlen(ST_CKPT_MODEL_STEM);
+	const char *ext = ".safetensors";
+
+	if (strncmp(name, ST_CKPT_MODEL_STEM, k) != 0)
+		return false;
+	if (strcmp(name + k, ST_CKPT_INDEX_SUFFIX) == 0 || strcmp(name + k, ".safetensors") == 0)
+		return true;
+	return name[k] == '-' && n > k + strlen(ext) && strcmp(name + n - strlen(ext), ext) == 0;
+}
+
 /* A directory: a strata checkpoint (verified) or a Hugging Face one. */
 static int open_dir(struct st_weights *w, const char *path)
 {
 	char *dir = NULL, *p;
-	int ret;
+	int ret, kind;
+	bool trainer = exists_in(path, ST_CKPT_TRAINER_FILE);
+	bool config = exists_in(path, ST_CKPT_CONFIG_FILE);
 
-	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && exists_in(path, ST_CKPT_OPTIM_FILE))
+	if (!trainer && (exists_in(path, ST_CKPT_OPTIM_FILE) ||
+			 exists_in(path, ST_CKPT_OPTIM_STEM ST_CKPT_INDEX_SUFFIX)))
 		return st_error_set(-EINVAL, "%s: a strata checkpoint without its %s (damaged)",
 				    path, ST_CKPT_TRAINER_FILE);
-	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && !exists_in(path, ST_CKPT_CONFIG_FILE) &&
-	    exists_in(path, ST_CKPT_MODEL_FILE)) { /* its model.safetensors alone */
+	kind = trainer ? 0 : st_ckpt_set_kind(path, ST_CKPT_MODEL_STEM);
+	if (kind < 0)
+		return kind;
+	if (!trainer && !config && kind == 1) { /* its model.safetensors alone */
 		char *file = join(path, ST_CKPT_MODEL_FILE);
 
 		w->name = strdup(path);
 		w->path = file;
 		return file && w->name ? open_file(w, file) : st_error_set(-ENOMEM, "out of memory");
 	}
-	if (!exists_in(path, ST_CKPT_TRAINER_FILE) && exists_in(path, ST_CKPT_CONFIG_FILE) &&
-	    exists_in(path, ST_CKPT_MODEL_FILE)) {
+	if (!trainer && config && kind == 0)
+		return st_error_set(-EINVAL, "%s: config.json but no %s or %s%s%s", path,
+				    ST_CKPT_MODEL_FILE, ST_CKPT_MODEL_STEM, ST_CKPT_INDEX_SUFFIX,
+				    exists_in(path, "pytorch_model.bin") ||
+				    exists_in(path, "pytorch_model.bin.index.json")
+				    ? " (pytorch_model.bin is a pickle: strata reads safetensors)"
+				    : "");
+	if (!trainer && kind > 0) {
 		dir = strdup(path); /* Hugging Face's: nothing to verify */
 		w->format = "Hugging Face safetensors";
-		p = dir ? join(dir, ST_CKPT_CONFIG_FILE) : NULL;
-		ret = p ? st_model_config_hf_check(p) : st_error_set(-ENOMEM, "out of memory");
-		free(p);
+		if (config) {
+			p = dir ? join(dir, ST_CKPT_CONFIG_FILE) : NULL;
+			ret = p ? st_model_config_hf_check(p) : st_error_set(-ENOMEM, "out of memory");
+			free(p);
+		} else {
+			ret = dir ? 0 : st_error_set(-ENOMEM, "out of memory");
+		}
 	} else {
 		struct st_ckpt_trainer tr;
 
@@ -240,7 +272,7 @@ static int open_dir(struct st_weights *w, const char *path)
 			size_t k = 0;
 
 			for (size_t i = 0; i < tr.n_files; i++)
-				if (strcmp(tr.files[i].name, ST_CKPT_MODEL_FILE) == 0 ||
+				if (is_model_file(tr.files[i].name) ||
 				    strcmp(tr.files[i].name, ST_CKPT_CONFIG_FILE) == 0)
 					tr.files[k++] = tr.files[i];
 			tr.n_files = k;
@@ -252,14 +284,79 @@ static int open_dir(struct st_weights *w, const char *path)
 	if (ret < 0)
 		return ret;
 	p = join(dir, ST_CKPT_CONFIG_FILE);
-	ret = p ? st_model_config_read(p, &w->gc) : st_error_set(-ENOMEM, "out of memory");
+	ret = !p ? st_error_set(-ENOMEM, "out of memory")
+		 : access(p, F_OK) == 0 || trainer ? st_model_config_read(p, &w->gc) : -ENOENT;
 	free(p);
 	w->have_config = ret == 0;
-	if (ret == 0) {
-		w->path = join(dir, ST_CKPT_MODEL_FILE);
-		ret = w->path ? st_ckpt_reader_open(&w->r, w->path)
-			      : st_error_set(-ENOMEM, "out of memory");
+	if (ret == 0 || ret == -ENOENT) {
+		ret = st_ckpt_set_open(&w->r, dir, ST_CKPT_MODEL_STEM);
+		w->path = ret == 0 ? strdup(st_ckpt_set_path(w->r)) : NULL;
+		if (ret == 0 && !w->path)
+			ret = st_error_set(-ENOMEM, "out of memory");
 	}
+	return ret;
+}
+
+/* The name of a file's tensor as the model calls it: without the
+ * "transformer." prefix transformers' GPT2LMHeadModel saves. */
+static const char *model_name(const char *name)
+{
+	static const char prefix[] = "transformer.";
+
+	return strncmp(name, prefix, sizeof(prefix) - 1) == 0 ? name + sizeof(prefix) - 1 : name;
+}
+
+/* With the model known: every tensor of it there, a float type, of its
+ * shape; every other tensor of the files one the family derives (its
+ * hf_derived list). So --init refuses a file before it reads a byte. */
+static int check_model(struct st_weights *w)
+{
+	const struct st_family_ops *f = st_model_config_family(&w->gc);
+	struct st_model *m;
+	int ret = st_model_create(&w->gc, &m);
+
+	if (ret < 0)
+		return ret;
+	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+
+		for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+			uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
+
+			ret = st_weights_check(w, tl->name, tl->ndim, shape);
+		}
+	}
+	for (size_t k = 0; ret == 0 && k < st_ckpt_set_files(w->r); k++) {
+		const struct st_safetensors *sf = st_ckpt_reader_file(st_ckpt_set_reader(w->r, k));
+
+		for (size_t i = 0; ret == 0 && i < st_safetensors_count(sf); i++) {
+			const char *name = model_name(st_safetensors_at(sf, i)->name);
+			bool known = false;
+
+			for (int u = 0; !known && u < st_model_unit_count(m); u++) {
+				const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+
+				for (int j = 0; !known && j < ul->n_tensors; j++)
+					known = strcmp(ul->tensors[j].name, name) == 0;
+			}
+			for (size_t d = 0; !known && f->hf_derived && f->hf_derived[d]; d++)
+				known = fnmatch(f->hf_derived[d], name, 0) == 0;
+			if (!known) {
+				char shown[ST_SF_SHOW_LEN];
+
+				ret = st_error_set(-EINVAL, "%s%s%s: tensor %s is not one of the "
+						   "model's (%s) and not one %s derives",
+						   st_ckpt_set_index_name(w->r)[0] ? w->name : w->path,
+						   st_ckpt_set_index_name(w->r)[0] ? "/" : "",
+						   st_ckpt_set_index_name(w->r)[0]
+						   ? st_ckpt_set_file_name(w->r, k) : "",
+						   st_sf_show(st_safetensors_at(sf, i)->name, shown),
+						   f->title, f->title);
+			}
+		}
+	}
+	st_model_destroy(m);
 	return ret;
 }
 
@@ -284,6 +381,8 @@ int st_weights_open(const char *path, struct st_weights **out)
 		ret = w->name && w->path ? open_file(w, path)
 					 : st_error_set(-ENOMEM, "out of memory");
 	}
+	if (ret == 0 && w->r && w->have_config)
+		ret = check_model(w);
 	if (ret < 0) {
 		st_weights_close(w);
 		return ret;
@@ -296,7 +395,7 @@ void st_weights_close(struct st_weights *w)
 {
 	if (!w)
 		return;
-	st_ckpt_reader_close(w->r);
+	st_ckpt_set_close(w->r);
 	if (w->fd >= 0)
 		close(w->fd);
 	free(w->name);
@@ -307,6 +406,11 @@ void st_weights_close(struct st_weights *w)
 const char *st_weights_name(const struct st_weights *w)
 {
 	return w->name;
+}
+
+const struct st_ckpt_set *st_weights_set(const struct st_weights *w)
+{
+	return w->r;
 }
 
 const char *st_weights_format(const struct st_weights *w)
@@ -368,16 +472,16 @@ static void llmc_shape(const struct st_weights *w, int g, int *ndim, uint64_t sh
 	}
 }
 
-/* The safetensors entry for name, or NULL. */
-static const struct st_sf_info *sf_find(const struct st_weights *w, const char *name)
+/* The safetensors entry for name and the file holding it, or NULL. */
+static const struct st_sf_info *sf_find(const struct st_weights *w, const char *name,
+					const struct st_ckpt_reader **r)
 {
-	const struct st_safetensors *sf = st_ckpt_reader_file(w->r);
-	const struct st_sf_info *info = st_safetensors_find(sf, name);
+	const struct st_sf_info *info = st_ckpt_set_lookup(w->r, name, r);
 	char alt[256];
 
 	if (!info) {
 		snprintf(alt, sizeof(alt), "transformer.%s", name);
-		info = st_safetensors_find(sf, alt);
+		info = st_ckpt_set_lookup(w->r, alt, r);
 	}
 	return info;
 }
@@ -385,6 +489,7 @@ static const struct st_sf_info *sf_find(const struct st_weights *w, const char *
 int st_weights_check(struct st_weights *w, const char *name, int ndim, const uint64_t *shape)
 {
 	uint64_t have[2] = { 0, 1 };
+	const char *where = w->path;
 	int have_ndim;
 
 	if (!w->r) {
@@ -396,29 +501,44 @@ int st_weights_check(struct st_weights *w, const char *name, int ndim, const uin
 			return ret;
 		llmc_shape(w, g, &have_ndim, have);
 	} else {
-		const struct st_sf_info *info = sf_find(w, name);
+		const struct st_ckpt_reader *rd = NULL;
+		const struct st_sf_info *info = sf_find(w, name, &rd);
 
 		if (!info)
 			return st_error_set(-EINVAL, "%s: tensor %s is missing", w->path, name);
+		where = st_ckpt_reader_path(rd); /* the shard that holds it */
 		if (info->dtype != ST_SF_F32 && info->dtype != ST_SF_BF16 &&
 		    info->dtype != ST_SF_F16)
-			return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", w->path,
+			return st_error_set(-EINVAL, "%s: tensor %s is %s, not a float type", where,
 					    name, st_sf_dtype_name(info->dtype));
 		have_ndim = info->ndim;
 		have[0] = info->ndim > 0 ? info->shape[0] : 1;
 		have[1] = info->ndim > 1 ? info->shape[1] : 1;
 	}
-	if (have_ndim != ndim || have[0] != shape[0] || (ndim == 2 && have[1] != shape[1]))
-		return st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for the model",
-				    w->path, name);
+	if (have_ndim != ndim || have[0] != shape[0] || (ndim == 2 && have[1] != shape[1])) {
+		char a[48], b[48];
+
+		if (have_ndim == 1)
+			snprintf(a, sizeof(a), "[%llu]", (unsigned long long)have[0]);
+		else
+			snprintf(a, sizeof(a), "[%llu,%llu]", (unsigned long long)have[0],
+				 (unsigned long long)have[1]);
+		if (ndim == 1)
+			snprintf(b, sizeof(b), "[%llu]", (unsigned long long)shape[0]);
+		else
+			snprintf(b, sizeof(b), "[%llu,%llu]", (unsigned long long)shape[0],
+				 (unsigned long long)shape[1]);
+		return st_error_set(-EINVAL, "%s: tensor %s has the wrong shape for the model: "
+				    "%s, the model's is %s", where, name,
+				    have_ndim > 2 ? "more than 2 dimensions" : a, b);
+	}
 	return 0;
 }
 
 /* Every value of a tensor just read must be finite: a NaN or Inf loaded
  * would make every step skip (train) or every loss NaN (eval). The index
  * is in the tensor's Hugging Face layout, whatever the file's. */
-static int check_finite(const struct st_weights *w, const char *name, const float *x,
-			uint64_t n)
+static int check_finite(const char *path, const char *name, const float *x, uint64_t n)
 {
 	uint64_t k = st_f32_find_bad(x, n, false);
 	char v[32];
@@ -426,7 +546,7 @@ static int check_finite(const struct st_weights *w, const char *name, const floa
 	if (k == n)
 		return 0;
 	return st_error_set(-EINVAL, "%s: %s[%llu] is %s: not finite weights are refused",
-			    w->path, name, (unsigned long long)k, st_f32_name(x[k], v, sizeof(v)));
+			    path, name, (unsigned long long)k, st_f32_name(x[k], v, sizeof(v)));
 }
 
 int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint64_t *shape,
@@ -434,6 +554,7 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 {
 	uint64_t n = shape[0] * (ndim == 2 ? shape[1] : 1);
 	const struct st_sf_info *info = NULL;
+	const struct st_ckpt_reader *rd = NULL;
 	float *tmp = NULL;
 	void *raw = NULL;
 	unsigned esize;
@@ -442,10 +563,10 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 	if (ret < 0)
 		return ret;
 	if (w->r) {
-		info = sf_find(w, name);
+		info = sf_find(w, name, &rd);
 		if (info->dtype == ST_SF_F32) {
-			ret = st_ckpt_reader_pread(w->r, info, 0, out, n * sizeof(float));
-			return ret < 0 ? ret : check_finite(w, name, out, n);
+			ret = st_ckpt_reader_pread(rd, info, 0, out, n * sizeof(float));
+			return ret < 0 ? ret : check_finite(st_ckpt_reader_path(rd), name, out, n);
 		}
 		esize = 2;
 	} else {
@@ -455,7 +576,7 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 	if (!raw)
 		return st_error_set(-ENOMEM, "out of memory");
 	if (w->r) {
-		ret = st_ckpt_reader_pread(w->r, info, 0, raw, n * esize);
+		ret = st_ckpt_reader_pread(rd, info, 0, raw, n * esize);
 	} else {
 		int g;
 		uint64_t off;
@@ -480,5 +601,5 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 		st_llmc_transpose(out, tmp, shape[1], shape[0]);
 	free(raw);
 	free(tmp);
-	return ret < 0 ? ret : check_finite(w, name, out, n);
+	return ret < 0 ? ret : check_finite(rd ? st_ckpt_reader_path(rd) : w->path, name, out, n);
 }

@@ -533,6 +533,10 @@ static int st_gpt2_logits(const struct st_model *m, const float *params, const f
 
 static const char *const st_gpt2_model_types[] = { "gpt2", NULL };
 static const char *const st_gpt2_architectures[] = { "GPT2LMHeadModel", "GPT2Model", NULL };
+/* What transformers' GPT-2 files hold besides the model: the tied head's
+ * copy and, in older files, the causal mask buffers. */
+static const char *const st_gpt2_hf_derived[] = { "lm_head.weight", "h.*.attn.bias",
+						  "h.*.attn.masked_bias", NULL };
 
 const struct st_family_ops st_family_gpt2 = {
 	.name = "gpt2",
@@ -559,4 +563,5 @@ const struct st_family_ops st_family_gpt2 = {
 	.bwd = st_gpt2_bwd,
 	.flops_per_token = st_gpt2_flops_per_token,
 	.logits = st_gpt2_logits,
+	.hf_derived = st_gpt2_hf_derived,
 };

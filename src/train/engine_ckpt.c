@@ -2,6 +2,7 @@
  * (a model whose state lives on nvme never has to fit in RAM), and read
  * back the same way after every file is checked against trainer.json. */
 #include "strata/ckpt.h"
+#include "engine_internal.h"
 #include "strata/comm.h"
 #include "strata/engine.h"
 #include "strata/io.h"
@@ -16,6 +17,7 @@ struct fill_ctx {
 	struct st_engine *e;
 	const struct st_ckpt_tensor *t; /* [tensor]: names for messages */
 	char bad[256];        /* the first value refused, "" when none */
+	size_t bad_ti;        /* and its tensor */
 	int *unit;            /* [tensor] */
 	uint64_t *off_elems;  /* [tensor] */
 	enum st_state *state; /* [tensor] */
@@ -55,6 +57,7 @@ static int fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
 		c->staged = key;
 	}
 	memcpy(buf, (const char *)(c->unit_buf + c->off_elems[ti]) + off, len);
+	c->bad_ti = ti;
 	return check_state(c->state[ti], c->t[ti].name, buf, off / sizeof(float),
 			   len / sizeof(float), c->bad, sizeof(c->bad));
 }
@@ -125,17 +128,19 @@ static uint64_t max_unit_elems(const struct st_model *m)
 	return E;
 }
 
-/* Stream the given states of every unit into dir/file. */
-static int write_state_file(struct st_engine *e, const char *dir, const char *file,
+/* Stream the given states of every unit into dir as stem's files: one
+ * STEM.safetensors, or shards and their index above the shard size. */
+static int write_state_file(struct st_engine *e, const char *dir, const char *stem,
 			    const enum st_state *states, const char *const *suffixes,
 			    int nstates, struct st_ckpt_trainer *tr, int *reads)
 {
 	const struct st_model *m = st_engine_model(e);
 	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
 	struct st_ckpt_tensor *t = NULL;
-	char **names = NULL, path[4096];
+	struct st_ckpt_layout l = { 0 };
+	char **names = NULL;
 	int *unit = NULL;
-	uint64_t *off = NULL, bytes, hash;
+	uint64_t *off = NULL;
 	size_t n = 0;
 	struct fill_ctx c = { .e = e, .staged = -1, .reads = reads };
 	enum st_state *st = NULL;
@@ -148,15 +153,15 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *fi
 	c.unit = unit;
 	c.off_elems = off;
 	c.state = st;
-	snprintf(path, sizeof(path), "%.4000s/%s", dir, file);
 	if (ret == 0)
-		ret = st_ckpt_write_safetensors(path, t, n, meta, ST_ARRAY_LEN(meta), fill, &c,
-						&bytes, &hash);
+		ret = st_ckpt_layout_init(&l, stem, t, n, meta, ST_ARRAY_LEN(meta),
+					  e->cfg.ckpt_shard_bytes);
+	if (ret == 0)
+		ret = st_ckpt_layout_write(dir, &l, t, fill, &c, tr);
 	if (ret < 0 && c.bad[0]) /* not the temporary file's name: it is gone */
 		ret = st_error_set(-EINVAL, "%s: %s: a state that is not finite is not saved",
-				   file, c.bad);
-	if (ret == 0)
-		ret = st_ckpt_trainer_add(tr, file, bytes, hash);
+				   l.files[l.file_of[c.bad_ti]].name, c.bad);
+	st_ckpt_layout_fini(&l);
 	free(c.unit_buf);
 	free_list(t, names, unit, off, st, n);
 	return ret;
@@ -252,9 +257,9 @@ static int save_files(struct st_engine *e, const char *dir, uint64_t step,
 
 	/* P is model.safetensors (fp32 master weights, Hugging Face names);
 	 * optimizer.safetensors holds M and V under PyTorch's AdamW names. */
-	ret = write_state_file(e, d.tmp, ST_CKPT_MODEL_FILE, p_state, p_suffix, 1, &tr, reads);
+	ret = write_state_file(e, d.tmp, ST_CKPT_MODEL_STEM, p_state, p_suffix, 1, &tr, reads);
 	if (ret == 0)
-		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_FILE, mv_states, mv_suffix, 2, &tr,
+		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_STEM, mv_states, mv_suffix, 2, &tr,
 				       reads);
 	if (ret == 0) {
 		snprintf(path, sizeof(path), "%.4000s/%s", d.tmp, ST_CKPT_CONFIG_FILE);
@@ -284,8 +289,8 @@ static int save_files(struct st_engine *e, const char *dir, uint64_t step,
 /* Read unit u's state s (its tensors' names + suffix) from r, the file
  * path, into buf (padding zero), checking every value as st_engine_save()
  * does. */
-static int read_unit(const struct st_model *m, struct st_ckpt_reader *r, const char *path,
-		     int u, enum st_state s, const char *suffix, float *buf)
+static int read_unit(const struct st_model *m, const struct st_ckpt_set *set, int u,
+		     enum st_state s, const char *suffix, float *buf)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	int ret = 0;
@@ -294,11 +299,12 @@ static int read_unit(const struct st_model *m, struct st_ckpt_reader *r, const c
 	for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
 		const struct st_tensor_layout *tl = &ul->tensors[i];
 		const struct st_sf_info *info;
+		const struct st_ckpt_reader *r = NULL;
 		uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
 		char name[ST_MODEL_NAME_BYTES + 32];
 
 		snprintf(name, sizeof(name), "%s%s", tl->name, suffix);
-		ret = st_ckpt_reader_find(r, name, ST_SF_F32, tl->ndim, shape, &info);
+		ret = st_ckpt_set_find(set, name, ST_SF_F32, tl->ndim, shape, &info, &r);
 		if (ret == 0)
 			ret = st_ckpt_reader_pread(r, info, 0, buf + tl->offset_elems,
 						   tl->n_elems * sizeof(float));
@@ -308,7 +314,7 @@ static int read_unit(const struct st_model *m, struct st_ckpt_reader *r, const c
 			ret = check_state(s, name, buf + tl->offset_elems, 0, tl->n_elems, why,
 					  sizeof(why));
 			if (ret < 0)
-				ret = st_error_set(ret, "%s: %s: %s", path, why,
+				ret = st_error_set(ret, "%s: %s: %s", st_ckpt_set_path(set), why,
 						   s == ST_STATE_V ? "Adam's second moment must be "
 						   "finite and >= 0" : "values that are not finite are "
 						   "refused");
@@ -349,33 +355,28 @@ int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
 		ret = st_error_set(-EINVAL, "%s/trainer.json: bad sampler cursor", dir);
 	/* Unit by unit: three unit-sized buffers, whatever the model's size. */
 	if (ret == 0) {
-		struct st_ckpt_reader *rm = NULL, *ro = NULL;
+		struct st_ckpt_set *rm = NULL, *ro = NULL;
 		uint64_t E = max_unit_elems(m);
 
 		for (int k = 0; k < 3; k++)
 			if (!(buf[k] = malloc(E * sizeof(float))))
 				ret = -ENOMEM;
-		char po[4096];
-
-		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_MODEL_FILE);
 		if (ret == 0)
-			ret = st_ckpt_reader_open(&rm, p);
-		snprintf(po, sizeof(po), "%.4000s/%s", dir, ST_CKPT_OPTIM_FILE);
+			ret = st_ckpt_set_open(&rm, dir, ST_CKPT_MODEL_STEM);
 		if (ret == 0)
-			ret = st_ckpt_reader_open(&ro, po);
+			ret = st_ckpt_set_open(&ro, dir, ST_CKPT_OPTIM_STEM);
 		for (int u = 0; ret == 0 && u < U; u++) {
-			ret = read_unit(m, rm, p, u, ST_STATE_P, "", buf[0]);
+			ret = read_unit(m, rm, u, ST_STATE_P, "", buf[0]);
 			if (ret == 0)
-				ret = read_unit(m, ro, po, u, ST_STATE_M, ST_CKPT_SUFFIX_EXP_AVG,
-						buf[1]);
+				ret = read_unit(m, ro, u, ST_STATE_M, ST_CKPT_SUFFIX_EXP_AVG, buf[1]);
 			if (ret == 0)
-				ret = read_unit(m, ro, po, u, ST_STATE_V, ST_CKPT_SUFFIX_EXP_AVG_SQ,
+				ret = read_unit(m, ro, u, ST_STATE_V, ST_CKPT_SUFFIX_EXP_AVG_SQ,
 						buf[2]);
 			if (ret == 0)
 				ret = st_engine_write_state(e, u, buf[0], buf[1], buf[2]);
 		}
-		st_ckpt_reader_close(rm);
-		st_ckpt_reader_close(ro);
+		st_ckpt_set_close(rm);
+		st_ckpt_set_close(ro);
 		for (int k = 0; k < 3; k++)
 			free(buf[k]);
 	}
