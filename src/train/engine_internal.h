@@ -268,6 +268,10 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb);
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld);
 
+/* engine_state.c */
+int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,
+		    uint64_t *n);
+
 /* engine_zero.c */
 int st_eng_zero_dirs(struct st_engine *e);
 int st_eng_zero_setup(struct st_engine *e);

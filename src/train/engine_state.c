@@ -85,6 +85,29 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 	return ret;
 }
 
+/* This rank's range of unit u's state s (fp32: G, P, M, V), elements
+ * [*lo, *lo + *n) of the unit, into buf (at least the padded unit): its
+ * slice at world > 1 (cut at the unit's end; sharded or not, the ranks'
+ * ranges cover the unit once), the unit at world 1. Reads only this
+ * rank's shard: nothing is exchanged. */
+int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,
+		    uint64_t *n)
+{
+	uint64_t first = e->world == 1 ? 0 : (uint64_t)e->rank * e->slice[u];
+	uint64_t count = first >= e->elems[u] ? 0
+			 : ST_MIN(e->world == 1 ? e->elems[u] : e->slice[u], e->elems[u] - first);
+	int ret;
+
+	assert(s != ST_STATE_W);
+	st_eng_drain(e);
+	ret = shard_read(e, u, s, buf);
+	if (ret == 0 && !st_plan_sharded(&e->plan, s) && first)
+		memmove(buf, buf + first, count * sizeof(float));
+	*lo = first;
+	*n = count;
+	return ret;
+}
+
 /* Each rank writes its shard of each state from the whole unit given. */
 int st_engine_write_state(struct st_engine *e, int u, const float *p, const float *m,
 			  const float *v)

@@ -9,7 +9,8 @@
 #              optimizer.safetensors: P, M, V) of one rank at --grad-accum
 #              N*A, bit for bit; so the stages agree with each other
 #   resume     a checkpoint saved at 2 ranks resumes at 1 and at 4 ranks
-#              and ends where an uninterrupted one-rank run ends
+#              and ends where an uninterrupted one-rank run ends; the
+#              files 2 ranks write in parallel (sharded) are one rank's
 #   kill       a rank SIGKILLed mid-run ends the job within 60 s, naming
 #              it; --resume auto then ends where an uninterrupted run ends
 #   mismatch   ranks with different settings stop (exit 2) before a step,
@@ -119,6 +120,17 @@ resume)
 		grep -q "resumed from" "$work/re$np.log" || { echo "FAIL resume at $np: not resumed"; tail -3 "$work/re$np.log"; fail=1; }
 		same "re$np" ref "saved at 2 ranks (--zero 2), resumed at $np"
 	done
+	# the files at 2 ranks, every rank writing its ranges, sharded as
+	# transformers shards them: one rank's files, byte for byte
+	run sh1 1 --steps 2 --grad-accum 2 --shard-size 300K
+	run sh2 2 --steps 2 --zero 3 --shard-size 300K
+	if (cd "$work/sh1/latest" && ls *.safetensors *.index.json | sort | xargs sha256sum) >"$work/a" &&
+	   (cd "$work/sh2/latest" && ls *.safetensors *.index.json | sort | xargs sha256sum) >"$work/b" &&
+	   [ "$(wc -l <"$work/a")" -gt 4 ] && diff "$work/a" "$work/b" >/dev/null; then
+		echo "ok   sharded files written by 2 ranks = one rank's ($(wc -l <"$work/a") files)"
+	else
+		echo "FAIL sharded files at 2 ranks differ from one rank's"; diff "$work/a" "$work/b" | head -5; fail=1
+	fi
 	;;
 kill)
 	run ref 1 --steps 8 --grad-accum 2 --offload-optim nvme
