@@ -18,8 +18,9 @@
  * the collective is done. Counts are in elements of the call's dtype.
  * A buffer must be aligned to its element size. (An in-place collective
  * at world 1 touches no memory, so there a host buffer works too, as the
- * engine's host-side norm sum; at world > 1 only an mpi backend would take
- * host memory, nccl takes device memory.)
+ * engine's host-side norm sum; at world > 1 only the mpi backend on the
+ * cpu device takes host memory: nccl, and mpi through host staging,
+ * take device memory.)
  *
  * The order promise. strata owns the reduction order, so the result is
  * bit-identical whatever the backend, the topology or the ZeRO stage:
@@ -107,7 +108,7 @@ enum st_comm_kind {
 
 /* Version of struct st_comm_ops; a table of another version is refused.
  * 2: the optional hooks async_error, host_allgather, local_rank, abort,
- * library. */
+ * sync, set_timeout, library. */
 #define ST_COMM_OPS_VERSION 2u
 
 struct st_comm_config {
@@ -117,8 +118,9 @@ struct st_comm_config {
 	size_t scratch_bytes;
 	/* Seconds one collective (or host-side exchange) may wait for its
 	 * peers before the backend ends the whole job, naming this rank (the
-	 * mpi backend's watchdog: MPI_Abort). 0: $ST_COMM_TIMEOUT, else 300.
-	 * Negative: no watchdog. Unused at world 1. */
+	 * mpi backend's watchdog: MPI_Abort). 0: $ST_COMM_TIMEOUT (0 there:
+	 * none), else 300; st_comm_create() resolves it before the backend's
+	 * open sees it. Negative: no watchdog. Unused at world 1. */
 	double timeout_s;
 	/* mpi: move every collective through a pinned host staging buffer
 	 * (device -> host copy, the MPI call on host memory, host -> device,
@@ -170,9 +172,10 @@ struct st_comm_ops {
 			 size_t count_elems, enum st_comm_dtype dt);
 	/* Optional. The local sum: out[i] = fold(in[0*n + i], ...,
 	 * in[(terms-1)*n + i]) with n = count_elems, in device memory, on
-	 * the comm's queue. Absent: a host function on the queue when the
-	 * device is unified (cpu), else the composed collectives fail with
-	 * -ENOTSUP. */
+	 * the comm's queue, for a device the host cannot address (cuda). On
+	 * a unified device (cpu) the core always uses its host function on
+	 * the queue instead; absent elsewhere, the composed collectives fail
+	 * with -ENOTSUP. */
 	int (*reduce_local)(struct st_comm *c, const void *in, void *out,
 			    size_t count_elems, int terms, enum st_comm_dtype dt);
 
@@ -193,6 +196,14 @@ struct st_comm_ops {
 	/* Optional. End every rank of the job now with code (MPI_Abort).
 	 * Absent: exit(code) of this process. */
 	void (*abort)(struct st_comm *c, int code);
+	/* Optional. Wait for everything queued on the comm's queue, watching
+	 * for the backend's errors and its timeout (nccl: polls the stream and
+	 * ncclCommGetAsyncError, aborts the communicator on an error so the
+	 * stream drains). 0 or -errno. Absent: st_queue_sync(). */
+	int (*sync)(struct st_comm *c);
+	/* Optional. A new timeout for the waits of st_comm_config.timeout_s
+	 * (seconds; <= 0: none), from the next wait on. */
+	void (*set_timeout)(struct st_comm *c, double timeout_s);
 	/* Optional. One line naming the library behind the backend and its
 	 * version into buf ("Open MPI v4.1.4, ...", "NCCL 2.28.9"); callable
 	 * without a comm. 0 or -errno. Absent: the backend's name. */
@@ -316,6 +327,12 @@ void st_comm_get_stats(const struct st_comm *c, struct st_comm_stats *s);
 int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes);
 /* Every rank reaches it before any leaves. 0 or -errno. */
 int st_comm_barrier(struct st_comm *c);
+/* Change how long a wait for peers may last before the job ends
+ * (st_comm_config.timeout_s; seconds, <= 0: no limit), from the next wait
+ * on: e.g. raise it around a checkpoint, where ranks legitimately wait in
+ * a barrier for the slowest writer. Returns the timeout it replaces (0:
+ * none, or a backend without one). */
+double st_comm_set_timeout(struct st_comm *c, double timeout_s);
 /* Blocking broadcast of host memory, off the queue: every rank's buf
  * (bytes, the same on every rank) gets root's (the step to resume, a
  * checkpoint's name). Small buffers: it moves world * bytes. 0 or -errno. */
@@ -346,6 +363,13 @@ int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
  * 2: rank 0 has 'steps=400', rank 1 has 'steps=300'". Returns buf. */
 const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char *buf,
 				      size_t bytes);
+
+/* Say that every rank will exit with the same status (a refusal all
+ * ranks make alike, after an agreement): a non-zero exit then finishes
+ * MPI, and mpirun exits with that status, instead of the exit handler
+ * ending the job with MPI_Abort as it does for a rank that fails alone
+ * (docs/comm.md, Faults). st_comm_agree() calls it when ranks differ. */
+void st_comm_exit_together(void);
 
 /* End every rank of the job now with exit code code (mpi: MPI_Abort, so
  * the launcher stops the others), after flushing stdio. For a rank that

@@ -7,6 +7,8 @@
 
 #include "strata/device.h"
 
+#include "comm_internal.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -27,6 +29,7 @@ struct st_comm {
 	struct st_device *dev; /* borrowed */
 	struct st_queue *q;
 	struct st_comm_config cfg;
+	double timeout_s; /* what set_timeout last set; the backend's start value */
 	int rank, world, local_rank;
 	int err; /* sticky */
 	void *priv;
@@ -35,6 +38,8 @@ struct st_comm {
 	uint64_t t0_ns; /* the open collective's start; the queue's thread only */
 	struct st_comm_stamp stamp[ST_COMM_KINDS];
 };
+
+atomic_bool st_comm_exit_alike;
 
 static const struct st_comm_ops *const st_comms[] = {
 	&st_comm_local_ops,
@@ -229,6 +234,24 @@ int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 			return st_error_set(-ENOMEM, "comm: out of memory");
 		}
 	}
+	/* The wait limit, resolved once: the backends see seconds or < 0. */
+	if (c->cfg.timeout_s == 0) {
+		const char *v = getenv("ST_COMM_TIMEOUT");
+		char *end;
+
+		c->cfg.timeout_s = 300;
+		if (v && *v) {
+			double t = strtod(v, &end);
+
+			if (!*end && t == t)
+				c->cfg.timeout_s = t == 0 ? -1 : t;
+			else
+				fprintf(stderr,
+					"strata: ST_COMM_TIMEOUT=%s is not a number of seconds; using 300\n",
+					v);
+		}
+	}
+	c->timeout_s = c->cfg.timeout_s > 0 ? c->cfg.timeout_s : 0;
 	ret = st_queue_create(d, &c->q);
 	if (ret < 0)
 		goto fail;
@@ -251,7 +274,8 @@ void st_comm_destroy(struct st_comm *c)
 {
 	if (!c)
 		return;
-	st_queue_sync(c->dev, c->q);
+	if (!c->ops->sync || c->ops->sync(c) < 0)
+		st_queue_sync(c->dev, c->q);
 	c->ops->close(c);
 	st_queue_destroy(c->dev, c->q);
 	free(c->priv);
@@ -343,7 +367,10 @@ static int st_comm_reduce_local(struct st_comm *c, const void *in, void *out,
 	struct st_comm_sum *s;
 	int ret;
 
-	if (c->ops->reduce_local)
+	/* The host sum wherever the host reads the device's memory, so every
+	 * backend on the cpu device folds with the same code; a backend's
+	 * kernel elsewhere. */
+	if (c->ops->reduce_local && !st_device_unified(c->dev))
 		return c->ops->reduce_local(c, in, out, count_elems, c->world, dt);
 	if (!st_device_unified(c->dev))
 		return st_error_set(-ENOTSUP,
@@ -655,7 +682,7 @@ int st_comm_sync(struct st_comm *c)
 	int ret;
 
 	assert(c);
-	ret = st_queue_sync(c->dev, c->q);
+	ret = c->ops->sync ? c->ops->sync(c) : st_queue_sync(c->dev, c->q);
 	if (!c->err && c->ops->async_error)
 		c->err = c->ops->async_error(c);
 	if (c->err)
@@ -701,6 +728,18 @@ int st_comm_host_allgather(struct st_comm *c, const void *send, void *recv, size
 		return st_error_set(-ENOTSUP, "comm '%s': no host-side exchange at world %d",
 				    c->ops->name, c->world);
 	return c->ops->host_allgather(c, send, recv, bytes);
+}
+
+double st_comm_set_timeout(struct st_comm *c, double timeout_s)
+{
+	double old = c->timeout_s;
+
+	assert(c);
+	if (!c->ops->set_timeout)
+		return 0;
+	c->ops->set_timeout(c, timeout_s);
+	c->timeout_s = timeout_s > 0 ? timeout_s : 0;
+	return old;
 }
 
 int st_comm_barrier(struct st_comm *c)
@@ -818,6 +857,7 @@ int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
 		out->rank0_text[ST_COMM_AGREE_TEXT - 1] = 0;
 		out->rank_text[ST_COMM_AGREE_TEXT - 1] = 0;
 	}
+	st_comm_exit_together();
 	ret = 1;
 out:
 	free(ns);
@@ -833,6 +873,11 @@ const char *st_comm_disagreement_line(const struct st_comm_disagreement *d, char
 	snprintf(buf, bytes, "ranks disagree at line %d: rank 0 has '%s', rank %d has '%s'",
 		 d->line, d->rank0_text, d->rank, d->rank_text);
 	return buf;
+}
+
+void st_comm_exit_together(void)
+{
+	atomic_store(&st_comm_exit_alike, true);
 }
 
 _Noreturn void st_comm_abort(struct st_comm *c, int code)

@@ -24,7 +24,11 @@
 
 #include "strata/device.h"
 
+#include "comm_internal.h"
 #include "mpi_world.h"
+#ifdef ST_COMM_CUDA_FOLD
+#include "nccl_cuda.h"
+#endif
 
 #include <assert.h>
 #include <errno.h>
@@ -41,17 +45,28 @@ static pthread_mutex_t st_mpi_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool st_mpi_started; /* by st_mpi_start (by us or by the program) */
 static atomic_bool st_mpi_bad; /* a comm failed: abort at exit */
 
-static void st_mpi_atexit(void)
+/* At exit (on_exit: it sees the status). A clean exit, or one every rank
+ * makes alike (a disagreement st_comm_agree found), finishes MPI. Any
+ * other non-zero exit, or one after a comm error, aborts the whole job
+ * at once: MPI_Finalize would wait for peers that wait in a collective
+ * for this rank, until their watchdog fired (measured: the whole
+ * timeout). */
+static void st_mpi_on_exit(int status, void *arg)
 {
-	int fin = 0;
+	int fin = 0, rank = -1, world = 0;
 
+	ST_UNUSED(arg);
 	MPI_Finalized(&fin);
 	if (fin)
 		return;
-	if (atomic_load(&st_mpi_bad)) {
-		fflush(stdout);
-		fflush(stderr);
-		MPI_Abort(MPI_COMM_WORLD, 1);
+	MPI_Comm_size(MPI_COMM_WORLD, &world);
+	if (world > 1 && (atomic_load(&st_mpi_bad) ||
+			  (status != 0 && !atomic_load(&st_comm_exit_alike)))) {
+		MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+		fprintf(stderr,
+			"strata: rank %d of %d exits with status %d while its peers may wait for it: ending the job\n",
+			rank, world, status);
+		st_mpi_abort(status ? status : 1);
 	}
 	MPI_Finalize();
 }
@@ -109,7 +124,7 @@ int st_mpi_start(void)
 			ret = st_mpi_err(rc, "MPI_Init_thread");
 			goto out;
 		}
-		atexit(st_mpi_atexit);
+		on_exit(st_mpi_on_exit, NULL);
 	} else {
 		MPI_Query_thread(&level);
 	}
@@ -152,32 +167,19 @@ int st_mpi_node_rank(MPI_Comm comm, int *out)
 
 double st_mpi_timeout(double cfg_timeout_s)
 {
-	const char *v;
-	char *end;
-	double t;
-
-	if (cfg_timeout_s != 0)
-		return cfg_timeout_s;
-	v = getenv("ST_COMM_TIMEOUT");
-	if (v && *v) {
-		t = strtod(v, &end);
-		if (!*end)
-			return t;
-		fprintf(stderr, "strata: ST_COMM_TIMEOUT=%s is not a number of seconds; using 300\n",
-			v);
-	}
-	return 300.0;
+	/* st_comm_create() resolved 0 ($ST_COMM_TIMEOUT, 300) already. */
+	return cfg_timeout_s != 0 ? cfg_timeout_s : 300.0;
 }
 
 static void *st_mpi_watch_main(void *arg)
 {
 	struct st_mpi_watch *w = arg;
-	uint64_t limit_ns = (uint64_t)(w->timeout_s * 1e9);
-	/* Look four times a timeout, at most every second. */
-	uint64_t tick_ns = ST_MIN(limit_ns / 4 + 1, 1000000000ull);
 
 	pthread_mutex_lock(&w->lock);
 	while (!w->stop) {
+		uint64_t limit_ns = atomic_load(&w->limit_ns);
+		/* Look four times a timeout, at most every second. */
+		uint64_t tick_ns = limit_ns ? ST_MIN(limit_ns / 4 + 1, 1000000000ull) : 1000000000ull;
 		struct timespec ts;
 		uint64_t now, at;
 
@@ -188,6 +190,9 @@ static void *st_mpi_watch_main(void *arg)
 		pthread_cond_timedwait(&w->cond, &w->lock, &ts);
 		if (w->stop)
 			break;
+		limit_ns = atomic_load(&w->limit_ns);
+		if (!limit_ns)
+			continue;
 		now = st_now_ns();
 		for (int s = 0; s < ST_MPI_WATCH_SLOTS; s++) {
 			uint64_t since = atomic_load(&w->since_ns[s]);
@@ -196,13 +201,23 @@ static void *st_mpi_watch_main(void *arg)
 				fprintf(stderr,
 					"strata: rank %d of %d: %s has waited %.1f s for its peers (timeout %g s, ST_COMM_TIMEOUT); a rank is stuck or gone: ending the job\n",
 					w->rank, w->world, atomic_load(&w->what[s]),
-					(double)(now - since) / 1e9, w->timeout_s);
+					(double)(now - since) / 1e9, (double)limit_ns / 1e9);
 				st_mpi_abort(1);
 			}
 		}
 	}
 	pthread_mutex_unlock(&w->lock);
 	return NULL;
+}
+
+void st_mpi_watch_set(struct st_mpi_watch *w, double timeout_s)
+{
+	atomic_store(&w->limit_ns, timeout_s > 0 ? (uint64_t)(timeout_s * 1e9) : 0);
+}
+
+double st_mpi_watch_get(const struct st_mpi_watch *w)
+{
+	return (double)atomic_load(&w->limit_ns) / 1e9;
 }
 
 int st_mpi_watch_start(struct st_mpi_watch *w, const char *backend, int rank, int world,
@@ -214,8 +229,8 @@ int st_mpi_watch_start(struct st_mpi_watch *w, const char *backend, int rank, in
 	w->backend = backend;
 	w->rank = rank;
 	w->world = world;
-	w->timeout_s = timeout_s;
-	if (timeout_s <= 0 || world == 1)
+	st_mpi_watch_set(w, timeout_s);
+	if (world == 1)
 		return 0;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
@@ -387,10 +402,21 @@ static int mpi_queue_staged(struct st_comm *c, enum st_comm_kind kind, const voi
 static int mpi_queue(struct st_comm *c, enum st_comm_kind kind, const void *send, void *recv,
 		     size_t count, enum st_comm_dtype dt, int root)
 {
+	struct mpi_priv *p = st_comm_priv(c);
 	struct mpi_op *op;
 	int ret;
 
-	if (((struct mpi_priv *)st_comm_priv(c))->stage)
+	/* After a failed call the ranks' collectives no longer pair up: every
+	 * later one fails too (the first error was handed back once). */
+	if (atomic_load(&p->failed)) {
+		char msg[sizeof(p->msg)];
+
+		pthread_mutex_lock(&p->lock);
+		memcpy(msg, p->msg, sizeof(msg));
+		pthread_mutex_unlock(&p->lock);
+		return st_error_set(-EIO, "%s (earlier: this comm is unusable)", msg);
+	}
+	if (p->stage)
 		return mpi_queue_staged(c, kind, send, recv, count, dt, root);
 	if (count > INT_MAX)
 		return st_error_set(-EOVERFLOW,
@@ -621,6 +647,28 @@ static int mpi_broadcast(struct st_comm *c, const void *send, void *recv, size_t
 			 root);
 }
 
+/* The local sum on a device the host cannot address (the core calls it
+ * only there): the fold kernel on the comm's stream for cuda. */
+static int mpi_reduce_local(struct st_comm *c, const void *in, void *out, size_t count_elems,
+			    int terms, enum st_comm_dtype dt)
+{
+	struct st_device *d = st_comm_device(c);
+
+#ifdef ST_COMM_CUDA_FOLD
+	if (strcmp(st_device_name(d), "cuda") == 0)
+		return st_comm_cuda_fold(in, out, count_elems, terms, st_comm_dtype_bytes(dt),
+					 st_cuda_queue_stream(st_comm_queue(c)));
+#else
+	ST_UNUSED(in);
+	ST_UNUSED(out);
+	ST_UNUSED(count_elems);
+	ST_UNUSED(terms);
+	ST_UNUSED(dt);
+#endif
+	return st_error_set(-ENOTSUP, "comm mpi: no local sum for device '%s'",
+			    st_device_name(d));
+}
+
 static int mpi_async_error(struct st_comm *c)
 {
 	struct mpi_priv *p = st_comm_priv(c);
@@ -649,6 +697,11 @@ static int mpi_local_rank(struct st_comm *c)
 	return ((struct mpi_priv *)st_comm_priv(c))->local_rank;
 }
 
+static void mpi_set_timeout(struct st_comm *c, double timeout_s)
+{
+	st_mpi_watch_set(&((struct mpi_priv *)st_comm_priv(c))->watch, timeout_s);
+}
+
 static void mpi_abort(struct st_comm *c, int code)
 {
 	ST_UNUSED(c);
@@ -665,10 +718,13 @@ const struct st_comm_ops st_comm_mpi_ops = {
 	.allgather = mpi_allgather,
 	.broadcast = mpi_broadcast,
 	/* reduce_scatter, allreduce: absent, the core composes them in rank
-	 * order; reduce_local: absent, the core's host sum (cpu device). */
+	 * order; the local sum is the core's host sum on the cpu device, the
+	 * fold kernel on cuda. */
+	.reduce_local = mpi_reduce_local,
 	.async_error = mpi_async_error,
 	.host_allgather = mpi_host_allgather,
 	.local_rank = mpi_local_rank,
 	.abort = mpi_abort,
+	.set_timeout = mpi_set_timeout,
 	.library = st_mpi_library,
 };

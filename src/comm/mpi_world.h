@@ -5,9 +5,10 @@
  * MPI is started once per process (MPI_Init_thread, MPI_THREAD_MULTIPLE:
  * a comm's collectives run on its queue's thread while the host thread may
  * exchange on another communicator and a watchdog may abort), and finished
- * at exit (atexit: MPI_Finalize, or MPI_Abort when a comm met an error, so
- * a rank that leaves after a failure does not wait in MPI_Finalize for
- * peers stuck in a collective). A comm holds communicators of its own
+ * at exit (on_exit: MPI_Finalize after status 0 or a disagreement every
+ * rank exits on; MPI_Abort after any other failure or a comm error, so a
+ * rank that leaves alone does not wait in MPI_Finalize for peers stuck in
+ * a collective). A comm holds communicators of its own
  * (MPI_Comm_dup of MPI_COMM_WORLD), so two comms never mix messages. */
 #ifndef STRATA_COMM_MPI_WORLD_H
 #define STRATA_COMM_MPI_WORLD_H
@@ -41,7 +42,7 @@ enum { ST_MPI_WATCH_QUEUE, ST_MPI_WATCH_HOST, ST_MPI_WATCH_SLOTS };
 
 struct st_mpi_watch {
 	int rank, world;
-	double timeout_s; /* <= 0: off */
+	_Atomic uint64_t limit_ns; /* 0: off (st_mpi_watch_set) */
 	const char *backend;
 	_Atomic uint64_t since_ns[ST_MPI_WATCH_SLOTS]; /* 0: not waiting */
 	const char *_Atomic what[ST_MPI_WATCH_SLOTS];
@@ -51,11 +52,17 @@ struct st_mpi_watch {
 	bool running, stop;
 };
 
-/* timeout_s as st_comm_config says: 0 reads $ST_COMM_TIMEOUT (default
- * 300), negative turns the watchdog off. */
+/* timeout_s as st_comm_config says (st_comm_create resolved 0 already;
+ * negative: off). */
 double st_mpi_timeout(double cfg_timeout_s);
+/* The thread runs at world > 1 even with the timeout off, so
+ * st_mpi_watch_set() can turn it on later. */
 int st_mpi_watch_start(struct st_mpi_watch *w, const char *backend, int rank, int world,
 		       double timeout_s);
+/* A new timeout (seconds; <= 0: off), from the next wait on. */
+void st_mpi_watch_set(struct st_mpi_watch *w, double timeout_s);
+/* The timeout now, in seconds (0: off). */
+double st_mpi_watch_get(const struct st_mpi_watch *w);
 void st_mpi_watch_stop(struct st_mpi_watch *w);
 void st_mpi_watch_enter(struct st_mpi_watch *w, int slot, const char *what);
 void st_mpi_watch_leave(struct st_mpi_watch *w, int slot);

@@ -30,15 +30,73 @@
 #include "nccl_cuda.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef ST_HAVE_MPI
 #include "mpi_world.h"
 #endif
+
+/* libnccl is loaded on first use (nccl_load()), not linked, as cuBLASLt
+ * is (src/backend/cuda/ops.cu): it is 200 MB, every strata program would
+ * map it and every bundle of a build's libraries (tools/gpu-check) would
+ * carry it, while only a cuda run with this backend needs it. */
+#define NCCL_FUNCS(X)                                                                   \
+	X(GetVersion) X(GetUniqueId) X(CommInitRank) X(CommDestroy) X(CommAbort)         \
+	X(CommGetAsyncError) X(GetErrorString) X(GetLastError) X(GroupStart) X(GroupEnd) \
+	X(Send) X(Recv) X(AllGather) X(Broadcast)
+
+static struct { /* nc.Send is ncclSend */
+#define NCCL_MEMBER(f) __typeof__(&nccl##f) f;
+	NCCL_FUNCS(NCCL_MEMBER)
+#undef NCCL_MEMBER
+} nc;
+static pthread_once_t nc_once = PTHREAD_ONCE_INIT;
+static int nc_err;
+static char nc_error[512];
+
+#define NCCL_SONAME "libnccl.so." ST_STR(NCCL_MAJOR)
+#define ST_STR(x) ST_STR_(x)
+#define ST_STR_(x) #x
+
+static void nccl_load_once(void)
+{
+	/* The loader's paths first (LD_LIBRARY_PATH, ldconfig), then the
+	 * toolkit's this build found it in. */
+	static const char *const names[] = { NCCL_SONAME, ST_NCCL_DIR "/" NCCL_SONAME };
+	void *h = NULL;
+
+	for (size_t i = 0; i < ST_ARRAY_LEN(names) && !h; i++)
+		h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		nc_err = -ENOENT;
+		snprintf(nc_error, sizeof(nc_error), "nccl: cannot load %s: %s", NCCL_SONAME,
+			 dlerror());
+		return;
+	}
+#define NCCL_LOAD(f)                                                                  \
+	if (!nc_err && !(nc.f = (__typeof__(nc.f))dlsym(h, "nccl" #f))) {             \
+		nc_err = -ENOENT;                                                      \
+		snprintf(nc_error, sizeof(nc_error), "nccl: %s has no nccl%s", NCCL_SONAME, #f); \
+	}
+	NCCL_FUNCS(NCCL_LOAD)
+#undef NCCL_LOAD
+}
+
+/* 0 once every function of libnccl is there, else -ENOENT (detail set). */
+static int nccl_load(void)
+{
+	pthread_once(&nc_once, nccl_load_once);
+	if (nc_err)
+		return st_error_set(nc_err, "%s", nc_error);
+	return 0;
+}
 
 struct nccl_priv {
 	ncclComm_t comm;
@@ -50,14 +108,18 @@ struct nccl_priv {
 	struct st_mpi_watch watch;
 #endif
 	bool async_reported;
+	bool aborted;     /* ncclCommAbort was called: no destroy */
+	double timeout_s; /* sync's watchdog; <= 0 (and at world 1): none */
 };
+
+static void nccl_abort(struct st_comm *c, int code);
 
 static int nccl_err(ncclResult_t r, const char *what)
 {
-	const char *last = ncclGetLastError(NULL);
+	const char *last = nc.GetLastError(NULL);
 
 	return st_error_set(r == ncclInvalidArgument || r == ncclInvalidUsage ? -EINVAL : -EIO,
-			    "nccl: %s: %s%s%s", what, ncclGetErrorString(r),
+			    "nccl: %s: %s%s%s", what, nc.GetErrorString(r),
 			    last && *last ? ": " : "", last ? last : "");
 }
 
@@ -84,7 +146,11 @@ static int nccl_library(char *buf, size_t bytes)
 {
 	int v = 0;
 
-	NCCL_CHECK(ncclGetVersion(&v), "ncclGetVersion");
+	if (nccl_load() < 0) {
+		snprintf(buf, bytes, "not loadable (%s)", nc_error);
+		return 0;
+	}
+	NCCL_CHECK(nc.GetVersion(&v), "ncclGetVersion");
 	/* NCCL_VERSION(X, Y, Z) = X * 10000 + Y * 100 + Z since 2.9. */
 	snprintf(buf, bytes, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
 	return 0;
@@ -116,12 +182,12 @@ static int nccl_world(struct nccl_priv *p, const struct st_comm_config *cfg, ncc
 		ret = st_mpi_node_rank(p->ctl, &p->local_rank);
 		if (ret < 0)
 			return ret;
-		ret = st_mpi_watch_start(&p->watch, "comm nccl", p->rank, p->world,
-					 st_mpi_timeout(cfg->timeout_s));
+		p->timeout_s = st_mpi_timeout(cfg->timeout_s);
+		ret = st_mpi_watch_start(&p->watch, "comm nccl", p->rank, p->world, p->timeout_s);
 		if (ret < 0)
 			return ret;
 		if (p->rank == 0)
-			NCCL_CHECK(ncclGetUniqueId(id), "ncclGetUniqueId");
+			NCCL_CHECK(nc.GetUniqueId(id), "ncclGetUniqueId");
 		st_mpi_watch_enter(&p->watch, ST_MPI_WATCH_HOST, "MPI_Bcast (ncclUniqueId)");
 		rc = MPI_Bcast(id, (int)sizeof(*id), MPI_BYTE, 0, p->ctl);
 		st_mpi_watch_leave(&p->watch, ST_MPI_WATCH_HOST);
@@ -136,7 +202,7 @@ static int nccl_world(struct nccl_priv *p, const struct st_comm_config *cfg, ncc
 				    "comm nccl: launched by %s as rank %d of %d, but this strata was built without MPI, which starts nccl's world",
 				    l.launcher, l.rank, l.world);
 #endif
-	NCCL_CHECK(ncclGetUniqueId(id), "ncclGetUniqueId");
+	NCCL_CHECK(nc.GetUniqueId(id), "ncclGetUniqueId");
 	return 0;
 }
 
@@ -165,6 +231,9 @@ static int nccl_open(struct st_comm *c, const struct st_comm_config *cfg, int *r
 	if (strcmp(st_device_name(d), "cuda") != 0)
 		return st_error_set(-ENOTSUP, "comm nccl: device '%s' is not cuda; use mpi",
 				    st_device_name(d));
+	ret = nccl_load();
+	if (ret < 0)
+		return ret;
 	p->stream = st_cuda_queue_stream(st_comm_queue(c));
 	e = cudaSetDevice(st_device_ordinal(d));
 	if (e != cudaSuccess)
@@ -175,7 +244,7 @@ static int nccl_open(struct st_comm *c, const struct st_comm_config *cfg, int *r
 		nccl_world_close(p);
 		return ret;
 	}
-	r = ncclCommInitRank(&p->comm, p->world, id, p->rank);
+	r = nc.CommInitRank(&p->comm, p->world, id, p->rank);
 	if (r != ncclSuccess) {
 		ret = nccl_err(r, "ncclCommInitRank");
 		nccl_world_close(p);
@@ -190,7 +259,8 @@ static void nccl_close(struct st_comm *c)
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
-	ncclCommDestroy(p->comm);
+	if (!p->aborted)
+		nc.CommDestroy(p->comm);
 	nccl_world_close(p);
 }
 
@@ -205,20 +275,20 @@ static int nccl_alltoall(struct st_comm *c, const void *send, void *recv, size_t
 		return st_error_set(-ENOTSUP,
 				    "comm nccl: all-to-all in place at world %d (send and recv must differ)",
 				    p->world);
-	NCCL_CHECK(ncclGroupStart(), "ncclGroupStart");
+	NCCL_CHECK(nc.GroupStart(), "ncclGroupStart");
 	for (int q = 0; q < p->world; q++) {
-		ncclResult_t r = ncclSend((const char *)send + (size_t)q * slice_bytes, slice_elems,
+		ncclResult_t r = nc.Send((const char *)send + (size_t)q * slice_bytes, slice_elems,
 					  t, q, p->comm, p->stream);
 
 		if (r == ncclSuccess)
-			r = ncclRecv((char *)recv + (size_t)q * slice_bytes, slice_elems, t, q,
+			r = nc.Recv((char *)recv + (size_t)q * slice_bytes, slice_elems, t, q,
 				     p->comm, p->stream);
 		if (r != ncclSuccess) {
-			ncclGroupEnd();
+			nc.GroupEnd();
 			return nccl_err(r, "ncclSend/ncclRecv");
 		}
 	}
-	NCCL_CHECK(ncclGroupEnd(), "ncclGroupEnd (all-to-all)");
+	NCCL_CHECK(nc.GroupEnd(), "ncclGroupEnd (all-to-all)");
 	return 0;
 }
 
@@ -227,7 +297,7 @@ static int nccl_allgather(struct st_comm *c, const void *send, void *recv, size_
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
-	NCCL_CHECK(ncclAllGather(send, recv, slice_elems, nccl_type(dt), p->comm, p->stream),
+	NCCL_CHECK(nc.AllGather(send, recv, slice_elems, nccl_type(dt), p->comm, p->stream),
 		   "ncclAllGather");
 	return 0;
 }
@@ -237,7 +307,7 @@ static int nccl_broadcast(struct st_comm *c, const void *send, void *recv, size_
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
-	NCCL_CHECK(ncclBroadcast(send, recv, count_elems, nccl_type(dt), root, p->comm, p->stream),
+	NCCL_CHECK(nc.Broadcast(send, recv, count_elems, nccl_type(dt), root, p->comm, p->stream),
 		   "ncclBroadcast");
 	return 0;
 }
@@ -255,9 +325,9 @@ static int nccl_async_error(struct st_comm *c)
 	struct nccl_priv *p = st_comm_priv(c);
 	ncclResult_t r = ncclSuccess;
 
-	if (p->async_reported)
+	if (p->async_reported || p->aborted)
 		return 0;
-	if (ncclCommGetAsyncError(p->comm, &r) != ncclSuccess || r == ncclSuccess ||
+	if (nc.CommGetAsyncError(p->comm, &r) != ncclSuccess || r == ncclSuccess ||
 	    r == ncclInProgress)
 		return 0;
 	p->async_reported = true;
@@ -265,6 +335,50 @@ static int nccl_async_error(struct st_comm *c)
 	st_mpi_failed();
 #endif
 	return nccl_err(r, "a collective (ncclCommGetAsyncError)");
+}
+
+/* Wait for the comm's stream by polling it, so a collective that never
+ * ends (a peer stuck or gone without mpirun seeing it) or fails inside
+ * NCCL is seen: an asynchronous error aborts the communicator (its kernels
+ * end, the stream drains) and returns -EIO; past the timeout the job ends,
+ * naming this rank, as the mpi backend's watchdog does. */
+static int nccl_sync(struct st_comm *c)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+	uint64_t t0 = st_now_ns();
+	unsigned nap_us = 1;
+
+	for (;;) {
+		cudaError_t e = cudaStreamQuery(p->stream);
+		ncclResult_t r = ncclSuccess;
+
+		if (e == cudaSuccess)
+			return 0;
+		if (e != cudaErrorNotReady)
+			return st_error_set(-EIO, "comm nccl: the comm's stream: %s",
+					    cudaGetErrorString(e));
+		if (!p->aborted && nc.CommGetAsyncError(p->comm, &r) == ncclSuccess &&
+		    r != ncclSuccess && r != ncclInProgress) {
+			int ret = nccl_err(r, "a collective (ncclCommGetAsyncError)");
+
+			nc.CommAbort(p->comm);
+			p->aborted = true;
+			p->async_reported = true;
+#ifdef ST_HAVE_MPI
+			st_mpi_failed();
+#endif
+			return ret;
+		}
+		if (p->world > 1 && p->timeout_s > 0 &&
+		    (double)(st_now_ns() - t0) > p->timeout_s * 1e9) {
+			fprintf(stderr,
+				"strata: rank %d of %d: nccl collectives have waited %.1f s for their peers (timeout %g s, ST_COMM_TIMEOUT); a rank is stuck or gone: ending the job\n",
+				p->rank, p->world, (double)(st_now_ns() - t0) / 1e9, p->timeout_s);
+			nccl_abort(c, 1);
+		}
+		usleep(nap_us);
+		nap_us = nap_us < 1000 ? nap_us * 2 : 1000;
+	}
 }
 
 static int nccl_host_allgather(struct st_comm *c, const void *send, void *recv, size_t bytes)
@@ -288,11 +402,24 @@ static int nccl_local_rank(struct st_comm *c)
 	return ((struct nccl_priv *)st_comm_priv(c))->local_rank;
 }
 
+static void nccl_set_timeout(struct st_comm *c, double timeout_s)
+{
+	struct nccl_priv *p = st_comm_priv(c);
+
+	p->timeout_s = timeout_s;
+#ifdef ST_HAVE_MPI
+	if (p->mpi)
+		st_mpi_watch_set(&p->watch, timeout_s);
+#endif
+}
+
 static void nccl_abort(struct st_comm *c, int code)
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
-	ncclCommAbort(p->comm);
+	if (!p->aborted)
+		nc.CommAbort(p->comm);
+	p->aborted = true;
 #ifdef ST_HAVE_MPI
 	if (p->mpi)
 		st_mpi_abort(code);
@@ -316,5 +443,7 @@ const struct st_comm_ops st_comm_nccl_ops = {
 	.host_allgather = nccl_host_allgather,
 	.local_rank = nccl_local_rank,
 	.abort = nccl_abort,
+	.sync = nccl_sync,
+	.set_timeout = nccl_set_timeout,
 	.library = nccl_library,
 };

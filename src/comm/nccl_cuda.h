@@ -1,5 +1,5 @@
-/* strata: what the nccl backend (nccl.c, C) takes from the cuda side. Only
- * for src/comm/. */
+/* strata: what the nccl backend (nccl.c, C), and the mpi backend on the
+ * cuda device, take from the cuda side. Only for src/comm/. */
 #ifndef STRATA_COMM_NCCL_CUDA_H
 #define STRATA_COMM_NCCL_CUDA_H
 

@@ -232,6 +232,7 @@ static void test_local_host(void **state)
 	int x = 42, y = 0;
 
 	assert_int_equal(st_comm_local_rank(c->comm), 0);
+	assert_true(st_comm_set_timeout(c->comm, 5) == 0); /* world 1: no limit to set */
 	assert_int_equal(st_comm_host_allgather(c->comm, &x, &y, sizeof(x)), 0);
 	assert_int_equal(y, 42);
 	assert_int_equal(st_comm_barrier(c->comm), 0);

@@ -19,6 +19,12 @@
  *                         one line naming it, and exit 2.
  *   test_comm_mpi kill    allreduces in a loop; rank world-1 SIGKILLs itself
  *                         at the 5th: mpirun must end the job, naming it.
+ *   test_comm_mpi truncate  rank 0 gathers a count the others do not
+ *                         send: MPI's error on the queue thread comes back
+ *                         from st_comm_sync (-EIO, naming the call), later
+ *                         calls fail, and the rank's exit ends the job.
+ *   test_comm_mpi exit    rank world-1 returns 1 from main mid-run: its exit
+ *                         handler ends the job at once.
  *   test_comm_mpi stuck   rank world-1 stops taking part (sleeps) while the
  *                         others wait in an allreduce: their watchdog
  *                         (ST_COMM_TIMEOUT) must end the job, naming them.
@@ -525,12 +531,75 @@ static int run_kill(void)
 	return 0;
 }
 
-static int run_stuck(void)
+/* Rank world-1 fails alone and returns 1 from main, as a CLI would after
+ * an I/O error, while the others wait in an allreduce: exit runs
+ * MPI_Finalize on it (not MPI_Abort: no comm error). */
+static int run_exit(void)
 {
 	struct world w;
 	float *a;
 
 	open_world(&w, 0); /* $ST_COMM_TIMEOUT */
+	a = take(&w, 1024 * sizeof(float));
+	for (int it = 0; it < 1000; it++) {
+		if (it == 3 && w.rank == w.n - 1) {
+			fprintf(stderr, "test_comm_mpi: rank %d fails alone and exits 1 at step %d\n",
+				w.rank, it);
+			exit(1);
+		}
+		CHECK(st_comm_allreduce(w.comm, a, a, 1024, ST_COMM_F32) == 0, "allreduce");
+		CHECK(st_comm_sync(w.comm) == 0, "sync");
+	}
+	close_world(&w);
+	return 0;
+}
+
+/* The ranks disagree on a count (a bug in a caller): rank 0 gathers
+ * slices one element longer than the others send. MPI reports the
+ * truncation on the queue's thread (MPI_ERRORS_RETURN); the error must come
+ * back from st_comm_sync as -EIO naming the call, stick, and the rank's
+ * exit must end the job rather than leave it waiting. */
+static int run_truncate(void)
+{
+	struct world w;
+	float *a;
+	size_t n = 256;
+	int ret;
+
+	open_world(&w, 0);
+	a = take(&w, (size_t)w.n * (n + 1) * sizeof(float));
+	memset(a, 0, (size_t)w.n * (n + 1) * sizeof(float));
+	ret = st_comm_allgather(w.comm, a + 2 * n * (size_t)w.n, a, w.rank == 0 ? n : n + 1,
+				ST_COMM_F32);
+	if (ret == 0)
+		ret = st_comm_sync(w.comm);
+	fprintf(stderr, "test_comm_mpi: rank %d: allgather of mismatched counts: %d (%s)\n",
+		w.rank, ret, ret ? st_error_last() : "no error");
+	if (ret == 0)
+		return 0;
+	CHECK(ret == -EIO && strstr(st_error_last(), "MPI_Allgather"), "the error names the call");
+	/* Handed back once, but the comm stays broken: every later call fails. */
+	CHECK(st_comm_allgather(w.comm, a, a + n, 1, ST_COMM_F32) == -EIO &&
+		      strstr(st_error_last(), "unusable"),
+	      "a call after the error");
+	CHECK(st_comm_sync(w.comm) == -EIO, "and it sticks");
+	fprintf(stderr, "test_comm_mpi: rank %d: later calls fail: %s\n", w.rank, st_error_last());
+	return 1; /* alone or not, the exit handler ends the job */
+}
+
+static int run_stuck(void)
+{
+	struct world w;
+	float *a;
+
+	double was;
+
+	/* Open with no limit, then take $ST_COMM_TIMEOUT through
+	 * st_comm_set_timeout (so a limit set while running is what fires). */
+	open_world(&w, -1);
+	was = st_comm_set_timeout(w.comm, atof(getenv("ST_COMM_TIMEOUT") ? getenv("ST_COMM_TIMEOUT")
+									    : "300"));
+	CHECK(was == 0, "the timeout was %g, opened with none", was);
 	a = take(&w, 1024 * sizeof(float));
 	for (int it = 0; it < 1000; it++) {
 		if (it == 3 && w.rank == w.n - 1) {
@@ -552,7 +621,7 @@ int main(int argc, char **argv)
 	struct world w;
 
 	if (strcmp(mode, "--help") == 0) {
-		printf("usage: tests/mpi-run N test_comm_mpi [all|--stage|mismatch|kill|stuck]\n"
+		printf("usage: tests/mpi-run N test_comm_mpi [all|--stage|mismatch|kill|exit|truncate|stuck]\n"
 		       "  the mpi comm backend across N ranks (see the top of test_comm_mpi.c)\n");
 		return 0;
 	}
@@ -562,16 +631,22 @@ int main(int argc, char **argv)
 		return run_kill();
 	if (strcmp(mode, "stuck") == 0)
 		return run_stuck();
+	if (strcmp(mode, "exit") == 0)
+		return run_exit();
+	if (strcmp(mode, "truncate") == 0)
+		return run_truncate();
 	if (strcmp(mode, "--stage") == 0) {
 		g_stage = true;
 		mode = "all";
 	}
 	if (strcmp(mode, "all") != 0) {
-		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, --stage, mismatch, kill, stuck)\n",
+		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, --stage, mismatch, kill, exit, truncate, stuck)\n",
 			mode);
 		return 2;
 	}
 	open_world(&w, 60);
+	CHECK(st_comm_set_timeout(w.comm, 90) == 60 && st_comm_set_timeout(w.comm, 60) == 90,
+	      "set_timeout hands back the limit it replaces");
 	test_discovery(&w);
 	test_collectives(&w);
 	if (g_stage)

@@ -197,6 +197,12 @@ int main(int argc, char **argv)
 	ret = st_test_cuda_probe(&cuda);
 	if (ret)
 		return ret;
+	/* libnccl is loaded on first use: a GPU machine without it skips. */
+	st_comm_library(st_comm_find("nccl"), lib, sizeof(lib));
+	if (strncmp(lib, "not loadable", 12) == 0) {
+		printf("test_comm_nccl: libnccl %s: skipped\n", lib);
+		return 77;
+	}
 	st_comm_launch(&l);
 	/* NCCL takes one GPU a rank; every rank sees the same count. */
 	if (l.world > 1 && cudaGetDeviceCount(&gpus) == cudaSuccess && gpus < l.world) {
