@@ -215,7 +215,7 @@ out:
 
 struct st_ckpt_reader {
 	struct st_safetensors *sf;
-	int fd;
+	int fd;            /* sf's: not ours to close */
 	uint64_t data_off; /* 8 + header length */
 	char *path;
 };
@@ -223,8 +223,6 @@ struct st_ckpt_reader {
 int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path)
 {
 	struct st_ckpt_reader *r;
-	uint8_t len8[8];
-	uint64_t hdr_bytes = 0;
 	int err;
 
 	*out = NULL;
@@ -235,41 +233,21 @@ int st_ckpt_reader_open(struct st_ckpt_reader **out, const char *path)
 	}
 	r->fd = -1;
 	err = st_safetensors_open(&r->sf, path);
-	if (err)
-		goto fail;
-	/* A second descriptor: the handle does not say where its data
-	 * starts. The header was validated through the first. */
-	r->fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (r->fd < 0) {
-		err = -errno;
-		st_error_set(err, "%s: %s", path, strerror(-err));
-		goto fail;
+	if (err) {
+		st_ckpt_reader_close(r);
+		return err;
 	}
-	err = st_file_pread_full(r->fd, len8, 8, 0, path);
-	if (err)
-		goto fail;
-	for (int i = 0; i < 8; i++)
-		hdr_bytes |= (uint64_t)len8[i] << (8 * i);
-	if (hdr_bytes > ST_SF_MAX_HEADER_BYTES) {
-		err = st_error_set(-EINVAL, "%s: changed while being opened",
-				   path);
-		goto fail;
-	}
-	r->data_off = 8 + hdr_bytes;
+	/* the handle's descriptor: the header it validated is the one read */
+	r->fd = st_sf_file_fd(r->sf, &r->data_off);
 	*out = r;
 	return 0;
-fail:
-	st_ckpt_reader_close(r);
-	return err;
 }
 
 void st_ckpt_reader_close(struct st_ckpt_reader *r)
 {
 	if (!r)
 		return;
-	st_safetensors_close(r->sf);
-	if (r->fd >= 0)
-		close(r->fd);
+	st_safetensors_close(r->sf); /* and r->fd, its descriptor */
 	free(r->path);
 	free(r);
 }

@@ -453,6 +453,12 @@ static uint64_t st_le64(const uint8_t *p)
 	return v;
 }
 
+int st_sf_file_fd(const struct st_safetensors *sf, uint64_t *data_off)
+{
+	*data_off = sf->data_off;
+	return sf->fd;
+}
+
 /* Checks the 8-byte length against the file; sets data_off, data_bytes. */
 static int st_sf_check_length(struct st_safetensors *sf, const uint8_t *len8)
 {

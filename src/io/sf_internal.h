@@ -58,6 +58,12 @@ int st_ckpt_write_with_header(const char *path, const uint8_t *hdr, size_t hdr_b
 #define ST_SF_SHOW_LEN (ST_SF_NAME_SHOWN * 4 + 4)
 const char *st_sf_show(const char *s, char *buf);
 
+/* An open file's descriptor (-1 for one opened from memory) and where its
+ * data region starts, for readers by byte range (st_ckpt_reader): one
+ * descriptor per file, the handle's, so a set of many shards stays far
+ * below the process's descriptor limit. Borrowed until close. */
+int st_sf_file_fd(const struct st_safetensors *sf, uint64_t *data_off);
+
 /* shape as "[4,8]" in buf (ST_SF_SHAPE_STR_LEN bytes hold any shape of
  * 0..ST_SF_MAX_DIMS dimensions; a shorter buf gets a cut string). Returns
  * buf. */

@@ -563,21 +563,32 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 	if (ret < 0)
 		return ret;
 	if (w->r) {
+		const unsigned char *half;
+
 		info = sf_find(w, name, &rd);
 		if (info->dtype == ST_SF_F32) {
 			ret = st_ckpt_reader_pread(rd, info, 0, out, n * sizeof(float));
 			return ret < 0 ? ret : check_finite(st_ckpt_reader_path(rd), name, out, n);
 		}
-		esize = 2;
-	} else {
-		esize = w->esize;
+		/* In place, so a tensor costs no memory past out: the 2n bytes
+		 * go to out's upper half, and widening forward never overtakes
+		 * them (value k lands in bytes [4k, 4k + 4), below 2n + 2(k + 1)
+		 * where the next one not yet widened starts). */
+		half = (const unsigned char *)out + n * sizeof(uint16_t);
+		ret = st_ckpt_reader_pread(rd, info, 0, (void *)half, n * sizeof(uint16_t));
+		for (uint64_t k = 0; ret == 0 && k < n; k++) {
+			uint16_t h; /* read as bytes: out's floats and these alias */
+
+			memcpy(&h, half + 2 * k, sizeof(h));
+			out[k] = info->dtype == ST_SF_F16 ? st_f32_from_f16(h) : st_f32_from_bf16(h);
+		}
+		return ret < 0 ? ret : check_finite(st_ckpt_reader_path(rd), name, out, n);
 	}
+	esize = w->esize;
 	raw = malloc(n * esize);
 	if (!raw)
 		return st_error_set(-ENOMEM, "out of memory");
-	if (w->r) {
-		ret = st_ckpt_reader_pread(rd, info, 0, raw, n * esize);
-	} else {
+	{ /* llm.c's file */
 		int g;
 		uint64_t off;
 
@@ -592,8 +603,6 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 
 		if (esize == 4)
 			dst[k] = ((const float *)raw)[k];
-		else if (info && info->dtype == ST_SF_F16)
-			dst[k] = st_f32_from_f16(((const uint16_t *)raw)[k]);
 		else
 			dst[k] = st_f32_from_bf16(((const uint16_t *)raw)[k]);
 	}
@@ -601,5 +610,5 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 		st_llmc_transpose(out, tmp, shape[1], shape[0]);
 	free(raw);
 	free(tmp);
-	return ret < 0 ? ret : check_finite(rd ? st_ckpt_reader_path(rd) : w->path, name, out, n);
+	return ret < 0 ? ret : check_finite(w->path, name, out, n);
 }

@@ -3,7 +3,7 @@
 # into the tiers, never whole. A model of 12.7M parameters (50.9 MB of fp32
 # weights in 7 shards) is fine-tuned with --host-mem 34M and every state on
 # nvme; the run's peak RSS with --init may exceed the same run's without
-# --init by little (a unit and a tensor's raw bytes: 4 MB here), far less
+# --init by little (a unit: 3.2 MB here), far less
 # than the weights, and the host tier's peak stays inside its budget. The
 # first loss equals that of --init with everything in memory (so the weights
 # streamed are the weights).
