@@ -93,6 +93,12 @@ case $part in
 np2)
 	determinism 2 1 1
 	determinism 2 2 0
+	# an embedding larger than every block: a W slot of its own, gathered
+	# into at stage 3 (and the gathers' look-ahead never waits on it)
+	big=(--model layers=2,dim=128,heads=4,vocab=4096,ctx=64 --steps 3 --host-mem 32M)
+	run bigref 1 "${big[@]}" --grad-accum 2
+	run big 2 "${big[@]}" --zero 3 --offload-params nvme --prefetch 1
+	same big bigref "2 ranks --zero 3, embedding slot, W on nvme, prefetch 1 = 1 rank"
 	;;
 np4)
 	determinism 4 1 0
