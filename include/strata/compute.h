@@ -203,5 +203,38 @@ void st_compute_crossentropy_bwd(struct st_compute *c, float *dlogits, float *lo
 				 const float *logits, const int32_t *targets, float dloss,
 				 int N, int V);
 
+/* LLaMA's ops (strata/kernels.h, the st_cpu_ kernels of the same names). */
+void st_compute_linear_fwd(struct st_compute *c, float *out, const float *inp,
+			   const float *weight, const float *bias, int N, int IC, int OC);
+void st_compute_linear_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
+			   const float *dout, const float *inp, const float *weight, int N,
+			   int IC, int OC);
+void st_compute_rmsnorm_fwd(struct st_compute *c, float *out, float *rstd, const float *inp,
+			    const float *weight, float eps, int N, int C);
+void st_compute_rmsnorm_bwd(struct st_compute *c, float *dinp, float *dweight,
+			    const float *dout, const float *inp, const float *weight,
+			    const float *rstd, int N, int C);
+/* The rotation of strata/rope.h; its parameters as the op's (strata/op.h). */
+struct st_rope_args {
+	int type, original_ctx;
+	float theta, factor, low_freq_factor, high_freq_factor;
+};
+void st_compute_rope(struct st_compute *c, bool bwd, float *out, const float *inp, int B,
+		     int T, int NH, int hd, int stride, const struct st_rope_args *r);
+void st_compute_swiglu_fwd(struct st_compute *c, float *out, const float *gate,
+			   const float *up, size_t n);
+void st_compute_swiglu_bwd(struct st_compute *c, float *dgate, float *dup, const float *dout,
+			   const float *gate, const float *up, size_t n);
+void st_compute_token_embed_fwd(struct st_compute *c, float *out, const int32_t *tokens,
+				const float *wte, int N, int C);
+void st_compute_token_embed_bwd(struct st_compute *c, float *dwte, const float *dout,
+				const int32_t *tokens, int N, int C);
+void st_compute_gqa_attention_fwd(struct st_compute *c, float *out, float *lse,
+				  const float *q, const float *k, const float *v, int B,
+				  int T, int NH, int NKV, int hd);
+void st_compute_gqa_attention_bwd(struct st_compute *c, float *dq, float *dk, float *dv,
+				  const float *dout, const float *q, const float *k,
+				  const float *v, const float *out, const float *lse, int B,
+				  int T, int NH, int NKV, int hd);
 
 #endif

@@ -158,6 +158,41 @@ int st_cuda_crossentropy_bwd(struct st_cuda_ctx *ctx, float *dlogits, float *los
 			     const float *logits, const int32_t *targets, float dloss, int N,
 			     int V);
 
+/* ---- LLaMA's ops: as strata/kernels.h ------------------------------------
+ * nn.Linear (weight (OC,IC)) through cuBLASLt; RMSNorm a warp per row (its
+ * dweight through the deterministic column sums); rotary embeddings with
+ * strata/rope.h's frequencies; SwiGLU elementwise; the token embedding's
+ * scatter as embedding_bwd's (one owner per row); grouped-query attention
+ * with the flash kernels' tiles (head size <= 128). */
+int st_cuda_linear_fwd(struct st_cuda_ctx *ctx, float *out, const float *inp,
+		       const float *weight, const float *bias, int N, int IC, int OC);
+int st_cuda_linear_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight, float *dbias,
+		       const float *dout, const float *inp, const float *weight, int N,
+		       int IC, int OC);
+int st_cuda_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *out, float *rstd, const float *inp,
+			const float *weight, float eps, int N, int C);
+int st_cuda_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			const float *dout, const float *inp, const float *weight,
+			const float *rstd, int N, int C);
+int st_cuda_rope(struct st_cuda_ctx *ctx, int bwd, float *out, const float *inp, int B, int T,
+		 int NH, int hd, int stride, int type, int original_ctx, float theta,
+		 float factor, float low_freq_factor, float high_freq_factor);
+int st_cuda_swiglu_fwd(struct st_cuda_ctx *ctx, float *out, const float *gate,
+		       const float *up, size_t n);
+int st_cuda_swiglu_bwd(struct st_cuda_ctx *ctx, float *dgate, float *dup, const float *dout,
+		       const float *gate, const float *up, size_t n);
+int st_cuda_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+			    const float *wte, int N, int C);
+int st_cuda_token_embed_bwd(struct st_cuda_ctx *ctx, float *dwte, const float *dout,
+			    const int32_t *tokens, int N, int C);
+int st_cuda_gqa_attention_fwd(struct st_cuda_ctx *ctx, float *out, float *lse,
+			      const float *q, const float *k, const float *v, int B, int T,
+			      int NH, int NKV, int hd);
+int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, float *dk, float *dv,
+			      const float *dout, const float *q, const float *k,
+			      const float *v, const float *out, const float *lse, int B, int T,
+			      int NH, int NKV, int hd);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,9 @@
  *   bytes  - any file (raw text); each byte is one token, vocabulary 256.
  *   llm.c  - a token shard as llm.c writes it: a header of 256 int32
  *            (little-endian) with [0] = 20240520 (magic), [1] = 1 (version),
- *            [2] = token count, then count uint16 tokens.
+ *            [2] = token count, then count uint16 tokens; or, for
+ *            vocabularies past 65535 (llm.c's Llama 3 shards), [0] =
+ *            20240801, [1] = 7 and count uint32 tokens.
  *
  * A loader samples batches of B windows of T+1 tokens from a token range
  * (all, train or val split) and fills inputs (B,T) and targets (B,T), the
@@ -29,6 +31,8 @@
 #define ST_LLMC_MAGIC 20240520
 #define ST_LLMC_VERSION 1
 #define ST_LLMC_HEADER_INTS 256
+#define ST_LLMC32_MAGIC 20240801 /* uint32 tokens */
+#define ST_LLMC32_VERSION 7
 
 enum st_dataset_format {
 	ST_DATASET_AUTO,  /* llm.c when the llm.c magic is there or the name

@@ -144,4 +144,63 @@ void st_cpu_crossentropy_bwd(float *dlogits, float *losses,
 			     const float *logits, const int32_t *targets,
 			     float dloss, int N, int V);
 
+/* ---- LLaMA's ops -------------------------------------------------------------
+ * nn.Linear layout: y = x @ W^T + b with W stored (out,in). out is (N,OC),
+ * inp (N,IC), weight (OC,IC), bias (OC) or NULL. */
+void st_cpu_linear_fwd(float *out, const float *inp, const float *weight,
+		       const float *bias, int N, int IC, int OC);
+/* dinp (N,IC) += dout @ weight; dweight (OC,IC) += dout^T @ inp; dbias
+ * (OC) += column sums of dout. Any of the three may be NULL. */
+void st_cpu_linear_bwd(float *dinp, float *dweight, float *dbias,
+		       const float *dout, const float *inp, const float *weight,
+		       int N, int IC, int OC);
+
+/* RMSNorm as LLaMA's: out = weight * (x * rstd), rstd = 1/sqrt(mean(x^2) +
+ * eps), in fp32. out is (N,C), rstd (N) kept for the backward. */
+void st_cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp,
+			const float *weight, float eps, int N, int C);
+/* dinp (N,C) +=; dweight (C) += (column blocks, rows in order). */
+void st_cpu_rmsnorm_bwd(float *dinp, float *dweight, const float *dout,
+			const float *inp, const float *weight,
+			const float *rstd, int N, int C);
+
+/* Rotary embeddings (strata/rope.h) on B*T rows of `stride` floats, each
+ * starting with NH heads of hd channels (the rest of the row is left
+ * alone); row r is at position r % T. out may equal inp. The backward
+ * rotates by the opposite angle: dinp = R^T dout, OVERWRITING (in place). */
+void st_cpu_rope_fwd(float *out, const float *inp, int B, int T, int NH, int hd,
+		     int stride, int type, int original_ctx, float theta,
+		     float factor, float low_freq_factor, float high_freq_factor);
+void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int NH, int hd,
+		     int stride, int type, int original_ctx, float theta,
+		     float factor, float low_freq_factor, float high_freq_factor);
+
+/* SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); all (n).
+ * The backward OVERWRITES dgate and dup (either may be the gate or up it
+ * reads: each element is read before it is written). */
+void st_cpu_swiglu_fwd(float *out, const float *gate, const float *up, size_t n);
+void st_cpu_swiglu_bwd(float *dgate, float *dup, const float *dout,
+		       const float *gate, const float *up, size_t n);
+
+/* Token embedding without positions: out (N,C) = wte[tokens]; the
+ * backward scatter-adds dout rows into dwte (V,C), column blocks. */
+void st_cpu_token_embed_fwd(float *out, const int32_t *tokens, const float *wte,
+			    int N, int C);
+void st_cpu_token_embed_bwd(float *dwte, const float *dout, const int32_t *tokens,
+			    int N, int C);
+
+/* Causal grouped-query attention, flash-style as st_cpu_attention_fwd: q
+ * is (B,T,NH*hd), k and v (B,T,NKV*hd); query head h reads key/value head
+ * h / (NH/NKV) (Hugging Face's repeat_kv). out is (B,T,NH*hd), lse
+ * (B,NH,T). Scale 1/sqrt(hd). NKV divides NH. */
+void st_cpu_gqa_attention_fwd(float *out, float *lse, const float *q, const float *k,
+			      const float *v, int B, int T, int NH, int NKV, int hd);
+/* dq (B,T,NH*hd), dk and dv (B,T,NKV*hd) +=. Each (batch, kv head) is one
+ * serial task running its query heads in order, so the sums into dk and dv
+ * of the heads that share them have a fixed order. */
+void st_cpu_gqa_attention_bwd(float *dq, float *dk, float *dv, const float *dout,
+			      const float *q, const float *k, const float *v,
+			      const float *out, const float *lse, int B, int T,
+			      int NH, int NKV, int hd);
+
 #endif

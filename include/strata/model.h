@@ -59,6 +59,15 @@ struct st_model_config {
 	int ffn_dim;   /* the MLP's hidden size; 0 where the family fixes it (GPT-2: 4C) */
 	int vocab;     /* V: vocabulary size (no padding) */
 	int ctx;       /* T: maximum sequence length */
+	/* LLaMA's (0 / false in GPT-2, which has none of them): */
+	int head_dim;      /* channels per head; 0: dim / n_head */
+	bool untied;       /* the head has its own lm_head (tie_word_embeddings false) */
+	bool qkv_bias;     /* q/k/v projections have biases (attention_bias, Qwen2) */
+	double norm_eps;   /* RMSNorm's epsilon (rms_norm_eps) */
+	double rope_theta; /* rotary base */
+	int rope_type;     /* enum st_rope_type (strata/rope.h): default, linear, llama3 */
+	double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+	int rope_original_ctx; /* llama3's original_max_position_embeddings */
 };
 
 /* Fill *out from --model's text: a preset name of a family ("tiny",
@@ -126,7 +135,7 @@ int st_model_config_write(const char *path, const struct st_model_config *cfg);
  * call it (a strata checkpoint's config.json is strata's own). */
 int st_model_config_hf_check(const char *path);
 
-#define ST_MODEL_NAME_BYTES 48
+#define ST_MODEL_NAME_BYTES 64
 #define ST_MODEL_TENSOR_ALIGN_ELEMS 64u  /* 128 B in bf16, 256 B in fp32 */
 #define ST_MODEL_UNIT_ALIGN_ELEMS 2048u  /* 4 KiB in bf16 */
 /* Rows of logits materialised at once by the head (memory stays bounded:

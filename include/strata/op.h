@@ -119,6 +119,23 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *   CROSSENTROPY_FWD  t: losses, logits, targets             i: N, V
  *   CROSSENTROPY_BWD  t: dlogits, losses?, logits, targets   i: N, V
  *                                                            f: dloss
+ * LLaMA's (nn.Linear weights (out,in); heads of hd channels, hd even):
+ *   LINEAR_FWD        t: out, inp, weight, bias?             i: N, IC, OC
+ *   LINEAR_BWD        t: dinp?, dweight?, dbias?, dout, inp, weight
+ *                                                            i: N, IC, OC
+ *   RMSNORM_FWD       t: out, rstd, inp, weight              i: N, C  f: eps
+ *   RMSNORM_BWD       t: dinp, dweight, dout, inp, weight, rstd
+ *                                                            i: N, C
+ *   ROPE_FWD          t: out, inp (may be the same)
+ *                     i: B, T, NH, hd, stride, rope type, original ctx
+ *                     f: theta, factor, low freq factor, high freq factor
+ *   ROPE_BWD          as ROPE_FWD (the inverse rotation; OVERWRITES)
+ *   SWIGLU_FWD        t: out, gate, up                       i: n
+ *   SWIGLU_BWD        t: dgate, dup, dout, gate, up (OVERWRITES) i: n
+ *   TOKEN_EMBED_FWD   t: out, tokens, wte                    i: N, C
+ *   TOKEN_EMBED_BWD   t: dwte, dout, tokens                  i: N, C
+ *   GQA_ATTENTION_FWD t: out, lse, q, k, v                   i: B, T, NH, NKV, hd
+ *   GQA_ATTENTION_BWD t: dq, dk, dv, dout, q, k, v, out, lse i: B, T, NH, NKV, hd
  * (? = may be NULL.) New ops go at the end, before ST_OP_COUNT. */
 #define ST_OP_LIST(X)                                   \
 	X(ZERO, "zero", "u")                            \
@@ -138,15 +155,27 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(ATTENTION_FWD, "attention_fwd", "fff")        \
 	X(ATTENTION_BWD, "attention_bwd", "fffff")      \
 	X(CROSSENTROPY_FWD, "crossentropy_fwd", "ffi")  \
-	X(CROSSENTROPY_BWD, "crossentropy_bwd", "fffi")
+	X(CROSSENTROPY_BWD, "crossentropy_bwd", "fffi")  \
+	X(LINEAR_FWD, "linear_fwd", "ffff")             \
+	X(LINEAR_BWD, "linear_bwd", "ffffff")           \
+	X(RMSNORM_FWD, "rmsnorm_fwd", "ffff")           \
+	X(RMSNORM_BWD, "rmsnorm_bwd", "ffffff")         \
+	X(ROPE_FWD, "rope_fwd", "ff")                   \
+	X(ROPE_BWD, "rope_bwd", "ff")                   \
+	X(SWIGLU_FWD, "swiglu_fwd", "fff")              \
+	X(SWIGLU_BWD, "swiglu_bwd", "fffff")            \
+	X(TOKEN_EMBED_FWD, "token_embed_fwd", "fif")    \
+	X(TOKEN_EMBED_BWD, "token_embed_bwd", "ffi")    \
+	X(GQA_ATTENTION_FWD, "gqa_attention_fwd", "fffff") \
+	X(GQA_ATTENTION_BWD, "gqa_attention_bwd", "fffffffff")
 
 #define ST_OP_ENUM_(name, str, sig) ST_OP_##name,
 enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };
 #undef ST_OP_ENUM_
 
-#define ST_OP_MAX_TENSORS 8
+#define ST_OP_MAX_TENSORS 10
 #define ST_OP_MAX_INTS 8
-#define ST_OP_MAX_FLOATS 2
+#define ST_OP_MAX_FLOATS 4
 
 /* An op record. Slots past the op's tensor count, and parameters it does
  * not take, are ignored (zero them: designated initialisers do). */

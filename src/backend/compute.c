@@ -372,3 +372,143 @@ void st_compute_crossentropy_bwd(struct st_compute *c, float *dlogits, float *lo
 
 	st_compute_run(c, &op);
 }
+
+/* ---- LLaMA's ops ------------------------------------------------------------------ */
+
+void st_compute_linear_fwd(struct st_compute *c, float *out, const float *inp,
+			   const float *weight, const float *bias, int N, int IC, int OC)
+{
+	struct st_op op = { .kind = ST_OP_LINEAR_FWD,
+			    .t = { F2(out, N, OC), F2(inp, N, IC), F2(weight, OC, IC),
+				   F1(bias, OC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_linear_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
+			   const float *dout, const float *inp, const float *weight, int N,
+			   int IC, int OC)
+{
+	struct st_op op = { .kind = ST_OP_LINEAR_BWD,
+			    .t = { F2(dinp, N, IC), F2(dweight, OC, IC), F1(dbias, OC),
+				   F2(dout, N, OC), F2(inp, N, IC), F2(weight, OC, IC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_rmsnorm_fwd(struct st_compute *c, float *out, float *rstd, const float *inp,
+			    const float *weight, float eps, int N, int C)
+{
+	struct st_op op = { .kind = ST_OP_RMSNORM_FWD,
+			    .t = { F2(out, N, C), F1(rstd, N), F2(inp, N, C), F1(weight, C) },
+			    .i = { N, C },
+			    .f = { eps } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_rmsnorm_bwd(struct st_compute *c, float *dinp, float *dweight,
+			    const float *dout, const float *inp, const float *weight,
+			    const float *rstd, int N, int C)
+{
+	struct st_op op = { .kind = ST_OP_RMSNORM_BWD,
+			    .t = { F2(dinp, N, C), F1(dweight, C), F2(dout, N, C), F2(inp, N, C),
+				   F1(weight, C), F1(rstd, N) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_rope(struct st_compute *c, bool bwd, float *out, const float *inp, int B,
+		     int T, int NH, int hd, int stride, const struct st_rope_args *r)
+{
+	struct st_op op = { .kind = bwd ? ST_OP_ROPE_BWD : ST_OP_ROPE_FWD,
+			    .t = { F2(out, (int64_t)B * T, stride),
+				   F2(inp, (int64_t)B * T, stride) },
+			    .i = { B, T, NH, hd, stride, r->type, r->original_ctx },
+			    .f = { r->theta, r->factor, r->low_freq_factor,
+				   r->high_freq_factor } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_swiglu_fwd(struct st_compute *c, float *out, const float *gate,
+			   const float *up, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_SWIGLU_FWD,
+			    .t = { F1(out, n), F1(gate, n), F1(up, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_swiglu_bwd(struct st_compute *c, float *dgate, float *dup, const float *dout,
+			   const float *gate, const float *up, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_SWIGLU_BWD,
+			    .t = { F1(dgate, n), F1(dup, n), F1(dout, n), F1(gate, n),
+				   F1(up, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_token_embed_fwd(struct st_compute *c, float *out, const int32_t *tokens,
+				const float *wte, int N, int C)
+{
+	struct st_op op = { .kind = ST_OP_TOKEN_EMBED_FWD,
+			    .t = { F2(out, N, C), st_tensor_1d(tokens, ST_DTYPE_I32, N),
+				   F2(wte, -1, C) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_token_embed_bwd(struct st_compute *c, float *dwte, const float *dout,
+				const int32_t *tokens, int N, int C)
+{
+	struct st_op op = { .kind = ST_OP_TOKEN_EMBED_BWD,
+			    .t = { F2(dwte, -1, C), F2(dout, N, C),
+				   st_tensor_1d(tokens, ST_DTYPE_I32, N) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_gqa_attention_fwd(struct st_compute *c, float *out, float *lse,
+				  const float *q, const float *k, const float *v, int B,
+				  int T, int NH, int NKV, int hd)
+{
+	struct st_op op = { .kind = ST_OP_GQA_ATTENTION_FWD,
+			    .t = { st_tensor_3d(out, ST_DTYPE_F32, B, T, (int64_t)NH * hd),
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
+				   st_tensor_3d(q, ST_DTYPE_F32, B, T, (int64_t)NH * hd),
+				   st_tensor_3d(k, ST_DTYPE_F32, B, T, (int64_t)NKV * hd),
+				   st_tensor_3d(v, ST_DTYPE_F32, B, T, (int64_t)NKV * hd) },
+			    .i = { B, T, NH, NKV, hd } };
+
+	st_compute_run(c, &op);
+}
+
+void st_compute_gqa_attention_bwd(struct st_compute *c, float *dq, float *dk, float *dv,
+				  const float *dout, const float *q, const float *k,
+				  const float *v, const float *out, const float *lse, int B,
+				  int T, int NH, int NKV, int hd)
+{
+	const int64_t Q = (int64_t)NH * hd, KV = (int64_t)NKV * hd;
+	struct st_op op = { .kind = ST_OP_GQA_ATTENTION_BWD,
+			    .t = { st_tensor_3d(dq, ST_DTYPE_F32, B, T, Q),
+				   st_tensor_3d(dk, ST_DTYPE_F32, B, T, KV),
+				   st_tensor_3d(dv, ST_DTYPE_F32, B, T, KV),
+				   st_tensor_3d(dout, ST_DTYPE_F32, B, T, Q),
+				   st_tensor_3d(q, ST_DTYPE_F32, B, T, Q),
+				   st_tensor_3d(k, ST_DTYPE_F32, B, T, KV),
+				   st_tensor_3d(v, ST_DTYPE_F32, B, T, KV),
+				   st_tensor_3d(out, ST_DTYPE_F32, B, T, Q),
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T) },
+			    .i = { B, T, NH, NKV, hd } };
+
+	st_compute_run(c, &op);
+}

@@ -48,5 +48,16 @@ int st_cli_train(int argc, char **argv);
 int st_cli_plan(int argc, char **argv);
 int st_cli_info(int argc, char **argv);
 int st_cli_export(int argc, char **argv);
+int st_cli_tokenize(int argc, char **argv);
+
+/* The tokenizer for generate and eval: --tokenizer's (given, or NULL),
+ * else a tokenizer.json beside the checkpoint (in ckpt, in ckpt/.., or
+ * beside a file), else NULL. A file that does not open: exit 2. */
+struct st_tokenizer;
+struct st_tokenizer *st_cli_tokenizer(const char *given, const char *ckpt);
+/* text_path tokenized as one document (with the tokenizer's BOS/EOS) into
+ * a new temporary llm.c shard, its path in out[n]; removed if the command
+ * dies; the caller unlinks it once opened. Exit 2/1 on failure. */
+int st_cli_text_shard(struct st_tokenizer *t, const char *text_path, char *out, size_t n);
 
 #endif

@@ -4,6 +4,7 @@
 #include "cli.h"
 #include "strata/io.h"
 #include "strata/optim.h"
+#include "strata/tokenizer.h"
 #include "strata/train.h"
 #include "strata/weights.h"
 
@@ -56,6 +57,38 @@ static long first_nonfinite(const float *x, uint64_t n)
 }
 
 /* --- generate --------------------------------------------------------------- */
+
+/* Print what decoding toks[0..n) gives past the prompt's text (base
+ * bytes) and past what is printed already, up to the last complete UTF-8
+ * character (all of it at the end). Decoding the whole sequence, not the
+ * new token alone, keeps what the decoders do across tokens (a byte
+ * fallback split over tokens, the space a Metaspace token starts with). */
+static int tok_put_new(struct st_tokenizer *tk, const int32_t *toks, int n, size_t base,
+		       size_t *printed, bool end)
+{
+	uint32_t *ids = malloc(sizeof(*ids) * (size_t)n);
+	char *txt;
+	size_t bytes, upto;
+	int ret;
+
+	if (!ids)
+		return st_error_set(-ENOMEM, "out of memory");
+	for (int i = 0; i < n; i++)
+		ids[i] = (uint32_t)toks[i];
+	ret = st_tokenizer_decode(tk, ids, (size_t)n, ST_TOK_SKIP_SPECIAL | ST_TOK_NO_CLEANUP,
+				  &txt, &bytes);
+	free(ids);
+	if (ret < 0)
+		return ret;
+	upto = end ? bytes : st_utf8_complete(txt, bytes);
+	if (upto > base + *printed) {
+		fwrite(txt + base + *printed, 1, upto - base - *printed, stdout);
+		fflush(stdout);
+		*printed = upto - base;
+	}
+	free(txt);
+	return 0;
+}
 
 static uint64_t splitmix(uint64_t *s)
 {
@@ -110,14 +143,18 @@ static int sample(float *logits, int V, double temp, int top_k, uint64_t *rng)
 static void gen_usage(FILE *f)
 {
 	fprintf(f,
-"usage: strata generate --ckpt PATH [--prompt TEXT] [--tokens N] [--temperature X]\n"
-"                       [--top-k K] [--seed N] [--threads N]\n"
+"usage: strata generate --ckpt PATH [--prompt TEXT] [--tokenizer DIR|FILE] [--tokens N]\n"
+"                       [--temperature X] [--top-k K] [--seed N] [--threads N]\n"
 "\n"
-"Continue TEXT with a byte-level (vocab 256) model and print the result.\n"
+"Continue TEXT and print the result. Text goes in and out through the\n"
+"checkpoint's Hugging Face tokenizer: --tokenizer (a directory with\n"
+"tokenizer.json, or the file), else a tokenizer.json in the checkpoint's\n"
+"directory or the one above it. Without one the model must be byte-level\n"
+"(vocab 256): each byte is a token. Generation stops at the tokenizer's EOS.\n"
 "--ckpt: a strata checkpoint (a --save DIR or one step-N in it), a Hugging Face\n"
 "GPT-2 directory or model.safetensors (config.json beside it), or an llm.c\n"
 "model file.\n"
-"  --tokens N        bytes to generate (default 200)\n"
+"  --tokens N        tokens to generate (default 200)\n"
 "  --temperature X   0 is greedy (default 0.8)\n"
 "  --top-k K         sample among the K likeliest, 0 for all (default 40)\n");
 }
@@ -127,9 +164,13 @@ static int cmd_generate(int argc, char **argv)
 	static const struct option longs[] = {
 		{ "ckpt", 1, 0, 'c' }, { "prompt", 1, 0, 'p' }, { "tokens", 1, 0, 'n' },
 		{ "temperature", 1, 0, 't' }, { "top-k", 1, 0, 'k' }, { "seed", 1, 0, 's' },
-		{ "threads", 1, 0, 'j' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "threads", 1, 0, 'j' }, { "tokenizer", 1, 0, 'z' }, { "help", 0, 0, 'h' },
+		{ 0 },
 	};
-	const char *ckpt = NULL, *prompt = "\n";
+	const char *ckpt = NULL, *prompt = "\n", *tok_path = NULL;
+	struct st_tokenizer *tk;
+	struct st_tok_ids pids = { 0 };
+	size_t printed = 0, base = 0;
 	int n = 200, top_k = 40, threads = 0, c, len;
 	double temp = 0.8;
 	uint64_t rng = 1337;
@@ -150,6 +191,7 @@ static int cmd_generate(int argc, char **argv)
 		case 'k': top_k = (int)st_cli_long("--top-k", optarg, 0, 1 << 30); break;
 		case 's': rng = (uint64_t)st_cli_long("--seed", optarg, 0, 0x7fffffffffffffffL); break;
 		case 'j': threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
+		case 'z': tok_path = optarg; break;
 		case 'h': gen_usage(stdout); return 0;
 		default: st_cli_die(2, "generate: unknown or incomplete option %s (see strata generate --help)",
 			     argv[optind - 1]);
@@ -163,20 +205,50 @@ static int cmd_generate(int argc, char **argv)
 		st_cli_die(2, "generate: --prompt must not be empty");
 	st_train_config_default(&cfg);
 	w = open_ckpt(ckpt, &cfg.model);
-	if (cfg.model.vocab != 256)
-		st_cli_die(2, "generate: --ckpt %s has a vocabulary of %d; generate needs a byte-level model (256)",
-		    ckpt, cfg.model.vocab);
+	tk = st_cli_tokenizer(tok_path, ckpt);
+	if (!tk && cfg.model.vocab != 256)
+		st_cli_die(2, "generate: --ckpt %s has a vocabulary of %d and no tokenizer.json "
+			   "beside it: name one with --tokenizer (a byte-level model has 256)",
+			   ckpt, cfg.model.vocab);
+	if (tk && st_tokenizer_vocab(tk) > (uint32_t)cfg.model.vocab)
+		st_cli_die(2, "generate: the tokenizer has %u ids, more than the model's "
+			   "vocabulary of %d", st_tokenizer_vocab(tk), cfg.model.vocab);
 	set_threads_cli(threads);
 	cfg.batch = 1;
 	cfg.seq = cfg.model.ctx;
 	if (st_trainer_create(&cfg, &t) < 0)
 		st_cli_die(1, "%s", st_error_last());
 	load_ckpt(t, w, ckpt);
-	len = (int)strlen(prompt);
+	if (tk) {
+		const uint32_t *pre;
+		size_t n_pre = st_tokenizer_prefix(tk, &pre);
+		char *txt;
+
+		/* the prompt starts a document: BOS, no EOS */
+		if (n_pre) {
+			pids.ids = malloc(sizeof(uint32_t) * n_pre);
+			if (!pids.ids)
+				st_cli_die(1, "generate: out of memory");
+			memcpy(pids.ids, pre, sizeof(uint32_t) * n_pre);
+			pids.n = pids.cap = n_pre;
+		}
+		if (st_tokenizer_encode(tk, prompt, strlen(prompt), 0, &pids) < 0)
+			st_cli_die(2, "generate: --prompt: %s", st_error_last());
+		len = (int)pids.n;
+		if (st_tokenizer_decode(tk, pids.ids, pids.n, ST_TOK_SKIP_SPECIAL | ST_TOK_NO_CLEANUP,
+					&txt, &base) < 0)
+			st_cli_die(1, "generate: %s", st_error_last());
+		free(txt);
+	} else
+		len = (int)strlen(prompt);
+	if (len == 0)
+		st_cli_die(2, "generate: --prompt gives no tokens");
 	toks = malloc(sizeof(*toks) * (size_t)(len + n));
-	logits = malloc(sizeof(*logits) * 256);
+	logits = malloc(sizeof(*logits) * (size_t)cfg.model.vocab);
+	if (!toks || !logits)
+		st_cli_die(1, "generate: out of memory");
 	for (int i = 0; i < len; i++)
-		toks[i] = (unsigned char)prompt[i];
+		toks[i] = tk ? (int32_t)pids.ids[i] : (unsigned char)prompt[i];
 	fputs(prompt, stdout);
 	for (int i = 0; i < n; i++) {
 		long bad;
@@ -186,19 +258,30 @@ static int cmd_generate(int argc, char **argv)
 			st_cli_die(1, "%s", st_error_last());
 		/* finite weights can still overflow: sampling from NaN would
 		 * print garbage and exit 0 */
-		if ((bad = first_nonfinite(logits, 256)) >= 0) {
+		if ((bad = first_nonfinite(logits, (uint64_t)cfg.model.vocab)) >= 0) {
 			putchar('\n');
-			st_cli_die(1, "generate: --ckpt %s: logit %ld of byte %d is %s: the model's "
+			st_cli_die(1, "generate: --ckpt %s: logit %ld of token %d is %s: the model's "
 				   "values are not finite (it overflows), nothing more generated",
 				   ckpt, bad, i + 1, st_f32_name(logits[bad], v, sizeof(v)));
 		}
-		toks[len + i] = sample(logits, 256, temp, top_k, &rng);
-		putchar(toks[len + i]);
-		fflush(stdout);
+		toks[len + i] = sample(logits, cfg.model.vocab, temp, top_k, &rng);
+		if (!tk) {
+			putchar(toks[len + i]);
+			fflush(stdout);
+			continue;
+		}
+		if (toks[len + i] == st_tokenizer_eos_id(tk))
+			break;
+		if (tok_put_new(tk, toks, len + i + 1, base, &printed, false) < 0)
+			st_cli_die(1, "generate: %s", st_error_last());
 	}
+	if (tk)
+		(void)tok_put_new(tk, toks, len + n, base, &printed, true);
 	putchar('\n');
 	free(toks);
 	free(logits);
+	st_tok_ids_fini(&pids);
+	st_tokenizer_close(tk);
 	st_trainer_destroy(t);
 	return 0;
 }
@@ -210,9 +293,12 @@ static int cmd_eval(int argc, char **argv)
 	static const struct option longs[] = {
 		{ "ckpt", 1, 0, 'c' }, { "data", 1, 0, 'd' }, { "batch", 1, 0, 'B' },
 		{ "seq", 1, 0, 'T' }, { "batches", 1, 0, 'n' }, { "threads", 1, 0, 'j' },
-		{ "precision", 1, 0, 'p' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "precision", 1, 0, 'p' }, { "tokenizer", 1, 0, 'z' }, { "help", 0, 0, 'h' },
+		{ 0 },
 	};
-	const char *ckpt = NULL, *data = NULL;
+	const char *ckpt = NULL, *data = NULL, *tok_path = NULL;
+	struct st_tokenizer *tk;
+	char shard[4096];
 	int B = 4, T = 0, nb = 0, threads = 0, c;
 	bool bf16 = true;
 	struct st_train_config cfg;
@@ -234,14 +320,15 @@ static int cmd_eval(int argc, char **argv)
 		case 'T': T = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
 		case 'n': nb = (int)st_cli_long("--batches", optarg, 1, 1 << 30); break;
 		case 'j': threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
+		case 'z': tok_path = optarg; break;
 		case 'p':
 			if (strcmp(optarg, "bf16") != 0 && strcmp(optarg, "fp32") != 0)
 				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
 			bf16 = strcmp(optarg, "bf16") == 0;
 			break;
 		case 'h':
-			printf("usage: strata eval --ckpt PATH --data FILE [--batch B] [--seq T] [--batches N]\n"
-			       "                   [--precision bf16|fp32] [--threads N]\n"
+			printf("usage: strata eval --ckpt PATH --data FILE [--tokenizer DIR|FILE] [--batch B]\n"
+			       "                   [--seq T] [--batches N] [--precision bf16|fp32] [--threads N]\n"
 			       "\nMean cross-entropy of the model over FILE, read in order\n"
 			       "(llm.c's contiguous windows). Defaults: B=4, T=min(ctx,256), as many\n"
 			       "batches as the file holds, at most 100. --precision: the weights the\n"
@@ -249,7 +336,10 @@ static int cmd_eval(int argc, char **argv)
 			       "(default) or as they are (fp32, as llm.c's train_gpt2.c reads an\n"
 			       "export --format llmc). --ckpt: a strata checkpoint (a --save DIR\n"
 			       "or one step-N in it), a Hugging Face GPT-2 directory or\n"
-			       "model.safetensors (config.json beside it), an llm.c model file.\n");
+			       "model.safetensors (config.json beside it), an llm.c model file.\n"
+			       "--data: an llm.c token shard, or text: bytes for a byte-level model,\n"
+			       "else tokenized (one document) with --tokenizer or the tokenizer.json\n"
+			       "beside the checkpoint (as strata generate finds it).\n");
 			return 0;
 		default: st_cli_die(2, "eval: unknown or incomplete option %s (see strata eval --help)",
 			     argv[optind - 1]);
@@ -266,7 +356,30 @@ static int cmd_eval(int argc, char **argv)
 	if (T > cfg.model.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", T, cfg.model.ctx);
 	set_threads_cli(threads);
-	ds = st_cli_open_data(data, cfg.model.vocab);
+	/* text for a tokenizer: an explicit --tokenizer, or a model that is
+	 * not byte-level with a tokenizer beside it; a token shard as it is */
+	tk = NULL;
+	if (tok_path || cfg.model.vocab != 256) {
+		struct st_dataset *probe;
+		size_t dl = strlen(data);
+		/* a .bin is a shard, broken or not (st_cli_open_data says why) */
+		bool is_shard = dl > 4 && strcmp(data + dl - 4, ".bin") == 0;
+
+		if (!is_shard && st_dataset_open(&probe, data, ST_DATASET_AUTO) == 0) {
+			is_shard = st_dataset_format(probe) == ST_DATASET_LLMC;
+			st_dataset_close(probe);
+		}
+		if (!is_shard)
+			tk = st_cli_tokenizer(tok_path, ckpt);
+	}
+	if (tk) {
+		st_cli_text_shard(tk, data, shard, sizeof(shard));
+		ds = st_cli_open_data(shard, cfg.model.vocab);
+		unlink(shard);
+		st_cli_at_die(NULL);
+		st_tokenizer_close(tk);
+	} else
+		ds = st_cli_open_data(data, cfg.model.vocab);
 	avail = st_dataset_tokens(ds) > 1 ? (st_dataset_tokens(ds) - 1) / ((uint64_t)B * T) : 0;
 	if (avail == 0)
 		st_cli_die(2, "--data %s: fewer than B*T+1 = %d tokens", data, B * T + 1);
@@ -304,6 +417,7 @@ static void usage(FILE *f)
 "  eval       mean loss of a checkpoint on a data file\n"
 "  info       what strata finds on this machine, in --nvme dirs, or in a checkpoint\n"
 "  export     a checkpoint's weights for transformers (hf) or llm.c (llmc)\n"
+"  tokenize   text to an llm.c token shard with a Hugging Face tokenizer\n"
 "\n"
 "strata COMMAND --help for each command's options.\n");
 }
@@ -334,5 +448,7 @@ int main(int argc, char **argv)
 		return cmd_generate(argc - 1, argv + 1);
 	if (strcmp(cmd, "eval") == 0)
 		return cmd_eval(argc - 1, argv + 1);
+	if (strcmp(cmd, "tokenize") == 0)
+		return st_cli_tokenize(argc - 1, argv + 1);
 	st_cli_die(2, "unknown command %s (see strata --help)", cmd);
 }

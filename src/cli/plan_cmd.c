@@ -24,8 +24,11 @@ static void plan_usage(FILE *f)
 "one optimizer step and its predicted time. Exit 2 when a budget cannot work.\n"
 "\n"
 "model and batch\n"
-"  --model NAME|DIMS      %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
-"                         either may follow FAMILY: (families: %s)\n"
+"  --model NAME|DIMS|DIR  %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
+"                         either may follow FAMILY: (families: %s);\n"
+"                         llama:layers=L,dim=C,heads=H,kv-heads=K,ffn=F,vocab=V,ctx=T\n"
+"                         with optional keys for head size, rope and head (docs/model.md);\n"
+"                         or a Hugging Face model directory (its config.json)\n"
 "  --batch B              sequences per micro-batch (default 8)\n"
 "  --seq T                tokens per sequence, at most the model's ctx (default 128)\n"
 "  --grad-accum N         micro-batches per step (default 1)\n"
@@ -45,6 +48,8 @@ static void plan_usage(FILE *f)
 "  --zero 0|1|2|3         ZeRO stage (default 0)\n"
 "  --net-gbps X           GB/s a rank's collectives move over the network (default 10)\n"
 "rates for the prediction (defaults are those of a 2-core VM without a GPU)\n"
+"  --device cpu|cuda      the device's default compute and copy rates (default cpu;\n"
+"                         cuda: fp32 matmuls at 15 TFLOP/s, copies at 20 GB/s)\n"
 "  --nvme-bench FILE      nvme read/write GB/s from `nvme-bench --json FILE`\n"
 "  --compute-gflops X     device matmul GFLOP/s (default 50)\n"
 "  --copy-gbps X          host<->vram GB/s (default 8)\n"
@@ -66,7 +71,7 @@ int st_cli_plan(int argc, char **argv)
 		{ "nvme-bench", 1, 0, 'b' }, { "compute-gflops", 1, 0, 'c' },
 		{ "copy-gbps", 1, 0, 'C' }, { "adam-gbps", 1, 0, 'A' },
 		{ "world", 1, 0, 'w' }, { "rank", 1, 0, 'r' }, { "zero", 1, 0, 'z' },
-		{ "net-gbps", 1, 0, 'G' },
+		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	struct st_plan_input in = {
@@ -78,7 +83,7 @@ int st_cli_plan(int argc, char **argv)
 	struct st_model *model;
 	struct st_plan plan;
 	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
-	bool json = false, verbose = false, nvme_mem_given = false;
+	bool json = false, verbose = false, nvme_mem_given = false, cuda = false;
 	int c, ret;
 
 	optind = 1;
@@ -123,6 +128,12 @@ int st_cli_plan(int argc, char **argv)
 		case 'G':
 			in.rates.net_bps = st_cli_double("--net-gbps", optarg, 1e-6, 1e9) * 1e9;
 			break;
+		case 'd':
+			if (strcmp(optarg, "cuda") == 0)
+				cuda = true;
+			else if (strcmp(optarg, "cpu") != 0)
+				st_cli_die(2, "--device %s: expected cpu or cuda", optarg);
+			break;
 		case 'j': json = true; break;
 		case 'v': verbose = true; break;
 		case 'h': plan_usage(stdout); return 0;
@@ -135,8 +146,28 @@ int st_cli_plan(int argc, char **argv)
 		st_cli_die(2, "plan: unexpected argument %s", argv[optind]);
 	if (in.rank >= (in.world > 1 ? in.world : 1))
 		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
-	if (st_model_config_parse(model_text, &mc) < 0)
+	if (cuda && in.rates.compute_flops == 0)
+		in.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
+	if (cuda && in.rates.copy_bps == 0)
+		in.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
+	struct stat st;
+	if (strchr(model_text, '/')) {
+		/* a directory with a config.json, or the config.json itself
+		 * (presets and dimensions have no '/') */
+		char path[4200];
+
+		if (stat(model_text, &st) < 0)
+			st_cli_die(errno == ENOENT || errno == ENOTDIR ? 2 : 1, "--model %s: %s",
+				   model_text, strerror(errno));
+		snprintf(path, sizeof(path), "%s%s", model_text,
+			 S_ISDIR(st.st_mode) ? "/config.json" : "");
+		ret = st_model_config_read(path, &mc);
+		if (ret < 0)
+			st_cli_die(ret == -ENOENT || ret == -EINVAL ? 2 : 1, "--model %s: %s",
+				   model_text, st_error_last());
+	} else if (st_model_config_parse(model_text, &mc) < 0) {
 		st_cli_die(2, "--model %s: %s", model_text, st_error_last());
+	}
 	if (in.seq > mc.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", in.seq, mc.ctx);
 	if (nvme)
@@ -164,6 +195,11 @@ int st_cli_plan(int argc, char **argv)
 		free(text);
 	} else {
 		printf("strata plan: %s\n", model_text);
+		if (st_model_config_family(&mc) != st_family_default()) {
+			char words[512];
+
+			printf("%s\n", st_model_config_describe(&mc, words, sizeof(words)));
+		}
 		st_plan_print(&plan, &in, stdout);
 		if (verbose)
 			st_plan_print_units(&plan, &in, stdout);

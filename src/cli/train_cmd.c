@@ -40,16 +40,19 @@ static void train_usage(FILE *f)
 	fprintf(f,
 "usage: strata train [options]\n"
 "\n"
-"Train a GPT-2 family model with its state in three tiers (vram, pinned\n"
+"Train a GPT-2 or LLaMA family model with its state in three tiers (vram, pinned\n"
 "host, nvme). With no options: the tiny byte-level model on\n"
 "%s for 100 steps, with budgets small\n"
 "enough that every tier is used; the plan is printed first.\n"
 "\n"
 "model and data\n"
 "  --model NAME|DIMS    %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default tiny)\n"
-"                       either may follow FAMILY: (families: %s)\n"
+"                       either may follow FAMILY: (families: %s); LLaMA's dims:\n"
+"                       llama:layers=L,dim=C,heads=H,kv-heads=K,ffn=F,vocab=V,ctx=T\n"
+"                       with optional keys for head size, rope and head (docs/model.md)\n"
 "  --init FILE|DIR      start from GPT-2 weights: a Hugging Face model.safetensors or its\n"
-"                       directory, a strata checkpoint, an llm.c model file (gpt2_124M.bin)\n"
+"                       directory, a strata checkpoint, an llm.c model file (gpt2_124M.bin);\n"
+"                       without --model, the model they say (config.json, llm.c header)\n"
 "  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
 "  --grad-accum N       micro-batches per step (default 1)\n"
@@ -499,7 +502,8 @@ int st_cli_train(int argc, char **argv)
 	struct st_engine_config ec = { .device = "cpu" };
 	struct st_train_config *cfg = &ec.train;
 	const char *data = ST_DEFAULT_DATA, *save = NULL, *metrics = NULL, *init = NULL;
-	const char *model_text = "tiny", *trace_path = NULL, *resume = NULL;
+	static const char default_model[] = "tiny";
+	const char *model_text = default_model, *trace_path = NULL, *resume = NULL;
 	const char *nvme = DEFAULT_NVME;
 	int shuffle = 1, threads = 0, log_every = 1, save_every = 0, keep = 3, c;
 	int max_skipped = 10, skipped_in_row = 0;
@@ -631,6 +635,26 @@ int st_cli_train(int argc, char **argv)
 	if ((ec.nvme_fault.kind != ST_FAULT_NONE ||
 	     ec.nvme_fault.corrupt.kind != ST_CORRUPT_NONE) && !ec.nvme_dirs)
 		st_cli_die(2, "--test-fault needs an nvme tier (--nvme DIR)");
+	static char init_model[512];
+	if (init && model_text == default_model) {
+		/* no --model: the model --init's config.json says (a file without
+		 * one, a bare model.safetensors, leaves the default) */
+		struct st_weights *w;
+		struct st_model_config gc;
+
+		if (st_weights_open(init, &w) == 0) {
+			if (st_weights_config(w, &gc) == 0) {
+				char dims[480];
+
+				cfg->model = gc;
+				snprintf(init_model, sizeof(init_model), "%s:%s",
+					 st_model_config_family(&gc)->name,
+					 st_model_config_format(&gc, dims, sizeof(dims)));
+				model_text = init_model;
+			}
+			st_weights_close(w);
+		}
+	}
 	if (cfg->seq > cfg->model.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", cfg->seq,
 			   cfg->model.ctx);

@@ -5,6 +5,7 @@
 #include "strata/file.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,7 @@ struct st_dataset {
 	void *map;
 	size_t map_bytes;
 	const uint8_t *tokens;  /* first token in the map */
-	unsigned tok_bytes;     /* 1 (bytes) or 2 (llm.c uint16, LE) */
+	unsigned tok_bytes;     /* 1 (bytes), 2 (llm.c uint16) or 4 (uint32), LE */
 	uint64_t n_tokens;
 	uint32_t max_token;
 };
@@ -34,6 +35,11 @@ static inline uint32_t st_tok(const struct st_dataset *ds, uint64_t i)
 {
 	if (ds->tok_bytes == 1)
 		return ds->tokens[i];
+	if (ds->tok_bytes == 4)
+		return (uint32_t)ds->tokens[4 * i] |
+		       (uint32_t)ds->tokens[4 * i + 1] << 8 |
+		       (uint32_t)ds->tokens[4 * i + 2] << 16 |
+		       (uint32_t)ds->tokens[4 * i + 3] << 24;
 	return (uint32_t)ds->tokens[2 * i] |
 	       (uint32_t)ds->tokens[2 * i + 1] << 8;
 }
@@ -51,9 +57,10 @@ static bool st_ends_with(const char *s, const char *suffix)
 	return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-/* Validates the llm.c header against the file size. */
+/* Validates the llm.c header against the file size; sets the token width
+ * (2: GPT-2's uint16 shards, 4: the uint32 ones llm.c writes for Llama 3). */
 static int st_llmc_check(const char *path, int fd, uint64_t file_bytes,
-			 uint64_t *n_tokens)
+			 uint64_t *n_tokens, unsigned *tok_bytes)
 {
 	uint8_t hdr[ST_LLMC_HEADER_BYTES];
 	int32_t magic, version, count;
@@ -70,22 +77,27 @@ static int st_llmc_check(const char *path, int fd, uint64_t file_bytes,
 	magic = st_le32(hdr);
 	version = st_le32(hdr + 4);
 	count = st_le32(hdr + 8);
-	if (magic != ST_LLMC_MAGIC)
+	if (magic != ST_LLMC_MAGIC && magic != ST_LLMC32_MAGIC)
 		return st_error_set(-EINVAL, "%s: bad magic %d, expected %d "
-				    "for an llm.c token shard", path, magic,
-				    ST_LLMC_MAGIC);
-	if (version != ST_LLMC_VERSION)
+				    "or %d for an llm.c token shard", path, magic,
+				    ST_LLMC_MAGIC, ST_LLMC32_MAGIC);
+	if (magic == ST_LLMC_MAGIC && version != ST_LLMC_VERSION)
 		return st_error_set(-EINVAL, "%s: unsupported llm.c shard "
 				    "version %d, expected %d (uint16 tokens)",
 				    path, version, ST_LLMC_VERSION);
+	if (magic == ST_LLMC32_MAGIC && version != ST_LLMC32_VERSION)
+		return st_error_set(-EINVAL, "%s: unsupported llm.c shard "
+				    "version %d, expected %d (uint32 tokens)",
+				    path, version, ST_LLMC32_VERSION);
+	*tok_bytes = magic == ST_LLMC32_MAGIC ? 4 : 2;
 	if (count <= 0)
 		return st_error_set(-EINVAL, "%s: header says %d tokens", path,
 				    count);
-	if (file_bytes - ST_LLMC_HEADER_BYTES != 2 * (uint64_t)count)
+	if (file_bytes - ST_LLMC_HEADER_BYTES != *tok_bytes * (uint64_t)count)
 		return st_error_set(-EINVAL, "%s: header says %d tokens (%llu "
 				    "bytes) but the file holds %llu bytes of "
 				    "tokens", path, count,
-				    2 * (unsigned long long)count,
+				    *tok_bytes * (unsigned long long)count,
 				    (unsigned long long)(file_bytes -
 							 ST_LLMC_HEADER_BYTES));
 	*n_tokens = (uint64_t)count;
@@ -97,6 +109,7 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 {
 	struct st_dataset *ds;
 	uint64_t file_bytes, n_tokens = 0;
+	unsigned tok_bytes = 1;
 	int fd, err;
 
 	*out = NULL;
@@ -113,14 +126,14 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 		format = ST_DATASET_BYTES;
 		if (file_bytes >= 4 &&
 		    !st_file_pread_full(fd, m, 4, 0, path) &&
-		    st_le32(m) == ST_LLMC_MAGIC)
+		    (st_le32(m) == ST_LLMC_MAGIC || st_le32(m) == ST_LLMC32_MAGIC))
 			format = ST_DATASET_LLMC;
 		/* A .bin that is not a shard is a broken shard, not text. */
 		if (st_ends_with(path, ".bin"))
 			format = ST_DATASET_LLMC;
 	}
 	if (format == ST_DATASET_LLMC) {
-		err = st_llmc_check(path, fd, file_bytes, &n_tokens);
+		err = st_llmc_check(path, fd, file_bytes, &n_tokens, &tok_bytes);
 		if (err) {
 			close(fd);
 			return err;
@@ -155,11 +168,18 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 		st_dataset_close(ds);
 		return err;
 	}
-	ds->tok_bytes = format == ST_DATASET_LLMC ? 2 : 1;
+	ds->tok_bytes = tok_bytes;
 	ds->tokens = (const uint8_t *)ds->map +
 		     (format == ST_DATASET_LLMC ? ST_LLMC_HEADER_BYTES : 0);
 	for (uint64_t i = 0; i < n_tokens; i++)
 		ds->max_token = ST_MAX(ds->max_token, st_tok(ds, i));
+	/* batches are int32: a uint32 shard's ids must fit */
+	if (ds->max_token > INT32_MAX) {
+		err = st_error_set(-EINVAL, "%s: token %u is past 2^31-1, the "
+				   "largest id a batch holds", path, ds->max_token);
+		st_dataset_close(ds);
+		return err;
+	}
 	*out = ds;
 	return 0;
 }

@@ -4,6 +4,7 @@
 
 #include "strata/file.h"
 #include "gpt2.h"
+#include "llama.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -17,6 +18,7 @@
 /* The built-in families; the first is what a config without one means. */
 static const struct st_family_ops *const st_families[] = {
 	&st_family_gpt2,
+	&st_family_llama,
 };
 
 #define ST_FAMILY_MAX 16
@@ -231,7 +233,13 @@ bool st_model_config_equal(const struct st_model_config *a, const struct st_mode
 	return st_model_config_family(a) == st_model_config_family(b) &&
 	       a->n_layer == b->n_layer && a->dim == b->dim && a->n_head == b->n_head &&
 	       a->n_kv_head == b->n_kv_head && a->ffn_dim == b->ffn_dim &&
-	       a->vocab == b->vocab && a->ctx == b->ctx;
+	       a->vocab == b->vocab && a->ctx == b->ctx && a->head_dim == b->head_dim &&
+	       a->untied == b->untied && a->qkv_bias == b->qkv_bias &&
+	       a->norm_eps == b->norm_eps && a->rope_theta == b->rope_theta &&
+	       a->rope_type == b->rope_type && a->rope_factor == b->rope_factor &&
+	       a->rope_low_freq_factor == b->rope_low_freq_factor &&
+	       a->rope_high_freq_factor == b->rope_high_freq_factor &&
+	       a->rope_original_ctx == b->rope_original_ctx;
 }
 
 char *st_model_config_format(const struct st_model_config *cfg, char *buf, size_t bytes)

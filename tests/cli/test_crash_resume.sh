@@ -7,7 +7,8 @@
 # in start-up), and nothing may be left behind: no swap file, no temporary
 # checkpoint directory once the last run has committed. A second run cannot
 # save into the directory of a live one. And Ctrl-C / SIGTERM stop a run at
-# a step's end, saved.
+# a step's end, saved. ST_CRASH_MODEL=MODEL runs the kills on that model
+# (crash-resume-llama: a LLaMA shape) and stops after them.
 set -u
 strata=$1
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-crash-test.XXXXXX")
@@ -25,7 +26,8 @@ train() { # checkpoint dir, metrics file, extra flags... (exec: killing a
 	# background "train ... &" must kill strata, not a subshell around it)
 	local ck=$1 metrics=$2
 	shift 2
-	exec "$strata" train --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --batch 4 \
+	exec "$strata" train --model "${ST_CRASH_MODEL:-layers=2,dim=64,heads=2,vocab=256,ctx=64}" \
+		--seq 32 --batch 4 \
 		--grad-accum 2 --data "$data" --steps $steps --warmup 2 --seed 11 \
 		--offload-params nvme --offload-optim nvme --nvme "$work/swap" \
 		--save "$work/$ck" --save-every ${every:-1} --keep 2 --metrics "$work/$metrics" "$@"
@@ -135,6 +137,10 @@ PY
 	return $bad
 }
 same_as_ref ck run.jsonl "killed $kills times" || fail=1
+if [ -n "${ST_CRASH_MODEL:-}" ]; then
+	[ $fail = 0 ] && echo "PASS (model $ST_CRASH_MODEL)"
+	exit $fail
+fi
 
 # Ctrl-C (SIGINT) and SIGTERM: the run stops at the end of a step and saves
 # there although no --save-every asks for it, says so in one line, exits

@@ -353,6 +353,108 @@ static void check_crossentropy(int N, int V)
 	expect_close(name("crossentropy_bwd in place (%d,%d)", N, V), inplace, dl);
 }
 
+/* ---- LLaMA's ops ----------------------------------------------------------- */
+
+static void check_rmsnorm(int N, int C)
+{
+	const size_t n = (size_t)N * C;
+	auto inp = rand_vec(n, -3, 3), w = rand_vec((size_t)C, 0.5f, 1.5f);
+	auto dout = rand_vec(n, -1, 1);
+	std::vector<float> out(n), rstd(N), gout(n, NAN), grstd(N, NAN);
+
+	st_cpu_rmsnorm_fwd(out.data(), rstd.data(), inp.data(), w.data(), 1e-6f, N, C);
+	emu_launch(k_rmsnorm_fwd, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK), gout.data(),
+		   grstd.data(), (const float *)inp.data(), (const float *)w.data(), 1e-6f, N, C);
+	expect_close(name("rmsnorm_fwd out (%d,%d)", N, C), gout, out);
+	expect_close(name("rmsnorm_fwd rstd (%d,%d)", N, C), grstd, rstd);
+
+	auto dinp = rand_vec(n, -1, 1), dw = rand_vec((size_t)C, -1, 1);
+	auto gdinp = dinp, gdw = dw;
+	st_cpu_rmsnorm_bwd(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(),
+			   N, C);
+	emu_launch(k_rmsnorm_bwd_dinp, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK), gdinp.data(),
+		   (const float *)dout.data(), (const float *)inp.data(), (const float *)w.data(),
+		   (const float *)rstd.data(), N, C);
+	/* as st_cuda_rmsnorm_bwd: colsum(NULL, dweight, ..., mean NULL) */
+	emu_colsum(NULL, gdw.data(), dout.data(), inp.data(), NULL, rstd.data(), N, C);
+	expect_close(name("rmsnorm_bwd dinp (%d,%d)", N, C), gdinp, dinp);
+	expect_close(name("rmsnorm_bwd dweight (%d,%d)", N, C), gdw, dw);
+}
+
+// rows of `stride` floats, NH heads of hd first; the rest left alone.
+static void check_rope(int B, int T, int NH, int hd, int stride, int type)
+{
+	const size_t n = (size_t)B * T * stride, pairs = (size_t)B * T * NH * (hd / 2);
+	const float theta = 500000.0f, factor = type ? 8.0f : 0.0f;
+	const float lo = type == 2 ? 1.0f : 0.0f, hi = type == 2 ? 4.0f : 0.0f;
+	const int orig = type == 2 ? 16 : 0;
+	auto inp = rand_vec(n, -1, 1);
+	for (int bwd = 0; bwd < 2; bwd++) {
+		auto ref = rand_vec(n, -1, 1);
+		auto got = ref;
+		if (bwd)
+			st_cpu_rope_bwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig,
+					theta, factor, lo, hi);
+		else
+			st_cpu_rope_fwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig,
+					theta, factor, lo, hi);
+		emu_launch(k_rope, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, got.data(),
+			   (const float *)inp.data(), T, NH, hd, stride, pairs, type, orig, theta,
+			   factor, lo, hi, bwd ? -1.0f : 1.0f);
+		expect_close(name(bwd ? "rope_bwd type %d (%d,%d)" : "rope_fwd type %d (%d,%d)",
+				  type, T, hd), got, ref);
+	}
+	auto inplace = inp, ref = inp; /* out == inp */
+	st_cpu_rope_fwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig, theta, factor,
+			lo, hi);
+	emu_launch(k_rope, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, inplace.data(),
+		   (const float *)inplace.data(), T, NH, hd, stride, pairs, type, orig, theta,
+		   factor, lo, hi, 1.0f);
+	expect_close(name("rope_fwd in place type %d (%d,%d)", type, T, hd), inplace, ref);
+}
+
+static void check_swiglu(size_t n)
+{
+	auto gate = rand_vec(n, -8, 8), up = rand_vec(n, -2, 2), dout = rand_vec(n, -1, 1);
+	std::vector<float> out(n), gout(n, NAN);
+	st_cpu_swiglu_fwd(out.data(), gate.data(), up.data(), n);
+	emu_launch(k_swiglu_fwd, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, gout.data(),
+		   (const float *)gate.data(), (const float *)up.data(), n);
+	expect_close(name("swiglu_fwd n=%d", (int)n), gout, out);
+	std::vector<float> dg(n), du(n), gdg(n, NAN), gdu(n, NAN);
+	st_cpu_swiglu_bwd(dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
+	emu_launch(k_swiglu_bwd, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, gdg.data(), gdu.data(),
+		   (const float *)dout.data(), (const float *)gate.data(),
+		   (const float *)up.data(), n);
+	expect_close(name("swiglu_bwd dgate n=%d", (int)n), gdg, dg);
+	expect_close(name("swiglu_bwd dup n=%d", (int)n), gdu, du);
+	auto ig = gate, iu = up; /* in place: dgate = gate, dup = up */
+	emu_launch(k_swiglu_bwd, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, ig.data(), iu.data(),
+		   (const float *)dout.data(), (const float *)ig.data(), (const float *)iu.data(),
+		   n);
+	expect_close(name("swiglu_bwd in place n=%d", (int)n), ig, dg);
+}
+
+static void check_token_embed(int N, int C, int V)
+{
+	std::vector<int32_t> tok(N);
+	for (auto &t : tok)
+		t = (int32_t)(rng_next() % (uint64_t)V);
+	auto wte = rand_vec((size_t)V * C, -1, 1), dout = rand_vec((size_t)N * C, -1, 1);
+	std::vector<float> out((size_t)N * C), gout((size_t)N * C, NAN);
+	st_cpu_token_embed_fwd(out.data(), tok.data(), wte.data(), N, C);
+	emu_launch(k_token_embed_fwd, grid_for((size_t)N * C, ST_CUDA_ELEM_BLOCK), ELEM,
+		   gout.data(), (const int32_t *)tok.data(), (const float *)wte.data(), C,
+		   (size_t)N * C);
+	expect_bits(name("token_embed_fwd (%d,%d)", N, C), gout, out);
+	auto dw = rand_vec((size_t)V * C, -1, 1);
+	auto gdw = dw;
+	st_cpu_token_embed_bwd(dw.data(), dout.data(), tok.data(), N, C);
+	emu_launch(k_embedding_bwd_wte, grid_block_items(N), dim3(ST_CUDA_EMB_BLOCK), gdw.data(),
+		   (const float *)dout.data(), (const int32_t *)tok.data(), N, C);
+	expect_close(name("token_embed_bwd (%d,%d) V=%d", N, C, V), gdw, dw);
+}
+
 int main(void)
 {
 	check_casts();
@@ -373,6 +475,15 @@ int main(void)
 	// V above and below the block.
 	check_crossentropy(5, 1001);
 	check_crossentropy(3, 37);
+	// LLaMA's: rows past a warp, C odd; rope with spare row floats, each
+	// type; SwiGLU over the exp's clamps; repeated tokens past the block.
+	check_rmsnorm(300, 37);
+	check_rmsnorm(5, 70);
+	check_rope(2, 37, 3, 16, 56, 0);
+	check_rope(1, 300, 2, 8, 16, 1);
+	check_rope(1, 70, 2, 64, 130, 2);
+	check_swiglu(1001);
+	check_token_embed(150, 37, 5);
 	if (emu_launch_errors) {
 		fprintf(stderr, "FAIL %d launches beyond the emulation\n", emu_launch_errors);
 		fails++;

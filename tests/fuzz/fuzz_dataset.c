@@ -1,5 +1,6 @@
 /* libFuzzer target for the llm.c token-shard reader (src/io/dataset.c), as
- * `strata train --data x.bin` opens it: any input either opens, with a
+ * `strata train --data x.bin` opens it (uint16 shards, and the uint32 ones
+ * of magic 20240801): any input either opens, with a
  * token count that matches the file and a largest token that is right, and
  * then batches come out of it inside the file; or it is refused with
  * -EINVAL and one line naming the file. The input's first 96 bytes are also
@@ -20,10 +21,15 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static uint32_t st_fuzz_tok(const uint8_t *data, uint64_t i)
+/* token i of a shard whose tokens are w bytes wide (2, or 4 for the
+ * uint32 shards: magic 20240801) */
+static uint32_t st_fuzz_tok(const uint8_t *data, uint64_t i, unsigned w)
 {
-	const uint8_t *p = data + ST_LLMC_HEADER_INTS * 4 + 2 * i;
+	const uint8_t *p = data + ST_LLMC_HEADER_INTS * 4 + w * i;
 
+	if (w == 4)
+		return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+		       (uint32_t)p[3] << 24;
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8;
 }
 
@@ -87,6 +93,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct st_cursor c;
 	uint32_t max_token = 0;
 	uint64_t n;
+	unsigned w;
 	int err;
 
 	/* A cursor that is not one is refused, whatever the dataset. */
@@ -102,12 +109,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	n = st_dataset_tokens(ds);
+	w = size >= 4 && data[0] == (ST_LLMC32_MAGIC & 0xff) &&
+			    data[1] == ((ST_LLMC32_MAGIC >> 8) & 0xff) &&
+			    data[2] == ((ST_LLMC32_MAGIC >> 16) & 0xff) &&
+			    data[3] == ((uint32_t)ST_LLMC32_MAGIC >> 24) ? 4 : 2;
 	if (st_dataset_format(ds) != ST_DATASET_LLMC || n == 0 ||
-	    size != ST_LLMC_HEADER_INTS * 4 + 2 * n)
+	    size != ST_LLMC_HEADER_INTS * 4 + w * n)
 		abort();
 	for (uint64_t i = 0; i < n; i++)
-		if (st_fuzz_tok(data, i) > max_token)
-			max_token = st_fuzz_tok(data, i);
+		if (st_fuzz_tok(data, i, w) > max_token)
+			max_token = st_fuzz_tok(data, i, w);
 	if (st_dataset_max_token(ds) != max_token)
 		abort();
 	st_fuzz_loaders(ds, max_token, data, size);

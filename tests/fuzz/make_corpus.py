@@ -52,6 +52,20 @@ put(D, "count_too_small.bin", shard([1, 2, 3], count=2))
 put(D, "count_huge.bin", shard([1, 2, 3], count=0x7FFFFFFF))
 put(D, "odd_byte.bin", shard([1, 2, 3]) + b"\x00")
 put(D, "text.bin", "not a shard, but its name says it is one\n" * 4)
+# llm.c's uint32 shards (magic 20240801, version 7: Llama 3's vocabulary)
+def shard32(tokens, version=7, count=None):
+    hdr = [0] * 256
+    hdr[0], hdr[1] = 20240801, version
+    hdr[2] = len(tokens) if count is None else count
+    return struct.pack("<256i", *hdr) + struct.pack("<%dI" % len(tokens), *tokens)
+
+
+put(D, "valid_u32.bin", shard32([128000, 9906, 1917, 0, 65536, 151935] * 4))
+put(D, "u32_bad_version.bin", shard32([1, 2, 3], version=1))
+put(D, "u32_count_too_large.bin", shard32([1, 2, 3], count=4))
+put(D, "u32_half_token.bin", shard32([1, 2, 3]) + b"\x00\x00")
+# found by fuzz-dataset: an id past 2^31-1 came out of the loader negative
+put(D, "fuzz_u32_past_int32.bin", shard32([128000, 4278342015, 9906]))
 # a sampler cursor as trainer.json holds it (st_cursor_pack())
 cursor = bytes.fromhex(
     "535443520100000002000000080000000100000000000000390500000000000000000000"

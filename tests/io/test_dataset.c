@@ -173,6 +173,70 @@ static void test_shard_header_checks(void **state)
 	expect_bad(path, ST_DATASET_LLMC, "bad magic");
 }
 
+/* llm.c's uint32 shard (magic 20240801, version 7: what it writes for
+ * Llama 3's vocabulary), built byte by byte; ids past 65535 come back. */
+static void make_shard32(const char *path, int32_t version, int32_t count, uint32_t n_tok)
+{
+	size_t len = 1024 + 4 * (size_t)n_tok;
+	uint8_t *b = calloc(1, len);
+	int32_t h[3] = { 20240801, version, count };
+
+	assert_non_null(b);
+	for (int i = 0; i < 3; i++)
+		for (int k = 0; k < 4; k++)
+			b[4 * i + k] = (uint8_t)((uint32_t)h[i] >> (8 * k));
+	for (uint32_t i = 0; i < n_tok; i++)
+		for (int k = 0; k < 4; k++)
+			b[1024 + 4 * i + k] = (uint8_t)(((i * 100003u) % 150000u) >> (8 * k));
+	write_file(path, b, len);
+	free(b);
+}
+
+static void test_shard32(void **state)
+{
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_loader_config lc = { .batch = 1, .seq = 99, .split = ST_SPLIT_ALL };
+	int32_t in[99], tg[99];
+	char path[160];
+	uint32_t max = 0;
+
+	(void)state;
+	snprintf(path, sizeof(path), "%s/wide.bin", tmpdir);
+	make_shard32(path, 7, 1000, 1000);
+	assert_int_equal(st_dataset_open(&ds, path, ST_DATASET_AUTO), 0);
+	assert_int_equal(st_dataset_format(ds), ST_DATASET_LLMC);
+	assert_int_equal(st_dataset_tokens(ds), 1000);
+	for (uint32_t i = 0; i < 1000; i++)
+		max = ST_MAX(max, (i * 100003u) % 150000u);
+	assert_true(max > 65535);
+	assert_int_equal(st_dataset_max_token(ds), max);
+	assert_int_equal(st_loader_init(&ld, ds, &lc), 0);
+	st_loader_next(&ld, in, tg);
+	for (uint32_t i = 0; i < 99; i++) {
+		assert_int_equal(in[i], (int32_t)((i * 100003u) % 150000u));
+		assert_int_equal(tg[i], (int32_t)(((i + 1) * 100003u) % 150000u));
+	}
+	st_dataset_close(ds);
+	make_shard32(path, 1, 1000, 1000);
+	expect_bad(path, ST_DATASET_AUTO, "unsupported llm.c shard version 1, expected 7 (uint32");
+	make_shard32(path, 7, 1000, 999);
+	expect_bad(path, ST_DATASET_AUTO, "header says 1000 tokens (4000 bytes) but the file "
+		   "holds 3996 bytes");
+	{
+		/* an id that an int32 batch cannot hold */
+		uint8_t b[1024 + 8] = { 0 };
+		const int32_t h[3] = { 20240801, 7, 2 };
+
+		for (int i = 0; i < 3; i++)
+			for (int k = 0; k < 4; k++)
+				b[4 * i + k] = (uint8_t)((uint32_t)h[i] >> (8 * k));
+		b[1024 + 4 + 3] = 0x80;
+		write_file(path, b, sizeof(b));
+		expect_bad(path, ST_DATASET_AUTO, "token 2147483648 is past 2^31-1");
+	}
+}
+
 static void test_bytes_dataset(void **state)
 {
 	static const char text[] = "It was the best of times, it was the worst "
@@ -467,6 +531,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shard_read),
 		cmocka_unit_test(test_shard_header_checks),
+		cmocka_unit_test(test_shard32),
 		cmocka_unit_test(test_bytes_dataset),
 		cmocka_unit_test(test_contiguous_order),
 		cmocka_unit_test(test_shuffle_matches_reference),

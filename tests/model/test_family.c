@@ -29,12 +29,16 @@ static void test_registry(void **state)
 	assert_string_equal(g->name, "gpt2");
 	assert_ptr_equal(st_family_default(), g);
 	assert_int_equal(st_family_check(g), 0);
-	assert_string_equal(st_family_list(), "gpt2");
-	assert_string_equal(st_model_preset_list(), "tiny,gpt2,gpt2-medium,gpt2-large,gpt2-xl");
+	assert_string_equal(st_family_list(), "gpt2,llama");
+	assert_non_null(strstr(st_model_preset_list(),
+			       "tiny,gpt2,gpt2-medium,gpt2-large,gpt2-xl,smollm2-135m,"));
+	assert_non_null(st_family_find("llama"));
+	assert_ptr_equal(st_family_find_hf("qwen2", NULL), st_family_find("llama"));
+	assert_ptr_equal(st_family_find_hf(NULL, "LlamaForCausalLM"), st_family_find("llama"));
 
 	st_error_clear();
-	assert_null(st_family_find("llama"));
-	assert_non_null(strstr(st_error_last(), "unknown family 'llama'"));
+	assert_null(st_family_find("mamba"));
+	assert_non_null(strstr(st_error_last(), "unknown family 'mamba'"));
 	assert_null(st_family_find(NULL));
 
 	/* config.json's names */
@@ -153,7 +157,7 @@ static void test_register(void **state)
 	assert_int_equal(st_family_register(&copy), 0);
 	g_copy = &copy;
 	assert_ptr_equal(st_family_find("copy"), &copy);
-	assert_string_equal(st_family_list(), "gpt2,copy");
+	assert_string_equal(st_family_list(), "gpt2,llama,copy");
 	assert_ptr_equal(st_family_find_hf("gpt2-copy", NULL), &copy);
 	struct st_model_config a, b;
 	assert_int_equal(st_model_config_parse("copy:layers=2,dim=32,heads=4,vocab=37,ctx=80", &a), 0);
@@ -212,8 +216,8 @@ static void test_parse(void **state)
 		const char *text, *msg;
 	} bad[] = {
 		{ "", "empty model name" },
-		{ "gpt3", "unknown model 'gpt3' (presets: tiny,gpt2,gpt2-medium,gpt2-large,gpt2-xl, "
-			  "or layers=L,dim=C,heads=H,vocab=V,ctx=T)" },
+		{ "gpt3", "unknown model 'gpt3' (presets: tiny,gpt2,gpt2-medium,gpt2-large,gpt2-xl,"
+			  "smollm2-135m," },
 		{ "layers=2,dim=48,heads=5,vocab=10,ctx=8", "heads (5) must be >= 1 and divide dim (48)" },
 		{ "layers=2,dim=48,heads=4,vocab=10", "lacks key 'ctx'" },
 		{ "layers=2,dim=48,heads=4,vocab=10,ctx=8,", "trailing ','" },
@@ -222,7 +226,8 @@ static void test_parse(void **state)
 		{ "layers=2,dim=4x8,heads=4,vocab=10,ctx=8", "'dim' needs a positive integer" },
 		{ "layers=2,dim=48,heads=4,vocab=10,ctx=8,depth=3", "unknown key 'depth'" },
 		{ "layers=2,dim=48,heads=4,vocab=10,ctx", "is not key=value" },
-		{ "llama:layers=2,dim=48,heads=4,vocab=10,ctx=8", "unknown family 'llama'" },
+		{ "mamba:layers=2,dim=48,heads=4,vocab=10,ctx=8", "unknown family 'mamba'" },
+		{ "llama:layers=2,dim=48,heads=4,vocab=10,ctx=8", "lacks key 'kv-heads'" },
 		{ "gpt2:", "names a family, not a model" },
 		{ "gpt2:gpt3", "unknown model 'gpt2:gpt3'" },
 		{ "gpt2:layers=2,dim=48,heads=5,vocab=10,ctx=8", "must be >= 1 and divide dim" },

@@ -576,7 +576,7 @@ static void test_traffic_matches_plan(void **state)
  * stopped: the third step runs with next_follows, as in a run told to stop
  * during it, and the save takes st_engine_step_end_cursor() (the loader has
  * given the next step's first batch by then). */
-static void resume_case(bool stopped)
+static void resume_case(bool stopped, const char *model)
 {
 	struct st_engine_config c;
 	struct run straight, resumed;
@@ -588,6 +588,8 @@ static void resume_case(bool stopped)
 	uint64_t step;
 
 	base_config(&c);
+	if (model)
+		assert_int_equal(st_model_config_parse(model, &c.train.model), 0);
 	c.params = ST_OFFLOAD_NVME;
 	c.optim = ST_OFFLOAD_NVME;
 	train(&c, 6, &straight);
@@ -638,8 +640,79 @@ static void resume_case(bool stopped)
 static void test_resume(void **state)
 {
 	(void)state;
-	resume_case(false);
-	resume_case(true);
+	resume_case(false, NULL);
+	resume_case(true, NULL);
+}
+
+/* --- LLaMA ---------------------------------------------------------------------
+ * The same invariants on LLaMA shapes: GQA with Qwen2's biases and a tied
+ * head (the head reads the resident embedding), and an untied head with
+ * llama3 rope scaling (the head a unit of its own, streamed). */
+static const char *const llama_models[] = {
+	"llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,bias=1,tied=1",
+	"llama:layers=2,dim=64,heads=4,kv-heads=1,ffn=80,vocab=300,ctx=64,tied=0,"
+	"rope-theta=500000,rope-scaling=llama3:8:1:4:16",
+};
+
+static void test_llama_placement(void **state)
+{
+	struct st_engine_config c;
+	struct run ref, r;
+	static const struct {
+		const char *name;
+		enum st_offload params, optim;
+		int prefetch, threads;
+	} cases[] = {
+		{ "llama: params nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 0 },
+		{ "llama: params host, prefetch 1", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 1, 0 },
+		{ "llama: threads 2, params nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
+	};
+	int threads0 = omp_get_max_threads();
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
+		base_config(&c);
+		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = ST_OFFLOAD_HOST;
+		train(&c, STEPS, &ref);
+		assert_true(ref.loss[0] > 5.0 && ref.loss[0] < 6.5); /* ln 256..300 */
+		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+			base_config(&c);
+			assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+			c.params = cases[i].params;
+			c.optim = cases[i].optim;
+			c.prefetch = cases[i].prefetch;
+			if (cases[i].threads)
+				omp_set_num_threads(cases[i].threads);
+			train(&c, STEPS, &r);
+			omp_set_num_threads(threads0);
+			same(&ref, &r, STEPS, cases[i].name);
+			run_free(&r);
+		}
+		/* split homes: W in vram, host and nvme by unit */
+		enum st_home homes[4 * ST_STATE_COUNT];
+		for (int u = 0; u < 4; u++)
+			for (int s = 0; s < ST_STATE_COUNT; s++)
+				homes[u * ST_STATE_COUNT + s] =
+					s == ST_STATE_W ? (enum st_home)(u % 3)
+					: (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
+		base_config(&c);
+		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		c.homes = homes;
+		c.prefetch = 1;
+		train(&c, STEPS, &r);
+		same(&ref, &r, STEPS, "llama: split placement");
+		run_free(&r);
+		run_free(&ref);
+	}
+}
+
+static void test_llama_resume(void **state)
+{
+	(void)state;
+	resume_case(false, llama_models[0]);
+	resume_case(true, llama_models[1]);
 }
 
 static void test_nvme_fault(void **state)
@@ -1092,11 +1165,14 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_cuda_close_to_cpu),
 		cmocka_unit_test(test_resume),
+		cmocka_unit_test(test_llama_placement),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_untied_head),
+		cmocka_unit_test(test_llama_placement),
+		cmocka_unit_test(test_llama_resume),
 		cmocka_unit_test(test_budgets),
 		cmocka_unit_test(test_matches_reference_trainer),
 		cmocka_unit_test(test_traffic_matches_plan),

@@ -118,6 +118,69 @@ static void k_crossentropy_bwd(const struct st_op *op)
 	st_cpu_crossentropy_bwd(P(0), P(1), P(2), P(3), op->f[0], I(0), I(1));
 }
 
+static void k_linear_fwd(const struct st_op *op)
+{
+	st_cpu_linear_fwd(P(0), P(1), P(2), P(3), I(0), I(1), I(2));
+}
+
+static void k_linear_bwd(const struct st_op *op)
+{
+	st_cpu_linear_bwd(P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1), I(2));
+}
+
+static void k_rmsnorm_fwd(const struct st_op *op)
+{
+	st_cpu_rmsnorm_fwd(P(0), P(1), P(2), P(3), op->f[0], I(0), I(1));
+}
+
+static void k_rmsnorm_bwd(const struct st_op *op)
+{
+	st_cpu_rmsnorm_bwd(P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1));
+}
+
+static void k_rope_fwd(const struct st_op *op)
+{
+	st_cpu_rope_fwd(P(0), P(1), I(0), I(1), I(2), I(3), I(4), I(5), I(6), op->f[0],
+			op->f[1], op->f[2], op->f[3]);
+}
+
+static void k_rope_bwd(const struct st_op *op)
+{
+	st_cpu_rope_bwd(P(0), P(1), I(0), I(1), I(2), I(3), I(4), I(5), I(6), op->f[0],
+			op->f[1], op->f[2], op->f[3]);
+}
+
+static void k_swiglu_fwd(const struct st_op *op)
+{
+	st_cpu_swiglu_fwd(P(0), P(1), P(2), Z(0));
+}
+
+static void k_swiglu_bwd(const struct st_op *op)
+{
+	st_cpu_swiglu_bwd(P(0), P(1), P(2), P(3), P(4), Z(0));
+}
+
+static void k_token_embed_fwd(const struct st_op *op)
+{
+	st_cpu_token_embed_fwd(P(0), P(1), P(2), I(0), I(1));
+}
+
+static void k_token_embed_bwd(const struct st_op *op)
+{
+	st_cpu_token_embed_bwd(P(0), P(1), P(2), I(0), I(1));
+}
+
+static void k_gqa_attention_fwd(const struct st_op *op)
+{
+	st_cpu_gqa_attention_fwd(P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2), I(3), I(4));
+}
+
+static void k_gqa_attention_bwd(const struct st_op *op)
+{
+	st_cpu_gqa_attention_bwd(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), I(0),
+				 I(1), I(2), I(3), I(4));
+}
+
 typedef void (*cpu_kernel)(const struct st_op *op);
 
 static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
@@ -139,6 +202,18 @@ static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
 	[ST_OP_ATTENTION_BWD] = k_attention_bwd,
 	[ST_OP_CROSSENTROPY_FWD] = k_crossentropy_fwd,
 	[ST_OP_CROSSENTROPY_BWD] = k_crossentropy_bwd,
+	[ST_OP_LINEAR_FWD] = k_linear_fwd,
+	[ST_OP_LINEAR_BWD] = k_linear_bwd,
+	[ST_OP_RMSNORM_FWD] = k_rmsnorm_fwd,
+	[ST_OP_RMSNORM_BWD] = k_rmsnorm_bwd,
+	[ST_OP_ROPE_FWD] = k_rope_fwd,
+	[ST_OP_ROPE_BWD] = k_rope_bwd,
+	[ST_OP_SWIGLU_FWD] = k_swiglu_fwd,
+	[ST_OP_SWIGLU_BWD] = k_swiglu_bwd,
+	[ST_OP_TOKEN_EMBED_FWD] = k_token_embed_fwd,
+	[ST_OP_TOKEN_EMBED_BWD] = k_token_embed_bwd,
+	[ST_OP_GQA_ATTENTION_FWD] = k_gqa_attention_fwd,
+	[ST_OP_GQA_ATTENTION_BWD] = k_gqa_attention_bwd,
 };
 
 bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dt)

@@ -102,3 +102,58 @@ extern "C" int st_cuda_attention_bwd(struct st_cuda_ctx *ctx, float *dqkv,
 	return att_launch("attention_bwd dQ kernel", att_bwd_dq_kernel, grid, smem_bytes,
 			  stream, dqkv, dout, qkv, out, lse, T, C, NH, hs, scale);
 }
+
+/* ---- grouped-query attention (LLaMA) ------------------------------------------------- */
+
+static int gqa_check(const char *op, int B, int T, int NH, int NKV, int hd)
+{
+	if (B < 0 || T < 0 || NH <= 0 || NKV <= 0 || NH % NKV || hd <= 0)
+		return st_error_set(-EINVAL, "cuda %s: bad shape B=%d T=%d NH=%d NKV=%d hd=%d",
+				    op, B, T, NH, NKV, hd);
+	if (hd > ATT_HS_MAX)
+		return st_error_set(-EINVAL, "cuda %s: head size %d over the %d supported", op,
+				    hd, ATT_HS_MAX);
+	if ((long long)B * NH > 0x7fffffffLL || (T + ATT_TILE - 1) / ATT_TILE > 65535)
+		return st_error_set(-EINVAL, "cuda %s: B*NH=%lld or T=%d too large", op,
+				    (long long)B * NH, T);
+	return 0;
+}
+
+extern "C" int st_cuda_gqa_attention_fwd(struct st_cuda_ctx *ctx, float *out, float *lse,
+					 const float *q, const float *k, const float *v, int B,
+					 int T, int NH, int NKV, int hd)
+{
+	int err = gqa_check("gqa_attention_fwd", B, T, NH, NKV, hd);
+
+	if (err)
+		return err;
+	if (B == 0 || T == 0)
+		return 0;
+	const float scale = 1.0f / sqrtf((float)hd);
+	return att_launch("gqa_attention_fwd kernel", gqa_fwd_kernel, att_grid(B, NH, T),
+			  att_fwd_smem_bytes(hd), st_cuda_ctx_stream(ctx), out, lse, q, k, v, T,
+			  NH, NKV, hd, scale);
+}
+
+extern "C" int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, float *dk,
+					 float *dv, const float *dout, const float *q,
+					 const float *k, const float *v, const float *out,
+					 const float *lse, int B, int T, int NH, int NKV, int hd)
+{
+	int err = gqa_check("gqa_attention_bwd", B, T, NH, NKV, hd);
+
+	if (err)
+		return err;
+	if (B == 0 || T == 0)
+		return 0;
+	const float scale = 1.0f / sqrtf((float)hd);
+	const size_t smem_bytes = att_bwd_smem_bytes(hd);
+	cudaStream_t stream = st_cuda_ctx_stream(ctx);
+	err = att_launch("gqa_attention_bwd dK/dV kernel", gqa_bwd_dkv_kernel,
+			 gqa_kv_grid(B, NKV, T), smem_bytes, stream, dk, dv, dout, q, k, v, out,
+			 lse, T, NH, NKV, hd, scale);
+	if (err)
+		return err;
+	return att_launch("gqa_attention_bwd dQ kernel", gqa_bwd_dq_kernel, att_grid(B, NH, T),
+			  smem_bytes, stream, dq, dout, q, k, v, out, lse, T, NH, NKV, hd, scale);
+}

@@ -104,6 +104,34 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_crossentropy_fwd(ctx, P(0), P(1), P(2), I(0), I(1));
 	case ST_OP_CROSSENTROPY_BWD:
 		return st_cuda_crossentropy_bwd(ctx, P(0), P(1), P(2), P(3), op->f[0], I(0), I(1));
+	case ST_OP_LINEAR_FWD:
+		return st_cuda_linear_fwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	case ST_OP_LINEAR_BWD:
+		return st_cuda_linear_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1),
+					  I(2));
+	case ST_OP_RMSNORM_FWD:
+		return st_cuda_rmsnorm_fwd(ctx, P(0), P(1), P(2), P(3), op->f[0], I(0), I(1));
+	case ST_OP_RMSNORM_BWD:
+		return st_cuda_rmsnorm_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1));
+	case ST_OP_ROPE_FWD:
+	case ST_OP_ROPE_BWD:
+		return st_cuda_rope(ctx, op->kind == ST_OP_ROPE_BWD, P(0), P(1), I(0), I(1), I(2),
+				    I(3), I(4), I(5), I(6), op->f[0], op->f[1], op->f[2],
+				    op->f[3]);
+	case ST_OP_SWIGLU_FWD:
+		return st_cuda_swiglu_fwd(ctx, P(0), P(1), P(2), Z(0));
+	case ST_OP_SWIGLU_BWD:
+		return st_cuda_swiglu_bwd(ctx, P(0), P(1), P(2), P(3), P(4), Z(0));
+	case ST_OP_TOKEN_EMBED_FWD:
+		return st_cuda_token_embed_fwd(ctx, P(0), P(1), P(2), I(0), I(1));
+	case ST_OP_TOKEN_EMBED_BWD:
+		return st_cuda_token_embed_bwd(ctx, P(0), P(1), P(2), I(0), I(1));
+	case ST_OP_GQA_ATTENTION_FWD:
+		return st_cuda_gqa_attention_fwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
+						 I(2), I(3), I(4));
+	case ST_OP_GQA_ATTENTION_BWD:
+		return st_cuda_gqa_attention_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
+						 P(7), P(8), I(0), I(1), I(2), I(3), I(4));
 	case ST_OP_COUNT:
 		break;
 	}

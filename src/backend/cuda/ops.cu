@@ -1018,4 +1018,163 @@ int st_cuda_crossentropy_bwd(struct st_cuda_ctx *ctx, float *dlogits, float *los
 	return 0;
 }
 
+/* ---- LLaMA's ops ----------------------------------------------------------------------- */
+
+/* out (N,OC) = inp (N,IC) @ weight^T (weight (OC,IC)) + bias: rows = bias
+ * (or 0), then the product added by st_cuda_gemm. */
+int st_cuda_linear_fwd(struct st_cuda_ctx *ctx, float *out, const float *inp,
+		       const float *weight, const float *bias, int N, int IC, int OC)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: linear_fwd: bad shape");
+	if (N == 0 || OC == 0)
+		return 0;
+	if (bias) {
+		k_fill_rows<<<grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			      ctx->stream>>>(out, bias, (size_t)N, OC);
+		LAUNCH_CHECK("linear_fwd bias");
+	}
+	return st_cuda_gemm(ctx, 0, 1, N, OC, IC, inp, IC, weight, IC, bias ? 1.0f : 0.0f, out,
+			    OC);
+}
+
+int st_cuda_linear_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight, float *dbias,
+		       const float *dout, const float *inp, const float *weight, int N,
+		       int IC, int OC)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: linear_bwd: bad shape");
+	// dinp (N,IC) += dout (N,OC) @ weight (OC,IC)
+	if (dinp && (rc = st_cuda_gemm(ctx, 0, 0, N, IC, OC, dout, OC, weight, IC, 1.0f, dinp,
+				       IC)))
+		return rc;
+	// dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
+	if (dweight && (rc = st_cuda_gemm(ctx, 1, 0, OC, IC, N, dout, OC, inp, IC, 1.0f,
+					  dweight, IC)))
+		return rc;
+	if (dbias)
+		return colsum(ctx, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
+	return 0;
+}
+
+int st_cuda_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *out, float *rstd, const float *inp,
+			const float *weight, float eps, int N, int C)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: rmsnorm_fwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	k_rmsnorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, ctx->stream>>>(out, rstd, inp,
+										  weight, eps, N, C);
+	LAUNCH_CHECK("rmsnorm_fwd");
+	return 0;
+}
+
+int st_cuda_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			const float *dout, const float *inp, const float *weight,
+			const float *rstd, int N, int C)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: rmsnorm_bwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	if (dinp) {
+		k_rmsnorm_bwd_dinp<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, ctx->stream>>>(
+			dinp, dout, inp, weight, rstd, N, C);
+		LAUNCH_CHECK("rmsnorm_bwd dinp");
+	}
+	/* dweight += column sums of g * x * rstd (mean NULL) */
+	if (dweight)
+		return colsum(ctx, NULL, dweight, dout, inp, NULL, rstd, N, C);
+	return 0;
+}
+
+int st_cuda_rope(struct st_cuda_ctx *ctx, int bwd, float *out, const float *inp, int B, int T,
+		 int NH, int hd, int stride, int type, int original_ctx, float theta,
+		 float factor, float low_freq_factor, float high_freq_factor)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (B < 0 || T < 0 || NH < 0 || hd < 2 || hd % 2 || (int64_t)NH * hd > stride)
+		return st_error_set(-EINVAL, "cuda: rope: bad shape");
+	size_t n = (size_t)B * T * NH * (hd / 2);
+	if (n == 0)
+		return 0;
+	k_rope<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
+		out, inp, T, NH, hd, stride, n, type, original_ctx, theta, factor,
+		low_freq_factor, high_freq_factor, bwd ? -1.0f : 1.0f);
+	LAUNCH_CHECK("rope");
+	return 0;
+}
+
+int st_cuda_swiglu_fwd(struct st_cuda_ctx *ctx, float *out, const float *gate,
+		       const float *up, size_t n)
+{
+	int rc = ctx_enter(ctx);
+	if (rc || n == 0)
+		return rc;
+	k_swiglu_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
+		out, gate, up, n);
+	LAUNCH_CHECK("swiglu_fwd");
+	return 0;
+}
+
+int st_cuda_swiglu_bwd(struct st_cuda_ctx *ctx, float *dgate, float *dup, const float *dout,
+		       const float *gate, const float *up, size_t n)
+{
+	int rc = ctx_enter(ctx);
+	if (rc || n == 0)
+		return rc;
+	k_swiglu_bwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
+		dgate, dup, dout, gate, up, n);
+	LAUNCH_CHECK("swiglu_bwd");
+	return 0;
+}
+
+int st_cuda_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+			    const float *wte, int N, int C)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: token_embed_fwd: bad shape");
+	size_t n = (size_t)N * C;
+	if (n == 0)
+		return 0;
+	k_token_embed_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			    ctx->stream>>>(out, tokens, wte, C, n);
+	LAUNCH_CHECK("token_embed_fwd");
+	return 0;
+}
+
+int st_cuda_token_embed_bwd(struct st_cuda_ctx *ctx, float *dwte, const float *dout,
+			    const int32_t *tokens, int N, int C)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: token_embed_bwd: bad shape");
+	if ((size_t)N * C == 0)
+		return 0;
+	k_embedding_bwd_wte<<<grid_block_items(N), ST_CUDA_EMB_BLOCK, 0, ctx->stream>>>(
+		dwte, dout, tokens, N, C);
+	LAUNCH_CHECK("token_embed_bwd");
+	return 0;
+}
+
 } /* extern "C" */

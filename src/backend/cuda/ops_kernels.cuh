@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "strata/rope.h"
+
 #define ST_CUDA_MAX_GRID 65535                      /* grid-stride loops beyond */
 #define ST_CUDA_ELEM_BLOCK 256                      /* threads, elementwise ops */
 #define ST_CUDA_ROW_BLOCK 256                       /* threads, warp-per-row ops */
@@ -227,8 +229,9 @@ static __global__ void k_colsum_partial(float *partial, float *partial2, const f
 			for (int r = r0 + ty; r < r1; r += ST_CUDA_COL_LANES) {
 				float gv = g[(size_t)r * C + c];
 				acc += gv;
-				if (inp)
-					acc2 += gv * ((inp[(size_t)r * C + c] - mean[r]) * rstd[r]);
+				if (inp) /* mean NULL: RMSNorm's g * x * rstd */
+					acc2 += gv * ((inp[(size_t)r * C + c] - (mean ? mean[r] : 0.0f)) *
+						      rstd[r]);
 			}
 		}
 		sh[ty][tx] = acc;
@@ -446,6 +449,107 @@ static __global__ void k_crossentropy_bwd(float *dlogits, float *losses, const f
 			dx[i] = i == t ? d - dloss : d;
 		}
 		__syncthreads(); /* xt_sh is rewritten for the next row */
+	}
+}
+
+/* ---- LLaMA's ops ------------------------------------------------------------- */
+
+/* RMSNorm, a warp per row: out = weight * (x * rstd). */
+static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp,
+				     const float *weight, float eps, int N, int C)
+{
+	int lane = threadIdx.x & 31;
+	int wpb = blockDim.x >> 5;
+	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb) {
+		const float *x = inp + (size_t)n * C;
+		float *o = out + (size_t)n * C;
+		float s = 0.0f;
+		for (int c = lane; c < C; c += 32)
+			s += x[c] * x[c];
+		float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
+		for (int c = lane; c < C; c += 32)
+			o[c] = weight[c] * (x[c] * r);
+		if (lane == 0)
+			rstd[n] = r;
+	}
+}
+
+/* dinp += r (w g) - x r^3 mean(w g x), a warp per row. */
+static __global__ void k_rmsnorm_bwd_dinp(float *dinp, const float *dout, const float *inp,
+					  const float *weight, const float *rstd, int N, int C)
+{
+	int lane = threadIdx.x & 31;
+	int wpb = blockDim.x >> 5;
+	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb) {
+		const float *x = inp + (size_t)n * C;
+		const float *g = dout + (size_t)n * C;
+		float *dx = dinp + (size_t)n * C;
+		float r = rstd[n], s = 0.0f;
+		for (int c = lane; c < C; c += 32)
+			s += weight[c] * g[c] * x[c];
+		float k = warp_sum(s) / (float)C * r * r * r;
+		for (int c = lane; c < C; c += 32)
+			dx[c] += weight[c] * g[c] * r - x[c] * k;
+	}
+}
+
+/* Rotary embeddings: a thread per (row, head, pair); sign -1 rotates back
+ * (the backward). out may be inp: a thread reads its two channels before
+ * it writes them. */
+static __global__ void k_rope(float *out, const float *inp, int T, int NH, int hd, int stride,
+			      size_t n_pairs, int type, int original_ctx, float theta,
+			      float factor, float lo, float hi, float sign)
+{
+	const int half = hd / 2;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_pairs;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		int j = (int)(i % (size_t)half);
+		size_t rh = i / (size_t)half;
+		int h = (int)(rh % (size_t)NH);
+		size_t row = rh / (size_t)NH;
+		float inv = st_rope_inv_freq(j, hd, theta, type, factor, lo, hi, original_ctx);
+		float c, sn;
+		st_rope_cos_sin(inv, (int)(row % (size_t)T), &c, &sn);
+		sn *= sign;
+		size_t base = row * (size_t)stride + (size_t)h * hd;
+		float x1 = inp[base + j], x2 = inp[base + j + half];
+		out[base + j] = x1 * c - x2 * sn;
+		out[base + j + half] = x2 * c + x1 * sn;
+	}
+}
+
+static __global__ void k_swiglu_fwd(float *out, const float *gate, const float *up, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float g = gate[i];
+		float s = 1.0f / (1.0f + expf(fminf(-g, 88.0f)));
+		out[i] = g * s * up[i];
+	}
+}
+
+/* Overwrites dgate and dup (either may be gate or up). */
+static __global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dout,
+				    const float *gate, const float *up, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float g = gate[i], u = up[i], d = dout[i];
+		float s = 1.0f / (1.0f + expf(fminf(-g, 88.0f)));
+		float silu = g * s;
+		dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
+		dup[i] = d * silu;
+	}
+}
+
+/* out (N,C) = wte[tokens] (the scatter back is k_embedding_bwd_wte). */
+static __global__ void k_token_embed_fwd(float *out, const int32_t *tokens, const float *wte,
+					 int C, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		size_t r = i / (size_t)C;
+		out[i] = wte[(size_t)tokens[r] * C + i % (size_t)C];
 	}
 }
 

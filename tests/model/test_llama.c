@@ -1,0 +1,790 @@
+/* The LLaMA family: presets against the released models' parameter
+ * counts, --model's dimensions and config.json through the family, the
+ * layouts (Hugging Face names and nn.Linear shapes), the new kernels
+ * against float64 references written here (RMSNorm, rotary embeddings as
+ * rotate_half, SwiGLU, nn.Linear, grouped-query attention with repeat_kv),
+ * finite differences of every tensor of every unit (GQA, biases, llama3
+ * and linear rope scaling, tied and untied heads, head_dim != dim/heads),
+ * and bitwise determinism at 1, 2, 3 threads. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "strata/compute.h"
+#include "strata/family.h"
+#include "strata/kernels.h"
+#include "strata/model.h"
+#include "strata/rope.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rng_u64(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static float rng_f(void)
+{
+	return (float)((double)(rng_u64() >> 11) * 0x1.0p-52 - 1.0);
+}
+
+/* A whole model's state for the tests: fp32 params and grads per unit,
+ * activations (unit inputs), one shared workspace. */
+struct net {
+	struct st_model *m;
+	int U, B, T, C;
+	float **p, **g;
+	float **x;   /* x[u]: input of unit u (u >= 1), (B,T,C) */
+	float *dbuf[2];
+	void *work;
+	size_t work_bytes;
+	int32_t *tok, *tgt;
+	struct st_model_batch batch;
+};
+
+static void net_init(struct net *n, const struct st_model_config *cfg, int B,
+		     int T, uint64_t seed)
+{
+	memset(n, 0, sizeof(*n));
+	assert_int_equal(st_model_create(cfg, &n->m), 0);
+	n->U = st_model_unit_count(n->m);
+	n->B = B;
+	n->T = T;
+	n->C = cfg->dim;
+	n->p = calloc(n->U, sizeof(float *));
+	n->g = calloc(n->U, sizeof(float *));
+	n->x = calloc(n->U + 1, sizeof(float *));
+	size_t act = (size_t)B * T * n->C;
+	for (int u = 0; u < n->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(n->m, u);
+		n->p[u] = calloc(ul->elems, sizeof(float));
+		n->g[u] = calloc(ul->elems, sizeof(float));
+		assert_int_equal(st_model_init_unit(n->m, u, seed, n->p[u]), 0);
+		size_t wb = st_model_work_bytes(n->m, u, B, T);
+		if (wb > n->work_bytes)
+			n->work_bytes = wb;
+	}
+	for (int u = 1; u <= n->U; u++)
+		n->x[u] = calloc(act, sizeof(float));
+	n->dbuf[0] = calloc(act, sizeof(float));
+	n->dbuf[1] = calloc(act, sizeof(float));
+	n->work = malloc(n->work_bytes);
+	n->tok = calloc((size_t)B * T, sizeof(int32_t));
+	n->tgt = calloc((size_t)B * T, sizeof(int32_t));
+	n->batch = (struct st_model_batch){.B = B, .T = T, .tokens = n->tok,
+					   .targets = n->tgt, .loss_scale = 1.0f};
+}
+
+static void net_fini(struct net *n)
+{
+	for (int u = 0; u < n->U; u++) {
+		free(n->p[u]);
+		free(n->g[u]);
+	}
+	for (int u = 1; u <= n->U; u++)
+		free(n->x[u]);
+	free(n->p);
+	free(n->g);
+	free(n->x);
+	free(n->dbuf[0]);
+	free(n->dbuf[1]);
+	free(n->work);
+	free(n->tok);
+	free(n->tgt);
+	st_model_destroy(n->m);
+}
+
+static float net_fwd(struct net *n)
+{
+	float loss = 0.0f;
+	for (int u = 0; u < n->U; u++) {
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		const float *other = k >= 0 ? n->p[k] : NULL;
+		assert_int_equal(st_model_fwd(n->m, u, &n->batch, n->p[u], other,
+					      n->x[u], n->x[u + 1], &loss, n->work,
+					      n->work_bytes), 0);
+	}
+	return loss;
+}
+
+/* Full backward (grads zeroed first); returns the loss the head computed. */
+static float net_bwd(struct net *n)
+{
+	float loss = 0.0f;
+	for (int u = 0; u < n->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(n->m, u);
+		memset(n->g[u], 0, ul->elems * sizeof(float));
+	}
+	int cur = 0;
+	for (int u = n->U - 1; u >= 0; u--) {
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		const float *other = k >= 0 ? n->p[k] : NULL;
+		float *other_g = k >= 0 ? n->g[k] : NULL;
+		float *dx = u > 0 ? n->dbuf[cur ^ 1] : NULL;
+		assert_int_equal(st_model_bwd(n->m, u, &n->batch, n->p[u], other,
+					      n->x[u], n->dbuf[cur], dx, n->g[u],
+					      other_g, u == n->U - 1 ? &loss : NULL,
+					      n->work, n->work_bytes), 0);
+		cur ^= 1;
+	}
+	return loss;
+}
+
+/* ---- finite differences of each unit ------------------------------------------------------ */
+
+struct fd_ctx {
+	struct net *n;
+	int u;
+	float *r; /* projection of the unit's output (blocks, embedding) */
+};
+
+/* The unit's forward as a scalar: the random projection of y, or the head's
+ * mean loss. */
+static double unit_loss(void *p)
+{
+	struct fd_ctx *c = p;
+	struct net *n = c->n;
+	int last = n->U - 1;
+	float loss = 0.0f;
+	size_t act = (size_t)n->B * n->T * n->C;
+	float *y = n->dbuf[1];
+	assert_int_equal(st_model_fwd(n->m, c->u, &n->batch, n->p[c->u],
+				      st_model_unit_layout(n->m, c->u)->reads_unit >= 0 ? n->p[0] : NULL, n->x[c->u],
+				      y, &loss, n->work, n->work_bytes), 0);
+	if (c->u == last)
+		return loss;
+	double s = 0.0;
+	for (size_t i = 0; i < act; i++)
+		s += (double)y[i] * c->r[i];
+	return s;
+}
+
+/* Central difference of the unit along v at step h. */
+static double central(struct fd_ctx *c, float *x, const float *x0,
+		      const float *v, size_t len, float h)
+{
+	for (size_t i = 0; i < len; i++)
+		x[i] = x0[i] + h * v[i];
+	double lp = unit_loss(c);
+	for (size_t i = 0; i < len; i++)
+		x[i] = x0[i] - h * v[i];
+	double lm = unit_loss(c);
+	memcpy(x, x0, len * sizeof(float));
+	return (lp - lm) / (2.0 * h);
+}
+
+/* Directional derivative along a random v: Richardson's extrapolation of
+ * central differences at h and h/2 cancels the h^2 term, so the remaining
+ * error (fp32 rounding in the forward, <= ~5e-4 of |g| here) sits below the
+ * 2e-3 tolerance while a missing or wrong term costs >= 1e-2. */
+static void dir_check(struct fd_ctx *c, float *x, size_t len, const float *g,
+		      const char *what)
+{
+	/* the head's loss comes back as a float mean: a larger step keeps its
+	 * rounding (~2e-7 of ~4) small next to the difference */
+	const float h = c->u == c->n->U - 1 ? 5e-2f : 1e-2f;
+	float *v = calloc(len, sizeof(float)), *x0 = calloc(len, sizeof(float));
+	assert_non_null(v);
+	assert_non_null(x0);
+	for (size_t i = 0; i < len; i++)
+		v[i] = rng_f();
+	memcpy(x0, x, len * sizeof(float));
+	double f1 = central(c, x, x0, v, len, h);
+	double f2 = central(c, x, x0, v, len, h / 2);
+	double fd = (4.0 * f2 - f1) / 3.0, an = 0, gn = 0;
+	for (size_t i = 0; i < len; i++) {
+		an += (double)g[i] * v[i];
+		gn += (double)g[i] * g[i];
+	}
+	/* <g,v> can be small by chance; |g|/sqrt(3) is its typical size */
+	double scale = fmax(fmax(fabs(fd), fabs(an)), sqrt(gn / 3.0));
+	if (getenv("FD_VERBOSE"))
+		print_message("unit %d %s: fd %.9g an %.9g rel %.2e\n", c->u,
+			      what, fd, an, fabs(fd - an) / scale);
+	if (!(fabs(fd - an) <= 2e-3 * scale + 1e-6))
+		fail_msg("unit %d %s: finite difference %.9g, analytic %.9g", c->u, what, fd, an);
+	free(v);
+	free(x0);
+}
+
+/* ---- presets, dimensions, config.json ------------------------------------------------------ */
+
+/* The released models' parameter counts (their model cards and
+ * safetensors indexes), which every shape of a preset enters. */
+static void test_presets(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *name;
+		uint64_t params;
+	} want[] = {
+		{ "smollm2-135m", 134515008ull },  { "smollm2-360m", 361821120ull },
+		{ "smollm2-1.7b", 1711376384ull }, { "tinyllama-1.1b", 1100048384ull },
+		{ "llama3.2-1b", 1235814400ull },  { "llama3.2-3b", 3212749824ull },
+		{ "llama3.1-8b", 8030261248ull },  { "llama3.1-70b", 70553706496ull },
+		{ "qwen2.5-0.5b", 494032768ull },  { "qwen2.5-7b", 7615616512ull },
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct st_model_config c, back;
+		struct st_model *m;
+		char text[512];
+		assert_int_equal(st_model_config_parse(want[i].name, &c), 0);
+		assert_string_equal(st_model_config_family(&c)->name, "llama");
+		assert_int_equal(st_model_create(&c, &m), 0);
+		if (st_model_param_count(m) != want[i].params)
+			fail_msg("%s: %llu parameters, the released model has %llu", want[i].name,
+				 (unsigned long long)st_model_param_count(m),
+				 (unsigned long long)want[i].params);
+		/* the dimensions text reads back as the same model */
+		st_model_config_format(&c, text, sizeof(text));
+		char pre[600];
+		snprintf(pre, sizeof(pre), "llama:%s", text);
+		assert_int_equal(st_model_config_parse(pre, &back), 0);
+		assert_true(st_model_config_equal(&c, &back));
+		/* and so does its config.json */
+		char path[] = "/tmp/strata-llama-cfg-XXXXXX";
+		int fd = mkstemp(path);
+		assert_true(fd >= 0);
+		close(fd);
+		assert_int_equal(st_model_config_write(path, &c), 0);
+		memset(&back, 0, sizeof(back));
+		assert_int_equal(st_model_config_read(path, &back), 0);
+		if (!st_model_config_equal(&c, &back))
+			fail_msg("%s: config.json does not read back", want[i].name);
+		assert_int_equal(st_model_config_hf_check(path), 0);
+		unlink(path);
+		st_model_destroy(m);
+	}
+	struct st_model_config c;
+	assert_int_equal(st_model_config_parse("llama3.1-8b", &c), 0);
+	assert_int_equal(c.rope_type, ST_ROPE_LLAMA3);
+	assert_true(c.rope_factor == 8.0 && c.rope_original_ctx == 8192);
+	assert_true(c.untied);
+	assert_int_equal(st_model_config_parse("qwen2.5-0.5b", &c), 0);
+	assert_true(c.qkv_bias && !c.untied && c.norm_eps == 1e-6 && c.rope_theta == 1e6);
+}
+
+static void test_dims(void **state)
+{
+	(void)state;
+	struct st_model_config c;
+	assert_int_equal(st_model_config_parse("llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,"
+					       "vocab=50,ctx=32", &c), 0);
+	assert_int_equal(c.head_dim, 12);
+	assert_true(c.untied == false && c.qkv_bias == false);
+	assert_true(c.rope_theta == 10000.0 && c.norm_eps == 1e-5);
+	assert_int_equal(st_model_config_parse("llama:layers=2,dim=48,heads=4,kv-heads=1,ffn=96,"
+					       "vocab=50,ctx=32,head-dim=16,tied=0,bias=0,"
+					       "rope-theta=500000,eps=1e-6,"
+					       "rope-scaling=llama3:8:1:4:16", &c), 0);
+	assert_int_equal(c.head_dim, 16);
+	assert_true(c.untied && c.rope_type == ST_ROPE_LLAMA3 && c.rope_original_ctx == 16);
+	static const char *bad[] = {
+		"llama:layers=2,dim=48,heads=4,ffn=96,vocab=50,ctx=32",            /* no kv-heads */
+		"llama:layers=2,dim=48,heads=4,kv-heads=3,ffn=96,vocab=50,ctx=32", /* 4 % 3 */
+		"llama:layers=2,dim=48,heads=5,kv-heads=5,ffn=96,vocab=50,ctx=32", /* 48 % 5 */
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,tied=2",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,head-dim=7",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,rope-theta=x",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,rope-scaling=yarn:4",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,rope-scaling=llama3:8",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,bias=1,head-dim=16",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,eps=0",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=0,vocab=50,ctx=32",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,vocab=50,ctx=32,depth=1",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		st_error_clear();
+		if (st_model_config_parse(bad[i], &c) != -EINVAL)
+			fail_msg("'%s' was accepted", bad[i]);
+		assert_true(strlen(st_error_last()) > 0);
+	}
+}
+
+/* config.json as Hugging Face ships it, and the refusals (one line each,
+ * naming the key). */
+static void test_hf_config(void **state)
+{
+	(void)state;
+	static const char *const good =
+		"{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+		"\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+		"\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 99, "
+		"\"max_position_embeddings\": 256, \"rms_norm_eps\": 1e-05, \"rope_theta\": "
+		"500000.0, \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0, "
+		"\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 64, "
+		"\"rope_type\": \"llama3\"}, \"tie_word_embeddings\": true, \"hidden_act\": "
+		"\"silu\", \"torch_dtype\": \"bfloat16\", \"head_dim\": 16}";
+	static const struct {
+		const char *from, *to, *says;
+	} bad[] = {
+		{ "LlamaForCausalLM", "MistralForCausalLM", "architectures" },
+		{ "\"llama3\"", "\"yarn\"", "rope_type" },
+		{ "\"silu\"", "\"gelu\"", "hidden_act" },
+		{ "\"head_dim\": 16", "\"attention_bias\": true", "attention_bias" },
+		{ "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3", "kv-heads" },
+		{ "\"hidden_size\": 64", "\"hidden_size\": \"64\"", "hidden_size" },
+		{ "\"head_dim\": 16", "\"mlp_bias\": true", "mlp_bias" },
+	};
+	char path[] = "/tmp/strata-llama-hf-XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	close(fd);
+	FILE *f = fopen(path, "w");
+	fputs(good, f);
+	fclose(f);
+	struct st_model_config c;
+	assert_int_equal(st_model_config_read(path, &c), 0);
+	assert_string_equal(st_model_config_family(&c)->name, "llama");
+	assert_true(c.n_kv_head == 2 && c.head_dim == 16 && !c.untied && !c.qkv_bias);
+	assert_true(c.rope_type == ST_ROPE_LLAMA3 && c.rope_factor == 32.0 &&
+		    c.rope_original_ctx == 64);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char text[2048];
+		const char *at = strstr(good, bad[i].from);
+		assert_non_null(at);
+		snprintf(text, sizeof(text), "%.*s%s%s", (int)(at - good), good, bad[i].to,
+			 at + strlen(bad[i].from));
+		f = fopen(path, "w");
+		fputs(text, f);
+		fclose(f);
+		st_error_clear();
+		if (st_model_config_read(path, &c) != -EINVAL)
+			fail_msg("%s -> %s was accepted", bad[i].from, bad[i].to);
+		if (!strstr(st_error_last(), bad[i].says))
+			fail_msg("%s: the refusal '%s' does not name %s", bad[i].to,
+				 st_error_last(), bad[i].says);
+		assert_null(strchr(st_error_last(), '\n'));
+	}
+	/* Qwen2: q/k/v biases without saying so, by model_type */
+	f = fopen(path, "w");
+	fputs("{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", "
+	      "\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, "
+	      "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 99, "
+	      "\"max_position_embeddings\": 256, \"rope_scaling\": null, "
+	      "\"use_sliding_window\": false}", f);
+	fclose(f);
+	assert_int_equal(st_model_config_read(path, &c), 0);
+	assert_true(c.qkv_bias && c.untied && c.norm_eps == 1e-6 && c.rope_theta == 10000.0);
+	unlink(path);
+}
+
+static void test_layout(void **state)
+{
+	(void)state;
+	struct st_model_config c;
+	struct st_model *m;
+	int u, k;
+	assert_int_equal(st_model_config_parse("llama3.1-8b", &c), 0);
+	assert_int_equal(st_model_create(&c, &m), 0);
+	assert_int_equal(st_model_unit_count(m), 34);
+	static const struct {
+		const char *name;
+		int unit;
+		int64_t d0, d1;
+		bool decay;
+	} want[] = {
+		{ "model.embed_tokens.weight", 0, 128256, 4096, true },
+		{ "model.layers.0.input_layernorm.weight", 1, 4096, 1, false },
+		{ "model.layers.0.self_attn.q_proj.weight", 1, 4096, 4096, true },
+		{ "model.layers.3.self_attn.k_proj.weight", 4, 1024, 4096, true },
+		{ "model.layers.3.self_attn.v_proj.weight", 4, 1024, 4096, true },
+		{ "model.layers.31.self_attn.o_proj.weight", 32, 4096, 4096, true },
+		{ "model.layers.31.post_attention_layernorm.weight", 32, 4096, 1, false },
+		{ "model.layers.7.mlp.gate_proj.weight", 8, 14336, 4096, true },
+		{ "model.layers.7.mlp.up_proj.weight", 8, 14336, 4096, true },
+		{ "model.layers.7.mlp.down_proj.weight", 8, 4096, 14336, true },
+		{ "model.norm.weight", 33, 4096, 1, false },
+		{ "lm_head.weight", 33, 128256, 4096, true },
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		if (st_model_find_tensor(m, want[i].name, &u, &k))
+			fail_msg("no tensor %s", want[i].name);
+		const struct st_tensor_layout *t = &st_model_unit_layout(m, u)->tensors[k];
+		assert_int_equal(u, want[i].unit);
+		assert_int_equal(t->shape[0], want[i].d0);
+		assert_int_equal(t->shape[1], want[i].d1);
+		assert_int_equal(t->decay, want[i].decay);
+	}
+	assert_int_equal(st_model_find_tensor(m, "model.layers.0.self_attn.q_proj.bias", &u, &k),
+			 -ENOENT);
+	/* untied: the head is a unit of its own, nothing resident */
+	assert_int_equal(st_model_unit_layout(m, 33)->reads_unit, -1);
+	assert_false(st_model_unit_layout(m, 0)->resident);
+	for (u = 0; u < 34; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+		assert_int_equal(ul->elems % 2048, 0);
+		for (k = 0; k < ul->n_tensors; k++)
+			assert_int_equal(ul->tensors[k].offset_elems % 64, 0);
+	}
+	st_model_destroy(m);
+	/* tied with Qwen2's biases: the head reads the embedding */
+	assert_int_equal(st_model_config_parse("qwen2.5-0.5b", &c), 0);
+	assert_int_equal(st_model_create(&c, &m), 0);
+	assert_int_equal(st_model_find_tensor(m, "model.layers.23.self_attn.k_proj.bias", &u, &k), 0);
+	assert_int_equal(st_model_unit_layout(m, u)->tensors[k].shape[0], 128);
+	assert_false(st_model_unit_layout(m, u)->tensors[k].decay);
+	assert_int_equal(st_model_find_tensor(m, "lm_head.weight", &u, &k), -ENOENT);
+	assert_int_equal(st_model_unit_layout(m, 25)->reads_unit, 0);
+	assert_true(st_model_unit_layout(m, 0)->resident);
+	assert_int_equal(st_model_act_bytes(m, 0, 2, 16), 2 * 16 * 896 * 4);
+	st_model_destroy(m);
+}
+
+/* ---- kernels against float64 references ---------------------------------------------------- */
+
+static void fill(float *p, size_t n, float scale)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = scale * rng_f();
+}
+
+static void close_to(const float *got, const double *want, size_t n, double tol,
+		     const char *what)
+{
+	double e = 0, s = 0;
+	for (size_t i = 0; i < n; i++) {
+		e += (got[i] - want[i]) * (got[i] - want[i]);
+		s += want[i] * want[i];
+	}
+	if (!(sqrt(e) <= tol * sqrt(s) + 1e-12))
+		fail_msg("%s: relative L2 error %.3g (tolerance %.1g)", what, sqrt(e / s), tol);
+}
+
+static void test_kernels_ref(void **state)
+{
+	(void)state;
+	enum { N = 37, C = 80, OC = 56, n_el = 999 };
+	float *x = malloc(N * C * 4), *w = malloc(OC * C * 4), *b = malloc(OC * 4);
+	float *y = malloc(N * C * 4), *r = malloc(N * 4), *y2 = malloc(N * OC * 4);
+	double *ref = malloc(N * OC * 8 > N * C * 8 ? N * OC * 8 : N * C * 8);
+	fill(x, N * C, 2.0f);
+	fill(w, OC * C, 1.0f);
+	fill(b, OC, 1.0f);
+	// RMSNorm
+	st_cpu_rmsnorm_fwd(y, r, x, w, 1e-5f, N, C);
+	for (int n = 0; n < N; n++) {
+		double s = 0;
+		for (int c = 0; c < C; c++)
+			s += (double)x[n * C + c] * x[n * C + c];
+		double rs = 1.0 / sqrt(s / C + 1e-5);
+		for (int c = 0; c < C; c++)
+			ref[n * C + c] = w[c] * x[n * C + c] * rs;
+	}
+	close_to(y, ref, N * C, 1e-6, "rmsnorm_fwd");
+	// nn.Linear: y = x W^T + b
+	st_cpu_linear_fwd(y2, x, w, b, N, C, OC);
+	for (int n = 0; n < N; n++)
+		for (int o = 0; o < OC; o++) {
+			double s = b[o];
+			for (int c = 0; c < C; c++)
+				s += (double)x[n * C + c] * w[o * C + c];
+			ref[n * OC + o] = s;
+		}
+	close_to(y2, ref, N * OC, 1e-6, "linear_fwd");
+	// SwiGLU
+	st_cpu_swiglu_fwd(y, x, x + n_el, n_el);
+	for (int i = 0; i < n_el; i++) {
+		double g = x[i];
+		ref[i] = g / (1.0 + exp(-g)) * x[n_el + i];
+	}
+	close_to(y, ref, n_el, 1e-6, "swiglu_fwd");
+	free(x); free(w); free(b); free(y); free(r); free(y2); free(ref);
+}
+
+/* Hugging Face's apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, cos
+ * and sin of cat(freqs, freqs), rotate_half(x) = cat(-x2, x1). */
+static void rope_ref(double *out, const float *in, int B, int T, int NH, int hd, int stride,
+		     const struct st_model_config *c)
+{
+	int half = hd / 2;
+	for (int row = 0; row < B * T; row++)
+		for (int h = 0; h < NH; h++) {
+			const float *x = in + (size_t)row * stride + h * hd;
+			double *o = out + (size_t)row * stride + h * hd;
+			for (int j = 0; j < hd; j++) {
+				int i = j % half;
+				/* the frequency, independently in double (HF's formulas) */
+				double inv = 1.0 / pow(c->rope_theta, (double)(2 * i) / hd);
+				if (c->rope_type == ST_ROPE_LINEAR)
+					inv /= c->rope_factor;
+				if (c->rope_type == ST_ROPE_LLAMA3) {
+					double wl = 2 * M_PI / inv;
+					double lo = c->rope_original_ctx / c->rope_low_freq_factor;
+					double hi = c->rope_original_ctx / c->rope_high_freq_factor;
+					if (wl > lo) {
+						inv /= c->rope_factor;
+					} else if (wl >= hi) {
+						double s = (c->rope_original_ctx / wl -
+							    c->rope_low_freq_factor) /
+							   (c->rope_high_freq_factor -
+							    c->rope_low_freq_factor);
+						inv = (1 - s) * inv / c->rope_factor + s * inv;
+					}
+				}
+				double a = (row % T) * inv;
+				double rot = j < half ? -(double)x[j + half] : (double)x[j - half];
+				o[j] = x[j] * cos(a) + rot * sin(a);
+			}
+		}
+}
+
+static void test_rope_ref(void **state)
+{
+	(void)state;
+	enum { B = 2, T = 300, NH = 3, hd = 16, stride = 60 }; /* 12 floats past the heads */
+	struct st_model_config cs[3] = {
+		{ .rope_theta = 10000.0 },
+		{ .rope_theta = 500000.0, .rope_type = ST_ROPE_LINEAR, .rope_factor = 4.0 },
+		{ .rope_theta = 500000.0, .rope_type = ST_ROPE_LLAMA3, .rope_factor = 8.0,
+		  .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
+		  .rope_original_ctx = 64 },
+	};
+	size_t n = (size_t)B * T * stride;
+	float *x = malloc(n * 4), *y = malloc(n * 4), *z = malloc(n * 4);
+	double *ref = malloc(n * 8);
+	fill(x, n, 1.0f);
+	for (int k = 0; k < 3; k++) {
+		const struct st_model_config *c = &cs[k];
+		memcpy(y, x, n * 4);
+		st_cpu_rope_fwd(y, y, B, T, NH, hd, stride, c->rope_type, c->rope_original_ctx,
+				(float)c->rope_theta, (float)c->rope_factor,
+				(float)c->rope_low_freq_factor, (float)c->rope_high_freq_factor);
+		rope_ref(ref, x, B, T, NH, hd, stride, c);
+		for (size_t r = 0; r < (size_t)B * T; r++)
+			for (int e = NH * hd; e < stride; e++) { /* the rest untouched */
+				assert_true(y[r * stride + e] == x[r * stride + e]);
+				ref[r * stride + e] = x[r * stride + e];
+			}
+		/* positions up to 300 x inv 1: fp32 angles are good to ~2e-5 */
+		close_to(y, ref, n, 1e-5, k == 0 ? "rope default" : k == 1 ? "rope linear" :
+						  "rope llama3");
+		/* the backward is the inverse rotation */
+		st_cpu_rope_bwd(z, y, B, T, NH, hd, stride, c->rope_type, c->rope_original_ctx,
+				(float)c->rope_theta, (float)c->rope_factor,
+				(float)c->rope_low_freq_factor, (float)c->rope_high_freq_factor);
+		for (size_t i = 0; i < (size_t)B * T; i++)
+			for (int e = 0; e < NH * hd; e++)
+				assert_true(fabsf(z[i * stride + e] - x[i * stride + e]) < 1e-5f);
+	}
+	free(x); free(y); free(z); free(ref);
+}
+
+/* Causal attention per query head h against key/value head h / (NH/NKV). */
+static void test_gqa_ref(void **state)
+{
+	(void)state;
+	enum { B = 2, T = 131, NH = 6, NKV = 2, hd = 8 };
+	const int Q = NH * hd, KV = NKV * hd;
+	float *q = malloc(B * T * Q * 4), *k = malloc(B * T * KV * 4), *v = malloc(B * T * KV * 4);
+	float *o = malloc(B * T * Q * 4), *lse = malloc(B * NH * T * 4);
+	double *ref = malloc(B * T * Q * 8), *lref = malloc(B * NH * T * 8), *s = malloc(T * 8);
+	fill(q, B * T * Q, 1.5f);
+	fill(k, B * T * KV, 1.5f);
+	fill(v, B * T * KV, 1.0f);
+	st_cpu_gqa_attention_fwd(o, lse, q, k, v, B, T, NH, NKV, hd);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++) {
+			int kh = h / (NH / NKV);
+			for (int i = 0; i < T; i++) {
+				double mx = -INFINITY, sum = 0;
+				for (int j = 0; j <= i; j++) {
+					double d = 0;
+					for (int e = 0; e < hd; e++)
+						d += (double)q[(b * T + i) * Q + h * hd + e] *
+						     k[(b * T + j) * KV + kh * hd + e];
+					s[j] = d / sqrt((double)hd);
+					mx = fmax(mx, s[j]);
+				}
+				for (int j = 0; j <= i; j++)
+					sum += exp(s[j] - mx);
+				lref[(b * NH + h) * T + i] = mx + log(sum);
+				for (int e = 0; e < hd; e++) {
+					double acc = 0;
+					for (int j = 0; j <= i; j++)
+						acc += exp(s[j] - mx) / sum *
+						       v[(b * T + j) * KV + kh * hd + e];
+					ref[(b * T + i) * Q + h * hd + e] = acc;
+				}
+			}
+		}
+	close_to(o, ref, B * T * Q, 1e-5, "gqa attention out");
+	close_to(lse, lref, B * NH * T, 1e-6, "gqa attention lse");
+	/* NKV = NH is plain attention: GPT-2's kernel on [q|k|v] agrees */
+	{
+		const int C = NH * hd;
+		float *qkv = malloc((size_t)B * T * 3 * C * 4), *o2 = malloc((size_t)B * T * C * 4);
+		float *l2 = malloc((size_t)B * NH * T * 4), *k2 = malloc((size_t)B * T * C * 4);
+		float *v2 = malloc((size_t)B * T * C * 4), *o3 = malloc((size_t)B * T * C * 4);
+		double *d = malloc((size_t)B * T * C * 8);
+		fill(k2, (size_t)B * T * C, 1.5f);
+		fill(v2, (size_t)B * T * C, 1.0f);
+		for (int r = 0; r < B * T; r++) {
+			memcpy(qkv + (size_t)r * 3 * C, q + (size_t)r * C, C * 4);
+			memcpy(qkv + (size_t)r * 3 * C + C, k2 + (size_t)r * C, C * 4);
+			memcpy(qkv + (size_t)r * 3 * C + 2 * C, v2 + (size_t)r * C, C * 4);
+		}
+		st_cpu_attention_fwd(o2, l2, qkv, B, T, C, NH);
+		st_cpu_gqa_attention_fwd(o3, lse, q, k2, v2, B, T, NH, NH, hd);
+		for (int i = 0; i < B * T * C; i++)
+			d[i] = o2[i];
+		close_to(o3, d, (size_t)B * T * C, 1e-6, "gqa with NKV = NH vs attention_fwd");
+		free(qkv); free(o2); free(l2); free(k2); free(v2); free(o3); free(d);
+	}
+	free(q); free(k); free(v); free(o); free(lse); free(ref); free(lref); free(s);
+}
+
+/* ---- finite differences of every unit ---------------------------------------------------- */
+
+static void randomise(struct net *n)
+{
+	for (int u = 0; u < n->U; u++) {
+		const struct st_unit_layout *ul = st_model_unit_layout(n->m, u);
+		for (int k = 0; k < ul->n_tensors; k++) {
+			const struct st_tensor_layout *t = &ul->tensors[k];
+			float *p = n->p[u] + t->offset_elems;
+			for (uint64_t i = 0; i < t->n_elems; i++)
+				p[i] = strstr(t->name, "norm") ? 1.0f + 0.3f * rng_f() :
+								  0.3f * rng_f();
+		}
+	}
+}
+
+static void unit_gradients(const char *model, int B, int T)
+{
+	struct st_model_config cfg;
+	struct net n;
+	assert_int_equal(st_model_config_parse(model, &cfg), 0);
+	net_init(&n, &cfg, B, T, 5);
+	randomise(&n);
+	size_t act = (size_t)n.B * n.T * n.C;
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % cfg.vocab);
+	}
+	net_fwd(&n);
+	float *r = malloc(act * sizeof(float)), *dx = malloc(act * sizeof(float));
+	for (size_t i = 0; i < act; i++)
+		r[i] = rng_f();
+	for (int u = 0; u < n.U; u++) {
+		struct fd_ctx c = { .n = &n, .u = u, .r = r };
+		int last = n.U - 1;
+		const struct st_unit_layout *ul = st_model_unit_layout(n.m, u);
+		bool reads = ul->reads_unit >= 0;
+		memset(n.g[u], 0, ul->elems * sizeof(float));
+		memset(n.g[0], 0, st_model_unit_layout(n.m, 0)->elems * sizeof(float));
+		float loss = -1.0f;
+		assert_int_equal(st_model_bwd(n.m, u, &n.batch, n.p[u], reads ? n.p[0] : NULL,
+					      n.x[u], r, u > 0 ? dx : NULL, n.g[u],
+					      reads ? n.g[0] : NULL, u == last ? &loss : NULL,
+					      n.work, n.work_bytes), 0);
+		if (u == last) {
+			float lf;
+			assert_int_equal(st_model_fwd(n.m, u, &n.batch, n.p[u],
+						      reads ? n.p[0] : NULL, n.x[u], NULL, &lf,
+						      n.work, n.work_bytes), 0);
+			assert_true(lf == loss);
+		}
+		for (int k = 0; k < ul->n_tensors; k++) {
+			const struct st_tensor_layout *t = &ul->tensors[k];
+			dir_check(&c, n.p[u] + t->offset_elems, t->n_elems,
+				  n.g[u] + t->offset_elems, t->name);
+		}
+		if (u > 0)
+			dir_check(&c, n.x[u], act, dx, "input");
+		if (reads)
+			dir_check(&c, n.p[0], st_model_unit_layout(n.m, 0)->tensors[0].n_elems,
+				  n.g[0], "tied embed_tokens");
+	}
+	free(r);
+	free(dx);
+	net_fini(&n);
+}
+
+/* GQA (4 heads over 2), Qwen2's biases, llama3 rope scaling, tied, T = 70
+ * (two attention blocks). */
+static void test_gradients_gqa_bias(void **state)
+{
+	(void)state;
+	unit_gradients("llama:layers=2,dim=32,heads=4,kv-heads=2,ffn=48,vocab=37,ctx=80,"
+		       "bias=1,tied=1,rope-theta=500000,rope-scaling=llama3:8:1:4:16", 2, 70);
+}
+
+/* One kv head (MQA), heads x head-dim (64) != dim (48), an untied head,
+ * linear rope scaling. */
+static void test_gradients_untied(void **state)
+{
+	(void)state;
+	unit_gradients("llama:layers=1,dim=48,heads=4,kv-heads=1,head-dim=16,ffn=40,vocab=41,"
+		       "ctx=80,tied=0,rope-scaling=linear:4", 2, 67);
+}
+
+static void test_determinism(void **state)
+{
+	(void)state;
+	struct st_model_config cfg;
+	struct net n;
+	assert_int_equal(st_model_config_parse("llama:layers=2,dim=32,heads=4,kv-heads=2,ffn=48,"
+					       "vocab=37,ctx=80,bias=1", &cfg), 0);
+	net_init(&n, &cfg, 2, 80, 9);
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % cfg.vocab);
+	}
+	int saved = omp_get_max_threads();
+	float loss[3];
+	float **g0 = calloc(n.U, sizeof(float *));
+	for (int t = 0; t < 3; t++) {
+		omp_set_num_threads(t + 1);
+		net_fwd(&n);
+		loss[t] = net_bwd(&n);
+		for (int u = 0; u < n.U; u++) {
+			size_t bytes = st_model_unit_layout(n.m, u)->elems * 4;
+			if (t == 0) {
+				g0[u] = malloc(bytes);
+				memcpy(g0[u], n.g[u], bytes);
+			} else if (memcmp(g0[u], n.g[u], bytes)) {
+				fail_msg("unit %d gradient differs at %d threads", u, t + 1);
+			}
+		}
+		if (t > 0)
+			assert_memory_equal(&loss[0], &loss[t], sizeof(float));
+	}
+	/* loss at init near ln V */
+	assert_true(fabs(loss[0] - log(37.0)) < 0.1);
+	omp_set_num_threads(saved);
+	for (int u = 0; u < n.U; u++)
+		free(g0[u]);
+	free(g0);
+	net_fini(&n);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_presets),
+		cmocka_unit_test(test_dims),
+		cmocka_unit_test(test_hf_config),
+		cmocka_unit_test(test_layout),
+		cmocka_unit_test(test_kernels_ref),
+		cmocka_unit_test(test_rope_ref),
+		cmocka_unit_test(test_gqa_ref),
+		cmocka_unit_test(test_gradients_gqa_bias),
+		cmocka_unit_test(test_gradients_untied),
+		cmocka_unit_test(test_determinism),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
