@@ -102,6 +102,11 @@ np2)
 	;;
 np4)
 	determinism 4 1 0
+	# the LLaMA family (untied head, grouped-query attention) the same way
+	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 3)
+	run llref 1 "${ll[@]}" --grad-accum 4
+	run ll 4 "${ll[@]}" --zero 3 --offload-params nvme --offload-optim nvme
+	same ll llref "LLaMA: 4 ranks --zero 3, all on nvme = 1 rank --grad-accum 4"
 	;;
 resume)
 	# step 3 of a 2-rank run (--save-every 3), resumed at 1 and at 4 ranks
