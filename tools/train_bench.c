@@ -11,6 +11,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <limits.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <omp.h>
@@ -51,6 +52,56 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 		return -1;
 	*out = (int)v;
 	return 0;
+}
+
+/* The BLAS this process really runs, as the dynamic loader mapped it: the
+ * real path of every mapped file whose name says BLAS (OpenBLAS and its
+ * libblas.so.3 wrapper, BLIS, MKL, FlexiBLAS), read from /proc/self/maps,
+ * ';'-separated into out. tools/torch-ref bench compares it with what
+ * PyTorch's process mapped. */
+static void blas_mapped(char *out, size_t cap)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[PATH_MAX + 256];
+	size_t len = 0;
+
+	out[0] = '\0';
+	if (!f) {
+		snprintf(out, cap, "unknown (/proc/self/maps: %s)", strerror(errno));
+		return;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *path = strchr(line, '/'), real[PATH_MAX];
+		const char *base;
+
+		if (!path)
+			continue;
+		path[strcspn(path, "\n")] = '\0';
+		base = strrchr(path, '/') + 1;
+		if (!strstr(base, "blas") && !strstr(base, "blis") && !strstr(base, "mkl_"))
+			continue;
+		if (!realpath(path, real))
+			snprintf(real, sizeof(real), "%s", path);
+		if (strstr(out, real)) /* one entry per file (maps lists each segment) */
+			continue;
+		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s",
+					len ? ";" : "", real);
+		if (len >= cap)
+			break;
+	}
+	fclose(f);
+	if (!out[0])
+		snprintf(out, cap, "none mapped");
+}
+
+static const char *blas_threading(void)
+{
+	switch (openblas_get_parallel()) {
+	case 0: return "sequential";
+	case 1: return "pthreads";
+	case 2: return "openmp";
+	}
+	return "unknown";
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -271,6 +322,10 @@ int main(int argc, char **argv)
 	       model_flops / 1e9, flops_tok);
 	printf("sgemm %dx%dx%d: median %.2f GFLOP/s\n", n, n, n, gemm_flops / 1e9);
 	printf("ratio model/sgemm: %.3f\n", ratio);
+	char blas[4096];
+	blas_mapped(blas, sizeof(blas));
+	printf("blas: %s (%s, core %s, %s threading)\n", blas, openblas_get_config(),
+	       openblas_get_corename(), blas_threading());
 
 	if (json_path) {
 		json_object *o = json_object_new_object();
@@ -287,6 +342,10 @@ int main(int argc, char **argv)
 		json_object_object_add(o, "sgemm_flops_per_s", json_object_new_double(gemm_flops));
 		json_object_object_add(o, "ratio", json_object_new_double(ratio));
 		json_object_object_add(o, "loss", json_object_new_double(loss));
+		json_object_object_add(o, "blas_mapped", json_object_new_string(blas));
+		json_object_object_add(o, "blas_config", json_object_new_string(openblas_get_config()));
+		json_object_object_add(o, "blas_core", json_object_new_string(openblas_get_corename()));
+		json_object_object_add(o, "blas_threading", json_object_new_string(blas_threading()));
 		if (json_object_to_file_ext(json_path, o, JSON_C_TO_STRING_PRETTY)) {
 			fprintf(stderr, "train-bench: cannot write %s\n", json_path);
 			json_object_put(o);
