@@ -21,7 +21,9 @@
  * 32 cache lines per stream. The hardware prefetcher alone kept too few
  * lines in flight for a single core here (docs/optim.md, "Speed"). Only
  * where the data is read; never changes a bit. */
+#ifndef ST_ADAM_PREFETCH_ELEMS /* -D for tuning runs only */
 #define ST_ADAM_PREFETCH_ELEMS 512u
+#endif
 
 /* Flags of st_optim_kernel.adam(). */
 enum {
