@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void usage(FILE *f)
 {
@@ -114,6 +115,17 @@ static double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(double), cmp_double);
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* CPU seconds of the whole process (all threads): on a shared machine a
+ * steadier figure than the wall clock, which also counts the time the
+ * threads waited for a core (OMP_WAIT_POLICY=PASSIVE: no spinning). */
+static double cpu_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 static double now_s(void)
@@ -295,10 +307,16 @@ int main(int argc, char **argv)
 	}
 	double *ts = calloc((size_t)steps, sizeof(double));
 	double *tg = calloc((size_t)steps, sizeof(double));
+	double *tcpu = calloc((size_t)steps, sizeof(double));
+	if (!ts || !tg || !tcpu) {
+		fprintf(stderr, "train-bench: out of memory\n");
+		return 1;
+	}
 	for (int i = 0; i < steps; i++) {
-		double t0 = now_s();
+		double t0 = now_s(), c0 = cpu_s();
 		err = step(&s, &loss);
 		ts[i] = now_s() - t0;
+		tcpu[i] = cpu_s() - c0;
 		if (err) {
 			fprintf(stderr, "train-bench: %s\n", st_error_last());
 			return 1;
@@ -306,6 +324,7 @@ int main(int argc, char **argv)
 		tg[i] = sgemm_seconds(ga, gb, gc, n);
 	}
 	double step_s = median(ts, steps), gemm_s = median(tg, steps);
+	double step_cpu_s = median(tcpu, steps);
 	double tokens = (double)B * T;
 	double flops_tok = st_model_flops_per_token(s.m, T);
 	double model_flops = flops_tok * tokens / step_s;
@@ -317,6 +336,7 @@ int main(int argc, char **argv)
 	       (double)st_model_param_count(s.m) / 1e6, B, T, threads, steps);
 	printf("step (fwd + bwd with recompute, W bf16): median %.3f s, loss %.4f (ln V = %.4f)\n",
 	       step_s, (double)loss, log((double)cfg.vocab));
+	printf("step cpu time (all threads): median %.3f s\n", step_cpu_s);
 	printf("tokens/s: %.1f\n", tokens / step_s);
 	printf("model FLOP/s: %.2f GFLOP/s (6*N_mm + 6*L*T*C = %.3g FLOP/token)\n",
 	       model_flops / 1e9, flops_tok);
@@ -336,6 +356,7 @@ int main(int argc, char **argv)
 		json_object_object_add(o, "steps", json_object_new_int(steps));
 		json_object_object_add(o, "params", json_object_new_int64((int64_t)st_model_param_count(s.m)));
 		json_object_object_add(o, "step_s_median", json_object_new_double(step_s));
+		json_object_object_add(o, "step_cpu_s_median", json_object_new_double(step_cpu_s));
 		json_object_object_add(o, "tokens_per_s", json_object_new_double(tokens / step_s));
 		json_object_object_add(o, "flops_per_token", json_object_new_double(flops_tok));
 		json_object_object_add(o, "model_flops_per_s", json_object_new_double(model_flops));
@@ -361,7 +382,7 @@ int main(int argc, char **argv)
 	}
 	free(s.w); free(s.g); free(s.x); free(s.pemb); free(s.pu);
 	free(s.d[0]); free(s.d[1]); free(s.work); free(tok); free(tgt);
-	free(ga); free(gb); free(gc); free(ts); free(tg);
+	free(ga); free(gb); free(gc); free(ts); free(tg); free(tcpu);
 	st_model_destroy(s.m);
 	return 0;
 }
