@@ -107,6 +107,15 @@ static int nvme_open_file(struct st_tier *t, struct nvme_priv *p, const char *di
 	p->nfiles = i + 1;
 	if (!p->paths[i])
 		return -ENOMEM;
+	/* A file with no name first (O_TMPFILE): a kill at any instant leaves
+	 * nothing behind. Filesystems without it get a named file, unlinked
+	 * at once below (a kill between the two leaves the name). */
+	fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC | (p->direct ? O_DIRECT : 0), 0600);
+	if (fd >= 0) {
+		p->fds[i] = fd;
+		goto reserve;
+	}
+	/* no O_TMPFILE here, or not with O_DIRECT: the named file finds out */
 	fd = open(path, flags | (p->direct ? O_DIRECT : 0), 0600);
 	if (fd < 0 && errno == EINVAL && p->direct) {
 		/* This filesystem refuses O_DIRECT: fall back for every file. */
@@ -122,6 +131,7 @@ static int nvme_open_file(struct st_tier *t, struct nvme_priv *p, const char *di
 	p->fds[i] = fd;
 	/* Unlink first: whatever happens next, nothing is left behind. */
 	unlink(path);
+reserve:
 	ret = fallocate(fd, 0, 0, (off_t)p->file_bytes);
 	if (ret < 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
 		ret = posix_fallocate(fd, 0, (off_t)p->file_bytes) ? -1 : 0;

@@ -2,19 +2,21 @@
  *
  * In one run, interleaved rep by rep (the machine is noisy, so each
  * figure's median comes from the same stretch of time): a STREAM-style
- * triad for the machine's memory bandwidth, the fused AdamW step from
- * src/optim on N parameters (fp32 G, P, M, V; bf16 W), and a naive C AdamW
- * loop for reference. Triad, Adam and the naive loop use the same OpenMP
- * thread count.
+ * triad for the machine's memory bandwidth; "stream30", a loop that moves
+ * exactly the step's bytes with next to no arithmetic (the streaming bound
+ * for those bytes); the fused AdamW step from src/optim on N parameters
+ * (fp32 G, P, M, V; bf16 W); and a naive C AdamW loop for reference. All
+ * use the same OpenMP thread count.
  *
  * Byte counts follow STREAM's convention: bytes the loop must read plus
  * bytes it must write, without write-allocate traffic. Triad: 12 B per fp32
- * element (read b, c; write a). Adam: 30 B per parameter (read G, P, M, V;
- * write P, M, V, W). */
+ * element (read b, c; write a). Adam and stream30: 30 B per parameter (read
+ * G, P, M, V; write P, M, V, W). */
 #include "strata/common.h"
 #include "strata/optim.h"
 
 #include <errno.h>
+#include <immintrin.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <omp.h>
@@ -23,7 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define TRIAD_MIN_ELEMS (64ull * 1000 * 1000) /* 768 MB of arrays: past any cache */
+#define TRIAD_ELEMS (64ull * 1000 * 1000) /* 768 MB of arrays: past any cache */
 
 struct opts {
 	uint64_t params;
@@ -40,11 +42,16 @@ static void usage(FILE *f)
 		"usage: adam-bench [--params N] [--threads T] [--path avx512|avx2|scalar]\n"
 		"                  [--reps R] [--json FILE]\n"
 		"  --params N   parameters per step (default 100M; suffixes k, M, G are x1000)\n"
-		"  --threads T  OpenMP threads for triad, Adam and the naive loop (default: OpenMP's)\n"
+		"  --threads T  OpenMP threads for triad, stream30, Adam and the naive loop\n"
+		"               (default: OpenMP's)\n"
 		"  --path P     force the kernel path (default: the best this CPU has, or\n"
 		"               $ST_OPTIM_PATH)\n"
 		"  --reps R     timed repetitions of each, interleaved (default 9; median taken)\n"
-		"  --json FILE  also write the results as JSON\n");
+		"  --json FILE  also write the results as JSON\n"
+		"Interleaved rep by rep: a triad (64M floats), stream30 (the step's 30 B per\n"
+		"parameter moved with next to no arithmetic: the streaming bound for those\n"
+		"bytes), the fused AdamW step, a naive AdamW loop. Prints each one's rate and\n"
+		"the step's ratios to the triad and to stream30.\n");
 }
 
 static int parse_count(const char *s, uint64_t *out)
@@ -189,6 +196,79 @@ static double run_adam(const struct st_adam_hparams *hp, const struct st_adam_bu
 	return now_s() - t0;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define STREAM_X86 1
+/* stream30's loop over [i, n): P, M and V each get G - G added (0, so the
+ * values the Adam loops see stay the same), W the low half of P's bits,
+ * with the fused step's own access pattern (its prefetch distance,
+ * streaming stores for W from W's 32-byte boundary). The arithmetic is one
+ * add per array, so what is left is the cost of moving the bytes. */
+__attribute__((target("avx512f,avx512bw"))) static void
+stream30_avx512(const float *g, float *p, float *m, float *v, uint16_t *w, size_t i, size_t n)
+{
+	for (; i < n && ((uintptr_t)(w + i) & 31); i++) {
+		float z = g[i] - g[i];
+
+		p[i] += z, m[i] += z, v[i] += z;
+		w[i] = (uint16_t)st_f32_bits(p[i]);
+	}
+	for (; i + 16 <= n; i += 16) {
+		__m512 gv = _mm512_loadu_ps(g + i), z = _mm512_sub_ps(gv, gv), pv;
+
+		__builtin_prefetch((const char *)(g + i) + 2048, 0, 3);
+		__builtin_prefetch((const char *)(p + i) + 2048, 0, 3);
+		__builtin_prefetch((const char *)(m + i) + 2048, 0, 3);
+		__builtin_prefetch((const char *)(v + i) + 2048, 0, 3);
+		pv = _mm512_add_ps(_mm512_loadu_ps(p + i), z);
+		_mm512_storeu_ps(p + i, pv);
+		_mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), z));
+		_mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), z));
+		_mm256_stream_si256((__m256i *)(w + i), _mm512_cvtepi32_epi16(_mm512_castps_si512(pv)));
+	}
+	for (; i < n; i++) {
+		float z = g[i] - g[i];
+
+		p[i] += z, m[i] += z, v[i] += z;
+		w[i] = (uint16_t)st_f32_bits(p[i]);
+	}
+	_mm_sfence();
+}
+#endif
+
+/* The same bytes as the fused step: read G, P, M, V; write P, M, V, W. On
+ * CPUs without AVX-512 a plain loop (then a weaker bound). */
+static double run_stream30(const float *g, float *p, float *m, float *v, uint16_t *w, size_t n)
+{
+	const size_t chunk = 16384;
+	size_t n_chunks = (n + chunk - 1) / chunk;
+	double t0 = now_s();
+#if defined(STREAM_X86)
+	int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+	int avx512 = 0;
+#endif
+
+#pragma omp parallel for schedule(static)
+	for (size_t c = 0; c < n_chunks; c++) {
+		size_t a = c * chunk, b = ST_MIN(n, a + chunk);
+
+#if defined(STREAM_X86)
+		if (avx512) {
+			stream30_avx512(g, p, m, v, w, a, b);
+			continue;
+		}
+#endif
+		(void)avx512;
+		for (size_t i = a; i < b; i++) {
+			float z = g[i] - g[i];
+
+			p[i] += z, m[i] += z, v[i] += z;
+			w[i] = (uint16_t)st_f32_bits(p[i]);
+		}
+	}
+	return now_s() - t0;
+}
+
 /* The textbook AdamW loop as one would first write it. */
 static double run_naive(const struct st_adam_hparams *hp, const float *g, float *p, float *m,
 			float *v, uint16_t *w, size_t n)
@@ -217,13 +297,14 @@ int main(int argc, char **argv)
 	size_t n, nt;
 	float *g, *p, *m, *v, *ta, *tb, *tc;
 	uint16_t *w;
-	double *t_triad, *t_adam, *t_naive, *r_triad;
+	double *t_triad, *t_adam, *t_naive, *r_triad, *t_stream, *r_stream;
 	struct st_adam_hparams hp = { .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
 				      .weight_decay = 0.01f, .grad_scale = 1.0f / 1024.0f };
 	struct st_adam_bufs bufs;
 	uint64_t step = 1;
 	double bytes_per_param, med_triad, med_adam, med_naive, triad_gbps, adam_gbps;
-	double naive_gbps, params_per_s, ratio, speedup, ratio_med;
+	double naive_gbps, params_per_s, ratio, speedup, ratio_med, med_stream, stream_gbps;
+	double stream_ratio, stream_ratio_med;
 
 	if (parse_args(argc, argv, &o))
 		return 2;
@@ -236,7 +317,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	n = (size_t)o.params;
-	nt = (size_t)ST_MAX(o.params, TRIAD_MIN_ELEMS);
+	nt = (size_t)TRIAD_ELEMS;
 
 	g = alloc_big(n * 4);
 	p = alloc_big(n * 4);
@@ -250,8 +331,10 @@ int main(int argc, char **argv)
 	t_adam = calloc((size_t)o.reps, sizeof(double));
 	t_naive = calloc((size_t)o.reps, sizeof(double));
 	r_triad = calloc((size_t)o.reps, sizeof(double));
+	t_stream = calloc((size_t)o.reps, sizeof(double));
+	r_stream = calloc((size_t)o.reps, sizeof(double));
 	if (!g || !p || !m || !v || !w || !ta || !tb || !tc || !t_triad || !t_adam || !t_naive ||
-	    !r_triad) {
+	    !r_triad || !t_stream || !r_stream) {
 		fprintf(stderr, "adam-bench: out of memory for %llu params\n",
 			(unsigned long long)o.params);
 		return 1;
@@ -277,6 +360,7 @@ int main(int argc, char **argv)
 
 	/* warm-up, then the timed reps, interleaved and alternating order */
 	run_triad(ta, tb, tc, nt);
+	run_stream30(g, p, m, v, w, n);
 	hp.step = step++;
 	run_adam(&hp, &bufs, n);
 	hp.step = step++;
@@ -284,6 +368,7 @@ int main(int argc, char **argv)
 	for (int r = 0; r < o.reps; r++) {
 		if (r % 2 == 0) {
 			t_triad[r] = run_triad(ta, tb, tc, nt);
+			t_stream[r] = run_stream30(g, p, m, v, w, n);
 			hp.step = step++;
 			t_adam[r] = run_adam(&hp, &bufs, n);
 			hp.step = step++;
@@ -293,15 +378,22 @@ int main(int argc, char **argv)
 			t_naive[r] = run_naive(&hp, g, p, m, v, w, n);
 			hp.step = step++;
 			t_adam[r] = run_adam(&hp, &bufs, n);
+			t_stream[r] = run_stream30(g, p, m, v, w, n);
 			t_triad[r] = run_triad(ta, tb, tc, nt);
 		}
-		/* achieved / triad within this rep, for the median of ratios */
+		/* achieved / triad and / stream30 within this rep, for the
+		 * medians of ratios */
 		r_triad[r] = ((double)n * bytes_per_param / t_adam[r]) / ((double)nt * 12.0 / t_triad[r]);
+		r_stream[r] = t_stream[r] / t_adam[r];
 	}
 	med_triad = median(t_triad, o.reps);
 	med_adam = median(t_adam, o.reps);
 	med_naive = median(t_naive, o.reps);
 	ratio_med = median(r_triad, o.reps);
+	med_stream = median(t_stream, o.reps);
+	stream_ratio_med = median(r_stream, o.reps);
+	stream_gbps = (double)n * bytes_per_param / med_stream * 1e-9;
+	stream_ratio = med_stream / med_adam;
 	triad_gbps = (double)nt * 12.0 / med_triad * 1e-9;
 	adam_gbps = (double)n * bytes_per_param / med_adam * 1e-9;
 	naive_gbps = (double)n * bytes_per_param / med_naive * 1e-9;
@@ -313,11 +405,15 @@ int main(int argc, char **argv)
 	       (unsigned long long)o.params, o.threads, st_optim_path_name(st_optim_path_get()),
 	       o.reps, nt);
 	printf("  triad        %8.2f GB/s   (%.1f ms)\n", triad_gbps, med_triad * 1e3);
+	printf("  stream30     %8.2f GB/s   (%.1f ms)  the same bytes, next to no arithmetic\n",
+	       stream_gbps, med_stream * 1e3);
 	printf("  adam fused   %8.2f GB/s   (%.1f ms)  %.3g params/s  %.0f B/param\n", adam_gbps,
 	       med_adam * 1e3, params_per_s, bytes_per_param);
 	printf("  adam naive   %8.2f GB/s   (%.1f ms)\n", naive_gbps, med_naive * 1e3);
 	printf("  ratio achieved/triad %.3f (median of per-rep ratios %.3f), speedup vs naive %.2fx\n",
 	       ratio, ratio_med, speedup);
+	printf("  ratio achieved/stream30 %.3f (median of per-rep ratios %.3f)\n", stream_ratio,
+	       stream_ratio_med);
 
 	if (o.json) {
 		json_object *j = json_object_new_object();
@@ -330,6 +426,10 @@ int main(int argc, char **argv)
 		json_object_object_add(j, "ratio_to_triad", json_object_new_double(ratio));
 		json_object_object_add(j, "ratio_to_triad_median_per_rep",
 				       json_object_new_double(ratio_med));
+		json_object_object_add(j, "stream30_gbps", json_object_new_double(stream_gbps));
+		json_object_object_add(j, "ratio_to_stream30", json_object_new_double(stream_ratio));
+		json_object_object_add(j, "ratio_to_stream30_median_per_rep",
+				       json_object_new_double(stream_ratio_med));
 		json_object_object_add(j, "naive_gbps", json_object_new_double(naive_gbps));
 		json_object_object_add(j, "speedup_vs_naive", json_object_new_double(speedup));
 		json_object_object_add(j, "path",
@@ -361,5 +461,7 @@ int main(int argc, char **argv)
 	free(t_adam);
 	free(t_naive);
 	free(r_triad);
+	free(t_stream);
+	free(r_stream);
 	return 0;
 }

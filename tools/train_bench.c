@@ -11,12 +11,14 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <limits.h>
 #include <json-c/json.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void usage(FILE *f)
 {
@@ -53,6 +55,56 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 	return 0;
 }
 
+/* The BLAS this process really runs, as the dynamic loader mapped it: the
+ * real path of every mapped file whose name says BLAS (OpenBLAS and its
+ * libblas.so.3 wrapper, BLIS, MKL, FlexiBLAS), read from /proc/self/maps,
+ * ';'-separated into out. tools/torch-ref bench compares it with what
+ * PyTorch's process mapped. */
+static void blas_mapped(char *out, size_t cap)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[PATH_MAX + 256];
+	size_t len = 0;
+
+	out[0] = '\0';
+	if (!f) {
+		snprintf(out, cap, "unknown (/proc/self/maps: %s)", strerror(errno));
+		return;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *path = strchr(line, '/'), real[PATH_MAX];
+		const char *base;
+
+		if (!path)
+			continue;
+		path[strcspn(path, "\n")] = '\0';
+		base = strrchr(path, '/') + 1;
+		if (!strstr(base, "blas") && !strstr(base, "blis") && !strstr(base, "mkl_"))
+			continue;
+		if (!realpath(path, real))
+			snprintf(real, sizeof(real), "%s", path);
+		if (strstr(out, real)) /* one entry per file (maps lists each segment) */
+			continue;
+		len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s",
+					len ? ";" : "", real);
+		if (len >= cap)
+			break;
+	}
+	fclose(f);
+	if (!out[0])
+		snprintf(out, cap, "none mapped");
+}
+
+static const char *blas_threading(void)
+{
+	switch (openblas_get_parallel()) {
+	case 0: return "sequential";
+	case 1: return "pthreads";
+	case 2: return "openmp";
+	}
+	return "unknown";
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -63,6 +115,17 @@ static double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(double), cmp_double);
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* CPU seconds of the whole process (all threads): on a shared machine a
+ * steadier figure than the wall clock, which also counts the time the
+ * threads waited for a core (OMP_WAIT_POLICY=PASSIVE: no spinning). */
+static double cpu_s(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 static double now_s(void)
@@ -244,10 +307,16 @@ int main(int argc, char **argv)
 	}
 	double *ts = calloc((size_t)steps, sizeof(double));
 	double *tg = calloc((size_t)steps, sizeof(double));
+	double *tcpu = calloc((size_t)steps, sizeof(double));
+	if (!ts || !tg || !tcpu) {
+		fprintf(stderr, "train-bench: out of memory\n");
+		return 1;
+	}
 	for (int i = 0; i < steps; i++) {
-		double t0 = now_s();
+		double t0 = now_s(), c0 = cpu_s();
 		err = step(&s, &loss);
 		ts[i] = now_s() - t0;
+		tcpu[i] = cpu_s() - c0;
 		if (err) {
 			fprintf(stderr, "train-bench: %s\n", st_error_last());
 			return 1;
@@ -255,6 +324,7 @@ int main(int argc, char **argv)
 		tg[i] = sgemm_seconds(ga, gb, gc, n);
 	}
 	double step_s = median(ts, steps), gemm_s = median(tg, steps);
+	double step_cpu_s = median(tcpu, steps);
 	double tokens = (double)B * T;
 	double flops_tok = st_model_flops_per_token(s.m, T);
 	double model_flops = flops_tok * tokens / step_s;
@@ -266,11 +336,16 @@ int main(int argc, char **argv)
 	       (double)st_model_param_count(s.m) / 1e6, B, T, threads, steps);
 	printf("step (fwd + bwd with recompute, W bf16): median %.3f s, loss %.4f (ln V = %.4f)\n",
 	       step_s, (double)loss, log((double)cfg.vocab));
+	printf("step cpu time (all threads): median %.3f s\n", step_cpu_s);
 	printf("tokens/s: %.1f\n", tokens / step_s);
 	printf("model FLOP/s: %.2f GFLOP/s (6*N_mm + 6*L*T*C = %.3g FLOP/token)\n",
 	       model_flops / 1e9, flops_tok);
 	printf("sgemm %dx%dx%d: median %.2f GFLOP/s\n", n, n, n, gemm_flops / 1e9);
 	printf("ratio model/sgemm: %.3f\n", ratio);
+	char blas[4096];
+	blas_mapped(blas, sizeof(blas));
+	printf("blas: %s (%s, core %s, %s threading)\n", blas, openblas_get_config(),
+	       openblas_get_corename(), blas_threading());
 
 	if (json_path) {
 		json_object *o = json_object_new_object();
@@ -281,12 +356,17 @@ int main(int argc, char **argv)
 		json_object_object_add(o, "steps", json_object_new_int(steps));
 		json_object_object_add(o, "params", json_object_new_int64((int64_t)st_model_param_count(s.m)));
 		json_object_object_add(o, "step_s_median", json_object_new_double(step_s));
+		json_object_object_add(o, "step_cpu_s_median", json_object_new_double(step_cpu_s));
 		json_object_object_add(o, "tokens_per_s", json_object_new_double(tokens / step_s));
 		json_object_object_add(o, "flops_per_token", json_object_new_double(flops_tok));
 		json_object_object_add(o, "model_flops_per_s", json_object_new_double(model_flops));
 		json_object_object_add(o, "sgemm_flops_per_s", json_object_new_double(gemm_flops));
 		json_object_object_add(o, "ratio", json_object_new_double(ratio));
 		json_object_object_add(o, "loss", json_object_new_double(loss));
+		json_object_object_add(o, "blas_mapped", json_object_new_string(blas));
+		json_object_object_add(o, "blas_config", json_object_new_string(openblas_get_config()));
+		json_object_object_add(o, "blas_core", json_object_new_string(openblas_get_corename()));
+		json_object_object_add(o, "blas_threading", json_object_new_string(blas_threading()));
 		if (json_object_to_file_ext(json_path, o, JSON_C_TO_STRING_PRETTY)) {
 			fprintf(stderr, "train-bench: cannot write %s\n", json_path);
 			json_object_put(o);
@@ -302,7 +382,7 @@ int main(int argc, char **argv)
 	}
 	free(s.w); free(s.g); free(s.x); free(s.pemb); free(s.pu);
 	free(s.d[0]); free(s.d[1]); free(s.work); free(tok); free(tgt);
-	free(ga); free(gb); free(gc); free(ts); free(tg);
+	free(ga); free(gb); free(gc); free(ts); free(tg); free(tcpu);
 	st_model_destroy(s.m);
 	return 0;
 }

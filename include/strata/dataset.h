@@ -120,6 +120,10 @@ int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
  * step. Never fails and never allocates. */
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets);
 
+/* Advance one step exactly as st_loader_next() would, filling nothing:
+ * the batches another data-parallel rank takes. Never fails. */
+void st_loader_skip(struct st_loader *ld);
+
 /* Back to step 0 with the generator reseeded (e.g. before each eval). */
 void st_loader_rewind(struct st_loader *ld);
 

@@ -44,6 +44,17 @@ struct st_engine_config {
 	const enum st_home *homes;     /* tests: the home of every (unit,
 					  state), as st_plan_input.homes;
 					  NULL = the planner's policy */
+	/* ZeRO data parallelism (docs/zero.md). comm_ops: the backend of
+	 * this rank's communicator (NULL: local, world 1); world and rank:
+	 * what the launcher says (0, 0: one rank), checked against what the
+	 * backend finds; zero: the stage 0..3. At world > 1 each rank trains
+	 * on micro-batch r of every group of `world` drawn from the loader,
+	 * so N ranks at grad_accum A read what one rank reads at N * A; every
+	 * budget is one rank's; each rank's nvme files go to DIR/rank-R of
+	 * every nvme dir. */
+	const struct st_comm_ops *comm_ops;
+	int world, rank;
+	int zero;
 	uint64_t ckpt_shard_bytes;     /* st_engine_save(): files over this
 					  are sharded (strata/ckpt.h); 0 =
 					  ST_CKPT_SHARD_BYTES_DEFAULT */
@@ -66,7 +77,9 @@ uint64_t st_engine_seed(const struct st_engine *e);
  * the update sweep also runs the next step's first forward, unit by unit
  * as each unit's new W is home (so the next call's forward is already
  * done and ld has given that batch); pass false before reading or saving
- * the state, so the loader's cursor is that of the step's end. */
+ * the state, so the loader's cursor is that of the step's end. At world
+ * > 1 collective: every rank steps with the same step and next_follows;
+ * res (loss, norm) is the same on every rank. */
 int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		   bool next_follows, struct st_step_result *res);
 
@@ -79,14 +92,17 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 const struct st_cursor *st_engine_step_end_cursor(const struct st_engine *e);
 
 /* Copy state s (W widened to fp32, or P, M, V) of unit u into dst (fp32,
- * the unit's flat length). For tests and checkpoints. */
+ * the unit's flat length). For tests and checkpoints. At world > 1 a state
+ * the stage shards is gathered from every rank: collective, every rank
+ * calls it for the same (u, s) in the same order. */
 int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst);
 /* Where shard (u, s) lives: its home and its extent in that tier (tests
  * and tools: st_tier_locate() names the file and offset). 0 or -EINVAL. */
 int st_engine_shard(const struct st_engine *e, int u, enum st_state s, enum st_home *home,
 		    struct st_extent *ext);
 /* Overwrite P, M and V of unit u (each NULL = zeros for M and V) and set W
- * to round(P). For loading weights and resuming. */
+ * to round(P). For loading weights and resuming. At world > 1 every rank
+ * passes the whole unit and keeps its shards of it (nothing exchanged). */
 int st_engine_write_state(struct st_engine *e, int u, const float *p,
 			  const float *m, const float *v);
 
@@ -97,7 +113,10 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p,
  * whose state lives on nvme never has to fit in RAM. Every value of P, M
  * and V is checked as it is streamed: one that is not finite (or a V below
  * 0) gives -EINVAL naming the file, the tensor and the index, and nothing
- * is saved (DIR and `latest` stay as they were). */
+ * is saved (DIR and `latest` stay as they were). At world > 1:
+ * collective; every rank writes its ranges of every tensor into the files
+ * rank 0 makes, rank 0 commits (docs/zero.md), and every rank returns the
+ * same result. */
 int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 		   const struct st_cursor *cursor, const char *config_json, int keep);
 
@@ -130,6 +149,11 @@ struct st_engine_stats {
 };
 void st_engine_get_stats(const struct st_engine *e, struct st_engine_stats *s);
 const char *st_lane_name(enum st_lane l);
+
+/* This rank's communicator (borrowed; the local one at world 1): for the
+ * start-up agreement, barriers and the collectives' stats. */
+struct st_comm;
+struct st_comm *st_engine_comm(struct st_engine *e);
 
 /* The detail of the last I/O failure ("nvme: read ... offset ...: ..."). */
 const char *st_engine_io_error(const struct st_engine *e);

@@ -37,6 +37,11 @@
  *                                      ST_UPDATE_TILE_ELEMS): the sweep
  *                                      goes tile by tile
  *   nvme  homes on nvme                as host homes
+ * At world N > 1 (ZeRO, docs/zero.md) e_u above is the padded unit N*S_u
+ * for dW, the grad landing and (stage 3: every W streamed) the W slots; a
+ * home holds S_u elements for a sharded state, N*S_u otherwise; and two
+ * pools are added: vram comm scratch N*S_max*4 (dW's all-to-all), host W
+ * gather N*S_max*Wb (stages 1-2).
  * Every pool's extent is counted rounded up to 4 KiB (so the engine may
  * allocate each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
  * (checkpoints at offsets i*X); scratch_bytes is the sum of the scratch
@@ -71,6 +76,7 @@ struct st_plan_rates {
 	double copy_bps;       /* host<->vram bytes/s */
 	double nvme_read_bps, nvme_write_bps;
 	double adam_bps;       /* CPU AdamW bytes/s (30 B per parameter) */
+	double net_bps;        /* world > 1: bytes/s one rank's collectives move */
 };
 
 /* The engine's defaults on the cuda device when no rates are given:
@@ -98,6 +104,13 @@ struct st_plan_input {
 	 * the plan then only sizes the pools and checks the budgets. Tests
 	 * use it for split placements; params and optim are ignored. */
 	const enum st_home *homes;
+	/* ZeRO (docs/zero.md): this rank of `world` (0 = 1) data-parallel
+	 * ranks and the stage 0..3. At world > 1 each unit is cut into world
+	 * slices of slice_elems (st_plan_slice()) and the states the stage
+	 * shards (st_plan_sharded()) hold only this rank's slice; the plan
+	 * is per rank (every budget is one rank's). At world 1 the stage
+	 * changes nothing. */
+	int world, rank, zero;
 };
 
 /* The engine's pools, each listed once in the plan: the engine allocates
@@ -122,6 +135,10 @@ enum st_pool_id {
 	ST_POOL_GSTAGE,       /* host: G staging (G on nvme, grad_accum > 1) */
 	ST_POOL_UPD_W,        /* host: update staging for W, one per set (2) */
 	ST_POOL_UPD_F32,      /* host: for G, P, M, V, 4 per set (8) */
+	ST_POOL_COMM_SCRATCH, /* vram: world > 1: the composed reduce-scatter's
+				 all-to-all lands here, N * S * 4 */
+	ST_POOL_W_GATHER,     /* host: world > 1, stages 1-2: the updated W
+				 slices all-gathered into one unit, N * S * Wb */
 	ST_POOL_KIND_COUNT
 };
 
@@ -176,7 +193,31 @@ struct st_plan {
 	 * the pools of each tier */
 	struct st_plan_pool *pools;
 	int n_pools;
+	/* ZeRO: the input's world (>= 1), rank and stage; per unit the slice
+	 * S_u (the unit's own length at world 1; at world > 1 ceil(e_u / N)
+	 * rounded up to ST_PLAN_SLICE_ALIGN elements, so every slice is whole
+	 * 64 KiB in fp32 and moves with O_DIRECT) and the padded unit N * S_u
+	 * that an unsharded state holds at world > 1 */
+	int world, rank, zero;
+	uint64_t *slice_elems;                 /* [units] */
+	uint64_t tile_elems;                   /* the update tile; at world > 1 it
+						  divides every slice */
+	/* the collectives' bytes per step, as st_comm_stats counts them (the
+	 * full buffer of each call): comm_bytes[kind of strata/comm.h] */
+	uint64_t comm_bytes[5], comm_calls[5];
+	double t_net_s;                        /* predicted time of the collectives */
 };
+
+/* Slices are multiples of this many elements (the gradient norm's chunk,
+ * so per-slice partial sums fold into the one-rank sum bit for bit). */
+#define ST_PLAN_SLICE_ALIGN 16384u
+
+/* Does stage p->zero shard state s across the ranks? (never at world 1):
+ * P, M, V from stage 1, G from 2, W at 3. */
+static inline bool st_plan_sharded(const struct st_plan *p, int s)
+{
+	return p->world > 1 && p->zero >= (s == 0 ? 3 : s == 1 ? 2 : 1);
+}
 
 /* Make the plan. Returns 0; -ENOSPC when a budget cannot work, with one
  * line in st_error_last() naming the tier, its budget and the minimum

@@ -8,6 +8,7 @@
  * or a checkpoint fails. */
 #include "cli.h"
 #include "strata/ckpt.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/io.h"
 #include "strata/model.h"
@@ -270,6 +271,13 @@ static struct json_object *machine_json(void)
 	else
 		put_str(s, "error", strerror(-ret));
 	json_object_object_add(o, "io_uring", s);
+	/* the comm backends built, their libraries (MPI, NCCL) and the world
+	 * the launcher gives this process (docs/zero.md) */
+	{
+		char line[1024];
+
+		put_str(o, "comm", st_comm_describe(line, sizeof(line)));
+	}
 	return o;
 }
 
@@ -446,6 +454,7 @@ static void print_machine(struct json_object *m)
 	printf("io_uring  %s (kernel %s)\n",
 	       json_object_get_boolean(jobj(ur, "ok")) ? "works" : jstr(ur, "error"),
 	       jstr(ur, "kernel") ? jstr(ur, "kernel") : "unknown");
+	printf("comm      %s\n", jstr(m, "comm"));
 }
 
 static void print_dir(struct json_object *d)

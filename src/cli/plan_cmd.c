@@ -42,6 +42,11 @@ static void plan_usage(FILE *f)
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
 "  --prefetch N           units of W loaded ahead of compute; 0 = as many as fit (default)\n"
+"data parallelism (docs/zero.md): the plan of one rank\n"
+"  --world N              data-parallel ranks (default 1)\n"
+"  --rank R               the rank planned (default 0; every rank's plan is the same)\n"
+"  --zero 0|1|2|3         ZeRO stage (default 0)\n"
+"  --net-gbps X           GB/s a rank's collectives move over the network (default 10)\n"
 "rates for the prediction (defaults are those of a 2-core VM without a GPU)\n"
 "  --device cpu|cuda      the device's default compute and copy rates (default cpu;\n"
 "                         cuda: fp32 matmuls at 15 TFLOP/s, copies at 20 GB/s)\n"
@@ -65,7 +70,9 @@ int st_cli_plan(int argc, char **argv)
 		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'k' },
 		{ "nvme-bench", 1, 0, 'b' }, { "compute-gflops", 1, 0, 'c' },
 		{ "copy-gbps", 1, 0, 'C' }, { "adam-gbps", 1, 0, 'A' },
-		{ "device", 1, 0, 'd' }, { "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "world", 1, 0, 'w' }, { "rank", 1, 0, 'r' }, { "zero", 1, 0, 'z' },
+		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' },
+		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	struct st_plan_input in = {
 		.batch = 8, .seq = 128, .grad_accum = 1, .bf16 = true,
@@ -115,6 +122,12 @@ int st_cli_plan(int argc, char **argv)
 		case 'A':
 			in.rates.adam_bps = st_cli_double("--adam-gbps", optarg, 1e-6, 1e9) * 1e9;
 			break;
+		case 'w': in.world = (int)st_cli_long("--world", optarg, 1, 4096); break;
+		case 'r': in.rank = (int)st_cli_long("--rank", optarg, 0, 4095); break;
+		case 'z': in.zero = (int)st_cli_long("--zero", optarg, 0, 3); break;
+		case 'G':
+			in.rates.net_bps = st_cli_double("--net-gbps", optarg, 1e-6, 1e9) * 1e9;
+			break;
 		case 'd':
 			if (strcmp(optarg, "cuda") == 0)
 				cuda = true;
@@ -131,6 +144,8 @@ int st_cli_plan(int argc, char **argv)
 	}
 	if (optind < argc)
 		st_cli_die(2, "plan: unexpected argument %s", argv[optind]);
+	if (in.rank >= (in.world > 1 ? in.world : 1))
+		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
 	if (cuda && in.rates.compute_flops == 0)
 		in.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
 	if (cuda && in.rates.copy_bps == 0)

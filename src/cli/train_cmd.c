@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "strata/weights.h"
 #include "strata/ckpt.h"
+#include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/family.h"
@@ -70,6 +71,11 @@ static void train_usage(FILE *f)
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
 "  --verify-reads on|off  check every nvme read against the XXH3 of what was\n"
 "                       written (default on: a mismatch stops the run, exit 1)\n"
+"data parallelism (mpirun -np N strata train ...; docs/zero.md)\n"
+"  --zero 0|1|2|3       ZeRO stage: 0 every rank holds everything, 1 shards P, M, V,\n"
+"                       2 also G, 3 also W (default 0). Each rank takes micro-batch r\n"
+"                       of every N, so N ranks at --grad-accum A read what one reads\n"
+"                       at N*A; budgets are per rank; rank 0 prints and saves\n"
 "optimizer\n"
 "  --steps N            optimizer steps (default 100)\n"
 "  --lr X --lr-schedule cosine|constant --warmup N   (1e-3, cosine to lr/10, 10)\n"
@@ -247,7 +253,7 @@ static void on_signal(int sig)
 /* The training configuration, saved in trainer.json and checked at resume:
  * everything that changes the numbers. */
 static char *config_json(const struct st_train_config *c, const char *model_text,
-			 const char *data, int shuffle)
+			 const char *data, int shuffle, int world, int zero)
 {
 	json_object *o = json_object_new_object();
 	char *s;
@@ -256,7 +262,10 @@ static char *config_json(const struct st_train_config *c, const char *model_text
 	json_object_object_add(o, "data", json_object_new_string(data));
 	json_object_object_add(o, "batch", json_object_new_int(c->batch));
 	json_object_object_add(o, "seq", json_object_new_int(c->seq));
-	json_object_object_add(o, "grad_accum", json_object_new_int(c->grad_accum));
+	/* the micro-batches of a step over every rank: what the numbers
+	 * depend on, so a checkpoint resumes at another world size (N ranks
+	 * at --grad-accum A are one rank at N * A) */
+	json_object_object_add(o, "grad_accum", json_object_new_int(c->grad_accum * world));
 	json_object_object_add(o, "steps", json_object_new_int(c->steps));
 	json_object_object_add(o, "lr", json_object_new_double(c->lr));
 	json_object_object_add(o, "schedule", json_object_new_string(
@@ -270,6 +279,10 @@ static char *config_json(const struct st_train_config *c, const char *model_text
 	json_object_object_add(o, "seed", json_object_new_int64((int64_t)c->seed));
 	json_object_object_add(o, "precision", json_object_new_string(c->bf16 ? "bf16" : "fp32"));
 	json_object_object_add(o, "shuffle", json_object_new_boolean(shuffle));
+	if (world > 1) { /* where it ran: not compared at resume */
+		json_object_object_add(o, "world", json_object_new_int(world));
+		json_object_object_add(o, "zero", json_object_new_int(zero));
+	}
 	s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
 	json_object_put(o);
 	return s;
@@ -304,6 +317,142 @@ static void metric(FILE *f, const char *key, const char *fmt, double v, char *no
 	fputs("null", f);
 	snprintf(nonfinite + strlen(nonfinite), bytes - strlen(nonfinite), "%s\"%s\"",
 		 nonfinite[0] ? "," : "", key);
+}
+
+/* The world this process is a rank of: what the launcher says (mpirun,
+ * srun), with the backend for the device (docs/zero.md). */
+static void zero_world(struct st_engine_config *ec)
+{
+	struct st_comm_launch l;
+
+	st_comm_launch(&l);
+	ec->world = l.launcher && l.world > 0 ? l.world : 1;
+	ec->rank = l.launcher && l.rank >= 0 ? l.rank : 0;
+	if (ec->world > 1 && ec->device && strcmp(ec->device, "cpu") != 0)
+		st_cli_die(2, "--device %s with %d ranks: ZeRO across ranks runs on the cpu "
+			   "device (cuda at world > 1 is not built yet)", ec->device, ec->world);
+	if (st_comm_auto(ec->device, &ec->comm_ops) < 0)
+		st_cli_die(2, "%s", st_error_last());
+	if (ec->world == 1 && ec->zero == 3)
+		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
+			"--zero 0\n");
+}
+
+/* Every rank runs the same configuration on the same data: one line per
+ * setting and the data's size, compared across the ranks before anything
+ * is allocated (st_comm_agree, on a communicator of its own). A mismatch
+ * ends every rank with exit 2 and one line (rank 0's) naming the first
+ * difference. */
+static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
+		       const struct st_dataset *ds)
+{
+	struct st_device_config dc = { .mem_bytes = 1 << 20 };
+	struct st_device *d = NULL;
+	struct st_comm *c = NULL;
+	struct st_comm_disagreement dis;
+	json_object *o = json_tokener_parse(cfg_json);
+	char *lines[64], buf[64];
+	int n = 0, ret;
+
+	if (ec->world == 1 || !o)
+		goto out;
+	json_object_object_foreach(o, key, val) {
+		size_t len;
+
+		if (n >= 62)
+			break;
+		len = strlen(key) + strlen(json_object_to_json_string(val)) + 2;
+		lines[n] = malloc(len);
+		if (lines[n])
+			snprintf(lines[n++], len, "%s=%s", key, json_object_to_json_string(val));
+	}
+	snprintf(buf, sizeof(buf), "data tokens=%llu max=%u",
+		 (unsigned long long)st_dataset_tokens(ds), st_dataset_max_token(ds));
+	lines[n++] = strdup(buf);
+	ret = st_device_create(st_device_find("cpu"), &dc, &d);
+	if (ret == 0)
+		ret = st_comm_create(ec->comm_ops, d, NULL, &c);
+	if (ret == 0)
+		ret = st_comm_agree(c, (const char *const *)lines, n, &dis);
+	st_comm_destroy(c);
+	st_device_destroy(d);
+	for (int i = 0; i < n; i++)
+		free(lines[i]);
+	if (ret < 0)
+		st_cli_die(1, "the ranks' agreement on the configuration: %s", st_error_last());
+	if (ret == 1) {
+		if (ec->rank == 0)
+			fprintf(stderr, "strata: the ranks do not run the same configuration: rank "
+				"%d has %s where rank 0 has %s\n", dis.rank, dis.rank_text,
+				dis.rank0_text);
+		fflush(stderr);
+		exit(2);
+	}
+out:
+	json_object_put(o);
+}
+
+/* Whether any rank has flag (a stop asked for): every rank stops after the
+ * same step, or their collectives would no longer pair up. */
+static bool zero_any(struct st_engine *e, bool flag)
+{
+	struct st_comm *c = st_engine_comm(e);
+	int w = st_comm_world(c);
+	int32_t mine = flag, all[1024];
+
+	if (w == 1)
+		return flag;
+	if (w > 1024 || st_comm_host_allgather(c, &mine, all, sizeof(mine)) < 0)
+		st_cli_die(1, "the ranks' stop flags: %s", st_error_last());
+	for (int i = 0; i < w; i++)
+		if (all[i])
+			return true;
+	return false;
+}
+
+/* Every rank's peak per tier (world > 1, --metrics: collective), into
+ * *all: [world * ST_HOME_COUNT], 0 for a tier a rank does not have. */
+static void zero_peaks(struct st_engine *e, const struct st_engine_stats *es, uint64_t **all)
+{
+	struct st_comm *c = st_engine_comm(e);
+	uint64_t mine[ST_HOME_COUNT];
+
+	if (!*all && !(*all = calloc((size_t)st_comm_world(c) * ST_HOME_COUNT, sizeof(**all))))
+		st_cli_die(1, "out of memory");
+	for (int h = 0; h < ST_HOME_COUNT; h++)
+		mine[h] = es->has_tier[h] ? es->peak_bytes[h] : 0;
+	if (st_comm_host_allgather(c, mine, *all, sizeof(mine)) < 0)
+		st_cli_die(1, "the ranks' peaks: %s", st_error_last());
+}
+
+/* A metrics line's ZeRO part (world > 1): each collective of the step
+ * (calls, bytes as strata/comm.h counts them, the comm queue's busy time)
+ * and every rank's peak per tier. */
+static void zero_metrics(FILE *mf, const struct st_comm_stats *a, const struct st_comm_stats *b,
+			 const uint64_t *peaks, int world)
+{
+	fprintf(mf, "},\"comm\":{");
+	for (int k = 0, first = 1; k < ST_COMM_KINDS; k++) {
+		uint64_t calls = b->kind[k].calls - a->kind[k].calls;
+
+		if (!calls)
+			continue;
+		fprintf(mf, "%s\"%s\":{\"calls\":%llu,\"bytes\":%llu,\"busy_s\":%.6f}",
+			first ? "" : ",", st_comm_kind_name((enum st_comm_kind)k),
+			(unsigned long long)calls,
+			(unsigned long long)(b->kind[k].bytes - a->kind[k].bytes),
+			(double)(b->kind[k].busy_ns - a->kind[k].busy_ns) / 1e9);
+		first = 0;
+	}
+	fprintf(mf, "},\"rank_peak\":[");
+	for (int q = 0; peaks && q < world; q++) {
+		fprintf(mf, "%s{", q ? "," : "");
+		for (int h = 0; h < ST_HOME_COUNT; h++)
+			fprintf(mf, "%s\"%s\":%llu", h ? "," : "", st_home_name(h),
+				(unsigned long long)peaks[q * ST_HOME_COUNT + h]);
+		fprintf(mf, "}");
+	}
+	fprintf(mf, "]");
 }
 
 /* Fields that must match between the run and the checkpoint it resumes. */
@@ -348,6 +497,7 @@ int st_cli_train(int argc, char **argv)
 		{ "shard-size", 1, 0, 1000 },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
+		{ "zero", 1, 0, 'z' },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -359,6 +509,9 @@ int st_cli_train(int argc, char **argv)
 	const char *nvme = DEFAULT_NVME;
 	int shuffle = 1, threads = 0, log_every = 1, save_every = 0, keep = 3, c;
 	int max_skipped = 10, skipped_in_row = 0;
+	bool want_metrics = false;
+	struct st_comm_stats cs0, cs1;
+	uint64_t *rank_peaks = NULL;
 	struct st_engine *e;
 	struct st_dataset *ds;
 	struct st_loader ld;
@@ -467,6 +620,7 @@ int st_cli_train(int argc, char **argv)
 			ec.device = optarg;
 			break;
 		case 'y': parse_test_fault(optarg, &ec.nvme_fault); break;
+		case 'z': ec.zero = (int)st_cli_long("--zero", optarg, 0, 3); break;
 		case 'h': train_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -475,6 +629,7 @@ int st_cli_train(int argc, char **argv)
 	}
 	if (optind < argc)
 		st_cli_die(2, "train: unexpected argument %s", argv[optind]);
+	zero_world(&ec);
 	if (strcmp(nvme, "none") != 0) {
 		st_cli_check_dirs("--nvme", nvme, true);
 		ec.nvme_dirs = nvme;
@@ -524,7 +679,8 @@ int st_cli_train(int argc, char **argv)
 					.split = ST_SPLIT_ALL };
 	if (st_loader_init(&ld, ds, &lc) < 0)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
-	cfg_json = config_json(cfg, model_text, data, shuffle);
+	cfg_json = config_json(cfg, model_text, data, shuffle, ec.world, ec.zero);
+	zero_agree(&ec, cfg_json, ds);
 
 	/* One run saves into a DIR at a time: a second one (a restart while
 	 * the first still runs, say) would prune and relink the first's. The
@@ -532,7 +688,14 @@ int st_cli_train(int argc, char **argv)
 	 * second run is refused before it has done any of that. */
 	st_cli_at_die(undo_run);
 	run.save = save;
-	if (save && st_ckpt_lock(save, &save_lock, &run.made) < 0)
+	/* rank 0 prints, saves and holds the lock; the others write only their
+	 * slices (through st_engine_save) and say nothing but their errors */
+	if (ec.rank > 0 && !freopen("/dev/null", "w", stdout))
+		st_cli_die(1, "/dev/null: %s", strerror(errno));
+	want_metrics = metrics != NULL; /* every rank gathers what rank 0 writes */
+	if (ec.rank > 0)
+		metrics = NULL;
+	if (save && ec.rank == 0 && st_ckpt_lock(save, &save_lock, &run.made) < 0)
 		st_cli_die(2, "--save %s", st_error_last());
 	/* From here a Ctrl-C or SIGTERM only asks for a stop: in start-up, the
 	 * run ends before its first step; after, at the end of a step. */
@@ -557,6 +720,12 @@ int st_cli_train(int argc, char **argv)
 
 	/* The plan decides before anything is allocated: a budget that cannot
 	 * work is refused here, with exit 2. */
+	if (trace_path && ec.world > 1) { /* one file per rank */
+		static char tp[4200];
+
+		snprintf(tp, sizeof(tp), "%s.rank-%d", trace_path, ec.rank);
+		trace_path = tp;
+	}
 	if (trace_path && st_trace_create(&trace, trace_path) < 0)
 		st_cli_die(2, "--trace %s: %s", trace_path, st_error_last());
 	ec.trace = run.trace = trace;
@@ -640,17 +809,21 @@ int st_cli_train(int argc, char **argv)
 		char eta[32], a[16], b[16], cc[16], d[16];
 		/* A stop asked for (Ctrl-C, SIGTERM) ends the run after the step
 		 * it comes in, saved. */
-		bool stopping = stop_requested;
+		bool stopping = zero_any(e, stop_requested);
 		bool saving = save && ((save_every && (s + 1) % save_every == 0) ||
 				       s + 1 == cfg->steps || stopping);
 		/* The next step's first forward runs in this step's update sweep,
 		 * unless the state is saved (or the run ends) after this step. */
 		bool follows = s + 1 < cfg->steps && !saving && !stopping;
 
+		st_comm_get_stats(st_engine_comm(e), &cs0);
 		if (st_engine_step(e, &ld, s, follows, &r) < 0)
 			st_cli_die(1, "step %d: %s", s + 1, st_error_last());
+		st_comm_get_stats(st_engine_comm(e), &cs1);
 		done_steps = s + 1;
 		st_engine_get_stats(e, &es);
+		if (want_metrics && ec.world > 1)
+			zero_peaks(e, &es, &rank_peaks);
 		dt = (double)es.step_ns / 1e9;
 		tps = (double)cfg->batch * cfg->seq * cfg->grad_accum / dt;
 		if ((s + 1) % log_every == 0 || s + 1 == cfg->steps || r.skipped) {
@@ -714,7 +887,9 @@ int st_cli_train(int argc, char **argv)
 					: l == ST_LANE_D2H ? "d2h" : l == ST_LANE_NVME_READ ? "nvme_read"
 					: l == ST_LANE_NVME_WRITE ? "nvme_write" : "adam",
 					(double)es.busy_ns[l] / 1e9);
-			fprintf(mf, "}}\n");
+			if (ec.world > 1) /* closes busy_s */
+				zero_metrics(mf, &cs0, &cs1, rank_peaks, ec.world);
+			fprintf(mf, ec.world > 1 ? "}\n" : "}}\n");
 			fflush(mf);
 		}
 		fflush(stdout);
@@ -722,7 +897,7 @@ int st_cli_train(int argc, char **argv)
 		 * too: with the cursor of this step's end (ld has given the next
 		 * batch), and the run ends there. Read once: a signal between two
 		 * reads must not end the run unsaved. */
-		stopped = stop_requested;
+		stopped = zero_any(e, stop_requested);
 		/* Steps whose gradient is not finite are skipped (the state stays
 		 * that of the last good step); a run of them means the run has
 		 * gone bad: it stops, unsaved, and says what to go on from. */
@@ -768,6 +943,7 @@ int st_cli_train(int argc, char **argv)
 	st_engine_destroy(e);
 	st_dataset_close(ds);
 	free(cfg_json);
+	free(rank_peaks);
 	if (stopped && done_steps < cfg->steps) {
 		if (save)
 			fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with "

@@ -264,6 +264,15 @@ static void nccl_close(struct st_comm *c)
 	nccl_world_close(p);
 }
 
+/* After ncclCommAbort the communicator is freed: every later collective
+ * fails here instead of handing it to NCCL (as the mpi backend fails every
+ * call after an MPI error). */
+static int nccl_gone(void)
+{
+	return st_error_set(-EIO, "comm nccl: the communicator was aborted after an earlier "
+			    "error; this comm is unusable");
+}
+
 static int nccl_alltoall(struct st_comm *c, const void *send, void *recv, size_t slice_elems,
 			 enum st_comm_dtype dt)
 {
@@ -271,6 +280,8 @@ static int nccl_alltoall(struct st_comm *c, const void *send, void *recv, size_t
 	size_t slice_bytes = slice_elems * st_comm_dtype_bytes(dt);
 	ncclDataType_t t = nccl_type(dt);
 
+	if (p->aborted)
+		return nccl_gone();
 	if (send == recv)
 		return st_error_set(-ENOTSUP,
 				    "comm nccl: all-to-all in place at world %d (send and recv must differ)",
@@ -297,6 +308,9 @@ static int nccl_allgather(struct st_comm *c, const void *send, void *recv, size_
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
+	if (p->aborted)
+		return nccl_gone();
+
 	NCCL_CHECK(nc.AllGather(send, recv, slice_elems, nccl_type(dt), p->comm, p->stream),
 		   "ncclAllGather");
 	return 0;
@@ -307,6 +321,9 @@ static int nccl_broadcast(struct st_comm *c, const void *send, void *recv, size_
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
+	if (p->aborted)
+		return nccl_gone();
+
 	NCCL_CHECK(nc.Broadcast(send, recv, count_elems, nccl_type(dt), root, p->comm, p->stream),
 		   "ncclBroadcast");
 	return 0;
@@ -316,6 +333,9 @@ static int nccl_reduce_local(struct st_comm *c, const void *in, void *out, size_
 			     int terms, enum st_comm_dtype dt)
 {
 	struct nccl_priv *p = st_comm_priv(c);
+
+	if (p->aborted)
+		return nccl_gone();
 
 	return st_comm_cuda_fold(in, out, count_elems, terms, st_comm_dtype_bytes(dt), p->stream);
 }

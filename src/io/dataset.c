@@ -378,6 +378,16 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 	c->step++;
 }
 
+void st_loader_skip(struct st_loader *ld)
+{
+	struct st_cursor *c = &ld->cur;
+	const uint64_t n = c->end_tok - c->begin_tok;
+
+	for (uint32_t b = 0; c->shuffle && b < c->batch; b++)
+		(void)st_uniform(c->rng, n - c->seq);
+	c->step++;
+}
+
 void st_loader_rewind(struct st_loader *ld)
 {
 	st_cursor_seed(&ld->cur);

@@ -24,6 +24,7 @@
 #define ST_PLAN_NVME_READ_BPS 1.5e9
 #define ST_PLAN_NVME_WRITE_BPS 1.2e9
 #define ST_PLAN_ADAM_BPS 10e9
+#define ST_PLAN_NET_BPS 10e9
 /* CPU AdamW bytes per parameter: read G, P, M, V, write P, M, V and W. */
 #define ST_PLAN_ADAM_BYTES_PER_PARAM 30.0
 
@@ -45,6 +46,15 @@ struct st_shape {
 	uint64_t work_bytes;   /* max_u st_model_work_bytes */
 	uint64_t act_bytes;    /* rounded activation checkpoint pool */
 	enum st_home *homes;   /* [units * ST_STATE_COUNT] scratch for a placement */
+	/* ZeRO: world (>= 1), stage; per unit the slice S_u and the padded
+	 * unit N * S_u (e_u at world 1); per (unit, state) the elements of
+	 * this rank's shard */
+	int world, zero;
+	uint64_t *slice, *epad, *st_elems;
+	uint64_t epad_max, epad_reg; /* the largest padded unit, and not resident */
+	uint64_t tile;         /* the update tile (elements) */
+	bool w_gather;         /* stages 1-2 at world > 1: W slices gathered */
+	bool w_stream_all;     /* stage 3 at world > 1: every W goes through a slot */
 };
 
 /* One placement: W's home and G, P, M, V's home. */
@@ -102,6 +112,8 @@ static const struct {
 	[ST_POOL_GSTAGE] = { "grad staging", ST_HOME_HOST },
 	[ST_POOL_UPD_W] = { "update staging W", ST_HOME_HOST },
 	[ST_POOL_UPD_F32] = { "update staging G,P,M,V", ST_HOME_HOST },
+	[ST_POOL_COMM_SCRATCH] = { "comm scratch", ST_HOME_VRAM },
+	[ST_POOL_W_GATHER] = { "W gather", ST_HOME_HOST },
 };
 
 const char *st_pool_name(enum st_pool_id id)
@@ -144,18 +156,20 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 		   st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_HOST, false);
 	uint64_t e_reg = 0, e_res = 0; /* the largest streamed unit of each kind */
 	bool res_slot, reg_nvme = false, res_nvme = false;
-	uint64_t slot_bytes, et = ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
+	uint64_t slot_bytes, et = sh->tile;
 	uint32_t slots;
 
 	for (int u = 0; u < sh->units; u++) {
 		enum st_home w = homes[u * ST_STATE_COUNT + ST_STATE_W];
 
-		if (w == ST_HOME_VRAM)
+		/* stage 3 at world > 1 gathers every W into a slot, the full
+		 * (padded) unit */
+		if (w == ST_HOME_VRAM && !sh->w_stream_all)
 			continue;
 		if (sh->resident[u])
-			e_res = ST_MAX(e_res, sh->elems[u]);
+			e_res = ST_MAX(e_res, sh->epad[u]);
 		else
-			e_reg = ST_MAX(e_reg, sh->elems[u]);
+			e_reg = ST_MAX(e_reg, sh->epad[u]);
 	}
 	/* A streamed resident unit larger than every other streamed unit
 	 * (GPT-2's embedding with its vocabulary) gets a slot of its own, so
@@ -179,7 +193,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	for (int u = 0; u < sh->units; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++)
 			p->home[homes[u * ST_STATE_COUNT + s]] +=
-				sh->elems[u] * (s == ST_STATE_W ? sh->wb : 4);
+				sh->st_elems[u * ST_STATE_COUNT + s] * (s == ST_STATE_W ? sh->wb : 4);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		p->total[t] = p->home[t];
 	st_pool_add(p, ST_POOL_W_SLOT, slot_bytes, slots, -1);
@@ -196,19 +210,23 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	for (int u = 0; u < sh->units; u++)
 		if (sh->resident[u])
 			st_pool_add(p, ST_POOL_WF_RES, sh->elems[u] * 4, 1, u);
-	st_pool_add(p, ST_POOL_DW, sh->e_reg * 4, 2, -1);
+	/* dW is the padded unit: the reduce-scatter cuts it in N slices */
+	st_pool_add(p, ST_POOL_DW, sh->epad_reg * 4, 2, -1);
 	for (int u = 0; u < sh->units; u++)
 		if (sh->resident[u])
-			st_pool_add(p, ST_POOL_DW_RES, sh->elems[u] * 4, 1, u);
+			st_pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, 1, u);
 	st_pool_add(p, ST_POOL_DACT, sh->x_bytes, 2, -1);
 	st_pool_add(p, ST_POOL_WORK, sh->work_bytes ? sh->work_bytes : 1, 1, -1);
 	st_pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
 	st_pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
-	st_pool_add(p, ST_POOL_LANDING, sh->e_max * 4, 1, -1);
-	st_pool_add(p, ST_POOL_GSTAGE, sh->e_max * 4, g_nvme && sh->accum > 1, -1);
+	st_pool_add(p, ST_POOL_LANDING, sh->epad_max * 4, 1, -1);
+	st_pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4, g_nvme && sh->accum > 1, -1);
 	/* the update sweep goes tile by tile, two sets of staging in turn */
 	st_pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd ? 2 : 0, -1);
 	st_pool_add(p, ST_POOL_UPD_F32, et * 4, upd ? 2 * 4 : 0, -1);
+	/* ZeRO at world > 1 (docs/zero.md) */
+	st_pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
+	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather, -1);
 }
 
 static uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)
@@ -257,9 +275,70 @@ static uint64_t st_out_bytes(const struct st_model *m, int u, int B, int T)
 
 static void st_shape_fini(struct st_shape *sh)
 {
+	free(sh->slice);
+	free(sh->epad);
+	free(sh->st_elems);
 	free(sh->elems);
 	free(sh->resident);
 	free(sh->homes);
+}
+
+static uint64_t st_gcd(uint64_t a, uint64_t b)
+{
+	while (b) {
+		uint64_t t = a % b;
+
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+/* ZeRO's slices (docs/zero.md): S_u = ceil(e_u / N) rounded up to
+ * ST_PLAN_SLICE_ALIGN at world > 1, the unit itself at world 1; a sharded
+ * state holds S_u, an unsharded one the padded unit N * S_u. The update
+ * tile divides every S_u at world > 1, so a rank's tiles start at whole
+ * tiles of an unsharded shard too (the nvme checksums' grain). */
+static int st_shape_slices(const struct st_plan_input *in, struct st_shape *sh)
+{
+	int N = sh->world;
+	uint64_t g = 0;
+	struct st_plan tmp = { .world = N, .zero = sh->zero };
+
+	sh->slice = calloc((size_t)sh->units, sizeof(*sh->slice));
+	sh->epad = calloc((size_t)sh->units, sizeof(*sh->epad));
+	sh->st_elems = calloc((size_t)sh->units * ST_STATE_COUNT, sizeof(*sh->st_elems));
+	if (!sh->slice || !sh->epad || !sh->st_elems) {
+		st_shape_fini(sh);
+		return st_error_set(-ENOMEM, "plan: out of memory");
+	}
+	ST_UNUSED(in);
+	sh->w_gather = N > 1 && sh->zero >= 1 && sh->zero <= 2;
+	sh->w_stream_all = N > 1 && sh->zero >= 3;
+	for (int u = 0; u < sh->units; u++) {
+		uint64_t e = sh->elems[u];
+
+		sh->slice[u] = N == 1 ? e
+			       : st_align_up((e + (uint64_t)N - 1) / (uint64_t)N,
+					     ST_PLAN_SLICE_ALIGN);
+		sh->epad[u] = sh->slice[u] * (uint64_t)N;
+		sh->epad_max = ST_MAX(sh->epad_max, sh->epad[u]);
+		if (!sh->resident[u])
+			sh->epad_reg = ST_MAX(sh->epad_reg, sh->epad[u]);
+		g = st_gcd(g, sh->slice[u] / ST_PLAN_SLICE_ALIGN);
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			sh->st_elems[u * ST_STATE_COUNT + s] =
+				st_plan_sharded(&tmp, s) ? sh->slice[u] : sh->epad[u];
+	}
+	sh->tile = ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
+	if (N > 1) {
+		uint64_t d = ST_MIN(g, (uint64_t)ST_UPDATE_TILE_ELEMS / ST_PLAN_SLICE_ALIGN);
+
+		while (g % d)
+			d--;
+		sh->tile = d * ST_PLAN_SLICE_ALIGN;
+	}
+	return 0;
 }
 
 static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
@@ -268,6 +347,8 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 
 	memset(sh, 0, sizeof(*sh));
 	sh->model = m;
+	sh->world = in->world > 1 ? in->world : 1;
+	sh->zero = in->zero;
 	sh->units = st_model_unit_count(m);
 	sh->accum = in->grad_accum;
 	sh->wb = in->bf16 ? 2 : 4;
@@ -300,13 +381,13 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	}
 	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
 	sh->bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
-	return 0;
+	return st_shape_slices(in, sh);
 }
 
 static int st_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 {
 	const double vals[] = { r->compute_flops, r->copy_bps, r->nvme_read_bps,
-				r->nvme_write_bps, r->adam_bps };
+				r->nvme_write_bps, r->adam_bps, r->net_bps };
 
 	for (unsigned i = 0; i < ST_ARRAY_LEN(vals); i++)
 		if (!isfinite(vals[i]) || vals[i] < 0)
@@ -317,6 +398,7 @@ static int st_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *ou
 	out->nvme_read_bps = r->nvme_read_bps > 0 ? r->nvme_read_bps : ST_PLAN_NVME_READ_BPS;
 	out->nvme_write_bps = r->nvme_write_bps > 0 ? r->nvme_write_bps : ST_PLAN_NVME_WRITE_BPS;
 	out->adam_bps = r->adam_bps > 0 ? r->adam_bps : ST_PLAN_ADAM_BPS;
+	out->net_bps = r->net_bps > 0 ? r->net_bps : ST_PLAN_NET_BPS;
 	return 0;
 }
 
@@ -336,6 +418,12 @@ static int st_input_check(const struct st_plan_input *in)
 	if (in->prefetch < 0 || in->prefetch > st_model_unit_count(in->model))
 		return st_error_set(-EINVAL, "plan: prefetch %d is outside 0..%d (the model's units)",
 				    in->prefetch, st_model_unit_count(in->model));
+	if (in->world < 0 || in->world > 4096 || in->rank < 0 ||
+	    in->rank >= (in->world > 1 ? in->world : 1))
+		return st_error_set(-EINVAL, "plan: rank %d outside world %d", in->rank, in->world);
+	if (in->zero < 0 || in->zero > 3)
+		return st_error_set(-EINVAL, "plan: --zero %d: the stages are 0, 1, 2 and 3",
+				    in->zero);
 	if ((unsigned)in->params > ST_OFFLOAD_NVME || (unsigned)in->optim > ST_OFFLOAD_NVME)
 		return st_error_set(-EINVAL, "plan: unknown offload choice");
 	if (in->params == ST_OFFLOAD_NVME && !in->have_nvme)
@@ -486,19 +574,66 @@ static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n,
 	return st_error_set(-ENOSPC, "plan: no placement fits the budgets");
 }
 
+/* The collectives of one step on one rank, as st_comm_stats counts them
+ * (calls, and the full buffer of each: reduce-scatter's send, all-gather's
+ * recv, allreduce's count): the engine's calls, docs/zero.md. */
+static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
+{
+	uint64_t n = (uint64_t)sh->accum, N = (uint64_t)sh->world, parts = 0;
+	enum { AR = 0, RS = 1, AG = 2, A2A = 3 }; /* strata/comm.h's order */
+
+	memset(p->comm_bytes, 0, sizeof(p->comm_bytes));
+	memset(p->comm_calls, 0, sizeof(p->comm_calls));
+	for (int u = 0; u < sh->units; u++) {
+		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
+
+		/* every micro-batch: dW's slices to their ranks (world 1: the
+		 * reduce-scatter in place); stage 0 gathers the final G slices */
+		p->comm_calls[N > 1 ? A2A : RS] += n;
+		p->comm_bytes[N > 1 ? A2A : RS] += n * sh->epad[u] * 4;
+		if (N > 1 && sh->zero == 0) {
+			p->comm_calls[AG] += 1;
+			p->comm_bytes[AG] += sh->epad[u] * 4;
+		}
+		/* stages 1-2: the updated W slices; stage 3: W before each use */
+		if (sh->w_gather) {
+			p->comm_calls[AG] += 1;
+			p->comm_bytes[AG] += sh->epad[u] * sh->wb;
+		}
+		if (sh->w_stream_all) {
+			p->comm_calls[AG] += n * fetches;
+			p->comm_bytes[AG] += n * fetches * sh->epad[u] * sh->wb;
+		}
+		parts += sh->slice[u] / ST_PLAN_SLICE_ALIGN;
+	}
+	if (N == 1) { /* the norm's sum, in place */
+		p->comm_calls[AR] += 1;
+		p->comm_bytes[AR] += 8;
+		return;
+	}
+	/* the micro-batches' losses and the norm's chunk sums */
+	p->comm_calls[AG] += 2;
+	p->comm_bytes[AG] += N * n * 8 + N * parts * 8;
+}
+
 static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		       const enum st_home *homes, struct st_plan *p)
 {
 	const struct st_plan_rates *r = &p->rates;
-	uint64_t n = (uint64_t)sh->accum;
+	uint64_t n = (uint64_t)sh->accum, wire = 0;
 	double tokens = (double)in->batch * in->seq * (double)sh->accum;
-	double t[4];
-	static const char *names[] = { "compute", "copy", "nvme", "adam" };
+	double t[5];
+	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
 	for (int u = 0; u < sh->units; u++) {
 		const enum st_home *h = &homes[u * ST_STATE_COUNT];
-		uint64_t w = sh->elems[u] * sh->wb, g = sh->elems[u] * 4;
+		const uint64_t *se = &sh->st_elems[u * ST_STATE_COUNT];
+		/* W's home holds the unit (a slice at stage 3, world > 1); the
+		 * update writes it whole, a fetch moves it whole */
+		uint64_t w = se[ST_STATE_W] * sh->wb, pmv = se[ST_STATE_P] * 4;
+		/* G: what a micro-batch adds (the rank's slice at world > 1) */
+		uint64_t g = (sh->world > 1 ? sh->slice[u] : se[ST_STATE_G]) * 4;
 		/* W comes into a slot for the forward of every unit but the
 		 * last (whose backward computes its forward and the loss) and
 		 * for the backward of every unit but a resident one fetched in
@@ -514,7 +649,8 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 			p->nvme_read_bytes += n * fetches * w;
 			p->nvme_write_bytes += w;
 		}
-		p->d2h_bytes += n * g;
+		/* dW to the host: at world > 1 the N slots of the rank's slice */
+		p->d2h_bytes += n * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update; P, M, V read and written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
@@ -523,25 +659,33 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 		}
 		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
 			if (h[s] == ST_HOME_NVME) {
-				p->nvme_read_bytes += g;
-				p->nvme_write_bytes += g;
+				p->nvme_read_bytes += pmv;
+				p->nvme_write_bytes += pmv;
 			}
 	}
+	st_predict_comm(sh, p);
+	for (int k = 0; k < 5; k++)
+		wire += p->comm_bytes[k];
 	/* 4/3: the backward recomputes the forward (1/3 of fwd + bwd). */
 	t[0] = st_model_flops_per_token(in->model, in->seq) * tokens * 4.0 / 3.0 /
 	       r->compute_flops;
 	t[1] = (double)(p->h2d_bytes + p->d2h_bytes) / r->copy_bps;
 	t[2] = (double)p->nvme_read_bytes / r->nvme_read_bps +
 	       (double)p->nvme_write_bytes / r->nvme_write_bps;
+	/* a rank updates its slice of P from stage 1 */
 	t[3] = (double)st_model_param_count(in->model) * ST_PLAN_ADAM_BYTES_PER_PARAM /
-	       r->adam_bps;
+	       r->adam_bps / (sh->world > 1 && sh->zero >= 1 ? sh->world : 1);
+	/* a collective's buffer crosses the wire but for this rank's 1/N */
+	t[4] = sh->world > 1 ? (double)wire * (double)(sh->world - 1) / sh->world / r->net_bps
+			     : 0;
 	p->t_compute_s = t[0];
 	p->t_copy_s = t[1];
 	p->t_nvme_s = t[2];
 	p->t_adam_s = t[3];
+	p->t_net_s = t[4];
 	p->t_step_s = t[0];
 	p->bound = names[0];
-	for (int i = 1; i < 4; i++)
+	for (int i = 1; i < 5; i++)
 		if (t[i] > p->t_step_s) {
 			p->t_step_s = t[i];
 			p->bound = names[i];
@@ -602,7 +746,12 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.home = malloc(sizeof(*p.home) * (size_t)sh.units * ST_STATE_COUNT);
 	p.state_bytes = malloc(sizeof(*p.state_bytes) * (size_t)sh.units * ST_STATE_COUNT);
 	p.pools = malloc(sizeof(*p.pools) * (size_t)pools.n);
-	if (!p.home || !p.state_bytes || !p.pools) {
+	p.slice_elems = malloc(sizeof(*p.slice_elems) * (size_t)sh.units);
+	p.world = sh.world;
+	p.rank = in->rank;
+	p.zero = in->zero;
+	p.tile_elems = sh.tile;
+	if (!p.home || !p.state_bytes || !p.pools || !p.slice_elems) {
 		st_plan_fini(&p);
 		st_shape_fini(&sh);
 		return st_error_set(-ENOMEM, "plan: out of memory");
@@ -611,8 +760,10 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
 			p.home[u * ST_STATE_COUNT + s] = homes[u * ST_STATE_COUNT + s];
 			p.state_bytes[u * ST_STATE_COUNT + s] =
-				sh.elems[u] * (s == ST_STATE_W ? sh.wb : 4);
+				sh.st_elems[u * ST_STATE_COUNT + s] * (s == ST_STATE_W ? sh.wb : 4);
 		}
+	for (int u = 0; u < sh.units; u++)
+		p.slice_elems[u] = sh.slice[u];
 	memcpy(p.pools, pools.list, sizeof(*p.pools) * (size_t)pools.n);
 	p.n_pools = pools.n;
 	/* the summary `strata plan` prints, from the same list */
@@ -650,6 +801,8 @@ void st_plan_fini(struct st_plan *plan)
 	free(plan->home);
 	free(plan->state_bytes);
 	free(plan->pools);
+	free(plan->slice_elems);
+	plan->slice_elems = NULL;
 	plan->home = NULL;
 	plan->state_bytes = NULL;
 	plan->pools = NULL;
@@ -749,6 +902,21 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "  vram -> host  %s\n", st_fb(p->d2h_bytes, a));
 	fprintf(f, "  nvme -> host  %s\n", st_fb(p->nvme_read_bytes, a));
 	fprintf(f, "  host -> nvme  %s\n", st_fb(p->nvme_write_bytes, a));
+	if (p->world > 1) {
+		static const char *stage_says[] = {
+			"every rank holds every state", "P, M, V sharded",
+			"G, P, M, V sharded", "W, G, P, M, V sharded" };
+
+		fprintf(f, "\nZeRO stage %d at world %d (this is rank %d's plan; %s)\n", p->zero,
+			p->world, p->rank, stage_says[p->zero]);
+		fprintf(f, "  collectives per step (the comm's bytes: each call's full buffer)\n");
+		for (int k = 0; k < 5; k++)
+			if (p->comm_calls[k])
+				fprintf(f, "    %-15s %6llu calls %s\n",
+					k == 0 ? "allreduce" : k == 1 ? "reduce_scatter" : k == 2 ? "allgather"
+					: k == 3 ? "alltoall" : "broadcast", (unsigned long long)p->comm_calls[k],
+					st_fb(p->comm_bytes[k], a));
+	}
 	fprintf(f, "\ntime per step (predicted; the resources overlap)\n");
 	fprintf(f, "  compute  %-10s at %.1f GFLOP/s\n", st_fmt_s(p->t_compute_s, a, 32),
 		p->rates.compute_flops / 1e9);
@@ -759,6 +927,9 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 		p->rates.nvme_write_bps / 1e9);
 	fprintf(f, "  adam     %-10s at %.2f GB/s\n", st_fmt_s(p->t_adam_s, a, 32),
 		p->rates.adam_bps / 1e9);
+	if (p->world > 1)
+		fprintf(f, "  net      %-10s at %.2f GB/s\n", st_fmt_s(p->t_net_s, a, 32),
+			p->rates.net_bps / 1e9);
 	fprintf(f, "  step     %-10s bound by %s\n", st_fmt_s(p->t_step_s, a, 32), p->bound);
 }
 
@@ -818,6 +989,30 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(root, "grad_accum", json_object_new_int(in->grad_accum));
 	json_object_object_add(root, "precision", json_object_new_string(in->bf16 ? "bf16" : "fp32"));
 	json_object_object_add(root, "prefetch", json_object_new_int(p->prefetch));
+	if (p->world > 1) {
+		static const char *kinds[] = { "allreduce", "reduce_scatter", "allgather",
+					       "alltoall", "broadcast" };
+
+		o = json_object_new_object();
+		json_object_object_add(o, "world", json_object_new_int(p->world));
+		json_object_object_add(o, "rank", json_object_new_int(p->rank));
+		json_object_object_add(o, "stage", json_object_new_int(p->zero));
+		o2 = json_object_new_object();
+		for (int k = 0; k < 5; k++) {
+			json_object *cell;
+
+			if (!p->comm_calls[k])
+				continue;
+			cell = json_object_new_object();
+			json_object_object_add(cell, "calls", st_ju(p->comm_calls[k]));
+			json_object_object_add(cell, "bytes", st_ju(p->comm_bytes[k]));
+			json_object_object_add(o2, kinds[k], cell);
+		}
+		json_object_object_add(o, "comm", o2);
+		json_object_object_add(o, "net_s", json_object_new_double(p->t_net_s));
+		json_object_object_add(o, "net_bps", json_object_new_double(p->rates.net_bps));
+		json_object_object_add(root, "zero", o);
+	}
 
 	/* placement: state -> tier -> {units, bytes} */
 	o = json_object_new_object();

@@ -40,32 +40,54 @@ ST_K(bf16_from_f32_ins)(__m512 x)
 }
 #endif
 
+/* One chunk. gdt, has_w, wdt and nt are constants at every call, so each
+ * combination compiles to its own loop. nt: W by streaming stores (the
+ * caller has checked that W's elements are naturally aligned). */
 ST_K_TARGET static inline __attribute__((always_inline)) uint64_t
 ST_K(adam_body)(const struct st_adam_step *s, const struct st_adam_bufs *b, size_t n,
-		const enum st_optim_dtype gdt, const int has_w, const enum st_optim_dtype wdt)
+		const enum st_optim_dtype gdt, const int has_w, const enum st_optim_dtype wdt,
+		const int nt)
 {
 	const __m512 gs = _mm512_set1_ps(s->grad_scale);
 	const __m512 b1 = _mm512_set1_ps(s->beta1), omb1 = _mm512_set1_ps(s->one_minus_beta1);
 	const __m512 b2 = _mm512_set1_ps(s->beta2), omb2 = _mm512_set1_ps(s->one_minus_beta2);
 	const __m512 c2 = _mm512_set1_ps(s->rsqrt_bc2), eps = _mm512_set1_ps(s->eps);
 	const __m512 nstep = _mm512_set1_ps(s->neg_step_size), decay = _mm512_set1_ps(s->decay);
-	float *p = b->p, *m = b->m, *v = b->v;
+	const size_t gb = gdt == ST_OPTIM_BF16 ? 2u : 4u;
+	const size_t wvec = wdt == ST_OPTIM_F32 ? 64u : 32u; /* bytes of W per vector */
+	/* Locals: stores through P, M, V cannot make the compiler reload them. */
+	const float *const g32 = b->g;
+	const uint16_t *const g16 = b->g;
+	float *const p = b->p, *const m = b->m, *const v = b->v;
+	uint16_t *const w16 = b->w;
+	float *const w32 = b->w;
 	uint64_t bad = 0;
 	size_t i = 0;
 
+	if (nt) {
+		/* Streaming stores need W vector-aligned: the elements before
+		 * that take the scalar recipe, as a tail would. */
+		size_t mis = (size_t)((uintptr_t)b->w % wvec);
+
+		i = ST_MIN(n, mis ? (wvec - mis) / (wvec / 16u) : 0u);
+		bad += st_adam_tail(s, b, 0, i);
+	}
 	for (; i + 16 <= n; i += 16) {
 		__m512 g, pv, mv, vv, mn, vn, d, pn;
-		__mmask16 ok;
+		__mmask16 nf;
 
+		st_optim_prefetch(gdt == ST_OPTIM_BF16 ? (const void *)(g16 + i) : (const void *)(g32 + i),
+				  ST_ADAM_PREFETCH_ELEMS * gb);
+		st_optim_prefetch(p + i, ST_ADAM_PREFETCH_ELEMS * 4u);
+		st_optim_prefetch(m + i, ST_ADAM_PREFETCH_ELEMS * 4u);
+		st_optim_prefetch(v + i, ST_ADAM_PREFETCH_ELEMS * 4u);
 		if (gdt == ST_OPTIM_BF16) {
-			__m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)b->g + i));
+			__m256i h = _mm256_loadu_si256((const __m256i *)(g16 + i));
 			g = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 		} else {
-			g = _mm512_loadu_ps((const float *)b->g + i);
+			g = _mm512_loadu_ps(g32 + i);
 		}
 		g = _mm512_mul_ps(g, gs);
-		/* fpclass 0x99: QNaN | +Inf | -Inf | SNaN */
-		ok = (__mmask16)~_mm512_fpclass_ps_mask(g, 0x99);
 		pv = _mm512_loadu_ps(p + i);
 		mv = _mm512_loadu_ps(m + i);
 		vv = _mm512_loadu_ps(v + i);
@@ -73,51 +95,73 @@ ST_K(adam_body)(const struct st_adam_step *s, const struct st_adam_bufs *b, size
 		vn = _mm512_fmadd_ps(b2, vv, _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
 		d = _mm512_fmadd_ps(_mm512_sqrt_ps(vn), c2, eps);
 		pn = _mm512_fmadd_ps(nstep, _mm512_div_ps(mn, d), _mm512_mul_ps(pv, decay));
-		pn = _mm512_mask_mov_ps(pv, ok, pn);
-		mn = _mm512_mask_mov_ps(mv, ok, mn);
-		vn = _mm512_mask_mov_ps(vv, ok, vn);
+		/* fpclass 0x99: QNaN | +Inf | -Inf | SNaN. Such lanes keep P, M
+		 * and V; the blend is only paid when a vector has one. */
+		nf = _mm512_fpclass_ps_mask(g, 0x99);
+		if (ST_UNLIKELY(nf)) {
+			pn = _mm512_mask_mov_ps(pn, nf, pv);
+			mn = _mm512_mask_mov_ps(mn, nf, mv);
+			vn = _mm512_mask_mov_ps(vn, nf, vv);
+			bad += (unsigned)__builtin_popcount((unsigned)nf);
+		}
 		_mm512_storeu_ps(p + i, pn);
 		_mm512_storeu_ps(m + i, mn);
 		_mm512_storeu_ps(v + i, vn);
-		bad += 16u - (unsigned)__builtin_popcount((unsigned)ok);
 		if (!has_w)
 			continue;
-		if (wdt == ST_OPTIM_BF16)
+		if (wdt == ST_OPTIM_F32) {
+			if (nt)
+				_mm512_stream_ps(w32 + i, pn);
+			else
+				_mm512_storeu_ps(w32 + i, pn);
+		} else {
+			__m256i h;
+
+			if (wdt == ST_OPTIM_BF16)
 #if ST_K_BF16_INS
-			_mm256_storeu_si256((__m256i *)((uint16_t *)b->w + i),
-					    ST_K(bf16_from_f32_ins)(pn));
+				h = ST_K(bf16_from_f32_ins)(pn);
 #else
-			_mm256_storeu_si256((__m256i *)((uint16_t *)b->w + i),
-					    ST_K(bf16_from_f32)(pn));
+				h = ST_K(bf16_from_f32)(pn);
 #endif
-		else if (wdt == ST_OPTIM_F16)
-			_mm256_storeu_si256((__m256i *)((uint16_t *)b->w + i),
-					    _mm512_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-		else
-			_mm512_storeu_ps((float *)b->w + i, pn);
+			else
+				h = _mm512_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+			if (nt)
+				_mm256_stream_si256((__m256i *)(w16 + i), h);
+			else
+				_mm256_storeu_si256((__m256i *)(w16 + i), h);
+		}
 	}
-	return bad + st_adam_tail(s, b, i, n);
+	bad += st_adam_tail(s, b, i, n);
+	if (nt)
+		_mm_sfence(); /* the streamed lines are visible before we return */
+	return bad;
 }
 
 ST_K_TARGET static uint64_t ST_K(adam)(const struct st_adam_step *s,
-				       const struct st_adam_bufs *b, size_t n)
+				       const struct st_adam_bufs *b, size_t n, unsigned kflags)
 {
 	const int g16 = b->g_dtype == ST_OPTIM_BF16;
+	const size_t wesz = b->w_dtype == ST_OPTIM_F32 ? 4u : 2u;
+	const int nt = (kflags & ST_OPTIM_KF_STREAM_W) && b->w && (uintptr_t)b->w % wesz == 0;
 
+#define ST_K_CALL(gdt, has_w, wdt)                                                         \
+	(nt ? ST_K(adam_body)(s, b, n, gdt, has_w, wdt, 1)                                 \
+	    : ST_K(adam_body)(s, b, n, gdt, has_w, wdt, 0))
 	if (!b->w)
-		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 0, ST_OPTIM_F32)
-			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 0, ST_OPTIM_F32);
+		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 0, ST_OPTIM_F32, 0)
+			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 0, ST_OPTIM_F32, 0);
 	switch (b->w_dtype) {
 	case ST_OPTIM_BF16:
-		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 1, ST_OPTIM_BF16)
-			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 1, ST_OPTIM_BF16);
+		return g16 ? ST_K_CALL(ST_OPTIM_BF16, 1, ST_OPTIM_BF16)
+			   : ST_K_CALL(ST_OPTIM_F32, 1, ST_OPTIM_BF16);
 	case ST_OPTIM_F16:
-		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 1, ST_OPTIM_F16)
-			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 1, ST_OPTIM_F16);
+		return g16 ? ST_K_CALL(ST_OPTIM_BF16, 1, ST_OPTIM_F16)
+			   : ST_K_CALL(ST_OPTIM_F32, 1, ST_OPTIM_F16);
 	default:
-		return g16 ? ST_K(adam_body)(s, b, n, ST_OPTIM_BF16, 1, ST_OPTIM_F32)
-			   : ST_K(adam_body)(s, b, n, ST_OPTIM_F32, 1, ST_OPTIM_F32);
+		return g16 ? ST_K_CALL(ST_OPTIM_BF16, 1, ST_OPTIM_F32)
+			   : ST_K_CALL(ST_OPTIM_F32, 1, ST_OPTIM_F32);
 	}
+#undef ST_K_CALL
 }
 
 ST_K_TARGET static void ST_K(gstat)(const void *g, enum st_optim_dtype g_dtype, size_t n,

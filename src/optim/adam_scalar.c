@@ -7,8 +7,9 @@ static int scalar_supported(void)
 }
 
 static uint64_t scalar_adam(const struct st_adam_step *s, const struct st_adam_bufs *b,
-			    size_t n)
+			    size_t n, unsigned kflags)
 {
+	(void)kflags; /* plain stores: the reference path stays plain C */
 	return st_adam_tail(s, b, 0, n);
 }
 

@@ -195,6 +195,7 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 {
 	const struct st_optim_kernel *k;
 	size_t n_chunks, g_bytes, w_bytes;
+	unsigned kflags = 0;
 	uint64_t bad = 0;
 
 	if (nonfinite_elems)
@@ -237,7 +238,9 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 	}
 
 	g_bytes = st_dtype_bytes(bufs->g_dtype);
-	w_bytes = st_dtype_bytes(bufs->w_dtype);
+	w_bytes = bufs->w ? st_dtype_bytes(bufs->w_dtype) : 0u;
+	if ((uint64_t)n_elems * (g_bytes + 12u + w_bytes) >= ST_ADAM_STREAM_MIN_BYTES)
+		kflags |= ST_OPTIM_KF_STREAM_W;
 	n_chunks = (n_elems + ST_ADAM_CHUNK_ELEMS - 1) / ST_ADAM_CHUNK_ELEMS;
 #pragma omp parallel for schedule(static) reduction(+ : bad) if (n_chunks > 1)
 	for (size_t c = 0; c < n_chunks; c++) {
@@ -250,7 +253,7 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 		b.m = bufs->m + off;
 		b.v = bufs->v + off;
 		b.w = bufs->w ? (char *)bufs->w + off * w_bytes : NULL;
-		bad += k->adam(step, &b, len);
+		bad += k->adam(step, &b, len, kflags);
 	}
 	if (nonfinite_elems)
 		*nonfinite_elems = bad;

@@ -16,15 +16,39 @@
 #define ST_GSTAT_CHUNK_ELEMS 16384u
 #define ST_GSTAT_LANES 8u
 
+/* How far ahead of the element being updated the vector kernels prefetch
+ * each input stream (G, P, M, V), in elements: 512 fp32 elements are 2 KiB,
+ * 32 cache lines per stream. The hardware prefetcher alone kept too few
+ * lines in flight for a single core here (docs/optim.md, "Speed"). Only
+ * where the data is read; never changes a bit. */
+#ifndef ST_ADAM_PREFETCH_ELEMS /* -D for tuning runs only */
+#define ST_ADAM_PREFETCH_ELEMS 512u
+#endif
+
+/* Flags of st_optim_kernel.adam(). */
+enum {
+	/* Write W with non-temporal (streaming) stores, from the first element
+	 * where W is vector-aligned: W is written and never read in the step,
+	 * so its lines need not be read for ownership first. For calls too
+	 * big to stay in cache; the bits are the same either way. */
+	ST_OPTIM_KF_STREAM_W = 1u << 0,
+};
+
+/* st_adam_apply() streams W when one call touches at least this many bytes
+ * (G, P, M, V and W): past any L2 and most of an L3, so W would be evicted
+ * before anyone reads it anyway. */
+#define ST_ADAM_STREAM_MIN_BYTES (32ull << 20)
+
 /* One kernel variant. adam() and gstat() work on one chunk, single thread. */
 struct st_optim_kernel {
 	const char *name;            /* "scalar", "avx2", "avx512", "avx512bf16" */
 	enum st_optim_path path;
 	int (*supported)(void);      /* CPU and OS can run it */
-	/* Update n elements of b (pointers already at the chunk's start).
-	 * Returns how many elements had a non-finite scaled gradient (those
-	 * are left unchanged). */
-	uint64_t (*adam)(const struct st_adam_step *s, const struct st_adam_bufs *b, size_t n);
+	/* Update n elements of b (pointers already at the chunk's start);
+	 * kflags: ST_OPTIM_KF_*. Returns how many elements had a non-finite
+	 * scaled gradient (those are left unchanged). */
+	uint64_t (*adam)(const struct st_adam_step *s, const struct st_adam_bufs *b, size_t n,
+			 unsigned kflags);
 	/* lanes[j] = sum over i = j mod 8 (in increasing i) of g[i]^2 in fp64;
 	 * *absmax_bits = max over i of (bits(g[i]) & 0x7fffffff). n <= chunk. */
 	void (*gstat)(const void *g, enum st_optim_dtype g_dtype, size_t n,
@@ -93,6 +117,14 @@ static inline uint64_t st_adam_tail(const struct st_adam_step *s,
 		}
 	}
 	return bad;
+}
+
+/* A prefetch hint for the line byte_off bytes past base (which may lie past
+ * the end of the array: a prefetch never faults). Integer arithmetic, so no
+ * out-of-bounds pointer is formed. */
+static inline void st_optim_prefetch(const void *base, size_t byte_off)
+{
+	__builtin_prefetch((const void *)((uintptr_t)base + byte_off), 0, 3);
 }
 
 /* Scalar tail of gstat: elements [i, n), lane = i mod 8. */

@@ -232,8 +232,14 @@ static int merge_add(struct tok_bpe *m, uint32_t left, uint32_t right, uint32_t 
 			m->merges[i] = (struct merge_slot){ key, rank, id };
 			return 0;
 		}
-		if (m->merges[i].key == key)
-			return 0; /* the first (lowest) rank wins */
+		if (m->merges[i].key == key) {
+			/* a repeated merge: the last line wins, as in Hugging
+			 * Face's tokenizers (a map filled in order) and the JS
+			 * reference */
+			m->merges[i].rank = rank;
+			m->merges[i].id = id;
+			return 0;
+		}
 	}
 }
 

@@ -403,7 +403,7 @@ int st_tokenizer_encode(struct st_tokenizer *t, const char *text, size_t bytes,
 		e = pos;
 		if (rstrip)
 			b += tok_trim_start(text + b, e - b);
-		if (a->lstrip && section > 0)
+		if (a->lstrip)
 			e = b + tok_trim_end(text + b, e - b);
 		if (pos > start) {
 			size_t before = section;

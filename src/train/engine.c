@@ -49,14 +49,22 @@ void st_engine_destroy(struct st_engine *e)
 		destroy_event(e, e->ev_h2d[i]);
 	for (int i = 0; i < 2; i++)
 		destroy_event(e, e->shared[i].ev_dw);
-	for (int u = 0; e->ub && u < e->U; u++)
+	for (int i = 0; i < 2; i++)
+		destroy_event(e, e->shared[i].ev_red);
+	for (int u = 0; e->ub && u < e->U; u++) {
 		destroy_event(e, e->ub[u].ev_dw);
+		destroy_event(e, e->ub[u].ev_red);
+	}
+	for (int i = 0; e->ev_gather && i < e->nslots; i++)
+		destroy_event(e, e->ev_gather[i]);
+	free(e->ev_gather);
 	free(e->ev_h2d);
 	free(e->ev_slot);
 	for (int h = ST_HOME_NVME; h >= ST_HOME_VRAM; h--)
 		st_tier_destroy(e->tier[h]);
 	st_tier_destroy(e->nvme_inner);
 	st_comm_destroy(e->comm);
+	st_eng_zero_fini(e);
 	st_compute_destroy(e->cx);
 	st_device_destroy(e->dev);
 	st_plan_fini(&e->plan);
@@ -73,6 +81,9 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->unit_sumsq);
 	free(e->tok_host);
 	free(e->tgt_host);
+	free(e->slice);
+	free(e->epad);
+	free(e->nvme_dirs);
 	free(e);
 }
 
@@ -96,6 +107,11 @@ const struct st_cursor *st_engine_step_end_cursor(const struct st_engine *e)
 	return &e->end_cur;
 }
 
+struct st_comm *st_engine_comm(struct st_engine *e)
+{
+	return e->comm;
+}
+
 const char *st_engine_io_error(const struct st_engine *e)
 {
 	return e->errmsg;
@@ -117,14 +133,8 @@ static int open_tiers(struct st_engine *e)
 	if (ret < 0)
 		return ret;
 	ret = st_compute_create(e->dev, &e->cx);
-	if (ret == 0)
-		ret = st_comm_create(st_comm_find("local"), e->dev, NULL, &e->comm);
 	if (ret < 0)
 		return ret;
-	/* the gradient path calls the comm as world 1 needs (engine_grad.c) */
-	if (st_comm_world(e->comm) != 1)
-		return st_error_set(-ENOTSUP, "engine: %d ranks: ZeRO across ranks is not "
-				    "built yet", st_comm_world(e->comm));
 	st_model_set_compute(e->model, e->cx);
 	vc.device = e->dev;
 	hc.device = e->dev;
@@ -134,7 +144,8 @@ static int open_tiers(struct st_engine *e)
 	if (ret == 0 && e->plan.total_bytes[ST_HOME_NVME]) {
 		struct st_tier_config nc = {
 			.budget_bytes = e->plan.total_bytes[ST_HOME_NVME],
-			.dirs = e->cfg.nvme_dirs, .block_bytes = e->cfg.aio_block_bytes,
+			.dirs = e->nvme_dirs ? e->nvme_dirs : e->cfg.nvme_dirs,
+			.block_bytes = e->cfg.aio_block_bytes,
 			.queue_depth = e->cfg.aio_depth,
 		};
 
@@ -267,6 +278,8 @@ static int setup_unit_bufs(struct st_engine *e)
 		e->shared[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
 		e->shared[i].dw = vaddr(e, &e->shared[i].dw_ext);
 		ret = st_event_create(e->dev, &e->shared[i].ev_dw);
+		if (ret == 0)
+			ret = st_event_create(e->dev, &e->shared[i].ev_red);
 	}
 	for (int u = 0; u < e->U && ret == 0; u++) {
 		const struct st_unit_layout *l = st_model_unit_layout(e->model, u);
@@ -281,6 +294,8 @@ static int setup_unit_bufs(struct st_engine *e)
 		e->ub[u].dw_ext = *pool(e, ST_POOL_DW_RES, u, 0);
 		e->ub[u].dw = vaddr(e, &e->ub[u].dw_ext);
 		ret = st_event_create(e->dev, &e->ub[u].ev_dw);
+		if (ret == 0)
+			ret = st_event_create(e->dev, &e->ub[u].ev_red);
 	}
 	return ret;
 }
@@ -294,6 +309,7 @@ static void setup_chains(struct st_engine *e)
 	e->chains[n++] = &e->c_d2h;
 	e->chains[n++] = &e->c_gwrite;
 	e->chains[n++] = &e->c_gread;
+	e->chains[n++] = &e->c_wstore;
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
 			e->chains[n++] = &e->upd[set].load[s];
@@ -312,7 +328,7 @@ static int setup_pools(struct st_engine *e)
 		ret = setup_unit_bufs(e);
 	if (ret < 0)
 		return ret;
-	e->chains = calloc((size_t)e->nslots + 3 + 4 * ST_STATE_COUNT, sizeof(*e->chains));
+	e->chains = calloc((size_t)e->nslots + 4 + 4 * ST_STATE_COUNT, sizeof(*e->chains));
 	if (!e->chains)
 		return -ENOMEM;
 	setup_chains(e);
@@ -326,6 +342,13 @@ static int setup_pools(struct st_engine *e)
 	e->targets = vpool(e, ST_POOL_TARGETS, -1, 0);
 	e->landing = hpool(e, ST_POOL_LANDING, 0);
 	e->gstage = hpool(e, ST_POOL_GSTAGE, 0);
+	e->comm_scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
+	if (e->comm_scratch)
+		e->scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);
+	e->wgather = hpool(e, ST_POOL_W_GATHER, 0);
+	/* what no rank's update writes (past the unit's end) stays zero */
+	if (e->wgather)
+		memset(e->wgather, 0, pool(e, ST_POOL_W_GATHER, -1, 0)->len_bytes);
 	for (int set = 0; set < 2 && pool_count(e, ST_POOL_UPD_W); set++) {
 		e->upd[set].ext[ST_STATE_W] = *pool(e, ST_POOL_UPD_W, -1, (uint32_t)set);
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++)
@@ -353,6 +376,7 @@ static int plan_of(struct st_engine *e)
 		.host_mem_bytes = cfg->host_mem_bytes, .nvme_mem_bytes = cfg->nvme_mem_bytes,
 		.have_nvme = cfg->nvme_dirs != NULL, .params = cfg->params, .optim = cfg->optim,
 		.prefetch = cfg->prefetch, .rates = cfg->rates, .homes = cfg->homes,
+		.world = cfg->world, .rank = cfg->rank, .zero = cfg->zero,
 	};
 
 	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {
@@ -387,8 +411,23 @@ static int setup_units(struct st_engine *e)
 		e->E = ST_MAX(e->E, e->elems[u]);
 	}
 	e->w_ready = e->U;
-	e->tile = ST_MIN(e->E, ST_UPDATE_TILE_ELEMS);
-	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0)
+	e->world = e->plan.world;
+	e->rank = e->plan.rank;
+	e->zero = e->plan.zero;
+	e->w_gather = e->world > 1 && e->zero >= 1 && e->zero <= 2;
+	e->w_stream = e->world > 1 && e->zero >= 3;
+	e->slice = calloc((size_t)e->U, sizeof(*e->slice));
+	e->epad = calloc((size_t)e->U, sizeof(*e->epad));
+	if (!e->slice || !e->epad)
+		return -ENOMEM;
+	for (int u = 0; u < e->U; u++) {
+		e->slice[u] = e->plan.slice_elems[u];
+		e->epad[u] = e->slice[u] * (uint64_t)e->world;
+	}
+	e->tile = e->plan.tile_elems;
+	/* a smaller tile for tests; at world > 1 it must divide every slice */
+	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0 &&
+	    (e->world == 1 || e->tile % e->cfg.update_tile_elems == 0))
 		e->tile = ST_MIN(e->tile, e->cfg.update_tile_elems);
 	e->nseq = 0;
 	for (int u = 0; u <= e->U - 2; u++)
@@ -447,9 +486,13 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	}
 	ret = setup_units(e);
 	if (ret == 0)
+		ret = st_eng_zero_dirs(e);
+	if (ret == 0)
 		ret = open_tiers(e);
 	if (ret == 0)
 		ret = setup_pools(e);
+	if (ret == 0)
+		ret = st_eng_zero_setup(e);
 	if (ret == 0)
 		ret = st_eng_sums_init(e);
 	if (ret == 0 && cfg->trace)

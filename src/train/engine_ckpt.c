@@ -3,6 +3,7 @@
  * back the same way after every file is checked against trainer.json. */
 #include "strata/ckpt.h"
 #include "engine_internal.h"
+#include "strata/comm.h"
 #include "strata/engine.h"
 #include "strata/io.h"
 #include "strata/optim.h"
@@ -11,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 struct fill_ctx {
 	struct st_engine *e;
@@ -22,6 +25,7 @@ struct fill_ctx {
 	enum st_state *state; /* [tensor] */
 	float *unit_buf;      /* one unit's state, E floats */
 	int staged;           /* unit * ST_STATE_COUNT + state in unit_buf, or -1 */
+	int *reads;           /* the save's (state, unit) reads so far */
 };
 
 /* A state must be finite (and V, Adam's second moment, >= 0) to be saved,
@@ -48,6 +52,7 @@ static int fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
 	int u = c->unit[ti], key = u * ST_STATE_COUNT + (int)c->state[ti], ret;
 
 	if (c->staged != key) {
+		(*c->reads)++;
 		ret = st_engine_read_state(c->e, u, c->state[ti], c->unit_buf);
 		if (ret < 0)
 			return ret;
@@ -129,7 +134,7 @@ static uint64_t max_unit_elems(const struct st_model *m)
  * STEM.safetensors, or shards and their index above the shard size. */
 static int write_state_file(struct st_engine *e, const char *dir, const char *stem,
 			    const enum st_state *states, const char *const *suffixes,
-			    int nstates, struct st_ckpt_trainer *tr)
+			    int nstates, struct st_ckpt_trainer *tr, int *reads)
 {
 	const struct st_model *m = st_engine_model(e);
 	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
@@ -139,7 +144,7 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *st
 	int *unit = NULL;
 	uint64_t *off = NULL;
 	size_t n = 0;
-	struct fill_ctx c = { .e = e, .staged = -1 };
+	struct fill_ctx c = { .e = e, .staged = -1, .reads = reads };
 	enum st_state *st = NULL;
 	int ret = list_tensors(m, states, suffixes, nstates, &t, &names, &unit, &off, &st, &n);
 
@@ -164,8 +169,259 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *st
 	return ret;
 }
 
+static int save_files(struct st_engine *e, const char *dir, uint64_t step,
+		      const struct st_cursor *cursor, const char *config_json, int keep,
+		      int *reads);
+
+/* ---- at N ranks: every rank writes its ranges into the shared files ------------- */
+
+/* One set of files (model: P; optimizer: M, V): its tensors and layout,
+ * the same on every rank. */
+struct fileset {
+	struct st_ckpt_tensor *t;
+	char **names;
+	int *unit;
+	uint64_t *off;
+	enum st_state *st;
+	size_t n;
+	struct st_ckpt_layout l;
+};
+
+static int set_init(struct st_engine *e, const char *stem, const enum st_state *states,
+		    const char *const *suffixes, int nstates, struct fileset *x)
+{
+	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
+	int ret = list_tensors(st_engine_model(e), states, suffixes, nstates, &x->t, &x->names,
+			       &x->unit, &x->off, &x->st, &x->n);
+
+	if (ret == 0)
+		ret = st_ckpt_layout_init(&x->l, stem, x->t, x->n, meta, ST_ARRAY_LEN(meta),
+					  e->cfg.ckpt_shard_bytes);
+	return ret;
+}
+
+static void set_fini(struct fileset *x)
+{
+	st_ckpt_layout_fini(&x->l);
+	free_list(x->t, x->names, x->unit, x->off, x->st, x->n);
+}
+
+static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off, const char *path)
+{
+	while (len) {
+		ssize_t n = pwrite(fd, buf, len, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return st_error_set(n < 0 ? -errno : -EIO, "%s: write at %llu: %s", path,
+					    (unsigned long long)off,
+					    n < 0 ? strerror(errno) : "no progress");
+		buf = (const char *)buf + n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+/* This rank's range of every tensor of x (elements [r S_u, (r+1) S_u) of
+ * its unit, read from its own shards: nothing is exchanged) into the files
+ * rank 0 made in tmp, each value checked as a one-rank save checks it;
+ * then fsynced (the files may be on a file system the ranks share). */
+static int write_parts(struct st_engine *e, const char *tmp, struct fileset *x)
+{
+	int nf = (int)x->l.n_files, ret = 0;
+	int *fd = calloc((size_t)nf, sizeof(int));
+	char path[4096], why[256];
+	float *buf = NULL;
+	uint64_t E = 0;
+
+	for (int u = 0; u < e->U; u++)
+		E = ST_MAX(E, e->epad[u]);
+	if (!fd || posix_memalign((void **)&buf, ST_PAGE_BYTES, E * sizeof(float))) {
+		free(fd);
+		return st_error_set(-ENOMEM, "out of memory");
+	}
+	for (int f = 0; f < nf; f++)
+		fd[f] = -1;
+	for (int f = 0; f < nf && ret == 0; f++) {
+		snprintf(path, sizeof(path), "%.4000s/%s", tmp, x->l.files[f].name);
+		fd[f] = open(path, O_WRONLY | O_CLOEXEC);
+		if (fd[f] < 0)
+			ret = st_error_set(-errno, "%s: %s", path, strerror(errno));
+	}
+	for (size_t i = 0; i < x->n && ret == 0;) {
+		int u = x->unit[i];
+		enum st_state s = x->st[i];
+		uint64_t lo, n;
+
+		ret = st_eng_read_own(e, u, s, buf, &lo, &n);
+		/* the tensors of (u, s) follow one another in the list */
+		for (; ret == 0 && i < x->n && x->unit[i] == u && x->st[i] == s; i++) {
+			uint64_t t0 = x->off[i], t1 = t0 + x->l.size_bytes[i] / sizeof(float);
+			uint64_t a = ST_MAX(t0, lo), b = ST_MIN(t1, lo + n);
+			int f = (int)x->l.file_of[i];
+
+			if (a >= b)
+				continue;
+			snprintf(path, sizeof(path), "%.4000s/%s", tmp, x->l.files[f].name);
+			ret = check_state(s, x->t[i].name, buf + (a - lo), a - t0, b - a, why,
+					  sizeof(why));
+			if (ret < 0)
+				ret = st_error_set(-EINVAL, "%s: %s: a state that is not finite "
+						   "is not saved", x->l.files[f].name, why);
+			else
+				ret = pwrite_all(fd[f], buf + (a - lo), (b - a) * sizeof(float),
+						 x->l.offset[i] + (a - t0) * sizeof(float), path);
+		}
+	}
+	for (int f = 0; f < nf; f++) {
+		if (fd[f] >= 0 && ret == 0 && fsync(fd[f]) < 0)
+			ret = st_error_set(-errno, "%s: fsync: %s", x->l.files[f].name,
+					   strerror(errno));
+		if (fd[f] >= 0)
+			close(fd[f]);
+	}
+	free(fd);
+	free(buf);
+	return ret;
+}
+
+/* A rank's result and its message, exchanged. */
+struct rank_result {
+	int32_t ret;
+	char msg[508];
+};
+
+static void result_of(struct rank_result *r, int ret)
+{
+	r->ret = ret;
+	snprintf(r->msg, sizeof(r->msg), "%s", ret < 0 ? st_error_last() : "");
+}
+
+/* Rank 0's trainer.json and config.json over the parts written, then the
+ * commit. */
+static int finish_ranks(struct st_engine *e, struct st_ckpt_dir *d, struct fileset *sets,
+			uint64_t step, const struct st_cursor *cursor, const char *config_json,
+			int keep)
+{
+	struct st_ckpt_trainer tr = { 0 };
+	char path[4096];
+	int ret = 0;
+
+	for (int k = 0; k < 2 && ret == 0; k++) {
+		for (size_t f = 0; f < sets[k].l.n_files && ret == 0; f++)
+			ret = st_ckpt_trainer_add_hashed(&tr, d->tmp, sets[k].l.files[f].name);
+		if (ret == 0)
+			ret = st_ckpt_layout_write_index(d->tmp, &sets[k].l, sets[k].t, &tr);
+	}
+	if (ret == 0) {
+		snprintf(path, sizeof(path), "%.4000s/%s", d->tmp, ST_CKPT_CONFIG_FILE);
+		ret = st_model_config_write(path, st_model_config(st_engine_model(e)));
+	}
+	if (ret == 0)
+		ret = st_ckpt_trainer_add_hashed(&tr, d->tmp, ST_CKPT_CONFIG_FILE);
+	if (ret == 0) {
+		tr.step = step;
+		tr.seed = st_engine_seed(e);
+		tr.cursor_bytes = ST_CURSOR_BYTES;
+		st_cursor_pack(cursor, tr.cursor);
+		ret = config_json ? st_ckpt_trainer_set_config(&tr, config_json) : 0;
+	}
+	if (ret == 0) {
+		snprintf(path, sizeof(path), "%.4000s/%s", d->tmp, ST_CKPT_TRAINER_FILE);
+		ret = st_ckpt_trainer_write(path, &tr);
+	}
+	st_ckpt_trainer_fini(&tr);
+	if (ret < 0) {
+		st_ckpt_dir_abort(d);
+		return ret;
+	}
+	return st_ckpt_dir_commit(d, keep > 0 ? (unsigned)keep : 0);
+}
+
+/* At N ranks: rank 0 starts the checkpoint directory and makes every file
+ * with its header and its full size (st_ckpt_layout_create); every rank
+ * pwrite()s its ranges of every tensor into them, in parallel, from its
+ * own shards; once all are done (their results exchanged: the barrier),
+ * rank 0 sums the files, writes the index, config.json and trainer.json
+ * and commits, atomically as one rank does. The files are one rank's
+ * files, byte for byte: the checkpoint resumes at any world size and
+ * stage. Every rank returns the same result. */
+static int save_ranks(struct st_engine *e, const char *dir, uint64_t step,
+		      const struct st_cursor *cursor, const char *config_json, int keep)
+{
+	static const enum st_state p_state[] = { ST_STATE_P };
+	static const enum st_state mv_states[] = { ST_STATE_M, ST_STATE_V };
+	static const char *const p_suffix[] = { "" };
+	static const char *const mv_suffix[] = { ST_CKPT_SUFFIX_EXP_AVG,
+						 ST_CKPT_SUFFIX_EXP_AVG_SQ };
+	struct st_comm *c = e->comm;
+	struct fileset sets[2] = { 0 };
+	struct st_ckpt_dir d = { 0 };
+	struct rank_result mine, *all = NULL;
+	struct { int32_t ret; char tmp[4096]; } start = { 0 };
+	bool root = e->rank == 0;
+	int ret = set_init(e, ST_CKPT_MODEL_STEM, p_state, p_suffix, 1, &sets[0]);
+
+	if (ret == 0)
+		ret = set_init(e, ST_CKPT_OPTIM_STEM, mv_states, mv_suffix, 2, &sets[1]);
+	all = calloc((size_t)e->world, sizeof(*all));
+	if (!all && ret == 0)
+		ret = st_error_set(-ENOMEM, "out of memory");
+	/* every rank reaches the exchanges below, whatever failed before */
+	if (root) {
+		if (ret == 0)
+			ret = st_ckpt_dir_begin(&d, dir, step);
+		for (int k = 0; k < 2 && ret == 0; k++)
+			for (size_t f = 0; f < sets[k].l.n_files && ret == 0; f++)
+				ret = st_ckpt_layout_create(d.tmp, &sets[k].l, f);
+		start.ret = ret;
+		snprintf(start.tmp, sizeof(start.tmp), "%s", d.tmp ? d.tmp : "");
+	}
+	if (st_comm_host_broadcast(c, &start, sizeof(start), 0) < 0)
+		st_comm_abort(c, 1);
+	if (start.ret == 0) {
+		ret = write_parts(e, start.tmp, &sets[0]);
+		if (ret == 0)
+			ret = write_parts(e, start.tmp, &sets[1]);
+	} else if (!root) {
+		ret = st_error_set(start.ret, "checkpoint: rank 0 could not start it");
+	}
+	result_of(&mine, ret);
+	if (!all || st_comm_host_allgather(c, &mine, all, sizeof(mine)) < 0)
+		st_comm_abort(c, 1);
+	for (int q = 0; q < e->world && ret == 0; q++)
+		if (all[q].ret < 0)
+			ret = st_error_set(all[q].ret, "rank %d: %s", q, all[q].msg);
+	if (root && start.ret == 0) {
+		if (ret == 0)
+			ret = finish_ranks(e, &d, sets, step, cursor, config_json, keep);
+		else
+			st_ckpt_dir_abort(&d);
+	}
+	result_of(&mine, ret);
+	if (st_comm_host_broadcast(c, &mine, sizeof(mine), 0) < 0)
+		st_comm_abort(c, 1);
+	free(all);
+	set_fini(&sets[0]);
+	set_fini(&sets[1]);
+	return mine.ret < 0 ? st_error_set(mine.ret, "%s", mine.msg) : 0;
+}
+
 int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 		   const struct st_cursor *cursor, const char *config_json, int keep)
+{
+	int reads = 0;
+
+	if (e->world > 1)
+		return save_ranks(e, dir, step, cursor, config_json, keep);
+	return save_files(e, dir, step, cursor, config_json, keep, &reads);
+}
+
+static int save_files(struct st_engine *e, const char *dir, uint64_t step,
+		      const struct st_cursor *cursor, const char *config_json, int keep,
+		      int *reads)
 {
 	const struct st_model_config *mc = st_model_config(st_engine_model(e));
 	struct st_ckpt_trainer tr = { 0 };
@@ -184,9 +440,10 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 
 	/* P is model.safetensors (fp32 master weights, Hugging Face names);
 	 * optimizer.safetensors holds M and V under PyTorch's AdamW names. */
-	ret = write_state_file(e, d.tmp, ST_CKPT_MODEL_STEM, p_state, p_suffix, 1, &tr);
+	ret = write_state_file(e, d.tmp, ST_CKPT_MODEL_STEM, p_state, p_suffix, 1, &tr, reads);
 	if (ret == 0)
-		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_STEM, mv_states, mv_suffix, 2, &tr);
+		ret = write_state_file(e, d.tmp, ST_CKPT_OPTIM_STEM, mv_states, mv_suffix, 2, &tr,
+				       reads);
 	if (ret == 0) {
 		snprintf(path, sizeof(path), "%.4000s/%s", d.tmp, ST_CKPT_CONFIG_FILE);
 		ret = st_model_config_write(path, mc);

@@ -38,12 +38,23 @@ static int fetch_start(struct st_engine *e, int u, int i)
 	struct wslot *s = &e->slots[i];
 	struct hop hops[2];
 	int n = 0;
-	void *host = w->home == ST_HOME_NVME ? haddr(e, &s->stage) : haddr(e, &w->ext);
+	void *host;
+
+	/* stage 3: a W slice in vram needs no copy, only its gather */
+	if (e->w_stream && w->home == ST_HOME_VRAM) {
+		s->ready = true;
+		s->len = e->epad[u] * (uint64_t)e->Wb;
+		return 0;
+	}
+	host = w->home == ST_HOME_NVME ? haddr(e, &s->stage) : haddr(e, &w->ext);
 
 	if (w->home == ST_HOME_NVME)
 		hops[n++] = st_eng_shard_hop(e, "W nvme->host", u, ST_STATE_W, ST_IO_READ, 0, host,
 					     w->ext.len_bytes);
-	hops[n] = st_eng_hop("W h2d", ST_HOME_VRAM, ST_IO_WRITE, &s->ext, 0, host,
+	/* stage 3: the rank's slice to its place in the slot, gathered there
+	 * (st_eng_zero_gather_to) */
+	hops[n] = st_eng_hop("W h2d", ST_HOME_VRAM, ST_IO_WRITE, &s->ext,
+			     e->w_stream ? (uint64_t)e->rank * w->ext.len_bytes : 0, host,
 			     w->ext.len_bytes);
 	hops[n].after = slot_widened(e, i);
 	hops[n].done = e->ev_h2d[i];
@@ -60,7 +71,7 @@ static int issue_fetches(struct st_engine *e)
 
 		if (u >= e->w_ready)
 			return 0; /* its new W is still being written */
-		if (shard(e, u, ST_STATE_W)->home == ST_HOME_VRAM) {
+		if (shard(e, u, ST_STATE_W)->home == ST_HOME_VRAM && !e->w_stream) {
 			e->issued++;
 			continue;
 		}
@@ -74,6 +85,71 @@ static int issue_fetches(struct st_engine *e)
 		e->issued++;
 	}
 	return 0;
+}
+
+/* Stage 3: queue the all-gather of every unit of the fetch sequence up to
+ * position upto into its slot, in sequence order (every rank calls the
+ * comm in the same order), each once its slice's copy into the slot is
+ * queued: the comm waits for that copy (ev_h2d), or, for a slice homed in
+ * vram (gathered straight from there), for the slot's last widen; the
+ * widen of the unit waits for ev_gather. */
+static int gather_to(struct st_engine *e, int upto)
+{
+	while (e->gathered <= upto) {
+		int idx = e->gathered, u = e->seq[idx], slot = -1, ret;
+		struct shard *w = shard(e, u, ST_STATE_W);
+		size_t wb = (size_t)e->Wb, S = e->slice[u];
+		enum st_comm_dtype dt = e->Wb == 2 ? ST_COMM_BF16 : ST_COMM_F32;
+		char *dst;
+
+		ret = issue_fetches(e);
+		if (ret < 0)
+			return ret;
+		for (int i = 0; i < e->nslots; i++)
+			if (e->slots[i].seq == idx && e->slots[i].ready)
+				slot = i;
+		if (slot < 0) {
+			ret = st_eng_pump(e, true);
+			if (ret < 0)
+				return ret;
+			continue;
+		}
+		dst = vaddr(e, &e->slots[slot].ext);
+		st_eng_zero_mark(e, "W gather", false);
+		if (w->home == ST_HOME_VRAM) {
+			ret = st_comm_wait(e->comm, slot_widened(e, slot));
+			if (ret == 0)
+				ret = st_comm_allgather(e->comm, vaddr(e, &w->ext), dst, S, dt);
+		} else {
+			ret = st_comm_wait(e->comm, e->ev_h2d[slot]);
+			if (ret == 0)
+				ret = st_comm_allgather(e->comm, dst + (size_t)e->rank * S * wb, dst,
+							S, dt);
+		}
+		st_eng_zero_mark(e, "W gather", true);
+		if (ret == 0)
+			ret = st_comm_record(e->comm, e->ev_gather[slot]);
+		if (ret < 0)
+			return ret;
+		e->gathered++;
+	}
+	return 0;
+}
+
+/* How far the gathers go at position idx: one unit ahead (its gather runs
+ * on the comm's queue while idx computes), when the next unit's W may be
+ * fetched and it does not need the one slot idx holds. Decided from the
+ * program's state only, so every rank makes the same calls. */
+static int gather_upto(const struct st_engine *e, int idx)
+{
+	int nx = idx + 1;
+	bool res_slot = e->slots[e->nslots - 1].resident;
+
+	if (nx >= e->nseq || e->seq[nx] >= e->w_ready)
+		return idx;
+	if (res_slot && unit_resident(e, e->seq[idx]) && unit_resident(e, e->seq[nx]))
+		return idx;
+	return nx;
 }
 
 /* Wait for the next unit of the sequence to have its W copy queued, then
@@ -92,8 +168,13 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
 		ret = issue_fetches(e);
 		if (ret < 0)
 			return ret;
-		if (w->home == ST_HOME_VRAM)
+		if (w->home == ST_HOME_VRAM && !e->w_stream)
 			break;
+		if (e->w_stream) {
+			ret = gather_to(e, gather_upto(e, idx));
+			if (ret < 0)
+				return ret;
+		}
 		for (int i = 0; i < e->nslots; i++)
 			if (e->slots[i].seq == idx && e->slots[i].ready)
 				slot = i;
@@ -103,9 +184,9 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
 		if (ret < 0)
 			return ret;
 	}
-	src = w->home == ST_HOME_VRAM ? vaddr(e, &w->ext) : vaddr(e, &e->slots[slot].ext);
+	src = slot < 0 ? vaddr(e, &w->ext) : vaddr(e, &e->slots[slot].ext);
 	if (slot >= 0)
-		st_compute_wait(e->cx, e->ev_h2d[slot]);
+		st_compute_wait(e->cx, e->w_stream ? e->ev_gather[slot] : e->ev_h2d[slot]);
 	if (e->Wb == 2)
 		st_compute_bf16_to_f32(e->cx, dst, src, e->elems[u]);
 	else

@@ -14,74 +14,152 @@ static void add_into(float *dst, const float *src, size_t n)
 		dst[i] += src[i];
 }
 
-/* The gradient's collective: this rank's slice of unit u's dW reduced over
- * the ranks (ZeRO's reduce-scatter). At world 1 the rank's slice is the
- * whole dW and the collective is in place: it queues nothing, so the d2h
- * keeps waiting for the backward's own event. At world > 1 (ZeRO stage 2,
- * not built yet: the local backend is world 1) the comm waits for ev_dw,
- * records its own event, and the d2h of the rank's slice waits for that. */
-static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b)
+/* The gradient's collective at world > 1: every rank's slice r of unit
+ * u's dW (the padded unit, N slices) goes to rank r (an all-to-all into
+ * the comm scratch: slot q holds rank q's), and this rank adds the N
+ * slots into its slice of G in rank order (grad_in). G's slice is thus
+ * ((G + dW_0) + dW_1) + ..., micro-batch after micro-batch: the order one
+ * rank adds N * A micro-batches in, so N ranks at grad_accum A are one
+ * rank at N * A bit for bit, whatever A. The comm waits for the
+ * backward's ev_dw and records ev_red, which the d2h of the slots waits
+ * for. At world 1 the dW is the rank's slice: the reduce-scatter is in
+ * place and queues nothing, and the d2h waits for the backward itself. */
+static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b,
+		       struct st_event **after)
 {
-	int world = st_comm_world(e->comm), rank = st_comm_rank(e->comm);
-	size_t slice = e->elems[u] / (size_t)world;
+	int ret;
 
-	return st_comm_reduce_scatter(e->comm, b->dw, b->dw + (size_t)rank * slice, slice,
-				      ST_COMM_F32);
+	*after = b->ev_dw;
+	if (e->world == 1)
+		return st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->elems[u], ST_COMM_F32);
+	*after = b->ev_red;
+	ret = st_comm_wait(e->comm, b->ev_dw);
+	st_eng_zero_mark(e, "dW all-to-all", false);
+	if (ret == 0)
+		ret = st_comm_alltoall(e->comm, b->dw, e->comm_scratch, e->slice[u], ST_COMM_F32);
+	st_eng_zero_mark(e, "dW all-to-all", true);
+	if (ret == 0)
+		ret = st_comm_record(e->comm, b->ev_red);
+	return ret;
 }
 
 /* dW of unit u (in vram in b, written by the backward that recorded
- * b->ev_dw) starts for the host landing: the copy waits on the device. */
+ * b->ev_dw) starts for the host landing: the copy waits on the device. At
+ * world > 1 what lands is the N slots of this rank's slice. */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
 {
-	uint64_t bytes = e->elems[u] * sizeof(float);
-	struct st_extent part = b->dw_ext;
+	uint64_t bytes = (e->world == 1 ? e->elems[u] : e->epad[u]) * sizeof(float);
+	struct st_extent part = e->world == 1 ? b->dw_ext : e->scratch_ext;
+	struct st_event *after = NULL;
 	struct hop h;
 	int ret = st_eng_wait_until(e, &e->land_busy); /* the previous unit's write */
 
 	if (ret == 0)
-		ret = grad_reduce(e, u, b);
+		ret = grad_reduce(e, u, b, &after);
 	if (ret < 0)
 		return ret;
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
 	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->landing, bytes);
-	h.after = b->ev_dw;
+	h.after = after;
 	return st_eng_chain_start(e, &e->c_d2h, &h, 1, &e->land_busy, NULL);
 }
 
+/* Elements of unit u's G that this rank reduces: the unit at world 1, its
+ * slice at world > 1 (at stage 0 the slices are gathered at the end). */
+static uint64_t g_elems(const struct st_engine *e, int u)
+{
+	return e->world == 1 ? e->elems[u] : e->slice[u];
+}
+
+/* Where this rank's slice starts in its G shard, in elements. */
+static uint64_t g_at(const struct st_engine *e, int u)
+{
+	return e->world == 1 ? 0 : (uint64_t)e->rank * e->slice[u] - sh_lo(e, u, ST_STATE_G);
+}
+
+/* The landing's terms into dst (g_elems): at world 1 the one dW; at world
+ * > 1 the N slots in rank order. first: dst starts as the first term. */
+static void fold_into(struct st_engine *e, int u, float *dst, bool first)
+{
+	uint64_t n = g_elems(e, u);
+
+	for (int q = 0; q < e->world; q++) {
+		const float *src = e->landing + (size_t)q * n;
+
+		if (q == 0 && first) {
+			if (dst != src)
+				memcpy(dst, src, n * sizeof(float));
+		} else {
+			add_into(dst, src, n);
+		}
+	}
+}
+
+/* The rank's final G slice of unit u (g, g_elems): its sum of squares
+ * (world 1: the unit's; world > 1: the chunk sums st_eng_zero_norm folds). */
 static void final_sumsq(struct st_engine *e, int u, const float *g)
 {
+	if (e->world > 1) {
+		st_eng_zero_parts(e, u, g);
+		return;
+	}
 	if (st_grad_sumsq(g, ST_OPTIM_F32, e->elems[u], &e->unit_sumsq[u]) < 0)
 		e->nonfinite = true;
 }
 
-/* G on nvme: write the landing buffer (first micro-batch), or read G into
- * staging, add, and write it back. */
+/* Stage 0 at world > 1: every rank holds the whole G, so the reduced
+ * slices are gathered once they are final (full: the padded unit, this
+ * rank's slice at its place). */
+static int gather_g(struct st_engine *e, int u, float *full)
+{
+	int ret;
+
+	if (e->world == 1 || st_plan_sharded(&e->plan, ST_STATE_P))
+		return 0;
+	ret = st_comm_allgather(e->comm, full + (size_t)e->rank * e->slice[u], full,
+				e->slice[u], ST_COMM_F32);
+	return ret ? ret : st_comm_sync(e->comm);
+}
+
+/* G on nvme: the terms folded in the landing buffer (first micro-batch),
+ * or G read into staging and the terms added there; then written back
+ * (stage 0's last micro-batch: the gathered unit). */
 static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 {
-	uint64_t bytes = e->elems[u] * sizeof(float);
+	uint64_t bytes = g_elems(e, u) * sizeof(float), at = g_at(e, u) * sizeof(float);
+	float *g = mb == 0 ? e->landing : e->gstage;
+	int *busy = mb == 0 ? &e->land_busy : &e->gstage_busy;
 	struct hop h;
 	int ret;
 
-	if (mb == 0) {
-		if (last)
-			final_sumsq(e, u, e->landing);
-		h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, e->landing, bytes);
+	if (mb > 0) {
+		ret = st_eng_wait_until(e, &e->gstage_busy);
+		if (ret < 0)
+			return ret;
+		h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, at, e->gstage, bytes);
+		ret = st_eng_chain_start(e, &e->c_gread, &h, 1, &e->gstage_busy, NULL);
+		if (ret == 0)
+			ret = st_eng_wait_until(e, &e->gstage_busy);
+		if (ret < 0)
+			return ret;
+	}
+	fold_into(e, u, g, mb == 0);
+	if (last)
+		final_sumsq(e, u, g);
+	if (last && e->world > 1 && !st_plan_sharded(&e->plan, ST_STATE_G) &&
+	    !st_plan_sharded(&e->plan, ST_STATE_P)) {
+		float *full = e->landing;
+
+		memmove(full + (size_t)e->rank * e->slice[u], g, bytes);
+		ret = gather_g(e, u, full);
+		if (ret < 0)
+			return ret;
+		h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, full,
+				     e->epad[u] * sizeof(float));
 		return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->land_busy, NULL);
 	}
-	ret = st_eng_wait_until(e, &e->gstage_busy);
-	if (ret < 0)
-		return ret;
-	h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, 0, e->gstage, bytes);
-	ret = st_eng_chain_start(e, &e->c_gread, &h, 1, &e->gstage_busy, NULL);
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->gstage_busy);
-	if (ret < 0)
-		return ret;
-	add_into(e->gstage, e->landing, e->elems[u]);
-	if (last)
-		final_sumsq(e, u, e->gstage);
-	h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, e->gstage, bytes);
-	return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->gstage_busy, NULL);
+	h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, at, g, bytes);
+	return st_eng_chain_start(e, &e->c_gwrite, &h, 1, busy, NULL);
 }
 
 /* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */
@@ -96,12 +174,11 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 		return ret;
 	if (g->home != ST_HOME_HOST)
 		return grad_in_nvme(e, u, mb, last);
-	gp = haddr(e, &g->ext);
-	if (mb == 0)
-		memcpy(gp, e->landing, e->elems[u] * sizeof(float));
-	else
-		add_into(gp, e->landing, e->elems[u]);
-	if (last)
+	gp = (float *)haddr(e, &g->ext) + g_at(e, u);
+	fold_into(e, u, gp, mb == 0);
+	if (last) {
 		final_sumsq(e, u, gp);
-	return 0;
+		ret = gather_g(e, u, haddr(e, &g->ext));
+	}
+	return ret;
 }

@@ -101,6 +101,8 @@ struct ubufs {
 	float *wf, *dw;
 	struct st_extent dw_ext;
 	struct st_event *ev_dw; /* recorded after the backward that wrote dw */
+	struct st_event *ev_red; /* world > 1: recorded by the comm after dw's
+				    reduce-scatter (and all-gather) */
 };
 
 struct st_engine {
@@ -161,6 +163,32 @@ struct st_engine {
 	uint64_t **sums;              /* [U * ST_STATE_COUNT]: per tile, nvme shards only */
 	bool *summed;                 /* [U * ST_STATE_COUNT]: written since create */
 
+	/* ZeRO (docs/zero.md): world, rank, stage; per unit the slice S_u
+	 * and the padded unit N * S_u (both e_u at world 1) */
+	int world, rank, zero;
+	uint64_t *slice, *epad;
+	bool w_gather;                /* stages 1-2, world > 1: W slices gathered
+					 after the update (wgather) */
+	bool w_stream;                /* stage 3, world > 1: W gathered into its
+					 slot before each use */
+	char *nvme_dirs;              /* world > 1: DIR/rank-R of every dir */
+	void *comm_scratch;           /* vram: dW's all-to-all lands here */
+	struct st_extent scratch_ext;
+	char *wgather;                /* host, a padded unit of W */
+	int wg_busy;
+	struct chain c_wstore;        /* W from wgather to its home */
+	struct st_event **ev_gather;  /* stage 3: per slot, after its all-gather */
+	int gathered;                 /* stage 3: fetch sequence gathered so far */
+	double *parts;                /* world > 1, stage >= 2: the norm's chunk
+					 sums, [world * nparts] */
+	uint64_t *part_off, nparts;   /* [U]: unit u's chunks at part_off[u] */
+	double *losses;               /* world > 1: [world * grad_accum] */
+	/* --trace at world > 1: the comm queue's collectives as spans on a
+	 * lane of their own, stamped on the queue (engine_zero.c) */
+	struct comm_span *cspan;
+	unsigned cspan_head, cspan_tail;
+	int comm_trace_lane;
+
 	int err;
 	char errmsg[512];
 	struct st_engine_stats last;
@@ -180,6 +208,19 @@ static inline void *haddr(struct st_engine *e, const struct st_extent *x)
 static inline void *vaddr(struct st_engine *e, const struct st_extent *x)
 {
 	return st_tier_addr(e->tier[ST_HOME_VRAM], x);
+}
+
+/* The first element of unit u that this rank's shard of state s holds,
+ * and how many it holds (docs/zero.md): a sharded state holds the rank's
+ * slice, another the padded unit. */
+static inline uint64_t sh_lo(const struct st_engine *e, int u, enum st_state s)
+{
+	return st_plan_sharded(&e->plan, s) ? (uint64_t)e->rank * e->slice[u] : 0;
+}
+
+static inline uint64_t sh_elems(const struct st_engine *e, int u, enum st_state s)
+{
+	return st_plan_sharded(&e->plan, s) ? e->slice[u] : e->epad[u];
 }
 
 static inline bool unit_resident(const struct st_engine *e, int u)
@@ -226,6 +267,21 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb);
 /* engine_update.c */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld);
+
+/* engine_state.c */
+int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,
+		    uint64_t *n);
+
+/* engine_zero.c */
+int st_eng_zero_dirs(struct st_engine *e);
+int st_eng_zero_setup(struct st_engine *e);
+void st_eng_zero_fini(struct st_engine *e);
+int st_eng_zero_wstore(struct st_engine *e, int u);
+void st_eng_zero_parts(struct st_engine *e, int u, const float *g);
+int st_eng_zero_norm(struct st_engine *e, double *sumsq);
+int st_eng_zero_loss(struct st_engine *e, double *sum);
+void st_eng_zero_mark(struct st_engine *e, const char *name, bool end);
+void st_eng_zero_trace(struct st_engine *e);
 
 /* engine_step.c */
 int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready);

@@ -322,6 +322,7 @@ void st_eng_stats_begin(struct st_engine *e)
 
 void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns)
 {
+	st_eng_zero_trace(e);
 	e->last.step_ns = st_now_ns() - t0_ns;
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
 		e->last.busy_ns[l] = e->lane[l].busy_ns;

@@ -46,22 +46,38 @@ int st_engine_shard(const struct st_engine *e, int u, enum st_state s, enum st_h
 	return 0;
 }
 
+/* Bytes of one element of state s. */
+static size_t elem_bytes(const struct st_engine *e, enum st_state s)
+{
+	return s == ST_STATE_W ? (size_t)e->Wb : 4;
+}
+
+/* At world > 1 a sharded state is read from every rank: each puts its
+ * slice in its place and the slices are gathered (collective: every rank
+ * reads the same states in the same order). */
 int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst)
 {
-	struct shard *x;
-	void *tmp = NULL;
+	char *tmp = NULL;
+	size_t eb = elem_bytes(e, s), lo;
 	int ret;
 
 	if (u < 0 || u >= e->U)
 		return -EINVAL;
-	x = shard(e, u, s);
+	lo = sh_lo(e, u, s) * eb;
 	st_eng_drain(e);
-	if (posix_memalign(&tmp, ST_PAGE_BYTES, x->ext.len_bytes))
+	if (posix_memalign((void **)&tmp, ST_PAGE_BYTES,
+			   st_align_up(e->epad[u] * eb, ST_PAGE_BYTES)))
 		return -ENOMEM;
-	ret = shard_read(e, u, s, tmp);
+	ret = shard_read(e, u, s, tmp + lo);
+	if (ret == 0 && st_plan_sharded(&e->plan, s)) {
+		ret = st_comm_allgather(e->comm, tmp + lo, tmp, e->slice[u],
+					eb == 2 ? ST_COMM_BF16 : ST_COMM_F32);
+		if (ret == 0)
+			ret = st_comm_sync(e->comm);
+	}
 	if (ret == 0) {
 		if (s == ST_STATE_W && e->Wb == 2)
-			st_cpu_bf16_to_f32(dst, tmp, e->elems[u]);
+			st_cpu_bf16_to_f32(dst, (const uint16_t *)(const void *)tmp, e->elems[u]);
 		else
 			memcpy(dst, tmp, e->elems[u] * sizeof(float));
 	}
@@ -69,21 +85,47 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 	return ret;
 }
 
+/* This rank's range of unit u's state s (fp32: G, P, M, V), elements
+ * [*lo, *lo + *n) of the unit, into buf (at least the padded unit): its
+ * slice at world > 1 (cut at the unit's end; sharded or not, the ranks'
+ * ranges cover the unit once), the unit at world 1. Reads only this
+ * rank's shard: nothing is exchanged. */
+int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,
+		    uint64_t *n)
+{
+	uint64_t first = e->world == 1 ? 0 : (uint64_t)e->rank * e->slice[u];
+	uint64_t count = first >= e->elems[u] ? 0
+			 : ST_MIN(e->world == 1 ? e->elems[u] : e->slice[u], e->elems[u] - first);
+	int ret;
+
+	assert(s != ST_STATE_W);
+	st_eng_drain(e);
+	ret = shard_read(e, u, s, buf);
+	if (ret == 0 && !st_plan_sharded(&e->plan, s) && first)
+		memmove(buf, buf + first, count * sizeof(float));
+	*lo = first;
+	*n = count;
+	return ret;
+}
+
+/* Each rank writes its shard of each state from the whole unit given. */
 int st_engine_write_state(struct st_engine *e, int u, const float *p, const float *m,
 			  const float *v)
 {
-	void *buf = NULL;
-	uint64_t bytes;
+	char *buf = NULL;
+	uint64_t bytes, pad_bytes;
 	int ret;
 
 	if (u < 0 || u >= e->U || !p)
 		return -EINVAL;
 	bytes = e->elems[u] * sizeof(float);
+	pad_bytes = e->epad[u] * sizeof(float);
 	st_eng_drain(e);
-	if (posix_memalign(&buf, ST_PAGE_BYTES, bytes))
+	if (posix_memalign((void **)&buf, ST_PAGE_BYTES, pad_bytes))
 		return -ENOMEM;
+	memset(buf + bytes, 0, pad_bytes - bytes); /* a padded unit's tail */
 	memcpy(buf, p, bytes);
-	ret = shard_write(e, u, ST_STATE_P, buf);
+	ret = shard_write(e, u, ST_STATE_P, buf + sh_lo(e, u, ST_STATE_P) * 4);
 	for (enum st_state s = ST_STATE_M; ret == 0 && s <= ST_STATE_V; s++) {
 		const float *src = s == ST_STATE_M ? m : v;
 
@@ -91,14 +133,15 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 			memcpy(buf, src, bytes);
 		else
 			memset(buf, 0, bytes);
-		ret = shard_write(e, u, s, buf);
+		ret = shard_write(e, u, s, buf + sh_lo(e, u, s) * 4);
 	}
 	if (ret == 0) {
+		memset(buf, 0, pad_bytes);
 		if (e->Wb == 2)
-			st_cpu_f32_to_bf16(buf, p, e->elems[u]);
+			st_cpu_f32_to_bf16((uint16_t *)(void *)buf, p, e->elems[u]);
 		else
 			memcpy(buf, p, bytes);
-		ret = shard_write(e, u, ST_STATE_W, buf);
+		ret = shard_write(e, u, ST_STATE_W, buf + sh_lo(e, u, ST_STATE_W) * (size_t)e->Wb);
 	}
 	free(buf);
 	return ret;

@@ -68,7 +68,8 @@ static struct st_model_batch batch_of(const struct st_engine *e)
 
 	return (struct st_model_batch){ .B = c->batch, .T = c->seq, .tokens = e->tokens,
 					.targets = e->targets,
-					.loss_scale = 1.0f / (float)c->grad_accum,
+					/* the mean over every rank's micro-batches */
+					.loss_scale = 1.0f / (float)(c->grad_accum * e->world),
 					.host_tokens = e->tok_host, .host_targets = e->tgt_host };
 }
 
@@ -79,10 +80,16 @@ int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 {
 	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
 
-	st_loader_next(ld, e->tok_host, e->tgt_host);
+	/* rank r takes micro-batch r of each group of N: N ranks read what
+	 * one reads at N times the micro-batches, in the same order */
+	for (int q = 0; q < e->world; q++)
+		if (q == e->rank)
+			st_loader_next(ld, e->tok_host, e->tgt_host);
+		else
+			st_loader_skip(ld);
 	st_compute_from_host(e->cx, e->tokens, e->tok_host, bytes);
 	st_compute_from_host(e->cx, e->targets, e->tgt_host, bytes);
-	e->issued = e->consumed = 0;
+	e->issued = e->consumed = e->gathered = 0;
 	e->w_ready = w_ready;
 	return st_compute_take_error(e->cx);
 }
@@ -127,7 +134,7 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 	/* a shared dW held unit u+2's, in by now (grad_in waited for its copy);
 	 * a resident unit's was zeroed at the start, as others may add to it */
 	if (!unit_resident(e, u))
-		st_compute_zero(e->cx, ub->dw, e->elems[u] * sizeof(float));
+		st_compute_zero(e->cx, ub->dw, e->epad[u] * sizeof(float));
 	st_compute_span_begin(e->cx, bwd_span(e, u));
 	ret = st_model_bwd(e->model, u, &b, ub->wf, other_w(e, u), first ? NULL : act(e, u),
 			   last ? NULL : *dy, first ? NULL : *dx, ub->dw, other_grad(e, u),
@@ -153,7 +160,7 @@ static int backward(struct st_engine *e, int mb, double *loss)
 
 	for (int u = 0; u < e->U; u++)
 		if (unit_resident(e, u))
-			st_compute_zero(e->cx, e->ub[u].dw, e->elems[u] * sizeof(float));
+			st_compute_zero(e->cx, e->ub[u].dw, e->epad[u] * sizeof(float));
 	for (int u = e->U - 1; ret == 0 && u >= 0; u--) {
 		ret = backward_unit(e, u, &dy, &dx, &l);
 		if (ret == 0 && pend >= 0)
@@ -176,6 +183,11 @@ static int grad_norm(struct st_engine *e, double *norm)
 	double sumsq = 0;
 	int ret;
 
+	if (e->world > 1) {
+		ret = st_eng_zero_norm(e, &sumsq);
+		*norm = e->nonfinite || !isfinite(sumsq) ? NAN : sqrt(sumsq);
+		return ret;
+	}
 	for (int u = 0; u < e->U; u++)
 		sumsq += e->unit_sumsq[u];
 	ret = st_comm_allreduce(e->comm, &sumsq, &sumsq, 1, ST_COMM_F64);
@@ -186,7 +198,8 @@ static int grad_norm(struct st_engine *e, double *norm)
 }
 
 /* Every micro-batch's forward and backward; *loss_sum their losses. */
-static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss_sum)
+static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss_sum,
+			 double *mine)
 {
 	const struct st_train_config *c = &e->cfg.train;
 	int ret = 0;
@@ -204,6 +217,8 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 		if (ret == 0)
 			ret = backward(e, a, &l);
 		*loss_sum += l;
+		if (mine)
+			mine[a] = l;
 	}
 	return ret;
 }
@@ -222,7 +237,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		return st_error_set(e->err, "%s", e->errmsg);
 	st_eng_stats_begin(e);
 	e->nonfinite = false;
-	ret = micro_batches(e, ld, &loss_sum);
+	ret = micro_batches(e, ld, &loss_sum,
+			    e->world > 1 ? e->losses + (size_t)e->rank * c->grad_accum : NULL);
 	e->end_cur = ld->cur; /* before the update sweep draws the next batch */
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->land_busy);
@@ -230,7 +246,12 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		ret = st_eng_wait_until(e, &e->gstage_busy);
 	if (ret < 0)
 		goto fail;
-	res->loss = loss_sum / c->grad_accum;
+	if (e->world > 1) {
+		ret = st_eng_zero_loss(e, &loss_sum);
+		if (ret < 0)
+			goto fail;
+	}
+	res->loss = loss_sum / (c->grad_accum * e->world);
 	res->lr = st_lr_at(c, step);
 	ret = grad_norm(e, &res->grad_norm);
 	if (ret < 0)

@@ -64,7 +64,7 @@ int st_eng_sums_init(struct st_engine *e)
 		return 0;
 	for (int u = 0; u < e->U; u++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
-			uint64_t n = (e->elems[u] + e->tile - 1) / e->tile;
+			uint64_t n = (sh_elems(e, u, s) + e->tile - 1) / e->tile;
 
 			if (shard(e, u, s)->home != ST_HOME_NVME)
 				continue;
@@ -90,7 +90,7 @@ void st_eng_sums_fini(struct st_engine *e)
 static uint64_t *sums_of(struct st_engine *e, int u, enum st_state s, uint64_t off,
 			 uint64_t len, uint64_t *first, uint64_t *count)
 {
-	uint64_t cb = chunk_bytes(e, s), end = e->elems[u] * state_bytes(e, s);
+	uint64_t cb = chunk_bytes(e, s), end = sh_elems(e, u, s) * state_bytes(e, s);
 	uint64_t *v = e->sums ? e->sums[u * ST_STATE_COUNT + s] : NULL;
 
 	if (!v)

@@ -19,7 +19,7 @@ static float *upd_ptr(struct st_engine *e, int set, const struct tile *t, enum s
 	struct shard *x = shard(e, t->u, s);
 
 	if (x->home == ST_HOME_HOST)
-		return (float *)haddr(e, &x->ext) + t->t0;
+		return (float *)haddr(e, &x->ext) + (t->t0 - sh_lo(e, t->u, s));
 	return haddr(e, &e->upd[set].ext[s]);
 }
 
@@ -36,8 +36,9 @@ static int upd_load(struct st_engine *e, int set, const struct tile *t)
 
 		if (x->home != ST_HOME_NVME)
 			continue;
-		h = st_eng_shard_hop(e, "load", t->u, s, ST_IO_READ, t->t0 * 4,
-				     haddr(e, &us->ext[s]), t->n * 4);
+		h = st_eng_shard_hop(e, "load", t->u, s, ST_IO_READ,
+				     (t->t0 - sh_lo(e, t->u, s)) * 4, haddr(e, &us->ext[s]),
+				     t->n * 4);
 		ret = st_eng_chain_start(e, &us->load[s], &h, 1, &us->reads, NULL);
 		if (ret < 0)
 			return ret;
@@ -49,7 +50,8 @@ static int upd_store(struct st_engine *e, int set, const struct tile *t)
 {
 	struct updset *us = &e->upd[set];
 	struct shard *w = shard(e, t->u, ST_STATE_W);
-	uint64_t woff = t->t0 * (uint64_t)e->Wb, wlen = t->n * (uint64_t)e->Wb;
+	uint64_t woff = (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb;
+	uint64_t wlen = t->n * (uint64_t)e->Wb;
 	struct hop h;
 	int ret;
 
@@ -58,13 +60,15 @@ static int upd_store(struct st_engine *e, int set, const struct tile *t)
 
 		if (x->home != ST_HOME_NVME)
 			continue;
-		h = st_eng_shard_hop(e, "store", t->u, s, ST_IO_WRITE, t->t0 * 4,
-				     haddr(e, &us->ext[s]), t->n * 4);
+		h = st_eng_shard_hop(e, "store", t->u, s, ST_IO_WRITE,
+				     (t->t0 - sh_lo(e, t->u, s)) * 4, haddr(e, &us->ext[s]),
+				     t->n * 4);
 		ret = st_eng_chain_start(e, &us->store[s], &h, 1, &us->writes, NULL);
 		if (ret < 0)
 			return ret;
 	}
-	if (w->home == ST_HOME_HOST)
+	/* stages 1-2 at world > 1: W goes home whole, gathered (unit_end) */
+	if (w->home == ST_HOME_HOST || e->w_gather)
 		return 0;
 	/* nvme: a write of the nvme tier; vram: an h2d copy */
 	h = st_eng_shard_hop(e, "store", t->u, ST_STATE_W, ST_IO_WRITE, woff,
@@ -102,14 +106,16 @@ static int adam_tile(struct st_engine *e, int set, const struct tile *t,
 	float *g = upd_ptr(e, set, t, ST_STATE_G), *p = upd_ptr(e, set, t, ST_STATE_P);
 	float *m = upd_ptr(e, set, t, ST_STATE_M), *v = upd_ptr(e, set, t, ST_STATE_V);
 	struct shard *w = shard(e, t->u, ST_STATE_W);
-	char *wout = w->home == ST_HOME_HOST
-			     ? (char *)haddr(e, &w->ext) + t->t0 * (uint64_t)e->Wb
-			     : haddr(e, &e->upd[set].ext[ST_STATE_W]);
+	bool in_place = w->home == ST_HOME_HOST && !e->w_gather;
+	char *wout = e->w_gather ? e->wgather + t->t0 * (uint64_t)e->Wb
+		     : in_place ? (char *)haddr(e, &w->ext) +
+				  (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb
+				: haddr(e, &e->upd[set].ext[ST_STATE_W]);
 	uint64_t t1 = t->t0 + t->n, t0 = st_now_ns();
 	int ret = 0;
 
 	st_eng_lane_begin(e, ST_LANE_ADAM);
-	if (w->home != ST_HOME_HOST)
+	if (!in_place)
 		zero_padding(e, ul, t, wout);
 	for (int i = 0; i < ul->n_tensors && ret == 0; i++) {
 		const struct st_tensor_layout *tl = &ul->tensors[i];
@@ -132,16 +138,32 @@ static int adam_tile(struct st_engine *e, int set, const struct tile *t,
 	return ret;
 }
 
+/* The elements [lo, hi) of unit u this rank updates: its slice when P is
+ * sharded, else the unit (padded at world > 1: tiles of an unsharded
+ * shard then start where a rank's slice does). */
+static void upd_range(const struct st_engine *e, int u, uint64_t *lo, uint64_t *hi)
+{
+	*lo = sh_lo(e, u, ST_STATE_P);
+	*hi = e->world == 1 ? e->elems[u] : *lo + sh_elems(e, u, ST_STATE_P);
+}
+
 static bool next_tile(const struct st_engine *e, struct tile *t)
 {
-	if (t->u >= 0 && t->t0 + t->n < e->elems[t->u]) {
-		t->t0 += t->n;
-	} else {
-		if (++t->u >= e->U)
-			return false;
-		t->t0 = 0;
+	uint64_t lo, hi;
+
+	if (t->u >= 0) {
+		upd_range(e, t->u, &lo, &hi);
+		if (t->t0 + t->n < hi) {
+			t->t0 += t->n;
+			t->n = ST_MIN(e->tile, hi - t->t0);
+			return true;
+		}
 	}
-	t->n = ST_MIN(e->tile, e->elems[t->u] - t->t0);
+	if (++t->u >= e->U)
+		return false;
+	upd_range(e, t->u, &lo, &hi);
+	t->t0 = lo;
+	t->n = ST_MIN(e->tile, hi - t->t0);
 	return true;
 }
 
@@ -153,6 +175,8 @@ static int unit_done(struct st_engine *e, int set, int u)
 
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->upd[set ^ 1].writes);
+	if (ret == 0)
+		ret = st_eng_wait_until(e, &e->wg_busy);
 	e->w_ready = u + 1;
 	if (ret == 0 && u <= e->U - 2)
 		ret = st_eng_forward_unit(e, u);
@@ -181,10 +205,15 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			ret = upd_load(e, set ^ 1, &nxt); /* overlaps this tile's Adam */
 		if (ret == 0)
 			ret = st_eng_wait_until(e, &e->upd[set].reads);
+		/* wgather holds the unit before's W until it is home */
+		if (ret == 0 && e->w_gather)
+			ret = st_eng_wait_until(e, &e->wg_busy);
 		if (ret == 0)
 			ret = adam_tile(e, set, &cur, wd, nowd);
 		if (ret == 0)
 			ret = upd_store(e, set, &cur);
+		if (ret == 0 && e->w_gather && (!have || nxt.u != cur.u))
+			ret = st_eng_zero_wstore(e, cur.u);
 		if (ret == 0 && ld && (!have || nxt.u != cur.u))
 			ret = unit_done(e, set, cur.u);
 		cur = nxt;
@@ -192,6 +221,8 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 	}
 	for (int s = 0; ret == 0 && s < 2; s++)
 		ret = st_eng_wait_until(e, &e->upd[s].writes);
+	if (ret == 0)
+		ret = st_eng_wait_until(e, &e->wg_busy);
 	if (ret == 0 && ld)
 		e->fwd_ready = true;
 	return ret;

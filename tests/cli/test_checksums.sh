@@ -31,7 +31,7 @@ corrupt() { # name: wait for 7 steps, then overwrite pages of the swap file
 		sleep 0.02
 	done
 	for f in /proc/$pid/fd/*; do
-		case $(readlink "$f") in "$work/swap/"*.swap*) fd=$f ;; esac
+		case $(readlink "$f") in "$work/swap/"*) fd=$f ;; esac # named or O_TMPFILE
 	done
 	[ -n "$fd" ] || { echo "FAIL $name: no swap file open in /proc/$pid/fd"; fail=1; return; }
 	# a page of 0xFF every 256 KiB of the first 4 MiB: P, M and V of every

@@ -110,16 +110,24 @@ static inline double tu_adam_ref(const struct st_adam_hparams *hp, double graw, 
 	return *p;
 }
 
-/* Run the kernel over the whole range in one call (no OpenMP split). */
-static inline uint64_t tu_kernel_run(const struct st_optim_kernel *k,
-				     const struct st_adam_hparams *hp,
-				     const struct st_adam_bufs *b, size_t n)
+/* Run the kernel over the whole range in one call (no OpenMP split), with
+ * the kernel flags kflags (ST_OPTIM_KF_*). */
+static inline uint64_t tu_kernel_run_flags(const struct st_optim_kernel *k,
+					   const struct st_adam_hparams *hp,
+					   const struct st_adam_bufs *b, size_t n, unsigned kflags)
 {
 	struct st_adam_step s;
 
 	if (st_adam_prep(&s, hp))
 		abort();
-	return k->adam(&s, b, n);
+	return k->adam(&s, b, n, kflags);
+}
+
+static inline uint64_t tu_kernel_run(const struct st_optim_kernel *k,
+				     const struct st_adam_hparams *hp,
+				     const struct st_adam_bufs *b, size_t n)
+{
+	return tu_kernel_run_flags(k, hp, b, n, 0);
 }
 
 #endif

@@ -1,6 +1,8 @@
-/* AdamW kernels: every path against a double-precision reference and
- * bitwise against the scalar path, over all tail lengths and misaligned
- * starts; threads and tiling bitwise; bias correction; lr = 0; NaN/Inf. */
+/* AdamW kernels: every path, with plain and streaming W stores, against a
+ * double-precision reference and bitwise against the scalar path, over all
+ * tail lengths and misaligned starts; non-finite gradients bitwise; threads
+ * and tiling bitwise; a call big enough to stream; bias correction; lr = 0;
+ * NaN/Inf. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -197,18 +199,21 @@ static void test_paths_vs_reference(void **state)
 				assert_int_equal(bad, 0);
 				tc_check_guards(&ref);
 				tc_check_ref(&in, &ref, hp);
-				for (size_t k = 1; k < nk; k++) {
-					if (!ks[k]->supported())
+				for (size_t k = 1; k < 2 * nk; k++) {
+					/* each kernel with plain and with streaming W stores */
+					unsigned kf = k >= nk ? ST_OPTIM_KF_STREAM_W : 0u;
+
+					if (!ks[k % nk]->supported())
 						continue;
 					tc_copy(&out, &in);
 					b = tc_bufs(&out);
-					bad = tu_kernel_run(ks[k], hp, &b, n);
+					bad = tu_kernel_run_flags(ks[k % nk], hp, &b, n, kf);
 					assert_int_equal(bad, 0);
 					tc_check_guards(&out);
 					if (!tc_same(&out, &ref)) {
-						print_error("kernel %s differs from scalar: n %zu off %zu "
-							    "g %d w %d/%d\n", ks[k]->name, n, off, gdt,
-							    has_w, wdt);
+						print_error("kernel %s (flags %u) differs from scalar: n %zu "
+							    "off %zu g %d w %d/%d\n", ks[k % nk]->name, kf,
+							    n, off, gdt, has_w, wdt);
 						fail();
 					}
 				}
@@ -498,6 +503,132 @@ static void test_nonfinite(void **state)
 	assert_int_equal(st_optim_path_set(ST_OPTIM_PATH_AUTO), 0);
 }
 
+/* Non-finite scaled gradients scattered through the vectors (one lane,
+ * several lanes, a whole vector, in the tails): every kernel, plain and
+ * streaming W, gives the scalar path's bits and count. Bad values: NaNs
+ * (quiet, signalling, negative), +-Inf, and finite gradients that the
+ * scale makes overflow. */
+static void test_nonfinite_paths(void **state)
+{
+	static const uint32_t bad_bits[] = { 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u,
+					     0xff800000u, 0x7f000000u, 0xfe800000u };
+	static const size_t lens[] = { 1, 15, 16, 17, 31, 33, 47, 64, 100, 257, 1000, 1023 };
+	static const enum st_optim_dtype wdts[] = { ST_OPTIM_BF16, ST_OPTIM_F16, ST_OPTIM_F32 };
+	/* grad_scale 4: 0x7f000000 (1.7e38) and 0xfe800000 overflow when scaled */
+	struct st_adam_hparams hp = hp_sets[0];
+	size_t nk;
+	const struct st_optim_kernel *const *ks = kernels(&nk);
+	uint64_t seed = 77;
+
+	(void)state;
+	hp.grad_scale = 4.0f;
+	for (size_t li = 0; li < ST_ARRAY_LEN(lens); li++) {
+		for (int gi = 0; gi < 2; gi++) {
+			for (size_t wi = 0; wi < 4; wi++) {
+				size_t n = lens[li], off = (li + wi) % 5;
+				enum st_optim_dtype gdt = gi ? ST_OPTIM_BF16 : ST_OPTIM_F32;
+				int has_w = wi < 3;
+				enum st_optim_dtype wdt = has_w ? wdts[wi] : ST_OPTIM_BF16;
+				struct tc in, ref, out;
+				uint64_t want_bad, bad;
+
+				tc_init(&in, n, off, gdt, has_w, wdt);
+				tc_init(&ref, n, off, gdt, has_w, wdt);
+				tc_init(&out, n, off, gdt, has_w, wdt);
+				tc_fill(&in, seed++);
+				for (size_t i = 0; i < n; i++) {
+					/* about one element in five, the last one (a tail
+					 * lane) and, when n >= 64, all of the second vector */
+					uint64_t r = tu_rand_u64(&seed);
+					uint32_t bits;
+
+					if (r % 5 != 0 && i != n - 1 && !(i >= 16 && i < 32 && n >= 64))
+						continue;
+					bits = bad_bits[(r >> 8) % ST_ARRAY_LEN(bad_bits)];
+					if (gdt == ST_OPTIM_BF16)
+						((uint16_t *)in.g.data)[i] = (uint16_t)(bits >> 16);
+					else
+						((float *)in.g.data)[i] = st_f32_from_bits(bits);
+				}
+				tc_copy(&ref, &in);
+				struct st_adam_bufs b = tc_bufs(&ref);
+				want_bad = tu_kernel_run(&st_optim_kernel_scalar, &hp, &b, n);
+				assert_true(want_bad > 0);
+				for (size_t k = 1; k < 2 * nk; k++) {
+					unsigned kf = k >= nk ? ST_OPTIM_KF_STREAM_W : 0u;
+
+					if (!ks[k % nk]->supported())
+						continue;
+					tc_copy(&out, &in);
+					b = tc_bufs(&out);
+					bad = tu_kernel_run_flags(ks[k % nk], &hp, &b, n, kf);
+					tc_check_guards(&out);
+					if (bad != want_bad || !tc_same(&out, &ref)) {
+						print_error("kernel %s (flags %u), non-finite G: %llu bad "
+							    "(scalar %llu), n %zu g %d w %d/%d: %s\n",
+							    ks[k % nk]->name, kf, (unsigned long long)bad,
+							    (unsigned long long)want_bad, n, gdt, has_w,
+							    wdt, tc_same(&out, &ref) ? "same bits"
+										     : "bits differ");
+						fail();
+					}
+				}
+				tc_free(&in);
+				tc_free(&ref);
+				tc_free(&out);
+			}
+		}
+	}
+}
+
+/* A call big enough for st_adam_apply() to stream W (and odd in length,
+ * with W off its vector alignment, so every chunk peels a head): the same
+ * bits as the scalar path, at 1 and 2 threads, on every path. */
+static void test_streaming_call(void **state)
+{
+	const size_t n = ST_ADAM_STREAM_MIN_BYTES / 30 + 4099;
+	static const enum st_optim_path paths[] = { ST_OPTIM_PATH_AVX2, ST_OPTIM_PATH_AVX512 };
+	const struct st_adam_hparams *hp = &hp_sets[2];
+	struct tc in, ref, out;
+	struct st_adam_bufs b;
+	uint64_t cnt;
+
+	(void)state;
+	assert_true(n * 30 >= ST_ADAM_STREAM_MIN_BYTES);
+	tc_init(&in, n, 3, ST_OPTIM_F32, 1, ST_OPTIM_BF16);
+	tc_init(&ref, n, 3, ST_OPTIM_F32, 1, ST_OPTIM_BF16);
+	tc_init(&out, n, 3, ST_OPTIM_F32, 1, ST_OPTIM_BF16);
+	tc_fill(&in, 91);
+	((float *)in.g.data)[n / 2] = st_f32_from_bits(0x7fc00000u);
+	((float *)in.g.data)[n - 1] = st_f32_from_bits(0xff800000u);
+	assert_int_equal(st_optim_path_set(ST_OPTIM_PATH_SCALAR), 0);
+	omp_set_num_threads(2);
+	tc_copy(&ref, &in);
+	b = tc_bufs(&ref);
+	assert_int_equal(st_adam_update(hp, &b, n, ST_ADAM_GRAD_CHECKED, &cnt), -ERANGE);
+	assert_int_equal(cnt, 2);
+	for (size_t pi = 0; pi < ST_ARRAY_LEN(paths); pi++) {
+		if (!st_optim_path_supported(paths[pi]))
+			continue;
+		assert_int_equal(st_optim_path_set(paths[pi]), 0);
+		for (int threads = 1; threads <= 2; threads++) {
+			omp_set_num_threads(threads);
+			tc_copy(&out, &in);
+			b = tc_bufs(&out);
+			assert_int_equal(st_adam_update(hp, &b, n, ST_ADAM_GRAD_CHECKED, &cnt),
+					 -ERANGE);
+			assert_int_equal(cnt, 2);
+			tc_check_guards(&out);
+			assert_true(tc_same(&out, &ref));
+		}
+	}
+	assert_int_equal(st_optim_path_set(ST_OPTIM_PATH_AUTO), 0);
+	omp_set_num_threads(2);
+	tc_free(&in);
+	tc_free(&ref);
+	tc_free(&out);
+}
+
 /* A finite gradient whose scaled value overflows counts as Inf. */
 static void test_scale_overflow(void **state)
 {
@@ -593,6 +724,8 @@ int main(void)
 		cmocka_unit_test(test_bias_correction_step1),
 		cmocka_unit_test(test_lr_zero),
 		cmocka_unit_test(test_nonfinite),
+		cmocka_unit_test(test_nonfinite_paths),
+		cmocka_unit_test(test_streaming_call),
 		cmocka_unit_test(test_scale_overflow),
 		cmocka_unit_test(test_invalid),
 		cmocka_unit_test(test_path_api),

@@ -118,7 +118,8 @@ echo "corpus: $corpus_bytes bytes in $nfiles files"
 # each a tokenizer.json, a NUL, a text), for the parts the four real files
 # do not use: GPT-2's ByteLevel split (use_regex), merges as "a b"
 # strings, Lowercase / Strip / NFKC / a Replace regex, Split Removed,
-# Split with invert. Left out, as they are where strata follows Hugging
+# Split with invert, an lstrip token after the first text, a repeated
+# merge line (the last wins). Left out, as they are where strata follows Hugging
 # Face's Rust library and the reference does not (docs/tokenizer.md):
 # valid_metaspace (prepend_scheme and split), valid_split_merged (the
 # MergedWith* behaviours). Ids over the seed's text, edge cases, a licence.

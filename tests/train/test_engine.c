@@ -788,7 +788,9 @@ static int swap_fd(void)
 		if (n <= 0)
 			continue;
 		target[n] = '\0';
-		if (strncmp(target, dir, strlen(dir)) == 0 && strstr(target, ".swap"))
+		/* a swap file: named strata-*.swap, or nameless (O_TMPFILE) */
+		if (strncmp(target, dir, strlen(dir)) == 0 &&
+		    (strstr(target, ".swap") || strstr(target, "/#")))
 			fd = atoi(de->d_name);
 	}
 	closedir(d);

@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# tests/zero/test_zero.sh STRATA MPI_RUN PART: ZeRO across ranks on the cpu
+# device, under mpirun (MPI_RUN is tests/mpi-run: it exits 77, skipped,
+# without mpirun). Every comparison is against a run of one rank, which
+# shares no collective with the runs it checks. PART is one of:
+#   np2, np4   the determinism promise: at --zero 0, 1, 2 and 3, in several
+#              placements, N ranks at --grad-accum A give the losses, norms
+#              and checkpoint tensor bytes (model.safetensors and
+#              optimizer.safetensors: P, M, V) of one rank at --grad-accum
+#              N*A, bit for bit; so the stages agree with each other
+#   resume     a checkpoint saved at 2 ranks resumes at 1 and at 4 ranks
+#              and ends where an uninterrupted one-rank run ends; the
+#              files 2 ranks write in parallel (sharded) are one rank's
+#   kill       a rank SIGKILLed mid-run ends the job within 60 s, naming
+#              it; --resume auto then ends where an uninterrupted run ends
+#   mismatch   ranks with different settings stop (exit 2) before a step,
+#              naming the first difference
+#   refuse     flags that make no sense with N ranks: exit 2, one line;
+#              strata info's comm line (libraries, world)
+#   budget     per-rank peaks within the budgets; stage 3's nvme bytes per
+#              rank about 1/N of one rank's
+#   comm       the collectives' calls and bytes per step = strata plan's
+#   trace      --trace: one file per rank, the collectives on a comm lane
+#              overlapping the compute
+set -u
+strata=$1 mpirun=$2 part=$3
+work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-zero-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail=0
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
+# shellcheck source=../cli/check.sh
+. "$(dirname "$0")/../cli/check.sh"
+text "$work/data.txt" 7 every rank adds its slice in rank order and the sums agree
+mkdir -p "$work/nvme"
+"$mpirun" 1 true >/dev/null 2>&1
+if [ $? = 77 ]; then echo "mpirun not found: skipped"; exit 77; fi
+
+common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-every 100
+	--warmup 1 --seed 5)
+
+# run TAG NP ARGS...: strata train on NP ranks (1: without mpirun) into
+# $work/TAG.{jsonl,log} and checkpoint $work/TAG/
+run() {
+	local tag=$1 np=$2
+	shift 2
+	rm -rf "${work:?}/$tag" "$work/$tag.jsonl"
+	if [ "$np" = 1 ]; then
+		"$strata" train "${common[@]}" --save "$work/$tag" --metrics "$work/$tag.jsonl" "$@" \
+			>"$work/$tag.log" 2>&1
+	else
+		timeout 120 "$mpirun" "$np" "$strata" train "${common[@]}" --save "$work/$tag" \
+			--metrics "$work/$tag.jsonl" "$@" >"$work/$tag.log" 2>&1
+	fi
+}
+
+# The numbers of a run: each step's loss and norm as --metrics wrote them,
+# and the SHA-256 of the last checkpoint's tensor files.
+numbers() {
+	sed 's/,"tokens_per_s".*//' "$work/$1.jsonl"
+	(cd "$work/$1/latest" && sha256sum model.safetensors optimizer.safetensors)
+}
+
+# same TAG REF WHAT: TAG's numbers are REF's
+same() {
+	if [ ! -s "$work/$1.jsonl" ]; then
+		echo "FAIL $3: no metrics"; tail -5 "$work/$1.log"; fail=1; return
+	fi
+	if diff <(numbers "$2") <(numbers "$1") >"$work/diff" 2>&1; then
+		echo "ok   $3"
+	else
+		echo "FAIL $3: differs from $2"; head -8 "$work/diff"; tail -3 "$work/$1.log"; fail=1
+	fi
+}
+
+placements=("host|" "nvme|--offload-params nvme --offload-optim nvme --prefetch 1"
+	    "vram|--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M"
+	    "split|--offload-params host --offload-optim nvme --host-mem 24M")
+
+determinism() { # N ACCUM ALL: ALL=1 every placement, else host and nvme (CI time)
+	local n=$1 a=$2 all=$3
+	run ref 1 --steps 3 --grad-accum $((n * a)) || { echo "FAIL one-rank run"; fail=1; return; }
+	for z in 0 1 2 3; do
+		for p in "${placements[@]}"; do
+			[ "$all" = 1 ] || [ "${p%%|*}" = host ] || [ "${p%%|*}" = nvme ] || continue
+			# shellcheck disable=SC2086
+			run "z$z" "$n" --steps 3 --grad-accum "$a" --zero $z ${p#*|}
+			same "z$z" ref "$n ranks --zero $z --grad-accum $a, ${p%%|*} = 1 rank --grad-accum $((n * a))"
+		done
+	done
+}
+
+case $part in
+np2)
+	determinism 2 1 1
+	determinism 2 2 0
+	# an embedding larger than every block: a W slot of its own, gathered
+	# into at stage 3 (and the gathers' look-ahead never waits on it)
+	big=(--model layers=2,dim=128,heads=4,vocab=4096,ctx=64 --steps 3 --host-mem 32M)
+	run bigref 1 "${big[@]}" --grad-accum 2
+	run big 2 "${big[@]}" --zero 3 --offload-params nvme --prefetch 1
+	same big bigref "2 ranks --zero 3, embedding slot, W on nvme, prefetch 1 = 1 rank"
+	;;
+np4)
+	determinism 4 1 0
+	# the LLaMA family (untied head, grouped-query attention) the same way
+	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 3)
+	run llref 1 "${ll[@]}" --grad-accum 4
+	run ll 4 "${ll[@]}" --zero 3 --offload-params nvme --offload-optim nvme
+	same ll llref "LLaMA: 4 ranks --zero 3, all on nvme = 1 rank --grad-accum 4"
+	;;
+resume)
+	# step 3 of a 2-rank run (--save-every 3), resumed at 1 and at 4 ranks
+	run ref 1 --steps 6 --grad-accum 4
+	run two 2 --steps 6 --grad-accum 2 --zero 2 --save-every 3 --keep 0
+	for np in 1 4; do
+		a=$((4 / np))
+		rm -rf "$work/re$np"
+		mkdir -p "$work/re$np"
+		s3=$(cd "$work/two" && ls -d step-*3)
+		cp -r "$work/two/$s3" "$work/re$np/"
+		ln -s "$s3" "$work/re$np/latest"
+		head -3 "$work/two.jsonl" >"$work/re$np.jsonl"
+		if [ "$np" = 1 ]; then
+			"$strata" train "${common[@]}" --steps 6 --grad-accum $a --save "$work/re$np" \
+				--resume auto --metrics "$work/re$np.jsonl" >"$work/re$np.log" 2>&1
+		else
+			timeout 120 "$mpirun" $np "$strata" train "${common[@]}" --steps 6 --grad-accum $a \
+				--zero 3 --save "$work/re$np" --resume auto --metrics "$work/re$np.jsonl" \
+				>"$work/re$np.log" 2>&1
+		fi
+		grep -q "resumed from" "$work/re$np.log" || { echo "FAIL resume at $np: not resumed"; tail -3 "$work/re$np.log"; fail=1; }
+		same "re$np" ref "saved at 2 ranks (--zero 2), resumed at $np"
+	done
+	# the files at 2 ranks, every rank writing its ranges, sharded as
+	# transformers shards them: one rank's files, byte for byte
+	run sh1 1 --steps 2 --grad-accum 2 --shard-size 300K
+	run sh2 2 --steps 2 --zero 3 --shard-size 300K
+	if (cd "$work/sh1/latest" && ls *.safetensors *.index.json | sort | xargs sha256sum) >"$work/a" &&
+	   (cd "$work/sh2/latest" && ls *.safetensors *.index.json | sort | xargs sha256sum) >"$work/b" &&
+	   [ "$(wc -l <"$work/a")" -gt 4 ] && diff "$work/a" "$work/b" >/dev/null; then
+		echo "ok   sharded files written by 2 ranks = one rank's ($(wc -l <"$work/a") files)"
+	else
+		echo "FAIL sharded files at 2 ranks differ from one rank's"; diff "$work/a" "$work/b" | head -5; fail=1
+	fi
+	;;
+kill)
+	run ref 1 --steps 8 --grad-accum 2 --offload-optim nvme
+	rm -rf "$work/k" "$work/k.jsonl"
+	args=("${common[@]}" --steps 8 --zero 1 --offload-optim nvme --save "$work/k" --save-every 1
+	      --metrics "$work/k.jsonl" --resume auto)
+	"$mpirun" 2 "$strata" train "${args[@]}" >"$work/k.log" 2>&1 &
+	job=$!
+	victim=
+	for _ in $(seq 600); do
+		[ "$(wc -l <"$work/k.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
+		sleep 0.05
+	done
+	for p in $(pgrep -P $job); do
+		tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$p
+	done
+	if [ -z "$victim" ]; then
+		echo "FAIL kill: rank 1 not found"; fail=1
+	else
+		t0=$(date +%s)
+		kill -KILL "$victim"
+		wait $job
+		rc=$? dt=$(($(date +%s) - t0))
+		if [ "$rc" = 0 ] || [ $dt -gt 60 ]; then
+			echo "FAIL kill: exit $rc after $dt s"; tail -5 "$work/k.log"; fail=1
+		elif ! grep -qiE "rank 1|signal 9|killed" "$work/k.log"; then
+			echo "FAIL kill: the job's end does not name the rank"; tail -5 "$work/k.log"; fail=1
+		else
+			echo "ok   kill: rank 1 SIGKILLed, the job ended in $dt s (exit $rc)"
+		fi
+		timeout 120 "$mpirun" 2 "$strata" train "${args[@]}" >"$work/k2.log" 2>&1 ||
+			{ echo "FAIL kill: --resume auto"; tail -5 "$work/k2.log"; fail=1; }
+		# the metrics of the steps redone after the kill are there twice
+		awk -F'[:,]' '!seen[$2]++' "$work/k.jsonl" >"$work/k.u" && mv "$work/k.u" "$work/k.jsonl"
+		same k ref "rank killed, --resume auto = uninterrupted"
+	fi
+	;;
+mismatch)
+	"$mpirun" 2 bash -c 'exec "$0" train "$@" --steps $((3 + OMPI_COMM_WORLD_RANK))' \
+		"$strata" "${common[@]}" >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc != 2 ]; then
+		echo "FAIL mismatch: exit $rc, want 2"; tail -5 "$work/err"; fail=1
+	elif ! grep -q "rank 1 has steps=4 where rank 0 has steps=3" "$work/err"; then
+		echo "FAIL mismatch: the first difference is not named"; cat "$work/err"; fail=1
+	elif [ "$(grep -c "do not run the same configuration" "$work/err")" != 1 ]; then
+		echo "FAIL mismatch: not one line"; cat "$work/err"; fail=1
+	elif grep -q "^step " "$work/out"; then
+		echo "FAIL mismatch: a step ran"; fail=1
+	else
+		echo "ok   mismatch: $(grep "do not run" "$work/err")"
+	fi
+	;;
+refuse)
+	check "--zero 4" 2 "$strata" train "${common[@]}" --zero 4
+	check "--zero 3 at one rank warns" 0 "$strata" train "${common[@]}" --zero 3 --steps 1
+	grep -q "shards nothing" "$work/err" || { echo "FAIL no warning"; fail=1; }
+	if "$strata" train --help | grep -q "built here: .*cuda"; then
+		"$mpirun" 2 "$strata" train "${common[@]}" --device cuda --steps 1 >"$work/out" 2>"$work/err"
+		rc=$?
+		if [ $rc = 2 ] && grep -q "runs on the cpu device" "$work/err"; then
+			echo "ok   --device cuda at 2 ranks: refused"
+		else
+			echo "FAIL --device cuda at 2 ranks: exit $rc"; tail -3 "$work/err"; fail=1
+		fi
+	fi
+	check "plan --rank outside --world" 2 "$strata" plan --world 2 --rank 2
+	# strata info names the libraries and the world
+	"$strata" info >"$work/out" 2>&1
+	grep -q "^comm .*mpi: Open MPI.*launcher: none, one rank" "$work/out" ||
+		{ echo "FAIL info: no comm line at one rank"; grep comm "$work/out"; fail=1; }
+	"$mpirun" 2 "$strata" info >"$work/out" 2>&1
+	grep -q "^comm .*launcher: mpirun, rank 1 of 2" "$work/out" ||
+		{ echo "FAIL info: no world under mpirun"; grep comm "$work/out"; fail=1; }
+	echo "ok   info: $(grep -m1 '^comm' "$work/out" | cut -c1-60)..."
+	;;
+budget)
+	b=(--gpu-mem 12M --host-mem 10M --nvme-mem 16M --offload-params nvme --offload-optim nvme
+	   --steps 2)
+	run one 1 "${b[@]}" --nvme-mem 64M
+	for np in 2 4; do
+		run "b$np" $np "${b[@]}" --zero 3
+		python3 - "$work/one.jsonl" "$work/b$np.jsonl" $np <<'PY' || fail=1
+import json, sys
+one = [json.loads(l) for l in open(sys.argv[1])][-1]["peak"]
+last = [json.loads(l) for l in open(sys.argv[2])][-1]
+n = int(sys.argv[3])
+budget = {"vram": 12 << 20, "host": 10 << 20, "nvme": 16 << 20}
+ok = True
+for r, p in enumerate(last["rank_peak"]):
+    for t, v in p.items():
+        if v > budget[t]:
+            print(f"FAIL rank {r} {t} peak {v} over its budget {budget[t]}"); ok = False
+ratio = max(p["nvme"] for p in last["rank_peak"]) / one["nvme"]
+# 1/N, and the slices' rounding up to 64 KiB (a third more at 4 ranks on
+# this model's 198k-element blocks)
+if not ratio <= 1.4 / n:
+    print(f"FAIL stage 3 at {n} ranks: nvme per rank {ratio:.3f} of one rank's"); ok = False
+else:
+    print(f"ok   {n} ranks --zero 3: peaks within budgets; nvme per rank {ratio:.3f} of one rank's")
+sys.exit(0 if ok else 1)
+PY
+	done
+	;;
+comm)
+	for spec in "2 0 1" "2 1 1" "2 2 2" "2 3 1" "4 3 1" "4 1 2"; do
+		read -r np z a <<<"$spec"
+		run "c$np$z" $np --steps 2 --zero $z --grad-accum $a
+		"$strata" plan --json --world $np --zero $z --grad-accum $a --batch 2 --seq 32 \
+			--gpu-mem 16M --host-mem 12M --nvme "$work/nvme" >"$work/plan.json"
+		python3 - "$work/plan.json" "$work/c$np$z.jsonl" "$np ranks --zero $z --grad-accum $a" <<'PY' || fail=1
+import json, sys
+plan = json.load(open(sys.argv[1]))["zero"]["comm"]
+steps = [json.loads(l)["comm"] for l in open(sys.argv[2])]
+got = {}
+for s in steps:
+    for k, v in s.items():
+        c = got.setdefault(k, [0, 0])
+        c[0] += v["calls"]; c[1] += v["bytes"]
+want = {k: [v["calls"] * len(steps), v["bytes"] * len(steps)] for k, v in plan.items()}
+if got != want:
+    print(f"FAIL {sys.argv[3]}: measured {got}, the plan says {want}"); sys.exit(1)
+print(f"ok   {sys.argv[3]}: collectives = the plan's ({want})")
+PY
+	done
+	;;
+trace)
+	# one trace per rank; the collectives on a "comm" lane, overlapping
+	# the compute
+	timeout 120 "$mpirun" 2 "$strata" train "${common[@]}" --steps 3 --zero 3 \
+		--trace "$work/t.json" >"$work/t.log" 2>&1 || { echo "FAIL trace run"; tail -3 "$work/t.log"; fail=1; }
+	for r in 0 1; do
+		python3 - "$work/t.json.rank-$r" "$r" <<'PY' || fail=1
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"] if isinstance(d, dict) else d
+lanes = {x["tid"]: x["args"]["name"] for x in ev
+         if x.get("ph") == "M" and x.get("name") == "thread_name"}
+spans = {}
+for x in ev:
+    if x.get("ph") == "X":
+        spans.setdefault(lanes.get(x["tid"]), []).append((x["ts"], x["ts"] + x["dur"]))
+comm, comp = spans.get("comm", []), spans.get("compute", [])
+ov = sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in comm for b0, b1 in comp)
+if not comm or ov <= 0:
+    print(f"FAIL trace rank {sys.argv[2]}: {len(comm)} comm spans, {ov:.0f} us over compute")
+    sys.exit(1)
+print(f"ok   trace rank {sys.argv[2]}: {len(comm)} collectives, {ov:.0f} us of them over compute")
+PY
+	done
+	;;
+*)
+	echo "test_zero.sh: unknown part '$part'" >&2
+	exit 2
+	;;
+esac
+exit $fail
