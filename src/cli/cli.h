@@ -55,6 +55,15 @@ int st_cli_tokenize(int argc, char **argv);
  * beside a file), else NULL. A file that does not open: exit 2. */
 struct st_tokenizer;
 struct st_tokenizer *st_cli_tokenizer(const char *given, const char *ckpt);
+/* The directory of the tokenizer.json beside ckpt (in it, in ckpt/.., or
+ * beside a file), into out[n]; false when there is none. */
+bool st_cli_tokenizer_dir(const char *ckpt, char *out, size_t n);
+/* Copy a Hugging Face tokenizer's files (tokenizer.json,
+ * tokenizer_config.json, special_tokens_map.json, those present) from
+ * directory from into to, each written whole or not at all; a file already
+ * in to is left. Returns how many were copied; exit 1 naming the file on a
+ * system error. */
+int st_cli_tokenizer_copy(const char *from, const char *to);
 /* text_path tokenized as one document (with the tokenizer's BOS/EOS) into
  * a new temporary llm.c shard, its path in out[n]; removed if the command
  * dies; the caller unlinks it once opened. Exit 2/1 on failure. */

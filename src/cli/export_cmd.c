@@ -26,6 +26,8 @@
 #include "strata/optim.h"
 #include "strata/weights.h"
 
+#include <json-c/json.h>
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -55,7 +57,8 @@ static void export_usage(FILE *f)
 "                  transformers (from_pretrained), strata eval, generate and\n"
 "                  --init (default); above --shard-size, shards\n"
 "                  model-0000K-of-0000N.safetensors and their index,\n"
-"                  model.safetensors.index.json, as save_pretrained writes them\n"
+"                  model.safetensors.index.json, as save_pretrained writes them;\n"
+"                  the tokenizer files beside SRC (tokenizer.json, ...) too\n"
 "  --shard-size SIZE  most tensor data in a shard (default 5e9 bytes,\n"
 "                  transformers' \"5GB\"; SIZE as 512M or 2G is binary units)\n"
 "  --format llmc   PATH is one file in llm.c's GPT-2 model format\n"
@@ -230,8 +233,25 @@ static int hf_fill(void *ctx, size_t ti, uint64_t off, void *buf, size_t len)
 	return 0;
 }
 
+/* The architecture the config.json at path names (its architectures[0],
+ * "LlamaForCausalLM", "Qwen2ForCausalLM", "GPT2LMHeadModel"), into arch;
+ * the family's title when it names none. */
+static void written_architecture(const char *path, const struct st_model_config *gc,
+				 char *arch, size_t size)
+{
+	struct json_object *root = json_object_from_file(path), *v;
+
+	snprintf(arch, size, "%s", st_model_config_family(gc)->title);
+	if (root && json_object_object_get_ex(root, "architectures", &v) &&
+	    json_object_is_type(v, json_type_array) && json_object_array_length(v) > 0 &&
+	    json_object_is_type(json_object_array_get_idx(v, 0), json_type_string))
+		snprintf(arch, size, "%s", json_object_get_string(json_object_array_get_idx(v, 0)));
+	json_object_put(root);
+}
+
 static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc,
-			  const char *out, bool bf16, uint64_t shard_bytes, size_t *n_files)
+			  const char *src, const char *out, bool bf16, uint64_t shard_bytes,
+			  size_t *n_files, char *arch, size_t arch_size)
 {
 	struct st_ckpt_layout l;
 	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
@@ -280,6 +300,11 @@ static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc
 	snprintf(p, sizeof(p), "%.4000s/%s", tmp_path, ST_CKPT_CONFIG_FILE);
 	if (st_model_config_write(p, gc) < 0)
 		st_cli_die(1, "%s", st_error_last());
+	written_architecture(p, gc, arch, arch_size);
+	/* the tokenizer beside the source (a --save DIR's, a Hugging Face
+	 * directory's) goes with the model, as save_pretrained() puts it */
+	if (st_cli_tokenizer_dir(src, p, sizeof(p)))
+		st_cli_tokenizer_copy(p, tmp_path);
 	/* both files are fsynced by their writers: publish the directory,
 	 * unless something took PATH meanwhile */
 	block_signals(true);
@@ -403,7 +428,7 @@ int st_cli_export(int argc, char **argv)
 	const char *ckpt = NULL, *format = "hf", *dtype = "fp32";
 	uint64_t shard_bytes = 0;
 	size_t n_files = 1;
-	char out[4096] = "";
+	char out[4096] = "", arch[128] = "";
 	struct st_weights *w;
 	struct st_model_config gc;
 	struct stat sb;
@@ -453,16 +478,17 @@ int st_cli_export(int argc, char **argv)
 	catch_signals();
 	if (shard_bytes && strcmp(format, "hf") != 0)
 		st_cli_die(2, "--shard-size: only --format hf is sharded");
-	params = strcmp(format, "hf") == 0 ? export_hf(w, &gc, out, bf16, shard_bytes, &n_files)
+	params = strcmp(format, "hf") == 0 ? export_hf(w, &gc, ckpt, out, bf16, shard_bytes, &n_files,
+						       arch, sizeof(arch))
 					   : export_llmc(w, &gc, out, bf16);
 	st_cli_at_die(NULL);
 	if (strcmp(format, "hf") == 0 && n_files > 1)
 		printf("exported %s (%llu parameters, %s) to %s as a Hugging Face %s directory "
-		       "in %zu shards\n", st_weights_name(w), (unsigned long long)params, dtype,
-		       out, st_model_config_family(&gc)->title, n_files);
+		       "(%s) in %zu shards\n", st_weights_name(w), (unsigned long long)params,
+		       dtype, out, arch, st_model_config_family(&gc)->title, n_files);
 	else if (strcmp(format, "hf") == 0)
-		printf("exported %s (%llu parameters, %s) to %s as a Hugging Face %s directory\n",
-		       st_weights_name(w), (unsigned long long)params, dtype, out,
+		printf("exported %s (%llu parameters, %s) to %s as a Hugging Face %s directory "
+		       "(%s)\n", st_weights_name(w), (unsigned long long)params, dtype, out, arch,
 		       st_model_config_family(&gc)->title);
 	else
 		printf("exported %s (%llu parameters, %s) to %s as an llm.c model file\n",

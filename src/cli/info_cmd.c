@@ -14,6 +14,7 @@
 #include "strata/model.h"
 #include "strata/optim.h"
 #include "strata/tier.h"
+#include "strata/tokenizer.h"
 #include "strata/weights.h"
 #ifdef ST_HAVE_CUDA
 #include "strata/cuda_ops.h"
@@ -553,6 +554,44 @@ static void put_architecture(struct json_object *o, const char *config)
 	json_object_put(root);
 }
 
+/* The tokenizer beside a checkpoint or weights (as generate finds it: in
+ * dir, in dir/.., beside a file): "tokenizer": {path, kind, vocab}, or
+ * {path, error} when it does not open. */
+static void put_tokenizer(struct json_object *o, const char *at)
+{
+	struct json_object *t;
+	struct st_tokenizer *tok;
+	char dir[4096], *p;
+
+	if (!st_cli_tokenizer_dir(at, dir, sizeof(dir)) ||
+	    asprintf(&p, "%s/tokenizer.json", dir) < 0)
+		return;
+	t = json_object_new_object();
+	put_str(t, "path", p);
+	if (st_tokenizer_open(p, &tok) == 0) {
+		put_str(t, "kind", st_tokenizer_kind(tok));
+		put_int(t, "vocab", st_tokenizer_vocab(tok));
+		st_tokenizer_close(tok);
+	} else {
+		put_str(t, "error", st_cli_unprefix(st_error_last(), p));
+	}
+	json_object_object_add(o, "tokenizer", t);
+	free(p);
+}
+
+static void print_tokenizer(struct json_object *o)
+{
+	struct json_object *t = jobj(o, "tokenizer");
+
+	if (!t)
+		return;
+	if (jstr(t, "error"))
+		printf("  tokenizer: %s: %s\n", jstr(t, "path"), jstr(t, "error"));
+	else
+		printf("  tokenizer: %s (%s, %lld ids)\n", jstr(t, "path"), jstr(t, "kind"),
+		       (long long)jint(t, "vocab"));
+}
+
 /* "  weights: N parameters in T tensors (F32 27, BF16 1), in S shards (index)";
  * what: "weights" or "files" */
 static void print_set(struct json_object *wt, const char *what, const char *tail)
@@ -697,6 +736,7 @@ static void ckpt_details(struct json_object *o, const char *dir, bool *bad,
 	p = path_join(dir, ST_CKPT_CONFIG_FILE);
 	put_architecture(o, p);
 	free(p);
+	put_tokenizer(o, dir);
 	/* the parameters as the weights files' headers count them */
 	ret = st_ckpt_set_open(&set, dir, ST_CKPT_MODEL_STEM);
 	if (ret == 0) {
@@ -730,6 +770,7 @@ static struct json_object *weights_json(const char *path, bool verify, bool *bad
 		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, st_error_last());
 	put_str(o, "path", path);
 	put_str(o, "format", st_weights_format(w));
+	put_tokenizer(o, path);
 	if (st_weights_set(w)) {
 		const char *sp = st_ckpt_set_path(st_weights_set(w));
 		const char *slash = strrchr(sp, '/');
@@ -804,6 +845,7 @@ static void print_weights(struct json_object *o, bool verify, const struct st_mo
 		printf("  architecture: %s\n", jstr(o, "architecture"));
 	if (mc->n_layer > 0)
 		print_model(mc);
+	print_tokenizer(o);
 	if (jstr(model, "unknown"))
 		printf("  model: unknown (%s)\n", jstr(model, "unknown"));
 	else if (jstr(model, "error"))
@@ -960,6 +1002,7 @@ static void print_ckpt(struct json_object *o, bool verify, const struct st_model
 			printf("  model: %s\n", jstr(model, "error"));
 		else
 			print_model(mc);
+		print_tokenizer(o);
 		if (jstr(model, "weights_error"))
 			printf("  weights: %s\n", jstr(model, "weights_error"));
 		else

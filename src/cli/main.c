@@ -152,8 +152,8 @@ static void gen_usage(FILE *f)
 "directory or the one above it. Without one the model must be byte-level\n"
 "(vocab 256): each byte is a token. Generation stops at the tokenizer's EOS.\n"
 "--ckpt: a strata checkpoint (a --save DIR or one step-N in it), a Hugging Face\n"
-"GPT-2 directory or model.safetensors (config.json beside it), or an llm.c\n"
-"model file.\n"
+"directory (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM) or\n"
+"model.safetensors (config.json beside it), or an llm.c model file.\n"
 "  --tokens N        tokens to generate (default 200)\n"
 "  --temperature X   0 is greedy (default 0.8)\n"
 "  --top-k K         sample among the K likeliest, 0 for all (default 40)\n");
@@ -335,8 +335,9 @@ static int cmd_eval(int argc, char **argv)
 			       "forward reads, the master weights rounded to bf16 as in training\n"
 			       "(default) or as they are (fp32, as llm.c's train_gpt2.c reads an\n"
 			       "export --format llmc). --ckpt: a strata checkpoint (a --save DIR\n"
-			       "or one step-N in it), a Hugging Face GPT-2 directory or\n"
-			       "model.safetensors (config.json beside it), an llm.c model file.\n"
+			       "or one step-N in it), a Hugging Face directory (GPT2LMHeadModel,\n"
+			       "LlamaForCausalLM, Qwen2ForCausalLM) or model.safetensors\n"
+			       "(config.json beside it), an llm.c model file.\n"
 			       "--data: an llm.c token shard, or text: bytes for a byte-level model,\n"
 			       "else tokenized (one document) with --tokenizer or the tokenizer.json\n"
 			       "beside the checkpoint (as strata generate finds it).\n");

@@ -151,9 +151,15 @@ int st_cli_plan(int argc, char **argv)
 	if (cuda && in.rates.copy_bps == 0)
 		in.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
 	struct stat st;
-	if (strchr(model_text, '/')) {
-		/* a directory with a config.json, or the config.json itself
-		 * (presets and dimensions have no '/') */
+	/* a directory with a config.json, or the config.json itself: a path
+	 * with a '/' (presets and dimensions have none), or a name that is no
+	 * preset and no dimensions but a directory here ("plan --model dir") */
+	bool is_path = strchr(model_text, '/') != NULL;
+	if (!is_path && stat(model_text, &st) == 0 && S_ISDIR(st.st_mode) &&
+	    !strchr(model_text, '=') && !strchr(model_text, ':') &&
+	    st_model_config_parse(model_text, &mc) < 0)
+		is_path = true;
+	if (is_path) {
 		char path[4200];
 
 		if (stat(model_text, &st) < 0)

@@ -348,31 +348,93 @@ static bool is_file(const char *p)
 	return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+bool st_cli_tokenizer_dir(const char *ckpt, char *out, size_t n)
+{
+	char dir[4096], cand[4096 + 32];
+	struct stat sb;
+
+	/* beside the checkpoint: in DIR, in DIR/.. (a step-N of a --save DIR),
+	 * or beside a file */
+	if (stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode))
+		snprintf(dir, sizeof(dir), "%s", ckpt);
+	else {
+		const char *slash = strrchr(ckpt, '/');
+
+		snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - ckpt) : 1,
+			 slash ? ckpt : ".");
+	}
+	snprintf(cand, sizeof(cand), "%s/tokenizer.json", dir);
+	if (is_file(cand)) {
+		snprintf(out, n, "%s", dir);
+		return true;
+	}
+	snprintf(cand, sizeof(cand), "%s/../tokenizer.json", dir);
+	if (is_file(cand)) {
+		/* "ck/step-000004/.." is named "ck" (the path people gave) */
+		const char *slash = strrchr(dir, '/'), *last = slash ? slash + 1 : dir;
+
+		if (!strcmp(last, ".") || !strcmp(last, "..") || !*last)
+			snprintf(out, n, "%s/..", dir);
+		else if (!slash)
+			snprintf(out, n, ".");
+		else
+			snprintf(out, n, "%.*s", slash == dir ? 1 : (int)(slash - dir), dir);
+		return true;
+	}
+	return false;
+}
+
+/* The files of a Hugging Face tokenizer as save_pretrained() writes them
+ * beside the model (tokenizer.json first: the one a copy needs). */
+static const char *const tokenizer_files[] = { "tokenizer.json", "tokenizer_config.json",
+					       "special_tokens_map.json" };
+
+int st_cli_tokenizer_copy(const char *from, const char *to)
+{
+	int copied = 0;
+
+	for (size_t i = 0; i < sizeof(tokenizer_files) / sizeof(tokenizer_files[0]); i++) {
+		char src[4200], dst[4200];
+		struct st_file_atomic f;
+		char *buf = NULL;
+		size_t bytes = 0;
+		int ret;
+
+		snprintf(src, sizeof(src), "%s/%s", from, tokenizer_files[i]);
+		snprintf(dst, sizeof(dst), "%s/%s", to, tokenizer_files[i]);
+		if (!is_file(src))
+			continue;
+		if (access(dst, F_OK) == 0) /* already there: left as it is */
+			continue;
+		ret = st_file_read_small(src, (size_t)1 << 30, &buf, &bytes);
+		if (ret < 0)
+			st_cli_die(1, "%s: %s", src, strerror(-ret));
+		ret = st_file_atomic_open(&f, dst);
+		if (ret == 0)
+			ret = st_file_atomic_write(&f, buf, bytes);
+		if (ret == 0)
+			ret = st_file_atomic_commit_new(&f);
+		else
+			st_file_atomic_abort(&f);
+		free(buf);
+		if (ret < 0 && ret != -EEXIST)
+			st_cli_die(1, "%s: %s", dst, strerror(-ret));
+		copied += ret == 0;
+	}
+	return copied;
+}
+
 struct st_tokenizer *st_cli_tokenizer(const char *given, const char *ckpt)
 {
 	struct st_tokenizer *t;
 	char dir[4096], cand[4096 + 32];
 	const char *src = given;
-	struct stat sb;
 	int ret;
 
 	if (!src) {
-		/* beside the checkpoint: in DIR, in DIR/.. (a step-N of a --save
-		 * DIR), or beside a file */
-		if (stat(ckpt, &sb) == 0 && S_ISDIR(sb.st_mode))
-			snprintf(dir, sizeof(dir), "%s", ckpt);
-		else {
-			const char *slash = strrchr(ckpt, '/');
-
-			snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - ckpt) : 1,
-				 slash ? ckpt : ".");
-		}
+		if (!st_cli_tokenizer_dir(ckpt, dir, sizeof(dir)))
+			return NULL;
 		snprintf(cand, sizeof(cand), "%s/tokenizer.json", dir);
-		if (!is_file(cand)) {
-			snprintf(cand, sizeof(cand), "%s/../tokenizer.json", dir);
-			if (!is_file(cand))
-				return NULL;
-		}
 		src = cand;
 	}
 	if ((ret = st_tokenizer_open(src, &t)) < 0)

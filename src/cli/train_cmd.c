@@ -50,9 +50,11 @@ static void train_usage(FILE *f)
 "                       either may follow FAMILY: (families: %s); LLaMA's dims:\n"
 "                       llama:layers=L,dim=C,heads=H,kv-heads=K,ffn=F,vocab=V,ctx=T\n"
 "                       with optional keys for head size, rope and head (docs/model.md)\n"
-"  --init FILE|DIR      start from GPT-2 weights: a Hugging Face model.safetensors or its\n"
-"                       directory, a strata checkpoint, an llm.c model file (gpt2_124M.bin);\n"
-"                       without --model, the model they say (config.json, llm.c header)\n"
+"  --init FILE|DIR      start from weights: a Hugging Face directory (GPT-2, LLaMA, Qwen2;\n"
+"                       one file or shards) or model.safetensors, a strata checkpoint, an\n"
+"                       llm.c model file (gpt2_124M.bin); without --model, the model they\n"
+"                       say (config.json, llm.c header); with --save, the tokenizer files\n"
+"                       beside it are copied into the --save DIR\n"
 "  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
 "  --grad-accum N       micro-batches per step (default 1)\n"
@@ -789,6 +791,15 @@ int st_cli_train(int argc, char **argv)
 	if (stop_requested)
 		st_cli_die(130, "stopped before the first step (nothing saved)");
 	run.started = true;
+	/* the tokenizer beside --init goes with the checkpoints: into --save
+	 * DIR, where generate, eval and export find it (one above step-N) */
+	if (init && save) {
+		char tdir[4096];
+
+		if (st_cli_tokenizer_dir(init, tdir, sizeof(tdir)) &&
+		    st_cli_tokenizer_copy(tdir, save) > 0)
+			printf("the tokenizer of %s: copied into %s\n", init, save);
+	}
 	done_steps = (int)start_step;
 	t0 = st_now_ns();
 	for (int s = (int)start_step; s < cfg->steps; s++) {

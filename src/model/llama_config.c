@@ -225,7 +225,7 @@ static int st_parse_scaling(const char *s, size_t len, struct st_model_config *c
 int st_llama_config_parse(const char *text, struct st_model_config *out)
 {
 	int vals[K_COUNT] = { 0 }, seen[K_COUNT] = { 0 };
-	struct st_model_config c = { .norm_eps = 1e-5, .rope_theta = 10000.0 };
+	struct st_model_config c = { .norm_eps = 1e-5, .rope_theta = 10000.0, .untied = true };
 	const char *p = text;
 	while (*p) {
 		const char *comma = strchr(p, ',');

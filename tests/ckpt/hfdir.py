@@ -137,3 +137,65 @@ def gpt2_tensors(L, C, V, T, seed, dtype, buffers=True):
             ("transformer.ln_f.bias", r(C))]
     out.append(("lm_head.weight", out[0][1]))
     return out
+
+
+def llama_config(L, C, H, K, F, V, T, qwen=False, tied=False, theta=500000.0, scaling=None):
+    """config.json as LlamaConfig / Qwen2Config.save_pretrained() write it
+    (the keys strata reads and the ones around them)."""
+    c = {"architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+         "model_type": "qwen2" if qwen else "llama", "hidden_size": C,
+         "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": H,
+         "num_key_value_heads": K, "vocab_size": V, "max_position_embeddings": T,
+         "rms_norm_eps": 1e-06 if qwen else 1e-05, "rope_theta": theta,
+         "rope_scaling": scaling, "tie_word_embeddings": tied, "hidden_act": "silu",
+         "initializer_range": 0.02, "use_cache": True, "torch_dtype": "bfloat16",
+         "transformers_version": "4.46.0"}
+    if qwen:
+        c.update({"use_sliding_window": False, "sliding_window": T, "max_window_layers": L,
+                  "attention_dropout": 0.0})
+    else:
+        c.update({"attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+                  "pretraining_tp": 1, "bos_token_id": 1, "eos_token_id": 2})
+    return c
+
+
+def llama_tensors(L, C, H, K, F, V, seed, dtype, qwen=False, tied=False, buffers=False,
+                  theta=10000.0):
+    """A LlamaForCausalLM / Qwen2ForCausalLM state_dict in its order with
+    transformers' names and random values: Qwen2's q/k/v biases, the tied
+    lm_head.weight (a copy of embed_tokens) when tied, and with buffers
+    the rotary_emb.inv_freq buffers older files hold."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    hd = C // H
+
+    def r(*shape, std=0.02):
+        return (torch.randn(*shape, generator=g) * std).to(dtype)
+
+    def norm():
+        return (1 + r(C, std=0.1).float()).to(dtype)
+
+    out = [("model.embed_tokens.weight", r(V, C, std=0.1))]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        out += [(p + "self_attn.q_proj.weight", r(H * hd, C, std=0.1))]
+        if qwen:
+            out += [(p + "self_attn.q_proj.bias", r(H * hd, std=0.1))]
+        out += [(p + "self_attn.k_proj.weight", r(K * hd, C, std=0.1))]
+        if qwen:
+            out += [(p + "self_attn.k_proj.bias", r(K * hd, std=0.1))]
+        out += [(p + "self_attn.v_proj.weight", r(K * hd, C, std=0.1))]
+        if qwen:
+            out += [(p + "self_attn.v_proj.bias", r(K * hd, std=0.1))]
+        out += [(p + "self_attn.o_proj.weight", r(C, H * hd, std=0.1))]
+        if buffers:
+            inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+            out += [(p + "self_attn.rotary_emb.inv_freq", inv)]
+        out += [(p + "mlp.gate_proj.weight", r(F, C, std=0.1)),
+                (p + "mlp.up_proj.weight", r(F, C, std=0.1)),
+                (p + "mlp.down_proj.weight", r(C, F, std=0.1)),
+                (p + "input_layernorm.weight", norm()),
+                (p + "post_attention_layernorm.weight", norm())]
+    out += [("model.norm.weight", norm())]
+    out.append(("lm_head.weight", out[0][1] if tied else r(V, C, std=0.1)))
+    return out

@@ -91,6 +91,25 @@ fi
 	--init "$work/ck" --steps 1 --seq 32 >/dev/null 2>"$work/err"
 [ $? = 2 ] && grep -q "not the model --model gives" "$work/err" &&
 	ok "--init of another shape refused" || { bad "--init other shape"; cat "$work/err"; }
+# export --format hf of the checkpoint: Qwen2's config.json (q/k/v biases),
+# and --init from the export is --init from the checkpoint
+"$strata" export --ckpt "$work/ck" --out "$work/ex" >"$work/ex.log" 2>&1 &&
+	grep -q "as a Hugging Face Qwen2ForCausalLM directory (LLaMA)" "$work/ex.log" &&
+	python3 - "$work/ex/config.json" <<'PY' && ok "export: $(cat "$work/ex.log")" || { bad "export"; cat "$work/ex.log"; }
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["architectures"] == ["Qwen2ForCausalLM"] and c["model_type"] == "qwen2", c
+assert (c["num_key_value_heads"], c["intermediate_size"], c["tie_word_embeddings"]) == (2, 96, False), c
+PY
+"$strata" train --init "$work/ex" --steps 1 --batch 2 --seq 32 --metrics "$work/i3.jsonl" \
+	>"$work/init3.log" 2>&1 || { bad "--init from the export"; tail -3 "$work/init3.log"; }
+cmp -s <(head -1 "$work/i2.jsonl" | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*') \
+	<(head -1 "$work/i3.jsonl" | grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*') &&
+	ok "--init from the export: the checkpoint's first step" ||
+	{ bad "--init from the export"; head -1 "$work/i2.jsonl" "$work/i3.jsonl"; }
+"$strata" export --ckpt "$work/ck" --out "$work/ex.bin" --format llmc >/dev/null 2>"$work/err"
+[ $? = 2 ] && grep -q "llm.c's files hold GPT-2 models, not LLaMA" "$work/err" && [ ! -e "$work/ex.bin" ] &&
+	ok "export --format llmc of a LLaMA refused" || { bad "export llmc"; cat "$work/err"; }
 "$strata" generate --ckpt "$work/ck" --prompt "The " --tokens 8 >"$work/gen" 2>&1 &&
 	ok "generate from a LLaMA checkpoint" || { bad "generate"; cat "$work/gen"; }
 [ $fail = 0 ] && echo PASS

@@ -284,7 +284,7 @@ static void test_dims(void **state)
 	assert_int_equal(st_model_config_parse("llama:layers=2,dim=48,heads=4,kv-heads=2,ffn=96,"
 					       "vocab=50,ctx=32", &c), 0);
 	assert_int_equal(c.head_dim, 12);
-	assert_true(c.untied == false && c.qkv_bias == false);
+	assert_true(c.untied && c.qkv_bias == false); /* tied=0 by default, as LlamaConfig */
 	assert_true(c.rope_theta == 10000.0 && c.norm_eps == 1e-5);
 	assert_int_equal(st_model_config_parse("llama:layers=2,dim=48,heads=4,kv-heads=1,ffn=96,"
 					       "vocab=50,ctx=32,head-dim=16,tied=0,bias=0,"
