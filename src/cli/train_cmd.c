@@ -343,13 +343,31 @@ static void zero_world(struct st_engine_config *ec)
  * is allocated (st_comm_agree, on a communicator of its own). A mismatch
  * ends every rank with exit 2 and one line (rank 0's) naming the first
  * difference. */
+/* Lines every rank must have alike, compared on c; exit 2 on every rank,
+ * rank 0 naming the first difference, when they are not. */
+static void agree_or_exit(struct st_comm *c, int rank, const char *const *lines, int n)
+{
+	struct st_comm_disagreement dis;
+	int ret = st_comm_agree(c, lines, n, &dis);
+
+	if (ret < 0)
+		st_cli_die(1, "the ranks' agreement on the configuration: %s", st_error_last());
+	if (ret == 1) {
+		if (rank == 0)
+			fprintf(stderr, "strata: the ranks do not run the same configuration: rank "
+				"%d has %s where rank 0 has %s\n", dis.rank, dis.rank_text,
+				dis.rank0_text);
+		fflush(stderr);
+		exit(2);
+	}
+}
+
 static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
-		       const struct st_dataset *ds)
+		       const struct st_dataset *ds, const char *run_line)
 {
 	struct st_device_config dc = { .mem_bytes = 1 << 20 };
 	struct st_device *d = NULL;
 	struct st_comm *c = NULL;
-	struct st_comm_disagreement dis;
 	json_object *o = json_tokener_parse(cfg_json);
 	char *lines[64], buf[64];
 	int n = 0, ret;
@@ -359,7 +377,7 @@ static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
 	json_object_object_foreach(o, key, val) {
 		size_t len;
 
-		if (n >= 62)
+		if (n >= 61)
 			break;
 		len = strlen(key) + strlen(json_object_to_json_string(val)) + 2;
 		lines[n] = malloc(len);
@@ -369,25 +387,22 @@ static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
 	snprintf(buf, sizeof(buf), "data tokens=%llu max=%u",
 		 (unsigned long long)st_dataset_tokens(ds), st_dataset_max_token(ds));
 	lines[n++] = strdup(buf);
+	/* what decides which collectives a step runs besides the model: the
+	 * saves, the resume, the metrics' gathers */
+	lines[n++] = strdup(run_line);
 	ret = st_device_create(st_device_find("cpu"), &dc, &d);
 	if (ret == 0)
 		ret = st_comm_create(ec->comm_ops, d, NULL, &c);
-	if (ret == 0)
-		ret = st_comm_agree(c, (const char *const *)lines, n, &dis);
+	if (ret < 0)
+		st_cli_die(1, "the ranks' agreement on the configuration: %s", st_error_last());
+	for (int i = 0; i < n; i++)
+		if (!lines[i])
+			st_cli_die(1, "the ranks' agreement on the configuration: out of memory");
+	agree_or_exit(c, ec->rank, (const char *const *)lines, n);
 	st_comm_destroy(c);
 	st_device_destroy(d);
 	for (int i = 0; i < n; i++)
 		free(lines[i]);
-	if (ret < 0)
-		st_cli_die(1, "the ranks' agreement on the configuration: %s", st_error_last());
-	if (ret == 1) {
-		if (ec->rank == 0)
-			fprintf(stderr, "strata: the ranks do not run the same configuration: rank "
-				"%d has %s where rank 0 has %s\n", dis.rank, dis.rank_text,
-				dis.rank0_text);
-		fflush(stderr);
-		exit(2);
-	}
 out:
 	json_object_put(o);
 }
@@ -398,16 +413,19 @@ static bool zero_any(struct st_engine *e, bool flag)
 {
 	struct st_comm *c = st_engine_comm(e);
 	int w = st_comm_world(c);
-	int32_t mine = flag, all[1024];
+	int32_t mine = flag, *all;
+	bool any = false;
 
 	if (w == 1)
 		return flag;
-	if (w > 1024 || st_comm_host_allgather(c, &mine, all, sizeof(mine)) < 0)
+	if (!(all = calloc((size_t)w, sizeof(*all))))
+		st_cli_die(1, "the ranks' stop flags: out of memory");
+	if (st_comm_host_allgather(c, &mine, all, sizeof(mine)) < 0)
 		st_cli_die(1, "the ranks' stop flags: %s", st_error_last());
 	for (int i = 0; i < w; i++)
-		if (all[i])
-			return true;
-	return false;
+		any = any || all[i];
+	free(all);
+	return any;
 }
 
 /* Every rank's peak per tier (world > 1, --metrics: collective), into
@@ -680,7 +698,15 @@ int st_cli_train(int argc, char **argv)
 	if (st_loader_init(&ld, ds, &lc) < 0)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
 	cfg_json = config_json(cfg, model_text, data, shuffle, ec.world, ec.zero);
-	zero_agree(&ec, cfg_json, ds);
+	{
+		char run_line[8400];
+
+		snprintf(run_line, sizeof(run_line),
+			 "run save=%s save-every=%d keep=%d resume=%s metrics=%d",
+			 save ? save : "-", save_every, keep, resume ? resume : "-",
+			 metrics != NULL);
+		zero_agree(&ec, cfg_json, ds, run_line);
+	}
 
 	/* One run saves into a DIR at a time: a second one (a restart while
 	 * the first still runs, say) would prune and relink the first's. The
@@ -775,6 +801,14 @@ int st_cli_train(int argc, char **argv)
 		if (st_loader_seek(&ld, &ld.cur) < 0)
 			st_cli_die(2, "--resume %s: %s", resume, st_error_last());
 		printf("resumed from %s at step %llu\n", resume, (unsigned long long)start_step);
+	}
+	if (ec.world > 1) { /* every rank resumed the same checkpoint (--resume auto) */
+		char line[4200];
+		const char *lines[] = { line };
+
+		snprintf(line, sizeof(line), "resumed from=%s step=%llu", resume ? resume : "-",
+			 (unsigned long long)start_step);
+		agree_or_exit(st_engine_comm(e), ec.rank, lines, 1);
 	}
 	if (metrics) {
 		mf = fopen(metrics, resume ? "a" : "w");

@@ -362,6 +362,11 @@ static int save_ranks(struct st_engine *e, const char *dir, uint64_t step,
 	struct rank_result mine, *all = NULL;
 	struct { int32_t ret; char tmp[4096]; } start = { 0 };
 	bool root = e->rank == 0;
+	/* ranks wait here for the slowest writer and for rank 0's hashing and
+	 * commit, legitimately longer than the watchdog's limit for a big
+	 * model: no limit while saving (a rank that dies still ends the job:
+	 * mpirun sees it) */
+	double timeout_s = st_comm_set_timeout(c, 0);
 	int ret = set_init(e, ST_CKPT_MODEL_STEM, p_state, p_suffix, 1, &sets[0]);
 
 	if (ret == 0)
@@ -378,14 +383,18 @@ static int save_ranks(struct st_engine *e, const char *dir, uint64_t step,
 				ret = st_ckpt_layout_create(d.tmp, &sets[k].l, f);
 		start.ret = ret;
 		snprintf(start.tmp, sizeof(start.tmp), "%s", d.tmp ? d.tmp : "");
+		if (ret < 0)
+			st_ckpt_dir_abort(&d); /* begun, then a file failed */
 	}
 	if (st_comm_host_broadcast(c, &start, sizeof(start), 0) < 0)
 		st_comm_abort(c, 1);
-	if (start.ret == 0) {
+	/* a rank whose own set-up failed writes nothing and says so below,
+	 * so rank 0 aborts instead of committing files with holes */
+	if (start.ret == 0 && ret == 0) {
 		ret = write_parts(e, start.tmp, &sets[0]);
 		if (ret == 0)
 			ret = write_parts(e, start.tmp, &sets[1]);
-	} else if (!root) {
+	} else if (start.ret < 0 && !root) {
 		ret = st_error_set(start.ret, "checkpoint: rank 0 could not start it");
 	}
 	result_of(&mine, ret);
@@ -406,6 +415,7 @@ static int save_ranks(struct st_engine *e, const char *dir, uint64_t step,
 	free(all);
 	set_fini(&sets[0]);
 	set_fini(&sets[1]);
+	st_comm_set_timeout(c, timeout_s);
 	return mine.ret < 0 ? st_error_set(mine.ret, "%s", mine.msg) : 0;
 }
 

@@ -13,8 +13,8 @@
 #              files 2 ranks write in parallel (sharded) are one rank's
 #   kill       a rank SIGKILLed mid-run ends the job within 60 s, naming
 #              it; --resume auto then ends where an uninterrupted run ends
-#   mismatch   ranks with different settings stop (exit 2) before a step,
-#              naming the first difference
+#   mismatch   ranks with different settings (the model's, or --save-every)
+#              stop (exit 2) before a step, naming the first difference
 #   refuse     flags that make no sense with N ranks: exit 2, one line;
 #              strata info's comm line (libraries, world)
 #   budget     per-rank peaks within the budgets; stage 3's nvme bytes per
@@ -193,6 +193,17 @@ mismatch)
 		echo "FAIL mismatch: a step ran"; fail=1
 	else
 		echo "ok   mismatch: $(grep "do not run" "$work/err")"
+	fi
+	# a setting outside the model that changes the collectives a step runs
+	"$mpirun" 2 bash -c 'exec "$0" train "$@" --save-every $((2 + OMPI_COMM_WORLD_RANK))' \
+		"$strata" "${common[@]}" --steps 3 --save "$work/ck-mm" >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc != 2 ] || ! grep -q "rank 1 has run save=.* save-every=3 .*where rank 0 has run .*save-every=2" "$work/err"; then
+		echo "FAIL mismatch --save-every: exit $rc"; tail -3 "$work/err"; fail=1
+	elif [ -e "$work/ck-mm/latest" ]; then
+		echo "FAIL mismatch --save-every: a checkpoint was saved"; fail=1
+	else
+		echo "ok   mismatch --save-every: exit 2, named"
 	fi
 	;;
 refuse)
