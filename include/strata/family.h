@@ -166,4 +166,46 @@ uint64_t st_family_mix64(uint64_t z);
  * every machine. */
 void st_family_fill_normal(float *out, size_t n, uint64_t key, double std);
 
+/* A family's workspace, carved into aligned float buffers in order: after
+ * st_carver_init(cv, work, work_bytes), each st_carve(cv, n) returns the
+ * next n floats (64-byte aligned), or NULL once they do not fit; need_bytes
+ * counts what every carving asked for, so the same code computes the
+ * workspace's size (work NULL) and lays it out. */
+#define ST_WORK_ALIGN 64
+
+struct st_carver {
+	char *p;
+	size_t left_bytes;
+	size_t need_bytes; /* what the carving asked for, fits or not */
+};
+
+static inline float *st_carve(struct st_carver *cv, size_t n_floats)
+{
+	size_t bytes = st_align_up(n_floats * sizeof(float), ST_WORK_ALIGN);
+	cv->need_bytes += bytes;
+	if (!cv->p || bytes > cv->left_bytes) {
+		cv->p = NULL;
+		return NULL;
+	}
+	float *r = (float *)cv->p;
+	cv->p += bytes;
+	cv->left_bytes -= bytes;
+	return r;
+}
+
+static inline void st_carver_init(struct st_carver *cv, void *work, size_t work_bytes)
+{
+	cv->need_bytes = ST_WORK_ALIGN; /* room to align the base */
+	cv->p = NULL;
+	cv->left_bytes = 0;
+	if (!work)
+		return;
+	uintptr_t base = (uintptr_t)work;
+	uintptr_t aligned = (base + ST_WORK_ALIGN - 1) & ~(uintptr_t)(ST_WORK_ALIGN - 1);
+	if (work_bytes < aligned - base)
+		return;
+	cv->p = (char *)aligned;
+	cv->left_bytes = work_bytes - (aligned - base);
+}
+
 #endif

@@ -143,42 +143,7 @@ static int st_gpt2_init_unit(const struct st_model *m, int u, uint64_t seed,
 
 /* ---- workspace --------------------------------------------------------------------- */
 
-#define ST_WORK_ALIGN 64
-
-struct st_carver {
-	char *p;
-	size_t left_bytes;
-	size_t need_bytes; /* what the carving asked for, fits or not */
-};
-
-static float *st_carve(struct st_carver *cv, size_t n_floats)
-{
-	size_t bytes = st_align_up(n_floats * sizeof(float), ST_WORK_ALIGN);
-	cv->need_bytes += bytes;
-	if (!cv->p || bytes > cv->left_bytes) {
-		cv->p = NULL;
-		return NULL;
-	}
-	float *r = (float *)cv->p;
-	cv->p += bytes;
-	cv->left_bytes -= bytes;
-	return r;
-}
-
-static void st_carver_init(struct st_carver *cv, void *work, size_t work_bytes)
-{
-	cv->need_bytes = ST_WORK_ALIGN; /* room to align the base */
-	cv->p = NULL;
-	cv->left_bytes = 0;
-	if (!work)
-		return;
-	uintptr_t base = (uintptr_t)work;
-	uintptr_t aligned = (base + ST_WORK_ALIGN - 1) & ~(uintptr_t)(ST_WORK_ALIGN - 1);
-	if (work_bytes < aligned - base)
-		return;
-	cv->p = (char *)aligned;
-	cv->left_bytes = work_bytes - (aligned - base);
-}
+/* (the carver: st_carve(), strata/family.h) */
 
 /* Buffers of a block's forward and backward. */
 struct st_block_work {
