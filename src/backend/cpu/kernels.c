@@ -16,8 +16,8 @@
 #define ST_GEMM_MIN_TILES 6    /* enough tasks to balance a few threads */
 #define ST_COL_BLOCK 64        /* columns per task in reductions over rows */
 #define ST_CONV_CHUNK 65536    /* elements per task in bf16 conversions */
-#define ST_ATT_BLOCK 64        /* query and key block of the attention */
 
+#include "cpu_attention.h" /* st_att_online_softmax(), ST_ATT_BLOCK */
 #include "cpu_expf.h" /* st_expf() */
 
 /* ---- bf16 ------------------------------------------------------------------ */
@@ -396,30 +396,7 @@ void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 					     q + (size_t)i0 * C3, C3,
 					     k + (size_t)j0 * C3, C3, 0.0f, s,
 					     ST_ATT_BLOCK);
-				for (int r = 0; r < ni; r++) {
-					float *sr = s + r * ST_ATT_BLOCK;
-					int nvalid = i0 + r - j0 + 1;
-					nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
-					float mx = mrow[r];
-					for (int c = 0; c < nvalid; c++)
-						mx = sr[c] > mx ? sr[c] : mx;
-					float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-					for (int c = 0; c < nvalid; c++) {
-						sr[c] = st_expf(sr[c] - mx);
-						sum += sr[c];
-					}
-					for (int c = nvalid; c < nj; c++)
-						sr[c] = 0.0f;
-					float alpha = st_expf(mrow[r] - mx);
-					lrow[r] = lrow[r] * alpha + sum;
-					mrow[r] = mx;
-					if (alpha != 1.0f) {
-						float *orow = o + (size_t)(i0 + r) * C;
-						for (int d = 0; d < hs; d++)
-							orow[d] *= alpha;
-					}
-				}
+				st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, C, hs);
 				// o_i (ni,hs) += p (ni,nj) @ v_j (nj,hs)
 				st_cpu_sgemm(0, 0, ni, hs, nj, 1.0f, s,
 					     ST_ATT_BLOCK, v + (size_t)j0 * C3,

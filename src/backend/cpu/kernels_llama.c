@@ -8,6 +8,7 @@
 #include "strata/common.h"
 #include "strata/rope.h"
 
+#include "cpu_attention.h" /* st_att_online_softmax(), ST_ATT_BLOCK */
 #include "cpu_expf.h"
 
 #include <assert.h>
@@ -16,7 +17,6 @@
 
 #define ST_COL_BLOCK 64       /* columns per task in reductions over rows */
 #define ST_ELEM_CHUNK 16384   /* elements per task in elementwise kernels */
-#define ST_ATT_BLOCK 64       /* query and key block of the attention */
 #define ST_ROPE_MAX_HALF 1024 /* hd/2 at most (the config checks hd) */
 
 /* ---- linear ------------------------------------------------------------------ */
@@ -247,30 +247,7 @@ static void st_gqa_fwd_head(float *o, float *l_out, const float *q, const float 
 			// s (ni,nj) = scale * q_i @ k_j^T
 			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
 				     k + (size_t)j0 * sk, sk, 0.0f, s, ST_ATT_BLOCK);
-			for (int r = 0; r < ni; r++) {
-				float *sr = s + r * ST_ATT_BLOCK;
-				int nvalid = i0 + r - j0 + 1;
-				nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
-				float mx = mrow[r];
-				for (int c = 0; c < nvalid; c++)
-					mx = sr[c] > mx ? sr[c] : mx;
-				float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-				for (int c = 0; c < nvalid; c++) {
-					sr[c] = st_expf(sr[c] - mx);
-					sum += sr[c];
-				}
-				for (int c = nvalid; c < nj; c++)
-					sr[c] = 0.0f;
-				float alpha = st_expf(mrow[r] - mx);
-				lrow[r] = lrow[r] * alpha + sum;
-				mrow[r] = mx;
-				if (alpha != 1.0f) {
-					float *orow = o + (size_t)(i0 + r) * sq;
-					for (int d = 0; d < hd; d++)
-						orow[d] *= alpha;
-				}
-			}
+			st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, sq, hd);
 			// o_i (ni,hd) += p (ni,nj) @ v_j (nj,hd)
 			st_cpu_sgemm(0, 0, ni, hd, nj, 1.0f, s, ST_ATT_BLOCK, v + (size_t)j0 * sk,
 				     sk, 1.0f, o + (size_t)i0 * sq, sq);
