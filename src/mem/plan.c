@@ -1,14 +1,14 @@
 /* strata: the placement planner. See strata/plan.h for the pools and
  * docs/plan.md for the policy.
  *
- * The policy's homes are uniform per state class: every unit's W has one
- * home, and G, P, M, V of every unit share one home. That leaves at most
- * 3 x 2 placements, so the planner simply tries them in order of preference
- * and takes the first whose pools fit all three budgets. The same small set
- * makes each tier's minimum exact: it is the smallest total that tier takes
- * over the placements whose other two tiers fit their budgets. The pools
- * are sized from per-(unit, state) homes, so explicit homes (the input's
- * `homes`: one candidate) go through the same code. */
+ * The policy starts from the uniform placements (every unit's W in one
+ * home, G, P, M, V of every unit in one home: at most 3 x 2 rows) and
+ * improves each row that fits by the split of src/mem/plan_split.c, which
+ * moves shards to faster tiers while the budgets hold; the row predicted
+ * fastest wins. The same small set of rows keeps each tier's minimum
+ * exact (st_cond_min). The pools are sized from per-(unit, state) homes,
+ * so explicit homes (the input's `homes`: one candidate) and split ones go
+ * through the same code. */
 #include "strata/plan.h"
 #include "plan_split.h"
 
