@@ -1154,6 +1154,46 @@ static void test_split_policy(void **state)
 	}
 }
 
+/* More budget never hurts: from a tier's minimum upwards every budget is
+ * accepted (what makes the minimum exact beyond the 4 KiB either side
+ * that check_minimums() tries), and the predicted step and the traffic
+ * time never grow. */
+static void test_budget_monotone(void **state)
+{
+	const struct st_model *ms[] = { tiny, deep };
+
+	ST_UNUSED(state);
+	for (unsigned mi = 0; mi < ST_ARRAY_LEN(ms); mi++)
+		for (int accum = 1; accum <= 4; accum *= 4)
+			for (int t = ST_HOME_VRAM; t <= ST_HOME_HOST; t++) {
+				struct st_plan_input in = input(ms[mi]);
+				struct st_plan p;
+				double step = INFINITY, traffic = INFINITY;
+				uint64_t lo, hi;
+
+				in.grad_accum = accum;
+				p = plan_ok(&in);
+				lo = p.min_bytes[t];
+				hi = p.total_bytes[t] + 2 * ST_MiB;
+				st_plan_fini(&p);
+				for (uint64_t b = lo; b <= hi; b += 16 * 4096) {
+					double tr;
+
+					*budget_of(&in, t) = b;
+					p = plan_ok(&in);
+					tr = p.t_copy_s + p.t_nvme_s;
+					if (p.t_step_s > step * (1 + 1e-9) || tr > traffic * (1 + 1e-9))
+						fail_msg("model %u accum %d %s budget %" PRIu64 ": step %g "
+							 "(was %g), traffic %g (was %g)", mi, accum,
+							 st_home_name((enum st_home)t), b, p.t_step_s, step,
+							 tr, traffic);
+					step = p.t_step_s;
+					traffic = tr;
+					st_plan_fini(&p);
+				}
+			}
+}
+
 /* A placement with no G, P, M or V on nvme stages none of them: W's update
  * staging alone when W is in vram, none when W is in host. */
 static void test_update_staging_per_state(void **state)
@@ -1246,6 +1286,7 @@ int main(void)
 		cmocka_unit_test(test_split_slots),
 		cmocka_unit_test(test_split_policy),
 		cmocka_unit_test(test_update_staging_per_state),
+		cmocka_unit_test(test_budget_monotone),
 		cmocka_unit_test(test_bad_input),
 	};
 

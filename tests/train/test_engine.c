@@ -334,6 +334,24 @@ static void test_placement_invariance(void **state)
 		same(&ref, &r, STEPS, what);
 		run_free(&r);
 	}
+	/* Only some states staged by the update (st_plan_upd_staged()): W
+	 * and G, P in host, one unit's M and another's V on nvme, so the fp32
+	 * update staging holds M's and V's buffers alone and no W staging. */
+	{
+		enum st_home homes[4 * ST_STATE_COUNT];
+
+		for (int u = 0; u < 4; u++)
+			for (int s = 0; s < ST_STATE_COUNT; s++)
+				homes[u * ST_STATE_COUNT + s] =
+					(s == ST_STATE_M && u == 1) || (s == ST_STATE_V && u == 2)
+						? ST_HOME_NVME : ST_HOME_HOST;
+		base_config(&c);
+		c.train.grad_accum = 2;
+		c.homes = homes;
+		train(&c, STEPS, &r);
+		same(&ref, &r, STEPS, "accum 2: only M and V staged");
+		run_free(&r);
+	}
 	/* Split placements the planner's policy makes itself (auto), at
 	 * budgets that force a split: G, P, M, V by unit in host and on nvme;
 	 * W by unit in vram and host. */
