@@ -187,8 +187,9 @@ struct st_plan {
 	double t_compute_s, t_copy_s, t_nvme_s, t_adam_s, t_step_s;
 	const char *bound;                     /* "compute", "copy", "nvme", "adam" */
 	/* added after the first draft */
-	enum st_home w_home, optim_home;       /* the uniform homes of W and of G,P,M,V
-						  (with explicit homes: unit 0's) */
+	enum st_home w_home, optim_home;       /* the uniform row's homes of W and of
+						  G,P,M,V: the row the split started
+						  from (with explicit homes: unit 0's) */
 	uint64_t embed_slot_bytes;             /* Eres*Wb rounded, 0 without embed_slot */
 	uint64_t act_each_bytes;               /* X: the largest unit output
 						  (st_model_act_bytes), one checkpoint */

@@ -27,22 +27,13 @@ struct st_move {
 void st_split_allowed(const struct st_plan_input *in, unsigned allowed[ST_STATE_COUNT])
 {
 	unsigned nvme = in->have_nvme ? 1u << ST_HOME_NVME : 0;
-	unsigned w, o;
 
-	switch (in->params) {
-	case ST_OFFLOAD_NONE: w = 1u << ST_HOME_VRAM; break;
-	case ST_OFFLOAD_HOST: w = 1u << ST_HOME_HOST; break;
-	case ST_OFFLOAD_NVME: w = 1u << ST_HOME_NVME; break;
-	default: w = 1u << ST_HOME_VRAM | 1u << ST_HOME_HOST | nvme;
-	}
-	switch (in->optim) {
-	case ST_OFFLOAD_NVME: o = 1u << ST_HOME_NVME; break;
-	case ST_OFFLOAD_AUTO: o = 1u << ST_HOME_HOST | nvme; break;
-	default: o = 1u << ST_HOME_HOST;
-	}
-	allowed[ST_STATE_W] = w;
+	/* a forced class stays in its row's tier: no move at all, whatever
+	 * the tier (so a forced home the split does not know is kept too) */
+	allowed[ST_STATE_W] = in->params != ST_OFFLOAD_AUTO ? 0
+			      : 1u << ST_HOME_VRAM | 1u << ST_HOME_HOST | nvme;
 	for (int s = ST_STATE_G; s < ST_STATE_COUNT; s++)
-		allowed[s] = o;
+		allowed[s] = in->optim != ST_OFFLOAD_AUTO ? 0 : 1u << ST_HOME_HOST | nvme;
 }
 
 /* x to 30 significant bits: the savings per byte of shards that differ

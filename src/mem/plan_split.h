@@ -19,7 +19,8 @@ struct st_split_ops {
 	/* Bytes of each shard in its home (the same in every tier),
 	 * [units * ST_STATE_COUNT]. Borrowed. */
 	const uint64_t *bytes;
-	/* The tiers state s may live in, a mask of (1u << enum st_home). */
+	/* The tiers the split may move state s to, a mask of
+	 * (1u << enum st_home); 0 for a forced class. */
 	unsigned allowed[ST_STATE_COUNT];
 	/* Required: do the pools of `homes` fit every budget (at the
 	 * prefetch depth the placement is chosen at)? */
@@ -35,8 +36,10 @@ struct st_split_ops {
 
 size_t st_split_scratch_bytes(int units);
 
-/* The tiers the options allow each state: W by in->params, G, P, M, V by
- * in->optim; auto allows nvme only with in->have_nvme. */
+/* The tiers the split may move each state to: under auto, vram, host and
+ * nvme for W, host and nvme for G, P, M, V (nvme only with
+ * in->have_nvme); none for a class the options force (in->params for W,
+ * in->optim for G, P, M, V), which keeps its row's tier. */
 void st_split_allowed(const struct st_plan_input *in, unsigned allowed[ST_STATE_COUNT]);
 
 /* Improve `homes`, which must fit, in place: fill the faster tiers (vram,
