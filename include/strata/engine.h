@@ -58,6 +58,9 @@ struct st_engine_config {
 	uint64_t ckpt_shard_bytes;     /* st_engine_save(): files over this
 					  are sharded (strata/ckpt.h); 0 =
 					  ST_CKPT_SHARD_BYTES_DEFAULT */
+	enum st_recompute recompute;   /* which units' backward recomputes
+					  their forward (strata/plan.h);
+					  the zero value ALL: every unit */
 };
 
 struct st_engine;
