@@ -61,6 +61,9 @@ struct st_engine_config {
 	enum st_offload activations;   /* the activation checkpoints: AUTO,
 					  NONE (vram) or HOST, as
 					  st_plan_input.activations */
+	enum st_recompute recompute;   /* which units' backward recomputes
+					  their forward (strata/plan.h);
+					  the zero value ALL: every unit */
 };
 
 struct st_engine;

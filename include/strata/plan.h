@@ -28,8 +28,12 @@
  *         compute scratch              W fp32 Er*4 + dW 2*Er*4 + for each
  *                                      resident unit its own W fp32 and dW
  *                                      2*e_u*4 + dA, dB 2*X + work (max_u
- *                                      st_model_work_bytes) + tokens,
- *                                      targets 2*B*T*4
+ *                                      st_model_work_bytes, or for a unit
+ *                                      that keeps its forward only its
+ *                                      scratch) + tokens, targets 2*B*T*4
+ *         saved forwards               one extent of the largest
+ *                                      st_model_saved_bytes per unit that
+ *                                      keeps its forward (st_recompute)
  *   host  homes in host                e_u*Wb for W, e_u*4 for G, P, M, V
  *         W staging (some W on nvme)   one per slot, the slot's size
  *         gradient landing             E*4, and another E*4 when some G is
@@ -73,6 +77,21 @@ enum st_state { ST_STATE_W, ST_STATE_G, ST_STATE_P, ST_STATE_M, ST_STATE_V,
 		ST_STATE_COUNT };
 enum st_home { ST_HOME_VRAM, ST_HOME_HOST, ST_HOME_NVME, ST_HOME_COUNT };
 enum st_offload { ST_OFFLOAD_AUTO, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+
+/* Which units' backward recomputes their forward (docs/plan.md). A unit
+ * that keeps its forward (st_model_saved_bytes() > 0: GPT-2's and LLaMA's
+ * blocks) has its own saved-forward extent in vram, written by its forward
+ * and read by its backward, which then skips the recompute; the numbers
+ * are the same bits either way.
+ *   ALL   every unit recomputes (the zero value: the least vram);
+ *   AUTO  after everything else is placed, as many units keep as the vram
+ *         budget still holds, the last block first;
+ *   NONE  every unit that can keeps; a vram budget that cannot hold it is
+ *         refused (-ENOSPC), its minimum counting every saved extent. */
+enum st_recompute { ST_RECOMPUTE_ALL, ST_RECOMPUTE_AUTO, ST_RECOMPUTE_NONE };
+
+/* "all", "auto", "none". */
+const char *st_recompute_name(enum st_recompute r);
 
 /* Bandwidths and rates the prediction uses; 0 = a built-in default. */
 struct st_plan_rates {
@@ -118,6 +137,8 @@ struct st_plan_input {
 	/* Activation checkpoints (docs/plan.md): AUTO (vram when the vram
 	 * budget holds them with the rest, else host), NONE (vram) or HOST */
 	enum st_offload activations;
+	/* Which units recompute their forward in the backward (above). */
+	enum st_recompute recompute;
 };
 
 /* Checkpoints on the host go through this many vram slots: checkpoint j
@@ -159,6 +180,9 @@ enum st_pool_id {
 				 pass through, A of Xa (ST_PLAN_ACT_SLOTS) */
 	ST_POOL_ACT_HOME,     /* host: checkpoints on the host: the homes of
 				 checkpoints 1..U-1-A, Xa each */
+	ST_POOL_SAVED,        /* vram: a saved-forward extent per unit that
+				 keeps its forward (st_plan.keep), of the
+				 largest st_model_saved_bytes */
 	ST_POOL_KIND_COUNT
 };
 
@@ -234,6 +258,18 @@ struct st_plan {
 	int act_slots, act_offloaded;
 	uint64_t act_copy_bytes;
 	uint64_t act_host_bytes;               /* host: the checkpoint homes */
+	/* Recompute (st_recompute above): the mode asked; per unit whether it
+	 * keeps its forward (its own ST_POOL_SAVED extent, the i-th kept unit
+	 * in unit order the pool's i-th extent; no recompute in its backward);
+	 * the kept units; one extent's bytes (0 when none keeps); and the
+	 * FLOPs per step the backward spends recomputing forwards (in
+	 * t_compute_s, with the model's). The workspace (work_bytes) is the
+	 * largest a unit needs: a kept unit's scratch only. */
+	enum st_recompute recompute;
+	bool *keep;                            /* [units] */
+	int n_keep;
+	uint64_t saved_each_bytes;
+	double recompute_flops;
 };
 
 /* Slices are multiples of this many elements (the gradient norm's chunk,

@@ -75,6 +75,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->seq);
 	free(e->chains);
 	free(e->ub);
+	free(e->saved);
 	free(e->pool_ext);
 	st_eng_sums_fini(e);
 	free(e->pool_first);
@@ -344,6 +345,14 @@ static int setup_pools(struct st_engine *e)
 	e->dB = vpool(e, ST_POOL_DACT, -1, 1);
 	e->work = vpool(e, ST_POOL_WORK, -1, 0);
 	e->work_bytes = e->plan.work_bytes;
+	/* a unit that keeps its forward: the pool's next extent, in unit order */
+	e->saved = calloc((size_t)e->U, sizeof(*e->saved));
+	if (!e->saved)
+		return -ENOMEM;
+	e->saved_bytes = e->plan.saved_each_bytes;
+	for (int u = 0, i = 0; u < e->U; u++)
+		if (e->plan.keep[u])
+			e->saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
 	e->tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->targets = vpool(e, ST_POOL_TARGETS, -1, 0);
 	e->landing = hpool(e, ST_POOL_LANDING, 0);
@@ -384,6 +393,7 @@ static int plan_of(struct st_engine *e)
 		.prefetch = cfg->prefetch, .rates = cfg->rates, .homes = cfg->homes,
 		.world = cfg->world, .rank = cfg->rank, .zero = cfg->zero,
 		.activations = cfg->activations,
+		.recompute = cfg->recompute,
 	};
 
 	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {

@@ -138,6 +138,10 @@ struct st_engine {
 	float *dA, *dB;               /* activation gradients */
 	void *work;
 	size_t work_bytes;
+	/* [U]: the saved-forward extent of a unit that keeps its forward
+	 * (plan.keep), NULL for one that recomputes it; each saved_bytes */
+	void **saved;
+	size_t saved_bytes;
 	int32_t *tokens, *targets;    /* vram */
 	int32_t *tok_host, *tgt_host; /* drawn here, then copied to vram */
 

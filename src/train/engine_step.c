@@ -96,7 +96,8 @@ int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 }
 
 /* Queue the forward of unit u (0 <= u <= U-2); its output is kept as unit
- * u+1's checkpoint for the backward. */
+ * u+1's checkpoint for the backward, and a unit that keeps its forward
+ * (plan.keep) writes it into its saved extent, for its backward. */
 int st_eng_forward_unit(struct st_engine *e, int u)
 {
 	struct st_model_batch b = batch_of(e);
@@ -108,8 +109,9 @@ int st_eng_forward_unit(struct st_engine *e, int u)
 	if (ret < 0)
 		return ret;
 	st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
-	ret = st_model_fwd(e->model, u, &b, w, other_w(e, u), u ? act(e, u) : NULL,
-			   act(e, u + 1), NULL, e->work, e->work_bytes);
+	ret = st_model_fwd_save(e->model, u, &b, w, other_w(e, u), u ? act(e, u) : NULL,
+				act(e, u + 1), NULL, e->saved[u], e->saved_bytes, e->work,
+				e->work_bytes);
 	st_compute_span_end(e->cx);
 	if (ret == 0)
 		ret = st_eng_act_fwd_end(e, u);
@@ -118,7 +120,7 @@ int st_eng_forward_unit(struct st_engine *e, int u)
 
 static const char *bwd_span(const struct st_engine *e, int u)
 {
-	return u == e->U - 1 ? "bwd head" : u == 0 ? "bwd embed" : "bwd";
+	return u == e->U - 1 ? "bwd head" : u == 0 ? "bwd embed" : e->saved[u] ? "bwd kept" : "bwd";
 }
 
 /* Backward of unit u into its dW buffers: *dy is the gradient of its
@@ -143,9 +145,12 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 	if (!first)
 		st_eng_act_bwd_begin(e, u);
 	st_compute_span_begin(e->cx, bwd_span(e, u));
-	ret = st_model_bwd(e->model, u, &b, ub->wf, other_w(e, u), first ? NULL : act(e, u),
-			   last ? NULL : *dy, first ? NULL : *dx, ub->dw, other_grad(e, u),
-			   last ? loss : NULL, e->work, e->work_bytes);
+	/* a unit that keeps its forward reads it from its saved extent (the
+	 * same bits) instead of recomputing it */
+	ret = st_model_bwd_saved(e->model, u, &b, ub->wf, other_w(e, u),
+				 first ? NULL : act(e, u), last ? NULL : *dy, first ? NULL : *dx,
+				 ub->dw, other_grad(e, u), last ? loss : NULL, e->saved[u],
+				 e->saved_bytes, e->work, e->work_bytes);
 	st_compute_span_end(e->cx);
 	st_compute_record(e->cx, ub->ev_dw);
 	if (ret == 0 && !first)

@@ -616,8 +616,11 @@ static void test_traffic_hand_computed(void **state)
 
 	/* times with the default rates */
 	tokens = (double)in.batch * in.seq * in.grad_accum;
-	assert_double_equal(p.t_compute_s,
-			    st_model_flops_per_token(small, in.seq) * tokens * 4 / 3 / 50e9, 1e-15);
+	/* per token: the block's 6 * 12 C^2 + 6 T C = 307200 and a third more
+	 * for its recompute, the head's 6 V C = 24576 (its forward runs inside
+	 * its backward: nothing recomputed) */
+	assert_double_equal(p.t_compute_s, (307200.0 * 4 / 3 + 24576.0) * tokens / 50e9, 1e-15);
+	assert_double_equal(p.recompute_flops, 307200.0 / 3 * tokens, 1e-6);
 	assert_double_equal(p.t_copy_s, (double)(w + 2 * g) / 8e9, 1e-15);
 	assert_double_equal(p.t_nvme_s, 5.0 * g / 1.5e9 + 5.0 * g / 1.2e9, 1e-15);
 	assert_double_equal(p.t_adam_s, st_model_param_count(small) * 30.0 / 10e9, 1e-15);
@@ -650,6 +653,137 @@ static void test_traffic_hand_computed(void **state)
 			st_plan_fini(&p);
 		}
 	}
+}
+
+/* --- recompute ---------------------------------------------------------------------- */
+
+/* all keeps nothing, none keeps every block (one saved extent each, the
+ * workspace down to a kept block's scratch), auto keeps as many as the vram
+ * budget holds after the rest, the last blocks first; the minimums are
+ * exact for each mode; none refused names the saved forwards; the
+ * compute prediction counts a third more only for the blocks that
+ * recompute. */
+static void test_recompute(void **state)
+{
+	struct st_plan_input in = input(deep);
+	struct st_plan all, none, p;
+	uint64_t saved, scratch, each, work_all = 0, work_none = 0;
+	double tokens = (double)in.batch * in.seq, blk, head;
+	const struct st_plan_pool *x = NULL;
+
+	ST_UNUSED(state);
+	in.params = ST_OFFLOAD_NONE;
+	in.optim = ST_OFFLOAD_HOST;
+	in.recompute = ST_RECOMPUTE_ALL;
+	all = plan_ok(&in);
+	assert_int_equal(all.n_keep, 0);
+	assert_int_equal(all.saved_each_bytes, 0);
+	for (int i = 0; i < all.n_pools; i++)
+		assert_int_not_equal(all.pools[i].id, ST_POOL_SAVED);
+	saved = st_model_saved_bytes(deep, 1, in.batch, in.seq, &scratch);
+	assert_true(saved > 0);
+	each = page(saved);
+	for (int u = 0; u < all.units; u++) {
+		uint64_t sc, w = st_model_work_bytes(deep, u, in.batch, in.seq);
+
+		work_all = w > work_all ? w : work_all;
+		st_model_saved_bytes(deep, u, in.batch, in.seq, &sc);
+		work_none = sc > work_none ? sc : work_none;
+	}
+	assert_int_equal(all.work_bytes, work_all);
+
+	in.recompute = ST_RECOMPUTE_NONE;
+	none = plan_ok(&in);
+	assert_int_equal(none.n_keep, 8);
+	for (int u = 0; u < none.units; u++)
+		assert_int_equal(none.keep[u], u >= 1 && u <= 8);
+	for (int i = 0; i < none.n_pools; i++)
+		if (none.pools[i].id == ST_POOL_SAVED)
+			x = &none.pools[i];
+	assert_non_null(x);
+	assert_int_equal(x->count, 8);
+	assert_int_equal(x->bytes, saved);
+	assert_int_equal(none.work_bytes, work_none);
+	assert_int_equal(none.total_bytes[ST_HOME_VRAM],
+			 all.total_bytes[ST_HOME_VRAM] - page(work_all) + page(work_none) + 8 * each);
+	assert_int_equal(none.recompute_flops, 0);
+
+	/* FLOPs: GPT-2's block and head of deep (C 128, V 256, T 64) */
+	blk = 6.0 * 12 * 128 * 128 + 6.0 * 64 * 128;
+	head = 6.0 * 256 * 128;
+	assert_double_equal(none.t_compute_s, (8 * blk + head) * tokens / 50e9, 1e-15);
+	assert_double_equal(all.t_compute_s, (8 * blk * 4 / 3 + head) * tokens / 50e9, 1e-15);
+
+	/* none's vram minimum is exact: at it, accepted; 4 KiB less, refused
+	 * with one line naming the saved forwards */
+	in.gpu_mem_bytes = none.min_bytes[ST_HOME_VRAM];
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 8);
+	st_plan_fini(&p);
+	in.gpu_mem_bytes -= 4096;
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "vram budget"));
+	assert_non_null(strstr(st_error_last(), "--recompute none keeps the forward of 8 units"));
+	assert_null(strchr(st_error_last(), '\n'));
+
+	/* auto: the budget of all and three extents keeps the last three
+	 * blocks; the minimum is all's (auto keeps what is left over) */
+	in.recompute = ST_RECOMPUTE_AUTO;
+	in.gpu_mem_bytes = all.total_bytes[ST_HOME_VRAM] + 3 * each;
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 3);
+	for (int u = 0; u < p.units; u++)
+		assert_int_equal(p.keep[u], u >= 6 && u <= 8);
+	assert_int_equal(p.total_bytes[ST_HOME_VRAM], in.gpu_mem_bytes);
+	assert_int_equal(p.min_bytes[ST_HOME_VRAM], all.min_bytes[ST_HOME_VRAM]);
+	assert_double_equal(p.t_compute_s, (3 * blk + 5 * blk * 4 / 3 + head) * tokens / 50e9,
+			    1e-15);
+	st_plan_fini(&p);
+	/* one byte less: two */
+	in.gpu_mem_bytes -= 1;
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 2);
+	assert_true(p.keep[7] && p.keep[8] && !p.keep[6]);
+	st_plan_fini(&p);
+	/* none's total: every block (the last extent paid by the workspace's
+	 * shrinking) */
+	in.gpu_mem_bytes = none.total_bytes[ST_HOME_VRAM];
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 8);
+	st_plan_fini(&p);
+	/* at all's minimum auto still plans, keeping nothing */
+	in.gpu_mem_bytes = all.min_bytes[ST_HOME_VRAM];
+	in.params = ST_OFFLOAD_AUTO;
+	p = plan_ok(&in);
+	st_plan_fini(&p);
+
+	/* the JSON says which units keep */
+	in.params = ST_OFFLOAD_NONE;
+	in.gpu_mem_bytes = all.total_bytes[ST_HOME_VRAM] + 3 * each;
+	p = plan_ok(&in);
+	{
+		char *text = st_plan_json(&p, &in);
+		json_object *root = json_tokener_parse(text), *rc, *v, *units;
+
+		assert_true(json_object_object_get_ex(root, "recompute", &rc));
+		assert_true(json_object_object_get_ex(rc, "mode", &v));
+		assert_string_equal(json_object_get_string(v), "auto");
+		assert_true(json_object_object_get_ex(rc, "keep", &v));
+		assert_int_equal(json_object_array_length(v), 3);
+		assert_int_equal(json_object_get_int(json_object_array_get_idx(v, 0)), 6);
+		assert_true(json_object_object_get_ex(rc, "saved_each_bytes", &v));
+		assert_int_equal(json_object_get_int64(v), (int64_t)saved);
+		assert_true(json_object_object_get_ex(root, "units", &units));
+		assert_true(json_object_object_get_ex(json_object_array_get_idx(units, 8), "keep", &v));
+		assert_true(json_object_get_boolean(v));
+		assert_true(json_object_object_get_ex(json_object_array_get_idx(units, 5), "keep", &v));
+		assert_false(json_object_get_boolean(v));
+		json_object_put(root);
+		free(text);
+	}
+	st_plan_fini(&p);
+	st_plan_fini(&all);
+	st_plan_fini(&none);
 }
 
 /* --- JSON -------------------------------------------------------------------------- */
@@ -1116,6 +1250,7 @@ static void test_bad_input(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_recompute),
 		cmocka_unit_test(test_big_budgets),
 		cmocka_unit_test(test_small_vram_streams_w),
 		cmocka_unit_test(test_small_host_optim_nvme),

@@ -840,6 +840,93 @@ static void test_act_long(void **state)
 	run_free(&r);
 }
 
+/* The vram total of c's plan (the engine's own), and one saved-forward
+ * extent's bytes. */
+static void plan_of(const struct st_engine_config *c, uint64_t *vram, uint64_t *saved_each,
+		    int *n_keep)
+{
+	struct st_engine *e;
+
+	if (st_engine_create(c, &e))
+		fail_msg("engine: %s", st_error_last());
+	*vram = st_engine_plan(e)->total_bytes[ST_HOME_VRAM];
+	*saved_each = st_engine_plan(e)->saved_each_bytes;
+	*n_keep = st_engine_plan(e)->n_keep;
+	st_engine_destroy(e);
+}
+
+/* Keeping a unit's forward instead of recomputing it changes no bit:
+ * recompute all against none (every block keeps) and auto with a vram
+ * budget that holds one block's saved forward (the last block keeps, the
+ * other recomputes), W in vram and streamed from nvme, at grad_accum 2
+ * (a saved extent is rewritten by every micro-batch's forward, the first
+ * one's in the fused forward of the update sweep), on GPT-2 and LLaMA. */
+static void test_recompute_invariance(void **state)
+{
+	static const char *const models[] = {
+		"layers=2,dim=64,heads=2,vocab=256,ctx=64",
+		"llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,bias=1,tied=1",
+	};
+	static const struct {
+		const char *name;
+		enum st_offload params;
+		enum st_recompute mode;
+		bool one; /* budget for one saved extent */
+	} cases[] = {
+		{ "recompute none, W in vram", ST_OFFLOAD_NONE, ST_RECOMPUTE_NONE, false },
+		{ "recompute none, W on nvme", ST_OFFLOAD_NVME, ST_RECOMPUTE_NONE, false },
+		{ "recompute auto (one kept), W in vram", ST_OFFLOAD_NONE, ST_RECOMPUTE_AUTO, true },
+		{ "recompute auto (one kept), W on nvme", ST_OFFLOAD_NVME, ST_RECOMPUTE_AUTO, true },
+	};
+	struct st_engine_config c;
+	struct run ref, r;
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++) {
+		base_config(&c);
+		assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+		c.train.grad_accum = 2;
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = ST_OFFLOAD_HOST;
+		c.recompute = ST_RECOMPUTE_ALL;
+		train(&c, STEPS, &ref);
+		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+			uint64_t vram, each;
+			int n_keep;
+			char what[128];
+
+			base_config(&c);
+			assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+			c.train.grad_accum = 2;
+			c.params = cases[i].params;
+			c.optim = cases[i].params == ST_OFFLOAD_NVME ? ST_OFFLOAD_NVME : ST_OFFLOAD_HOST;
+			c.prefetch = 1;
+			c.recompute = cases[i].mode;
+			if (cases[i].one) {
+				/* what recompute all takes, and one more extent */
+				struct st_engine_config a = c;
+
+				a.recompute = ST_RECOMPUTE_NONE;
+				plan_of(&a, &vram, &each, &n_keep);
+				assert_int_equal(n_keep, 2);
+				a.recompute = ST_RECOMPUTE_ALL;
+				uint64_t none_each = each;
+
+				plan_of(&a, &vram, &each, &n_keep);
+				assert_int_equal(n_keep, 0);
+				c.gpu_mem_bytes = vram + (none_each + 4095) / 4096 * 4096;
+			}
+			plan_of(&c, &vram, &each, &n_keep);
+			assert_int_equal(n_keep, cases[i].one ? 1 : 2);
+			train(&c, STEPS, &r);
+			snprintf(what, sizeof(what), "%s: %s", models[mi], cases[i].name);
+			same(&ref, &r, STEPS, what);
+			run_free(&r);
+		}
+		run_free(&ref);
+	}
+}
+
 static void test_llama_resume(void **state)
 {
 	(void)state;
@@ -1301,6 +1388,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_llama_placement),
 		cmocka_unit_test(test_act_host),
+		cmocka_unit_test(test_recompute_invariance),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
@@ -1310,6 +1398,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_llama_resume),
 		cmocka_unit_test(test_act_host),
 		cmocka_unit_test(test_act_long),
+		cmocka_unit_test(test_recompute_invariance),
 		cmocka_unit_test(test_budgets),
 		cmocka_unit_test(test_matches_reference_trainer),
 		cmocka_unit_test(test_traffic_matches_plan),
