@@ -290,7 +290,9 @@ static inline bool st_plan_sharded(const struct st_plan *p, int s)
  * bad input (--offload-params nvme without --nvme, seq > ctx, prefetch
  * outside 0..U, a negative rate); -ENOMEM. The policy (docs/plan.md): the
  * first placement that fits, in this order of preference: W in vram, host,
- * nvme; for each, G,P,M,V in host, then nvme. Then k: the forced prefetch,
+ * nvme; for each, G,P,M,V in host, then nvme; all of these with the
+ * activation checkpoints in vram before any with them on the host
+ * (activations auto; forced, only that home). Then k: the forced prefetch,
  * or the largest k in 1..U that fits. plan is filled only on success; free
  * with st_plan_fini(). */
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan);

@@ -758,10 +758,13 @@ static void test_act_host(void **state)
 		const char *name;
 		enum st_offload params, optim;
 		int prefetch;
+		enum st_recompute recompute;
 	} cases[] = {
-		{ "W vram, optim host", ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, 0 },
-		{ "W nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0 },
-		{ "W host, prefetch 1", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 1 },
+		{ "W vram, optim host", ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, 0, ST_RECOMPUTE_ALL },
+		{ "W nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, ST_RECOMPUTE_ALL },
+		{ "W host, prefetch 1", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 1, ST_RECOMPUTE_ALL },
+		{ "W nvme, every block keeps its forward", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 0,
+		  ST_RECOMPUTE_NONE },
 	};
 	struct st_engine_config c;
 	struct run ref, r;
@@ -776,6 +779,7 @@ static void test_act_host(void **state)
 			c.params = ST_OFFLOAD_NONE;
 			c.optim = ST_OFFLOAD_HOST;
 			c.activations = ST_OFFLOAD_NONE;
+			c.recompute = ST_RECOMPUTE_ALL;
 			train(&c, STEPS, &ref);
 			for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
 				struct st_engine *e;
@@ -783,6 +787,7 @@ static void test_act_host(void **state)
 				c.params = cases[i].params;
 				c.optim = cases[i].optim;
 				c.prefetch = cases[i].prefetch;
+				c.recompute = cases[i].recompute;
 				c.activations = ST_OFFLOAD_HOST;
 				assert_int_equal(st_engine_create(&c, &e), 0);
 				/* 5 checkpoints: 3 go to the host, 2 stay in their slots */
