@@ -828,6 +828,7 @@ static void test_act_long(void **state)
 	c.activations = ST_OFFLOAD_NONE;
 	assert_int_equal(st_engine_create(&c, &e), -ENOSPC);
 	assert_non_null(strstr(st_error_last(), "vram budget"));
+	assert_non_null(strstr(st_error_last(), "--offload-activations auto or host"));
 	c.activations = ST_OFFLOAD_AUTO;
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	p = st_engine_plan(e);
