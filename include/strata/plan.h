@@ -22,7 +22,9 @@
  *         W slots (when streamed)      (k+1) * Er * Wb, and one slot of
  *                                      Eres * Wb for the resident units
  *                                      when Eres > Er (else (k+1) * E * Wb)
- *         activation checkpoints       (U-1) * X
+ *         activation checkpoints       (U-1) * X in vram; on the host
+ *                                      (activations host): min(A, U-1)
+ *                                      slots of Xa, A = ST_PLAN_ACT_SLOTS
  *         compute scratch              W fp32 Er*4 + dW 2*Er*4 + for each
  *                                      resident unit its own W fp32 and dW
  *                                      2*e_u*4 + dA, dB 2*X + work (max_u
@@ -40,6 +42,8 @@
  *                                      2 * Et * (16 + Wb), Et = min(E,
  *                                      ST_UPDATE_TILE_ELEMS): the sweep
  *                                      goes tile by tile
+ *         checkpoint homes (activations host)
+ *                                      U-1-A of Xa (none when U-1 <= A)
  *   nvme  homes on nvme                as host homes
  * At world N > 1 (ZeRO, docs/zero.md) e_u above is the padded unit N*S_u
  * for dW, the grad landing and (stage 3: every W streamed) the W slots; a
@@ -130,9 +134,21 @@ struct st_plan_input {
 	 * is per rank (every budget is one rank's). At world 1 the stage
 	 * changes nothing. */
 	int world, rank, zero;
+	/* Activation checkpoints (docs/plan.md): AUTO (vram when the vram
+	 * budget holds them with the rest, else host), NONE (vram) or HOST */
+	enum st_offload activations;
 	/* Which units recompute their forward in the backward (above). */
 	enum st_recompute recompute;
 };
+
+/* Checkpoints on the host go through this many vram slots: checkpoint j
+ * (1..U-1) lives in slot (j-1) mod A, the last A stay there from the
+ * forward to the backward and the others go to the host after the forward
+ * and come back before the backward. */
+#define ST_PLAN_ACT_SLOTS 2
+/* A checkpoint copy moves its bytes rounded up to this (the vram tier's
+ * alignment), and each slot and home holds Xa = X rounded up to it. */
+#define ST_PLAN_ACT_ALIGN 256u
 
 /* The engine's pools, each listed once in the plan: the engine allocates
  * `count` extents of `bytes` in `tier` for each, in list order, and finds
@@ -160,6 +176,10 @@ enum st_pool_id {
 				 all-to-all lands here, N * S * 4 */
 	ST_POOL_W_GATHER,     /* host: world > 1, stages 1-2: the updated W
 				 slices all-gathered into one unit, N * S * Wb */
+	ST_POOL_ACT_SLOT,     /* vram: checkpoints on the host: the slots they
+				 pass through, A of Xa (ST_PLAN_ACT_SLOTS) */
+	ST_POOL_ACT_HOME,     /* host: checkpoints on the host: the homes of
+				 checkpoints 1..U-1-A, Xa each */
 	ST_POOL_SAVED,        /* vram: a saved-forward extent per unit that
 				 keeps its forward (st_plan.keep), of the
 				 largest st_model_saved_bytes */
@@ -230,6 +250,14 @@ struct st_plan {
 	 * full buffer of each call): comm_bytes[kind of strata/comm.h] */
 	uint64_t comm_bytes[5], comm_calls[5];
 	double t_net_s;                        /* predicted time of the collectives */
+	/* activation checkpoints: their home (vram, or host through act_slots
+	 * vram slots), how many of the U-1 go to the host and back each
+	 * micro-batch (checkpoints 1..act_offloaded), and the bytes that
+	 * moves each way per micro-batch (each rounded to ST_PLAN_ACT_ALIGN) */
+	enum st_home act_home;
+	int act_slots, act_offloaded;
+	uint64_t act_copy_bytes;
+	uint64_t act_host_bytes;               /* host: the checkpoint homes */
 	/* Recompute (st_recompute above): the mode asked; per unit whether it
 	 * keeps its forward (its own ST_POOL_SAVED extent, the i-th kept unit
 	 * in unit order the pool's i-th extent; no recompute in its backward);
@@ -262,7 +290,9 @@ static inline bool st_plan_sharded(const struct st_plan *p, int s)
  * bad input (--offload-params nvme without --nvme, seq > ctx, prefetch
  * outside 0..U, a negative rate); -ENOMEM. The policy (docs/plan.md): the
  * first placement that fits, in this order of preference: W in vram, host,
- * nvme; for each, G,P,M,V in host, then nvme. Then k: the forced prefetch,
+ * nvme; for each, G,P,M,V in host, then nvme; all of these with the
+ * activation checkpoints in vram before any with them on the host
+ * (activations auto; forced, only that home). Then k: the forced prefetch,
  * or the largest k in 1..U that fits. plan is filled only on success; free
  * with st_plan_fini(). */
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan);

@@ -41,6 +41,8 @@ static void plan_usage(FILE *f)
 "placement\n"
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
+"  --offload-activations auto|vram|host   home of the activation checkpoints (default\n"
+"                         auto: vram when the budget holds them with the rest, else host)\n"
 "  --prefetch N           units of W loaded ahead of compute; 0 = as many as fit (default)\n"
 "  --recompute auto|all|none  which blocks' backward recomputes their forward: all\n"
 "                         (the least vram), none (every block keeps its forward in vram;\n"
@@ -75,6 +77,8 @@ int st_cli_plan(int argc, char **argv)
 		{ "nvme-bench", 1, 0, 'b' }, { "compute-gflops", 1, 0, 'c' },
 		{ "copy-gbps", 1, 0, 'C' }, { "adam-gbps", 1, 0, 'A' },
 		{ "world", 1, 0, 'w' }, { "rank", 1, 0, 'r' }, { "zero", 1, 0, 'z' },
+		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' },
+		{ "offload-activations", 1, 0, 1001 },
 		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' }, { "recompute", 1, 0, 'R' },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
@@ -116,6 +120,7 @@ int st_cli_plan(int argc, char **argv)
 			break;
 		case 'P': in.params = st_cli_offload("--offload-params", optarg, true); break;
 		case 'O': in.optim = st_cli_offload("--offload-optim", optarg, false); break;
+		case 1001: in.activations = st_cli_offload_act(optarg); break;
 		case 'k': in.prefetch = (int)st_cli_long("--prefetch", optarg, 0, 1 << 20); break;
 		case 'b': bench = optarg; break;
 		case 'R': in.recompute = st_cli_recompute(optarg); break;

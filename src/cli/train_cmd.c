@@ -67,6 +67,8 @@ static void train_usage(FILE *f)
 "  --nvme-mem SIZE      nvme budget (default: what the plan needs)\n"
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
+"  --offload-activations auto|vram|host   home of the activation checkpoints (default\n"
+"                       auto: vram when the budget holds them, else host)\n"
 "  --prefetch N         units fetched ahead (default: as many as the budget allows)\n"
 "  --recompute auto|all|none  which blocks' backward recomputes their forward: all\n"
 "                       (the least vram), none (every block keeps its forward in vram;\n"
@@ -520,6 +522,7 @@ int st_cli_train(int argc, char **argv)
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
+		{ "offload-activations", 1, 0, 1002 },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -617,6 +620,7 @@ int st_cli_train(int argc, char **argv)
 		case 'Z': ec.nvme_mem_bytes = st_cli_size("--nvme-mem", optarg); break;
 		case 'P': ec.params = st_cli_offload("--offload-params", optarg, true); break;
 		case 'O': ec.optim = st_cli_offload("--offload-optim", optarg, false); break;
+		case 1002: ec.activations = st_cli_offload_act(optarg); break;
 		case 'F': ec.prefetch = (int)st_cli_long("--prefetch", optarg, 1, 1 << 16); break;
 		case 'K': {
 			uint64_t b = st_cli_size("--aio-block", optarg);
@@ -772,6 +776,7 @@ int st_cli_train(int argc, char **argv)
 			.gpu_mem_bytes = ec.gpu_mem_bytes, .host_mem_bytes = ec.host_mem_bytes,
 			.nvme_mem_bytes = ec.nvme_mem_bytes, .have_nvme = ec.nvme_dirs != NULL,
 			.params = ec.params, .optim = ec.optim, .prefetch = ec.prefetch,
+			.activations = ec.activations,
 			.recompute = ec.recompute,
 		};
 

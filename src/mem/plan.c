@@ -55,6 +55,11 @@ struct st_shape {
 	uint64_t tile;         /* the update tile (elements) */
 	bool w_gather;         /* stages 1-2 at world > 1: W slices gathered */
 	bool w_stream_all;     /* stage 3 at world > 1: every W goes through a slot */
+	/* activation checkpoints: the candidate's home (scratch, set with
+	 * homes by st_cand_homes()), and per checkpoint j (1..U-1) the bytes a
+	 * copy of it moves (ST_PLAN_ACT_ALIGN-rounded), [units] */
+	enum st_home *act_home;
+	uint64_t *act_copy;
 	/* recompute: per unit its saved-forward bytes (0: keeps nothing), its
 	 * workspace when kept (scratch only) and when not, and whether it
 	 * keeps in the placement being sized */
@@ -66,6 +71,7 @@ struct st_shape {
 struct st_cand {
 	enum st_home w, o;
 	const enum st_home *explicit_homes; /* the input's, when it gives them */
+	enum st_home a; /* the activation checkpoints: vram or host */
 };
 
 /* Pools of one placement at one prefetch depth: the list the engine
@@ -119,6 +125,8 @@ static const struct {
 	[ST_POOL_UPD_F32] = { "update staging G,P,M,V", ST_HOME_HOST },
 	[ST_POOL_COMM_SCRATCH] = { "comm scratch", ST_HOME_VRAM },
 	[ST_POOL_W_GATHER] = { "W gather", ST_HOME_HOST },
+	[ST_POOL_ACT_SLOT] = { "checkpoint slots", ST_HOME_VRAM },
+	[ST_POOL_ACT_HOME] = { "checkpoint homes", ST_HOME_HOST },
 	[ST_POOL_SAVED] = { "saved forward", ST_HOME_VRAM },
 };
 
@@ -151,6 +159,24 @@ static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st
 	return false;
 }
 
+/* --- activation checkpoints (docs/plan.md) ------------------------------------
+ * In vram, the U-1 checkpoints are one extent of (U-1) * X. On the host,
+ * checkpoint j lives in vram slot (j-1) mod A while it is in vram; the
+ * last A stay there from the forward to the backward, checkpoints
+ * 1..U-1-A go to their host home after the forward and come back into
+ * their slot before the backward. */
+static int st_act_slots(const struct st_shape *sh)
+{
+	return ST_MIN(sh->units - 1, ST_PLAN_ACT_SLOTS);
+}
+
+static int st_act_offloaded(const struct st_shape *sh, enum st_home a)
+{
+	return a == ST_HOME_HOST ? sh->units - 1 - st_act_slots(sh) : 0;
+}
+
+static void st_act_pools(const struct st_shape *sh, struct st_pools *p);
+static void st_act_traffic(const struct st_shape *sh, struct st_plan *p);
 static uint64_t st_recomp_work(const struct st_shape *sh);
 static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p);
 
@@ -209,8 +235,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	st_pool_add(p, ST_POOL_W_SLOT_RES, e_res * sh->wb, res_slot, -1);
 	st_pool_add(p, ST_POOL_W_STAGE, slot_bytes, reg_nvme ? slots : 0, -1);
 	st_pool_add(p, ST_POOL_W_STAGE_RES, e_res * sh->wb, res_nvme, -1);
-	if (sh->units > 1)
-		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
+	st_act_pools(sh, p);
 	/* W widened to fp32 and dW (two: one is computed while the other is
 	 * copied out) for the units that are not resident; each resident unit
 	 * has its own for the micro-batch, so a large vocabulary is not paid
@@ -260,6 +285,7 @@ static const struct st_plan_pool *st_pools_find(const struct st_pools *p, enum s
 /* The homes of a uniform placement. */
 static const enum st_home *st_cand_homes(const struct st_shape *sh, struct st_cand c)
 {
+	*sh->act_home = c.a;
 	if (c.explicit_homes)
 		return c.explicit_homes;
 	for (int u = 0; u < sh->units; u++)
@@ -291,6 +317,8 @@ static void st_shape_fini(struct st_shape *sh)
 	free(sh->elems);
 	free(sh->resident);
 	free(sh->homes);
+	free(sh->act_home);
+	free(sh->act_copy);
 	free(sh->saved);
 	free(sh->work_kept);
 	free(sh->work_full);
@@ -403,6 +431,15 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	}
 	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
 	sh->bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
+	sh->act_home = calloc(1, sizeof(*sh->act_home));
+	sh->act_copy = calloc((size_t)sh->units, sizeof(*sh->act_copy));
+	if (!sh->act_home || !sh->act_copy) {
+		st_shape_fini(sh);
+		return st_error_set(-ENOMEM, "plan: out of memory");
+	}
+	for (int j = 1; j < sh->units; j++)
+		sh->act_copy[j] = st_align_up(st_out_bytes(m, j - 1, in->batch, in->seq),
+					      ST_PLAN_ACT_ALIGN);
 	return st_shape_slices(in, sh);
 }
 
@@ -469,6 +506,9 @@ static int st_input_check(const struct st_plan_input *in)
 						    "--nvme DIR", u,
 						    st_state_name((enum st_state)s));
 		}
+	if ((unsigned)in->activations > ST_OFFLOAD_HOST)
+		return st_error_set(-EINVAL, "--offload-activations: the checkpoints live in "
+				    "vram or host (auto, vram or host)");
 	return 0;
 }
 
@@ -508,6 +548,25 @@ static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 		for (int j = 0; j < no; j++)
 			c[n++] = (struct st_cand){ .w = ws[i], .o = os[j] };
 	return n;
+}
+
+/* Where the activation checkpoints may live, for each of the n placements
+ * of W, G, P, M, V in c (whose .a is vram): forced, or (auto) every
+ * placement with them in vram first, then every one with them on the
+ * host, so they go to the host only when no placement holds them in vram
+ * with the rest. Returns the new count (at most 2n). */
+static int st_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
+{
+	if (in->activations == ST_OFFLOAD_HOST)
+		for (int i = 0; i < n; i++)
+			c[i].a = ST_HOME_HOST;
+	if (in->activations != ST_OFFLOAD_AUTO)
+		return n;
+	for (int i = 0; i < n; i++) {
+		c[n + i] = c[i];
+		c[n + i].a = ST_HOME_HOST;
+	}
+	return 2 * n;
 }
 
 /* Smallest total of tier t over the placements whose other tiers fit; or
@@ -692,6 +751,7 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 	st_predict_comm(sh, p);
 	for (int k = 0; k < 5; k++)
 		wire += p->comm_bytes[k];
+	st_act_traffic(sh, p);
 	/* the model's FLOPs, and a third more of each unit whose backward
 	 * recomputes its forward (the forward is 1/3 of fwd + bwd) */
 	p->recompute_flops = st_recomp_flops(in, sh) * tokens;
@@ -832,7 +892,7 @@ static int st_recomp_explain(const struct st_plan_input *in, const struct st_sha
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 {
 	struct st_shape sh;
-	struct st_cand cands[6], c;
+	struct st_cand cands[12], c;
 	struct st_pools pools;
 	uint64_t budget[ST_HOME_COUNT];
 	const enum st_home *homes;
@@ -854,7 +914,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	budget[ST_HOME_HOST] = in->host_mem_bytes;
 	budget[ST_HOME_NVME] = !in->have_nvme ? 0 :
 			       in->nvme_mem_bytes ? in->nvme_mem_bytes : ST_PLAN_UNLIMITED;
-	n = st_cands(in, cands);
+	n = st_act_cands(in, cands, st_cands(in, cands));
 	k0 = in->prefetch > 0 ? in->prefetch : 1;
 	for (int i = 0; i < n && chosen < 0; i++) {
 		st_pools_compute(&sh, st_cand_homes(&sh, cands[i]), k0, &pools);
@@ -925,6 +985,11 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.w_staging_bytes = st_pools_sum(&pools, ST_POOL_W_STAGE, ST_POOL_W_STAGE_RES);
 	p.grad_landing_bytes = st_pools_sum(&pools, ST_POOL_LANDING, ST_POOL_GSTAGE);
 	p.update_staging_bytes = st_pools_sum(&pools, ST_POOL_UPD_W, ST_POOL_UPD_F32);
+	p.act_home = c.a;
+	p.act_slots = c.a == ST_HOME_HOST ? st_act_slots(&sh) : 0;
+	p.act_offloaded = st_act_offloaded(&sh, c.a);
+	p.act_bytes += st_pools_sum(&pools, ST_POOL_ACT_SLOT, ST_POOL_ACT_SLOT);
+	p.act_host_bytes = st_pools_sum(&pools, ST_POOL_ACT_HOME, ST_POOL_ACT_HOME);
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		p.home_bytes[t] = pools.home[t];
 		p.total_bytes[t] = pools.total[t];
@@ -938,6 +1003,34 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	st_shape_fini(&sh);
 	*plan = p;
 	return 0;
+}
+
+/* The checkpoint pools of the candidate's home (*sh->act_home). */
+static void st_act_pools(const struct st_shape *sh, struct st_pools *p)
+{
+	uint64_t xa = st_align_up(sh->x_bytes, ST_PLAN_ACT_ALIGN);
+
+	if (sh->units < 2)
+		return;
+	if (*sh->act_home != ST_HOME_HOST) {
+		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
+		return;
+	}
+	st_pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_act_slots(sh), -1);
+	st_pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_act_offloaded(sh, ST_HOME_HOST), -1);
+}
+
+/* Checkpoints on the host: each of 1..act_offloaded goes d2h after the
+ * forward and h2d before the backward, every micro-batch. */
+static void st_act_traffic(const struct st_shape *sh, struct st_plan *p)
+{
+	uint64_t b = 0;
+
+	for (int j = 1; j <= p->act_offloaded; j++)
+		b += sh->act_copy[j];
+	p->act_copy_bytes = b;
+	p->h2d_bytes += (uint64_t)sh->accum * b;
+	p->d2h_bytes += (uint64_t)sh->accum * b;
 }
 
 void st_plan_fini(struct st_plan *plan)
@@ -986,6 +1079,23 @@ static const char *st_fmt_s(double s, char *buf, size_t n)
 	else
 		snprintf(buf, n, "%.3f s", s);
 	return buf;
+}
+
+/* The vram checkpoint line of `strata plan`: where they live. */
+static void st_act_print(const struct st_plan *p, FILE *f)
+{
+	char a[32], b[32], c[32];
+
+	if (p->act_home != ST_HOME_HOST) {
+		fprintf(f, "        checkpoints     %s (%d x %s; activations in vram)\n",
+			st_fb(p->act_bytes, a), p->units - 1, st_fb(p->act_each_bytes, b));
+		return;
+	}
+	fprintf(f, "        checkpoints     %s (%d slots of %s; activations on the host: "
+		"%d of %d go there and back, %s each way per micro-batch)\n",
+		st_fb(p->act_bytes, a), p->act_slots,
+		st_fb(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b), p->act_offloaded,
+		p->units - 1, st_fb(p->act_copy_bytes, c));
 }
 
 /* The kept units as ranges ("9-12", "1,3-4"), or "none". */
@@ -1063,14 +1173,16 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	} else {
 		fprintf(f, "  vram  W slots         none (W resident)\n");
 	}
-	fprintf(f, "        checkpoints     %s (%d x %s)\n", st_fb(p->act_bytes, a),
-		p->units - 1, st_fb(p->act_each_bytes, b));
+	st_act_print(p, f);
 	fprintf(f, "        scratch         %s (model workspace %s)\n", st_fb(p->scratch_bytes, a),
 		st_fb(p->work_bytes, b));
 	st_recomp_print(p, f);
 	fprintf(f, "  host  W staging       %s\n", st_fb(p->w_staging_bytes, a));
 	fprintf(f, "        grad landing    %s\n", st_fb(p->grad_landing_bytes, a));
 	fprintf(f, "        update staging  %s\n", st_fb(p->update_staging_bytes, a));
+	if (p->act_home == ST_HOME_HOST)
+		fprintf(f, "        checkpoints     %s (%d x %s)\n", st_fb(p->act_host_bytes, a),
+			p->act_offloaded, st_fb(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b));
 	fprintf(f, "\n  %-5s %-12s %-12s %-12s %s\n", "tier", "homes", "total", "budget",
 		"minimum (with the other budgets as given)");
 	for (int h = 0; h < ST_HOME_COUNT; h++) {
@@ -1154,6 +1266,22 @@ void st_plan_print_units(const struct st_plan *p, const struct st_plan_input *in
 static json_object *st_ju(uint64_t v)
 {
 	return json_object_new_int64((int64_t)v);
+}
+
+/* "activations": where the checkpoints live and what moving them costs. */
+static json_object *st_act_json(const struct st_plan *p)
+{
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "home", json_object_new_string(st_home_name(p->act_home)));
+	json_object_object_add(o, "checkpoints", json_object_new_int(p->units - 1));
+	json_object_object_add(o, "each_bytes", st_ju(p->act_each_bytes));
+	json_object_object_add(o, "vram_bytes", st_ju(p->act_bytes));
+	json_object_object_add(o, "slots", json_object_new_int(p->act_slots));
+	json_object_object_add(o, "offloaded", json_object_new_int(p->act_offloaded));
+	json_object_object_add(o, "host_bytes", st_ju(p->act_host_bytes));
+	json_object_object_add(o, "copy_bytes_per_micro_batch", st_ju(p->act_copy_bytes));
+	return o;
 }
 
 char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
@@ -1264,6 +1392,7 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "grad_landing_bytes", st_ju(p->grad_landing_bytes));
 	json_object_object_add(o, "update_staging_bytes", st_ju(p->update_staging_bytes));
 	json_object_object_add(root, "pools", o);
+	json_object_object_add(root, "activations", st_act_json(p));
 	/* every pool the engine allocates, in its order */
 	arr = json_object_new_array();
 	for (int i = 0; i < p->n_pools; i++) {

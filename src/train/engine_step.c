@@ -35,9 +35,10 @@
 #include <math.h>
 #include <string.h>
 
+/* Checkpoint u: unit u's input, in vram or in its slot (engine_act.c). */
 static float *act(struct st_engine *e, int u)
 {
-	return e->acts + (size_t)(u - 1) * e->X;
+	return st_eng_act(e, u);
 }
 
 /* The device buffers unit u computes with: its own when resident, else the
@@ -103,6 +104,8 @@ int st_eng_forward_unit(struct st_engine *e, int u)
 	float *w = bufs_of(e, u)->wf;
 	int ret = st_eng_acquire_w(e, u, w);
 
+	if (ret == 0)
+		ret = st_eng_act_fwd_begin(e, u);
 	if (ret < 0)
 		return ret;
 	st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
@@ -110,6 +113,8 @@ int st_eng_forward_unit(struct st_engine *e, int u)
 				act(e, u + 1), NULL, e->saved[u], e->saved_bytes, e->work,
 				e->work_bytes);
 	st_compute_span_end(e->cx);
+	if (ret == 0)
+		ret = st_eng_act_fwd_end(e, u);
 	return ret ? ret : st_compute_take_error(e->cx);
 }
 
@@ -137,6 +142,8 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 	 * a resident unit's was zeroed at the start, as others may add to it */
 	if (!unit_resident(e, u))
 		st_compute_zero(e->cx, ub->dw, e->epad[u] * sizeof(float));
+	if (!first)
+		st_eng_act_bwd_begin(e, u);
 	st_compute_span_begin(e->cx, bwd_span(e, u));
 	/* a unit that keeps its forward reads it from its saved extent (the
 	 * same bits) instead of recomputing it */
@@ -146,6 +153,8 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 				 e->saved_bytes, e->work, e->work_bytes);
 	st_compute_span_end(e->cx);
 	st_compute_record(e->cx, ub->ev_dw);
+	if (ret == 0 && !first)
+		ret = st_eng_act_bwd_end(e, u);
 	if (!first) {
 		float *tmp = *dy;
 
@@ -249,6 +258,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		ret = st_eng_wait_until(e, &e->land_busy);
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->gstage_busy);
+	if (ret == 0)
+		ret = st_eng_act_drain(e);
 	if (ret < 0)
 		goto fail;
 	if (e->world > 1) {
@@ -273,6 +284,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	}
 	/* the fused forward may still be computing */
 	ret = st_eng_compute_drain(e);
+	if (ret == 0)
+		ret = st_eng_act_drain(e);
 	if (ret < 0)
 		goto fail;
 	st_eng_stats_end(e, t0);

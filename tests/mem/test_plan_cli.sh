@@ -86,6 +86,27 @@ else
 	expect_err nvme-below "($nmin B)"
 fi
 
+# Activation checkpoints: a T=8192 model whose checkpoints do not fit 25M
+# of vram with the rest. Forced into vram: refused; auto: on the host, and
+# the plan says so (table and JSON); a bad choice: exit 2.
+L="--model layers=3,dim=32,heads=1,vocab=256,ctx=8192 --batch 1 --seq 8192 --gpu-mem 25M"
+check act-vram-refused 2 "$plan" plan $L --offload-activations vram
+expect_err act-vram-refused "vram budget"
+check act-auto 0 "$plan" plan $L
+expect_out act-auto "activations on the host: 2 of 4 go there and back"
+check act-host-json 0 "$plan" plan $L --offload-activations host --json
+python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+a = p['activations']
+assert a['home'] == 'host' and a['offloaded'] == 2 and a['slots'] == 2, a
+assert a['copy_bytes_per_micro_batch'] == 2 * 8192 * 32 * 4, a
+assert a['vram_bytes'] == p['pools']['act_bytes'], a
+" "$work/out" || { echo "FAIL act-host-json"; fail=1; }
+check act-vram-fits 0 "$plan" plan $M
+expect_out act-vram-fits "activations in vram"
+check act-bad 2 "$plan" plan $M --offload-activations nvme
+expect_err act-bad "expected auto, vram or host"
 # --recompute: which blocks keep their forward (docs/plan.md). none's vram
 # minimum counts every saved forward and is exact; auto keeps what fits.
 check bad-recompute 2 "$plan" plan $M --recompute some
