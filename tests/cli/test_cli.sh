@@ -23,6 +23,8 @@ check bad-number 2 "$strata" train --batch 0 --data "$data"
 check bad-lr 2 "$strata" train --lr abc --data "$data"
 check bad-activations 2 "$strata" train --offload-activations nvme --data "$data"
 check bad-precision 2 "$strata" train --precision fp8 --data "$data"
+check bad-recompute 2 "$strata" train --recompute some --data "$data"
+check recompute-none-short 2 "$strata" train $M --data "$data" --recompute none --gpu-mem 1M
 check test-fault-spec 2 "$strata" train $M --data "$data" --test-fault eio300
 check test-fault-kind 2 "$strata" train $M --data "$data" --test-fault melt@3
 check test-fault-arg 2 "$strata" train $M --data "$data" --test-fault eio@3:5
@@ -54,6 +56,13 @@ run() { # out-prefix, extra flags...
 run a --save "$work/ck" || { echo "FAIL train"; cat "$work/a.log"; fail=1; }
 run b --threads 1 || fail=1
 run c --threads 2 || fail=1
+# --recompute (docs/plan.md): the default (auto) keeps every block's forward
+# at these budgets; all and none give the same bits and bytes per link
+run d --recompute all || fail=1
+run e --recompute none || fail=1
+grep -q "units 1-2 keep their forward; recompute auto" "$work/a.log" ||
+	{ echo "FAIL the default plan does not keep both blocks"; fail=1; }
+grep -q "none (recompute all" "$work/d.log" || { echo "FAIL recompute all keeps"; fail=1; }
 python3 - "$work" <<'PY' || fail=1
 import json, math, sys
 w = sys.argv[1]
@@ -70,6 +79,10 @@ def losses(p):
 a, b, c = losses("a"), losses("b"), losses("c")
 assert len(a) == 6
 assert a == b == c, ("not bit-identical across runs/threads", a, b, c)
+d, e = losses("d"), losses("e")
+assert a == d == e, ("not bit-identical across --recompute", a, d, e)
+link = lambda p: [json.loads(l)["bytes"] for l in open(f"{w}/{p}.jsonl")]
+assert link("a") == link("d") == link("e"), "bytes per link differ across --recompute"
 assert abs(a[0][0] - math.log(256)) < 0.1, a[0]
 assert a[-1][0] < a[0][0], "loss did not go down"
 print("ok   reruns and 1 vs 2 threads give identical losses; init loss ~ ln(256)")
