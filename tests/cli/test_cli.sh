@@ -21,7 +21,10 @@ check bad-model 2 "$strata" train --model layers=2,dim=63,heads=2,vocab=256,ctx=
 check bad-flag 2 "$strata" train --frobnicate
 check bad-number 2 "$strata" train --batch 0 --data "$data"
 check bad-lr 2 "$strata" train --lr abc --data "$data"
+check bad-activations 2 "$strata" train --offload-activations nvme --data "$data"
 check bad-precision 2 "$strata" train --precision fp8 --data "$data"
+check bad-recompute 2 "$strata" train --recompute some --data "$data"
+check recompute-none-short 2 "$strata" train $M --data "$data" --recompute none --gpu-mem 1M
 check test-fault-spec 2 "$strata" train $M --data "$data" --test-fault eio300
 check test-fault-kind 2 "$strata" train $M --data "$data" --test-fault melt@3
 check test-fault-arg 2 "$strata" train $M --data "$data" --test-fault eio@3:5
@@ -53,6 +56,13 @@ run() { # out-prefix, extra flags...
 run a --save "$work/ck" || { echo "FAIL train"; cat "$work/a.log"; fail=1; }
 run b --threads 1 || fail=1
 run c --threads 2 || fail=1
+# --recompute (docs/plan.md): the default (auto) keeps every block's forward
+# at these budgets; all and none give the same bits and bytes per link
+run d --recompute all || fail=1
+run e --recompute none || fail=1
+grep -q "units 1-2 keep their forward; recompute auto" "$work/a.log" ||
+	{ echo "FAIL the default plan does not keep both blocks"; fail=1; }
+grep -q "none (recompute all" "$work/d.log" || { echo "FAIL recompute all keeps"; fail=1; }
 python3 - "$work" <<'PY' || fail=1
 import json, math, sys
 w = sys.argv[1]
@@ -69,6 +79,10 @@ def losses(p):
 a, b, c = losses("a"), losses("b"), losses("c")
 assert len(a) == 6
 assert a == b == c, ("not bit-identical across runs/threads", a, b, c)
+d, e = losses("d"), losses("e")
+assert a == d == e, ("not bit-identical across --recompute", a, d, e)
+link = lambda p: [json.loads(l)["bytes"] for l in open(f"{w}/{p}.jsonl")]
+assert link("a") == link("d") == link("e"), "bytes per link differ across --recompute"
 assert abs(a[0][0] - math.log(256)) < 0.1, a[0]
 assert a[-1][0] < a[0][0], "loss did not go down"
 print("ok   reruns and 1 vs 2 threads give identical losses; init loss ~ ln(256)")
@@ -189,6 +203,17 @@ assert busy["compute"] > 0 and busy["nvme read"] > 0 and busy["nvme write"] > 0,
 print("ok   trace: every queue has a lane, no overlaps on a lane")
 PY
 check plan-impossible 2 "$strata" train $M --data "$data" --gpu-mem 1M
+
+# A T=8192 model whose activation checkpoints do not fit 25M of vram with
+# the rest: refused with them forced into vram, trained with auto (on the
+# host, as the printed plan says).
+L=(--model layers=3,dim=32,heads=1,vocab=256,ctx=8192 --batch 1 --seq 8192 --gpu-mem 25M
+   --nvme none --steps 1 --data "$data")
+check act-vram-refused 2 "$strata" train "${L[@]}" --offload-activations vram
+check act-long 0 "$strata" train "${L[@]}"
+if ! grep -q "activations on the host: 2 of 4" "$work/out" || ! grep -Eq '^step +1' "$work/out"; then
+	echo "FAIL act-long: checkpoints not on the host, or no step 1"; tail -5 "$work/out"; fail=1
+fi
 
 # `strata train` as it comes is the demo (tools/quickstart demo): its default
 # budgets must still plan, and must still use every tier as the help says

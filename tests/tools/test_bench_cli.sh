@@ -28,7 +28,17 @@ for tool in "$@"; do
 	adam-bench) check "adam-bench --params 0" 2 "$tool" --params 0
 		    check "adam-bench --path avx9" 2 "$tool" --path avx9 --params 1000 ;;
 	train-bench) check "train-bench --steps x" 2 "$tool" --steps x
-		     check "train-bench --model bogus" 2 "$tool" --model bogus ;;
+		     check "train-bench --model bogus" 2 "$tool" --model bogus
+		     check "train-bench --recompute some" 2 "$tool" --recompute some
+		     # both steps in turn: it exits 1 when the kept step's loss
+		     # is not the recomputing one's
+		     if out=$("$tool" --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --batch 2 \
+			      --seq 32 --steps 1 --recompute both 2>&1) &&
+			printf '%s' "$out" | grep -q "recompute all / none"; then
+			     echo "ok   train-bench --recompute both"
+		     else
+			     echo "FAIL train-bench --recompute both: $out"; fail=1
+		     fi ;;
 	offload-bench) check "offload-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
 		       check "offload-bench --batch 0" 2 "$tool" --batch 0 ;;
 	gpu-check) check "gpu-check --run without LOGDIR" 2 "$tool" --run build
