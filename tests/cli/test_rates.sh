@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# strata train and the planner's rates (docs/plan.md, "Measured rates"):
+# --rates-refresh writes the rates a run measured (a file --rates reads
+# back), --rates reads one, --grad-accum auto takes what strata plan
+# --grad-accum auto says; none of it changes a number of the run.
+set -u
+strata=$1
+work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-rates-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail=0
+M="--model layers=2,dim=64,heads=2,vocab=256,ctx=64 --seq 32 --batch 4"
+N="--nvme $work --offload-params nvme --offload-optim nvme --gpu-mem 64M --host-mem 64M"
+data=$work/data.txt
+. "$(dirname "$0")/check.sh"
+text "$data" 5 every unit streams from the disk while the planner predicts the step
+
+check refresh 0 "$strata" train $M $N --data "$data" --steps 5 --rates-refresh "$work/r.json" \
+	--metrics "$work/m1.jsonl"
+grep -q "rates from steps 2-4 written to $work/r.json" "$work/out" ||
+	{ echo "FAIL refresh: no line saying what it wrote"; fail=1; }
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1]))
+assert f['strata_rates'] == 1, f
+for k in ('compute_flops', 'copy_bps', 'nvme_read_bps', 'nvme_write_bps', 'adam_bps'):
+    assert f[k] > 0, (k, f)
+assert f['net_bps'] is None, f
+assert f['measured'] == {'source': 'strata train', 'steps': [2, 4]}, f['measured']
+" "$work/r.json" || { echo "FAIL refresh: the file"; fail=1; }
+ls "$work"/r.json.* >/dev/null 2>&1 && { echo "FAIL refresh: a temporary left behind"; fail=1; }
+
+# --rates reads it back: the plan says so, and the run's numbers are the same
+check rates 0 "$strata" train $M $N --data "$data" --steps 5 --rates "$work/r.json" \
+	--metrics "$work/m2.jsonl"
+grep -q "(file)" "$work/out" || { echo "FAIL rates: the plan does not say (file)"; fail=1; }
+python3 -c "
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert [(x['loss'], x['grad_norm']) for x in a] == [(x['loss'], x['grad_norm']) for x in b]
+assert [x['bytes'] for x in a] == [x['bytes'] for x in b]
+" "$work/m1.jsonl" "$work/m2.jsonl" || { echo "FAIL rates: numbers changed"; fail=1; }
+check plan-rates 0 "$strata" plan $M $N --rates "$work/r.json"
+grep -q "GFLOP/s (file)" "$work/out" || { echo "FAIL plan-rates: not the file's"; fail=1; }
+
+check refresh-one-step 2 "$strata" train $M --data "$data" --steps 1 --rates-refresh "$work/x.json"
+[ -e "$work/x.json" ] && { echo "FAIL refresh-one-step: wrote the file"; fail=1; }
+echo '{"strata_rates": 1}' >"$work/bad.json"
+check rates-bad 2 "$strata" train $M --data "$data" --steps 1 --rates "$work/bad.json"
+check rates-missing 2 "$strata" train $M --data "$data" --steps 1 --rates "$work/none.json"
+check accum-bad 2 "$strata" train $M --data "$data" --steps 1 --grad-accum lots
+
+# --grad-accum auto: what strata plan --grad-accum auto takes
+P="$M $N --compute-gflops 100"
+check plan-auto 0 "$strata" plan $P --grad-accum auto --json
+want=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['grad_accum'])" "$work/out")
+[ "$want" -gt 1 ] || { echo "FAIL plan-auto: took $want, want more than 1 here"; fail=1; }
+echo "{\"strata_rates\": 1, \"compute_flops\": 1e11, \"copy_bps\": null, \"nvme_read_bps\": null,
+  \"nvme_write_bps\": null, \"adam_bps\": null, \"net_bps\": null}" >"$work/c.json"
+check train-auto 0 "$strata" train $M $N --data "$data" --steps 1 --rates "$work/c.json" \
+	--grad-accum auto
+grep -q "^--grad-accum auto: $want " "$work/out" ||
+	{ echo "FAIL train-auto: not $want"; grep -- "--grad-accum" "$work/out"; fail=1; }
+grep -q "accum $want |" "$work/out" || { echo "FAIL train-auto: the run is not at $want"; fail=1; }
+
+[ $fail = 0 ] && echo "all rates checks passed"
+exit $fail
