@@ -308,8 +308,10 @@ const char *st_rate_key(enum st_rate i);             /* "compute_flops", ... */
 const char *st_rate_source_name(enum st_rate_source s); /* "default", ... */
 /* Rates from what a step did: busy seconds and bytes per engine lane
  * (compute, h2d, d2h, nvme read, nvme write, adam; strata/engine.h's
- * order), with plan p's compute_flops_step and adam_bytes. A rate whose
- * lane did nothing stays 0. Returns how many were derived. */
+ * order), with plan p's compute_flops_step and adam_bytes: compute, nvme
+ * read and write, adam. Not the copy rate (0): a copy queue's busy time
+ * includes waiting for the compute's events. A rate whose lane did
+ * nothing stays 0. Returns how many were derived. */
 int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
 			     const double bytes[6], struct st_plan_rates *out);
 

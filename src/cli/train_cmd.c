@@ -565,10 +565,10 @@ static void train_rates_refresh(struct st_engine *e, const char *file, const dou
 	ret = st_plan_rates_write(file, &r, meas);
 	if (ret < 0)
 		st_cli_die(1, "--rates-refresh %s", st_error_last());
-	printf("rates from steps %d-%d written to %s: compute %.1f GFLOP/s, copy %.2f GB/s, "
-	       "nvme %.2f / %.2f GB/s, adam %.2f GB/s\n", first, last, file,
-	       r.compute_flops / 1e9, r.copy_bps / 1e9, r.nvme_read_bps / 1e9,
-	       r.nvme_write_bps / 1e9, r.adam_bps / 1e9);
+	printf("rates from steps %d-%d written to %s: compute %.1f GFLOP/s, nvme %.2f / %.2f "
+	       "GB/s, adam %.2f GB/s (0: not measured, the run's rate or null kept)\n", first,
+	       last, file, r.compute_flops / 1e9, r.nvme_read_bps / 1e9, r.nvme_write_bps / 1e9,
+	       r.adam_bps / 1e9);
 }
 
 int st_cli_train(int argc, char **argv)
