@@ -82,7 +82,7 @@ int main(int argc, char **argv)
 	const char *json = NULL, *trace_path = NULL, *rates_file = NULL;
 	struct st_plan_rates file_rates;
 	double a_busy[ST_LANE_COUNT] = { 0 }, a_bytes[ST_LANE_COUNT] = { 0 };
-	double b_busy[ST_LANE_COUNT] = { 0 }, b_bytes[ST_LANE_COUNT] = { 0 };
+	double b_busy[ST_LANE_COUNT] = { 0 }, b_bytes[ST_LANE_COUNT] = { 0 }, b_nvme = 0;
 	int batch = 4, seq = 256, steps = 4, threads = 0, c;
 	bool verify_ab = false;
 	uint64_t gpu = 256ull << 20, host = 256ull << 20;
@@ -222,6 +222,7 @@ int main(int argc, char **argv)
 			b_busy[l] += sb.busy_ns[l] / 1e9;
 			b_bytes[l] += (double)sb.bytes[l];
 		}
+		b_nvme += sb.nvme_busy_ns / 1e9;
 		busy_max = 0;
 		for (int l = 0; l < ST_LANE_COUNT; l++)
 			if (sb.busy_ns[l] / 1e9 > busy_max) {
@@ -273,8 +274,8 @@ int main(int argc, char **argv)
 			pa_n.adam_bytes *= (uint64_t)steps;
 			pb_n.compute_flops_step *= steps;
 			pb_n.adam_bytes *= (uint64_t)steps;
-			st_plan_rates_from_lanes(&pa_n, a_busy, a_bytes, &here_a);
-			st_plan_rates_from_lanes(&pb_n, b_busy, b_bytes, &here_b);
+			st_plan_rates_from_lanes(&pa_n, a_busy, a_bytes, 0, &here_a);
+			st_plan_rates_from_lanes(&pb_n, b_busy, b_bytes, b_nvme, &here_b);
 			/* compute and AdamW from A (in memory, nothing else on the
 			 * cores but them), nvme from B; the copy rate is no lane's
 			 * (st_plan_rates_from_lanes): the file's, or the default */

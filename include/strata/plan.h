@@ -310,9 +310,13 @@ const char *st_rate_source_name(enum st_rate_source s); /* "default", ... */
  * (compute, h2d, d2h, nvme read, nvme write, adam; strata/engine.h's
  * order), with plan p's compute_flops_step and adam_bytes: compute, nvme
  * read and write, adam. Not the copy rate (0): a copy queue's busy time
- * includes waiting for the compute's events. A rate whose lane did
+ * includes waiting for the compute's events. nvme_busy_s is the disk's
+ * own busy time (reads and writes together; 0: unknown): where it is less
+ * than the two lanes' sum, both are scaled by it over the sum, so the
+ * planner's read + write time gives it back. A rate whose lane did
  * nothing stays 0. Returns how many were derived. */
 int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
-			     const double bytes[6], struct st_plan_rates *out);
+			     const double bytes[6], double nvme_busy_s,
+			     struct st_plan_rates *out);
 
 #endif

@@ -34,7 +34,7 @@
 #define CAL_NVME_BYTES (256ull << 20)
 #define CAL_NVME_IO_BYTES (16ull << 20)
 #define CAL_ROUNDS 3
-#define CAL_COMPUTE_S 1.0              /* aim for this much timed compute */
+#define CAL_COMPUTE_S 0.5              /* aim for this much timed compute a round */
 
 static void cal_fail(int ret, const char *what)
 {
@@ -152,7 +152,7 @@ static double cal_compute(const struct st_plan_input *in, struct st_device *dev,
 		if (!(t > 0))
 			st_cli_die(1, "--calibrate: the device did not time its compute");
 		if (round == 0) { /* warm-up: size the rounds from it */
-			iters = (int)ceil(CAL_COMPUTE_S / CAL_ROUNDS / t);
+			iters = (int)ceil(CAL_COMPUTE_S / t);
 			iters = iters < 1 ? 1 : iters > 50 ? 50 : iters;
 			continue;
 		}

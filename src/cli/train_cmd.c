@@ -544,7 +544,7 @@ static void train_accum_auto(struct st_engine_config *ec)
  * (no nvme tier, say) the one it ran with unless that was the default;
  * written atomically. */
 static void train_rates_refresh(struct st_engine *e, const char *file, const double *busy,
-				const double *bytes, int n, int first, int last)
+				const double *bytes, double nvme_busy, int n, int first, int last)
 {
 	const struct st_plan *p = st_engine_plan(e);
 	struct st_plan pn = *p;
@@ -555,7 +555,7 @@ static void train_rates_refresh(struct st_engine *e, const char *file, const dou
 	/* the plan's FLOPs and AdamW bytes are per step: n steps' worth */
 	pn.compute_flops_step = p->compute_flops_step * n;
 	pn.adam_bytes = p->adam_bytes * (uint64_t)n;
-	st_plan_rates_from_lanes(&pn, busy, bytes, &r);
+	st_plan_rates_from_lanes(&pn, busy, bytes, nvme_busy, &r);
 	for (int i = 0; i < ST_RATE_COUNT; i++)
 		if (used.source[i] == ST_RATE_SRC_DEFAULT)
 			st_plan_rate_set(&used, (enum st_rate)i, 0);
@@ -605,6 +605,7 @@ int st_cli_train(int argc, char **argv)
 	bool want_metrics = false, accum_auto = false;
 	const char *rates_file = NULL, *refresh = NULL;
 	double rf_busy[ST_LANE_COUNT] = { 0 }, rf_bytes[ST_LANE_COUNT] = { 0 };
+	double rf_nvme = 0;
 	int rf_steps = 0, rf_last = 0;
 	struct st_comm_stats cs0, cs1;
 	uint64_t *rank_peaks = NULL;
@@ -960,10 +961,11 @@ int st_cli_train(int argc, char **argv)
 				rf_busy[l] += (double)es.busy_ns[l] / 1e9;
 				rf_bytes[l] += (double)es.bytes[l];
 			}
+			rf_nvme += (double)es.nvme_busy_ns / 1e9;
 			rf_steps++;
 			rf_last = s + 1;
 			if (rf_steps == 3 || s + 1 == cfg->steps)
-				train_rates_refresh(e, refresh, rf_busy, rf_bytes, rf_steps,
+				train_rates_refresh(e, refresh, rf_busy, rf_bytes, rf_nvme, rf_steps,
 						    (int)start_step + 2, rf_last);
 		}
 		if ((s + 1) % log_every == 0 || s + 1 == cfg->steps || r.skipped) {

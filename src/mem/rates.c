@@ -179,8 +179,14 @@ int st_plan_rates_write(const char *path, const struct st_plan_rates *r, const c
 }
 
 int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
-			     const double bytes[6], struct st_plan_rates *out)
+			     const double bytes[6], double nvme_busy_s, struct st_plan_rates *out)
 {
+	/* The planner adds read and write times (one disk); the two lanes'
+	 * busy times overlap where reads and writes were in flight together,
+	 * so each is scaled by the disk's own busy time over their sum: the
+	 * rates then give that busy time back. */
+	double sum = busy_s[3] + busy_s[4];
+	double f = nvme_busy_s > 0 && sum > 0 && nvme_busy_s < sum ? nvme_busy_s / sum : 1;
 	/* the engine's lanes: compute, h2d, d2h, nvme read, nvme write, adam.
 	 * Not the copies: a copy queue is busy from a copy's submission, and
 	 * the engine submits W's copy before the compute's event it waits for
@@ -195,11 +201,11 @@ int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
 		n++;
 	}
 	if (busy_s[3] > 0 && bytes[3] > 0) {
-		out->nvme_read_bps = bytes[3] / busy_s[3];
+		out->nvme_read_bps = bytes[3] / (busy_s[3] * f);
 		n++;
 	}
 	if (busy_s[4] > 0 && bytes[4] > 0) {
-		out->nvme_write_bps = bytes[4] / busy_s[4];
+		out->nvme_write_bps = bytes[4] / (busy_s[4] * f);
 		n++;
 	}
 	if (busy_s[5] > 0 && p->adam_bytes > 0) {

@@ -193,6 +193,7 @@ struct st_engine {
 	char errmsg[512];
 	struct st_engine_stats last;
 	int trace_lane[ST_LANE_COUNT];
+	uint64_t nvme_busy0;          /* the nvme tier's busy_ns at the step's start */
 };
 
 static inline struct shard *shard(struct st_engine *e, int u, enum st_state s)
