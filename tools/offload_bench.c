@@ -10,7 +10,11 @@
  * one. The losses of A and B must be bit-identical, and are checked.
  * Tokens/s and model TFLOP/s (strata/model.h's count: recompute not
  * counted) of each, too: on a GPU (--device cuda) that is the table of
- * docs/gpu.md. */
+ * docs/gpu.md.
+ * --act-ab: A is everything in vram, B the same with the activation
+ * checkpoints on the host (--offload-activations host), so B/A is what the
+ * activation offload costs (goal <= 1.1 on the cpu device). Every mode also
+ * prints the median of the per-step ratios B/A. */
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/trace.h"
@@ -51,7 +55,7 @@ static void usage(FILE *f)
 "usage: offload-bench [--model DIMS] [--batch B] [--seq T] [--steps N]\n"
 "                     [--nvme DIR] [--gpu-mem SIZE] [--host-mem SIZE]\n"
 "                     [--threads N] [--trace FILE] [--json FILE]\n"
-"                     [--device cpu|cuda] [--data FILE] [--verify-ab]\n"
+"                     [--device cpu|cuda] [--data FILE] [--verify-ab | --act-ab]\n"
 "                     [--rates FILE]\n"
 "\n"
 "Step time with params and optimizer on nvme (B) against everything in\n"
@@ -63,6 +67,8 @@ static void usage(FILE *f)
 "(any file: its bytes are the tokens).\n"
 "--verify-ab: A is B with --verify-reads off instead, so B/A is what the\n"
 "nvme checksums cost.\n"
+"--act-ab: A is everything in vram, B the same with the activation\n"
+"checkpoints on the host, so B/A is what the activation offload costs.\n"
 "--rates FILE: also predict A and B with a rates file (strata plan --calibrate);\n"
 "the predictions with the default rates, the file's and the rates measured in\n"
 "this run are printed with their error against the measured median step.\n");
@@ -75,7 +81,8 @@ int main(int argc, char **argv)
 		{ "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' }, { "gpu-mem", 1, 0, 'g' },
 		{ "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' }, { "json", 1, 0, 'J' },
 		{ "trace", 1, 0, 'X' }, { "device", 1, 0, 'D' }, { "data", 1, 0, 'd' },
-		{ "verify-ab", 0, 0, 'V' }, { "rates", 1, 0, 'R' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "verify-ab", 0, 0, 'V' }, { "act-ab", 0, 0, 'a' }, { "rates", 1, 0, 'R' },
+		{ "help", 0, 0, 'h' }, { 0 },
 	};
 	const char *device = "cpu", *data = "/usr/share/common-licenses/GPL-3";
 	const char *model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", *nvme = "/var/tmp";
@@ -84,14 +91,14 @@ int main(int argc, char **argv)
 	double a_busy[ST_LANE_COUNT] = { 0 }, a_bytes[ST_LANE_COUNT] = { 0 };
 	double b_busy[ST_LANE_COUNT] = { 0 }, b_bytes[ST_LANE_COUNT] = { 0 }, b_nvme = 0;
 	int batch = 4, seq = 256, steps = 4, threads = 0, c;
-	bool verify_ab = false;
+	bool verify_ab = false, act_ab = false;
 	uint64_t gpu = 256ull << 20, host = 256ull << 20;
 	struct st_engine_config ca, cb;
 	struct st_engine *ea, *eb;
 	struct st_dataset *ds;
 	struct st_loader la, lb;
 	struct st_trace *trace = NULL;
-	double *ta, *tb, *eff, busy_max = 0;
+	double *ta, *tb, *eff, *ratio, busy_max = 0;
 	const char *busiest = "compute";
 	struct stat st;
 
@@ -114,12 +121,15 @@ int main(int argc, char **argv)
 		case 'd': data = optarg; break;
 		case 'V': verify_ab = true; break;
 		case 'R': rates_file = optarg; break;
+		case 'a': act_ab = true; break;
 		case 'h': usage(stdout); return 0;
 		default: die2("unknown or incomplete option ", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
 		die2("unexpected argument ", argv[optind]);
+	if (verify_ab && act_ab)
+		die2("--verify-ab and --act-ab are two different benchmarks", NULL);
 	if (stat(nvme, &st) < 0 || !S_ISDIR(st.st_mode))
 		die2("--nvme is not a directory: ", nvme);
 	if (rates_file && st_plan_rates_read(rates_file, &file_rates) < 0) {
@@ -154,6 +164,11 @@ int main(int argc, char **argv)
 		ca = cb;
 		ca.no_verify_reads = true;
 	}
+	if (act_ab) { /* B: A with the checkpoints on the host */
+		ca.activations = ST_OFFLOAD_NONE;
+		cb = ca;
+		cb.activations = ST_OFFLOAD_HOST;
+	}
 	if (trace_path && st_trace_create(&trace, trace_path) < 0) {
 		fprintf(stderr, "offload-bench: --trace %s: %s\n", trace_path, st_error_last());
 		return 2;
@@ -183,6 +198,7 @@ int main(int argc, char **argv)
 	ta = calloc((size_t)steps, sizeof(double));
 	tb = calloc((size_t)steps, sizeof(double));
 	eff = calloc((size_t)steps, sizeof(double));
+	ratio = calloc((size_t)steps, sizeof(double));
 	fprintf(stderr, "offload-bench: %s, B=%d T=%d, %.1fM params, device %s, %d threads; "
 		"1 warm-up + %d steps each, alternating\n", model, batch, seq,
 		(double)st_model_param_count(st_engine_model(ea)) / 1e6, device,
@@ -209,12 +225,13 @@ int main(int argc, char **argv)
 		}
 		st_engine_get_stats(ea, &sa);
 		st_engine_get_stats(eb, &sb);
-		fprintf(stderr, "  step %d%s: vram %.3f s, nvme %.3f s (loss %.6f both)\n", s,
+		fprintf(stderr, "  step %d%s: A %.3f s, B %.3f s (loss %.6f both)\n", s,
 			s == 0 ? " (warm-up)" : "", sa.step_ns / 1e9, sb.step_ns / 1e9, ra.loss);
 		if (s == 0)
 			continue;
 		ta[s - 1] = sa.step_ns / 1e9;
 		tb[s - 1] = sb.step_ns / 1e9;
+		ratio[s - 1] = tb[s - 1] / ta[s - 1];
 		/* What each resource did, for the prediction with the rates measured here. */
 		for (int l = 0; l < ST_LANE_COUNT; l++) {
 			a_busy[l] += sa.busy_ns[l] / 1e9;
@@ -235,6 +252,14 @@ int main(int argc, char **argv)
 		const struct st_plan *pb = st_engine_plan(eb), *pa = st_engine_plan(ea);
 		struct st_engine_stats sa, sb;
 		double ma = median(ta, steps), mb = median(tb, steps), me = median(eff, steps);
+		double mr = median(ratio, steps);
+		const char *name_a = verify_ab ? "nvme, --verify-reads off (A)"
+				     : act_ab ? "checkpoints in vram (A)     "
+					      : "everything in vram (A)     ";
+		const char *name_b = act_ab ? "checkpoints on the host (B) "
+					    : "params+optim on nvme (B)   ";
+		const char *goal = verify_ab ? "1.03: the nvme checksums' cost"
+				   : act_ab ? "1.1: the activation offload's cost" : "1.25";
 		struct rusage ru;
 		double calibrated = 0, pred[3][2] = { { 0 } };
 		struct st_plan_rates here_rates;
@@ -246,13 +271,16 @@ int main(int argc, char **argv)
 		getrusage(RUSAGE_SELF, &ru);
 		printf("offload-bench: %s, B=%d T=%d, device %s\n", model, batch, seq, device);
 		printf("  step, %-28s %8.3f s  (median of %d; %.0f tok/s, "
-		       "%.3f model TFLOP/s)\n", verify_ab ? "nvme, --verify-reads off (A)"
-						      : "everything in vram (A)     ",
-		       ma, steps, tokens / ma, tflop / ma);
-		printf("  step, params+optim on nvme (B)    %8.3f s  (%.0f tok/s, %.3f model TFLOP/s)\n",
-		       mb, tokens / mb, tflop / mb);
-		printf("  ratio B/A                         %8.3f   (goal <= %s)\n", mb / ma,
-		       verify_ab ? "1.03: the nvme checksums' cost" : "1.25");
+		       "%.3f model TFLOP/s)\n", name_a, ma, steps, tokens / ma, tflop / ma);
+		printf("  step, %-28s %8.3f s  (%.0f tok/s, %.3f model TFLOP/s)\n",
+		       name_b, mb, tokens / mb, tflop / mb);
+		printf("  ratio B/A                         %8.3f   (goal <= %s)\n", mb / ma, goal);
+		printf("  median of per-step ratios B/A     %8.3f\n", mr);
+		if (act_ab)
+			printf("  B: %d of %d checkpoints to the host and back, %.1f MB h2d and "
+			       "%.1f MB d2h per step (A: %.1f, %.1f)\n", pb->act_offloaded,
+			       pb->units - 1, pb->h2d_bytes / 1e6, pb->d2h_bytes / 1e6,
+			       pa->h2d_bytes / 1e6, pa->d2h_bytes / 1e6);
 		printf("  overlap efficiency of B           %8.3f   (busiest queue: %s; goal >= 0.8)\n",
 		       me, busiest);
 		printf("  predicted step of B (planner)     %8.3f s  (bound by %s; measured/predicted %.2f)\n",
@@ -302,6 +330,9 @@ int main(int argc, char **argv)
 						.optim = ab ? cb.optim : ca.optim,
 						.rates = *sets[k],
 						.host_compute = strcmp(device, "cpu") == 0,
+						.prefetch = ab ? cb.prefetch : ca.prefetch,
+						.activations = ab ? cb.activations : ca.activations,
+						.recompute = ab ? cb.recompute : ca.recompute,
 					};
 					struct st_plan pc;
 
@@ -349,6 +380,8 @@ int main(int argc, char **argv)
 			json_object_object_add(o, "step_vram_s", json_object_new_double(ma));
 			json_object_object_add(o, "step_nvme_s", json_object_new_double(mb));
 			json_object_object_add(o, "ratio", json_object_new_double(mb / ma));
+			json_object_object_add(o, "act_ab", json_object_new_boolean(act_ab));
+			json_object_object_add(o, "median_step_ratio", json_object_new_double(mr));
 			json_object_object_add(o, "overlap_efficiency", json_object_new_double(me));
 			json_object_object_add(o, "busiest_queue", json_object_new_string(busiest));
 			json_object_object_add(o, "predicted_step_nvme_s", json_object_new_double(pb->t_step_s));
@@ -392,5 +425,6 @@ int main(int argc, char **argv)
 	free(ta);
 	free(tb);
 	free(eff);
+	free(ratio);
 	return 0;
 }

@@ -3,9 +3,12 @@
  *
  * Each step is what a training step does minus the optimizer: W is kept in
  * bf16 and widened to fp32 once per use (forward and backward), the forward
- * keeps each unit's input, the backward recomputes each unit from it and
- * accumulates dW into fp32 gradient buffers. Steps and sgemm runs are
- * interleaved; medians are reported. */
+ * keeps each unit's input, the backward recomputes each unit from it (or,
+ * --recompute none, reads the forward each block kept in a saved buffer of
+ * its own: strata/model.h's st_model_fwd_save) and accumulates dW into fp32
+ * gradient buffers. Steps and sgemm runs are interleaved; medians are
+ * reported; --recompute both alternates the two kinds of step in every
+ * round and reports each, and the median of the per-round ratio. */
 #include "strata/kernels.h"
 #include "strata/model.h"
 
@@ -29,10 +32,14 @@ static void usage(FILE *f)
 		"  --seq T       tokens per sequence (default 64)\n"
 		"  --model M     %s, or layers=L,dim=C,heads=H,vocab=V,ctx=T (default gpt2)\n"
 		"  --threads N   OpenMP threads for kernels and BLAS (default: OpenMP's)\n"
+"  --recompute all|none|both  the backward recomputes every block's forward\n"
+"                (all, default), reads what each block's forward kept (none),\n"
+"                or both in turn in every round, each reported\n"
 		"  --json FILE   also write the results as JSON\n"
 		"  --help        this text\n"
 		"Prints tokens/s, model FLOP/s (6*N_mm + 6*L*T*C per token; see\n"
-		"st_model_flops_per_token) and their ratio to a 2048^3 sgemm's rate.\n",
+		"st_model_flops_per_token; recompute not counted) and their ratio to a\n"
+		"2048^3 sgemm's rate measured in the same rounds.\n",
 		st_model_preset_list());
 }
 
@@ -152,10 +159,13 @@ struct bench {
 	float *d[2];
 	void *work;
 	size_t work_bytes;
+	void **saved;      /* saved[u]: block u's kept forward (--recompute none) */
+	size_t *saved_bytes;
 	struct st_model_batch batch;
 };
 
-static int step(struct bench *s, float *loss)
+/* One step; keep: every block keeps its forward for its backward. */
+static int step(struct bench *s, float *loss, bool keep)
 {
 	const int last = s->U - 1;
 	int err;
@@ -169,8 +179,9 @@ static int step(struct bench *s, float *loss)
 		float *p = u == 0 ? s->pemb : s->pu;
 		if (u > 0)
 			st_cpu_bf16_to_f32(p, s->w[u], st_model_unit_layout(s->m, u)->elems);
-		err = st_model_fwd(s->m, u, &s->batch, p, NULL, s->x[u],
-				   s->x[u + 1], loss, s->work, s->work_bytes);
+		err = st_model_fwd_save(s->m, u, &s->batch, p, NULL, s->x[u], s->x[u + 1], loss,
+					keep ? s->saved[u] : NULL, s->saved_bytes[u], s->work,
+					s->work_bytes);
 		if (err)
 			return err;
 	}
@@ -180,10 +191,11 @@ static int step(struct bench *s, float *loss)
 		float *p = u == 0 ? s->pemb : s->pu;
 		if (u > 0)
 			st_cpu_bf16_to_f32(p, s->w[u], st_model_unit_layout(s->m, u)->elems);
-		err = st_model_bwd(s->m, u, &s->batch, p, u == last ? s->pemb : NULL,
-				   s->x[u], s->d[cur], u > 0 ? s->d[cur ^ 1] : NULL,
-				   s->g[u], u == last ? s->g[0] : NULL,
-				   u == last ? loss : NULL, s->work, s->work_bytes);
+		err = st_model_bwd_saved(s->m, u, &s->batch, p, u == last ? s->pemb : NULL,
+					 s->x[u], s->d[cur], u > 0 ? s->d[cur ^ 1] : NULL,
+					 s->g[u], u == last ? s->g[0] : NULL,
+					 u == last ? loss : NULL, keep ? s->saved[u] : NULL,
+					 s->saved_bytes[u], s->work, s->work_bytes);
 		if (err)
 			return err;
 		cur ^= 1;
@@ -194,7 +206,7 @@ static int step(struct bench *s, float *loss)
 int main(int argc, char **argv)
 {
 	int steps = 3, B = 4, T = 64, threads = 0;
-	const char *model = "gpt2", *json_path = NULL;
+	const char *model = "gpt2", *json_path = NULL, *recompute = "all";
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -218,6 +230,10 @@ int main(int argc, char **argv)
 				return bad("--threads needs an integer >= 1, got '%s'", v);
 		} else if (!strcmp(a, "--model")) {
 			model = v;
+		} else if (!strcmp(a, "--recompute")) {
+			if (strcmp(v, "all") && strcmp(v, "none") && strcmp(v, "both"))
+				return bad("--recompute needs all, none or both, got '%s'", v);
+			recompute = v;
 		} else if (!strcmp(a, "--json")) {
 			json_path = v;
 		} else {
@@ -245,11 +261,18 @@ int main(int argc, char **argv)
 	s.w = calloc((size_t)s.U, sizeof(*s.w));
 	s.g = calloc((size_t)s.U, sizeof(*s.g));
 	s.x = calloc((size_t)s.U, sizeof(*s.x));
+	s.saved = calloc((size_t)s.U, sizeof(*s.saved));
+	s.saved_bytes = calloc((size_t)s.U, sizeof(*s.saved_bytes));
+	/* modes[i]: the steps of each round, in turn (keep or not) */
+	const bool both = !strcmp(recompute, "both"), keep1 = !strcmp(recompute, "none");
+	const int nmodes = both ? 2 : 1;
+	const bool modes[2] = { both ? false : keep1, true };
+	size_t saved_total = 0;
 	size_t max_elems = 0;
 	size_t act = (size_t)B * T * cfg.dim;
 	int32_t *tok = malloc((size_t)B * T * sizeof(int32_t));
 	int32_t *tgt = malloc((size_t)B * T * sizeof(int32_t));
-	int ok = s.w && s.g && s.x && tok && tgt;
+	int ok = s.w && s.g && s.x && s.saved && s.saved_bytes && tok && tgt;
 	for (int u = 0; ok && u < s.U; u++) {
 		const struct st_unit_layout *ul = st_model_unit_layout(s.m, u);
 		if (u > 0 && ul->elems > max_elems)
@@ -260,6 +283,13 @@ int main(int argc, char **argv)
 		s.g[u] = malloc(ul->elems * sizeof(float));
 		s.x[u] = malloc(act * sizeof(float));
 		ok = s.w[u] && s.g[u] && s.x[u];
+		size_t scratch;
+		s.saved_bytes[u] = st_model_saved_bytes(s.m, u, B, T, &scratch);
+		if (ok && s.saved_bytes[u] && (both || keep1)) {
+			s.saved[u] = malloc(s.saved_bytes[u]);
+			ok = s.saved[u] != NULL;
+			saved_total += s.saved_bytes[u];
+		}
 	}
 	s.pemb = ok ? malloc(st_model_unit_layout(s.m, 0)->elems * sizeof(float)) : NULL;
 	s.pu = ok ? malloc(max_elems * sizeof(float)) : NULL;
@@ -298,50 +328,85 @@ int main(int argc, char **argv)
 		gb[i] = (float)(i % 5) * 0.1f;
 	}
 
-	float loss = 0.0f;
-	int err = step(&s, &loss); /* warm-up: page faults, BLAS buffers */
+	float loss = 0.0f, loss_m[2] = { 0, 0 };
+	int err = 0;
+	for (int k = 0; k < nmodes && !err; k++) /* warm-up: page faults, BLAS buffers */
+		err = step(&s, &loss_m[k], modes[k]);
 	sgemm_seconds(ga, gb, gc, n);
 	if (err) {
 		fprintf(stderr, "train-bench: %s\n", st_error_last());
 		return 1;
 	}
-	double *ts = calloc((size_t)steps, sizeof(double));
-	double *tg = calloc((size_t)steps, sizeof(double));
-	double *tcpu = calloc((size_t)steps, sizeof(double));
-	if (!ts || !tg || !tcpu) {
+	/* per mode: step wall and cpu seconds, sgemm seconds after it */
+	double *ts = calloc((size_t)steps * 2, sizeof(double));
+	double *tg = calloc((size_t)steps * 2, sizeof(double));
+	double *tcpu = calloc((size_t)steps * 2, sizeof(double));
+	double *rr = calloc((size_t)steps, sizeof(double));
+	if (!ts || !tg || !tcpu || !rr) {
 		fprintf(stderr, "train-bench: out of memory\n");
 		return 1;
 	}
 	for (int i = 0; i < steps; i++) {
-		double t0 = now_s(), c0 = cpu_s();
-		err = step(&s, &loss);
-		ts[i] = now_s() - t0;
-		tcpu[i] = cpu_s() - c0;
-		if (err) {
-			fprintf(stderr, "train-bench: %s\n", st_error_last());
-			return 1;
+		for (int k = 0; k < nmodes; k++) {
+			/* both: the order alternates by round */
+			int mk = both && i % 2 ? 1 - k : k;
+			double t0 = now_s(), c0 = cpu_s();
+			err = step(&s, &loss_m[mk], modes[mk]);
+			ts[mk * steps + i] = now_s() - t0;
+			tcpu[mk * steps + i] = cpu_s() - c0;
+			if (err) {
+				fprintf(stderr, "train-bench: %s\n", st_error_last());
+				return 1;
+			}
+			tg[mk * steps + i] = sgemm_seconds(ga, gb, gc, n);
 		}
-		tg[i] = sgemm_seconds(ga, gb, gc, n);
+		if (both)
+			rr[i] = ts[i] / ts[steps + i];
 	}
-	double step_s = median(ts, steps), gemm_s = median(tg, steps);
-	double step_cpu_s = median(tcpu, steps);
+	loss = loss_m[0];
+	if (both && memcmp(&loss_m[0], &loss_m[1], sizeof(float))) {
+		fprintf(stderr, "train-bench: the kept step's loss %.9g is not the recomputing "
+			"one's %.9g\n", (double)loss_m[1], (double)loss_m[0]);
+		return 1;
+	}
 	double tokens = (double)B * T;
 	double flops_tok = st_model_flops_per_token(s.m, T);
-	double model_flops = flops_tok * tokens / step_s;
-	double gemm_flops = 2.0 * n * (double)n * n / gemm_s;
-	double ratio = model_flops / gemm_flops;
+	double step_s = 0, gemm_s = 0, step_cpu_s = 0, model_flops = 0, gemm_flops = 0, ratio = 0;
+	double res[2][5];
+	for (int k = 0; k < nmodes; k++) {
+		res[k][0] = median(ts + k * steps, steps);
+		res[k][1] = median(tg + k * steps, steps);
+		res[k][2] = median(tcpu + k * steps, steps);
+		res[k][3] = flops_tok * tokens / res[k][0];
+		res[k][4] = res[k][3] / (2.0 * n * (double)n * n / res[k][1]);
+	}
+	step_s = res[0][0];
+	gemm_s = res[0][1];
+	step_cpu_s = res[0][2];
+	model_flops = res[0][3];
+	gemm_flops = 2.0 * n * (double)n * n / gemm_s;
+	ratio = res[0][4];
 
 	printf("model %s: L=%d C=%d H=%d V=%d, %.1fM params; B=%d T=%d, %d threads, %d steps\n",
 	       model, cfg.n_layer, cfg.dim, cfg.n_head, cfg.vocab,
 	       (double)st_model_param_count(s.m) / 1e6, B, T, threads, steps);
-	printf("step (fwd + bwd with recompute, W bf16): median %.3f s, loss %.4f (ln V = %.4f)\n",
-	       step_s, (double)loss, log((double)cfg.vocab));
-	printf("step cpu time (all threads): median %.3f s\n", step_cpu_s);
-	printf("tokens/s: %.1f\n", tokens / step_s);
-	printf("model FLOP/s: %.2f GFLOP/s (6*N_mm + 6*L*T*C = %.3g FLOP/token)\n",
-	       model_flops / 1e9, flops_tok);
-	printf("sgemm %dx%dx%d: median %.2f GFLOP/s\n", n, n, n, gemm_flops / 1e9);
-	printf("ratio model/sgemm: %.3f\n", ratio);
+	for (int k = 0; k < nmodes; k++) {
+		const char *what = modes[k] ? "fwd + bwd, every block's forward kept (recompute none)"
+					    : "fwd + bwd with recompute";
+		double gf = 2.0 * n * (double)n * n / res[k][1];
+		printf("step (%s, W bf16): median %.3f s, loss %.4f (ln V = %.4f)\n", what,
+		       res[k][0], (double)loss_m[k], log((double)cfg.vocab));
+		printf("step cpu time (all threads): median %.3f s\n", res[k][2]);
+		printf("tokens/s: %.1f\n", tokens / res[k][0]);
+		printf("model FLOP/s: %.2f GFLOP/s (6*N_mm + 6*L*T*C = %.3g FLOP/token)\n",
+		       res[k][3] / 1e9, flops_tok);
+		printf("sgemm %dx%dx%d: median %.2f GFLOP/s\n", n, n, n, gf / 1e9);
+		printf("ratio model/sgemm: %.3f\n", res[k][4]);
+	}
+	double keep_speedup = both ? median(rr, steps) : 0;
+	if (both)
+		printf("recompute all / none, step time per round: median %.3f (saved forwards "
+		       "%.1f MiB)\n", keep_speedup, (double)saved_total / (1 << 20));
 	char blas[4096];
 	blas_mapped(blas, sizeof(blas));
 	printf("blas: %s (%s, core %s, %s threading)\n", blas, openblas_get_config(),
@@ -354,7 +419,9 @@ int main(int argc, char **argv)
 		json_object_object_add(o, "seq", json_object_new_int(T));
 		json_object_object_add(o, "threads", json_object_new_int(threads));
 		json_object_object_add(o, "steps", json_object_new_int(steps));
+		json_object_object_add(o, "recompute", json_object_new_string(recompute));
 		json_object_object_add(o, "params", json_object_new_int64((int64_t)st_model_param_count(s.m)));
+		/* the first mode's (both: recompute all's) */
 		json_object_object_add(o, "step_s_median", json_object_new_double(step_s));
 		json_object_object_add(o, "step_cpu_s_median", json_object_new_double(step_cpu_s));
 		json_object_object_add(o, "tokens_per_s", json_object_new_double(tokens / step_s));
@@ -363,6 +430,18 @@ int main(int argc, char **argv)
 		json_object_object_add(o, "sgemm_flops_per_s", json_object_new_double(gemm_flops));
 		json_object_object_add(o, "ratio", json_object_new_double(ratio));
 		json_object_object_add(o, "loss", json_object_new_double(loss));
+		if (both) {
+			json_object *k = json_object_new_object();
+			json_object_object_add(k, "step_s_median", json_object_new_double(res[1][0]));
+			json_object_object_add(k, "step_cpu_s_median", json_object_new_double(res[1][2]));
+			json_object_object_add(k, "model_flops_per_s", json_object_new_double(res[1][3]));
+			json_object_object_add(k, "sgemm_flops_per_s",
+					       json_object_new_double(2.0 * n * (double)n * n / res[1][1]));
+			json_object_object_add(k, "ratio", json_object_new_double(res[1][4]));
+			json_object_object_add(o, "kept", k);
+			json_object_object_add(o, "all_over_none_median", json_object_new_double(keep_speedup));
+		}
+		json_object_object_add(o, "saved_bytes", json_object_new_int64((int64_t)saved_total));
 		json_object_object_add(o, "blas_mapped", json_object_new_string(blas));
 		json_object_object_add(o, "blas_config", json_object_new_string(openblas_get_config()));
 		json_object_object_add(o, "blas_core", json_object_new_string(openblas_get_corename()));
@@ -379,7 +458,9 @@ int main(int argc, char **argv)
 		free(s.w[u]);
 		free(s.g[u]);
 		free(s.x[u]);
+		free(s.saved[u]);
 	}
+	free(s.saved); free(s.saved_bytes); free(rr);
 	free(s.w); free(s.g); free(s.x); free(s.pemb); free(s.pu);
 	free(s.d[0]); free(s.d[1]); free(s.work); free(tok); free(tgt);
 	free(ga); free(gb); free(gc); free(ts); free(tg); free(tcpu);

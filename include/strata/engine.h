@@ -58,6 +58,12 @@ struct st_engine_config {
 	uint64_t ckpt_shard_bytes;     /* st_engine_save(): files over this
 					  are sharded (strata/ckpt.h); 0 =
 					  ST_CKPT_SHARD_BYTES_DEFAULT */
+	enum st_offload activations;   /* the activation checkpoints: AUTO,
+					  NONE (vram) or HOST, as
+					  st_plan_input.activations */
+	enum st_recompute recompute;   /* which units' backward recomputes
+					  their forward (strata/plan.h);
+					  the zero value ALL: every unit */
 };
 
 struct st_engine;

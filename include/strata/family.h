@@ -119,6 +119,33 @@ struct st_family_ops {
 	 * Reading weights skips these; any other tensor that is not the
 	 * model's is refused, naming it (strata/weights.h). */
 	const char *const *hf_derived;
+
+	/* ---- a kept forward (the backward without its recompute) ---- */
+
+	/* Optional (with fwd_save and bwd_saved). st_model_saved_bytes():
+	 * the bytes of unit u's forward buffers that its backward reads (0:
+	 * the unit keeps nothing: its backward recomputes no forward), and
+	 * in *scratch_bytes the workspace its fwd and bwd need besides them.
+	 * u in range, B, T >= 1. Without the hook no unit keeps. */
+	size_t (*saved_bytes)(const struct st_model *m, int u, int B, int T,
+			      size_t *scratch_bytes);
+	/* Optional. st_model_fwd_save(), checked as fwd: saved NULL is fwd
+	 * (one workspace); else the unit's forward buffers are in saved. */
+	int (*fwd_save)(const struct st_model *m, int u, const struct st_model_batch *batch,
+			const float *params, const float *other, const float *x, float *y,
+			float *loss, void *saved, size_t saved_bytes, void *work,
+			size_t work_bytes);
+	/* Optional. st_model_bwd_saved(), checked as bwd: saved NULL is bwd;
+	 * else saved holds the unit's forward (fwd_save) and is not
+	 * recomputed. */
+	int (*bwd_saved)(const struct st_model *m, int u, const struct st_model_batch *batch,
+			 const float *params, const float *other, const float *x,
+			 const float *dy, float *dx, float *grad, float *other_grad,
+			 float *loss, void *saved, size_t saved_bytes, void *work,
+			 size_t work_bytes);
+	/* Optional. st_model_unit_flops_per_token(): unit u's share of
+	 * flops_per_token (the shares add up to it). */
+	double (*unit_flops_per_token)(const struct st_model *m, int u, int T);
 };
 
 /* ---- the registry ---- */

@@ -20,10 +20,15 @@
  *
  * The contract the engine relies on, for every family:
  *   - every unit's input is the previous unit's output: unit u's y is unit
- *     u+1's x, st_model_act_bytes(m, u, B, T) bytes, and it is the only
- *     thing kept between the forward and the backward (the activation
- *     checkpoint): bwd(u) recomputes the unit's forward from it inside the
- *     workspace. Unit 0 reads the batch's tokens instead of an x;
+ *     u+1's x, st_model_act_bytes(m, u, B, T) bytes, and it is kept from
+ *     the forward to the backward (the activation checkpoint): bwd(u)
+ *     recomputes the unit's forward from it inside the workspace. Unit 0
+ *     reads the batch's tokens instead of an x;
+ *   - or a unit keeps its forward: st_model_fwd_save() writes the forward
+ *     buffers its backward reads into a "saved" buffer of
+ *     st_model_saved_bytes() and st_model_bwd_saved() reads them there
+ *     instead of recomputing them (it still reads x). The bits are the
+ *     same either way;
  *   - the last unit computes the loss (it reads the batch's targets), and
  *     its forward runs inside its bwd: a training step runs its bwd only;
  *   - a unit with reads_unit = k (>= 0) needs unit k's W during its fwd and
@@ -269,6 +274,35 @@ int st_model_bwd(const struct st_model *m, int u,
 		 float *grad, float *other_grad, float *loss, void *work,
 		 size_t work_bytes);
 
+/* Keeping a unit's forward (the backward without its recompute). Bytes of
+ * the forward buffers unit u's backward reads, at this B and T: 0 when the
+ * unit keeps nothing (its backward recomputes no forward: the embedding,
+ * the head, or a family without the hooks). *scratch_bytes (not NULL) gets
+ * the workspace fwd and bwd need besides a saved buffer (for a unit that
+ * keeps nothing, st_model_work_bytes()). */
+size_t st_model_saved_bytes(const struct st_model *m, int u, int B, int T,
+			    size_t *scratch_bytes);
+
+/* st_model_fwd(), and with saved (not NULL; saved_bytes >=
+ * st_model_saved_bytes()) the unit's forward buffers go there, for
+ * st_model_bwd_saved(); work then needs only the scratch bytes. saved NULL,
+ * or a unit that keeps nothing: st_model_fwd() (saved unused). */
+int st_model_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
+		      const float *params, const float *other, const float *x, float *y,
+		      float *loss, void *saved, size_t saved_bytes, void *work,
+		      size_t work_bytes);
+
+/* st_model_bwd() without the recompute: saved holds what
+ * st_model_fwd_save() wrote for this unit with the same batch, params,
+ * other and x (nothing in between wrote it); the result is bit for bit
+ * st_model_bwd()'s. saved's content is consumed (the backward reuses it as
+ * scratch). saved NULL, or a unit that keeps nothing: st_model_bwd(). */
+int st_model_bwd_saved(const struct st_model *m, int u, const struct st_model_batch *batch,
+		       const float *params, const float *other, const float *x,
+		       const float *dy, float *dx, float *grad, float *other_grad,
+		       float *loss, void *saved, size_t saved_bytes, void *work,
+		       size_t work_bytes);
+
 /* Logits of one position, for generation: x is the last unit's input at
  * that position (one row: st_model_act_bytes(m, U-2, 1, 1) bytes), logits
  * (V) is written. params is the last unit's buffer, other as in
@@ -285,5 +319,11 @@ int st_model_logits(const struct st_model *m, const float *params, const float *
  * weights and wte as the head; not wpe, biases or norms) and the second
  * term is causal attention (QK^T and AV, half of the T x T scores). */
 double st_model_flops_per_token(const struct st_model *m, int T);
+
+/* Unit u's share of st_model_flops_per_token() (the shares add up to it):
+ * GPT-2's block 6 * 12 C^2 + 6 T C, head 6 V C, embedding 0. A family
+ * without the hook: the total spread evenly over its blocks. A unit whose
+ * backward recomputes its forward does a third more of its share. */
+double st_model_unit_flops_per_token(const struct st_model *m, int u, int T);
 
 #endif

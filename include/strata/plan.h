@@ -22,12 +22,18 @@
  *         W slots (when streamed)      (k+1) * Er * Wb, and one slot of
  *                                      Eres * Wb for the resident units
  *                                      when Eres > Er (else (k+1) * E * Wb)
- *         activation checkpoints       (U-1) * X
+ *         activation checkpoints       (U-1) * X in vram; on the host
+ *                                      (activations host): min(A, U-1)
+ *                                      slots of Xa, A = ST_PLAN_ACT_SLOTS
  *         compute scratch              W fp32 Er*4 + dW 2*Er*4 + for each
  *                                      resident unit its own W fp32 and dW
  *                                      2*e_u*4 + dA, dB 2*X + work (max_u
- *                                      st_model_work_bytes) + tokens,
- *                                      targets 2*B*T*4
+ *                                      st_model_work_bytes, or for a unit
+ *                                      that keeps its forward only its
+ *                                      scratch) + tokens, targets 2*B*T*4
+ *         saved forwards               one extent of the largest
+ *                                      st_model_saved_bytes per unit that
+ *                                      keeps its forward (st_recompute)
  *   host  homes in host                e_u*Wb for W, e_u*4 for G, P, M, V
  *         W staging (some W on nvme)   one per slot, the slot's size
  *         gradient landing             E*4, and another E*4 when some G is
@@ -36,6 +42,8 @@
  *                                      2 * Et * (16 + Wb), Et = min(E,
  *                                      ST_UPDATE_TILE_ELEMS): the sweep
  *                                      goes tile by tile
+ *         checkpoint homes (activations host)
+ *                                      U-1-A of Xa (none when U-1 <= A)
  *   nvme  homes on nvme                as host homes
  * At world N > 1 (ZeRO, docs/zero.md) e_u above is the padded unit N*S_u
  * for dW, the grad landing and (stage 3: every W streamed) the W slots; a
@@ -69,6 +77,21 @@ enum st_state { ST_STATE_W, ST_STATE_G, ST_STATE_P, ST_STATE_M, ST_STATE_V,
 		ST_STATE_COUNT };
 enum st_home { ST_HOME_VRAM, ST_HOME_HOST, ST_HOME_NVME, ST_HOME_COUNT };
 enum st_offload { ST_OFFLOAD_AUTO, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+
+/* Which units' backward recomputes their forward (docs/plan.md). A unit
+ * that keeps its forward (st_model_saved_bytes() > 0: GPT-2's and LLaMA's
+ * blocks) has its own saved-forward extent in vram, written by its forward
+ * and read by its backward, which then skips the recompute; the numbers
+ * are the same bits either way.
+ *   ALL   every unit recomputes (the zero value: the least vram);
+ *   AUTO  after everything else is placed, as many units keep as the vram
+ *         budget still holds, the last block first;
+ *   NONE  every unit that can keeps; a vram budget that cannot hold it is
+ *         refused (-ENOSPC), its minimum counting every saved extent. */
+enum st_recompute { ST_RECOMPUTE_ALL, ST_RECOMPUTE_AUTO, ST_RECOMPUTE_NONE };
+
+/* "all", "auto", "none". */
+const char *st_recompute_name(enum st_recompute r);
 
 /* Bandwidths and rates the prediction uses; 0 = a built-in default. */
 struct st_plan_rates {
@@ -125,7 +148,21 @@ struct st_plan_input {
 	 * those cores with it, so the prediction adds the two times instead
 	 * of overlapping them (docs/plan.md). */
 	bool host_compute;
+	/* Activation checkpoints (docs/plan.md): AUTO (vram when the vram
+	 * budget holds them with the rest, else host), NONE (vram) or HOST */
+	enum st_offload activations;
+	/* Which units recompute their forward in the backward (above). */
+	enum st_recompute recompute;
 };
+
+/* Checkpoints on the host go through this many vram slots: checkpoint j
+ * (1..U-1) lives in slot (j-1) mod A, the last A stay there from the
+ * forward to the backward and the others go to the host after the forward
+ * and come back before the backward. */
+#define ST_PLAN_ACT_SLOTS 2
+/* A checkpoint copy moves its bytes rounded up to this (the vram tier's
+ * alignment), and each slot and home holds Xa = X rounded up to it. */
+#define ST_PLAN_ACT_ALIGN 256u
 
 /* The engine's pools, each listed once in the plan: the engine allocates
  * `count` extents of `bytes` in `tier` for each, in list order, and finds
@@ -153,6 +190,13 @@ enum st_pool_id {
 				 all-to-all lands here, N * S * 4 */
 	ST_POOL_W_GATHER,     /* host: world > 1, stages 1-2: the updated W
 				 slices all-gathered into one unit, N * S * Wb */
+	ST_POOL_ACT_SLOT,     /* vram: checkpoints on the host: the slots they
+				 pass through, A of Xa (ST_PLAN_ACT_SLOTS) */
+	ST_POOL_ACT_HOME,     /* host: checkpoints on the host: the homes of
+				 checkpoints 1..U-1-A, Xa each */
+	ST_POOL_SAVED,        /* vram: a saved-forward extent per unit that
+				 keeps its forward (st_plan.keep), of the
+				 largest st_model_saved_bytes */
 	ST_POOL_KIND_COUNT
 };
 
@@ -237,6 +281,26 @@ struct st_plan {
 	int hide_accum, hide_best_accum;
 	double hide_step_s, hide_best_step_s;
 	const char *hide_why;                  /* static; "" when hide_accum > 0 */
+	/* activation checkpoints: their home (vram, or host through act_slots
+	 * vram slots), how many of the U-1 go to the host and back each
+	 * micro-batch (checkpoints 1..act_offloaded), and the bytes that
+	 * moves each way per micro-batch (each rounded to ST_PLAN_ACT_ALIGN) */
+	enum st_home act_home;
+	int act_slots, act_offloaded;
+	uint64_t act_copy_bytes;
+	uint64_t act_host_bytes;               /* host: the checkpoint homes */
+	/* Recompute (st_recompute above): the mode asked; per unit whether it
+	 * keeps its forward (its own ST_POOL_SAVED extent, the i-th kept unit
+	 * in unit order the pool's i-th extent; no recompute in its backward);
+	 * the kept units; one extent's bytes (0 when none keeps); and the
+	 * FLOPs per step the backward spends recomputing forwards (in
+	 * t_compute_s, with the model's). The workspace (work_bytes) is the
+	 * largest a unit needs: a kept unit's scratch only. */
+	enum st_recompute recompute;
+	bool *keep;                            /* [units] */
+	int n_keep;
+	uint64_t saved_each_bytes;
+	double recompute_flops;
 };
 
 #define ST_PLAN_ACCUM_MAX 64
@@ -259,7 +323,9 @@ static inline bool st_plan_sharded(const struct st_plan *p, int s)
  * bad input (--offload-params nvme without --nvme, seq > ctx, prefetch
  * outside 0..U, a negative rate); -ENOMEM. The policy (docs/plan.md): the
  * first placement that fits, in this order of preference: W in vram, host,
- * nvme; for each, G,P,M,V in host, then nvme. Then k: the forced prefetch,
+ * nvme; for each, G,P,M,V in host, then nvme; all of these with the
+ * activation checkpoints in vram before any with them on the host
+ * (activations auto; forced, only that home). Then k: the forced prefetch,
  * or the largest k in 1..U that fits. plan is filled only on success; free
  * with st_plan_fini(). */
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan);

@@ -97,6 +97,28 @@ enum st_offload st_cli_offload(const char *flag, const char *s, bool allow_none)
 		   allow_none ? "auto, none, host or nvme" : "auto, host or nvme");
 }
 
+enum st_offload st_cli_offload_act(const char *s)
+{
+	if (strcmp(s, "auto") == 0)
+		return ST_OFFLOAD_AUTO;
+	if (strcmp(s, "vram") == 0)
+		return ST_OFFLOAD_NONE;
+	if (strcmp(s, "host") == 0)
+		return ST_OFFLOAD_HOST;
+	st_cli_die(2, "--offload-activations %s: expected auto, vram or host", s);
+}
+
+enum st_recompute st_cli_recompute(const char *s)
+{
+	if (strcmp(s, "auto") == 0)
+		return ST_RECOMPUTE_AUTO;
+	if (strcmp(s, "all") == 0)
+		return ST_RECOMPUTE_ALL;
+	if (strcmp(s, "none") == 0)
+		return ST_RECOMPUTE_NONE;
+	st_cli_die(2, "--recompute %s: expected auto, all or none", s);
+}
+
 void st_cli_check_dirs(const char *flag, const char *list, bool writable)
 {
 	const char *p = list;

@@ -34,6 +34,10 @@ uint64_t st_cli_size(const char *flag, const char *s);
 /* --offload-params / --offload-optim values; none only where allowed. */
 #include "strata/plan.h"
 enum st_offload st_cli_offload(const char *flag, const char *s, bool allow_none);
+/* --offload-activations auto|vram|host: AUTO, NONE or HOST (else exit 2) */
+enum st_offload st_cli_offload_act(const char *s);
+/* --recompute auto|all|none. */
+enum st_recompute st_cli_recompute(const char *s);
 /* Every directory of DIR[,DIR...] exists (and is writable when asked);
  * exit 2 with one line naming the first that is not. */
 void st_cli_check_dirs(const char *flag, const char *list, bool writable);

@@ -43,7 +43,13 @@ static void plan_usage(FILE *f)
 "placement\n"
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
+"  --offload-activations auto|vram|host   home of the activation checkpoints (default\n"
+"                         auto: vram when the budget holds them with the rest, else host)\n"
 "  --prefetch N           units of W loaded ahead of compute; 0 = as many as fit (default)\n"
+"  --recompute auto|all|none  which blocks' backward recomputes their forward: all\n"
+"                         (the least vram), none (every block keeps its forward in vram;\n"
+"                         exit 2 when it does not fit), auto (default: as many keep as the\n"
+"                         vram budget holds after everything else, the last block first)\n"
 "data parallelism (docs/zero.md): the plan of one rank\n"
 "  --world N              data-parallel ranks (default 1)\n"
 "  --rank R               the rank planned (default 0; every rank's plan is the same)\n"
@@ -79,14 +85,16 @@ int st_cli_plan(int argc, char **argv)
 		{ "nvme-bench", 1, 0, 'b' }, { "compute-gflops", 1, 0, 'c' },
 		{ "copy-gbps", 1, 0, 'C' }, { "adam-gbps", 1, 0, 'A' },
 		{ "world", 1, 0, 'w' }, { "rank", 1, 0, 'r' }, { "zero", 1, 0, 'z' },
-		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' },
-		{ "rates", 1, 0, 1001 }, { "calibrate", 1, 0, 1002 },
+		{ "offload-activations", 1, 0, 1001 },
+		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' }, { "recompute", 1, 0, 'R' },
+		{ "rates", 1, 0, 1003 }, { "calibrate", 1, 0, 1004 },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	struct st_plan_input in = {
 		.batch = 8, .seq = 128, .grad_accum = 1, .bf16 = true,
 		.gpu_mem_bytes = 256 * ST_MiB, .host_mem_bytes = 1 * ST_GiB,
 		.params = ST_OFFLOAD_AUTO, .optim = ST_OFFLOAD_AUTO,
+		.recompute = ST_RECOMPUTE_AUTO,
 	};
 	struct st_model_config mc;
 	struct st_model *model;
@@ -126,8 +134,10 @@ int st_cli_plan(int argc, char **argv)
 			break;
 		case 'P': in.params = st_cli_offload("--offload-params", optarg, true); break;
 		case 'O': in.optim = st_cli_offload("--offload-optim", optarg, false); break;
+		case 1001: in.activations = st_cli_offload_act(optarg); break;
 		case 'k': in.prefetch = (int)st_cli_long("--prefetch", optarg, 0, 1 << 20); break;
 		case 'b': bench = optarg; break;
+		case 'R': in.recompute = st_cli_recompute(optarg); break;
 		case 'c':
 			in.rates.compute_flops = st_cli_double("--compute-gflops", optarg, 1e-6, 1e9) * 1e9;
 			break;
@@ -151,8 +161,8 @@ int st_cli_plan(int argc, char **argv)
 			break;
 		case 'j': json = true; break;
 		case 'v': verbose = true; break;
-		case 1001: rates_file = optarg; break;
-		case 1002: calibrate = optarg; break;
+		case 1003: rates_file = optarg; break;
+		case 1004: calibrate = optarg; break;
 		case 'h': plan_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "plan: unknown or incomplete option %s (see strata plan --help)",

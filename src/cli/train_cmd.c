@@ -68,7 +68,13 @@ static void train_usage(FILE *f)
 "  --nvme-mem SIZE      nvme budget (default: what the plan needs)\n"
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
+"  --offload-activations auto|vram|host   home of the activation checkpoints (default\n"
+"                       auto: vram when the budget holds them, else host)\n"
 "  --prefetch N         units fetched ahead (default: as many as the budget allows)\n"
+"  --recompute auto|all|none  which blocks' backward recomputes their forward: all\n"
+"                       (the least vram), none (every block keeps its forward in vram;\n"
+"                       exit 2 when it does not fit), auto (default: as many as the vram\n"
+"                       budget holds after everything else); the numbers are the same\n"
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
 "  --rates FILE         the planner's rates from a rates file (strata plan --calibrate)\n"
 "  --rates-refresh FILE write the rates this run measures (steps 2 to 4: compute, copies,\n"
@@ -515,6 +521,7 @@ static void train_accum_auto(struct st_engine_config *ec)
 		.params = ec->params, .optim = ec->optim, .prefetch = ec->prefetch,
 		.rates = ec->rates, .world = ec->world, .rank = ec->rank, .zero = ec->zero,
 		.host_compute = !ec->device || strcmp(ec->device, "cpu") == 0,
+		.activations = ec->activations, .recompute = ec->recompute,
 	};
 	int ret;
 
@@ -589,12 +596,13 @@ int st_cli_train(int argc, char **argv)
 		{ "shard-size", 1, 0, 1000 },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
-		{ "zero", 1, 0, 'z' },
-		{ "rates", 1, 0, 1001 }, { "rates-refresh", 1, 0, 1002 },
+		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
+		{ "offload-activations", 1, 0, 1002 },
+		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
-	struct st_engine_config ec = { .device = "cpu" };
+	struct st_engine_config ec = { .device = "cpu", .recompute = ST_RECOMPUTE_AUTO };
 	struct st_train_config *cfg = &ec.train;
 	const char *data = ST_DEFAULT_DATA, *save = NULL, *metrics = NULL, *init = NULL;
 	static const char default_model[] = "tiny";
@@ -696,6 +704,7 @@ int st_cli_train(int argc, char **argv)
 		case 'Z': ec.nvme_mem_bytes = st_cli_size("--nvme-mem", optarg); break;
 		case 'P': ec.params = st_cli_offload("--offload-params", optarg, true); break;
 		case 'O': ec.optim = st_cli_offload("--offload-optim", optarg, false); break;
+		case 1002: ec.activations = st_cli_offload_act(optarg); break;
 		case 'F': ec.prefetch = (int)st_cli_long("--prefetch", optarg, 1, 1 << 16); break;
 		case 'K': {
 			uint64_t b = st_cli_size("--aio-block", optarg);
@@ -712,6 +721,7 @@ int st_cli_train(int argc, char **argv)
 		case 1000:
 			ec.ckpt_shard_bytes = st_cli_size("--shard-size", optarg);
 			break;
+		case 1001: ec.recompute = st_cli_recompute(optarg); break;
 		case 'R': resume = optarg; break;
 		case 'x': max_skipped = (int)st_cli_long("--max-skipped", optarg, 0, 1 << 30); break;
 		case 'D':
@@ -722,8 +732,8 @@ int st_cli_train(int argc, char **argv)
 			break;
 		case 'y': parse_test_fault(optarg, &ec.nvme_fault); break;
 		case 'z': ec.zero = (int)st_cli_long("--zero", optarg, 0, 3); break;
-		case 1001: rates_file = optarg; break;
-		case 1002: refresh = optarg; break;
+		case 1011: rates_file = optarg; break;
+		case 1012: refresh = optarg; break;
 		case 'h': train_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -862,6 +872,8 @@ int st_cli_train(int argc, char **argv)
 			.nvme_mem_bytes = ec.nvme_mem_bytes, .have_nvme = ec.nvme_dirs != NULL,
 			.params = ec.params, .optim = ec.optim, .prefetch = ec.prefetch,
 			.host_compute = strcmp(ec.device, "cpu") == 0,
+			.activations = ec.activations,
+			.recompute = ec.recompute,
 		};
 
 		st_plan_print(st_engine_plan(e), &pin, stdout);

@@ -55,12 +55,23 @@ struct st_shape {
 	uint64_t tile;         /* the update tile (elements) */
 	bool w_gather;         /* stages 1-2 at world > 1: W slices gathered */
 	bool w_stream_all;     /* stage 3 at world > 1: every W goes through a slot */
+	/* activation checkpoints: the candidate's home (scratch, set with
+	 * homes by st_cand_homes()), and per checkpoint j (1..U-1) the bytes a
+	 * copy of it moves (ST_PLAN_ACT_ALIGN-rounded), [units] */
+	enum st_home *act_home;
+	uint64_t *act_copy;
+	/* recompute: per unit its saved-forward bytes (0: keeps nothing), its
+	 * workspace when kept (scratch only) and when not, and whether it
+	 * keeps in the placement being sized */
+	uint64_t *saved, *work_kept, *work_full;
+	bool *keep;
 };
 
 /* One placement: W's home and G, P, M, V's home. */
 struct st_cand {
 	enum st_home w, o;
 	const enum st_home *explicit_homes; /* the input's, when it gives them */
+	enum st_home a; /* the activation checkpoints: vram or host */
 };
 
 /* Pools of one placement at one prefetch depth: the list the engine
@@ -114,6 +125,9 @@ static const struct {
 	[ST_POOL_UPD_F32] = { "update staging G,P,M,V", ST_HOME_HOST },
 	[ST_POOL_COMM_SCRATCH] = { "comm scratch", ST_HOME_VRAM },
 	[ST_POOL_W_GATHER] = { "W gather", ST_HOME_HOST },
+	[ST_POOL_ACT_SLOT] = { "checkpoint slots", ST_HOME_VRAM },
+	[ST_POOL_ACT_HOME] = { "checkpoint homes", ST_HOME_HOST },
+	[ST_POOL_SAVED] = { "saved forward", ST_HOME_VRAM },
 };
 
 const char *st_pool_name(enum st_pool_id id)
@@ -144,6 +158,27 @@ static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st
 				return true;
 	return false;
 }
+
+/* --- activation checkpoints (docs/plan.md) ------------------------------------
+ * In vram, the U-1 checkpoints are one extent of (U-1) * X. On the host,
+ * checkpoint j lives in vram slot (j-1) mod A while it is in vram; the
+ * last A stay there from the forward to the backward, checkpoints
+ * 1..U-1-A go to their host home after the forward and come back into
+ * their slot before the backward. */
+static int st_act_slots(const struct st_shape *sh)
+{
+	return ST_MIN(sh->units - 1, ST_PLAN_ACT_SLOTS);
+}
+
+static int st_act_offloaded(const struct st_shape *sh, enum st_home a)
+{
+	return a == ST_HOME_HOST ? sh->units - 1 - st_act_slots(sh) : 0;
+}
+
+static void st_act_pools(const struct st_shape *sh, struct st_pools *p);
+static void st_act_traffic(const struct st_shape *sh, struct st_plan *p);
+static uint64_t st_recomp_work(const struct st_shape *sh);
+static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p);
 
 /* The pools of placement `homes` (per unit and state) at prefetch k, in
  * the order the engine allocates them. This is the one place that knows
@@ -200,8 +235,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	st_pool_add(p, ST_POOL_W_SLOT_RES, e_res * sh->wb, res_slot, -1);
 	st_pool_add(p, ST_POOL_W_STAGE, slot_bytes, reg_nvme ? slots : 0, -1);
 	st_pool_add(p, ST_POOL_W_STAGE_RES, e_res * sh->wb, res_nvme, -1);
-	if (sh->units > 1)
-		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
+	st_act_pools(sh, p);
 	/* W widened to fp32 and dW (two: one is computed while the other is
 	 * copied out) for the units that are not resident; each resident unit
 	 * has its own for the micro-batch, so a large vocabulary is not paid
@@ -216,7 +250,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 		if (sh->resident[u])
 			st_pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, 1, u);
 	st_pool_add(p, ST_POOL_DACT, sh->x_bytes, 2, -1);
-	st_pool_add(p, ST_POOL_WORK, sh->work_bytes ? sh->work_bytes : 1, 1, -1);
+	st_pool_add(p, ST_POOL_WORK, st_recomp_work(sh), 1, -1);
 	st_pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
 	st_pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
 	st_pool_add(p, ST_POOL_LANDING, sh->epad_max * 4, 1, -1);
@@ -227,6 +261,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	/* ZeRO at world > 1 (docs/zero.md) */
 	st_pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
 	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather, -1);
+	st_recomp_pool(sh, p);
 }
 
 static uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)
@@ -250,6 +285,7 @@ static const struct st_plan_pool *st_pools_find(const struct st_pools *p, enum s
 /* The homes of a uniform placement. */
 static const enum st_home *st_cand_homes(const struct st_shape *sh, struct st_cand c)
 {
+	*sh->act_home = c.a;
 	if (c.explicit_homes)
 		return c.explicit_homes;
 	for (int u = 0; u < sh->units; u++)
@@ -281,6 +317,12 @@ static void st_shape_fini(struct st_shape *sh)
 	free(sh->elems);
 	free(sh->resident);
 	free(sh->homes);
+	free(sh->act_home);
+	free(sh->act_copy);
+	free(sh->saved);
+	free(sh->work_kept);
+	free(sh->work_full);
+	free(sh->keep);
 }
 
 static uint64_t st_gcd(uint64_t a, uint64_t b)
@@ -355,13 +397,18 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	sh->elems = calloc((size_t)sh->units, sizeof(*sh->elems));
 	sh->resident = calloc((size_t)sh->units, sizeof(*sh->resident));
 	sh->homes = calloc((size_t)sh->units * ST_STATE_COUNT, sizeof(*sh->homes));
-	if (!sh->elems || !sh->resident || !sh->homes) {
+	sh->saved = calloc((size_t)sh->units, sizeof(*sh->saved));
+	sh->work_kept = calloc((size_t)sh->units, sizeof(*sh->work_kept));
+	sh->work_full = calloc((size_t)sh->units, sizeof(*sh->work_full));
+	sh->keep = calloc((size_t)sh->units, sizeof(*sh->keep));
+	if (!sh->elems || !sh->resident || !sh->homes || !sh->saved || !sh->work_kept ||
+	    !sh->work_full || !sh->keep) {
 		st_shape_fini(sh);
 		return st_error_set(-ENOMEM, "plan: out of memory");
 	}
 	for (int u = 0; u < sh->units; u++) {
 		const struct st_unit_layout *l = st_model_unit_layout(m, u);
-		size_t work = st_model_work_bytes(m, u, in->batch, in->seq);
+		size_t work = st_model_work_bytes(m, u, in->batch, in->seq), kept;
 
 		sh->elems[u] = l->elems;
 		sh->resident[u] = l->resident;
@@ -372,6 +419,9 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 		else
 			sh->e_reg = ST_MAX(sh->e_reg, l->elems);
 		sh->work_bytes = ST_MAX(sh->work_bytes, (uint64_t)work);
+		sh->work_full[u] = work;
+		sh->saved[u] = st_model_saved_bytes(m, u, in->batch, in->seq, &kept);
+		sh->work_kept[u] = kept;
 		sh->x_bytes = ST_MAX(sh->x_bytes, st_out_bytes(m, u, in->batch, in->seq));
 	}
 	if (sh->n_resident > ST_PLAN_MAX_RESIDENT) {
@@ -381,6 +431,15 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	}
 	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
 	sh->bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
+	sh->act_home = calloc(1, sizeof(*sh->act_home));
+	sh->act_copy = calloc((size_t)sh->units, sizeof(*sh->act_copy));
+	if (!sh->act_home || !sh->act_copy) {
+		st_shape_fini(sh);
+		return st_error_set(-ENOMEM, "plan: out of memory");
+	}
+	for (int j = 1; j < sh->units; j++)
+		sh->act_copy[j] = st_align_up(st_out_bytes(m, j - 1, in->batch, in->seq),
+					      ST_PLAN_ACT_ALIGN);
 	return st_shape_slices(in, sh);
 }
 
@@ -434,6 +493,8 @@ static int st_input_check(const struct st_plan_input *in)
 				    in->zero);
 	if ((unsigned)in->params > ST_OFFLOAD_NVME || (unsigned)in->optim > ST_OFFLOAD_NVME)
 		return st_error_set(-EINVAL, "plan: unknown offload choice");
+	if ((unsigned)in->recompute > ST_RECOMPUTE_NONE)
+		return st_error_set(-EINVAL, "plan: unknown recompute choice");
 	if (in->params == ST_OFFLOAD_NVME && !in->have_nvme)
 		return st_error_set(-EINVAL, "--offload-params nvme needs --nvme DIR");
 	if (in->optim == ST_OFFLOAD_NVME && !in->have_nvme)
@@ -453,6 +514,9 @@ static int st_input_check(const struct st_plan_input *in)
 						    "--nvme DIR", u,
 						    st_state_name((enum st_state)s));
 		}
+	if ((unsigned)in->activations > ST_OFFLOAD_HOST)
+		return st_error_set(-EINVAL, "--offload-activations: the checkpoints live in "
+				    "vram or host (auto, vram or host)");
 	return 0;
 }
 
@@ -492,6 +556,25 @@ static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 		for (int j = 0; j < no; j++)
 			c[n++] = (struct st_cand){ .w = ws[i], .o = os[j] };
 	return n;
+}
+
+/* Where the activation checkpoints may live, for each of the n placements
+ * of W, G, P, M, V in c (whose .a is vram): forced, or (auto) every
+ * placement with them in vram first, then every one with them on the
+ * host, so they go to the host only when no placement holds them in vram
+ * with the rest. Returns the new count (at most 2n). */
+static int st_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
+{
+	if (in->activations == ST_OFFLOAD_HOST)
+		for (int i = 0; i < n; i++)
+			c[i].a = ST_HOME_HOST;
+	if (in->activations != ST_OFFLOAD_AUTO)
+		return n;
+	for (int i = 0; i < n; i++) {
+		c[n + i] = c[i];
+		c[n + i].a = ST_HOME_HOST;
+	}
+	return 2 * n;
 }
 
 /* Smallest total of tier t over the placements whose other tiers fit; or
@@ -626,6 +709,7 @@ static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
 
 static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
 			     struct st_plan *p);
+static double st_recomp_flops(const struct st_plan_input *in, const struct st_shape *sh);
 
 static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		       const enum st_home *homes, struct st_plan *p)
@@ -671,6 +755,7 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 			}
 	}
 	st_predict_comm(sh, p);
+	st_act_traffic(sh, p);
 	st_predict_times(in, sh, p);
 }
 
@@ -691,8 +776,11 @@ static void st_predict_times(const struct st_plan_input *in, const struct st_sha
 
 	for (int k = 0; k < 5; k++)
 		wire += p->comm_bytes[k];
-	/* 4/3: the backward recomputes the forward (1/3 of fwd + bwd). */
-	p->compute_flops_step = st_model_flops_per_token(in->model, in->seq) * tokens * 4.0 / 3.0;
+	/* the model's FLOPs, and a third more of each unit whose backward
+	 * recomputes its forward (the forward is 1/3 of fwd + bwd) */
+	p->recompute_flops = st_recomp_flops(in, sh) * tokens;
+	p->compute_flops_step = st_model_flops_per_token(in->model, in->seq) * tokens +
+				p->recompute_flops;
 	t[0] = p->compute_flops_step / r->compute_flops;
 	t[1] = (double)(p->h2d_bytes + p->d2h_bytes) / r->copy_bps;
 	t[2] = (double)p->nvme_read_bytes / r->nvme_read_bps +
@@ -798,10 +886,119 @@ static void st_predict_hide(const struct st_plan_input *in, const struct st_shap
 		p->hide_why = "compute never becomes the bound";
 }
 
+/* --- recompute (st_recompute, docs/plan.md) ----------------------------------- */
+
+const char *st_recompute_name(enum st_recompute r)
+{
+	static const char *names[] = { "all", "auto", "none" };
+
+	return (unsigned)r <= ST_RECOMPUTE_NONE ? names[r] : "?";
+}
+
+/* The workspace: the largest a unit needs, a kept unit's scratch only. */
+static uint64_t st_recomp_work(const struct st_shape *sh)
+{
+	uint64_t w = 0;
+
+	for (int u = 0; u < sh->units; u++)
+		w = ST_MAX(w, sh->keep[u] ? sh->work_kept[u] : sh->work_full[u]);
+	return w ? w : 1;
+}
+
+/* One saved-forward extent per kept unit, of the largest kept unit's. */
+static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p)
+{
+	uint64_t each = 0;
+	uint32_t n = 0;
+
+	for (int u = 0; u < sh->units; u++)
+		if (sh->keep[u]) {
+			each = ST_MAX(each, sh->saved[u]);
+			n++;
+		}
+	st_pool_add(p, ST_POOL_SAVED, each, n, -1);
+}
+
+/* The keeps the placement search and the minimums are made with: every
+ * unit that can keep for NONE, none for ALL and AUTO (AUTO keeps only
+ * what is left over after everything else). */
+static void st_recomp_base(const struct st_plan_input *in, struct st_shape *sh)
+{
+	for (int u = 0; u < sh->units; u++)
+		sh->keep[u] = in->recompute == ST_RECOMPUTE_NONE && sh->saved[u] > 0;
+}
+
+/* AUTO: with the placement and k chosen, keep units while the budgets
+ * still hold, the last block first: its backward is the first to run,
+ * right after the forward, when nothing could have brought a checkpoint
+ * back or overlapped a recompute; the blocks are of one size, so which
+ * ones keep changes nothing else. Every unit is tried: the last one to
+ * keep also shrinks the workspace to a kept unit's scratch. */
+static void st_recomp_auto(struct st_shape *sh, const enum st_home *homes, int k,
+			   const uint64_t *budget)
+{
+	struct st_pools p;
+
+	for (int u = sh->units - 1; u >= 0; u--) {
+		if (!sh->saved[u])
+			continue;
+		sh->keep[u] = true;
+		st_pools_compute(sh, homes, k, &p);
+		if (!st_fits(&p, budget, -1))
+			sh->keep[u] = false;
+	}
+}
+
+static void st_recomp_fill(const struct st_plan_input *in, const struct st_shape *sh,
+			   const struct st_pools *pools, struct st_plan *p)
+{
+	const struct st_plan_pool *x = st_pools_find(pools, ST_POOL_SAVED);
+
+	p->recompute = in->recompute;
+	p->n_keep = 0;
+	for (int u = 0; u < sh->units; u++) {
+		p->keep[u] = sh->keep[u];
+		p->n_keep += sh->keep[u];
+	}
+	p->saved_each_bytes = x ? x->bytes : 0;
+}
+
+/* FLOPs per token the backward spends recomputing forwards: a third of
+ * the share of every unit that could keep but does not. */
+static double st_recomp_flops(const struct st_plan_input *in, const struct st_shape *sh)
+{
+	double f = 0;
+
+	for (int u = 0; u < sh->units; u++)
+		if (sh->saved[u] && !sh->keep[u])
+			f += st_model_unit_flops_per_token(in->model, u, in->seq) / 3.0;
+	return f;
+}
+
+/* NONE refused: say that the saved forwards are what does not fit. */
+static int st_recomp_explain(const struct st_plan_input *in, const struct st_shape *sh, int ret)
+{
+	char why[512], b[32];
+	uint64_t each = 0;
+	int n = 0;
+
+	if (in->recompute != ST_RECOMPUTE_NONE || ret != -ENOSPC)
+		return ret;
+	for (int u = 0; u < sh->units; u++)
+		if (sh->keep[u]) {
+			each = ST_MAX(each, sh->saved[u]);
+			n++;
+		}
+	snprintf(why, sizeof(why), "%s", st_error_last());
+	return st_error_set(ret, "%s; --recompute none keeps the forward of %d units, %s each "
+			    "(--recompute auto keeps what fits)", why, n,
+			    st_format_bytes(each, b, sizeof(b)));
+}
+
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 {
 	struct st_shape sh;
-	struct st_cand cands[6], c;
+	struct st_cand cands[12], c;
 	struct st_pools pools;
 	uint64_t budget[ST_HOME_COUNT];
 	const enum st_home *homes;
@@ -818,11 +1015,12 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		ret = st_shape_init(in, &sh);
 	if (ret < 0)
 		return ret;
+	st_recomp_base(in, &sh);
 	budget[ST_HOME_VRAM] = in->gpu_mem_bytes;
 	budget[ST_HOME_HOST] = in->host_mem_bytes;
 	budget[ST_HOME_NVME] = !in->have_nvme ? 0 :
 			       in->nvme_mem_bytes ? in->nvme_mem_bytes : ST_PLAN_UNLIMITED;
-	n = st_cands(in, cands);
+	n = st_act_cands(in, cands, st_cands(in, cands));
 	k0 = in->prefetch > 0 ? in->prefetch : 1;
 	for (int i = 0; i < n && chosen < 0; i++) {
 		st_pools_compute(&sh, st_cand_homes(&sh, cands[i]), k0, &pools);
@@ -830,7 +1028,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 			chosen = i;
 	}
 	if (chosen < 0) {
-		ret = st_explain(&sh, cands, n, k0, budget);
+		ret = st_recomp_explain(in, &sh, st_explain(&sh, cands, n, k0, budget));
 		st_shape_fini(&sh);
 		return ret;
 	}
@@ -843,6 +1041,8 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 				break;
 		}
 	homes = st_cand_homes(&sh, c);
+	if (in->recompute == ST_RECOMPUTE_AUTO)
+		st_recomp_auto(&sh, homes, k, budget);
 	st_pools_compute(&sh, homes, k, &pools);
 
 	p.units = sh.units;
@@ -857,7 +1057,8 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.rank = in->rank;
 	p.zero = in->zero;
 	p.tile_elems = sh.tile;
-	if (!p.home || !p.state_bytes || !p.pools || !p.slice_elems) {
+	p.keep = calloc((size_t)sh.units, sizeof(*p.keep));
+	if (!p.home || !p.state_bytes || !p.pools || !p.slice_elems || !p.keep) {
 		st_plan_fini(&p);
 		st_shape_fini(&sh);
 		return st_error_set(-ENOMEM, "plan: out of memory");
@@ -882,10 +1083,19 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.act_bytes = st_pools_sum(&pools, ST_POOL_ACT, ST_POOL_ACT);
 	p.act_each_bytes = sh.x_bytes;
 	p.scratch_bytes = st_pools_sum(&pools, ST_POOL_WF, ST_POOL_TARGETS);
-	p.work_bytes = sh.work_bytes;
+	x = st_pools_find(&pools, ST_POOL_WORK);
+	p.work_bytes = x->bytes;
+	/* the keeps chosen; the minimums are the mode's (AUTO: keeping none) */
+	st_recomp_fill(in, &sh, &pools, &p);
+	st_recomp_base(in, &sh);
 	p.w_staging_bytes = st_pools_sum(&pools, ST_POOL_W_STAGE, ST_POOL_W_STAGE_RES);
 	p.grad_landing_bytes = st_pools_sum(&pools, ST_POOL_LANDING, ST_POOL_GSTAGE);
 	p.update_staging_bytes = st_pools_sum(&pools, ST_POOL_UPD_W, ST_POOL_UPD_F32);
+	p.act_home = c.a;
+	p.act_slots = c.a == ST_HOME_HOST ? st_act_slots(&sh) : 0;
+	p.act_offloaded = st_act_offloaded(&sh, c.a);
+	p.act_bytes += st_pools_sum(&pools, ST_POOL_ACT_SLOT, ST_POOL_ACT_SLOT);
+	p.act_host_bytes = st_pools_sum(&pools, ST_POOL_ACT_HOME, ST_POOL_ACT_HOME);
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		p.home_bytes[t] = pools.home[t];
 		p.total_bytes[t] = pools.total[t];
@@ -894,11 +1104,40 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	}
 	if (budget[ST_HOME_NVME] == ST_PLAN_UNLIMITED)
 		p.budget_bytes[ST_HOME_NVME] = pools.total[ST_HOME_NVME];
+	memcpy(sh.keep, p.keep, sizeof(*sh.keep) * (size_t)sh.units);
 	st_predict(in, &sh, p.home, &p);
 	st_predict_hide(in, &sh, p.home, k, budget, &p);
 	st_shape_fini(&sh);
 	*plan = p;
 	return 0;
+}
+
+/* The checkpoint pools of the candidate's home (*sh->act_home). */
+static void st_act_pools(const struct st_shape *sh, struct st_pools *p)
+{
+	uint64_t xa = st_align_up(sh->x_bytes, ST_PLAN_ACT_ALIGN);
+
+	if (sh->units < 2)
+		return;
+	if (*sh->act_home != ST_HOME_HOST) {
+		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
+		return;
+	}
+	st_pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_act_slots(sh), -1);
+	st_pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_act_offloaded(sh, ST_HOME_HOST), -1);
+}
+
+/* Checkpoints on the host: each of 1..act_offloaded goes d2h after the
+ * forward and h2d before the backward, every micro-batch. */
+static void st_act_traffic(const struct st_shape *sh, struct st_plan *p)
+{
+	uint64_t b = 0;
+
+	for (int j = 1; j <= p->act_offloaded; j++)
+		b += sh->act_copy[j];
+	p->act_copy_bytes = b;
+	p->h2d_bytes += (uint64_t)sh->accum * b;
+	p->d2h_bytes += (uint64_t)sh->accum * b;
 }
 
 void st_plan_fini(struct st_plan *plan)
@@ -909,6 +1148,8 @@ void st_plan_fini(struct st_plan *plan)
 	free(plan->state_bytes);
 	free(plan->pools);
 	free(plan->slice_elems);
+	free(plan->keep);
+	plan->keep = NULL;
 	plan->slice_elems = NULL;
 	plan->home = NULL;
 	plan->state_bytes = NULL;
@@ -952,6 +1193,60 @@ static const char *st_src(const struct st_plan *p, enum st_rate i)
 	return st_rate_source_name((enum st_rate_source)p->rates.source[i]);
 }
 
+/* The vram checkpoint line of `strata plan`: where they live. */
+static void st_act_print(const struct st_plan *p, FILE *f)
+{
+	char a[32], b[32], c[32];
+
+	if (p->act_home != ST_HOME_HOST) {
+		fprintf(f, "        checkpoints     %s (%d x %s; activations in vram)\n",
+			st_fb(p->act_bytes, a), p->units - 1, st_fb(p->act_each_bytes, b));
+		return;
+	}
+	fprintf(f, "        checkpoints     %s (%d slots of %s; activations on the host: "
+		"%d of %d go there and back, %s each way per micro-batch)\n",
+		st_fb(p->act_bytes, a), p->act_slots,
+		st_fb(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b), p->act_offloaded,
+		p->units - 1, st_fb(p->act_copy_bytes, c));
+}
+
+/* The kept units as ranges ("9-12", "1,3-4"), or "none". */
+static const char *st_recomp_units(const struct st_plan *p, char *buf, size_t n)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (int u = 0; u < p->units && len < n; u++) {
+		int v = u;
+
+		if (!p->keep[u])
+			continue;
+		while (v + 1 < p->units && p->keep[v + 1])
+			v++;
+		len += (size_t)snprintf(buf + len, n - len, v > u ? "%s%d-%d" : "%s%d",
+					len ? "," : "", u, v);
+		u = v;
+	}
+	if (!buf[0])
+		snprintf(buf, n, "none");
+	return buf;
+}
+
+/* `strata plan`'s line for the saved forwards. */
+static void st_recomp_print(const struct st_plan *p, FILE *f)
+{
+	char a[32], b[32], units[256];
+	fprintf(f, "        saved forwards  ");
+	if (p->n_keep)
+		fprintf(f, "%s (%d x %s: units %s keep their forward; recompute %s)\n",
+			st_fb(st_pg(p->saved_each_bytes) * (uint64_t)p->n_keep, a), p->n_keep,
+			st_fb(p->saved_each_bytes, b), st_recomp_units(p, units, sizeof(units)),
+			st_recompute_name(p->recompute));
+	else
+		fprintf(f, "none (recompute %s: every backward recomputes its forward)\n",
+			st_recompute_name(p->recompute));
+}
+
 void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE *f)
 {
 	const struct st_model_config *cfg = st_model_config(in->model);
@@ -990,13 +1285,16 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	} else {
 		fprintf(f, "  vram  W slots         none (W resident)\n");
 	}
-	fprintf(f, "        checkpoints     %s (%d x %s)\n", st_fb(p->act_bytes, a),
-		p->units - 1, st_fb(p->act_each_bytes, b));
+	st_act_print(p, f);
 	fprintf(f, "        scratch         %s (model workspace %s)\n", st_fb(p->scratch_bytes, a),
 		st_fb(p->work_bytes, b));
+	st_recomp_print(p, f);
 	fprintf(f, "  host  W staging       %s\n", st_fb(p->w_staging_bytes, a));
 	fprintf(f, "        grad landing    %s\n", st_fb(p->grad_landing_bytes, a));
 	fprintf(f, "        update staging  %s\n", st_fb(p->update_staging_bytes, a));
+	if (p->act_home == ST_HOME_HOST)
+		fprintf(f, "        checkpoints     %s (%d x %s)\n", st_fb(p->act_host_bytes, a),
+			p->act_offloaded, st_fb(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b));
 	fprintf(f, "\n  %-5s %-12s %-12s %-12s %s\n", "tier", "homes", "total", "budget",
 		"minimum (with the other budgets as given)");
 	for (int h = 0; h < ST_HOME_COUNT; h++) {
@@ -1030,8 +1328,9 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 					st_fb(p->comm_bytes[k], a));
 	}
 	fprintf(f, "\ntime per step (predicted; the resources overlap)\n");
-	fprintf(f, "  compute  %-10s at %.1f GFLOP/s (%s)\n", st_fmt_s(p->t_compute_s, a, 32),
-		p->rates.compute_flops / 1e9, st_src(p, ST_RATE_COMPUTE));
+	fprintf(f, "  compute  %-10s at %.1f GFLOP/s (%s; recomputing %.3g GFLOP of it)\n",
+		st_fmt_s(p->t_compute_s, a, 32), p->rates.compute_flops / 1e9,
+		st_src(p, ST_RATE_COMPUTE), p->recompute_flops / 1e9);
 	fprintf(f, "  copy     %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_copy_s, a, 32),
 		p->rates.copy_bps / 1e9, st_src(p, ST_RATE_COPY));
 	fprintf(f, "  nvme     %-10s at %.2f / %.2f GB/s read / write (%s / %s)\n",
@@ -1097,6 +1396,22 @@ void st_plan_print_units(const struct st_plan *p, const struct st_plan_input *in
 static json_object *st_ju(uint64_t v)
 {
 	return json_object_new_int64((int64_t)v);
+}
+
+/* "activations": where the checkpoints live and what moving them costs. */
+static json_object *st_act_json(const struct st_plan *p)
+{
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "home", json_object_new_string(st_home_name(p->act_home)));
+	json_object_object_add(o, "checkpoints", json_object_new_int(p->units - 1));
+	json_object_object_add(o, "each_bytes", st_ju(p->act_each_bytes));
+	json_object_object_add(o, "vram_bytes", st_ju(p->act_bytes));
+	json_object_object_add(o, "slots", json_object_new_int(p->act_slots));
+	json_object_object_add(o, "offloaded", json_object_new_int(p->act_offloaded));
+	json_object_object_add(o, "host_bytes", st_ju(p->act_host_bytes));
+	json_object_object_add(o, "copy_bytes_per_micro_batch", st_ju(p->act_copy_bytes));
+	return o;
 }
 
 char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
@@ -1170,6 +1485,7 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 		json_object_object_add(o, "unit", json_object_new_int(u));
 		json_object_object_add(o, "kind", json_object_new_string(st_kind_name(l->kind)));
 		json_object_object_add(o, "elems", st_ju(l->elems));
+		json_object_object_add(o, "keep", json_object_new_boolean(p->keep[u]));
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
 			o2 = json_object_new_object();
 			json_object_object_add(o2, "tier", json_object_new_string(
@@ -1182,6 +1498,20 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	}
 	json_object_object_add(root, "units", arr);
 
+	/* recompute: the mode, the units that keep their forward */
+	o = json_object_new_object();
+	json_object_object_add(o, "mode", json_object_new_string(st_recompute_name(p->recompute)));
+	arr = json_object_new_array();
+	for (int u = 0; u < p->units; u++)
+		if (p->keep[u])
+			json_object_array_add(arr, json_object_new_int(u));
+	json_object_object_add(o, "keep", arr);
+	json_object_object_add(o, "saved_each_bytes", st_ju(p->saved_each_bytes));
+	json_object_object_add(o, "saved_bytes",
+			       st_ju(st_pg(p->saved_each_bytes) * (uint64_t)p->n_keep));
+	json_object_object_add(o, "recompute_flops", json_object_new_double(p->recompute_flops));
+	json_object_object_add(root, "recompute", o);
+
 	o = json_object_new_object();
 	json_object_object_add(o, "w_slots", st_ju(p->w_slots));
 	json_object_object_add(o, "w_slot_bytes", st_ju(p->w_slot_bytes));
@@ -1192,6 +1522,7 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "grad_landing_bytes", st_ju(p->grad_landing_bytes));
 	json_object_object_add(o, "update_staging_bytes", st_ju(p->update_staging_bytes));
 	json_object_object_add(root, "pools", o);
+	json_object_object_add(root, "activations", st_act_json(p));
 	/* every pool the engine allocates, in its order */
 	arr = json_object_new_array();
 	for (int i = 0; i < p->n_pools; i++) {

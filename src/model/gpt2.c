@@ -102,6 +102,20 @@ static double st_gpt2_flops_per_token(const struct st_model *m, int T)
 	return 6.0 * n_mm + 6.0 * L * (double)T * C;
 }
 
+/* The same, unit by unit: a block's 6 * 12 C^2 + 6 T C, the head's 6 V C
+ * (the tied matmul), the embedding's none. */
+static double st_gpt2_unit_flops_per_token(const struct st_model *m, int u, int T)
+{
+	const struct st_model_config *cfg = st_model_config(m);
+	const double C = cfg->dim, V = cfg->vocab;
+
+	switch (st_model_unit_layout(m, u)->kind) {
+	case ST_UNIT_BLOCK: return 6.0 * 12.0 * C * C + 6.0 * (double)T * C;
+	case ST_UNIT_HEAD: return 6.0 * V * C;
+	default: return 0.0;
+	}
+}
+
 /* ---- init ----------------------------------------------------------------------- */
 
 #define ST_INIT_CHUNK 65536
@@ -151,23 +165,26 @@ struct st_block_work {
 		*rstd2, *fch, *gel, *dres, *dln;
 };
 
-static void st_block_carve(struct st_carver *cv, struct st_block_work *w,
-			   size_t N, size_t C, size_t BH_T)
+/* The forward's buffers (ln1 .. gel: what the backward reads, the part a
+ * kept unit saves) from sv, the backward's scratch (dres, dln) from sc; sv
+ * and sc are one carver when the backward recomputes the forward. */
+static void st_block_carve(struct st_carver *sv, struct st_carver *sc,
+			   struct st_block_work *w, size_t N, size_t C, size_t BH_T)
 {
-	w->ln1 = st_carve(cv, N * C);
-	w->mean1 = st_carve(cv, N);
-	w->rstd1 = st_carve(cv, N);
-	w->qkv = st_carve(cv, 3 * N * C);
-	w->atty = st_carve(cv, N * C);
-	w->lse = st_carve(cv, BH_T);
-	w->res = st_carve(cv, N * C);
-	w->ln2 = st_carve(cv, N * C);
-	w->mean2 = st_carve(cv, N);
-	w->rstd2 = st_carve(cv, N);
-	w->fch = st_carve(cv, 4 * N * C);
-	w->gel = st_carve(cv, 4 * N * C);
-	w->dres = st_carve(cv, N * C);
-	w->dln = st_carve(cv, N * C);
+	w->ln1 = st_carve(sv, N * C);
+	w->mean1 = st_carve(sv, N);
+	w->rstd1 = st_carve(sv, N);
+	w->qkv = st_carve(sv, 3 * N * C);
+	w->atty = st_carve(sv, N * C);
+	w->lse = st_carve(sv, BH_T);
+	w->res = st_carve(sv, N * C);
+	w->ln2 = st_carve(sv, N * C);
+	w->mean2 = st_carve(sv, N);
+	w->rstd2 = st_carve(sv, N);
+	w->fch = st_carve(sv, 4 * N * C);
+	w->gel = st_carve(sv, 4 * N * C);
+	w->dres = st_carve(sc, N * C);
+	w->dln = st_carve(sc, N * C);
 }
 
 struct st_head_work {
@@ -192,7 +209,7 @@ static size_t st_work_need(const struct st_model *m, int u, int B, int T)
 	size_t N = (size_t)B * T, C = (size_t)st_model_config(m)->dim;
 	if (st_model_unit_layout(m, u)->kind == ST_UNIT_BLOCK) {
 		struct st_block_work w;
-		st_block_carve(&cv, &w, N, C, (size_t)B * st_model_config(m)->n_head * T);
+		st_block_carve(&cv, &cv, &w, N, C, (size_t)B * st_model_config(m)->n_head * T);
 	} else if (st_model_unit_layout(m, u)->kind == ST_UNIT_HEAD) {
 		struct st_head_work w;
 		st_head_carve(&cv, &w, N, C, (size_t)st_model_config(m)->vocab);
@@ -205,6 +222,26 @@ static size_t st_work_need(const struct st_model *m, int u, int B, int T)
 static size_t st_gpt2_work_bytes(const struct st_model *m, int u, int B, int T)
 {
 	return st_work_need(m, u, B, T);
+}
+
+/* A block keeps ln1 .. gel (15 N C + 4 N + B H T floats); its scratch is
+ * dres and dln. The embedding and the head recompute nothing. */
+static size_t st_gpt2_saved_bytes(const struct st_model *m, int u, int B, int T,
+				  size_t *scratch_bytes)
+{
+	struct st_carver sv, sc;
+	struct st_block_work w;
+	size_t N = (size_t)B * T, C = (size_t)st_model_config(m)->dim;
+
+	if (st_model_unit_layout(m, u)->kind != ST_UNIT_BLOCK) {
+		*scratch_bytes = st_work_need(m, u, B, T);
+		return 0;
+	}
+	st_carver_init(&sv, NULL, 0);
+	st_carver_init(&sc, NULL, 0);
+	st_block_carve(&sv, &sc, &w, N, C, (size_t)B * st_model_config(m)->n_head * T);
+	*scratch_bytes = sc.need_bytes;
+	return sv.need_bytes;
 }
 
 /* Every unit's output is (B,T,C): the embedding's and each block's. */
@@ -277,9 +314,11 @@ static void st_block_fwd(const struct st_model *m, int u, int B, int T,
 	st_compute_residual_fwd(c, y, w->res, y, (size_t)N * C);
 }
 
+/* kept: w's forward buffers hold this unit's forward (st_block_fwd ran
+ * into them with the same params and x); else they are recomputed. */
 static void st_block_bwd(const struct st_model *m, int u, int B, int T,
 			 const float *params, const float *x, const float *dy,
-			 float *dx, float *grad, const struct st_block_work *w)
+			 float *dx, float *grad, const struct st_block_work *w, bool kept)
 {
 	struct st_compute *c = st_model_compute(m);
 	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head, N = B * T;
@@ -291,7 +330,8 @@ static void st_block_bwd(const struct st_model *m, int u, int B, int T,
 	for (int k = 0; k < BT_COUNT; k++)
 		g[k] = grad + ul->tensors[k].offset_elems;
 
-	st_block_fwd_core(m, p, w, x, w->dres, B, T);
+	if (!kept)
+		st_block_fwd_core(m, p, w, x, w->dres, B, T);
 
 	// MLP projection: dW from gel, then dgel overwrites gel
 	st_compute_matmul_bwd(c, NULL, g[BT_FCP_W], g[BT_FCP_B], dy, w->gel,
@@ -397,15 +437,18 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 
 /* ---- fwd / bwd -------------------------------------------------------------------------------- */
 
-static int st_gpt2_fwd(const struct st_model *m, int u,
+/* saved NULL: one workspace (the backward recomputes); else a block's
+ * forward buffers are carved from saved and its scratch from work. */
+static int st_gpt2_fwd_save(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
 		 const float *other, const float *x, float *y, float *loss,
-		 void *work, size_t work_bytes)
+		 void *saved, size_t saved_bytes, void *work, size_t work_bytes)
 {
 	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv;
+	struct st_carver cv, cs;
 	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED: {
 		assert(y);
@@ -419,7 +462,7 @@ static int st_gpt2_fwd(const struct st_model *m, int u,
 	case ST_UNIT_BLOCK: {
 		assert(x && y);
 		struct st_block_work w;
-		st_block_carve(&cv, &w, (size_t)B * T, (size_t)C,
+		st_block_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, (size_t)C,
 			       (size_t)B * st_model_config(m)->n_head * T);
 		st_block_fwd(m, u, B, T, params, x, y, &w);
 		return st_compute_take_error(c);
@@ -436,16 +479,17 @@ static int st_gpt2_fwd(const struct st_model *m, int u,
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
 }
 
-static int st_gpt2_bwd(const struct st_model *m, int u,
+static int st_gpt2_bwd_saved(const struct st_model *m, int u,
 		 const struct st_model_batch *batch, const float *params,
 		 const float *other, const float *x, const float *dy, float *dx,
-		 float *grad, float *other_grad, float *loss, void *work,
-		 size_t work_bytes)
+		 float *grad, float *other_grad, float *loss, void *saved,
+		 size_t saved_bytes, void *work, size_t work_bytes)
 {
 	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv;
+	struct st_carver cv, cs;
 	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED: {
 		assert(dy);
@@ -458,9 +502,9 @@ static int st_gpt2_bwd(const struct st_model *m, int u,
 	case ST_UNIT_BLOCK: {
 		assert(x && dy && dx);
 		struct st_block_work w;
-		st_block_carve(&cv, &w, (size_t)B * T, (size_t)C,
+		st_block_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, (size_t)C,
 			       (size_t)B * st_model_config(m)->n_head * T);
-		st_block_bwd(m, u, B, T, params, x, dy, dx, grad, &w);
+		st_block_bwd(m, u, B, T, params, x, dy, dx, grad, &w, saved != NULL);
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
@@ -473,6 +517,25 @@ static int st_gpt2_bwd(const struct st_model *m, int u,
 	}
 	}
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
+}
+
+static int st_gpt2_fwd(const struct st_model *m, int u,
+		 const struct st_model_batch *batch, const float *params,
+		 const float *other, const float *x, float *y, float *loss,
+		 void *work, size_t work_bytes)
+{
+	return st_gpt2_fwd_save(m, u, batch, params, other, x, y, loss, NULL, 0, work,
+				work_bytes);
+}
+
+static int st_gpt2_bwd(const struct st_model *m, int u,
+		 const struct st_model_batch *batch, const float *params,
+		 const float *other, const float *x, const float *dy, float *dx,
+		 float *grad, float *other_grad, float *loss, void *work,
+		 size_t work_bytes)
+{
+	return st_gpt2_bwd_saved(m, u, batch, params, other, x, dy, dx, grad, other_grad,
+				 loss, NULL, 0, work, work_bytes);
 }
 
 /* One position's logits: ln_f(x) @ wte^T, through the head's workspace at
@@ -529,4 +592,8 @@ const struct st_family_ops st_family_gpt2 = {
 	.flops_per_token = st_gpt2_flops_per_token,
 	.logits = st_gpt2_logits,
 	.hf_derived = st_gpt2_hf_derived,
+	.saved_bytes = st_gpt2_saved_bytes,
+	.fwd_save = st_gpt2_fwd_save,
+	.bwd_saved = st_gpt2_bwd_saved,
+	.unit_flops_per_token = st_gpt2_unit_flops_per_token,
 };

@@ -145,6 +145,20 @@ static double st_llama_flops_per_token(const struct st_model *m, int T)
 	return 6.0 * (d.L * per_layer + (double)d.V * d.C) + 6.0 * d.L * (double)T * d.Q;
 }
 
+/* The same, unit by unit: a layer's matmuls and attention, the head's
+ * lm_head, the embedding's none (a lookup). */
+static double st_llama_unit_flops_per_token(const struct st_model *m, int u, int T)
+{
+	const struct st_dims d = st_dims_of(st_model_config(m));
+	double per_layer = (double)d.C * d.Q * 2 + (double)d.C * d.KV * 2 + 3.0 * d.C * d.F;
+
+	switch (st_model_unit_layout(m, u)->kind) {
+	case ST_UNIT_BLOCK: return 6.0 * per_layer + 6.0 * (double)T * d.Q;
+	case ST_UNIT_HEAD: return 6.0 * (double)d.V * d.C;
+	default: return 0.0;
+	}
+}
+
 /* ---- init ----------------------------------------------------------------------- */
 
 #define ST_INIT_CHUNK 65536
@@ -190,35 +204,39 @@ struct st_layer_work {
 	float *dh, *dn, *datt, *dq, *dk, *dv;
 };
 
-static void st_layer_carve(struct st_carver *cv, struct st_layer_work *w, size_t N,
-			   const struct st_dims *d, size_t BHT)
+/* The forward's buffers (xn .. act: what the backward reads, the part a
+ * kept unit saves) from sv, the backward's own from sc; sv and sc are one
+ * carver when the backward recomputes the forward. */
+static void st_layer_carve(struct st_carver *sv, struct st_carver *sc,
+			   struct st_layer_work *w, size_t N, const struct st_dims *d, size_t BHT)
 {
-	w->xn = st_carve(cv, N * d->C);
-	w->rstd1 = st_carve(cv, N);
-	w->q = st_carve(cv, N * d->Q);
-	w->k = st_carve(cv, N * d->KV);
-	w->v = st_carve(cv, N * d->KV);
-	w->att = st_carve(cv, N * d->Q);
-	w->lse = st_carve(cv, BHT);
-	w->h = st_carve(cv, N * d->C);
-	w->hn = st_carve(cv, N * d->C);
-	w->rstd2 = st_carve(cv, N);
-	w->gate = st_carve(cv, N * d->F);
-	w->up = st_carve(cv, N * d->F);
-	w->act = st_carve(cv, N * d->F);
-	w->dh = st_carve(cv, N * d->C);
-	w->dn = st_carve(cv, N * d->C);
+	w->xn = st_carve(sv, N * d->C);
+	w->rstd1 = st_carve(sv, N);
+	w->q = st_carve(sv, N * d->Q);
+	w->k = st_carve(sv, N * d->KV);
+	w->v = st_carve(sv, N * d->KV);
+	w->att = st_carve(sv, N * d->Q);
+	w->lse = st_carve(sv, BHT);
+	w->h = st_carve(sv, N * d->C);
+	w->hn = st_carve(sv, N * d->C);
+	w->rstd2 = st_carve(sv, N);
+	w->gate = st_carve(sv, N * d->F);
+	w->up = st_carve(sv, N * d->F);
+	w->act = st_carve(sv, N * d->F);
+	w->dh = st_carve(sc, N * d->C);
+	w->dn = st_carve(sc, N * d->C);
 	/* The attention's gradients come after the MLP's backward, when act,
-	 * gate and up are dead: they live there where they fit (F >= Q and
-	 * F >= 2 KV in every released shape), else in buffers of their own. */
-	w->datt = d->Q <= d->F ? w->act : st_carve(cv, N * d->Q);
-	w->dq = d->Q <= d->F ? w->gate : st_carve(cv, N * d->Q);
+	 * gate and up are dead (read for the last time): they live there
+	 * where they fit (F >= Q and F >= 2 KV in every released shape), else
+	 * in buffers of their own. */
+	w->datt = d->Q <= d->F ? w->act : st_carve(sc, N * d->Q);
+	w->dq = d->Q <= d->F ? w->gate : st_carve(sc, N * d->Q);
 	if (2 * d->KV <= d->F) {
 		w->dk = w->up;
 		w->dv = w->up ? w->up + N * d->KV : NULL;
 	} else {
-		w->dk = st_carve(cv, N * d->KV);
-		w->dv = st_carve(cv, N * d->KV);
+		w->dk = st_carve(sc, N * d->KV);
+		w->dv = st_carve(sc, N * d->KV);
 	}
 }
 
@@ -245,7 +263,7 @@ static size_t st_llama_work_bytes(const struct st_model *m, int u, int B, int T)
 	st_carver_init(&cv, NULL, 0);
 	if (st_model_unit_layout(m, u)->kind == ST_UNIT_BLOCK) {
 		struct st_layer_work w;
-		st_layer_carve(&cv, &w, N, &d, (size_t)B * d.H * T);
+		st_layer_carve(&cv, &cv, &w, N, &d, (size_t)B * d.H * T);
 	} else if (st_model_unit_layout(m, u)->kind == ST_UNIT_HEAD) {
 		struct st_head_work w;
 		st_head_carve(&cv, &w, N, (size_t)d.C, (size_t)d.V);
@@ -253,6 +271,27 @@ static size_t st_llama_work_bytes(const struct st_model *m, int u, int B, int T)
 		return 0;
 	}
 	return cv.need_bytes;
+}
+
+/* A layer keeps xn .. act; its scratch is dh, dn (and the attention's
+ * gradients where they do not fit in act, gate and up). The embedding and
+ * the head recompute nothing. */
+static size_t st_llama_saved_bytes(const struct st_model *m, int u, int B, int T,
+				   size_t *scratch_bytes)
+{
+	const struct st_dims d = st_dims_of(st_model_config(m));
+	struct st_carver sv, sc;
+	struct st_layer_work w;
+
+	if (st_model_unit_layout(m, u)->kind != ST_UNIT_BLOCK) {
+		*scratch_bytes = st_llama_work_bytes(m, u, B, T);
+		return 0;
+	}
+	st_carver_init(&sv, NULL, 0);
+	st_carver_init(&sc, NULL, 0);
+	st_layer_carve(&sv, &sc, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
+	*scratch_bytes = sc.need_bytes;
+	return sv.need_bytes;
 }
 
 /* Every unit's output is (B,T,C). */
@@ -328,9 +367,11 @@ static void st_layer_fwd(const struct st_model *m, int u, int B, int T, const fl
 	st_compute_residual_fwd(c, y, w->h, y, (size_t)N * d.C);
 }
 
+/* kept: w's forward buffers hold this unit's forward (st_layer_fwd ran
+ * into them with the same params and x); else they are recomputed. */
 static void st_layer_bwd(const struct st_model *m, int u, int B, int T, const float *params,
 			 const float *x, const float *dy, float *dx, float *grad,
-			 const struct st_layer_work *w)
+			 const struct st_layer_work *w, bool kept)
 {
 	struct st_compute *c = st_model_compute(m);
 	const struct st_model_config *cfg = st_model_config(m);
@@ -343,7 +384,8 @@ static void st_layer_bwd(const struct st_model *m, int u, int B, int T, const fl
 
 	st_layer_views(m, u, params, p);
 	st_layer_views(m, u, grad, (const float **)g);
-	st_layer_fwd_core(m, p, w, x, w->dh, B, T);
+	if (!kept)
+		st_layer_fwd_core(m, p, w, x, w->dh, B, T);
 
 	// MLP: down_proj's dW from act, then dact overwrites act
 	st_compute_linear_bwd(c, NULL, g[LT_DOWN_W], NULL, dy, w->act, p[LT_DOWN_W], N, d.F,
@@ -468,16 +510,20 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 
 /* ---- fwd / bwd -------------------------------------------------------------------------------- */
 
-static int st_llama_fwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-			const float *params, const float *other, const float *x, float *y,
-			float *loss, void *work, size_t work_bytes)
+/* saved NULL: one workspace (the backward recomputes); else a layer's
+ * forward buffers are carved from saved and its scratch from work. */
+static int st_llama_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
+			     const float *params, const float *other, const float *x, float *y,
+			     float *loss, void *saved, size_t saved_bytes, void *work,
+			     size_t work_bytes)
 {
 	const int B = batch->B, T = batch->T;
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv;
+	struct st_carver cv, cs;
 
 	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED:
 		assert(y);
@@ -486,7 +532,7 @@ static int st_llama_fwd(const struct st_model *m, int u, const struct st_model_b
 	case ST_UNIT_BLOCK: {
 		assert(x && y);
 		struct st_layer_work w;
-		st_layer_carve(&cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
+		st_layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
 		st_layer_fwd(m, u, B, T, params, x, y, &w);
 		return st_compute_take_error(c);
 	}
@@ -501,17 +547,19 @@ static int st_llama_fwd(const struct st_model *m, int u, const struct st_model_b
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
 }
 
-static int st_llama_bwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-			const float *params, const float *other, const float *x,
-			const float *dy, float *dx, float *grad, float *other_grad,
-			float *loss, void *work, size_t work_bytes)
+static int st_llama_bwd_saved(const struct st_model *m, int u,
+			      const struct st_model_batch *batch, const float *params,
+			      const float *other, const float *x, const float *dy, float *dx,
+			      float *grad, float *other_grad, float *loss, void *saved,
+			      size_t saved_bytes, void *work, size_t work_bytes)
 {
 	const int B = batch->B, T = batch->T;
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv;
+	struct st_carver cv, cs;
 
 	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED:
 		assert(dy);
@@ -521,8 +569,8 @@ static int st_llama_bwd(const struct st_model *m, int u, const struct st_model_b
 	case ST_UNIT_BLOCK: {
 		assert(x && dy && dx);
 		struct st_layer_work w;
-		st_layer_carve(&cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
-		st_layer_bwd(m, u, B, T, params, x, dy, dx, grad, &w);
+		st_layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
+		st_layer_bwd(m, u, B, T, params, x, dy, dx, grad, &w, saved != NULL);
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
@@ -534,6 +582,23 @@ static int st_llama_bwd(const struct st_model *m, int u, const struct st_model_b
 	}
 	}
 	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
+}
+
+static int st_llama_fwd(const struct st_model *m, int u, const struct st_model_batch *batch,
+			const float *params, const float *other, const float *x, float *y,
+			float *loss, void *work, size_t work_bytes)
+{
+	return st_llama_fwd_save(m, u, batch, params, other, x, y, loss, NULL, 0, work,
+				 work_bytes);
+}
+
+static int st_llama_bwd(const struct st_model *m, int u, const struct st_model_batch *batch,
+			const float *params, const float *other, const float *x,
+			const float *dy, float *dx, float *grad, float *other_grad,
+			float *loss, void *work, size_t work_bytes)
+{
+	return st_llama_bwd_saved(m, u, batch, params, other, x, dy, dx, grad, other_grad,
+				  loss, NULL, 0, work, work_bytes);
 }
 
 /* One position's logits: norm(x) @ W^T through the head's workspace at
@@ -594,4 +659,8 @@ const struct st_family_ops st_family_llama = {
 	.flops_per_token = st_llama_flops_per_token,
 	.logits = st_llama_logits,
 	.hf_derived = st_llama_hf_derived,
+	.saved_bytes = st_llama_saved_bytes,
+	.fwd_save = st_llama_fwd_save,
+	.bwd_saved = st_llama_bwd_saved,
+	.unit_flops_per_token = st_llama_unit_flops_per_token,
 };

@@ -129,6 +129,18 @@ double st_model_flops_per_token(const struct st_model *m, int T)
 	return m->family->flops_per_token(m, T);
 }
 
+double st_model_unit_flops_per_token(const struct st_model *m, int u, int T)
+{
+	int blocks = 0;
+
+	assert(u >= 0 && u < m->n_units);
+	if (m->family->unit_flops_per_token)
+		return m->family->unit_flops_per_token(m, u, T);
+	for (int i = 0; i < m->n_units; i++)
+		blocks += m->units[i].kind == ST_UNIT_BLOCK;
+	return m->units[u].kind == ST_UNIT_BLOCK ? m->family->flops_per_token(m, T) / blocks : 0.0;
+}
+
 int st_model_init_unit(const struct st_model *m, int u, uint64_t seed,
 		       float *params)
 {
@@ -163,7 +175,7 @@ static int st_ids_check(const int32_t *ids, size_t n, int V, const char *what)
 
 static int st_call_check(const struct st_model *m, int u,
 			 const struct st_model_batch *b, size_t work_bytes,
-			 bool bwd)
+			 bool bwd, bool kept, size_t saved_bytes)
 {
 	if (u < 0 || u >= m->n_units)
 		return st_error_set(-EINVAL, "model: unit %d out of 0..%d", u,
@@ -177,6 +189,12 @@ static int st_call_check(const struct st_model *m, int u,
 			return err;
 	}
 	size_t need = m->family->work_bytes(m, u, b->B, b->T);
+	if (kept) {
+		size_t saved = m->family->saved_bytes(m, u, b->B, b->T, &need);
+		if (saved_bytes < saved)
+			return st_error_set(-EINVAL, "model: unit %d keeps %zu bytes of its forward, "
+					    "got a saved buffer of %zu", u, saved, saved_bytes);
+	}
 	if (work_bytes < need)
 		return st_error_set(-EINVAL, "model: unit %d needs %zu workspace bytes, got %zu",
 				    u, need, work_bytes);
@@ -206,7 +224,7 @@ int st_model_fwd(const struct st_model *m, int u,
 		 const float *other, const float *x, float *y, float *loss,
 		 void *work, size_t work_bytes)
 {
-	int err = st_call_check(m, u, batch, work_bytes, false);
+	int err = st_call_check(m, u, batch, work_bytes, false, false, 0);
 	if (err)
 		return err;
 	assert(params);
@@ -220,13 +238,71 @@ int st_model_bwd(const struct st_model *m, int u,
 		 float *grad, float *other_grad, float *loss, void *work,
 		 size_t work_bytes)
 {
-	int err = st_call_check(m, u, batch, work_bytes, true);
+	int err = st_call_check(m, u, batch, work_bytes, true, false, 0);
 	if (err)
 		return err;
 	assert(params && grad);
 	assert(m->units[u].reads_unit < 0 || (other && other_grad));
 	return m->family->bwd(m, u, batch, params, other, x, dy, dx, grad, other_grad, loss,
 			      work, work_bytes);
+}
+
+/* Does unit u keep its forward in saved (the family can, and saved is
+ * given)? */
+static bool st_keeps(const struct st_model *m, int u, int B, int T, const void *saved)
+{
+	size_t scratch;
+
+	return saved && m->family->saved_bytes && m->family->fwd_save && m->family->bwd_saved &&
+	       u >= 0 && u < m->n_units && B >= 1 && T >= 1 &&
+	       m->family->saved_bytes(m, u, B, T, &scratch) > 0;
+}
+
+size_t st_model_saved_bytes(const struct st_model *m, int u, int B, int T,
+			    size_t *scratch_bytes)
+{
+	assert(u >= 0 && u < m->n_units && B >= 1 && T >= 1 && scratch_bytes);
+	*scratch_bytes = m->family->work_bytes(m, u, B, T);
+	if (!m->family->saved_bytes || !m->family->fwd_save || !m->family->bwd_saved)
+		return 0;
+	size_t scratch, saved = m->family->saved_bytes(m, u, B, T, &scratch);
+	if (saved)
+		*scratch_bytes = scratch;
+	return saved;
+}
+
+int st_model_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
+		      const float *params, const float *other, const float *x, float *y,
+		      float *loss, void *saved, size_t saved_bytes, void *work,
+		      size_t work_bytes)
+{
+	if (!batch || !st_keeps(m, u, batch->B, batch->T, saved))
+		return st_model_fwd(m, u, batch, params, other, x, y, loss, work, work_bytes);
+	int err = st_call_check(m, u, batch, work_bytes, false, true, saved_bytes);
+	if (err)
+		return err;
+	assert(params);
+	assert(m->units[u].reads_unit < 0 || other);
+	return m->family->fwd_save(m, u, batch, params, other, x, y, loss, saved, saved_bytes,
+				   work, work_bytes);
+}
+
+int st_model_bwd_saved(const struct st_model *m, int u, const struct st_model_batch *batch,
+		       const float *params, const float *other, const float *x,
+		       const float *dy, float *dx, float *grad, float *other_grad,
+		       float *loss, void *saved, size_t saved_bytes, void *work,
+		       size_t work_bytes)
+{
+	if (!batch || !st_keeps(m, u, batch->B, batch->T, saved))
+		return st_model_bwd(m, u, batch, params, other, x, dy, dx, grad, other_grad,
+				    loss, work, work_bytes);
+	int err = st_call_check(m, u, batch, work_bytes, true, true, saved_bytes);
+	if (err)
+		return err;
+	assert(params && grad);
+	assert(m->units[u].reads_unit < 0 || (other && other_grad));
+	return m->family->bwd_saved(m, u, batch, params, other, x, dy, dx, grad, other_grad,
+				    loss, saved, saved_bytes, work, work_bytes);
 }
 
 int st_model_logits(const struct st_model *m, const float *params, const float *other,

@@ -57,6 +57,7 @@ void st_engine_destroy(struct st_engine *e)
 	}
 	for (int i = 0; e->ev_gather && i < e->nslots; i++)
 		destroy_event(e, e->ev_gather[i]);
+	st_eng_act_fini(e);
 	free(e->ev_gather);
 	free(e->ev_h2d);
 	free(e->ev_slot);
@@ -74,6 +75,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->seq);
 	free(e->chains);
 	free(e->ub);
+	free(e->saved);
 	free(e->pool_ext);
 	st_eng_sums_fini(e);
 	free(e->pool_first);
@@ -315,6 +317,7 @@ static void setup_chains(struct st_engine *e)
 			e->chains[n++] = &e->upd[set].load[s];
 			e->chains[n++] = &e->upd[set].store[s];
 		}
+	n += st_eng_act_chains(e, e->chains + n);
 	e->nchains = n;
 }
 
@@ -326,9 +329,13 @@ static int setup_pools(struct st_engine *e)
 		ret = setup_slots(e);
 	if (ret == 0)
 		ret = setup_unit_bufs(e);
+	if (ret == 0)
+		ret = st_eng_act_setup(e, pool(e, ST_POOL_ACT_SLOT, -1, 0),
+				       pool(e, ST_POOL_ACT_HOME, -1, 0));
 	if (ret < 0)
 		return ret;
-	e->chains = calloc((size_t)e->nslots + 4 + 4 * ST_STATE_COUNT, sizeof(*e->chains));
+	e->chains = calloc((size_t)e->nslots + 4 + 4 * ST_STATE_COUNT + 2 * (size_t)e->U,
+			   sizeof(*e->chains));
 	if (!e->chains)
 		return -ENOMEM;
 	setup_chains(e);
@@ -338,6 +345,14 @@ static int setup_pools(struct st_engine *e)
 	e->dB = vpool(e, ST_POOL_DACT, -1, 1);
 	e->work = vpool(e, ST_POOL_WORK, -1, 0);
 	e->work_bytes = e->plan.work_bytes;
+	/* a unit that keeps its forward: the pool's next extent, in unit order */
+	e->saved = calloc((size_t)e->U, sizeof(*e->saved));
+	if (!e->saved)
+		return -ENOMEM;
+	e->saved_bytes = e->plan.saved_each_bytes;
+	for (int u = 0, i = 0; u < e->U; u++)
+		if (e->plan.keep[u])
+			e->saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
 	e->tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->targets = vpool(e, ST_POOL_TARGETS, -1, 0);
 	e->landing = hpool(e, ST_POOL_LANDING, 0);
@@ -378,6 +393,8 @@ static int plan_of(struct st_engine *e)
 		.prefetch = cfg->prefetch, .rates = cfg->rates, .homes = cfg->homes,
 		.world = cfg->world, .rank = cfg->rank, .zero = cfg->zero,
 		.host_compute = !cfg->device || strcmp(cfg->device, "cpu") == 0,
+		.activations = cfg->activations,
+		.recompute = cfg->recompute,
 	};
 
 	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {

@@ -8,6 +8,7 @@
  *   engine_step.c    the step: micro-batches, forward, backward, clip
  *   engine_state.c   state access between steps, stats
  *   engine_ckpt.c    checkpoints (through the public API only)
+ *   engine_act.c     activation checkpoints on the host (d2h, h2d back)
  * See engine_step.c for the step's orderings between the queues. */
 #ifndef STRATA_ENGINE_INTERNAL_H
 #define STRATA_ENGINE_INTERNAL_H
@@ -137,6 +138,10 @@ struct st_engine {
 	float *dA, *dB;               /* activation gradients */
 	void *work;
 	size_t work_bytes;
+	/* [U]: the saved-forward extent of a unit that keeps its forward
+	 * (plan.keep), NULL for one that recomputes it; each saved_bytes */
+	void **saved;
+	size_t saved_bytes;
 	int32_t *tokens, *targets;    /* vram */
 	int32_t *tok_host, *tgt_host; /* drawn here, then copied to vram */
 
@@ -194,7 +199,22 @@ struct st_engine {
 	struct st_engine_stats last;
 	int trace_lane[ST_LANE_COUNT];
 	uint64_t nvme_busy0;          /* the nvme tier's busy_ns at the step's start */
+
+	/* activation checkpoints on the host (engine_act.c): A slots, and
+	 * checkpoints 1..act_off going there and back; per checkpoint j
+	 * (index 1..U-1) its copy's bytes, its two chains and their busy
+	 * counts, and the events ev_act[ACT_EV_*][j] */
+	bool act_host;
+	int act_slots, act_off;
+	const struct st_extent *act_slot_ext; /* [act_slots] vram */
+	const struct st_extent *act_home_ext; /* [act_off] host: x[j] at j-1 */
+	uint64_t *act_len;
+	struct chain *act_chain_out, *act_chain_in;
+	int *act_out_busy, *act_in_busy;
+	struct st_event **ev_act[4];
 };
+
+enum { ACT_EV_FW, ACT_EV_OUT, ACT_EV_BW, ACT_EV_IN };
 
 static inline struct shard *shard(struct st_engine *e, int u, enum st_state s)
 {
@@ -283,6 +303,18 @@ int st_eng_zero_norm(struct st_engine *e, double *sumsq);
 int st_eng_zero_loss(struct st_engine *e, double *sum);
 void st_eng_zero_mark(struct st_engine *e, const char *name, bool end);
 void st_eng_zero_trace(struct st_engine *e);
+
+/* engine_act.c */
+float *st_eng_act(struct st_engine *e, int j);
+int st_eng_act_setup(struct st_engine *e, const struct st_extent *slots,
+		     const struct st_extent *homes);
+int st_eng_act_chains(struct st_engine *e, struct chain **list);
+void st_eng_act_fini(struct st_engine *e);
+int st_eng_act_fwd_begin(struct st_engine *e, int u);
+int st_eng_act_fwd_end(struct st_engine *e, int u);
+void st_eng_act_bwd_begin(struct st_engine *e, int j);
+int st_eng_act_bwd_end(struct st_engine *e, int j);
+int st_eng_act_drain(struct st_engine *e);
 
 /* engine_step.c */
 int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready);

@@ -35,9 +35,10 @@
 #include <math.h>
 #include <string.h>
 
+/* Checkpoint u: unit u's input, in vram or in its slot (engine_act.c). */
 static float *act(struct st_engine *e, int u)
 {
-	return e->acts + (size_t)(u - 1) * e->X;
+	return st_eng_act(e, u);
 }
 
 /* The device buffers unit u computes with: its own when resident, else the
@@ -95,25 +96,31 @@ int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 }
 
 /* Queue the forward of unit u (0 <= u <= U-2); its output is kept as unit
- * u+1's checkpoint for the backward. */
+ * u+1's checkpoint for the backward, and a unit that keeps its forward
+ * (plan.keep) writes it into its saved extent, for its backward. */
 int st_eng_forward_unit(struct st_engine *e, int u)
 {
 	struct st_model_batch b = batch_of(e);
 	float *w = bufs_of(e, u)->wf;
 	int ret = st_eng_acquire_w(e, u, w);
 
+	if (ret == 0)
+		ret = st_eng_act_fwd_begin(e, u);
 	if (ret < 0)
 		return ret;
 	st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
-	ret = st_model_fwd(e->model, u, &b, w, other_w(e, u), u ? act(e, u) : NULL,
-			   act(e, u + 1), NULL, e->work, e->work_bytes);
+	ret = st_model_fwd_save(e->model, u, &b, w, other_w(e, u), u ? act(e, u) : NULL,
+				act(e, u + 1), NULL, e->saved[u], e->saved_bytes, e->work,
+				e->work_bytes);
 	st_compute_span_end(e->cx);
+	if (ret == 0)
+		ret = st_eng_act_fwd_end(e, u);
 	return ret ? ret : st_compute_take_error(e->cx);
 }
 
 static const char *bwd_span(const struct st_engine *e, int u)
 {
-	return u == e->U - 1 ? "bwd head" : u == 0 ? "bwd embed" : "bwd";
+	return u == e->U - 1 ? "bwd head" : u == 0 ? "bwd embed" : e->saved[u] ? "bwd kept" : "bwd";
 }
 
 /* Backward of unit u into its dW buffers: *dy is the gradient of its
@@ -135,12 +142,19 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 	 * a resident unit's was zeroed at the start, as others may add to it */
 	if (!unit_resident(e, u))
 		st_compute_zero(e->cx, ub->dw, e->epad[u] * sizeof(float));
+	if (!first)
+		st_eng_act_bwd_begin(e, u);
 	st_compute_span_begin(e->cx, bwd_span(e, u));
-	ret = st_model_bwd(e->model, u, &b, ub->wf, other_w(e, u), first ? NULL : act(e, u),
-			   last ? NULL : *dy, first ? NULL : *dx, ub->dw, other_grad(e, u),
-			   last ? loss : NULL, e->work, e->work_bytes);
+	/* a unit that keeps its forward reads it from its saved extent (the
+	 * same bits) instead of recomputing it */
+	ret = st_model_bwd_saved(e->model, u, &b, ub->wf, other_w(e, u),
+				 first ? NULL : act(e, u), last ? NULL : *dy, first ? NULL : *dx,
+				 ub->dw, other_grad(e, u), last ? loss : NULL, e->saved[u],
+				 e->saved_bytes, e->work, e->work_bytes);
 	st_compute_span_end(e->cx);
 	st_compute_record(e->cx, ub->ev_dw);
+	if (ret == 0 && !first)
+		ret = st_eng_act_bwd_end(e, u);
 	if (!first) {
 		float *tmp = *dy;
 
@@ -244,6 +258,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		ret = st_eng_wait_until(e, &e->land_busy);
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->gstage_busy);
+	if (ret == 0)
+		ret = st_eng_act_drain(e);
 	if (ret < 0)
 		goto fail;
 	if (e->world > 1) {
@@ -268,6 +284,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	}
 	/* the fused forward may still be computing */
 	ret = st_eng_compute_drain(e);
+	if (ret == 0)
+		ret = st_eng_act_drain(e);
 	if (ret < 0)
 		goto fail;
 	st_eng_stats_end(e, t0);

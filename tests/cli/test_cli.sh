@@ -21,6 +21,7 @@ check bad-model 2 "$strata" train --model layers=2,dim=63,heads=2,vocab=256,ctx=
 check bad-flag 2 "$strata" train --frobnicate
 check bad-number 2 "$strata" train --batch 0 --data "$data"
 check bad-lr 2 "$strata" train --lr abc --data "$data"
+check bad-activations 2 "$strata" train --offload-activations nvme --data "$data"
 check bad-precision 2 "$strata" train --precision fp8 --data "$data"
 check test-fault-spec 2 "$strata" train $M --data "$data" --test-fault eio300
 check test-fault-kind 2 "$strata" train $M --data "$data" --test-fault melt@3

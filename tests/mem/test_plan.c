@@ -80,6 +80,7 @@ struct ref {
 	uint64_t homes[ST_HOME_COUNT];
 	uint64_t slots, slot_bytes, embed_bytes, act, scratch;
 	uint64_t staging, landing, update;
+	uint64_t act_host; /* in->activations host: the checkpoint homes */
 };
 
 static uint64_t page(uint64_t x)
@@ -118,6 +119,15 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 	r->slot_bytes = streamed ? (embed_slot ? E1 : E) * wb : 0;
 	r->embed_bytes = embed_slot ? E0 * wb : 0;
 	r->act = page((uint64_t)(U - 1) * X);
+	if (in->activations == ST_OFFLOAD_HOST) {
+		/* A = 2 slots of X (256-rounded) in vram; the other U-1-A on the
+		 * host */
+		uint64_t xa = (X + 255) / 256 * 256;
+		int A = U - 1 < ST_PLAN_ACT_SLOTS ? U - 1 : ST_PLAN_ACT_SLOTS;
+
+		r->act = (uint64_t)A * page(xa);
+		r->act_host = (uint64_t)(U - 1 - A) * page(xa);
+	}
 	/* ten buffers, each its own 4 KiB-rounded extent: wf, wf_embed, dW
 	 * twice, dW_embed, dA, dB, work, tokens, targets */
 	r->scratch = page(E1 * 4) + page(E0 * 4) + page(E1 * 4) + page(E1 * 4) + page(E0 * 4) +
@@ -129,7 +139,8 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 	r->update = any_nvme || w != ST_HOME_HOST ? 2 * tile * (16 + wb) : 0;
 	r->tier[ST_HOME_VRAM] = r->homes[ST_HOME_VRAM] + r->slots * r->slot_bytes +
 				r->embed_bytes + r->act + r->scratch;
-	r->tier[ST_HOME_HOST] = r->homes[ST_HOME_HOST] + r->staging + r->landing + r->update;
+	r->tier[ST_HOME_HOST] = r->homes[ST_HOME_HOST] + r->staging + r->landing + r->update +
+				r->act_host;
 	r->tier[ST_HOME_NVME] = r->homes[ST_HOME_NVME];
 }
 
@@ -144,11 +155,15 @@ static void expect_uniform(const struct st_plan *p, enum st_home w, enum st_home
 	assert_int_equal(p->optim_home, o);
 }
 
-static void expect_matches_ref(const struct st_plan *p, const struct st_plan_input *in)
+static void expect_matches_ref(const struct st_plan *p, const struct st_plan_input *in0)
 {
+	struct st_plan_input x = *in0, *in = &x;
 	struct ref r;
 
+	/* the checkpoints where the plan put them */
+	x.activations = p->act_home == ST_HOME_HOST ? ST_OFFLOAD_HOST : ST_OFFLOAD_NONE;
 	ref_pools(in, p->w_home, p->optim_home, p->prefetch, &r);
+	assert_int_equal(p->act_host_bytes, r.act_host);
 	assert_int_equal(p->w_slots, r.slots);
 	assert_int_equal(p->w_slot_bytes, r.slot_bytes);
 	assert_int_equal(p->embed_slot, r.embed_bytes > 0);
@@ -290,6 +305,7 @@ static void test_forced(void **state)
 	/* Forced homes stay even when they make the plan fail. */
 	in = input(deep);
 	in.params = ST_OFFLOAD_NONE;
+	in.activations = ST_OFFLOAD_NONE;
 	{
 		struct ref r;
 
@@ -511,8 +527,10 @@ static void test_prefetch_auto(void **state)
 	expect_matches_ref(&p, &in);
 	st_plan_fini(&p);
 	in.prefetch = 4;
+	in.activations = ST_OFFLOAD_NONE; /* (on the host k = 4 would fit) */
 	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 4, &r);
 	expect_refusal(&in, ST_HOME_VRAM, in.gpu_mem_bytes, r.tier[ST_HOME_VRAM]);
+	in.activations = ST_OFFLOAD_AUTO;
 	in.prefetch = 3;
 	p = plan_ok(&in);
 	assert_int_equal(p.prefetch, 3);
@@ -598,8 +616,11 @@ static void test_traffic_hand_computed(void **state)
 
 	/* times with the default rates */
 	tokens = (double)in.batch * in.seq * in.grad_accum;
-	assert_double_equal(p.t_compute_s,
-			    st_model_flops_per_token(small, in.seq) * tokens * 4 / 3 / 50e9, 1e-15);
+	/* per token: the block's 6 * 12 C^2 + 6 T C = 307200 and a third more
+	 * for its recompute, the head's 6 V C = 24576 (its forward runs inside
+	 * its backward: nothing recomputed) */
+	assert_double_equal(p.t_compute_s, (307200.0 * 4 / 3 + 24576.0) * tokens / 50e9, 1e-15);
+	assert_double_equal(p.recompute_flops, 307200.0 / 3 * tokens, 1e-6);
 	assert_double_equal(p.t_copy_s, (double)(w + 2 * g) / 8e9, 1e-15);
 	assert_double_equal(p.t_nvme_s, 5.0 * g / 1.5e9 + 5.0 * g / 1.2e9, 1e-15);
 	assert_double_equal(p.t_adam_s, st_model_param_count(small) * 30.0 / 10e9, 1e-15);
@@ -656,6 +677,137 @@ static void test_traffic_hand_computed(void **state)
 			st_plan_fini(&p);
 		}
 	}
+}
+
+/* --- recompute ---------------------------------------------------------------------- */
+
+/* all keeps nothing, none keeps every block (one saved extent each, the
+ * workspace down to a kept block's scratch), auto keeps as many as the vram
+ * budget holds after the rest, the last blocks first; the minimums are
+ * exact for each mode; none refused names the saved forwards; the
+ * compute prediction counts a third more only for the blocks that
+ * recompute. */
+static void test_recompute(void **state)
+{
+	struct st_plan_input in = input(deep);
+	struct st_plan all, none, p;
+	uint64_t saved, scratch, each, work_all = 0, work_none = 0;
+	double tokens = (double)in.batch * in.seq, blk, head;
+	const struct st_plan_pool *x = NULL;
+
+	ST_UNUSED(state);
+	in.params = ST_OFFLOAD_NONE;
+	in.optim = ST_OFFLOAD_HOST;
+	in.recompute = ST_RECOMPUTE_ALL;
+	all = plan_ok(&in);
+	assert_int_equal(all.n_keep, 0);
+	assert_int_equal(all.saved_each_bytes, 0);
+	for (int i = 0; i < all.n_pools; i++)
+		assert_int_not_equal(all.pools[i].id, ST_POOL_SAVED);
+	saved = st_model_saved_bytes(deep, 1, in.batch, in.seq, &scratch);
+	assert_true(saved > 0);
+	each = page(saved);
+	for (int u = 0; u < all.units; u++) {
+		uint64_t sc, w = st_model_work_bytes(deep, u, in.batch, in.seq);
+
+		work_all = w > work_all ? w : work_all;
+		st_model_saved_bytes(deep, u, in.batch, in.seq, &sc);
+		work_none = sc > work_none ? sc : work_none;
+	}
+	assert_int_equal(all.work_bytes, work_all);
+
+	in.recompute = ST_RECOMPUTE_NONE;
+	none = plan_ok(&in);
+	assert_int_equal(none.n_keep, 8);
+	for (int u = 0; u < none.units; u++)
+		assert_int_equal(none.keep[u], u >= 1 && u <= 8);
+	for (int i = 0; i < none.n_pools; i++)
+		if (none.pools[i].id == ST_POOL_SAVED)
+			x = &none.pools[i];
+	assert_non_null(x);
+	assert_int_equal(x->count, 8);
+	assert_int_equal(x->bytes, saved);
+	assert_int_equal(none.work_bytes, work_none);
+	assert_int_equal(none.total_bytes[ST_HOME_VRAM],
+			 all.total_bytes[ST_HOME_VRAM] - page(work_all) + page(work_none) + 8 * each);
+	assert_int_equal(none.recompute_flops, 0);
+
+	/* FLOPs: GPT-2's block and head of deep (C 128, V 256, T 64) */
+	blk = 6.0 * 12 * 128 * 128 + 6.0 * 64 * 128;
+	head = 6.0 * 256 * 128;
+	assert_double_equal(none.t_compute_s, (8 * blk + head) * tokens / 50e9, 1e-15);
+	assert_double_equal(all.t_compute_s, (8 * blk * 4 / 3 + head) * tokens / 50e9, 1e-15);
+
+	/* none's vram minimum is exact: at it, accepted; 4 KiB less, refused
+	 * with one line naming the saved forwards */
+	in.gpu_mem_bytes = none.min_bytes[ST_HOME_VRAM];
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 8);
+	st_plan_fini(&p);
+	in.gpu_mem_bytes -= 4096;
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "vram budget"));
+	assert_non_null(strstr(st_error_last(), "--recompute none keeps the forward of 8 units"));
+	assert_null(strchr(st_error_last(), '\n'));
+
+	/* auto: the budget of all and three extents keeps the last three
+	 * blocks; the minimum is all's (auto keeps what is left over) */
+	in.recompute = ST_RECOMPUTE_AUTO;
+	in.gpu_mem_bytes = all.total_bytes[ST_HOME_VRAM] + 3 * each;
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 3);
+	for (int u = 0; u < p.units; u++)
+		assert_int_equal(p.keep[u], u >= 6 && u <= 8);
+	assert_int_equal(p.total_bytes[ST_HOME_VRAM], in.gpu_mem_bytes);
+	assert_int_equal(p.min_bytes[ST_HOME_VRAM], all.min_bytes[ST_HOME_VRAM]);
+	assert_double_equal(p.t_compute_s, (3 * blk + 5 * blk * 4 / 3 + head) * tokens / 50e9,
+			    1e-15);
+	st_plan_fini(&p);
+	/* one byte less: two */
+	in.gpu_mem_bytes -= 1;
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 2);
+	assert_true(p.keep[7] && p.keep[8] && !p.keep[6]);
+	st_plan_fini(&p);
+	/* none's total: every block (the last extent paid by the workspace's
+	 * shrinking) */
+	in.gpu_mem_bytes = none.total_bytes[ST_HOME_VRAM];
+	p = plan_ok(&in);
+	assert_int_equal(p.n_keep, 8);
+	st_plan_fini(&p);
+	/* at all's minimum auto still plans, keeping nothing */
+	in.gpu_mem_bytes = all.min_bytes[ST_HOME_VRAM];
+	in.params = ST_OFFLOAD_AUTO;
+	p = plan_ok(&in);
+	st_plan_fini(&p);
+
+	/* the JSON says which units keep */
+	in.params = ST_OFFLOAD_NONE;
+	in.gpu_mem_bytes = all.total_bytes[ST_HOME_VRAM] + 3 * each;
+	p = plan_ok(&in);
+	{
+		char *text = st_plan_json(&p, &in);
+		json_object *root = json_tokener_parse(text), *rc, *v, *units;
+
+		assert_true(json_object_object_get_ex(root, "recompute", &rc));
+		assert_true(json_object_object_get_ex(rc, "mode", &v));
+		assert_string_equal(json_object_get_string(v), "auto");
+		assert_true(json_object_object_get_ex(rc, "keep", &v));
+		assert_int_equal(json_object_array_length(v), 3);
+		assert_int_equal(json_object_get_int(json_object_array_get_idx(v, 0)), 6);
+		assert_true(json_object_object_get_ex(rc, "saved_each_bytes", &v));
+		assert_int_equal(json_object_get_int64(v), (int64_t)saved);
+		assert_true(json_object_object_get_ex(root, "units", &units));
+		assert_true(json_object_object_get_ex(json_object_array_get_idx(units, 8), "keep", &v));
+		assert_true(json_object_get_boolean(v));
+		assert_true(json_object_object_get_ex(json_object_array_get_idx(units, 5), "keep", &v));
+		assert_false(json_object_get_boolean(v));
+		json_object_put(root);
+		free(text);
+	}
+	st_plan_fini(&p);
+	st_plan_fini(&all);
+	st_plan_fini(&none);
 }
 
 /* --- JSON -------------------------------------------------------------------------- */
@@ -1209,6 +1361,115 @@ static void test_split_slots(void **state)
 }
 
 
+/* --- activation checkpoints on the host -------------------------------------- */
+
+static void test_activations(void **state)
+{
+	static const enum st_offload ps[] = { ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+	const struct st_model *ms[] = { tiny, deep, small };
+	struct st_plan_input in;
+	struct st_plan p, q;
+	struct ref rv, rh;
+	char *text;
+	json_object *root;
+
+	ST_UNUSED(state);
+	/* forced host: the pools, and the traffic of the vram plan plus a d2h
+	 * and an h2d of each of checkpoints 1..U-1-A per micro-batch */
+	for (unsigned mi = 0; mi < ST_ARRAY_LEN(ms); mi++)
+		for (int i = 0; i < 3; i++)
+			for (int a = 1; a <= 3; a += 2) {
+				int U = st_model_unit_count(ms[mi]), A = U - 1 < 2 ? U - 1 : 2;
+				uint64_t xa, moved;
+
+				in = input(ms[mi]);
+				in.params = ps[i];
+				in.grad_accum = a;
+				in.seq = 24 + 3 * i;
+				in.batch = 1 + a;
+				xa = ((uint64_t)in.batch * in.seq * st_model_config(ms[mi])->dim * 4 +
+				      255) / 256 * 256;
+				in.activations = ST_OFFLOAD_HOST;
+				p = plan_ok(&in);
+				expect_matches_ref(&p, &in);
+				assert_int_equal(p.act_home, ST_HOME_HOST);
+				assert_int_equal(p.act_slots, A);
+				assert_int_equal(p.act_offloaded, U - 1 - A);
+				moved = (uint64_t)(U - 1 - A) * xa;
+				assert_int_equal(p.act_copy_bytes, moved);
+				in.activations = ST_OFFLOAD_NONE;
+				q = plan_ok(&in);
+				expect_matches_ref(&q, &in);
+				assert_int_equal(q.act_home, ST_HOME_VRAM);
+				assert_int_equal(q.act_offloaded, 0);
+				assert_int_equal(p.h2d_bytes, q.h2d_bytes + (uint64_t)a * moved);
+				assert_int_equal(p.d2h_bytes, q.d2h_bytes + (uint64_t)a * moved);
+				assert_true(moved == 0 || p.t_copy_s > q.t_copy_s);
+				st_plan_fini(&p);
+				st_plan_fini(&q);
+			}
+
+	/* auto: in vram while the vram budget holds them with the rest, on
+	 * the host one page below; forced vram is refused there, naming the
+	 * vram-held minimum; the vram minimum is the host-held one */
+	in = input(deep);
+	in.params = ST_OFFLOAD_NONE;
+	in.optim = ST_OFFLOAD_HOST;
+	in.seq = 256;
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &rv);
+	in.activations = ST_OFFLOAD_HOST;
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &rh);
+	assert_true(rh.tier[ST_HOME_VRAM] < rv.tier[ST_HOME_VRAM]);
+	in.activations = ST_OFFLOAD_AUTO;
+	in.gpu_mem_bytes = rv.tier[ST_HOME_VRAM];
+	p = plan_ok(&in);
+	assert_int_equal(p.act_home, ST_HOME_VRAM);
+	assert_int_equal(p.min_bytes[ST_HOME_VRAM], rh.tier[ST_HOME_VRAM]);
+	st_plan_fini(&p);
+	in.gpu_mem_bytes -= 4096;
+	p = plan_ok(&in);
+	assert_int_equal(p.act_home, ST_HOME_HOST);
+	assert_int_equal(p.w_home, ST_HOME_VRAM);
+	expect_matches_ref(&p, &in);
+	/* the plan says so, in JSON too */
+	text = st_plan_json(&p, &in);
+	root = json_tokener_parse(text);
+	assert_non_null(root);
+	{
+		json_object *o, *v;
+
+		assert_true(json_object_object_get_ex(root, "activations", &o));
+		assert_true(json_object_object_get_ex(o, "home", &v));
+		assert_string_equal(json_object_get_string(v), "host");
+		assert_int_equal(jget_u(root, "activations", "offloaded", NULL),
+				 (uint64_t)p.act_offloaded);
+		assert_int_equal(jget_u(root, "activations", "copy_bytes_per_micro_batch", NULL),
+				 p.act_copy_bytes);
+		assert_int_equal(jget_u(root, "activations", "vram_bytes", NULL), p.act_bytes);
+		assert_int_equal(jget_u(root, "activations", "host_bytes", NULL), p.act_host_bytes);
+	}
+	json_object_put(root);
+	free(text);
+	st_plan_fini(&p);
+	in.activations = ST_OFFLOAD_NONE;
+	expect_refusal(&in, ST_HOME_VRAM, in.gpu_mem_bytes, rv.tier[ST_HOME_VRAM]);
+	/* minimums exact with the checkpoints free to move, and forced */
+	in.activations = ST_OFFLOAD_AUTO;
+	check_minimums(in);
+	in.activations = ST_OFFLOAD_HOST;
+	check_minimums(in);
+	in = input(deep);
+	in.activations = ST_OFFLOAD_AUTO;
+	in.gpu_mem_bytes = rh.tier[ST_HOME_VRAM];
+	check_minimums(in);
+
+	/* the checkpoints never go to nvme */
+	in = input(tiny);
+	in.activations = ST_OFFLOAD_NVME;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "--offload-activations"));
+}
+
 static void test_bad_input(void **state)
 {
 	struct st_plan_input in;
@@ -1243,6 +1504,7 @@ static void test_bad_input(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_recompute),
 		cmocka_unit_test(test_big_budgets),
 		cmocka_unit_test(test_small_vram_streams_w),
 		cmocka_unit_test(test_small_host_optim_nvme),
@@ -1260,6 +1522,7 @@ int main(void)
 		cmocka_unit_test(test_pool_list),
 		cmocka_unit_test(test_split_slots),
 		cmocka_unit_test(test_bad_input),
+		cmocka_unit_test(test_activations),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -86,6 +86,50 @@ else
 	expect_err nvme-below "($nmin B)"
 fi
 
+# Activation checkpoints: a T=8192 model whose checkpoints do not fit 25M
+# of vram with the rest. Forced into vram: refused; auto: on the host, and
+# the plan says so (table and JSON); a bad choice: exit 2.
+L="--model layers=3,dim=32,heads=1,vocab=256,ctx=8192 --batch 1 --seq 8192 --gpu-mem 25M"
+check act-vram-refused 2 "$plan" plan $L --offload-activations vram
+expect_err act-vram-refused "vram budget"
+check act-auto 0 "$plan" plan $L
+expect_out act-auto "activations on the host: 2 of 4 go there and back"
+check act-host-json 0 "$plan" plan $L --offload-activations host --json
+python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+a = p['activations']
+assert a['home'] == 'host' and a['offloaded'] == 2 and a['slots'] == 2, a
+assert a['copy_bytes_per_micro_batch'] == 2 * 8192 * 32 * 4, a
+assert a['vram_bytes'] == p['pools']['act_bytes'], a
+" "$work/out" || { echo "FAIL act-host-json"; fail=1; }
+check act-vram-fits 0 "$plan" plan $M
+expect_out act-vram-fits "activations in vram"
+check act-bad 2 "$plan" plan $M --offload-activations nvme
+expect_err act-bad "expected auto, vram or host"
+# --recompute: which blocks keep their forward (docs/plan.md). none's vram
+# minimum counts every saved forward and is exact; auto keeps what fits.
+check bad-recompute 2 "$plan" plan $M --recompute some
+expect_err bad-recompute "--recompute some: expected auto, all or none"
+check recompute-none 0 "$plan" plan $M --gpu-mem 64M --recompute none --json
+read -r rmin nkeep < <(python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+print(p['tiers']['vram']['min_bytes'], len(p['recompute']['keep']))" "$work/out")
+if [ "${nkeep:-}" != 4 ]; then
+	echo "FAIL recompute-none: keeps ${nkeep:-?} units, want the 4 blocks"; fail=1
+else
+	check recompute-none-at-min 0 "$plan" plan $M --gpu-mem "$rmin" --recompute none
+	expect_out recompute-none-at-min "units 1-4 keep their forward"
+	check recompute-none-below 2 "$plan" plan $M --gpu-mem $((rmin - 4096)) --recompute none
+	expect_err recompute-none-below "--recompute none keeps the forward of 4 units"
+	check recompute-auto-below 0 "$plan" plan $M --gpu-mem $((rmin - 4096)) --recompute auto
+	# auto places W first (in vram here, where none streams it), then keeps what fits
+	expect_out recompute-auto-below "units 3-4 keep their forward"
+fi
+check recompute-all 0 "$plan" plan $M --gpu-mem 64M --recompute all
+expect_out recompute-all "none (recompute all"
+
 # --nvme-bench: the rates come from the file; a bad file is refused.
 cat >"$work/bench.json" <<'EOF'
 { "points": [], "best": { "read_gbps": 3.25, "write_gbps": 2.5, "bs": 1048576, "qd": 32 } }

@@ -123,4 +123,106 @@ static float net_bwd(struct net *n)
 	return loss;
 }
 
+/* The kept forward against the recompute: the whole backward with every
+ * block's forward kept (st_model_fwd_save into a saved buffer of its own,
+ * st_model_bwd_saved from it) gives the recompute's loss, every unit's
+ * gradient and every input gradient bit for bit. The scratch workspace is
+ * only st_model_saved_bytes()' scratch and is poisoned (NaN) before each
+ * call, so a kept backward that still read a forward buffer from it, or
+ * recomputed into it, would differ; the saved buffers start poisoned too. */
+static void net_saved_matches(struct net *n)
+{
+	size_t act = (size_t)n->B * n->T * n->C;
+	float l_ref = 0.0f, l_kept = 0.0f;
+	float **g_ref = calloc(n->U, sizeof(float *)), **dx_ref = calloc(n->U, sizeof(float *));
+	void **saved = calloc(n->U, sizeof(void *));
+	size_t *saved_b = calloc(n->U, sizeof(size_t)), scratch_b = 0;
+	int kept = 0;
+
+	/* the reference: recompute */
+	net_fwd(n);
+	for (int u = 0; u < n->U; u++)
+		memset(n->g[u], 0, st_model_unit_layout(n->m, u)->elems * sizeof(float));
+	int cur = 0;
+	for (int u = n->U - 1; u >= 0; u--) {
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		float *dx = u > 0 ? n->dbuf[cur ^ 1] : NULL;
+		assert_int_equal(st_model_bwd(n->m, u, &n->batch, n->p[u], k >= 0 ? n->p[k] : NULL,
+					      n->x[u], n->dbuf[cur], dx, n->g[u],
+					      k >= 0 ? n->g[k] : NULL, u == n->U - 1 ? &l_ref : NULL,
+					      n->work, n->work_bytes), 0);
+		if (dx) {
+			dx_ref[u] = malloc(act * sizeof(float));
+			memcpy(dx_ref[u], dx, act * sizeof(float));
+		}
+		cur ^= 1;
+	}
+	for (int u = 0; u < n->U; u++) {
+		size_t bytes = st_model_unit_layout(n->m, u)->elems * sizeof(float), sc;
+		g_ref[u] = malloc(bytes);
+		memcpy(g_ref[u], n->g[u], bytes);
+		saved_b[u] = st_model_saved_bytes(n->m, u, n->B, n->T, &sc);
+		if (st_model_unit_layout(n->m, u)->kind == ST_UNIT_BLOCK) {
+			assert_true(saved_b[u] > 0);
+			assert_true(sc < st_model_work_bytes(n->m, u, n->B, n->T));
+			saved[u] = malloc(saved_b[u]);
+			memset(saved[u], 0xff, saved_b[u]);
+			kept++;
+		} else {
+			assert_int_equal(saved_b[u], 0);
+			assert_int_equal(sc, st_model_work_bytes(n->m, u, n->B, n->T));
+		}
+		scratch_b = sc > scratch_b ? sc : scratch_b;
+	}
+	assert_true(kept == n->U - 2);
+	void *scratch = malloc(scratch_b);
+	/* a saved buffer one byte short is refused */
+	if (n->U > 2)
+		assert_int_equal(st_model_fwd_save(n->m, 1, &n->batch, n->p[1], NULL, n->x[1],
+						   n->x[2], NULL, saved[1], saved_b[1] - 1,
+						   scratch, scratch_b), -EINVAL);
+
+	/* kept: the inputs are recomputed too (the same bits) */
+	for (int u = 1; u <= n->U; u++)
+		memset(n->x[u], 0xff, act * sizeof(float));
+	for (int u = 0; u < n->U - 1; u++) {
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		memset(scratch, 0xff, scratch_b);
+		assert_int_equal(st_model_fwd_save(n->m, u, &n->batch, n->p[u],
+						   k >= 0 ? n->p[k] : NULL, n->x[u], n->x[u + 1],
+						   NULL, saved[u], saved_b[u], scratch, scratch_b),
+				 0);
+	}
+	for (int u = 0; u < n->U; u++)
+		memset(n->g[u], 0, st_model_unit_layout(n->m, u)->elems * sizeof(float));
+	cur = 0;
+	for (int u = n->U - 1; u >= 0; u--) {
+		int k = st_model_unit_layout(n->m, u)->reads_unit;
+		float *dx = u > 0 ? n->dbuf[cur ^ 1] : NULL;
+		memset(scratch, 0xff, scratch_b);
+		assert_int_equal(st_model_bwd_saved(n->m, u, &n->batch, n->p[u],
+						    k >= 0 ? n->p[k] : NULL, n->x[u], n->dbuf[cur],
+						    dx, n->g[u], k >= 0 ? n->g[k] : NULL,
+						    u == n->U - 1 ? &l_kept : NULL, saved[u],
+						    saved_b[u], scratch, scratch_b), 0);
+		if (dx && memcmp(dx_ref[u], dx, act * sizeof(float)))
+			fail_msg("unit %d: the input gradient differs when kept", u);
+		cur ^= 1;
+	}
+	assert_memory_equal(&l_ref, &l_kept, sizeof(float));
+	for (int u = 0; u < n->U; u++)
+		if (memcmp(g_ref[u], n->g[u], st_model_unit_layout(n->m, u)->elems * sizeof(float)))
+			fail_msg("unit %d: the gradient differs when kept", u);
+	for (int u = 0; u < n->U; u++) {
+		free(g_ref[u]);
+		free(dx_ref[u]);
+		free(saved[u]);
+	}
+	free(g_ref);
+	free(dx_ref);
+	free(saved);
+	free(saved_b);
+	free(scratch);
+}
+
 #endif

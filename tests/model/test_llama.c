@@ -657,6 +657,36 @@ static void test_determinism(void **state)
 	net_fini(&n);
 }
 
+/* A kept forward gives the recompute's bits (model_net.h): GQA with biases
+ * (dq, dk, dv alias gate and up), and a shape whose attention gradients
+ * need buffers of their own (Q > F). */
+static void test_saved_forward(void **state)
+{
+	(void)state;
+	static const char *models[] = {
+		"llama:layers=2,dim=32,heads=4,kv-heads=2,ffn=48,vocab=37,ctx=80,bias=1",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,head-dim=16,ffn=40,vocab=41,ctx=80,"
+		"tied=0",
+	};
+	for (unsigned i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+		struct st_model_config cfg;
+		struct net n;
+		assert_int_equal(st_model_config_parse(models[i], &cfg), 0);
+		net_init(&n, &cfg, 2, 70, 13);
+		randomise(&n);
+		for (int j = 0; j < n.B * n.T; j++) {
+			n.tok[j] = (int32_t)(rng_u64() % cfg.vocab);
+			n.tgt[j] = (int32_t)(rng_u64() % cfg.vocab);
+		}
+		net_saved_matches(&n);
+		double sum = 0;
+		for (int u = 0; u < n.U; u++)
+			sum += st_model_unit_flops_per_token(n.m, u, 70);
+		assert_true(fabs(sum - st_model_flops_per_token(n.m, 70)) <= 1e-9 * sum);
+		net_fini(&n);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -670,6 +700,7 @@ int main(void)
 		cmocka_unit_test(test_gradients_gqa_bias),
 		cmocka_unit_test(test_gradients_untied),
 		cmocka_unit_test(test_determinism),
+		cmocka_unit_test(test_saved_forward),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -497,6 +497,25 @@ static void test_determinism(void **state)
 	net_fini(&n);
 }
 
+/* A kept forward gives the recompute's bits (model_net.h). */
+static void test_saved_forward(void **state)
+{
+	(void)state;
+	struct net n;
+	net_init(&n, &small_cfg, 2, 80, 11);
+	for (int i = 0; i < n.B * n.T; i++) {
+		n.tok[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+		n.tgt[i] = (int32_t)(rng_u64() % small_cfg.vocab);
+	}
+	net_saved_matches(&n);
+	/* the shares of the model FLOPs add up to the total */
+	double sum = 0;
+	for (int u = 0; u < n.U; u++)
+		sum += st_model_unit_flops_per_token(n.m, u, 80);
+	assert_true(fabs(sum - st_model_flops_per_token(n.m, 80)) <= 1e-9 * sum);
+	net_fini(&n);
+}
+
 static void test_bad_calls(void **state)
 {
 	(void)state;
@@ -839,6 +858,7 @@ int main(void)
 		cmocka_unit_test(test_loss_at_init),
 		cmocka_unit_test(test_overfit),
 		cmocka_unit_test(test_determinism),
+		cmocka_unit_test(test_saved_forward),
 		cmocka_unit_test(test_bad_calls),
 		cmocka_unit_test(test_compute),
 		cmocka_unit_test(test_queued_compute),

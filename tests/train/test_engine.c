@@ -570,6 +570,43 @@ static void test_traffic_matches_plan(void **state)
 			st_engine_destroy(e);
 			st_dataset_close(ds);
 		}
+	/* checkpoints on the host: 3 of 5 there and back each micro-batch */
+	for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++)
+		for (int accum = 1; accum <= 2; accum++) {
+			struct st_engine_config c;
+			struct st_engine *e;
+			struct st_dataset *ds;
+			struct st_loader ld;
+			struct st_step_result res;
+			struct st_engine_stats st;
+			const struct st_plan *p;
+
+			base_config(&c);
+			assert_int_equal(st_model_config_parse("layers=4,dim=64,heads=2,vocab=256,"
+							       "ctx=64", &c.train.model), 0);
+			c.params = cases[i][0];
+			c.optim = cases[i][1];
+			c.train.grad_accum = accum;
+			c.activations = ST_OFFLOAD_HOST;
+			open_loader(&ds, &ld, &c);
+			assert_int_equal(st_engine_create(&c, &e), 0);
+			assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
+			st_engine_get_stats(e, &st);
+			p = st_engine_plan(e);
+			assert_int_equal(p->act_offloaded, 3);
+			assert_true(p->act_copy_bytes > 0);
+			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
+			    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
+			    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
+			    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
+				fail_msg("checkpoints on the host, case %zu accum %d: moved h2d %llu "
+					 "d2h %llu, planned %llu %llu", i, accum,
+					 (unsigned long long)st.bytes[ST_LANE_H2D],
+					 (unsigned long long)st.bytes[ST_LANE_D2H],
+					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes);
+			st_engine_destroy(e);
+			st_dataset_close(ds);
+		}
 }
 
 /* 6 steps straight = 3 steps, save, resume (another placement), 3 steps.
@@ -704,6 +741,193 @@ static void test_llama_placement(void **state)
 		train(&c, STEPS, &r);
 		same(&ref, &r, STEPS, "llama: split placement");
 		run_free(&r);
+		run_free(&ref);
+	}
+}
+
+/* Activation checkpoints on the host (engine_act.c): the same bits as in
+ * vram, whatever else is streamed, at grad_accum 1 and 2, for GPT-2 and
+ * LLaMA shapes deep enough that several checkpoints go there and back. */
+static void test_act_host(void **state)
+{
+	static const char *const models[] = {
+		"layers=4,dim=64,heads=2,vocab=256,ctx=64",
+		"llama:layers=4,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,tied=0",
+	};
+	static const struct {
+		const char *name;
+		enum st_offload params, optim;
+		int prefetch;
+		enum st_recompute recompute;
+	} cases[] = {
+		{ "W vram, optim host", ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, 0, ST_RECOMPUTE_ALL },
+		{ "W nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, ST_RECOMPUTE_ALL },
+		{ "W host, prefetch 1", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 1, ST_RECOMPUTE_ALL },
+		{ "W nvme, every block keeps its forward", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 0,
+		  ST_RECOMPUTE_NONE },
+	};
+	struct st_engine_config c;
+	struct run ref, r;
+	char what[160];
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
+		for (int accum = 1; accum <= 2; accum++) {
+			base_config(&c);
+			assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+			c.train.grad_accum = accum;
+			c.params = ST_OFFLOAD_NONE;
+			c.optim = ST_OFFLOAD_HOST;
+			c.activations = ST_OFFLOAD_NONE;
+			c.recompute = ST_RECOMPUTE_ALL;
+			train(&c, STEPS, &ref);
+			for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+				struct st_engine *e;
+
+				c.params = cases[i].params;
+				c.optim = cases[i].optim;
+				c.prefetch = cases[i].prefetch;
+				c.recompute = cases[i].recompute;
+				c.activations = ST_OFFLOAD_HOST;
+				assert_int_equal(st_engine_create(&c, &e), 0);
+				/* 5 checkpoints: 3 go to the host, 2 stay in their slots */
+				assert_int_equal(st_engine_plan(e)->act_home, ST_HOME_HOST);
+				assert_int_equal(st_engine_plan(e)->act_offloaded, 3);
+				st_engine_destroy(e);
+				train(&c, STEPS, &r);
+				snprintf(what, sizeof(what), "%s, accum %d: checkpoints on the host, %s",
+					 models[mi], accum, cases[i].name);
+				same(&ref, &r, STEPS, what);
+				run_free(&r);
+			}
+			run_free(&ref);
+		}
+}
+
+/* Long sequences: a T = 8192 model whose checkpoints do not fit the vram
+ * budget with the rest: refused with them forced into vram, trained with
+ * auto (which puts them on the host), and the same bits as the run that
+ * holds them in vram with more vram. */
+static void test_act_long(void **state)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct run ref, r;
+	const struct st_plan *p;
+
+	(void)state;
+	base_config(&c);
+	assert_int_equal(st_model_config_parse("layers=3,dim=32,heads=1,vocab=256,ctx=8192",
+					       &c.train.model), 0);
+	c.train.batch = 1;
+	c.train.seq = 8192;
+	c.params = ST_OFFLOAD_NONE;
+	c.optim = ST_OFFLOAD_HOST;
+	c.gpu_mem_bytes = 25ull << 20;
+	c.host_mem_bytes = 64ull << 20;
+	c.activations = ST_OFFLOAD_NONE;
+	assert_int_equal(st_engine_create(&c, &e), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "vram budget"));
+	c.activations = ST_OFFLOAD_AUTO;
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	p = st_engine_plan(e);
+	assert_int_equal(p->act_home, ST_HOME_HOST);
+	assert_int_equal(p->act_offloaded, 2);
+	st_engine_destroy(e);
+	train(&c, 2, &r);
+	c.gpu_mem_bytes = 64ull << 20;
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	assert_int_equal(st_engine_plan(e)->act_home, ST_HOME_VRAM); /* auto: they fit */
+	st_engine_destroy(e);
+	train(&c, 2, &ref);
+	same(&ref, &r, 2, "T=8192: checkpoints on the host vs in vram");
+	run_free(&ref);
+	run_free(&r);
+}
+
+/* The vram total of c's plan (the engine's own), and one saved-forward
+ * extent's bytes. */
+static void plan_of(const struct st_engine_config *c, uint64_t *vram, uint64_t *saved_each,
+		    int *n_keep)
+{
+	struct st_engine *e;
+
+	if (st_engine_create(c, &e))
+		fail_msg("engine: %s", st_error_last());
+	*vram = st_engine_plan(e)->total_bytes[ST_HOME_VRAM];
+	*saved_each = st_engine_plan(e)->saved_each_bytes;
+	*n_keep = st_engine_plan(e)->n_keep;
+	st_engine_destroy(e);
+}
+
+/* Keeping a unit's forward instead of recomputing it changes no bit:
+ * recompute all against none (every block keeps) and auto with a vram
+ * budget that holds one block's saved forward (the last block keeps, the
+ * other recomputes), W in vram and streamed from nvme, at grad_accum 2
+ * (a saved extent is rewritten by every micro-batch's forward, the first
+ * one's in the fused forward of the update sweep), on GPT-2 and LLaMA. */
+static void test_recompute_invariance(void **state)
+{
+	static const char *const models[] = {
+		"layers=2,dim=64,heads=2,vocab=256,ctx=64",
+		"llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,bias=1,tied=1",
+	};
+	static const struct {
+		const char *name;
+		enum st_offload params;
+		enum st_recompute mode;
+		bool one; /* budget for one saved extent */
+	} cases[] = {
+		{ "recompute none, W in vram", ST_OFFLOAD_NONE, ST_RECOMPUTE_NONE, false },
+		{ "recompute none, W on nvme", ST_OFFLOAD_NVME, ST_RECOMPUTE_NONE, false },
+		{ "recompute auto (one kept), W in vram", ST_OFFLOAD_NONE, ST_RECOMPUTE_AUTO, true },
+		{ "recompute auto (one kept), W on nvme", ST_OFFLOAD_NVME, ST_RECOMPUTE_AUTO, true },
+	};
+	struct st_engine_config c;
+	struct run ref, r;
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++) {
+		base_config(&c);
+		assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+		c.train.grad_accum = 2;
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = ST_OFFLOAD_HOST;
+		c.recompute = ST_RECOMPUTE_ALL;
+		train(&c, STEPS, &ref);
+		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+			uint64_t vram, each;
+			int n_keep;
+			char what[128];
+
+			base_config(&c);
+			assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+			c.train.grad_accum = 2;
+			c.params = cases[i].params;
+			c.optim = cases[i].params == ST_OFFLOAD_NVME ? ST_OFFLOAD_NVME : ST_OFFLOAD_HOST;
+			c.prefetch = 1;
+			c.recompute = cases[i].mode;
+			if (cases[i].one) {
+				/* what recompute all takes, and one more extent */
+				struct st_engine_config a = c;
+
+				a.recompute = ST_RECOMPUTE_NONE;
+				plan_of(&a, &vram, &each, &n_keep);
+				assert_int_equal(n_keep, 2);
+				a.recompute = ST_RECOMPUTE_ALL;
+				uint64_t none_each = each;
+
+				plan_of(&a, &vram, &each, &n_keep);
+				assert_int_equal(n_keep, 0);
+				c.gpu_mem_bytes = vram + (none_each + 4095) / 4096 * 4096;
+			}
+			plan_of(&c, &vram, &each, &n_keep);
+			assert_int_equal(n_keep, cases[i].one ? 1 : 2);
+			train(&c, STEPS, &r);
+			snprintf(what, sizeof(what), "%s: %s", models[mi], cases[i].name);
+			same(&ref, &r, STEPS, what);
+			run_free(&r);
+		}
 		run_free(&ref);
 	}
 }
@@ -1168,6 +1392,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cuda_close_to_cpu),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_llama_placement),
+		cmocka_unit_test(test_act_host),
+		cmocka_unit_test(test_recompute_invariance),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
@@ -1175,6 +1401,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_untied_head),
 		cmocka_unit_test(test_llama_placement),
 		cmocka_unit_test(test_llama_resume),
+		cmocka_unit_test(test_act_host),
+		cmocka_unit_test(test_act_long),
+		cmocka_unit_test(test_recompute_invariance),
 		cmocka_unit_test(test_budgets),
 		cmocka_unit_test(test_matches_reference_trainer),
 		cmocka_unit_test(test_traffic_matches_plan),

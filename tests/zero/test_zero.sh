@@ -99,6 +99,10 @@ np2)
 	run bigref 1 "${big[@]}" --grad-accum 2
 	run big 2 "${big[@]}" --zero 3 --offload-params nvme --prefetch 1
 	same big bigref "2 ranks --zero 3, embedding slot, W on nvme, prefetch 1 = 1 rank"
+	# each rank's activation checkpoints on its host (3 of 5 there and back)
+	run actref 1 --steps 3 --grad-accum 2 --offload-activations vram
+	run act 2 --steps 3 --zero 3 --offload-activations host --offload-params nvme
+	same act actref "2 ranks --zero 3, checkpoints on the host = 1 rank, checkpoints in vram"
 	;;
 np4)
 	determinism 4 1 0
