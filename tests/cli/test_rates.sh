@@ -15,7 +15,7 @@ data=$work/data.txt
 text "$data" 5 every unit streams from the disk while the planner predicts the step
 
 check refresh 0 "$strata" train $M $N --data "$data" --steps 5 --rates-refresh "$work/r.json" \
-	--metrics "$work/m1.jsonl"
+	--metrics "$work/m1.jsonl" --trace "$work/t.json"
 grep -q "rates from steps 2-4 written to $work/r.json" "$work/out" ||
 	{ echo "FAIL refresh: no line saying what it wrote"; fail=1; }
 python3 -c "
@@ -44,6 +44,34 @@ assert [x['bytes'] for x in a] == [x['bytes'] for x in b]
 " "$work/m1.jsonl" "$work/m2.jsonl" || { echo "FAIL rates: numbers changed"; fail=1; }
 check plan-rates 0 "$strata" plan $M $N --rates "$work/r.json"
 grep -q "GFLOP/s (file" "$work/out" || { echo "FAIL plan-rates: not the file's"; fail=1; }
+
+# tools/plan-timeline: the plan's lanes against a step of that trace
+tl="$(dirname "$0")/../../tools/plan-timeline"
+check plan-json 0 "$strata" plan $M $N --rates "$work/r.json" --json
+cp "$work/out" "$work/plan.json"
+check timeline 0 python3 "$tl" --plan "$work/plan.json" --trace "$work/t.json" --out "$work/t.svg" --step 2
+python3 - "$work/t.svg" "$work/t.json" "$work/plan.json" <<'PY' || { echo "FAIL timeline: the SVG"; fail=1; }
+import json, sys, xml.dom.minidom
+svg = xml.dom.minidom.parse(sys.argv[1])
+texts = [t.firstChild.data for t in svg.getElementsByTagName('text') if t.firstChild]
+assert 'predicted' in texts and 'measured' in texts, texts[:5]
+plan = json.load(open(sys.argv[3]))
+assert any('step %.3f s, bound by %s' % (plan['time']['step_s'], plan['time']['bound']) in t
+           for t in texts), texts
+# every compute span of step 2 of the trace is one rect with its title
+ev = json.load(open(sys.argv[2]))['traceEvents']
+tid = [e['tid'] for e in ev if e.get('name') == 'thread_name' and e['args']['name'] == 'compute'][0]
+starts = sorted(e['ts'] for e in ev if e.get('ph') == 'X' and e['tid'] == tid and e['name'] == 'fwd embed')
+a, b = starts[2], starts[3]
+want = sum(1 for e in ev if e.get('ph') == 'X' and e['tid'] == tid and e['ts'] < b and e['ts'] + e['dur'] > a)
+rects = [r for r in svg.getElementsByTagName('rect') if r.getAttribute('fill') == '#4c72b0'
+         and r.getElementsByTagName('title')]
+assert len(rects) == want, (len(rects), want)
+PY
+check timeline-bad-step 2 python3 "$tl" --plan "$work/plan.json" --trace "$work/t.json" --out "$work/u.svg" --step 99
+check timeline-no-plan 2 python3 "$tl" --trace "$work/t.json" --out "$work/u.svg"
+check timeline-bad-trace 2 python3 "$tl" --plan "$work/plan.json" --trace "$work/plan.json" --out "$work/u.svg"
+[ -e "$work/u.svg" ] && { echo "FAIL timeline: wrote on bad input"; fail=1; }
 
 check refresh-one-step 2 "$strata" train $M --data "$data" --steps 1 --rates-refresh "$work/x.json"
 [ -e "$work/x.json" ] && { echo "FAIL refresh-one-step: wrote the file"; fail=1; }
