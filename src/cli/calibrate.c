@@ -449,14 +449,14 @@ void st_cli_calibrate(const struct st_plan_input *in, const char *device,
 		struct st_tier_config hc = { .budget_bytes = CAL_COPY_BYTES + CAL_NVME_IO_BYTES +
 							     (4ull << 20) };
 
-		fprintf(stderr, "calibrate: %s at B=%d T=%d on %s (%d threads): vram %llu MiB, "
-			"pinned host %llu MiB\n", st_model_config_format(cfg, dims, sizeof(dims)),
-			in->batch, in->seq, device, omp_get_max_threads(),
-			(unsigned long long)(need >> 20), (unsigned long long)(hc.budget_bytes >> 20));
 		ret = st_device_create(dops, &dc, &dev);
 		if (ret < 0)
 			st_cli_die(ret == -ENODEV ? 2 : 1, "--calibrate: device %s: %s", device,
 				   st_error_last());
+		fprintf(stderr, "calibrate: %s at B=%d T=%d on %s (%d threads): vram %llu MiB, "
+			"pinned host %llu MiB\n", st_model_config_format(cfg, dims, sizeof(dims)),
+			in->batch, in->seq, device, omp_get_max_threads(),
+			(unsigned long long)(need >> 20), (unsigned long long)(hc.budget_bytes >> 20));
 		ret = st_compute_create(dev, &cx);
 		if (ret < 0)
 			cal_fail(ret, "the device's compute");
