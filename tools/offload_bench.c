@@ -56,6 +56,7 @@ static void usage(FILE *f)
 "                     [--nvme DIR] [--gpu-mem SIZE] [--host-mem SIZE]\n"
 "                     [--threads N] [--trace FILE] [--json FILE]\n"
 "                     [--device cpu|cuda] [--data FILE] [--verify-ab | --act-ab]\n"
+"                     [--rates FILE]\n"
 "\n"
 "Step time with params and optimizer on nvme (B) against everything in\n"
 "vram (A), stepped alternately in one run; overlap efficiency of B from its\n"
@@ -67,7 +68,10 @@ static void usage(FILE *f)
 "--verify-ab: A is B with --verify-reads off instead, so B/A is what the\n"
 "nvme checksums cost.\n"
 "--act-ab: A is everything in vram, B the same with the activation\n"
-"checkpoints on the host, so B/A is what the activation offload costs.\n");
+"checkpoints on the host, so B/A is what the activation offload costs.\n"
+"--rates FILE: also predict A and B with a rates file (strata plan --calibrate);\n"
+"the predictions with the default rates, the file's and the rates measured in\n"
+"this run are printed with their error against the measured median step.\n");
 }
 
 int main(int argc, char **argv)
@@ -77,11 +81,15 @@ int main(int argc, char **argv)
 		{ "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' }, { "gpu-mem", 1, 0, 'g' },
 		{ "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' }, { "json", 1, 0, 'J' },
 		{ "trace", 1, 0, 'X' }, { "device", 1, 0, 'D' }, { "data", 1, 0, 'd' },
-		{ "verify-ab", 0, 0, 'V' }, { "act-ab", 0, 0, 'a' }, { "help", 0, 0, 'h' }, { 0 },
+		{ "verify-ab", 0, 0, 'V' }, { "act-ab", 0, 0, 'a' }, { "rates", 1, 0, 'R' },
+		{ "help", 0, 0, 'h' }, { 0 },
 	};
 	const char *device = "cpu", *data = "/usr/share/common-licenses/GPL-3";
 	const char *model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", *nvme = "/var/tmp";
-	const char *json = NULL, *trace_path = NULL;
+	const char *json = NULL, *trace_path = NULL, *rates_file = NULL;
+	struct st_plan_rates file_rates;
+	double a_busy[ST_LANE_COUNT] = { 0 }, a_bytes[ST_LANE_COUNT] = { 0 };
+	double b_busy[ST_LANE_COUNT] = { 0 }, b_bytes[ST_LANE_COUNT] = { 0 }, b_nvme = 0;
 	int batch = 4, seq = 256, steps = 4, threads = 0, c;
 	bool verify_ab = false, act_ab = false;
 	uint64_t gpu = 256ull << 20, host = 256ull << 20;
@@ -91,8 +99,6 @@ int main(int argc, char **argv)
 	struct st_loader la, lb;
 	struct st_trace *trace = NULL;
 	double *ta, *tb, *eff, *ratio, busy_max = 0;
-	double a_compute_s = 0, a_adam_s = 0, b_nr_s = 0, b_nw_s = 0, b_copy_s = 0;
-	double b_nr_bytes = 0, b_nw_bytes = 0, b_copy_bytes = 0;
 	const char *busiest = "compute";
 	struct stat st;
 
@@ -114,6 +120,7 @@ int main(int argc, char **argv)
 		case 'D': if (!st_device_find(optarg)) die2("--device is not built into this binary: ", optarg); device = optarg; break;
 		case 'd': data = optarg; break;
 		case 'V': verify_ab = true; break;
+		case 'R': rates_file = optarg; break;
 		case 'a': act_ab = true; break;
 		case 'h': usage(stdout); return 0;
 		default: die2("unknown or incomplete option ", argv[optind - 1]);
@@ -125,6 +132,10 @@ int main(int argc, char **argv)
 		die2("--verify-ab and --act-ab are two different benchmarks", NULL);
 	if (stat(nvme, &st) < 0 || !S_ISDIR(st.st_mode))
 		die2("--nvme is not a directory: ", nvme);
+	if (rates_file && st_plan_rates_read(rates_file, &file_rates) < 0) {
+		fprintf(stderr, "offload-bench: --rates %s\n", st_error_last());
+		return 2;
+	}
 	if (threads) {
 		omp_set_num_threads(threads);
 		openblas_set_num_threads(threads);
@@ -221,15 +232,14 @@ int main(int argc, char **argv)
 		ta[s - 1] = sa.step_ns / 1e9;
 		tb[s - 1] = sb.step_ns / 1e9;
 		ratio[s - 1] = tb[s - 1] / ta[s - 1];
-		/* What each resource did, for the calibrated prediction. */
-		a_compute_s += sa.busy_ns[ST_LANE_COMPUTE] / 1e9;
-		a_adam_s += sa.busy_ns[ST_LANE_ADAM] / 1e9;
-		b_nr_s += sb.busy_ns[ST_LANE_NVME_READ] / 1e9;
-		b_nw_s += sb.busy_ns[ST_LANE_NVME_WRITE] / 1e9;
-		b_nr_bytes += (double)sb.bytes[ST_LANE_NVME_READ];
-		b_nw_bytes += (double)sb.bytes[ST_LANE_NVME_WRITE];
-		b_copy_s += (sb.busy_ns[ST_LANE_H2D] + sb.busy_ns[ST_LANE_D2H]) / 1e9;
-		b_copy_bytes += (double)(sb.bytes[ST_LANE_H2D] + sb.bytes[ST_LANE_D2H]);
+		/* What each resource did, for the prediction with the rates measured here. */
+		for (int l = 0; l < ST_LANE_COUNT; l++) {
+			a_busy[l] += sa.busy_ns[l] / 1e9;
+			a_bytes[l] += (double)sa.bytes[l];
+			b_busy[l] += sb.busy_ns[l] / 1e9;
+			b_bytes[l] += (double)sb.bytes[l];
+		}
+		b_nvme += sb.nvme_busy_ns / 1e9;
 		busy_max = 0;
 		for (int l = 0; l < ST_LANE_COUNT; l++)
 			if (sb.busy_ns[l] / 1e9 > busy_max) {
@@ -251,7 +261,8 @@ int main(int argc, char **argv)
 		const char *goal = verify_ab ? "1.03: the nvme checksums' cost"
 				   : act_ab ? "1.1: the activation offload's cost" : "1.25";
 		struct rusage ru;
-		double calibrated = 0;
+		double calibrated = 0, pred[3][2] = { { 0 } };
+		struct st_plan_rates here_rates;
 		double tokens = (double)batch * seq;
 		double tflop = st_model_flops_per_token(st_engine_model(ea), seq) * tokens / 1e12;
 
@@ -277,33 +288,78 @@ int main(int argc, char **argv)
 		printf("  predicted step of A (planner)     %8.3f s  (measured/predicted %.2f)\n",
 		       pa->t_step_s, ma / pa->t_step_s);
 		{
-			/* The same plan with rates measured in this run: compute and
-			 * Adam from A, nvme and copies from B. */
-			const struct st_model *m = st_engine_model(eb);
-			struct st_plan_input pin = {
-				.model = m, .batch = batch, .seq = seq, .grad_accum = 1, .bf16 = true,
-				.gpu_mem_bytes = gpu, .host_mem_bytes = host, .have_nvme = true,
-				.params = ST_OFFLOAD_NVME, .optim = ST_OFFLOAD_NVME,
-			};
-			struct st_plan pc;
-			double flops = st_model_flops_per_token(m, seq) * batch * seq * 4.0 / 3.0;
+			/* The prediction error: A and B, each planned as its engine
+			 * was, with the default rates, the --rates file's, and the
+			 * rates this run measured (each engine's own lanes). */
+			struct st_plan_rates here_a, here_b, none;
+			const struct st_plan_rates *sets[3] = { &none, rates_file ? &file_rates : NULL,
+								&here_b };
+			const char *names[3] = { "default rates", "--rates FILE", "rates measured here" };
+			struct st_plan pa_n = *pa, pb_n = *pb;
 
-			pin.rates.compute_flops = flops * steps / a_compute_s;
-			pin.rates.adam_bps = (double)st_model_param_count(m) * 30 * steps / a_adam_s;
-			pin.rates.nvme_read_bps = b_nr_bytes / b_nr_s;
-			pin.rates.nvme_write_bps = b_nw_bytes / b_nw_s;
-			pin.rates.copy_bps = b_copy_bytes / b_copy_s;
-			if (st_plan_make(&pin, &pc) == 0) {
-				printf("  predicted step of B, rates measured here %6.3f s  (bound by %s; "
-				       "measured/predicted %.2f)\n", pc.t_step_s, pc.bound, mb / pc.t_step_s);
-				printf("    rates: compute %.1f GFLOP/s, adam %.1f GB/s, nvme read %.2f GB/s, "
-				       "write %.2f GB/s, copy %.2f GB/s\n", pin.rates.compute_flops / 1e9,
-				       pin.rates.adam_bps / 1e9, pin.rates.nvme_read_bps / 1e9,
-				       pin.rates.nvme_write_bps / 1e9, pin.rates.copy_bps / 1e9);
-				calibrated = pc.t_step_s;
-				st_plan_fini(&pc);
+			memset(&none, 0, sizeof(none));
+			pa_n.compute_flops_step *= steps;
+			pa_n.adam_bytes *= (uint64_t)steps;
+			pb_n.compute_flops_step *= steps;
+			pb_n.adam_bytes *= (uint64_t)steps;
+			st_plan_rates_from_lanes(&pa_n, a_busy, a_bytes, 0, &here_a);
+			st_plan_rates_from_lanes(&pb_n, b_busy, b_bytes, b_nvme, &here_b);
+			/* compute and AdamW from A (in memory, nothing else on the
+			 * cores but them), nvme from B; the copy rate is no lane's
+			 * (st_plan_rates_from_lanes): the file's, or the default */
+			here_b.compute_flops = here_a.compute_flops;
+			here_b.adam_bps = here_a.adam_bps;
+			if (rates_file)
+				here_b.copy_bps = file_rates.copy_bps;
+			here_rates = here_b;
+			printf("  prediction error (predicted/measured - 1), measured A %.3f s, B %.3f s:\n",
+			       ma, mb);
+			for (int k = 0; k < 3; k++) {
+				double t[2];
+
+				if (!sets[k])
+					continue;
+				for (int ab = 0; ab < 2; ab++) {
+					struct st_plan_input pin = {
+						.model = st_engine_model(ab ? eb : ea), .batch = batch,
+						.seq = seq, .grad_accum = 1, .bf16 = ca.train.bf16,
+						.gpu_mem_bytes = ab ? cb.gpu_mem_bytes : ca.gpu_mem_bytes,
+						.host_mem_bytes = ab ? cb.host_mem_bytes : ca.host_mem_bytes,
+						.have_nvme = (ab ? cb.nvme_dirs : ca.nvme_dirs) != NULL,
+						.params = ab ? cb.params : ca.params,
+						.optim = ab ? cb.optim : ca.optim,
+						.rates = *sets[k],
+						.host_compute = strcmp(device, "cpu") == 0,
+						.prefetch = ab ? cb.prefetch : ca.prefetch,
+						.activations = ab ? cb.activations : ca.activations,
+						.recompute = ab ? cb.recompute : ca.recompute,
+					};
+					struct st_plan pc;
+
+					if (strcmp(device, "cuda") == 0) {
+						if (!(pin.rates.compute_flops > 0))
+							pin.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
+						if (!(pin.rates.copy_bps > 0))
+							pin.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
+					}
+					t[ab] = 0;
+					if (st_plan_make(&pin, &pc) == 0) {
+						t[ab] = pc.t_step_s;
+						st_plan_fini(&pc);
+					}
+				}
+				printf("    %-22s A %8.3f s %+6.1f%%   B %8.3f s %+6.1f%%\n", names[k],
+				       t[0], (t[0] / ma - 1) * 100, t[1], (t[1] / mb - 1) * 100);
+				pred[k][0] = t[0];
+				pred[k][1] = t[1];
 			}
 		}
+		calibrated = pred[2][1];
+		printf("    rates measured here: compute %.1f GFLOP/s, adam %.1f GB/s (A); nvme read "
+		       "%.2f GB/s, write %.2f GB/s (B); copy %.2f GB/s (--rates, or 0: the default)\n",
+		       here_rates.compute_flops / 1e9, here_rates.adam_bps / 1e9,
+		       here_rates.nvme_read_bps / 1e9, here_rates.nvme_write_bps / 1e9,
+		       here_rates.copy_bps / 1e9);
 		printf("  B per step: nvme read %.1f MB, write %.1f MB; compute busy %.3f s; peak RSS %.0f MB\n",
 		       sb.bytes[ST_LANE_NVME_READ] / 1e6, sb.bytes[ST_LANE_NVME_WRITE] / 1e6,
 		       sb.busy_ns[ST_LANE_COMPUTE] / 1e9, ru.ru_maxrss / 1024.0);
@@ -332,6 +388,26 @@ int main(int argc, char **argv)
 			json_object_object_add(o, "predicted_step_vram_s", json_object_new_double(pa->t_step_s));
 			json_object_object_add(o, "predicted_step_nvme_calibrated_s",
 					       json_object_new_double(calibrated));
+			{
+				static const char *keys[3] = { "default", "file", "here" };
+				json_object *pe = json_object_new_object();
+
+				for (int k = 0; k < 3; k++) {
+					json_object *q;
+
+					if (!pred[k][0])
+						continue;
+					q = json_object_new_object();
+					json_object_object_add(q, "vram_s", json_object_new_double(pred[k][0]));
+					json_object_object_add(q, "nvme_s", json_object_new_double(pred[k][1]));
+					json_object_object_add(q, "vram_error",
+							       json_object_new_double(pred[k][0] / ma - 1));
+					json_object_object_add(q, "nvme_error",
+							       json_object_new_double(pred[k][1] / mb - 1));
+					json_object_object_add(pe, keys[k], q);
+				}
+				json_object_object_add(o, "prediction", pe);
+			}
 			json_object_object_add(o, "peak_vram_mib_vram",
 					       json_object_new_double(sa.peak_bytes[ST_HOME_VRAM] / 1048576.0));
 			json_object_object_add(o, "peak_vram_mib_nvme",

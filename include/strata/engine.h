@@ -152,6 +152,9 @@ struct st_engine_stats {
 	uint64_t peak_bytes[ST_HOME_COUNT];  /* per tier, since create */
 	uint64_t budget_bytes[ST_HOME_COUNT];
 	bool has_tier[ST_HOME_COUNT];
+	uint64_t nvme_busy_ns;               /* the nvme tier's busy time, last step:
+						reads and writes together (at most the
+						two lanes' sum; less where they overlap) */
 };
 void st_engine_get_stats(const struct st_engine *e, struct st_engine_stats *s);
 const char *st_lane_name(enum st_lane l);

@@ -105,7 +105,17 @@ struct st_plan_rates {
 	double nvme_read_bps, nvme_write_bps;
 	double adam_bps;       /* CPU AdamW bytes/s (30 B per parameter) */
 	double net_bps;        /* world > 1: bytes/s one rank's collectives move */
+	/* where each rate came from (enum st_rate_source, indexed by enum
+	 * st_rate); a rate > 0 left at ST_RATE_SRC_DEFAULT counts as a flag's.
+	 * The plan's copy says what it used. */
+	unsigned char source[6];
 };
+
+/* The rates, in st_plan_rates' order, for source[] and the rates file. */
+enum st_rate { ST_RATE_COMPUTE, ST_RATE_COPY, ST_RATE_NVME_READ, ST_RATE_NVME_WRITE,
+	       ST_RATE_ADAM, ST_RATE_NET, ST_RATE_COUNT };
+enum st_rate_source { ST_RATE_SRC_DEFAULT, ST_RATE_SRC_FLAG, ST_RATE_SRC_FILE,
+		      ST_RATE_SRC_DEVICE /* --device cuda's defaults */ };
 
 /* The engine's defaults on the cuda device when no rates are given:
  * fp32 matmuls (no TF32) on an A100/H100-class GPU, pinned copies over
@@ -139,6 +149,10 @@ struct st_plan_input {
 	 * is per rank (every budget is one rank's). At world 1 the stage
 	 * changes nothing. */
 	int world, rank, zero;
+	/* The compute runs on the host's cores (the cpu device): AdamW shares
+	 * those cores with it, so the prediction adds the two times instead
+	 * of overlapping them (docs/plan.md). */
+	bool host_compute;
 	/* Activation checkpoints (docs/plan.md): AUTO (vram when the vram
 	 * budget holds them with the rest, else host), NONE (vram) or HOST */
 	enum st_offload activations;
@@ -259,6 +273,23 @@ struct st_plan {
 	/* the split policy moved some shards off the uniform row w_home,
 	 * optim_home (docs/plan.md, "Placement policy"): homes differ by unit */
 	bool split;
+	/* The model of the step (docs/plan.md, "Predicted time per step"):
+	 * the FLOPs the step computes (recompute counted), the bytes AdamW
+	 * moves, and the serial parts no lane overlaps (the first unit's W
+	 * before the first forward, the last unit's update after the last
+	 * backward), which t_step_s adds to the busiest lane. */
+	double compute_flops_step;
+	uint64_t adam_bytes;
+	double t_serial_s;
+	/* The batch that hides the I/O: the smallest --grad-accum N in
+	 * 1..ST_PLAN_ACCUM_MAX (same B, T and placement) at which compute is
+	 * the bound, and the step time there; 0 when none (hide_why says which
+	 * resource grows with N as fast as compute does). hide_best_accum is
+	 * what --grad-accum auto takes: hide_accum, or else the smallest N
+	 * within 10% of the best tokens/s up to ST_PLAN_ACCUM_MAX. */
+	int hide_accum, hide_best_accum;
+	double hide_step_s, hide_best_step_s;
+	const char *hide_why;                  /* static; "" when hide_accum > 0 */
 	/* activation checkpoints: their home (vram, or host through act_slots
 	 * vram slots), how many of the U-1 go to the host and back each
 	 * micro-batch (checkpoints 1..act_offloaded), and the bytes that
@@ -280,6 +311,8 @@ struct st_plan {
 	uint64_t saved_each_bytes;
 	double recompute_flops;
 };
+
+#define ST_PLAN_ACCUM_MAX 64
 
 /* Slices are multiples of this many elements (the gradient norm's chunk,
  * so per-slice partial sums fold into the one-rank sum bit for bit). */
@@ -344,5 +377,35 @@ char *st_plan_json(const struct st_plan *plan, const struct st_plan_input *in);
 /* Read read/write GB/s from an nvme-bench --json file into rates.
  * Returns 0 or -errno / -EINVAL with the reason. */
 int st_plan_rates_from_nvme_bench(const char *path, struct st_plan_rates *rates);
+
+/* The rates file (src/mem/rates.c; docs/plan.md): {"strata_rates": 1,
+ * "compute_flops": X, "copy_bps": X, "nvme_read_bps": X, "nvme_write_bps":
+ * X, "adam_bps": X, "net_bps": X, "measured": {...}}; every rate present,
+ * a positive number or null (not measured: the default), no other key.
+ * read: *rates gets the file's rates (source ST_RATE_SRC_FILE), others 0;
+ * -EINVAL (one line naming the file and the field) or -errno.
+ * write: atomically (temporary + rename); measured is JSON text kept as
+ * the "measured" object (NULL: none); 0 or -errno naming the file. */
+int st_plan_rates_read(const char *path, struct st_plan_rates *rates);
+int st_plan_rates_write(const char *path, const struct st_plan_rates *rates,
+			const char *measured);
+/* Every rate of dst that is 0 takes src's (with src's source). */
+void st_plan_rates_merge(struct st_plan_rates *dst, const struct st_plan_rates *src);
+double st_plan_rate_get(const struct st_plan_rates *r, enum st_rate i);
+void st_plan_rate_set(struct st_plan_rates *r, enum st_rate i, double v);
+const char *st_rate_key(enum st_rate i);             /* "compute_flops", ... */
+const char *st_rate_source_name(enum st_rate_source s); /* "default", ... */
+/* Rates from what a step did: busy seconds and bytes per engine lane
+ * (compute, h2d, d2h, nvme read, nvme write, adam; strata/engine.h's
+ * order), with plan p's compute_flops_step and adam_bytes: compute, nvme
+ * read and write, adam. Not the copy rate (0): a copy queue's busy time
+ * includes waiting for the compute's events. nvme_busy_s is the disk's
+ * own busy time (reads and writes together; 0: unknown): where it is less
+ * than the two lanes' sum, both are scaled by it over the sum, so the
+ * planner's read + write time gives it back. A rate whose lane did
+ * nothing stays 0. Returns how many were derived. */
+int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
+			     const double bytes[6], double nvme_busy_s,
+			     struct st_plan_rates *out);
 
 #endif

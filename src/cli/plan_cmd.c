@@ -31,7 +31,9 @@ static void plan_usage(FILE *f)
 "                         or a Hugging Face model directory (its config.json)\n"
 "  --batch B              sequences per micro-batch (default 8)\n"
 "  --seq T                tokens per sequence, at most the model's ctx (default 128)\n"
-"  --grad-accum N         micro-batches per step (default 1)\n"
+"  --grad-accum N|auto    micro-batches per step (default 1); auto: the smallest N\n"
+"                         (up to 64) at which compute bounds the step, or else\n"
+"                         the smallest within 10%% of the best tokens/s\n"
 "  --precision bf16|fp32  working weights W (default bf16)\n"
 "budgets (sizes such as 512M, 2G, 1.5G)\n"
 "  --gpu-mem SIZE         vram budget (default 256M)\n"
@@ -61,6 +63,12 @@ static void plan_usage(FILE *f)
 "  --compute-gflops X     device matmul GFLOP/s (default 50)\n"
 "  --copy-gbps X          host<->vram GB/s (default 8)\n"
 "  --adam-gbps X          CPU AdamW GB/s, 30 B per parameter (default 10)\n"
+"  --rates FILE           the rates of a rates file (strata plan --calibrate, strata\n"
+"                         train --rates-refresh); the flags above override it\n"
+"  --calibrate FILE       measure this machine's rates first (compute at the model's\n"
+"                         shapes on --device, pinned copies, AdamW, and the nvme:\n"
+"                         --nvme-bench's figures, or a short run on the first\n"
+"                         --nvme DIR) and write them to FILE; then plan with them\n"
 "output\n"
 "  --json                 the plan as JSON (per-unit rows included)\n"
 "  --verbose              also the home and bytes of every unit's states\n"
@@ -78,9 +86,9 @@ int st_cli_plan(int argc, char **argv)
 		{ "nvme-bench", 1, 0, 'b' }, { "compute-gflops", 1, 0, 'c' },
 		{ "copy-gbps", 1, 0, 'C' }, { "adam-gbps", 1, 0, 'A' },
 		{ "world", 1, 0, 'w' }, { "rank", 1, 0, 'r' }, { "zero", 1, 0, 'z' },
-		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' },
 		{ "offload-activations", 1, 0, 1001 },
 		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' }, { "recompute", 1, 0, 'R' },
+		{ "rates", 1, 0, 1003 }, { "calibrate", 1, 0, 1004 },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	struct st_plan_input in = {
@@ -93,7 +101,9 @@ int st_cli_plan(int argc, char **argv)
 	struct st_model *model;
 	struct st_plan plan;
 	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
+	const char *rates_file = NULL, *calibrate = NULL;
 	bool json = false, verbose = false, nvme_mem_given = false, cuda = false;
+	bool accum_auto = false;
 	int c, ret;
 
 	optind = 1;
@@ -103,7 +113,11 @@ int st_cli_plan(int argc, char **argv)
 		case 'm': model_text = optarg; break;
 		case 'B': in.batch = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
 		case 'T': in.seq = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
-		case 'a': in.grad_accum = (int)st_cli_long("--grad-accum", optarg, 1, 1 << 16); break;
+		case 'a':
+			accum_auto = strcmp(optarg, "auto") == 0;
+			in.grad_accum = accum_auto ? 1 :
+					(int)st_cli_long("--grad-accum", optarg, 1, 1 << 16);
+			break;
 		case 'p':
 			if (strcmp(optarg, "bf16") == 0)
 				in.bf16 = true;
@@ -148,6 +162,8 @@ int st_cli_plan(int argc, char **argv)
 			break;
 		case 'j': json = true; break;
 		case 'v': verbose = true; break;
+		case 1003: rates_file = optarg; break;
+		case 1004: calibrate = optarg; break;
 		case 'h': plan_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "plan: unknown or incomplete option %s (see strata plan --help)",
@@ -158,10 +174,7 @@ int st_cli_plan(int argc, char **argv)
 		st_cli_die(2, "plan: unexpected argument %s", argv[optind]);
 	if (in.rank >= (in.world > 1 ? in.world : 1))
 		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
-	if (cuda && in.rates.compute_flops == 0)
-		in.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
-	if (cuda && in.rates.copy_bps == 0)
-		in.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
+	in.host_compute = !cuda;
 	struct stat st;
 	/* a directory with a config.json, or the config.json itself: a path
 	 * with a '/' (presets and dimensions have none), or a name that is no
@@ -195,13 +208,52 @@ int st_cli_plan(int argc, char **argv)
 	in.have_nvme = nvme != NULL;
 	if (bench && st_plan_rates_from_nvme_bench(bench, &in.rates) < 0)
 		st_cli_die(2, "--nvme-bench %s", st_error_last());
+	if (bench) /* a measurement, as a file's */
+		in.rates.source[ST_RATE_NVME_READ] = in.rates.source[ST_RATE_NVME_WRITE] =
+			ST_RATE_SRC_FILE;
+	if (rates_file && calibrate)
+		st_cli_die(2, "--rates and --calibrate do not go together (--calibrate "
+			   "measures the rates --rates would read)");
+	if (rates_file) {
+		struct st_plan_rates fr;
+
+		ret = st_plan_rates_read(rates_file, &fr);
+		if (ret < 0)
+			st_cli_die(st_cli_input_exit(ret), "--rates %s", st_error_last());
+		st_plan_rates_merge(&in.rates, &fr);
+	}
 	if (st_model_create(&mc, &model) < 0)
 		st_cli_die(2, "--model %s: %s", model_text, st_error_last());
 	if (in.prefetch > st_model_unit_count(model))
 		st_cli_die(2, "--prefetch %d: the model has only %d units", in.prefetch,
 			 st_model_unit_count(model));
 	in.model = model;
+	if (calibrate) {
+		struct st_plan_rates mr;
+
+		st_cli_calibrate(&in, cuda ? "cuda" : "cpu", nvme, bench, calibrate, &mr);
+		st_plan_rates_merge(&in.rates, &mr);
+	}
+	/* the devices' defaults where nothing else gave a rate */
+	if (cuda && in.rates.compute_flops == 0) {
+		in.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
+		in.rates.source[ST_RATE_COMPUTE] = ST_RATE_SRC_DEVICE;
+	}
+	if (cuda && in.rates.copy_bps == 0) {
+		in.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
+		in.rates.source[ST_RATE_COPY] = ST_RATE_SRC_DEVICE;
+	}
 	ret = st_plan_make(&in, &plan);
+	if (ret == 0 && accum_auto) {
+		int n = plan.hide_best_accum > 0 ? plan.hide_best_accum : 1;
+
+		fprintf(json ? stderr : stdout, "--grad-accum auto: %d (%s)\n", n,
+			plan.hide_accum ? "the smallest at which compute bounds the step" :
+			"never compute-bound up to 64; the smallest within 10% of the best tokens/s");
+		st_plan_fini(&plan);
+		in.grad_accum = n;
+		ret = st_plan_make(&in, &plan);
+	}
 	if (ret < 0)
 		st_cli_die(ret == -ENOSPC || ret == -EINVAL ? 2 : 1, "%s", st_error_last());
 	if (json) {

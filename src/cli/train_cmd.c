@@ -58,7 +58,8 @@ static void train_usage(FILE *f)
 "                       beside it are copied into the --save DIR\n"
 "  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
-"  --grad-accum N       micro-batches per step (default 1)\n"
+"  --grad-accum N|auto  micro-batches per step (default 1); auto: what strata plan\n"
+"                       --grad-accum auto takes (compute-bound, or near the best tok/s)\n"
 "  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
 "device and tiers\n"
 "  --device cpu|cuda    where the model runs (default cpu; built here: %s)\n"
@@ -76,6 +77,9 @@ static void train_usage(FILE *f)
 "                       exit 2 when it does not fit), auto (default: as many as the vram\n"
 "                       budget holds after everything else); the numbers are the same\n"
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
+"  --rates FILE         the planner's rates from a rates file (strata plan --calibrate)\n"
+"  --rates-refresh FILE write the rates this run measures (steps 2 to 4: compute, copies,\n"
+"                       nvme and AdamW from each queue's busy time and bytes) to FILE\n"
 "  --verify-reads on|off  check every nvme read against the XXH3 of what was\n"
 "                       written (default on: a mismatch stops the run, exit 1)\n"
 "data parallelism (mpirun -np N strata train ...; docs/zero.md)\n"
@@ -504,6 +508,77 @@ static void check_resume_config(const char *saved, const char *now)
 	json_object_put(b);
 }
 
+/* --grad-accum auto: the plan this run will make, at N = 1, says which N
+ * hides the I/O (strata plan's hide_best_accum); one line says what. */
+static void train_accum_auto(struct st_engine_config *ec)
+{
+	struct st_train_config *cfg = &ec->train;
+	struct st_model *m;
+	struct st_plan plan;
+	struct st_plan_input pin = {
+		.batch = cfg->batch, .seq = cfg->seq, .grad_accum = 1, .bf16 = cfg->bf16,
+		.gpu_mem_bytes = ec->gpu_mem_bytes, .host_mem_bytes = ec->host_mem_bytes,
+		.nvme_mem_bytes = ec->nvme_mem_bytes, .have_nvme = ec->nvme_dirs != NULL,
+		.params = ec->params, .optim = ec->optim, .prefetch = ec->prefetch,
+		.rates = ec->rates, .world = ec->world, .rank = ec->rank, .zero = ec->zero,
+		.host_compute = !ec->device || strcmp(ec->device, "cpu") == 0,
+		.activations = ec->activations, .recompute = ec->recompute,
+	};
+	int ret;
+
+	if (st_model_create(&cfg->model, &m) < 0)
+		st_cli_die(2, "--model: %s", st_error_last());
+	pin.model = m;
+	if (!pin.host_compute) {
+		if (pin.rates.compute_flops <= 0)
+			pin.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
+		if (pin.rates.copy_bps <= 0)
+			pin.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
+	}
+	ret = st_plan_make(&pin, &plan);
+	if (ret < 0)
+		st_cli_die(ret == -ENOSPC || ret == -EINVAL ? 2 : 1, "%s", st_error_last());
+	cfg->grad_accum = plan.hide_best_accum > 0 ? plan.hide_best_accum : 1;
+	printf("--grad-accum auto: %d (%s; predicted step %.3f s)\n", cfg->grad_accum,
+	       plan.hide_accum ? "the smallest at which compute bounds the step"
+			       : "never compute-bound up to 64; the smallest within 10% of the best tokens/s",
+	       plan.hide_best_step_s);
+	st_plan_fini(&plan);
+	st_model_destroy(m);
+}
+
+/* --rates-refresh FILE: the rates steps first..last measured (busy time and
+ * bytes of every queue, summed), and for a rate this run did not measure
+ * (no nvme tier, say) the one it ran with unless that was the default;
+ * written atomically. */
+static void train_rates_refresh(struct st_engine *e, const char *file, const double *busy,
+				const double *bytes, double nvme_busy, int n, int first, int last)
+{
+	const struct st_plan *p = st_engine_plan(e);
+	struct st_plan pn = *p;
+	struct st_plan_rates r, used = p->rates;
+	char meas[256];
+	int ret;
+
+	/* the plan's FLOPs and AdamW bytes are per step: n steps' worth */
+	pn.compute_flops_step = p->compute_flops_step * n;
+	pn.adam_bytes = p->adam_bytes * (uint64_t)n;
+	st_plan_rates_from_lanes(&pn, busy, bytes, nvme_busy, &r);
+	for (int i = 0; i < ST_RATE_COUNT; i++)
+		if (used.source[i] == ST_RATE_SRC_DEFAULT)
+			st_plan_rate_set(&used, (enum st_rate)i, 0);
+	st_plan_rates_merge(&r, &used);
+	snprintf(meas, sizeof(meas), "{\"source\": \"strata train\", \"steps\": [%d, %d]}",
+		 first, last);
+	ret = st_plan_rates_write(file, &r, meas);
+	if (ret < 0)
+		st_cli_die(1, "--rates-refresh %s", st_error_last());
+	printf("rates from steps %d-%d written to %s: compute %.1f GFLOP/s, nvme %.2f / %.2f "
+	       "GB/s, adam %.2f GB/s (0: not measured, the run's rate or null kept)\n", first,
+	       last, file, r.compute_flops / 1e9, r.nvme_read_bps / 1e9, r.nvme_write_bps / 1e9,
+	       r.adam_bps / 1e9);
+}
+
 int st_cli_train(int argc, char **argv)
 {
 	static const struct option longs[] = {
@@ -524,6 +599,7 @@ int st_cli_train(int argc, char **argv)
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
 		{ "offload-activations", 1, 0, 1002 },
+		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -535,7 +611,11 @@ int st_cli_train(int argc, char **argv)
 	const char *nvme = DEFAULT_NVME;
 	int shuffle = 1, threads = 0, log_every = 1, save_every = 0, keep = 3, c;
 	int max_skipped = 10, skipped_in_row = 0;
-	bool want_metrics = false;
+	bool want_metrics = false, accum_auto = false;
+	const char *rates_file = NULL, *refresh = NULL;
+	double rf_busy[ST_LANE_COUNT] = { 0 }, rf_bytes[ST_LANE_COUNT] = { 0 };
+	double rf_nvme = 0;
+	int rf_steps = 0, rf_last = 0;
 	struct st_comm_stats cs0, cs1;
 	uint64_t *rank_peaks = NULL;
 	struct st_engine *e;
@@ -569,7 +649,11 @@ int st_cli_train(int argc, char **argv)
 		case 'B': cfg->batch = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
 		case 'T': cfg->seq = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
 		case 's': cfg->steps = (int)st_cli_long("--steps", optarg, 0, 1 << 30); break;
-		case 'a': cfg->grad_accum = (int)st_cli_long("--grad-accum", optarg, 1, 1 << 16); break;
+		case 'a':
+			accum_auto = strcmp(optarg, "auto") == 0;
+			cfg->grad_accum = accum_auto ? 1 :
+					  (int)st_cli_long("--grad-accum", optarg, 1, 1 << 16);
+			break;
 		case 'l': cfg->lr = st_cli_double("--lr", optarg, 0, 10); break;
 		case 'S':
 			if (strcmp(optarg, "cosine") == 0)
@@ -649,6 +733,8 @@ int st_cli_train(int argc, char **argv)
 			break;
 		case 'y': parse_test_fault(optarg, &ec.nvme_fault); break;
 		case 'z': ec.zero = (int)st_cli_long("--zero", optarg, 0, 3); break;
+		case 1011: rates_file = optarg; break;
+		case 1012: refresh = optarg; break;
 		case 'h': train_usage(stdout); return 0;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -688,6 +774,15 @@ int st_cli_train(int argc, char **argv)
 	if (cfg->seq > cfg->model.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", cfg->seq,
 			   cfg->model.ctx);
+	if (rates_file) {
+		ret = st_plan_rates_read(rates_file, &ec.rates);
+		if (ret < 0)
+			st_cli_die(st_cli_input_exit(ret), "--rates %s", st_error_last());
+	}
+	if (refresh && cfg->steps < 2)
+		st_cli_die(2, "--rates-refresh needs --steps 2 or more (it measures steps 2 to 4)");
+	if (accum_auto)
+		train_accum_auto(&ec);
 	if (save_every && !save)
 		st_cli_die(2, "--save-every needs --save DIR");
 	if (save) {
@@ -777,6 +872,7 @@ int st_cli_train(int argc, char **argv)
 			.gpu_mem_bytes = ec.gpu_mem_bytes, .host_mem_bytes = ec.host_mem_bytes,
 			.nvme_mem_bytes = ec.nvme_mem_bytes, .have_nvme = ec.nvme_dirs != NULL,
 			.params = ec.params, .optim = ec.optim, .prefetch = ec.prefetch,
+			.host_compute = strcmp(ec.device, "cpu") == 0,
 			.activations = ec.activations,
 			.recompute = ec.recompute,
 		};
@@ -872,6 +968,19 @@ int st_cli_train(int argc, char **argv)
 			zero_peaks(e, &es, &rank_peaks);
 		dt = (double)es.step_ns / 1e9;
 		tps = (double)cfg->batch * cfg->seq * cfg->grad_accum / dt;
+		/* --rates-refresh: steps 2 to 4 of this run (or to its last) */
+		if (refresh && s > (int)start_step && rf_steps < 3) {
+			for (int l = 0; l < ST_LANE_COUNT; l++) {
+				rf_busy[l] += (double)es.busy_ns[l] / 1e9;
+				rf_bytes[l] += (double)es.bytes[l];
+			}
+			rf_nvme += (double)es.nvme_busy_ns / 1e9;
+			rf_steps++;
+			rf_last = s + 1;
+			if (rf_steps == 3 || s + 1 == cfg->steps)
+				train_rates_refresh(e, refresh, rf_busy, rf_bytes, rf_nvme, rf_steps,
+						    (int)start_step + 2, rf_last);
+		}
 		if ((s + 1) % log_every == 0 || s + 1 == cfg->steps || r.skipped) {
 			char u[3][32], pk[3][32];
 

@@ -454,19 +454,27 @@ static int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 
 static int st_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 {
-	const double vals[] = { r->compute_flops, r->copy_bps, r->nvme_read_bps,
-				r->nvme_write_bps, r->adam_bps, r->net_bps };
+	static const double defaults[ST_RATE_COUNT] = {
+		ST_PLAN_COMPUTE_FLOPS, ST_PLAN_COPY_BPS, ST_PLAN_NVME_READ_BPS,
+		ST_PLAN_NVME_WRITE_BPS, ST_PLAN_ADAM_BPS, ST_PLAN_NET_BPS,
+	};
+	double *slots[ST_RATE_COUNT] = { &out->compute_flops, &out->copy_bps,
+					 &out->nvme_read_bps, &out->nvme_write_bps,
+					 &out->adam_bps, &out->net_bps };
 
-	for (unsigned i = 0; i < ST_ARRAY_LEN(vals); i++)
-		if (!isfinite(vals[i]) || vals[i] < 0)
-			return st_error_set(-EINVAL, "plan: rate %g is not a positive number",
-					    vals[i]);
-	out->compute_flops = r->compute_flops > 0 ? r->compute_flops : ST_PLAN_COMPUTE_FLOPS;
-	out->copy_bps = r->copy_bps > 0 ? r->copy_bps : ST_PLAN_COPY_BPS;
-	out->nvme_read_bps = r->nvme_read_bps > 0 ? r->nvme_read_bps : ST_PLAN_NVME_READ_BPS;
-	out->nvme_write_bps = r->nvme_write_bps > 0 ? r->nvme_write_bps : ST_PLAN_NVME_WRITE_BPS;
-	out->adam_bps = r->adam_bps > 0 ? r->adam_bps : ST_PLAN_ADAM_BPS;
-	out->net_bps = r->net_bps > 0 ? r->net_bps : ST_PLAN_NET_BPS;
+	for (int i = 0; i < ST_RATE_COUNT; i++) {
+		double v = st_plan_rate_get(r, (enum st_rate)i);
+
+		if (!isfinite(v) || v < 0)
+			return st_error_set(-EINVAL, "plan: rate %g is not a positive number", v);
+	}
+	for (int i = 0; i < ST_RATE_COUNT; i++) {
+		double v = st_plan_rate_get(r, (enum st_rate)i);
+
+		*slots[i] = v > 0 ? v : defaults[i];
+		out->source[i] = !(v > 0) ? ST_RATE_SRC_DEFAULT
+			       : r->source[i] ? r->source[i] : ST_RATE_SRC_FLAG;
+	}
 	return 0;
 }
 
@@ -620,16 +628,14 @@ static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
 	p->comm_bytes[AG] += N * n * 8 + N * parts * 8;
 }
 
+static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
+			     struct st_plan *p);
 static double st_recomp_flops(const struct st_plan_input *in, const struct st_shape *sh);
 
 static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		       const enum st_home *homes, struct st_plan *p)
 {
-	const struct st_plan_rates *r = &p->rates;
-	uint64_t n = (uint64_t)sh->accum, wire = 0;
-	double tokens = (double)in->batch * in->seq * (double)sh->accum;
-	double t[5];
-	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
+	uint64_t n = (uint64_t)sh->accum;
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
 	for (int u = 0; u < sh->units; u++) {
@@ -670,20 +676,41 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 			}
 	}
 	st_predict_comm(sh, p);
+	st_act_traffic(sh, p);
+	st_predict_times(in, sh, p);
+}
+
+/* The times of the lanes from the traffic and the FLOPs, and the step: the
+ * busiest lane (on the cpu device compute and AdamW share the cores and are
+ * added) plus the pipeline's fill and drain, one unit's share of
+ * every other lane before the first compute and after the last
+ * (docs/plan.md, "Predicted time per step"). */
+static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
+			     struct st_plan *p)
+{
+	const struct st_plan_rates *r = &p->rates;
+	double tokens = (double)in->batch * in->seq * (double)sh->accum;
+	double t[5], lane[5], others = 0;
+	uint64_t wire = 0;
+	int arg = 0;
+	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
+
 	for (int k = 0; k < 5; k++)
 		wire += p->comm_bytes[k];
-	st_act_traffic(sh, p);
 	/* the model's FLOPs, and a third more of each unit whose backward
 	 * recomputes its forward (the forward is 1/3 of fwd + bwd) */
 	p->recompute_flops = st_recomp_flops(in, sh) * tokens;
-	t[0] = (st_model_flops_per_token(in->model, in->seq) * tokens + p->recompute_flops) /
-	       r->compute_flops;
+	p->compute_flops_step = st_model_flops_per_token(in->model, in->seq) * tokens +
+				p->recompute_flops;
+	t[0] = p->compute_flops_step / r->compute_flops;
 	t[1] = (double)(p->h2d_bytes + p->d2h_bytes) / r->copy_bps;
 	t[2] = (double)p->nvme_read_bytes / r->nvme_read_bps +
 	       (double)p->nvme_write_bytes / r->nvme_write_bps;
 	/* a rank updates its slice of P from stage 1 */
-	t[3] = (double)st_model_param_count(in->model) * ST_PLAN_ADAM_BYTES_PER_PARAM /
-	       r->adam_bps / (sh->world > 1 && sh->zero >= 1 ? sh->world : 1);
+	p->adam_bytes = (uint64_t)((double)st_model_param_count(in->model) *
+				   ST_PLAN_ADAM_BYTES_PER_PARAM /
+				   (sh->world > 1 && sh->zero >= 1 ? sh->world : 1));
+	t[3] = (double)p->adam_bytes / r->adam_bps;
 	/* a collective's buffer crosses the wire but for this rank's 1/N */
 	t[4] = sh->world > 1 ? (double)wire * (double)(sh->world - 1) / sh->world / r->net_bps
 			     : 0;
@@ -692,13 +719,93 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 	p->t_nvme_s = t[2];
 	p->t_adam_s = t[3];
 	p->t_net_s = t[4];
-	p->t_step_s = t[0];
-	p->bound = names[0];
+	memcpy(lane, t, sizeof(lane));
+	if (in->host_compute) { /* compute and AdamW take turns on the cores */
+		lane[0] = t[0] + t[3];
+		lane[3] = 0;
+	}
 	for (int i = 1; i < 5; i++)
-		if (t[i] > p->t_step_s) {
-			p->t_step_s = t[i];
-			p->bound = names[i];
+		if (lane[i] > lane[arg])
+			arg = i;
+	for (int i = 0; i < 5; i++)
+		if (i != arg)
+			others += lane[i];
+	p->t_serial_s = 2.0 * others / sh->units;
+	p->t_step_s = lane[arg] + p->t_serial_s;
+	/* the cores' lane is named by the larger of its two */
+	p->bound = arg == 0 && in->host_compute && t[3] > t[0] ? names[3] : names[arg];
+}
+
+/* The batch that hides the I/O: the step at every --grad-accum N up to
+ * ST_PLAN_ACCUM_MAX with the same placement and k (as long as its pools
+ * still fit), the first N where compute bounds it, and the N that
+ * --grad-accum auto takes. */
+static void st_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
+			    const enum st_home *homes, int k, const uint64_t *budget,
+			    struct st_plan *p)
+{
+	double best_tps = 0, tps[ST_PLAN_ACCUM_MAX + 1] = { 0 }, step[ST_PLAN_ACCUM_MAX + 1];
+	const char *last_bound = p->bound;
+	int n_max = 0;
+	bool g_nvme = false, w_nvme = false;
+
+	p->hide_accum = p->hide_best_accum = 0;
+	p->hide_step_s = p->hide_best_step_s = 0;
+	p->hide_why = "";
+	for (int n = 1; n <= ST_PLAN_ACCUM_MAX; n++) {
+		struct st_shape s2 = *sh;
+		struct st_plan q = *p;
+		struct st_pools pools;
+
+		s2.accum = n;
+		st_pools_compute(&s2, homes, k, &pools);
+		if (!st_fits(&pools, budget, -1))
+			break;
+		st_predict(in, &s2, homes, &q);
+		n_max = n;
+		step[n] = q.t_step_s;
+		tps[n] = (double)in->batch * in->seq * n / q.t_step_s;
+		if (tps[n] > best_tps)
+			best_tps = tps[n];
+		last_bound = q.bound;
+		if (!p->hide_accum && strcmp(q.bound, "compute") == 0) {
+			p->hide_accum = n;
+			p->hide_step_s = q.t_step_s;
 		}
+	}
+	if (p->hide_accum) {
+		p->hide_best_accum = p->hide_accum;
+		p->hide_best_step_s = p->hide_step_s;
+		return;
+	}
+	for (int n = 1; n <= n_max; n++)
+		if (tps[n] >= 0.9 * best_tps) {
+			p->hide_best_accum = n;
+			p->hide_best_step_s = step[n];
+			break;
+		}
+	for (int u = 0; u < sh->units; u++) {
+		g_nvme |= homes[u * ST_STATE_COUNT + ST_STATE_G] == ST_HOME_NVME;
+		w_nvme |= homes[u * ST_STATE_COUNT + ST_STATE_W] == ST_HOME_NVME;
+	}
+	if (n_max < ST_PLAN_ACCUM_MAX)
+		p->hide_why = "a larger --grad-accum needs more host memory (G staging) than the "
+			      "budget has";
+	else if (strcmp(last_bound, "nvme") == 0 && g_nvme)
+		p->hide_why = "G is on nvme: every micro-batch reads and writes it, so the nvme "
+			      "traffic grows with --grad-accum as fast as compute";
+	else if (strcmp(last_bound, "nvme") == 0 && w_nvme)
+		p->hide_why = "W is on nvme: every micro-batch reads it, so the nvme traffic "
+			      "grows with --grad-accum as fast as compute";
+	else if (strcmp(last_bound, "copy") == 0)
+		p->hide_why = "dW comes back to the host in every micro-batch (and a streamed W "
+			      "goes to the device), so the copies grow with --grad-accum as fast "
+			      "as compute";
+	else if (strcmp(last_bound, "net") == 0)
+		p->hide_why = "the collectives run in every micro-batch, so the network grows "
+			      "with --grad-accum as fast as compute";
+	else
+		p->hide_why = "compute never becomes the bound";
 }
 
 /* --- the policy: the uniform table's rows, each improved by a split -------- */
@@ -1152,8 +1259,11 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	}
 	if (budget[ST_HOME_NVME] == ST_PLAN_UNLIMITED)
 		p.budget_bytes[ST_HOME_NVME] = pools.total[ST_HOME_NVME];
+	/* st_cond_min() sized the other rows: back to the chosen one's */
 	memcpy(sh.keep, p.keep, sizeof(*sh.keep) * (size_t)sh.units);
+	*sh.act_home = c.a;
 	st_predict(in, &sh, p.home, &p);
+	st_predict_hide(in, &sh, p.home, k, budget, &p);
 	st_policy_fini(&pol);
 	free(homes);
 	st_shape_fini(&sh);
@@ -1331,6 +1441,11 @@ static const char *st_fmt_s(double s, char *buf, size_t n)
 	return buf;
 }
 
+static const char *st_src(const struct st_plan *p, enum st_rate i)
+{
+	return st_rate_source_name((enum st_rate_source)p->rates.source[i]);
+}
+
 /* The vram checkpoint line of `strata plan`: where they live. */
 static void st_act_print(const struct st_plan *p, FILE *f)
 {
@@ -1467,20 +1582,38 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 					st_fb(p->comm_bytes[k], a));
 	}
 	fprintf(f, "\ntime per step (predicted; the resources overlap)\n");
-	fprintf(f, "  compute  %-10s at %.1f GFLOP/s (recomputing %.3g GFLOP of it)\n",
+	fprintf(f, "  compute  %-10s at %.1f GFLOP/s (%s; recomputing %.3g GFLOP of it)\n",
 		st_fmt_s(p->t_compute_s, a, 32), p->rates.compute_flops / 1e9,
-		p->recompute_flops / 1e9);
-	fprintf(f, "  copy     %-10s at %.2f GB/s\n", st_fmt_s(p->t_copy_s, a, 32),
-		p->rates.copy_bps / 1e9);
-	fprintf(f, "  nvme     %-10s at %.2f / %.2f GB/s read / write\n",
+		st_src(p, ST_RATE_COMPUTE), p->recompute_flops / 1e9);
+	fprintf(f, "  copy     %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_copy_s, a, 32),
+		p->rates.copy_bps / 1e9, st_src(p, ST_RATE_COPY));
+	fprintf(f, "  nvme     %-10s at %.2f / %.2f GB/s read / write (%s / %s)\n",
 		st_fmt_s(p->t_nvme_s, a, 32), p->rates.nvme_read_bps / 1e9,
-		p->rates.nvme_write_bps / 1e9);
-	fprintf(f, "  adam     %-10s at %.2f GB/s\n", st_fmt_s(p->t_adam_s, a, 32),
-		p->rates.adam_bps / 1e9);
+		p->rates.nvme_write_bps / 1e9, st_src(p, ST_RATE_NVME_READ),
+		st_src(p, ST_RATE_NVME_WRITE));
+	fprintf(f, "  adam     %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_adam_s, a, 32),
+		p->rates.adam_bps / 1e9, st_src(p, ST_RATE_ADAM));
 	if (p->world > 1)
-		fprintf(f, "  net      %-10s at %.2f GB/s\n", st_fmt_s(p->t_net_s, a, 32),
-			p->rates.net_bps / 1e9);
+		fprintf(f, "  net      %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_net_s, a, 32),
+			p->rates.net_bps / 1e9, st_src(p, ST_RATE_NET));
+	fprintf(f, "  serial   %-10s fill and drain: one unit's share of the other lanes%s\n",
+		st_fmt_s(p->t_serial_s, a, 32),
+		in->host_compute ? "\n           (cpu device: compute and adam share the cores, so "
+				   "they add)" : "");
 	fprintf(f, "  step     %-10s bound by %s\n", st_fmt_s(p->t_step_s, a, 32), p->bound);
+	if (strcmp(p->bound, "compute") == 0)
+		;
+	else if (p->hide_accum)
+		fprintf(f, "  compute-bound from --grad-accum %d (B*T*N = %lld tokens): step %s, "
+			"%.0f tok/s\n", p->hide_accum,
+			(long long)in->batch * in->seq * p->hide_accum, st_fmt_s(p->hide_step_s, a, 32),
+			(double)in->batch * in->seq * p->hide_accum / p->hide_step_s);
+	else if (p->hide_best_accum)
+		fprintf(f, "  never compute-bound up to --grad-accum %d: %s\n"
+			"  tokens/s within 10%% of the best from --grad-accum %d (step %s, "
+			"%.0f tok/s)\n", ST_PLAN_ACCUM_MAX, p->hide_why, p->hide_best_accum,
+			st_fmt_s(p->hide_best_step_s, a, 32),
+			(double)in->batch * in->seq * p->hide_best_accum / p->hide_best_step_s);
 }
 
 static const char *st_kind_name(enum st_unit_kind k)
@@ -1694,6 +1827,12 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "nvme_read_bps", json_object_new_double(p->rates.nvme_read_bps));
 	json_object_object_add(o, "nvme_write_bps", json_object_new_double(p->rates.nvme_write_bps));
 	json_object_object_add(o, "adam_bps", json_object_new_double(p->rates.adam_bps));
+	json_object_object_add(o, "net_bps", json_object_new_double(p->rates.net_bps));
+	o2 = json_object_new_object();
+	for (int i = 0; i < ST_RATE_COUNT; i++)
+		json_object_object_add(o2, st_rate_key((enum st_rate)i),
+				       json_object_new_string(st_src(p, (enum st_rate)i)));
+	json_object_object_add(o, "source", o2);
 	json_object_object_add(root, "rates", o);
 
 	o = json_object_new_object();
@@ -1701,9 +1840,27 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "copy_s", json_object_new_double(p->t_copy_s));
 	json_object_object_add(o, "nvme_s", json_object_new_double(p->t_nvme_s));
 	json_object_object_add(o, "adam_s", json_object_new_double(p->t_adam_s));
+	json_object_object_add(o, "net_s", json_object_new_double(p->t_net_s));
+	json_object_object_add(o, "serial_s", json_object_new_double(p->t_serial_s));
 	json_object_object_add(o, "step_s", json_object_new_double(p->t_step_s));
 	json_object_object_add(o, "bound", json_object_new_string(p->bound));
+	json_object_object_add(o, "host_compute", json_object_new_boolean(in->host_compute));
+	json_object_object_add(o, "compute_flops", json_object_new_double(p->compute_flops_step));
+	json_object_object_add(o, "adam_bytes", st_ju(p->adam_bytes));
 	json_object_object_add(root, "time", o);
+
+	/* the batch that hides the I/O */
+	o = json_object_new_object();
+	json_object_object_add(o, "accum_max", json_object_new_int(ST_PLAN_ACCUM_MAX));
+	json_object_object_add(o, "compute_bound_accum", p->hide_accum ?
+			       json_object_new_int(p->hide_accum) : NULL);
+	json_object_object_add(o, "compute_bound_step_s", p->hide_accum ?
+			       json_object_new_double(p->hide_step_s) : NULL);
+	json_object_object_add(o, "auto_accum", json_object_new_int(p->hide_best_accum));
+	json_object_object_add(o, "auto_step_s", json_object_new_double(p->hide_best_step_s));
+	json_object_object_add(o, "why_not", p->hide_accum ? NULL :
+			       json_object_new_string(p->hide_why));
+	json_object_object_add(root, "hide", o);
 
 	text = strdup(json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
 							     JSON_C_TO_STRING_NOSLASHESCAPE));

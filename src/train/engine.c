@@ -400,15 +400,20 @@ static int plan_of(struct st_engine *e)
 		.have_nvme = cfg->nvme_dirs != NULL, .params = cfg->params, .optim = cfg->optim,
 		.prefetch = cfg->prefetch, .rates = cfg->rates, .homes = cfg->homes,
 		.world = cfg->world, .rank = cfg->rank, .zero = cfg->zero,
+		.host_compute = !cfg->device || strcmp(cfg->device, "cpu") == 0,
 		.activations = cfg->activations,
 		.recompute = cfg->recompute,
 	};
 
 	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {
-		if (pin.rates.compute_flops <= 0)
+		if (pin.rates.compute_flops <= 0) {
 			pin.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
-		if (pin.rates.copy_bps <= 0)
+			pin.rates.source[ST_RATE_COMPUTE] = ST_RATE_SRC_DEVICE;
+		}
+		if (pin.rates.copy_bps <= 0) {
 			pin.rates.copy_bps = ST_PLAN_CUDA_COPY_BPS;
+			pin.rates.source[ST_RATE_COPY] = ST_RATE_SRC_DEVICE;
+		}
 	}
 	return st_plan_make(&pin, &e->plan);
 }

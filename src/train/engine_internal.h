@@ -198,6 +198,7 @@ struct st_engine {
 	char errmsg[512];
 	struct st_engine_stats last;
 	int trace_lane[ST_LANE_COUNT];
+	uint64_t nvme_busy0;          /* the nvme tier's busy_ns at the step's start */
 
 	/* activation checkpoints on the host (engine_act.c): A slots, and
 	 * checkpoints 1..act_off going there and back; per checkpoint j

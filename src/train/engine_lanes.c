@@ -312,12 +312,24 @@ int st_eng_compute_drain(struct st_engine *e)
 	return ret;
 }
 
+/* The nvme tier's own busy time (reads and writes together) so far. */
+static uint64_t nvme_busy(const struct st_engine *e)
+{
+	struct st_tier_stats ts;
+
+	if (!e->tier[ST_HOME_NVME])
+		return 0;
+	st_tier_get_stats(e->tier[ST_HOME_NVME], &ts);
+	return ts.busy_ns;
+}
+
 void st_eng_stats_begin(struct st_engine *e)
 {
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
 		e->lane[l].busy_ns = 0;
 		e->lane[l].bytes = 0;
 	}
+	e->nvme_busy0 = nvme_busy(e);
 }
 
 void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns)
@@ -328,6 +340,7 @@ void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns)
 		e->last.busy_ns[l] = e->lane[l].busy_ns;
 		e->last.bytes[l] = e->lane[l].bytes;
 	}
+	e->last.nvme_busy_ns = nvme_busy(e) - e->nvme_busy0;
 }
 
 /* A step failed with ret: drain, keep the first error and its message. */

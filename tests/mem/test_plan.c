@@ -638,15 +638,39 @@ static void test_traffic_hand_computed(void **state)
 	{
 		double t[] = { p.t_compute_s, p.t_copy_s, p.t_nvme_s, p.t_adam_s };
 		const char *names[] = { "compute", "copy", "nvme", "adam" };
+		double others = 0;
 		int arg = 0;
 
 		for (int i = 1; i < 4; i++)
 			if (t[i] > t[arg])
 				arg = i;
-		assert_double_equal(p.t_step_s, t[arg], 0);
+		for (int i = 0; i < 4; i++)
+			others += i == arg ? 0 : t[i];
+		/* the busiest lane, plus the fill and drain: one unit's share of
+		 * every other lane, twice */
+		assert_double_equal(p.t_serial_s, 2 * others / p.units, 1e-15);
+		assert_double_equal(p.t_step_s, t[arg] + p.t_serial_s, 1e-15);
 		assert_string_equal(p.bound, names[arg]);
 	}
 	st_plan_fini(&p);
+
+	/* the cpu device: compute and AdamW share the cores, so they add */
+	in.host_compute = true;
+	p = plan_ok(&in);
+	{
+		double cores = p.t_compute_s + p.t_adam_s;
+		double t[] = { cores, p.t_copy_s, p.t_nvme_s };
+		int arg = 0;
+
+		for (int i = 1; i < 3; i++)
+			if (t[i] > t[arg])
+				arg = i;
+		assert_double_equal(p.t_step_s - p.t_serial_s, t[arg], 1e-15);
+		assert_double_equal(p.t_serial_s, 2 * (cores + t[1] + t[2] - t[arg]) / p.units,
+				    1e-15);
+	}
+	st_plan_fini(&p);
+	in.host_compute = false;
 
 	/* each resource can be the bound */
 	{
@@ -893,6 +917,28 @@ static void test_json(void **state)
 		assert_int_equal(jget_u(st, "bytes", NULL, NULL),
 				 p.state_bytes[u * ST_STATE_COUNT + ST_STATE_W]);
 	}
+	/* the rates with their sources, the serial parts, the batch that hides
+	 * the I/O */
+	assert_double_equal(jget_d(root, "time", "serial_s"), p.t_serial_s, p.t_serial_s * 1e-12);
+	assert_true(json_object_object_get_ex(root, "rates", &x));
+	assert_true(json_object_object_get_ex(x, "source", &x));
+	assert_true(json_object_object_get_ex(x, "compute_flops", &x));
+	assert_string_equal(json_object_get_string(x), "default");
+	assert_true(json_object_object_get_ex(root, "hide", &x));
+	{
+		json_object *v;
+
+		assert_true(json_object_object_get_ex(x, "auto_accum", &v));
+		assert_int_equal(json_object_get_int(v), p.hide_best_accum);
+		assert_true(json_object_object_get_ex(x, "compute_bound_accum", &v));
+		if (p.hide_accum)
+			assert_int_equal(json_object_get_int(v), p.hide_accum);
+		else
+			assert_null(v);
+		assert_true(json_object_object_get_ex(x, "auto_step_s", &v));
+		assert_double_equal(json_object_get_double(v), p.hide_best_step_s,
+				    1e-12 * p.hide_best_step_s);
+	}
 	json_object_put(root);
 	free(text);
 
@@ -999,6 +1045,214 @@ static const struct st_plan_pool *find_pool(const struct st_plan *p, enum st_poo
 		if (p->pools[i].id == id)
 			return &p->pools[i];
 	return NULL;
+}
+
+/* --- the rates file ------------------------------------------------------------------ */
+
+static void test_rates_file(void **state)
+{
+	struct st_plan_rates r = { 0 }, back, flags = { 0 };
+	char path[] = "/tmp/st-plan-rates-XXXXXX";
+	int fd;
+
+	ST_UNUSED(state);
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	close(fd);
+	r.compute_flops = 1.25e11;
+	r.copy_bps = 7.5e9;
+	r.nvme_read_bps = 2.5e9;
+	r.nvme_write_bps = 1.5e9;
+	r.adam_bps = 3.25e10; /* net_bps 0: written as null */
+	assert_int_equal(st_plan_rates_write(path, &r, "{\"device\": \"cpu\"}"), 0);
+	assert_int_equal(st_plan_rates_read(path, &back), 0);
+	for (int i = 0; i < ST_RATE_COUNT; i++) {
+		assert_double_equal(st_plan_rate_get(&back, (enum st_rate)i),
+				    st_plan_rate_get(&r, (enum st_rate)i), 0);
+		assert_int_equal(back.source[i], i == ST_RATE_NET ? ST_RATE_SRC_DEFAULT
+								 : ST_RATE_SRC_FILE);
+	}
+	/* the file as text: null for the rate not measured, the measured object */
+	{
+		json_object *root = json_object_from_file(path), *v;
+
+		assert_non_null(root);
+		assert_true(json_object_object_get_ex(root, "net_bps", &v));
+		assert_null(v);
+		assert_true(json_object_object_get_ex(root, "measured", &v));
+		assert_true(json_object_is_type(v, json_type_object));
+		json_object_put(root);
+	}
+	/* a flag beats the file; the plan says where each rate came from */
+	flags.compute_flops = 9e10;
+	st_plan_rates_merge(&flags, &back);
+	assert_double_equal(flags.compute_flops, 9e10, 0);
+	assert_double_equal(flags.copy_bps, 7.5e9, 0);
+	{
+		struct st_plan_input in = input(small);
+		struct st_plan p;
+
+		in.seq = 32;
+		in.rates = flags;
+		p = plan_ok(&in);
+		assert_int_equal(p.rates.source[ST_RATE_COMPUTE], ST_RATE_SRC_FLAG);
+		assert_int_equal(p.rates.source[ST_RATE_COPY], ST_RATE_SRC_FILE);
+		assert_int_equal(p.rates.source[ST_RATE_NET], ST_RATE_SRC_DEFAULT);
+		assert_double_equal(p.rates.copy_bps, 7.5e9, 0);
+		st_plan_fini(&p);
+	}
+	/* refused in one line naming the file and the field */
+	{
+		static const struct { const char *text, *says; } bad[] = {
+			{ "not json", "not JSON" },
+			{ "[1]", "not a JSON object" },
+			{ "{\"compute_flops\": 1}", "strata_rates" },
+			{ "{\"strata_rates\": 2, \"compute_flops\": 1}", "strata_rates" },
+			{ "{\"strata_rates\": 1, \"compute_flops\": 1, \"copy_bps\": 1, "
+			  "\"nvme_read_bps\": 1, \"nvme_write_bps\": 1, \"adam_bps\": 1}", "\"net_bps\"" },
+			{ "{\"strata_rates\": 1, \"compute_flops\": -1, \"copy_bps\": 1, "
+			  "\"nvme_read_bps\": 1, \"nvme_write_bps\": 1, \"adam_bps\": 1, "
+			  "\"net_bps\": null}", "\"compute_flops\" is -1" },
+			{ "{\"strata_rates\": 1, \"compute_flops\": 0, \"copy_bps\": 1, "
+			  "\"nvme_read_bps\": 1, \"nvme_write_bps\": 1, \"adam_bps\": 1, "
+			  "\"net_bps\": null}", "\"compute_flops\" is 0" },
+			{ "{\"strata_rates\": 1, \"compute_flops\": \"fast\", \"copy_bps\": 1, "
+			  "\"nvme_read_bps\": 1, \"nvme_write_bps\": 1, \"adam_bps\": 1, "
+			  "\"net_bps\": null}", "\"compute_flops\" is not a number" },
+			{ "{\"strata_rates\": 1, \"compute_flops\": 1, \"copy_bps\": 1, "
+			  "\"nvme_read_bps\": 1, \"nvme_write_bps\": 1, \"adam_bps\": 1, "
+			  "\"net_bps\": null, \"gpu_bps\": 3}", "unknown field \"gpu_bps\"" },
+		};
+		for (unsigned i = 0; i < ST_ARRAY_LEN(bad); i++) {
+			char *f = write_tmp(bad[i].text);
+
+			back.compute_flops = 42;
+			assert_int_equal(st_plan_rates_read(f, &back), -EINVAL);
+			assert_non_null(strstr(st_error_last(), f));
+			if (!strstr(st_error_last(), bad[i].says))
+				fail_msg("case %u: \"%s\" lacks \"%s\"", i, st_error_last(), bad[i].says);
+			assert_null(strchr(st_error_last(), '\n'));
+			assert_double_equal(back.compute_flops, 42, 0); /* untouched */
+			unlink(f);
+		}
+	}
+	assert_int_equal(st_plan_rates_read("/nonexistent/rates.json", &back), -ENOENT);
+	/* a write that cannot be done leaves nothing behind and names the file */
+	assert_int_equal(st_plan_rates_write("/nonexistent/dir/rates.json", &r, NULL), -ENOENT);
+	assert_non_null(strstr(st_error_last(), "/nonexistent/dir/rates.json"));
+	unlink(path);
+}
+
+/* rates from what the lanes did: bytes over busy time, FLOPs and AdamW
+ * bytes from the plan */
+static void test_rates_from_lanes(void **state)
+{
+	struct st_plan p = { 0 };
+	struct st_plan_rates r;
+	const double busy[6] = { 2.0, 0.5, 0.25, 1.0, 4.0, 0.5 };
+	const double bytes[6] = { 0, 3e9, 1e9, 2e9, 2e9, 0 };
+
+	ST_UNUSED(state);
+	p.compute_flops_step = 1e12;
+	p.adam_bytes = 15000000000ull;
+	assert_int_equal(st_plan_rates_from_lanes(&p, busy, bytes, 0, &r), 4);
+	assert_double_equal(r.compute_flops, 5e11, 1);
+	assert_double_equal(r.copy_bps, 0, 0); /* the copy lanes' busy time is no rate */
+	assert_double_equal(r.nvme_read_bps, 2e9, 1);
+	assert_double_equal(r.nvme_write_bps, 5e8, 1);
+	assert_double_equal(r.adam_bps, 3e10, 1);
+	assert_double_equal(r.net_bps, 0, 0);
+	/* reads and writes overlapped: the disk was busy 3 s of the lanes' 5 s,
+	 * and the planner's read + write time at the rates gives 3 s back */
+	assert_int_equal(st_plan_rates_from_lanes(&p, busy, bytes, 3.0, &r), 4);
+	assert_double_equal(bytes[3] / r.nvme_read_bps + bytes[4] / r.nvme_write_bps, 3.0, 1e-12);
+	assert_double_equal(r.nvme_read_bps, 2e9 * 5 / 3, 1);
+	/* a disk busier than the lanes' sum (it cannot be): not scaled */
+	assert_int_equal(st_plan_rates_from_lanes(&p, busy, bytes, 9.0, &r), 4);
+	assert_double_equal(r.nvme_read_bps, 2e9, 1);
+	/* a lane that did nothing measures nothing */
+	{
+		const double idle[6] = { 2.0, 0, 0, 0, 0, 0.5 };
+		const double none[6] = { 0 };
+
+		assert_int_equal(st_plan_rates_from_lanes(&p, idle, none, 0, &r), 2);
+		assert_double_equal(r.copy_bps, 0, 0);
+		assert_double_equal(r.nvme_read_bps, 0, 0);
+	}
+}
+
+/* The batch that hides the I/O, against plans made at every N. */
+static void test_hide_accum(void **state)
+{
+	struct st_plan_input in = input(small);
+	struct st_plan p, q;
+
+	ST_UNUSED(state);
+	in.seq = 32;
+	/* W in vram, optimizer on nvme: P, M, V traffic is fixed, G's grows with
+	 * N, so compute catches up with a slow enough disk */
+	in.params = ST_OFFLOAD_NONE;
+	in.optim = ST_OFFLOAD_NVME;
+	in.host_mem_bytes = 64 * ST_MiB;
+	p = plan_ok(&in);
+	/* compute a third of the nvme time at N = 1 */
+	in.rates.compute_flops = p.compute_flops_step / (p.t_nvme_s / 3);
+	st_plan_fini(&p);
+	p = plan_ok(&in);
+	assert_string_equal(p.bound, "nvme");
+	assert_true(p.hide_accum > 1 && p.hide_accum <= ST_PLAN_ACCUM_MAX);
+	assert_int_equal(p.hide_best_accum, p.hide_accum);
+	assert_string_equal(p.hide_why, "");
+	for (int n = 1; n <= p.hide_accum; n++) {
+		in.grad_accum = n;
+		q = plan_ok(&in);
+		assert_int_equal(q.w_home, p.w_home);
+		if (n < p.hide_accum) {
+			assert_string_not_equal(q.bound, "compute");
+		} else {
+			assert_string_equal(q.bound, "compute");
+			assert_double_equal(q.t_step_s, p.hide_step_s, 1e-12 * q.t_step_s);
+		}
+		st_plan_fini(&q);
+	}
+	st_plan_fini(&p);
+
+	/* already compute-bound: N = 1 */
+	in.grad_accum = 1;
+	in.rates.compute_flops = 1e3;
+	p = plan_ok(&in);
+	assert_string_equal(p.bound, "compute");
+	assert_int_equal(p.hide_accum, 1);
+	st_plan_fini(&p);
+
+	/* W on nvme on a slow disk: every micro-batch reads W, never hidden;
+	 * auto takes the smallest N within 10% of the best tokens/s */
+	in.params = ST_OFFLOAD_NVME;
+	in.rates.compute_flops = 1e12;
+	in.rates.nvme_read_bps = 1e6;
+	p = plan_ok(&in);
+	assert_string_equal(p.bound, "nvme");
+	assert_int_equal(p.hide_accum, 0);
+	assert_non_null(strstr(p.hide_why, "nvme"));
+	assert_true(p.hide_best_accum >= 1 && p.hide_best_accum <= ST_PLAN_ACCUM_MAX);
+	{
+		double best = 0, tps[ST_PLAN_ACCUM_MAX + 1];
+		int want = 0;
+
+		for (int n = 1; n <= ST_PLAN_ACCUM_MAX; n++) {
+			in.grad_accum = n;
+			q = plan_ok(&in);
+			assert_string_not_equal(q.bound, "compute");
+			tps[n] = (double)in.batch * in.seq * n / q.t_step_s;
+			best = tps[n] > best ? tps[n] : best;
+			st_plan_fini(&q);
+		}
+		for (int n = ST_PLAN_ACCUM_MAX; n >= 1; n--)
+			if (tps[n] >= 0.9 * best)
+				want = n;
+		assert_int_equal(p.hide_best_accum, want);
+	}
+	st_plan_fini(&p);
 }
 
 static void test_pool_list(void **state)
@@ -1544,6 +1798,9 @@ int main(void)
 		cmocka_unit_test(test_traffic_hand_computed),
 		cmocka_unit_test(test_json),
 		cmocka_unit_test(test_rates_from_bench),
+		cmocka_unit_test(test_rates_file),
+		cmocka_unit_test(test_rates_from_lanes),
+		cmocka_unit_test(test_hide_accum),
 		cmocka_unit_test(test_pool_list),
 		cmocka_unit_test(test_split_slots),
 		cmocka_unit_test(test_split_policy),

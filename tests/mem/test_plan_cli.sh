@@ -185,7 +185,11 @@ r, t, tr = p['rates'], p['time'], p['traffic']
 assert r['nvme_read_bps'] == 3.25e9 and r['nvme_write_bps'] == 2.5e9, r
 want = tr['nvme_read_bytes'] / 3.25e9 + tr['nvme_write_bytes'] / 2.5e9
 assert abs(t['nvme_s'] - want) <= 1e-9 * want, (t, want)
-assert t['step_s'] == max(t['compute_s'], t['copy_s'], t['nvme_s'], t['adam_s'])
+# the cpu device: compute and AdamW share the cores; plus the fill and drain
+lanes = [t['compute_s'] + t['adam_s'], t['copy_s'], t['nvme_s']]
+assert t['host_compute'] is True, t
+assert abs(t['serial_s'] - 2 * (sum(lanes) - max(lanes)) / p['model']['units']) <= 1e-12, t
+assert abs(t['step_s'] - max(lanes) - t['serial_s']) <= 1e-12 * t['step_s'], t
 " "$work/out" || { echo "FAIL bench: rates not used"; fail=1; }
 echo '{ "points": [] }' >"$work/bad.json"
 check bench-bad 2 "$plan" plan $M --nvme-bench "$work/bad.json"
@@ -193,5 +197,78 @@ check bench-missing 2 "$plan" plan $M --nvme-bench "$work/none.json"
 check rates 0 "$plan" plan $M --compute-gflops 1000 --adam-gbps 0.001 --copy-gbps 16
 expect_out rates "bound by adam"
 check bad-rate 2 "$plan" plan $M --compute-gflops -1
+
+# --calibrate: this machine's rates into a file (atomically); --rates reads it.
+check calibrate 0 "$plan" plan $M --nvme "$work/d1" --calibrate "$work/rates.json"
+expect_err calibrate "calibrate: compute"
+expect_err calibrate "calibrate: wrote"
+if [ -n "$(find "$work/d1" "$work" -maxdepth 1 -name '*.tmp*')" ] || \
+   [ -n "$(find "$work/d1" -mindepth 1)" ]; then
+	echo "FAIL calibrate: left files behind"; fail=1
+fi
+check rates-file 0 "$plan" plan $M --rates "$work/rates.json" --compute-gflops 7 --json
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1]))
+p = json.load(open(sys.argv[2]))
+assert f['strata_rates'] == 1 and f['net_bps'] is None, f
+for k in ('compute_flops', 'copy_bps', 'nvme_read_bps', 'nvme_write_bps', 'adam_bps'):
+    assert f[k] > 0, (k, f)
+assert f['measured']['batch'] == 4 and f['measured']['seq'] == 32, f['measured']
+r = p['rates']
+assert r['compute_flops'] == 7e9 and r['source']['compute_flops'] == 'flag', r
+for k in ('copy_bps', 'nvme_read_bps', 'nvme_write_bps', 'adam_bps'):
+    assert r[k] == f[k] and r['source'][k] == 'file', (k, r)
+assert r['source']['net_bps'] == 'default', r
+h = p['hide']
+assert 1 <= h['auto_accum'] <= h['accum_max'] == 64, h
+" "$work/rates.json" "$work/out" || { echo "FAIL rates-file: the file's rates not used"; fail=1; }
+check calibrate-bench 0 "$plan" plan $M --nvme-bench "$work/bench.json" --calibrate "$work/rates2.json"
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1]))
+assert f['nvme_read_bps'] == 3.25e9 and f['nvme_write_bps'] == 2.5e9, f
+" "$work/rates2.json" || { echo "FAIL calibrate-bench: nvme-bench's rates not kept"; fail=1; }
+check calibrate-no-dir 1 "$plan" plan $M --calibrate "$work/nope/rates.json"
+expect_err calibrate-no-dir "$work/nope/rates.json"
+expect_err calibrate-no-dir "No such file or directory"
+check calibrate-bad-bench 2 "$plan" plan $M --nvme-bench "$work/bad.json" --calibrate "$work/rates3.json"
+[ -e "$work/rates3.json" ] && { echo "FAIL calibrate-bad-bench: wrote the file"; fail=1; }
+check rates-and-calibrate 2 "$plan" plan $M --rates "$work/rates.json" --calibrate "$work/r4.json"
+check rates-missing 2 "$plan" plan $M --rates "$work/none.json"
+echo '{"strata_rates": 1, "compute_flops": 1e9}' >"$work/short.json"
+check rates-short 2 "$plan" plan $M --rates "$work/short.json"
+expect_err rates-short '"copy_bps"'
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1])); f['gpu_flops'] = 1
+json.dump(f, open(sys.argv[2], 'w'))
+" "$work/rates.json" "$work/extra.json"
+check rates-unknown 2 "$plan" plan $M --rates "$work/extra.json"
+expect_err rates-unknown 'unknown field "gpu_flops"'
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1])); f['adam_bps'] = -3
+json.dump(f, open(sys.argv[2], 'w'))
+" "$work/rates.json" "$work/neg.json"
+check rates-negative 2 "$plan" plan $M --rates "$work/neg.json"
+expect_err rates-negative '"adam_bps" is -3'
+
+# The batch that hides the I/O: optimizer on a slow nvme, a fast compute.
+check hide 0 "$plan" plan $M --nvme "$work/d1" --offload-optim nvme --compute-gflops 100
+expect_out hide "compute-bound from --grad-accum"
+check accum-auto 0 "$plan" plan $M --nvme "$work/d1" --offload-optim nvme --compute-gflops 100 \
+	--grad-accum auto --json
+expect_err accum-auto "--grad-accum auto:"
+python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p['grad_accum'] == p['hide']['compute_bound_accum'] > 1, (p['grad_accum'], p['hide'])
+assert p['time']['bound'] == 'compute', p['time']
+" "$work/out" || { echo "FAIL accum-auto: did not take the compute-bound N"; fail=1; }
+check hide-never 0 "$plan" plan $M --nvme "$work/d1" --offload-params nvme --offload-optim nvme \
+	--compute-gflops 100000
+expect_out hide-never "never compute-bound up to --grad-accum 64"
+check bad-accum 2 "$plan" plan $M --grad-accum sometimes
 
 exit $fail
