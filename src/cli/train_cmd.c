@@ -67,7 +67,7 @@ static void train_usage(FILE *f)
 "  --nvme-mem SIZE      nvme budget (default: what the plan needs)\n"
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme         home of G, P, M, V (default auto)\n"
-"  --offload-activations auto|vram|host   home of the activation checkpoints (default\n"
+"  --offload-activations auto|vram|host   activation checkpoints' home (default\n"
 "                       auto: vram when the budget holds them, else host)\n"
 "  --prefetch N         units fetched ahead (default: as many as the budget allows)\n"
 "  --recompute auto|all|none  which blocks' backward recomputes their forward: all\n"

@@ -177,6 +177,7 @@ static int st_act_offloaded(const struct st_shape *sh, enum st_home a)
 
 static void st_act_pools(const struct st_shape *sh, struct st_pools *p);
 static void st_act_traffic(const struct st_shape *sh, struct st_plan *p);
+static int st_act_hint(const struct st_plan_input *in, int ret);
 static uint64_t st_recomp_work(const struct st_shape *sh);
 static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p);
 
@@ -924,7 +925,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	if (chosen < 0) {
 		ret = st_recomp_explain(in, &sh, st_explain(&sh, cands, n, k0, budget));
 		st_shape_fini(&sh);
-		return ret;
+		return st_act_hint(in, ret);
 	}
 	c = cands[chosen];
 	k = k0;
@@ -985,7 +986,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.w_staging_bytes = st_pools_sum(&pools, ST_POOL_W_STAGE, ST_POOL_W_STAGE_RES);
 	p.grad_landing_bytes = st_pools_sum(&pools, ST_POOL_LANDING, ST_POOL_GSTAGE);
 	p.update_staging_bytes = st_pools_sum(&pools, ST_POOL_UPD_W, ST_POOL_UPD_F32);
-	p.act_home = c.a;
+	p.act_home = sh.units > 1 ? c.a : ST_HOME_VRAM; /* none to place */
 	p.act_slots = c.a == ST_HOME_HOST ? st_act_slots(&sh) : 0;
 	p.act_offloaded = st_act_offloaded(&sh, c.a);
 	p.act_bytes += st_pools_sum(&pools, ST_POOL_ACT_SLOT, ST_POOL_ACT_SLOT);
@@ -1003,6 +1004,25 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	st_shape_fini(&sh);
 	*plan = p;
 	return 0;
+}
+
+/* A refusal with the checkpoints forced into vram says when the host
+ * would hold them. */
+static int st_act_hint(const struct st_plan_input *in, int ret)
+{
+	struct st_plan_input x = *in;
+	struct st_plan p;
+	char msg[512];
+
+	if (ret != -ENOSPC || in->activations != ST_OFFLOAD_NONE)
+		return ret;
+	snprintf(msg, sizeof(msg), "%s", st_error_last());
+	x.activations = ST_OFFLOAD_HOST;
+	if (st_plan_make(&x, &p) < 0)
+		return st_error_set(ret, "%s", msg);
+	st_plan_fini(&p);
+	return st_error_set(ret, "%s (it fits with the activation checkpoints on the host: "
+			    "--offload-activations auto or host)", msg);
 }
 
 /* The checkpoint pools of the candidate's home (*sh->act_home). */

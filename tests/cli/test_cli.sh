@@ -204,6 +204,17 @@ print("ok   trace: every queue has a lane, no overlaps on a lane")
 PY
 check plan-impossible 2 "$strata" train $M --data "$data" --gpu-mem 1M
 
+# A T=8192 model whose activation checkpoints do not fit 25M of vram with
+# the rest: refused with them forced into vram, trained with auto (on the
+# host, as the printed plan says).
+L=(--model layers=3,dim=32,heads=1,vocab=256,ctx=8192 --batch 1 --seq 8192 --gpu-mem 25M
+   --nvme none --steps 1 --data "$data")
+check act-vram-refused 2 "$strata" train "${L[@]}" --offload-activations vram
+check act-long 0 "$strata" train "${L[@]}"
+if ! grep -q "activations on the host: 2 of 4" "$work/out" || ! grep -Eq '^step +1' "$work/out"; then
+	echo "FAIL act-long: checkpoints not on the host, or no step 1"; tail -5 "$work/out"; fail=1
+fi
+
 # `strata train` as it comes is the demo (tools/quickstart demo): its default
 # budgets must still plan, and must still put W on host and the optimizer
 # state on nvme as the help says, whatever the planner's pools become.

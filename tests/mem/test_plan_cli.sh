@@ -92,6 +92,7 @@ fi
 L="--model layers=3,dim=32,heads=1,vocab=256,ctx=8192 --batch 1 --seq 8192 --gpu-mem 25M"
 check act-vram-refused 2 "$plan" plan $L --offload-activations vram
 expect_err act-vram-refused "vram budget"
+expect_err act-vram-refused "it fits with the activation checkpoints on the host"
 check act-auto 0 "$plan" plan $L
 expect_out act-auto "activations on the host: 2 of 4 go there and back"
 check act-host-json 0 "$plan" plan $L --offload-activations host --json

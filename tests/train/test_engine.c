@@ -645,9 +645,11 @@ static void resume_case(bool stopped, const char *model)
 	st_engine_destroy(e);
 	st_dataset_close(ds);
 
-	/* A fresh engine (different placement, even) picks up from the files. */
+	/* A fresh engine (different placement, even: the activation
+	 * checkpoints on the host too) picks up from the files. */
 	c.params = ST_OFFLOAD_HOST;
 	c.optim = ST_OFFLOAD_HOST;
+	c.activations = ST_OFFLOAD_HOST;
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	{
@@ -828,6 +830,7 @@ static void test_act_long(void **state)
 	c.activations = ST_OFFLOAD_NONE;
 	assert_int_equal(st_engine_create(&c, &e), -ENOSPC);
 	assert_non_null(strstr(st_error_last(), "vram budget"));
+	assert_non_null(strstr(st_error_last(), "--offload-activations auto or host"));
 	c.activations = ST_OFFLOAD_AUTO;
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	p = st_engine_plan(e);
