@@ -7,7 +7,8 @@
  *
  * States: W working weights (bf16 or fp32), G gradient, P master weights,
  * M, V moments (fp32). Homes: W in vram, host or nvme; G, P, M, V in host or
- * nvme (the optimizer runs on the CPU).
+ * nvme (the optimizer runs on the CPU), or in vram with W (the optimizer on
+ * the device: no landing, no update staging, ST_POOL_OPT_STAT).
  *
  * The engine's pools, listed once each in st_plan.pools (the engine
  * allocates by walking that list; only src/mem/plan.c knows a size). With
@@ -28,11 +29,15 @@
  *                                      2*e_u*4 + dA, dB 2*X + work (max_u
  *                                      st_model_work_bytes) + tokens,
  *                                      targets 2*B*T*4
+ *         optimizer stats (some G in  16*(U+1) + 16*ceil(E/16384)
+ *                          vram)
  *   host  homes in host                e_u*Wb for W, e_u*4 for G, P, M, V
  *         W staging (some W on nvme)   one per slot, the slot's size
- *         gradient landing             E*4, and another E*4 when some G is
- *                                      on nvme and grad_accum > 1
- *         update staging (any of G,P,M,V on nvme, or some W not in host)
+ *         gradient landing             E*4 (when some G is not in vram), and
+ *                                      another E*4 when some G is on nvme
+ *                                      and grad_accum > 1
+ *         update staging (any of G,P,M,V on nvme, or some W not in host
+ *                         whose unit's G is not in vram)
  *                                      2 * Et * (16 + Wb), Et = min(E,
  *                                      ST_UPDATE_TILE_ELEMS): the sweep
  *                                      goes tile by tile
@@ -68,7 +73,8 @@
 enum st_state { ST_STATE_W, ST_STATE_G, ST_STATE_P, ST_STATE_M, ST_STATE_V,
 		ST_STATE_COUNT };
 enum st_home { ST_HOME_VRAM, ST_HOME_HOST, ST_HOME_NVME, ST_HOME_COUNT };
-enum st_offload { ST_OFFLOAD_AUTO, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+enum st_offload { ST_OFFLOAD_AUTO, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME,
+		  ST_OFFLOAD_VRAM /* G,P,M,V only: the optimizer on the device */ };
 
 /* Bandwidths and rates the prediction uses; 0 = a built-in default. */
 struct st_plan_rates {
@@ -96,11 +102,12 @@ struct st_plan_input {
 					 budget_bytes becomes what it needs) */
 	bool have_nvme;               /* --nvme given; false = no nvme tier */
 	enum st_offload params;       /* W: AUTO, NONE (vram), HOST, NVME */
-	enum st_offload optim;        /* G,P,M,V: AUTO, HOST, NVME (NONE = HOST) */
+	enum st_offload optim;        /* G,P,M,V: AUTO, HOST, NVME, VRAM (NONE = HOST) */
 	int prefetch;                 /* k; 0 = as many as the budget allows (max U) */
 	struct st_plan_rates rates;
 	/* Optional: the home of every (unit, state), [units * ST_STATE_COUNT]
-	 * (W in any tier; G, P, M, V in host or nvme), instead of the policy:
+	 * (W in any tier; G, P, M, V in host or nvme, or all four in vram
+	 * with W), instead of the policy:
 	 * the plan then only sizes the pools and checks the budgets. Tests
 	 * use it for split placements; params and optim are ignored. */
 	const enum st_home *homes;
@@ -111,6 +118,12 @@ struct st_plan_input {
 	 * is per rank (every budget is one rank's). At world 1 the stage
 	 * changes nothing. */
 	int world, rank, zero;
+	/* The optimizer on the device (docs/gpu.md): whether optim AUTO may
+	 * home G, P, M, V in vram (tried first, with W in vram, at world 1).
+	 * The engine sets it on a device whose compute runs AdamW (cuda);
+	 * --offload-optim vram forces it anywhere. Explicit homes may put a
+	 * unit's G, P, M, V in vram when its W is there too (world 1). */
+	bool optim_vram_auto;
 };
 
 /* The engine's pools, each listed once in the plan: the engine allocates
@@ -139,6 +152,9 @@ enum st_pool_id {
 				 all-to-all lands here, N * S * 4 */
 	ST_POOL_W_GATHER,     /* host: world > 1, stages 1-2: the updated W
 				 slices all-gathered into one unit, N * S * Wb */
+	ST_POOL_OPT_STAT,     /* vram: some G, P, M, V in vram: each unit's sum
+				 of squares (16 B) and the AdamW count (16 B),
+				 then the sum's scratch, 16 B per 16384 of E */
 	ST_POOL_KIND_COUNT
 };
 
