@@ -198,6 +198,15 @@ static const struct op_case op_cases[] = {
 	  { F_(IN, AN, 1.0f), F_(ACC, AN, 0.5f), F_(ACC, AN, 0.01f), F_(ACC, AN, 1e-4f), N_,
 	    U_(ACC, 4) },
 	  { AN }, { 1.0f, 0.9f, 0.1f, 0.0f, 1.0f, 1.0f, 1e-8f, -1e-3f, 0.99f }, 0, 0 },
+	/* residual + norm: residual_fwd then the norm, bit for bit on the cpu */
+	{ "residual_layernorm_fwd", ST_OP_RESIDUAL_LAYERNORM_FWD,
+	  { F_(OUT, CN * CC, 0), F_(OUT, CN * CC, 0), F_(OUT, CN, 0), F_(OUT, CN, 0),
+	    F_(IN, CN * CC, 1.0f), F_(IN, CN * CC, 1.0f), F_(IN, CC, 1.0f), F_(IN, CC, 0.5f) },
+	  { CN, CC }, { 0 }, 0, 1e-5 },
+	{ "residual_rmsnorm_fwd", ST_OP_RESIDUAL_RMSNORM_FWD,
+	  { F_(OUT, CN * CC, 0), F_(OUT, CN * CC, 0), F_(OUT, CN, 0), F_(IN, CN * CC, 1.0f),
+	    F_(IN, CN * CC, 1.0f), F_(IN, CC, 1.0f) },
+	  { CN, CC }, { 1e-5f }, 0, 1e-5 },
 	/* scratch is the op's own (not compared): an input here */
 	{ "grad_sumsq", ST_OP_GRAD_SUMSQ,
 	  { U_(OUT, 16), U_(IN, 16 * ((AN + 16383) / 16384)), F_(IN, AN, 1.0f) },

@@ -256,6 +256,18 @@ struct st_compute_sumsq {
 	uint32_t zero;
 };
 size_t st_compute_sumsq_scratch_bytes(size_t n);
+/* res (N,C) = a + b, then out, mean, rstd = layernorm(res): one op
+ * (ST_OP_RESIDUAL_LAYERNORM_FWD) where the compute has it (the cpu and cuda
+ * computes: the same bits as residual_fwd then layernorm_fwd on each), else
+ * those two. */
+void st_compute_residual_layernorm_fwd(struct st_compute *c, float *res, float *out,
+				       float *mean, float *rstd, const float *a, const float *b,
+				       const float *weight, const float *bias, int N, int C);
+/* res = a + b, then out, rstd = rmsnorm(res), likewise
+ * (ST_OP_RESIDUAL_RMSNORM_FWD). */
+void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *out, float *rstd,
+				     const float *a, const float *b, const float *weight,
+				     float eps, int N, int C);
 void st_compute_grad_sumsq(struct st_compute *c, struct st_compute_sumsq *out, void *scratch,
 			   const float *g, size_t n);
 

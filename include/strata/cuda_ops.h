@@ -204,6 +204,16 @@ int st_cuda_adamw(struct st_cuda_ctx *ctx, const float c[9], const float *g, flo
  * 16 bytes per 16384 elements of g. */
 int st_cuda_grad_sumsq(struct st_cuda_ctx *ctx, void *out, void *scratch, const float *g,
 		       size_t n);
+/* res = a + b, then layernorm / rmsnorm of res, one warp per row (ops.cu):
+ * the same bits as st_cuda_residual_fwd then st_cuda_layernorm_fwd /
+ * st_cuda_rmsnorm_fwd, with the row read back from where this thread wrote
+ * it instead of from memory a second kernel reads. */
+int st_cuda_residual_layernorm_fwd(struct st_cuda_ctx *ctx, float *res, float *out, float *mean,
+				   float *rstd, const float *a, const float *b,
+				   const float *weight, const float *bias, int N, int C);
+int st_cuda_residual_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, float *out, float *rstd,
+				 const float *a, const float *b, const float *weight, float eps,
+				 int N, int C);
 
 #ifdef __cplusplus
 }

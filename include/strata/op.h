@@ -150,6 +150,12 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *                     scratch (st_compute_sumsq_scratch_bytes(n) bytes), g
  *                     i: n   st_grad_sumsq(g, f32, n) bit for bit; nonfinite
  *                     is 1 when G holds a NaN or Inf (it returned -ERANGE)
+ * Residual + norm (the residual stream's sum kept, then normalised):
+ *   RESIDUAL_LAYERNORM_FWD t: res, out, mean, rstd, a, b, weight, bias
+ *                     i: N, C   res = a + b, then LAYERNORM_FWD of res:
+ *                     residual_fwd then layernorm_fwd bit for bit
+ *   RESIDUAL_RMSNORM_FWD t: res, out, rstd, a, b, weight   i: N, C  f: eps
+ *                     res = a + b, then RMSNORM_FWD of res, likewise
  * (? = may be NULL.) New ops go at the end, before ST_OP_COUNT. */
 #define ST_OP_LIST(X)                                   \
 	X(ZERO, "zero", "u")                            \
@@ -183,7 +189,9 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(GQA_ATTENTION_FWD, "gqa_attention_fwd", "fffff") \
 	X(GQA_ATTENTION_BWD, "gqa_attention_bwd", "fffffffff") \
 	X(ADAMW, "adamw", "fffffu")                     \
-	X(GRAD_SUMSQ, "grad_sumsq", "uuf")
+	X(GRAD_SUMSQ, "grad_sumsq", "uuf")              \
+	X(RESIDUAL_LAYERNORM_FWD, "residual_layernorm_fwd", "ffffffff") \
+	X(RESIDUAL_RMSNORM_FWD, "residual_rmsnorm_fwd", "ffffff")
 
 #define ST_OP_ENUM_(name, str, sig) ST_OP_##name,
 enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };

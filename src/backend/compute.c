@@ -551,3 +551,44 @@ void st_compute_grad_sumsq(struct st_compute *c, struct st_compute_sumsq *out, v
 
 	st_compute_run(c, &op);
 }
+
+/* ---- residual + norm ------------------------------------------------------ */
+
+void st_compute_residual_layernorm_fwd(struct st_compute *c, float *res, float *out,
+				       float *mean, float *rstd, const float *a, const float *b,
+				       const float *weight, const float *bias, int N, int C)
+{
+	static const enum st_dtype f32[ST_OP_MAX_TENSORS] = { 0 };
+
+	if (st_compute_supports(c, ST_OP_RESIDUAL_LAYERNORM_FWD, f32)) {
+		struct st_op op = { .kind = ST_OP_RESIDUAL_LAYERNORM_FWD,
+				    .t = { F2(res, N, C), F2(out, N, C), F1(mean, N), F1(rstd, N),
+					   F2(a, N, C), F2(b, N, C), F1(weight, C), F1(bias, C) },
+				    .i = { N, C } };
+
+		st_compute_run(c, &op);
+		return;
+	}
+	st_compute_residual_fwd(c, res, a, b, (size_t)N * C);
+	st_compute_layernorm_fwd(c, out, mean, rstd, res, weight, bias, N, C);
+}
+
+void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *out, float *rstd,
+				     const float *a, const float *b, const float *weight,
+				     float eps, int N, int C)
+{
+	static const enum st_dtype f32[ST_OP_MAX_TENSORS] = { 0 };
+
+	if (st_compute_supports(c, ST_OP_RESIDUAL_RMSNORM_FWD, f32)) {
+		struct st_op op = { .kind = ST_OP_RESIDUAL_RMSNORM_FWD,
+				    .t = { F2(res, N, C), F2(out, N, C), F1(rstd, N), F2(a, N, C),
+					   F2(b, N, C), F1(weight, C) },
+				    .i = { N, C },
+				    .f = { eps } };
+
+		st_compute_run(c, &op);
+		return;
+	}
+	st_compute_residual_fwd(c, res, a, b, (size_t)N * C);
+	st_compute_rmsnorm_fwd(c, out, rstd, res, weight, eps, N, C);
+}

@@ -211,6 +211,19 @@ static void k_grad_sumsq(const struct st_op *op)
 	memcpy(P(0), &r, sizeof(r));
 }
 
+/* The unfused kernels in turn: their bits (no speed claimed on the cpu). */
+static void k_residual_layernorm_fwd(const struct st_op *op)
+{
+	st_cpu_residual_fwd(P(0), P(4), P(5), (size_t)op->i[0] * (size_t)op->i[1]);
+	st_cpu_layernorm_fwd(P(1), P(2), P(3), P(0), P(6), P(7), I(0), I(1));
+}
+
+static void k_residual_rmsnorm_fwd(const struct st_op *op)
+{
+	st_cpu_residual_fwd(P(0), P(3), P(4), (size_t)op->i[0] * (size_t)op->i[1]);
+	st_cpu_rmsnorm_fwd(P(1), P(2), P(0), P(5), op->f[0], I(0), I(1));
+}
+
 typedef void (*cpu_kernel)(const struct st_op *op);
 
 static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
@@ -246,6 +259,8 @@ static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
 	[ST_OP_GQA_ATTENTION_BWD] = k_gqa_attention_bwd,
 	[ST_OP_ADAMW] = k_adamw,
 	[ST_OP_GRAD_SUMSQ] = k_grad_sumsq,
+	[ST_OP_RESIDUAL_LAYERNORM_FWD] = k_residual_layernorm_fwd,
+	[ST_OP_RESIDUAL_RMSNORM_FWD] = k_residual_rmsnorm_fwd,
 };
 
 bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dt)

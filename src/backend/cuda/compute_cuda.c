@@ -118,6 +118,12 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 				     op->t[4].dtype == ST_DTYPE_BF16, P(5), Z(0));
 	case ST_OP_GRAD_SUMSQ:
 		return st_cuda_grad_sumsq(ctx, P(0), P(1), P(2), Z(0));
+	case ST_OP_RESIDUAL_LAYERNORM_FWD:
+		return st_cuda_residual_layernorm_fwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
+						      P(7), I(0), I(1));
+	case ST_OP_RESIDUAL_RMSNORM_FWD:
+		return st_cuda_residual_rmsnorm_fwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5),
+						    op->f[0], I(0), I(1));
 	case ST_OP_ROPE_FWD:
 	case ST_OP_ROPE_BWD:
 		return st_cuda_rope(ctx, op->kind == ST_OP_ROPE_BWD, P(0), P(1), I(0), I(1), I(2),
