@@ -638,6 +638,12 @@ static void resume_case(bool stopped, const char *model)
 	c.optim = ST_OFFLOAD_NVME;
 	train(&c, 6, &straight);
 
+	/* the optimizer on the device on one side of the checkpoint: saved
+	 * from vram here, resumed into vram below when stopped */
+	if (!stopped) {
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = ST_OFFLOAD_VRAM;
+	}
 	snprintf(ck, sizeof(ck), "%s/ck%s", dir, stopped ? "-stopped" : "");
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
@@ -653,8 +659,8 @@ static void resume_case(bool stopped, const char *model)
 	st_dataset_close(ds);
 
 	/* A fresh engine (different placement, even) picks up from the files. */
-	c.params = ST_OFFLOAD_HOST;
-	c.optim = ST_OFFLOAD_HOST;
+	c.params = stopped ? ST_OFFLOAD_NONE : ST_OFFLOAD_HOST;
+	c.optim = stopped ? ST_OFFLOAD_VRAM : ST_OFFLOAD_HOST;
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
 	{
