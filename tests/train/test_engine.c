@@ -1211,6 +1211,40 @@ static void __attribute__((unused)) test_cuda_close_to_cpu(void **state)
 	run_free(&init);
 }
 
+/* The optimizer on the device moves nothing over a link on any device
+ * (the cpu run is in test_traffic_matches_plan too; this one also runs
+ * with --device cuda): two steps, the fused next forward between them. */
+static void test_device_optim_traffic(void **state)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	struct st_engine_stats st;
+
+	(void)state;
+	base_config(&c);
+	c.params = ST_OFFLOAD_NONE;
+	c.optim = ST_OFFLOAD_VRAM;
+	c.train.grad_accum = 2;
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	assert_int_equal(st_engine_plan(e)->optim_home, ST_HOME_VRAM);
+	for (int s = 0; s < 2; s++) {
+		assert_int_equal(st_engine_step(e, &ld, s, s == 0, &res), 0);
+		assert_false(res.skipped);
+		assert_true(isfinite(res.loss) && isfinite(res.grad_norm) && res.grad_norm > 0);
+		st_engine_get_stats(e, &st);
+		for (int l = 0; l < ST_LANE_COUNT; l++)
+			if (st.bytes[l])
+				fail_msg("step %d: %llu bytes on the %s lane", s,
+					 (unsigned long long)st.bytes[l], st_lane_name((enum st_lane)l));
+	}
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+}
+
 /* A gradient that is not finite (a NaN in W) on the device path as on the
  * host's: the norm is NaN, the step skipped, P, M, V untouched, and the
  * same states either way. */
@@ -1271,6 +1305,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cuda_close_to_cpu),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_llama_placement),
+		cmocka_unit_test(test_device_optim_traffic),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
@@ -1287,6 +1322,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_nvme_checksums_fault_tier),
 		cmocka_unit_test(test_nonfinite_save),
 		cmocka_unit_test(test_nonfinite_device),
+		cmocka_unit_test(test_device_optim_traffic),
 		cmocka_unit_test(test_grad_accum),
 	};
 
