@@ -36,11 +36,13 @@
  *         gradient landing             E*4 (when some G is not in vram), and
  *                                      another E*4 when some G is on nvme
  *                                      and grad_accum > 1
- *         update staging (any of G,P,M,V on nvme, or some W not in host
- *                         whose unit's G is not in vram)
- *                                      2 * Et * (16 + Wb), Et = min(E,
- *                                      ST_UPDATE_TILE_ELEMS): the sweep
- *                                      goes tile by tile
+ *         update staging               2 * Et * Wb when some W is not in
+ *                                      host (and not gathered, below, and
+ *                                      its unit's G not in vram), and
+ *                                      2 * Et * 4 for each of G, P, M, V
+ *                                      that some unit has on nvme; Et =
+ *                                      min(E, ST_UPDATE_TILE_ELEMS): the
+ *                                      sweep goes tile by tile
  *   nvme  homes on nvme                as host homes
  * At world N > 1 (ZeRO, docs/zero.md) e_u above is the padded unit N*S_u
  * for dW, the grad landing and (stage 3: every W streamed) the W slots; a
@@ -50,13 +52,16 @@
  * Every pool's extent is counted rounded up to 4 KiB (so the engine may
  * allocate each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
  * (checkpoints at offsets i*X); scratch_bytes is the sum of the scratch
- * pools. Placement is per (unit, state) (st_plan_home()); the policy homes
- * every unit's W in one tier and G, P, M, V of every unit in one tier
- * (docs/plan.md), and st_plan_input.homes may give any other placement.
- * The minimum of a tier is its size at k = 1 (or at the forced prefetch)
- * minimised over the placements the forced options allow whose other two
- * tiers fit their budgets: a budget equal to it is accepted, one byte less
- * is refused (with the other budgets unchanged). */
+ * pools. Placement is per (unit, state) (st_plan_home()); the policy
+ * starts from the uniform placements (every unit's W in one tier, G, P,
+ * M, V of every unit in one tier) and splits them by unit and state to cut
+ * the predicted step (docs/plan.md); st_plan_input.homes may give any
+ * other placement. A plan is accepted exactly when a uniform placement the
+ * forced options allow fits (the split only improves one that does), so
+ * the minimum of a tier is its size at k = 1 (or at the forced prefetch)
+ * minimised over those uniform placements whose other two tiers fit their
+ * budgets: a budget equal to it is accepted, one byte less is refused
+ * (with the other budgets unchanged). */
 #ifndef STRATA_PLAN_H
 #define STRATA_PLAN_H
 
@@ -198,8 +203,9 @@ struct st_plan {
 	double t_compute_s, t_copy_s, t_nvme_s, t_adam_s, t_step_s;
 	const char *bound;                     /* "compute", "copy", "nvme", "adam" */
 	/* added after the first draft */
-	enum st_home w_home, optim_home;       /* the uniform homes of W and of G,P,M,V
-						  (with explicit homes: unit 0's) */
+	enum st_home w_home, optim_home;       /* the uniform row's homes of W and of
+						  G,P,M,V: the row the split started
+						  from (with explicit homes: unit 0's) */
 	uint64_t embed_slot_bytes;             /* Eres*Wb rounded, 0 without embed_slot */
 	uint64_t act_each_bytes;               /* X: the largest unit output
 						  (st_model_act_bytes), one checkpoint */
@@ -222,6 +228,9 @@ struct st_plan {
 	 * full buffer of each call): comm_bytes[kind of strata/comm.h] */
 	uint64_t comm_bytes[5], comm_calls[5];
 	double t_net_s;                        /* predicted time of the collectives */
+	/* the split policy moved some shards off the uniform row w_home,
+	 * optim_home (docs/plan.md, "Placement policy"): homes differ by unit */
+	bool split;
 };
 
 /* Slices are multiples of this many elements (the gradient norm's chunk,
@@ -240,11 +249,13 @@ static inline bool st_plan_sharded(const struct st_plan *p, int s)
  * ("host budget 1.00 GiB (1073741824 B) is below the minimum of 2.31 GiB
  * (2480381952 B) for this model and batch"); -EINVAL for contradictory or
  * bad input (--offload-params nvme without --nvme, seq > ctx, prefetch
- * outside 0..U, a negative rate); -ENOMEM. The policy (docs/plan.md): the
- * first placement that fits, in this order of preference: W in vram, host,
- * nvme; for each, G,P,M,V in host, then nvme. Then k: the forced prefetch,
- * or the largest k in 1..U that fits. plan is filled only on success; free
- * with st_plan_fini(). */
+ * outside 0..U, a negative rate); -ENOMEM. The policy (docs/plan.md): each
+ * uniform placement that fits at k = 1 (or the forced prefetch) -- W in
+ * vram, host or nvme; G, P, M, V in host or nvme -- is improved by moving
+ * shards to faster tiers, most predicted time saved per byte first, while
+ * the budgets hold; the fastest result is taken. Then k: the forced
+ * prefetch, or the largest k in 1..U that fits. plan is filled only on
+ * success; free with st_plan_fini(). */
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan);
 void st_plan_fini(struct st_plan *plan);
 
@@ -252,6 +263,17 @@ static inline enum st_home st_plan_home(const struct st_plan *p, int unit,
 					enum st_state s)
 {
 	return p->home[unit * ST_STATE_COUNT + s];
+}
+
+/* Does the update sweep stage G, P, M or V (s) through host buffers? When
+ * some unit's s is on nvme. ST_POOL_UPD_F32 holds, for each of its two
+ * sets, one buffer per staged state in state order. */
+static inline bool st_plan_upd_staged(const struct st_plan *p, enum st_state s)
+{
+	for (int u = 0; u < p->units; u++)
+		if (st_plan_home(p, u, s) == ST_HOME_NVME)
+			return true;
+	return false;
 }
 
 const char *st_state_name(enum st_state s); /* "W", "G", ... */

@@ -30,7 +30,8 @@
 #include <unistd.h>
 
 /* The demo's budgets: small enough that the tiny model uses all three
- * tiers (W streamed from host, the optimizer on nvme). */
+ * tiers (W streamed from host, the optimizer on nvme: part of each, as the
+ * planner's split fills vram and host first). */
 #define DEFAULT_GPU_MEM "16M"
 #define DEFAULT_HOST_MEM "12M"
 #define DEFAULT_NVME "/var/tmp"

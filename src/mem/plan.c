@@ -1,15 +1,16 @@
 /* strata: the placement planner. See strata/plan.h for the pools and
  * docs/plan.md for the policy.
  *
- * The policy's homes are uniform per state class: every unit's W has one
- * home, and G, P, M, V of every unit share one home. That leaves at most
- * 3 x 2 placements, so the planner simply tries them in order of preference
- * and takes the first whose pools fit all three budgets. The same small set
- * makes each tier's minimum exact: it is the smallest total that tier takes
- * over the placements whose other two tiers fit their budgets. The pools
- * are sized from per-(unit, state) homes, so explicit homes (the input's
- * `homes`: one candidate) go through the same code. */
+ * The policy starts from the uniform placements (every unit's W in one
+ * home, G, P, M, V of every unit in one home: at most 3 x 2 rows) and
+ * improves each row that fits by the split of src/mem/plan_split.c, which
+ * moves shards to faster tiers while the budgets hold; the row predicted
+ * fastest wins. The same small set of rows keeps each tier's minimum
+ * exact (st_cond_min). The pools are sized from per-(unit, state) homes,
+ * so explicit homes (the input's `homes`: one candidate) and split ones go
+ * through the same code. */
 #include "strata/plan.h"
+#include "plan_split.h"
 
 #include <errno.h>
 #include <json-c/json.h>
@@ -202,8 +203,12 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 			     struct st_pools *p)
 {
 	bool g_nvme = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_NVME, true);
-	bool upd = st_any(sh, homes, ST_STATE_G, ST_STATE_V, ST_HOME_NVME, true) ||
-		   st_plan_upd_w(sh, homes);
+	/* update staging per state (st_plan_upd_staged()): W's when some W
+	 * goes home through it (not in host, not gathered, not written in
+	 * place by the optimizer on the device: st_plan_upd_w()), G, P, M,
+	 * V's each when some unit's is on nvme */
+	bool upd_w = !sh->w_gather && st_plan_upd_w(sh, homes);
+	uint32_t upd_f = 0;
 	bool g_vram = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, true);
 	uint64_t e_reg = 0, e_res = 0; /* the largest streamed unit of each kind */
 	bool res_slot, reg_nvme = false, res_nvme = false;
@@ -240,6 +245,9 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 			reg_nvme = true;
 	}
 
+	for (int s = ST_STATE_G; s <= ST_STATE_V; s++)
+		upd_f += st_any(sh, homes, (enum st_state)s, (enum st_state)s, ST_HOME_NVME, true);
+
 	memset(p, 0, sizeof(*p));
 	for (int u = 0; u < sh->units; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++)
@@ -273,9 +281,10 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	st_pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
 		    st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
 	st_pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4, g_nvme && sh->accum > 1, -1);
-	/* the update sweep goes tile by tile, two sets of staging in turn */
-	st_pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd ? 2 : 0, -1);
-	st_pool_add(p, ST_POOL_UPD_F32, et * 4, upd ? 2 * 4 : 0, -1);
+	/* the update sweep goes tile by tile, two sets of staging in turn:
+	 * for G, P, M, V one buffer per staged state in each set */
+	st_pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd_w ? 2 : 0, -1);
+	st_pool_add(p, ST_POOL_UPD_F32, et * 4, 2 * upd_f, -1);
 	/* ZeRO at world > 1 (docs/zero.md) */
 	st_pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
 	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather, -1);
@@ -541,94 +550,6 @@ static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 	return n;
 }
 
-/* Smallest total of tier t over the placements whose other tiers fit; or
- * UINT64_MAX when none does. */
-static uint64_t st_cond_min(const struct st_shape *sh, const struct st_cand *c, int n,
-			    int k, const uint64_t *budget, int t)
-{
-	uint64_t best = ST_PLAN_UNLIMITED;
-	struct st_pools p;
-
-	for (int i = 0; i < n; i++) {
-		st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
-		if (st_fits(&p, budget, t))
-			best = ST_MIN(best, p.total[t]);
-	}
-	return best;
-}
-
-static int st_refuse(int t, uint64_t budget, uint64_t need, const char *why)
-{
-	char b[32], m[32];
-
-	return st_error_set(-ENOSPC, "%s budget %s (%llu B) is below the minimum of %s (%llu B) %s",
-			    st_home_name(t), st_format_bytes(budget, b, sizeof(b)),
-			    (unsigned long long)budget, st_format_bytes(need, m, sizeof(m)),
-			    (unsigned long long)need, why);
-}
-
-/* No placement fits: name one tier whose budget must grow, and by how much. */
-static int st_explain(const struct st_shape *sh, const struct st_cand *c, int n, int k,
-		      const uint64_t *budget)
-{
-	uint64_t need;
-	struct st_pools p;
-	int best_i = 0, best_fail = ST_HOME_COUNT + 1;
-
-	/* Growing one tier alone would do: its exact minimum. When several
-	 * would, name the one short by the smallest factor (the budget the
-	 * user most likely meant to be enough). */
-	int pick = -1;
-	double pick_ratio = INFINITY;
-	uint64_t pick_need = 0;
-
-	for (int t = 0; t < ST_HOME_COUNT; t++) {
-		double ratio;
-
-		need = st_cond_min(sh, c, n, k, budget, t);
-		if (need == ST_PLAN_UNLIMITED)
-			continue;
-		ratio = budget[t] ? (double)need / (double)budget[t] : INFINITY;
-		if (pick < 0 || ratio < pick_ratio) {
-			pick = t;
-			pick_ratio = ratio;
-			pick_need = need;
-		}
-	}
-	if (pick >= 0)
-		return st_refuse(pick, budget[pick], pick_need, "for this model and batch");
-	/* Several do: the first tier too small for every placement. */
-	for (int t = 0; t < ST_HOME_COUNT; t++) {
-		need = ST_PLAN_UNLIMITED;
-		for (int i = 0; i < n; i++) {
-			st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
-			need = ST_MIN(need, p.total[t]);
-		}
-		if (need > budget[t])
-			return st_refuse(t, budget[t], need,
-					 "for this model and batch (other budgets are short too)");
-	}
-	/* Each tier could fit, but never all at once: take the placement that
-	 * misses the fewest budgets and name its first shortfall. */
-	for (int i = 0; i < n; i++) {
-		int fail = 0;
-
-		st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
-		for (int t = 0; t < ST_HOME_COUNT; t++)
-			fail += p.total[t] > budget[t];
-		if (fail < best_fail) {
-			best_fail = fail;
-			best_i = i;
-		}
-	}
-	st_pools_compute(sh, st_cand_homes(sh, c[best_i]), k, &p);
-	for (int t = 0; t < ST_HOME_COUNT; t++)
-		if (p.total[t] > budget[t])
-			return st_refuse(t, budget[t], p.total[t],
-					 "with W in its placement (other budgets are short too)");
-	return st_error_set(-ENOSPC, "plan: no placement fits the budgets");
-}
-
 /* The collectives of one step on one rank, as st_comm_stats counts them
  * (calls, and the full buffer of each: reduce-scatter's send, all-gather's
  * recv, allreduce's count): the engine's calls, docs/zero.md. */
@@ -759,16 +680,237 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 		}
 }
 
+/* --- the policy: the uniform table's rows, each improved by a split -------- */
+
+/* One plan's policy: the candidates (the rows of the uniform table the
+ * options allow, or the explicit homes), the prefetch k the placement is
+ * chosen at, and the split policy's view of the planner (plan_split.c). */
+struct st_policy {
+	const struct st_plan_input *in;
+	const struct st_shape *sh;
+	const struct st_cand *c;
+	int n, k;
+	const uint64_t *budget;   /* the budgets being tried */
+	struct st_plan scratch;   /* st_predict's output; only its rates are read */
+	uint64_t *bytes;          /* [units * ST_STATE_COUNT] each shard's bytes */
+	enum st_home *trial;      /* [units * ST_STATE_COUNT] */
+	void *moves;              /* st_split_improve()'s scratch */
+	struct st_split_ops ops;
+};
+
+/* The split's moves only take bytes off nvme, so the fill is held to the
+ * vram and host budgets, and nvme is checked once, at the end. */
+static bool st_policy_fits(void *ctx, const enum st_home *homes)
+{
+	struct st_policy *pol = ctx;
+	struct st_pools p;
+
+	st_pools_compute(pol->sh, homes, pol->k, &p);
+	return st_fits(&p, pol->budget, ST_HOME_NVME);
+}
+
+static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_s)
+{
+	struct st_policy *pol = ctx;
+	struct st_plan *p = &pol->scratch;
+
+	st_predict(pol->in, pol->sh, homes, p);
+	*step_s = p->t_step_s;
+	return p->t_compute_s + p->t_copy_s + p->t_nvme_s + p->t_adam_s + p->t_net_s;
+}
+
+static void st_policy_fini(struct st_policy *pol)
+{
+	free(pol->bytes);
+	free(pol->trial);
+	free(pol->moves);
+}
+
+static int st_policy_init(struct st_policy *pol, const struct st_plan_input *in,
+			  const struct st_shape *sh, const struct st_cand *c, int n, int k,
+			  const struct st_plan_rates *rates)
+{
+	size_t cells = (size_t)sh->units * ST_STATE_COUNT;
+
+	*pol = (struct st_policy){ .in = in, .sh = sh, .c = c, .n = n, .k = k,
+				   .scratch = { .rates = *rates } };
+	pol->bytes = malloc(sizeof(*pol->bytes) * cells);
+	pol->trial = malloc(sizeof(*pol->trial) * cells);
+	pol->moves = malloc(st_split_scratch_bytes(sh->units));
+	if (!pol->bytes || !pol->trial || !pol->moves) {
+		st_policy_fini(pol);
+		return st_error_set(-ENOMEM, "plan: out of memory");
+	}
+	for (size_t i = 0; i < cells; i++)
+		pol->bytes[i] = sh->st_elems[i] * (i % ST_STATE_COUNT == ST_STATE_W ? sh->wb : 4);
+	pol->ops = (struct st_split_ops){ .units = sh->units, .bytes = pol->bytes,
+					  .fits = st_policy_fits, .cost = st_policy_cost,
+					  .ctx = pol, .scratch = pol->moves };
+	st_split_allowed(in, pol->ops.allowed);
+	return 0;
+}
+
+/* Does candidate i work at `budget`? It must fit vram and host as it is;
+ * improved by the split (explicit homes are not), it must then fit nvme
+ * too. The improved homes are left in pol->trial; *moved counts the
+ * shards the split moved. */
+static bool st_policy_accept(struct st_policy *pol, int i, const uint64_t *budget, int *moved,
+			     struct st_pools *p)
+{
+	size_t cells = (size_t)pol->sh->units * ST_STATE_COUNT;
+
+	pol->budget = budget;
+	*moved = 0;
+	memcpy(pol->trial, st_cand_homes(pol->sh, pol->c[i]), sizeof(*pol->trial) * cells);
+	if (!st_policy_fits(pol, pol->trial))
+		return false;
+	if (!pol->c[i].explicit_homes)
+		*moved = st_split_improve(&pol->ops, pol->trial);
+	st_pools_compute(pol->sh, pol->trial, pol->k, p);
+	return st_fits(p, budget, -1);
+}
+
+/* Choose the homes (out) at `budget`: of the candidates that work, the one
+ * predicted fastest (the first on a tie). Returns the candidate, or -1
+ * when none works; *split says whether the split moved a shard. */
+static int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home *out,
+			    bool *split)
+{
+	double best_step = 0, best_sum = 0;
+	int chosen = -1;
+	struct st_pools p;
+
+	*split = false;
+	for (int i = 0; i < pol->n; i++) {
+		double step, sum;
+		int moved;
+
+		if (!st_policy_accept(pol, i, budget, &moved, &p))
+			continue;
+		sum = st_policy_cost(pol, pol->trial, &step);
+		if (chosen < 0 || st_split_better(step, sum, best_step, best_sum)) {
+			chosen = i;
+			best_step = step;
+			best_sum = sum;
+			*split = moved > 0;
+			memcpy(out, pol->trial, sizeof(*out) * (size_t)pol->sh->units * ST_STATE_COUNT);
+		}
+	}
+	return chosen;
+}
+
+/* The smallest budget of tier t that works with the other budgets as
+ * given; UINT64_MAX when none does. A candidate cannot work with less of
+ * vram or host than it takes as it is, and works with that much exactly
+ * when st_policy_accept() says so; on nvme it needs what its improved
+ * homes take (the split, held to vram and host only, does not depend on
+ * the nvme budget). */
+static uint64_t st_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
+{
+	uint64_t best = ST_PLAN_UNLIMITED, b[ST_HOME_COUNT];
+	struct st_pools p;
+	int moved;
+
+	for (int i = 0; i < pol->n; i++) {
+		memcpy(b, budget, sizeof(b));
+		if (t == ST_HOME_NVME) {
+			b[t] = ST_PLAN_UNLIMITED;
+		} else {
+			st_pools_compute(pol->sh, st_cand_homes(pol->sh, pol->c[i]), pol->k, &p);
+			b[t] = p.total[t];
+		}
+		if (st_policy_accept(pol, i, b, &moved, &p))
+			best = ST_MIN(best, t == ST_HOME_NVME ? p.total[t] : b[t]);
+	}
+	return best;
+}
+
+static int st_refuse(int t, uint64_t budget, uint64_t need, const char *why)
+{
+	char b[32], m[32];
+
+	return st_error_set(-ENOSPC, "%s budget %s (%llu B) is below the minimum of %s (%llu B) %s",
+			    st_home_name(t), st_format_bytes(budget, b, sizeof(b)),
+			    (unsigned long long)budget, st_format_bytes(need, m, sizeof(m)),
+			    (unsigned long long)need, why);
+}
+
+/* No placement fits: name one tier whose budget must grow, and by how much. */
+static int st_explain(struct st_policy *pol, const uint64_t *budget)
+{
+	const struct st_shape *sh = pol->sh;
+	const struct st_cand *c = pol->c;
+	int n = pol->n, k = pol->k;
+	uint64_t need;
+	struct st_pools p;
+	int best_i = 0, best_fail = ST_HOME_COUNT + 1;
+
+	/* Growing one tier alone would do: its exact minimum. When several
+	 * would, name the one short by the smallest factor (the budget the
+	 * user most likely meant to be enough). */
+	int pick = -1;
+	double pick_ratio = INFINITY;
+	uint64_t pick_need = 0;
+
+	for (int t = 0; t < ST_HOME_COUNT; t++) {
+		double ratio;
+
+		need = st_cond_min(pol, budget, t);
+		if (need == ST_PLAN_UNLIMITED)
+			continue;
+		ratio = budget[t] ? (double)need / (double)budget[t] : INFINITY;
+		if (pick < 0 || ratio < pick_ratio) {
+			pick = t;
+			pick_ratio = ratio;
+			pick_need = need;
+		}
+	}
+	if (pick >= 0)
+		return st_refuse(pick, budget[pick], pick_need, "for this model and batch");
+	/* Several do: the first tier too small for every placement. */
+	for (int t = 0; t < ST_HOME_COUNT; t++) {
+		need = ST_PLAN_UNLIMITED;
+		for (int i = 0; i < n; i++) {
+			st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
+			need = ST_MIN(need, p.total[t]);
+		}
+		if (need > budget[t])
+			return st_refuse(t, budget[t], need,
+					 "for this model and batch (other budgets are short too)");
+	}
+	/* Each tier could fit, but never all at once: take the placement that
+	 * misses the fewest budgets and name its first shortfall. */
+	for (int i = 0; i < n; i++) {
+		int fail = 0;
+
+		st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
+		for (int t = 0; t < ST_HOME_COUNT; t++)
+			fail += p.total[t] > budget[t];
+		if (fail < best_fail) {
+			best_fail = fail;
+			best_i = i;
+		}
+	}
+	st_pools_compute(sh, st_cand_homes(sh, c[best_i]), k, &p);
+	for (int t = 0; t < ST_HOME_COUNT; t++)
+		if (p.total[t] > budget[t])
+			return st_refuse(t, budget[t], p.total[t],
+					 "with W in its placement (other budgets are short too)");
+	return st_error_set(-ENOSPC, "plan: no placement fits the budgets");
+}
+
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 {
 	struct st_shape sh;
 	struct st_cand cands[9], c;
 	struct st_pools pools;
 	uint64_t budget[ST_HOME_COUNT];
-	const enum st_home *homes;
+	enum st_home *homes;
 	const struct st_plan_pool *x;
 	struct st_plan p;
-	int n, k0, k, chosen = -1, ret;
+	int n, k0, k, chosen, ret;
+	bool split;
+	struct st_policy pol;
 
 	ret = st_input_check(in);
 	if (ret < 0)
@@ -785,25 +927,31 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 			       in->nvme_mem_bytes ? in->nvme_mem_bytes : ST_PLAN_UNLIMITED;
 	n = st_cands(in, cands);
 	k0 = in->prefetch > 0 ? in->prefetch : 1;
-	for (int i = 0; i < n && chosen < 0; i++) {
-		st_pools_compute(&sh, st_cand_homes(&sh, cands[i]), k0, &pools);
-		if (st_fits(&pools, budget, -1))
-			chosen = i;
+	homes = malloc(sizeof(*homes) * (size_t)sh.units * ST_STATE_COUNT);
+	ret = homes ? st_policy_init(&pol, in, &sh, cands, n, k0, &p.rates)
+		    : st_error_set(-ENOMEM, "plan: out of memory");
+	if (ret < 0) {
+		free(homes);
+		st_shape_fini(&sh);
+		return ret;
 	}
+	chosen = st_policy_choose(&pol, budget, homes, &split);
 	if (chosen < 0) {
-		ret = st_explain(&sh, cands, n, k0, budget);
+		ret = st_explain(&pol, budget);
+		st_policy_fini(&pol);
+		free(homes);
 		st_shape_fini(&sh);
 		return ret;
 	}
 	c = cands[chosen];
+	/* the placement first, then k in what it leaves (docs/plan.md) */
 	k = k0;
 	if (in->prefetch == 0)
 		for (k = sh.units; k > 1; k--) {
-			st_pools_compute(&sh, st_cand_homes(&sh, c), k, &pools);
+			st_pools_compute(&sh, homes, k, &pools);
 			if (st_fits(&pools, budget, -1))
 				break;
 		}
-	homes = st_cand_homes(&sh, c);
 	st_pools_compute(&sh, homes, k, &pools);
 
 	p.units = sh.units;
@@ -818,8 +966,11 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.rank = in->rank;
 	p.zero = in->zero;
 	p.tile_elems = sh.tile;
+	p.split = split;
 	if (!p.home || !p.state_bytes || !p.pools || !p.slice_elems) {
 		st_plan_fini(&p);
+		st_policy_fini(&pol);
+		free(homes);
 		st_shape_fini(&sh);
 		return st_error_set(-ENOMEM, "plan: out of memory");
 	}
@@ -851,11 +1002,13 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		p.home_bytes[t] = pools.home[t];
 		p.total_bytes[t] = pools.total[t];
 		p.budget_bytes[t] = budget[t];
-		p.min_bytes[t] = st_cond_min(&sh, cands, n, k0, budget, t);
+		p.min_bytes[t] = st_cond_min(&pol, budget, t);
 	}
 	if (budget[ST_HOME_NVME] == ST_PLAN_UNLIMITED)
 		p.budget_bytes[ST_HOME_NVME] = pools.total[ST_HOME_NVME];
 	st_predict(in, &sh, p.home, &p);
+	st_policy_fini(&pol);
+	free(homes);
 	st_shape_fini(&sh);
 	*plan = p;
 	return 0;
@@ -894,6 +1047,81 @@ static void st_count(const struct st_plan *p, enum st_state s, enum st_home h,
 			(*units)++;
 			*bytes += p->state_bytes[u * ST_STATE_COUNT + s];
 		}
+}
+
+/* The units of state s in tier h as ranges ("0-19, 22"), or "" for none. */
+static void st_unit_ranges(const struct st_plan *p, enum st_state s, enum st_home h, char *buf,
+			   size_t n)
+{
+	size_t len = 0;
+
+	buf[0] = 0;
+	for (int u = 0; u < p->units; u++) {
+		int v = u;
+
+		if (st_plan_home(p, u, s) != h)
+			continue;
+		while (v + 1 < p->units && st_plan_home(p, v + 1, s) == h)
+			v++;
+		if (len < n)
+			len += (size_t)snprintf(buf + len, n - len, "%s%d", len ? ", " : "", u);
+		if (v > u && len < n)
+			len += (size_t)snprintf(buf + len, n - len, "-%d", v);
+		u = v;
+	}
+}
+
+/* Does state s have a home in more than one tier? */
+static bool st_state_split(const struct st_plan *p, enum st_state s)
+{
+	for (int u = 1; u < p->units; u++)
+		if (st_plan_home(p, u, s) != st_plan_home(p, 0, s))
+			return true;
+	return false;
+}
+
+/* The split placement by unit, one line per group of states with the same
+ * homes: "    G, P     host 0-19; nvme 20-47". */
+static void st_print_split(const struct st_plan *p, FILE *f)
+{
+	bool done[ST_STATE_COUNT] = { false }, any = false;
+	char r[512];
+
+	for (int s = 0; s < ST_STATE_COUNT; s++)
+		any |= st_state_split(p, (enum st_state)s);
+	if (!any)
+		return;
+	fprintf(f, "  by unit (the split placement)\n");
+	for (int s = 0; s < ST_STATE_COUNT; s++) {
+		char names[32];
+		size_t len;
+		bool first = true;
+
+		if (done[s] || !st_state_split(p, (enum st_state)s))
+			continue;
+		len = (size_t)snprintf(names, sizeof(names), "%s", st_state_name((enum st_state)s));
+		for (int t = s + 1; t < ST_STATE_COUNT; t++) {
+			bool same = true;
+
+			for (int u = 0; u < p->units && same; u++)
+				same = st_plan_home(p, u, (enum st_state)t) ==
+				       st_plan_home(p, u, (enum st_state)s);
+			if (same) {
+				done[t] = true;
+				len += (size_t)snprintf(names + len, sizeof(names) - len, ", %s",
+							st_state_name((enum st_state)t));
+			}
+		}
+		fprintf(f, "    %-11s", names);
+		for (int h = 0; h < ST_HOME_COUNT; h++) {
+			st_unit_ranges(p, (enum st_state)s, (enum st_home)h, r, sizeof(r));
+			if (!r[0])
+				continue;
+			fprintf(f, "%s%s %s", first ? "" : "; ", st_home_name((enum st_home)h), r);
+			first = false;
+		}
+		fputc('\n', f);
+	}
 }
 
 static const char *st_fmt_s(double s, char *buf, size_t n)
@@ -935,6 +1163,7 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 		}
 		fputc('\n', f);
 	}
+	st_print_split(p, f);
 	fprintf(f, "\npools\n");
 	if (p->w_slots) {
 		fprintf(f, "  vram  W slots         %llu x %s", (unsigned long long)p->w_slots,
@@ -1090,14 +1319,19 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 			uint64_t bytes;
 			json_object *cell = json_object_new_object();
 
+			char r[1024];
+
 			st_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
+			st_unit_ranges(p, (enum st_state)s, (enum st_home)h, r, sizeof(r));
 			json_object_object_add(cell, "units", json_object_new_int(units));
 			json_object_object_add(cell, "bytes", st_ju(bytes));
+			json_object_object_add(cell, "unit_ranges", json_object_new_string(r));
 			json_object_object_add(o2, st_home_name((enum st_home)h), cell);
 		}
 		json_object_object_add(o, st_state_name((enum st_state)s), o2);
 	}
 	json_object_object_add(root, "placement", o);
+	json_object_object_add(root, "split", json_object_new_boolean(p->split));
 
 	arr = json_object_new_array();
 	for (int u = 0; u < p->units; u++) {

@@ -357,12 +357,20 @@ static int setup_pools(struct st_engine *e)
 	/* what no rank's update writes (past the unit's end) stays zero */
 	if (e->wgather)
 		memset(e->wgather, 0, pool(e, ST_POOL_W_GATHER, -1, 0)->len_bytes);
-	for (int set = 0; set < 2 && pool_count(e, ST_POOL_UPD_W); set++) {
-		e->upd[set].ext[ST_STATE_W] = *pool(e, ST_POOL_UPD_W, -1, (uint32_t)set);
+	/* update staging only for the states that go through it: W's when
+	 * some W is not in host, each of G, P, M, V's when some unit has it
+	 * on nvme (st_plan_upd_staged(), one buffer per staged state a set) */
+	for (int set = 0; set < 2; set++) {
+		uint32_t nf = pool_count(e, ST_POOL_UPD_F32) / 2, i = 0;
+
+		if (pool_count(e, ST_POOL_UPD_W))
+			e->upd[set].ext[ST_STATE_W] = *pool(e, ST_POOL_UPD_W, -1, (uint32_t)set);
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++)
-			e->upd[set].ext[s] = *pool(e, ST_POOL_UPD_F32, -1,
-						   (uint32_t)(set * 4 + s - ST_STATE_G));
-		assert(pool(e, ST_POOL_UPD_F32, -1, 0)->len_bytes >= e->tile * 4);
+			if (st_plan_upd_staged(&e->plan, s)) {
+				e->upd[set].ext[s] = *pool(e, ST_POOL_UPD_F32, -1, set * nf + i++);
+				assert(e->upd[set].ext[s].len_bytes >= e->tile * 4);
+			}
+		assert(i == nf);
 	}
 	/* Every host pool is nvme I/O memory: register it (fixed buffers). */
 	if (e->tier[ST_HOME_NVME]) {

@@ -124,9 +124,10 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 		     page(X) + page(X) + page(work) + page(BT * 4) + page(BT * 4);
 	r->staging = w == ST_HOME_NVME ? ((uint64_t)k + 1) * r->slot_bytes + r->embed_bytes : 0;
 	r->landing = E * 4 + (o == ST_HOME_NVME && in->grad_accum > 1 ? E * 4 : 0);
-	bool any_nvme = o == ST_HOME_NVME;
+	/* update staging per state: W's when W is not in host, and one fp32
+	 * buffer for each of G, P, M, V on nvme; two sets */
 	uint64_t tile = E < ST_UPDATE_TILE_ELEMS ? E : ST_UPDATE_TILE_ELEMS;
-	r->update = any_nvme || w != ST_HOME_HOST ? 2 * tile * (16 + wb) : 0;
+	r->update = (w != ST_HOME_HOST ? 2 * tile * wb : 0) + (o == ST_HOME_NVME ? 2 * tile * 16 : 0);
 	r->tier[ST_HOME_VRAM] = r->homes[ST_HOME_VRAM] + r->slots * r->slot_bytes +
 				r->embed_bytes + r->act + r->scratch;
 	r->tier[ST_HOME_HOST] = r->homes[ST_HOME_HOST] + r->staging + r->landing + r->update;
@@ -216,10 +217,12 @@ static void test_small_vram_streams_w(void **state)
 	st_plan_fini(&p);
 
 	in.gpu_mem_bytes = resident.tier[ST_HOME_VRAM] - 4096;
+	in.params = ST_OFFLOAD_HOST; /* forced: the uniform row */
 	p = plan_ok(&in);
 	expect_uniform(&p, ST_HOME_HOST, ST_HOME_HOST);
 	expect_matches_ref(&p, &in);
 	assert_true(p.prefetch >= 1);
+	assert_false(p.split);
 	st_plan_fini(&p);
 }
 
@@ -233,6 +236,7 @@ static void test_small_host_optim_nvme(void **state)
 	ST_UNUSED(state);
 	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &r);
 	in.host_mem_bytes = r.tier[ST_HOME_HOST] - 4096;
+	in.optim = ST_OFFLOAD_NVME; /* forced: the uniform row (auto splits) */
 	p = plan_ok(&in);
 	expect_uniform(&p, ST_HOME_VRAM, ST_HOME_NVME);
 	expect_matches_ref(&p, &in);
@@ -240,9 +244,14 @@ static void test_small_host_optim_nvme(void **state)
 	assert_int_equal(p.budget_bytes[ST_HOME_NVME], p.total_bytes[ST_HOME_NVME]);
 	st_plan_fini(&p);
 
-	/* Without an nvme tier: W into host saves the update staging, which
-	 * for this model is larger than all of W. */
+	/* Without an nvme tier: W into host saves W's update staging, which
+	 * for this model is larger than all of W (and the split cannot move
+	 * a block's W to vram: that needs the staging back). */
+	in = input(small);
+	in.seq = 32;
 	in.have_nvme = false;
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &r);
+	in.host_mem_bytes = r.tier[ST_HOME_HOST] - 4096;
 	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 1, &r);
 	assert_true(r.tier[ST_HOME_HOST] <= in.host_mem_bytes);
 	p = plan_ok(&in);
@@ -505,6 +514,7 @@ static void test_prefetch_auto(void **state)
 	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 3, &r);
 	assert_true(r.tier[ST_HOME_VRAM] < resident.tier[ST_HOME_VRAM]);
 	in.gpu_mem_bytes = r.tier[ST_HOME_VRAM] + r.slot_bytes - 4096;
+	in.params = ST_OFFLOAD_HOST; /* auto would rather move blocks to vram */
 	p = plan_ok(&in);
 	assert_int_equal(p.w_home, ST_HOME_HOST);
 	assert_int_equal(p.prefetch, 3);
@@ -1038,6 +1048,278 @@ static void test_optim_vram(void **state)
 	assert_non_null(strstr(st_error_last(), "one rank only"));
 }
 
+/* --- the split policy --------------------------------------------------------------- */
+
+/* Units whose G, P, M, V are all in host, and units with some in host and
+ * some on nvme. */
+static void count_units(const struct st_plan *p, int *whole, int *mixed)
+{
+	*whole = *mixed = 0;
+	for (int u = 0; u < p->units; u++) {
+		int host = 0;
+
+		for (int s = ST_STATE_G; s < ST_STATE_COUNT; s++)
+			host += st_plan_home(p, u, (enum st_state)s) == ST_HOME_HOST;
+		*whole += host == 4;
+		*mixed += host > 0 && host < 4;
+	}
+}
+
+static double time_sum(const struct st_plan *p)
+{
+	return p->t_compute_s + p->t_copy_s + p->t_nvme_s + p->t_adam_s + p->t_net_s;
+}
+
+/* Every uniform row the budgets allow is at best as fast as the policy's
+ * choice, by the planner's own prediction (the policy starts from each). */
+static void expect_no_row_faster(const struct st_plan *p, struct st_plan_input in)
+{
+	static const enum st_offload ps[] = { ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+	static const enum st_offload os[] = { ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+	int rows = 0;
+
+	for (int i = 0; i < 3; i++)
+		for (int j = 0; j < 2; j++) {
+			struct st_plan q;
+
+			in.params = ps[i];
+			in.optim = os[j];
+			if ((ps[i] == ST_OFFLOAD_NVME || os[j] == ST_OFFLOAD_NVME) && !in.have_nvme)
+				continue;
+			if (st_plan_make(&in, &q) != 0)
+				continue;
+			rows++;
+			assert_false(q.split); /* both forced: nothing to split */
+			assert_true(p->t_step_s <= q.t_step_s * (1 + 1e-9));
+			if (p->t_step_s >= q.t_step_s * (1 - 1e-9))
+				assert_true(time_sum(p) <= time_sum(&q) * (1 + 1e-9));
+			st_plan_fini(&q);
+		}
+	assert_true(rows > 0);
+}
+
+static void test_split_policy(void **state)
+{
+	struct st_plan_input in = input(deep);
+	int U = st_model_unit_count(deep), whole, mixed;
+	uint64_t half = 0, all_g = 0;
+	struct ref r;
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	/* Host for W in vram, the optimizer on nvme, plus the state of the
+	 * first half of the units: exactly those units' state in host, the
+	 * rest on nvme (at N = 1 G, P, M and V save as much per byte, and the
+	 * unit order keeps units whole). */
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_NVME, 1, &r);
+	for (int u = 0; u < U / 2; u++)
+		half += 16 * st_model_unit_layout(deep, u)->elems;
+	in.host_mem_bytes = r.tier[ST_HOME_HOST] + half;
+	p = plan_ok(&in);
+	expect_list(&p);
+	assert_true(p.split);
+	assert_int_equal(p.w_home, ST_HOME_VRAM);
+	assert_int_equal(p.optim_home, ST_HOME_NVME);
+	for (int u = 0; u < U; u++) {
+		assert_int_equal(st_plan_home(&p, u, ST_STATE_W), ST_HOME_VRAM);
+		for (int s = ST_STATE_G; s < ST_STATE_COUNT; s++)
+			assert_int_equal(st_plan_home(&p, u, (enum st_state)s),
+					 u < U / 2 ? ST_HOME_HOST : ST_HOME_NVME);
+	}
+	assert_int_equal(p.total_bytes[ST_HOME_HOST], in.host_mem_bytes);
+	/* about half the nvme traffic of the uniform row */
+	assert_true(p.nvme_read_bytes < r.homes[ST_HOME_NVME]);
+	expect_no_row_faster(&p, in);
+	/* the update staging is still needed for every state: the same size */
+	assert_int_equal(p.update_staging_bytes, r.update);
+	check_minimums(in);
+	st_plan_fini(&p);
+
+	/* Forced homes are still homes: no optimizer state moves up. */
+	in.optim = ST_OFFLOAD_NVME;
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_VRAM, ST_HOME_NVME);
+	assert_false(p.split);
+	st_plan_fini(&p);
+	in.optim = ST_OFFLOAD_HOST; /* it does not fit in host at all */
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "host budget"));
+
+	/* At N = 4 a byte of G saves 4 times what one of P, M or V does: room
+	 * for every unit's G puts every G in host first. Its staging (grad
+	 * staging, G's update staging) then goes, and the room it leaves
+	 * takes a few shards of P, M, V, never a unit's whole state. */
+	in = input(deep);
+	in.grad_accum = 4;
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_NVME, 1, &r);
+	for (int u = 0; u < U; u++)
+		all_g += 4 * st_model_unit_layout(deep, u)->elems;
+	in.host_mem_bytes = r.tier[ST_HOME_HOST] + all_g;
+	p = plan_ok(&in);
+	expect_list(&p);
+	assert_true(p.split);
+	for (int u = 0; u < U; u++)
+		assert_int_equal(st_plan_home(&p, u, ST_STATE_G), ST_HOME_HOST);
+	count_units(&p, &whole, &mixed);
+	assert_true(whole < 2);
+	assert_null(find_pool(&p, ST_POOL_GSTAGE));
+	assert_int_equal(find_pool(&p, ST_POOL_UPD_F32)->count, 2 * 3);
+	assert_int_equal(p.nvme_read_bytes, p.nvme_write_bytes - 0); /* no W on nvme */
+	expect_no_row_faster(&p, in);
+	check_minimums(in);
+	st_plan_fini(&p);
+
+	/* W: vram halfway between W streamed from host and every W in vram:
+	 * the blocks (fetched twice a micro-batch) go to vram as far as they
+	 * fit; the embedding and the head (fetched once, as costly in h2d
+	 * from host as from vram at N = 1) stay in host. */
+	in = input(deep);
+	ref_pools(&in, ST_HOME_VRAM, ST_HOME_HOST, 1, &r);
+	in.gpu_mem_bytes = r.tier[ST_HOME_VRAM];
+	ref_pools(&in, ST_HOME_HOST, ST_HOME_HOST, 1, &r);
+	in.gpu_mem_bytes = page((in.gpu_mem_bytes + r.tier[ST_HOME_VRAM]) / 2);
+	p = plan_ok(&in);
+	expect_list(&p);
+	assert_true(p.split);
+	{
+		int vram = 0;
+
+		assert_int_equal(st_plan_home(&p, 0, ST_STATE_W), ST_HOME_HOST);
+		assert_int_equal(st_plan_home(&p, U - 1, ST_STATE_W), ST_HOME_HOST);
+		for (int u = 0; u < U; u++) {
+			vram += st_plan_home(&p, u, ST_STATE_W) == ST_HOME_VRAM;
+			assert_int_not_equal(st_plan_home(&p, u, ST_STATE_W), ST_HOME_NVME);
+			for (int s = ST_STATE_G; s < ST_STATE_COUNT; s++)
+				assert_int_equal(st_plan_home(&p, u, (enum st_state)s), ST_HOME_HOST);
+		}
+		assert_true(vram > 0 && vram < U - 2);
+		/* in unit order: the first blocks */
+		for (int u = 1; u <= vram; u++)
+			assert_int_equal(st_plan_home(&p, u, ST_STATE_W), ST_HOME_VRAM);
+	}
+	expect_no_row_faster(&p, in);
+	check_minimums(in);
+	st_plan_fini(&p);
+	/* forced W in host: no W moves */
+	in.params = ST_OFFLOAD_HOST;
+	p = plan_ok(&in);
+	expect_uniform(&p, ST_HOME_HOST, ST_HOME_HOST);
+	st_plan_fini(&p);
+
+	/* The issue's example: GPT-2 XL, 8G vram, 16G host. W (2.9 GiB) in
+	 * vram; of the optimizer state (23.2 GiB) as many whole units as fit
+	 * in host (one unit split by state at the edge), the rest on nvme,
+	 * and less of the host budget left unused than one shard. */
+	{
+		struct st_model *xl = model_make("gpt2-xl");
+
+		in = input(xl);
+		in.batch = 8;
+		in.seq = 128;
+		in.gpu_mem_bytes = 8 * ST_GiB;
+		in.host_mem_bytes = 16 * ST_GiB;
+		p = plan_ok(&in);
+		assert_true(p.split);
+		count_units(&p, &whole, &mixed);
+		assert_true(mixed <= 1);
+		assert_true(whole > 20);
+		for (int u = 0; u < p.units; u++)
+			assert_int_equal(st_plan_home(&p, u, ST_STATE_W), ST_HOME_VRAM);
+		/* what is left of host is less than one block's G */
+		assert_true(p.total_bytes[ST_HOME_HOST] >
+			    in.host_mem_bytes - 4 * st_model_unit_layout(xl, 1)->elems);
+		assert_true(p.home_bytes[ST_HOME_NVME] < 10 * ST_GiB);
+		/* the nvme minimum is what the split leaves there */
+		assert_int_equal(p.min_bytes[ST_HOME_NVME], p.total_bytes[ST_HOME_NVME]);
+		expect_no_row_faster(&p, in);
+		st_plan_fini(&p);
+		st_model_destroy(xl);
+	}
+}
+
+/* More budget never hurts: from a tier's minimum upwards every budget is
+ * accepted (what makes the minimum exact beyond the 4 KiB either side
+ * that check_minimums() tries), and the predicted step and the traffic
+ * time never grow. */
+static void test_budget_monotone(void **state)
+{
+	const struct st_model *ms[] = { tiny, deep };
+
+	ST_UNUSED(state);
+	for (unsigned mi = 0; mi < ST_ARRAY_LEN(ms); mi++)
+		for (int accum = 1; accum <= 4; accum *= 4)
+			for (int t = ST_HOME_VRAM; t <= ST_HOME_HOST; t++) {
+				struct st_plan_input in = input(ms[mi]);
+				struct st_plan p;
+				double step = INFINITY, traffic = INFINITY;
+				uint64_t lo, hi;
+
+				in.grad_accum = accum;
+				p = plan_ok(&in);
+				lo = p.min_bytes[t];
+				hi = p.total_bytes[t] + 2 * ST_MiB;
+				st_plan_fini(&p);
+				for (uint64_t b = lo; b <= hi; b += 16 * 4096) {
+					double tr;
+
+					*budget_of(&in, t) = b;
+					p = plan_ok(&in);
+					tr = p.t_copy_s + p.t_nvme_s;
+					if (p.t_step_s > step * (1 + 1e-9) || tr > traffic * (1 + 1e-9))
+						fail_msg("model %u accum %d %s budget %" PRIu64 ": step %g "
+							 "(was %g), traffic %g (was %g)", mi, accum,
+							 st_home_name((enum st_home)t), b, p.t_step_s, step,
+							 tr, traffic);
+					step = p.t_step_s;
+					traffic = tr;
+					st_plan_fini(&p);
+				}
+			}
+}
+
+/* A placement with no G, P, M or V on nvme stages none of them: W's update
+ * staging alone when W is in vram, none when W is in host. */
+static void test_update_staging_per_state(void **state)
+{
+	struct st_plan_input in = input(tiny);
+	enum st_home homes[64 * ST_STATE_COUNT];
+	int U = st_model_unit_count(tiny);
+	uint64_t tile = 0;
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	for (int u = 0; u < U; u++)
+		if (st_model_unit_layout(tiny, u)->elems > tile)
+			tile = st_model_unit_layout(tiny, u)->elems;
+	in.params = ST_OFFLOAD_NONE;
+	in.optim = ST_OFFLOAD_HOST;
+	p = plan_ok(&in);
+	assert_null(find_pool(&p, ST_POOL_UPD_F32));
+	assert_int_equal(find_pool(&p, ST_POOL_UPD_W)->count, 2);
+	assert_int_equal(p.update_staging_bytes, 2 * page(tile * 2));
+	st_plan_fini(&p);
+	in.params = ST_OFFLOAD_HOST;
+	p = plan_ok(&in);
+	assert_null(find_pool(&p, ST_POOL_UPD_F32));
+	assert_null(find_pool(&p, ST_POOL_UPD_W));
+	assert_int_equal(p.update_staging_bytes, 0);
+	st_plan_fini(&p);
+	/* explicit: only M on nvme (one unit), W in host: two fp32 buffers */
+	for (int u = 0; u < U; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			homes[u * ST_STATE_COUNT + s] =
+				s == ST_STATE_M && u == 2 ? ST_HOME_NVME : ST_HOME_HOST;
+	in.homes = homes;
+	p = plan_ok(&in);
+	expect_list(&p);
+	assert_null(find_pool(&p, ST_POOL_UPD_W));
+	assert_int_equal(find_pool(&p, ST_POOL_UPD_F32)->count, 2);
+	assert_true(st_plan_upd_staged(&p, ST_STATE_M));
+	assert_false(st_plan_upd_staged(&p, ST_STATE_G));
+	assert_int_equal(p.update_staging_bytes, 2 * page(tile * 4));
+	st_plan_fini(&p);
+}
+
 static void test_bad_input(void **state)
 {
 	struct st_plan_input in;
@@ -1085,6 +1367,9 @@ int main(void)
 		cmocka_unit_test(test_rates_from_bench),
 		cmocka_unit_test(test_pool_list),
 		cmocka_unit_test(test_split_slots),
+		cmocka_unit_test(test_split_policy),
+		cmocka_unit_test(test_update_staging_per_state),
+		cmocka_unit_test(test_budget_monotone),
 		cmocka_unit_test(test_optim_vram),
 		cmocka_unit_test(test_bad_input),
 	};

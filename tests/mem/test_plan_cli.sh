@@ -86,6 +86,48 @@ else
 	expect_err nvme-below "($nmin B)"
 fi
 
+# A split placement: host for W in vram, the optimizer on nvme, and half
+# the optimizer state. The table says it by unit; --json carries split and
+# each cell's unit ranges, which agree with the per-unit rows; the nvme
+# minimum is what the split leaves on nvme, exact at the CLI too.
+check split-row 0 "$plan" plan $M --gpu-mem 64M --host-mem 64M --nvme "$work/d1" --offload-optim nvme --json
+hsplit=$(python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+state = sum(u[s]['bytes'] for u in p['units'] for s in 'GPMV')
+print(p['tiers']['host']['total_bytes'] + state // 2)" "$work/out")
+check split 0 "$plan" plan $M --gpu-mem 64M --host-mem "$hsplit" --nvme "$work/d1"
+expect_out split "by unit (the split placement)"
+check split-json 0 "$plan" plan $M --gpu-mem 64M --host-mem "$hsplit" --nvme "$work/d1" --json
+if ! nsplit=$(python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p['split'] is True
+def ranges(us):
+    out, i = [], 0
+    while i < len(us):
+        j = i
+        while j + 1 < len(us) and us[j + 1] == us[j] + 1:
+            j += 1
+        out.append(str(us[i]) if i == j else '%d-%d' % (us[i], us[j]))
+        i = j + 1
+    return ', '.join(out)
+for s in 'WGPMV':
+    for t in ('vram', 'host', 'nvme'):
+        us = [u['unit'] for u in p['units'] if u[s]['tier'] == t]
+        cell = p['placement'][s][t]
+        assert cell['units'] == len(us) and cell['unit_ranges'] == ranges(us), (s, t, cell)
+host = [u['unit'] for u in p['units'] if u['G']['tier'] == 'host']
+assert 0 < len(host) < len(p['units']), host
+assert p['tiers']['nvme']['min_bytes'] == p['tiers']['nvme']['total_bytes']
+print(p['tiers']['nvme']['min_bytes'])" "$work/out"); then
+	echo "FAIL split-json: split, unit_ranges or the nvme minimum"; fail=1
+else
+	check split-nvme-at-min 0 "$plan" plan $M --gpu-mem 64M --host-mem "$hsplit" --nvme "$work/d1" --nvme-mem "$nsplit"
+	check split-nvme-below 2 "$plan" plan $M --gpu-mem 64M --host-mem "$hsplit" --nvme "$work/d1" --nvme-mem $((nsplit - 4096))
+	expect_err split-nvme-below "($nsplit B)"
+fi
+
 # --nvme-bench: the rates come from the file; a bad file is refused.
 cat >"$work/bench.json" <<'EOF'
 { "points": [], "best": { "read_gbps": 3.25, "write_gbps": 2.5, "bs": 1048576, "qd": 32 } }

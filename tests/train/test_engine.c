@@ -136,6 +136,71 @@ static void run_free(struct run *r)
 	free(r->W);
 }
 
+/* Budgets at which the planner's split policy (docs/plan.md) splits c's
+ * placement: which = 0: host 4 KiB short of W in vram and the optimizer in
+ * host (G, P, M, V split by unit and state: this model's update staging is
+ * as large as its state, so what fits is not whole units); which = 1:
+ * vram halfway between W streamed from host and every W in vram (W split
+ * by unit between vram and host). The engine then plans it itself (auto). */
+static void split_budgets(struct st_engine_config *c, int which)
+{
+	struct st_model *m;
+	struct st_plan p;
+	struct st_plan_input in = {
+		.batch = c->train.batch, .seq = c->train.seq, .grad_accum = c->train.grad_accum,
+		.bf16 = c->train.bf16, .gpu_mem_bytes = c->gpu_mem_bytes,
+		.host_mem_bytes = c->host_mem_bytes, .have_nvme = true,
+		.prefetch = 1, /* the depth the placement is chosen at */
+	};
+	uint64_t a;
+
+	assert_int_equal(st_model_create(&c->train.model, &m), 0);
+	in.model = m;
+	if (which == 0) {
+		in.params = ST_OFFLOAD_NONE;
+		in.optim = ST_OFFLOAD_HOST;
+		assert_int_equal(st_plan_make(&in, &p), 0);
+		c->host_mem_bytes = p.total_bytes[ST_HOME_HOST] - 4096;
+		st_plan_fini(&p);
+	} else {
+		in.params = ST_OFFLOAD_NONE;
+		in.optim = ST_OFFLOAD_HOST;
+		assert_int_equal(st_plan_make(&in, &p), 0);
+		a = p.total_bytes[ST_HOME_VRAM];
+		st_plan_fini(&p);
+		in.params = ST_OFFLOAD_HOST;
+		assert_int_equal(st_plan_make(&in, &p), 0);
+		c->gpu_mem_bytes = (a + p.total_bytes[ST_HOME_VRAM]) / 2 / 4096 * 4096;
+		st_plan_fini(&p);
+	}
+	c->params = ST_OFFLOAD_AUTO;
+	c->optim = ST_OFFLOAD_AUTO;
+	c->homes = NULL;
+	/* the engine's own plan is split, as planned here */
+	in.params = ST_OFFLOAD_AUTO;
+	in.optim = ST_OFFLOAD_AUTO;
+	in.prefetch = 0;
+	in.gpu_mem_bytes = c->gpu_mem_bytes;
+	in.host_mem_bytes = c->host_mem_bytes;
+	assert_int_equal(st_plan_make(&in, &p), 0);
+	assert_true(p.split);
+	{
+		bool vram = false, host = false, nvme = false;
+
+		for (int u = 0; u < p.units; u++) {
+			enum st_home w = st_plan_home(&p, u, ST_STATE_W);
+			enum st_home g = st_plan_home(&p, u, ST_STATE_G);
+
+			vram |= w == ST_HOME_VRAM;
+			host |= (which ? w : g) == ST_HOME_HOST;
+			nvme |= g == ST_HOME_NVME;
+		}
+		assert_true(host && (which ? vram : nvme));
+	}
+	st_plan_fini(&p);
+	st_model_destroy(m);
+}
+
 static void test_placement_invariance(void **state)
 {
 	struct st_engine_config c;
@@ -277,6 +342,36 @@ static void test_placement_invariance(void **state)
 		train(&c, STEPS, &r);
 		snprintf(what, sizeof(what), "accum 2: split placement %d", pattern);
 		same(&ref, &r, STEPS, what);
+		run_free(&r);
+	}
+	/* Only some states staged by the update (st_plan_upd_staged()): W
+	 * and G, P in host, one unit's M and another's V on nvme, so the fp32
+	 * update staging holds M's and V's buffers alone and no W staging. */
+	{
+		enum st_home homes[4 * ST_STATE_COUNT];
+
+		for (int u = 0; u < 4; u++)
+			for (int s = 0; s < ST_STATE_COUNT; s++)
+				homes[u * ST_STATE_COUNT + s] =
+					(s == ST_STATE_M && u == 1) || (s == ST_STATE_V && u == 2)
+						? ST_HOME_NVME : ST_HOME_HOST;
+		base_config(&c);
+		c.train.grad_accum = 2;
+		c.homes = homes;
+		train(&c, STEPS, &r);
+		same(&ref, &r, STEPS, "accum 2: only M and V staged");
+		run_free(&r);
+	}
+	/* Split placements the planner's policy makes itself (auto), at
+	 * budgets that force a split: G, P, M, V by unit in host and on nvme;
+	 * W by unit in vram and host. */
+	for (int which = 0; which < 2; which++) {
+		base_config(&c);
+		c.train.grad_accum = 2;
+		split_budgets(&c, which);
+		train(&c, STEPS, &r);
+		same(&ref, &r, STEPS, which ? "accum 2: the policy's split of W"
+					    : "accum 2: the policy's split of G, P, M, V");
 		run_free(&r);
 	}
 	/* The optimizer on the device for some units only: units 0 and 2
@@ -572,7 +667,8 @@ static void test_traffic_matches_plan(void **state)
 	};
 
 	(void)state;
-	for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++)
+	/* the uniform rows, then two splits the policy makes (split_budgets) */
+	for (size_t i = 0; i < ST_ARRAY_LEN(cases) + 2; i++)
 		for (int accum = 1; accum <= 2; accum++) {
 			struct st_engine_config c;
 			struct st_engine *e;
@@ -583,14 +679,22 @@ static void test_traffic_matches_plan(void **state)
 			const struct st_plan *p;
 
 			base_config(&c);
-			c.params = cases[i][0];
-			c.optim = cases[i][1];
 			c.train.grad_accum = accum;
+			if (i < ST_ARRAY_LEN(cases)) {
+				c.params = cases[i][0];
+				c.optim = cases[i][1];
+			} else if (i == ST_ARRAY_LEN(cases) + 1 && accum == 1) {
+				continue; /* this model's W splits only at N > 1 (the
+					     head, fetched once, then saves h2d) */
+			} else {
+				split_budgets(&c, (int)(i - ST_ARRAY_LEN(cases)));
+			}
 			open_loader(&ds, &ld, &c);
 			assert_int_equal(st_engine_create(&c, &e), 0);
 			assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
 			st_engine_get_stats(e, &st);
 			p = st_engine_plan(e);
+			assert_true(p->split == (i >= ST_ARRAY_LEN(cases)));
 			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
 			    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
 			    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||

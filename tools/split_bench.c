@@ -1,0 +1,344 @@
+/* split-bench: does the planner's split placement pay (docs/plan.md,
+ * "Placement policy")?
+ *
+ * A model whose optimizer state (G, P, M, V) is about twice the host
+ * budget, two engines over the same data and seed at the same budgets,
+ * stepped alternately in one process so the machine's noise falls on both:
+ * S planned by the policy (auto: about half the units' state in host, the
+ * rest on nvme), U with the optimizer forced to nvme (the uniform row the
+ * old policy took). It prints, per round and as medians, the step time of
+ * each, the ratio S/U (goal <= 0.6) and the nvme bytes each moved, with
+ * the planned bytes and predicted steps beside them. The losses of S and U
+ * must be bit-identical at every step, and are checked. */
+#include "strata/device.h"
+#include "strata/engine.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <json-c/json.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+static void die2(const char *msg, const char *arg)
+{
+	fprintf(stderr, "split-bench: %s%s (see --help)\n", msg, arg ? arg : "");
+	exit(2);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n)
+{
+	double *c = malloc(sizeof(*c) * (size_t)n), m;
+
+	if (!c) {
+		fprintf(stderr, "split-bench: out of memory\n");
+		exit(1);
+	}
+	memcpy(c, v, sizeof(*c) * (size_t)n);
+	qsort(c, (size_t)n, sizeof(double), cmp_d);
+	m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+	free(c);
+	return m;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"usage: split-bench [--model DIMS] [--batch B] [--seq T] [--grad-accum N]\n"
+"                   [--steps N] [--nvme DIR] [--gpu-mem SIZE] [--host-mem SIZE]\n"
+"                   [--threads N] [--json FILE] [--device cpu|cuda] [--data FILE]\n"
+"\n"
+"Step time and nvme bytes of the planner's split placement (S: auto) against\n"
+"the optimizer all on nvme (U: --offload-optim nvme) at the same budgets,\n"
+"stepped alternately in one run; losses checked bit-identical.\n"
+"Defaults: --model layers=8,dim=768,heads=12,vocab=256,ctx=256 --batch 1\n"
+"--seq 32 --grad-accum 1 --steps 6 --nvme /var/tmp --gpu-mem 2G --host-mem:\n"
+"what U needs plus half the optimizer state (so the state is about twice\n"
+"what host has for it) --device cpu --data /usr/share/common-licenses/GPL-3\n"
+"(any file: its bytes are the tokens). The nvme files are unlinked at\n"
+"creation, so nothing is left in DIR.\n");
+}
+
+/* What U (the optimizer on nvme) takes of host at k = 1, plus half the
+ * optimizer state: the host budget for a state twice the room it gets. */
+static uint64_t default_host(const struct st_engine_config *c)
+{
+	struct st_model *m;
+	struct st_plan p;
+	struct st_plan_input in = {
+		.batch = c->train.batch, .seq = c->train.seq, .grad_accum = c->train.grad_accum,
+		.bf16 = c->train.bf16, .gpu_mem_bytes = c->gpu_mem_bytes,
+		.host_mem_bytes = 1ull << 40, .have_nvme = true, .params = c->params,
+		.optim = ST_OFFLOAD_NVME, .prefetch = 1,
+	};
+	uint64_t state = 0, host;
+
+	if (st_model_create(&c->train.model, &m) < 0)
+		die2("bad --model", NULL);
+	in.model = m;
+	if (st_plan_make(&in, &p) < 0) {
+		fprintf(stderr, "split-bench: %s\n", st_error_last());
+		exit(2);
+	}
+	for (int u = 0; u < p.units; u++)
+		for (int s = ST_STATE_G; s < ST_STATE_COUNT; s++)
+			state += p.state_bytes[u * ST_STATE_COUNT + s];
+	host = p.total_bytes[ST_HOME_HOST] + state / 2;
+	st_plan_fini(&p);
+	st_model_destroy(m);
+	return host;
+}
+
+static void placement_line(const struct st_plan *p, const char *name)
+{
+	int host = 0, nvme = 0;
+
+	for (int u = 0; u < p->units; u++)
+		for (int s = ST_STATE_G; s < ST_STATE_COUNT; s++) {
+			host += st_plan_home(p, u, (enum st_state)s) == ST_HOME_HOST;
+			nvme += st_plan_home(p, u, (enum st_state)s) == ST_HOME_NVME;
+		}
+	printf("  %s: G, P, M, V shards in host %d, on nvme %d (of %d units)%s; host %.1f of "
+	       "%.1f MiB, nvme %.1f MiB\n", name, host, nvme, p->units, p->split ? ", split" : "",
+	       p->total_bytes[ST_HOME_HOST] / 1048576.0, p->budget_bytes[ST_HOME_HOST] / 1048576.0,
+	       p->total_bytes[ST_HOME_NVME] / 1048576.0);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longs[] = {
+		{ "model", 1, 0, 'm' }, { "batch", 1, 0, 'B' }, { "seq", 1, 0, 'T' },
+		{ "grad-accum", 1, 0, 'A' }, { "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' },
+		{ "gpu-mem", 1, 0, 'g' }, { "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' },
+		{ "json", 1, 0, 'J' }, { "device", 1, 0, 'D' }, { "data", 1, 0, 'd' },
+		{ "help", 0, 0, 'h' }, { 0 },
+	};
+	const char *device = "cpu", *data = "/usr/share/common-licenses/GPL-3";
+	const char *model = "layers=8,dim=768,heads=12,vocab=256,ctx=256", *nvme = "/var/tmp";
+	const char *json = NULL;
+	int batch = 1, seq = 32, accum = 1, steps = 6, threads = 0, c;
+	uint64_t gpu = 2ull << 30, host = 0;
+	struct st_engine_config cs, cu;
+	struct st_engine *es, *eu;
+	struct st_dataset *ds;
+	struct st_loader ls, lu;
+	double *ts, *tu, *ratio, *rs, *ru_, *ws, *wu;
+	/* per lane and step: what each engine's queues were busy with */
+	double *busy_s[ST_LANE_COUNT], *busy_u[ST_LANE_COUNT];
+	struct stat st;
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+		char *end;
+
+		switch (c) {
+		case 'm': model = optarg; break;
+		case 'B': batch = (int)strtol(optarg, &end, 10); if (*end || batch < 1) die2("bad --batch ", optarg); break;
+		case 'T': seq = (int)strtol(optarg, &end, 10); if (*end || seq < 1) die2("bad --seq ", optarg); break;
+		case 'A': accum = (int)strtol(optarg, &end, 10); if (*end || accum < 1 || accum > 1024) die2("bad --grad-accum ", optarg); break;
+		case 's': steps = (int)strtol(optarg, &end, 10); if (*end || steps < 1 || steps > 1000) die2("bad --steps ", optarg); break;
+		case 'n': nvme = optarg; break;
+		case 'g': if (st_parse_size(optarg, &gpu) < 0 || !gpu) die2("--gpu-mem is not a size: ", optarg); break;
+		case 'H': if (st_parse_size(optarg, &host) < 0 || !host) die2("--host-mem is not a size: ", optarg); break;
+		case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) die2("bad --threads ", optarg); break;
+		case 'J': json = optarg; break;
+		case 'D': if (!st_device_find(optarg)) die2("--device is not built into this binary: ", optarg); device = optarg; break;
+		case 'd': data = optarg; break;
+		case 'h': usage(stdout); return 0;
+		default: die2("unknown or incomplete option ", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		die2("unexpected argument ", argv[optind]);
+	if (stat(nvme, &st) < 0 || !S_ISDIR(st.st_mode))
+		die2("--nvme is not a directory: ", nvme);
+	if (threads)
+		omp_set_num_threads(threads);
+	memset(&cs, 0, sizeof(cs));
+	st_train_config_default(&cs.train);
+	if (st_model_config_parse(model, &cs.train.model) < 0)
+		die2("bad --model ", model);
+	cs.train.batch = batch;
+	cs.train.seq = seq;
+	cs.train.grad_accum = accum;
+	cs.train.steps = steps + 1;
+	cs.train.warmup = 1;
+	cs.device = device;
+	cs.gpu_mem_bytes = gpu;
+	cs.nvme_dirs = nvme;
+	cs.params = ST_OFFLOAD_AUTO;
+	cs.optim = ST_OFFLOAD_AUTO;
+	if (!host)
+		host = default_host(&cs);
+	cs.host_mem_bytes = host;
+	cu = cs;
+	cu.optim = ST_OFFLOAD_NVME;
+	if (st_dataset_open(&ds, data, ST_DATASET_BYTES) < 0) {
+		fprintf(stderr, "split-bench: --data %s: %s\n", data, st_error_last());
+		return 2;
+	}
+	{
+		struct st_loader_config lc = { .batch = (uint32_t)batch, .seq = (uint32_t)seq,
+					       .shuffle = 1, .seed = cs.train.seed };
+
+		if (st_loader_init(&ls, ds, &lc) < 0 || st_loader_init(&lu, ds, &lc) < 0) {
+			fprintf(stderr, "split-bench: %s\n", st_error_last());
+			return 2;
+		}
+	}
+	if (st_engine_create(&cs, &es) < 0) {
+		fprintf(stderr, "split-bench: split engine: %s\n", st_error_last());
+		return 2;
+	}
+	if (st_engine_create(&cu, &eu) < 0) {
+		fprintf(stderr, "split-bench: uniform engine: %s\n", st_error_last());
+		return 2;
+	}
+	ts = calloc((size_t)steps, sizeof(double));
+	tu = calloc((size_t)steps, sizeof(double));
+	ratio = calloc((size_t)steps, sizeof(double));
+	rs = calloc((size_t)steps, sizeof(double));
+	ru_ = calloc((size_t)steps, sizeof(double));
+	ws = calloc((size_t)steps, sizeof(double));
+	wu = calloc((size_t)steps, sizeof(double));
+	for (int l = 0; l < ST_LANE_COUNT; l++) {
+		busy_s[l] = calloc((size_t)steps, sizeof(double));
+		busy_u[l] = calloc((size_t)steps, sizeof(double));
+		if (!busy_s[l] || !busy_u[l]) {
+			fprintf(stderr, "split-bench: out of memory\n");
+			return 1;
+		}
+	}
+	if (!ts || !tu || !ratio || !rs || !ru_ || !ws || !wu) {
+		fprintf(stderr, "split-bench: out of memory\n");
+		return 1;
+	}
+	fprintf(stderr, "split-bench: %s, B=%d T=%d N=%d, %.1fM params, device %s, %d threads, "
+		"host budget %.1f MiB; 1 warm-up + %d steps each, alternating\n", model, batch, seq,
+		accum, (double)st_model_param_count(st_engine_model(es)) / 1e6, device,
+		omp_get_max_threads(), host / 1048576.0, steps);
+	for (int s = 0; s <= steps; s++) {
+		struct st_step_result rsx, rux;
+		struct st_engine_stats ss, su;
+
+		/* alternate which goes first, so neither always follows the other */
+		for (int k = 0; k < 2; k++) {
+			bool s_turn = (k == 0) == (s % 2 == 0);
+			int ret = s_turn ? st_engine_step(es, &ls, s, s < steps, &rsx)
+					 : st_engine_step(eu, &lu, s, s < steps, &rux);
+
+			if (ret < 0) {
+				fprintf(stderr, "split-bench: step %d: %s\n", s, st_error_last());
+				return 1;
+			}
+		}
+		if (memcmp(&rsx.loss, &rux.loss, sizeof(double)) ||
+		    memcmp(&rsx.grad_norm, &rux.grad_norm, sizeof(double))) {
+			fprintf(stderr, "split-bench: step %d: losses differ: %.9g vs %.9g\n", s,
+				rsx.loss, rux.loss);
+			return 1;
+		}
+		st_engine_get_stats(es, &ss);
+		st_engine_get_stats(eu, &su);
+		fprintf(stderr, "  step %d%s: split %.3f s, uniform %.3f s, ratio %.3f; nvme MB "
+			"r/w split %.1f/%.1f, uniform %.1f/%.1f (loss %.6f both)\n", s,
+			s == 0 ? " (warm-up)" : "", ss.step_ns / 1e9, su.step_ns / 1e9,
+			(double)ss.step_ns / (double)su.step_ns, ss.bytes[ST_LANE_NVME_READ] / 1e6,
+			ss.bytes[ST_LANE_NVME_WRITE] / 1e6, su.bytes[ST_LANE_NVME_READ] / 1e6,
+			su.bytes[ST_LANE_NVME_WRITE] / 1e6, rsx.loss);
+		if (s == 0)
+			continue;
+		ts[s - 1] = ss.step_ns / 1e9;
+		tu[s - 1] = su.step_ns / 1e9;
+		ratio[s - 1] = ts[s - 1] / tu[s - 1];
+		rs[s - 1] = (double)ss.bytes[ST_LANE_NVME_READ];
+		ws[s - 1] = (double)ss.bytes[ST_LANE_NVME_WRITE];
+		ru_[s - 1] = (double)su.bytes[ST_LANE_NVME_READ];
+		wu[s - 1] = (double)su.bytes[ST_LANE_NVME_WRITE];
+		for (int l = 0; l < ST_LANE_COUNT; l++) {
+			busy_s[l][s - 1] = ss.busy_ns[l] / 1e9;
+			busy_u[l][s - 1] = su.busy_ns[l] / 1e9;
+		}
+	}
+	{
+		const struct st_plan *ps = st_engine_plan(es), *pu = st_engine_plan(eu);
+		double ms = median(ts, steps), mu = median(tu, steps), mr = median(ratio, steps);
+		double nbs = median(rs, steps) + median(ws, steps);
+		double nbu = median(ru_, steps) + median(wu, steps);
+		struct rusage ru;
+
+		getrusage(RUSAGE_SELF, &ru);
+		printf("split-bench: %s, B=%d T=%d N=%d, %.1fM params, device %s, host budget "
+		       "%.1f MiB\n", model, batch, seq, accum,
+		       (double)st_model_param_count(st_engine_model(es)) / 1e6, device,
+		       host / 1048576.0);
+		placement_line(ps, "split (S)  ");
+		placement_line(pu, "uniform (U)");
+		printf("  step, split (S)             %8.3f s  (median of %d; predicted %.3f s, "
+		       "bound by %s)\n", ms, steps, ps->t_step_s, ps->bound);
+		printf("  step, optimizer on nvme (U) %8.3f s  (predicted %.3f s, bound by %s)\n", mu,
+		       pu->t_step_s, pu->bound);
+		printf("  ratio S/U                   %8.3f    (median of the rounds' ratios; "
+		       "goal <= 0.6)\n", mr);
+		printf("  nvme bytes per step: S %.1f MB, U %.1f MB, S/U %.3f (planned %.1f / %.1f MB)\n",
+		       nbs / 1e6, nbu / 1e6, nbs / nbu,
+		       (double)(ps->nvme_read_bytes + ps->nvme_write_bytes) / 1e6,
+		       (double)(pu->nvme_read_bytes + pu->nvme_write_bytes) / 1e6);
+		for (int k = 0; k < 2; k++) {
+			printf("  busy per step, %s (medians):", k ? "U" : "S");
+			for (int l = 0; l < ST_LANE_COUNT; l++)
+				printf(" %s %.3f s%s", st_lane_name((enum st_lane)l),
+				       median(k ? busy_u[l] : busy_s[l], steps),
+				       l + 1 < ST_LANE_COUNT ? "," : "\n");
+		}
+		printf("  peak RSS %.0f MB\n", ru.ru_maxrss / 1024.0);
+		if (json) {
+			json_object *o = json_object_new_object();
+
+			json_object_object_add(o, "model", json_object_new_string(model));
+			json_object_object_add(o, "device", json_object_new_string(device));
+			json_object_object_add(o, "host_budget_bytes", json_object_new_int64((int64_t)host));
+			json_object_object_add(o, "steps", json_object_new_int(steps));
+			json_object_object_add(o, "step_split_s", json_object_new_double(ms));
+			json_object_object_add(o, "step_uniform_s", json_object_new_double(mu));
+			json_object_object_add(o, "ratio", json_object_new_double(mr));
+			json_object_object_add(o, "nvme_bytes_split", json_object_new_double(nbs));
+			json_object_object_add(o, "nvme_bytes_uniform", json_object_new_double(nbu));
+			json_object_object_add(o, "predicted_step_split_s",
+					       json_object_new_double(ps->t_step_s));
+			json_object_object_add(o, "predicted_step_uniform_s",
+					       json_object_new_double(pu->t_step_s));
+			if (json_object_to_file_ext(json, o, JSON_C_TO_STRING_PRETTY) < 0) {
+				fprintf(stderr, "split-bench: %s: cannot write (%s)\n", json,
+					strerror(errno));
+				return 1;
+			}
+			json_object_put(o);
+		}
+	}
+	st_engine_destroy(es);
+	st_engine_destroy(eu);
+	st_dataset_close(ds);
+	free(ts);
+	free(tu);
+	free(ratio);
+	free(rs);
+	free(ru_);
+	free(ws);
+	free(wu);
+	for (int l = 0; l < ST_LANE_COUNT; l++) {
+		free(busy_s[l]);
+		free(busy_u[l]);
+	}
+	return 0;
+}
