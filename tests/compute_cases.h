@@ -49,7 +49,9 @@ struct op_case {
 enum { CN = 37, CIC = 96, COC = 136, CB = 2, CT = 37, CC = 96, CNH = 4, CV = 253,
        GM = 33, GN = 47, GK = 29, EN = 1000,
        /* LLaMA's: rope rows of RS floats holding RH heads of RD; GQA heads */
-       RH = 3, RD = 16, RS = 56, QH = 4, QKV = 2, QD = 24 };
+       RH = 3, RD = 16, RS = 56, QH = 4, QKV = 2, QD = 24,
+       /* the optimizer's: three chunks of 16384, the last partial */
+       AN = 40003 };
 
 static const struct op_case op_cases[] = {
 	{ "zero", ST_OP_ZERO, { U_(OUT, 1001) }, { 1001 }, { 0 }, 0, 0 },
@@ -182,6 +184,33 @@ static const struct op_case op_cases[] = {
 	    F_(IN, CB * CT * QKV * QD, 0.5f), F_(IN, CB * CT * QH * QD, 1.0f),
 	    F_(IN, CB * QH * CT, 1.0f) },
 	  { CB, CT, QH, QKV, QD }, { 0 }, 0, 1e-5 },
+	/* the optimizer on the device: bit for bit the host's (beta2 = 0, so
+	 * V' = g*g stays >= 0 from any V; the count slot is added to, by 0) */
+	{ "adamw fp32 W", ST_OP_ADAMW,
+	  { F_(IN, AN, 1.0f), F_(ACC, AN, 0.5f), F_(ACC, AN, 0.01f), F_(ACC, AN, 1e-4f),
+	    F_(OUT, AN, 0), U_(ACC, 4) },
+	  { AN }, { 0.8f, 0.9f, 0.1f, 0.0f, 1.0f, 1.0f, 1e-8f, -1e-3f, 0.999f }, 0, 0 },
+	{ "adamw bf16 W", ST_OP_ADAMW,
+	  { F_(IN, AN, 1.0f), F_(ACC, AN, 0.5f), F_(ACC, AN, 0.01f), F_(ACC, AN, 1e-4f),
+	    B_(OUT, AN, 0), U_(ACC, 4) },
+	  { AN }, { 1.0f, 0.9f, 0.1f, 0.0f, 1.0f, 1.5f, 1e-8f, -3e-4f, 1.0f }, 0, 0 },
+	{ "adamw no W", ST_OP_ADAMW,
+	  { F_(IN, AN, 1.0f), F_(ACC, AN, 0.5f), F_(ACC, AN, 0.01f), F_(ACC, AN, 1e-4f), N_,
+	    U_(ACC, 4) },
+	  { AN }, { 1.0f, 0.9f, 0.1f, 0.0f, 1.0f, 1.0f, 1e-8f, -1e-3f, 0.99f }, 0, 0 },
+	/* residual + norm: residual_fwd then the norm, bit for bit on the cpu */
+	{ "residual_layernorm_fwd", ST_OP_RESIDUAL_LAYERNORM_FWD,
+	  { F_(OUT, CN * CC, 0), F_(OUT, CN * CC, 0), F_(OUT, CN, 0), F_(OUT, CN, 0),
+	    F_(IN, CN * CC, 1.0f), F_(IN, CN * CC, 1.0f), F_(IN, CC, 1.0f), F_(IN, CC, 0.5f) },
+	  { CN, CC }, { 0 }, 0, 1e-5 },
+	{ "residual_rmsnorm_fwd", ST_OP_RESIDUAL_RMSNORM_FWD,
+	  { F_(OUT, CN * CC, 0), F_(OUT, CN * CC, 0), F_(OUT, CN, 0), F_(IN, CN * CC, 1.0f),
+	    F_(IN, CN * CC, 1.0f), F_(IN, CC, 1.0f) },
+	  { CN, CC }, { 1e-5f }, 0, 1e-5 },
+	/* scratch is the op's own (not compared): an input here */
+	{ "grad_sumsq", ST_OP_GRAD_SUMSQ,
+	  { U_(OUT, 16), U_(IN, 16 * ((AN + 16383) / 16384)), F_(IN, AN, 1.0f) },
+	  { AN }, { 0 }, 0, 0 },
 };
 
 #define N_OP_CASES (sizeof(op_cases) / sizeof(op_cases[0]))

@@ -237,4 +237,38 @@ void st_compute_gqa_attention_bwd(struct st_compute *c, float *dq, float *dk, fl
 				  const float *v, const float *out, const float *lse, int B,
 				  int T, int NH, int NKV, int hd);
 
+/* The optimizer on the device (docs/gpu.md): AdamW over n fp32 elements of
+ * G, P, M, V in the compute's memory, W (fp32, or bf16 when w_bf16; NULL:
+ * none) written from the new P, with the constants of step (strata/optim.h),
+ * st_adam_apply(step, ..., ST_ADAM_GRAD_CHECKED) bit for bit; the number of
+ * elements left unchanged (a NaN or Inf scaled gradient) is ADDED to the
+ * uint32 at *bad (device memory). One op, ST_OP_ADAMW. */
+struct st_adam_step;
+void st_compute_adamw(struct st_compute *c, const struct st_adam_step *step, const float *g,
+		      float *p, float *m, float *v, void *w, bool w_bf16, uint32_t *bad,
+		      size_t n);
+/* st_grad_sumsq(g, f32, n) on the device into out (device memory,
+ * struct st_compute_sumsq), through scratch of
+ * st_compute_sumsq_scratch_bytes(n) bytes. ST_OP_GRAD_SUMSQ. */
+struct st_compute_sumsq {
+	double sumsq;
+	uint32_t nonfinite; /* 1: G holds a NaN or Inf (sumsq is then NaN or Inf) */
+	uint32_t zero;
+};
+size_t st_compute_sumsq_scratch_bytes(size_t n);
+/* res (N,C) = a + b, then out, mean, rstd = layernorm(res): one op
+ * (ST_OP_RESIDUAL_LAYERNORM_FWD) where the compute has it (the cpu and cuda
+ * computes: the same bits as residual_fwd then layernorm_fwd on each), else
+ * those two. */
+void st_compute_residual_layernorm_fwd(struct st_compute *c, float *res, float *out,
+				       float *mean, float *rstd, const float *a, const float *b,
+				       const float *weight, const float *bias, int N, int C);
+/* res = a + b, then out, rstd = rmsnorm(res), likewise
+ * (ST_OP_RESIDUAL_RMSNORM_FWD). */
+void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *out, float *rstd,
+				     const float *a, const float *b, const float *weight,
+				     float eps, int N, int C);
+void st_compute_grad_sumsq(struct st_compute *c, struct st_compute_sumsq *out, void *scratch,
+			   const float *g, size_t n);
+
 #endif

@@ -193,6 +193,28 @@ int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, float *dk, flo
 			      const float *v, const float *out, const float *lse, int B, int T,
 			      int NH, int NKV, int hd);
 
+/* The optimizer on the GPU (src/backend/cuda/optim.cu; strata/op.h's ADAMW
+ * and GRAD_SUMSQ, bit for bit st_adam_apply(..., ST_ADAM_GRAD_CHECKED) and
+ * st_grad_sumsq()). c: the 9 floats of struct st_adam_step in its order.
+ * w is fp32 or, with w_bf16, bf16; NULL for none. *bad (device) gets the
+ * count of elements left unchanged added to it. */
+int st_cuda_adamw(struct st_cuda_ctx *ctx, const float c[9], const float *g, float *p,
+		  float *m, float *v, void *w, int w_bf16, uint32_t *bad, size_t n);
+/* out (device, 16 bytes): double sumsq, u32 nonfinite, u32 0; scratch of
+ * 16 bytes per 16384 elements of g. */
+int st_cuda_grad_sumsq(struct st_cuda_ctx *ctx, void *out, void *scratch, const float *g,
+		       size_t n);
+/* res = a + b, then layernorm / rmsnorm of res, one warp per row (ops.cu):
+ * the same bits as st_cuda_residual_fwd then st_cuda_layernorm_fwd /
+ * st_cuda_rmsnorm_fwd, with the row read back from where this thread wrote
+ * it instead of from memory a second kernel reads. */
+int st_cuda_residual_layernorm_fwd(struct st_cuda_ctx *ctx, float *res, float *out, float *mean,
+				   float *rstd, const float *a, const float *b,
+				   const float *weight, const float *bias, int N, int C);
+int st_cuda_residual_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, float *out, float *rstd,
+				 const float *a, const float *b, const float *weight, float eps,
+				 int N, int C);
+
 #ifdef __cplusplus
 }
 #endif

@@ -136,6 +136,26 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *   TOKEN_EMBED_BWD   t: dwte, dout, tokens                  i: N, C
  *   GQA_ATTENTION_FWD t: out, lse, q, k, v                   i: B, T, NH, NKV, hd
  *   GQA_ATTENTION_BWD t: dq, dk, dv, dout, q, k, v, out, lse i: B, T, NH, NKV, hd
+ * The optimizer on the device (the compute's queue; docs/gpu.md), over
+ * fp32 G, P, M, V of n elements:
+ *   ADAMW             t: g, p, m, v, w (f32 or bf16; may be NULL), bad (u32)
+ *                     i: n   f: grad_scale, beta1, 1-beta1, beta2, 1-beta2,
+ *                        1/sqrt(bc2), eps, -step size, decay (struct
+ *                        st_adam_step's, in its order)
+ *                     st_adam_apply(..., ST_ADAM_GRAD_CHECKED) bit for bit:
+ *                     P, M, V updated, W = round(P); elements whose scaled
+ *                     gradient is NaN or Inf are left unchanged and their
+ *                     number is ADDED to *bad
+ *   GRAD_SUMSQ        t: out (16 bytes: double sumsq, u32 nonfinite, u32 0),
+ *                     scratch (st_compute_sumsq_scratch_bytes(n) bytes), g
+ *                     i: n   st_grad_sumsq(g, f32, n) bit for bit; nonfinite
+ *                     is 1 when G holds a NaN or Inf (it returned -ERANGE)
+ * Residual + norm (the residual stream's sum kept, then normalised):
+ *   RESIDUAL_LAYERNORM_FWD t: res, out, mean, rstd, a, b, weight, bias
+ *                     i: N, C   res = a + b, then LAYERNORM_FWD of res:
+ *                     residual_fwd then layernorm_fwd bit for bit
+ *   RESIDUAL_RMSNORM_FWD t: res, out, rstd, a, b, weight   i: N, C  f: eps
+ *                     res = a + b, then RMSNORM_FWD of res, likewise
  * (? = may be NULL.) New ops go at the end, before ST_OP_COUNT. */
 #define ST_OP_LIST(X)                                   \
 	X(ZERO, "zero", "u")                            \
@@ -167,7 +187,11 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(TOKEN_EMBED_FWD, "token_embed_fwd", "fif")    \
 	X(TOKEN_EMBED_BWD, "token_embed_bwd", "ffi")    \
 	X(GQA_ATTENTION_FWD, "gqa_attention_fwd", "fffff") \
-	X(GQA_ATTENTION_BWD, "gqa_attention_bwd", "fffffffff")
+	X(GQA_ATTENTION_BWD, "gqa_attention_bwd", "fffffffff") \
+	X(ADAMW, "adamw", "fffffu")                     \
+	X(GRAD_SUMSQ, "grad_sumsq", "uuf")              \
+	X(RESIDUAL_LAYERNORM_FWD, "residual_layernorm_fwd", "ffffffff") \
+	X(RESIDUAL_RMSNORM_FWD, "residual_rmsnorm_fwd", "ffffff")
 
 #define ST_OP_ENUM_(name, str, sig) ST_OP_##name,
 enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };
@@ -175,7 +199,7 @@ enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };
 
 #define ST_OP_MAX_TENSORS 10
 #define ST_OP_MAX_INTS 8
-#define ST_OP_MAX_FLOATS 4
+#define ST_OP_MAX_FLOATS 10
 
 /* An op record. Slots past the op's tensor count, and parameters it does
  * not take, are ignored (zero them: designated initialisers do). */

@@ -1,7 +1,9 @@
 /* strata: fused CPU AdamW over fp32 master weights and moments (src/optim).
  *
- * The optimizer never runs on the GPU: P (fp32 master weights), M and V (fp32
- * moments) live in host RAM or stream in from NVMe, and one fused pass per
+ * The optimizer runs on the CPU: P (fp32 master weights), M and V (fp32
+ * moments) live in host RAM or stream in from NVMe (with --offload-optim
+ * vram the compute's ADAMW op runs this recipe on the device instead, bit
+ * for bit, strata/op.h), and one fused pass per
  * shard or tile reads G, P, M, V and writes P, M, V and the working copy W
  * the device reads. It is memory-bound (30 bytes per parameter with fp32 G
  * and bf16 W), so the pass is written to run at memory speed.

@@ -7,7 +7,8 @@
  *
  * States: W working weights (bf16 or fp32), G gradient, P master weights,
  * M, V moments (fp32). Homes: W in vram, host or nvme; G, P, M, V in host or
- * nvme (the optimizer runs on the CPU).
+ * nvme (the optimizer runs on the CPU), or in vram with W (the optimizer on
+ * the device: no landing, no update staging, ST_POOL_OPT_STAT).
  *
  * The engine's pools, listed once each in st_plan.pools (the engine
  * allocates by walking that list; only src/mem/plan.c knows a size). With
@@ -34,12 +35,16 @@
  *         saved forwards               one extent of the largest
  *                                      st_model_saved_bytes per unit that
  *                                      keeps its forward (st_recompute)
+ *         optimizer stats (some G in  16*(U+1) + 16*ceil(E/16384)
+ *                          vram)
  *   host  homes in host                e_u*Wb for W, e_u*4 for G, P, M, V
  *         W staging (some W on nvme)   one per slot, the slot's size
- *         gradient landing             E*4, and another E*4 when some G is
- *                                      on nvme and grad_accum > 1
+ *         gradient landing             E*4 (when some G is not in vram), and
+ *                                      another E*4 when some G is on nvme
+ *                                      and grad_accum > 1
  *         update staging               2 * Et * Wb when some W is not in
- *                                      host (and not gathered, below), and
+ *                                      host (and not gathered, below, and
+ *                                      its unit's G not in vram), and
  *                                      2 * Et * 4 for each of G, P, M, V
  *                                      that some unit has on nvme; Et =
  *                                      min(E, ST_UPDATE_TILE_ELEMS): the
@@ -81,7 +86,8 @@
 enum st_state { ST_STATE_W, ST_STATE_G, ST_STATE_P, ST_STATE_M, ST_STATE_V,
 		ST_STATE_COUNT };
 enum st_home { ST_HOME_VRAM, ST_HOME_HOST, ST_HOME_NVME, ST_HOME_COUNT };
-enum st_offload { ST_OFFLOAD_AUTO, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME };
+enum st_offload { ST_OFFLOAD_AUTO, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_NVME,
+		  ST_OFFLOAD_VRAM /* G,P,M,V only: the optimizer on the device */ };
 
 /* Which units' backward recomputes their forward (docs/plan.md). A unit
  * that keeps its forward (st_model_saved_bytes() > 0: GPT-2's and LLaMA's
@@ -134,11 +140,12 @@ struct st_plan_input {
 					 budget_bytes becomes what it needs) */
 	bool have_nvme;               /* --nvme given; false = no nvme tier */
 	enum st_offload params;       /* W: AUTO, NONE (vram), HOST, NVME */
-	enum st_offload optim;        /* G,P,M,V: AUTO, HOST, NVME (NONE = HOST) */
+	enum st_offload optim;        /* G,P,M,V: AUTO, HOST, NVME, VRAM (NONE = HOST) */
 	int prefetch;                 /* k; 0 = as many as the budget allows (max U) */
 	struct st_plan_rates rates;
 	/* Optional: the home of every (unit, state), [units * ST_STATE_COUNT]
-	 * (W in any tier; G, P, M, V in host or nvme), instead of the policy:
+	 * (W in any tier; G, P, M, V in host or nvme, or all four in vram
+	 * with W), instead of the policy:
 	 * the plan then only sizes the pools and checks the budgets. Tests
 	 * use it for split placements; params and optim are ignored. */
 	const enum st_home *homes;
@@ -158,6 +165,12 @@ struct st_plan_input {
 	enum st_offload activations;
 	/* Which units recompute their forward in the backward (above). */
 	enum st_recompute recompute;
+	/* The optimizer on the device (docs/gpu.md): whether optim AUTO may
+	 * home G, P, M, V in vram (tried first, with W in vram, at world 1).
+	 * The engine sets it on a device whose compute runs AdamW (cuda);
+	 * --offload-optim vram forces it anywhere. Explicit homes may put a
+	 * unit's G, P, M, V in vram when its W is there too (world 1). */
+	bool optim_vram_auto;
 };
 
 /* Checkpoints on the host go through this many vram slots: checkpoint j
@@ -202,6 +215,9 @@ enum st_pool_id {
 	ST_POOL_SAVED,        /* vram: a saved-forward extent per unit that
 				 keeps its forward (st_plan.keep), of the
 				 largest st_model_saved_bytes */
+	ST_POOL_OPT_STAT,     /* vram: some G, P, M, V in vram: each unit's sum
+				 of squares (16 B) and the AdamW count (16 B),
+				 then the sum's scratch, 16 B per 16384 of E */
 	ST_POOL_KIND_COUNT
 };
 

@@ -7,6 +7,7 @@
 
 #include "backend/compute_internal.h"
 #include "strata/device.h"
+#include "strata/optim.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -511,4 +512,83 @@ void st_compute_gqa_attention_bwd(struct st_compute *c, float *dq, float *dk, fl
 			    .i = { B, T, NH, NKV, hd } };
 
 	st_compute_run(c, &op);
+}
+
+/* ---- the optimizer on the device ----------------------------------------- */
+
+void st_compute_adamw(struct st_compute *c, const struct st_adam_step *s, const float *g,
+		      float *p, float *m, float *v, void *w, bool w_bf16, uint32_t *bad,
+		      size_t n)
+{
+	struct st_op op = { .kind = ST_OP_ADAMW,
+			    .t = { F1(g, n), F1(p, n), F1(m, n), F1(v, n),
+				   st_tensor_1d(w, w_bf16 ? ST_DTYPE_BF16 : ST_DTYPE_F32,
+						(int64_t)n),
+				   st_tensor_1d(bad, ST_DTYPE_U8, 4) },
+			    .i = { (int64_t)n },
+			    .f = { s->grad_scale, s->beta1, s->one_minus_beta1, s->beta2,
+				   s->one_minus_beta2, s->rsqrt_bc2, s->eps, s->neg_step_size,
+				   s->decay } };
+
+	st_compute_run(c, &op);
+}
+
+size_t st_compute_sumsq_scratch_bytes(size_t n)
+{
+	/* a (double, u32 absmax, u32) per chunk of ST_GSTAT_CHUNK_ELEMS */
+	return 16 * ((n + 16383) / 16384);
+}
+
+void st_compute_grad_sumsq(struct st_compute *c, struct st_compute_sumsq *out, void *scratch,
+			   const float *g, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_GRAD_SUMSQ,
+			    .t = { st_tensor_1d(out, ST_DTYPE_U8, sizeof(*out)),
+				   st_tensor_1d(scratch, ST_DTYPE_U8,
+						(int64_t)st_compute_sumsq_scratch_bytes(n)),
+				   F1(g, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+/* ---- residual + norm ------------------------------------------------------ */
+
+void st_compute_residual_layernorm_fwd(struct st_compute *c, float *res, float *out,
+				       float *mean, float *rstd, const float *a, const float *b,
+				       const float *weight, const float *bias, int N, int C)
+{
+	static const enum st_dtype f32[ST_OP_MAX_TENSORS] = { 0 };
+
+	if (st_compute_supports(c, ST_OP_RESIDUAL_LAYERNORM_FWD, f32)) {
+		struct st_op op = { .kind = ST_OP_RESIDUAL_LAYERNORM_FWD,
+				    .t = { F2(res, N, C), F2(out, N, C), F1(mean, N), F1(rstd, N),
+					   F2(a, N, C), F2(b, N, C), F1(weight, C), F1(bias, C) },
+				    .i = { N, C } };
+
+		st_compute_run(c, &op);
+		return;
+	}
+	st_compute_residual_fwd(c, res, a, b, (size_t)N * C);
+	st_compute_layernorm_fwd(c, out, mean, rstd, res, weight, bias, N, C);
+}
+
+void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *out, float *rstd,
+				     const float *a, const float *b, const float *weight,
+				     float eps, int N, int C)
+{
+	static const enum st_dtype f32[ST_OP_MAX_TENSORS] = { 0 };
+
+	if (st_compute_supports(c, ST_OP_RESIDUAL_RMSNORM_FWD, f32)) {
+		struct st_op op = { .kind = ST_OP_RESIDUAL_RMSNORM_FWD,
+				    .t = { F2(res, N, C), F2(out, N, C), F1(rstd, N), F2(a, N, C),
+					   F2(b, N, C), F1(weight, C) },
+				    .i = { N, C },
+				    .f = { eps } };
+
+		st_compute_run(c, &op);
+		return;
+	}
+	st_compute_residual_fwd(c, res, a, b, (size_t)N * C);
+	st_compute_rmsnorm_fwd(c, out, rstd, res, weight, eps, N, C);
 }

@@ -93,8 +93,11 @@ enum st_offload st_cli_offload(const char *flag, const char *s, bool allow_none)
 		return ST_OFFLOAD_HOST;
 	if (strcmp(s, "nvme") == 0)
 		return ST_OFFLOAD_NVME;
+	/* the optimizer's state only (--offload-optim): AdamW on the device */
+	if (!allow_none && strcmp(s, "vram") == 0)
+		return ST_OFFLOAD_VRAM;
 	st_cli_die(2, "%s %s: expected %s", flag, s,
-		   allow_none ? "auto, none, host or nvme" : "auto, host or nvme");
+		   allow_none ? "auto, none, host or nvme" : "auto, host, nvme or vram");
 }
 
 enum st_offload st_cli_offload_act(const char *s)

@@ -129,6 +129,7 @@ static const struct {
 	[ST_POOL_ACT_SLOT] = { "checkpoint slots", ST_HOME_VRAM },
 	[ST_POOL_ACT_HOME] = { "checkpoint homes", ST_HOME_HOST },
 	[ST_POOL_SAVED] = { "saved forward", ST_HOME_VRAM },
+	[ST_POOL_OPT_STAT] = { "optimizer stats", ST_HOME_VRAM },
 };
 
 const char *st_pool_name(enum st_pool_id id)
@@ -182,6 +183,55 @@ static int st_act_hint(const struct st_plan_input *in, int ret);
 static uint64_t st_recomp_work(const struct st_shape *sh);
 static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p);
 
+/* --- the optimizer on the device (docs/gpu.md) ----------------------------- */
+
+/* Whether some unit's new W goes through update staging: its W is not in
+ * host and its optimizer is not on the device (which writes W in place). */
+static bool st_plan_upd_w(const struct st_shape *sh, const enum st_home *homes)
+{
+	for (int u = 0; u < sh->units; u++)
+		if (homes[u * ST_STATE_COUNT + ST_STATE_W] != ST_HOME_HOST &&
+		    homes[u * ST_STATE_COUNT + ST_STATE_G] != ST_HOME_VRAM)
+			return true;
+	return false;
+}
+
+/* ST_POOL_OPT_STAT: 16 B per unit (its sum of squares) and 16 B for the
+ * AdamW count, then the sum's scratch for the largest unit. */
+static uint64_t st_plan_opt_stat_bytes(const struct st_shape *sh)
+{
+	return 16 * ((uint64_t)sh->units + 1) +
+	       16 * ((sh->epad_max + ST_PLAN_SLICE_ALIGN - 1) / ST_PLAN_SLICE_ALIGN);
+}
+
+/* A unit's G, P, M, V in vram: all four, with its W, at world 1. */
+static int st_plan_vram_optim_check(const struct st_plan_input *in)
+{
+	int U = st_model_unit_count(in->model);
+
+	if (in->optim == ST_OFFLOAD_VRAM && !in->homes) {
+		if (in->world > 1)
+			return st_error_set(-EINVAL, "--offload-optim vram: one rank only "
+					    "(at world > 1 the optimizer state is sharded on the host)");
+		if (in->params != ST_OFFLOAD_AUTO && in->params != ST_OFFLOAD_NONE)
+			return st_error_set(-EINVAL, "--offload-optim vram needs W in vram "
+					    "(--offload-params none or auto)");
+	}
+	for (int u = 0; in->homes && u < U; u++) {
+		const enum st_home *h = &in->homes[u * ST_STATE_COUNT];
+		int nv = 0;
+
+		for (int s = ST_STATE_G; s <= ST_STATE_V; s++)
+			nv += h[s] == ST_HOME_VRAM;
+		if (nv == 0)
+			continue;
+		if (nv != 4 || h[ST_STATE_W] != ST_HOME_VRAM || in->world > 1)
+			return st_error_set(-EINVAL, "plan: unit %d's G, P, M, V: in vram all "
+					    "four go together, with W in vram, at world 1", u);
+	}
+	return 0;
+}
+
 /* The pools of placement `homes` (per unit and state) at prefetch k, in
  * the order the engine allocates them. This is the one place that knows
  * a pool's size. */
@@ -190,10 +240,12 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 {
 	bool g_nvme = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_NVME, true);
 	/* update staging per state (st_plan_upd_staged()): W's when some W
-	 * goes home through it (not in host, not gathered), G, P, M, V's each
-	 * when some unit's is on nvme */
-	bool upd_w = !sh->w_gather && st_any(sh, homes, ST_STATE_W, ST_STATE_W, ST_HOME_HOST, false);
+	 * goes home through it (not in host, not gathered, not written in
+	 * place by the optimizer on the device: st_plan_upd_w()), G, P, M,
+	 * V's each when some unit's is on nvme */
+	bool upd_w = !sh->w_gather && st_plan_upd_w(sh, homes);
 	uint32_t upd_f = 0;
+	bool g_vram = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, true);
 	uint64_t e_reg = 0, e_res = 0; /* the largest streamed unit of each kind */
 	bool res_slot, reg_nvme = false, res_nvme = false;
 	uint64_t slot_bytes, et = sh->tile;
@@ -261,7 +313,8 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	st_pool_add(p, ST_POOL_WORK, st_recomp_work(sh), 1, -1);
 	st_pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
 	st_pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
-	st_pool_add(p, ST_POOL_LANDING, sh->epad_max * 4, 1, -1);
+	st_pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
+		    st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
 	st_pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4, g_nvme && sh->accum > 1, -1);
 	/* the update sweep goes tile by tile, two sets of staging in turn:
 	 * for G, P, M, V one buffer per staged state in each set */
@@ -271,6 +324,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	st_pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
 	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather, -1);
 	st_recomp_pool(sh, p);
+	st_pool_add(p, ST_POOL_OPT_STAT, st_plan_opt_stat_bytes(sh), g_vram, -1);
 }
 
 static uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)
@@ -500,7 +554,7 @@ static int st_input_check(const struct st_plan_input *in)
 	if (in->zero < 0 || in->zero > 3)
 		return st_error_set(-EINVAL, "plan: --zero %d: the stages are 0, 1, 2 and 3",
 				    in->zero);
-	if ((unsigned)in->params > ST_OFFLOAD_NVME || (unsigned)in->optim > ST_OFFLOAD_NVME)
+	if ((unsigned)in->params > ST_OFFLOAD_NVME || (unsigned)in->optim > ST_OFFLOAD_VRAM)
 		return st_error_set(-EINVAL, "plan: unknown offload choice");
 	if ((unsigned)in->recompute > ST_RECOMPUTE_NONE)
 		return st_error_set(-EINVAL, "plan: unknown recompute choice");
@@ -512,11 +566,9 @@ static int st_input_check(const struct st_plan_input *in)
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
 			enum st_home h = in->homes[u * ST_STATE_COUNT + s];
 
-			if ((unsigned)h >= ST_HOME_COUNT ||
-			    (s != ST_STATE_W && h == ST_HOME_VRAM))
+			if ((unsigned)h >= ST_HOME_COUNT)
 				return st_error_set(-EINVAL, "plan: unit %d's %s cannot live in "
-						    "tier %d (W: vram, host or nvme; G, P, M, V: "
-						    "host or nvme)", u,
+						    "tier %d (vram, host or nvme)", u,
 						    st_state_name((enum st_state)s), (int)h);
 			if (h == ST_HOME_NVME && !in->have_nvme)
 				return st_error_set(-EINVAL, "plan: unit %d's %s on nvme needs "
@@ -526,14 +578,14 @@ static int st_input_check(const struct st_plan_input *in)
 	if ((unsigned)in->activations > ST_OFFLOAD_HOST)
 		return st_error_set(-EINVAL, "--offload-activations: the checkpoints live in "
 				    "vram or host (auto, vram or host)");
-	return 0;
+	return st_plan_vram_optim_check(in);
 }
 
 /* The placements the options allow, most preferred first: W as close to
  * the device as possible, then the optimizer state in host. */
 static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 {
-	enum st_home ws[3], os[2];
+	enum st_home ws[3], os[3];
 	int nw = 0, no = 0, n = 0;
 
 	if (in->homes) {
@@ -554,7 +606,10 @@ static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 	}
 	switch (in->optim) {
 	case ST_OFFLOAD_NVME: os[no++] = ST_HOME_NVME; break;
+	case ST_OFFLOAD_VRAM: os[no++] = ST_HOME_VRAM; break;
 	case ST_OFFLOAD_AUTO:
+		if (in->optim_vram_auto && in->world <= 1)
+			os[no++] = ST_HOME_VRAM;
 		os[no++] = ST_HOME_HOST;
 		if (in->have_nvme)
 			os[no++] = ST_HOME_NVME;
@@ -563,15 +618,16 @@ static int st_cands(const struct st_plan_input *in, struct st_cand *c)
 	}
 	for (int i = 0; i < nw; i++)
 		for (int j = 0; j < no; j++)
-			c[n++] = (struct st_cand){ .w = ws[i], .o = os[j] };
+			if (os[j] != ST_HOME_VRAM || ws[i] == ST_HOME_VRAM) /* W with it */
+				c[n++] = (struct st_cand){ .w = ws[i], .o = os[j] };
 	return n;
 }
 
 /* Where the activation checkpoints may live, for each of the n placements
  * of W, G, P, M, V in c (whose .a is vram): forced, or (auto) every
- * placement with them in vram first, then every one with them on the
- * host, so they go to the host only when no placement holds them in vram
- * with the rest. Returns the new count (at most 2n). */
+ * placement with them in vram, then every one with them on the host (the
+ * policy takes the fastest; a tie goes to the first, vram). Returns the
+ * new count (at most 2n). */
 static int st_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
 {
 	if (in->activations == ST_OFFLOAD_HOST)
@@ -629,17 +685,22 @@ static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
 }
 
 static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
-			     struct st_plan *p);
+			     double host_adam_share, struct st_plan *p);
 static double st_recomp_flops(const struct st_plan_input *in, const struct st_shape *sh);
 
 static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		       const enum st_home *homes, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum;
+	uint64_t p_dev_elems = 0, p_all_elems = 0;
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
 	for (int u = 0; u < sh->units; u++) {
 		const enum st_home *h = &homes[u * ST_STATE_COUNT];
+
+		p_all_elems += sh->st_elems[u * ST_STATE_COUNT + ST_STATE_P];
+		if (h[ST_STATE_P] == ST_HOME_VRAM)
+			p_dev_elems += sh->st_elems[u * ST_STATE_COUNT + ST_STATE_P];
 		const uint64_t *se = &sh->st_elems[u * ST_STATE_COUNT];
 		/* W's home holds the unit (a slice at stage 3, world > 1); the
 		 * update writes it whole, a fetch moves it whole */
@@ -654,15 +715,18 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
 
 		if (h[ST_STATE_W] == ST_HOME_VRAM)
-			p->h2d_bytes += w;
+			/* the optimizer on the device writes W in place */
+			p->h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
 		else
 			p->h2d_bytes += n * fetches * w;
 		if (h[ST_STATE_W] == ST_HOME_NVME) {
 			p->nvme_read_bytes += n * fetches * w;
 			p->nvme_write_bytes += w;
 		}
-		/* dW to the host: at world > 1 the N slots of the rank's slice */
-		p->d2h_bytes += n * (sh->world > 1 ? sh->epad[u] * 4 : g);
+		/* dW to the host: at world > 1 the N slots of the rank's slice;
+		 * none when G lives in vram */
+		if (h[ST_STATE_G] != ST_HOME_VRAM)
+			p->d2h_bytes += n * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update; P, M, V read and written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
@@ -677,7 +741,9 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 	}
 	st_predict_comm(sh, p);
 	st_act_traffic(sh, p);
-	st_predict_times(in, sh, p);
+	/* units whose optimizer runs on the device take no CPU AdamW time */
+	st_predict_times(in, sh, p_dev_elems ? 1.0 - (double)p_dev_elems / (double)p_all_elems
+					     : 1.0, p);
 }
 
 /* The times of the lanes from the traffic and the FLOPs, and the step: the
@@ -686,7 +752,7 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
  * every other lane before the first compute and after the last
  * (docs/plan.md, "Predicted time per step"). */
 static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
-			     struct st_plan *p)
+			     double host_adam_share, struct st_plan *p)
 {
 	const struct st_plan_rates *r = &p->rates;
 	double tokens = (double)in->batch * in->seq * (double)sh->accum;
@@ -710,6 +776,9 @@ static void st_predict_times(const struct st_plan_input *in, const struct st_sha
 	p->adam_bytes = (uint64_t)((double)st_model_param_count(in->model) *
 				   ST_PLAN_ADAM_BYTES_PER_PARAM /
 				   (sh->world > 1 && sh->zero >= 1 ? sh->world : 1));
+	/* host_adam_share: of the parameters, those AdamW updates on the host */
+	if (host_adam_share < 1.0)
+		p->adam_bytes = (uint64_t)((double)p->adam_bytes * host_adam_share);
 	t[3] = (double)p->adam_bytes / r->adam_bps;
 	/* a collective's buffer crosses the wire but for this rank's 1/N */
 	t[4] = sh->world > 1 ? (double)wire * (double)(sh->world - 1) / sh->world / r->net_bps
@@ -1141,7 +1210,7 @@ static int st_recomp_explain(const struct st_plan_input *in, const struct st_sha
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 {
 	struct st_shape sh;
-	struct st_cand cands[12], c;
+	struct st_cand cands[18], c;
 	struct st_pools pools;
 	uint64_t budget[ST_HOME_COUNT];
 	enum st_home *homes;

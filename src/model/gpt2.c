@@ -291,11 +291,11 @@ static void st_block_fwd_core(const struct st_model *m, const float **p,
 	st_compute_matmul_fwd(c, w->qkv, w->ln1, p[BT_ATTN_W], p[BT_ATTN_B], N, C, 3 * C);
 	st_compute_attention_fwd(c, w->atty, w->lse, w->qkv, B, T, C, NH);
 	st_compute_matmul_fwd(c, attproj, w->atty, p[BT_PROJ_W], p[BT_PROJ_B], N, C, C);
-	st_compute_residual_fwd(c, w->res, x, attproj, (size_t)N * C);
-	// ln2, fc and gelu (one op where the compute fuses them; fch is kept
-	// for the backward)
-	st_compute_layernorm_fwd(c, w->ln2, w->mean2, w->rstd2, w->res, p[BT_LN2_W],
-				 p[BT_LN2_B], N, C);
+	// residual and ln2: one op (the same bits as the two)
+	st_compute_residual_layernorm_fwd(c, w->res, w->ln2, w->mean2, w->rstd2, x, attproj,
+					  p[BT_LN2_W], p[BT_LN2_B], N, C);
+	// fc and gelu (one op where the compute fuses them; fch is kept for
+	// the backward)
 	st_compute_matmul_gelu_fwd(c, w->gel, w->fch, w->ln2, p[BT_FC_W], p[BT_FC_B], N, C,
 				   4 * C);
 }

@@ -346,8 +346,9 @@ static void st_layer_fwd_core(const struct st_model *m, const float **p,
 	st_compute_rope(c, false, w->k, w->k, B, T, d.K, d.hd, d.KV, &r);
 	st_compute_gqa_attention_fwd(c, w->att, w->lse, w->q, w->k, w->v, B, T, d.H, d.K, d.hd);
 	st_compute_linear_fwd(c, oproj, w->att, p[LT_O_W], NULL, N, d.Q, d.C);
-	st_compute_residual_fwd(c, w->h, x, oproj, (size_t)N * d.C);
-	st_compute_rmsnorm_fwd(c, w->hn, w->rstd2, w->h, p[LT_POST_NORM], eps, N, d.C);
+	/* residual and post-attention norm: one op (the same bits as the two) */
+	st_compute_residual_rmsnorm_fwd(c, w->h, w->hn, w->rstd2, x, oproj, p[LT_POST_NORM], eps,
+					N, d.C);
 	st_compute_linear_fwd(c, w->gate, w->hn, p[LT_GATE_W], NULL, N, d.C, d.F);
 	st_compute_linear_fwd(c, w->up, w->hn, p[LT_UP_W], NULL, N, d.C, d.F);
 	st_compute_swiglu_fwd(c, w->act, w->gate, w->up, (size_t)N * d.F);

@@ -123,7 +123,10 @@ static int open_tiers(struct st_engine *e)
 {
 	struct st_device_config dc = { .mem_bytes = e->plan.total_bytes[ST_HOME_VRAM] };
 	struct st_tier_config vc = { .budget_bytes = e->plan.total_bytes[ST_HOME_VRAM] };
-	struct st_tier_config hc = { .budget_bytes = e->plan.total_bytes[ST_HOME_HOST] };
+	/* a page at least: with the optimizer on the device a plan may put
+	 * nothing in host */
+	struct st_tier_config hc = { .budget_bytes = ST_MAX(e->plan.total_bytes[ST_HOME_HOST],
+							     ST_PAGE_BYTES) };
 	const char *dev_name = e->cfg.device ? e->cfg.device : "cpu";
 	const struct st_device_ops *dops = st_device_find(dev_name);
 	int ret;
@@ -361,6 +364,11 @@ static int setup_pools(struct st_engine *e)
 	if (e->comm_scratch)
 		e->scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);
 	e->wgather = hpool(e, ST_POOL_W_GATHER, 0);
+	e->dev_sumsq = vpool(e, ST_POOL_OPT_STAT, -1, 0);
+	if (e->dev_sumsq) {
+		e->dev_adam_bad = (uint32_t *)(void *)(e->dev_sumsq + e->U);
+		e->dev_sumsq_scratch = e->dev_sumsq + e->U + 1;
+	}
 	/* what no rank's update writes (past the unit's end) stays zero */
 	if (e->wgather)
 		memset(e->wgather, 0, pool(e, ST_POOL_W_GATHER, -1, 0)->len_bytes);
@@ -405,6 +413,9 @@ static int plan_of(struct st_engine *e)
 		.recompute = cfg->recompute,
 	};
 
+	/* the cuda compute runs AdamW (docs/gpu.md): auto may home the
+	 * optimizer in vram when it fits */
+	pin.optim_vram_auto = cfg->device && strcmp(cfg->device, "cuda") == 0;
 	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {
 		if (pin.rates.compute_flops <= 0) {
 			pin.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;

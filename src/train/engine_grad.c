@@ -56,7 +56,7 @@ int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
 
 	if (ret == 0)
 		ret = grad_reduce(e, u, b, &after);
-	if (ret < 0)
+	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
 		return ret;
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
 	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->landing, bytes);
@@ -172,6 +172,11 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 
 	if (ret < 0)
 		return ret;
+	if (g->home == ST_HOME_VRAM) {
+		st_eng_dev_grad_in(e, u, (unit_resident(e, u) ? &e->ub[u] : &e->shared[u & 1])->dw,
+				   mb, last);
+		return st_compute_take_error(e->cx);
+	}
 	if (g->home != ST_HOME_HOST)
 		return grad_in_nvme(e, u, mb, last);
 	gp = (float *)haddr(e, &g->ext) + g_at(e, u);

@@ -212,6 +212,14 @@ struct st_engine {
 	struct chain *act_chain_out, *act_chain_in;
 	int *act_out_busy, *act_in_busy;
 	struct st_event **ev_act[4];
+
+	/* The optimizer on the device (docs/gpu.md), for the units whose G,
+	 * P, M, V live in vram (ST_POOL_OPT_STAT): each unit's sum of squares
+	 * [U], the AdamW count of elements left unchanged, and the sum's
+	 * scratch; all NULL when no unit's optimizer is on the device. */
+	struct st_compute_sumsq *dev_sumsq;
+	uint32_t *dev_adam_bad;
+	void *dev_sumsq_scratch;
 };
 
 enum { ACT_EV_FW, ACT_EV_OUT, ACT_EV_BW, ACT_EV_IN };
@@ -247,6 +255,13 @@ static inline uint64_t sh_elems(const struct st_engine *e, int u, enum st_state 
 static inline bool unit_resident(const struct st_engine *e, int u)
 {
 	return st_model_unit_layout(e->model, u)->resident;
+}
+
+/* Whether unit u's optimizer runs on the device: its G (and with it P, M,
+ * V and W, the planner says) lives in vram. */
+static inline bool opt_on_dev(const struct st_engine *e, int u)
+{
+	return e->sh[u * ST_STATE_COUNT + ST_STATE_G].home == ST_HOME_VRAM;
 }
 
 /* engine_lanes.c */
@@ -288,6 +303,13 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb);
 /* engine_update.c */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld);
+/* The device-side units' sums of squares into unit_sumsq (and nonfinite):
+ * waits for the compute. 0 or -errno. */
+int st_eng_dev_sumsq(struct st_engine *e);
+/* Unit u's dW (in the device buffer dw) into its G in vram on the
+ * compute's queue: copied at micro-batch 0, added later; after the last,
+ * its sum of squares. */
+void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last);
 
 /* engine_state.c */
 int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,

@@ -260,6 +260,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		ret = st_eng_wait_until(e, &e->gstage_busy);
 	if (ret == 0)
 		ret = st_eng_act_drain(e);
+	if (ret == 0 && e->dev_sumsq)
+		ret = st_eng_dev_sumsq(e);
 	if (ret < 0)
 		goto fail;
 	if (e->world > 1) {

@@ -1,9 +1,19 @@
 /* The update sweep: tile by tile in unit order, loading the next tile's G,
  * P, M, V (nvme -> host staging) while AdamW runs on this one; P, M, V go
  * back to nvme and the new W to its home (h2d for vram, nvme write, or in
- * place in host). Two staging sets in turn. */
+ * place in host). Two staging sets in turn.
+ *
+ * A unit whose G, P, M, V live in vram (the optimizer on the device,
+ * docs/gpu.md) has no tiles: its update is one ADAMW op per tensor on the
+ * compute's queue, in unit order among the tiles, writing W in its vram
+ * home; nothing of it crosses a link. Its G was gathered on the device too
+ * (st_eng_dev_grad_in) and its sum of squares taken there; the bits are
+ * the host placement's (the cpu compute runs the same st_adam_apply, the
+ * cuda one a kernel held to it bit for bit). */
 #include "engine_internal.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* [t0, t0 + n) elements of unit u, t0 and n multiples of the tile (whole
@@ -159,8 +169,10 @@ static bool next_tile(const struct st_engine *e, struct tile *t)
 			return true;
 		}
 	}
-	if (++t->u >= e->U)
-		return false;
+	do { /* units updated on the device have no tiles */
+		if (++t->u >= e->U)
+			return false;
+	} while (opt_on_dev(e, t->u));
 	upd_range(e, t->u, &lo, &hi);
 	t->t0 = lo;
 	t->n = ST_MIN(e->tile, hi - t->t0);
@@ -183,6 +195,102 @@ static int unit_done(struct st_engine *e, int set, int u)
 	return ret;
 }
 
+/* --- the optimizer on the device ----------------------------------------- */
+
+void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last)
+{
+	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
+
+	/* the host's fold: the first micro-batch copies, later ones add */
+	if (mb == 0)
+		st_compute_copy(e->cx, g, dw, e->elems[u] * sizeof(float));
+	else
+		st_compute_residual_fwd(e->cx, g, g, dw, e->elems[u]);
+	if (last)
+		st_compute_grad_sumsq(e->cx, &e->dev_sumsq[u], e->dev_sumsq_scratch, g,
+				      e->elems[u]);
+}
+
+int st_eng_dev_sumsq(struct st_engine *e)
+{
+	struct st_compute_sumsq *h = malloc((size_t)e->U * sizeof(*h));
+	int ret;
+
+	if (!h)
+		return -ENOMEM;
+	st_compute_to_host(e->cx, h, e->dev_sumsq, (size_t)e->U * sizeof(*h));
+	ret = st_compute_take_error(e->cx);
+	for (int u = 0; ret == 0 && u < e->U; u++) {
+		if (!opt_on_dev(e, u))
+			continue;
+		e->unit_sumsq[u] = h[u].sumsq;
+		if (h[u].nonfinite)
+			e->nonfinite = true;
+	}
+	free(h);
+	return ret;
+}
+
+/* Unit u's AdamW on the compute's queue: each tensor with or without
+ * weight decay, W written in its vram home (its padding stays the zeros
+ * st_engine_write_state put there, as the host path's staging zeroes it). */
+static void dev_adam_unit(struct st_engine *e, int u, const struct st_adam_step *wd,
+			  const struct st_adam_step *nowd)
+{
+	const struct st_unit_layout *ul = st_model_unit_layout(e->model, u);
+	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
+	float *p = vaddr(e, &shard(e, u, ST_STATE_P)->ext);
+	float *m = vaddr(e, &shard(e, u, ST_STATE_M)->ext);
+	float *v = vaddr(e, &shard(e, u, ST_STATE_V)->ext);
+	char *w = vaddr(e, &shard(e, u, ST_STATE_W)->ext);
+
+	st_compute_span_begin(e->cx, "adam");
+	for (int i = 0; i < ul->n_tensors; i++) {
+		const struct st_tensor_layout *tl = &ul->tensors[i];
+		uint64_t o = tl->offset_elems;
+
+		st_compute_adamw(e->cx, tl->decay ? wd : nowd, g + o, p + o, m + o, v + o,
+				 w + o * (uint64_t)e->Wb, e->Wb == 2, e->dev_adam_bad,
+				 tl->n_elems);
+	}
+	st_compute_span_end(e->cx);
+}
+
+/* The device units in [*next, end), in order: queued, and with ld their
+ * next forward (unit_done), as a tiled unit's once its last tile is in. */
+static int dev_units(struct st_engine *e, int *next, int end, int set,
+		     const struct st_adam_step *wd, const struct st_adam_step *nowd,
+		     struct st_loader *ld)
+{
+	int ret = 0;
+
+	for (; ret == 0 && *next < end; (*next)++) {
+		if (!opt_on_dev(e, *next))
+			continue;
+		dev_adam_unit(e, *next, wd, nowd);
+		ret = st_compute_take_error(e->cx);
+		if (ret == 0 && ld)
+			ret = unit_done(e, set, *next);
+	}
+	return ret;
+}
+
+/* The device AdamW's count of elements left unchanged: the host path's
+ * -ERANGE when any (st_adam_apply with ST_ADAM_GRAD_CHECKED). Waits for
+ * the compute. */
+static int dev_adam_check(struct st_engine *e)
+{
+	uint32_t bad = 0;
+	int ret;
+
+	st_compute_to_host(e->cx, &bad, e->dev_adam_bad, sizeof(bad));
+	ret = st_compute_take_error(e->cx);
+	if (ret == 0 && bad)
+		ret = st_error_set(-ERANGE, "adam: %u gradient elements NaN or Inf; left unchanged",
+				   bad);
+	return ret;
+}
+
 /* The update sweep, tile by tile in unit order. With ld, it is fused with
  * the next step's first forward: once unit u's new W is home, fwd(u) runs
  * while the next tiles load and u's P, M, V go back -- the next step's
@@ -191,9 +299,11 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld)
 {
 	struct tile cur = { .u = -1 }, nxt;
-	int set = 0, ret = 0;
+	int set = 0, ret = 0, dev_next = 0;
 	bool have = next_tile(e, &cur);
 
+	if (e->dev_adam_bad)
+		st_compute_zero(e->cx, e->dev_adam_bad, sizeof(uint32_t));
 	if (ld)
 		ret = st_eng_begin_micro_batch(e, ld, 0);
 	if (have && ret == 0)
@@ -208,6 +318,9 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		/* wgather holds the unit before's W until it is home */
 		if (ret == 0 && e->w_gather)
 			ret = st_eng_wait_until(e, &e->wg_busy);
+		/* the device's units before this one, in unit order */
+		if (ret == 0)
+			ret = dev_units(e, &dev_next, cur.u, set, wd, nowd, ld);
 		if (ret == 0)
 			ret = adam_tile(e, set, &cur, wd, nowd);
 		if (ret == 0)
@@ -219,6 +332,10 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		cur = nxt;
 		set ^= 1;
 	}
+	if (ret == 0)
+		ret = dev_units(e, &dev_next, e->U, set, wd, nowd, ld);
+	if (ret == 0 && e->dev_adam_bad)
+		ret = dev_adam_check(e);
 	for (int s = 0; ret == 0 && s < 2; s++)
 		ret = st_eng_wait_until(e, &e->upd[s].writes);
 	if (ret == 0)

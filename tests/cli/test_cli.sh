@@ -31,6 +31,8 @@ check test-fault-arg 2 "$strata" train $M --data "$data" --test-fault eio@3:5
 check test-fault-two 2 "$strata" train $M --data "$data" --test-fault eio@3 --test-fault short@4
 check test-fault-src 2 "$strata" train $M --data "$data" --test-fault other-page@3
 check test-fault-no-nvme 2 "$strata" train $M --data "$data" --nvme none --test-fault eio@3
+check optim-vram-w-host 2 "$strata" train $M --data "$data" --offload-params host --offload-optim vram
+check optim-bad 2 "$strata" train $M --data "$data" --offload-optim vrm
 "$strata" train --help | sed -n '/^testing$/,$p' | grep -q -e "--test-fault SPEC" ||
 	{ echo "FAIL train --help lists no --test-fault under testing"; fail=1; }
 check missing-data 2 "$strata" train --data "$work/nope" --save "$work/never"
@@ -86,6 +88,20 @@ assert link("a") == link("d") == link("e"), "bytes per link differ across --reco
 assert abs(a[0][0] - math.log(256)) < 0.1, a[0]
 assert a[-1][0] < a[0][0], "loss did not go down"
 print("ok   reruns and 1 vs 2 threads give identical losses; init loss ~ ln(256)")
+PY
+# the optimizer on the device (--offload-optim vram): the host placement's
+# numbers, and nothing over a link
+run vh --offload-params none --offload-optim host --gpu-mem 64M || fail=1
+run vv --offload-params none --offload-optim vram --gpu-mem 64M || fail=1
+python3 - "$work" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+rows = {p: [json.loads(l) for l in open(f"{w}/{p}.jsonl")] for p in ("vh", "vv")}
+same = [(r["loss"], r["grad_norm"]) for r in rows["vh"]] == [(r["loss"], r["grad_norm"]) for r in rows["vv"]]
+assert same, "--offload-optim vram: losses or norms differ from the host optimizer's"
+assert all(v == 0 for r in rows["vv"] for v in r["bytes"].values()), rows["vv"][0]["bytes"]
+assert all(r["bytes"]["d2h"] > 0 for r in rows["vh"])
+print("ok   --offload-optim vram: the host optimizer's losses and norms, no bytes over a link")
 PY
 [ -f "$work/ck/latest/model.safetensors" ] && [ -f "$work/ck/latest/config.json" ] || { echo "FAIL no checkpoint"; fail=1; }
 ls "$work" | grep -q '\.tmp\.' && { echo "FAIL temporary checkpoint left"; fail=1; }

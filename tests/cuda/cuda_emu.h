@@ -71,6 +71,45 @@ static inline int __popc(unsigned m)
 	return __builtin_popcount(m);
 }
 
+// The IEEE round-to-nearest intrinsics (one rounding each; fmaf and sqrtf
+// are correctly rounded in glibc, and the emulation tests are compiled with
+// -ffp-contract=off so a product is never fused behind their back).
+static inline float __fmul_rn(float a, float b)
+{
+	return a * b;
+}
+
+static inline float __fadd_rn(float a, float b)
+{
+	return a + b;
+}
+
+static inline float __fmaf_rn(float a, float b, float c)
+{
+	return fmaf(a, b, c);
+}
+
+static inline float __fsqrt_rn(float a)
+{
+	return sqrtf(a);
+}
+
+static inline float __fdiv_rn(float a, float b)
+{
+	return a / b;
+}
+
+static inline double __fma_rn(double a, double b, double c)
+{
+	return fma(a, b, c);
+}
+
+// atomicAdd on an unsigned: the threads of a block run at once.
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+	return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+
 static std::barrier<> *emu_block_bar;
 static unsigned emu_block_threads;
 static std::vector<std::barrier<> *> emu_warp_bar;

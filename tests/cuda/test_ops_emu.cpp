@@ -295,6 +295,66 @@ static void check_layernorm(int N, int C)
 	expect_close(name("layernorm_bwd dbias (%d,%d)", N, C), gdb, db);
 }
 
+/* The fused residual + norm kernels: bit for bit the unfused pair
+ * (k_residual_fwd then k_layernorm_fwd / k_rmsnorm_fwd, both emulated),
+ * and within 1e-5 of the cpu's residual then norm; res is a's buffer
+ * (aliased, as the models' second residual is not, but may be). */
+static void check_residual_norm(int N, int C, bool alias)
+{
+	const size_t n = (size_t)N * C;
+	auto a = rand_vec(n, -3, 3), bb = rand_vec(n, -3, 3), w = rand_vec((size_t)C, 0.5f, 1.5f);
+	auto bias = rand_vec((size_t)C, -1, 1);
+	for (int rms = 0; rms < 2; rms++) {
+		std::vector<float> res(n), out(n), mean(N), rstd(N);
+		std::vector<float> ures(n, NAN), uout(n, NAN), umean(N, NAN), urstd(N, NAN);
+		std::vector<float> fres(alias ? a : std::vector<float>(n, NAN)), fout(n, NAN),
+			fmean(N, NAN), frstd(N, NAN);
+		const float *fa = alias ? fres.data() : a.data();
+
+		st_cpu_residual_fwd(res.data(), a.data(), bb.data(), n);
+		if (rms)
+			st_cpu_rmsnorm_fwd(out.data(), rstd.data(), res.data(), w.data(), 1e-6f, N, C);
+		else
+			st_cpu_layernorm_fwd(out.data(), mean.data(), rstd.data(), res.data(), w.data(),
+					     bias.data(), N, C);
+		emu_launch(k_residual_fwd, dim3(grid_for(n, ST_CUDA_ELEM_BLOCK)),
+			   dim3(ST_CUDA_ELEM_BLOCK), ures.data(), (const float *)a.data(),
+			   (const float *)bb.data(), n);
+		if (rms) {
+			emu_launch(k_rmsnorm_fwd, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK),
+				   uout.data(), urstd.data(), (const float *)ures.data(),
+				   (const float *)w.data(), 1e-6f, N, C);
+			emu_launch(k_residual_rmsnorm_fwd, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK),
+				   fres.data(), fout.data(), frstd.data(), fa, (const float *)bb.data(),
+				   (const float *)w.data(), 1e-6f, N, C);
+		} else {
+			emu_launch(k_layernorm_fwd, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK),
+				   uout.data(), umean.data(), urstd.data(), (const float *)ures.data(),
+				   (const float *)w.data(), (const float *)bias.data(), N, C);
+			emu_launch(k_residual_layernorm_fwd, grid_warp_rows(N),
+				   dim3(ST_CUDA_ROW_BLOCK), fres.data(), fout.data(), fmean.data(),
+				   frstd.data(), fa, (const float *)bb.data(), (const float *)w.data(),
+				   (const float *)bias.data(), N, C);
+			expect_bits(name("residual_layernorm_fwd mean = unfused (%d,%d)", N, C),
+				    fmean, umean);
+			expect_close(name("residual_layernorm_fwd mean (%d,%d)", N, C), fmean, mean);
+		}
+		const char *k = rms ? "residual_rmsnorm_fwd" : "residual_layernorm_fwd";
+		char what[96];
+		snprintf(what, sizeof(what), "%s%s res = unfused (%d,%d)", k,
+			 alias ? " (res = a)" : "", N, C);
+		expect_bits(what, fres, ures);
+		snprintf(what, sizeof(what), "%s out = unfused (%d,%d)", k, N, C);
+		expect_bits(what, fout, uout);
+		snprintf(what, sizeof(what), "%s rstd = unfused (%d,%d)", k, N, C);
+		expect_bits(what, frstd, urstd);
+		snprintf(what, sizeof(what), "%s out (%d,%d)", k, N, C);
+		expect_close(what, fout, out);
+		snprintf(what, sizeof(what), "%s res (%d,%d)", k, N, C);
+		expect_close(what, fres, res);
+	}
+}
+
 static void check_embedding(int B, int T, int C, int V)
 {
 	const size_t n = (size_t)B * T * C;
@@ -469,6 +529,8 @@ int main(void)
 	check_layernorm(300, 37);
 	check_layernorm(5, 70);
 	check_layernorm(3, 1);
+	check_residual_norm(300, 37, false);
+	check_residual_norm(5, 770, true);
 	// Repeated tokens; B*T > the block (the leader's list in several rounds).
 	check_embedding(2, 7, 37, 5);
 	check_embedding(2, 150, 5, 3);

@@ -1371,6 +1371,92 @@ static void test_split_slots(void **state)
 }
 
 
+/* --offload-optim vram (the optimizer on the device, docs/gpu.md): every
+ * G, P, M, V in vram with W, no landing nor update staging, the stats pool,
+ * nothing over a link and no CPU AdamW time; auto takes it only when the
+ * input allows it (the engine does on cuda) and only when it fits; the
+ * forced option is refused with W off the device or at world > 1. */
+static void test_optim_vram(void **state)
+{
+	struct st_plan_input in = input(tiny);
+	struct st_plan p;
+	const struct st_plan_pool *x;
+	int U = st_model_unit_count(tiny);
+	uint64_t E = 0, want = 0, need;
+
+	ST_UNUSED(state);
+	for (int u = 0; u < U; u++) {
+		uint64_t e = st_model_unit_layout(tiny, u)->elems;
+
+		E = e > E ? e : E;
+		want += e * (2 + 16);
+	}
+	in.optim = ST_OFFLOAD_VRAM;
+	p = plan_ok(&in);
+	expect_list(&p);
+	assert_int_equal(p.w_home, ST_HOME_VRAM);
+	assert_int_equal(p.optim_home, ST_HOME_VRAM);
+	for (int u = 0; u < U; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			assert_int_equal(st_plan_home(&p, u, (enum st_state)s), ST_HOME_VRAM);
+	assert_int_equal(p.home_bytes[ST_HOME_VRAM], want);
+	assert_null(find_pool(&p, ST_POOL_LANDING));
+	assert_null(find_pool(&p, ST_POOL_UPD_W));
+	assert_null(find_pool(&p, ST_POOL_UPD_F32));
+	x = find_pool(&p, ST_POOL_OPT_STAT);
+	assert_non_null(x);
+	assert_int_equal(x->tier, ST_HOME_VRAM);
+	assert_int_equal(x->count, 1);
+	assert_int_equal(x->bytes, 16 * (uint64_t)(U + 1) + 16 * ((E + 16383) / 16384));
+	assert_int_equal(p.total_bytes[ST_HOME_HOST], 0);
+	assert_int_equal(p.h2d_bytes, 0);
+	assert_int_equal(p.d2h_bytes, 0);
+	assert_int_equal(p.nvme_read_bytes + p.nvme_write_bytes, 0);
+	assert_true(p.t_adam_s == 0.0);
+	st_plan_fini(&p);
+	/* the host's optimizer has no stats pool */
+	in.optim = ST_OFFLOAD_HOST;
+	p = plan_ok(&in);
+	assert_null(find_pool(&p, ST_POOL_OPT_STAT));
+	assert_non_null(find_pool(&p, ST_POOL_LANDING));
+	st_plan_fini(&p);
+	/* auto: host unless allowed; allowed, vram while it fits (with the
+	 * checkpoints held in vram: on the host they would free the page
+	 * the last case takes away) */
+	in.optim = ST_OFFLOAD_AUTO;
+	in.activations = ST_OFFLOAD_NONE;
+	p = plan_ok(&in);
+	assert_int_equal(p.optim_home, ST_HOME_HOST);
+	st_plan_fini(&p);
+	in.optim_vram_auto = true;
+	p = plan_ok(&in);
+	assert_int_equal(p.optim_home, ST_HOME_VRAM);
+	need = p.total_bytes[ST_HOME_VRAM];
+	st_plan_fini(&p);
+	in.gpu_mem_bytes = need;
+	p = plan_ok(&in);
+	assert_int_equal(p.optim_home, ST_HOME_VRAM);
+	st_plan_fini(&p);
+	in.gpu_mem_bytes = need - 4096;
+	p = plan_ok(&in);
+	assert_int_equal(p.optim_home, ST_HOME_HOST);
+	assert_int_equal(p.w_home, ST_HOME_VRAM);
+	st_plan_fini(&p);
+	/* forced: refused one page short, with W off the device, at world 2 */
+	in.optim = ST_OFFLOAD_VRAM;
+	assert_int_equal(st_plan_make(&in, &p), -ENOSPC);
+	assert_non_null(strstr(st_error_last(), "vram budget"));
+	in = input(tiny);
+	in.optim = ST_OFFLOAD_VRAM;
+	in.params = ST_OFFLOAD_HOST;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "needs W in vram"));
+	in.params = ST_OFFLOAD_AUTO;
+	in.world = 2;
+	assert_int_equal(st_plan_make(&in, &p), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "one rank only"));
+}
+
 /* --- the split policy --------------------------------------------------------------- */
 
 /* Units whose G, P, M, V are all in host, and units with some in host and
@@ -1806,6 +1892,7 @@ int main(void)
 		cmocka_unit_test(test_split_policy),
 		cmocka_unit_test(test_update_staging_per_state),
 		cmocka_unit_test(test_budget_monotone),
+		cmocka_unit_test(test_optim_vram),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_activations),
 	};

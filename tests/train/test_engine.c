@@ -225,6 +225,10 @@ static void test_placement_invariance(void **state)
 		{ "params nvme, prefetch 4", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 4, 0, 0 },
 		{ "threads 1", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 1, 0 },
 		{ "threads 2", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2, 0 },
+		/* the optimizer on the device (docs/gpu.md): G gathered, the
+		 * norm taken and AdamW run on the compute's queue */
+		{ "optim in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 0, 0 },
+		{ "optim in vram, threads 1", ST_OFFLOAD_AUTO, ST_OFFLOAD_VRAM, 0, 1, 0 },
 	};
 	int threads0 = omp_get_max_threads();
 
@@ -257,6 +261,7 @@ static void test_placement_invariance(void **state)
 			{ "big vocab: params nvme, prefetch 1", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, 1 },
 			{ "big vocab: params host, prefetch 3", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 3, 1 },
 			{ "big vocab: params nvme, accum 2", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
+			{ "big vocab: optim in vram, accum 2", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 2 },
 		};
 		struct run bref;
 
@@ -317,6 +322,11 @@ static void test_placement_invariance(void **state)
 	train(&c, STEPS, &r);
 	same(&ref, &r, STEPS, "accum 2: vram vs nvme");
 	run_free(&r);
+	c.params = ST_OFFLOAD_NONE;
+	c.optim = ST_OFFLOAD_VRAM;
+	train(&c, STEPS, &r);
+	same(&ref, &r, STEPS, "accum 2: optim in vram");
+	run_free(&r);
 	/* Split placements: each (unit, state) has its own home, as the plan
 	 * allows (st_plan_input.homes): W in vram, host and nvme by unit, and
 	 * G, P, M, V each in host or nvme by unit and state. */
@@ -366,6 +376,31 @@ static void test_placement_invariance(void **state)
 		train(&c, STEPS, &r);
 		same(&ref, &r, STEPS, which ? "accum 2: the policy's split of W"
 					    : "accum 2: the policy's split of G, P, M, V");
+		run_free(&r);
+	}
+	/* The optimizer on the device for some units only: units 0 and 2
+	 * (the resident embedding among them) keep everything in vram, units
+	 * 1 and 3 stream W from nvme or host with G, P, M, V in host or nvme,
+	 * so the sweep interleaves device updates with tiles (and the fused
+	 * forward waits on both kinds). */
+	for (int pattern = 0; pattern < 2; pattern++) {
+		enum st_home homes[4 * ST_STATE_COUNT];
+		char what[64];
+
+		for (int u = 0; u < 4; u++)
+			for (int s = 0; s < ST_STATE_COUNT; s++)
+				homes[u * ST_STATE_COUNT + s] =
+					(u + pattern) % 2 == 0 ? ST_HOME_VRAM
+					: s == ST_STATE_W ? (u % 4 == 1 ? ST_HOME_NVME : ST_HOME_HOST)
+					: (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
+		base_config(&c);
+		c.train.grad_accum = 2;
+		c.homes = homes;
+		c.prefetch = 1;
+		c.update_tile_elems = 4096;
+		train(&c, STEPS, &r);
+		snprintf(what, sizeof(what), "accum 2: optim in vram for some units %d", pattern);
+		same(&ref, &r, STEPS, what);
 		run_free(&r);
 	}
 	run_free(&ref);
@@ -631,6 +666,8 @@ static void test_traffic_matches_plan(void **state)
 	static const enum st_offload cases[][2] = {
 		{ ST_OFFLOAD_NVME, ST_OFFLOAD_NVME }, { ST_OFFLOAD_HOST, ST_OFFLOAD_HOST },
 		{ ST_OFFLOAD_NONE, ST_OFFLOAD_NVME }, { ST_OFFLOAD_HOST, ST_OFFLOAD_NVME },
+		/* the optimizer on the device: nothing crosses a link */
+		{ ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM },
 	};
 
 	(void)state;
@@ -675,6 +712,13 @@ static void test_traffic_matches_plan(void **state)
 					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes,
 					 (unsigned long long)p->nvme_read_bytes,
 					 (unsigned long long)p->nvme_write_bytes);
+			if (cases[i][1] == ST_OFFLOAD_VRAM &&
+			    (p->h2d_bytes || p->d2h_bytes || p->nvme_read_bytes ||
+			     p->nvme_write_bytes || p->total_bytes[ST_HOME_HOST]))
+				fail_msg("optim in vram: the plan moves h2d %llu d2h %llu bytes and "
+					 "puts %llu in host", (unsigned long long)p->h2d_bytes,
+					 (unsigned long long)p->d2h_bytes,
+					 (unsigned long long)p->total_bytes[ST_HOME_HOST]);
 			st_engine_destroy(e);
 			st_dataset_close(ds);
 		}
@@ -739,6 +783,12 @@ static void resume_case(bool stopped, const char *model)
 	c.optim = ST_OFFLOAD_NVME;
 	train(&c, 6, &straight);
 
+	/* the optimizer on the device on one side of the checkpoint: saved
+	 * from vram here, resumed into vram below when stopped */
+	if (!stopped) {
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = ST_OFFLOAD_VRAM;
+	}
 	snprintf(ck, sizeof(ck), "%s/ck%s", dir, stopped ? "-stopped" : "");
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
@@ -755,8 +805,8 @@ static void resume_case(bool stopped, const char *model)
 
 	/* A fresh engine (different placement, even: the activation
 	 * checkpoints on the host too) picks up from the files. */
-	c.params = ST_OFFLOAD_HOST;
-	c.optim = ST_OFFLOAD_HOST;
+	c.params = stopped ? ST_OFFLOAD_NONE : ST_OFFLOAD_HOST;
+	c.optim = stopped ? ST_OFFLOAD_VRAM : ST_OFFLOAD_HOST;
 	c.activations = ST_OFFLOAD_HOST;
 	open_loader(&ds, &ld, &c);
 	assert_int_equal(st_engine_create(&c, &e), 0);
@@ -813,6 +863,7 @@ static void test_llama_placement(void **state)
 		{ "llama: params nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 0 },
 		{ "llama: params host, prefetch 1", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 1, 0 },
 		{ "llama: threads 2, params nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
+		{ "llama: optim in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 0 },
 	};
 	int threads0 = omp_get_max_threads();
 
@@ -1495,6 +1546,92 @@ static void __attribute__((unused)) test_cuda_close_to_cpu(void **state)
 	run_free(&init);
 }
 
+/* The optimizer on the device moves nothing over a link on any device
+ * (the cpu run is in test_traffic_matches_plan too; this one also runs
+ * with --device cuda): two steps, the fused next forward between them. */
+static void test_device_optim_traffic(void **state)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	struct st_engine_stats st;
+
+	(void)state;
+	base_config(&c);
+	c.params = ST_OFFLOAD_NONE;
+	c.optim = ST_OFFLOAD_VRAM;
+	c.train.grad_accum = 2;
+	open_loader(&ds, &ld, &c);
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	assert_int_equal(st_engine_plan(e)->optim_home, ST_HOME_VRAM);
+	for (int s = 0; s < 2; s++) {
+		assert_int_equal(st_engine_step(e, &ld, s, s == 0, &res), 0);
+		assert_false(res.skipped);
+		assert_true(isfinite(res.loss) && isfinite(res.grad_norm) && res.grad_norm > 0);
+		st_engine_get_stats(e, &st);
+		for (int l = 0; l < ST_LANE_COUNT; l++)
+			if (st.bytes[l])
+				fail_msg("step %d: %llu bytes on the %s lane", s,
+					 (unsigned long long)st.bytes[l], st_lane_name((enum st_lane)l));
+	}
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+}
+
+/* A gradient that is not finite (a NaN in W) on the device path as on the
+ * host's: the norm is NaN, the step skipped, P, M, V untouched, and the
+ * same states either way. */
+static void test_nonfinite_device(void **state)
+{
+	enum st_offload optim[2] = { ST_OFFLOAD_HOST, ST_OFFLOAD_VRAM };
+	float *p[2] = { NULL, NULL }, *m[2] = { NULL, NULL };
+	uint64_t n = 0;
+
+	(void)state;
+	for (int k = 0; k < 2; k++) {
+		struct st_engine_config c;
+		struct st_engine *e;
+		struct st_dataset *ds;
+		struct st_loader ld;
+		struct st_step_result res;
+		const struct st_unit_layout *ul;
+
+		base_config(&c);
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = optim[k];
+		open_loader(&ds, &ld, &c);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		assert_int_equal(st_engine_step(e, &ld, 0, true, &res), 0);
+		assert_false(res.skipped);
+		ul = st_model_unit_layout(st_engine_model(e), 1);
+		n = ul->elems;
+		p[k] = malloc(n * sizeof(float));
+		m[k] = malloc(n * sizeof(float));
+		assert_true(p[k] && m[k]);
+		assert_int_equal(st_engine_read_state(e, 1, ST_STATE_P, p[k]), 0);
+		assert_int_equal(st_engine_read_state(e, 1, ST_STATE_M, m[k]), 0);
+		p[k][ul->tensors[1].offset_elems + 3] = NAN;
+		assert_int_equal(st_engine_write_state(e, 1, p[k], m[k], NULL), 0);
+		assert_int_equal(st_engine_step(e, &ld, 1, false, &res), 0);
+		assert_true(res.skipped);
+		assert_true(isnan(res.grad_norm));
+		assert_int_equal(st_engine_read_state(e, 1, ST_STATE_M, p[k]), 0);
+		if (memcmp(p[k], m[k], n * sizeof(float)))
+			fail_msg("optim %d: M changed by a skipped step", k);
+		assert_int_equal(st_engine_read_state(e, 1, ST_STATE_P, p[k]), 0);
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+	}
+	if (memcmp(p[0], p[1], n * sizeof(float)) != 0)
+		fail_msg("the skipped step's P differs between the host and the device optimizer");
+	for (int k = 0; k < 2; k++) {
+		free(p[k]);
+		free(m[k]);
+	}
+}
+
 int main(int argc, char **argv)
 {
 #ifdef ST_HAVE_CUDA
@@ -1505,6 +1642,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_llama_placement),
 		cmocka_unit_test(test_act_host),
 		cmocka_unit_test(test_recompute_invariance),
+		cmocka_unit_test(test_device_optim_traffic),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
@@ -1523,6 +1661,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_nvme_checksums),
 		cmocka_unit_test(test_nvme_checksums_fault_tier),
 		cmocka_unit_test(test_nonfinite_save),
+		cmocka_unit_test(test_nonfinite_device),
+		cmocka_unit_test(test_device_optim_traffic),
 		cmocka_unit_test(test_grad_accum),
 	};
 

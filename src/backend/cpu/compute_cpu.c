@@ -6,6 +6,7 @@
 
 #include "strata/device.h"
 #include "strata/kernels.h"
+#include "strata/optim.h"
 
 #include <errno.h>
 #include <omp.h>
@@ -181,6 +182,48 @@ static void k_gqa_attention_bwd(const struct st_op *op)
 				 I(1), I(2), I(3), I(4));
 }
 
+/* The host's AdamW (src/optim) over the op's tensors: the same call the
+ * engine's update sweep makes, so the bits are the host placement's. */
+static void k_adamw(const struct st_op *op)
+{
+	struct st_adam_step s = {
+		.grad_scale = op->f[0], .beta1 = op->f[1], .one_minus_beta1 = op->f[2],
+		.beta2 = op->f[3], .one_minus_beta2 = op->f[4], .rsqrt_bc2 = op->f[5],
+		.eps = op->f[6], .neg_step_size = op->f[7], .decay = op->f[8],
+		.path = st_optim_path_get(),
+	};
+	struct st_adam_bufs b = {
+		.g = P(0), .g_dtype = ST_OPTIM_F32, .p = P(1), .m = P(2), .v = P(3), .w = P(4),
+		.w_dtype = op->t[4].dtype == ST_DTYPE_BF16 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
+	};
+	uint64_t bad = 0;
+	uint32_t *cnt = P(5);
+
+	(void)st_adam_apply(&s, &b, Z(0), ST_ADAM_GRAD_CHECKED, &bad);
+	*cnt += (uint32_t)bad;
+}
+
+static void k_grad_sumsq(const struct st_op *op)
+{
+	struct st_compute_sumsq r = { 0 };
+
+	r.nonfinite = st_grad_sumsq(P(2), ST_OPTIM_F32, Z(0), &r.sumsq) < 0;
+	memcpy(P(0), &r, sizeof(r));
+}
+
+/* The unfused kernels in turn: their bits (no speed claimed on the cpu). */
+static void k_residual_layernorm_fwd(const struct st_op *op)
+{
+	st_cpu_residual_fwd(P(0), P(4), P(5), (size_t)op->i[0] * (size_t)op->i[1]);
+	st_cpu_layernorm_fwd(P(1), P(2), P(3), P(0), P(6), P(7), I(0), I(1));
+}
+
+static void k_residual_rmsnorm_fwd(const struct st_op *op)
+{
+	st_cpu_residual_fwd(P(0), P(3), P(4), (size_t)op->i[0] * (size_t)op->i[1]);
+	st_cpu_rmsnorm_fwd(P(1), P(2), P(0), P(5), op->f[0], I(0), I(1));
+}
+
 typedef void (*cpu_kernel)(const struct st_op *op);
 
 static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
@@ -214,6 +257,10 @@ static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
 	[ST_OP_TOKEN_EMBED_BWD] = k_token_embed_bwd,
 	[ST_OP_GQA_ATTENTION_FWD] = k_gqa_attention_fwd,
 	[ST_OP_GQA_ATTENTION_BWD] = k_gqa_attention_bwd,
+	[ST_OP_ADAMW] = k_adamw,
+	[ST_OP_GRAD_SUMSQ] = k_grad_sumsq,
+	[ST_OP_RESIDUAL_LAYERNORM_FWD] = k_residual_layernorm_fwd,
+	[ST_OP_RESIDUAL_RMSNORM_FWD] = k_residual_rmsnorm_fwd,
 };
 
 bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dt)
@@ -223,6 +270,9 @@ bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dt)
 	if (kind == ST_OP_MATMUL_FWD && dt[1] == ST_DTYPE_BF16 && dt[2] == ST_DTYPE_BF16 &&
 	    dt[0] == ST_DTYPE_F32 && dt[3] == ST_DTYPE_F32)
 		return true;
+	if (kind == ST_OP_ADAMW && dt[4] == ST_DTYPE_BF16)
+		return dt[0] == ST_DTYPE_F32 && dt[1] == ST_DTYPE_F32 && dt[2] == ST_DTYPE_F32 &&
+		       dt[3] == ST_DTYPE_F32 && dt[5] == ST_DTYPE_U8;
 	return st_op_is_ref(kind, dt);
 }
 

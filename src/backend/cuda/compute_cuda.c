@@ -113,6 +113,17 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_rmsnorm_fwd(ctx, P(0), P(1), P(2), P(3), op->f[0], I(0), I(1));
 	case ST_OP_RMSNORM_BWD:
 		return st_cuda_rmsnorm_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1));
+	case ST_OP_ADAMW:
+		return st_cuda_adamw(ctx, op->f, P(0), P(1), P(2), P(3), P(4),
+				     op->t[4].dtype == ST_DTYPE_BF16, P(5), Z(0));
+	case ST_OP_GRAD_SUMSQ:
+		return st_cuda_grad_sumsq(ctx, P(0), P(1), P(2), Z(0));
+	case ST_OP_RESIDUAL_LAYERNORM_FWD:
+		return st_cuda_residual_layernorm_fwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
+						      P(7), I(0), I(1));
+	case ST_OP_RESIDUAL_RMSNORM_FWD:
+		return st_cuda_residual_rmsnorm_fwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5),
+						    op->f[0], I(0), I(1));
 	case ST_OP_ROPE_FWD:
 	case ST_OP_ROPE_BWD:
 		return st_cuda_rope(ctx, op->kind == ST_OP_ROPE_BWD, P(0), P(1), I(0), I(1), I(2),
@@ -149,6 +160,9 @@ static bool cu_supports(const struct st_compute *c, enum st_op_kind kind,
 	if (kind == ST_OP_MATMUL_FWD && dt[1] == ST_DTYPE_BF16 && dt[2] == ST_DTYPE_BF16 &&
 	    dt[0] == ST_DTYPE_F32 && dt[3] == ST_DTYPE_F32)
 		return true;
+	if (kind == ST_OP_ADAMW && dt[4] == ST_DTYPE_BF16)
+		return dt[0] == ST_DTYPE_F32 && dt[1] == ST_DTYPE_F32 && dt[2] == ST_DTYPE_F32 &&
+		       dt[3] == ST_DTYPE_F32 && dt[5] == ST_DTYPE_U8;
 	return st_op_is_ref(kind, dt);
 }
 

@@ -1178,3 +1178,37 @@ int st_cuda_token_embed_bwd(struct st_cuda_ctx *ctx, float *dwte, const float *d
 }
 
 } /* extern "C" */
+
+int st_cuda_residual_layernorm_fwd(struct st_cuda_ctx *ctx, float *res, float *out, float *mean,
+				   float *rstd, const float *a, const float *b,
+				   const float *weight, const float *bias, int N, int C)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: residual_layernorm_fwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	k_residual_layernorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, ctx->stream>>>(
+		res, out, mean, rstd, a, b, weight, bias, N, C);
+	LAUNCH_CHECK("residual_layernorm_fwd");
+	return 0;
+}
+
+int st_cuda_residual_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, float *out, float *rstd,
+				 const float *a, const float *b, const float *weight, float eps,
+				 int N, int C)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: residual_rmsnorm_fwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	k_residual_rmsnorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, ctx->stream>>>(
+		res, out, rstd, a, b, weight, eps, N, C);
+	LAUNCH_CHECK("residual_rmsnorm_fwd");
+	return 0;
+}

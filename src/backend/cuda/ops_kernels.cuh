@@ -263,30 +263,54 @@ static __global__ void k_colsum_final(float *out, const float *partial, int C, i
 
 /* ---- layernorm (a warp per row) ---------------------------------------------- */
 
+/* Row n of the layernorm by its warp. The fused residual + layernorm runs
+ * the same code on the row its lanes have just written (each lane reads
+ * back only its own elements), so both give the same bits. */
+static __device__ __forceinline__ void layernorm_row(float *out, float *mean, float *rstd,
+						     const float *x, const float *weight,
+						     const float *bias, int n, int C, int lane)
+{
+	float *o = out + (size_t)n * C;
+	float s = 0.0f;
+	for (int c = lane; c < C; c += 32)
+		s += x[c];
+	float m = warp_sum(s) / (float)C;
+	float v = 0.0f;
+	for (int c = lane; c < C; c += 32) {
+		float d = x[c] - m;
+		v += d * d;
+	}
+	float r = 1.0f / sqrtf(warp_sum(v) / (float)C + 1e-5f);
+	for (int c = lane; c < C; c += 32)
+		o[c] = (x[c] - m) * r * weight[c] + bias[c];
+	if (lane == 0) {
+		mean[n] = m;
+		rstd[n] = r;
+	}
+}
+
 static __global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
 				       const float *weight, const float *bias, int N, int C)
 {
 	int lane = threadIdx.x & 31;
 	int wpb = blockDim.x >> 5;
+	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb)
+		layernorm_row(out, mean, rstd, inp + (size_t)n * C, weight, bias, n, C, lane);
+}
+
+/* res = a + b (k_residual_fwd's add), then the layernorm of res's row. */
+static __global__ void k_residual_layernorm_fwd(float *res, float *out, float *mean, float *rstd,
+						const float *a, const float *b,
+						const float *weight, const float *bias, int N, int C)
+{
+	int lane = threadIdx.x & 31;
+	int wpb = blockDim.x >> 5;
 	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb) {
-		const float *x = inp + (size_t)n * C;
-		float *o = out + (size_t)n * C;
-		float s = 0.0f;
+		float *x = res + (size_t)n * C;
+		const float *ar = a + (size_t)n * C, *br = b + (size_t)n * C;
 		for (int c = lane; c < C; c += 32)
-			s += x[c];
-		float m = warp_sum(s) / (float)C;
-		float v = 0.0f;
-		for (int c = lane; c < C; c += 32) {
-			float d = x[c] - m;
-			v += d * d;
-		}
-		float r = 1.0f / sqrtf(warp_sum(v) / (float)C + 1e-5f);
-		for (int c = lane; c < C; c += 32)
-			o[c] = (x[c] - m) * r * weight[c] + bias[c];
-		if (lane == 0) {
-			mean[n] = m;
-			rstd[n] = r;
-		}
+			x[c] = ar[c] + br[c];
+		layernorm_row(out, mean, rstd, x, weight, bias, n, C, lane);
 	}
 }
 
@@ -455,22 +479,43 @@ static __global__ void k_crossentropy_bwd(float *dlogits, float *losses, const f
 /* ---- LLaMA's ops ------------------------------------------------------------- */
 
 /* RMSNorm, a warp per row: out = weight * (x * rstd). */
+static __device__ __forceinline__ void rmsnorm_row(float *out, float *rstd, const float *x,
+						   const float *weight, float eps, int n, int C,
+						   int lane)
+{
+	float *o = out + (size_t)n * C;
+	float s = 0.0f;
+	for (int c = lane; c < C; c += 32)
+		s += x[c] * x[c];
+	float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
+	for (int c = lane; c < C; c += 32)
+		o[c] = weight[c] * (x[c] * r);
+	if (lane == 0)
+		rstd[n] = r;
+}
+
 static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp,
 				     const float *weight, float eps, int N, int C)
 {
 	int lane = threadIdx.x & 31;
 	int wpb = blockDim.x >> 5;
+	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb)
+		rmsnorm_row(out, rstd, inp + (size_t)n * C, weight, eps, n, C, lane);
+}
+
+/* res = a + b, then the RMSNorm of res's row (as k_residual_layernorm_fwd). */
+static __global__ void k_residual_rmsnorm_fwd(float *res, float *out, float *rstd, const float *a,
+					      const float *b, const float *weight, float eps,
+					      int N, int C)
+{
+	int lane = threadIdx.x & 31;
+	int wpb = blockDim.x >> 5;
 	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb) {
-		const float *x = inp + (size_t)n * C;
-		float *o = out + (size_t)n * C;
-		float s = 0.0f;
+		float *x = res + (size_t)n * C;
+		const float *ar = a + (size_t)n * C, *br = b + (size_t)n * C;
 		for (int c = lane; c < C; c += 32)
-			s += x[c] * x[c];
-		float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
-		for (int c = lane; c < C; c += 32)
-			o[c] = weight[c] * (x[c] * r);
-		if (lane == 0)
-			rstd[n] = r;
+			x[c] = ar[c] + br[c];
+		rmsnorm_row(out, rstd, x, weight, eps, n, C, lane);
 	}
 }
 
