@@ -328,9 +328,6 @@ static void zero_world(struct st_engine_config *ec)
 	st_comm_launch(&l);
 	ec->world = l.launcher && l.world > 0 ? l.world : 1;
 	ec->rank = l.launcher && l.rank >= 0 ? l.rank : 0;
-	if (ec->world > 1 && ec->device && strcmp(ec->device, "cpu") != 0)
-		st_cli_die(2, "--device %s with %d ranks: ZeRO across ranks runs on the cpu "
-			   "device (cuda at world > 1 is not built yet)", ec->device, ec->world);
 	if (st_comm_auto(ec->device, &ec->comm_ops) < 0)
 		st_cli_die(2, "%s", st_error_last());
 	if (ec->world == 1 && ec->zero == 3)
@@ -390,9 +387,11 @@ static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
 	/* what decides which collectives a step runs besides the model: the
 	 * saves, the resume, the metrics' gathers */
 	lines[n++] = strdup(run_line);
+	/* host lines: over mpi where built (nccl, the cuda device's, needs a GPU) */
 	ret = st_device_create(st_device_find("cpu"), &dc, &d);
 	if (ret == 0)
-		ret = st_comm_create(ec->comm_ops, d, NULL, &c);
+		ret = st_comm_create(st_comm_find("mpi") ? st_comm_find("mpi") : ec->comm_ops, d,
+				     NULL, &c);
 	if (ret < 0)
 		st_cli_die(1, "the ranks' agreement on the configuration: %s", st_error_last());
 	for (int i = 0; i < n; i++)

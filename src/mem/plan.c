@@ -226,7 +226,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	st_pool_add(p, ST_POOL_UPD_F32, et * 4, upd ? 2 * 4 : 0, -1);
 	/* ZeRO at world > 1 (docs/zero.md) */
 	st_pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
-	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather, -1);
+	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
 }
 
 static uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)

@@ -57,6 +57,8 @@ void st_engine_destroy(struct st_engine *e)
 	}
 	for (int i = 0; e->ev_gather && i < e->nslots; i++)
 		destroy_event(e, e->ev_gather[i]);
+	for (int i = 0; i < 2; i++)
+		destroy_event(e, e->ev_wg[i]);
 	free(e->ev_gather);
 	free(e->ev_h2d);
 	free(e->ev_slot);
@@ -119,7 +121,8 @@ const char *st_engine_io_error(const struct st_engine *e)
 
 static int open_tiers(struct st_engine *e)
 {
-	struct st_device_config dc = { .mem_bytes = e->plan.total_bytes[ST_HOME_VRAM] };
+	struct st_device_config dc = { .mem_bytes = e->plan.total_bytes[ST_HOME_VRAM],
+					.ordinal = st_eng_zero_ordinal(&e->cfg) };
 	struct st_tier_config vc = { .budget_bytes = e->plan.total_bytes[ST_HOME_VRAM] };
 	struct st_tier_config hc = { .budget_bytes = e->plan.total_bytes[ST_HOME_HOST] };
 	const char *dev_name = e->cfg.device ? e->cfg.device : "cpu";
@@ -309,7 +312,8 @@ static void setup_chains(struct st_engine *e)
 	e->chains[n++] = &e->c_d2h;
 	e->chains[n++] = &e->c_gwrite;
 	e->chains[n++] = &e->c_gread;
-	e->chains[n++] = &e->c_wstore;
+	e->chains[n++] = &e->c_wstore[0];
+	e->chains[n++] = &e->c_wstore[1];
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
 			e->chains[n++] = &e->upd[set].load[s];
@@ -328,7 +332,7 @@ static int setup_pools(struct st_engine *e)
 		ret = setup_unit_bufs(e);
 	if (ret < 0)
 		return ret;
-	e->chains = calloc((size_t)e->nslots + 4 + 4 * ST_STATE_COUNT, sizeof(*e->chains));
+	e->chains = calloc((size_t)e->nslots + 5 + 4 * ST_STATE_COUNT, sizeof(*e->chains));
 	if (!e->chains)
 		return -ENOMEM;
 	setup_chains(e);
@@ -345,10 +349,13 @@ static int setup_pools(struct st_engine *e)
 	e->comm_scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
 	if (e->comm_scratch)
 		e->scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);
-	e->wgather = hpool(e, ST_POOL_W_GATHER, 0);
 	/* what no rank's update writes (past the unit's end) stays zero */
-	if (e->wgather)
-		memset(e->wgather, 0, pool(e, ST_POOL_W_GATHER, -1, 0)->len_bytes);
+	for (uint32_t i = 0; i < 2; i++) {
+		e->wgather[i] = hpool(e, ST_POOL_W_GATHER, i);
+		e->wg_unit[i] = -1;
+		if (e->wgather[i])
+			memset(e->wgather[i], 0, pool(e, ST_POOL_W_GATHER, -1, i)->len_bytes);
+	}
 	for (int set = 0; set < 2 && pool_count(e, ST_POOL_UPD_W); set++) {
 		e->upd[set].ext[ST_STATE_W] = *pool(e, ST_POOL_UPD_W, -1, (uint32_t)set);
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++)

@@ -107,7 +107,7 @@ static int adam_tile(struct st_engine *e, int set, const struct tile *t,
 	float *m = upd_ptr(e, set, t, ST_STATE_M), *v = upd_ptr(e, set, t, ST_STATE_V);
 	struct shard *w = shard(e, t->u, ST_STATE_W);
 	bool in_place = w->home == ST_HOME_HOST && !e->w_gather;
-	char *wout = e->w_gather ? e->wgather + t->t0 * (uint64_t)e->Wb
+	char *wout = e->w_gather ? e->wgather[t->u & 1] + t->t0 * (uint64_t)e->Wb
 		     : in_place ? (char *)haddr(e, &w->ext) +
 				  (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb
 				: haddr(e, &e->upd[set].ext[ST_STATE_W]);
@@ -175,18 +175,37 @@ static int unit_done(struct st_engine *e, int set, int u)
 
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->upd[set ^ 1].writes);
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->wg_busy);
 	e->w_ready = u + 1;
 	if (ret == 0 && u <= e->U - 2)
 		ret = st_eng_forward_unit(e, u);
 	return ret;
 }
 
+/* The end of unit u's tiles. Stages 1-2 at world > 1: u's W gather is
+ * queued on the comm queue, and it is the unit before whose W is now
+ * waited for (its gather ran during u's update) and whose forward runs. */
+static int unit_end(struct st_engine *e, int set, int u, bool last, struct st_loader *ld)
+{
+	int ret = 0;
+
+	if (!e->w_gather)
+		return ld ? unit_done(e, set, u) : 0;
+	ret = st_eng_zero_wstore(e, u);
+	for (int v = u - 1; v <= u && ret == 0; v++) {
+		if (v < 0 || (v == u && !last))
+			continue;
+		ret = st_eng_zero_wdone(e, v);
+		if (ret == 0 && ld)
+			ret = unit_done(e, set, v);
+	}
+	return ret;
+}
+
 /* The update sweep, tile by tile in unit order. With ld, it is fused with
  * the next step's first forward: once unit u's new W is home, fwd(u) runs
  * while the next tiles load and u's P, M, V go back -- the next step's
- * forward of u waits only on update(u). */
+ * forward of u waits only on update(u) (stages 1-2 at world > 1: on u's
+ * W gather too, which overlaps the update of u + 1). */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld)
 {
@@ -205,24 +224,19 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			ret = upd_load(e, set ^ 1, &nxt); /* overlaps this tile's Adam */
 		if (ret == 0)
 			ret = st_eng_wait_until(e, &e->upd[set].reads);
-		/* wgather holds the unit before's W until it is home */
-		if (ret == 0 && e->w_gather)
-			ret = st_eng_wait_until(e, &e->wg_busy);
 		if (ret == 0)
 			ret = adam_tile(e, set, &cur, wd, nowd);
 		if (ret == 0)
 			ret = upd_store(e, set, &cur);
-		if (ret == 0 && e->w_gather && (!have || nxt.u != cur.u))
-			ret = st_eng_zero_wstore(e, cur.u);
-		if (ret == 0 && ld && (!have || nxt.u != cur.u))
-			ret = unit_done(e, set, cur.u);
+		if (ret == 0 && e->w_gather)
+			st_eng_zero_wpoll(e);
+		if (ret == 0 && (!have || nxt.u != cur.u))
+			ret = unit_end(e, set, cur.u, !have, ld);
 		cur = nxt;
 		set ^= 1;
 	}
 	for (int s = 0; ret == 0 && s < 2; s++)
 		ret = st_eng_wait_until(e, &e->upd[s].writes);
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->wg_busy);
 	if (ret == 0 && ld)
 		e->fwd_ready = true;
 	return ret;

@@ -21,7 +21,15 @@
 #              rank about 1/N of one rank's
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
-#              overlapping the compute
+#              overlapping the compute (stage 3's gathers, and stages 1-2's
+#              W gathers over the update)
+#   devpath    the cuda device's path through device buffers and the mpi
+#              backend's host staging, on the cpu device
+#              ($ST_ZERO_DEVICE_PATH=1)
+#   cuda1      (a GPU; else 77) the engine on cuda through a world-1 nccl
+#              communicator = through the local one
+#   cuda2      (a GPU and mpirun; else 77) 2 ranks sharing the GPU with the
+#              mpi backend = 1 rank at --grad-accum 2, stages 0-3
 set -u
 strata=$1 mpirun=$2 part=$3
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-zero-test.XXXXXX")
@@ -32,8 +40,10 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
 . "$(dirname "$0")/../cli/check.sh"
 text "$work/data.txt" 7 every rank adds its slice in rank order and the sums agree
 mkdir -p "$work/nvme"
-"$mpirun" 1 true >/dev/null 2>&1
-if [ $? = 77 ]; then echo "mpirun not found: skipped"; exit 77; fi
+if [ "$part" != cuda1 ]; then # cuda1 is one rank, without mpirun
+	"$mpirun" 1 true >/dev/null 2>&1
+	if [ $? = 77 ]; then echo "mpirun not found: skipped"; exit 77; fi
+fi
 
 common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-every 100
 	--warmup 1 --seed 5)
@@ -210,15 +220,7 @@ refuse)
 	check "--zero 4" 2 "$strata" train "${common[@]}" --zero 4
 	check "--zero 3 at one rank warns" 0 "$strata" train "${common[@]}" --zero 3 --steps 1
 	grep -q "shards nothing" "$work/err" || { echo "FAIL no warning"; fail=1; }
-	if "$strata" train --help | grep -q "built here: .*cuda"; then
-		"$mpirun" 2 "$strata" train "${common[@]}" --device cuda --steps 1 >"$work/out" 2>"$work/err"
-		rc=$?
-		if [ $rc = 2 ] && grep -q "runs on the cpu device" "$work/err"; then
-			echo "ok   --device cuda at 2 ranks: refused"
-		else
-			echo "FAIL --device cuda at 2 ranks: exit $rc"; tail -3 "$work/err"; fail=1
-		fi
-	fi
+	ST_COMM=nope check "ST_COMM names no backend" 2 "$strata" train "${common[@]}" --steps 1
 	check "plan --rank outside --world" 2 "$strata" plan --world 2 --rank 2
 	# strata info names the libraries and the world
 	"$strata" info >"$work/out" 2>&1
@@ -303,6 +305,65 @@ if not comm or ov <= 0:
 print(f"ok   trace rank {sys.argv[2]}: {len(comm)} collectives, {ov:.0f} us of them over compute")
 PY
 	done
+	# stages 1-2: the updated W's gathers on the comm queue, over the
+	# next unit's AdamW (the host thread), which used to wait for each
+	timeout 120 "$mpirun" 2 "$strata" train "${common[@]}" --steps 3 --zero 1 \
+		--trace "$work/t1.json" >"$work/t1.log" 2>&1 || { echo "FAIL trace run (--zero 1)"; tail -3 "$work/t1.log"; fail=1; }
+	python3 - "$work/t1.json.rank-0" <<'PY' || fail=1
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"] if isinstance(d, dict) else d
+lanes = {x["tid"]: x["args"]["name"] for x in ev
+         if x.get("ph") == "M" and x.get("name") == "thread_name"}
+wg = [(x["ts"], x["ts"] + x["dur"]) for x in ev
+      if x.get("ph") == "X" and lanes.get(x["tid"]) == "comm" and x["name"] == "W gather"]
+work = [(x["ts"], x["ts"] + x["dur"]) for x in ev
+        if x.get("ph") == "X" and lanes.get(x["tid"]) == "cpu adam"]
+ov = sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in wg for b0, b1 in work)
+over = sum(1 for a0, a1 in wg if any(min(a1, b1) > max(a0, b0) for b0, b1 in work))
+if not wg or not over:
+    print(f"FAIL trace --zero 1: {len(wg)} W gathers, {over} of them over AdamW")
+    sys.exit(1)
+print(f"ok   trace --zero 1: {over} of {len(wg)} W gathers over AdamW ({ov:.0f} us)")
+PY
+	;;
+devpath)
+	# the cuda device's path on the cpu device: the norm's sums, the
+	# losses, stage 0's G and the stages 1-2 W gathers through device
+	# buffers (the comm scratch, copies on the comm queue), and the mpi
+	# backend through its host staging: the same numbers
+	export ST_ZERO_DEVICE_PATH=1
+	run ref 1 --steps 3 --grad-accum 2
+	for z in 0 1 2 3; do
+		for p in "host|" "nvme|--offload-params nvme --offload-optim nvme --prefetch 1" \
+			 "vram|--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M"; do
+			[ $z = 0 ] && [ "${p%%|*}" = nvme ] && continue
+			# shellcheck disable=SC2086
+			run "d$z" 2 --steps 3 --zero $z ${p#*|}
+			same "d$z" ref "2 ranks --zero $z through device buffers, ${p%%|*} = 1 rank --grad-accum 2"
+		done
+	done
+	;;
+cuda1 | cuda2)
+	# on a GPU (tools/gpu-check): cuda1, the engine through a world-1
+	# nccl communicator = through the local one; cuda2, 2 ranks sharing
+	# the one GPU with the mpi backend (host staging; nccl refuses two
+	# ranks on one GPU) = 1 rank at --grad-accum 2, at every stage
+	if "$strata" info 2>&1 | grep -q '^gpu  *none'; then echo "no GPU: skipped"; exit 77; fi
+	common+=(--device cuda --gpu-mem 512M --host-mem 512M)
+	if [ "$part" = cuda1 ]; then
+		"$strata" info 2>&1 | grep -q "nccl: NCCL" || { echo "nccl not loadable: skipped"; exit 77; }
+		run ref 1 --steps 3 --grad-accum 2
+		ST_COMM=nccl run nc 1 --steps 3 --grad-accum 2
+		grep -qi "nccl" "$work/nc.log" && grep -i nccl "$work/nc.log" | head -2
+		same nc ref "cuda: the engine through nccl at world 1 = through the local comm"
+	else
+		run ref 1 --steps 3 --grad-accum 2
+		for z in 0 1 2 3; do
+			ST_COMM=mpi run "m$z" 2 --steps 3 --zero $z
+			same "m$z" ref "cuda: 2 ranks on one GPU (mpi) --zero $z = 1 rank --grad-accum 2"
+		done
+	fi
 	;;
 *)
 	echo "test_zero.sh: unknown part '$part'" >&2
