@@ -13,6 +13,9 @@
 #              files 2 ranks write in parallel (sharded) are one rank's
 #   kill       a rank SIGKILLed mid-run ends the job within 60 s, naming
 #              it; --resume auto then ends where an uninterrupted run ends
+#   stop       Ctrl-C (SIGINT) and SIGUSR1 to mpirun: every rank stops after
+#              the same step and saves; --resume auto then ends where an
+#              uninterrupted run ends
 #   mismatch   ranks with different settings (the model's, or --save-every)
 #              stop (exit 2) before a step, naming the first difference
 #   refuse     flags that make no sense with N ranks: exit 2, one line;
@@ -189,6 +192,43 @@ kill)
 		same k ref "rank killed, --resume auto = uninterrupted"
 	fi
 	;;
+stop)
+	# Ctrl-C under mpirun: mpirun sends every rank SIGCONT, SIGTERM after
+	# odls_base_sigkill_timeout and SIGKILL as long again after (here 3 s,
+	# so 6 s to end the step and save); the ranks stop at the SIGCONT,
+	# agree, save and exit. SIGUSR1, which mpirun forwards, stops them
+	# with no deadline, and mpirun exits 130. Each time --resume auto then
+	# ends where an uninterrupted run ends.
+	run ref 1 --steps 12 --grad-accum 2
+	for sig in INT USR1; do
+		rm -rf "$work/s$sig" "$work/s$sig.jsonl"
+		args=("${common[@]}" --steps 12 --save "$work/s$sig" --metrics "$work/s$sig.jsonl"
+		      --resume auto)
+		OMPI_MCA_odls_base_sigkill_timeout=3 "$mpirun" 2 "$strata" train "${args[@]}" \
+			--log-every 1 >"$work/s$sig.log" 2>&1 &
+		job=$!
+		for _ in $(seq 600); do
+			[ "$(wc -l <"$work/s$sig.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
+			sleep 0.05
+		done
+		kill -"$sig" $job
+		wait $job
+		rc=$?
+		n=$(wc -l <"$work/s$sig.jsonl")
+		if [ ! -e "$work/s$sig/latest" ] || ls -d "$work/s$sig"/*.tmp.* >/dev/null 2>&1; then
+			echo "FAIL stop SIG$sig: no whole checkpoint (exit $rc)"; ls "$work/s$sig"; tail -3 "$work/s$sig.log"; fail=1
+			continue
+		elif [ "$n" -ge 12 ] || { [ "$sig" = USR1 ] && [ "$rc" != 130 ]; }; then
+			echo "FAIL stop SIG$sig: exit $rc after $n steps"; tail -3 "$work/s$sig.log"; fail=1
+			continue
+		fi
+		saved=$(readlink "$work/s$sig/latest")
+		timeout 120 "$mpirun" 2 "$strata" train "${args[@]}" >"$work/s$sig-2.log" 2>&1 ||
+			{ echo "FAIL stop SIG$sig: --resume auto"; tail -5 "$work/s$sig-2.log"; fail=1; }
+		echo "ok   SIG$sig to mpirun: every rank stopped after step $n, saved $saved (mpirun exit $rc)"
+		same "s$sig" ref "stopped by SIG$sig to mpirun, --resume auto = uninterrupted"
+	done
+	;;
 mismatch)
 	"$mpirun" 2 bash -c 'exec "$0" train "$@" --steps $((3 + OMPI_COMM_WORLD_RANK))' \
 		"$strata" "${common[@]}" >"$work/out" 2>"$work/err"
@@ -333,15 +373,18 @@ devpath)
 	# buffers (the comm scratch, copies on the comm queue), and the mpi
 	# backend through its host staging: the same numbers
 	export ST_ZERO_DEVICE_PATH=1
+	# each of the W gather's ways (W home vram, host, nvme) at stage 1;
+	# stage 0's G gather; stage 3's sharded states read back at the save
 	run ref 1 --steps 3 --grad-accum 2
-	for z in 0 1 2 3; do
-		for p in "host|" "nvme|--offload-params nvme --offload-optim nvme --prefetch 1" \
-			 "vram|--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M"; do
-			[ $z = 0 ] && [ "${p%%|*}" = nvme ] && continue
-			# shellcheck disable=SC2086
-			run "d$z" 2 --steps 3 --zero $z ${p#*|}
-			same "d$z" ref "2 ranks --zero $z through device buffers, ${p%%|*} = 1 rank --grad-accum 2"
-		done
+	for spec in "0 host" "0 vram" "1 host" "1 nvme" "1 vram" "2 nvme" "3 host" "3 vram"; do
+		read -r z p <<<"$spec"
+		case $p in
+		host) a=() ;;
+		nvme) a=(--offload-params nvme --offload-optim nvme --prefetch 1) ;;
+		vram) a=(--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M) ;;
+		esac
+		run "d$z$p" 2 --steps 3 --zero "$z" "${a[@]}"
+		same "d$z$p" ref "2 ranks --zero $z through device buffers, $p = 1 rank --grad-accum 2"
 	done
 	;;
 cuda1 | cuda2)
