@@ -147,6 +147,18 @@ static void upd_range(const struct st_engine *e, int u, uint64_t *lo, uint64_t *
 	*hi = e->world == 1 ? e->elems[u] : *lo + sh_elems(e, u, ST_STATE_P);
 }
 
+/* The tile at t0 of unit u, up to hi: at world > 1 it stays inside one
+ * rank's slice, the nvme checksums' segment (engine_sums.c), also where
+ * a rank updates every slice of the padded unit (stage 0). */
+static uint64_t tile_len(const struct st_engine *e, int u, uint64_t t0, uint64_t hi)
+{
+	uint64_t n = ST_MIN(e->tile, hi - t0);
+
+	if (e->world > 1)
+		n = ST_MIN(n, (t0 / e->slice[u] + 1) * e->slice[u] - t0);
+	return n;
+}
+
 static bool next_tile(const struct st_engine *e, struct tile *t)
 {
 	uint64_t lo, hi;
@@ -155,7 +167,7 @@ static bool next_tile(const struct st_engine *e, struct tile *t)
 		upd_range(e, t->u, &lo, &hi);
 		if (t->t0 + t->n < hi) {
 			t->t0 += t->n;
-			t->n = ST_MIN(e->tile, hi - t->t0);
+			t->n = tile_len(e, t->u, t->t0, hi);
 			return true;
 		}
 	}
@@ -163,7 +175,7 @@ static bool next_tile(const struct st_engine *e, struct tile *t)
 		return false;
 	upd_range(e, t->u, &lo, &hi);
 	t->t0 = lo;
-	t->n = ST_MIN(e->tile, hi - t->t0);
+	t->n = tile_len(e, t->u, t->t0, hi);
 	return true;
 }
 

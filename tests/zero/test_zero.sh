@@ -120,6 +120,13 @@ np4)
 	run llref 1 "${ll[@]}" --grad-accum 4
 	run ll 4 "${ll[@]}" --zero 3 --offload-params nvme --offload-optim nvme
 	same ll llref "LLaMA: 4 ranks --zero 3, all on nvme = 1 rank --grad-accum 4"
+	# stage 0 updates every slice of a padded unit: with the tile (the
+	# embedding's 9 x 16384) not a multiple of a block's slice (4 x 16384),
+	# its tiles still end at each slice, where the nvme checksums cut
+	em=(--model layers=2,dim=128,heads=4,vocab=4096,ctx=64 --steps 2 --host-mem 64M)
+	run emref 1 "${em[@]}" --grad-accum 4
+	run em 4 "${em[@]}" --zero 0 --offload-optim nvme
+	same em emref "4 ranks --zero 0, P, M, V on nvme, slices not the tile's multiple = 1 rank"
 	;;
 resume)
 	# step 3 of a 2-rank run (--save-every 3), resumed at 1 and at 4 ranks
