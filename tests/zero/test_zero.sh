@@ -201,8 +201,8 @@ kill)
 	;;
 stop)
 	# Ctrl-C under mpirun: mpirun sends every rank SIGCONT, SIGTERM after
-	# odls_base_sigkill_timeout and SIGKILL as long again after (here 3 s,
-	# so 6 s to end the step and save); the ranks stop at the SIGCONT,
+	# odls_base_sigkill_timeout and SIGKILL as long again after (here 5 s,
+	# so 10 s to end the step and save); the ranks stop at the SIGCONT,
 	# agree, save and exit. SIGUSR1, which mpirun forwards, stops them
 	# with no deadline, and mpirun exits 130. Each time --resume auto then
 	# ends where an uninterrupted run ends.
@@ -211,7 +211,7 @@ stop)
 		rm -rf "$work/s$sig" "$work/s$sig.jsonl"
 		args=("${common[@]}" --steps 12 --save "$work/s$sig" --metrics "$work/s$sig.jsonl"
 		      --resume auto)
-		OMPI_MCA_odls_base_sigkill_timeout=3 "$mpirun" 2 "$strata" train "${args[@]}" \
+		OMPI_MCA_odls_base_sigkill_timeout=5 "$mpirun" 2 "$strata" train "${args[@]}" \
 			--log-every 1 >"$work/s$sig.log" 2>&1 &
 		job=$!
 		for _ in $(seq 600); do
