@@ -355,23 +355,29 @@ PY
 	# stages 1-2: the updated W's gathers on the comm queue, over the
 	# next unit's AdamW (the host thread), which used to wait for each
 	timeout 120 "$mpirun" 2 "$strata" train "${common[@]}" --steps 3 --zero 1 \
+		--model layers=2,dim=256,heads=4,vocab=256,ctx=64 --gpu-mem 128M --host-mem 128M \
 		--trace "$work/t1.json" >"$work/t1.log" 2>&1 || { echo "FAIL trace run (--zero 1)"; tail -3 "$work/t1.log"; fail=1; }
-	python3 - "$work/t1.json.rank-0" <<'PY' || fail=1
+	# (a gather waits for the later rank, so on the earlier one the next
+	# unit's AdamW runs inside it: counted over both ranks)
+	python3 - "$work/t1.json.rank-0" "$work/t1.json.rank-1" <<'PY' || fail=1
 import json, sys
-d = json.load(open(sys.argv[1]))
-ev = d["traceEvents"] if isinstance(d, dict) else d
-lanes = {x["tid"]: x["args"]["name"] for x in ev
-         if x.get("ph") == "M" and x.get("name") == "thread_name"}
-wg = [(x["ts"], x["ts"] + x["dur"]) for x in ev
-      if x.get("ph") == "X" and lanes.get(x["tid"]) == "comm" and x["name"] == "W gather"]
-work = [(x["ts"], x["ts"] + x["dur"]) for x in ev
-        if x.get("ph") == "X" and lanes.get(x["tid"]) == "cpu adam"]
-ov = sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in wg for b0, b1 in work)
-over = sum(1 for a0, a1 in wg if any(min(a1, b1) > max(a0, b0) for b0, b1 in work))
-if not wg or not over:
-    print(f"FAIL trace --zero 1: {len(wg)} W gathers, {over} of them over AdamW")
+n_wg = over = ov = 0
+for path in sys.argv[1:]:
+    d = json.load(open(path))
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    lanes = {x["tid"]: x["args"]["name"] for x in ev
+             if x.get("ph") == "M" and x.get("name") == "thread_name"}
+    wg = [(x["ts"], x["ts"] + x["dur"]) for x in ev
+          if x.get("ph") == "X" and lanes.get(x["tid"]) == "comm" and x["name"] == "W gather"]
+    work = [(x["ts"], x["ts"] + x["dur"]) for x in ev
+            if x.get("ph") == "X" and lanes.get(x["tid"]) == "cpu adam"]
+    n_wg += len(wg)
+    ov += sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in wg for b0, b1 in work)
+    over += sum(1 for a0, a1 in wg if any(min(a1, b1) > max(a0, b0) for b0, b1 in work))
+if not n_wg or not over:
+    print(f"FAIL trace --zero 1: {n_wg} W gathers on 2 ranks, {over} of them over AdamW")
     sys.exit(1)
-print(f"ok   trace --zero 1: {over} of {len(wg)} W gathers over AdamW ({ov:.0f} us)")
+print(f"ok   trace --zero 1: {over} of {n_wg} W gathers (2 ranks) over AdamW ({ov:.0f} us)")
 PY
 	;;
 devpath)
