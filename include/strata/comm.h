@@ -240,10 +240,12 @@ struct st_comm_launch {
 	int local_rank;       /* -1 when the launcher does not say */
 };
 void st_comm_launch(struct st_comm_launch *out);
-/* The backend for device_name ("cpu", "cuda") as launched: "local" when no
- * launcher is seen; under one, "mpi" for the cpu device and "nccl" for
- * cuda. Returns 0; -ENOTSUP (detail set) when launched by a launcher but
- * the backend it needs is not built. */
+/* The backend for device_name ("cpu", "cuda") as launched: the one
+ * $ST_COMM names ("local", "mpi", "nccl"; "auto" or unset: as follows),
+ * else "local" when no launcher is seen; under one, "mpi" for the cpu
+ * device and "nccl" for cuda. Returns 0; -ENOTSUP (detail set) when
+ * $ST_COMM names a backend not built, or launched by a launcher but the
+ * backend it needs is not built. */
 int st_comm_auto(const char *device_name, const struct st_comm_ops **out);
 /* The library line of ops (its library hook, else its name) into buf. */
 int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes);

@@ -207,7 +207,9 @@ enum st_pool_id {
 	ST_POOL_COMM_SCRATCH, /* vram: world > 1: the composed reduce-scatter's
 				 all-to-all lands here, N * S * 4 */
 	ST_POOL_W_GATHER,     /* host: world > 1, stages 1-2: the updated W
-				 slices all-gathered into one unit, N * S * Wb */
+				 slices all-gathered into one unit, N * S * Wb;
+				 two, units in turn (one gathers while the
+				 next is updated) */
 	ST_POOL_ACT_SLOT,     /* vram: checkpoints on the host: the slots they
 				 pass through, A of Xa (ST_PLAN_ACT_SLOTS) */
 	ST_POOL_ACT_HOME,     /* host: checkpoints on the host: the homes of

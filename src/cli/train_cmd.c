@@ -20,6 +20,7 @@
 #include <json-c/json.h>
 #include <math.h>
 #include <omp.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -124,7 +125,10 @@ static void train_usage(FILE *f)
 "                       of the source page in the tier) at the Nth write\n"
 "\n"
 "Ctrl-C or SIGTERM stops the run at the end of a step, saves it there when\n"
-"--save is given, and exits 130; a second one stops it at once.\n"
+"--save is given, and exits 130; a second one stops it at once. Under mpirun\n"
+"the ranks stop alike: a Ctrl-C to mpirun gives them 2 x its\n"
+"odls_base_sigkill_timeout (2 s by default) to end the step and save; SIGUSR1\n"
+"to mpirun (forwarded) stops them with no deadline (docs/zero.md).\n"
 "Values that are not finite: --init and --resume refuse weights or optimizer\n"
 "state holding a NaN or Inf (exit 2, naming the tensor and index); a save whose\n"
 "state is not finite is refused (exit 1), so `latest` always names a finite one.\n",
@@ -262,6 +266,33 @@ static void on_signal(int sig)
 	stop_requested = 1;
 }
 
+/* A rank under mpirun. A Ctrl-C (or SIGTERM) to mpirun starts its kill
+ * sequence: SIGCONT to every rank at once, SIGTERM odls_base_sigkill_timeout
+ * seconds later, SIGKILL as long again after. So the SIGCONT asks for the
+ * stop (every rank then ends the step, agrees, saves and exits), and the
+ * SIGTERM that follows is part of the same request, not a second one.
+ * SIGUSR1, which mpirun forwards to every rank without killing any, asks
+ * for the same stop with no deadline. */
+static atomic_int stop_signal; /* the first signal of a rank's stop */
+
+static void on_signal_rank(int sig)
+{
+	int none = 0;
+
+	atomic_compare_exchange_strong(&stop_signal, &none, sig);
+	stop_requested = 1;
+	/* During its kill sequence mpirun sleeps and no longer reads the
+	 * ranks' output: once the pipe is full a progress line would block
+	 * the save until the SIGKILL. Output that does not fit is dropped. */
+	if (sig != SIGUSR1)
+		for (int fd = 1; fd <= 2; fd++) {
+			int fl = fcntl(fd, F_GETFL);
+
+			if (fl >= 0)
+				fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+		}
+}
+
 /* The training configuration, saved in trainer.json and checked at resume:
  * everything that changes the numbers. */
 static char *config_json(const struct st_train_config *c, const char *model_text,
@@ -340,14 +371,33 @@ static void zero_world(struct st_engine_config *ec)
 	st_comm_launch(&l);
 	ec->world = l.launcher && l.world > 0 ? l.world : 1;
 	ec->rank = l.launcher && l.rank >= 0 ? l.rank : 0;
-	if (ec->world > 1 && ec->device && strcmp(ec->device, "cpu") != 0)
-		st_cli_die(2, "--device %s with %d ranks: ZeRO across ranks runs on the cpu "
-			   "device (cuda at world > 1 is not built yet)", ec->device, ec->world);
 	if (st_comm_auto(ec->device, &ec->comm_ops) < 0)
 		st_cli_die(2, "%s", st_error_last());
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
 			"--zero 0\n");
+}
+
+/* Under mpirun a Ctrl-C reaches mpirun, which sends every rank SIGCONT
+ * (a stop, agreed at the step's end, then the save), SIGTERM and, 2 x
+ * odls_base_sigkill_timeout seconds after the first (2 by default),
+ * SIGKILL: a save that takes longer is lost, the last checkpoint staying
+ * whole. Rank 0 says so once when that timeout is short (docs/zero.md,
+ * Faults). */
+static void zero_sigkill_note(const struct st_engine_config *ec, const char *save)
+{
+	struct st_comm_launch l;
+	const char *v = getenv("OMPI_MCA_odls_base_sigkill_timeout");
+
+	st_comm_launch(&l);
+	if (ec->world == 1 || ec->rank != 0 || !save || !l.launcher ||
+	    strcmp(l.launcher, "mpirun") != 0 || (v && atoi(v) >= 10))
+		return;
+	fprintf(stderr, "strata: note: a Ctrl-C to mpirun kills the ranks %d s after it asks "
+		"them to stop (2 x odls_base_sigkill_timeout), so a stop's save may be cut short "
+		"(the last checkpoint stays whole): for more time, give mpirun --mca "
+		"odls_base_sigkill_timeout 30, or stop with kill -USR1 <mpirun's pid> (no "
+		"deadline)\n", 2 * (v ? atoi(v) : 1));
 }
 
 /* Every rank runs the same configuration on the same data: one line per
@@ -402,9 +452,11 @@ static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
 	/* what decides which collectives a step runs besides the model: the
 	 * saves, the resume, the metrics' gathers */
 	lines[n++] = strdup(run_line);
+	/* host lines: over mpi where built (nccl, the cuda device's, needs a GPU) */
 	ret = st_device_create(st_device_find("cpu"), &dc, &d);
 	if (ret == 0)
-		ret = st_comm_create(ec->comm_ops, d, NULL, &c);
+		ret = st_comm_create(st_comm_find("mpi") ? st_comm_find("mpi") : ec->comm_ops, d,
+				     NULL, &c);
 	if (ret < 0)
 		st_cli_die(1, "the ranks' agreement on the configuration: %s", st_error_last());
 	for (int i = 0; i < n; i++)
@@ -745,6 +797,7 @@ int st_cli_train(int argc, char **argv)
 	if (optind < argc)
 		st_cli_die(2, "train: unexpected argument %s", argv[optind]);
 	zero_world(&ec);
+	zero_sigkill_note(&ec, save);
 	if (strcmp(nvme, "none") != 0) {
 		st_cli_check_dirs("--nvme", nvme, true);
 		ec.nvme_dirs = nvme;
@@ -831,6 +884,16 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(2, "--save %s", st_error_last());
 	/* From here a Ctrl-C or SIGTERM only asks for a stop: in start-up, the
 	 * run ends before its first step; after, at the end of a step. */
+	if (ec.world > 1) {
+		struct st_comm_launch l;
+
+		st_comm_launch(&l);
+		if (l.launcher && strcmp(l.launcher, "mpirun") == 0) {
+			sa.sa_handler = on_signal_rank;
+			sigaction(SIGCONT, &sa, NULL);
+		}
+		sigaction(SIGUSR1, &sa, NULL);
+	}
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	/* --resume auto: one command line for a job's first start and its
@@ -1101,12 +1164,25 @@ int st_cli_train(int argc, char **argv)
 	free(cfg_json);
 	free(rank_peaks);
 	if (stopped && done_steps < cfg->steps) {
-		if (save)
+		/* every rank agreed on the stop (zero_any) and saved: they all
+		 * exit 130, finishing MPI, rather than ending the job */
+		if (ec.world > 1)
+			st_comm_exit_together();
+		if (save && ec.rank == 0)
 			fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with "
 				"--resume %s)\n", done_steps, save, save);
-		else
+		else if (ec.rank == 0)
 			fprintf(stderr, "strata: stopped after step %d (nothing saved: no --save)\n",
 				done_steps);
+		/* mpirun's kill sequence: it no longer answers MPI_Finalize,
+		 * which would wait for its SIGKILL; the state is saved and every
+		 * rank is past its last collective, so leave now */
+		if (ec.world > 1 && atomic_load(&stop_signal) &&
+		    atomic_load(&stop_signal) != SIGUSR1) {
+			fflush(stdout);
+			fflush(stderr);
+			_exit(130);
+		}
 		return 130;
 	}
 	return 0;

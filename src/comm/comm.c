@@ -131,8 +131,20 @@ int st_comm_auto(const char *device_name, const struct st_comm_ops **out)
 	struct st_comm_launch l;
 	const char *want;
 
+	const char *env = getenv("ST_COMM");
+
 	st_comm_launch(&l);
 	*out = &st_comm_local_ops;
+	/* $ST_COMM names the backend (mpi for 2 ranks sharing a GPU, nccl
+	 * for one rank through nccl); else the device's, under a launcher */
+	if (env && *env && strcmp(env, "auto") != 0) {
+		*out = st_comm_find(env);
+		if (*out)
+			return 0;
+		*out = &st_comm_local_ops;
+		return st_error_set(-ENOTSUP, "comm: ST_COMM=%s: no such backend in this strata "
+				    "(comm backends: %s)", env, st_comm_list());
+	}
 	if (!l.launcher)
 		return 0;
 	want = device_name && strcmp(device_name, "cuda") == 0 ? "nccl" : "mpi";

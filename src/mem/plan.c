@@ -322,7 +322,7 @@ static void st_pools_compute(const struct st_shape *sh, const enum st_home *home
 	st_pool_add(p, ST_POOL_UPD_F32, et * 4, 2 * upd_f, -1);
 	/* ZeRO at world > 1 (docs/zero.md) */
 	st_pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
-	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather, -1);
+	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
 	st_recomp_pool(sh, p);
 	st_pool_add(p, ST_POOL_OPT_STAT, st_plan_opt_stat_bytes(sh), g_vram, -1);
 }
@@ -388,26 +388,18 @@ static void st_shape_fini(struct st_shape *sh)
 	free(sh->keep);
 }
 
-static uint64_t st_gcd(uint64_t a, uint64_t b)
-{
-	while (b) {
-		uint64_t t = a % b;
-
-		a = b;
-		b = t;
-	}
-	return a;
-}
-
 /* ZeRO's slices (docs/zero.md): S_u = ceil(e_u / N) rounded up to
  * ST_PLAN_SLICE_ALIGN at world > 1, the unit itself at world 1; a sharded
  * state holds S_u, an unsharded one the padded unit N * S_u. The update
- * tile divides every S_u at world > 1, so a rank's tiles start at whole
- * tiles of an unsharded shard too (the nvme checksums' grain). */
+ * tile is the largest slice, at most ST_UPDATE_TILE_ELEMS (at world 1 the
+ * largest unit): a rank's tiles start at its slice and the last one ends
+ * with it, and the nvme checksums cut every slice of a shard the same way
+ * (engine_sums.c), so they line up with a rank's tiles whatever the
+ * slices' sizes. */
 static int st_shape_slices(const struct st_plan_input *in, struct st_shape *sh)
 {
 	int N = sh->world;
-	uint64_t g = 0;
+	uint64_t s_max = 0;
 	struct st_plan tmp = { .world = N, .zero = sh->zero };
 
 	sh->slice = calloc((size_t)sh->units, sizeof(*sh->slice));
@@ -430,19 +422,13 @@ static int st_shape_slices(const struct st_plan_input *in, struct st_shape *sh)
 		sh->epad_max = ST_MAX(sh->epad_max, sh->epad[u]);
 		if (!sh->resident[u])
 			sh->epad_reg = ST_MAX(sh->epad_reg, sh->epad[u]);
-		g = st_gcd(g, sh->slice[u] / ST_PLAN_SLICE_ALIGN);
+		s_max = ST_MAX(s_max, sh->slice[u]);
 		for (int s = 0; s < ST_STATE_COUNT; s++)
 			sh->st_elems[u * ST_STATE_COUNT + s] =
 				st_plan_sharded(&tmp, s) ? sh->slice[u] : sh->epad[u];
 	}
-	sh->tile = ST_MIN(sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
-	if (N > 1) {
-		uint64_t d = ST_MIN(g, (uint64_t)ST_UPDATE_TILE_ELEMS / ST_PLAN_SLICE_ALIGN);
-
-		while (g % d)
-			d--;
-		sh->tile = d * ST_PLAN_SLICE_ALIGN;
-	}
+	/* both multiples of ST_PLAN_SLICE_ALIGN at world > 1: whole pages */
+	sh->tile = ST_MIN(N > 1 ? s_max : sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
 	return 0;
 }
 

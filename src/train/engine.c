@@ -58,6 +58,8 @@ void st_engine_destroy(struct st_engine *e)
 	for (int i = 0; e->ev_gather && i < e->nslots; i++)
 		destroy_event(e, e->ev_gather[i]);
 	st_eng_act_fini(e);
+	for (int i = 0; i < 2; i++)
+		destroy_event(e, e->ev_wg[i]);
 	free(e->ev_gather);
 	free(e->ev_h2d);
 	free(e->ev_slot);
@@ -121,7 +123,8 @@ const char *st_engine_io_error(const struct st_engine *e)
 
 static int open_tiers(struct st_engine *e)
 {
-	struct st_device_config dc = { .mem_bytes = e->plan.total_bytes[ST_HOME_VRAM] };
+	struct st_device_config dc = { .mem_bytes = e->plan.total_bytes[ST_HOME_VRAM],
+					.ordinal = st_eng_zero_ordinal(&e->cfg) };
 	struct st_tier_config vc = { .budget_bytes = e->plan.total_bytes[ST_HOME_VRAM] };
 	/* a page at least: with the optimizer on the device a plan may put
 	 * nothing in host */
@@ -314,7 +317,8 @@ static void setup_chains(struct st_engine *e)
 	e->chains[n++] = &e->c_d2h;
 	e->chains[n++] = &e->c_gwrite;
 	e->chains[n++] = &e->c_gread;
-	e->chains[n++] = &e->c_wstore;
+	e->chains[n++] = &e->c_wstore[0];
+	e->chains[n++] = &e->c_wstore[1];
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
 			e->chains[n++] = &e->upd[set].load[s];
@@ -337,7 +341,7 @@ static int setup_pools(struct st_engine *e)
 				       pool(e, ST_POOL_ACT_HOME, -1, 0));
 	if (ret < 0)
 		return ret;
-	e->chains = calloc((size_t)e->nslots + 4 + 4 * ST_STATE_COUNT + 2 * (size_t)e->U,
+	e->chains = calloc((size_t)e->nslots + 5 + 4 * ST_STATE_COUNT + 2 * (size_t)e->U,
 			   sizeof(*e->chains));
 	if (!e->chains)
 		return -ENOMEM;
@@ -363,15 +367,18 @@ static int setup_pools(struct st_engine *e)
 	e->comm_scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
 	if (e->comm_scratch)
 		e->scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);
-	e->wgather = hpool(e, ST_POOL_W_GATHER, 0);
+	/* what no rank's update writes (past the unit's end) stays zero */
+	for (uint32_t i = 0; i < 2; i++) {
+		e->wgather[i] = hpool(e, ST_POOL_W_GATHER, i);
+		e->wg_unit[i] = -1;
+		if (e->wgather[i])
+			memset(e->wgather[i], 0, pool(e, ST_POOL_W_GATHER, -1, i)->len_bytes);
+	}
 	e->dev_sumsq = vpool(e, ST_POOL_OPT_STAT, -1, 0);
 	if (e->dev_sumsq) {
 		e->dev_adam_bad = (uint32_t *)(void *)(e->dev_sumsq + e->U);
 		e->dev_sumsq_scratch = e->dev_sumsq + e->U + 1;
 	}
-	/* what no rank's update writes (past the unit's end) stays zero */
-	if (e->wgather)
-		memset(e->wgather, 0, pool(e, ST_POOL_W_GATHER, -1, 0)->len_bytes);
 	/* update staging only for the states that go through it: W's when
 	 * some W is not in host, each of G, P, M, V's when some unit has it
 	 * on nvme (st_plan_upd_staged(), one buffer per staged state a set) */
@@ -466,9 +473,8 @@ static int setup_units(struct st_engine *e)
 		e->epad[u] = e->slice[u] * (uint64_t)e->world;
 	}
 	e->tile = e->plan.tile_elems;
-	/* a smaller tile for tests; at world > 1 it must divide every slice */
-	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0 &&
-	    (e->world == 1 || e->tile % e->cfg.update_tile_elems == 0))
+	/* a smaller tile for tests (whole pages of bf16 and fp32) */
+	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0)
 		e->tile = ST_MIN(e->tile, e->cfg.update_tile_elems);
 	e->nseq = 0;
 	for (int u = 0; u <= e->U - 2; u++)

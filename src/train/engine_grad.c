@@ -112,13 +112,9 @@ static void final_sumsq(struct st_engine *e, int u, const float *g)
  * rank's slice at its place). */
 static int gather_g(struct st_engine *e, int u, float *full)
 {
-	int ret;
-
 	if (e->world == 1 || st_plan_sharded(&e->plan, ST_STATE_P))
 		return 0;
-	ret = st_comm_allgather(e->comm, full + (size_t)e->rank * e->slice[u], full,
-				e->slice[u], ST_COMM_F32);
-	return ret ? ret : st_comm_sync(e->comm);
+	return st_eng_zero_gather_host(e, full, e->slice[u], ST_COMM_F32);
 }
 
 /* G on nvme: the terms folded in the landing buffer (first micro-batch),

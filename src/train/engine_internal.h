@@ -179,9 +179,23 @@ struct st_engine {
 	char *nvme_dirs;              /* world > 1: DIR/rank-R of every dir */
 	void *comm_scratch;           /* vram: dW's all-to-all lands here */
 	struct st_extent scratch_ext;
-	char *wgather;                /* host, a padded unit of W */
-	int wg_busy;
-	struct chain c_wstore;        /* W from wgather to its home */
+	/* stages 1-2: two host buffers of a padded unit of W, units in turn
+	 * by parity: the update writes the rank's new slice of unit u into
+	 * wgather[u & 1], the comm queue gathers the others' slices (event
+	 * ev_wg) while the next unit's update runs, and W goes home
+	 * (engine_zero.c) */
+	char *wgather[2];
+	int wg_busy[2];               /* W stores in flight out of each */
+	struct chain c_wstore[2];     /* W from wgather[i] to its home */
+	struct st_event *ev_wg[2];    /* recorded on the comm queue after the gather */
+	int wg_unit[2];               /* the unit in flight in each, -1: none */
+	bool wg_store[2];             /* W goes home by a store chain after ev_wg */
+	bool wg_storing[2];           /* that chain is started */
+	/* world > 1: host values (the norm's sums, the losses, gathered
+	 * states) go through device buffers (the comm scratch), because the
+	 * device's memory is not the host's (cuda), or $ST_ZERO_DEVICE_PATH
+	 * asks for it on the cpu device (tests: the cuda path's order) */
+	bool zdev;
 	struct st_event **ev_gather;  /* stage 3: per slot, after its all-gather */
 	int gathered;                 /* stage 3: fetch sequence gathered so far */
 	double *parts;                /* world > 1, stage >= 2: the norm's chunk
@@ -320,6 +334,11 @@ int st_eng_zero_dirs(struct st_engine *e);
 int st_eng_zero_setup(struct st_engine *e);
 void st_eng_zero_fini(struct st_engine *e);
 int st_eng_zero_wstore(struct st_engine *e, int u);
+void st_eng_zero_wpoll(struct st_engine *e);
+int st_eng_zero_wdone(struct st_engine *e, int u);
+int st_eng_zero_gather_host(struct st_engine *e, void *recv, size_t slice_elems,
+			    enum st_comm_dtype dt);
+int st_eng_zero_ordinal(const struct st_engine_config *cfg);
 void st_eng_zero_parts(struct st_engine *e, int u, const float *g);
 int st_eng_zero_norm(struct st_engine *e, double *sumsq);
 int st_eng_zero_loss(struct st_engine *e, double *sum);

@@ -70,10 +70,8 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 		return -ENOMEM;
 	ret = shard_read(e, u, s, tmp + lo);
 	if (ret == 0 && st_plan_sharded(&e->plan, s)) {
-		ret = st_comm_allgather(e->comm, tmp + lo, tmp, e->slice[u],
-					eb == 2 ? ST_COMM_BF16 : ST_COMM_F32);
-		if (ret == 0)
-			ret = st_comm_sync(e->comm);
+		ret = st_eng_zero_gather_host(e, tmp, e->slice[u],
+					      eb == 2 ? ST_COMM_BF16 : ST_COMM_F32);
 	}
 	if (ret == 0) {
 		if (s == ST_STATE_W && e->Wb == 2)

@@ -10,8 +10,13 @@
  *
  * The grain is the update tile (e->tile elements): the update sweep reads
  * and writes one tile of a state at a time, and every other transfer moves
- * whole shards, which are whole tiles but the last. So a shard of e_u
- * elements has ceil(e_u / tile) sums, for each state on nvme.
+ * whole shards or, at world > 1, whole slices of one. A shard is cut into
+ * segments -- the unit at world 1, each rank's slice of S_u elements at
+ * world > 1 (one in a sharded state, N in an unsharded one: docs/zero.md)
+ * -- and each segment into tiles from its start, its last tile shorter.
+ * So a rank's tiles, which start at its slice and end with it, are whole
+ * chunks whatever S_u is, and a shard of e_u elements at world 1 has
+ * ceil(e_u / tile) sums, for each state on nvme.
  *
  * A tile's sum is the XXH3-64 of the XXH3-64s of its 256 KiB blocks (the
  * last may be shorter), so the blocks are hashed by all OpenMP threads at
@@ -49,9 +54,34 @@ static uint64_t state_bytes(const struct st_engine *e, enum st_state s)
 	return s == ST_STATE_W ? (uint64_t)e->Wb : 4;
 }
 
-static uint64_t chunk_bytes(const struct st_engine *e, enum st_state s)
+/* Elements of a segment of shard (u, s), and the chunks of one. */
+static uint64_t seg_elems(const struct st_engine *e, int u, enum st_state s)
 {
-	return e->tile * state_bytes(e, s);
+	return e->world == 1 ? sh_elems(e, u, s) : e->slice[u];
+}
+
+static uint64_t seg_chunks(const struct st_engine *e, int u, enum st_state s)
+{
+	return (seg_elems(e, u, s) + e->tile - 1) / e->tile;
+}
+
+static uint64_t shard_chunks(const struct st_engine *e, int u, enum st_state s)
+{
+	uint64_t seg = seg_elems(e, u, s);
+
+	return seg ? sh_elems(e, u, s) / seg * seg_chunks(e, u, s) : 0;
+}
+
+/* The chunk at element pos of shard (u, s): its index and its length
+ * (elements). pos must start a chunk. */
+static uint64_t chunk_at(const struct st_engine *e, int u, enum st_state s, uint64_t pos,
+			 uint64_t *len)
+{
+	uint64_t seg = seg_elems(e, u, s), q = pos / seg, r = pos % seg;
+
+	assert(r % e->tile == 0);
+	*len = ST_MIN(e->tile, seg - r);
+	return q * seg_chunks(e, u, s) + r / e->tile;
 }
 
 int st_eng_sums_init(struct st_engine *e)
@@ -64,7 +94,7 @@ int st_eng_sums_init(struct st_engine *e)
 		return 0;
 	for (int u = 0; u < e->U; u++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
-			uint64_t n = (sh_elems(e, u, s) + e->tile - 1) / e->tile;
+			uint64_t n = shard_chunks(e, u, s);
 
 			if (shard(e, u, s)->home != ST_HOME_NVME)
 				continue;
@@ -85,30 +115,35 @@ void st_eng_sums_fini(struct st_engine *e)
 	e->summed = NULL;
 }
 
-/* The sums of shard (u, s) covering bytes [off, off + len): whole chunks,
- * the last one may end with the shard. NULL when not kept. */
+/* The sums of shard (u, s), NULL when not kept. A transfer [off, off +
+ * len) covers whole chunks (the last may end with the shard). */
 static uint64_t *sums_of(struct st_engine *e, int u, enum st_state s, uint64_t off,
-			 uint64_t len, uint64_t *first, uint64_t *count)
+			 uint64_t len)
 {
-	uint64_t cb = chunk_bytes(e, s), end = sh_elems(e, u, s) * state_bytes(e, s);
+	uint64_t eb = state_bytes(e, s), end = sh_elems(e, u, s) * eb;
 	uint64_t *v = e->sums ? e->sums[u * ST_STATE_COUNT + s] : NULL;
 
 	if (!v)
 		return NULL;
-	assert(off % cb == 0 && (len % cb == 0 || off + len == end) && off + len <= end);
-	*first = off / cb;
-	*count = (len + cb - 1) / cb;
+	assert(off % eb == 0 && off + len <= end);
+	ST_UNUSED(len);
+	ST_UNUSED(end);
 	return v;
 }
 
 void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
 		     const void *buf, uint64_t len_bytes)
 {
-	uint64_t first, n, cb = chunk_bytes(e, s);
-	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes, &first, &n);
+	uint64_t eb = state_bytes(e, s), pos = off_bytes / eb, end = pos + len_bytes / eb, n;
+	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes);
 
-	for (uint64_t i = 0; v && i < n; i++)
-		v[first + i] = tile_sum((const char *)buf + i * cb, ST_MIN(cb, len_bytes - i * cb));
+	for (; v && pos < end; pos += n) {
+		uint64_t i = chunk_at(e, u, s, pos, &n);
+
+		assert(pos + n <= end || pos + n == sh_elems(e, u, s));
+		n = ST_MIN(n, end - pos);
+		v[i] = tile_sum((const char *)buf + (pos * eb - off_bytes), n * eb);
+	}
 	if (v)
 		e->summed[u * ST_STATE_COUNT + s] = true;
 }
@@ -116,29 +151,31 @@ void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_b
 int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
 		      const void *buf, uint64_t len_bytes)
 {
-	uint64_t first, n, cb = chunk_bytes(e, s);
-	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes, &first, &n);
+	uint64_t eb = state_bytes(e, s), pos = off_bytes / eb, end = pos + len_bytes / eb, n;
+	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes);
 
 	/* a shard never written holds what the tier was made with: nothing
 	 * to hold it to (a G read before any backward) */
 	if (v && !e->summed[u * ST_STATE_COUNT + s])
 		return 0;
-	for (uint64_t i = 0; v && i < n; i++) {
-		uint64_t got = tile_sum((const char *)buf + i * cb, ST_MIN(cb, len_bytes - i * cb));
+	for (; v && pos < end; pos += n) {
+		uint64_t i = chunk_at(e, u, s, pos, &n), at = pos * eb - off_bytes, got;
 		const struct st_unit_layout *l;
 		char where[512];
 
-		if (got == v[first + i])
+		assert(pos + n <= end || pos + n == sh_elems(e, u, s));
+		n = ST_MIN(n, end - pos);
+		got = tile_sum((const char *)buf + at, n * eb);
+		if (got == v[i])
 			continue;
 		l = st_model_unit_layout(e->model, u);
-		st_tier_locate(e->tier[ST_HOME_NVME], &shard(e, u, s)->ext, off_bytes + i * cb,
-			       where, sizeof(where));
+		st_tier_locate(e->tier[ST_HOME_NVME], &shard(e, u, s)->ext, pos * eb, where,
+			       sizeof(where));
 		return st_error_set(-EIO, "nvme: unit %d (%s...) state %s: %s: %llu bytes read "
 				    "back have XXH3 %016" PRIx64 ", written %016" PRIx64
 				    ": the drive returned other bytes than were written",
 				    u, l->n_tensors ? l->tensors[0].name : "?", st_state_name(s),
-				    where, (unsigned long long)ST_MIN(cb, len_bytes - i * cb), got,
-				    v[first + i]);
+				    where, (unsigned long long)(n * eb), got, v[i]);
 	}
 	return 0;
 }

@@ -117,7 +117,7 @@ static int adam_tile(struct st_engine *e, int set, const struct tile *t,
 	float *m = upd_ptr(e, set, t, ST_STATE_M), *v = upd_ptr(e, set, t, ST_STATE_V);
 	struct shard *w = shard(e, t->u, ST_STATE_W);
 	bool in_place = w->home == ST_HOME_HOST && !e->w_gather;
-	char *wout = e->w_gather ? e->wgather + t->t0 * (uint64_t)e->Wb
+	char *wout = e->w_gather ? e->wgather[t->u & 1] + t->t0 * (uint64_t)e->Wb
 		     : in_place ? (char *)haddr(e, &w->ext) +
 				  (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb
 				: haddr(e, &e->upd[set].ext[ST_STATE_W]);
@@ -157,6 +157,18 @@ static void upd_range(const struct st_engine *e, int u, uint64_t *lo, uint64_t *
 	*hi = e->world == 1 ? e->elems[u] : *lo + sh_elems(e, u, ST_STATE_P);
 }
 
+/* The tile at t0 of unit u, up to hi: at world > 1 it stays inside one
+ * rank's slice, the nvme checksums' segment (engine_sums.c), also where
+ * a rank updates every slice of the padded unit (stage 0). */
+static uint64_t tile_len(const struct st_engine *e, int u, uint64_t t0, uint64_t hi)
+{
+	uint64_t n = ST_MIN(e->tile, hi - t0);
+
+	if (e->world > 1)
+		n = ST_MIN(n, (t0 / e->slice[u] + 1) * e->slice[u] - t0);
+	return n;
+}
+
 static bool next_tile(const struct st_engine *e, struct tile *t)
 {
 	uint64_t lo, hi;
@@ -165,7 +177,7 @@ static bool next_tile(const struct st_engine *e, struct tile *t)
 		upd_range(e, t->u, &lo, &hi);
 		if (t->t0 + t->n < hi) {
 			t->t0 += t->n;
-			t->n = ST_MIN(e->tile, hi - t->t0);
+			t->n = tile_len(e, t->u, t->t0, hi);
 			return true;
 		}
 	}
@@ -175,7 +187,7 @@ static bool next_tile(const struct st_engine *e, struct tile *t)
 	} while (opt_on_dev(e, t->u));
 	upd_range(e, t->u, &lo, &hi);
 	t->t0 = lo;
-	t->n = ST_MIN(e->tile, hi - t->t0);
+	t->n = tile_len(e, t->u, t->t0, hi);
 	return true;
 }
 
@@ -187,8 +199,6 @@ static int unit_done(struct st_engine *e, int set, int u)
 
 	if (ret == 0)
 		ret = st_eng_wait_until(e, &e->upd[set ^ 1].writes);
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->wg_busy);
 	e->w_ready = u + 1;
 	if (ret == 0 && u <= e->U - 2)
 		ret = st_eng_forward_unit(e, u);
@@ -275,6 +285,26 @@ static int dev_units(struct st_engine *e, int *next, int end, int set,
 	return ret;
 }
 
+/* The end of unit u's tiles. Stages 1-2 at world > 1: u's W gather is
+ * queued on the comm queue, and it is the unit before whose W is now
+ * waited for (its gather ran during u's update) and whose forward runs. */
+static int unit_end(struct st_engine *e, int set, int u, bool last, struct st_loader *ld)
+{
+	int ret = 0;
+
+	if (!e->w_gather)
+		return ld ? unit_done(e, set, u) : 0;
+	ret = st_eng_zero_wstore(e, u);
+	for (int v = u - 1; v <= u && ret == 0; v++) {
+		if (v < 0 || (v == u && !last))
+			continue;
+		ret = st_eng_zero_wdone(e, v);
+		if (ret == 0 && ld)
+			ret = unit_done(e, set, v);
+	}
+	return ret;
+}
+
 /* The device AdamW's count of elements left unchanged: the host path's
  * -ERANGE when any (st_adam_apply with ST_ADAM_GRAD_CHECKED). Waits for
  * the compute. */
@@ -294,7 +324,8 @@ static int dev_adam_check(struct st_engine *e)
 /* The update sweep, tile by tile in unit order. With ld, it is fused with
  * the next step's first forward: once unit u's new W is home, fwd(u) runs
  * while the next tiles load and u's P, M, V go back -- the next step's
- * forward of u waits only on update(u). */
+ * forward of u waits only on update(u) (stages 1-2 at world > 1: on u's
+ * W gather too, which overlaps the update of u + 1). */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld)
 {
@@ -315,9 +346,6 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			ret = upd_load(e, set ^ 1, &nxt); /* overlaps this tile's Adam */
 		if (ret == 0)
 			ret = st_eng_wait_until(e, &e->upd[set].reads);
-		/* wgather holds the unit before's W until it is home */
-		if (ret == 0 && e->w_gather)
-			ret = st_eng_wait_until(e, &e->wg_busy);
 		/* the device's units before this one, in unit order */
 		if (ret == 0)
 			ret = dev_units(e, &dev_next, cur.u, set, wd, nowd, ld);
@@ -325,10 +353,10 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			ret = adam_tile(e, set, &cur, wd, nowd);
 		if (ret == 0)
 			ret = upd_store(e, set, &cur);
-		if (ret == 0 && e->w_gather && (!have || nxt.u != cur.u))
-			ret = st_eng_zero_wstore(e, cur.u);
-		if (ret == 0 && ld && (!have || nxt.u != cur.u))
-			ret = unit_done(e, set, cur.u);
+		if (ret == 0 && e->w_gather)
+			st_eng_zero_wpoll(e);
+		if (ret == 0 && (!have || nxt.u != cur.u))
+			ret = unit_end(e, set, cur.u, !have, ld);
 		cur = nxt;
 		set ^= 1;
 	}
@@ -338,8 +366,6 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		ret = dev_adam_check(e);
 	for (int s = 0; ret == 0 && s < 2; s++)
 		ret = st_eng_wait_until(e, &e->upd[s].writes);
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->wg_busy);
 	if (ret == 0 && ld)
 		e->fwd_ready = true;
 	return ret;

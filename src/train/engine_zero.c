@@ -21,6 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+
+#ifdef ST_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 /* Each rank's nvme files in DIR/rank-R of every --nvme DIR: one rank's
  * files never meet another's, and a crashed rank's are its own. */
@@ -114,21 +119,81 @@ void st_eng_zero_trace(struct st_engine *e)
 	}
 }
 
+/* The GPU of this rank: on the cuda device at world > 1, the launcher's
+ * local rank, modulo the GPUs this process sees (so ranks share a GPU
+ * when there are more ranks on the node than GPUs: 2 ranks on one GPU
+ * with the mpi backend); else the first. */
+int st_eng_zero_ordinal(const struct st_engine_config *cfg)
+{
+#ifdef ST_HAVE_CUDA
+	struct st_comm_launch l;
+	int count = 0;
+
+	if (cfg->world <= 1 || !cfg->device || strcmp(cfg->device, "cuda") != 0)
+		return 0;
+	st_comm_launch(&l);
+	if (l.local_rank <= 0 || cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+		cudaGetLastError();
+		return 0;
+	}
+	return l.local_rank % count;
+#else
+	ST_UNUSED(cfg);
+	return 0;
+#endif
+}
+
+/* Host memory the comm's queue copies to or from on a device that is not
+ * the host's: page-aligned, pinned where the device pins. */
+static void *host_buf(struct st_engine *e, size_t bytes)
+{
+	void *p = NULL;
+
+	bytes = st_align_up(bytes ? bytes : 1, ST_PAGE_BYTES);
+	if (posix_memalign(&p, ST_PAGE_BYTES, bytes))
+		return NULL;
+	memset(p, 0, bytes);
+	if (e->zdev && st_device_pin_host(e->dev, p, bytes) < 0) {
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+static void host_buf_free(struct st_engine *e, void *p)
+{
+	if (p && e->zdev)
+		st_device_unpin_host(e->dev, p);
+	free(p);
+}
+
+static size_t scratch_bytes(const struct st_engine *e)
+{
+	uint64_t n = 0;
+
+	for (int u = 0; u < e->U; u++)
+		n = ST_MAX(n, e->epad[u] * 4);
+	return (size_t)n;
+}
+
 /* The communicator, with the plan's scratch; the buffers only world > 1
  * needs. */
 int st_eng_zero_setup(struct st_engine *e)
 {
 	const struct st_comm_ops *ops = e->cfg.comm_ops ? e->cfg.comm_ops : &st_comm_local_ops;
 	struct st_comm_config cc = { 0 };
+	const char *force = getenv("ST_ZERO_DEVICE_PATH");
 	uint64_t nparts = 0;
 	int ret;
 
+	e->zdev = e->world > 1 && (!st_device_unified(e->dev) || (force && strcmp(force, "1") == 0));
 	if (e->comm_scratch) {
 		cc.scratch = e->comm_scratch;
-		cc.scratch_bytes = e->epad[0] * 4;
-		for (int u = 0; u < e->U; u++)
-			cc.scratch_bytes = ST_MAX(cc.scratch_bytes, e->epad[u] * 4);
+		cc.scratch_bytes = scratch_bytes(e);
 	}
+	/* the cuda path's order on the cpu device: the mpi backend moves
+	 * every collective through its host staging, as it does on cuda */
+	cc.stage_host = e->zdev;
 	ret = st_comm_create(ops, e->dev, &cc, &e->comm);
 	if (ret < 0)
 		return ret;
@@ -139,12 +204,6 @@ int st_eng_zero_setup(struct st_engine *e)
 				    st_comm_world(e->comm));
 	if (e->world == 1)
 		return 0;
-	/* the host-side collectives here (norm, losses, W gather) take host
-	 * memory: a device the host cannot read (cuda) is not built yet */
-	if (!st_device_unified(e->dev))
-		return st_error_set(-ENOTSUP, "engine: %d ranks on device '%s': ZeRO across "
-				    "ranks runs on the cpu device (cuda: not built yet)",
-				    e->world, st_device_name(e->dev));
 	e->part_off = calloc((size_t)e->U, sizeof(*e->part_off));
 	if (!e->part_off)
 		return -ENOMEM;
@@ -153,16 +212,28 @@ int st_eng_zero_setup(struct st_engine *e)
 		nparts += e->slice[u] / ST_PLAN_SLICE_ALIGN;
 	}
 	e->nparts = nparts;
+	/* through the device, the norm's sums and the losses are gathered in
+	 * the comm scratch (free between the backward and the update) */
+	if (e->zdev && ((size_t)e->world * nparts * 8 > scratch_bytes(e) ||
+			(size_t)e->world * (size_t)e->cfg.train.grad_accum * 8 > scratch_bytes(e)))
+		return st_error_set(-ENOSPC, "engine: %d ranks on device '%s': the norm's %llu "
+				    "chunk sums or the %d losses of a rank do not fit the comm "
+				    "scratch of %zu bytes", e->world, st_device_name(e->dev),
+				    (unsigned long long)nparts, e->cfg.train.grad_accum,
+				    scratch_bytes(e));
 	if (e->cfg.trace) {
 		e->cspan = calloc(ST_CSPANS, sizeof(*e->cspan));
 		e->comm_trace_lane = st_trace_lane(e->cfg.trace, "comm");
 		if (!e->cspan || e->comm_trace_lane < 0)
 			return -ENOMEM;
 	}
-	e->parts = calloc((size_t)e->world * nparts, sizeof(double));
-	e->losses = calloc((size_t)e->world * (size_t)e->cfg.train.grad_accum, sizeof(double));
+	e->parts = host_buf(e, (size_t)e->world * nparts * sizeof(double));
+	e->losses = host_buf(e, (size_t)e->world * (size_t)e->cfg.train.grad_accum *
+				       sizeof(double));
 	if (!e->parts || !e->losses)
 		return -ENOMEM;
+	for (int i = 0; i < 2 && e->w_gather && ret == 0; i++)
+		ret = st_event_create(e->dev, &e->ev_wg[i]);
 	if (e->w_stream) {
 		e->ev_gather = calloc((size_t)e->nslots + 1, sizeof(*e->ev_gather));
 		if (!e->ev_gather)
@@ -177,9 +248,9 @@ void st_eng_zero_fini(struct st_engine *e)
 {
 	free(e->cspan);
 	e->cspan = NULL;
-	free(e->parts);
+	host_buf_free(e, e->parts);
+	host_buf_free(e, e->losses);
 	free(e->part_off);
-	free(e->losses);
 	e->parts = e->losses = NULL;
 	e->part_off = NULL;
 }
@@ -189,32 +260,159 @@ static enum st_comm_dtype w_dtype(const struct st_engine *e)
 	return e->Wb == 2 ? ST_COMM_BF16 : ST_COMM_F32;
 }
 
-/* Stages 1-2: the rank's updated slice of unit u's W is in wgather at its
- * place; gather the others' around it, then the whole unit goes home. */
+static int comm_copy(struct st_engine *e, void *dst, const void *src, size_t bytes,
+		     enum st_copy_dir dir)
+{
+	return st_device_memcpy_async(e->dev, st_comm_queue(e->comm), dst, src, bytes, dir);
+}
+
+/* Queue the all-gather of host memory: recv is world * slice_elems, this
+ * rank's slot (at recv + rank * slice) already holds its part. On a
+ * device the host can address, in place in recv; through the device
+ * (zdev), in the comm scratch: the rank's slot h2d, the all-gather in
+ * place there, every slot d2h back into recv, all on the comm queue (the
+ * scratch is reused only in that queue's order). The host may read recv
+ * once an event recorded after it is done (st_comm_sync). */
+static int gather_host_queue(struct st_engine *e, void *recv, size_t slice_elems,
+			     enum st_comm_dtype dt)
+{
+	size_t slot = slice_elems * st_comm_dtype_bytes(dt), off = (size_t)e->rank * slot;
+	char *r = recv, *s = e->comm_scratch;
+	int ret;
+
+	if (!e->zdev)
+		return st_comm_allgather(e->comm, r + off, r, slice_elems, dt);
+	if ((size_t)e->world * slot > scratch_bytes(e))
+		return st_error_set(-ENOSPC, "engine: a gather of %zu bytes through the device "
+				    "passes the comm scratch (%zu bytes)", (size_t)e->world * slot,
+				    scratch_bytes(e));
+	ret = comm_copy(e, s + off, r + off, slot, ST_COPY_H2D);
+	if (ret == 0)
+		ret = st_comm_allgather(e->comm, s + off, s, slice_elems, dt);
+	if (ret == 0)
+		ret = comm_copy(e, r, s, (size_t)e->world * slot, ST_COPY_D2H);
+	return ret;
+}
+
+/* The same, waited for: the norm's sums, the losses, stage 0's G, a
+ * sharded state read between steps. */
+int st_eng_zero_gather_host(struct st_engine *e, void *recv, size_t slice_elems,
+			    enum st_comm_dtype dt)
+{
+	int ret = gather_host_queue(e, recv, slice_elems, dt);
+
+	return ret ? ret : st_comm_sync(e->comm);
+}
+
+/* Stages 1-2: the rank's updated slice of unit u's W is in wgather[b] (b
+ * = u & 1) at its place; queue the gather of the others' around it on
+ * the comm queue, into W's home where the comm can write it, and record
+ * ev_wg[b]. Nothing waits here: the next unit's update runs meanwhile,
+ * into the other buffer (st_eng_zero_wdone() waits, a unit later).
+ *   home host, or vram:  cpu device: gathered from the buffer straight
+ *                        into the home; zdev, vram: the slice h2d into
+ *                        the home at its place, gathered in place there;
+ *                        zdev, host: through the comm scratch, d2h home
+ *   home nvme:           gathered into the buffer (zdev: through the
+ *                        scratch), then a write of the nvme tier once
+ *                        ev_wg is seen done (st_eng_zero_wpoll()) */
 int st_eng_zero_wstore(struct st_engine *e, int u)
 {
 	struct shard *w = shard(e, u, ST_STATE_W);
-	uint64_t S = e->slice[u];
-	struct hop h;
-	int ret;
+	int b = u & 1;
+	size_t S = e->slice[u], wb = (size_t)e->Wb, off = (size_t)e->rank * S * wb;
+	size_t all = (size_t)e->epad[u] * wb;
+	uint64_t lo = (uint64_t)e->rank * S;
+	char *buf = e->wgather[b];
+	int ret = 0;
 
-	st_eng_zero_mark(e, "W gather", false);
-	ret = st_comm_allgather(e->comm, e->wgather + (size_t)e->rank * S * (size_t)e->Wb,
-				e->wgather, S, w_dtype(e));
-	st_eng_zero_mark(e, "W gather", true);
+	assert(e->wg_unit[b] < 0);
+	/* the slice past the unit's end is zero (what the buffer held for
+	 * another unit is not sent) */
+	if (lo + S > e->elems[u]) {
+		uint64_t z = ST_MAX(lo, e->elems[u]);
 
-	if (ret == 0)
-		ret = st_comm_sync(e->comm);
-	if (ret < 0)
-		return ret;
-	if (w->home == ST_HOME_HOST) {
-		memcpy(haddr(e, &w->ext), e->wgather, w->ext.len_bytes);
-		return 0;
+		memset(buf + z * wb, 0, (lo + S - z) * wb);
 	}
-	/* nvme: a write of the nvme tier; vram: an h2d copy */
-	h = st_eng_shard_hop(e, "W store", u, ST_STATE_W, ST_IO_WRITE, 0, e->wgather,
-			     w->ext.len_bytes);
-	return st_eng_chain_start(e, &e->c_wstore, &h, 1, &e->wg_busy, NULL);
+	e->wg_unit[b] = u;
+	e->wg_store[b] = w->home == ST_HOME_NVME;
+	e->wg_storing[b] = false;
+	st_eng_zero_mark(e, "W gather", false);
+	if (w->home == ST_HOME_NVME) {
+		ret = gather_host_queue(e, buf, S, w_dtype(e));
+	} else if (!e->zdev) {
+		void *home = w->home == ST_HOME_HOST ? haddr(e, &w->ext) : vaddr(e, &w->ext);
+
+		ret = st_comm_allgather(e->comm, buf + off, home, S, w_dtype(e));
+	} else if (w->home == ST_HOME_VRAM) {
+		char *home = vaddr(e, &w->ext);
+
+		ret = comm_copy(e, home + off, buf + off, S * wb, ST_COPY_H2D);
+		if (ret == 0)
+			ret = st_comm_allgather(e->comm, home + off, home, S, w_dtype(e));
+	} else {
+		char *s = e->comm_scratch;
+
+		ret = comm_copy(e, s + off, buf + off, S * wb, ST_COPY_H2D);
+		if (ret == 0)
+			ret = st_comm_allgather(e->comm, s + off, s, S, w_dtype(e));
+		if (ret == 0)
+			ret = comm_copy(e, haddr(e, &w->ext), s, all, ST_COPY_D2H);
+	}
+	st_eng_zero_mark(e, "W gather", true);
+	if (ret == 0)
+		ret = st_comm_record(e->comm, e->ev_wg[b]);
+	return ret;
+}
+
+/* W on nvme: the write of the gathered unit (its home's whole extent, as
+ * the stage-0 path writes it), once the gather is done. */
+static int wstore_start(struct st_engine *e, int b)
+{
+	int u = e->wg_unit[b];
+	struct shard *w = shard(e, u, ST_STATE_W);
+	struct hop h = st_eng_shard_hop(e, "W store", u, ST_STATE_W, ST_IO_WRITE, 0,
+					e->wgather[b], w->ext.len_bytes);
+
+	e->wg_storing[b] = true;
+	return st_eng_chain_start(e, &e->c_wstore[b], &h, 1, &e->wg_busy[b], NULL);
+}
+
+/* Between tiles: a gather seen done starts its nvme write at once,
+ * without waiting (its unit's wdone waits). */
+void st_eng_zero_wpoll(struct st_engine *e)
+{
+	for (int b = 0; b < 2; b++)
+		if (e->wg_unit[b] >= 0 && e->wg_store[b] && !e->wg_storing[b] &&
+		    st_event_query(e->dev, e->ev_wg[b]) == 1 && wstore_start(e, b) < 0)
+			return; /* the engine's error; wdone returns it */
+}
+
+/* Unit u's new W is home: its gather done (the comm's error, if any,
+ * returned), its nvme write landed. The buffer is then free for u + 2. */
+int st_eng_zero_wdone(struct st_engine *e, int u)
+{
+	int b = u & 1, ret;
+
+	if (e->wg_unit[b] != u)
+		return 0;
+	for (;;) { /* the engine's transfers go on while the gather runs */
+		ret = st_event_query(e->dev, e->ev_wg[b]);
+		if (ret != 0)
+			break;
+		ret = st_eng_pump(e, false);
+		if (ret < 0)
+			break;
+		nanosleep(&(struct timespec){ 0, 20000 }, NULL);
+	}
+	if (ret >= 0)
+		ret = st_comm_take_error(e->comm);
+	if (ret == 0 && e->wg_store[b] && !e->wg_storing[b])
+		ret = wstore_start(e, b);
+	if (ret == 0)
+		ret = st_eng_wait_until(e, &e->wg_busy[b]);
+	e->wg_unit[b] = -1;
+	return ret;
 }
 
 /* This rank's chunk sums of its final G slice of unit u:
@@ -242,10 +440,7 @@ int st_eng_zero_norm(struct st_engine *e, double *sumsq)
 	int ret = 0;
 
 	{
-		ret = st_comm_allgather(e->comm, e->parts + (size_t)e->rank * e->nparts, e->parts,
-					e->nparts, ST_COMM_F64);
-		if (ret == 0)
-			ret = st_comm_sync(e->comm);
+		ret = st_eng_zero_gather_host(e, e->parts, e->nparts, ST_COMM_F64);
 		for (int u = 0; ret == 0 && u < e->U; u++) {
 			double t = 0;
 			uint64_t n = e->slice[u] / ST_PLAN_SLICE_ALIGN;
@@ -270,10 +465,7 @@ int st_eng_zero_loss(struct st_engine *e, double *sum)
 	int A = e->cfg.train.grad_accum, ret;
 	double s = 0;
 
-	ret = st_comm_allgather(e->comm, e->losses + (size_t)e->rank * (size_t)A, e->losses,
-				(size_t)A, ST_COMM_F64);
-	if (ret == 0)
-		ret = st_comm_sync(e->comm);
+	ret = st_eng_zero_gather_host(e, e->losses, (size_t)A, ST_COMM_F64);
 	for (int a = 0; a < A; a++)
 		for (int q = 0; q < e->world; q++)
 			s += e->losses[(size_t)q * (size_t)A + (size_t)a];

@@ -13,6 +13,9 @@
 #              files 2 ranks write in parallel (sharded) are one rank's
 #   kill       a rank SIGKILLed mid-run ends the job within 60 s, naming
 #              it; --resume auto then ends where an uninterrupted run ends
+#   stop       Ctrl-C (SIGINT) and SIGUSR1 to mpirun: every rank stops after
+#              the same step and saves; --resume auto then ends where an
+#              uninterrupted run ends
 #   mismatch   ranks with different settings (the model's, or --save-every)
 #              stop (exit 2) before a step, naming the first difference
 #   refuse     flags that make no sense with N ranks: exit 2, one line;
@@ -21,7 +24,15 @@
 #              rank about 1/N of one rank's
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
-#              overlapping the compute
+#              overlapping the compute (stage 3's gathers, and stages 1-2's
+#              W gathers over the update)
+#   devpath    the cuda device's path through device buffers and the mpi
+#              backend's host staging, on the cpu device
+#              ($ST_ZERO_DEVICE_PATH=1)
+#   cuda1      (a GPU; else 77) the engine on cuda through a world-1 nccl
+#              communicator = through the local one
+#   cuda2      (a GPU and mpirun; else 77) 2 ranks sharing the GPU with the
+#              mpi backend = 1 rank at --grad-accum 2, stages 0-3
 set -u
 strata=$1 mpirun=$2 part=$3
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-zero-test.XXXXXX")
@@ -32,8 +43,10 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
 . "$(dirname "$0")/../cli/check.sh"
 text "$work/data.txt" 7 every rank adds its slice in rank order and the sums agree
 mkdir -p "$work/nvme"
-"$mpirun" 1 true >/dev/null 2>&1
-if [ $? = 77 ]; then echo "mpirun not found: skipped"; exit 77; fi
+if [ "$part" != cuda1 ]; then # cuda1 is one rank, without mpirun
+	"$mpirun" 1 true >/dev/null 2>&1
+	if [ $? = 77 ]; then echo "mpirun not found: skipped"; exit 77; fi
+fi
 
 common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-every 100
 	--warmup 1 --seed 5)
@@ -111,6 +124,13 @@ np4)
 	run llref 1 "${ll[@]}" --grad-accum 4
 	run ll 4 "${ll[@]}" --zero 3 --offload-params nvme --offload-optim nvme
 	same ll llref "LLaMA: 4 ranks --zero 3, all on nvme = 1 rank --grad-accum 4"
+	# stage 0 updates every slice of a padded unit: with the tile (the
+	# embedding's 9 x 16384) not a multiple of a block's slice (4 x 16384),
+	# its tiles still end at each slice, where the nvme checksums cut
+	em=(--model layers=2,dim=128,heads=4,vocab=4096,ctx=64 --steps 2 --host-mem 64M)
+	run emref 1 "${em[@]}" --grad-accum 4
+	run em 4 "${em[@]}" --zero 0 --offload-optim nvme
+	same em emref "4 ranks --zero 0, P, M, V on nvme, slices not the tile's multiple = 1 rank"
 	;;
 resume)
 	# step 3 of a 2-rank run (--save-every 3), resumed at 1 and at 4 ranks
@@ -183,6 +203,43 @@ kill)
 		same k ref "rank killed, --resume auto = uninterrupted"
 	fi
 	;;
+stop)
+	# Ctrl-C under mpirun: mpirun sends every rank SIGCONT, SIGTERM after
+	# odls_base_sigkill_timeout and SIGKILL as long again after (here 5 s,
+	# so 10 s to end the step and save); the ranks stop at the SIGCONT,
+	# agree, save and exit. SIGUSR1, which mpirun forwards, stops them
+	# with no deadline, and mpirun exits 130. Each time --resume auto then
+	# ends where an uninterrupted run ends.
+	run ref 1 --steps 12 --grad-accum 2
+	for sig in INT USR1; do
+		rm -rf "$work/s$sig" "$work/s$sig.jsonl"
+		args=("${common[@]}" --steps 12 --save "$work/s$sig" --metrics "$work/s$sig.jsonl"
+		      --resume auto)
+		OMPI_MCA_odls_base_sigkill_timeout=5 "$mpirun" 2 "$strata" train "${args[@]}" \
+			--log-every 1 >"$work/s$sig.log" 2>&1 &
+		job=$!
+		for _ in $(seq 600); do
+			[ "$(wc -l <"$work/s$sig.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break
+			sleep 0.05
+		done
+		kill -"$sig" $job
+		wait $job
+		rc=$?
+		n=$(wc -l <"$work/s$sig.jsonl")
+		if [ ! -e "$work/s$sig/latest" ] || ls -d "$work/s$sig"/*.tmp.* >/dev/null 2>&1; then
+			echo "FAIL stop SIG$sig: no whole checkpoint (exit $rc)"; ls "$work/s$sig"; tail -3 "$work/s$sig.log"; fail=1
+			continue
+		elif [ "$n" -ge 12 ] || { [ "$sig" = USR1 ] && [ "$rc" != 130 ]; }; then
+			echo "FAIL stop SIG$sig: exit $rc after $n steps"; tail -3 "$work/s$sig.log"; fail=1
+			continue
+		fi
+		saved=$(readlink "$work/s$sig/latest")
+		timeout 120 "$mpirun" 2 "$strata" train "${args[@]}" >"$work/s$sig-2.log" 2>&1 ||
+			{ echo "FAIL stop SIG$sig: --resume auto"; tail -5 "$work/s$sig-2.log"; fail=1; }
+		echo "ok   SIG$sig to mpirun: every rank stopped after step $n, saved $saved (mpirun exit $rc)"
+		same "s$sig" ref "stopped by SIG$sig to mpirun, --resume auto = uninterrupted"
+	done
+	;;
 mismatch)
 	"$mpirun" 2 bash -c 'exec "$0" train "$@" --steps $((3 + OMPI_COMM_WORLD_RANK))' \
 		"$strata" "${common[@]}" >"$work/out" 2>"$work/err"
@@ -214,15 +271,7 @@ refuse)
 	check "--zero 4" 2 "$strata" train "${common[@]}" --zero 4
 	check "--zero 3 at one rank warns" 0 "$strata" train "${common[@]}" --zero 3 --steps 1
 	grep -q "shards nothing" "$work/err" || { echo "FAIL no warning"; fail=1; }
-	if "$strata" train --help | grep -q "built here: .*cuda"; then
-		"$mpirun" 2 "$strata" train "${common[@]}" --device cuda --steps 1 >"$work/out" 2>"$work/err"
-		rc=$?
-		if [ $rc = 2 ] && grep -q "runs on the cpu device" "$work/err"; then
-			echo "ok   --device cuda at 2 ranks: refused"
-		else
-			echo "FAIL --device cuda at 2 ranks: exit $rc"; tail -3 "$work/err"; fail=1
-		fi
-	fi
+	ST_COMM=nope check "ST_COMM names no backend" 2 "$strata" train "${common[@]}" --steps 1
 	check "plan --rank outside --world" 2 "$strata" plan --world 2 --rank 2
 	# strata info names the libraries and the world
 	"$strata" info >"$work/out" 2>&1
@@ -307,6 +356,74 @@ if not comm or ov <= 0:
 print(f"ok   trace rank {sys.argv[2]}: {len(comm)} collectives, {ov:.0f} us of them over compute")
 PY
 	done
+	# stages 1-2: the updated W's gathers on the comm queue, over the
+	# next unit's AdamW (the host thread), which used to wait for each
+	timeout 120 "$mpirun" 2 "$strata" train "${common[@]}" --steps 3 --zero 1 \
+		--model layers=2,dim=256,heads=4,vocab=256,ctx=64 --gpu-mem 128M --host-mem 128M \
+		--trace "$work/t1.json" >"$work/t1.log" 2>&1 || { echo "FAIL trace run (--zero 1)"; tail -3 "$work/t1.log"; fail=1; }
+	# (a gather waits for the later rank, so on the earlier one the next
+	# unit's AdamW runs inside it: counted over both ranks)
+	python3 - "$work/t1.json.rank-0" "$work/t1.json.rank-1" <<'PY' || fail=1
+import json, sys
+n_wg = over = ov = 0
+for path in sys.argv[1:]:
+    d = json.load(open(path))
+    ev = d["traceEvents"] if isinstance(d, dict) else d
+    lanes = {x["tid"]: x["args"]["name"] for x in ev
+             if x.get("ph") == "M" and x.get("name") == "thread_name"}
+    wg = [(x["ts"], x["ts"] + x["dur"]) for x in ev
+          if x.get("ph") == "X" and lanes.get(x["tid"]) == "comm" and x["name"] == "W gather"]
+    work = [(x["ts"], x["ts"] + x["dur"]) for x in ev
+            if x.get("ph") == "X" and lanes.get(x["tid"]) == "cpu adam"]
+    n_wg += len(wg)
+    ov += sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in wg for b0, b1 in work)
+    over += sum(1 for a0, a1 in wg if any(min(a1, b1) > max(a0, b0) for b0, b1 in work))
+if not n_wg or not over:
+    print(f"FAIL trace --zero 1: {n_wg} W gathers on 2 ranks, {over} of them over AdamW")
+    sys.exit(1)
+print(f"ok   trace --zero 1: {over} of {n_wg} W gathers (2 ranks) over AdamW ({ov:.0f} us)")
+PY
+	;;
+devpath)
+	# the cuda device's path on the cpu device: the norm's sums, the
+	# losses, stage 0's G and the stages 1-2 W gathers through device
+	# buffers (the comm scratch, copies on the comm queue), and the mpi
+	# backend through its host staging: the same numbers
+	export ST_ZERO_DEVICE_PATH=1
+	# each of the W gather's ways (W home vram, host, nvme) at stage 1;
+	# stage 0's G gather; stage 3's sharded states read back at the save
+	run ref 1 --steps 3 --grad-accum 2
+	for spec in "0 host" "0 vram" "1 host" "1 nvme" "1 vram" "2 nvme" "3 host" "3 vram"; do
+		read -r z p <<<"$spec"
+		case $p in
+		host) a=() ;;
+		nvme) a=(--offload-params nvme --offload-optim nvme --prefetch 1) ;;
+		vram) a=(--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M) ;;
+		esac
+		run "d$z$p" 2 --steps 3 --zero "$z" "${a[@]}"
+		same "d$z$p" ref "2 ranks --zero $z through device buffers, $p = 1 rank --grad-accum 2"
+	done
+	;;
+cuda1 | cuda2)
+	# on a GPU (tools/gpu-check): cuda1, the engine through a world-1
+	# nccl communicator = through the local one; cuda2, 2 ranks sharing
+	# the one GPU with the mpi backend (host staging; nccl refuses two
+	# ranks on one GPU) = 1 rank at --grad-accum 2, at every stage
+	if "$strata" info 2>&1 | grep -q '^gpu  *none'; then echo "no GPU: skipped"; exit 77; fi
+	common+=(--device cuda --gpu-mem 512M --host-mem 512M)
+	if [ "$part" = cuda1 ]; then
+		"$strata" info 2>&1 | grep -q "nccl: NCCL" || { echo "nccl not loadable: skipped"; exit 77; }
+		run ref 1 --steps 3 --grad-accum 2
+		ST_COMM=nccl run nc 1 --steps 3 --grad-accum 2
+		grep -qi "nccl" "$work/nc.log" && grep -i nccl "$work/nc.log" | head -2
+		same nc ref "cuda: the engine through nccl at world 1 = through the local comm"
+	else
+		run ref 1 --steps 3 --grad-accum 2
+		for z in 0 1 2 3; do
+			ST_COMM=mpi run "m$z" 2 --steps 3 --zero $z
+			same "m$z" ref "cuda: 2 ranks on one GPU (mpi) --zero $z = 1 rank --grad-accum 2"
+		done
+	fi
 	;;
 *)
 	echo "test_zero.sh: unknown part '$part'" >&2
