@@ -176,6 +176,7 @@ int st_cli_plan(int argc, char **argv)
 	if (in.rank >= (in.world > 1 ? in.world : 1))
 		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
 	in.host_compute = !cuda;
+	in.optim_vram_auto = cuda; /* as the engine's plan on cuda (engine.c) */
 	struct stat st;
 	/* a directory with a config.json, or the config.json itself: a path
 	 * with a '/' (presets and dimensions have none), or a name that is no

@@ -576,6 +576,8 @@ static void train_accum_auto(struct st_engine_config *ec)
 		.rates = ec->rates, .world = ec->world, .rank = ec->rank, .zero = ec->zero,
 		.host_compute = !ec->device || strcmp(ec->device, "cpu") == 0,
 		.activations = ec->activations, .recompute = ec->recompute,
+		/* as the engine's own plan (engine.c) */
+		.optim_vram_auto = ec->device && strcmp(ec->device, "cuda") == 0,
 	};
 	int ret;
 

@@ -727,9 +727,10 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 	}
 	st_predict_comm(sh, p);
 	st_act_traffic(sh, p);
-	/* units whose optimizer runs on the device take no CPU AdamW time */
-	st_predict_times(in, sh, p_dev_elems ? 1.0 - (double)p_dev_elems / (double)p_all_elems
-					     : 1.0, p);
+	/* units whose optimizer runs on the device take no CPU AdamW time,
+	 * unless the device is the host's cores (the cpu device) */
+	st_predict_times(in, sh, p_dev_elems && !in->host_compute ?
+				 1.0 - (double)p_dev_elems / (double)p_all_elems : 1.0, p);
 }
 
 /* The times of the lanes from the traffic and the FLOPs, and the step: the
@@ -876,6 +877,7 @@ struct st_policy {
 	const uint64_t *budget;   /* the budgets being tried */
 	struct st_plan scratch;   /* st_predict's output; only its rates are read */
 	uint64_t *bytes;          /* [units * ST_STATE_COUNT] each shard's bytes */
+	uint64_t all_bytes;       /* their sum */
 	enum st_home *trial;      /* [units * ST_STATE_COUNT] */
 	void *moves;              /* st_split_improve()'s scratch */
 	struct st_split_ops ops;
@@ -926,8 +928,10 @@ static int st_policy_init(struct st_policy *pol, const struct st_plan_input *in,
 		st_policy_fini(pol);
 		return st_error_set(-ENOMEM, "plan: out of memory");
 	}
-	for (size_t i = 0; i < cells; i++)
+	for (size_t i = 0; i < cells; i++) {
 		pol->bytes[i] = sh->st_elems[i] * (i % ST_STATE_COUNT == ST_STATE_W ? sh->wb : 4);
+		pol->all_bytes += pol->bytes[i];
+	}
 	pol->ops = (struct st_split_ops){ .units = sh->units, .bytes = pol->bytes,
 					  .fits = st_policy_fits, .cost = st_policy_cost,
 					  .ctx = pol, .scratch = pol->moves };
@@ -997,15 +1001,44 @@ static uint64_t st_cond_min(struct st_policy *pol, const uint64_t *budget, int t
 	int moved;
 
 	for (int i = 0; i < pol->n; i++) {
+		uint64_t lo, hi;
+
 		memcpy(b, budget, sizeof(b));
 		if (t == ST_HOME_NVME) {
 			b[t] = ST_PLAN_UNLIMITED;
-		} else {
-			st_pools_compute(pol->sh, st_cand_homes(pol->sh, pol->c[i]), pol->k, &p);
-			b[t] = p.total[t];
+			if (st_policy_accept(pol, i, b, &moved, &p))
+				best = ST_MIN(best, p.total[t]);
+			continue;
 		}
-		if (st_policy_accept(pol, i, b, &moved, &p))
-			best = ST_MIN(best, t == ST_HOME_NVME ? p.total[t] : b[t]);
+		st_pools_compute(pol->sh, st_cand_homes(pol->sh, pol->c[i]), pol->k, &p);
+		b[t] = lo = p.total[t];
+		if (st_policy_accept(pol, i, b, &moved, &p)) {
+			best = ST_MIN(best, lo);
+			continue;
+		}
+		/* With a finite nvme budget the row may need more of this tier
+		 * than it takes as it is: room for the split to move enough
+		 * off nvme. The split's moves only grow with the budget, so
+		 * search the smallest one, in pages, up to the row with every
+		 * shard moved here. */
+		if (budget[ST_HOME_NVME] == ST_PLAN_UNLIMITED)
+			continue;
+		hi = lo + pol->all_bytes;
+		b[t] = hi;
+		if (!st_policy_accept(pol, i, b, &moved, &p))
+			continue;
+		lo /= 4096; /* refused at lo, accepted at hi */
+		hi = (hi + 4095) / 4096;
+		while (hi - lo > 1) {
+			uint64_t mid = lo + (hi - lo) / 2;
+
+			b[t] = mid * 4096;
+			if (st_policy_accept(pol, i, b, &moved, &p))
+				hi = mid;
+			else
+				lo = mid;
+		}
+		best = ST_MIN(best, hi * 4096);
 	}
 	return best;
 }

@@ -194,9 +194,14 @@ int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
 	 * waited on and bytes over it is no bandwidth (on this machine's
 	 * offload-bench B, 0.02 GB/s against 18 GB/s measured alone). */
 	int n = 0;
+	bool dev_optim = false;
 
+	/* Nor the compute when some unit's optimizer runs on the device: its
+	 * AdamW, folds and sums are compute spans too, not the model's FLOPs. */
+	for (int u = 0; u < p->units; u++)
+		dev_optim |= st_plan_home(p, u, ST_STATE_P) == ST_HOME_VRAM;
 	memset(out, 0, sizeof(*out));
-	if (busy_s[0] > 0 && p->compute_flops_step > 0) {
+	if (!dev_optim && busy_s[0] > 0 && p->compute_flops_step > 0) {
 		out->compute_flops = p->compute_flops_step / busy_s[0];
 		n++;
 	}

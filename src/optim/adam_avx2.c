@@ -15,7 +15,7 @@ static int avx2_supported(void)
 {
 	__builtin_cpu_init();
 	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	       __builtin_cpu_supports("f16c");
+	       st_cpu_has_f16c();
 }
 
 /* 8 fp32 -> 8 bf16, exactly st_bf16_from_f32(). */

@@ -15,7 +15,7 @@ static int avx512_supported(void)
 	__builtin_cpu_init();
 	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-	       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+	       __builtin_cpu_supports("fma") && st_cpu_has_f16c();
 }
 
 static int avx512bf16_supported(void)

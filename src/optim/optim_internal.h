@@ -61,6 +61,17 @@ extern const struct st_optim_kernel st_optim_kernel_scalar;
 extern const struct st_optim_kernel st_optim_kernel_avx2;
 extern const struct st_optim_kernel st_optim_kernel_avx512;
 extern const struct st_optim_kernel st_optim_kernel_avx512bf16;
+
+#include <cpuid.h>
+
+/* F16C from cpuid (leaf 1, ecx bit 29): clang's __builtin_cpu_supports()
+ * does not know the "f16c" string that gcc's does. */
+static inline int st_cpu_has_f16c(void)
+{
+	unsigned a, b, c, d;
+
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
 #endif
 
 /* All kernels compiled in, scalar first; *count gets their number. */

@@ -71,7 +71,7 @@ int st_eng_act_setup(struct st_engine *e, const struct st_extent *slots,
 		e->ev_act[k] = calloc(n, sizeof(struct st_event *));
 	if (!e->act_len || !e->act_chain_out || !e->act_chain_in || !e->act_out_busy ||
 	    !e->act_in_busy || !e->ev_act[0] || !e->ev_act[1] || !e->ev_act[2] || !e->ev_act[3])
-		return -ENOMEM;
+		return st_error_set(-ENOMEM, "engine: out of memory (activation checkpoints)");
 	for (int j = 1; j < e->U && ret == 0; j++) {
 		e->act_len[j] = st_align_up(st_model_act_bytes(e->model, j - 1, c->batch, c->seq),
 					    ST_PLAN_ACT_ALIGN);

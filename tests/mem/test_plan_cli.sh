@@ -128,6 +128,22 @@ else
 	expect_err split-nvme-below "($nsplit B)"
 fi
 
+# With that nvme budget, the host minimum is what the split needs to move
+# enough off nvme (more than the uniform row takes): exact, and never above
+# the budget that was just accepted.
+if [ -n "${nsplit:-}" ]; then
+	check split-hmin 0 "$plan" plan $M --gpu-mem 64M --host-mem "$hsplit" --nvme "$work/d1" --nvme-mem "$nsplit" --json
+	hmin=$(python3 -c "
+import json, sys
+print(json.load(open(sys.argv[1]))['tiers']['host']['min_bytes'])" "$work/out")
+	if [ "$hmin" -gt "$hsplit" ]; then
+		echo "FAIL split-hmin: host minimum $hmin above the accepted budget $hsplit"; fail=1
+	fi
+	check split-hmin-at 0 "$plan" plan $M --gpu-mem 64M --host-mem "$hmin" --nvme "$work/d1" --nvme-mem "$nsplit"
+	check split-hmin-below 2 "$plan" plan $M --gpu-mem 64M --host-mem $((hmin - 4096)) --nvme "$work/d1" --nvme-mem "$nsplit"
+	expect_err split-hmin-below "($hmin B)"
+fi
+
 # Activation checkpoints: a T=8192 model whose checkpoints do not fit 25M
 # of vram with the rest. Forced into vram: refused; auto: on the host, and
 # the plan says so (table and JSON); a bad choice: exit 2.

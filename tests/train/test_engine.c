@@ -712,7 +712,7 @@ static void test_traffic_matches_plan(void **state)
 					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes,
 					 (unsigned long long)p->nvme_read_bytes,
 					 (unsigned long long)p->nvme_write_bytes);
-			if (cases[i][1] == ST_OFFLOAD_VRAM &&
+			if (i < ST_ARRAY_LEN(cases) && cases[i][1] == ST_OFFLOAD_VRAM &&
 			    (p->h2d_bytes || p->d2h_bytes || p->nvme_read_bytes ||
 			     p->nvme_write_bytes || p->total_bytes[ST_HOME_HOST]))
 				fail_msg("optim in vram: the plan moves h2d %llu d2h %llu bytes and "
