@@ -1955,39 +1955,3 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_put(root);
 	return text;
 }
-
-int st_plan_rates_from_nvme_bench(const char *path, struct st_plan_rates *rates)
-{
-	json_object *root, *best, *v;
-	double rd, wr;
-
-	root = json_object_from_file(path);
-	if (!root) {
-		FILE *f = fopen(path, "r");
-
-		if (!f)
-			return st_error_set(-errno, "%s: %s", path, strerror(errno));
-		fclose(f);
-		return st_error_set(-EINVAL, "%s: not JSON (%s)", path, json_util_get_last_err());
-	}
-	if (!json_object_object_get_ex(root, "best", &best) ||
-	    !json_object_is_type(best, json_type_object)) {
-		json_object_put(root);
-		return st_error_set(-EINVAL, "%s: no \"best\" object (write it with nvme-bench --json)",
-				    path);
-	}
-	rd = wr = -1;
-	if (json_object_object_get_ex(best, "read_gbps", &v) &&
-	    (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
-		rd = json_object_get_double(v);
-	if (json_object_object_get_ex(best, "write_gbps", &v) &&
-	    (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
-		wr = json_object_get_double(v);
-	json_object_put(root);
-	if (!(rd > 0) || !(wr > 0) || !isfinite(rd) || !isfinite(wr))
-		return st_error_set(-EINVAL, "%s: best.read_gbps and best.write_gbps must be positive "
-				    "numbers (was the benchmark run with both read and write?)", path);
-	rates->nvme_read_bps = rd * 1e9;
-	rates->nvme_write_bps = wr * 1e9;
-	return 0;
-}

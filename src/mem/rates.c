@@ -63,6 +63,25 @@ void st_plan_rates_merge(struct st_plan_rates *dst, const struct st_plan_rates *
 	}
 }
 
+/* The JSON text of path: -errno naming the file when it cannot be read,
+ * -EINVAL with json-c's reason (one line) when it is not JSON. */
+static int json_load(const char *path, json_object **root)
+{
+	char why[160];
+	FILE *f;
+
+	*root = json_object_from_file(path);
+	if (*root)
+		return 0;
+	f = fopen(path, "r");
+	if (!f)
+		return st_error_set(-errno, "%s: %s", path, strerror(errno));
+	fclose(f);
+	snprintf(why, sizeof(why), "%s", json_util_get_last_err());
+	why[strcspn(why, "\n")] = 0;
+	return st_error_set(-EINVAL, "%s: not JSON (%s)", path, why);
+}
+
 int st_plan_rates_read(const char *path, struct st_plan_rates *out)
 {
 	struct st_plan_rates r;
@@ -71,19 +90,9 @@ int st_plan_rates_read(const char *path, struct st_plan_rates *out)
 	int ret = 0;
 
 	memset(&r, 0, sizeof(r));
-	root = json_object_from_file(path);
-	if (!root) {
-		FILE *f = fopen(path, "r");
-
-		if (!f)
-			return st_error_set(-errno, "%s: %s", path, strerror(errno));
-		fclose(f);
-		char why[160];
-
-		snprintf(why, sizeof(why), "%s", json_util_get_last_err());
-		why[strcspn(why, "\n")] = 0;
-		return st_error_set(-EINVAL, "%s: not JSON (%s)", path, why);
-	}
+	ret = json_load(path, &root);
+	if (ret < 0)
+		return ret;
 	if (!json_object_is_type(root, json_type_object)) {
 		json_object_put(root);
 		return st_error_set(-EINVAL, "%s: not a JSON object (write it with strata plan "
@@ -221,4 +230,35 @@ int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
 		if (st_plan_rate_get(out, (enum st_rate)i) > 0)
 			out->source[i] = ST_RATE_SRC_FILE;
 	return n;
+}
+
+int st_plan_rates_from_nvme_bench(const char *path, struct st_plan_rates *rates)
+{
+	json_object *root, *best, *v;
+	double rd, wr;
+	int ret;
+
+	ret = json_load(path, &root);
+	if (ret < 0)
+		return ret;
+	if (!json_object_object_get_ex(root, "best", &best) ||
+	    !json_object_is_type(best, json_type_object)) {
+		json_object_put(root);
+		return st_error_set(-EINVAL, "%s: no \"best\" object (write it with nvme-bench --json)",
+				    path);
+	}
+	rd = wr = -1;
+	if (json_object_object_get_ex(best, "read_gbps", &v) &&
+	    (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
+		rd = json_object_get_double(v);
+	if (json_object_object_get_ex(best, "write_gbps", &v) &&
+	    (json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int)))
+		wr = json_object_get_double(v);
+	json_object_put(root);
+	if (!(rd > 0) || !(wr > 0) || !isfinite(rd) || !isfinite(wr))
+		return st_error_set(-EINVAL, "%s: best.read_gbps and best.write_gbps must be positive "
+				    "numbers (was the benchmark run with both read and write?)", path);
+	rates->nvme_read_bps = rd * 1e9;
+	rates->nvme_write_bps = wr * 1e9;
+	return 0;
 }
