@@ -14,6 +14,7 @@
  * G, P, M, V; write P, M, V, W). */
 #include "strata/common.h"
 #include "strata/optim.h"
+#include "bench_stats.h"
 
 #include <errno.h>
 #include <immintrin.h>
@@ -143,19 +144,6 @@ static void *alloc_big(size_t bytes)
 	if (p)
 		madvise(p, len, MADV_HUGEPAGE);
 	return p;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* A cheap deterministic value in [-1, 1) from an index. */
@@ -386,12 +374,12 @@ int main(int argc, char **argv)
 		r_triad[r] = ((double)n * bytes_per_param / t_adam[r]) / ((double)nt * 12.0 / t_triad[r]);
 		r_stream[r] = t_stream[r] / t_adam[r];
 	}
-	med_triad = median(t_triad, o.reps);
-	med_adam = median(t_adam, o.reps);
-	med_naive = median(t_naive, o.reps);
-	ratio_med = median(r_triad, o.reps);
-	med_stream = median(t_stream, o.reps);
-	stream_ratio_med = median(r_stream, o.reps);
+	med_triad = bench_median(t_triad, o.reps);
+	med_adam = bench_median(t_adam, o.reps);
+	med_naive = bench_median(t_naive, o.reps);
+	ratio_med = bench_median(r_triad, o.reps);
+	med_stream = bench_median(t_stream, o.reps);
+	stream_ratio_med = bench_median(r_stream, o.reps);
 	stream_gbps = (double)n * bytes_per_param / med_stream * 1e-9;
 	stream_ratio = med_stream / med_adam;
 	triad_gbps = (double)nt * 12.0 / med_triad * 1e-9;

@@ -18,6 +18,7 @@
  * is MPI's); strata's are the fold, as tests/comm checks. */
 #include "strata/comm.h"
 #include "strata/device.h"
+#include "bench_stats.h"
 
 #include <errno.h>
 #include <mpi.h>
@@ -30,19 +31,6 @@
 
 enum { OP_RS, OP_AR, OP_AG, OPS };
 static const char *const op_names[OPS] = { "reduce_scatter", "allreduce", "allgather" };
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void usage(FILE *f)
 {
@@ -200,10 +188,10 @@ int main(int argc, char **argv)
 					r[k] = a[k] / b[k];
 				}
 				if (rank == 0) {
-					double ra = median(r, rounds);
+					double ra = bench_median(r, rounds);
 
 					printf("%-15s %9.2f %12.3f %12.3f %14.2f\n", op_names[op], mib[s],
-					       1e3 * median(a, rounds), 1e3 * median(b, rounds), ra);
+					       1e3 * bench_median(a, rounds), 1e3 * bench_median(b, rounds), ra);
 				}
 			}
 		}

@@ -18,6 +18,7 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/trace.h"
+#include "bench_stats.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -34,19 +35,6 @@ static void die2(const char *msg, const char *arg)
 {
 	fprintf(stderr, "offload-bench: %s%s (see --help)\n", msg, arg ? arg : "");
 	exit(2);
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(double), cmp_d);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void usage(FILE *f)
@@ -251,8 +239,8 @@ int main(int argc, char **argv)
 	{
 		const struct st_plan *pb = st_engine_plan(eb), *pa = st_engine_plan(ea);
 		struct st_engine_stats sa, sb;
-		double ma = median(ta, steps), mb = median(tb, steps), me = median(eff, steps);
-		double mr = median(ratio, steps);
+		double ma = bench_median(ta, steps), mb = bench_median(tb, steps), me = bench_median(eff, steps);
+		double mr = bench_median(ratio, steps);
 		const char *name_a = verify_ab ? "nvme, --verify-reads off (A)"
 				     : act_ab ? "checkpoints in vram (A)     "
 					      : "everything in vram (A)     ";

@@ -12,6 +12,7 @@
  * must be bit-identical at every step, and are checked. */
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "bench_stats.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -29,13 +30,6 @@ static void die2(const char *msg, const char *arg)
 	exit(2);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 static double median(const double *v, int n)
 {
 	double *c = malloc(sizeof(*c) * (size_t)n), m;
@@ -44,9 +38,8 @@ static double median(const double *v, int n)
 		fprintf(stderr, "split-bench: out of memory\n");
 		exit(1);
 	}
-	memcpy(c, v, sizeof(*c) * (size_t)n);
-	qsort(c, (size_t)n, sizeof(double), cmp_d);
-	m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+	memcpy(c, v, sizeof(*c) * (size_t)n); /* v keeps its step order */
+	m = bench_median(c, n);
 	free(c);
 	return m;
 }

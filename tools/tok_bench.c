@@ -10,6 +10,7 @@
  * median over all passes (mb_s_median). tools/tok-bench runs it
  * interleaved with the JavaScript reference (tools/tok-ref bench). */
 #include "strata/tokenizer.h"
+#include "bench_stats.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,13 +25,6 @@ static double cpu_s(void)
 
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv)
@@ -103,7 +97,7 @@ int main(int argc, char **argv)
 	}
 	printf("{\"bytes\": %zu, \"ids\": %zu, \"passes\": %d, \"mb_s\": %.3f, "
 	       "\"cpu_mb_s\": %.3f", bytes, ids_n, passes, rate[0], cpu_rate);
-	qsort(rate, (size_t)passes, sizeof(*rate), cmp_d);
+	qsort(rate, (size_t)passes, sizeof(*rate), bench_cmp_double);
 	printf(", \"mb_s_median\": %.3f}\n", rate[passes / 2]);
 	st_tok_ids_fini(&ids);
 	st_tokenizer_close(t);

@@ -11,6 +11,7 @@
  * round and reports each, and the median of the per-round ratio. */
 #include "strata/kernels.h"
 #include "strata/model.h"
+#include "bench_stats.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -110,18 +111,6 @@ static const char *blas_threading(void)
 	case 2: return "openmp";
 	}
 	return "unknown";
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(double), cmp_double);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* CPU seconds of the whole process (all threads): on a shared machine a
@@ -380,12 +369,12 @@ int main(int argc, char **argv)
 	 * the sgemm's: what the wall clock of a shared machine blurs) */
 	double res[2][7];
 	for (int k = 0; k < nmodes; k++) {
-		res[k][0] = median(ts + k * steps, steps);
-		res[k][1] = median(tg + k * steps, steps);
-		res[k][2] = median(tcpu + k * steps, steps);
+		res[k][0] = bench_median(ts + k * steps, steps);
+		res[k][1] = bench_median(tg + k * steps, steps);
+		res[k][2] = bench_median(tcpu + k * steps, steps);
 		res[k][3] = flops_tok * tokens / res[k][0];
 		res[k][4] = res[k][3] / (2.0 * n * (double)n * n / res[k][1]);
-		res[k][5] = median(tgc + k * steps, steps);
+		res[k][5] = bench_median(tgc + k * steps, steps);
 		res[k][6] = (flops_tok * tokens / res[k][2]) / (2.0 * n * (double)n * n / res[k][5]);
 	}
 	step_s = res[0][0];
@@ -413,7 +402,7 @@ int main(int argc, char **argv)
 		printf("ratio model/sgemm in cpu seconds: %.3f (sgemm cpu median %.3f s)\n",
 		       res[k][6], res[k][5]);
 	}
-	double keep_speedup = both ? median(rr, steps) : 0;
+	double keep_speedup = both ? bench_median(rr, steps) : 0;
 	if (both)
 		printf("recompute all / none, step time per round: median %.3f (saved forwards "
 		       "%.1f MiB)\n", keep_speedup, (double)saved_total / (1 << 20));
