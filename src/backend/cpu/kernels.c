@@ -19,6 +19,84 @@
 
 #include "cpu_attention.h" /* st_att_online_softmax(), ST_ATT_BLOCK */
 #include "cpu_expf.h" /* st_expf() */
+#include "cpu_isa.h"
+
+/* ---- the elementwise loops' ISA (cpu_isa.h) ----------------------------------- */
+
+static int isa_cached = -1; /* -1: not yet read from the cpu */
+
+static enum st_cpu_isa isa_of_cpu(void)
+{
+#if defined(ST_X86_64)
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f"))
+		return ST_CPU_ISA_AVX512;
+	if (__builtin_cpu_supports("avx2"))
+		return ST_CPU_ISA_AVX2;
+#endif
+	return ST_CPU_ISA_BASE;
+}
+
+enum st_cpu_isa st_cpu_isa(void)
+{
+	int isa = __atomic_load_n(&isa_cached, __ATOMIC_RELAXED);
+
+	if (isa < 0) {
+		isa = (int)isa_of_cpu();
+		__atomic_store_n(&isa_cached, isa, __ATOMIC_RELAXED);
+	}
+	return (enum st_cpu_isa)isa;
+}
+
+enum st_cpu_isa st_cpu_isa_set(enum st_cpu_isa isa)
+{
+	enum st_cpu_isa top = isa_of_cpu();
+
+	__atomic_store_n(&isa_cached, (int)(isa < top ? isa : top), __ATOMIC_RELAXED);
+	return st_cpu_isa();
+}
+
+const char *st_cpu_isa_name(enum st_cpu_isa isa)
+{
+	switch (isa) {
+	case ST_CPU_ISA_BASE: return "base";
+	case ST_CPU_ISA_AVX2: return "avx2";
+	case ST_CPU_ISA_AVX512: return "avx512";
+	}
+	return "unknown";
+}
+
+/* ST_ISA_VARIANTS(name, (params), (args)): name_run(isa, params) runs the
+ * always-inlined name_span(args) compiled for the baseline, AVX2 or
+ * AVX-512F. The span's loop must be elementwise: then every variant gives
+ * the baseline's bits (no fma: -ffp-contract=off). */
+#define ST_SPAN static inline __attribute__((always_inline))
+#if defined(ST_X86_64)
+#define ST_ISA_VARIANTS(name, params, args)                                              \
+	static void name##_base params { name##_span args; }                             \
+	__attribute__((target("avx2"))) static void name##_avx2 params { name##_span args; } \
+	__attribute__((target("avx512f"))) static void name##_avx512 params               \
+	{                                                                                \
+		name##_span args;                                                        \
+	}                                                                                \
+	static void name##_run(enum st_cpu_isa isa, ST_UNPAREN params)                   \
+	{                                                                                \
+		if (isa == ST_CPU_ISA_AVX512)                                            \
+			name##_avx512 args;                                              \
+		else if (isa == ST_CPU_ISA_AVX2)                                         \
+			name##_avx2 args;                                                \
+		else                                                                     \
+			name##_base args;                                                \
+	}
+#else
+#define ST_ISA_VARIANTS(name, params, args)                                              \
+	static void name##_run(enum st_cpu_isa isa, ST_UNPAREN params)                   \
+	{                                                                                \
+		(void)isa;                                                               \
+		name##_span args;                                                        \
+	}
+#endif
+#define ST_UNPAREN(...) __VA_ARGS__
 
 /* ---- bf16 ------------------------------------------------------------------ */
 
@@ -260,40 +338,59 @@ void st_cpu_layernorm_bwd(float *dinp, float *dweight, float *dbias,
  * 1 + tanh(u) -> 0), the limits are exact, and the loop vectorises. */
 #define ST_ELEM_CHUNK 16384 /* elements per task in elementwise kernels */
 
+ST_SPAN void gelu_fwd_span(float *out, const float *inp, size_t lo, size_t hi)
+{
+#pragma omp simd
+	for (size_t i = lo; i < hi; i++) {
+		float x = inp[i];
+		float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
+		float a = 1.0f / (e + 1.0f);
+		out[i] = x * (e * a); /* 0.5 x (1 + tanh) */
+	}
+}
+ST_ISA_VARIANTS(gelu_fwd, (float *out, const float *inp, size_t lo, size_t hi),
+		(out, inp, lo, hi))
+
 void st_cpu_gelu_fwd(float *out, const float *inp, size_t n)
 {
 	size_t n_chunks = (n + ST_ELEM_CHUNK - 1) / ST_ELEM_CHUNK;
+	enum st_cpu_isa isa = st_cpu_isa();
 #pragma omp parallel for schedule(static)
 	for (size_t ch = 0; ch < n_chunks; ch++) {
 		size_t lo = ch * ST_ELEM_CHUNK, hi = ST_MIN(lo + ST_ELEM_CHUNK, n);
-#pragma omp simd
-		for (size_t i = lo; i < hi; i++) {
-			float x = inp[i];
-			float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
-			float a = 1.0f / (e + 1.0f);
-			out[i] = x * (e * a); /* 0.5 x (1 + tanh) */
-		}
+		gelu_fwd_run(isa, out, inp, lo, hi);
 	}
 }
+
+/* dinp may be inp (elementwise, each read before its write). */
+ST_SPAN void gelu_bwd_span(float *dinp, const float *inp, const float *dout, size_t lo,
+			   size_t hi)
+{
+#pragma omp simd
+	for (size_t i = lo; i < hi; i++) {
+		float x = inp[i];
+		float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
+		float a = 1.0f / (e + 1.0f);
+		float ea = e * a;
+		float du = ST_GELU_K * (1.0f + 3.0f * ST_GELU_A * x * x);
+		/* 0.5 (1 + t) + 0.5 x (1 - t^2) du, 1 - t^2 = 4 e a^2 */
+		float g = ea + 2.0f * x * (ea * a) * du;
+		dinp[i] = g * dout[i];
+	}
+}
+ST_ISA_VARIANTS(gelu_bwd,
+		(float *dinp, const float *inp, const float *dout, size_t lo, size_t hi),
+		(dinp, inp, dout, lo, hi))
 
 void st_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout,
 		     size_t n)
 {
 	size_t n_chunks = (n + ST_ELEM_CHUNK - 1) / ST_ELEM_CHUNK;
+	enum st_cpu_isa isa = st_cpu_isa();
 #pragma omp parallel for schedule(static)
 	for (size_t ch = 0; ch < n_chunks; ch++) {
 		size_t lo = ch * ST_ELEM_CHUNK, hi = ST_MIN(lo + ST_ELEM_CHUNK, n);
-#pragma omp simd
-		for (size_t i = lo; i < hi; i++) {
-			float x = inp[i];
-			float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
-			float a = 1.0f / (e + 1.0f);
-			float ea = e * a;
-			float du = ST_GELU_K * (1.0f + 3.0f * ST_GELU_A * x * x);
-			/* 0.5 (1 + t) + 0.5 x (1 - t^2) du, 1 - t^2 = 4 e a^2 */
-			float g = ea + 2.0f * x * (ea * a) * du;
-			dinp[i] = g * dout[i];
-		}
+		gelu_bwd_run(isa, dinp, inp, dout, lo, hi);
 	}
 }
 
@@ -493,13 +590,54 @@ void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
 
 /* ---- cross-entropy ----------------------------------------------------------- */
 
-static float st_row_max(const float *x, int V)
+/* The row's max: exact in any order (a NaN never wins a compare; which of
+ * +0 and -0 wins a tie changes nothing below, as x - mx and mx + log(sum)
+ * come out the same for either), so it may run at any width. */
+ST_SPAN void row_max_span(const float *x, int V, float *out)
 {
 	float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
 	for (int i = 0; i < V; i++)
 		mx = x[i] > mx ? x[i] : mx;
+	*out = mx;
+}
+ST_ISA_VARIANTS(row_max, (const float *x, int V, float *out), (x, V, out))
+
+static float st_row_max(const float *x, int V)
+{
+	float mx;
+
+	row_max_run(st_cpu_isa(), x, V, &mx);
 	return mx;
+}
+
+/* dx = exp(x - mx), elementwise (dx may be x). */
+ST_SPAN void exp_shift_span(float *dx, const float *x, float mx, int V)
+{
+#pragma omp simd
+	for (int i = 0; i < V; i++)
+		dx[i] = st_expf(x[i] - mx);
+}
+ST_ISA_VARIANTS(exp_shift, (float *dx, const float *x, float mx, int V), (dx, x, mx, V))
+
+ST_SPAN void scale_span(float *dx, float s, int V)
+{
+#pragma omp simd
+	for (int i = 0; i < V; i++)
+		dx[i] *= s;
+}
+ST_ISA_VARIANTS(scale, (float *dx, float s, int V), (dx, s, V))
+
+/* The sum of the row's exponentials, in the baseline loop's order, which is
+ * the order the fused loop of crossentropy_bwd_row_base sums them in (the
+ * same reduction over the same values, one vector of partial sums). */
+static float row_sum(const float *e, int V)
+{
+	float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+	for (int i = 0; i < V; i++)
+		sum += e[i];
+	return sum;
 }
 
 void st_cpu_crossentropy_fwd(float *losses, const float *logits,
@@ -518,30 +656,42 @@ void st_cpu_crossentropy_fwd(float *losses, const float *logits,
 	}
 }
 
+/* One row of the backward as the baseline runs it: exp and sum fused. */
+static float crossentropy_bwd_row_base(float *dx, const float *x, float mx, int V)
+{
+	float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+	for (int i = 0; i < V; i++) {
+		float e = st_expf(x[i] - mx);
+		dx[i] = e;
+		sum += e;
+	}
+	return sum;
+}
+
 void st_cpu_crossentropy_bwd(float *dlogits, float *losses,
 			     const float *logits, const int32_t *targets,
 			     float dloss, int N, int V)
 {
+	enum st_cpu_isa isa = st_cpu_isa();
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
 		float *dx = dlogits + (size_t)n * V;
 		int32_t t = targets[n];
 		float xt = x[t]; /* read before dx (maybe x) is overwritten */
-		float mx = st_row_max(x, V);
-		float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-		for (int i = 0; i < V; i++) {
-			float e = st_expf(x[i] - mx);
-			dx[i] = e;
-			sum += e;
+		float mx, sum;
+		row_max_run(isa, x, V, &mx);
+		if (isa == ST_CPU_ISA_BASE) {
+			sum = crossentropy_bwd_row_base(dx, x, mx, V);
+		} else { /* the exponentials wide, then the same sum */
+			exp_shift_run(isa, dx, x, mx, V);
+			sum = row_sum(dx, V);
 		}
 		if (losses)
 			losses[n] = mx + logf(sum) - xt;
 		float s = dloss / sum;
-#pragma omp simd
-		for (int i = 0; i < V; i++)
-			dx[i] *= s;
+		scale_run(isa, dx, s, V);
 		dx[t] -= dloss;
 	}
 }
