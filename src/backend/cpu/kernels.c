@@ -461,6 +461,41 @@ void st_cpu_embedding_bwd(float *dwte, float *dwpe, const float *dout,
 
 /* ---- attention ---------------------------------------------------------------------- */
 
+/* One (batch, head) of the causal attention's forward: q with row stride
+ * sq, o with so, k and v with sk (GPT-2's q, k, v interleaved in qkv:
+ * sq = sk = 3C, so = C; a grouped-query head: sq = so = NH hd, sk = NKV hd). */
+void st_att_fwd_head(float *o, float *l_out, const float *q, const float *k, const float *v,
+		     int T, int hd, int sq, int so, int sk, float scale)
+{
+	float s[ST_ATT_BLOCK * ST_ATT_BLOCK];
+	float mrow[ST_ATT_BLOCK], lrow[ST_ATT_BLOCK];
+	for (int i0 = 0; i0 < T; i0 += ST_ATT_BLOCK) {
+		int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
+		for (int r = 0; r < ni; r++) {
+			mrow[r] = -INFINITY;
+			lrow[r] = 0.0f;
+			memset(o + (size_t)(i0 + r) * so, 0, sizeof(float) * hd);
+		}
+		for (int j0 = 0; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
+			int nj = ST_MIN(ST_ATT_BLOCK, i0 + ni - j0);
+			// s (ni,nj) = scale * q_i @ k_j^T
+			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
+				     k + (size_t)j0 * sk, sk, 0.0f, s, ST_ATT_BLOCK);
+			st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, so, hd);
+			// o_i (ni,hd) += p (ni,nj) @ v_j (nj,hd)
+			st_cpu_sgemm(0, 0, ni, hd, nj, 1.0f, s, ST_ATT_BLOCK, v + (size_t)j0 * sk,
+				     sk, 1.0f, o + (size_t)i0 * so, so);
+		}
+		for (int r = 0; r < ni; r++) {
+			float inv = 1.0f / lrow[r];
+			float *orow = o + (size_t)(i0 + r) * so;
+			for (int d = 0; d < hd; d++)
+				orow[d] *= inv;
+			l_out[i0 + r] = mrow[r] + logf(lrow[r]);
+		}
+	}
+}
+
 void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 			  int T, int C, int NH)
 {
@@ -472,40 +507,67 @@ void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 	for (int bh = 0; bh < B * NH; bh++) {
 		int b = bh / NH, h = bh % NH;
 		const float *q = qkv + (size_t)b * T * C3 + h * hs;
-		const float *k = q + C;
-		const float *v = q + 2 * C;
-		float *o = out + (size_t)b * T * C + h * hs;
-		float *l_out = lse + (size_t)bh * T;
-		float s[ST_ATT_BLOCK * ST_ATT_BLOCK];
-		float mrow[ST_ATT_BLOCK], lrow[ST_ATT_BLOCK];
-		for (int i0 = 0; i0 < T; i0 += ST_ATT_BLOCK) {
+		st_att_fwd_head(out + (size_t)b * T * C + h * hs, lse + (size_t)bh * T, q, q + C,
+				q + 2 * C, T, hs, C3, C, C3, scale);
+	}
+}
+
+/* One (batch, head) of the backward, accumulating into dq (stride sq, as
+ * q), dk and dv (stride sk, as k and v: a grouped-query head's are its kv
+ * head's, shared); dout and o have stride so. */
+void st_att_bwd_head(float *dq, float *dk, float *dv, const float *dout, const float *q,
+		     const float *k, const float *v, const float *o, const float *l_in, int T,
+		     int hd, int sq, int so, int sk, float scale)
+{
+	float p[ST_ATT_BLOCK * ST_ATT_BLOCK];
+	float dp[ST_ATT_BLOCK * ST_ATT_BLOCK];
+	float drow[ST_ATT_BLOCK];
+	for (int j0 = 0; j0 < T; j0 += ST_ATT_BLOCK) {
+		int nj = ST_MIN(ST_ATT_BLOCK, T - j0);
+		// query blocks that see some key of this block
+		for (int i0 = (j0 / ST_ATT_BLOCK) * ST_ATT_BLOCK; i0 < T; i0 += ST_ATT_BLOCK) {
 			int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
+			// p (ni,nj) = exp(scale q_i k_j^T - lse_i), causal
+			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
+				     k + (size_t)j0 * sk, sk, 0.0f, p, ST_ATT_BLOCK);
 			for (int r = 0; r < ni; r++) {
-				mrow[r] = -INFINITY;
-				lrow[r] = 0.0f;
-				memset(o + (size_t)(i0 + r) * C, 0,
-				       sizeof(float) * hs);
+				float *pr = p + r * ST_ATT_BLOCK;
+				int nvalid = i0 + r - j0 + 1;
+				nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
+				float li = l_in[i0 + r];
+#pragma omp simd
+				for (int c = 0; c < nvalid; c++)
+					pr[c] = st_expf(pr[c] - li);
+				for (int c = nvalid; c < nj; c++)
+					pr[c] = 0.0f;
+				// D_i = dout_i . out_i
+				const float *gr = dout + (size_t)(i0 + r) * so;
+				const float *orow = o + (size_t)(i0 + r) * so;
+				float d = 0.0f;
+				for (int e = 0; e < hd; e++)
+					d += gr[e] * orow[e];
+				drow[r] = d;
 			}
-			for (int j0 = 0; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
-				int nj = ST_MIN(ST_ATT_BLOCK, i0 + ni - j0);
-				// s (ni,nj) = scale * q_i @ k_j^T
-				st_cpu_sgemm(0, 1, ni, nj, hs, scale,
-					     q + (size_t)i0 * C3, C3,
-					     k + (size_t)j0 * C3, C3, 0.0f, s,
-					     ST_ATT_BLOCK);
-				st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, C, hs);
-				// o_i (ni,hs) += p (ni,nj) @ v_j (nj,hs)
-				st_cpu_sgemm(0, 0, ni, hs, nj, 1.0f, s,
-					     ST_ATT_BLOCK, v + (size_t)j0 * C3,
-					     C3, 1.0f, o + (size_t)i0 * C, C);
-			}
+			// dv_j (nj,hd) += p^T (nj,ni) @ dout_i (ni,hd)
+			st_cpu_sgemm(1, 0, nj, hd, ni, 1.0f, p, ST_ATT_BLOCK,
+				     dout + (size_t)i0 * so, so, 1.0f, dv + (size_t)j0 * sk, sk);
+			// dp (ni,nj) = dout_i @ v_j^T
+			st_cpu_sgemm(0, 1, ni, nj, hd, 1.0f, dout + (size_t)i0 * so, so,
+				     v + (size_t)j0 * sk, sk, 0.0f, dp, ST_ATT_BLOCK);
+			// ds = p * (dp - D_i), into dp
 			for (int r = 0; r < ni; r++) {
-				float inv = 1.0f / lrow[r];
-				float *orow = o + (size_t)(i0 + r) * C;
-				for (int d = 0; d < hs; d++)
-					orow[d] *= inv;
-				l_out[i0 + r] = mrow[r] + logf(lrow[r]);
+				float *pr = p + r * ST_ATT_BLOCK;
+				float *dr = dp + r * ST_ATT_BLOCK;
+#pragma omp simd
+				for (int c = 0; c < nj; c++)
+					dr[c] = pr[c] * (dr[c] - drow[r]);
 			}
+			// dq_i (ni,hd) += scale ds @ k_j
+			st_cpu_sgemm(0, 0, ni, hd, nj, scale, dp, ST_ATT_BLOCK,
+				     k + (size_t)j0 * sk, sk, 1.0f, dq + (size_t)i0 * sq, sq);
+			// dk_j (nj,hd) += scale ds^T @ q_i
+			st_cpu_sgemm(1, 0, nj, hd, ni, scale, dp, ST_ATT_BLOCK,
+				     q + (size_t)i0 * sq, sq, 1.0f, dk + (size_t)j0 * sk, sk);
 		}
 	}
 }
@@ -522,69 +584,10 @@ void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
 		int b = bh / NH, h = bh % NH;
 		size_t qoff = (size_t)b * T * C3 + h * hs;
 		size_t ooff = (size_t)b * T * C + h * hs;
-		const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-		float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-		const float *o = out + ooff, *dout_h = dout + ooff;
-		const float *l_in = lse + (size_t)bh * T;
-		float p[ST_ATT_BLOCK * ST_ATT_BLOCK];
-		float dp[ST_ATT_BLOCK * ST_ATT_BLOCK];
-		float drow[ST_ATT_BLOCK];
-		for (int j0 = 0; j0 < T; j0 += ST_ATT_BLOCK) {
-			int nj = ST_MIN(ST_ATT_BLOCK, T - j0);
-			// query blocks that see some key of this block
-			for (int i0 = (j0 / ST_ATT_BLOCK) * ST_ATT_BLOCK; i0 < T;
-			     i0 += ST_ATT_BLOCK) {
-				int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
-				// p (ni,nj) = exp(scale q_i k_j^T - lse_i), causal
-				st_cpu_sgemm(0, 1, ni, nj, hs, scale,
-					     q + (size_t)i0 * C3, C3,
-					     k + (size_t)j0 * C3, C3, 0.0f, p,
-					     ST_ATT_BLOCK);
-				for (int r = 0; r < ni; r++) {
-					float *pr = p + r * ST_ATT_BLOCK;
-					int nvalid = i0 + r - j0 + 1;
-					nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
-					float li = l_in[i0 + r];
-#pragma omp simd
-					for (int c = 0; c < nvalid; c++)
-						pr[c] = st_expf(pr[c] - li);
-					for (int c = nvalid; c < nj; c++)
-						pr[c] = 0.0f;
-					// D_i = dout_i . out_i
-					const float *gr = dout_h + (size_t)(i0 + r) * C;
-					const float *orow = o + (size_t)(i0 + r) * C;
-					float d = 0.0f;
-					for (int e = 0; e < hs; e++)
-						d += gr[e] * orow[e];
-					drow[r] = d;
-				}
-				// dv_j (nj,hs) += p^T (nj,ni) @ dout_i (ni,hs)
-				st_cpu_sgemm(1, 0, nj, hs, ni, 1.0f, p,
-					     ST_ATT_BLOCK, dout_h + (size_t)i0 * C,
-					     C, 1.0f, dv + (size_t)j0 * C3, C3);
-				// dp (ni,nj) = dout_i @ v_j^T
-				st_cpu_sgemm(0, 1, ni, nj, hs, 1.0f,
-					     dout_h + (size_t)i0 * C, C,
-					     v + (size_t)j0 * C3, C3, 0.0f, dp,
-					     ST_ATT_BLOCK);
-				// ds = p * (dp - D_i), into dp
-				for (int r = 0; r < ni; r++) {
-					float *pr = p + r * ST_ATT_BLOCK;
-					float *dr = dp + r * ST_ATT_BLOCK;
-#pragma omp simd
-					for (int c = 0; c < nj; c++)
-						dr[c] = pr[c] * (dr[c] - drow[r]);
-				}
-				// dq_i (ni,hs) += scale ds @ k_j
-				st_cpu_sgemm(0, 0, ni, hs, nj, scale, dp,
-					     ST_ATT_BLOCK, k + (size_t)j0 * C3,
-					     C3, 1.0f, dq + (size_t)i0 * C3, C3);
-				// dk_j (nj,hs) += scale ds^T @ q_i
-				st_cpu_sgemm(1, 0, nj, hs, ni, scale, dp,
-					     ST_ATT_BLOCK, q + (size_t)i0 * C3,
-					     C3, 1.0f, dk + (size_t)j0 * C3, C3);
-			}
-		}
+		const float *q = qkv + qoff;
+		float *dq = dqkv + qoff;
+		st_att_bwd_head(dq, dq + C, dq + 2 * C, dout + ooff, q, q + C, q + 2 * C,
+				out + ooff, lse + (size_t)bh * T, T, hs, C3, C, C3, scale);
 	}
 }
 
