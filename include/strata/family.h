@@ -193,6 +193,14 @@ uint64_t st_family_mix64(uint64_t z);
  * every machine. */
 void st_family_fill_normal(float *out, size_t n, uint64_t key, double std);
 
+struct st_compute;
+
+/* The mean of n per-row losses in c's memory: summed in row order in
+ * double, brought to the host a chunk at a time (each chunk a wait for
+ * the device: 4096 rows, so B x T = 8192 costs two); NaN when a copy
+ * failed (c's error says why). The heads of the families return it. */
+float st_family_mean_loss(struct st_compute *c, const float *losses, size_t n);
+
 /* A family's workspace, carved into aligned float buffers in order: after
  * st_carver_init(cv, work, work_bytes), each st_carve(cv, n) returns the
  * next n floats (64-byte aligned), or NULL once they do not fit; need_bytes

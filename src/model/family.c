@@ -1,6 +1,7 @@
 /* strata: the registry of model families, and the config functions that
  * reach a family through it (strata/family.h, strata/model.h). */
 #include "strata/family.h"
+#include "strata/compute.h"
 
 #include "strata/file.h"
 #include "gpt2.h"
@@ -511,4 +512,21 @@ void st_family_fill_normal(float *out, size_t n, uint64_t key, double std)
 		if (i < n)
 			out[i++] = (float)(v2 * f * std);
 	}
+}
+
+float st_family_mean_loss(struct st_compute *c, const float *losses, size_t n)
+{
+	float chunk[4096];
+	double s = 0.0;
+
+	for (size_t i0 = 0; i0 < n; i0 += ST_ARRAY_LEN(chunk)) {
+		size_t len = ST_MIN(ST_ARRAY_LEN(chunk), n - i0);
+
+		st_compute_to_host(c, chunk, losses + i0, len * sizeof(float));
+		if (c->err)
+			return NAN;
+		for (size_t i = 0; i < len; i++)
+			s += chunk[i];
+	}
+	return (float)(s / (double)n);
 }

@@ -367,26 +367,6 @@ static void st_block_bwd(const struct st_model *m, int u, int B, int T,
 
 /* ---- head ----------------------------------------------------------------------------------- */
 
-/* Mean of the per-row losses (device memory), summed in row order in
- * double; brought to the host a chunk at a time (each a wait for the
- * device: 4096 rows, so B x T = 8192 costs two). */
-static float st_mean_loss(struct st_compute *c, const float *losses, size_t n)
-{
-	float chunk[4096];
-	double s = 0.0;
-
-	for (size_t i0 = 0; i0 < n; i0 += ST_ARRAY_LEN(chunk)) {
-		size_t len = ST_MIN(ST_ARRAY_LEN(chunk), n - i0);
-
-		st_compute_to_host(c, chunk, losses + i0, len * sizeof(float));
-		if (c->err)
-			return NAN;
-		for (size_t i = 0; i < len; i++)
-			s += chunk[i];
-	}
-	return (float)(s / (double)n);
-}
-
 static void st_head_run(const struct st_model *m, const struct st_model_batch *b,
 			const float *params, const float *other, const float *x,
 			float *dx, float *grad, float *other_grad, float *loss,
@@ -426,7 +406,7 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 				dwte, C);
 	}
 	if (loss)
-		*loss = st_mean_loss(c, w->losses, (size_t)N);
+		*loss = st_family_mean_loss(c, w->losses, (size_t)N);
 	if (bwd) {
 		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
 		st_compute_layernorm_bwd(c, dx, grad + ul->tensors[HT_LNF_W].offset_elems,

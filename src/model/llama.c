@@ -431,25 +431,6 @@ static void st_layer_bwd(const struct st_model *m, int u, int B, int T, const fl
 
 /* ---- head ----------------------------------------------------------------------------- */
 
-/* Mean of the per-row losses (device memory), summed in row order in
- * double, a chunk at a time on the host. */
-static float st_mean_loss(struct st_compute *c, const float *losses, size_t n)
-{
-	float chunk[4096];
-	double s = 0.0;
-
-	for (size_t i0 = 0; i0 < n; i0 += ST_ARRAY_LEN(chunk)) {
-		size_t len = ST_MIN(ST_ARRAY_LEN(chunk), n - i0);
-
-		st_compute_to_host(c, chunk, losses + i0, len * sizeof(float));
-		if (c->err)
-			return NAN;
-		for (size_t i = 0; i < len; i++)
-			s += chunk[i];
-	}
-	return (float)(s / (double)n);
-}
-
 /* lm_head's matrix (V,C) and its gradient: the head's own, or the
  * embedding's when tied. */
 static const float *st_head_matrix(const struct st_model *m, const float *params,
@@ -501,7 +482,7 @@ static void st_head_run(const struct st_model *m, const struct st_model_batch *b
 		st_compute_gemm(c, 1, 0, V, C, nr, w->logits, V, xr, C, 1.0f, dW, C);
 	}
 	if (loss)
-		*loss = st_mean_loss(c, w->losses, (size_t)N);
+		*loss = st_family_mean_loss(c, w->losses, (size_t)N);
 	if (bwd) {
 		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
 		st_compute_rmsnorm_bwd(c, dx, grad + ul->tensors[HT_NORM].offset_elems, w->dxn, x,

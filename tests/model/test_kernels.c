@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "strata/kernels.h"
+#include "backend/cpu/cpu_isa.h"
 
 #include <math.h>
 #include <omp.h>
@@ -566,6 +567,94 @@ static void test_threads_bitwise(void **state)
 	free(A); free(B); free(qkv); free(dout);
 }
 
+
+/* ---- the elementwise loops' ISA ------------------------------------------------------------------ */
+
+/* What the ISA-dependent kernels give: gelu forward, backward and backward
+ * in place, cross-entropy forward and backward (in place, with losses). */
+struct isa_out {
+	float *gf, *gb, *gi, *lf, *lb, *dl;
+};
+
+static void isa_run(struct isa_out *o, const float *x, const float *dout, size_t n,
+		    const float *logits, const int32_t *tg, int N, int V)
+{
+	o->gf = zero_buf(n);
+	o->gb = zero_buf(n);
+	o->gi = malloc(n * sizeof(float));
+	memcpy(o->gi, x, n * sizeof(float));
+	st_cpu_gelu_fwd(o->gf, x, n);
+	st_cpu_gelu_bwd(o->gb, x, dout, n);
+	st_cpu_gelu_bwd(o->gi, o->gi, dout, n);
+	o->lf = zero_buf(N);
+	o->lb = zero_buf(N);
+	o->dl = malloc((size_t)N * V * sizeof(float));
+	memcpy(o->dl, logits, (size_t)N * V * sizeof(float));
+	st_cpu_crossentropy_fwd(o->lf, logits, tg, N, V);
+	st_cpu_crossentropy_bwd(o->dl, o->lb, o->dl, tg, 0.37f, N, V);
+}
+
+static void isa_free(struct isa_out *o)
+{
+	free(o->gf); free(o->gb); free(o->gi); free(o->lf); free(o->lb); free(o->dl);
+}
+
+/* Every ISA this cpu has, at 1, 2 and 3 threads, against the baseline loops
+ * at one thread, bit for bit: sizes with every remainder of 16 lanes, the
+ * gpt2 vocabulary, NaN, infinities, zeros of both signs and saturating
+ * inputs. */
+static void test_isa_bitwise(void **state)
+{
+	(void)state;
+	const enum st_cpu_isa top = st_cpu_isa();
+	const int saved = omp_get_max_threads();
+	const size_t sizes[] = { 1, 15, 17, 40000 + 13 };
+	const int vocabs[] = { 1, 7, 33, 1001, 50257 };
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		for (size_t vi = 0; vi < sizeof(vocabs) / sizeof(vocabs[0]); vi++) {
+			const size_t n = sizes[si];
+			const int V = vocabs[vi], N = 3;
+			float *x = rand_buf(n, 8.0f), *dout = rand_buf(n, 1.0f);
+			float *logits = rand_buf((size_t)N * V, 6.0f);
+			const float special[] = { NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 100.0f, -100.0f, 88.5f, -87.5f };
+			int32_t tg[3];
+			for (size_t k = 0; k < sizeof(special) / sizeof(special[0]) && k < n; k++)
+				x[n - 1 - k] = special[k];
+			for (int r = 0; r < N; r++)
+				tg[r] = (int32_t)(rng_u64() % (uint64_t)V);
+			if (V > 20) { /* row 1: ties of zeros and a large logit; row 2 one Inf */
+				for (int v = 0; v < V; v++)
+					logits[(size_t)V + v] = (v % 2) ? 0.0f : -0.0f;
+				logits[(size_t)V + 3] = 90.0f;
+				logits[(size_t)2 * V + 5] = -INFINITY;
+			}
+			struct isa_out ref, got;
+			omp_set_num_threads(1);
+			assert_int_equal(st_cpu_isa_set(ST_CPU_ISA_BASE), ST_CPU_ISA_BASE);
+			isa_run(&ref, x, dout, n, logits, tg, N, V);
+			for (int isa = ST_CPU_ISA_BASE; isa <= (int)top; isa++) {
+				assert_int_equal(st_cpu_isa_set((enum st_cpu_isa)isa), isa);
+				for (int t = 1; t <= 3; t++) {
+					omp_set_num_threads(t);
+					isa_run(&got, x, dout, n, logits, tg, N, V);
+					assert_memory_equal(got.gf, ref.gf, n * sizeof(float));
+					assert_memory_equal(got.gb, ref.gb, n * sizeof(float));
+					assert_memory_equal(got.gi, ref.gi, n * sizeof(float));
+					assert_memory_equal(got.lf, ref.lf, (size_t)N * sizeof(float));
+					assert_memory_equal(got.lb, ref.lb, (size_t)N * sizeof(float));
+					assert_memory_equal(got.dl, ref.dl, (size_t)N * V * sizeof(float));
+					isa_free(&got);
+				}
+			}
+			isa_free(&ref);
+			free(x); free(dout); free(logits);
+		}
+	}
+	omp_set_num_threads(saved);
+	assert_int_equal(st_cpu_isa_set(top), top);
+	print_message("elementwise ISA: %s (every one up to it checked)\n", st_cpu_isa_name(top));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -578,6 +667,7 @@ int main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_crossentropy),
 		cmocka_unit_test(test_threads_bitwise),
+		cmocka_unit_test(test_isa_bitwise),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,6 +39,15 @@ for tool in "$@"; do
 		     else
 			     echo "FAIL train-bench --recompute both: $out"; fail=1
 		     fi ;;
+	gemm-split) check "gemm-split --shapes 3x4" 2 "$tool" --shapes 3x4
+		    check "gemm-split --cut 0" 2 "$tool" --cut 0
+		    # a small shape: the engine's tiles give the same bits at 1 and 3 threads
+		    if out=$("$tool" --shapes 300x700x100 --threads 3 2>&1) &&
+		       printf '%s' "$out" | grep -q "tiles at 3 threads vs 1: 0 "; then
+			    echo "ok   gemm-split --shapes 300x700x100"
+		    else
+			    echo "FAIL gemm-split --shapes 300x700x100: $out"; fail=1
+		    fi ;;
 	offload-bench) check "offload-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
 		       check "offload-bench --batch 0" 2 "$tool" --batch 0 ;;
 	gpu-check) check "gpu-check --run without LOGDIR" 2 "$tool" --run build

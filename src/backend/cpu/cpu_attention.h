@@ -1,4 +1,4 @@
-/* strata: the cpu attention kernels' shared step (kernels.c's causal
+/* strata: the cpu attention kernels' shared code (kernels.c's causal
  * attention, kernels_llama.c's grouped-query one): one definition so both
  * compute a block with the same bits. */
 #ifndef STRATA_CPU_ATTENTION_H
@@ -47,5 +47,14 @@ static inline void st_att_online_softmax(float *s, int ni, int nj, int i0, int j
 		}
 	}
 }
+
+/* One (batch, head) of the causal attention, forward and backward
+ * (kernels.c): GPT-2's attention and the grouped-query one run the same
+ * code, each with its strides. */
+void st_att_fwd_head(float *o, float *l_out, const float *q, const float *k, const float *v,
+		     int T, int hd, int sq, int so, int sk, float scale);
+void st_att_bwd_head(float *dq, float *dk, float *dv, const float *dout, const float *q,
+		     const float *k, const float *v, const float *o, const float *l_in, int T,
+		     int hd, int sq, int so, int sk, float scale);
 
 #endif

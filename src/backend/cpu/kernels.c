@@ -19,6 +19,84 @@
 
 #include "cpu_attention.h" /* st_att_online_softmax(), ST_ATT_BLOCK */
 #include "cpu_expf.h" /* st_expf() */
+#include "cpu_isa.h"
+
+/* ---- the elementwise loops' ISA (cpu_isa.h) ----------------------------------- */
+
+static int isa_cached = -1; /* -1: not yet read from the cpu */
+
+static enum st_cpu_isa isa_of_cpu(void)
+{
+#if defined(ST_X86_64)
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f"))
+		return ST_CPU_ISA_AVX512;
+	if (__builtin_cpu_supports("avx2"))
+		return ST_CPU_ISA_AVX2;
+#endif
+	return ST_CPU_ISA_BASE;
+}
+
+enum st_cpu_isa st_cpu_isa(void)
+{
+	int isa = __atomic_load_n(&isa_cached, __ATOMIC_RELAXED);
+
+	if (isa < 0) {
+		isa = (int)isa_of_cpu();
+		__atomic_store_n(&isa_cached, isa, __ATOMIC_RELAXED);
+	}
+	return (enum st_cpu_isa)isa;
+}
+
+enum st_cpu_isa st_cpu_isa_set(enum st_cpu_isa isa)
+{
+	enum st_cpu_isa top = isa_of_cpu();
+
+	__atomic_store_n(&isa_cached, (int)(isa < top ? isa : top), __ATOMIC_RELAXED);
+	return st_cpu_isa();
+}
+
+const char *st_cpu_isa_name(enum st_cpu_isa isa)
+{
+	switch (isa) {
+	case ST_CPU_ISA_BASE: return "base";
+	case ST_CPU_ISA_AVX2: return "avx2";
+	case ST_CPU_ISA_AVX512: return "avx512";
+	}
+	return "unknown";
+}
+
+/* ST_ISA_VARIANTS(name, (params), (args)): name_run(isa, params) runs the
+ * always-inlined name_span(args) compiled for the baseline, AVX2 or
+ * AVX-512F. The span's loop must be elementwise: then every variant gives
+ * the baseline's bits (no fma: -ffp-contract=off). */
+#define ST_SPAN static inline __attribute__((always_inline))
+#if defined(ST_X86_64)
+#define ST_ISA_VARIANTS(name, params, args)                                              \
+	static void name##_base params { name##_span args; }                             \
+	__attribute__((target("avx2"))) static void name##_avx2 params { name##_span args; } \
+	__attribute__((target("avx512f"))) static void name##_avx512 params               \
+	{                                                                                \
+		name##_span args;                                                        \
+	}                                                                                \
+	static void name##_run(enum st_cpu_isa isa, ST_UNPAREN params)                   \
+	{                                                                                \
+		if (isa == ST_CPU_ISA_AVX512)                                            \
+			name##_avx512 args;                                              \
+		else if (isa == ST_CPU_ISA_AVX2)                                         \
+			name##_avx2 args;                                                \
+		else                                                                     \
+			name##_base args;                                                \
+	}
+#else
+#define ST_ISA_VARIANTS(name, params, args)                                              \
+	static void name##_run(enum st_cpu_isa isa, ST_UNPAREN params)                   \
+	{                                                                                \
+		(void)isa;                                                               \
+		name##_span args;                                                        \
+	}
+#endif
+#define ST_UNPAREN(...) __VA_ARGS__
 
 /* ---- bf16 ------------------------------------------------------------------ */
 
@@ -260,40 +338,59 @@ void st_cpu_layernorm_bwd(float *dinp, float *dweight, float *dbias,
  * 1 + tanh(u) -> 0), the limits are exact, and the loop vectorises. */
 #define ST_ELEM_CHUNK 16384 /* elements per task in elementwise kernels */
 
+ST_SPAN void gelu_fwd_span(float *out, const float *inp, size_t lo, size_t hi)
+{
+#pragma omp simd
+	for (size_t i = lo; i < hi; i++) {
+		float x = inp[i];
+		float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
+		float a = 1.0f / (e + 1.0f);
+		out[i] = x * (e * a); /* 0.5 x (1 + tanh) */
+	}
+}
+ST_ISA_VARIANTS(gelu_fwd, (float *out, const float *inp, size_t lo, size_t hi),
+		(out, inp, lo, hi))
+
 void st_cpu_gelu_fwd(float *out, const float *inp, size_t n)
 {
 	size_t n_chunks = (n + ST_ELEM_CHUNK - 1) / ST_ELEM_CHUNK;
+	enum st_cpu_isa isa = st_cpu_isa();
 #pragma omp parallel for schedule(static)
 	for (size_t ch = 0; ch < n_chunks; ch++) {
 		size_t lo = ch * ST_ELEM_CHUNK, hi = ST_MIN(lo + ST_ELEM_CHUNK, n);
-#pragma omp simd
-		for (size_t i = lo; i < hi; i++) {
-			float x = inp[i];
-			float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
-			float a = 1.0f / (e + 1.0f);
-			out[i] = x * (e * a); /* 0.5 x (1 + tanh) */
-		}
+		gelu_fwd_run(isa, out, inp, lo, hi);
 	}
 }
+
+/* dinp may be inp (elementwise, each read before its write). */
+ST_SPAN void gelu_bwd_span(float *dinp, const float *inp, const float *dout, size_t lo,
+			   size_t hi)
+{
+#pragma omp simd
+	for (size_t i = lo; i < hi; i++) {
+		float x = inp[i];
+		float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
+		float a = 1.0f / (e + 1.0f);
+		float ea = e * a;
+		float du = ST_GELU_K * (1.0f + 3.0f * ST_GELU_A * x * x);
+		/* 0.5 (1 + t) + 0.5 x (1 - t^2) du, 1 - t^2 = 4 e a^2 */
+		float g = ea + 2.0f * x * (ea * a) * du;
+		dinp[i] = g * dout[i];
+	}
+}
+ST_ISA_VARIANTS(gelu_bwd,
+		(float *dinp, const float *inp, const float *dout, size_t lo, size_t hi),
+		(dinp, inp, dout, lo, hi))
 
 void st_cpu_gelu_bwd(float *dinp, const float *inp, const float *dout,
 		     size_t n)
 {
 	size_t n_chunks = (n + ST_ELEM_CHUNK - 1) / ST_ELEM_CHUNK;
+	enum st_cpu_isa isa = st_cpu_isa();
 #pragma omp parallel for schedule(static)
 	for (size_t ch = 0; ch < n_chunks; ch++) {
 		size_t lo = ch * ST_ELEM_CHUNK, hi = ST_MIN(lo + ST_ELEM_CHUNK, n);
-#pragma omp simd
-		for (size_t i = lo; i < hi; i++) {
-			float x = inp[i];
-			float e = st_expf(2.0f * ST_GELU_K * (x + ST_GELU_A * x * x * x));
-			float a = 1.0f / (e + 1.0f);
-			float ea = e * a;
-			float du = ST_GELU_K * (1.0f + 3.0f * ST_GELU_A * x * x);
-			/* 0.5 (1 + t) + 0.5 x (1 - t^2) du, 1 - t^2 = 4 e a^2 */
-			float g = ea + 2.0f * x * (ea * a) * du;
-			dinp[i] = g * dout[i];
-		}
+		gelu_bwd_run(isa, dinp, inp, dout, lo, hi);
 	}
 }
 
@@ -364,6 +461,41 @@ void st_cpu_embedding_bwd(float *dwte, float *dwpe, const float *dout,
 
 /* ---- attention ---------------------------------------------------------------------- */
 
+/* One (batch, head) of the causal attention's forward: q with row stride
+ * sq, o with so, k and v with sk (GPT-2's q, k, v interleaved in qkv:
+ * sq = sk = 3C, so = C; a grouped-query head: sq = so = NH hd, sk = NKV hd). */
+void st_att_fwd_head(float *o, float *l_out, const float *q, const float *k, const float *v,
+		     int T, int hd, int sq, int so, int sk, float scale)
+{
+	float s[ST_ATT_BLOCK * ST_ATT_BLOCK];
+	float mrow[ST_ATT_BLOCK], lrow[ST_ATT_BLOCK];
+	for (int i0 = 0; i0 < T; i0 += ST_ATT_BLOCK) {
+		int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
+		for (int r = 0; r < ni; r++) {
+			mrow[r] = -INFINITY;
+			lrow[r] = 0.0f;
+			memset(o + (size_t)(i0 + r) * so, 0, sizeof(float) * hd);
+		}
+		for (int j0 = 0; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
+			int nj = ST_MIN(ST_ATT_BLOCK, i0 + ni - j0);
+			// s (ni,nj) = scale * q_i @ k_j^T
+			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
+				     k + (size_t)j0 * sk, sk, 0.0f, s, ST_ATT_BLOCK);
+			st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, so, hd);
+			// o_i (ni,hd) += p (ni,nj) @ v_j (nj,hd)
+			st_cpu_sgemm(0, 0, ni, hd, nj, 1.0f, s, ST_ATT_BLOCK, v + (size_t)j0 * sk,
+				     sk, 1.0f, o + (size_t)i0 * so, so);
+		}
+		for (int r = 0; r < ni; r++) {
+			float inv = 1.0f / lrow[r];
+			float *orow = o + (size_t)(i0 + r) * so;
+			for (int d = 0; d < hd; d++)
+				orow[d] *= inv;
+			l_out[i0 + r] = mrow[r] + logf(lrow[r]);
+		}
+	}
+}
+
 void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 			  int T, int C, int NH)
 {
@@ -375,40 +507,67 @@ void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 	for (int bh = 0; bh < B * NH; bh++) {
 		int b = bh / NH, h = bh % NH;
 		const float *q = qkv + (size_t)b * T * C3 + h * hs;
-		const float *k = q + C;
-		const float *v = q + 2 * C;
-		float *o = out + (size_t)b * T * C + h * hs;
-		float *l_out = lse + (size_t)bh * T;
-		float s[ST_ATT_BLOCK * ST_ATT_BLOCK];
-		float mrow[ST_ATT_BLOCK], lrow[ST_ATT_BLOCK];
-		for (int i0 = 0; i0 < T; i0 += ST_ATT_BLOCK) {
+		st_att_fwd_head(out + (size_t)b * T * C + h * hs, lse + (size_t)bh * T, q, q + C,
+				q + 2 * C, T, hs, C3, C, C3, scale);
+	}
+}
+
+/* One (batch, head) of the backward, accumulating into dq (stride sq, as
+ * q), dk and dv (stride sk, as k and v: a grouped-query head's are its kv
+ * head's, shared); dout and o have stride so. */
+void st_att_bwd_head(float *dq, float *dk, float *dv, const float *dout, const float *q,
+		     const float *k, const float *v, const float *o, const float *l_in, int T,
+		     int hd, int sq, int so, int sk, float scale)
+{
+	float p[ST_ATT_BLOCK * ST_ATT_BLOCK];
+	float dp[ST_ATT_BLOCK * ST_ATT_BLOCK];
+	float drow[ST_ATT_BLOCK];
+	for (int j0 = 0; j0 < T; j0 += ST_ATT_BLOCK) {
+		int nj = ST_MIN(ST_ATT_BLOCK, T - j0);
+		// query blocks that see some key of this block
+		for (int i0 = (j0 / ST_ATT_BLOCK) * ST_ATT_BLOCK; i0 < T; i0 += ST_ATT_BLOCK) {
 			int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
+			// p (ni,nj) = exp(scale q_i k_j^T - lse_i), causal
+			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
+				     k + (size_t)j0 * sk, sk, 0.0f, p, ST_ATT_BLOCK);
 			for (int r = 0; r < ni; r++) {
-				mrow[r] = -INFINITY;
-				lrow[r] = 0.0f;
-				memset(o + (size_t)(i0 + r) * C, 0,
-				       sizeof(float) * hs);
+				float *pr = p + r * ST_ATT_BLOCK;
+				int nvalid = i0 + r - j0 + 1;
+				nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
+				float li = l_in[i0 + r];
+#pragma omp simd
+				for (int c = 0; c < nvalid; c++)
+					pr[c] = st_expf(pr[c] - li);
+				for (int c = nvalid; c < nj; c++)
+					pr[c] = 0.0f;
+				// D_i = dout_i . out_i
+				const float *gr = dout + (size_t)(i0 + r) * so;
+				const float *orow = o + (size_t)(i0 + r) * so;
+				float d = 0.0f;
+				for (int e = 0; e < hd; e++)
+					d += gr[e] * orow[e];
+				drow[r] = d;
 			}
-			for (int j0 = 0; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
-				int nj = ST_MIN(ST_ATT_BLOCK, i0 + ni - j0);
-				// s (ni,nj) = scale * q_i @ k_j^T
-				st_cpu_sgemm(0, 1, ni, nj, hs, scale,
-					     q + (size_t)i0 * C3, C3,
-					     k + (size_t)j0 * C3, C3, 0.0f, s,
-					     ST_ATT_BLOCK);
-				st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, C, hs);
-				// o_i (ni,hs) += p (ni,nj) @ v_j (nj,hs)
-				st_cpu_sgemm(0, 0, ni, hs, nj, 1.0f, s,
-					     ST_ATT_BLOCK, v + (size_t)j0 * C3,
-					     C3, 1.0f, o + (size_t)i0 * C, C);
-			}
+			// dv_j (nj,hd) += p^T (nj,ni) @ dout_i (ni,hd)
+			st_cpu_sgemm(1, 0, nj, hd, ni, 1.0f, p, ST_ATT_BLOCK,
+				     dout + (size_t)i0 * so, so, 1.0f, dv + (size_t)j0 * sk, sk);
+			// dp (ni,nj) = dout_i @ v_j^T
+			st_cpu_sgemm(0, 1, ni, nj, hd, 1.0f, dout + (size_t)i0 * so, so,
+				     v + (size_t)j0 * sk, sk, 0.0f, dp, ST_ATT_BLOCK);
+			// ds = p * (dp - D_i), into dp
 			for (int r = 0; r < ni; r++) {
-				float inv = 1.0f / lrow[r];
-				float *orow = o + (size_t)(i0 + r) * C;
-				for (int d = 0; d < hs; d++)
-					orow[d] *= inv;
-				l_out[i0 + r] = mrow[r] + logf(lrow[r]);
+				float *pr = p + r * ST_ATT_BLOCK;
+				float *dr = dp + r * ST_ATT_BLOCK;
+#pragma omp simd
+				for (int c = 0; c < nj; c++)
+					dr[c] = pr[c] * (dr[c] - drow[r]);
 			}
+			// dq_i (ni,hd) += scale ds @ k_j
+			st_cpu_sgemm(0, 0, ni, hd, nj, scale, dp, ST_ATT_BLOCK,
+				     k + (size_t)j0 * sk, sk, 1.0f, dq + (size_t)i0 * sq, sq);
+			// dk_j (nj,hd) += scale ds^T @ q_i
+			st_cpu_sgemm(1, 0, nj, hd, ni, scale, dp, ST_ATT_BLOCK,
+				     q + (size_t)i0 * sq, sq, 1.0f, dk + (size_t)j0 * sk, sk);
 		}
 	}
 }
@@ -425,81 +584,63 @@ void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
 		int b = bh / NH, h = bh % NH;
 		size_t qoff = (size_t)b * T * C3 + h * hs;
 		size_t ooff = (size_t)b * T * C + h * hs;
-		const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-		float *dq = dqkv + qoff, *dk = dq + C, *dv = dq + 2 * C;
-		const float *o = out + ooff, *dout_h = dout + ooff;
-		const float *l_in = lse + (size_t)bh * T;
-		float p[ST_ATT_BLOCK * ST_ATT_BLOCK];
-		float dp[ST_ATT_BLOCK * ST_ATT_BLOCK];
-		float drow[ST_ATT_BLOCK];
-		for (int j0 = 0; j0 < T; j0 += ST_ATT_BLOCK) {
-			int nj = ST_MIN(ST_ATT_BLOCK, T - j0);
-			// query blocks that see some key of this block
-			for (int i0 = (j0 / ST_ATT_BLOCK) * ST_ATT_BLOCK; i0 < T;
-			     i0 += ST_ATT_BLOCK) {
-				int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
-				// p (ni,nj) = exp(scale q_i k_j^T - lse_i), causal
-				st_cpu_sgemm(0, 1, ni, nj, hs, scale,
-					     q + (size_t)i0 * C3, C3,
-					     k + (size_t)j0 * C3, C3, 0.0f, p,
-					     ST_ATT_BLOCK);
-				for (int r = 0; r < ni; r++) {
-					float *pr = p + r * ST_ATT_BLOCK;
-					int nvalid = i0 + r - j0 + 1;
-					nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
-					float li = l_in[i0 + r];
-#pragma omp simd
-					for (int c = 0; c < nvalid; c++)
-						pr[c] = st_expf(pr[c] - li);
-					for (int c = nvalid; c < nj; c++)
-						pr[c] = 0.0f;
-					// D_i = dout_i . out_i
-					const float *gr = dout_h + (size_t)(i0 + r) * C;
-					const float *orow = o + (size_t)(i0 + r) * C;
-					float d = 0.0f;
-					for (int e = 0; e < hs; e++)
-						d += gr[e] * orow[e];
-					drow[r] = d;
-				}
-				// dv_j (nj,hs) += p^T (nj,ni) @ dout_i (ni,hs)
-				st_cpu_sgemm(1, 0, nj, hs, ni, 1.0f, p,
-					     ST_ATT_BLOCK, dout_h + (size_t)i0 * C,
-					     C, 1.0f, dv + (size_t)j0 * C3, C3);
-				// dp (ni,nj) = dout_i @ v_j^T
-				st_cpu_sgemm(0, 1, ni, nj, hs, 1.0f,
-					     dout_h + (size_t)i0 * C, C,
-					     v + (size_t)j0 * C3, C3, 0.0f, dp,
-					     ST_ATT_BLOCK);
-				// ds = p * (dp - D_i), into dp
-				for (int r = 0; r < ni; r++) {
-					float *pr = p + r * ST_ATT_BLOCK;
-					float *dr = dp + r * ST_ATT_BLOCK;
-#pragma omp simd
-					for (int c = 0; c < nj; c++)
-						dr[c] = pr[c] * (dr[c] - drow[r]);
-				}
-				// dq_i (ni,hs) += scale ds @ k_j
-				st_cpu_sgemm(0, 0, ni, hs, nj, scale, dp,
-					     ST_ATT_BLOCK, k + (size_t)j0 * C3,
-					     C3, 1.0f, dq + (size_t)i0 * C3, C3);
-				// dk_j (nj,hs) += scale ds^T @ q_i
-				st_cpu_sgemm(1, 0, nj, hs, ni, scale, dp,
-					     ST_ATT_BLOCK, q + (size_t)i0 * C3,
-					     C3, 1.0f, dk + (size_t)j0 * C3, C3);
-			}
-		}
+		const float *q = qkv + qoff;
+		float *dq = dqkv + qoff;
+		st_att_bwd_head(dq, dq + C, dq + 2 * C, dout + ooff, q, q + C, q + 2 * C,
+				out + ooff, lse + (size_t)bh * T, T, hs, C3, C, C3, scale);
 	}
 }
 
 /* ---- cross-entropy ----------------------------------------------------------- */
 
-static float st_row_max(const float *x, int V)
+/* The row's max: exact in any order (a NaN never wins a compare; which of
+ * +0 and -0 wins a tie changes nothing below, as x - mx and mx + log(sum)
+ * come out the same for either), so it may run at any width. */
+ST_SPAN void row_max_span(const float *x, int V, float *out)
 {
 	float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
 	for (int i = 0; i < V; i++)
 		mx = x[i] > mx ? x[i] : mx;
+	*out = mx;
+}
+ST_ISA_VARIANTS(row_max, (const float *x, int V, float *out), (x, V, out))
+
+static float st_row_max(const float *x, int V)
+{
+	float mx;
+
+	row_max_run(st_cpu_isa(), x, V, &mx);
 	return mx;
+}
+
+/* dx = exp(x - mx), elementwise (dx may be x). */
+ST_SPAN void exp_shift_span(float *dx, const float *x, float mx, int V)
+{
+#pragma omp simd
+	for (int i = 0; i < V; i++)
+		dx[i] = st_expf(x[i] - mx);
+}
+ST_ISA_VARIANTS(exp_shift, (float *dx, const float *x, float mx, int V), (dx, x, mx, V))
+
+ST_SPAN void scale_span(float *dx, float s, int V)
+{
+#pragma omp simd
+	for (int i = 0; i < V; i++)
+		dx[i] *= s;
+}
+ST_ISA_VARIANTS(scale, (float *dx, float s, int V), (dx, s, V))
+
+/* The sum of the row's exponentials, in the baseline loop's order, which is
+ * the order the fused loop of crossentropy_bwd_row_base sums them in (the
+ * same reduction over the same values, one vector of partial sums). */
+static float row_sum(const float *e, int V)
+{
+	float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+	for (int i = 0; i < V; i++)
+		sum += e[i];
+	return sum;
 }
 
 void st_cpu_crossentropy_fwd(float *losses, const float *logits,
@@ -518,30 +659,42 @@ void st_cpu_crossentropy_fwd(float *losses, const float *logits,
 	}
 }
 
+/* One row of the backward as the baseline runs it: exp and sum fused. */
+static float crossentropy_bwd_row_base(float *dx, const float *x, float mx, int V)
+{
+	float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+	for (int i = 0; i < V; i++) {
+		float e = st_expf(x[i] - mx);
+		dx[i] = e;
+		sum += e;
+	}
+	return sum;
+}
+
 void st_cpu_crossentropy_bwd(float *dlogits, float *losses,
 			     const float *logits, const int32_t *targets,
 			     float dloss, int N, int V)
 {
+	enum st_cpu_isa isa = st_cpu_isa();
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
 		float *dx = dlogits + (size_t)n * V;
 		int32_t t = targets[n];
 		float xt = x[t]; /* read before dx (maybe x) is overwritten */
-		float mx = st_row_max(x, V);
-		float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-		for (int i = 0; i < V; i++) {
-			float e = st_expf(x[i] - mx);
-			dx[i] = e;
-			sum += e;
+		float mx, sum;
+		row_max_run(isa, x, V, &mx);
+		if (isa == ST_CPU_ISA_BASE) {
+			sum = crossentropy_bwd_row_base(dx, x, mx, V);
+		} else { /* the exponentials wide, then the same sum */
+			exp_shift_run(isa, dx, x, mx, V);
+			sum = row_sum(dx, V);
 		}
 		if (losses)
 			losses[n] = mx + logf(sum) - xt;
 		float s = dloss / sum;
-#pragma omp simd
-		for (int i = 0; i < V; i++)
-			dx[i] *= s;
+		scale_run(isa, dx, s, V);
 		dx[t] -= dloss;
 	}
 }

@@ -228,40 +228,6 @@ void st_cpu_token_embed_bwd(float *dwte, const float *dout, const int32_t *token
 
 /* ---- grouped-query attention ---------------------------------------------------------------- */
 
-/* One (batch, query head) of the forward: q, o with row stride sq; k, v
- * with row stride sk. */
-static void st_gqa_fwd_head(float *o, float *l_out, const float *q, const float *k,
-			    const float *v, int T, int hd, int sq, int sk, float scale)
-{
-	float s[ST_ATT_BLOCK * ST_ATT_BLOCK];
-	float mrow[ST_ATT_BLOCK], lrow[ST_ATT_BLOCK];
-	for (int i0 = 0; i0 < T; i0 += ST_ATT_BLOCK) {
-		int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
-		for (int r = 0; r < ni; r++) {
-			mrow[r] = -INFINITY;
-			lrow[r] = 0.0f;
-			memset(o + (size_t)(i0 + r) * sq, 0, sizeof(float) * hd);
-		}
-		for (int j0 = 0; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
-			int nj = ST_MIN(ST_ATT_BLOCK, i0 + ni - j0);
-			// s (ni,nj) = scale * q_i @ k_j^T
-			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
-				     k + (size_t)j0 * sk, sk, 0.0f, s, ST_ATT_BLOCK);
-			st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, sq, hd);
-			// o_i (ni,hd) += p (ni,nj) @ v_j (nj,hd)
-			st_cpu_sgemm(0, 0, ni, hd, nj, 1.0f, s, ST_ATT_BLOCK, v + (size_t)j0 * sk,
-				     sk, 1.0f, o + (size_t)i0 * sq, sq);
-		}
-		for (int r = 0; r < ni; r++) {
-			float inv = 1.0f / lrow[r];
-			float *orow = o + (size_t)(i0 + r) * sq;
-			for (int d = 0; d < hd; d++)
-				orow[d] *= inv;
-			l_out[i0 + r] = mrow[r] + logf(lrow[r]);
-		}
-	}
-}
-
 void st_cpu_gqa_attention_fwd(float *out, float *lse, const float *q, const float *k,
 			      const float *v, int B, int T, int NH, int NKV, int hd)
 {
@@ -273,67 +239,8 @@ void st_cpu_gqa_attention_fwd(float *out, float *lse, const float *q, const floa
 		int b = bh / NH, h = bh % NH, kh = h / rep;
 		size_t qo = (size_t)b * T * sq + (size_t)h * hd;
 		size_t ko = (size_t)b * T * sk + (size_t)kh * hd;
-		st_gqa_fwd_head(out + qo, lse + (size_t)bh * T, q + qo, k + ko, v + ko, T, hd,
-				sq, sk, scale);
-	}
-}
-
-/* One (batch, query head) of the backward, into dq (stride sq) and the
- * shared dk, dv (stride sk). */
-static void st_gqa_bwd_head(float *dq, float *dk, float *dv, const float *dout,
-			    const float *q, const float *k, const float *v, const float *o,
-			    const float *l_in, int T, int hd, int sq, int sk, float scale)
-{
-	float p[ST_ATT_BLOCK * ST_ATT_BLOCK];
-	float dp[ST_ATT_BLOCK * ST_ATT_BLOCK];
-	float drow[ST_ATT_BLOCK];
-	for (int j0 = 0; j0 < T; j0 += ST_ATT_BLOCK) {
-		int nj = ST_MIN(ST_ATT_BLOCK, T - j0);
-		// query blocks that see some key of this block
-		for (int i0 = (j0 / ST_ATT_BLOCK) * ST_ATT_BLOCK; i0 < T; i0 += ST_ATT_BLOCK) {
-			int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
-			// p (ni,nj) = exp(scale q_i k_j^T - lse_i), causal
-			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
-				     k + (size_t)j0 * sk, sk, 0.0f, p, ST_ATT_BLOCK);
-			for (int r = 0; r < ni; r++) {
-				float *pr = p + r * ST_ATT_BLOCK;
-				int nvalid = i0 + r - j0 + 1;
-				nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
-				float li = l_in[i0 + r];
-#pragma omp simd
-				for (int c = 0; c < nvalid; c++)
-					pr[c] = st_expf(pr[c] - li);
-				for (int c = nvalid; c < nj; c++)
-					pr[c] = 0.0f;
-				// D_i = dout_i . out_i
-				const float *gr = dout + (size_t)(i0 + r) * sq;
-				const float *orow = o + (size_t)(i0 + r) * sq;
-				float d = 0.0f;
-				for (int e = 0; e < hd; e++)
-					d += gr[e] * orow[e];
-				drow[r] = d;
-			}
-			// dv_j (nj,hd) += p^T (nj,ni) @ dout_i (ni,hd)
-			st_cpu_sgemm(1, 0, nj, hd, ni, 1.0f, p, ST_ATT_BLOCK,
-				     dout + (size_t)i0 * sq, sq, 1.0f, dv + (size_t)j0 * sk, sk);
-			// dp (ni,nj) = dout_i @ v_j^T
-			st_cpu_sgemm(0, 1, ni, nj, hd, 1.0f, dout + (size_t)i0 * sq, sq,
-				     v + (size_t)j0 * sk, sk, 0.0f, dp, ST_ATT_BLOCK);
-			// ds = p * (dp - D_i), into dp
-			for (int r = 0; r < ni; r++) {
-				float *pr = p + r * ST_ATT_BLOCK;
-				float *dr = dp + r * ST_ATT_BLOCK;
-#pragma omp simd
-				for (int c = 0; c < nj; c++)
-					dr[c] = pr[c] * (dr[c] - drow[r]);
-			}
-			// dq_i (ni,hd) += scale ds @ k_j
-			st_cpu_sgemm(0, 0, ni, hd, nj, scale, dp, ST_ATT_BLOCK,
-				     k + (size_t)j0 * sk, sk, 1.0f, dq + (size_t)i0 * sq, sq);
-			// dk_j (nj,hd) += scale ds^T @ q_i
-			st_cpu_sgemm(1, 0, nj, hd, ni, scale, dp, ST_ATT_BLOCK,
-				     q + (size_t)i0 * sq, sq, 1.0f, dk + (size_t)j0 * sk, sk);
-		}
+		st_att_fwd_head(out + qo, lse + (size_t)bh * T, q + qo, k + ko, v + ko, T, hd,
+				sq, sq, sk, scale);
 	}
 }
 
@@ -352,9 +259,9 @@ void st_cpu_gqa_attention_bwd(float *dq, float *dk, float *dv, const float *dout
 		for (int g = 0; g < rep; g++) {
 			int h = kh * rep + g;
 			size_t qo = (size_t)b * T * sq + (size_t)h * hd;
-			st_gqa_bwd_head(dq + qo, dk + ko, dv + ko, dout + qo, q + qo, k + ko,
+			st_att_bwd_head(dq + qo, dk + ko, dv + ko, dout + qo, q + qo, k + ko,
 					v + ko, out + qo, lse + ((size_t)b * NH + h) * T, T, hd,
-					sq, sk, scale);
+					sq, sq, sk, scale);
 		}
 	}
 }
