@@ -7,10 +7,10 @@
  *   copy     pinned host <-> vram through the vram tier's copy queues
  *   adam     the optim library's AdamW over a few hundred MB (30 B per
  *            parameter, as the planner counts it)
- *   nvme     an nvme-bench --json file, or a short write, read, and both at
- *            once (recorded, not used) through
- *            the nvme tier (io_uring, O_DIRECT) on the --nvme directories;
- *            its files are unlinked at open, so nothing stays behind
+ *   nvme     an nvme-bench --json file, or a replay of the engine's update
+ *            sweep through the nvme tier (io_uring, O_DIRECT) on the --nvme
+ *            directories (below); its files are unlinked at open, so
+ *            nothing stays behind
  * Each figure is the best of a few rounds after a warm-up. */
 #include "cli.h"
 #include "strata/compute.h"
@@ -309,15 +309,15 @@ static double cal_adam(const char *wdtype, bool bf16, json_object *meas)
  * cores. The calibration does the same through the same tier (1 MiB
  * pieces, 32 in flight, the staging registered as fixed buffers), over
  * cal_nvme_bytes() of files: more than a virtualised disk's cache, so the
- * reads come from the drive. Then:
- *   write, read  the whole file in tile-sized requests, 8 in flight, alone
- *                (read / write alone: their ratio)
- *   sweep        the replay; the tier's busy time (a request in flight)
- *                is the nvme lane of the step, reads and writes together
- * The planner predicts nvme time as read / r + write / w (one drive), so
- * the rates written are the alone rates scaled by one factor, the sweep's
- * busy time over its bytes' read / r + write / w at the alone rates: they
- * give the sweep's busy time back. */
+ * reads come from the drive. The files are written once (the fill), then
+ * swept CAL_ROUNDS times; of each sweep, as the engine's lanes are timed:
+ * the read lane's busy time (a read in flight, from its submission to
+ * its reaping), the write lane's, and the tier's (either in flight).
+ * The planner predicts nvme time as read / r + write / w (one drive), so,
+ * as --rates-refresh does with a run's lanes (st_plan_rates_from_lanes),
+ * both lanes' times are scaled by the tier's busy time over their sum:
+ * r = read bytes / (read busy x f), w likewise, which give the sweep's
+ * busy time back. The best sweep (the least tier busy time) is kept. */
 
 #define CAL_NVME_DEFAULT_BYTES (2ull << 30)
 #define CAL_NVME_WINDOW 8u
@@ -360,7 +360,21 @@ struct cal_nv {
 	char *set[2];               /* G, P, M, V (tile x 4 B each), W (tile x wb) */
 	unsigned pending[2][2];     /* [set][read, write] requests in flight */
 	uint64_t *sums;             /* [tiles * 5] */
+	unsigned lane_n[2];         /* [read, write] in flight */
+	uint64_t lane_t0[2], lane_ns[2]; /* busy since, busy so far */
 };
+
+/* A lane's count of requests in flight moves by d: its busy time runs
+ * while it is above 0. */
+static void cal_lane(struct cal_nv *c, int rw, int d)
+{
+	uint64_t now = st_now_ns();
+
+	if (d > 0 && c->lane_n[rw]++ == 0)
+		c->lane_t0[rw] = now;
+	if (d < 0 && --c->lane_n[rw] == 0)
+		c->lane_ns[rw] += now - c->lane_t0[rw];
+}
 
 static uint64_t cal_off(const struct cal_nv *c, uint64_t i, int s)
 {
@@ -382,6 +396,7 @@ static void cal_nv_reap(struct cal_nv *c, unsigned min_wait)
 			st_cli_die(1, "--calibrate: nvme %s: %s (%s)", tag & 1 ? "write" : "read",
 				   st_tier_error(c->nv), strerror((int)-cqe[i].res));
 		c->pending[tag >> 1][tag & 1]--;
+		cal_lane(c, (int)(tag & 1), -1);
 	}
 }
 
@@ -402,25 +417,7 @@ static void cal_nv_submit(struct cal_nv *c, int set, int rw, uint64_t off, void 
 	if (ret < 0)
 		st_cli_die(1, "--calibrate: nvme: %s (%s)", st_tier_error(c->nv), strerror(-ret));
 	c->pending[set][rw]++;
-}
-
-/* The whole file, written (from the sets' buffers) or read (into them), in
- * tile-sized requests, CAL_NVME_WINDOW in flight; seconds, writes synced. */
-static double cal_nv_pass(struct cal_nv *c, int rw)
-{
-	uint64_t t0 = st_now_ns(), n = 0, len = c->tile * 4;
-	uint64_t total = cal_off(c, c->tiles, 0) + c->tiles * c->tile * c->wb;
-
-	for (uint64_t off = 0; off < total; off += len, n++) {
-		while (c->pending[0][rw] >= CAL_NVME_WINDOW)
-			cal_nv_reap(c, 1);
-		cal_nv_submit(c, 0, rw, off, c->set[n % 2] + (n / 2 % 4) * len,
-			      ST_MIN(len, total - off));
-	}
-	cal_nv_wait(c, 0, rw);
-	if (rw && st_tier_sync(c->nv) < 0)
-		st_cli_die(1, "--calibrate: nvme sync: %s", st_tier_error(c->nv));
-	return (double)(st_now_ns() - t0) / 1e9;
+	cal_lane(c, rw, +1);
 }
 
 /* One tile's G, P, M, V into set s. */
@@ -464,12 +461,14 @@ static void cal_sweep_update(struct cal_nv *c, int s, uint64_t i, int round, boo
 	}
 }
 
-/* The replay of one update sweep over every tile; the tier's busy time. */
-static double cal_nv_sweep(struct cal_nv *c, int round, double *wall_s)
+/* The replay of one update sweep over every tile; the tier's busy time,
+ * and the read and write lanes' in lane_s. */
+static double cal_nv_sweep(struct cal_nv *c, int round, double *wall_s, double lane_s[2])
 {
 	struct st_tier_stats a, b;
 	uint64_t t0 = st_now_ns();
 
+	c->lane_ns[0] = c->lane_ns[1] = 0;
 	st_tier_get_stats(c->nv, &a);
 	cal_sweep_load(c, 0, 0);
 	for (uint64_t i = 0; i < c->tiles; i++) {
@@ -483,6 +482,8 @@ static double cal_nv_sweep(struct cal_nv *c, int round, double *wall_s)
 		st_cli_die(1, "--calibrate: nvme sync: %s", st_tier_error(c->nv));
 	st_tier_get_stats(c->nv, &b);
 	*wall_s = (double)(st_now_ns() - t0) / 1e9;
+	lane_s[0] = (double)c->lane_ns[0] / 1e9;
+	lane_s[1] = (double)c->lane_ns[1] / 1e9;
 	return (double)(b.busy_ns - a.busy_ns) / 1e9;
 }
 
@@ -494,7 +495,7 @@ static void cal_nvme(const struct st_plan_input *in, const char *dirs, double *r
 	struct st_tier *nv, *host;
 	struct st_extent he;
 	struct cal_nv c = { .wb = in->bf16 ? 2 : 4 };
-	double r = 0, w = 0, busy = 0, wall = 0, sweep_rd, sweep_wr;
+	double busy = 0, wall = 0, lane[2] = { 0, 0 }, sweep_rd, sweep_wr;
 	int ret;
 
 	/* the engine's update tile: the largest unit, at most 8 Mi elements */
@@ -560,49 +561,41 @@ static void cal_nvme(const struct st_plan_input *in, const char *dirs, double *r
 	cal_nv_wait(&c, 0, 1);
 	if (st_tier_sync(nv) < 0)
 		st_cli_die(1, "--calibrate: nvme sync: %s", st_tier_error(nv));
-	/* the alone passes overwrite the file: from here on each round's
-	 * sweep writes what the next reads; the alone passes come after it */
+	sweep_rd = (double)c.tiles * tile * 16;
+	sweep_wr = (double)c.tiles * tile * (12 + c.wb);
 	for (int round = 1; round <= CAL_ROUNDS; round++) {
-		double sw_wall, sw = cal_nv_sweep(&c, round, &sw_wall);
-		double tr = cal_nv_pass(&c, 0);
-		double sweep_b = (double)c.tiles * tile * (28 + c.wb);
+		double sw_wall, ln[2], sw = cal_nv_sweep(&c, round, &sw_wall, ln);
 
 		if (busy == 0 || sw < busy) {
 			busy = sw;
 			wall = sw_wall;
+			lane[0] = ln[0];
+			lane[1] = ln[1];
 		}
-		r = cal_best(r, tr);
 		fprintf(stderr, "calibrate: nvme: round %d/%d: sweep %.2f GB/s read + write in "
-			"%.3f s busy (%.3f s wall), read alone %.2f GB/s\n", round, CAL_ROUNDS,
-			sweep_b / sw / 1e9, sw, sw_wall, file / tr / 1e9);
+			"%.3f s busy (%.3f s wall; read lane %.3f s, write lane %.3f s)\n", round,
+			CAL_ROUNDS, (sweep_rd + sweep_wr) / sw / 1e9, sw, sw_wall, ln[0], ln[1]);
 	}
-	/* the write alone last: it leaves the file's sums stale, the sweeps
-	 * are done */
-	for (int round = 1; round <= CAL_ROUNDS; round++)
-		w = cal_best(w, cal_nv_pass(&c, 1));
-	sweep_rd = (double)c.tiles * tile * 16;
-	sweep_wr = (double)c.tiles * tile * (12 + c.wb);
 	{
-		double r_alone = file / r, w_alone = file / w;
-		double f = busy / (sweep_rd / r_alone + sweep_wr / w_alone);
+		double f = lane[0] + lane[1] > busy ? busy / (lane[0] + lane[1]) : 1;
 
-		*rd = r_alone / f;
-		*wr = w_alone / f;
-		fprintf(stderr, "calibrate: nvme: alone %.2f GB/s read, %.2f GB/s write; the sweep's "
-			"busy time is %.2f x their sum\n", r_alone / 1e9, w_alone / 1e9, f);
+		*rd = sweep_rd / (lane[0] * f);
+		*wr = sweep_wr / (lane[1] * f);
+		fprintf(stderr, "calibrate: nvme: the lanes' busy times scaled by %.2f (the tier's "
+			"over their sum)\n", f);
 		json_object *o = json_object_new_object();
 
 		json_object_object_add(o, "source", json_object_new_string("run"));
 		json_object_object_add(o, "dirs", json_object_new_string(dirs));
 		json_object_object_add(o, "bytes", json_object_new_int64((int64_t)file));
 		json_object_object_add(o, "tile_elems", json_object_new_int64((int64_t)tile));
-		json_object_object_add(o, "write_s", json_object_new_double(w));
-		json_object_object_add(o, "read_s", json_object_new_double(r));
 		json_object_object_add(o, "sweep_read_bytes", json_object_new_int64((int64_t)sweep_rd));
 		json_object_object_add(o, "sweep_write_bytes",
 				       json_object_new_int64((int64_t)sweep_wr));
 		json_object_object_add(o, "sweep_busy_s", json_object_new_double(busy));
 		json_object_object_add(o, "sweep_wall_s", json_object_new_double(wall));
+		json_object_object_add(o, "sweep_read_lane_s", json_object_new_double(lane[0]));
+		json_object_object_add(o, "sweep_write_lane_s", json_object_new_double(lane[1]));
 		json_object_object_add(o, "scale", json_object_new_double(f));
 		json_object_object_add(meas, "nvme", o);
 	}
