@@ -328,6 +328,21 @@ struct st_plan {
 	int n_keep;
 	uint64_t saved_each_bytes;
 	double recompute_flops;
+	/* The step's two phases (docs/plan.md, "The model of the step"):
+	 * [0] the forwards and backwards of the micro-batches but the first
+	 * forward, [1] the update sweep and the next step's first forward,
+	 * which the sweep runs beside it. The update cannot start before the
+	 * last backward (the clip needs the whole gradient's norm), so the
+	 * phases add. Per phase: each lane's time (compute, copy, nvme, adam,
+	 * net; compute holds AdamW on the cpu device, host_compute), the
+	 * phase's time (its busiest lane) and that lane's name. The update
+	 * phase's traffic: the new W to vram, the G, P, M, V loads and the
+	 * P, M, V and W stores on nvme. t_step_s = t_phase_s[0] +
+	 * t_phase_s[1] + t_serial_s. */
+	double t_phase_lane_s[2][5];
+	double t_phase_s[2];
+	const char *phase_bound[2];
+	uint64_t upd_h2d_bytes, upd_nvme_read_bytes, upd_nvme_write_bytes;
 };
 
 #define ST_PLAN_ACCUM_MAX 64

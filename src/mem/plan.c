@@ -182,6 +182,7 @@ static void st_act_traffic(const struct st_shape *sh, struct st_plan *p);
 static int st_act_hint(const struct st_plan_input *in, int ret);
 static uint64_t st_recomp_work(const struct st_shape *sh);
 static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p);
+static void st_recomp_base(const struct st_plan_input *in, const struct st_shape *sh);
 
 /* --- the optimizer on the device (docs/gpu.md) ----------------------------- */
 
@@ -681,6 +682,7 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 	uint64_t p_dev_elems = 0, p_all_elems = 0;
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
+	p->upd_h2d_bytes = p->upd_nvme_read_bytes = p->upd_nvme_write_bytes = 0;
 	for (int u = 0; u < sh->units; u++) {
 		const enum st_home *h = &homes[u * ST_STATE_COUNT];
 
@@ -700,14 +702,17 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 		 * update the new W goes to its home. */
 		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
 
-		if (h[ST_STATE_W] == ST_HOME_VRAM)
+		if (h[ST_STATE_W] == ST_HOME_VRAM) {
 			/* the optimizer on the device writes W in place */
 			p->h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
-		else
+			p->upd_h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
+		} else {
 			p->h2d_bytes += n * fetches * w;
+		}
 		if (h[ST_STATE_W] == ST_HOME_NVME) {
 			p->nvme_read_bytes += n * fetches * w;
 			p->nvme_write_bytes += w;
+			p->upd_nvme_write_bytes += w;
 		}
 		/* dW to the host: at world > 1 the N slots of the rank's slice;
 		 * none when G lives in vram */
@@ -718,11 +723,14 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
 			p->nvme_read_bytes += n * g;
 			p->nvme_write_bytes += n * g;
+			p->upd_nvme_read_bytes += g; /* the update's load */
 		}
 		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
 			if (h[s] == ST_HOME_NVME) {
 				p->nvme_read_bytes += pmv;
 				p->nvme_write_bytes += pmv;
+				p->upd_nvme_read_bytes += pmv;
+				p->upd_nvme_write_bytes += pmv;
 			}
 	}
 	st_predict_comm(sh, p);
@@ -733,17 +741,66 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 				 1.0 - (double)p_dev_elems / (double)p_all_elems : 1.0, p);
 }
 
-/* The times of the lanes from the traffic and the FLOPs, and the step: the
- * busiest lane (on the cpu device compute and AdamW share the cores and are
- * added) plus the pipeline's fill and drain, one unit's share of
- * every other lane before the first compute and after the last
- * (docs/plan.md, "Predicted time per step"). */
+/* The step's two phases (docs/plan.md, "The model of the step"): [0] the
+ * forwards and backwards, [1] the update sweep with the next step's first
+ * forward beside it. The update starts after the last backward (the clip
+ * needs the whole gradient's norm) and the next step's backward after the
+ * sweep, so the phases add; within a phase the lanes overlap. The update
+ * phase has the update's traffic (G, P, M, V loads and P, M, V, W stores
+ * on nvme, the new W to vram), AdamW, and one micro-batch's forward
+ * FLOPs (a third of the model's, nothing recomputed); the rest of each
+ * lane is the first phase's. The fill and drain: one unit's share of each
+ * phase's lanes but its busiest, twice. t[] are the whole step's lanes. */
+static void st_predict_phases(const struct st_plan_input *in, const struct st_shape *sh,
+			      const double t[5], struct st_plan *p)
+{
+	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
+	const struct st_plan_rates *r = &p->rates;
+	double fwd = st_model_flops_per_token(in->model, in->seq) * in->batch * in->seq / 3.0 /
+		     r->compute_flops;
+	double (*L)[5] = p->t_phase_lane_s, others = 0;
+
+	fwd = ST_MIN(fwd, t[0]);
+	L[1][0] = fwd;
+	L[1][1] = (double)p->upd_h2d_bytes / r->copy_bps;
+	L[1][2] = (double)p->upd_nvme_read_bytes / r->nvme_read_bps +
+		  (double)p->upd_nvme_write_bytes / r->nvme_write_bps;
+	L[1][3] = t[3];
+	L[1][4] = 0;
+	for (int i = 0; i < 5; i++)
+		L[0][i] = ST_MAX(t[i] - L[1][i], 0.0);
+	for (int ph = 0; ph < 2; ph++) {
+		int arg = 0;
+
+		if (in->host_compute) { /* compute and AdamW take turns on the cores */
+			L[ph][0] += L[ph][3];
+			L[ph][3] = 0;
+		}
+		for (int i = 1; i < 5; i++)
+			if (L[ph][i] > L[ph][arg])
+				arg = i;
+		for (int i = 0; i < 5; i++)
+			if (i != arg)
+				others += L[ph][i];
+		p->t_phase_s[ph] = L[ph][arg];
+		p->phase_bound[ph] = names[arg];
+		if (arg == 0 && in->host_compute && ph == 1 && t[3] > fwd)
+			p->phase_bound[ph] = names[3];
+	}
+	p->t_serial_s = 2.0 * others / sh->units;
+	p->t_step_s = p->t_phase_s[0] + p->t_phase_s[1] + p->t_serial_s;
+}
+
+/* The times of the lanes from the traffic and the FLOPs, the busiest lane
+ * of the step (on the cpu device compute and AdamW share the cores and are
+ * added), and the step: its two phases plus the pipeline's fill and drain
+ * (st_predict_phases(); docs/plan.md, "Predicted time per step"). */
 static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
 			     double host_adam_share, struct st_plan *p)
 {
 	const struct st_plan_rates *r = &p->rates;
 	double tokens = (double)in->batch * in->seq * (double)sh->accum;
-	double t[5], lane[5], others = 0;
+	double t[5], lane[5];
 	uint64_t wire = 0;
 	int arg = 0;
 	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
@@ -783,13 +840,9 @@ static void st_predict_times(const struct st_plan_input *in, const struct st_sha
 	for (int i = 1; i < 5; i++)
 		if (lane[i] > lane[arg])
 			arg = i;
-	for (int i = 0; i < 5; i++)
-		if (i != arg)
-			others += lane[i];
-	p->t_serial_s = 2.0 * others / sh->units;
-	p->t_step_s = lane[arg] + p->t_serial_s;
 	/* the cores' lane is named by the larger of its two */
 	p->bound = arg == 0 && in->host_compute && t[3] > t[0] ? names[3] : names[arg];
+	st_predict_phases(in, sh, t, p);
 }
 
 /* The batch that hides the I/O: the step at every --grad-accum N up to
@@ -959,9 +1012,33 @@ static bool st_policy_accept(struct st_policy *pol, int i, const uint64_t *budge
 	return st_fits(p, budget, -1);
 }
 
+static void st_recomp_auto(const struct st_shape *sh, const enum st_home *homes, int k,
+			   const uint64_t *budget);
+
+/* The prefetch depth of homes: the forced one, or (--prefetch 0) the
+ * largest in 1..U that fits what the placement leaves. */
+static int st_policy_depth(const struct st_policy *pol, const enum st_home *homes,
+			   const uint64_t *budget)
+{
+	struct st_pools pools;
+	int k = pol->k;
+
+	if (pol->in->prefetch == 0)
+		for (k = pol->sh->units; k > 1; k--) {
+			st_pools_compute(pol->sh, homes, k, &pools);
+			if (st_fits(&pools, budget, -1))
+				break;
+		}
+	return k;
+}
+
 /* Choose the homes (out) at `budget`: of the candidates that work, the one
- * predicted fastest (the first on a tie). Returns the candidate, or -1
- * when none works; *split says whether the split moved a shard. */
+ * predicted fastest (the first on a tie). Under --recompute auto each
+ * candidate is predicted with its own kept forwards (its depth, then the
+ * keeps in what the depth leaves, as st_plan_make() does for the chosen
+ * one), so a row that frees vram for keeps is credited with them.
+ * Returns the candidate, or -1 when none works; *split says whether the
+ * split moved a shard. */
 static int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home *out,
 			    bool *split)
 {
@@ -976,7 +1053,12 @@ static int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum 
 
 		if (!st_policy_accept(pol, i, budget, &moved, &p))
 			continue;
+		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
+			st_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
+				       budget);
 		sum = st_policy_cost(pol, pol->trial, &step);
+		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
+			st_recomp_base(pol->in, pol->sh);
 		if (chosen < 0 || st_split_better(step, sum, best_step, best_sum)) {
 			chosen = i;
 			best_step = step;
@@ -1153,7 +1235,7 @@ static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p)
 /* The keeps the placement search and the minimums are made with: every
  * unit that can keep for NONE, none for ALL and AUTO (AUTO keeps only
  * what is left over after everything else). */
-static void st_recomp_base(const struct st_plan_input *in, struct st_shape *sh)
+static void st_recomp_base(const struct st_plan_input *in, const struct st_shape *sh)
 {
 	for (int u = 0; u < sh->units; u++)
 		sh->keep[u] = in->recompute == ST_RECOMPUTE_NONE && sh->saved[u] > 0;
@@ -1165,7 +1247,7 @@ static void st_recomp_base(const struct st_plan_input *in, struct st_shape *sh)
  * back or overlapped a recompute; the blocks are of one size, so which
  * ones keep changes nothing else. Every unit is tried: the last one to
  * keep also shrinks the workspace to a kept unit's scratch. */
-static void st_recomp_auto(struct st_shape *sh, const enum st_home *homes, int k,
+static void st_recomp_auto(const struct st_shape *sh, const enum st_home *homes, int k,
 			   const uint64_t *budget)
 {
 	struct st_pools p;
@@ -1274,13 +1356,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	c = cands[chosen];
 	*sh.act_home = c.a; /* st_policy_choose() tried the others last */
 	/* the placement first, then k in what it leaves (docs/plan.md) */
-	k = k0;
-	if (in->prefetch == 0)
-		for (k = sh.units; k > 1; k--) {
-			st_pools_compute(&sh, homes, k, &pools);
-			if (st_fits(&pools, budget, -1))
-				break;
-		}
+	k = st_policy_depth(&pol, homes, budget);
 	if (in->recompute == ST_RECOMPUTE_AUTO)
 		st_recomp_auto(&sh, homes, k, budget);
 	st_pools_compute(&sh, homes, k, &pools);
@@ -1684,6 +1760,13 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	if (p->world > 1)
 		fprintf(f, "  net      %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_net_s, a, 32),
 			p->rates.net_bps / 1e9, st_src(p, ST_RATE_NET));
+	{
+		char b2[32];
+
+		fprintf(f, "  phases   backward %s (bound by %s) + update %s (bound by %s)\n",
+			st_fmt_s(p->t_phase_s[0], a, 32), p->phase_bound[0],
+			st_fmt_s(p->t_phase_s[1], b2, 32), p->phase_bound[1]);
+	}
 	fprintf(f, "  serial   %-10s fill and drain: one unit's share of the other lanes%s\n",
 		st_fmt_s(p->t_serial_s, a, 32),
 		in->host_compute ? "\n           (cpu device: compute and adam share the cores, so "
@@ -1907,6 +1990,9 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "d2h_bytes", st_ju(p->d2h_bytes));
 	json_object_object_add(o, "nvme_read_bytes", st_ju(p->nvme_read_bytes));
 	json_object_object_add(o, "nvme_write_bytes", st_ju(p->nvme_write_bytes));
+	json_object_object_add(o, "update_h2d_bytes", st_ju(p->upd_h2d_bytes));
+	json_object_object_add(o, "update_nvme_read_bytes", st_ju(p->upd_nvme_read_bytes));
+	json_object_object_add(o, "update_nvme_write_bytes", st_ju(p->upd_nvme_write_bytes));
 	json_object_object_add(root, "traffic", o);
 
 	o = json_object_new_object();
@@ -1935,6 +2021,26 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "host_compute", json_object_new_boolean(in->host_compute));
 	json_object_object_add(o, "compute_flops", json_object_new_double(p->compute_flops_step));
 	json_object_object_add(o, "adam_bytes", st_ju(p->adam_bytes));
+	{
+		static const char *ph_names[2] = { "backward", "update" };
+		static const char *lane_keys[5] = { "compute_s", "copy_s", "nvme_s", "adam_s",
+						    "net_s" };
+		json_object *arr = json_object_new_array();
+
+		for (int ph = 0; ph < 2; ph++) {
+			json_object *q = json_object_new_object(), *l = json_object_new_object();
+
+			json_object_object_add(q, "phase", json_object_new_string(ph_names[ph]));
+			json_object_object_add(q, "s", json_object_new_double(p->t_phase_s[ph]));
+			json_object_object_add(q, "bound", json_object_new_string(p->phase_bound[ph]));
+			for (int i = 0; i < 5; i++)
+				json_object_object_add(l, lane_keys[i],
+						       json_object_new_double(p->t_phase_lane_s[ph][i]));
+			json_object_object_add(q, "lanes", l);
+			json_object_array_add(arr, q);
+		}
+		json_object_object_add(o, "phases", arr);
+	}
 	json_object_object_add(root, "time", o);
 
 	/* the batch that hides the I/O */

@@ -638,36 +638,56 @@ static void test_traffic_hand_computed(void **state)
 	{
 		double t[] = { p.t_compute_s, p.t_copy_s, p.t_nvme_s, p.t_adam_s };
 		const char *names[] = { "compute", "copy", "nvme", "adam" };
-		double others = 0;
+		/* the update phase: G, P, M, V loaded, P, M, V stored (5 g and
+		 * 3 g: W is in vram), the new W up, AdamW, one forward */
+		double u[] = { (307200.0 + 24576.0) / 3 * in.batch * in.seq / 50e9,
+			       (double)w / 8e9, 4.0 * g / 1.5e9 + 3.0 * g / 1.2e9, p.t_adam_s };
+		double others = 0, ph[2] = { 0, 0 };
 		int arg = 0;
 
+		assert_int_equal(p.upd_nvme_read_bytes, 4 * g);
+		assert_int_equal(p.upd_nvme_write_bytes, 3 * g);
+		assert_int_equal(p.upd_h2d_bytes, w);
 		for (int i = 1; i < 4; i++)
 			if (t[i] > t[arg])
 				arg = i;
-		for (int i = 0; i < 4; i++)
-			others += i == arg ? 0 : t[i];
-		/* the busiest lane, plus the fill and drain: one unit's share of
-		 * every other lane, twice */
-		assert_double_equal(p.t_serial_s, 2 * others / p.units, 1e-15);
-		assert_double_equal(p.t_step_s, t[arg] + p.t_serial_s, 1e-15);
 		assert_string_equal(p.bound, names[arg]);
+		for (int i = 0; i < 4; i++) {
+			assert_double_equal(p.t_phase_lane_s[1][i], u[i], 1e-15);
+			assert_double_equal(p.t_phase_lane_s[0][i], t[i] - u[i], 1e-15);
+			ph[0] = fmax(ph[0], t[i] - u[i]);
+			ph[1] = fmax(ph[1], u[i]);
+		}
+		for (int i = 0; i < 4; i++)
+			others += t[i] - u[i] + u[i];
+		others -= ph[0] + ph[1];
+		/* the phases add; plus the fill and drain: one unit's share of
+		 * every lane but each phase's busiest, twice */
+		assert_double_equal(p.t_phase_s[0], ph[0], 1e-15);
+		assert_double_equal(p.t_phase_s[1], ph[1], 1e-15);
+		assert_double_equal(p.t_serial_s, 2 * others / p.units, 1e-15);
+		assert_double_equal(p.t_step_s, ph[0] + ph[1] + p.t_serial_s, 1e-15);
+		assert_true(p.t_step_s >= t[arg]);
 	}
 	st_plan_fini(&p);
 
-	/* the cpu device: compute and AdamW share the cores, so they add */
+	/* the cpu device: compute and AdamW share the cores, so they add,
+	 * in each phase (AdamW is all in the update's) */
 	in.host_compute = true;
 	p = plan_ok(&in);
 	{
-		double cores = p.t_compute_s + p.t_adam_s;
-		double t[] = { cores, p.t_copy_s, p.t_nvme_s };
-		int arg = 0;
+		double fwd = (307200.0 + 24576.0) / 3 * in.batch * in.seq / 50e9;
+		double c0 = p.t_compute_s - fwd, c1 = fwd + p.t_adam_s;
+		double n1 = p.t_phase_lane_s[1][2], n0 = p.t_nvme_s - n1;
+		double k1 = p.t_phase_lane_s[1][1], k0 = p.t_copy_s - k1;
+		double m0 = fmax(c0, fmax(k0, n0)), m1 = fmax(c1, fmax(k1, n1));
 
-		for (int i = 1; i < 3; i++)
-			if (t[i] > t[arg])
-				arg = i;
-		assert_double_equal(p.t_step_s - p.t_serial_s, t[arg], 1e-15);
-		assert_double_equal(p.t_serial_s, 2 * (cores + t[1] + t[2] - t[arg]) / p.units,
-				    1e-15);
+		assert_double_equal(p.t_phase_lane_s[0][0], c0, 1e-15);
+		assert_double_equal(p.t_phase_lane_s[1][0], c1, 1e-15);
+		assert_double_equal(p.t_phase_lane_s[1][3], 0, 0);
+		assert_double_equal(p.t_step_s - p.t_serial_s, m0 + m1, 1e-15);
+		assert_double_equal(p.t_serial_s,
+				    2 * (c0 + k0 + n0 - m0 + c1 + k1 + n1 - m1) / p.units, 1e-15);
 	}
 	st_plan_fini(&p);
 	in.host_compute = false;
@@ -773,11 +793,26 @@ static void test_recompute(void **state)
 	assert_double_equal(p.t_compute_s, (3 * blk + 5 * blk * 4 / 3 + head) * tokens / 50e9,
 			    1e-15);
 	st_plan_fini(&p);
-	/* one byte less: two */
+	/* one byte less: two, with the checkpoints in vram */
 	in.gpu_mem_bytes -= 1;
+	in.activations = ST_OFFLOAD_NONE;
 	p = plan_ok(&in);
 	assert_int_equal(p.n_keep, 2);
 	assert_true(p.keep[7] && p.keep[8] && !p.keep[6]);
+	{
+		/* auto compares the rows with their own keeps: the checkpoints
+		 * on the host free room for the third keep again, and that
+		 * row is predicted faster (the old comparison, without keeps,
+		 * took the vram row and its two) */
+		struct st_plan q;
+
+		in.activations = ST_OFFLOAD_AUTO;
+		q = plan_ok(&in);
+		assert_int_equal(q.act_home, ST_HOME_HOST);
+		assert_int_equal(q.n_keep, 3);
+		assert_true(q.t_step_s < p.t_step_s);
+		st_plan_fini(&q);
+	}
 	st_plan_fini(&p);
 	/* none's total: every block (the last extent paid by the workspace's
 	 * shrinking) */

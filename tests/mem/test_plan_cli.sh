@@ -201,11 +201,26 @@ r, t, tr = p['rates'], p['time'], p['traffic']
 assert r['nvme_read_bps'] == 3.25e9 and r['nvme_write_bps'] == 2.5e9, r
 want = tr['nvme_read_bytes'] / 3.25e9 + tr['nvme_write_bytes'] / 2.5e9
 assert abs(t['nvme_s'] - want) <= 1e-9 * want, (t, want)
-# the cpu device: compute and AdamW share the cores; plus the fill and drain
-lanes = [t['compute_s'] + t['adam_s'], t['copy_s'], t['nvme_s']]
+# the update phase's nvme: its loads and stores at the same rates
+b, u = t['phases']
+assert (b['phase'], u['phase']) == ('backward', 'update'), t['phases']
+want = tr['update_nvme_read_bytes'] / 3.25e9 + tr['update_nvme_write_bytes'] / 2.5e9
+assert want > 0 and abs(u['lanes']['nvme_s'] - want) <= 1e-9 * want, (u, want)
+# the cpu device: compute and AdamW share the cores (AdamW in the update);
+# the two phases add, plus the fill and drain
 assert t['host_compute'] is True, t
-assert abs(t['serial_s'] - 2 * (sum(lanes) - max(lanes)) / p['model']['units']) <= 1e-12, t
-assert abs(t['step_s'] - max(lanes) - t['serial_s']) <= 1e-12 * t['step_s'], t
+assert u['lanes']['adam_s'] == 0 and b['lanes']['adam_s'] == 0, t['phases']
+cores = b['lanes']['compute_s'] + u['lanes']['compute_s']
+assert abs(cores - t['compute_s'] - t['adam_s']) <= 1e-12 * cores, (cores, t)
+for k in ('copy_s', 'nvme_s'):
+    assert abs(b['lanes'][k] + u['lanes'][k] - t[k]) <= 1e-12 * max(t[k], 1e-30), (k, t)
+others = 0
+for ph in (b, u):
+    lanes = list(ph['lanes'].values())
+    assert ph['s'] == max(lanes), ph
+    others += sum(lanes) - max(lanes)
+assert abs(t['serial_s'] - 2 * others / p['model']['units']) <= 1e-12, t
+assert abs(t['step_s'] - b['s'] - u['s'] - t['serial_s']) <= 1e-12 * t['step_s'], t
 " "$work/out" || { echo "FAIL bench: rates not used"; fail=1; }
 echo '{ "points": [] }' >"$work/bad.json"
 check bench-bad 2 "$plan" plan $M --nvme-bench "$work/bad.json"
@@ -215,7 +230,9 @@ expect_out rates "bound by adam"
 check bad-rate 2 "$plan" plan $M --compute-gflops -1
 
 # --calibrate: this machine's rates into a file (atomically); --rates reads it.
-check calibrate 0 "$plan" plan $M --nvme "$work/d1" --calibrate "$work/rates.json"
+# (the nvme sweep over 32 MiB of files, not the 2 GiB of a real calibration)
+STRATA_CALIBRATE_NVME_BYTES=32M check calibrate 0 "$plan" plan $M --nvme "$work/d1" \
+	--calibrate "$work/rates.json"
 expect_err calibrate "calibrate: compute"
 expect_err calibrate "calibrate: wrote"
 if [ -n "$(find "$work/d1" "$work" -maxdepth 1 -name '*.tmp*')" ] || \
@@ -231,6 +248,11 @@ assert f['strata_rates'] == 1 and f['net_bps'] is None, f
 for k in ('compute_flops', 'copy_bps', 'nvme_read_bps', 'nvme_write_bps', 'adam_bps'):
     assert f[k] > 0, (k, f)
 assert f['measured']['batch'] == 4 and f['measured']['seq'] == 32, f['measured']
+n = f['measured']['nvme']
+assert n['bytes'] <= 32 << 20 and n['sweep_read_bytes'] > 0 and n['sweep_busy_s'] > 0, n
+# the rates give the sweep's busy time back: read / r + write / w
+back = n['sweep_read_bytes'] / f['nvme_read_bps'] + n['sweep_write_bytes'] / f['nvme_write_bps']
+assert abs(back - n['sweep_busy_s']) <= 1e-9 * back, (back, n)
 r = p['rates']
 assert r['compute_flops'] == 7e9 and r['source']['compute_flops'] == 'flag', r
 for k in ('copy_bps', 'nvme_read_bps', 'nvme_write_bps', 'adam_bps'):
@@ -286,5 +308,26 @@ check hide-never 0 "$plan" plan $M --nvme "$work/d1" --offload-params nvme --off
 	--compute-gflops 100000
 expect_out hide-never "never compute-bound up to --grad-accum 64"
 check bad-accum 2 "$plan" plan $M --grad-accum sometimes
+
+# --recompute auto: each row is compared with its own kept forwards. At
+# gpt2 B=8 T=1024 --gpu-mem 3G the checkpoints on the host free vram for
+# one more kept forward: auto must take that row, and be no slower than
+# either forced home (before, it compared the rows without keeps and took
+# vram's, 151.7 s against 149.1 s).
+G2="--model gpt2 --batch 8 --seq 1024 --gpu-mem 3G --host-mem 8G"
+for a in auto vram host; do
+	check "act-keeps-$a" 0 "$plan" plan $G2 --offload-activations $a --json
+	cp "$work/out" "$work/act_$a.json"
+done
+python3 -c "
+import json, sys
+p = {a: json.load(open(sys.argv[1] + '/act_' + a + '.json')) for a in ('auto', 'vram', 'host')}
+s = {a: p[a]['time']['step_s'] for a in p}
+assert s['auto'] <= min(s['vram'], s['host']) * (1 + 1e-9), s
+assert len(p['auto']['recompute']['keep']) == max(len(p[a]['recompute']['keep'])
+	for a in ('vram', 'host')), [p[a]['recompute']['keep'] for a in p]
+assert p['host']['time']['step_s'] < p['vram']['time']['step_s'], s
+assert p['auto']['activations']['home'] == 'host', p['auto']['activations']
+" "$work" || { echo "FAIL act-keeps: auto is not the faster row with its keeps"; fail=1; }
 
 exit $fail
