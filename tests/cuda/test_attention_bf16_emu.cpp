@@ -7,9 +7,13 @@
 //
 // Forward: out (bf16) within 1e-2 relative of the cpu's, lse within 1e-5
 // (the scores are the bf16 inputs' exact products summed in fp32 on both
-// sides). The forward is run twice on two shapes and must give the same
-// bits. Shared memory is poisoned with 0xff bytes (a bf16 and an fp32 NaN)
-// before each block, so a read of an element the block did not
+// sides). Backward, from the cpu forward's out (rounded to bf16) and lse: the gradients start from
+// random values (the backward accumulates) and what the kernels ADD is
+// held to what the cpu adds, within 1e-2, into fp32 gradients; into bf16
+// gradients the sums themselves, within 1e-2. On two shapes every kernel
+// is run a second time on the same inputs and must give the same bits (no
+// atomics, a fixed order). Shared memory is poisoned with 0xff bytes (a bf16 and an
+// fp32 NaN) before each block, so a read of an element the block did not
 // write shows up as a non-finite output, and the part past the launch's
 // size must be untouched after it.
 #include <cmath>
@@ -111,12 +115,32 @@ static bvec brand(size_t n, float a)
 	return v;
 }
 
+static bvec bround(const std::vector<float> &x)
+{
+	bvec v;
+	v.f.resize(x.size());
+	v.h.resize(x.size());
+	for (size_t i = 0; i < x.size(); i++) {
+		v.h[i] = st_cpu_bf16_from_f32(x[i]);
+		v.f[i] = st_cpu_f32_from_bf16(v.h[i]);
+	}
+	return v;
+}
+
 static std::vector<float> widen(const std::vector<uint16_t> &h)
 {
 	std::vector<float> f(h.size());
 	for (size_t i = 0; i < h.size(); i++)
 		f[i] = st_cpu_f32_from_bf16(h[i]);
 	return f;
+}
+
+static std::vector<float> minus(const std::vector<float> &a, const std::vector<float> &b)
+{
+	std::vector<float> d(a.size());
+	for (size_t i = 0; i < a.size(); i++)
+		d[i] = a[i] - b[i];
+	return d;
 }
 
 static int expect(const char *shape, const char *what, const std::vector<float> &got,
@@ -145,6 +169,12 @@ template <int HS> struct ab_kernels {
 	static void fwd(const ab_params &p, int B)
 	{
 		ab_launch(ab_fwd_kernel<HS>, ab_grid(B, p.NH, p.T), ab_fwd_smem_bytes(HS), p);
+	}
+	template <typename G> static void bwd(const ab_params &p, int B)
+	{
+		ab_launch(ab_bwd_dkv_kernel<HS, G>, ab_grid(B, p.NKV, p.T), ab_dkv_smem_bytes(HS),
+			  p);
+		ab_launch(ab_bwd_dq_kernel<HS, G>, ab_grid(B, p.NH, p.T), ab_dq_smem_bytes(HS), p);
 	}
 };
 
@@ -216,6 +246,66 @@ static int check(int B, int T, int NH, int NKV, bool gqa, bool repeat)
 		fails += expect_same_bits(shape, "fwd lse", e_lse, e_lse2);
 	}
 
+	/* the backward from the cpu forward's out (as bf16) and lse */
+	const bvec outb = bround(out);
+	p.o = outb.h.data();
+	p.dout = dout.h.data();
+	p.lse = lse.data();
+	p.out = nullptr;
+	const size_t ndq = gqa ? nq : nq * 3, ndk = gqa ? nk : 0;
+	const bvec dq0 = brand(ndq, 1.0f), dk0 = brand(ndk, 1.0f), dv0 = brand(ndk, 1.0f);
+	std::vector<float> rdq = dq0.f, rdk = dk0.f, rdv = dv0.f;
+	if (gqa)
+		st_cpu_gqa_attention_bwd(rdq.data(), rdk.data(), rdv.data(), dout.f.data(),
+					 q.f.data(), k.f.data(), v.f.data(), outb.f.data(),
+					 lse.data(), B, T, NH, NKV, HS);
+	else
+		st_cpu_attention_bwd(rdq.data(), dout.f.data(), qkv.f.data(), outb.f.data(),
+				     lse.data(), B, T, C, NH);
+	auto point = [&](ab_params &pp, void *dq, void *dk, void *dv, size_t esz) {
+		pp.dq = dq;
+		if (gqa) {
+			pp.dk = dk;
+			pp.dv = dv;
+		} else { /* dqkv: dq, dk, dv interleaved as qkv */
+			pp.dk = (char *)dq + esz * C;
+			pp.dv = (char *)dq + esz * 2 * C;
+		}
+	};
+
+	/* fp32 gradients: the increments */
+	{
+		std::vector<float> dq = dq0.f, dk = dk0.f, dv = dv0.f;
+		point(p, dq.data(), dk.data(), dv.data(), sizeof(float));
+		ab_kernels<HS>::template bwd<float>(p, B);
+		fails += expect(shape, gqa ? "dq (fp32, added)" : "dqkv (fp32, added)", minus(dq, dq0.f), minus(rdq, dq0.f),
+				1e-2);
+		if (gqa) {
+			fails += expect(shape, "dk (fp32, added)", minus(dk, dk0.f),
+					minus(rdk, dk0.f), 1e-2);
+			fails += expect(shape, "dv (fp32, added)", minus(dv, dv0.f),
+					minus(rdv, dv0.f), 1e-2);
+		}
+		if (repeat) {
+			std::vector<float> dq2 = dq0.f, dk2 = dk0.f, dv2 = dv0.f;
+			point(p, dq2.data(), dk2.data(), dv2.data(), sizeof(float));
+			ab_kernels<HS>::template bwd<float>(p, B);
+			fails += expect_same_bits(shape, "bwd dq", dq, dq2);
+			fails += expect_same_bits(shape, "bwd dk", dk, dk2);
+			fails += expect_same_bits(shape, "bwd dv", dv, dv2);
+		}
+	}
+	/* bf16 gradients: the sums */
+	{
+		std::vector<uint16_t> dq = dq0.h, dk = dk0.h, dv = dv0.h;
+		point(p, dq.data(), dk.data(), dv.data(), sizeof(uint16_t));
+		ab_kernels<HS>::template bwd<uint16_t>(p, B);
+		fails += expect(shape, gqa ? "dq (bf16 sum)" : "dqkv (bf16 sum)", widen(dq), rdq, 1e-2);
+		if (gqa) {
+			fails += expect(shape, "dk (bf16 sum)", widen(dk), rdk, 1e-2);
+			fails += expect(shape, "dv (bf16 sum)", widen(dv), rdv, 1e-2);
+		}
+	}
 	if (smem_overrun != overrun0) {
 		fprintf(stderr, "FAIL %s smem: a kernel wrote past its shared memory\n", shape);
 		fails++;
