@@ -11,6 +11,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- instances --------------------------------------------------------------- */
@@ -136,8 +137,15 @@ void st_compute_run(struct st_compute *c, const struct st_op *op)
 	if (c->err)
 		return;
 	if (!st_compute_supports_op(c, op)) {
-		c->err = st_error_set(-ENOTSUP, "compute '%s' does not run %s with these dtypes",
-				      c->ops->name, st_op_name(op->kind));
+		static const char *const dn[] = { "f32", "bf16", "i32", "u8" };
+		char sig[ST_OP_MAX_TENSORS * 5 + 1] = "";
+		size_t len = 0;
+
+		for (int k = 0; k < st_op_tensors(op->kind); k++)
+			len += (size_t)snprintf(sig + len, sizeof(sig) - len, "%s%s", k ? "," : "",
+						dn[op->t[k].dtype & 3]);
+		c->err = st_error_set(-ENOTSUP, "compute '%s' does not run %s with these dtypes (%s)",
+				      c->ops->name, st_op_name(op->kind), sig);
 		return;
 	}
 	OP(run(c, op));
