@@ -108,7 +108,10 @@ void st_cpu_op_run_bf16(const struct st_op *op)
 	for (int k = 0; k < n; k++) {
 		const struct st_tensor *t = &op->t[k];
 
-		if (t->dtype != ST_DTYPE_BF16 || !t->data)
+		if (t->dtype != ST_DTYPE_BF16)
+			continue;
+		w.t[k].dtype = ST_DTYPE_F32; /* a NULL (skipped) slot too */
+		if (!t->data)
 			continue;
 		int64_t elems = st_tensor_elems(t);
 
