@@ -68,6 +68,8 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_memcpy_async(ctx, P(0), P(1), Z(0));
 	case ST_OP_BF16_TO_F32:
 		return st_cuda_bf16_to_f32(ctx, P(0), P(1), Z(0));
+	case ST_OP_F32_TO_BF16:
+		return st_cuda_f32_to_bf16(ctx, P(0), P(1), Z(0));
 	case ST_OP_GEMM:
 		return st_cuda_gemm(ctx, I(0), I(1), I(2), I(3), I(4), P(0), I(5), P(1), I(6),
 				    op->f[0], P(2), I(7));
