@@ -1,13 +1,14 @@
 /* The bf16 tensor-core attention on a real GPU (src/backend/cuda/
  * attention_bf16.cu), through the cuda compute's op seam (bf16 dtypes on
- * ATTENTION_FWD/BWD and GQA_ATTENTION_FWD/BWD), against the cpu attention
- * in fp32 fed the same bf16-rounded inputs (strata/kernels.h).
+ * ATTENTION_FWD/BWD and GQA_ATTENTION_FWD/BWD), against the cpu compute
+ * running the same records (strata/kernels_bf16.h: the fp32 kernels on the
+ * bf16 values, bf16 outputs rounded once).
  *
  * The compute must claim the bf16 signatures (fp32 or bf16 gradients) and
  * refuse mixed ones. Per shape (GPT-2's block B=2 T=256 C=768 NH=12, hs 128
  * with a partial tile, a single token, GQA 8/2 at hs 64, MQA at hs 128):
  * out within 1e-2 relative, lse within 1e-4; the backward from the cpu's
- * out (as bf16) and lse, gradients starting from random values: what is
+ * out and lse, gradients starting from random values: what is
  * added within 1e-2 into fp32 gradients, the sums within 1e-2 into bf16
  * ones; outputs poisoned (0xff bytes) before each run; a second run of
  * each gives the same bits (deterministic: no atomics). The same kernels
@@ -146,12 +147,88 @@ static struct st_tensor t1(const void *p, enum st_dtype dt, size_t n)
 	return st_tensor_1d(p, dt, (int64_t)n);
 }
 
-/* One shape: MHA (qkv interleaved, NKV == NH, gqa false) or GQA. */
-static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
+/* The attention record of one shape: the forward (fwd) or the backward,
+ * gradients of dtype G, over tensors p[] in the op's slot order. */
+static struct st_op att_op(bool gqa, bool fwd, enum st_dtype G, void *const *p, int B, int T,
+			   int NH, int NKV, int hs)
 {
 	const enum st_dtype BF = ST_DTYPE_BF16, F = ST_DTYPE_F32;
-	const int C = NH * hs, CK = NKV * hs;
-	const size_t nq = (size_t)B * T * C, nk = (size_t)B * T * CK, nl = (size_t)B * NH * T;
+	const size_t nq = (size_t)B * T * NH * hs, nk = (size_t)B * T * NKV * hs;
+	const size_t nl = (size_t)B * NH * T;
+	struct st_op op = { 0 };
+
+	if (gqa && fwd) {
+		op.kind = ST_OP_GQA_ATTENTION_FWD;
+		op.t[0] = t1(p[0], BF, nq);
+		op.t[1] = t1(p[1], F, nl);
+		op.t[2] = t1(p[2], BF, nq);
+		op.t[3] = t1(p[3], BF, nk);
+		op.t[4] = t1(p[4], BF, nk);
+	} else if (gqa) {
+		op.kind = ST_OP_GQA_ATTENTION_BWD;
+		op.t[0] = t1(p[0], G, nq);
+		op.t[1] = t1(p[1], G, nk);
+		op.t[2] = t1(p[2], G, nk);
+		op.t[3] = t1(p[3], BF, nq);
+		op.t[4] = t1(p[4], BF, nq);
+		op.t[5] = t1(p[5], BF, nk);
+		op.t[6] = t1(p[6], BF, nk);
+		op.t[7] = t1(p[7], BF, nq);
+		op.t[8] = t1(p[8], F, nl);
+	} else if (fwd) {
+		op.kind = ST_OP_ATTENTION_FWD;
+		op.t[0] = t1(p[0], BF, nq);
+		op.t[1] = t1(p[1], F, nl);
+		op.t[2] = t1(p[2], BF, 3 * nq);
+	} else {
+		op.kind = ST_OP_ATTENTION_BWD;
+		op.t[0] = t1(p[0], G, 3 * nq);
+		op.t[1] = t1(p[1], BF, nq);
+		op.t[2] = t1(p[2], BF, 3 * nq);
+		op.t[3] = t1(p[3], BF, nq);
+		op.t[4] = t1(p[4], F, nl);
+	}
+	if (gqa) {
+		op.i[0] = B, op.i[1] = T, op.i[2] = NH, op.i[3] = NKV, op.i[4] = hs;
+	} else {
+		op.i[0] = B, op.i[1] = T, op.i[2] = (int64_t)NH * hs, op.i[3] = NH;
+	}
+	return op;
+}
+
+/* Run op on the cpu compute (the reference: strata/kernels_bf16.h, fp32
+ * math on the bf16 values, bf16 outputs rounded once). */
+static void cpu_run(const struct st_op *op)
+{
+	struct st_compute *cpu = st_compute_cpu();
+
+	if (!st_compute_supports_op(cpu, op))
+		die("the cpu compute refuses the bf16 attention record", -ENOTSUP);
+	st_compute_run(cpu, op);
+	int rc = st_compute_sync(cpu);
+	if (rc)
+		die("the cpu compute's run", rc);
+}
+
+static float *widen(const uint16_t *h, size_t n)
+{
+	float *f = malloc(4 * (n ? n : 1));
+
+	if (!f)
+		die("malloc", -ENOMEM);
+	for (size_t i = 0; i < n; i++)
+		f[i] = st_cpu_f32_from_bf16(h[i]);
+	return f;
+}
+
+/* One shape: MHA (qkv interleaved, NKV == NH, gqa false) or GQA. The same
+ * records run on the cuda compute (device pointers) and on the cpu compute
+ * (host pointers, the reference). */
+static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
+{
+	const int C = NH * hs;
+	const size_t nq = (size_t)B * T * C, nk = (size_t)B * T * NKV * hs;
+	const size_t nl = (size_t)B * NH * T;
 	const size_t nin = gqa ? nq : 3 * nq; /* q (or qkv) */
 	char shape[80];
 
@@ -168,44 +245,35 @@ static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
 		brand(nk, 2.0f, &hv, &fv);
 	}
 	brand(nq, 1.0f, &hg, &fg);
-	float *out = malloc(4 * nq), *lse = malloc(4 * nl);
-	if (!out || !lse)
+
+	/* the reference forward */
+	uint16_t *hout = malloc(2 * nq);
+	float *lse = malloc(4 * nl);
+	if (!hout || !lse)
 		die("malloc", -ENOMEM);
-	if (gqa)
-		st_cpu_gqa_attention_fwd(out, lse, fq, fk, fv, B, T, NH, NKV, hs);
-	else
-		st_cpu_attention_fwd(out, lse, fq, B, T, C, NH);
+	{
+		void *hp[5] = { hout, lse, hq, hk, hv };
+		const struct st_op op = att_op(gqa, true, ST_DTYPE_F32, hp, B, T, NH, NKV, hs);
+		cpu_run(&op);
+	}
+	float *out = widen(hout, nq);
 
 	void *dq_in = dev_from(hq, 2 * nin), *dk_in = gqa ? dev_from(hk, 2 * nk) : NULL;
 	void *dv_in = gqa ? dev_from(hv, 2 * nk) : NULL, *d_g = dev_from(hg, 2 * nq);
-	float *run1[2] = { NULL, NULL }, *run1l = NULL;
+	float *run1 = NULL, *run1l = NULL;
 	for (int rep = 0; rep < 2; rep++) {
 		void *d_out = dev_poison(2 * nq), *d_lse = dev_poison(4 * nl);
-		struct st_op op = { 0 };
-		if (gqa) {
-			op.kind = ST_OP_GQA_ATTENTION_FWD;
-			op.t[0] = t1(d_out, BF, nq);
-			op.t[1] = t1(d_lse, F, nl);
-			op.t[2] = t1(dq_in, BF, nq);
-			op.t[3] = t1(dk_in, BF, nk);
-			op.t[4] = t1(dv_in, BF, nk);
-			op.i[0] = B, op.i[1] = T, op.i[2] = NH, op.i[3] = NKV, op.i[4] = hs;
-		} else {
-			op.kind = ST_OP_ATTENTION_FWD;
-			op.t[0] = t1(d_out, BF, nq);
-			op.t[1] = t1(d_lse, F, nl);
-			op.t[2] = t1(dq_in, BF, nin);
-			op.i[0] = B, op.i[1] = T, op.i[2] = C, op.i[3] = NH;
-		}
+		void *dp[5] = { d_out, d_lse, dq_in, dk_in, dv_in };
+		const struct st_op op = att_op(gqa, true, ST_DTYPE_F32, dp, B, T, NH, NKV, hs);
 		st_compute_run(cx, &op);
 		float *o = back(d_out, nq, true), *l = back(d_lse, nl, false);
 		if (rep == 0) {
 			expect(shape, "out", o, out, NULL, nq, 1e-2);
 			expect(shape, "lse", l, lse, NULL, nl, 1e-4);
-			run1[0] = o;
+			run1 = o;
 			run1l = l;
 		} else {
-			expect_same(shape, "fwd out", run1[0], o, nq);
+			expect_same(shape, "fwd out", run1, o, nq);
 			expect_same(shape, "fwd lse", run1l, l, nl);
 			free(o);
 			free(l);
@@ -213,37 +281,53 @@ static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
 		st_cuda_free(d_out);
 		st_cuda_free(d_lse);
 	}
-	free(run1[0]);
+	free(run1);
 	free(run1l);
 
-	/* the backward from the cpu's out (bf16) and lse */
-	uint16_t *hout = malloc(2 * nq);
-	float *fout = malloc(4 * nq);
-	if (!hout || !fout)
-		die("malloc", -ENOMEM);
-	for (size_t i = 0; i < nq; i++) {
-		hout[i] = st_cpu_bf16_from_f32(out[i]);
-		fout[i] = st_cpu_f32_from_bf16(hout[i]);
-	}
+	/* the backward from the reference's out and lse, both sides */
 	void *d_o = dev_from(hout, 2 * nq), *d_l = dev_from(lse, 4 * nl);
 	const size_t ngrad[3] = { nin, gqa ? nk : 0, gqa ? nk : 0 };
 	uint16_t *h0[3];
-	float *f0[3], *ref[3];
-	for (int k = 0; k < 3; k++) {
+	float *f0[3];
+	for (int k = 0; k < 3; k++)
 		brand(ngrad[k], 1.0f, &h0[k], &f0[k]);
-		ref[k] = malloc(4 * (ngrad[k] ? ngrad[k] : 1));
-		if (!ref[k])
-			die("malloc", -ENOMEM);
-		memcpy(ref[k], f0[k], 4 * ngrad[k]);
-	}
-	if (gqa)
-		st_cpu_gqa_attention_bwd(ref[0], ref[1], ref[2], fg, fq, fk, fv, fout, lse, B, T, NH,
-					 NKV, hs);
-	else
-		st_cpu_attention_bwd(ref[0], fg, fq, fout, lse, B, T, C, NH);
 	static const char *names[2][3] = { { "dqkv", "", "" }, { "dq", "dk", "dv" } };
 	for (int bf = 0; bf < 2; bf++) {
-		const enum st_dtype G = bf ? BF : F;
+		const enum st_dtype G = bf ? ST_DTYPE_BF16 : ST_DTYPE_F32;
+		const size_t esz = bf ? 2 : 4;
+		/* the reference: gradients from the same start on the cpu */
+		void *hgrad[3] = { NULL, NULL, NULL };
+		float *ref[3] = { NULL, NULL, NULL };
+		for (int k = 0; k < 3; k++) {
+			if (!ngrad[k])
+				continue;
+			if (!(hgrad[k] = malloc(esz * ngrad[k])))
+				die("malloc", -ENOMEM);
+			memcpy(hgrad[k], bf ? (void *)h0[k] : (void *)f0[k], esz * ngrad[k]);
+		}
+		{
+			void *hp[9];
+			if (gqa) {
+				void *t[9] = { hgrad[0], hgrad[1], hgrad[2], hg, hq, hk, hv, hout, lse };
+				memcpy(hp, t, sizeof(t));
+			} else {
+				void *t[5] = { hgrad[0], hg, hq, hout, lse };
+				memcpy(hp, t, sizeof(t));
+			}
+			const struct st_op op = att_op(gqa, false, G, hp, B, T, NH, NKV, hs);
+			cpu_run(&op);
+		}
+		for (int k = 0; k < 3; k++)
+			if (ngrad[k]) {
+				if (bf) {
+					ref[k] = widen(hgrad[k], ngrad[k]);
+				} else {
+					ref[k] = malloc(4 * ngrad[k]);
+					if (!ref[k])
+						die("malloc", -ENOMEM);
+					memcpy(ref[k], hgrad[k], 4 * ngrad[k]);
+				}
+			}
 		float *first[3] = { NULL, NULL, NULL };
 		for (int rep = 0; rep < 2; rep++) {
 			void *dgrad[3] = { NULL, NULL, NULL };
@@ -251,28 +335,16 @@ static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
 				if (ngrad[k])
 					dgrad[k] = bf ? dev_from(h0[k], 2 * ngrad[k])
 						      : dev_from(f0[k], 4 * ngrad[k]);
-			struct st_op op = { 0 };
+			void *dp[9];
 			if (gqa) {
-				op.kind = ST_OP_GQA_ATTENTION_BWD;
-				op.t[0] = t1(dgrad[0], G, nq);
-				op.t[1] = t1(dgrad[1], G, nk);
-				op.t[2] = t1(dgrad[2], G, nk);
-				op.t[3] = t1(d_g, BF, nq);
-				op.t[4] = t1(dq_in, BF, nq);
-				op.t[5] = t1(dk_in, BF, nk);
-				op.t[6] = t1(dv_in, BF, nk);
-				op.t[7] = t1(d_o, BF, nq);
-				op.t[8] = t1(d_l, F, nl);
-				op.i[0] = B, op.i[1] = T, op.i[2] = NH, op.i[3] = NKV, op.i[4] = hs;
+				void *t[9] = { dgrad[0], dgrad[1], dgrad[2], d_g, dq_in,
+					       dk_in,    dv_in,    d_o,      d_l };
+				memcpy(dp, t, sizeof(t));
 			} else {
-				op.kind = ST_OP_ATTENTION_BWD;
-				op.t[0] = t1(dgrad[0], G, nin);
-				op.t[1] = t1(d_g, BF, nq);
-				op.t[2] = t1(dq_in, BF, nin);
-				op.t[3] = t1(d_o, BF, nq);
-				op.t[4] = t1(d_l, F, nl);
-				op.i[0] = B, op.i[1] = T, op.i[2] = C, op.i[3] = NH;
+				void *t[5] = { dgrad[0], d_g, dq_in, d_o, d_l };
+				memcpy(dp, t, sizeof(t));
 			}
+			const struct st_op op = att_op(gqa, false, G, dp, B, T, NH, NKV, hs);
 			st_compute_run(cx, &op);
 			for (int k = 0; k < 3; k++) {
 				if (!ngrad[k])
@@ -282,6 +354,7 @@ static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
 				snprintf(what, sizeof(what), "%s (%s)", names[gqa][k],
 					 bf ? "bf16 sum" : "fp32, added");
 				if (rep == 0) {
+					/* fp32: what is added; bf16: the sums */
 					expect(shape, what, got, ref[k], bf ? NULL : f0[k],
 					       ngrad[k], 1e-2);
 					first[k] = got;
@@ -293,11 +366,14 @@ static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
 				st_cuda_free(dgrad[k]);
 			}
 		}
+		for (int k = 0; k < 3; k++) {
+			free(hgrad[k]);
+			free(ref[k]);
+		}
 	}
 	for (int k = 0; k < 3; k++) {
 		free(h0[k]);
 		free(f0[k]);
-		free(ref[k]);
 	}
 	st_cuda_free(d_o);
 	st_cuda_free(d_l);
@@ -306,7 +382,7 @@ static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
 	st_cuda_free(dv_in);
 	st_cuda_free(d_g);
 	free(hq), free(fq), free(hk), free(fk), free(hv), free(fv), free(hg), free(fg);
-	free(out), free(lse), free(hout), free(fout);
+	free(out), free(lse), free(hout);
 }
 
 /* The compute claims the bf16 signatures and refuses mixed ones. */
