@@ -3,7 +3,7 @@
 // tests/cuda/cuda_emu.h) against the cpu attention in fp32 fed the same
 // bf16-rounded inputs: st_cpu_attention_fwd/bwd (GPT-2's MHA) and
 // st_cpu_gqa_attention_fwd/bwd (LLaMA's GQA), at head sizes 64 and 128, T
-// not a multiple of the 64-row tile, B > 1, a single token.
+// not a multiple of the 64-row tile (up to 200), B > 1, a single token.
 //
 // Forward: out (bf16) within 1e-2 relative of the cpu's, lse within 1e-5
 // (the scores are the bf16 inputs' exact products summed in fp32 on both
@@ -326,6 +326,9 @@ int main(void)
 	fails += check<128>(2, 64, 1, 1, false, false);
 	fails += check<128>(1, 130, 1, 1, false, true);
 	fails += check<64>(1, 1, 2, 2, false, false);
+	// T = 200 at hs 64: four query tiles, up to seven streamed tiles of 32
+	// in each backward pass.
+	fails += check<64>(1, 200, 1, 1, false, false);
 	// GQA (LLaMA's): 4 query heads over 2 kv heads at hs 64, B = 2; MQA
 	// (one kv head) at hs 128 over two tiles.
 	fails += check<64>(2, 77, 4, 2, true, true);

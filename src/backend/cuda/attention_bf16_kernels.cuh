@@ -116,31 +116,32 @@ __device__ __forceinline__ void ab_load_rows_t(st_bf16 *dst, int sld, const st_b
 }
 
 /* lse_s[r] = lse[r0 + r], d_s[r] = dO_row . O_row in fp32, for n rows
- * (0 past T): a warp a row, lanes over channel pairs. */
+ * (0 past T): four consecutive lanes a row, each over every fourth pair of
+ * channels, then two xor shuffles (a fixed order: the same bits each run). */
 template <int HS>
 __device__ __forceinline__ void ab_load_lse_d(float *lse_s, float *d_s, const float *lse_h,
 					      const st_bf16 *g, const st_bf16 *o, long long ld,
 					      int r0, int n, int T)
 {
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int part = threadIdx.x & 3;
 
-	for (int r = warp; r < n; r += AB_WARPS) {
-		const int row = r0 + r;
-		float part = 0.0f;
-		if (row < T) {
-			for (int d = 2 * lane; d < HS; d += 64) {
+	for (int rb = 0; rb < n; rb += AB_THREADS / 4) { /* the same count in every lane */
+		const int r = rb + (threadIdx.x >> 2), row = r0 + r;
+		float x = 0.0f;
+		if (r < n && row < T) {
+			for (int d = 2 * part; d < HS; d += 8) {
 				const uint32_t gu = mma_ld_u32(g + (size_t)row * ld + d);
 				const uint32_t ou = mma_ld_u32(o + (size_t)row * ld + d);
-				part += mma_bf16_to_f32((st_bf16)(gu & 0xffffu)) *
-					mma_bf16_to_f32((st_bf16)(ou & 0xffffu));
-				part += mma_bf16_to_f32((st_bf16)(gu >> 16)) *
-					mma_bf16_to_f32((st_bf16)(ou >> 16));
+				x += mma_bf16_to_f32((st_bf16)(gu & 0xffffu)) *
+				     mma_bf16_to_f32((st_bf16)(ou & 0xffffu));
+				x += mma_bf16_to_f32((st_bf16)(gu >> 16)) *
+				     mma_bf16_to_f32((st_bf16)(ou >> 16));
 			}
 		}
-		for (int off = 16; off > 0; off >>= 1)
-			part += __shfl_xor_sync(0xffffffffu, part, off);
-		if (lane == 0) {
-			d_s[r] = row < T ? part : 0.0f;
+		x += __shfl_xor_sync(0xffffffffu, x, 1);
+		x += __shfl_xor_sync(0xffffffffu, x, 2);
+		if (part == 0 && r < n) {
+			d_s[r] = row < T ? x : 0.0f;
 			lse_s[r] = row < T ? lse_h[row] : 0.0f;
 		}
 	}
