@@ -211,6 +211,9 @@ static const struct op_case op_cases[] = {
 	{ "grad_sumsq", ST_OP_GRAD_SUMSQ,
 	  { U_(OUT, 16), U_(IN, 16 * ((AN + 16383) / 16384)), F_(IN, AN, 1.0f) },
 	  { AN }, { 0 }, 0, 0 },
+	/* the bf16 compute path's conversion: round to nearest even, both sides */
+	{ "f32_to_bf16", ST_OP_F32_TO_BF16, { B_(OUT, EN, 0), F_(IN, EN, 3.0f) }, { EN },
+	  { 0 }, 0, 0 },
 };
 
 #define N_OP_CASES (sizeof(op_cases) / sizeof(op_cases[0]))

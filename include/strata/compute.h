@@ -107,6 +107,13 @@ struct st_compute *st_compute_cpu(void);
  * device's GPU. *out goes back with st_compute_destroy(), before d.
  * -ENODEV when the device has no compute built in, -ENOMEM. */
 int st_compute_create(struct st_device *d, struct st_compute **out);
+/* A dry compute: runs nothing (every op is dropped; to_host zero-fills,
+ * from_host, record and wait do nothing) but answers supports() as `real`
+ * (borrowed) does, so that a caller's sequence of ops can be checked
+ * against real without touching memory: an op real does not run sets the
+ * sticky -ENOTSUP naming the op and its dtypes, as st_compute_run() does
+ * on real. *out goes back with st_compute_destroy(). 0 or -ENOMEM. */
+int st_compute_dry_create(struct st_compute *real, struct st_compute **out);
 /* Finishes queued work first. The cpu instance is left alone. */
 void st_compute_destroy(struct st_compute *c);
 const char *st_compute_name(const struct st_compute *c);
@@ -270,5 +277,7 @@ void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *ou
 				     float eps, int N, int C);
 void st_compute_grad_sumsq(struct st_compute *c, struct st_compute_sumsq *out, void *scratch,
 			   const float *g, size_t n);
+/* out (n, bf16) = in (n, fp32) rounded to nearest even. ST_OP_F32_TO_BF16. */
+void st_compute_f32_to_bf16(struct st_compute *c, uint16_t *out, const float *in, size_t n);
 
 #endif

@@ -215,6 +215,26 @@ int st_cuda_residual_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, float *out
 				 const float *a, const float *b, const float *weight, float eps,
 				 int N, int C);
 
+/* bf16 flash-style causal attention on tensor cores (attention_bf16.cu,
+ * mma.sync on sm_80+): the shapes and conventions of st_cuda_attention_fwd
+ * /bwd and st_cuda_gqa_attention_fwd/bwd with bf16 q, k, v (or qkv), out
+ * and dout, fp32 lse, and gradients (accumulated into) fp32, or bf16 when
+ * grad_bf16 (read, added in fp32, rounded). Every sum fp32; the backward
+ * deterministic (no atomics). Head size 64 or 128 and 4-byte aligned
+ * tensors, else -EINVAL. */
+int st_cuda_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t *out, float *lse,
+			       const uint16_t *qkv, int B, int T, int C, int NH);
+int st_cuda_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dqkv, int grad_bf16,
+			       const uint16_t *dout, const uint16_t *qkv, const uint16_t *out,
+			       const float *lse, int B, int T, int C, int NH);
+int st_cuda_gqa_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t *out, float *lse,
+				   const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+				   int T, int NH, int NKV, int hd);
+int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq, void *dk, void *dv,
+				   int grad_bf16, const uint16_t *dout, const uint16_t *q,
+				   const uint16_t *k, const uint16_t *v, const uint16_t *out,
+				   const float *lse, int B, int T, int NH, int NKV, int hd);
+
 #ifdef __cplusplus
 }
 #endif

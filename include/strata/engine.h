@@ -64,6 +64,13 @@ struct st_engine_config {
 	enum st_recompute recompute;   /* which units' backward recomputes
 					  their forward (strata/plan.h);
 					  the zero value ALL: every unit */
+	enum st_precision compute_dtype; /* the dtypes between the model's
+					    ops (strata train --compute-dtype;
+					    strata/model.h): FP32 (the zero
+					    value) or BF16, where W is copied
+					    to the device as the bf16 it is
+					    (rounded from fp32 W on the
+					    device), not widened */
 };
 
 struct st_engine;

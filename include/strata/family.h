@@ -146,6 +146,11 @@ struct st_family_ops {
 	/* Optional. st_model_unit_flops_per_token(): unit u's share of
 	 * flops_per_token (the shares add up to it). */
 	double (*unit_flops_per_token)(const struct st_model *m, int u, int T);
+	/* Optional (false: fp32 only). The family's fwd, bwd, fwd_save,
+	 * bwd_saved, logits, work_bytes and saved_bytes follow
+	 * st_model_precision() (strata/model.h: bf16 params and activations
+	 * between ops under ST_PRECISION_BF16). */
+	bool bf16;
 };
 
 /* ---- the registry ---- */

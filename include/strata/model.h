@@ -43,6 +43,7 @@
 #define STRATA_MODEL_H
 
 #include "strata/common.h"
+#include "strata/op.h"
 
 #include <stdbool.h>
 
@@ -195,6 +196,22 @@ void st_model_destroy(struct st_model *m);
  * return; st_compute_sync(), or an event of the compute that the other
  * queue waits for, before another queue or the host touches the results. */
 void st_model_set_compute(struct st_model *m, struct st_compute *c);
+/* The dtypes of the tensors fwd and bwd pass between ops (strata/op.h's
+ * enum st_precision; ST_PRECISION_FP32 at create). Under BF16 the params
+ * and other pointers fwd, bwd and logits take are the units' bf16 flat
+ * buffers (W as it is stored, cast to const float *: never widened), the
+ * activations between ops inside a unit are bf16, and x, y, dy, dx (the
+ * residual stream between units), grad and the loss stay fp32; the work
+ * and saved sizes are those of the precision set. 0, or -ENOTSUP when the
+ * family has no bf16 path. */
+int st_model_set_precision(struct st_model *m, enum st_precision p);
+enum st_precision st_model_precision(const struct st_model *m);
+/* Check that the model's compute runs every op, at the dtypes of the
+ * model's precision, that fwd, bwd, fwd_save and bwd_saved run: each unit
+ * kind's calls at B = T = 1 on a dry compute (st_compute_dry_create()).
+ * 0, or -ENOTSUP with one line naming the precision, the compute, the first
+ * op it does not run and its dtypes. */
+int st_model_precision_check(struct st_model *m);
 /* The compute fwd and bwd run through (never NULL). Borrowed. */
 struct st_compute *st_model_compute(const struct st_model *m);
 

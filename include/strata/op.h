@@ -156,7 +156,16 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *                     residual_fwd then layernorm_fwd bit for bit
  *   RESIDUAL_RMSNORM_FWD t: res, out, rstd, a, b, weight   i: N, C  f: eps
  *                     res = a + b, then RMSNORM_FWD of res, likewise
- * (? = may be NULL.) New ops go at the end, before ST_OP_COUNT. */
+ * The bf16 compute path (--compute-dtype bf16; docs/model.md):
+ *   F32_TO_BF16       t: out (bf16), in (f32)                i: n
+ *                     round to nearest even (st_cpu_bf16_from_f32)
+ * (? = may be NULL.) New ops go at the end, before ST_OP_COUNT.
+ *
+ * Dtypes other than the reference: a compute says which it runs through
+ * supports(). The cpu compute runs every op whose fp32 slots are given in
+ * any mix of fp32 and bf16 (strata/kernels_bf16.h: bf16 operands widened
+ * exactly, the fp32 kernel, bf16 outputs rounded to nearest even); the
+ * model's bf16 path says which records it makes (docs/model.md). */
 #define ST_OP_LIST(X)                                   \
 	X(ZERO, "zero", "u")                            \
 	X(COPY, "copy", "uu")                           \
@@ -191,7 +200,8 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(ADAMW, "adamw", "fffffu")                     \
 	X(GRAD_SUMSQ, "grad_sumsq", "uuf")              \
 	X(RESIDUAL_LAYERNORM_FWD, "residual_layernorm_fwd", "ffffffff") \
-	X(RESIDUAL_RMSNORM_FWD, "residual_rmsnorm_fwd", "ffffff")
+	X(RESIDUAL_RMSNORM_FWD, "residual_rmsnorm_fwd", "ffffff") \
+	X(F32_TO_BF16, "f32_to_bf16", "bf")
 
 #define ST_OP_ENUM_(name, str, sig) ST_OP_##name,
 enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };
@@ -220,6 +230,16 @@ enum st_dtype st_op_ref_dtype(enum st_op_kind kind, int slot);
 /* Whether dtypes (one per slot, st_op_tensors(kind) of them) is the op's
  * reference signature. */
 bool st_op_is_ref(enum st_op_kind kind, const enum st_dtype *dtypes);
+
+/* The precision a model runs its ops at (strata train --compute-dtype):
+ * FP32, every tensor between ops fp32 (the reference, the zero value); BF16,
+ * the tensors between ops bf16, with norms, softmax, the loss and the
+ * gradient accumulation in fp32 (docs/model.md, "bf16 compute"). */
+enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 };
+/* "fp32" or "bf16". */
+const char *st_precision_name(enum st_precision p);
+/* "fp32" or "bf16" into *out: 0, or -EINVAL (nothing set). */
+int st_precision_parse(const char *s, enum st_precision *out);
 
 #ifdef __cplusplus
 }

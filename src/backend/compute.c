@@ -11,6 +11,8 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- instances --------------------------------------------------------------- */
@@ -33,6 +35,88 @@ void st_compute_destroy(struct st_compute *c)
 {
 	if (c && c != st_compute_cpu())
 		c->ops->destroy(c);
+}
+
+/* ---- the dry compute ------------------------------------------------------------- */
+
+struct dry {
+	struct st_compute c;
+	struct st_compute *real;
+};
+
+static int dry_run(struct st_compute *c, const struct st_op *op)
+{
+	(void)c;
+	(void)op;
+	return 0;
+}
+
+static bool dry_supports(const struct st_compute *c, enum st_op_kind kind,
+			 const enum st_dtype *dtypes)
+{
+	const struct dry *d = (const struct dry *)c;
+
+	return st_compute_supports(d->real, kind, dtypes);
+}
+
+static int dry_nothing(struct st_compute *c)
+{
+	(void)c;
+	return 0;
+}
+
+static void dry_destroy(struct st_compute *c)
+{
+	free(c);
+}
+
+static int dry_to_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	(void)c;
+	(void)src;
+	memset(dst, 0, bytes);
+	return 0;
+}
+
+static int dry_from_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	(void)c;
+	(void)dst;
+	(void)src;
+	(void)bytes;
+	return 0;
+}
+
+static int dry_event(struct st_compute *c, struct st_event *e)
+{
+	(void)c;
+	(void)e;
+	return 0;
+}
+
+static const struct st_compute_ops dry_ops = {
+	.name = "dry",
+	.run = dry_run,
+	.supports = dry_supports,
+	.sync = dry_nothing,
+	.destroy = dry_destroy,
+	.to_host = dry_to_host,
+	.from_host = dry_from_host,
+	.record = dry_event,
+	.wait = dry_event,
+};
+
+int st_compute_dry_create(struct st_compute *real, struct st_compute **out)
+{
+	struct dry *d = calloc(1, sizeof(*d));
+
+	*out = NULL;
+	if (!d)
+		return st_error_set(-ENOMEM, "compute: out of memory");
+	d->c.ops = &dry_ops;
+	d->real = real;
+	*out = &d->c;
+	return 0;
 }
 
 const char *st_compute_name(const struct st_compute *c)
@@ -136,8 +220,17 @@ void st_compute_run(struct st_compute *c, const struct st_op *op)
 	if (c->err)
 		return;
 	if (!st_compute_supports_op(c, op)) {
-		c->err = st_error_set(-ENOTSUP, "compute '%s' does not run %s with these dtypes",
-				      c->ops->name, st_op_name(op->kind));
+		static const char *const dn[] = { "f32", "bf16", "i32", "u8" };
+		char sig[ST_OP_MAX_TENSORS * 5 + 1] = "";
+		size_t len = 0;
+
+		for (int k = 0; k < st_op_tensors(op->kind); k++)
+			len += (size_t)snprintf(sig + len, sizeof(sig) - len, "%s%s", k ? "," : "",
+						dn[op->t[k].dtype & 3]);
+		c->err = st_error_set(-ENOTSUP, "compute '%s' does not run %s with these dtypes (%s)",
+				      c->ops == &dry_ops ? ((struct dry *)c)->real->ops->name
+							 : c->ops->name,
+				      st_op_name(op->kind), sig);
 		return;
 	}
 	OP(run(c, op));
@@ -591,4 +684,15 @@ void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *ou
 	}
 	st_compute_residual_fwd(c, res, a, b, (size_t)N * C);
 	st_compute_rmsnorm_fwd(c, out, rstd, res, weight, eps, N, C);
+}
+
+/* ---- the bf16 compute path ------------------------------------------------ */
+
+void st_compute_f32_to_bf16(struct st_compute *c, uint16_t *out, const float *in, size_t n)
+{
+	struct st_op op = { .kind = ST_OP_F32_TO_BF16,
+			    .t = { st_tensor_1d(out, ST_DTYPE_BF16, (int64_t)n), F1(in, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
 }

@@ -13,8 +13,9 @@
 /* The cpu backend's one dispatch (src/backend/cpu/compute_cpu.c): run op
  * on the calling thread with the cpu kernels. op must be supported. */
 void st_cpu_op_run(const struct st_op *op);
-/* What st_cpu_op_run() takes: every op at its reference dtypes, and
- * matmul_fwd with bf16 inp and weight. */
+/* What st_cpu_op_run() takes: every op at its reference dtypes,
+ * matmul_fwd with bf16 inp and weight, adamw with a bf16 W, and every fp32
+ * / bf16 mix that strata/kernels_bf16.h widens. */
 bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dtypes);
 
 /* The cpu kernels on a new queue of the cpu device d. 0, or -ENOMEM or

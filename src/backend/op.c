@@ -2,6 +2,7 @@
 #include "strata/op.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <string.h>
 
 #define ST_OP_NAME_(name, str, sig) [ST_OP_##name] = str,
@@ -46,4 +47,20 @@ bool st_op_is_ref(enum st_op_kind kind, const enum st_dtype *dtypes)
 		if (dtypes[k] != st_op_ref_dtype(kind, k))
 			return false;
 	return true;
+}
+
+const char *st_precision_name(enum st_precision p)
+{
+	return p == ST_PRECISION_BF16 ? "bf16" : "fp32";
+}
+
+int st_precision_parse(const char *s, enum st_precision *out)
+{
+	if (strcmp(s, "fp32") == 0)
+		*out = ST_PRECISION_FP32;
+	else if (strcmp(s, "bf16") == 0)
+		*out = ST_PRECISION_BF16;
+	else
+		return -EINVAL;
+	return 0;
 }

@@ -98,6 +98,10 @@ static void train_usage(FILE *f)
 "run\n"
 "  --seed N             initialisation and sampling seed (1337)\n"
 "  --precision bf16|fp32  working weights W (bf16; master weights are fp32)\n"
+"  --compute-dtype fp32|bf16  the tensors between the model's ops (default fp32, the\n"
+"                       reference); bf16: bf16 W and activations, fp32 norms, softmax,\n"
+"                       loss and gradient accumulation (docs/model.md); exit 2 when the\n"
+"                       device does not run every op the bf16 path needs\n"
 "  --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 "  --save DIR           checkpoints go to DIR/step-N, DIR/latest points at the newest\n"
 "                       (one run saves into a DIR at a time)\n"
@@ -295,7 +299,8 @@ static void on_signal_rank(int sig)
 
 /* The training configuration, saved in trainer.json and checked at resume:
  * everything that changes the numbers. */
-static char *config_json(const struct st_train_config *c, const char *model_text,
+static char *config_json(const struct st_train_config *c, enum st_precision compute,
+			 const char *model_text,
 			 const char *data, int shuffle, int world, int zero)
 {
 	json_object *o = json_object_new_object();
@@ -322,6 +327,11 @@ static char *config_json(const struct st_train_config *c, const char *model_text
 	json_object_object_add(o, "seed", json_object_new_int64((int64_t)c->seed));
 	json_object_object_add(o, "precision", json_object_new_string(c->bf16 ? "bf16" : "fp32"));
 	json_object_object_add(o, "shuffle", json_object_new_boolean(shuffle));
+	/* how it computed: not compared at resume (a run may go on in
+	 * another precision), and absent at fp32 as before it existed */
+	if (compute != ST_PRECISION_FP32)
+		json_object_object_add(o, "compute_dtype",
+				       json_object_new_string(st_precision_name(compute)));
 	if (world > 1) { /* where it ran: not compared at resume */
 		json_object_object_add(o, "world", json_object_new_int(world));
 		json_object_object_add(o, "zero", json_object_new_int(zero));
@@ -583,6 +593,8 @@ static void train_accum_auto(struct st_engine_config *ec)
 
 	if (st_model_create(&cfg->model, &m) < 0)
 		st_cli_die(2, "--model: %s", st_error_last());
+	if (st_model_set_precision(m, ec->compute_dtype) < 0)
+		st_cli_die(2, "%s", st_error_last());
 	pin.model = m;
 	if (!pin.host_compute) {
 		if (pin.rates.compute_flops <= 0)
@@ -653,6 +665,7 @@ int st_cli_train(int argc, char **argv)
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
+		{ "compute-dtype", 1, 0, 1003 },
 		{ "offload-activations", 1, 0, 1002 },
 		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
 		{ "help", 0, 0, 'h' },
@@ -778,6 +791,10 @@ int st_cli_train(int argc, char **argv)
 			ec.ckpt_shard_bytes = st_cli_size("--shard-size", optarg);
 			break;
 		case 1001: ec.recompute = st_cli_recompute(optarg); break;
+		case 1003:
+			if (st_precision_parse(optarg, &ec.compute_dtype) < 0)
+				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
+			break;
 		case 'R': resume = optarg; break;
 		case 'x': max_skipped = (int)st_cli_long("--max-skipped", optarg, 0, 1 << 30); break;
 		case 'D':
@@ -858,7 +875,7 @@ int st_cli_train(int argc, char **argv)
 					.split = ST_SPLIT_ALL };
 	if (st_loader_init(&ld, ds, &lc) < 0)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
-	cfg_json = config_json(cfg, model_text, data, shuffle, ec.world, ec.zero);
+	cfg_json = config_json(cfg, ec.compute_dtype, model_text, data, shuffle, ec.world, ec.zero);
 	{
 		char run_line[8400];
 
@@ -927,7 +944,7 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(2, "--trace %s: %s", trace_path, st_error_last());
 	ec.trace = run.trace = trace;
 	ret = st_engine_create(&ec, &e);
-	if (ret == -ENOSPC || ret == -EINVAL || ret == -ENODEV)
+	if (ret == -ENOSPC || ret == -EINVAL || ret == -ENODEV || ret == -ENOTSUP)
 		st_cli_die(2, "%s", st_error_last());
 	if (ret < 0)
 		st_cli_die(1, "%s", st_error_last());

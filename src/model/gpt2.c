@@ -3,6 +3,7 @@
  * in gpt2_config.c, the table that joins them at the end of this file. A
  * new family starts from a copy of these two files (docs/model.md). */
 #include "gpt2.h"
+#include "gpt2_bf16.h"
 
 #include "strata/compute.h"
 
@@ -221,6 +222,8 @@ static size_t st_work_need(const struct st_model *m, int u, int B, int T)
 
 static size_t st_gpt2_work_bytes(const struct st_model *m, int u, int B, int T)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_gpt2_bf16_work_bytes(m, u, B, T);
 	return st_work_need(m, u, B, T);
 }
 
@@ -233,6 +236,8 @@ static size_t st_gpt2_saved_bytes(const struct st_model *m, int u, int B, int T,
 	struct st_block_work w;
 	size_t N = (size_t)B * T, C = (size_t)st_model_config(m)->dim;
 
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_gpt2_bf16_saved_bytes(m, u, B, T, scratch_bytes);
 	if (st_model_unit_layout(m, u)->kind != ST_UNIT_BLOCK) {
 		*scratch_bytes = st_work_need(m, u, B, T);
 		return 0;
@@ -424,6 +429,9 @@ static int st_gpt2_fwd_save(const struct st_model *m, int u,
 		 const float *other, const float *x, float *y, float *loss,
 		 void *saved, size_t saved_bytes, void *work, size_t work_bytes)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_gpt2_bf16_fwd_save(m, u, batch, params, other, x, y, loss, saved,
+					     saved_bytes, work, work_bytes);
 	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
 	struct st_compute *c = st_model_compute(m);
 	struct st_carver cv, cs;
@@ -465,6 +473,10 @@ static int st_gpt2_bwd_saved(const struct st_model *m, int u,
 		 float *grad, float *other_grad, float *loss, void *saved,
 		 size_t saved_bytes, void *work, size_t work_bytes)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_gpt2_bf16_bwd_saved(m, u, batch, params, other, x, dy, dx, grad,
+					      other_grad, loss, saved, saved_bytes, work,
+					      work_bytes);
 	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
 	struct st_compute *c = st_model_compute(m);
 	struct st_carver cv, cs;
@@ -523,6 +535,8 @@ static int st_gpt2_bwd(const struct st_model *m, int u,
 static int st_gpt2_logits(const struct st_model *m, const float *params, const float *other,
 			  const float *x, float *logits, void *work, size_t work_bytes)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_gpt2_bf16_logits(m, params, other, x, logits, work, work_bytes);
 	struct st_compute *c = st_model_compute(m);
 	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
 	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
@@ -576,4 +590,5 @@ const struct st_family_ops st_family_gpt2 = {
 	.fwd_save = st_gpt2_fwd_save,
 	.bwd_saved = st_gpt2_bwd_saved,
 	.unit_flops_per_token = st_gpt2_unit_flops_per_token,
+	.bf16 = true,
 };

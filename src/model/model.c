@@ -19,6 +19,7 @@ struct st_model {
 	struct st_tensor_layout *tensors; /* all units' tensors, unit order */
 	uint64_t param_count;
 	struct st_compute *cx; /* where fwd and bwd run; the cpu by default */
+	enum st_precision precision; /* the dtypes between ops (fp32 by default) */
 };
 
 int st_model_create(const struct st_model_config *cfg, struct st_model **out)
@@ -68,6 +69,97 @@ int st_model_create(const struct st_model_config *cfg, struct st_model **out)
 void st_model_set_compute(struct st_model *m, struct st_compute *c)
 {
 	m->cx = c ? c : st_compute_cpu();
+}
+
+int st_model_set_precision(struct st_model *m, enum st_precision p)
+{
+	if (p != ST_PRECISION_FP32 && !m->family->bf16)
+		return st_error_set(-ENOTSUP, "--compute-dtype %s: the %s family has no %s path",
+				    st_precision_name(p), m->family->title, st_precision_name(p));
+	m->precision = p;
+	return 0;
+}
+
+enum st_precision st_model_precision(const struct st_model *m)
+{
+	return m->precision;
+}
+
+/* Buffers for one dry call: real host memory of the sizes a call at B = T
+ * = 1 takes (the dry compute never touches them; large ones stay
+ * untouched virtual memory). */
+static void *dry_buf(void **bufs, int *n, size_t bytes)
+{
+	void *p = malloc(ST_MAX(bytes, (size_t)64));
+
+	bufs[(*n)++] = p;
+	return p;
+}
+
+int st_model_precision_check(struct st_model *m)
+{
+	struct st_compute *real = m->cx, *dry;
+	int32_t ids[1] = { 0 };
+	struct st_model_batch b = { .B = 1, .T = 1, .tokens = ids, .targets = ids,
+				    .loss_scale = 1.0f };
+	bool seen[3] = { false, false, false };
+	int ret = st_compute_dry_create(real, &dry);
+
+	if (ret < 0)
+		return ret;
+	m->cx = dry;
+	for (int u = 0; u < m->n_units && ret == 0; u++) {
+		const struct st_unit_layout *ul = &m->units[u];
+		void *bufs[12];
+		int nb = 0, k = ul->reads_unit;
+		size_t scratch = 0, saved_bytes = st_model_saved_bytes(m, u, 1, 1, &scratch);
+		size_t work_bytes = ST_MAX(st_model_work_bytes(m, u, 1, 1), scratch);
+		size_t act = ST_MAX(st_model_act_bytes(m, u, 1, 1), (size_t)(m->cfg.dim * 4));
+		float loss;
+
+		if (seen[ul->kind])
+			continue;
+		seen[ul->kind] = true;
+		const float *params = dry_buf(bufs, &nb, ul->elems * sizeof(float));
+		const float *other = k >= 0 ? dry_buf(bufs, &nb, m->units[k].elems * sizeof(float))
+					    : NULL;
+		float *grad = dry_buf(bufs, &nb, ul->elems * sizeof(float));
+		float *ograd = k >= 0 ? dry_buf(bufs, &nb, m->units[k].elems * sizeof(float)) : NULL;
+		float *x = dry_buf(bufs, &nb, act), *y = dry_buf(bufs, &nb, act);
+		float *dy = dry_buf(bufs, &nb, act), *dx = dry_buf(bufs, &nb, act);
+		void *work = dry_buf(bufs, &nb, work_bytes);
+		void *saved = saved_bytes ? dry_buf(bufs, &nb, saved_bytes) : NULL;
+		bool ok = true;
+
+		for (int i = 0; i < nb; i++)
+			ok = ok && bufs[i];
+		if (!ok)
+			ret = st_error_set(-ENOMEM, "model: out of memory");
+		/* the calls a step makes: fwd, bwd, and a kept forward's pair */
+		if (ret == 0)
+			ret = st_model_fwd(m, u, &b, params, other, ul->kind == ST_UNIT_EMBED ? NULL : x,
+					   ul->kind == ST_UNIT_HEAD ? NULL : y, &loss, work,
+					   work_bytes);
+		if (ret == 0)
+			ret = st_model_bwd(m, u, &b, params, other, ul->kind == ST_UNIT_EMBED ? NULL : x,
+					   dy, u ? dx : NULL, grad, ograd, &loss, work, work_bytes);
+		if (ret == 0 && saved)
+			ret = st_model_fwd_save(m, u, &b, params, other, x, y, &loss, saved,
+						saved_bytes, work, work_bytes);
+		if (ret == 0 && saved)
+			ret = st_model_bwd_saved(m, u, &b, params, other, x, dy, dx, grad, ograd,
+						 &loss, saved, saved_bytes, work, work_bytes);
+		if (ret == 0)
+			ret = st_compute_sync(dry);
+		for (int i = 0; i < nb; i++)
+			free(bufs[i]);
+	}
+	m->cx = real;
+	st_compute_destroy(dry);
+	if (ret < 0)
+		return st_error_set(ret, "--compute-dtype %s: %s", st_precision_name(m->precision),
+				    st_error_last());
+	return 0;
 }
 
 struct st_compute *st_model_compute(const struct st_model *m)

@@ -144,6 +144,10 @@ static int open_tiers(struct st_engine *e)
 	if (ret < 0)
 		return ret;
 	st_model_set_compute(e->model, e->cx);
+	/* every op of the precision's path on this device, before any pool */
+	ret = st_model_precision_check(e->model);
+	if (ret < 0)
+		return ret;
 	vc.device = e->dev;
 	hc.device = e->dev;
 	ret = st_tier_create(&st_tier_vram_ops, &vc, &e->tier[ST_HOME_VRAM]);
@@ -517,6 +521,12 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	e->cfg = *cfg;
 	ret = st_model_create(&c->model, &e->model);
 	if (ret < 0) {
+		free(e);
+		return ret;
+	}
+	ret = st_model_set_precision(e->model, cfg->compute_dtype);
+	if (ret < 0) {
+		st_model_destroy(e->model);
 		free(e);
 		return ret;
 	}

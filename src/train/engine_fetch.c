@@ -187,10 +187,17 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
 	src = slot < 0 ? vaddr(e, &w->ext) : vaddr(e, &e->slots[slot].ext);
 	if (slot >= 0)
 		st_compute_wait(e->cx, e->w_stream ? e->ev_gather[slot] : e->ev_h2d[slot]);
-	if (e->Wb == 2)
+	if (st_model_precision(e->model) == ST_PRECISION_BF16) {
+		/* the model reads W as bf16: a copy (or fp32 W rounded), never a widen */
+		if (e->Wb == 2)
+			st_compute_copy(e->cx, dst, src, e->elems[u] * sizeof(uint16_t));
+		else
+			st_compute_f32_to_bf16(e->cx, (uint16_t *)(void *)dst, src, e->elems[u]);
+	} else if (e->Wb == 2) {
 		st_compute_bf16_to_f32(e->cx, dst, src, e->elems[u]);
-	else
+	} else {
 		st_compute_copy(e->cx, dst, src, e->elems[u] * sizeof(float));
+	}
 	if (slot >= 0) {
 		st_compute_record(e->cx, e->ev_slot[2 * slot + e->slots[slot].widens % 2]);
 		e->slots[slot].widens++;

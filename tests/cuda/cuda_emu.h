@@ -6,8 +6,10 @@
 // EMU_MAX_THREADS); blocks run one after another, x fastest. __syncthreads
 // is a std::barrier over the block. A warp is 32 threads of consecutive
 // linear thread id; a warp exchange (shuffle, ballot) is a store to a
-// per-warp buffer and a barrier of that warp. __syncthreads_or likewise over
-// the block.
+// per-warp buffer and a barrier of that warp (emu_warp_exchange_words: n
+// words a lane at once, for the tensor-core MMA of
+// src/backend/cuda/mma_bf16.cuh, which takes its emulated path under
+// ST_CUDA_EMU). __syncthreads_or likewise over the block.
 //
 // __shared__ is left to the test: a kernel's `extern __shared__` array
 // wants it empty (the test then defines that array), static __shared__
@@ -18,6 +20,10 @@
 // launch (emu_block_hook, emu_launch_hook), run by one thread.
 #ifndef ST_TESTS_CUDA_EMU_H
 #define ST_TESTS_CUDA_EMU_H
+
+/* Device code that has an emulated variant (src/backend/cuda/mma_bf16.cuh:
+ * the tensor-core MMA) takes it under this. */
+#define ST_CUDA_EMU 1
 
 #include <barrier>
 #include <cmath>
@@ -139,6 +145,23 @@ static inline const uint32_t *emu_warp_exchange(uint32_t v)
 	return buf;
 }
 
+// The same for n (at most EMU_WARP_WORDS) words a lane: returns the warp's
+// 32 x n words, lane l's at [l * n, l * n + n). Its own pair of buffers.
+#define EMU_WARP_WORDS 8
+static uint32_t emu_warp_wbuf[2][EMU_MAX_THREADS / 32][32 * EMU_WARP_WORDS];
+static thread_local unsigned emu_warp_wparity;
+
+static inline const uint32_t *emu_warp_exchange_words(const uint32_t *v, unsigned n)
+{
+	const unsigned w = emu_tid >> 5, lane = emu_tid & 31;
+	uint32_t *buf = emu_warp_wbuf[emu_warp_wparity][w];
+
+	emu_warp_wparity ^= 1;
+	memcpy(buf + lane * n, v, n * sizeof(*v));
+	emu_warp_bar[w]->arrive_and_wait();
+	return buf;
+}
+
 static inline float __shfl_sync(unsigned, float v, int src_lane)
 {
 	return __uint_as_float(emu_warp_exchange(__float_as_uint(v))[(unsigned)src_lane & 31]);
@@ -212,6 +235,7 @@ static void emu_launch(K kern, dim3 grid, dim3 block, Args... args)
 		emu_tid = t;
 		threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
 		emu_warp_parity = 0;
+		emu_warp_wparity = 0;
 		emu_or_parity = 0;
 		unsigned k = 0;
 		for (unsigned bz = 0; bz < grid.z; bz++) {

@@ -64,6 +64,9 @@ for tool in "$@"; do
 		  check "ab-bench --old missing" 2 "$tool" --old /nonexistent --new /nonexistent
 		  check "ab-bench --rounds 0" 2 "$tool" --old /tmp --new /tmp --rounds 0 ;;
 	fingerprint) check "fingerprint --strata missing" 2 "$tool" --strata /nonexistent ;;
+	attn-bench) check "attn-bench --rounds 0" 2 "$tool" --rounds 0 ;;
+	attn-sdpa) check "attn-sdpa --iters 0" 2 "$tool" --iters 0
+		   check "attn-sdpa --rounds x" 2 "$tool" --rounds x ;;
 	esac
 done
 rm -f /tmp/bench-cli-err.$$

@@ -6,6 +6,7 @@
 
 #include "strata/device.h"
 #include "strata/kernels.h"
+#include "strata/kernels_bf16.h"
 #include "strata/optim.h"
 
 #include <errno.h>
@@ -224,6 +225,11 @@ static void k_residual_rmsnorm_fwd(const struct st_op *op)
 	st_cpu_rmsnorm_fwd(P(1), P(2), P(0), P(5), op->f[0], I(0), I(1));
 }
 
+static void k_f32_to_bf16(const struct st_op *op)
+{
+	st_cpu_f32_to_bf16(P(0), P(1), Z(0));
+}
+
 typedef void (*cpu_kernel)(const struct st_op *op);
 
 static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
@@ -261,24 +267,42 @@ static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
 	[ST_OP_GRAD_SUMSQ] = k_grad_sumsq,
 	[ST_OP_RESIDUAL_LAYERNORM_FWD] = k_residual_layernorm_fwd,
 	[ST_OP_RESIDUAL_RMSNORM_FWD] = k_residual_rmsnorm_fwd,
+	[ST_OP_F32_TO_BF16] = k_f32_to_bf16,
 };
+
+/* matmul_fwd with bf16 inp and weight, fp32 out and bias: its own kernel
+ * (st_cpu_matmul_fwd_bf16), older than the widening of kernels_bf16.c. */
+static bool matmul_fwd_bf16_in(enum st_op_kind kind, const enum st_dtype *dt)
+{
+	return kind == ST_OP_MATMUL_FWD && dt[1] == ST_DTYPE_BF16 && dt[2] == ST_DTYPE_BF16 &&
+	       dt[0] == ST_DTYPE_F32 && dt[3] == ST_DTYPE_F32;
+}
 
 bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dt)
 {
 	if ((unsigned)kind >= ST_OP_COUNT || !cpu_kernels[kind])
 		return false;
-	if (kind == ST_OP_MATMUL_FWD && dt[1] == ST_DTYPE_BF16 && dt[2] == ST_DTYPE_BF16 &&
-	    dt[0] == ST_DTYPE_F32 && dt[3] == ST_DTYPE_F32)
+	if (matmul_fwd_bf16_in(kind, dt))
 		return true;
 	if (kind == ST_OP_ADAMW && dt[4] == ST_DTYPE_BF16)
 		return dt[0] == ST_DTYPE_F32 && dt[1] == ST_DTYPE_F32 && dt[2] == ST_DTYPE_F32 &&
 		       dt[3] == ST_DTYPE_F32 && dt[5] == ST_DTYPE_U8;
-	return st_op_is_ref(kind, dt);
+	/* any other fp32 / bf16 mix: widened (strata/kernels_bf16.h) */
+	return st_op_is_ref(kind, dt) || st_cpu_bf16_supports(kind, dt);
 }
 
 void st_cpu_op_run(const struct st_op *op)
 {
-	cpu_kernels[op->kind](op);
+	enum st_dtype dt[ST_OP_MAX_TENSORS];
+	int n = st_op_tensors(op->kind);
+
+	for (int k = 0; k < n; k++)
+		dt[k] = op->t[k].dtype;
+	if (!st_op_is_ref(op->kind, dt) && !matmul_fwd_bf16_in(op->kind, dt) &&
+	    st_cpu_bf16_supports(op->kind, dt))
+		st_cpu_op_run_bf16(op);
+	else
+		cpu_kernels[op->kind](op);
 }
 
 static bool cpu_supports(const struct st_compute *c, enum st_op_kind kind,

@@ -1,7 +1,8 @@
 /* The cuda compute: strata/compute.h over strata/cuda_ops.h, every op queued
  * on one st_cuda_ctx (its own stream and cuBLASLt handle). matmul_fwd takes
- * fp32 or bf16 operands (the model hands fp32 weights today); every other
- * op is fp32. */
+ * fp32 or bf16 operands (the model hands fp32 weights today), the attention
+ * ops bf16 activations (tensor cores; cu_supports says which dtypes); every
+ * other op is fp32. */
 #include "backend/compute_internal.h"
 #include "strata/cuda_ops.h"
 
@@ -67,6 +68,8 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_memcpy_async(ctx, P(0), P(1), Z(0));
 	case ST_OP_BF16_TO_F32:
 		return st_cuda_bf16_to_f32(ctx, P(0), P(1), Z(0));
+	case ST_OP_F32_TO_BF16:
+		return st_cuda_f32_to_bf16(ctx, P(0), P(1), Z(0));
 	case ST_OP_GEMM:
 		return st_cuda_gemm(ctx, I(0), I(1), I(2), I(3), I(4), P(0), I(5), P(1), I(6),
 				    op->f[0], P(2), I(7));
@@ -96,8 +99,15 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 	case ST_OP_EMBEDDING_BWD:
 		return st_cuda_embedding_bwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
 	case ST_OP_ATTENTION_FWD:
+		if (op->t[2].dtype == ST_DTYPE_BF16)
+			return st_cuda_attention_fwd_bf16(ctx, P(0), P(1), P(2), I(0), I(1), I(2),
+							  I(3));
 		return st_cuda_attention_fwd(ctx, P(0), P(1), P(2), I(0), I(1), I(2), I(3));
 	case ST_OP_ATTENTION_BWD:
+		if (op->t[2].dtype == ST_DTYPE_BF16)
+			return st_cuda_attention_bwd_bf16(ctx, P(0), op->t[0].dtype == ST_DTYPE_BF16,
+							  P(1), P(2), P(3), P(4), I(0), I(1), I(2),
+							  I(3));
 		return st_cuda_attention_bwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2),
 					     I(3));
 	case ST_OP_CROSSENTROPY_FWD:
@@ -138,9 +148,16 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 	case ST_OP_TOKEN_EMBED_BWD:
 		return st_cuda_token_embed_bwd(ctx, P(0), P(1), P(2), I(0), I(1));
 	case ST_OP_GQA_ATTENTION_FWD:
+		if (op->t[2].dtype == ST_DTYPE_BF16)
+			return st_cuda_gqa_attention_fwd_bf16(ctx, P(0), P(1), P(2), P(3), P(4), I(0),
+							      I(1), I(2), I(3), I(4));
 		return st_cuda_gqa_attention_fwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
 						 I(2), I(3), I(4));
 	case ST_OP_GQA_ATTENTION_BWD:
+		if (op->t[4].dtype == ST_DTYPE_BF16)
+			return st_cuda_gqa_attention_bwd_bf16(
+				ctx, P(0), P(1), P(2), op->t[0].dtype == ST_DTYPE_BF16, P(3), P(4),
+				P(5), P(6), P(7), P(8), I(0), I(1), I(2), I(3), I(4));
 		return st_cuda_gqa_attention_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
 						 P(7), P(8), I(0), I(1), I(2), I(3), I(4));
 	case ST_OP_COUNT:
@@ -149,8 +166,28 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 	return st_error_set(-ENOTSUP, "cuda compute: no op %d", (int)op->kind);
 }
 
+/* Whether dt (n slots) is sig, one letter a slot: b bf16, f fp32, g the
+ * gradient's dtype (fp32 or bf16, the same in every g slot). */
+static bool cu_sig(const enum st_dtype *dt, const char *sig)
+{
+	const enum st_dtype g = dt[0];
+
+	if (g != ST_DTYPE_F32 && g != ST_DTYPE_BF16)
+		return false;
+	for (int k = 0; sig[k]; k++) {
+		const enum st_dtype want = sig[k] == 'b' ? ST_DTYPE_BF16
+					   : sig[k] == 'g' ? g
+							   : ST_DTYPE_F32;
+		if (dt[k] != want)
+			return false;
+	}
+	return true;
+}
+
 /* Every op at its reference dtypes; matmul_fwd also with bf16 inp and
- * weight (cuBLASLt, fp32 accumulation). */
+ * weight (cuBLASLt, fp32 accumulation); the attention ops also on tensor
+ * cores with bf16 activations, fp32 lse and fp32 or bf16 gradients
+ * (attention_bf16.cu: head size 64 or 128). */
 static bool cu_supports(const struct st_compute *c, enum st_op_kind kind,
 			const enum st_dtype *dt)
 {
@@ -163,6 +200,14 @@ static bool cu_supports(const struct st_compute *c, enum st_op_kind kind,
 	if (kind == ST_OP_ADAMW && dt[4] == ST_DTYPE_BF16)
 		return dt[0] == ST_DTYPE_F32 && dt[1] == ST_DTYPE_F32 && dt[2] == ST_DTYPE_F32 &&
 		       dt[3] == ST_DTYPE_F32 && dt[5] == ST_DTYPE_U8;
+	if (kind == ST_OP_ATTENTION_FWD && dt[2] == ST_DTYPE_BF16)
+		return cu_sig(dt, "bfb");
+	if (kind == ST_OP_ATTENTION_BWD && dt[2] == ST_DTYPE_BF16)
+		return cu_sig(dt, "gbbbf");
+	if (kind == ST_OP_GQA_ATTENTION_FWD && dt[2] == ST_DTYPE_BF16)
+		return cu_sig(dt, "bfbbb");
+	if (kind == ST_OP_GQA_ATTENTION_BWD && dt[4] == ST_DTYPE_BF16)
+		return cu_sig(dt, "gggbbbbbf");
 	return st_op_is_ref(kind, dt);
 }
 

@@ -1,0 +1,518 @@
+/* strata: GPT-2's bf16 compute path (--compute-dtype bf16; docs/model.md,
+ * "bf16 compute"). The same units, ops and order as gpt2.c's fp32 path,
+ * with these dtypes:
+ *   bf16  W as it is stored (never widened); every tensor a matmul,
+ *         the attention or the GELU reads or writes inside a block: ln1,
+ *         qkv, atty, ln2, fch, gel (the saved forward) and their gradients;
+ *         the head's normalised input and its logits' gradient
+ *   fp32  the residual stream between units and inside a block (x, res, y
+ *         and their gradients dx, dres, dy), the norms' statistics, the
+ *         attention's lse, the logits, the loss, and every dW (accumulated
+ *         into the unit's fp32 gradient)
+ * Norms, softmax and cross-entropy compute in fp32; a matmul takes bf16
+ * operands and accumulates in fp32 (its bf16 output rounded once). */
+#include "gpt2_bf16.h"
+
+#include "strata/compute.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+/* The block's tensors, in layout order (as gpt2.c). */
+enum { LN1_W, LN1_B, ATTN_W, ATTN_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCP_W,
+       FCP_B, BT_COUNT };
+
+typedef uint16_t bf16;
+
+#define TB(p, n) st_tensor_1d((p), ST_DTYPE_BF16, (int64_t)(n))
+#define TF(p, n) st_tensor_1d((p), ST_DTYPE_F32, (int64_t)(n))
+
+static bf16 *carve_b(struct st_carver *cv, size_t n)
+{
+	return (bf16 *)st_carve(cv, (n + 1) / 2);
+}
+
+/* ---- the op records (each an st_compute_run) ------------------------------------ */
+
+/* out (N,C) bf16 = layernorm(inp (N,C) fp32) with bf16 weight and bias */
+static void ln_fwd(struct st_compute *c, bf16 *out, float *mean, float *rstd, const float *inp,
+		   const bf16 *w, const bf16 *b, int N, int C)
+{
+	struct st_op op = { .kind = ST_OP_LAYERNORM_FWD,
+			    .t = { TB(out, (size_t)N * C), TF(mean, N), TF(rstd, N),
+				   TF(inp, (size_t)N * C), TB(w, C), TB(b, C) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+/* dinp (N,C) fp32 += layernorm backward of dout (bf16, or fp32 with
+ * dout_f32) */
+static void ln_bwd(struct st_compute *c, float *dinp, float *dw, float *db, const void *dout,
+		   bool dout_f32, const float *inp, const bf16 *w, const float *mean,
+		   const float *rstd, int N, int C)
+{
+	size_t NC = (size_t)N * C;
+	struct st_op op = { .kind = ST_OP_LAYERNORM_BWD,
+			    .t = { TF(dinp, NC), TF(dw, C), TF(db, C),
+				   dout_f32 ? TF(dout, NC) : TB(dout, NC), TF(inp, NC), TB(w, C),
+				   TF(mean, N), TF(rstd, N) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+/* out (N,OC) = inp (N,IC) @ weight (IC,OC) + bias, bf16 operands; out bf16,
+ * or fp32 with out_f32 (what feeds the residual stream) */
+static void mm_fwd(struct st_compute *c, void *out, bool out_f32, const bf16 *inp,
+		   const bf16 *w, const bf16 *bias, int N, int IC, int OC)
+{
+	size_t NO = (size_t)N * OC;
+	struct st_op op = { .kind = ST_OP_MATMUL_FWD,
+			    .t = { out_f32 ? TF(out, NO) : TB(out, NO), TB(inp, (size_t)N * IC),
+				   TB(w, (size_t)IC * OC), TB(bias, OC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+/* dinp (bf16) += dout @ W^T; dweight, dbias (fp32) += ...; dout, inp,
+ * weight bf16. NULL skips a gradient (inp may then be NULL too). */
+static void mm_bwd(struct st_compute *c, bf16 *dinp, float *dw, float *db, const bf16 *dout,
+		   const bf16 *inp, const bf16 *w, int N, int IC, int OC)
+{
+	struct st_op op = { .kind = ST_OP_MATMUL_BWD,
+			    .t = { TB(dinp, (size_t)N * IC), TF(dw, (size_t)IC * OC), TF(db, OC),
+				   TB(dout, (size_t)N * OC), TB(inp, (size_t)N * IC),
+				   TB(w, (size_t)IC * OC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+/* gel (N,OC) = gelu(pre), pre = inp @ W + b, both bf16: one op where the
+ * compute has it (one rounding of each from fp32), else the two */
+static void mm_gelu_fwd(struct st_compute *c, bf16 *gel, bf16 *pre, const bf16 *inp,
+			const bf16 *w, const bf16 *bias, int N, int IC, int OC)
+{
+	size_t NO = (size_t)N * OC;
+	struct st_op op = { .kind = ST_OP_MATMUL_GELU_FWD,
+			    .t = { TB(gel, NO), TB(pre, NO), TB(inp, (size_t)N * IC),
+				   TB(w, (size_t)IC * OC), TB(bias, OC) },
+			    .i = { N, IC, OC } };
+
+	if (st_compute_supports_op(c, &op)) {
+		st_compute_run(c, &op);
+		return;
+	}
+	mm_fwd(c, pre, false, inp, w, bias, N, IC, OC);
+	struct st_op g = { .kind = ST_OP_GELU_FWD, .t = { TB(gel, NO), TB(pre, NO) },
+			   .i = { (int64_t)NO } };
+	st_compute_run(c, &g);
+}
+
+static void gelu_bwd(struct st_compute *c, bf16 *dinp, const bf16 *inp, const bf16 *dout,
+		     size_t n)
+{
+	struct st_op op = { .kind = ST_OP_GELU_BWD, .t = { TB(dinp, n), TB(inp, n), TB(dout, n) },
+			    .i = { (int64_t)n } };
+
+	st_compute_run(c, &op);
+}
+
+static void att_fwd(struct st_compute *c, bf16 *out, float *lse, const bf16 *qkv, int B, int T,
+		    int C, int NH)
+{
+	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
+			    .t = { st_tensor_3d(out, ST_DTYPE_BF16, B, T, C),
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
+				   st_tensor_3d(qkv, ST_DTYPE_BF16, B, T, 3 * (int64_t)C) },
+			    .i = { B, T, C, NH } };
+
+	st_compute_run(c, &op);
+}
+
+static void att_bwd(struct st_compute *c, bf16 *dqkv, const bf16 *dout, const bf16 *qkv,
+		    const bf16 *out, const float *lse, int B, int T, int C, int NH)
+{
+	struct st_op op = { .kind = ST_OP_ATTENTION_BWD,
+			    .t = { st_tensor_3d(dqkv, ST_DTYPE_BF16, B, T, 3 * (int64_t)C),
+				   st_tensor_3d(dout, ST_DTYPE_BF16, B, T, C),
+				   st_tensor_3d(qkv, ST_DTYPE_BF16, B, T, 3 * (int64_t)C),
+				   st_tensor_3d(out, ST_DTYPE_BF16, B, T, C),
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T) },
+			    .i = { B, T, C, NH } };
+
+	st_compute_run(c, &op);
+}
+
+/* Row-major C (M,N) fp32 = op(A) @ op(B) + beta C, A and B bf16 */
+static void gemm(struct st_compute *c, int ta, int tb, int M, int N, int K, const bf16 *A,
+		 int lda, const bf16 *Bm, int ldb, float beta, float *C, int ldc)
+{
+	struct st_op op = {
+		.kind = ST_OP_GEMM,
+		.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
+		       st_tensor_2d(Bm, ST_DTYPE_BF16, tb ? N : K, ldb),
+		       st_tensor_2d(C, ST_DTYPE_F32, M, ldc) },
+		.i = { ta, tb, M, N, K, lda, ldb, ldc },
+		.f = { beta },
+	};
+
+	st_compute_run(c, &op);
+}
+
+/* ---- workspace -------------------------------------------------------------------- */
+
+struct bwork {
+	bf16 *ln1, *qkv, *atty, *ln2, *fch, *gel;
+	float *mean1, *rstd1, *lse, *res, *mean2, *rstd2;
+	float *dres; /* scratch: the residual's gradient (fp32) */
+	bf16 *dln, *db16; /* scratch: a norm's output gradient; dy or dres in bf16 */
+};
+
+static void block_carve(struct st_carver *sv, struct st_carver *sc, struct bwork *w, size_t N,
+			size_t C, size_t BH_T)
+{
+	w->ln1 = carve_b(sv, N * C);
+	w->mean1 = st_carve(sv, N);
+	w->rstd1 = st_carve(sv, N);
+	w->qkv = carve_b(sv, 3 * N * C);
+	w->atty = carve_b(sv, N * C);
+	w->lse = st_carve(sv, BH_T);
+	w->res = st_carve(sv, N * C);
+	w->ln2 = carve_b(sv, N * C);
+	w->mean2 = st_carve(sv, N);
+	w->rstd2 = st_carve(sv, N);
+	w->fch = carve_b(sv, 4 * N * C);
+	w->gel = carve_b(sv, 4 * N * C);
+	w->dres = st_carve(sc, N * C);
+	w->dln = carve_b(sc, N * C);
+	w->db16 = carve_b(sc, N * C);
+}
+
+struct hwork {
+	bf16 *xln, *dlog16;
+	float *mean, *rstd, *dxln, *logits, *losses;
+};
+
+static void head_carve(struct st_carver *cv, struct hwork *w, size_t N, size_t C, size_t V)
+{
+	size_t R = ST_MIN(N, (size_t)ST_MODEL_CE_CHUNK_ROWS);
+
+	w->xln = carve_b(cv, N * C);
+	w->mean = st_carve(cv, N);
+	w->rstd = st_carve(cv, N);
+	w->dxln = st_carve(cv, N * C);
+	w->logits = st_carve(cv, R * V);
+	w->dlog16 = carve_b(cv, R * V);
+	w->losses = st_carve(cv, N);
+}
+
+static size_t bh_t(const struct st_model *m, int B, int T)
+{
+	return (size_t)B * st_model_config(m)->n_head * T;
+}
+
+size_t st_gpt2_bf16_work_bytes(const struct st_model *m, int u, int B, int T)
+{
+	struct st_carver cv;
+	size_t N = (size_t)B * T, C = (size_t)st_model_config(m)->dim;
+
+	st_carver_init(&cv, NULL, 0);
+	if (st_model_unit_layout(m, u)->kind == ST_UNIT_BLOCK) {
+		struct bwork w;
+		block_carve(&cv, &cv, &w, N, C, bh_t(m, B, T));
+	} else if (st_model_unit_layout(m, u)->kind == ST_UNIT_HEAD) {
+		struct hwork w;
+		head_carve(&cv, &w, N, C, (size_t)st_model_config(m)->vocab);
+	} else {
+		return 0;
+	}
+	return cv.need_bytes;
+}
+
+size_t st_gpt2_bf16_saved_bytes(const struct st_model *m, int u, int B, int T,
+				size_t *scratch_bytes)
+{
+	struct st_carver sv, sc;
+	struct bwork w;
+
+	if (st_model_unit_layout(m, u)->kind != ST_UNIT_BLOCK) {
+		*scratch_bytes = st_gpt2_bf16_work_bytes(m, u, B, T);
+		return 0;
+	}
+	st_carver_init(&sv, NULL, 0);
+	st_carver_init(&sc, NULL, 0);
+	block_carve(&sv, &sc, &w, (size_t)B * T, (size_t)st_model_config(m)->dim,
+		    bh_t(m, B, T));
+	*scratch_bytes = sc.need_bytes;
+	return sv.need_bytes;
+}
+
+/* ---- block ---------------------------------------------------------------------------- */
+
+static void views(const struct st_model *m, int u, const float *params, const bf16 **p)
+{
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+
+	for (int k = 0; k < BT_COUNT; k++)
+		p[k] = (const bf16 *)(const void *)params + ul->tensors[k].offset_elems;
+}
+
+/* The forward up to the MLP activation; attproj (N,C) fp32 scratch. */
+static void block_fwd_core(const struct st_model *m, const bf16 **p, const struct bwork *w,
+			   const float *x, float *attproj, int B, int T)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head, N = B * T;
+
+	ln_fwd(c, w->ln1, w->mean1, w->rstd1, x, p[LN1_W], p[LN1_B], N, C);
+	mm_fwd(c, w->qkv, false, w->ln1, p[ATTN_W], p[ATTN_B], N, C, 3 * C);
+	att_fwd(c, w->atty, w->lse, w->qkv, B, T, C, NH);
+	mm_fwd(c, attproj, true, w->atty, p[PROJ_W], p[PROJ_B], N, C, C);
+	st_compute_residual_fwd(c, w->res, x, attproj, (size_t)N * C);
+	ln_fwd(c, w->ln2, w->mean2, w->rstd2, w->res, p[LN2_W], p[LN2_B], N, C);
+	mm_gelu_fwd(c, w->gel, w->fch, w->ln2, p[FC_W], p[FC_B], N, C, 4 * C);
+}
+
+static void block_fwd(const struct st_model *m, int u, int B, int T, const float *params,
+		      const float *x, float *y, const struct bwork *w)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, N = B * T;
+	const bf16 *p[BT_COUNT];
+
+	views(m, u, params, p);
+	block_fwd_core(m, p, w, x, y, B, T);
+	mm_fwd(c, y, true, w->gel, p[FCP_W], p[FCP_B], N, 4 * C, C);
+	st_compute_residual_fwd(c, y, w->res, y, (size_t)N * C);
+}
+
+static void block_bwd(const struct st_model *m, int u, int B, int T, const float *params,
+		      const float *x, const float *dy, float *dx, float *grad,
+		      const struct bwork *w, bool kept)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head, N = B * T;
+	const size_t NC = (size_t)N * C;
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+	const bf16 *p[BT_COUNT];
+	float *g[BT_COUNT];
+
+	views(m, u, params, p);
+	for (int k = 0; k < BT_COUNT; k++)
+		g[k] = grad + ul->tensors[k].offset_elems;
+	if (!kept)
+		block_fwd_core(m, p, w, x, w->dres, B, T);
+
+	// MLP projection: dy in bf16; dW from gel, then dgel overwrites gel
+	st_compute_f32_to_bf16(c, w->db16, dy, NC);
+	mm_bwd(c, NULL, g[FCP_W], g[FCP_B], w->db16, w->gel, p[FCP_W], N, 4 * C, C);
+	st_compute_zero(c, w->gel, sizeof(bf16) * 4 * NC);
+	mm_bwd(c, w->gel, NULL, NULL, w->db16, NULL, p[FCP_W], N, 4 * C, C);
+	gelu_bwd(c, w->fch, w->fch, w->gel, 4 * NC);
+	st_compute_zero(c, w->dln, sizeof(bf16) * NC);
+	mm_bwd(c, w->dln, g[FC_W], g[FC_B], w->fch, w->ln2, p[FC_W], N, C, 4 * C);
+	// residual 2: dres = dy + ln2's input gradient (fp32)
+	st_compute_copy(c, w->dres, dy, sizeof(float) * NC);
+	ln_bwd(c, w->dres, g[LN2_W], g[LN2_B], w->dln, false, w->res, p[LN2_W], w->mean2,
+	       w->rstd2, N, C);
+	// attention projection: dres in bf16; datty reuses ln2
+	bf16 *datty = w->ln2;
+	st_compute_f32_to_bf16(c, w->db16, w->dres, NC);
+	st_compute_zero(c, datty, sizeof(bf16) * NC);
+	mm_bwd(c, datty, g[PROJ_W], g[PROJ_B], w->db16, w->atty, p[PROJ_W], N, C, C);
+	// attention; dqkv reuses gel (4NC >= 3NC)
+	bf16 *dqkv = w->gel;
+	st_compute_zero(c, dqkv, sizeof(bf16) * 3 * NC);
+	att_bwd(c, dqkv, datty, w->qkv, w->atty, w->lse, B, T, C, NH);
+	st_compute_zero(c, w->dln, sizeof(bf16) * NC);
+	mm_bwd(c, w->dln, g[ATTN_W], g[ATTN_B], dqkv, w->ln1, p[ATTN_W], N, C, 3 * C);
+	// residual 1: dx = dres + ln1's input gradient
+	st_compute_copy(c, dx, w->dres, sizeof(float) * NC);
+	ln_bwd(c, dx, g[LN1_W], g[LN1_B], w->dln, false, x, p[LN1_W], w->mean1, w->rstd1, N, C);
+}
+
+/* ---- head ------------------------------------------------------------------------------ */
+
+static float mean_loss(struct st_compute *c, const float *losses, size_t n)
+{
+	float chunk[4096];
+	double s = 0.0;
+
+	for (size_t i0 = 0; i0 < n; i0 += ST_ARRAY_LEN(chunk)) {
+		size_t len = ST_MIN(ST_ARRAY_LEN(chunk), n - i0);
+
+		st_compute_to_host(c, chunk, losses + i0, len * sizeof(float));
+		if (c->err)
+			return NAN;
+		for (size_t i = 0; i < len; i++)
+			s += chunk[i];
+	}
+	return (float)(s / (double)n);
+}
+
+/* ln_f's weight and bias (unit U-1) and wte (unit 0), bf16 */
+static void head_views(const struct st_model *m, const float *params, const float *other,
+		       const bf16 **lnw, const bf16 **lnb, const bf16 **wte)
+{
+	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
+
+	*lnw = (const bf16 *)(const void *)params + ul->tensors[0].offset_elems;
+	*lnb = (const bf16 *)(const void *)params + ul->tensors[1].offset_elems;
+	*wte = (const bf16 *)(const void *)other +
+	       st_model_unit_layout(m, 0)->tensors[0].offset_elems;
+}
+
+static void head_run(const struct st_model *m, const struct st_model_batch *b,
+		     const float *params, const float *other, const float *x, float *dx,
+		     float *grad, float *other_grad, float *loss, const struct hwork *w)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab, N = b->B * b->T;
+	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
+	const bf16 *lnw, *lnb, *wte;
+	const bool bwd = dx != NULL;
+
+	head_views(m, params, other, &lnw, &lnb, &wte);
+	ln_fwd(c, w->xln, w->mean, w->rstd, x, lnw, lnb, N, C);
+	if (bwd)
+		st_compute_zero(c, w->dxln, sizeof(float) * (size_t)N * C);
+	const float dloss = b->loss_scale / (float)N;
+	for (int r0 = 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
+		int nr = ST_MIN(ST_MODEL_CE_CHUNK_ROWS, N - r0);
+		const bf16 *xr = w->xln + (size_t)r0 * C;
+		// logits (nr,V) fp32 = xln_r (nr,C) @ wte^T (C,V)
+		gemm(c, 0, 1, nr, V, C, xr, C, wte, C, 0.0f, w->logits, V);
+		if (!bwd) {
+			st_compute_crossentropy_fwd(c, w->losses + r0, w->logits, b->targets + r0,
+						    nr, V);
+			continue;
+		}
+		st_compute_crossentropy_bwd(c, w->logits, w->losses + r0, w->logits,
+					    b->targets + r0, dloss, nr, V);
+		st_compute_f32_to_bf16(c, w->dlog16, w->logits, (size_t)nr * V);
+		// dxln_r (nr,C) += dlogits (nr,V) @ wte (V,C)
+		gemm(c, 0, 0, nr, C, V, w->dlog16, V, wte, C, 1.0f, w->dxln + (size_t)r0 * C, C);
+		// dwte (V,C) += dlogits^T (V,nr) @ xln_r (nr,C)
+		float *dwte = other_grad + st_model_unit_layout(m, 0)->tensors[0].offset_elems;
+		gemm(c, 1, 0, V, C, nr, w->dlog16, V, xr, C, 1.0f, dwte, C);
+	}
+	if (loss)
+		*loss = mean_loss(c, w->losses, (size_t)N);
+	if (bwd) {
+		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
+		ln_bwd(c, dx, grad + ul->tensors[0].offset_elems, grad + ul->tensors[1].offset_elems,
+		       w->dxln, true, x, lnw, w->mean, w->rstd, N, C);
+	}
+}
+
+/* ---- the hooks' bf16 halves ------------------------------------------------------------- */
+
+static void embed_fwd(const struct st_model *m, const struct st_model_batch *b,
+		      const float *params, float *y)
+{
+	struct st_compute *c = st_model_compute(m);
+	const struct st_unit_layout *ul = st_model_unit_layout(m, 0);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
+	const bf16 *base = (const bf16 *)(const void *)params;
+	/* wte is (V,C); of wpe (ctx,C) the op reads rows 0..T-1 */
+	struct st_op op = {
+		.kind = ST_OP_EMBEDDING_FWD,
+		.t = { st_tensor_3d(y, ST_DTYPE_F32, b->B, b->T, C),
+		       st_tensor_2d(b->tokens, ST_DTYPE_I32, b->B, b->T),
+		       st_tensor_2d(base + ul->tensors[0].offset_elems, ST_DTYPE_BF16, V, C),
+		       st_tensor_2d(base + ul->tensors[1].offset_elems, ST_DTYPE_BF16, b->T, C) },
+		.i = { b->B, b->T, C },
+	};
+
+	st_compute_run(c, &op);
+}
+
+int st_gpt2_bf16_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
+			  const float *params, const float *other, const float *x, float *y,
+			  float *loss, void *saved, size_t saved_bytes, void *work,
+			  size_t work_bytes)
+{
+	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
+	struct st_compute *c = st_model_compute(m);
+	struct st_carver cv, cs;
+
+	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
+	switch (st_model_unit_layout(m, u)->kind) {
+	case ST_UNIT_EMBED:
+		embed_fwd(m, batch, params, y);
+		return st_compute_take_error(c);
+	case ST_UNIT_BLOCK: {
+		struct bwork w;
+		block_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, (size_t)C, bh_t(m, B, T));
+		block_fwd(m, u, B, T, params, x, y, &w);
+		return st_compute_take_error(c);
+	}
+	case ST_UNIT_HEAD: {
+		struct hwork w;
+		head_carve(&cv, &w, (size_t)B * T, (size_t)C, (size_t)st_model_config(m)->vocab);
+		head_run(m, batch, params, other, x, NULL, NULL, NULL, loss, &w);
+		return st_compute_take_error(c);
+	}
+	}
+	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
+}
+
+int st_gpt2_bf16_bwd_saved(const struct st_model *m, int u, const struct st_model_batch *batch,
+			   const float *params, const float *other, const float *x,
+			   const float *dy, float *dx, float *grad, float *other_grad,
+			   float *loss, void *saved, size_t saved_bytes, void *work,
+			   size_t work_bytes)
+{
+	const int B = batch->B, T = batch->T, C = st_model_config(m)->dim;
+	struct st_compute *c = st_model_compute(m);
+	struct st_carver cv, cs;
+
+	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
+	switch (st_model_unit_layout(m, u)->kind) {
+	case ST_UNIT_EMBED: {
+		/* dout and the gradients are fp32: the reference op */
+		const struct st_unit_layout *ul = st_model_unit_layout(m, 0);
+		st_compute_embedding_bwd(c, grad + ul->tensors[0].offset_elems,
+					 grad + ul->tensors[1].offset_elems, dy, batch->tokens, B,
+					 T, C);
+		return st_compute_take_error(c);
+	}
+	case ST_UNIT_BLOCK: {
+		struct bwork w;
+		block_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, (size_t)C, bh_t(m, B, T));
+		block_bwd(m, u, B, T, params, x, dy, dx, grad, &w, saved != NULL);
+		return st_compute_take_error(c);
+	}
+	case ST_UNIT_HEAD: {
+		struct hwork w;
+		head_carve(&cv, &w, (size_t)B * T, (size_t)C, (size_t)st_model_config(m)->vocab);
+		head_run(m, batch, params, other, x, dx, grad, other_grad, loss, &w);
+		return st_compute_take_error(c);
+	}
+	}
+	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
+}
+
+int st_gpt2_bf16_logits(const struct st_model *m, const float *params, const float *other,
+			const float *x, float *logits, void *work, size_t work_bytes)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
+	const bf16 *lnw, *lnb, *wte;
+	struct st_carver cv;
+	struct hwork w;
+
+	st_carver_init(&cv, work, work_bytes);
+	head_carve(&cv, &w, 1, (size_t)C, (size_t)V);
+	head_views(m, params, other, &lnw, &lnb, &wte);
+	ln_fwd(c, w.xln, w.mean, w.rstd, x, lnw, lnb, 1, C);
+	gemm(c, 0, 1, 1, V, C, w.xln, C, wte, C, 0.0f, logits, V);
+	return st_compute_sync(c);
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# strata train --compute-dtype bf16 on the cpu device (docs/model.md, "bf16
+# compute"):
+#   - the issue's target: the loss after 200 steps of a small GPT-2 on the
+#     same data within 1% of fp32's (and not bit-equal: bf16 did run);
+#   - placement invariance: bit-identical losses, norms and checkpoint
+#     bytes whether W lives in vram, host or nvme, at prefetch 1, with
+#     every block keeping its forward, and with fp32 W rounded on the device
+#     (--precision fp32 keeps fp32 masters; the numbers differ from bf16 W
+#     only through W, so that one is compared with itself across homes);
+#   - bad input: --compute-dtype fp16 and --precision fp16 refused (exit 2,
+#     one line); a family without a bf16 path refused (exit 2, one line).
+# usage: test_bf16.sh STRATA
+set -u
+strata=$1
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d "${ST_TEST_DIR:-/tmp}/bf16.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fail=0
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
+. "$here/check.sh"
+quiet_refusals=1
+
+check "compute-dtype fp16 refused" 2 "$strata" train --compute-dtype fp16 --steps 1
+grep -q "compute-dtype fp16" "$work/err" || { echo "FAIL: message"; fail=1; }
+check "precision fp16 refused" 2 "$strata" train --precision fp16 --steps 1
+check "llama has no bf16 path" 2 "$strata" train --model smollm2-135m --compute-dtype bf16 \
+	--steps 1
+grep -q "no bf16 path" "$work/err" || { echo "FAIL: llama message"; fail=1; }
+
+# the loss after 200 steps
+common=(--steps 200 --batch 4 --seq 64 --log-every 1000)
+for cd in fp32 bf16; do
+	check "200 steps $cd" 0 "$strata" train "${common[@]}" --compute-dtype $cd \
+		--metrics "$work/m200-$cd.jsonl"
+done
+python3 - "$work/m200-fp32.jsonl" "$work/m200-bf16.jsonl" <<'PY' || fail=1
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 200, (len(a), len(b))
+la, lb = a[-1]["loss"], b[-1]["loss"]
+m10a = sum(r["loss"] for r in a[-10:]) / 10
+m10b = sum(r["loss"] for r in b[-10:]) / 10
+rel, rel10 = abs(lb - la) / la, abs(m10b - m10a) / m10a
+print(f"ok   loss after 200 steps: fp32 {la:.6f} bf16 {lb:.6f} (rel {rel:.2e}); "
+      f"last 10 mean fp32 {m10a:.6f} bf16 {m10b:.6f} (rel {rel10:.2e})")
+if not (rel < 0.01 and rel10 < 0.01):
+    sys.exit("FAIL bf16 loss not within 1% of fp32")
+if all(x["loss"] == y["loss"] for x, y in zip(a, b)):
+    sys.exit("FAIL bf16 losses equal fp32's bit for bit: bf16 did not run")
+if not (b[0]["loss"] > b[-1]["loss"] + 1.0):
+    sys.exit("FAIL bf16 did not learn")
+PY
+
+# placement invariance: the same numbers and checkpoint bytes everywhere
+mkdir -p "$work/nvme"
+short=(--steps 4 --batch 4 --seq 64 --log-every 100 --nvme "$work/nvme" --compute-dtype bf16)
+run() { # name, args...
+	local name=$1
+	shift
+	rm -rf "$work/ck"
+	check "bf16 $name" 0 "$strata" train "${short[@]}" "$@" --metrics "$work/m-$name.jsonl" \
+		--save "$work/ck" || return
+	python3 - "$work/m-$name.jsonl" >"$work/fp-$name" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(r["step"], repr(r["loss"]), repr(r["grad_norm"]))
+PY
+	sha256sum "$work"/ck/latest/model.safetensors "$work"/ck/latest/optimizer.safetensors |
+		cut -d' ' -f1 >>"$work/fp-$name"
+}
+same() { # a b
+	if cmp -s "$work/fp-$1" "$work/fp-$2"; then
+		echo "ok   bf16 $2 = $1"
+	else
+		echo "FAIL bf16 $2 differs from $1"; diff "$work/fp-$1" "$work/fp-$2" | head -5; fail=1
+	fi
+}
+run default
+run vram --offload-params none --offload-optim host --gpu-mem 64M --host-mem 64M
+run host --offload-params host --offload-optim host --host-mem 64M
+run nvme --offload-params nvme --offload-optim nvme --host-mem 32M
+run prefetch1 --prefetch 1
+run keep --recompute none --gpu-mem 256M
+run keep-nvme --recompute none --gpu-mem 256M --offload-params nvme --host-mem 32M
+for n in vram host nvme prefetch1 keep keep-nvme; do same default $n; done
+# fp32 W rounded to bf16 on the device: invariant across homes too
+run w32 --precision fp32
+run w32-nvme --precision fp32 --offload-params nvme --offload-optim nvme --host-mem 32M
+same w32 w32-nvme
+# the bf16 path is not the fp32 one
+rm -rf "$work/ck"
+"$strata" train "${short[@]/bf16/fp32}" --metrics "$work/m-f.jsonl" >/dev/null 2>&1
+if cmp -s <(head -1 "$work/m-f.jsonl" | cut -d, -f2) <(head -1 "$work/m-default.jsonl" | cut -d, -f2); then
+	echo "FAIL bf16 step 1 loss equals fp32's"; fail=1
+fi
+exit $fail
