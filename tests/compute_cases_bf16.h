@@ -19,6 +19,12 @@ static const struct op_case op_cases_bf16[] = {
 	  { F_(OUT, CN * COC, 0), B_(IN, CN * CIC, 1.0f), B_(IN, CIC * COC, 0.1f),
 	    B_(IN, COC, 0.5f) },
 	  { CN, CIC, COC }, { 0 }, 0, BF_TOL },
+	/* the MLP's fc + GELU: cuBLASLt's GELU epilogue on cuda (one rounding
+	 * of each output from fp32, as the cpu) */
+	{ "matmul_gelu_fwd bbbbb", ST_OP_MATMUL_GELU_FWD,
+	  { B_(OUT, CN * COC, 0), B_(OUT, CN * COC, 0), B_(IN, CN * CIC, 1.0f),
+	    B_(IN, CIC * COC, 0.1f), B_(IN, COC, 0.5f) },
+	  { CN, CIC, COC }, { 0 }, 0, BF_TOL },
 	{ "matmul_bwd bffbbb", ST_OP_MATMUL_BWD,
 	  { B_(ACC, CN * CIC, 0.5f), F_(ACC, CIC * COC, 1.0f), F_(ACC, COC, 1.0f),
 	    B_(IN, CN * COC, 1.0f), B_(IN, CN * CIC, 1.0f), B_(IN, CIC * COC, 0.1f) },

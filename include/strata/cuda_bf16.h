@@ -23,6 +23,12 @@ extern "C" {
 int st_cuda_bf16_matmul_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
 			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
 			    int N, int IC, int OC);
+/* out (N,OC) = gelu(pre), pre = inp @ weight + bias, all bf16 (pre is
+ * required: the backward reads it): cuBLASLt's GELU_AUX_BIAS epilogue,
+ * else the matmul then the GELU kernel. */
+int st_cuda_bf16_matmul_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, uint16_t *pre,
+				 const uint16_t *inp, const uint16_t *weight,
+				 const uint16_t *bias, int N, int IC, int OC);
 /* dinp (N,IC, bf16) += dout @ weight^T; dweight (IC,OC, fp32) += inp^T @
  * dout; dbias (OC, fp32) += column sums of dout; dout, inp, weight bf16;
  * any gradient NULL is skipped. */

@@ -54,6 +54,34 @@ int st_cuda_bf16_matmul_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
 				 inp, IC, 1, out, out_bf16, OC, 1.0f, NULL, 1, 0, NULL);
 }
 
+int st_cuda_bf16_matmul_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, uint16_t *pre,
+				 const uint16_t *inp, const uint16_t *weight,
+				 const uint16_t *bias, int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0 || !pre)
+		return st_error_set(-EINVAL, "cuda: bf16 matmul_gelu_fwd: bad shape or no pre");
+	if (N == 0 || OC == 0)
+		return 0;
+	if (IC > 0 && OC % 8 == 0) {
+		/* GELU_AUX_BIAS: D = gelu(W^T inp + b), aux = the pre-activation,
+		 * both bf16 from the one fp32 value (the cpu's rounding) */
+		rc = st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
+				       OC, inp, IC, 1, out, 1, OC, 0.0f, bias, 1, 1, pre);
+		if (rc != -ENOTSUP)
+			return rc;
+	}
+	/* no epilogue algorithm: the matmul into pre, then the GELU kernel
+	 * (pre rounded to bf16 before the GELU: within bf16 tolerance) */
+	rc = st_cuda_bf16_matmul_fwd(ctx, pre, 1, inp, weight, bias, N, IC, OC);
+	if (rc)
+		return rc;
+	return st_cuda_bf16_gelu_fwd(ctx, out, pre, (size_t)N * OC);
+}
+
 int st_cuda_bf16_matmul_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
 			    float *dbias, const uint16_t *dout, const uint16_t *inp,
 			    const uint16_t *weight, int N, int IC, int OC)

@@ -70,6 +70,7 @@ static const struct {
 	{ ST_OP_LAYERNORM_FWD, "bfffbb" }, { ST_OP_LAYERNORM_BWD, "fffbfbff" },
 	{ ST_OP_LAYERNORM_BWD, "fffffbff" }, { ST_OP_GELU_FWD, "bb" },
 	{ ST_OP_GELU_BWD, "bbb" },         { ST_OP_EMBEDDING_FWD, "fibb" },
+	{ ST_OP_MATMUL_GELU_FWD, "bbbbb" },
 };
 
 static bool sig_is(const char *sig, const enum st_dtype *dt)
@@ -99,6 +100,11 @@ static int cu_run_bf16(struct st_cuda_ctx *ctx, const struct st_op *op)
 	case ST_OP_MATMUL_FWD:
 		return st_cuda_bf16_matmul_fwd(ctx, P(0), BF(0), P(1), P(2), P(3), I(0), I(1),
 					       I(2));
+	case ST_OP_MATMUL_GELU_FWD:
+		if (!P(1))
+			return st_error_set(-EINVAL, "cuda compute: bf16 matmul_gelu_fwd needs pre");
+		return st_cuda_bf16_matmul_gelu_fwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
+						    I(2));
 	case ST_OP_MATMUL_BWD:
 		return st_cuda_bf16_matmul_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0),
 					       I(1), I(2));
