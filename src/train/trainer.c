@@ -255,7 +255,7 @@ int st_trainer_set_precision(struct st_trainer *t, enum st_precision p)
 	size_t need = 0;
 	int ret = st_model_set_precision(t->model, p);
 
-	if (ret == 0)
+	if (ret == 0 && p != ST_PRECISION_FP32)
 		ret = st_model_precision_check(t->model);
 	if (ret < 0)
 		return ret;
