@@ -53,6 +53,11 @@ const struct st_model *st_trainer_model(const struct st_trainer *t);
 struct st_weights;
 int st_trainer_load_weights(struct st_trainer *t, struct st_weights *w);
 
+/* Run the model at compute precision p (strata/model.h; fp32 at create):
+ * under bf16 the forward reads W as bf16 (fp32 W rounded). 0, -ENOTSUP
+ * (the family has no such path), -ENOMEM (a larger workspace). */
+int st_trainer_set_precision(struct st_trainer *t, enum st_precision p);
+
 /* Copy unit u's fp32 master weights into p (the unit's flat length). */
 int st_trainer_read_master(const struct st_trainer *t, int u, float *p);
 

@@ -145,6 +145,7 @@ static void gen_usage(FILE *f)
 	fprintf(f,
 "usage: strata generate --ckpt PATH [--prompt TEXT] [--tokenizer DIR|FILE] [--tokens N]\n"
 "                       [--temperature X] [--top-k K] [--seed N] [--threads N]\n"
+"                       [--compute-dtype fp32|bf16]\n"
 "\n"
 "Continue TEXT and print the result. Text goes in and out through the\n"
 "checkpoint's Hugging Face tokenizer: --tokenizer (a directory with\n"
@@ -156,7 +157,9 @@ static void gen_usage(FILE *f)
 "model.safetensors (config.json beside it), or an llm.c model file.\n"
 "  --tokens N        tokens to generate (default 200)\n"
 "  --temperature X   0 is greedy (default 0.8)\n"
-"  --top-k K         sample among the K likeliest, 0 for all (default 40)\n");
+"  --top-k K         sample among the K likeliest, 0 for all (default 40)\n"
+"  --compute-dtype fp32|bf16  the tensors between the model's ops (default fp32;\n"
+"                    docs/model.md, \"bf16 compute\")\n");
 }
 
 static int cmd_generate(int argc, char **argv)
@@ -165,9 +168,10 @@ static int cmd_generate(int argc, char **argv)
 		{ "ckpt", 1, 0, 'c' }, { "prompt", 1, 0, 'p' }, { "tokens", 1, 0, 'n' },
 		{ "temperature", 1, 0, 't' }, { "top-k", 1, 0, 'k' }, { "seed", 1, 0, 's' },
 		{ "threads", 1, 0, 'j' }, { "tokenizer", 1, 0, 'z' }, { "help", 0, 0, 'h' },
-		{ 0 },
+		{ "compute-dtype", 1, 0, 'D' }, { 0 },
 	};
 	const char *ckpt = NULL, *prompt = "\n", *tok_path = NULL;
+	enum st_precision compute = ST_PRECISION_FP32;
 	struct st_tokenizer *tk;
 	struct st_tok_ids pids = { 0 };
 	size_t printed = 0, base = 0;
@@ -192,6 +196,10 @@ static int cmd_generate(int argc, char **argv)
 		case 's': rng = (uint64_t)st_cli_long("--seed", optarg, 0, 0x7fffffffffffffffL); break;
 		case 'j': threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
 		case 'z': tok_path = optarg; break;
+		case 'D':
+			if (st_precision_parse(optarg, &compute) < 0)
+				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
+			break;
 		case 'h': gen_usage(stdout); return 0;
 		default: st_cli_die(2, "generate: unknown or incomplete option %s (see strata generate --help)",
 			     argv[optind - 1]);
@@ -218,6 +226,8 @@ static int cmd_generate(int argc, char **argv)
 	cfg.seq = cfg.model.ctx;
 	if (st_trainer_create(&cfg, &t) < 0)
 		st_cli_die(1, "%s", st_error_last());
+	if (st_trainer_set_precision(t, compute) < 0)
+		st_cli_die(2, "%s", st_error_last());
 	load_ckpt(t, w, ckpt);
 	if (tk) {
 		const uint32_t *pre;
@@ -294,6 +304,7 @@ static int cmd_eval(int argc, char **argv)
 		{ "ckpt", 1, 0, 'c' }, { "data", 1, 0, 'd' }, { "batch", 1, 0, 'B' },
 		{ "seq", 1, 0, 'T' }, { "batches", 1, 0, 'n' }, { "threads", 1, 0, 'j' },
 		{ "precision", 1, 0, 'p' }, { "tokenizer", 1, 0, 'z' }, { "help", 0, 0, 'h' },
+		{ "compute-dtype", 1, 0, 'D' },
 		{ 0 },
 	};
 	const char *ckpt = NULL, *data = NULL, *tok_path = NULL;
@@ -301,6 +312,7 @@ static int cmd_eval(int argc, char **argv)
 	char shard[4096];
 	int B = 4, T = 0, nb = 0, threads = 0, c;
 	bool bf16 = true;
+	enum st_precision compute = ST_PRECISION_FP32;
 	struct st_train_config cfg;
 	struct st_trainer *t;
 	struct st_weights *w;
@@ -326,15 +338,21 @@ static int cmd_eval(int argc, char **argv)
 				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
 			bf16 = strcmp(optarg, "bf16") == 0;
 			break;
+		case 'D':
+			if (st_precision_parse(optarg, &compute) < 0)
+				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
+			break;
 		case 'h':
 			printf("usage: strata eval --ckpt PATH --data FILE [--tokenizer DIR|FILE] [--batch B]\n"
 			       "                   [--seq T] [--batches N] [--precision bf16|fp32] [--threads N]\n"
+			       "                   [--compute-dtype fp32|bf16]\n"
 			       "\nMean cross-entropy of the model over FILE, read in order\n"
 			       "(llm.c's contiguous windows). Defaults: B=4, T=min(ctx,256), as many\n"
 			       "batches as the file holds, at most 100. --precision: the weights the\n"
 			       "forward reads, the master weights rounded to bf16 as in training\n"
 			       "(default) or as they are (fp32, as llm.c's train_gpt2.c reads an\n"
-			       "export --format llmc). --ckpt: a strata checkpoint (a --save DIR\n"
+			       "export --format llmc). --compute-dtype: the tensors between the\n"
+			       "model's ops (default fp32; bf16: docs/model.md). --ckpt: a strata checkpoint (a --save DIR\n"
 			       "or one step-N in it), a Hugging Face directory (GPT2LMHeadModel,\n"
 			       "LlamaForCausalLM, Qwen2ForCausalLM) or model.safetensors\n"
 			       "(config.json beside it), an llm.c model file.\n"
@@ -395,6 +413,8 @@ static int cmd_eval(int argc, char **argv)
 		st_cli_die(2, "--data %s: %s", data, st_error_last());
 	if (st_trainer_create(&cfg, &t) < 0)
 		st_cli_die(1, "%s", st_error_last());
+	if (st_trainer_set_precision(t, compute) < 0)
+		st_cli_die(2, "%s", st_error_last());
 	load_ckpt(t, w, ckpt);
 	if (st_trainer_eval(t, &ld, nb, &loss) < 0)
 		st_cli_die(1, "%s", st_error_last());

@@ -35,6 +35,8 @@ static void plan_usage(FILE *f)
 "                         (up to 64) at which compute bounds the step, or else\n"
 "                         the smallest within 10%% of the best tokens/s\n"
 "  --precision bf16|fp32  working weights W (default bf16)\n"
+"  --compute-dtype fp32|bf16  the tensors between the model's ops (default fp32;\n"
+"                         bf16 halves the saved forward: docs/model.md)\n"
 "budgets (sizes such as 512M, 2G, 1.5G)\n"
 "  --gpu-mem SIZE         vram budget (default 256M)\n"
 "  --host-mem SIZE        pinned host budget (default 1G)\n"
@@ -90,6 +92,7 @@ int st_cli_plan(int argc, char **argv)
 		{ "offload-activations", 1, 0, 1001 },
 		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' }, { "recompute", 1, 0, 'R' },
 		{ "rates", 1, 0, 1003 }, { "calibrate", 1, 0, 1004 },
+		{ "compute-dtype", 1, 0, 1005 },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	struct st_plan_input in = {
@@ -104,6 +107,7 @@ int st_cli_plan(int argc, char **argv)
 	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
 	const char *rates_file = NULL, *calibrate = NULL;
 	bool json = false, verbose = false, nvme_mem_given = false, cuda = false;
+	enum st_precision compute_dtype = ST_PRECISION_FP32;
 	bool accum_auto = false;
 	int c, ret;
 
@@ -140,6 +144,10 @@ int st_cli_plan(int argc, char **argv)
 		case 'k': in.prefetch = (int)st_cli_long("--prefetch", optarg, 0, 1 << 20); break;
 		case 'b': bench = optarg; break;
 		case 'R': in.recompute = st_cli_recompute(optarg); break;
+		case 1005:
+			if (st_precision_parse(optarg, &compute_dtype) < 0)
+				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
+			break;
 		case 'c':
 			in.rates.compute_flops = st_cli_double("--compute-gflops", optarg, 1e-6, 1e9) * 1e9;
 			break;
@@ -226,6 +234,8 @@ int st_cli_plan(int argc, char **argv)
 	}
 	if (st_model_create(&mc, &model) < 0)
 		st_cli_die(2, "--model %s: %s", model_text, st_error_last());
+	if (st_model_set_precision(model, compute_dtype) < 0)
+		st_cli_die(2, "%s", st_error_last());
 	if (in.prefetch > st_model_unit_count(model))
 		st_cli_die(2, "--prefetch %d: the model has only %d units", in.prefetch,
 			 st_model_unit_count(model));

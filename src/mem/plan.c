@@ -1858,6 +1858,9 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(root, "seq", json_object_new_int(in->seq));
 	json_object_object_add(root, "grad_accum", json_object_new_int(in->grad_accum));
 	json_object_object_add(root, "precision", json_object_new_string(in->bf16 ? "bf16" : "fp32"));
+	if (in->model && st_model_precision(in->model) != ST_PRECISION_FP32)
+		json_object_object_add(root, "compute_dtype", json_object_new_string(
+						     st_precision_name(st_model_precision(in->model))));
 	json_object_object_add(root, "prefetch", json_object_new_int(p->prefetch));
 	if (p->world > 1) {
 		static const char *kinds[] = { "allreduce", "reduce_scatter", "allgather",

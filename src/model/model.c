@@ -86,8 +86,8 @@ enum st_precision st_model_precision(const struct st_model *m)
 }
 
 /* Buffers for one dry call: real host memory of the sizes a call at B = T
- * = 1 takes (the dry compute never touches them; large ones stay
- * untouched virtual memory). */
+ * = 1 takes (the dry compute never touches them, so they stay untouched
+ * virtual memory). */
 static void *dry_buf(void **bufs, int *n, size_t bytes)
 {
 	void *p = malloc(ST_MAX(bytes, (size_t)64));
@@ -120,11 +120,12 @@ int st_model_precision_check(struct st_model *m)
 		if (seen[ul->kind])
 			continue;
 		seen[ul->kind] = true;
-		const float *params = dry_buf(bufs, &nb, ul->elems * sizeof(float));
-		const float *other = k >= 0 ? dry_buf(bufs, &nb, m->units[k].elems * sizeof(float))
-					    : NULL;
-		float *grad = dry_buf(bufs, &nb, ul->elems * sizeof(float));
-		float *ograd = k >= 0 ? dry_buf(bufs, &nb, m->units[k].elems * sizeof(float)) : NULL;
+		/* one buffer of the larger unit serves params, other and both
+		 * gradients: nothing reads or writes them */
+		size_t pbytes = ST_MAX(ul->elems, k >= 0 ? m->units[k].elems : 0) * sizeof(float);
+		float *pbuf = dry_buf(bufs, &nb, pbytes);
+		const float *params = pbuf, *other = k >= 0 ? pbuf : NULL;
+		float *grad = pbuf, *ograd = k >= 0 ? pbuf : NULL;
 		float *x = dry_buf(bufs, &nb, act), *y = dry_buf(bufs, &nb, act);
 		float *dy = dry_buf(bufs, &nb, act), *dx = dry_buf(bufs, &nb, act);
 		void *work = dry_buf(bufs, &nb, work_bytes);

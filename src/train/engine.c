@@ -144,10 +144,13 @@ static int open_tiers(struct st_engine *e)
 	if (ret < 0)
 		return ret;
 	st_model_set_compute(e->model, e->cx);
-	/* every op of the precision's path on this device, before any pool */
-	ret = st_model_precision_check(e->model);
-	if (ret < 0)
-		return ret;
+	/* every op of the precision's path on this device, before any pool
+	 * (fp32 is every compute's reference: nothing to check) */
+	if (st_model_precision(e->model) != ST_PRECISION_FP32) {
+		ret = st_model_precision_check(e->model);
+		if (ret < 0)
+			return ret;
+	}
 	vc.device = e->dev;
 	hc.device = e->dev;
 	ret = st_tier_create(&st_tier_vram_ops, &vc, &e->tier[ST_HOME_VRAM]);

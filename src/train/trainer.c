@@ -94,9 +94,17 @@ static float *act(struct st_trainer *t, int u) /* input of unit u, u >= 1 */
 	return t->acts + (size_t)(u - 1) * t->x_elems;
 }
 
-/* W[u] as fp32 into dst (once per use). */
+/* W[u] as fp32 into dst (once per use); at bf16 compute as bf16 (a copy of
+ * bf16 W, fp32 W rounded), what the model's bf16 path reads. */
 static void widen(struct st_trainer *t, int u, float *dst)
 {
+	if (st_model_precision(t->model) == ST_PRECISION_BF16) {
+		if (t->cfg.bf16)
+			memcpy(dst, t->W[u], t->elems[u] * sizeof(uint16_t));
+		else
+			st_cpu_f32_to_bf16((uint16_t *)(void *)dst, t->W[u], t->elems[u]);
+		return;
+	}
 	if (t->cfg.bf16)
 		st_cpu_bf16_to_f32(dst, t->W[u], t->elems[u]);
 	else
@@ -240,6 +248,29 @@ int st_trainer_create(const struct st_train_config *cfg, struct st_trainer **out
 const struct st_model *st_trainer_model(const struct st_trainer *t)
 {
 	return t->model;
+}
+
+int st_trainer_set_precision(struct st_trainer *t, enum st_precision p)
+{
+	size_t need = 0;
+	int ret = st_model_set_precision(t->model, p);
+
+	if (ret == 0 && p != ST_PRECISION_FP32)
+		ret = st_model_precision_check(t->model);
+	if (ret < 0)
+		return ret;
+	for (int u = 0; u < t->U; u++)
+		need = ST_MAX(need, st_model_work_bytes(t->model, u, t->cfg.batch, t->cfg.seq));
+	if (need > t->work_bytes) {
+		void *w = calloc(need, 1);
+
+		if (!w)
+			return st_error_set(-ENOMEM, "cannot allocate the model's workspace");
+		free(t->work);
+		t->work = w;
+		t->work_bytes = need;
+	}
+	return 0;
 }
 
 int st_trainer_read_master(const struct st_trainer *t, int u, float *p)

@@ -5,9 +5,11 @@
 #     same data within 1% of fp32's (and not bit-equal: bf16 did run);
 #   - placement invariance: bit-identical losses, norms and checkpoint
 #     bytes whether W lives in vram, host or nvme, at prefetch 1, with
-#     every block keeping its forward, and with fp32 W rounded on the device
+#     every block keeping its forward, at 1 thread as at 2, and with fp32 W
+#     rounded on the device
 #     (--precision fp32 keeps fp32 masters; the numbers differ from bf16 W
 #     only through W, so that one is compared with itself across homes);
+#   - strata eval and generate at bf16 on a checkpoint (eval within 1%);
 #   - bad input: --compute-dtype fp16 and --precision fp16 refused (exit 2,
 #     one line); a family without a bf16 path refused (exit 2, one line).
 # usage: test_bf16.sh STRATA
@@ -85,11 +87,29 @@ run nvme --offload-params nvme --offload-optim nvme --host-mem 32M
 run prefetch1 --prefetch 1
 run keep --recompute none --gpu-mem 256M
 run keep-nvme --recompute none --gpu-mem 256M --offload-params nvme --host-mem 32M
-for n in vram host nvme prefetch1 keep keep-nvme; do same default $n; done
+OMP_NUM_THREADS=1 run threads1
+for n in vram host nvme prefetch1 keep keep-nvme threads1; do same default $n; done
 # fp32 W rounded to bf16 on the device: invariant across homes too
 run w32 --precision fp32
 run w32-nvme --precision fp32 --offload-params nvme --offload-optim nvme --host-mem 32M
 same w32 w32-nvme
+# eval and generate at bf16 on that checkpoint: the loss within 1% of
+# fp32's and not equal to it; a bad value refused
+for cd in fp32 bf16; do
+	check "eval $cd" 0 "$strata" eval --ckpt "$work/ck" --data "$here/check.sh" --seq 64 \
+		--batches 3 --compute-dtype $cd
+	sed -n 's/^loss \([0-9.]*\) .*/\1/p' "$work/out" >"$work/eval-$cd"
+done
+python3 - "$work/eval-fp32" "$work/eval-bf16" <<'PY' || fail=1
+import sys
+a, b = (float(open(p).read()) for p in sys.argv[1:])
+print(f"ok   eval loss fp32 {a:.6f} bf16 {b:.6f} (rel {abs(b - a) / a:.2e})")
+if not abs(b - a) / a < 0.01 or a == b:
+    sys.exit("FAIL eval at bf16")
+PY
+check "generate bf16" 0 "$strata" generate --ckpt "$work/ck" --tokens 8 --compute-dtype bf16
+check "eval compute-dtype fp8 refused" 2 "$strata" eval --ckpt "$work/ck" \
+	--data "$here/check.sh" --compute-dtype fp8
 # the bf16 path is not the fp32 one
 rm -rf "$work/ck"
 "$strata" train "${short[@]/bf16/fp32}" --metrics "$work/m-f.jsonl" >/dev/null 2>&1

@@ -12,6 +12,7 @@
 
 #include "backend/compute_internal.h"
 #include "compute_cases.h"
+#include "compute_cases_bf16.h"
 #include "strata/compute.h"
 #include "strata/device.h"
 #include "strata/kernels.h"
@@ -96,6 +97,33 @@ static void test_direct_vs_queued(void **state)
 					if (!isfinite(((float *)a[k])[e]))
 						fail_msg("%s: slot %d element %lld not written", c->what,
 							 k, (long long)e);
+		case_free(a);
+		case_free(b);
+	}
+}
+
+/* The bf16 path's rows (tests/compute_cases_bf16.h): supported by both cpu
+ * computes, and the queued one gives the direct one's bits. */
+static void test_bf16_rows_direct_vs_queued(void **state)
+{
+	(void)state;
+	for (size_t r = 0; r < N_OP_CASES_BF16; r++) {
+		const struct op_case *c = &op_cases_bf16[r];
+		void *a[ST_OP_MAX_TENSORS], *b[ST_OP_MAX_TENSORS];
+		struct st_op oa, ob;
+
+		case_fill(c, r + 1, a, &oa);
+		case_fill(c, r + 1, b, &ob);
+		if (!st_compute_supports_op(st_compute_cpu(), &oa) || !st_compute_supports_op(qc, &ob))
+			fail_msg("%s: not supported by the cpu computes", c->what);
+		st_compute_run(st_compute_cpu(), &oa);
+		assert_int_equal(st_compute_take_error(st_compute_cpu()), 0);
+		st_compute_run(qc, &ob);
+		assert_int_equal(st_compute_sync(qc), 0);
+		for (int k = 0; k < st_op_tensors(c->kind); k++)
+			if (a[k] && memcmp(a[k], b[k], case_bytes(&c->t[k])) != 0)
+				fail_msg("%s: slot %d differs between the direct and the queued compute",
+					 c->what, k);
 		case_free(a);
 		case_free(b);
 	}
@@ -325,6 +353,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_rows_cover_every_op),
 		cmocka_unit_test(test_direct_vs_queued),
+		cmocka_unit_test(test_bf16_rows_direct_vs_queued),
 		cmocka_unit_test(test_typed_is_run),
 		cmocka_unit_test(test_supports),
 		cmocka_unit_test(test_ring_wraps),

@@ -4,6 +4,7 @@
  * ops bf16 activations (tensor cores; cu_supports says which dtypes); every
  * other op is fp32. */
 #include "backend/compute_internal.h"
+#include "strata/cuda_bf16.h"
 #include "strata/cuda_ops.h"
 
 #include <errno.h>
@@ -57,9 +58,87 @@ static void cu_destroy(struct st_compute *c)
 #define I(k) ((int)op->i[k])
 #define Z(k) ((size_t)op->i[k])
 
+/* The bf16 compute path's records this compute runs (strata/cuda_bf16.h),
+ * one signature each (a letter per slot as strata/op.h's: f fp32, b bf16,
+ * i int32): what the GPT-2 bf16 path makes, less what is not here yet. A
+ * new bf16 kernel is a row here and a case in cu_run_bf16(). */
+static const struct {
+	enum st_op_kind kind;
+	const char *sig;
+} cu_bf16_sigs[] = {
+	{ ST_OP_MATMUL_FWD, "bbbb" },      { ST_OP_MATMUL_FWD, "fbbb" },
+	{ ST_OP_MATMUL_BWD, "bffbbb" },    { ST_OP_GEMM, "bbf" },
+	{ ST_OP_LAYERNORM_FWD, "bfffbb" }, { ST_OP_LAYERNORM_BWD, "fffbfbff" },
+	{ ST_OP_LAYERNORM_BWD, "fffffbff" }, { ST_OP_GELU_FWD, "bb" },
+	{ ST_OP_GELU_BWD, "bbb" },         { ST_OP_EMBEDDING_FWD, "fibb" },
+	{ ST_OP_MATMUL_GELU_FWD, "bbbbb" },
+};
+
+static bool sig_is(const char *sig, const enum st_dtype *dt)
+{
+	static const char letter[] = { 'f', 'b', 'i', 'u' };
+
+	for (int k = 0; sig[k]; k++)
+		if (letter[dt[k] & 3] != sig[k])
+			return false;
+	return true;
+}
+
+static bool cu_bf16_supports(enum st_op_kind kind, const enum st_dtype *dt)
+{
+	for (size_t r = 0; r < sizeof(cu_bf16_sigs) / sizeof(cu_bf16_sigs[0]); r++)
+		if (cu_bf16_sigs[r].kind == kind && sig_is(cu_bf16_sigs[r].sig, dt))
+			return true;
+	return false;
+}
+
+#define BF(k) (op->t[k].dtype == ST_DTYPE_BF16)
+
+/* A record of cu_bf16_sigs[] (supports() let it through). */
+static int cu_run_bf16(struct st_cuda_ctx *ctx, const struct st_op *op)
+{
+	switch (op->kind) {
+	case ST_OP_MATMUL_FWD:
+		return st_cuda_bf16_matmul_fwd(ctx, P(0), BF(0), P(1), P(2), P(3), I(0), I(1),
+					       I(2));
+	case ST_OP_MATMUL_GELU_FWD:
+		if (!P(1))
+			return st_error_set(-EINVAL, "cuda compute: bf16 matmul_gelu_fwd needs pre");
+		return st_cuda_bf16_matmul_gelu_fwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
+						    I(2));
+	case ST_OP_MATMUL_BWD:
+		return st_cuda_bf16_matmul_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0),
+					       I(1), I(2));
+	case ST_OP_GEMM:
+		return st_cuda_bf16_gemm(ctx, I(0), I(1), I(2), I(3), I(4), P(0), I(5), P(1),
+					 I(6), op->f[0], P(2), I(7));
+	case ST_OP_LAYERNORM_FWD:
+		return st_cuda_bf16_layernorm_fwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0),
+						  I(1));
+	case ST_OP_LAYERNORM_BWD:
+		return st_cuda_bf16_layernorm_bwd(ctx, P(0), P(1), P(2), P(3), BF(3), P(4), P(5),
+						  P(6), P(7), I(0), I(1));
+	case ST_OP_GELU_FWD:
+		return st_cuda_bf16_gelu_fwd(ctx, P(0), P(1), Z(0));
+	case ST_OP_GELU_BWD:
+		return st_cuda_bf16_gelu_bwd(ctx, P(0), P(1), P(2), Z(0));
+	case ST_OP_EMBEDDING_FWD:
+		return st_cuda_bf16_embedding_fwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	default:
+		break;
+	}
+	return st_error_set(-ENOTSUP, "cuda compute: no bf16 %s", st_op_name(op->kind));
+}
+
 static int cu_run(struct st_compute *c, const struct st_op *op)
 {
 	struct st_cuda_ctx *ctx = ctx_of(c);
+	enum st_dtype dt[ST_OP_MAX_TENSORS];
+
+	for (int k = 0; k < st_op_tensors(op->kind); k++)
+		dt[k] = op->t[k].dtype;
+	if (cu_bf16_supports(op->kind, dt))
+		return cu_run_bf16(ctx, op);
 
 	switch (op->kind) {
 	case ST_OP_ZERO:
@@ -208,6 +287,8 @@ static bool cu_supports(const struct st_compute *c, enum st_op_kind kind,
 		return cu_sig(dt, "bfbbb");
 	if (kind == ST_OP_GQA_ATTENTION_BWD && dt[4] == ST_DTYPE_BF16)
 		return cu_sig(dt, "gggbbbbbf");
+	if (cu_bf16_supports(kind, dt))
+		return true;
 	return st_op_is_ref(kind, dt);
 }
 

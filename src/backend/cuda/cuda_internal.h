@@ -4,12 +4,26 @@
 #define STRATA_CUDA_INTERNAL_H
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 struct st_cuda_ctx;
 
 /* The stream every op of ctx is queued on. Defined next to struct
  * st_cuda_ctx (ops.cu); borrowed, valid until st_cuda_ctx_destroy(). */
 cudaStream_t st_cuda_ctx_stream(struct st_cuda_ctx *ctx);
+
+/* ops.cu's: select ctx's device (every op starts here); 0 or -errno. */
+int st_cuda_ctx_enter(struct st_cuda_ctx *ctx);
+/* Column-major D (m,n) = op(A) @ op(B) + beta * D through cuBLASLt with
+ * fp32 accumulation (CUBLAS_COMPUTE_32F): A and B bf16 (ab_bf16) or fp32,
+ * D bf16 (d_bf16) or fp32, bias (m, per column; NULL: none) bf16
+ * (bias_bf16) or fp32 through the BIAS epilogue; with gelu the GELU(_AUX)
+ * epilogue, aux (D's type) getting the pre-activation. -ENOTSUP when
+ * cuBLASLt has no algorithm (the caller falls back), else 0 or -errno. */
+int st_cuda_lt_matmul(struct st_cuda_ctx *ctx, int trans_a, int trans_b, uint64_t m,
+		      uint64_t n, uint64_t k, const void *A, int64_t lda, const void *B,
+		      int64_t ldb, int ab_bf16, void *D, int d_bf16, int64_t ldd, float beta,
+		      const void *bias, int bias_bf16, int gelu, void *aux);
 
 /* A CUDA status as -errno (-ENOMEM, -ENODEV, -EINVAL, else -EIO), with
  * "cuda: <what>: <message> (<name>)" kept in st_error_last() and the

@@ -203,10 +203,30 @@ static uint32_t ptr_align(const void *p)
  * ab. With gelu, D gets GELU of that (cuBLASLt's GELU epilogue: GPT-2's
  * tanh form) and aux, when not NULL, what went into the GELU (ld ldd).
  * -ENOTSUP when cuBLASLt has no algorithm for it. */
+static int lt_matmul_typed(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb,
+			   uint64_t m, uint64_t n, uint64_t k, const void *A, int64_t lda,
+			   const void *B, int64_t ldb, cudaDataType_t ab, void *D,
+			   cudaDataType_t dt, int64_t ldd, float beta, const void *bias,
+			   cudaDataType_t bias_dt, int gelu, void *aux);
+
 static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb,
 			 uint64_t m, uint64_t n, uint64_t k, const void *A, int64_t lda,
 			 const void *B, int64_t ldb, cudaDataType_t ab, float *D, int64_t ldd,
 			 float beta, const float *bias, int gelu, float *aux)
+{
+	return lt_matmul_typed(ctx, ta, tb, m, n, k, A, lda, B, ldb, ab, D, CUDA_R_32F, ldd,
+			       beta, bias, CUDA_R_32F, gelu, aux);
+}
+
+/* lt_matmul_epi() with D of type dt (fp32 or bf16: C is D, beta scales
+ * it) and a bias of type bias_dt; aux, with gelu, of D's type. The bf16
+ * path's matmuls (bf16.cu) take bf16 A and B with fp32 accumulation
+ * (CUBLAS_COMPUTE_32F, fp32 alpha and beta). */
+static int lt_matmul_typed(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb,
+			   uint64_t m, uint64_t n, uint64_t k, const void *A, int64_t lda,
+			   const void *B, int64_t ldb, cudaDataType_t ab, void *D,
+			   cudaDataType_t dt, int64_t ldd, float beta, const void *bias,
+			   cudaDataType_t bias_dt, int gelu, void *aux)
 {
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
@@ -234,7 +254,7 @@ static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOp
 			 "set EPILOGUE");
 	}
 	if (bias) {
-		int32_t bias_type = CUDA_R_32F;
+		int32_t bias_type = bias_dt;
 		LT_CHECK(blas.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
 						     &bias, sizeof(bias)),
 			 "set BIAS_POINTER");
@@ -258,7 +278,7 @@ static int lt_matmul_epi(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOp
 	LT_CHECK(blas.MatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n,
 					 tb == CUBLAS_OP_N ? n : k, ldb),
 		 "layout B");
-	LT_CHECK(blas.MatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd), "layout D");
+	LT_CHECK(blas.MatrixLayoutCreate(&ld, dt, m, n, ldd), "layout D");
 	LT_CHECK(blas.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
 	LT_CHECK(blas.MatmulPreferenceSetAttribute(pref,
 						   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -315,6 +335,24 @@ static int lt_matmul(struct st_cuda_ctx *ctx, cublasOperation_t ta, cublasOperat
 {
 	return lt_matmul_epi(ctx, ta, tb, m, n, k, A, lda, B, ldb, ab, D, ldd, beta, bias, 0,
 			     NULL);
+}
+
+/* For bf16.cu (cuda_internal.h): ctx_enter and lt_matmul_typed. */
+int st_cuda_ctx_enter(struct st_cuda_ctx *ctx)
+{
+	return ctx_enter(ctx);
+}
+
+int st_cuda_lt_matmul(struct st_cuda_ctx *ctx, int trans_a, int trans_b, uint64_t m,
+		      uint64_t n, uint64_t k, const void *A, int64_t lda, const void *B,
+		      int64_t ldb, int ab_bf16, void *D, int d_bf16, int64_t ldd, float beta,
+		      const void *bias, int bias_bf16, int gelu, void *aux)
+{
+	return lt_matmul_typed(ctx, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+			       trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, A, lda, B, ldb,
+			       ab_bf16 ? CUDA_R_16BF : CUDA_R_32F, D,
+			       d_bf16 ? CUDA_R_16BF : CUDA_R_32F, ldd, beta, bias,
+			       bias_bf16 ? CUDA_R_16BF : CUDA_R_32F, gelu, aux);
 }
 
 /* ---- public: context and memory ------------------------------------------------ */

@@ -1,0 +1,63 @@
+/* strata: the cuda device's bf16 ops (src/backend/cuda/bf16.cu), the ones
+ * the GPT-2 bf16 compute path runs (docs/model.md, "bf16 compute"), each
+ * the cuda side of an op record the cpu runs by widening
+ * (strata/kernels_bf16.h): bf16 operands, fp32 accumulation and
+ * arithmetic, each bf16 output rounded once to nearest even. Shapes and
+ * conventions as strata/kernels.h (forward overwrites, backward
+ * accumulates, gelu_bwd overwrites). The matmuls are cuBLASLt with bf16 A
+ * and B and CUBLAS_COMPUTE_32F, the bias through the BIAS epilogue (bf16
+ * bias); the rest are kernels in bf16_kernels.cuh, held to the cpu ops on
+ * the cpu by tests/cuda/test_bf16_emu.cpp and on a GPU by
+ * tests/cuda/test_cuda_bf16.c. 0 or -errno; ops only queue work. */
+#ifndef STRATA_CUDA_BF16_H
+#define STRATA_CUDA_BF16_H
+
+#include "strata/cuda_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out (N,OC) = inp (N,IC) @ weight (IC,OC) + bias (OC, or NULL); inp,
+ * weight, bias bf16; out bf16 (out_bf16) or fp32. */
+int st_cuda_bf16_matmul_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
+			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
+			    int N, int IC, int OC);
+/* out (N,OC) = gelu(pre), pre = inp @ weight + bias, all bf16 (pre is
+ * required: the backward reads it): cuBLASLt's GELU_AUX_BIAS epilogue,
+ * else the matmul then the GELU kernel. */
+int st_cuda_bf16_matmul_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, uint16_t *pre,
+				 const uint16_t *inp, const uint16_t *weight,
+				 const uint16_t *bias, int N, int IC, int OC);
+/* dinp (N,IC, bf16) += dout @ weight^T; dweight (IC,OC, fp32) += inp^T @
+ * dout; dbias (OC, fp32) += column sums of dout; dout, inp, weight bf16;
+ * any gradient NULL is skipped. */
+int st_cuda_bf16_matmul_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
+			    float *dbias, const uint16_t *dout, const uint16_t *inp,
+			    const uint16_t *weight, int N, int IC, int OC);
+/* Row-major C (M,N) fp32 = op(A) @ op(B) + beta * C, A and B bf16. */
+int st_cuda_bf16_gemm(struct st_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
+		      const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+		      float *C, int ldc);
+/* out (N,C) bf16 = layernorm of inp (N,C) fp32, weight and bias bf16. */
+int st_cuda_bf16_layernorm_fwd(struct st_cuda_ctx *ctx, uint16_t *out, float *mean,
+			       float *rstd, const float *inp, const uint16_t *weight,
+			       const uint16_t *bias, int N, int C);
+/* dinp, dweight, dbias fp32 +=; dout bf16 (dout_bf16) or fp32; weight bf16. */
+int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			       float *dbias, const void *dout, int dout_bf16, const float *inp,
+			       const uint16_t *weight, const float *mean, const float *rstd,
+			       int N, int C);
+int st_cuda_bf16_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *inp,
+			  size_t n);
+int st_cuda_bf16_gelu_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, const uint16_t *inp,
+			  const uint16_t *dout, size_t n);
+/* out (B,T,C) fp32 = wte[tokens] + wpe[t], the tables bf16. */
+int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+			       const uint16_t *wte, const uint16_t *wpe, int B, int T, int C);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

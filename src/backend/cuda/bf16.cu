@@ -1,0 +1,229 @@
+/* The cuda bf16 ops (strata/cuda_bf16.h): the host side. Row-major X (r,c)
+ * is column-major X^T (c,r), so the matmuls map as ops.cu's fp32 ones do:
+ *   fwd   out^T (OC,N) = W^T (OC,IC) @ inp^T (IC,N), the bias along D's rows
+ *   dinp  dinp^T (IC,N) += W (IC,OC) @ dout^T (OC,N)  (A = W transposed)
+ *   dW    dW^T (OC,IC) += dout^T (OC,N) @ inp (N,IC)   (B = inp transposed)
+ * with bf16 A and B, fp32 accumulation, D bf16 or fp32 (D is C: beta 1
+ * accumulates, one rounding of the fp32 sum into a bf16 D). */
+extern "C" {
+#include "strata/cuda_bf16.h"
+}
+
+#include "cuda_internal.h"
+
+#include <errno.h>
+
+#include "ops_kernels.cuh"
+#include "bf16_kernels.cuh"
+
+#define LAUNCH_CHECK(what) CU_CHECK(cudaGetLastError(), what)
+
+extern "C" {
+
+int st_cuda_bf16_matmul_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
+			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
+			    int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 matmul_fwd: bad shape");
+	if (N == 0 || OC == 0)
+		return 0;
+	size_t n_out = (size_t)N * OC;
+	unsigned g = grid_for(n_out, ST_CUDA_ELEM_BLOCK);
+	if (IC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
+				       OC, inp, IC, 1, out, out_bf16, OC, 0.0f, bias, 1, 0, NULL);
+		if (rc != -ENOTSUP || !bias)
+			return rc;
+	}
+	/* no fused-bias algorithm (or no input channels): rows = bias, then
+	 * the product accumulated onto them */
+	if (out_bf16)
+		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((uint16_t *)out, bias, (size_t)N, OC);
+	else
+		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((float *)out, bias, (size_t)N, OC);
+	LAUNCH_CHECK("bf16 matmul_fwd bias");
+	if (IC == 0)
+		return 0;
+	return st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight, OC,
+				 inp, IC, 1, out, out_bf16, OC, 1.0f, NULL, 1, 0, NULL);
+}
+
+int st_cuda_bf16_matmul_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, uint16_t *pre,
+				 const uint16_t *inp, const uint16_t *weight,
+				 const uint16_t *bias, int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0 || !pre)
+		return st_error_set(-EINVAL, "cuda: bf16 matmul_gelu_fwd: bad shape or no pre");
+	if (N == 0 || OC == 0)
+		return 0;
+	if (IC > 0 && OC % 8 == 0) {
+		/* GELU_AUX_BIAS: D = gelu(W^T inp + b), aux = the pre-activation,
+		 * both bf16 from the one fp32 value (the cpu's rounding) */
+		rc = st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
+				       OC, inp, IC, 1, out, 1, OC, 0.0f, bias, 1, 1, pre);
+		if (rc != -ENOTSUP)
+			return rc;
+	}
+	/* no epilogue algorithm: the matmul into pre, then the GELU kernel
+	 * (pre rounded to bf16 before the GELU: within bf16 tolerance) */
+	rc = st_cuda_bf16_matmul_fwd(ctx, pre, 1, inp, weight, bias, N, IC, OC);
+	if (rc)
+		return rc;
+	return st_cuda_bf16_gelu_fwd(ctx, out, pre, (size_t)N * OC);
+}
+
+int st_cuda_bf16_matmul_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
+			    float *dbias, const uint16_t *dout, const uint16_t *inp,
+			    const uint16_t *weight, int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 matmul_bwd: bad shape");
+	if (dinp && N > 0 && IC > 0 && OC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)IC, (uint64_t)N, (uint64_t)OC, weight,
+				       OC, dout, OC, 1, dinp, 1, IC, 1.0f, NULL, 1, 0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dweight && N > 0 && IC > 0 && OC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 0, 1, (uint64_t)OC, (uint64_t)IC, (uint64_t)N, dout, OC,
+				       inp, IC, 1, dweight, 0, OC, 1.0f, NULL, 1, 0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dbias && N > 0 && OC > 0) {
+		k_colsum_b<<<grid_for((size_t)OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			     st_cuda_ctx_stream(ctx)>>>(dbias, dout, N, OC);
+		LAUNCH_CHECK("bf16 matmul_bwd dbias");
+	}
+	return 0;
+}
+
+int st_cuda_bf16_gemm(struct st_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
+		      const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+		      float *C, int ldc)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (M < 0 || N < 0 || K <= 0)
+		return st_error_set(-EINVAL, "cuda: bf16 gemm: bad shape (K must be > 0)");
+	if (M == 0 || N == 0)
+		return 0;
+	return st_cuda_lt_matmul(ctx, trans_b, trans_a, (uint64_t)N, (uint64_t)M, (uint64_t)K, B,
+				 ldb, A, lda, 1, C, 0, ldc, beta, NULL, 1, 0, NULL);
+}
+
+int st_cuda_bf16_layernorm_fwd(struct st_cuda_ctx *ctx, uint16_t *out, float *mean,
+			       float *rstd, const float *inp, const uint16_t *weight,
+			       const uint16_t *bias, int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 layernorm_fwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	k_layernorm_fwd_b<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, st_cuda_ctx_stream(ctx)>>>(
+		out, mean, rstd, inp, weight, bias, N, C);
+	LAUNCH_CHECK("bf16 layernorm_fwd");
+	return 0;
+}
+
+int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			       float *dbias, const void *dout, int dout_bf16, const float *inp,
+			       const uint16_t *weight, const float *mean, const float *rstd,
+			       int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 layernorm_bwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	if (dinp) {
+		if (dout_bf16)
+			k_layernorm_bwd_dinp_b<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+				dinp, (const uint16_t *)dout, inp, weight, mean, rstd, N, C);
+		else
+			k_layernorm_bwd_dinp_b<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+				dinp, (const float *)dout, inp, weight, mean, rstd, N, C);
+		LAUNCH_CHECK("bf16 layernorm_bwd dinp");
+	}
+	if (dweight || dbias) {
+		unsigned g = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
+		if (dout_bf16)
+			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+				dweight, dbias, (const uint16_t *)dout, inp, mean, rstd, N, C);
+		else
+			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+				dweight, dbias, (const float *)dout, inp, mean, rstd, N, C);
+		LAUNCH_CHECK("bf16 layernorm_bwd dweight");
+	}
+	return 0;
+}
+
+int st_cuda_bf16_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *inp,
+			  size_t n)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc || n == 0)
+		return rc;
+	k_gelu_fwd_b<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		       st_cuda_ctx_stream(ctx)>>>(out, inp, n);
+	LAUNCH_CHECK("bf16 gelu_fwd");
+	return 0;
+}
+
+int st_cuda_bf16_gelu_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, const uint16_t *inp,
+			  const uint16_t *dout, size_t n)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc || n == 0)
+		return rc;
+	k_gelu_bwd_b<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		       st_cuda_ctx_stream(ctx)>>>(dinp, inp, dout, n);
+	LAUNCH_CHECK("bf16 gelu_bwd");
+	return 0;
+}
+
+int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+			       const uint16_t *wte, const uint16_t *wpe, int B, int T, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (B < 0 || T < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 embedding_fwd: bad shape");
+	size_t n = (size_t)B * T * C;
+	if (n == 0)
+		return 0;
+	k_embedding_fwd_b<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			    st_cuda_ctx_stream(ctx)>>>(out, tokens, wte, wpe, T, C, n);
+	LAUNCH_CHECK("bf16 embedding_fwd");
+	return 0;
+}
+
+} /* extern "C" */

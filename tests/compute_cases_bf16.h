@@ -1,0 +1,79 @@
+/* The bf16 compute path's op rows (docs/model.md, "bf16 compute"): each
+ * record the GPT-2 bf16 path makes, at its dtypes, in the format of
+ * tests/compute_cases.h (include that first). tests/model/test_compute.c
+ * holds the queued cpu compute to the direct one bit for bit on them;
+ * tests/cuda/test_cuda_bf16.c holds the cuda compute to the cpu one, bf16
+ * outputs at bf16 tolerance (the row's tol, relative L2), fp32 outputs at
+ * 1e-4. A row the cuda compute does not support yet is reported there. */
+#ifndef STRATA_TEST_COMPUTE_CASES_BF16_H
+#define STRATA_TEST_COMPUTE_CASES_BF16_H
+
+#define BF_TOL 8e-3 /* relative L2 of a bf16 output: one rounding is ~2^-9 */
+
+static const struct op_case op_cases_bf16[] = {
+	{ "matmul_fwd bbbb", ST_OP_MATMUL_FWD,
+	  { B_(OUT, CN * COC, 0), B_(IN, CN * CIC, 1.0f), B_(IN, CIC * COC, 0.1f),
+	    B_(IN, COC, 0.5f) },
+	  { CN, CIC, COC }, { 0 }, 0, BF_TOL },
+	{ "matmul_fwd fbbb", ST_OP_MATMUL_FWD,
+	  { F_(OUT, CN * COC, 0), B_(IN, CN * CIC, 1.0f), B_(IN, CIC * COC, 0.1f),
+	    B_(IN, COC, 0.5f) },
+	  { CN, CIC, COC }, { 0 }, 0, BF_TOL },
+	/* the MLP's fc + GELU: cuBLASLt's GELU epilogue on cuda (one rounding
+	 * of each output from fp32, as the cpu) */
+	{ "matmul_gelu_fwd bbbbb", ST_OP_MATMUL_GELU_FWD,
+	  { B_(OUT, CN * COC, 0), B_(OUT, CN * COC, 0), B_(IN, CN * CIC, 1.0f),
+	    B_(IN, CIC * COC, 0.1f), B_(IN, COC, 0.5f) },
+	  { CN, CIC, COC }, { 0 }, 0, BF_TOL },
+	{ "matmul_bwd bffbbb", ST_OP_MATMUL_BWD,
+	  { B_(ACC, CN * CIC, 0.5f), F_(ACC, CIC * COC, 1.0f), F_(ACC, COC, 1.0f),
+	    B_(IN, CN * COC, 1.0f), B_(IN, CN * CIC, 1.0f), B_(IN, CIC * COC, 0.1f) },
+	  { CN, CIC, COC }, { 0 }, 0, BF_TOL },
+	{ "gemm bbf nt", ST_OP_GEMM,
+	  { B_(IN, GM * GK, 1.0f), B_(IN, GN * GK, 1.0f), F_(ACC, GM * GN, 1.0f) },
+	  { 0, 1, GM, GN, GK, GK, GK, GN }, { 0.0f }, 0, BF_TOL },
+	{ "gemm bbf nn", ST_OP_GEMM,
+	  { B_(IN, GM * GK, 1.0f), B_(IN, GK * GN, 1.0f), F_(ACC, GM * GN, 1.0f) },
+	  { 0, 0, GM, GN, GK, GK, GN, GN }, { 1.0f }, 0, BF_TOL },
+	{ "gemm bbf tn", ST_OP_GEMM,
+	  { B_(IN, GK * GM, 1.0f), B_(IN, GK * GN, 1.0f), F_(ACC, GM * GN, 1.0f) },
+	  { 1, 0, GM, GN, GK, GM, GN, GN }, { 1.0f }, 0, BF_TOL },
+	{ "layernorm_fwd bfffbb", ST_OP_LAYERNORM_FWD,
+	  { B_(OUT, CN * CC, 0), F_(OUT, CN, 0), F_(OUT, CN, 0), F_(IN, CN * CC, 2.0f),
+	    B_(IN, CC, 1.0f), B_(IN, CC, 1.0f) },
+	  { CN, CC }, { 0 }, 0, BF_TOL },
+	{ "layernorm_bwd fffbfbff", ST_OP_LAYERNORM_BWD,
+	  { F_(ACC, CN * CC, 1.0f), F_(ACC, CC, 1.0f), F_(ACC, CC, 1.0f),
+	    B_(IN, CN * CC, 1.0f), F_(IN, CN * CC, 2.0f), B_(IN, CC, 1.0f), F_(IN, CN, 0.5f),
+	    F_(IN, CN, 2.0f) },
+	  { CN, CC }, { 0 }, 0, BF_TOL },
+	{ "layernorm_bwd fffffbff", ST_OP_LAYERNORM_BWD,
+	  { F_(ACC, CN * CC, 1.0f), F_(ACC, CC, 1.0f), F_(ACC, CC, 1.0f),
+	    F_(IN, CN * CC, 1.0f), F_(IN, CN * CC, 2.0f), B_(IN, CC, 1.0f), F_(IN, CN, 0.5f),
+	    F_(IN, CN, 2.0f) },
+	  { CN, CC }, { 0 }, 0, BF_TOL },
+	{ "gelu_fwd bb", ST_OP_GELU_FWD, { B_(OUT, EN, 0), B_(IN, EN, 6.0f) }, { EN }, { 0 }, 0,
+	  BF_TOL },
+	{ "gelu_bwd bbb", ST_OP_GELU_BWD, { B_(OUT, EN, 0), B_(IN, EN, 6.0f), B_(IN, EN, 1.0f) },
+	  { EN }, { 0 }, 0, BF_TOL },
+	{ "embedding_fwd fibb", ST_OP_EMBEDDING_FWD,
+	  { F_(OUT, CB * CT * CC, 0), I_(CB * CT), B_(IN, CV * CC, 1.0f), B_(IN, CT * CC, 1.0f) },
+	  { CB, CT, CC }, { 0 }, CV, BF_TOL },
+	/* the attention of the bf16 path: the cuda side is the flash kernel
+	 * on tensor cores (mma.sync) */
+	{ "attention_fwd bfb", ST_OP_ATTENTION_FWD,
+	  { B_(OUT, CB * CT * CC, 0), F_(OUT, CB * CNH * CT, 0),
+	    B_(IN, CB * CT * 3 * CC, 2.0f) },
+	  { CB, CT, CC, CNH }, { 0 }, 0, BF_TOL },
+	{ "attention_bwd bbbbf", ST_OP_ATTENTION_BWD,
+	  { B_(ACC, CB * CT * 3 * CC, 0.5f), B_(IN, CB * CT * CC, 1.0f),
+	    B_(IN, CB * CT * 3 * CC, 0.5f), B_(IN, CB * CT * CC, 1.0f),
+	    F_(IN, CB * CNH * CT, 1.0f) },
+	  { CB, CT, CC, CNH }, { 0 }, 0, BF_TOL },
+	{ "f32_to_bf16", ST_OP_F32_TO_BF16, { B_(OUT, EN, 0), F_(IN, EN, 3.0f) }, { EN }, { 0 }, 0,
+	  0 },
+};
+
+#define N_OP_CASES_BF16 (sizeof(op_cases_bf16) / sizeof(op_cases_bf16[0]))
+
+#endif

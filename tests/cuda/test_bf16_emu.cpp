@@ -1,0 +1,256 @@
+// The cuda bf16 ops' kernels (src/backend/cuda/bf16_kernels.cuh, the code
+// nvcc compiles for bf16.cu) run on the cpu through tests/cuda/cuda_emu.h
+// and held to the cpu compute's bf16 ops (strata/kernels_bf16.h: the fp32
+// kernels on widened operands, outputs rounded once): bf16 outputs within
+// one bf16 ulp of the cpu's (a different fp32 summation order may cross a
+// rounding boundary) and, in relative L2 norm, within 2^-8; fp32 outputs
+// to 1e-5. Outputs start as NaN, so a missed element shows. The cuBLASLt
+// matmuls cannot run here: tests/cuda/test_cuda_bf16.c holds them on a GPU.
+// Needs no GPU and no nvcc.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <math.h>
+#include <vector>
+
+extern "C" {
+#include "strata/compute.h"
+#include "strata/kernels.h"
+}
+
+#include "cuda_emu.h"
+
+#define __shared__ EMU_STATIC_SHARED
+
+#include "backend/cuda/ops_kernels.cuh"
+#include "backend/cuda/bf16_kernels.cuh"
+
+typedef std::vector<uint16_t> vb;
+typedef std::vector<float> vf;
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static int fails;
+
+static float urand(float s)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return s * ((float)(rng >> 40) / 8388608.0f - 1.0f);
+}
+
+static vb rb(size_t n, float s)
+{
+	vb v(n);
+	for (auto &x : v)
+		x = st_cpu_bf16_from_f32(urand(s));
+	return v;
+}
+
+static vf rf(size_t n, float s)
+{
+	vf v(n);
+	for (auto &x : v)
+		x = urand(s);
+	return v;
+}
+
+static vb nan_b(size_t n)
+{
+	return vb(n, 0x7fc0);
+}
+
+static vf nan_f(size_t n)
+{
+	return vf(n, NAN);
+}
+
+static float wid(uint16_t h)
+{
+	return st_cpu_f32_from_bf16(h);
+}
+
+static void close_b(const char *what, const vb &got, const vb &ref)
+{
+	double num = 0, den = 0;
+	size_t off = 0, first = 0;
+
+	for (size_t i = 0; i < got.size(); i++) {
+		double g = wid(got[i]), r = wid(ref[i]);
+		int d = (int)got[i] - (int)ref[i];
+		if (!std::isfinite(g) || ((got[i] ^ ref[i]) & 0x8000 && g != r) || d > 1 || d < -1)
+			if (off++ == 0)
+				first = i;
+		num += (g - r) * (g - r);
+		den += r * r;
+	}
+	double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	if (off || !(rel <= 0x1p-8)) {
+		fprintf(stderr, "FAIL %s: %zu of %zu more than one bf16 ulp off (first %zu: emu %g cpu %g), rel %.3g\n",
+			what, off, got.size(), first, (double)wid(got[first]), (double)wid(ref[first]),
+			rel);
+		fails++;
+		return;
+	}
+	if (!getenv("ST_QUIET"))
+		printf("ok   %-34s n=%-7zu rel %.2e (bf16)\n", what, got.size(), rel);
+}
+
+static void close_f(const char *what, const vf &got, const vf &ref)
+{
+	fails += emu_expect_close(what, got, ref, 1e-5);
+}
+
+static void cpu(struct st_op op)
+{
+	st_compute_run(st_compute_cpu(), &op);
+	if (st_compute_take_error(st_compute_cpu())) {
+		fprintf(stderr, "FAIL cpu %s: %s\n", st_op_name(op.kind), st_error_last());
+		fails++;
+	}
+}
+
+#define TB(v) st_tensor_1d((v).data(), ST_DTYPE_BF16, (int64_t)(v).size())
+#define TF(v) st_tensor_1d((v).data(), ST_DTYPE_F32, (int64_t)(v).size())
+
+static const dim3 ELEM(ST_CUDA_ELEM_BLOCK), ROW(ST_CUDA_ROW_BLOCK);
+
+static void check_layernorm(int N, int C)
+{
+	vf x = rf((size_t)N * C, 2.0f);
+	vb w = rb(C, 1.0f), b = rb(C, 0.5f);
+	vb out = nan_b((size_t)N * C), rout = nan_b((size_t)N * C);
+	vf mean = nan_f(N), rstd = nan_f(N), rmean = nan_f(N), rrstd = nan_f(N);
+
+	emu_launch(k_layernorm_fwd_b, grid_warp_rows(N), ROW, out.data(), mean.data(), rstd.data(),
+		   (const float *)x.data(), (const uint16_t *)w.data(), (const uint16_t *)b.data(),
+		   N, C);
+	cpu({ .kind = ST_OP_LAYERNORM_FWD, .t = { TB(rout), TF(rmean), TF(rrstd), TF(x), TB(w), TB(b) },
+	      .i = { N, C } });
+	close_b("layernorm_fwd bfffbb out", out, rout);
+	close_f("layernorm_fwd bfffbb mean", mean, rmean);
+	close_f("layernorm_fwd bfffbb rstd", rstd, rrstd);
+
+	// backward, dout bf16 and fp32: dinp, dweight, dbias accumulate
+	for (int df = 0; df < 2; df++) {
+		vb doutb = rb((size_t)N * C, 1.0f);
+		vf doutf = rf((size_t)N * C, 1.0f);
+		vf dx = rf((size_t)N * C, 0.5f), dw = rf(C, 0.5f), db = rf(C, 0.5f);
+		vf rdx = dx, rdw = dw, rdb = db;
+
+		if (df) {
+			emu_launch(k_layernorm_bwd_dinp_b<float>, grid_warp_rows(N), ROW, dx.data(),
+				   (const float *)doutf.data(), (const float *)x.data(),
+				   (const uint16_t *)w.data(), (const float *)rmean.data(),
+				   (const float *)rrstd.data(), N, C);
+			emu_launch(k_layernorm_bwd_dw_b<float>, grid_for(C, ST_CUDA_ELEM_BLOCK), ELEM,
+				   dw.data(), db.data(), (const float *)doutf.data(),
+				   (const float *)x.data(), (const float *)rmean.data(),
+				   (const float *)rrstd.data(), N, C);
+		} else {
+			emu_launch(k_layernorm_bwd_dinp_b<uint16_t>, grid_warp_rows(N), ROW, dx.data(),
+				   (const uint16_t *)doutb.data(), (const float *)x.data(),
+				   (const uint16_t *)w.data(), (const float *)rmean.data(),
+				   (const float *)rrstd.data(), N, C);
+			emu_launch(k_layernorm_bwd_dw_b<uint16_t>, grid_for(C, ST_CUDA_ELEM_BLOCK),
+				   ELEM, dw.data(), db.data(), (const uint16_t *)doutb.data(),
+				   (const float *)x.data(), (const float *)rmean.data(),
+				   (const float *)rrstd.data(), N, C);
+		}
+		cpu({ .kind = ST_OP_LAYERNORM_BWD,
+		      .t = { TF(rdx), TF(rdw), TF(rdb), df ? TF(doutf) : TB(doutb), TF(x), TB(w),
+			     TF(rmean), TF(rrstd) },
+		      .i = { N, C } });
+		close_f(df ? "layernorm_bwd fffffbff dinp" : "layernorm_bwd fffbfbff dinp", dx, rdx);
+		close_f(df ? "layernorm_bwd fffffbff dweight" : "layernorm_bwd fffbfbff dweight", dw,
+			rdw);
+		close_f(df ? "layernorm_bwd fffffbff dbias" : "layernorm_bwd fffbfbff dbias", db, rdb);
+	}
+}
+
+static void check_gelu(size_t n)
+{
+	vb x = rb(n, 5.0f), dy = rb(n, 1.0f);
+	vb y = nan_b(n), ry = nan_b(n), dx = nan_b(n), rdx = nan_b(n);
+
+	emu_launch(k_gelu_fwd_b, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, y.data(),
+		   (const uint16_t *)x.data(), n);
+	cpu({ .kind = ST_OP_GELU_FWD, .t = { TB(ry), TB(x) }, .i = { (int64_t)n } });
+	close_b("gelu_fwd bb", y, ry);
+	emu_launch(k_gelu_bwd_b, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, dx.data(),
+		   (const uint16_t *)x.data(), (const uint16_t *)dy.data(), n);
+	cpu({ .kind = ST_OP_GELU_BWD, .t = { TB(rdx), TB(x), TB(dy) }, .i = { (int64_t)n } });
+	close_b("gelu_bwd bbb", dx, rdx);
+	// in place, as the model runs it (dinp = inp)
+	vb xi = x, rxi = x;
+	emu_launch(k_gelu_bwd_b, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, xi.data(),
+		   (const uint16_t *)xi.data(), (const uint16_t *)dy.data(), n);
+	cpu({ .kind = ST_OP_GELU_BWD, .t = { TB(rxi), TB(rxi), TB(dy) }, .i = { (int64_t)n } });
+	close_b("gelu_bwd bbb in place", xi, rxi);
+}
+
+static void check_embedding(int B, int T, int C, int V)
+{
+	std::vector<int32_t> tok((size_t)B * T);
+	for (size_t i = 0; i < tok.size(); i++)
+		tok[i] = (int32_t)((i * 7 + 3) % (size_t)V);
+	vb wte = rb((size_t)V * C, 1.0f), wpe = rb((size_t)T * C, 1.0f);
+	size_t n = (size_t)B * T * C;
+	vf out = nan_f(n), rout = nan_f(n);
+
+	emu_launch(k_embedding_fwd_b, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, out.data(),
+		   (const int32_t *)tok.data(), (const uint16_t *)wte.data(),
+		   (const uint16_t *)wpe.data(), T, C, n);
+	cpu({ .kind = ST_OP_EMBEDDING_FWD,
+	      .t = { TF(rout), st_tensor_1d(tok.data(), ST_DTYPE_I32, (int64_t)tok.size()), TB(wte),
+		     TB(wpe) },
+	      .i = { B, T, C } });
+	close_f("embedding_fwd fibb", out, rout);
+}
+
+// the dbias of the bf16 matmul backward, and the bias rows of its fallback
+static void check_matmul_parts(int N, int IC, int OC)
+{
+	vb dout = rb((size_t)N * OC, 1.0f), inp = rb((size_t)N * IC, 1.0f), w = rb((size_t)IC * OC, 0.3f);
+	vf db = rf(OC, 0.5f), rdb = db;
+
+	emu_launch(k_colsum_b, grid_for(OC, ST_CUDA_ELEM_BLOCK), ELEM, db.data(),
+		   (const uint16_t *)dout.data(), N, OC);
+	cpu({ .kind = ST_OP_MATMUL_BWD,
+	      .t = { st_tensor_1d(NULL, ST_DTYPE_BF16, (int64_t)N * IC),
+		     st_tensor_1d(NULL, ST_DTYPE_F32, (int64_t)IC * OC), TF(rdb), TB(dout), TB(inp),
+		     TB(w) },
+	      .i = { N, IC, OC } });
+	close_f("matmul_bwd bffbbb dbias (colsum)", db, rdb);
+
+	vb bias = rb(OC, 1.0f);
+	vb rows = nan_b((size_t)N * OC), rrows((size_t)N * OC);
+	vf rowsf = nan_f((size_t)N * OC), rrowsf((size_t)N * OC);
+	emu_launch(k_fill_rows_b<uint16_t>, grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK), ELEM,
+		   rows.data(), (const uint16_t *)bias.data(), (size_t)N, OC);
+	emu_launch(k_fill_rows_b<float>, grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK), ELEM,
+		   rowsf.data(), (const uint16_t *)bias.data(), (size_t)N, OC);
+	for (int n = 0; n < N; n++)
+		for (int o = 0; o < OC; o++) {
+			rrows[(size_t)n * OC + o] = bias[o];
+			rrowsf[(size_t)n * OC + o] = wid(bias[o]);
+		}
+	close_b("matmul_fwd bias rows (bf16)", rows, rrows);
+	close_f("matmul_fwd bias rows (fp32)", rowsf, rrowsf);
+}
+
+int main(void)
+{
+	check_layernorm(37, 96);
+	check_layernorm(5, 33); /* a row shorter than two warps' worth, odd */
+	check_gelu(10007);
+	check_embedding(2, 19, 40, 53);
+	check_matmul_parts(300, 24, 72);
+	if (emu_launch_errors)
+		fails++;
+	if (fails)
+		fprintf(stderr, "%d check(s) failed\n", fails);
+	return fails ? 1 : 0;
+}
