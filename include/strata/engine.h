@@ -64,6 +64,10 @@ struct st_engine_config {
 	enum st_recompute recompute;   /* which units' backward recomputes
 					  their forward (strata/plan.h);
 					  the zero value ALL: every unit */
+	bool poison_staging;           /* tests: the update's staging is
+					  filled with NaN bytes before each
+					  load, so AdamW reading it before
+					  the load lands gives NaN */
 };
 
 struct st_engine;
