@@ -151,7 +151,9 @@ enum st_lane { ST_LANE_COMPUTE, ST_LANE_H2D, ST_LANE_D2H, ST_LANE_NVME_READ,
 struct st_engine_stats {
 	uint64_t step_ns;                    /* wall time of the last step */
 	uint64_t busy_ns[ST_LANE_COUNT];     /* per queue, last step */
-	uint64_t bytes[ST_LANE_COUNT];       /* per link, last step (0 for compute, adam) */
+	uint64_t bytes[ST_LANE_COUNT];       /* per link, queued by the last step (its
+						update's last stores may land in the
+						next); 0 for compute, adam */
 	uint64_t used_bytes[ST_HOME_COUNT];  /* per tier, now */
 	uint64_t peak_bytes[ST_HOME_COUNT];  /* per tier, since create */
 	uint64_t budget_bytes[ST_HOME_COUNT];

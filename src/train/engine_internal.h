@@ -342,9 +342,12 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb);
 int st_eng_update_setup(struct st_engine *e);
 void st_eng_update_fini(struct st_engine *e);
 /* The update's loads of P, M and V that need no G (on nvme, into the
- * staging of the sweep's first tiles of each state): queued during the
- * last micro-batch's backward, so they overlap it. 0 or -errno. */
+ * staging of the sweep's first tiles of each state): queued at the start
+ * of the last micro-batch's backward, so they overlap it, each once its
+ * buffer's store from the last sweep has landed (poll: those that can go
+ * now, called as the backward goes). 0 or -errno. */
 int st_eng_update_prefetch(struct st_engine *e);
+int st_eng_update_poll(struct st_engine *e);
 /* A skipped update (the norm was not finite): wait for the prefetched
  * loads and forget them. 0 or -errno. */
 int st_eng_update_drop(struct st_engine *e);

@@ -179,6 +179,9 @@ static int backward(struct st_engine *e, int mb, double *loss)
 		ret = backward_unit(e, u, &dy, &dx, &l);
 		if (ret == 0 && pend >= 0)
 			ret = st_eng_grad_in(e, pend, mb);
+		/* the update's loads whose buffer was still going back */
+		if (ret == 0 && mb == e->cfg.train.grad_accum - 1)
+			ret = st_eng_update_poll(e);
 		if (ret == 0)
 			ret = st_eng_grad_out(e, u, bufs_of(e, u));
 		pend = u;

@@ -77,11 +77,12 @@ static int load_one(struct st_engine *e, int j, enum st_state s)
 /* Queue the loads of states [first, V] that may go now, at tile cur of
  * the sweep (the tiles before it are past AdamW): for each state, its
  * next tiles in turn while their buffer's last tile is before cur, once
- * that one's store has landed. The store is waited for when the tile to
- * load is cur or the next one (as the two sets always were); a tile
- * further ahead is only queued when its buffer is already free, so the
- * AdamW of the units in host between runs meanwhile. */
-static int upd_issue(struct st_engine *e, int cur, enum st_state first)
+ * that one's store has landed. With block, the store is waited for when
+ * the tile to load is cur or the next one (as the two sets always were);
+ * a tile further ahead, or any without block, is only queued when its
+ * buffer is already free, so the AdamW of the units in host between (or
+ * the backward) runs meanwhile. */
+static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool block)
 {
 	int ret = 0;
 
@@ -91,7 +92,7 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first)
 
 			if (us->holder[s] >= cur)
 				break;
-			if (us->writes[s] && j > cur + 1) {
+			if (us->writes[s] && (!block || j > cur + 1)) {
 				ret = st_eng_pump(e, false);
 				if (ret == 0 && us->writes[s])
 					break;
@@ -307,12 +308,31 @@ void st_eng_update_fini(struct st_engine *e)
 	e->utiles = NULL;
 }
 
+/* Every load landed (each was waited for by its tile, or dropped). */
+static int upd_reads_quiet(struct st_engine *e)
+{
+	int ret = 0;
+
+	for (int set = 0; set < 2; set++)
+		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++)
+			ret = st_eng_wait_until(e, &e->upd[set].reads[s]);
+	return ret;
+}
+
+/* The last sweep's P, M, V stores may still be going back (fused with
+ * the next forward, the sweep leaves them in flight): a buffer is loaded
+ * once its store has landed, here or in st_eng_update_poll(). */
 int st_eng_update_prefetch(struct st_engine *e)
 {
-	int ret = upd_quiet(e);
+	int ret = upd_reads_quiet(e);
 
 	upd_reset(e);
-	return ret ? ret : upd_issue(e, 0, ST_STATE_P);
+	return ret ? ret : upd_issue(e, 0, ST_STATE_P, false);
+}
+
+int st_eng_update_poll(struct st_engine *e)
+{
+	return upd_issue(e, 0, ST_STATE_P, false);
 }
 
 int st_eng_update_drop(struct st_engine *e)
@@ -462,7 +482,7 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 
 		/* this tile's loads, and the next ones' that may go: they
 		 * overlap this tile's AdamW */
-		ret = upd_issue(e, i, ST_STATE_G);
+		ret = upd_issue(e, i, ST_STATE_G, true);
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V && ret == 0; s++)
 			if (cur->set[s] >= 0) {
 				assert(e->upd[cur->set[s]].holder[s] == i);
@@ -487,8 +507,11 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		ret = dev_units(e, &dev_next, e->U, wd, nowd, ld);
 	if (ret == 0 && e->dev_adam_bad)
 		ret = dev_adam_check(e);
+	/* fused with the next forward, the last units' P, M, V stores go on
+	 * during the next step's backward (every unit's W is home: unit_done
+	 * waited for it); else every store lands here */
 	if (ret == 0)
-		ret = upd_quiet(e);
+		ret = ld ? upd_reads_quiet(e) : upd_quiet(e);
 	upd_reset(e);
 	if (ret == 0 && ld)
 		e->fwd_ready = true;
