@@ -2,7 +2,8 @@
  * I/O requests, counted from 1), injects EIO, a short transfer, ENOSPC or a
  * delay; and, at the Nth write, corrupts what the write leaves on the inner
  * tier (a flipped bit, a zeroed byte, a page of 0xFF, a lost write, a page
- * of another extent). Tests build every failure path of the engine on it;
+ * of another extent), or hands the Nth I/O to the inner tier late (LATE).
+ * Tests build every failure path of the engine on it;
  * it is the one place strata injects faults (docs/reliability.md).
  *
  * It takes one extent of its budget from the inner tier at open and maps its
@@ -56,7 +57,65 @@ struct fault_priv {
 	uint64_t page_bytes;
 	char *page;                  /* bounce page, page_bytes, aligned */
 	struct fault_job job;
+	/* LATE: requests held before the inner tier, each until its due time */
+	struct st_tier_io *late;
+	uint64_t *late_due_ns;
+	unsigned nlate, late_cap;
 };
+
+/* Hold io (offsets in inner's space) until due_ns before it goes to the
+ * inner tier. 0 or -ENOMEM. */
+static int late_hold(struct fault_priv *p, const struct st_tier_io *io, uint64_t due_ns)
+{
+	if (p->nlate == p->late_cap) {
+		unsigned cap = p->late_cap ? 2 * p->late_cap : 16;
+		struct st_tier_io *l = realloc(p->late, cap * sizeof(*l));
+		uint64_t *d;
+
+		if (!l)
+			return -ENOMEM;
+		p->late = l;
+		d = realloc(p->late_due_ns, cap * sizeof(*d));
+		if (!d)
+			return -ENOMEM;
+		p->late_due_ns = d;
+		p->late_cap = cap;
+	}
+	p->late[p->nlate] = *io;
+	p->late_due_ns[p->nlate++] = due_ns;
+	return 0;
+}
+
+/* Hand the held requests that are due to the inner tier, in order. Sets
+ * *next_due_ns to the earliest of the rest (kept as it is when none).
+ * 0 or -errno. */
+static int late_submit(struct fault_priv *p, uint64_t *next_due_ns)
+{
+	uint64_t now = st_now_ns();
+	unsigned kept = 0;
+
+	for (unsigned i = 0; i < p->nlate; i++) {
+		if (p->late_due_ns[i] <= now) {
+			int ret = st_tier_submit(p->inner, &p->late[i], 1);
+
+			if (ret < 0) { /* keep it and the rest held */
+				memmove(p->late + kept, p->late + i, (p->nlate - i) * sizeof(*p->late));
+				memmove(p->late_due_ns + kept, p->late_due_ns + i,
+					(p->nlate - i) * sizeof(*p->late_due_ns));
+				p->nlate = kept + (p->nlate - i);
+				return ret;
+			}
+			p->inner_inflight++;
+			continue;
+		}
+		if (!*next_due_ns || p->late_due_ns[i] < *next_due_ns)
+			*next_due_ns = p->late_due_ns[i];
+		p->late[kept] = p->late[i];
+		p->late_due_ns[kept++] = p->late_due_ns[i];
+	}
+	p->nlate = kept;
+	return 0;
+}
 
 static bool fault_hit(struct fault_priv *p)
 {
@@ -120,6 +179,8 @@ static void fault_close(struct st_tier *t)
 			break;
 	}
 	st_tier_free(p->inner, &p->ext);
+	free(p->late);
+	free(p->late_due_ns);
 	free(p->held);
 	free(p->page);
 }
@@ -329,6 +390,13 @@ static int fault_submit(struct st_tier *t, const struct st_tier_io *ios, unsigne
 					p->delay_due_ns = st_now_ns() + p->f.delay_ns;
 				}
 				break;
+			case ST_FAULT_LATE:
+				if (io.op != ST_IO_READ)
+					break;
+				ret = late_hold(p, &io, st_now_ns() + p->f.delay_ns);
+				if (ret < 0)
+					return ret;
+				continue;
 			case ST_FAULT_NONE:
 				break;
 			}
@@ -356,6 +424,10 @@ static int fault_reap(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
 	for (;;) {
 		uint64_t now = st_now_ns(), next_due = 0;
 		unsigned kept = 0;
+		int lret = p->nlate ? late_submit(p, &next_due) : 0;
+
+		if (lret < 0)
+			return lret;
 
 		for (unsigned i = 0; i < p->nheld; i++) {
 			if (got < max && p->held[i].due_ns <= now) {
@@ -370,7 +442,7 @@ static int fault_reap(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
 		if (got < max && p->inner_inflight) {
 			struct st_tier_cqe c[16];
 			unsigned want = ST_MIN(max - got, 16u);
-			bool block = got < min_wait && !p->nheld;
+			bool block = got < min_wait && !p->nheld && !p->nlate;
 			int n = st_tier_reap(p->inner, c, want, block ? 1 : 0);
 
 			if (n < 0)
@@ -396,9 +468,10 @@ static int fault_reap(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
 				out[got++] = c[i];
 			}
 		}
-		if (got >= min_wait || got == max || (!p->inner_inflight && !p->nheld))
+		if (got >= min_wait || got == max ||
+		    (!p->inner_inflight && !p->nheld && !p->nlate))
 			return (int)got;
-		if (p->nheld && next_due > st_now_ns()) {
+		if ((p->nheld || p->nlate) && next_due > st_now_ns()) {
 			uint64_t ns = ST_MIN(next_due - st_now_ns(), 1000000ull);
 			struct timespec ts = { 0, (long)ns };
 

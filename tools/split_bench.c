@@ -12,6 +12,7 @@
  * must be bit-identical at every step, and are checked. */
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/trace.h"
 #include "bench_stats.h"
 
 #include <errno.h>
@@ -50,6 +51,7 @@ static void usage(FILE *f)
 "usage: split-bench [--model DIMS] [--batch B] [--seq T] [--grad-accum N]\n"
 "                   [--steps N] [--nvme DIR] [--gpu-mem SIZE] [--host-mem SIZE]\n"
 "                   [--threads N] [--json FILE] [--device cpu|cuda] [--data FILE]\n"
+"                   [--trace PREFIX]\n"
 "\n"
 "Step time and nvme bytes of the planner's split placement (S: auto) against\n"
 "the optimizer all on nvme (U: --offload-optim nvme) at the same budgets,\n"
@@ -59,7 +61,8 @@ static void usage(FILE *f)
 "what U needs plus half the optimizer state (so the state is about twice\n"
 "what host has for it) --device cpu --data /usr/share/common-licenses/GPL-3\n"
 "(any file: its bytes are the tokens). The nvme files are unlinked at\n"
-"creation, so nothing is left in DIR.\n");
+"creation, so nothing is left in DIR. --trace PREFIX writes each engine's\n"
+"Chrome trace (as strata train --trace) to PREFIX-S.json and PREFIX-U.json.\n");
 }
 
 /* What U (the optimizer on nvme) takes of host at k = 1, plus half the
@@ -114,11 +117,13 @@ int main(int argc, char **argv)
 		{ "grad-accum", 1, 0, 'A' }, { "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' },
 		{ "gpu-mem", 1, 0, 'g' }, { "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' },
 		{ "json", 1, 0, 'J' }, { "device", 1, 0, 'D' }, { "data", 1, 0, 'd' },
+		{ "trace", 1, 0, 'X' },
 		{ "help", 0, 0, 'h' }, { 0 },
 	};
 	const char *device = "cpu", *data = "/usr/share/common-licenses/GPL-3";
 	const char *model = "layers=8,dim=768,heads=12,vocab=256,ctx=256", *nvme = "/var/tmp";
-	const char *json = NULL;
+	const char *json = NULL, *trace = NULL;
+	struct st_trace *tr_s = NULL, *tr_u = NULL;
 	int batch = 1, seq = 32, accum = 1, steps = 6, threads = 0, c;
 	uint64_t gpu = 2ull << 30, host = 0;
 	struct st_engine_config cs, cu;
@@ -147,6 +152,7 @@ int main(int argc, char **argv)
 		case 'J': json = optarg; break;
 		case 'D': if (!st_device_find(optarg)) die2("--device is not built into this binary: ", optarg); device = optarg; break;
 		case 'd': data = optarg; break;
+		case 'X': trace = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: die2("unknown or incomplete option ", argv[optind - 1]);
 		}
@@ -176,6 +182,20 @@ int main(int argc, char **argv)
 	cs.host_mem_bytes = host;
 	cu = cs;
 	cu.optim = ST_OFFLOAD_NVME;
+	if (trace) {
+		char p[4096];
+
+		for (int k = 0; k < 2; k++) {
+			snprintf(p, sizeof(p), "%s-%s.json", trace, k ? "U" : "S");
+			if (st_trace_create(k ? &tr_u : &tr_s, p) < 0) {
+				fprintf(stderr, "split-bench: --trace %s: %s\n", p, st_error_last());
+				st_trace_abort(tr_s);
+				return 2;
+			}
+		}
+		cs.trace = tr_s;
+		cu.trace = tr_u;
+	}
 	if (st_dataset_open(&ds, data, ST_DATASET_BYTES) < 0) {
 		fprintf(stderr, "split-bench: --data %s: %s\n", data, st_error_last());
 		return 2;
@@ -321,6 +341,11 @@ int main(int argc, char **argv)
 	}
 	st_engine_destroy(es);
 	st_engine_destroy(eu);
+	for (int k = 0; k < 2; k++)
+		if (st_trace_close(k ? tr_u : tr_s) < 0) {
+			fprintf(stderr, "split-bench: --trace: %s\n", st_error_last());
+			return 1;
+		}
 	st_dataset_close(ds);
 	free(ts);
 	free(tu);

@@ -71,6 +71,10 @@ struct st_engine_config {
 					    to the device as the bf16 it is
 					    (rounded from fp32 W on the
 					    device), not widened */
+	bool poison_staging;           /* tests: the update's staging is
+					  filled with NaN bytes before each
+					  load, so AdamW reading it before
+					  the load lands gives NaN */
 };
 
 struct st_engine;
@@ -154,7 +158,9 @@ enum st_lane { ST_LANE_COMPUTE, ST_LANE_H2D, ST_LANE_D2H, ST_LANE_NVME_READ,
 struct st_engine_stats {
 	uint64_t step_ns;                    /* wall time of the last step */
 	uint64_t busy_ns[ST_LANE_COUNT];     /* per queue, last step */
-	uint64_t bytes[ST_LANE_COUNT];       /* per link, last step (0 for compute, adam) */
+	uint64_t bytes[ST_LANE_COUNT];       /* per link, queued by the last step (its
+						update's last stores may land in the
+						next); 0 for compute, adam */
 	uint64_t used_bytes[ST_HOME_COUNT];  /* per tier, now */
 	uint64_t peak_bytes[ST_HOME_COUNT];  /* per tier, since create */
 	uint64_t budget_bytes[ST_HOME_COUNT];

@@ -74,6 +74,10 @@ enum st_fault_kind {
 	ST_FAULT_SHORT,  /* the Nth I/O moves only its first half at first */
 	ST_FAULT_ENOSPC, /* the Nth alloc or write fails with -ENOSPC */
 	ST_FAULT_DELAY,  /* the Nth I/O completes no sooner than delay_ns */
+	ST_FAULT_LATE,   /* the Nth I/O, when a read, reaches the inner tier
+			    only delay_ns after its submission: its bytes
+			    land late (the buffer keeps what it held until
+			    then); writes go as they come */
 };
 
 /* Corruption of what a write leaves on the inner tier (tests of the
@@ -115,7 +119,7 @@ struct st_fault_config {
 	enum st_fault_kind kind;
 	uint64_t nth;      /* 1-based count of operations (alloc + I/O) */
 	uint64_t every;    /* 0: once; else also every `every` ops after nth */
-	uint64_t delay_ns; /* ST_FAULT_DELAY */
+	uint64_t delay_ns; /* ST_FAULT_DELAY, ST_FAULT_LATE */
 	struct st_fault_corrupt corrupt; /* armed at open (kind NONE: none) */
 };
 

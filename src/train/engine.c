@@ -80,6 +80,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->saved);
 	free(e->pool_ext);
 	st_eng_sums_fini(e);
+	st_eng_update_fini(e);
 	free(e->pool_first);
 	free(e->elems);
 	free(e->unit_sumsq);
@@ -555,6 +556,8 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		ret = st_eng_zero_setup(e);
 	if (ret == 0)
 		ret = st_eng_sums_init(e);
+	if (ret == 0)
+		ret = st_eng_update_setup(e);
 	if (ret == 0 && cfg->trace)
 		for (int l = 0; l < ST_LANE_COUNT; l++)
 			e->trace_lane[l] = st_trace_lane(cfg->trace, lane_names[l]);

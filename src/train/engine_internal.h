@@ -83,10 +83,28 @@ struct wslot {
 	struct chain fetch;
 };
 
+/* One of the update's two staging sets: a host buffer per staged state.
+ * Each state's tiles take its two buffers in turn (struct utile), so a
+ * buffer of P may hold unit 5's tile while the same set's G buffer holds
+ * unit 6's: per state, the loads and stores in flight and the tile (an
+ * index into utiles) the buffer was last loaded for, -1 for none. */
 struct updset {
-	int reads, writes; /* chains in flight */
 	struct st_extent ext[ST_STATE_COUNT]; /* host staging for each state */
 	struct chain load[ST_STATE_COUNT], store[ST_STATE_COUNT];
+	int reads[ST_STATE_COUNT], writes[ST_STATE_COUNT];
+	int holder[ST_STATE_COUNT];
+};
+
+/* A tile of the update sweep: [t0, t0 + n) elements of unit u, and per
+ * state the set whose buffer it goes through (-1: none, the state is
+ * worked on in its host home, or W is gathered). A state's tiles that are
+ * staged take set 0, 1, 0, ... in sweep order, whatever the other states
+ * do, so the first two tiles with P on nvme can be loaded during the
+ * backward even when the sweep starts with units in host. */
+struct utile {
+	int u;
+	uint64_t t0, n;
+	signed char set[ST_STATE_COUNT];
 };
 
 struct lane_busy {
@@ -234,6 +252,12 @@ struct st_engine {
 	struct st_compute_sumsq *dev_sumsq;
 	uint32_t *dev_adam_bad;
 	void *dev_sumsq_scratch;
+
+	/* The update sweep's tiles in order (engine_update.c), and per state
+	 * the next one whose load is not issued yet (n_utiles: none left) */
+	struct utile *utiles;
+	int n_utiles;
+	int upd_next[ST_STATE_COUNT];
 };
 
 enum { ACT_EV_FW, ACT_EV_OUT, ACT_EV_BW, ACT_EV_IN };
@@ -315,6 +339,18 @@ int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
 int st_eng_grad_in(struct st_engine *e, int u, int mb);
 
 /* engine_update.c */
+int st_eng_update_setup(struct st_engine *e);
+void st_eng_update_fini(struct st_engine *e);
+/* The update's loads of P, M and V that need no G (on nvme, into the
+ * staging of the sweep's first tiles of each state): queued at the start
+ * of the last micro-batch's backward, so they overlap it, each once its
+ * buffer's store from the last sweep has landed (poll: those that can go
+ * now, called as the backward goes). 0 or -errno. */
+int st_eng_update_prefetch(struct st_engine *e);
+int st_eng_update_poll(struct st_engine *e);
+/* A skipped update (the norm was not finite): wait for the prefetched
+ * loads and forget them. 0 or -errno. */
+int st_eng_update_drop(struct st_engine *e);
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld);
 /* The device-side units' sums of squares into unit_sumsq (and nonfinite):

@@ -121,6 +121,9 @@ static int hop_submit(struct st_engine *e, struct chain *c)
 		record_error(e, ret, st_error_last());
 		return ret;
 	}
+	/* A step's bytes are those it queued, so a store that lands during
+	 * the next step (the update's last P, M, V) counts in its own. */
+	e->lane[lane].bytes += h->len_bytes;
 	if (c->at == c->nhops - 1 && c->queued)
 		*c->queued = true;
 	return 0;
@@ -157,7 +160,7 @@ static void hop_done(struct st_engine *e, struct chain *c, int64_t res, struct s
 		c->t0_ns = st_now_ns();
 		st_eng_lane_begin(e, lane);
 	}
-	st_eng_lane_end(e, lane, c->t0_ns, res > 0 ? (uint64_t)res : 0, h->name);
+	st_eng_lane_end(e, lane, c->t0_ns, 0, h->name);
 	/* what comes back from nvme is checked before anything uses it */
 	if (res >= 0 && h->tier == ST_HOME_NVME && h->rw == ST_IO_READ && h->unit >= 0) {
 		int ret = st_eng_sums_check(e, h->unit, h->state, h->off_bytes, h->buf,
@@ -325,9 +328,15 @@ static uint64_t nvme_busy(const struct st_engine *e)
 
 void st_eng_stats_begin(struct st_engine *e)
 {
+	uint64_t now = st_now_ns();
+
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
 		e->lane[l].busy_ns = 0;
 		e->lane[l].bytes = 0;
+		/* the last update's stores may still be going back: their
+		 * lane is this step's busy from its start */
+		if (e->lane[l].inflight)
+			e->lane[l].since_ns = now;
 	}
 	e->nvme_busy0 = nvme_busy(e);
 }

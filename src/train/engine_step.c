@@ -179,6 +179,9 @@ static int backward(struct st_engine *e, int mb, double *loss)
 		ret = backward_unit(e, u, &dy, &dx, &l);
 		if (ret == 0 && pend >= 0)
 			ret = st_eng_grad_in(e, pend, mb);
+		/* the update's loads whose buffer was still going back */
+		if (ret == 0 && mb == e->cfg.train.grad_accum - 1)
+			ret = st_eng_update_poll(e);
 		if (ret == 0)
 			ret = st_eng_grad_out(e, u, bufs_of(e, u));
 		pend = u;
@@ -228,6 +231,9 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 		}
 		e->fwd_ready = false;
 		e->w_ready = e->U;
+		/* the update's loads that need no G overlap the last backward */
+		if (ret == 0 && a == c->grad_accum - 1)
+			ret = st_eng_update_prefetch(e);
 		if (ret == 0)
 			ret = backward(e, a, &l);
 		*loss_sum += l;
@@ -276,6 +282,9 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		goto fail;
 	if (isnan(res->grad_norm)) {
 		res->skipped = true;
+		ret = st_eng_update_drop(e);
+		if (ret < 0)
+			goto fail;
 	} else {
 		ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
 		if (ret == 0)

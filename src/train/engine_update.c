@@ -11,86 +11,138 @@
  * the host placement's (the cpu compute runs the same st_adam_apply, the
  * cuda one a kernel held to it bit for bit). */
 #include "engine_internal.h"
+#include "strata/trace.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* [t0, t0 + n) elements of unit u, t0 and n multiples of the tile (whole
- * pages in bf16 and fp32) except where the unit ends, so staging is bounded
- * by the tile, not by the largest unit (the embedding of a 50k vocabulary). */
-struct tile {
-	int u;
-	uint64_t t0, n;
-};
-
-static float *upd_ptr(struct st_engine *e, int set, const struct tile *t, enum st_state s)
+/* Tiles are [t0, t0 + n) elements of unit u (struct utile), t0 and n
+ * multiples of the tile (whole pages in bf16 and fp32) except where the
+ * unit ends, so staging is bounded by the tile, not by the largest unit
+ * (the embedding of a 50k vocabulary). */
+static float *upd_ptr(struct st_engine *e, const struct utile *t, enum st_state s)
 {
 	struct shard *x = shard(e, t->u, s);
 
-	if (x->home == ST_HOME_HOST)
+	if (t->set[s] < 0)
 		return (float *)haddr(e, &x->ext) + (t->t0 - sh_lo(e, t->u, s));
-	return haddr(e, &e->upd[set].ext[s]);
+	return haddr(e, &e->upd[t->set[s]].ext[s]);
 }
 
-static int upd_load(struct st_engine *e, int set, const struct tile *t)
+/* Whether state s of unit u goes through the staging: G, P, M, V when on
+ * nvme; W when it is not written in place in host nor gathered. */
+static bool upd_staged(const struct st_engine *e, int u, enum st_state s)
 {
-	struct updset *us = &e->upd[set];
-	int ret = st_eng_wait_until(e, &us->writes);
+	enum st_home h = e->sh[u * ST_STATE_COUNT + s].home;
 
-	if (ret < 0)
-		return ret;
-	for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++) {
-		struct shard *x = shard(e, t->u, s);
-		struct hop h;
+	if (s == ST_STATE_W)
+		return h != ST_HOME_HOST && !e->w_gather;
+	return h == ST_HOME_NVME;
+}
 
-		if (x->home != ST_HOME_NVME)
-			continue;
-		h = st_eng_shard_hop(e, "load", t->u, s, ST_IO_READ,
-				     (t->t0 - sh_lo(e, t->u, s)) * 4, haddr(e, &us->ext[s]),
-				     t->n * 4);
-		ret = st_eng_chain_start(e, &us->load[s], &h, 1, &us->reads, NULL);
-		if (ret < 0)
-			return ret;
+/* The next tile j > i with state s staged, or n_utiles. */
+static int next_staged(const struct st_engine *e, int i, enum st_state s)
+{
+	do
+		i++;
+	while (i < e->n_utiles && e->utiles[i].set[s] < 0);
+	return i;
+}
+
+/* Load state s of tile j into its set's buffer. */
+static int load_one(struct st_engine *e, int j, enum st_state s)
+{
+	const struct utile *t = &e->utiles[j];
+	struct updset *us = &e->upd[t->set[s]];
+	void *buf = haddr(e, &us->ext[s]);
+	struct hop h = st_eng_shard_hop(e, "load", t->u, s, ST_IO_READ,
+					(t->t0 - sh_lo(e, t->u, s)) * 4, buf, t->n * 4);
+
+	assert(us->reads[s] == 0 && us->writes[s] == 0);
+	if (e->cfg.poison_staging)
+		memset(buf, 0xff, t->n * 4);
+	if (e->cfg.trace) {
+		char name[48];
+
+		snprintf(name, sizeof(name), "load u%d %s", t->u, st_state_name(s));
+		st_trace_instant(e->cfg.trace, e->trace_lane[ST_LANE_NVME_READ], name,
+				 st_now_ns());
 	}
-	return 0;
+	us->holder[s] = j;
+	return st_eng_chain_start(e, &us->load[s], &h, 1, &us->reads[s], NULL);
 }
 
-static int upd_store(struct st_engine *e, int set, const struct tile *t)
+/* Queue the loads of states [first, V] that may go now, at tile cur of
+ * the sweep (the tiles before it are past AdamW): for each state, its
+ * next tiles in turn while their buffer's last tile is before cur, once
+ * that one's store has landed. With block, the store is waited for when
+ * the tile to load is cur or the next one (as the two sets always were);
+ * a tile further ahead, or any without block, is only queued when its
+ * buffer is already free, so the AdamW of the units in host between (or
+ * the backward) runs meanwhile. */
+static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool block)
 {
-	struct updset *us = &e->upd[set];
-	struct shard *w = shard(e, t->u, ST_STATE_W);
+	int ret = 0;
+
+	for (enum st_state s = first; s <= ST_STATE_V && ret == 0; s++) {
+		for (int j; ret == 0 && (j = e->upd_next[s]) < e->n_utiles;) {
+			struct updset *us = &e->upd[e->utiles[j].set[s]];
+
+			if (us->holder[s] >= cur)
+				break;
+			if (us->writes[s] && (!block || j > cur + 1)) {
+				ret = st_eng_pump(e, false);
+				if (ret == 0 && us->writes[s])
+					break;
+			}
+			if (ret == 0)
+				ret = st_eng_wait_until(e, &us->writes[s]);
+			if (ret == 0)
+				ret = load_one(e, j, s);
+			e->upd_next[s] = next_staged(e, j, s);
+		}
+	}
+	return ret;
+}
+
+static int upd_store(struct st_engine *e, const struct utile *t)
+{
 	uint64_t woff = (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb;
 	uint64_t wlen = t->n * (uint64_t)e->Wb;
 	struct hop h;
 	int ret;
 
 	for (enum st_state s = ST_STATE_P; s <= ST_STATE_V; s++) {
-		struct shard *x = shard(e, t->u, s);
+		struct updset *us;
 
-		if (x->home != ST_HOME_NVME)
+		if (t->set[s] < 0)
 			continue;
+		us = &e->upd[t->set[s]];
 		h = st_eng_shard_hop(e, "store", t->u, s, ST_IO_WRITE,
 				     (t->t0 - sh_lo(e, t->u, s)) * 4, haddr(e, &us->ext[s]),
 				     t->n * 4);
-		ret = st_eng_chain_start(e, &us->store[s], &h, 1, &us->writes, NULL);
+		ret = st_eng_chain_start(e, &us->store[s], &h, 1, &us->writes[s], NULL);
 		if (ret < 0)
 			return ret;
 	}
-	/* stages 1-2 at world > 1: W goes home whole, gathered (unit_end) */
-	if (w->home == ST_HOME_HOST || e->w_gather)
+	/* W in place in host, or (stages 1-2 at world > 1) gathered whole
+	 * (unit_end) */
+	if (t->set[ST_STATE_W] < 0)
 		return 0;
 	/* nvme: a write of the nvme tier; vram: an h2d copy */
 	h = st_eng_shard_hop(e, "store", t->u, ST_STATE_W, ST_IO_WRITE, woff,
-			     haddr(e, &us->ext[ST_STATE_W]), wlen);
-	return st_eng_chain_start(e, &us->store[ST_STATE_W], &h, 1, &us->writes, NULL);
+			     haddr(e, &e->upd[t->set[ST_STATE_W]].ext[ST_STATE_W]), wlen);
+	return st_eng_chain_start(e, &e->upd[t->set[ST_STATE_W]].store[ST_STATE_W], &h, 1,
+				  &e->upd[t->set[ST_STATE_W]].writes[ST_STATE_W], NULL);
 }
 
 /* W's padding in the tile zeroed when W goes through staging (the buffer
  * served other tiles), so W's home holds the same bytes whatever the
  * placement. */
 static void zero_padding(struct st_engine *e, const struct st_unit_layout *ul,
-			 const struct tile *t, char *wout)
+			 const struct utile *t, char *wout)
 {
 	uint64_t end = t->t0, t1 = t->t0 + t->n;
 
@@ -109,18 +161,18 @@ static void zero_padding(struct st_engine *e, const struct st_unit_layout *ul,
 
 /* AdamW over one tile: each tensor's part of it, with or without weight
  * decay. */
-static int adam_tile(struct st_engine *e, int set, const struct tile *t,
+static int adam_tile(struct st_engine *e, const struct utile *t,
 		     const struct st_adam_step *wd, const struct st_adam_step *nowd)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(e->model, t->u);
-	float *g = upd_ptr(e, set, t, ST_STATE_G), *p = upd_ptr(e, set, t, ST_STATE_P);
-	float *m = upd_ptr(e, set, t, ST_STATE_M), *v = upd_ptr(e, set, t, ST_STATE_V);
+	float *g = upd_ptr(e, t, ST_STATE_G), *p = upd_ptr(e, t, ST_STATE_P);
+	float *m = upd_ptr(e, t, ST_STATE_M), *v = upd_ptr(e, t, ST_STATE_V);
 	struct shard *w = shard(e, t->u, ST_STATE_W);
-	bool in_place = w->home == ST_HOME_HOST && !e->w_gather;
+	bool in_place = t->set[ST_STATE_W] < 0 && !e->w_gather;
 	char *wout = e->w_gather ? e->wgather[t->u & 1] + t->t0 * (uint64_t)e->Wb
 		     : in_place ? (char *)haddr(e, &w->ext) +
 				  (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb
-				: haddr(e, &e->upd[set].ext[ST_STATE_W]);
+				: haddr(e, &e->upd[t->set[ST_STATE_W]].ext[ST_STATE_W]);
 	uint64_t t1 = t->t0 + t->n, t0 = st_now_ns();
 	int ret = 0;
 
@@ -169,7 +221,7 @@ static uint64_t tile_len(const struct st_engine *e, int u, uint64_t t0, uint64_t
 	return n;
 }
 
-static bool next_tile(const struct st_engine *e, struct tile *t)
+static bool next_tile(const struct st_engine *e, struct utile *t)
 {
 	uint64_t lo, hi;
 
@@ -191,17 +243,103 @@ static bool next_tile(const struct st_engine *e, struct tile *t)
 	return true;
 }
 
-/* Once unit u's last tile is stored (both sets' writes landed), its new W
- * is home: the next step's forward of u may run. */
-static int unit_done(struct st_engine *e, int set, int u)
+/* Once unit u's last tile's new W is stored (the W stores of both sets
+ * landed), its new W is home: the next step's forward of u may run. Its
+ * P, M and V may still be going back: the forward does not read them. */
+static int unit_done(struct st_engine *e, int u)
 {
-	int ret = st_eng_wait_until(e, &e->upd[set].writes);
+	int ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W]);
 
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->upd[set ^ 1].writes);
+		ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W]);
 	e->w_ready = u + 1;
 	if (ret == 0 && u <= e->U - 2)
 		ret = st_eng_forward_unit(e, u);
+	return ret;
+}
+
+/* Every load and store of the staging landed. */
+static int upd_quiet(struct st_engine *e)
+{
+	int ret = 0;
+
+	for (int set = 0; set < 2; set++)
+		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++) {
+			ret = st_eng_wait_until(e, &e->upd[set].reads[s]);
+			if (ret == 0)
+				ret = st_eng_wait_until(e, &e->upd[set].writes[s]);
+		}
+	return ret;
+}
+
+/* No load issued: each state's first staged tile next, every buffer free. */
+static void upd_reset(struct st_engine *e)
+{
+	for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
+		e->upd_next[s] = next_staged(e, -1, s);
+		e->upd[0].holder[s] = e->upd[1].holder[s] = -1;
+	}
+}
+
+int st_eng_update_setup(struct st_engine *e)
+{
+	struct utile t = { .u = -1 };
+	int n = 0, turn[ST_STATE_COUNT] = { 0 };
+
+	while (next_tile(e, &t))
+		n++;
+	e->utiles = calloc((size_t)(n ? n : 1), sizeof(*e->utiles));
+	if (!e->utiles)
+		return -ENOMEM;
+	t.u = -1;
+	for (int i = 0; next_tile(e, &t); i++) {
+		e->utiles[i] = t;
+		for (enum st_state s = 0; s < ST_STATE_COUNT; s++)
+			e->utiles[i].set[s] = upd_staged(e, t.u, s) ? (signed char)(turn[s]++ & 1) : -1;
+	}
+	e->n_utiles = n;
+	upd_reset(e);
+	return 0;
+}
+
+void st_eng_update_fini(struct st_engine *e)
+{
+	free(e->utiles);
+	e->utiles = NULL;
+}
+
+/* Every load landed (each was waited for by its tile, or dropped). */
+static int upd_reads_quiet(struct st_engine *e)
+{
+	int ret = 0;
+
+	for (int set = 0; set < 2; set++)
+		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++)
+			ret = st_eng_wait_until(e, &e->upd[set].reads[s]);
+	return ret;
+}
+
+/* The last sweep's P, M, V stores may still be going back (fused with
+ * the next forward, the sweep leaves them in flight): a buffer is loaded
+ * once its store has landed, here or in st_eng_update_poll(). */
+int st_eng_update_prefetch(struct st_engine *e)
+{
+	int ret = upd_reads_quiet(e);
+
+	upd_reset(e);
+	return ret ? ret : upd_issue(e, 0, ST_STATE_P, false);
+}
+
+int st_eng_update_poll(struct st_engine *e)
+{
+	return upd_issue(e, 0, ST_STATE_P, false);
+}
+
+int st_eng_update_drop(struct st_engine *e)
+{
+	int ret = upd_quiet(e);
+
+	upd_reset(e);
 	return ret;
 }
 
@@ -268,7 +406,7 @@ static void dev_adam_unit(struct st_engine *e, int u, const struct st_adam_step 
 
 /* The device units in [*next, end), in order: queued, and with ld their
  * next forward (unit_done), as a tiled unit's once its last tile is in. */
-static int dev_units(struct st_engine *e, int *next, int end, int set,
+static int dev_units(struct st_engine *e, int *next, int end,
 		     const struct st_adam_step *wd, const struct st_adam_step *nowd,
 		     struct st_loader *ld)
 {
@@ -280,7 +418,7 @@ static int dev_units(struct st_engine *e, int *next, int end, int set,
 		dev_adam_unit(e, *next, wd, nowd);
 		ret = st_compute_take_error(e->cx);
 		if (ret == 0 && ld)
-			ret = unit_done(e, set, *next);
+			ret = unit_done(e, *next);
 	}
 	return ret;
 }
@@ -288,19 +426,19 @@ static int dev_units(struct st_engine *e, int *next, int end, int set,
 /* The end of unit u's tiles. Stages 1-2 at world > 1: u's W gather is
  * queued on the comm queue, and it is the unit before whose W is now
  * waited for (its gather ran during u's update) and whose forward runs. */
-static int unit_end(struct st_engine *e, int set, int u, bool last, struct st_loader *ld)
+static int unit_end(struct st_engine *e, int u, bool last, struct st_loader *ld)
 {
 	int ret = 0;
 
 	if (!e->w_gather)
-		return ld ? unit_done(e, set, u) : 0;
+		return ld ? unit_done(e, u) : 0;
 	ret = st_eng_zero_wstore(e, u);
 	for (int v = u - 1; v <= u && ret == 0; v++) {
 		if (v < 0 || (v == u && !last))
 			continue;
 		ret = st_eng_zero_wdone(e, v);
 		if (ret == 0 && ld)
-			ret = unit_done(e, set, v);
+			ret = unit_done(e, v);
 	}
 	return ret;
 }
@@ -325,47 +463,56 @@ static int dev_adam_check(struct st_engine *e)
  * the next step's first forward: once unit u's new W is home, fwd(u) runs
  * while the next tiles load and u's P, M, V go back -- the next step's
  * forward of u waits only on update(u) (stages 1-2 at world > 1: on u's
- * W gather too, which overlaps the update of u + 1). */
+ * W gather too, which overlaps the update of u + 1). The loads of each
+ * state run up to two of its staged tiles ahead (upd_issue); the first
+ * two's P, M and V were queued in the backward (st_eng_update_prefetch),
+ * their G is queued here, now that it is final. */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			const struct st_adam_step *nowd, struct st_loader *ld)
 {
-	struct tile cur = { .u = -1 }, nxt;
-	int set = 0, ret = 0, dev_next = 0;
-	bool have = next_tile(e, &cur);
+	int ret = 0, dev_next = 0;
 
 	if (e->dev_adam_bad)
 		st_compute_zero(e->cx, e->dev_adam_bad, sizeof(uint32_t));
 	if (ld)
 		ret = st_eng_begin_micro_batch(e, ld, 0);
-	if (have && ret == 0)
-		ret = upd_load(e, 0, &cur);
-	while (have && ret == 0) {
-		nxt = cur;
-		have = next_tile(e, &nxt);
-		if (have)
-			ret = upd_load(e, set ^ 1, &nxt); /* overlaps this tile's Adam */
-		if (ret == 0)
-			ret = st_eng_wait_until(e, &e->upd[set].reads);
+	for (int i = 0; i < e->n_utiles && ret == 0; i++) {
+		const struct utile *cur = &e->utiles[i];
+		bool last = i + 1 == e->n_utiles;
+
+		/* this tile's loads, and the next ones' that may go: they
+		 * overlap this tile's AdamW */
+		ret = upd_issue(e, i, ST_STATE_G, true);
+		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V && ret == 0; s++)
+			if (cur->set[s] >= 0) {
+				assert(e->upd[cur->set[s]].holder[s] == i);
+				ret = st_eng_wait_until(e, &e->upd[cur->set[s]].reads[s]);
+			}
+		/* the new W goes into a buffer whose last store has landed */
+		if (ret == 0 && cur->set[ST_STATE_W] >= 0)
+			ret = st_eng_wait_until(e, &e->upd[cur->set[ST_STATE_W]].writes[ST_STATE_W]);
 		/* the device's units before this one, in unit order */
 		if (ret == 0)
-			ret = dev_units(e, &dev_next, cur.u, set, wd, nowd, ld);
+			ret = dev_units(e, &dev_next, cur->u, wd, nowd, ld);
 		if (ret == 0)
-			ret = adam_tile(e, set, &cur, wd, nowd);
+			ret = adam_tile(e, cur, wd, nowd);
 		if (ret == 0)
-			ret = upd_store(e, set, &cur);
+			ret = upd_store(e, cur);
 		if (ret == 0 && e->w_gather)
 			st_eng_zero_wpoll(e);
-		if (ret == 0 && (!have || nxt.u != cur.u))
-			ret = unit_end(e, set, cur.u, !have, ld);
-		cur = nxt;
-		set ^= 1;
+		if (ret == 0 && (last || e->utiles[i + 1].u != cur->u))
+			ret = unit_end(e, cur->u, last, ld);
 	}
 	if (ret == 0)
-		ret = dev_units(e, &dev_next, e->U, set, wd, nowd, ld);
+		ret = dev_units(e, &dev_next, e->U, wd, nowd, ld);
 	if (ret == 0 && e->dev_adam_bad)
 		ret = dev_adam_check(e);
-	for (int s = 0; ret == 0 && s < 2; s++)
-		ret = st_eng_wait_until(e, &e->upd[s].writes);
+	/* fused with the next forward, the last units' P, M, V stores go on
+	 * during the next step's backward (every unit's W is home: unit_done
+	 * waited for it); else every store lands here */
+	if (ret == 0)
+		ret = ld ? upd_reads_quiet(e) : upd_quiet(e);
+	upd_reset(e);
 	if (ret == 0 && ld)
 		e->fwd_ready = true;
 	return ret;

@@ -218,6 +218,25 @@ busy = {names[t]: sum(b - a for a, b in l) for t, l in spans.items()}
 assert busy["compute"] > 0 and busy["nvme read"] > 0 and busy["nvme write"] > 0, busy
 print("ok   trace: every queue has a lane, no overlaps on a lane")
 PY
+# The update's loads of P, M and V overlap the backward: in every step,
+# unit 1's are queued (the "load u1 P" instants on the nvme read lane)
+# before the backward of unit 0 ("bwd embed", the step's last) ends, and
+# unit 1's G only after it (G is final then).
+python3 - "$work/t.json" <<'PY' || fail=1
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+ends = sorted(e["ts"] + e["dur"] for e in ev if e["ph"] == "X" and e["name"] == "bwd embed")
+loads = [(e["ts"], e["name"]) for e in ev if e["ph"] == "i" and e["name"].startswith("load u1 ")]
+assert len(ends) == 3, ends
+lo = 0
+for k, end in enumerate(ends):
+    got = sorted(n.split()[2] for t, n in loads if lo <= t < end and not n.endswith(" G"))
+    assert got == ["M", "P", "V"], f"step {k}: before the backward of unit 0 ended: {got}"
+    g = [t for t, n in loads if n == "load u1 G" and t >= end]
+    assert g and (k + 1 == len(ends) or g[0] < ends[k + 1]), f"step {k}: G of unit 1 not after it"
+    lo = end
+print("ok   trace: unit 1's P, M, V loads queued before the backward of unit 0 ends, 3 steps")
+PY
 check plan-impossible 2 "$strata" train $M --data "$data" --gpu-mem 1M
 
 # A T=8192 model whose activation checkpoints do not fit 25M of vram with

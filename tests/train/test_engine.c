@@ -406,6 +406,64 @@ static void test_placement_invariance(void **state)
 	run_free(&ref);
 }
 
+/* The update never reads a staged state before its load has landed: the
+ * staging is filled with NaN bytes before each load (poison_staging), and
+ * every nvme request reaches the disk only 2 ms after it is submitted
+ * (ST_FAULT_LATE), so a read of a buffer whose load is still out finds the
+ * poison (a NaN G fails the step; a NaN P, M or V changes the weights).
+ * The loads that run ahead most: P, M, V queued in the backward, into the
+ * first two staged tiles of each state, here behind units whose state is
+ * in host (the rings of P, M and V start at different units); small tiles
+ * (several per unit); grad_accum 2 (the prefetch in the last micro-batch
+ * only); and everything on nvme. */
+static void test_update_loads_land_first(void **state)
+{
+	struct st_engine_config c;
+	struct run ref, r;
+
+	(void)state;
+	base_config(&c);
+	c.train.grad_accum = 2;
+	c.params = ST_OFFLOAD_NONE;
+	c.optim = ST_OFFLOAD_HOST;
+	train(&c, STEPS, &ref);
+	for (int k = 0; k < 3; k++) {
+		enum st_home homes[4 * ST_STATE_COUNT];
+		static const char *const what[] = { "late loads: P, M, V rings behind host units",
+						    "late loads: small tiles",
+						    "late loads: all on nvme" };
+
+		for (int u = 0; u < 4; u++)
+			for (int s = 0; s < ST_STATE_COUNT; s++)
+				homes[u * ST_STATE_COUNT + s] =
+					s == ST_STATE_W ? ST_HOME_VRAM
+					: k == 2 || u > (s == ST_STATE_P ? 0 : s == ST_STATE_M ? 1 : 2)
+					? ST_HOME_NVME : ST_HOME_HOST;
+		/* every 3rd, 5th or 7th request, when a read, 20 ms late, at
+		 * each phase: the loads of one tile then land at different
+		 * times, one much later than the others (a delay on all alike
+		 * would let a missing wait hide behind the waits for the rest) */
+		for (int ph = 0; ph < 3 + 2 * k; ph++) {
+			char msg[96];
+
+			base_config(&c);
+			c.train.grad_accum = 2;
+			c.homes = homes;
+			c.update_tile_elems = k == 1 ? 4096 : 0;
+			c.poison_staging = true;
+			c.nvme_fault = (struct st_fault_config){ .kind = ST_FAULT_LATE,
+								 .nth = (uint64_t)(1 + ph),
+								 .every = (uint64_t)(3 + 2 * k),
+								 .delay_ns = 20000000 };
+			train(&c, STEPS, &r);
+			snprintf(msg, sizeof(msg), "%s, every %d from %d", what[k], 3 + 2 * k, 1 + ph);
+			same(&ref, &r, STEPS, msg);
+			run_free(&r);
+		}
+	}
+	run_free(&ref);
+}
+
 /* --- an untied head ------------------------------------------------------------
  * A test family: GPT-2 whose head has an lm_head.weight (V,C) of its own
  * instead of reading wte, so no unit reads another and none is resident.
@@ -1658,6 +1716,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_traffic_matches_plan),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_nvme_fault),
+		cmocka_unit_test(test_update_loads_land_first),
 		cmocka_unit_test(test_nvme_checksums),
 		cmocka_unit_test(test_nvme_checksums_fault_tier),
 		cmocka_unit_test(test_nonfinite_save),
