@@ -231,10 +231,12 @@ const char *st_comm_list(void);
 
 /* What the launcher says about this process, read from its environment
  * without starting any library: Open MPI's mpirun (OMPI_COMM_WORLD_*),
- * PMIx (PMIX_RANK, with Slurm's SLURM_NTASKS / SLURM_LOCALID for srun),
- * PMI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID). */
+ * PMIx (PMIX_RANK, with Slurm's SLURM_STEP_NUM_TASKS or SLURM_NTASKS and
+ * SLURM_LOCALID for srun --mpi=pmix), PMI (PMI_RANK, PMI_SIZE,
+ * MPI_LOCALRANKID), and srun with no MPI plugin ("srun": a step of more
+ * than one task, SLURM_STEP_NUM_TASKS > 1, SLURM_PROCID). */
 struct st_comm_launch {
-	const char *launcher; /* "mpirun", "pmix", "pmi"; NULL: none (one rank) */
+	const char *launcher; /* "mpirun", "pmix", "pmi", "srun"; NULL: none (one rank) */
 	int rank;             /* -1 when the launcher does not say */
 	int world;            /* -1 when the launcher does not say */
 	int local_rank;       /* -1 when the launcher does not say */
@@ -245,7 +247,8 @@ void st_comm_launch(struct st_comm_launch *out);
  * else "local" when no launcher is seen; under one, "mpi" for the cpu
  * device and "nccl" for cuda. Returns 0; -ENOTSUP (detail set) when
  * $ST_COMM names a backend not built, or launched by a launcher but the
- * backend it needs is not built. */
+ * backend it needs is not built; -EINVAL (detail set) under srun with no
+ * MPI plugin (launcher "srun"), whatever $ST_COMM says. */
 int st_comm_auto(const char *device_name, const struct st_comm_ops **out);
 /* The library line of ops (its library hook, else its name) into buf. */
 int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes);

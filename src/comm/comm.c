@@ -123,6 +123,15 @@ void st_comm_launch(struct st_comm_launch *out)
 		out->local_rank = st_comm_env_int("MPI_LOCALRANKID");
 		if (out->local_rank < 0)
 			out->local_rank = st_comm_env_int("SLURM_LOCALID");
+	} else if (st_comm_env_int("SLURM_STEP_NUM_TASKS") > 1) {
+		/* srun with no MPI plugin (--mpi=none, Slurm's default): N
+		 * tasks that no MPI can join into one world (Open MPI's
+		 * MPI_Init fails there); st_comm_auto() refuses it, rather
+		 * than N one-rank runs writing the same files */
+		out->launcher = "srun";
+		out->rank = st_comm_env_int("SLURM_PROCID");
+		out->world = st_comm_env_int("SLURM_STEP_NUM_TASKS");
+		out->local_rank = st_comm_env_int("SLURM_LOCALID");
 	}
 }
 
@@ -135,6 +144,11 @@ int st_comm_auto(const char *device_name, const struct st_comm_ops **out)
 
 	st_comm_launch(&l);
 	*out = &st_comm_local_ops;
+	if (l.launcher && strcmp(l.launcher, "srun") == 0)
+		return st_error_set(-EINVAL,
+				    "comm: srun started %d tasks with no MPI plugin, so they cannot join "
+				    "one world: run srun --mpi=pmix (srun --mpi=list names the plugins; "
+				    "or set MpiDefault=pmix in slurm.conf)", l.world);
 	/* $ST_COMM names the backend (mpi for 2 ranks sharing a GPU, nccl
 	 * for one rank through nccl); else the device's, under a launcher */
 	if (env && *env && strcmp(env, "auto") != 0) {

@@ -484,6 +484,14 @@ static int setup_units(struct st_engine *e)
 	/* a smaller tile for tests (whole pages of bf16 and fp32) */
 	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0)
 		e->tile = ST_MIN(e->tile, e->cfg.update_tile_elems);
+	/* measurements only (tools/zero-bench --baseline-env): a smaller tile */
+	{
+		const char *v = getenv("ST_UPDATE_TILE");
+		uint64_t t = v ? strtoull(v, NULL, 10) : 0;
+
+		if (t && t % 2048 == 0)
+			e->tile = ST_MIN(e->tile, t);
+	}
 	e->nseq = 0;
 	for (int u = 0; u <= e->U - 2; u++)
 		e->seq[e->nseq++] = u;

@@ -143,6 +143,7 @@ static void test_launch(void **state)
 	static const char *const vars[] = { "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
 					     "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK",
 					     "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
+					     "SLURM_PROCID",
 					     "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID" };
 	struct st_comm_launch l;
 	const struct st_comm_ops *ops;
@@ -189,8 +190,36 @@ static void test_launch(void **state)
 	assert_int_equal(l.rank, 3);
 	assert_int_equal(l.world, 8);
 	assert_int_equal(l.local_rank, 0);
+	setenv("SLURM_STEP_NUM_TASKS", "6", 1); /* srun's step, before the job's tasks */
+	st_comm_launch(&l);
+	assert_string_equal(l.launcher, "pmix");
+	assert_int_equal(l.world, 6);
 	unsetenv("PMIX_RANK");
 	unsetenv("SLURM_NTASKS");
+
+	/* srun with no MPI plugin: refused, whatever $ST_COMM says; a step
+	 * of one task, or a batch script (no step variables), is one rank */
+	setenv("SLURM_PROCID", "1", 1);
+	setenv("SLURM_LOCALID", "1", 1);
+	st_comm_launch(&l);
+	assert_string_equal(l.launcher, "srun");
+	assert_int_equal(l.rank, 1);
+	assert_int_equal(l.world, 6);
+	assert_int_equal(l.local_rank, 1);
+	assert_int_equal(st_comm_auto("cpu", &ops), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "srun started 6 tasks with no MPI plugin"));
+	assert_non_null(strstr(st_error_last(), "srun --mpi=pmix"));
+	assert_ptr_equal(ops, &st_comm_local_ops);
+	setenv("ST_COMM", "local", 1);
+	assert_int_equal(st_comm_auto("cpu", &ops), -EINVAL);
+	unsetenv("ST_COMM");
+	setenv("SLURM_STEP_NUM_TASKS", "1", 1);
+	st_comm_launch(&l);
+	assert_null(l.launcher);
+	unsetenv("SLURM_STEP_NUM_TASKS");
+	st_comm_launch(&l);
+	assert_null(l.launcher);
+	unsetenv("SLURM_PROCID");
 	unsetenv("SLURM_LOCALID");
 
 	setenv("PMI_RANK", "1", 1);

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# tests/comm/test_srun.sh STRATA: ZeRO under Slurm's srun through PMIx
+# (docs/zero.md), on the cpu device. A private one-node Slurm
+# (tests/comm/slurm-local) is started for the test and stopped after it;
+# where slurmctld and slurmd are not installed, a Slurm that already
+# answers ($SLURM_CONF, or the system's) is used instead. Exits 77 where
+# neither is usable (slurm-local's daemons do not start: their log's
+# tail is printed), or srun has no pmix plugin. Checks:
+#   - srun --mpi=pmix -n 2 strata info: launcher pmix, ranks 0 and 1 of 2
+#   - 2 ranks under srun at --zero 1 and at --zero 3 (W on nvme: each rank
+#     its own rank-R directory) give the losses, norms and checkpoint
+#     tensor bytes of 1 rank at --grad-accum 2, bit for bit
+#   - scancel (SIGTERM to every task): every rank stops after the same step
+#     and saves, srun exits 130; --resume auto then ends where an
+#     uninterrupted one-rank run ends
+#   - srun -n 2 with no MPI plugin: every task exits 2 with one line
+#     naming --mpi=pmix (not 2 one-rank runs writing the same files)
+set -u
+strata=$1
+work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-srun-test.XXXXXX")
+here=$(cd "$(dirname "$0")" && pwd)
+# the Slurm's own directory short: its spool holds unix sockets (108 bytes)
+sdir=$(mktemp -d /tmp/strata-slurm.XXXXXX)
+cleanup() {
+	[ -n "${own:-}" ] && "$here/slurm-local" stop "$sdir"
+	rm -rf "$work" "$sdir"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+fail=0
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
+# as tests/mpi-run: shared memory without CMA (containers forbid it), and
+# in an ASan build LeakSanitizer skips what Open MPI keeps past MPI_Finalize
+export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+case ${LSAN_OPTIONS:-} in
+*suppressions=*) ;;
+*) export LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$here/../lsan-mpi.supp:fast_unwind_on_malloc=0" ;;
+esac
+
+if ! command -v srun >/dev/null 2>&1; then
+	echo "srun not found (Debian: apt-get install slurmctld slurmd slurm-client): skipped"
+	exit 77
+fi
+own= out=
+if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1; then
+	out=$("$here/slurm-local" start "$sdir")
+	rc=$?
+	if [ $rc = 0 ]; then
+		own=1
+		export SLURM_CONF=$sdir/slurm.conf
+	elif [ $rc != 77 ]; then
+		# srun is not usable here (a container's cgroups, say): skipped,
+		# loudly, with the daemon's own words
+		echo "the private Slurm did not start (its log's tail above): skipped"
+		exit 77
+	fi
+fi
+if [ -z "$own" ] && ! timeout 30 srun -n 1 true >/dev/null 2>&1; then
+	echo "no Slurm answers srun here, and none could be started ($out): skipped"
+	exit 77
+fi
+if ! srun --mpi=list 2>&1 | grep -qw pmix; then
+	echo "srun has no pmix plugin ($(srun --mpi=list 2>&1 | tr '\n' ' ')): skipped"
+	exit 77
+fi
+echo "ok   srun: $(srun --version) $(srun --mpi=list 2>&1 | grep -o 'pmix_v[0-9]*' | head -1)${own:+, a private Slurm}"
+
+# shellcheck source=../cli/check.sh
+. "$here/../cli/check.sh"
+text "$work/data.txt" 11 srun starts every task and pmix joins them into one world
+mkdir -p "$work/nvme"
+common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-every 100
+	--warmup 1 --seed 5)
+
+# run TAG LAUNCH... -- ARGS...: strata train under LAUNCH (nothing: one
+# rank) into $work/TAG.{jsonl,log} and checkpoint $work/TAG/
+run() {
+	local tag=$1 launch=()
+	shift
+	while [ "$1" != -- ]; do launch+=("$1"); shift; done
+	shift
+	rm -rf "${work:?}/$tag" "$work/$tag.jsonl"
+	timeout 120 "${launch[@]}" "$strata" train "${common[@]}" --save "$work/$tag" \
+		--metrics "$work/$tag.jsonl" "$@" >"$work/$tag.log" 2>&1
+}
+numbers() {
+	sed 's/,"tokens_per_s".*//' "$work/$1.jsonl"
+	(cd "$work/$1/latest" && sha256sum model.safetensors optimizer.safetensors)
+}
+same() { # TAG REF WHAT
+	if [ ! -s "$work/$1.jsonl" ] || [ ! -d "$work/$1/latest" ]; then
+		echo "FAIL $3: no metrics or checkpoint"; tail -5 "$work/$1.log"; fail=1; return
+	fi
+	if diff <(numbers "$2") <(numbers "$1") >"$work/diff" 2>&1; then
+		echo "ok   $3"
+	else
+		echo "FAIL $3: differs from $2"; head -8 "$work/diff"; tail -3 "$work/$1.log"; fail=1
+	fi
+}
+
+# the world as strata sees it under srun
+timeout 60 srun --mpi=pmix -n 2 "$strata" info >"$work/info" 2>&1
+if grep -q 'launcher: pmix, rank 0 of 2' "$work/info" && grep -q 'launcher: pmix, rank 1 of 2' "$work/info"; then
+	echo "ok   srun --mpi=pmix -n 2 strata info: ranks 0 and 1 of 2"
+else
+	echo "FAIL strata info under srun"; grep -E 'comm|error' "$work/info" | head -4; fail=1
+fi
+
+run ref -- --steps 3 --grad-accum 2 || { echo "FAIL the one-rank run"; tail -3 "$work/ref.log"; exit 1; }
+run z1 srun --mpi=pmix -n 2 -- --steps 3 --zero 1
+same z1 ref "srun --mpi=pmix -n 2 --zero 1 = 1 rank --grad-accum 2"
+run z3 srun --mpi=pmix -n 2 -- --steps 3 --zero 3 --offload-params nvme --prefetch 1
+same z3 ref "srun --mpi=pmix -n 2 --zero 3, W on nvme = 1 rank --grad-accum 2"
+if [ -d "$work/nvme/rank-1" ]; then
+	echo "ok   rank 1's nvme files in nvme/rank-1"
+else
+	echo "FAIL no nvme/rank-1 under srun"; ls "$work/nvme"; fail=1
+fi
+
+# scancel: Slurm sends every task SIGCONT and SIGTERM (SIGKILL KillWait
+# seconds later): every rank stops after the same step and saves, srun
+# exits 130, and --resume auto ends where an uninterrupted run ends
+run ref300 -- --steps 300 --grad-accum 2 || { echo "FAIL the one-rank run"; exit 1; }
+name=strata-srun-test-$$
+rm -rf "$work/st" "$work/st.jsonl"
+args=("${common[@]}" --steps 300 --zero 1 --save "$work/st" --metrics "$work/st.jsonl" --resume auto)
+timeout 120 srun -J "$name" --mpi=pmix -n 2 "$strata" train "${args[@]}" --log-every 1 \
+	>"$work/st.log" 2>&1 &
+job=$!
+for _ in $(seq 1200); do
+	[ "$(cat "$work/st.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
+	sleep 0.05
+done
+scancel -n "$name"
+wait $job
+rc=$?
+n=$(wc -l <"$work/st.jsonl")
+if [ "$rc" != 130 ] || [ "$n" -ge 300 ] || [ ! -e "$work/st/latest" ] ||
+	ls -d "$work/st"/*.tmp.* >/dev/null 2>&1; then
+	echo "FAIL scancel: srun exit $rc after $n steps, want 130 before 300 and a whole checkpoint"
+	ls "$work/st"; tail -3 "$work/st.log"; fail=1
+else
+	saved=$(readlink "$work/st/latest")
+	timeout 120 srun --mpi=pmix -n 2 "$strata" train "${args[@]}" >"$work/st-2.log" 2>&1 ||
+		{ echo "FAIL scancel: --resume auto"; tail -5 "$work/st-2.log"; fail=1; }
+	echo "ok   scancel: every rank stopped after step $n, saved $saved (srun exit $rc)"
+	same st ref300 "stopped by scancel, --resume auto under srun = uninterrupted 1 rank"
+fi
+
+# srun with no MPI plugin: refused by every task
+run none srun --mpi=none -n 2 -- --steps 3 --zero 1
+rc=$?
+n=$(grep -c 'srun started 2 tasks with no MPI plugin.*srun --mpi=pmix' "$work/none.log")
+if [ $rc = 2 ] && [ "$n" = 2 ] && [ ! -e "$work/none.jsonl" ]; then
+	echo "ok   srun --mpi=none -n 2: exit 2, each task: $(grep -m1 -o 'comm: srun.*world' "$work/none.log")"
+else
+	echo "FAIL srun --mpi=none -n 2: exit $rc, $n lines, want 2 and 2"; tail -4 "$work/none.log"; fail=1
+fi
+exit $fail
