@@ -343,9 +343,22 @@ void st_eng_stats_begin(struct st_engine *e)
 
 void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns)
 {
+	uint64_t now;
+
 	st_eng_zero_trace(e);
-	e->last.step_ns = st_now_ns() - t0_ns;
+	now = st_now_ns();
+	e->last.step_ns = now - t0_ns;
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
+		/* stores still going back (the sweep's last, landing in the next
+		 * backward): their time so far is this step's, the rest the
+		 * next one's (st_eng_stats_begin) */
+		if (e->lane[l].inflight) {
+			e->lane[l].busy_ns += now - e->lane[l].since_ns;
+			if (e->cfg.trace && l != ST_LANE_ADAM)
+				st_trace_span(e->cfg.trace, e->trace_lane[l], "busy",
+					      e->lane[l].since_ns, now, NULL);
+			e->lane[l].since_ns = now;
+		}
 		e->last.busy_ns[l] = e->lane[l].busy_ns;
 		e->last.bytes[l] = e->lane[l].bytes;
 	}

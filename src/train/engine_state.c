@@ -65,6 +65,8 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 		return -EINVAL;
 	lo = sh_lo(e, u, s) * eb;
 	st_eng_drain(e);
+	if (e->err) /* a store that landed failed: the state read is not it */
+		return st_error_set(e->err, "%s", e->errmsg);
 	if (posix_memalign((void **)&tmp, ST_PAGE_BYTES,
 			   st_align_up(e->epad[u] * eb, ST_PAGE_BYTES)))
 		return -ENOMEM;
@@ -98,6 +100,8 @@ int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uin
 
 	assert(s != ST_STATE_W);
 	st_eng_drain(e);
+	if (e->err)
+		return st_error_set(e->err, "%s", e->errmsg);
 	ret = shard_read(e, u, s, buf);
 	if (ret == 0 && !st_plan_sharded(&e->plan, s) && first)
 		memmove(buf, buf + first, count * sizeof(float));
