@@ -33,6 +33,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,12 @@ _Noreturn void st_mpi_abort(int code)
 {
 	fflush(stdout);
 	fflush(stderr);
+	/* If MPI_Abort itself stalls (a queue thread inside MPI after an
+	 * error, a peer in MPI_Finalize's fence; seen once in CI: the job
+	 * hung after "MPI_ABORT was invoked"), SIGALRM's default action ends
+	 * this process, and mpirun ends a job whose rank died of a signal. */
+	signal(SIGALRM, SIG_DFL);
+	alarm(15);
 	MPI_Abort(MPI_COMM_WORLD, code);
 	_exit(code); /* MPI_Abort does not return; in case it does */
 }
