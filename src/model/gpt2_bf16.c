@@ -338,23 +338,6 @@ static void block_bwd(const struct st_model *m, int u, int B, int T, const float
 
 /* ---- head ------------------------------------------------------------------------------ */
 
-static float mean_loss(struct st_compute *c, const float *losses, size_t n)
-{
-	float chunk[4096];
-	double s = 0.0;
-
-	for (size_t i0 = 0; i0 < n; i0 += ST_ARRAY_LEN(chunk)) {
-		size_t len = ST_MIN(ST_ARRAY_LEN(chunk), n - i0);
-
-		st_compute_to_host(c, chunk, losses + i0, len * sizeof(float));
-		if (c->err)
-			return NAN;
-		for (size_t i = 0; i < len; i++)
-			s += chunk[i];
-	}
-	return (float)(s / (double)n);
-}
-
 /* ln_f's weight and bias (unit U-1) and wte (unit 0), bf16 */
 static void head_views(const struct st_model *m, const float *params, const float *other,
 		       const bf16 **lnw, const bf16 **lnb, const bf16 **wte)
@@ -402,7 +385,7 @@ static void head_run(const struct st_model *m, const struct st_model_batch *b,
 		gemm(c, 1, 0, V, C, nr, w->dlog16, V, xr, C, 1.0f, dwte, C);
 	}
 	if (loss)
-		*loss = mean_loss(c, w->losses, (size_t)N);
+		*loss = st_family_mean_loss(c, w->losses, (size_t)N);
 	if (bwd) {
 		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
 		ln_bwd(c, dx, grad + ul->tensors[0].offset_elems, grad + ul->tensors[1].offset_elems,
