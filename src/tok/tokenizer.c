@@ -512,8 +512,9 @@ static int parse_post(struct st_tokenizer *t, struct json_object *o, int depth)
 	if (strcmp(type, "BertProcessing") == 0 || strcmp(type, "RobertaProcessing") == 0) {
 		struct json_object *cls = get(o, "cls"), *sep = get(o, "sep");
 
-		if (!cls || !sep || json_object_array_length(cls) != 2 ||
-		    json_object_array_length(sep) != 2)
+		if (!cls || !sep || !json_object_is_type(cls, json_type_array) ||
+		    !json_object_is_type(sep, json_type_array) ||
+		    json_object_array_length(cls) != 2 || json_object_array_length(sep) != 2)
 			return st_error_set(-EINVAL, "%s: post_processor.cls/sep: expected "
 					    "[token, id]", t->file);
 		if ((ret = push_u32(&t->prefix, &t->n_prefix, (uint32_t)json_object_get_int64(
@@ -572,10 +573,11 @@ static void index_added(struct st_tokenizer *t, bool norm, uint32_t *first, uint
 
 static int parse_added(struct st_tokenizer *t, struct json_object *a)
 {
-	size_t n = a ? json_object_array_length(a) : 0;
+	size_t n;
 
 	if (a && !json_object_is_type(a, json_type_array))
 		return st_error_set(-EINVAL, "%s: added_tokens: not an array", t->file);
+	n = a ? json_object_array_length(a) : 0;
 	t->added = calloc(n + 1, sizeof(*t->added));
 	t->by_first = calloc(n + 1, sizeof(*t->by_first));
 	t->nby_first = calloc(n + 1, sizeof(*t->nby_first));

@@ -141,3 +141,5 @@ put("template_unknown.json", bytelevel(post={"type": "TemplateProcessing",
                                              "single": [{"SpecialToken": {"id": "<x>"}}], "special_tokens": {}}))
 put("truncation.json", dict(bytelevel(), truncation={"max_length": 8}))
 put("no_unk_no_fallback.json", {"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}, "abc")
+put("added_not_array.json", dict(bytelevel(), added_tokens={"id": 0, "content": "x"}))
+put("bert_cls_not_array.json", bytelevel(post={"type": "BertProcessing", "cls": "[CLS]", "sep": {"a": 1}}))
