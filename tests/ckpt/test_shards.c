@@ -23,43 +23,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char tmp_root[64];
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	ST_UNUSED(sb);
-	ST_UNUSED(flag);
-	ST_UNUSED(ftw);
-	return remove(p);
-}
-
-static void rm_rf(const char *p)
-{
-	nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 static int setup(void **state)
 {
 	ST_UNUSED(state);
-	snprintf(tmp_root, sizeof(tmp_root), "/tmp/st-shards-XXXXXX");
-	return mkdtemp(tmp_root) ? 0 : -1;
+	return tmp_root_make("/tmp/st-shards-XXXXXX");
 }
 
 static int teardown(void **state)
 {
 	ST_UNUSED(state);
-	rm_rf(tmp_root);
-	return 0;
-}
-
-static char *fresh_dir(const char *name)
-{
-	char *p;
-
-	assert_true(asprintf(&p, "%s/%s", tmp_root, name) > 0);
-	rm_rf(p);
-	assert_int_equal(mkdir(p, 0755), 0);
-	return p;
+	return tmp_root_remove();
 }
 
 static void write_text(const char *dir, const char *name, const char *text)

@@ -6,10 +6,31 @@
 
 #include "strata/comm.h"
 
+#include "strata/common.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+#ifdef CHECK_PROG
+/* CHECK(cond, fmt, ...) for a multi-rank test that defines CHECK_PROG
+ * before this header and g_comm, g_rank and g_checks after it: counts the
+ * check, and on failure names the rank, the place, the condition, the
+ * message and strata's last error, then aborts the whole world. */
+#define CHECK(cond, ...)                                                              \
+	do {                                                                          \
+		g_checks++;                                                           \
+		if (!(cond)) {                                                        \
+			fprintf(stderr, CHECK_PROG ": rank %d: %s:%d: check failed: %s: ", \
+				g_rank, __FILE__, __LINE__, #cond);                   \
+			fprintf(stderr, __VA_ARGS__);                                 \
+			fprintf(stderr, " (%s)\n", st_error_last());                  \
+			st_comm_abort(g_comm, 1);                                     \
+		}                                                                     \
+	} while (0)
+#endif
 
 static uint64_t mix(uint64_t x)
 {

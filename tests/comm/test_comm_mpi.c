@@ -43,6 +43,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#define CHECK_PROG "test_comm_mpi"
 #include "comm_ref.h"
 
 #define MiB (1024ull * 1024ull)
@@ -51,17 +52,6 @@ static struct st_comm *g_comm; /* for CHECK's abort */
 static int g_rank = -1;
 static long g_checks;
 
-#define CHECK(cond, ...)                                                                \
-	do {                                                                            \
-		g_checks++;                                                             \
-		if (!(cond)) {                                                          \
-			fprintf(stderr, "test_comm_mpi: rank %d: %s:%d: check failed: %s: ", \
-				g_rank, __FILE__, __LINE__, #cond);                     \
-			fprintf(stderr, __VA_ARGS__);                                   \
-			fprintf(stderr, " (%s)\n", st_error_last());                    \
-			st_comm_abort(g_comm, 1);                                       \
-		}                                                                       \
-	} while (0)
 
 struct world {
 	struct st_device *dev;

@@ -20,6 +20,7 @@
 #include "strata/device.h"
 
 #include "cuda_probe.h"
+#define CHECK_PROG "test_comm_nccl"
 #include "comm_ref.h"
 
 #include <cuda_runtime_api.h>
@@ -34,17 +35,6 @@ static struct st_comm *g_comm;
 static int g_rank;
 static long g_checks;
 
-#define CHECK(cond, ...)                                                                \
-	do {                                                                            \
-		g_checks++;                                                             \
-		if (!(cond)) {                                                          \
-			fprintf(stderr, "test_comm_nccl: rank %d: %s:%d: check failed: %s: ", \
-				g_rank, __FILE__, __LINE__, #cond);                     \
-			fprintf(stderr, __VA_ARGS__);                                   \
-			fprintf(stderr, " (%s)\n", st_error_last());                    \
-			st_comm_abort(g_comm, 1);                                       \
-		}                                                                       \
-	} while (0)
 
 struct world {
 	struct st_device *dev;
