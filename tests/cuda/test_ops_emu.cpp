@@ -184,6 +184,30 @@ static void check_elementwise(size_t n)
 			   (const float *)inplace.data(), n);
 		expect_close(name("gelu_bwd in place n=%d", ni), inplace, dref);
 	}
+	{ /* bias + GELU in one pass (matmul_gelu_fwd without a fused-bias
+	   * algorithm): the bias then the gelu, pre exact, in place too */
+		const int OC = n % 7 == 0 ? 7 : 5;
+		const size_t N = n / OC, m = N * OC;
+		auto acc = rand_vec(m, -4, 4), bias = rand_vec(OC, -2, 2);
+		std::vector<float> vref(m), ref(m), got(m, NAN), pre(m, NAN);
+		for (size_t i = 0; i < m; i++)
+			vref[i] = acc[i] + bias[i % OC];
+		st_cpu_gelu_fwd(ref.data(), vref.data(), m);
+		emu_launch(k_bias_gelu_fwd, g, ELEM, got.data(), pre.data(),
+			   (const float *)acc.data(), (const float *)bias.data(), N, OC);
+		expect_close(name("bias_gelu_fwd n=%d", ni), got, ref);
+		expect_bits(name("bias_gelu_fwd pre n=%d", ni), pre, vref);
+		auto inplace = acc; /* pre == acc, out elsewhere */
+		std::vector<float> got2(m, NAN);
+		emu_launch(k_bias_gelu_fwd, g, ELEM, got2.data(), inplace.data(),
+			   (const float *)inplace.data(), (const float *)bias.data(), N, OC);
+		expect_close(name("bias_gelu_fwd in place n=%d", ni), got2, ref);
+		expect_bits(name("bias_gelu_fwd in place pre n=%d", ni), inplace, vref);
+		auto outplace = acc; /* out == acc, no pre */
+		emu_launch(k_bias_gelu_fwd, g, ELEM, outplace.data(), (float *)NULL,
+			   (const float *)outplace.data(), (const float *)bias.data(), N, OC);
+		expect_close(name("bias_gelu_fwd out == acc n=%d", ni), outplace, ref);
+	}
 }
 
 // ops.cu's colsum(), launched the same way; the partial sums start as NaN.

@@ -833,6 +833,27 @@ int st_cuda_matmul_gelu_fwd(struct st_cuda_ctx *ctx, float *out, float *pre, con
 	}
 	ctx->gelu_unfused++;
 	float *mid = pre ? pre : out;
+	if (IC > 0 && bias) {
+		/* The bias rides the matmul's BIAS epilogue, then one GELU pass.
+		 * Where cuBLASLt has no fused-bias algorithm either, the bare
+		 * product, then the bias and the GELU in one pass, instead of a
+		 * bias fill, a product accumulated onto it and a GELU pass. */
+		rc = lt_matmul(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N,
+			       (uint64_t)IC, weight, OC, inp, IC, CUDA_R_32F, mid, OC, 0.0f, bias);
+		if (rc == -ENOTSUP) {
+			rc = lt_matmul(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N,
+				       (uint64_t)IC, weight, OC, inp, IC, CUDA_R_32F, mid, OC, 0.0f,
+				       NULL);
+			if (rc)
+				return rc;
+			k_bias_gelu_fwd<<<grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK),
+					  ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(out, pre, mid, bias,
+										(size_t)N, OC);
+			LAUNCH_CHECK("bias_gelu_fwd");
+			return 0;
+		}
+		return rc ? rc : st_cuda_gelu_fwd(ctx, out, mid, (size_t)N * OC);
+	}
 	rc = st_cuda_matmul_fwd(ctx, mid, inp, weight, bias, N, IC, OC, ST_CUDA_F32);
 	return rc ? rc : st_cuda_gelu_fwd(ctx, out, mid, (size_t)N * OC);
 }

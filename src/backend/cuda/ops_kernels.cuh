@@ -174,6 +174,24 @@ static __global__ void k_gelu_fwd(float *out, const float *inp, size_t n)
 	}
 }
 
+/* The GELU of a bare product plus its bias in one pass: v = acc + bias (of
+ * the row's column), pre = v when pre is not NULL, out = GELU(v), in the
+ * order and rounding of the bias then k_gelu_fwd (pre and out may be acc). */
+static __global__ void k_bias_gelu_fwd(float *out, float *pre, const float *acc,
+				       const float *bias, size_t N, int OC)
+{
+	size_t n = N * (size_t)OC;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		float x = acc[i] + bias[i % (size_t)OC];
+		float e = gelu_e(x);
+		float a = 1.0f / (e + 1.0f);
+		if (pre)
+			pre[i] = x;
+		out[i] = x * (e * a);
+	}
+}
+
 static __global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
