@@ -153,6 +153,21 @@ static int scratch_get(struct st_cuda_ctx *ctx, size_t bytes, void **out)
 
 #include "ops_kernels.cuh"
 
+/* Queue the grid-stride elementwise kernel k over n elements on ctx's
+ * stream (nothing for n == 0); 0 or -errno, the launch's error named by
+ * what. */
+template <typename... P, typename... A>
+static int elem_launch(struct st_cuda_ctx *ctx, const char *what, size_t n, void (*k)(P...),
+		       A... args)
+{
+	int rc = ctx_enter(ctx);
+	if (rc || n == 0)
+		return rc;
+	k<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(args...);
+	LAUNCH_CHECK(what);
+	return 0;
+}
+
 /* out1 (C) += column sums of g (N,C); out2 (C) += column sums of
  * g * (inp - mean) * rstd when inp is given. Either output may be NULL. */
 static int colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const float *g,
@@ -668,24 +683,12 @@ int st_cuda_memcpy_async(struct st_cuda_ctx *ctx, void *dst, const void *src, si
 
 int st_cuda_bf16_to_f32(struct st_cuda_ctx *ctx, float *out, const uint16_t *in, size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_bf16_to_f32<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		out, in, n);
-	LAUNCH_CHECK("bf16_to_f32");
-	return 0;
+	return elem_launch(ctx, "bf16_to_f32", n, k_bf16_to_f32, out, in, n);
 }
 
 int st_cuda_f32_to_bf16(struct st_cuda_ctx *ctx, uint16_t *out, const float *in, size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_f32_to_bf16<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		out, in, n);
-	LAUNCH_CHECK("f32_to_bf16");
-	return 0;
+	return elem_launch(ctx, "f32_to_bf16", n, k_f32_to_bf16, out, in, n);
 }
 
 /* ---- public: matmul ----------------------------------------------------------------- */
@@ -958,49 +961,25 @@ int st_cuda_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
 
 int st_cuda_gelu_fwd(struct st_cuda_ctx *ctx, float *out, const float *inp, size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_gelu_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		out, inp, n);
-	LAUNCH_CHECK("gelu_fwd");
-	return 0;
+	return elem_launch(ctx, "gelu_fwd", n, k_gelu_fwd, out, inp, n);
 }
 
 int st_cuda_gelu_bwd(struct st_cuda_ctx *ctx, float *dinp, const float *inp,
 		     const float *dout, size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_gelu_bwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		dinp, inp, dout, n);
-	LAUNCH_CHECK("gelu_bwd");
-	return 0;
+	return elem_launch(ctx, "gelu_bwd", n, k_gelu_bwd, dinp, inp, dout, n);
 }
 
 int st_cuda_residual_fwd(struct st_cuda_ctx *ctx, float *out, const float *a,
 			 const float *b, size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_residual_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		out, a, b, n);
-	LAUNCH_CHECK("residual_fwd");
-	return 0;
+	return elem_launch(ctx, "residual_fwd", n, k_residual_fwd, out, a, b, n);
 }
 
 int st_cuda_residual_bwd(struct st_cuda_ctx *ctx, float *da, float *db, const float *dout,
 			 size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_residual_bwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		da, db, dout, n);
-	LAUNCH_CHECK("residual_bwd");
-	return 0;
+	return elem_launch(ctx, "residual_bwd", n, k_residual_bwd, da, db, dout, n);
 }
 
 int st_cuda_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
@@ -1182,25 +1161,13 @@ int st_cuda_rope(struct st_cuda_ctx *ctx, int bwd, float *out, const float *inp,
 int st_cuda_swiglu_fwd(struct st_cuda_ctx *ctx, float *out, const float *gate,
 		       const float *up, size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_swiglu_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		out, gate, up, n);
-	LAUNCH_CHECK("swiglu_fwd");
-	return 0;
+	return elem_launch(ctx, "swiglu_fwd", n, k_swiglu_fwd, out, gate, up, n);
 }
 
 int st_cuda_swiglu_bwd(struct st_cuda_ctx *ctx, float *dgate, float *dup, const float *dout,
 		       const float *gate, const float *up, size_t n)
 {
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k_swiglu_bwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		dgate, dup, dout, gate, up, n);
-	LAUNCH_CHECK("swiglu_bwd");
-	return 0;
+	return elem_launch(ctx, "swiglu_bwd", n, k_swiglu_bwd, dgate, dup, dout, gate, up, n);
 }
 
 int st_cuda_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
