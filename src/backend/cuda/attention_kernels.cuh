@@ -90,275 +90,20 @@ __device__ __forceinline__ void load_lse_d(float *lse_s, float *d_s, const float
 	}
 }
 
-// out is (B,T,C), lse is (B,NH,T), qkv is (B,T,3C). Block: one query tile.
-__global__ void __launch_bounds__(ATT_THREADS)
-	att_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
-		       int hs, float scale)
-{
-	extern __shared__ float smem[];
-	float *Qs = smem;                   /* ATT_TILE x hs      */
-	float *Ks = Qs + ATT_TILE * hs;     /* ATT_TILE x (hs+1): lane = key */
-	float *Vs = Ks + ATT_TILE * (hs + 1); /* ATT_TILE x hs    */
-	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH;
-	const int i0 = blockIdx.y * ATT_TILE;
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const size_t C3 = 3 * (size_t)C;
-	const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-	const float *k = q + C, *v = q + 2 * C;
-
-	float m[ATT_ROWS], l[ATT_ROWS], o[ATT_ROWS][ATT_DPL];
-#pragma unroll
-	for (int rr = 0; rr < ATT_ROWS; rr++) {
-		m[rr] = -INFINITY;
-		l[rr] = 0.0f;
-#pragma unroll
-		for (int c = 0; c < ATT_DPL; c++)
-			o[rr][c] = 0.0f;
-	}
-	load_tile(Qs, hs, q, C3, i0, T, hs);
-	const int kend = min(T, i0 + ATT_TILE);
-	for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
-		__syncthreads(); /* the previous key tile is consumed */
-		load_tile(Ks, hs + 1, k, C3, j0, T, hs);
-		load_tile(Vs, hs, v, C3, j0, T, hs);
-		__syncthreads();
-#pragma unroll
-		for (int rr = 0; rr < ATT_ROWS; rr++) {
-			const int r = warp * ATT_ROWS + rr, i = i0 + r;
-			if (i >= T) /* warp-uniform */
-				continue;
-			/* keys j0 .. i are visible; j0 <= i0 <= i, so at least one */
-			const int nvalid = min(ATT_TILE, i - j0 + 1);
-			float s = -INFINITY;
-			if (lane < nvalid) {
-				const float *qr = Qs + r * hs, *kr = Ks + lane * (hs + 1);
-				float dot = 0.0f;
-				for (int d = 0; d < hs; d++)
-					dot += qr[d] * kr[d];
-				s = dot * scale;
-			}
-			const float mnew = fmaxf(m[rr], warp_max(s));
-			const float p = lane < nvalid ? expf(s - mnew) : 0.0f;
-			const float alpha = expf(m[rr] - mnew); /* 0 on the first tile */
-			l[rr] = l[rr] * alpha + warp_sum(p);
-			m[rr] = mnew;
-#pragma unroll
-			for (int c = 0; c < ATT_DPL; c++)
-				o[rr][c] *= alpha;
-			for (int j = 0; j < nvalid; j++) {
-				const float pj = __shfl_sync(FULL_MASK, p, j);
-				const float *vr = Vs + j * hs;
-#pragma unroll
-				for (int c = 0; c < ATT_DPL; c++) {
-					int d = lane + 32 * c;
-					if (d < hs)
-						o[rr][c] += pj * vr[d];
-				}
-			}
-		}
-	}
-#pragma unroll
-	for (int rr = 0; rr < ATT_ROWS; rr++) {
-		const int i = i0 + warp * ATT_ROWS + rr;
-		if (i >= T)
-			continue;
-		const float inv = 1.0f / l[rr];
-		float *orow = out + ((size_t)b * T + i) * C + (size_t)h * hs;
-#pragma unroll
-		for (int c = 0; c < ATT_DPL; c++) {
-			int d = lane + 32 * c;
-			if (d < hs)
-				orow[d] = o[rr][c] * inv;
-		}
-		if (lane == 0)
-			lse[(size_t)bh * T + i] = m[rr] + logf(l[rr]);
-	}
-}
-
-// dK, dV of one key tile, summed over every query i >= j. Block: a key tile.
-__global__ void __launch_bounds__(ATT_THREADS)
-	att_bwd_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
-			   const float *lse, int T, int C, int NH, int hs, float scale)
-{
-	extern __shared__ float smem[];
-	float *Ks = smem;                    /* ATT_TILE x hs (broadcast reads) */
-	float *Vs = Ks + ATT_TILE * hs;      /* ATT_TILE x hs */
-	float *Qs = Vs + ATT_TILE * hs;      /* ATT_TILE x (hs+1): lane = query */
-	float *Gs = Qs + ATT_TILE * (hs + 1); /* dout, ATT_TILE x (hs+1) */
-	float *lse_s = Gs + ATT_TILE * (hs + 1);
-	float *d_s = lse_s + ATT_TILE;
-	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH;
-	const int j0 = blockIdx.y * ATT_TILE;
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const size_t C3 = 3 * (size_t)C;
-	const size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
-	const size_t ooff = (size_t)b * T * C + (size_t)h * hs;
-	const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-	const float *g = dout + ooff, *o = out + ooff;
-	const float *lse_h = lse + (size_t)bh * T;
-
-	float dk[ATT_ROWS][ATT_DPL], dv[ATT_ROWS][ATT_DPL];
-#pragma unroll
-	for (int kk = 0; kk < ATT_ROWS; kk++)
-#pragma unroll
-		for (int c = 0; c < ATT_DPL; c++)
-			dk[kk][c] = dv[kk][c] = 0.0f;
-	load_tile(Ks, hs, k, C3, j0, T, hs);
-	load_tile(Vs, hs, v, C3, j0, T, hs);
-	/* query tiles that see some key of this tile: those from j0 on */
-	for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
-		__syncthreads();
-		load_tile(Qs, hs + 1, q, C3, i0, T, hs);
-		load_tile(Gs, hs + 1, g, C, i0, T, hs);
-		load_lse_d(lse_s, d_s, lse_h, g, o, C, i0, T, hs);
-		__syncthreads();
-		const int nq = min(ATT_TILE, T - i0);
-		const int i = i0 + lane; /* this lane's query */
-#pragma unroll
-		for (int kk = 0; kk < ATT_ROWS; kk++) {
-			const int jr = warp * ATT_ROWS + kk, j = j0 + jr;
-			if (j >= T) /* warp-uniform */
-				continue;
-			float p = 0.0f, ds = 0.0f;
-			if (i < T && i >= j) {
-				const float *qr = Qs + lane * (hs + 1), *gr = Gs + lane * (hs + 1);
-				const float *kr = Ks + jr * hs, *vr = Vs + jr * hs;
-				float s = 0.0f, dp = 0.0f;
-				for (int d = 0; d < hs; d++) {
-					s += qr[d] * kr[d];
-					dp += gr[d] * vr[d];
-				}
-				p = expf(s * scale - lse_s[lane]);
-				ds = p * (dp - d_s[lane]);
-			}
-			for (int ii = 0; ii < nq; ii++) {
-				const float pi = __shfl_sync(FULL_MASK, p, ii);
-				const float dsi = __shfl_sync(FULL_MASK, ds, ii);
-				const float *qr = Qs + ii * (hs + 1), *gr = Gs + ii * (hs + 1);
-#pragma unroll
-				for (int c = 0; c < ATT_DPL; c++) {
-					int d = lane + 32 * c;
-					if (d < hs) {
-						dv[kk][c] += pi * gr[d];
-						dk[kk][c] += dsi * qr[d];
-					}
-				}
-			}
-		}
-	}
-	float *dk_h = dqkv + qoff + C, *dv_h = dqkv + qoff + 2 * C;
-#pragma unroll
-	for (int kk = 0; kk < ATT_ROWS; kk++) {
-		const int j = j0 + warp * ATT_ROWS + kk;
-		if (j >= T)
-			continue;
-#pragma unroll
-		for (int c = 0; c < ATT_DPL; c++) {
-			int d = lane + 32 * c;
-			if (d < hs) {
-				dk_h[(size_t)j * C3 + d] += scale * dk[kk][c];
-				dv_h[(size_t)j * C3 + d] += dv[kk][c];
-			}
-		}
-	}
-}
-
-// dQ of one query tile, summed over its keys j <= i. Block: a query tile.
-__global__ void __launch_bounds__(ATT_THREADS)
-	att_bwd_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
-			  const float *lse, int T, int C, int NH, int hs, float scale)
-{
-	extern __shared__ float smem[];
-	float *Qs = smem;                    /* ATT_TILE x hs (broadcast reads) */
-	float *Gs = Qs + ATT_TILE * hs;      /* dout, ATT_TILE x hs */
-	float *Ks = Gs + ATT_TILE * hs;      /* ATT_TILE x (hs+1): lane = key */
-	float *Vs = Ks + ATT_TILE * (hs + 1); /* ATT_TILE x (hs+1) */
-	float *lse_s = Vs + ATT_TILE * (hs + 1);
-	float *d_s = lse_s + ATT_TILE;
-	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH;
-	const int i0 = blockIdx.y * ATT_TILE;
-	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const size_t C3 = 3 * (size_t)C;
-	const size_t qoff = (size_t)b * T * C3 + (size_t)h * hs;
-	const size_t ooff = (size_t)b * T * C + (size_t)h * hs;
-	const float *q = qkv + qoff, *k = q + C, *v = q + 2 * C;
-	const float *g = dout + ooff, *o = out + ooff;
-
-	float dq[ATT_ROWS][ATT_DPL];
-#pragma unroll
-	for (int rr = 0; rr < ATT_ROWS; rr++)
-#pragma unroll
-		for (int c = 0; c < ATT_DPL; c++)
-			dq[rr][c] = 0.0f;
-	load_tile(Qs, hs, q, C3, i0, T, hs);
-	load_tile(Gs, hs, g, C, i0, T, hs);
-	load_lse_d(lse_s, d_s, lse + (size_t)bh * T, g, o, C, i0, T, hs);
-	const int kend = min(T, i0 + ATT_TILE);
-	for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
-		__syncthreads();
-		load_tile(Ks, hs + 1, k, C3, j0, T, hs);
-		load_tile(Vs, hs + 1, v, C3, j0, T, hs);
-		__syncthreads();
-		const int j = j0 + lane; /* this lane's key */
-#pragma unroll
-		for (int rr = 0; rr < ATT_ROWS; rr++) {
-			const int r = warp * ATT_ROWS + rr, i = i0 + r;
-			if (i >= T) /* warp-uniform */
-				continue;
-			const int nvalid = min(ATT_TILE, i - j0 + 1); /* >= 1 */
-			float ds = 0.0f;
-			if (j <= i) {
-				const float *qr = Qs + r * hs, *gr = Gs + r * hs;
-				const float *kr = Ks + lane * (hs + 1), *vr = Vs + lane * (hs + 1);
-				float s = 0.0f, dp = 0.0f;
-				for (int d = 0; d < hs; d++) {
-					s += qr[d] * kr[d];
-					dp += gr[d] * vr[d];
-				}
-				const float p = expf(s * scale - lse_s[r]);
-				ds = p * (dp - d_s[r]);
-			}
-			for (int jj = 0; jj < nvalid; jj++) {
-				const float dsj = __shfl_sync(FULL_MASK, ds, jj);
-				const float *kr = Ks + jj * (hs + 1);
-#pragma unroll
-				for (int c = 0; c < ATT_DPL; c++) {
-					int d = lane + 32 * c;
-					if (d < hs)
-						dq[rr][c] += dsj * kr[d];
-				}
-			}
-		}
-	}
-	float *dq_h = dqkv + qoff;
-#pragma unroll
-	for (int rr = 0; rr < ATT_ROWS; rr++) {
-		const int i = i0 + warp * ATT_ROWS + rr;
-		if (i >= T)
-			continue;
-#pragma unroll
-		for (int c = 0; c < ATT_DPL; c++) {
-			int d = lane + 32 * c;
-			if (d < hs)
-				dq_h[(size_t)i * C3 + d] += scale * dq[rr][c];
-		}
-	}
-}
-
-/* ---- grouped-query attention (LLaMA) -----------------------------------------
- * The same tiles with q (B,T,NH*hs), k and v (B,T,NKV*hs) apart, out
- * (B,T,NH*hs): query head h reads key/value head h / (NH/NKV). The forward
- * and dQ run a block per (b, query head, tile) as above; dK/dV a block per
- * (b, kv head, key tile) that sums over the group's query heads in order,
- * so the heads sharing a kv head add up in a fixed order without atomics. */
-static inline dim3 gqa_kv_grid(int B, int NKV, int T)
-{
-	return dim3((unsigned)(B * NKV), (unsigned)((T + ATT_TILE - 1) / ATT_TILE));
-}
-
-__global__ void __launch_bounds__(ATT_THREADS)
-	gqa_fwd_kernel(float *out, float *lse, const float *q_all, const float *k_all,
-		       const float *v_all, int T, int NH, int NKV, int hs, float scale)
+/* ---- the kernels' bodies ------------------------------------------------------
+ * One body per kernel serves both layouts: q rows of stride sq, k and v
+ * rows of stride sk, out and dout rows of stride so, query head h reading
+ * key/value head h / (NH/NKV). GPT-2's packed qkv (B,T,3C) is q = qkv,
+ * k = qkv + C, v = qkv + 2C with sq = sk = 3C, so = C and NKV = NH;
+ * LLaMA's grouped-query attention (below) has q (B,T,NH*hs), k and v
+ * (B,T,NKV*hs) apart and out (B,T,NH*hs). The forward and dQ run a block
+ * per (b, query head, tile); dK/dV a block per (b, kv head, key tile) that
+ * sums over the group's query heads in order, so the heads sharing a kv
+ * head add up in a fixed order without atomics (one head for GPT-2). */
+__device__ __forceinline__ void att_fwd_body(float *out, float *lse, const float *q_all,
+					     const float *k_all, const float *v_all, int T,
+					     int NH, int NKV, int hs, float scale, size_t sq,
+					     size_t sk, size_t so)
 {
 	extern __shared__ float smem[];
 	float *Qs = smem;
@@ -367,7 +112,6 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH, kh = h / (NH / NKV);
 	const int i0 = blockIdx.y * ATT_TILE;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
 	const float *q = q_all + (size_t)b * T * sq + (size_t)h * hs;
 	const float *k = k_all + (size_t)b * T * sk + (size_t)kh * hs;
 	const float *v = v_all + (size_t)b * T * sk + (size_t)kh * hs;
@@ -428,7 +172,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 		if (i >= T)
 			continue;
 		const float inv = 1.0f / l[rr];
-		float *orow = out + ((size_t)b * T + i) * sq + (size_t)h * hs;
+		float *orow = out + ((size_t)b * T + i) * so + (size_t)h * hs;
 #pragma unroll
 		for (int c = 0; c < ATT_DPL; c++) {
 			int d = lane + 32 * c;
@@ -440,10 +184,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	}
 }
 
-__global__ void __launch_bounds__(ATT_THREADS)
-	gqa_bwd_dkv_kernel(float *dk_all, float *dv_all, const float *dout, const float *q_all,
-			   const float *k_all, const float *v_all, const float *out,
-			   const float *lse, int T, int NH, int NKV, int hs, float scale)
+__device__ __forceinline__ void att_bwd_dkv_body(float *dk_all, float *dv_all,
+						 const float *dout, const float *q_all,
+						 const float *k_all, const float *v_all,
+						 const float *out, const float *lse, int T, int NH,
+						 int NKV, int hs, float scale, size_t sq, size_t sk,
+						 size_t so)
 {
 	extern __shared__ float smem[];
 	float *Ks = smem;
@@ -455,7 +201,6 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	const int bk = blockIdx.x, b = bk / NKV, kh = bk - b * NKV, rep = NH / NKV;
 	const int j0 = blockIdx.y * ATT_TILE;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
 	const size_t koff = (size_t)b * T * sk + (size_t)kh * hs;
 	const float *k = k_all + koff, *v = v_all + koff;
 
@@ -470,13 +215,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	for (int gi = 0; gi < rep; gi++) {
 		const int h = kh * rep + gi;
 		const size_t qoff = (size_t)b * T * sq + (size_t)h * hs;
-		const float *q = q_all + qoff, *g = dout + qoff, *o = out + qoff;
+		const size_t ooff = (size_t)b * T * so + (size_t)h * hs;
+		const float *q = q_all + qoff, *g = dout + ooff, *o = out + ooff;
 		const float *lse_h = lse + ((size_t)b * NH + h) * T;
 		for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
 			__syncthreads();
 			load_tile(Qs, hs + 1, q, sq, i0, T, hs);
-			load_tile(Gs, hs + 1, g, sq, i0, T, hs);
-			load_lse_d(lse_s, d_s, lse_h, g, o, (int)sq, i0, T, hs);
+			load_tile(Gs, hs + 1, g, so, i0, T, hs);
+			load_lse_d(lse_s, d_s, lse_h, g, o, (int)so, i0, T, hs);
 			__syncthreads();
 			const int nq = min(ATT_TILE, T - i0);
 			const int i = i0 + lane;
@@ -531,10 +277,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	}
 }
 
-__global__ void __launch_bounds__(ATT_THREADS)
-	gqa_bwd_dq_kernel(float *dq_all, const float *dout, const float *q_all, const float *k_all,
-			  const float *v_all, const float *out, const float *lse, int T, int NH,
-			  int NKV, int hs, float scale)
+__device__ __forceinline__ void att_bwd_dq_body(float *dq_all, const float *dout,
+						const float *q_all, const float *k_all,
+						const float *v_all, const float *out,
+						const float *lse, int T, int NH, int NKV, int hs,
+						float scale, size_t sq, size_t sk, size_t so)
 {
 	extern __shared__ float smem[];
 	float *Qs = smem;
@@ -546,11 +293,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	const int bh = blockIdx.x, b = bh / NH, h = bh - b * NH, kh = h / (NH / NKV);
 	const int i0 = blockIdx.y * ATT_TILE;
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
 	const size_t qoff = (size_t)b * T * sq + (size_t)h * hs;
 	const size_t koff = (size_t)b * T * sk + (size_t)kh * hs;
+	const size_t ooff = (size_t)b * T * so + (size_t)h * hs;
 	const float *q = q_all + qoff, *k = k_all + koff, *v = v_all + koff;
-	const float *g = dout + qoff, *o = out + qoff;
+	const float *g = dout + ooff, *o = out + ooff;
 
 	float dq[ATT_ROWS][ATT_DPL];
 #pragma unroll
@@ -559,8 +306,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 		for (int c = 0; c < ATT_DPL; c++)
 			dq[rr][c] = 0.0f;
 	load_tile(Qs, hs, q, sq, i0, T, hs);
-	load_tile(Gs, hs, g, sq, i0, T, hs);
-	load_lse_d(lse_s, d_s, lse + (size_t)bh * T, g, o, (int)sq, i0, T, hs);
+	load_tile(Gs, hs, g, so, i0, T, hs);
+	load_lse_d(lse_s, d_s, lse + (size_t)bh * T, g, o, (int)so, i0, T, hs);
 	const int kend = min(T, i0 + ATT_TILE);
 	for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
 		__syncthreads();
@@ -611,6 +358,73 @@ __global__ void __launch_bounds__(ATT_THREADS)
 				dq_h[(size_t)i * sq + d] += scale * dq[rr][c];
 		}
 	}
+}
+
+
+/* ---- GPT-2: packed qkv -------------------------------------------------------- */
+
+// out is (B,T,C), lse is (B,NH,T), qkv is (B,T,3C). Block: one query tile.
+__global__ void __launch_bounds__(ATT_THREADS)
+	att_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
+		       int hs, float scale)
+{
+	const size_t C3 = 3 * (size_t)C;
+	att_fwd_body(out, lse, qkv, qkv + C, qkv + 2 * C, T, NH, NH, hs, scale, C3, C3, C);
+}
+
+// dK, dV of one key tile, summed over every query i >= j. Block: a key tile.
+__global__ void __launch_bounds__(ATT_THREADS)
+	att_bwd_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+			   const float *lse, int T, int C, int NH, int hs, float scale)
+{
+	const size_t C3 = 3 * (size_t)C;
+	att_bwd_dkv_body(dqkv + C, dqkv + 2 * C, dout, qkv, qkv + C, qkv + 2 * C, out, lse, T,
+			 NH, NH, hs, scale, C3, C3, C);
+}
+
+// dQ of one query tile, summed over its keys j <= i. Block: a query tile.
+__global__ void __launch_bounds__(ATT_THREADS)
+	att_bwd_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
+			  const float *lse, int T, int C, int NH, int hs, float scale)
+{
+	const size_t C3 = 3 * (size_t)C;
+	att_bwd_dq_body(dqkv, dout, qkv, qkv + C, qkv + 2 * C, out, lse, T, NH, NH, hs, scale,
+			C3, C3, C);
+}
+
+/* ---- grouped-query attention (LLaMA) -------------------------------------------
+ * q (B,T,NH*hs), k and v (B,T,NKV*hs) apart, out (B,T,NH*hs). */
+static inline dim3 gqa_kv_grid(int B, int NKV, int T)
+{
+	return dim3((unsigned)(B * NKV), (unsigned)((T + ATT_TILE - 1) / ATT_TILE));
+}
+
+__global__ void __launch_bounds__(ATT_THREADS)
+	gqa_fwd_kernel(float *out, float *lse, const float *q_all, const float *k_all,
+		       const float *v_all, int T, int NH, int NKV, int hs, float scale)
+{
+	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
+	att_fwd_body(out, lse, q_all, k_all, v_all, T, NH, NKV, hs, scale, sq, sk, sq);
+}
+
+__global__ void __launch_bounds__(ATT_THREADS)
+	gqa_bwd_dkv_kernel(float *dk_all, float *dv_all, const float *dout, const float *q_all,
+			   const float *k_all, const float *v_all, const float *out,
+			   const float *lse, int T, int NH, int NKV, int hs, float scale)
+{
+	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
+	att_bwd_dkv_body(dk_all, dv_all, dout, q_all, k_all, v_all, out, lse, T, NH, NKV, hs,
+			 scale, sq, sk, sq);
+}
+
+__global__ void __launch_bounds__(ATT_THREADS)
+	gqa_bwd_dq_kernel(float *dq_all, const float *dout, const float *q_all, const float *k_all,
+			  const float *v_all, const float *out, const float *lse, int T, int NH,
+			  int NKV, int hs, float scale)
+{
+	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
+	att_bwd_dq_body(dq_all, dout, q_all, k_all, v_all, out, lse, T, NH, NKV, hs, scale, sq,
+			sk, sq);
 }
 
 #endif /* ST_CUDA_ATTENTION_KERNELS_CUH */
