@@ -294,6 +294,36 @@ __global__ void __launch_bounds__(AB_THREADS) ab_fwd_kernel(ab_params p)
 
 /* ---- backward: dK, dV ---------------------------------------------------------- */
 
+/* Both backward passes' two products over the head: with the warp's 16
+ * rows of A1 and A2 and the AB_SUB rows of B1 and B2 (row stride ld),
+ * s[nt] = A1 . B1[nt*8 ..]^T and dp[nt] = A2 . B2[nt*8 ..]^T, as 16x8 MMA
+ * tiles from zero, k in steps of 16 over HS. */
+template <int HS>
+__device__ __forceinline__ void ab_mma_pair(float s[AB_SUB / 8][4], float dp[AB_SUB / 8][4],
+					    const st_bf16 *A1, const st_bf16 *A2,
+					    const st_bf16 *B1, const st_bf16 *B2, int ld)
+{
+#pragma unroll
+	for (int nt = 0; nt < AB_SUB / 8; nt++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			s[nt][e] = dp[nt][e] = 0.0f;
+#pragma unroll
+	for (int kk = 0; kk < HS / 16; kk++) {
+		uint32_t a1[4], a2[4];
+		mma_load_a(a1, A1 + kk * 16, ld);
+		mma_load_a(a2, A2 + kk * 16, ld);
+#pragma unroll
+		for (int nt = 0; nt < AB_SUB / 8; nt++) {
+			uint32_t bb[2];
+			mma_load_b(bb, B1 + nt * 8 * ld + kk * 16, ld);
+			mma_bf16_16816(s[nt], a1, bb);
+			mma_load_b(bb, B2 + nt * 8 * ld + kk * 16, ld);
+			mma_bf16_16816(dp[nt], a2, bb);
+		}
+	}
+}
+
 template <int HS, typename G>
 __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dkv_kernel(ab_params p)
 {
@@ -342,25 +372,7 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dkv_kernel(ab_params p)
 			if (i0 + AB_SUB - 1 < jw) /* warp-uniform: no query sees these keys */
 				continue;
 			float s[AB_SUB / 8][4], dp[AB_SUB / 8][4];
-#pragma unroll
-			for (int nt = 0; nt < AB_SUB / 8; nt++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-			for (int kk = 0; kk < HS / 16; kk++) {
-				uint32_t ka[4], va[4];
-				mma_load_a(ka, Ks + warp * 16 * LD + kk * 16, LD);
-				mma_load_a(va, Vs + warp * 16 * LD + kk * 16, LD);
-#pragma unroll
-				for (int nt = 0; nt < AB_SUB / 8; nt++) {
-					uint32_t bb[2];
-					mma_load_b(bb, Qs + nt * 8 * LD + kk * 16, LD);
-					mma_bf16_16816(s[nt], ka, bb);
-					mma_load_b(bb, Gs + nt * 8 * LD + kk * 16, LD);
-					mma_bf16_16816(dp[nt], va, bb);
-				}
-			}
+			ab_mma_pair<HS>(s, dp, Ks + warp * 16 * LD, Vs + warp * 16 * LD, Qs, Gs, LD);
 			/* P^T and dS^T: rows are keys, columns queries */
 #pragma unroll
 			for (int nt = 0; nt < AB_SUB / 8; nt++)
@@ -450,25 +462,7 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dq_kernel(ab_params p)
 		if (j0 > rw + 15) /* warp-uniform */
 			continue;
 		float s[AB_SUB / 8][4], dp[AB_SUB / 8][4];
-#pragma unroll
-		for (int nt = 0; nt < AB_SUB / 8; nt++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-		for (int kk = 0; kk < HS / 16; kk++) {
-			uint32_t qa[4], ga[4];
-			mma_load_a(qa, Qs + warp * 16 * LD + kk * 16, LD);
-			mma_load_a(ga, Gs + warp * 16 * LD + kk * 16, LD);
-#pragma unroll
-			for (int nt = 0; nt < AB_SUB / 8; nt++) {
-				uint32_t bb[2];
-				mma_load_b(bb, Ks + nt * 8 * LD + kk * 16, LD);
-				mma_bf16_16816(s[nt], qa, bb);
-				mma_load_b(bb, Vs + nt * 8 * LD + kk * 16, LD);
-				mma_bf16_16816(dp[nt], ga, bb);
-			}
-		}
+		ab_mma_pair<HS>(s, dp, Qs + warp * 16 * LD, Gs + warp * 16 * LD, Ks, Vs, LD);
 #pragma unroll
 		for (int nt = 0; nt < AB_SUB / 8; nt++)
 #pragma unroll
