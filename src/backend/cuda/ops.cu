@@ -849,11 +849,8 @@ int st_cuda_matmul_gelu_fwd(struct st_cuda_ctx *ctx, float *out, float *pre, con
 				       NULL);
 			if (rc)
 				return rc;
-			k_bias_gelu_fwd<<<grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK),
-					  ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(out, pre, mid, bias,
-										(size_t)N, OC);
-			LAUNCH_CHECK("bias_gelu_fwd");
-			return 0;
+			return elem_launch(ctx, "bias_gelu_fwd", (size_t)N * OC, k_bias_gelu_fwd,
+					   out, pre, (const float *)mid, bias, (size_t)N, OC);
 		}
 		return rc ? rc : st_cuda_gelu_fwd(ctx, out, mid, (size_t)N * OC);
 	}
