@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -93,6 +94,7 @@ static int nvme_open_file(struct st_tier *t, struct nvme_priv *p, const char *di
 {
 	char path[4096];
 	struct stat st;
+	struct statvfs vfs;
 	int fd, flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, ret;
 
 	if (stat(dir, &st) < 0)
@@ -132,6 +134,20 @@ static int nvme_open_file(struct st_tier *t, struct nvme_priv *p, const char *di
 	/* Unlink first: whatever happens next, nothing is left behind. */
 	unlink(path);
 reserve:
+	/* Refuse a budget the filesystem cannot hold before asking for it:
+	 * fallocate takes free blocks until it runs out, so a reservation that
+	 * fails still fills the disk for a moment, and whatever else writes
+	 * there then (another job, its logs) gets ENOSPC. */
+	if (fstatvfs(fd, &vfs) == 0 &&
+	    (uint64_t)vfs.f_bavail * vfs.f_frsize < p->file_bytes) {
+		char b[32], f[32];
+
+		return st_tier_set_error(t, -ENOSPC, "nvme: cannot reserve %s in %s: %s (%s free)",
+					 st_format_bytes(p->file_bytes, b, sizeof(b)), dir,
+					 strerror(ENOSPC),
+					 st_format_bytes((uint64_t)vfs.f_bavail * vfs.f_frsize,
+							 f, sizeof(f)));
+	}
 	ret = fallocate(fd, 0, 0, (off_t)p->file_bytes);
 	if (ret < 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
 		ret = posix_fallocate(fd, 0, (off_t)p->file_bytes) ? -1 : 0;

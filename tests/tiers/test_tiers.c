@@ -327,6 +327,8 @@ static void test_enospc_at_open(void **state)
 	assert_true(ret == -ENOSPC || ret == -EFBIG);
 	assert_non_null(strstr(st_error_last(), dir));
 	assert_non_null(strstr(st_error_last(), "cannot reserve"));
+	/* refused from the free space, before fallocate filled the disk */
+	assert_non_null(strstr(st_error_last(), " free)"));
 	assert_int_equal(tt_count_entries(dir), 0);
 	tt_rmdir(dir);
 }
