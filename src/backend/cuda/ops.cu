@@ -697,6 +697,13 @@ int st_cuda_f32_to_bf16(struct st_cuda_ctx *ctx, uint16_t *out, const float *in,
  * out^T (OC,N) = W^T (OC,IC) @ inp^T (IC,N): A = weight as stored (OC,IC)
  * ld OC, B = inp as stored (IC,N) ld IC, D (OC,N) ld OC, no transposes;
  * the bias (OC) runs along D's rows, which is what EPILOGUE_BIAS adds. */
+static int lt_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp, const void *weight,
+		  const float *bias, int N, int IC, int OC, cudaDataType_t ab, float beta)
+{
+	return lt_matmul(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N, (uint64_t)IC,
+			 weight, OC, inp, IC, ab, out, OC, beta, bias);
+}
+
 int st_cuda_matmul_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp,
 		       const void *weight, const float *bias, int N, int IC, int OC,
 		       enum st_cuda_dtype dtype)
@@ -716,16 +723,14 @@ int st_cuda_matmul_fwd(struct st_cuda_ctx *ctx, float *out, const void *inp,
 		return 0;
 	}
 	cudaDataType_t ab = dtype == ST_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-	rc = lt_matmul(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N, (uint64_t)IC,
-		       weight, OC, inp, IC, ab, out, OC, 0.0f, bias);
+	rc = lt_fwd(ctx, out, inp, weight, bias, N, IC, OC, ab, 0.0f);
 	if (rc == -ENOTSUP && bias) {
 		/* No fused-bias algorithm for this case: rows = bias, then
 		 * accumulate the product onto them. */
 		k_fill_rows<<<grid_for(n_out, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
 			      ctx->stream>>>(out, bias, (size_t)N, OC);
 		LAUNCH_CHECK("matmul_fwd bias");
-		rc = lt_matmul(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N,
-			       (uint64_t)IC, weight, OC, inp, IC, ab, out, OC, 1.0f, NULL);
+		rc = lt_fwd(ctx, out, inp, weight, NULL, N, IC, OC, ab, 1.0f);
 	}
 	return rc;
 }
@@ -841,12 +846,9 @@ int st_cuda_matmul_gelu_fwd(struct st_cuda_ctx *ctx, float *out, float *pre, con
 		 * Where cuBLASLt has no fused-bias algorithm either, the bare
 		 * product, then the bias and the GELU in one pass, instead of a
 		 * bias fill, a product accumulated onto it and a GELU pass. */
-		rc = lt_matmul(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N,
-			       (uint64_t)IC, weight, OC, inp, IC, CUDA_R_32F, mid, OC, 0.0f, bias);
+		rc = lt_fwd(ctx, mid, inp, weight, bias, N, IC, OC, CUDA_R_32F, 0.0f);
 		if (rc == -ENOTSUP) {
-			rc = lt_matmul(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N,
-				       (uint64_t)IC, weight, OC, inp, IC, CUDA_R_32F, mid, OC, 0.0f,
-				       NULL);
+			rc = lt_fwd(ctx, mid, inp, weight, NULL, N, IC, OC, CUDA_R_32F, 0.0f);
 			if (rc)
 				return rc;
 			return elem_launch(ctx, "bias_gelu_fwd", (size_t)N * OC, k_bias_gelu_fwd,
