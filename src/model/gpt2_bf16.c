@@ -392,9 +392,9 @@ static void head_run(const struct st_model *m, const struct st_model_batch *b,
 	if (bwd)
 		st_compute_zero(c, w->dxln, sizeof(float) * (size_t)N * C);
 	const float dloss = b->loss_scale / (float)N;
-	/* the chunks, unless the fused op did the whole head (r0 starts at N) */
-	for (int r0 = head_ce_fused(m, w, wte, b->targets, dloss, bwd ? other_grad : NULL, N) ? N : 0;
-	     r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
+	/* the chunks, unless the fused op did the whole head */
+	const bool fused = head_ce_fused(m, w, wte, b->targets, dloss, bwd ? other_grad : NULL, N);
+	for (int r0 = fused ? N : 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
 		int nr = ST_MIN(ST_MODEL_CE_CHUNK_ROWS, N - r0);
 		const bf16 *xr = w->xln + (size_t)r0 * C;
 		// logits (nr,V) fp32 = xln_r (nr,C) @ wte^T (C,V)
