@@ -7,12 +7,12 @@
 // Shapes where every tile is partial somewhere: rows past the 64-row tile,
 // C past the 64-column chunk and the 128-column backward tile, an odd C
 // (read a bf16 at a time), V past the 64-entry vocab tile, vocabulary
-// splits of the forward that are empty. Losses within 1e-6 relative; what
-// the backward ADDS to dx and dW (both start from random values) within
-// 1e-4 relative (the logits are summed in a different order, so a few
-// dlogits round to the neighbouring bf16). One shape runs twice: the same
-// bits. Shared memory is poisoned before each block and checked for
-// writes past each launch's size.
+// splits of the forward that are empty, a single row. Losses within 1e-6
+// relative; what the backward ADDS to dx and dW (both start from random
+// values) within 1e-4 relative (the logits are summed in a different
+// order, so a few dlogits round to the neighbouring bf16). One shape runs
+// twice: the same bits. Shared memory is poisoned before each block and
+// checked for writes past each launch's size.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -183,6 +183,8 @@ int main(int argc, char **argv)
 		{ "N=33 C=37 V=77 S=1", 33, 37, 77, 1 },
 		/* five vocab tiles in four splits: the last split empty */
 		{ "N=20 C=64 V=300 S=4", 20, 64, 300, 4 },
+		/* a single row */
+		{ "N=1 C=64 V=70 S=2", 1, 64, 70, 2 },
 	};
 	int fails = 0;
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
