@@ -214,6 +214,18 @@ static const struct op_case op_cases[] = {
 	/* the bf16 compute path's conversion: round to nearest even, both sides */
 	{ "f32_to_bf16", ST_OP_F32_TO_BF16, { B_(OUT, EN, 0), F_(IN, EN, 3.0f) }, { EN },
 	  { 0 }, 0, 0 },
+	/* the fused head: 16-row chunks on the cpu (three, the last partial);
+	 * its scratches are its own (not compared): inputs here. bf16 tol:
+	 * dlogits are rounded to bf16 on both sides, from logits summed in
+	 * different orders */
+	{ "head_crossentropy", ST_OP_HEAD_CROSSENTROPY,
+	  { F_(OUT, CN, 0), F_(ACC, CN * CC, 1.0f), F_(ACC, CV * CC, 1.0f), B_(IN, CN * CC, 1.0f),
+	    B_(IN, CV * CC, 0.2f), I_(CN), F_(IN, 16 * CV, 1.0f), B_(IN, 16 * CV, 1.0f) },
+	  { CN, CC, CV, 16 }, { 0.25f }, CV, 1e-2 },
+	{ "head_crossentropy fwd", ST_OP_HEAD_CROSSENTROPY,
+	  { F_(OUT, CN, 0), N_, N_, B_(IN, CN * CC, 1.0f), B_(IN, CV * CC, 0.2f), I_(CN),
+	    F_(IN, 16 * CV, 1.0f), B_(IN, 16 * CV, 1.0f) },
+	  { CN, CC, CV, 16 }, { 0 }, CV, 1e-5 },
 };
 
 #define N_OP_CASES (sizeof(op_cases) / sizeof(op_cases[0]))

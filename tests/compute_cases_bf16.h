@@ -38,6 +38,13 @@ static const struct op_case op_cases_bf16[] = {
 	{ "gemm bbf tn", ST_OP_GEMM,
 	  { B_(IN, GK * GM, 1.0f), B_(IN, GK * GN, 1.0f), F_(ACC, GM * GN, 1.0f) },
 	  { 1, 0, GM, GN, GK, GM, GN, GN }, { 1.0f }, 0, BF_TOL },
+	/* the head (its GEMMs and cross-entropy in one record where the
+	 * compute has it): one chunk of 256 rows, as the model makes it for
+	 * fewer rows; the scratches are the op's own (inputs here) */
+	{ "head_crossentropy", ST_OP_HEAD_CROSSENTROPY,
+	  { F_(OUT, CN, 0), F_(ACC, CN * CC, 1.0f), F_(ACC, CV * CC, 1.0f), B_(IN, CN * CC, 1.0f),
+	    B_(IN, CV * CC, 0.2f), I_(CN), F_(IN, 256 * CV, 1.0f), B_(IN, 256 * CV, 1.0f) },
+	  { CN, CC, CV, 256 }, { 0.25f }, CV, BF_TOL },
 	{ "layernorm_fwd bfffbb", ST_OP_LAYERNORM_FWD,
 	  { B_(OUT, CN * CC, 0), F_(OUT, CN, 0), F_(OUT, CN, 0), F_(IN, CN * CC, 2.0f),
 	    B_(IN, CC, 1.0f), B_(IN, CC, 1.0f) },

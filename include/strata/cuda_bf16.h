@@ -56,6 +56,19 @@ int st_cuda_bf16_gelu_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, const uint16_
 int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
 			       const uint16_t *wte, const uint16_t *wpe, int B, int T, int C);
 
+/* The head's matmul fused with the cross-entropy (head_ce_bf16.cu, on
+ * tensor cores; strata/op.h's HEAD_CROSSENTROPY): losses (N) fp32 =
+ * cross-entropy of logits = x (N,C) @ w (V,C)^T against targets, the
+ * logits never written; with dx and dw (both, or neither) also dx (N,C)
+ * += dloss dlogits @ w and dw (V,C) += dloss dlogits^T @ x, dlogits
+ * rounded to bf16 as the unfused path's. scratch (scratch_elems fp32) holds
+ * lse and the forward's per-split partials: at least 4 N elements.
+ * Deterministic (no atomics). Any N, C, V; x and w 4-byte aligned. */
+int st_cuda_head_ce_bf16(struct st_cuda_ctx *ctx, float *losses, float *dx, float *dw,
+			 const uint16_t *x, const uint16_t *w, const int32_t *targets,
+			 float *scratch, size_t scratch_elems, float dloss, int N, int C,
+			 int V);
+
 #ifdef __cplusplus
 }
 #endif

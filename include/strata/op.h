@@ -159,6 +159,19 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  * The bf16 compute path (--compute-dtype bf16; docs/model.md):
  *   F32_TO_BF16       t: out (bf16), in (f32)                i: n
  *                     round to nearest even (st_cpu_bf16_from_f32)
+ *   HEAD_CROSSENTROPY t: losses, dx?, dw?, x (bf16), w (bf16), targets,
+ *                     logits (f32 scratch), dlogits (bf16 scratch)
+ *                                                  i: N, C, V, R  f: dloss
+ *                     the bf16 head's matmul and cross-entropy in one op:
+ *                     losses (N) = crossentropy of x (N,C) @ w (V,C)^T;
+ *                     with dx and dw (both or neither) also dx (N,C) +=
+ *                     dlogits @ w, dw (V,C) += dlogits^T @ x, dlogits =
+ *                     dloss (softmax - onehot) rounded to bf16. The
+ *                     scratches hold R x V elements each (R >= 1, and R x V
+ *                     >= 4 N). The cpu runs it R rows at a time as GEMM,
+ *                     CROSSENTROPY_FWD/BWD, F32_TO_BF16, GEMM, GEMM, bit
+ *                     for bit the records one would make; the cuda compute
+ *                     fuses it so the logits are never written
  * (? = may be NULL.) New ops go at the end, before ST_OP_COUNT.
  *
  * Dtypes other than the reference: a compute says which it runs through
@@ -201,7 +214,8 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(GRAD_SUMSQ, "grad_sumsq", "uuf")              \
 	X(RESIDUAL_LAYERNORM_FWD, "residual_layernorm_fwd", "ffffffff") \
 	X(RESIDUAL_RMSNORM_FWD, "residual_rmsnorm_fwd", "ffffff") \
-	X(F32_TO_BF16, "f32_to_bf16", "bf")
+	X(F32_TO_BF16, "f32_to_bf16", "bf")             \
+	X(HEAD_CROSSENTROPY, "head_crossentropy", "fffbbifb")
 
 #define ST_OP_ENUM_(name, str, sig) ST_OP_##name,
 enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };
@@ -230,6 +244,15 @@ enum st_dtype st_op_ref_dtype(enum st_op_kind kind, int slot);
 /* Whether dtypes (one per slot, st_op_tensors(kind) of them) is the op's
  * reference signature. */
 bool st_op_is_ref(enum st_op_kind kind, const enum st_dtype *dtypes);
+
+/* The records a HEAD_CROSSENTROPY op stands for, R rows at a time, each
+ * handed to run(arg, rec) in order (rec borrowed for the call): GEMM
+ * (logits), then CROSSENTROPY_FWD, or CROSSENTROPY_BWD, F32_TO_BF16 and
+ * the two gradient GEMMs; the scratches hold the chunk's logits and
+ * dlogits. What the cpu compute runs as the op (bit for bit the model's
+ * unfused head), and what the fused op is timed against. */
+void st_op_head_ce_unfold(const struct st_op *op, void (*run)(void *arg, const struct st_op *rec),
+			  void *arg);
 
 /* The precision a model runs its ops at (strata train --compute-dtype):
  * FP32, every tensor between ops fp32 (the reference, the zero value); BF16,

@@ -64,3 +64,66 @@ int st_precision_parse(const char *s, enum st_precision *out)
 		return -EINVAL;
 	return 0;
 }
+
+/* Row-major C (M,N) fp32 = op(A) @ op(B) + beta C, A and B bf16: the GEMM
+ * record the model's unfused bf16 head makes. */
+static void head_gemm(void (*run)(void *, const struct st_op *), void *arg, int ta, int tb,
+		      int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
+		      float beta, float *C, int ldc)
+{
+	struct st_op g = {
+		.kind = ST_OP_GEMM,
+		.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
+		       st_tensor_2d(B, ST_DTYPE_BF16, tb ? N : K, ldb),
+		       st_tensor_2d(C, ST_DTYPE_F32, M, ldc) },
+		.i = { ta, tb, M, N, K, lda, ldb, ldc },
+		.f = { beta },
+	};
+
+	run(arg, &g);
+}
+
+void st_op_head_ce_unfold(const struct st_op *op, void (*run)(void *arg, const struct st_op *rec),
+			  void *arg)
+{
+	float *losses = op->t[0].data, *dx = op->t[1].data, *dw = op->t[2].data;
+	const uint16_t *x = op->t[3].data, *w = op->t[4].data;
+	const int32_t *targets = op->t[5].data;
+	float *logits = op->t[6].data;
+	uint16_t *dlog = op->t[7].data;
+	const int N = (int)op->i[0], C = (int)op->i[1], V = (int)op->i[2], R = (int)op->i[3];
+
+	assert(op->kind == ST_OP_HEAD_CROSSENTROPY && R > 0);
+	for (int r0 = 0; r0 < N; r0 += R) {
+		const int nr = N - r0 < R ? N - r0 : R;
+		const uint16_t *xr = x + (size_t)r0 * C;
+		const size_t nv = (size_t)nr * V;
+
+		head_gemm(run, arg, 0, 1, nr, V, C, xr, C, w, C, 0.0f, logits, V);
+		if (!dx) {
+			struct st_op ce = { .kind = ST_OP_CROSSENTROPY_FWD,
+					    .t = { st_tensor_1d(losses + r0, ST_DTYPE_F32, nr),
+						   st_tensor_1d(logits, ST_DTYPE_F32, (int64_t)nv),
+						   st_tensor_1d(targets + r0, ST_DTYPE_I32, nr) },
+					    .i = { nr, V } };
+			run(arg, &ce);
+			continue;
+		}
+		struct st_op ce = { .kind = ST_OP_CROSSENTROPY_BWD,
+				    .t = { st_tensor_1d(logits, ST_DTYPE_F32, (int64_t)nv),
+					   st_tensor_1d(losses + r0, ST_DTYPE_F32, nr),
+					   st_tensor_1d(logits, ST_DTYPE_F32, (int64_t)nv),
+					   st_tensor_1d(targets + r0, ST_DTYPE_I32, nr) },
+				    .i = { nr, V },
+				    .f = { op->f[0] } };
+		run(arg, &ce);
+		struct st_op cast = { .kind = ST_OP_F32_TO_BF16,
+				      .t = { st_tensor_1d(dlog, ST_DTYPE_BF16, (int64_t)nv),
+					     st_tensor_1d(logits, ST_DTYPE_F32, (int64_t)nv) },
+				      .i = { (int64_t)nv } };
+		run(arg, &cast);
+		/* dx_r (nr,C) += dlogits (nr,V) @ w (V,C); dw (V,C) += dlogits^T @ x_r */
+		head_gemm(run, arg, 0, 0, nr, C, V, dlog, V, w, C, 1.0f, dx + (size_t)r0 * C, C);
+		head_gemm(run, arg, 1, 0, V, C, nr, dlog, V, xr, C, 1.0f, dw, C);
+	}
+}

@@ -350,6 +350,33 @@ static void head_views(const struct st_model *m, const float *params, const floa
 	       st_model_unit_layout(m, 0)->tensors[0].offset_elems;
 }
 
+/* The head's matmul and cross-entropy as one HEAD_CROSSENTROPY op where
+ * the compute has it (the cpu: this file's chunk loop, bit for bit; cuda:
+ * fused, the logits never written); false: the caller runs the chunks. */
+static bool head_ce_fused(const struct st_model *m, const struct hwork *w, const bf16 *wte,
+			  const int32_t *targets, float dloss, float *other_grad, int N)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
+	const int R = ST_MIN(N, ST_MODEL_CE_CHUNK_ROWS);
+	const size_t NC = (size_t)N * C, VC = (size_t)V * C, RV = (size_t)R * V;
+	float *dwte = other_grad ? other_grad + st_model_unit_layout(m, 0)->tensors[0].offset_elems
+				 : NULL;
+	struct st_op op = { .kind = ST_OP_HEAD_CROSSENTROPY,
+			    .t = { TF(w->losses, N), TF(other_grad ? w->dxln : NULL, NC),
+				   TF(dwte, VC), TB(w->xln, NC), TB(wte, VC),
+				   st_tensor_1d(targets, ST_DTYPE_I32, N), TF(w->logits, RV),
+				   TB(w->dlog16, RV) },
+			    .i = { N, C, V, R },
+			    .f = { dloss } };
+
+	/* the cuda op keeps lse and its partials in the logits scratch */
+	if (RV < 4 * (size_t)N || !st_compute_supports_op(c, &op))
+		return false;
+	st_compute_run(c, &op);
+	return true;
+}
+
 static void head_run(const struct st_model *m, const struct st_model_batch *b,
 		     const float *params, const float *other, const float *x, float *dx,
 		     float *grad, float *other_grad, float *loss, const struct hwork *w)
@@ -365,7 +392,9 @@ static void head_run(const struct st_model *m, const struct st_model_batch *b,
 	if (bwd)
 		st_compute_zero(c, w->dxln, sizeof(float) * (size_t)N * C);
 	const float dloss = b->loss_scale / (float)N;
-	for (int r0 = 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
+	/* the chunks, unless the fused op did the whole head */
+	const bool fused = head_ce_fused(m, w, wte, b->targets, dloss, bwd ? other_grad : NULL, N);
+	for (int r0 = fused ? N : 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
 		int nr = ST_MIN(ST_MODEL_CE_CHUNK_ROWS, N - r0);
 		const bf16 *xr = w->xln + (size_t)r0 * C;
 		// logits (nr,V) fp32 = xln_r (nr,C) @ wte^T (C,V)

@@ -270,6 +270,86 @@ static void emu_launch(K kern, dim3 grid, dim3 block, Args... args)
 	emu_block_bar = nullptr;
 }
 
+// Dynamic shared memory, for kernels that declare `extern __shared__ float
+// smem[]`: a test that defines EMU_SMEM_FLOATS before including this file
+// gets that array (and __shared__ as nothing) and emu_launch_smem(), which
+// runs a launch with `bytes` of it as kern<<<grid, block, bytes>>> would:
+// every float of smem poisoned with 0xff bytes (a bf16 and an fp32 NaN)
+// before each block, so a read of what the block did not write shows up;
+// after each block the part past `bytes` must be untouched (a write there
+// is counted in emu_smem_overruns, as is a launch asking for more than
+// the array). It takes the block hooks for itself.
+#ifdef EMU_SMEM_FLOATS
+#define __shared__
+float smem[EMU_SMEM_FLOATS];
+static int emu_smem_overruns;
+static size_t emu_smem_bytes;
+
+static void emu_smem_guard(void)
+{
+	const unsigned char *b = (const unsigned char *)smem;
+
+	for (size_t i = emu_smem_bytes; i < sizeof(smem); i++)
+		if (b[i] != 0xff) {
+			emu_smem_overruns++;
+			return;
+		}
+}
+
+static void emu_smem_block_hook(unsigned block)
+{
+	if (block != 0)
+		emu_smem_guard();
+	memset(smem, 0xff, sizeof(smem));
+}
+
+static void emu_smem_launch_hook(unsigned n_blocks)
+{
+	if (n_blocks > 0)
+		emu_smem_guard();
+}
+
+template <typename K, typename... Args>
+static void emu_launch_smem(K kern, dim3 grid, dim3 block, size_t bytes, Args... args)
+{
+	if (bytes > sizeof(smem)) {
+		fprintf(stderr, "FAIL launch: %zu bytes of shared memory beyond the emulation's %zu\n",
+			bytes, sizeof(smem));
+		emu_smem_overruns++;
+		return;
+	}
+	emu_smem_bytes = bytes;
+	emu_block_hook = emu_smem_block_hook;
+	emu_launch_hook = emu_smem_launch_hook;
+	emu_launch(kern, grid, block, args...);
+	emu_block_hook = nullptr;
+	emu_launch_hook = nullptr;
+}
+#endif
+
+// Test data: xorshift64*, the same numbers on every machine.
+struct emu_rng {
+	uint64_t s;
+	explicit emu_rng(uint64_t seed) : s(seed * 0x9e3779b97f4a7c15ull + 1) {}
+	uint32_t u32()
+	{
+		s ^= s >> 12;
+		s ^= s << 25;
+		s ^= s >> 27;
+		return (uint32_t)((s * 0x2545f4914f6cdd1dull) >> 32);
+	}
+	// uniform in [-scale, scale)
+	float uniform(float scale)
+	{
+		return scale * ((float)(u32() >> 8) / 8388608.0f - 1.0f);
+	}
+	// uniform in [0, n)
+	int below(int n)
+	{
+		return (int)(u32() % (uint32_t)n);
+	}
+};
+
 // Every element finite and ||got - ref|| / ||ref|| <= tol (absolute when ref
 // is all zero), the sizes equal; one "FAIL <label>: ..." line on stderr if
 // not, one "ok" line unless ST_QUIET is set. Returns 1 on failure, else 0.

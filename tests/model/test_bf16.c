@@ -540,6 +540,102 @@ static void test_precision_check(void **state)
 	st_model_destroy(m);
 }
 
+/* ---- the head's fused op ------------------------------------------------------------- */
+
+/* The cpu compute, counting HEAD_CROSSENTROPY records (wrap_ops) or
+ * refusing them (refuse_ops): the model must then run its chunk loop. */
+static int head_ops_run;
+
+static bool wrap_supports(const struct st_compute *c, enum st_op_kind kind,
+			  const enum st_dtype *dt)
+{
+	(void)c;
+	return st_compute_supports(st_compute_cpu(), kind, dt);
+}
+
+static bool refuse_supports(const struct st_compute *c, enum st_op_kind kind,
+			    const enum st_dtype *dt)
+{
+	return kind != ST_OP_HEAD_CROSSENTROPY && wrap_supports(c, kind, dt);
+}
+
+static int wrap_run(struct st_compute *c, const struct st_op *op)
+{
+	(void)c;
+	head_ops_run += op->kind == ST_OP_HEAD_CROSSENTROPY;
+	st_compute_run(st_compute_cpu(), op);
+	return st_compute_take_error(st_compute_cpu());
+}
+
+/* The bf16 head's forward and backward through HEAD_CROSSENTROPY give the
+ * chunk loop's bits (two chunks: 320 rows), loss, dx and both gradients:
+ * the cpu device's numbers do not change with the fused op. */
+static void test_head_fused_bits(void **state)
+{
+	(void)state;
+	static const struct st_compute_ops wrap_ops = {
+		.name = "wrap", .run = wrap_run, .supports = wrap_supports, .sync = nop,
+		.destroy = nop_destroy, .to_host = nop_copy, .from_host = nop_copy,
+	};
+	static const struct st_compute_ops refuse_ops = {
+		.name = "refuse", .run = wrap_run, .supports = refuse_supports, .sync = nop,
+		.destroy = nop_destroy, .to_host = nop_copy, .from_host = nop_copy,
+	};
+	struct st_compute wrap = { .ops = &wrap_ops }, refuse = { .ops = &refuse_ops };
+	struct st_compute *cs[2] = { &wrap, &refuse };
+	struct st_model_config cfg;
+	struct st_model *m;
+	const int B = 10, T = 32;
+
+	assert_int_equal(st_model_config_parse("layers=1,dim=64,heads=4,vocab=300,ctx=32", &cfg), 0);
+	assert_int_equal(st_model_create(&cfg, &m), 0);
+	assert_int_equal(st_model_set_precision(m, ST_PRECISION_BF16), 0);
+	const int H = st_model_unit_count(m) - 1, N = B * T, C = cfg.dim;
+	const size_t eh = st_model_unit_layout(m, H)->elems, e0 = st_model_unit_layout(m, 0)->elems;
+	float *f = malloc(4 * (eh > e0 ? eh : e0));
+	bf16 *ph = malloc(2 * eh), *p0 = malloc(2 * e0);
+	assert_int_equal(st_model_init_unit(m, H, 5, f), 0);
+	st_cpu_f32_to_bf16(ph, f, eh);
+	assert_int_equal(st_model_init_unit(m, 0, 5, f), 0);
+	st_cpu_f32_to_bf16(p0, f, e0);
+	float *x = malloc(4 * (size_t)N * C);
+	int32_t *tgt = malloc(4 * (size_t)N), *tok = calloc((size_t)N, 4);
+	for (size_t i = 0; i < (size_t)N * C; i++)
+		x[i] = urand(2.0f);
+	for (int i = 0; i < N; i++)
+		tgt[i] = (int32_t)(urand(0.5f) * 299.0f + 150.0f);
+	struct st_model_batch b = { .B = B, .T = T, .tokens = tok, .targets = tgt,
+				    .loss_scale = 1.0f };
+	const size_t wb = st_model_work_bytes(m, H, B, T);
+	void *work = malloc(wb);
+	float *dx[2], *gh[2], *g0[2], loss[2], lf[2];
+
+	for (int k = 0; k < 2; k++) {
+		dx[k] = malloc(4 * (size_t)N * C);
+		gh[k] = calloc(eh, 4);
+		g0[k] = calloc(e0, 4);
+		st_model_set_compute(m, cs[k]);
+		head_ops_run = 0;
+		assert_int_equal(st_model_bwd(m, H, &b, (const float *)ph, (const float *)p0, x, NULL,
+					      dx[k], gh[k], g0[k], &loss[k], work, wb),
+				 0);
+		assert_int_equal(st_model_fwd(m, H, &b, (const float *)ph, (const float *)p0, x, NULL,
+					      &lf[k], work, wb),
+				 0);
+		assert_int_equal(head_ops_run, k == 0 ? 2 : 0); /* bwd and fwd: one op each */
+	}
+	assert_true(isfinite(loss[0]) && loss[0] > 0.0f);
+	assert_memory_equal(&loss[0], &loss[1], sizeof(float));
+	assert_memory_equal(&lf[0], &lf[1], sizeof(float));
+	assert_memory_equal(dx[0], dx[1], 4 * (size_t)N * C);
+	assert_memory_equal(gh[0], gh[1], 4 * eh);
+	assert_memory_equal(g0[0], g0[1], 4 * e0);
+	for (int k = 0; k < 2; k++)
+		free(dx[k]), free(gh[k]), free(g0[k]);
+	free(f), free(ph), free(p0), free(x), free(tgt), free(tok), free(work);
+	st_model_destroy(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -552,6 +648,7 @@ int main(void)
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_precision_check),
+		cmocka_unit_test(test_head_fused_bits),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

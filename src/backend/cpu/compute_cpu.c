@@ -230,6 +230,18 @@ static void k_f32_to_bf16(const struct st_op *op)
 	st_cpu_f32_to_bf16(P(0), P(1), Z(0));
 }
 
+static void head_rec(void *arg, const struct st_op *rec)
+{
+	(void)arg;
+	st_cpu_op_run(rec);
+}
+
+/* The bf16 head as its unfused records, run here in turn (their bits). */
+static void k_head_crossentropy(const struct st_op *op)
+{
+	st_op_head_ce_unfold(op, head_rec, NULL);
+}
+
 typedef void (*cpu_kernel)(const struct st_op *op);
 
 static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
@@ -268,6 +280,7 @@ static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
 	[ST_OP_RESIDUAL_LAYERNORM_FWD] = k_residual_layernorm_fwd,
 	[ST_OP_RESIDUAL_RMSNORM_FWD] = k_residual_rmsnorm_fwd,
 	[ST_OP_F32_TO_BF16] = k_f32_to_bf16,
+	[ST_OP_HEAD_CROSSENTROPY] = k_head_crossentropy,
 };
 
 /* matmul_fwd with bf16 inp and weight, fp32 out and bias: its own kernel

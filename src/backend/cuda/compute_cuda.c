@@ -72,6 +72,8 @@ static const struct {
 	{ ST_OP_LAYERNORM_BWD, "fffffbff" }, { ST_OP_GELU_FWD, "bb" },
 	{ ST_OP_GELU_BWD, "bbb" },         { ST_OP_EMBEDDING_FWD, "fibb" },
 	{ ST_OP_MATMUL_GELU_FWD, "bbbbb" },
+	/* its reference signature is already bf16 (x and w) */
+	{ ST_OP_HEAD_CROSSENTROPY, "fffbbifb" },
 };
 
 static bool sig_is(const char *sig, const enum st_dtype *dt)
@@ -124,6 +126,10 @@ static int cu_run_bf16(struct st_cuda_ctx *ctx, const struct st_op *op)
 		return st_cuda_bf16_gelu_bwd(ctx, P(0), P(1), P(2), Z(0));
 	case ST_OP_EMBEDDING_FWD:
 		return st_cuda_bf16_embedding_fwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	case ST_OP_HEAD_CROSSENTROPY: /* the logits scratch holds lse and partials */
+		return st_cuda_head_ce_bf16(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
+					    (size_t)op->i[3] * (size_t)op->i[2], op->f[0], I(0),
+					    I(1), I(2));
 	default:
 		break;
 	}
@@ -239,6 +245,7 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 				P(5), P(6), P(7), P(8), I(0), I(1), I(2), I(3), I(4));
 		return st_cuda_gqa_attention_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
 						 P(7), P(8), I(0), I(1), I(2), I(3), I(4));
+	case ST_OP_HEAD_CROSSENTROPY: /* cu_bf16_sigs' */
 	case ST_OP_COUNT:
 		break;
 	}
