@@ -98,7 +98,7 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool blo
 					break;
 			}
 			if (ret == 0)
-				ret = st_eng_wait_until(e, &us->writes[s]);
+				ret = st_eng_wait_until(e, &us->writes[s], "store");
 			if (ret == 0)
 				ret = load_one(e, j, s);
 			e->upd_next[s] = next_staged(e, j, s);
@@ -248,10 +248,10 @@ static bool next_tile(const struct st_engine *e, struct utile *t)
  * P, M and V may still be going back: the forward does not read them. */
 static int unit_done(struct st_engine *e, int u)
 {
-	int ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W]);
+	int ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W], "W store");
 
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W]);
+		ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W], "W store");
 	e->w_ready = u + 1;
 	if (ret == 0 && u <= e->U - 2)
 		ret = st_eng_forward_unit(e, u);
@@ -265,9 +265,9 @@ static int upd_quiet(struct st_engine *e)
 
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++) {
-			ret = st_eng_wait_until(e, &e->upd[set].reads[s]);
+			ret = st_eng_wait_until(e, &e->upd[set].reads[s], "load");
 			if (ret == 0)
-				ret = st_eng_wait_until(e, &e->upd[set].writes[s]);
+				ret = st_eng_wait_until(e, &e->upd[set].writes[s], "store");
 		}
 	return ret;
 }
@@ -315,7 +315,7 @@ static int upd_reads_quiet(struct st_engine *e)
 
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++)
-			ret = st_eng_wait_until(e, &e->upd[set].reads[s]);
+			ret = st_eng_wait_until(e, &e->upd[set].reads[s], "load");
 	return ret;
 }
 
@@ -362,11 +362,13 @@ void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, boo
 int st_eng_dev_sumsq(struct st_engine *e)
 {
 	struct st_compute_sumsq *h = malloc((size_t)e->U * sizeof(*h));
+	uint64_t t0 = st_now_ns();
 	int ret;
 
 	if (!h)
 		return -ENOMEM;
 	st_compute_to_host(e->cx, h, e->dev_sumsq, (size_t)e->U * sizeof(*h));
+	st_eng_host_wait(e, "sumsq d2h", t0);
 	ret = st_compute_take_error(e->cx);
 	for (int u = 0; ret == 0 && u < e->U; u++) {
 		if (!opt_on_dev(e, u))
@@ -449,9 +451,11 @@ static int unit_end(struct st_engine *e, int u, bool last, struct st_loader *ld)
 static int dev_adam_check(struct st_engine *e)
 {
 	uint32_t bad = 0;
+	uint64_t t0 = st_now_ns();
 	int ret;
 
 	st_compute_to_host(e->cx, &bad, e->dev_adam_bad, sizeof(bad));
+	st_eng_host_wait(e, "adam check d2h", t0);
 	ret = st_compute_take_error(e->cx);
 	if (ret == 0 && bad)
 		ret = st_error_set(-ERANGE, "adam: %u gradient elements NaN or Inf; left unchanged",
@@ -486,11 +490,12 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V && ret == 0; s++)
 			if (cur->set[s] >= 0) {
 				assert(e->upd[cur->set[s]].holder[s] == i);
-				ret = st_eng_wait_until(e, &e->upd[cur->set[s]].reads[s]);
+				ret = st_eng_wait_until(e, &e->upd[cur->set[s]].reads[s], "load");
 			}
 		/* the new W goes into a buffer whose last store has landed */
 		if (ret == 0 && cur->set[ST_STATE_W] >= 0)
-			ret = st_eng_wait_until(e, &e->upd[cur->set[ST_STATE_W]].writes[ST_STATE_W]);
+			ret = st_eng_wait_until(e, &e->upd[cur->set[ST_STATE_W]].writes[ST_STATE_W],
+						"W store");
 		/* the device's units before this one, in unit order */
 		if (ret == 0)
 			ret = dev_units(e, &dev_next, cur->u, wd, nowd, ld);
