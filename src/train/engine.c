@@ -47,6 +47,7 @@ void st_engine_destroy(struct st_engine *e)
 		destroy_event(e, e->ev_slot[i]);
 	for (int i = 0; e->ev_h2d && i < e->nslots; i++)
 		destroy_event(e, e->ev_h2d[i]);
+	destroy_event(e, e->ev_wstore);
 	for (int i = 0; i < 2; i++)
 		destroy_event(e, e->shared[i].ev_dw);
 	for (int i = 0; i < 2; i++)
@@ -292,6 +293,8 @@ static int setup_unit_bufs(struct st_engine *e)
 		return -ENOMEM;
 	for (int i = 0; i < 2 && ret == 0; i++)
 		ret = st_event_create(e->dev, &e->ev_tok[i]);
+	if (ret == 0)
+		ret = st_event_create(e->dev, &e->ev_wstore);
 	for (int i = 0; i < 2 && ret == 0; i++) {
 		e->shared[i].wf = vpool(e, ST_POOL_WF, -1, 0);
 		e->shared[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);

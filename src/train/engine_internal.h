@@ -149,6 +149,11 @@ struct st_engine {
 	 * see it recorded again); by the h2d queue after the copy into each
 	 * slot */
 	struct st_event **ev_slot, **ev_h2d;
+	/* recorded on the h2d queue after each of the update's W stores into
+	 * a vram home (the queue runs them in order: the last one's record
+	 * says all are in); the next forward waits for it on the compute,
+	 * not the host (engine_update.c, unit_done) */
+	struct st_event *ev_wstore;
 	float *acts;                  /* activation checkpoints, X floats each */
 	size_t X;                     /* floats of the largest unit output */
 	struct ubufs *ub;             /* [U] */

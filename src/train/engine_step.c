@@ -324,8 +324,11 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	}
 	st_eng_phase(e, "update", c->grad_accum - 1, tp);
 	tp = st_now_ns();
-	/* the fused forward may still be computing */
+	/* the fused forward may still be computing; the W stores it waited
+	 * for on the device (ev_wstore) have landed then: reaped here */
 	ret = st_eng_compute_drain(e);
+	if (ret == 0)
+		ret = st_eng_pump(e, false);
 	if (ret == 0)
 		ret = st_eng_act_drain(e);
 	if (ret < 0)

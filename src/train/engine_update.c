@@ -42,6 +42,16 @@ static bool upd_staged(const struct st_engine *e, int u, enum st_state s)
 	return h == ST_HOME_NVME;
 }
 
+/* Whether unit u's new W goes to a vram home by h2d copies that the
+ * compute, not the host, waits for (ev_wstore): the forward and backward
+ * read W there, on the compute's queue. Not so with W gathered or
+ * streamed (the comm queue reads it) nor with ST_HOST_WAITS=1. */
+static bool wstore_on_device(const struct st_engine *e, int u)
+{
+	return !e->host_waits && !e->w_gather && !e->w_stream &&
+	       e->sh[u * ST_STATE_COUNT + ST_STATE_W].home == ST_HOME_VRAM;
+}
+
 /* The next tile j > i with state s staged, or n_utiles. */
 static int next_staged(const struct st_engine *e, int i, enum st_state s)
 {
@@ -134,6 +144,8 @@ static int upd_store(struct st_engine *e, const struct utile *t)
 	/* nvme: a write of the nvme tier; vram: an h2d copy */
 	h = st_eng_shard_hop(e, "store", t->u, ST_STATE_W, ST_IO_WRITE, woff,
 			     haddr(e, &e->upd[t->set[ST_STATE_W]].ext[ST_STATE_W]), wlen);
+	if (wstore_on_device(e, t->u))
+		h.done = e->ev_wstore;
 	return st_eng_chain_start(e, &e->upd[t->set[ST_STATE_W]].store[ST_STATE_W], &h, 1,
 				  &e->upd[t->set[ST_STATE_W]].writes[ST_STATE_W], NULL);
 }
@@ -245,13 +257,22 @@ static bool next_tile(const struct st_engine *e, struct utile *t)
 
 /* Once unit u's last tile's new W is stored (the W stores of both sets
  * landed), its new W is home: the next step's forward of u may run. Its
- * P, M and V may still be going back: the forward does not read them. */
+ * P, M and V may still be going back: the forward does not read them.
+ * A W homed in vram is waited for on the compute instead (ev_wstore,
+ * recorded after u's last store): the host goes on to the next unit's
+ * AdamW while the copy lands, and every later op of the compute (the
+ * forward of u, the backward of the last unit) runs after it. */
 static int unit_done(struct st_engine *e, int u)
 {
-	int ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W], "W store");
+	int ret = 0;
 
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W], "W store");
+	if (wstore_on_device(e, u)) {
+		st_compute_wait(e->cx, e->ev_wstore);
+	} else {
+		ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W], "W store");
+		if (ret == 0)
+			ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W], "W store");
+	}
 	e->w_ready = u + 1;
 	if (ret == 0 && u <= e->U - 2)
 		ret = st_eng_forward_unit(e, u);
@@ -501,6 +522,11 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			ret = dev_units(e, &dev_next, cur->u, wd, nowd, ld);
 		if (ret == 0)
 			ret = adam_tile(e, cur, wd, nowd);
+		/* the W stores no host waited for (ev_wstore) that landed
+		 * meanwhile: reaped before the next, so the h2d lane's busy
+		 * time is each store's, up to this tile's AdamW */
+		if (ret == 0)
+			ret = st_eng_pump(e, false);
 		if (ret == 0)
 			ret = upd_store(e, cur);
 		if (ret == 0 && e->w_gather)
@@ -514,7 +540,11 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		ret = dev_adam_check(e);
 	/* fused with the next forward, the last units' P, M, V stores go on
 	 * during the next step's backward (every unit's W is home: unit_done
-	 * waited for it); else every store lands here */
+	 * waited for it, on the host or on the compute; the host has only the
+	 * compute to wait for now, so it reaps the W stores here); else every
+	 * store lands here */
+	for (int set = 0; set < 2 && ret == 0 && ld; set++)
+		ret = st_eng_wait_until(e, &e->upd[set].writes[ST_STATE_W], "W store");
 	if (ret == 0)
 		ret = ld ? upd_reads_quiet(e) : upd_quiet(e);
 	upd_reset(e);
