@@ -47,10 +47,14 @@ struct st_device;
 struct st_event;
 struct st_compute;
 
-/* A finished span, in host time (st_now_ns()). */
+/* A finished span, in host time (st_now_ns()): the device ran it from t0
+ * to t1; the host queued it (called span_begin) at tq, so a compute idle
+ * before t0 but after tq had work and waited on the device, and one idle
+ * before tq waited for the host (tools/trace-gaps). */
 struct st_compute_span {
 	const char *name; /* as given to span_begin (not copied) */
 	uint64_t t0_ns, t1_ns;
+	uint64_t tq_ns;
 };
 
 /* A compute backend is one ops table: every op goes through run(), one
@@ -87,6 +91,11 @@ struct st_compute_ops {
 	/* Optional. Move up to max finished spans, oldest first, into out;
 	 * returns how many. */
 	int (*take_spans)(struct st_compute *c, struct st_compute_span *out, int max);
+	/* Optional (absent: from_host, synchronous). Queue a copy from host
+	 * memory src into device memory dst, in queue order, and return at
+	 * once: src must stay unchanged until an event recorded after it is
+	 * done. 0 or -errno. */
+	int (*from_host_async)(struct st_compute *c, void *dst, const void *src, size_t bytes);
 };
 
 /* An instance: the table, the sticky error and the implementation's own
@@ -157,6 +166,11 @@ void st_compute_copy(struct st_compute *c, void *dst, const void *src, size_t by
 void st_compute_to_host(struct st_compute *c, void *dst, const void *src, size_t bytes);
 /* Synchronous: src (host) may be reused on return. */
 void st_compute_from_host(struct st_compute *c, void *dst, const void *src, size_t bytes);
+/* Queued: src (host) may be reused once an event recorded after this
+ * (st_compute_record) is done. Synchronous where the compute has no
+ * from_host_async hook. */
+void st_compute_from_host_async(struct st_compute *c, void *dst, const void *src,
+				size_t bytes);
 void st_compute_bf16_to_f32(struct st_compute *c, float *out, const uint16_t *in,
 			    size_t n);
 /* Row-major C (M,N) = op(A) @ op(B) + beta * C (alpha is 1), as

@@ -46,6 +46,10 @@ int st_trace_lane(struct st_trace *t, const char *name);
 void st_trace_span(struct st_trace *t, int lane, const char *name,
 		   uint64_t t0_ns, uint64_t t1_ns, const char *args_json);
 
+/* The trace's time origin (st_now_ns() at creation; ts 0), for a time
+ * written in an event's args; 0 when t is NULL. */
+uint64_t st_trace_origin_ns(const struct st_trace *t);
+
 /* Record an instant (a marker, e.g. "step 12") on lane at t_ns. */
 void st_trace_instant(struct st_trace *t, int lane, const char *name,
 		      uint64_t t_ns);

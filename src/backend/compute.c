@@ -162,6 +162,15 @@ void st_compute_from_host(struct st_compute *c, void *dst, const void *src, size
 	OP(from_host(c, dst, src, bytes));
 }
 
+void st_compute_from_host_async(struct st_compute *c, void *dst, const void *src,
+				size_t bytes)
+{
+	if (!c->ops->from_host_async)
+		OP(from_host(c, dst, src, bytes));
+	else
+		OP(from_host_async(c, dst, src, bytes));
+}
+
 void st_compute_record(struct st_compute *c, struct st_event *e)
 {
 	if (c->err == 0 && !c->ops->record)

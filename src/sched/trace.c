@@ -162,6 +162,11 @@ void st_trace_span(struct st_trace *t, int lane, const char *name,
 	pthread_mutex_unlock(&t->mu);
 }
 
+uint64_t st_trace_origin_ns(const struct st_trace *t)
+{
+	return t ? t->origin_ns : 0;
+}
+
 void st_trace_instant(struct st_trace *t, int lane, const char *name,
 		      uint64_t t_ns)
 {

@@ -47,6 +47,7 @@ void st_engine_destroy(struct st_engine *e)
 		destroy_event(e, e->ev_slot[i]);
 	for (int i = 0; e->ev_h2d && i < e->nslots; i++)
 		destroy_event(e, e->ev_h2d[i]);
+	destroy_event(e, e->ev_wstore);
 	for (int i = 0; i < 2; i++)
 		destroy_event(e, e->shared[i].ev_dw);
 	for (int i = 0; i < 2; i++)
@@ -58,8 +59,10 @@ void st_engine_destroy(struct st_engine *e)
 	for (int i = 0; e->ev_gather && i < e->nslots; i++)
 		destroy_event(e, e->ev_gather[i]);
 	st_eng_act_fini(e);
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 2; i++) {
 		destroy_event(e, e->ev_wg[i]);
+		destroy_event(e, e->ev_tok[i]);
+	}
 	free(e->ev_gather);
 	free(e->ev_h2d);
 	free(e->ev_slot);
@@ -84,8 +87,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->pool_first);
 	free(e->elems);
 	free(e->unit_sumsq);
-	free(e->tok_host);
-	free(e->tgt_host);
+	free(e->tok_buf[0]);
 	free(e->slice);
 	free(e->epad);
 	free(e->nvme_dirs);
@@ -289,6 +291,10 @@ static int setup_unit_bufs(struct st_engine *e)
 	e->ub = calloc((size_t)e->U, sizeof(*e->ub));
 	if (!e->ub)
 		return -ENOMEM;
+	for (int i = 0; i < 2 && ret == 0; i++)
+		ret = st_event_create(e->dev, &e->ev_tok[i]);
+	if (ret == 0)
+		ret = st_event_create(e->dev, &e->ev_wstore);
 	for (int i = 0; i < 2 && ret == 0; i++) {
 		e->shared[i].wf = vpool(e, ST_POOL_WF, -1, 0);
 		e->shared[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
@@ -458,10 +464,17 @@ static int setup_units(struct st_engine *e)
 	e->sh = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->sh));
 	e->unit_sumsq = calloc((size_t)e->U, sizeof(double));
 	e->seq = calloc(2 * (size_t)e->U, sizeof(int));
-	e->tok_host = calloc((size_t)c->batch * c->seq, sizeof(int32_t));
-	e->tgt_host = calloc((size_t)c->batch * c->seq, sizeof(int32_t));
-	if (!e->elems || !e->sh || !e->unit_sumsq || !e->seq || !e->tok_host || !e->tgt_host)
+	/* tokens and targets, two of each: [tok0 | tgt0 | tok1 | tgt1] */
+	e->tok_buf[0] = calloc(4 * (size_t)c->batch * c->seq, sizeof(int32_t));
+	if (!e->elems || !e->sh || !e->unit_sumsq || !e->seq || !e->tok_buf[0])
 		return -ENOMEM;
+	for (int i = 0; i < 2; i++) {
+		e->tok_buf[i] = e->tok_buf[0] + (size_t)2 * i * c->batch * c->seq;
+		e->tgt_buf[i] = e->tok_buf[i] + (size_t)c->batch * c->seq;
+	}
+	e->tok_host = e->tok_buf[0];
+	e->tgt_host = e->tgt_buf[0];
+	e->host_waits = getenv("ST_HOST_WAITS") && strcmp(getenv("ST_HOST_WAITS"), "1") == 0;
 	for (int u = 0; u < e->U; u++) {
 		e->elems[u] = st_model_unit_layout(e->model, u)->elems;
 		e->E = ST_MAX(e->E, e->elems[u]);
@@ -566,9 +579,12 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		ret = st_eng_sums_init(e);
 	if (ret == 0)
 		ret = st_eng_update_setup(e);
-	if (ret == 0 && cfg->trace)
+	if (ret == 0 && cfg->trace) {
 		for (int l = 0; l < ST_LANE_COUNT; l++)
 			e->trace_lane[l] = st_trace_lane(cfg->trace, lane_names[l]);
+		e->trace_host = st_trace_lane(cfg->trace, "host");
+		e->trace_phase = st_trace_lane(cfg->trace, "phase");
+	}
 	if (ret == 0)
 		ret = init_params(e);
 	if (ret < 0) {

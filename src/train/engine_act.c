@@ -125,7 +125,7 @@ int st_eng_act_fwd_begin(struct st_engine *e, int u)
 		return 0;
 	if (old >= 1)
 		st_compute_wait(e->cx, e->ev_act[ACT_EV_OUT][old]);
-	return act_out(e, j) ? st_eng_wait_until(e, &e->act_out_busy[j]) : 0;
+	return act_out(e, j) ? st_eng_wait_until(e, &e->act_out_busy[j], "ckpt d2h") : 0;
 }
 
 /* After the forward of unit u is queued: x[u+1] to its host home. */
@@ -159,7 +159,7 @@ int st_eng_act_bwd_end(struct st_engine *e, int j)
 
 	if (!e->act_host || nx < 1)
 		return 0;
-	ret = st_eng_wait_until(e, &e->act_in_busy[nx]);
+	ret = st_eng_wait_until(e, &e->act_in_busy[nx], "ckpt h2d");
 	if (ret < 0)
 		return ret;
 	st_compute_record(e->cx, e->ev_act[ACT_EV_BW][j]);
@@ -176,9 +176,9 @@ int st_eng_act_drain(struct st_engine *e)
 	int ret = 0;
 
 	for (int j = 1; act_out(e, j) && ret == 0; j++) {
-		ret = st_eng_wait_until(e, &e->act_out_busy[j]);
+		ret = st_eng_wait_until(e, &e->act_out_busy[j], "ckpt d2h");
 		if (ret == 0)
-			ret = st_eng_wait_until(e, &e->act_in_busy[j]);
+			ret = st_eng_wait_until(e, &e->act_in_busy[j], "ckpt h2d");
 	}
 	return ret;
 }

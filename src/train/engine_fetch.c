@@ -160,6 +160,7 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
 {
 	struct shard *w = shard(e, u, ST_STATE_W);
 	int idx = e->consumed, ret, slot = -1;
+	uint64_t t0 = 0; /* the host waited for the copy to be queued since */
 	const void *src;
 
 	if (e->seq[idx] != u)
@@ -180,13 +181,19 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
 				slot = i;
 		if (slot >= 0)
 			break;
+		if (!t0)
+			t0 = st_now_ns();
 		ret = st_eng_pump(e, true);
 		if (ret < 0)
 			return ret;
 	}
+	if (t0)
+		st_eng_host_wait(e, "W fetch", t0);
 	src = slot < 0 ? vaddr(e, &w->ext) : vaddr(e, &e->slots[slot].ext);
 	if (slot >= 0)
 		st_compute_wait(e->cx, e->w_stream ? e->ev_gather[slot] : e->ev_h2d[slot]);
+	/* a span of its own: the compute is busy then, not idle (trace-gaps) */
+	st_compute_span_begin(e->cx, "widen");
 	if (st_model_precision(e->model) == ST_PRECISION_BF16) {
 		/* the model reads W as bf16: a copy (or fp32 W rounded), never a widen */
 		if (e->Wb == 2)
@@ -198,6 +205,7 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
 	} else {
 		st_compute_copy(e->cx, dst, src, e->elems[u] * sizeof(float));
 	}
+	st_compute_span_end(e->cx);
 	if (slot >= 0) {
 		st_compute_record(e->cx, e->ev_slot[2 * slot + e->slots[slot].widens % 2]);
 		e->slots[slot].widens++;

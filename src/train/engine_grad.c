@@ -52,7 +52,7 @@ int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
 	struct st_extent part = e->world == 1 ? b->dw_ext : e->scratch_ext;
 	struct st_event *after = NULL;
 	struct hop h;
-	int ret = st_eng_wait_until(e, &e->land_busy); /* the previous unit's write */
+	int ret = st_eng_wait_until(e, &e->land_busy, "G write"); /* the previous unit's write */
 
 	if (ret == 0)
 		ret = grad_reduce(e, u, b, &after);
@@ -129,13 +129,13 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 	int ret;
 
 	if (mb > 0) {
-		ret = st_eng_wait_until(e, &e->gstage_busy);
+		ret = st_eng_wait_until(e, &e->gstage_busy, "G write");
 		if (ret < 0)
 			return ret;
 		h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, at, e->gstage, bytes);
 		ret = st_eng_chain_start(e, &e->c_gread, &h, 1, &e->gstage_busy, NULL);
 		if (ret == 0)
-			ret = st_eng_wait_until(e, &e->gstage_busy);
+			ret = st_eng_wait_until(e, &e->gstage_busy, "G read");
 		if (ret < 0)
 			return ret;
 	}
@@ -163,7 +163,7 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 {
 	struct shard *g = shard(e, u, ST_STATE_G);
 	bool last = mb == e->cfg.train.grad_accum - 1;
-	int ret = st_eng_wait_until(e, &e->land_busy);
+	int ret = st_eng_wait_until(e, &e->land_busy, "dW d2h");
 	float *gp;
 
 	if (ret < 0)

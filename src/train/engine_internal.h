@@ -149,6 +149,11 @@ struct st_engine {
 	 * see it recorded again); by the h2d queue after the copy into each
 	 * slot */
 	struct st_event **ev_slot, **ev_h2d;
+	/* recorded on the h2d queue after each of the update's W stores into
+	 * a vram home (the queue runs them in order: the last one's record
+	 * says all are in); the next forward waits for it on the compute,
+	 * not the host (engine_update.c, unit_done) */
+	struct st_event *ev_wstore;
 	float *acts;                  /* activation checkpoints, X floats each */
 	size_t X;                     /* floats of the largest unit output */
 	struct ubufs *ub;             /* [U] */
@@ -161,7 +166,17 @@ struct st_engine {
 	void **saved;
 	size_t saved_bytes;
 	int32_t *tokens, *targets;    /* vram */
-	int32_t *tok_host, *tgt_host; /* drawn here, then copied to vram */
+	/* the batch is drawn into tok_host, tgt_host (host), then copied to
+	 * vram on the compute's queue, not waited for: two pairs in turn
+	 * (tok_buf[i], tgt_buf[i]), each reused once the event recorded
+	 * after its copies (ev_tok[i]) is done */
+	int32_t *tok_host, *tgt_host;
+	int32_t *tok_buf[2], *tgt_buf[2];
+	struct st_event *ev_tok[2];
+	unsigned tok_turn;
+	/* $ST_HOST_WAITS=1: the host waits where it did before the waits
+	 * were moved off the step (tools/host-waits-bench's baseline) */
+	bool host_waits;
 
 	/* host */
 	float *landing, *gstage;
@@ -230,6 +245,8 @@ struct st_engine {
 	char errmsg[512];
 	struct st_engine_stats last;
 	int trace_lane[ST_LANE_COUNT];
+	int trace_host, trace_phase;  /* the host's waits, the step's phases */
+	int trace_step;               /* the step being run, for the phases */
 	uint64_t nvme_busy0;          /* the nvme tier's busy_ns at the step's start */
 
 	/* activation checkpoints on the host (engine_act.c): A slots, and
@@ -316,7 +333,15 @@ struct hop st_eng_shard_hop(struct st_engine *e, const char *name, int u, enum s
 int st_eng_chain_start(struct st_engine *e, struct chain *c, const struct hop *hops,
 		       int nhops, int *busy, bool *queued);
 int st_eng_pump(struct st_engine *e, bool block);
-int st_eng_wait_until(struct st_engine *e, const int *counter);
+/* Pump until *counter is 0; the time the host waited goes on the trace's
+ * host lane as a span named why (what it waited for). */
+int st_eng_wait_until(struct st_engine *e, const int *counter, const char *why);
+/* --trace: the host waited for why since t0_ns (a span on the host lane,
+ * which trace-gaps sets against the compute lane's idle time). */
+void st_eng_host_wait(struct st_engine *e, const char *why, uint64_t t0_ns);
+/* --trace: the host ran the step's phase name (forward, backward, norm,
+ * update, end) of micro-batch mb since t0_ns (the phase lane). */
+void st_eng_phase(struct st_engine *e, const char *name, int mb, uint64_t t0_ns);
 void st_eng_drain(struct st_engine *e);
 int st_eng_compute_drain(struct st_engine *e);
 void st_eng_stats_begin(struct st_engine *e);

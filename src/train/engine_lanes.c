@@ -263,15 +263,32 @@ int st_eng_pump(struct st_engine *e, bool block)
 	return e->err;
 }
 
-int st_eng_wait_until(struct st_engine *e, const int *counter)
+void st_eng_host_wait(struct st_engine *e, const char *why, uint64_t t0_ns)
 {
-	while (*counter > 0) {
-		int ret = st_eng_pump(e, true);
+	if (e->cfg.trace)
+		st_trace_span(e->cfg.trace, e->trace_host, why, t0_ns, st_now_ns(), NULL);
+}
 
-		if (ret < 0)
-			return ret;
-	}
-	return 0;
+void st_eng_phase(struct st_engine *e, const char *name, int mb, uint64_t t0_ns)
+{
+	char args[64];
+
+	if (!e->cfg.trace)
+		return;
+	snprintf(args, sizeof(args), "{\"step\":%d,\"mb\":%d}", e->trace_step, mb);
+	st_trace_span(e->cfg.trace, e->trace_phase, name, t0_ns, st_now_ns(), args);
+}
+
+int st_eng_wait_until(struct st_engine *e, const int *counter, const char *why)
+{
+	uint64_t t0 = *counter > 0 ? st_now_ns() : 0;
+	int ret = 0;
+
+	while (*counter > 0 && ret == 0)
+		ret = st_eng_pump(e, true);
+	if (t0)
+		st_eng_host_wait(e, why, t0);
+	return ret;
 }
 
 /* Drain every transfer and the compute (after an error, or before reading
@@ -302,15 +319,26 @@ void st_eng_drain(struct st_engine *e)
  * error, or 0. */
 int st_eng_compute_drain(struct st_engine *e)
 {
+	uint64_t t0 = st_now_ns();
 	int ret = st_compute_sync(e->cx), n;
 	struct st_compute_span sp[64];
 
+	st_eng_host_wait(e, "compute drain", t0);
 	while ((n = st_compute_take_spans(e->cx, sp, (int)ST_ARRAY_LEN(sp))) > 0)
 		for (int i = 0; i < n; i++) {
 			e->lane[ST_LANE_COMPUTE].busy_ns += sp[i].t1_ns - sp[i].t0_ns;
-			if (e->cfg.trace)
+			if (e->cfg.trace) {
+				/* when the host queued it, in the trace's
+				 * microseconds (tools/trace-gaps) */
+				uint64_t o = st_trace_origin_ns(e->cfg.trace);
+				uint64_t q = sp[i].tq_ns > o ? sp[i].tq_ns - o : 0;
+				char args[48];
+
+				snprintf(args, sizeof(args), "{\"queued_us\":%llu.%03u}",
+					 (unsigned long long)(q / 1000), (unsigned)(q % 1000));
 				st_trace_span(e->cfg.trace, e->trace_lane[ST_LANE_COMPUTE],
-					      sp[i].name, sp[i].t0_ns, sp[i].t1_ns, NULL);
+					      sp[i].name, sp[i].t0_ns, sp[i].t1_ns, args);
+			}
 		}
 	return ret;
 }

@@ -80,7 +80,20 @@ static struct st_model_batch batch_of(const struct st_engine *e)
 int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
 {
 	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
+	unsigned i = e->tok_turn++ & 1;
+	uint64_t t0 = st_now_ns();
+	int ret;
 
+	/* The copies are queued, not waited for: the compute still runs the
+	 * last micro-batch's backward (or the sweep's AdamW comes next), and
+	 * waiting here left it idle while the host queued the forward. The
+	 * pair drawn into is the one of two micro-batches ago, whose copies
+	 * are long done (its event). */
+	ret = st_event_sync(e->dev, e->ev_tok[i]);
+	if (ret < 0)
+		return ret;
+	e->tok_host = e->tok_buf[i];
+	e->tgt_host = e->tgt_buf[i];
 	/* rank r takes micro-batch r of each group of N: N ranks read what
 	 * one reads at N times the micro-batches, in the same order */
 	for (int q = 0; q < e->world; q++)
@@ -88,8 +101,15 @@ int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 			st_loader_next(ld, e->tok_host, e->tgt_host);
 		else
 			st_loader_skip(ld);
-	st_compute_from_host(e->cx, e->tokens, e->tok_host, bytes);
-	st_compute_from_host(e->cx, e->targets, e->tgt_host, bytes);
+	if (e->host_waits) {
+		st_compute_from_host(e->cx, e->tokens, e->tok_host, bytes);
+		st_compute_from_host(e->cx, e->targets, e->tgt_host, bytes);
+	} else {
+		st_compute_from_host_async(e->cx, e->tokens, e->tok_host, bytes);
+		st_compute_from_host_async(e->cx, e->targets, e->tgt_host, bytes);
+	}
+	st_compute_record(e->cx, e->ev_tok[i]);
+	st_eng_host_wait(e, "tokens h2d", t0);
 	e->issued = e->consumed = e->gathered = 0;
 	e->w_ready = w_ready;
 	return st_compute_take_error(e->cx);
@@ -138,13 +158,14 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 		ret = st_eng_acquire_w(e, u, ub->wf);
 	if (ret < 0)
 		return ret;
+	if (!first)
+		st_eng_act_bwd_begin(e, u);
+	/* the span holds the zeroing too: the compute is busy then */
+	st_compute_span_begin(e->cx, bwd_span(e, u));
 	/* a shared dW held unit u+2's, in by now (grad_in waited for its copy);
 	 * a resident unit's was zeroed at the start, as others may add to it */
 	if (!unit_resident(e, u))
 		st_compute_zero(e->cx, ub->dw, e->epad[u] * sizeof(float));
-	if (!first)
-		st_eng_act_bwd_begin(e, u);
-	st_compute_span_begin(e->cx, bwd_span(e, u));
 	/* a unit that keeps its forward reads it from its saved extent (the
 	 * same bits) instead of recomputing it */
 	ret = st_model_bwd_saved(e->model, u, &b, ub->wf, other_w(e, u),
@@ -223,11 +244,14 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 
 	for (int a = 0; a < c->grad_accum && ret == 0; a++) {
 		double l = 0;
+		uint64_t t0 = st_now_ns();
 
 		if (a > 0 || !e->fwd_ready) {
 			ret = st_eng_begin_micro_batch(e, ld, e->U);
 			for (int u = 0; ret == 0 && u <= e->U - 2; u++)
 				ret = st_eng_forward_unit(e, u);
+			st_eng_phase(e, "forward", a, t0);
+			t0 = st_now_ns();
 		}
 		e->fwd_ready = false;
 		e->w_ready = e->U;
@@ -236,6 +260,7 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 			ret = st_eng_update_prefetch(e);
 		if (ret == 0)
 			ret = backward(e, a, &l);
+		st_eng_phase(e, "backward", a, t0);
 		*loss_sum += l;
 		if (mine)
 			mine[a] = l;
@@ -249,21 +274,23 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	const struct st_train_config *c = &e->cfg.train;
 	struct st_adam_step with_wd, without_wd;
 	double loss_sum = 0;
-	uint64_t t0 = st_now_ns();
+	uint64_t t0 = st_now_ns(), tp;
 	int ret;
 
 	memset(res, 0, sizeof(*res));
 	if (e->err)
 		return st_error_set(e->err, "%s", e->errmsg);
+	e->trace_step = step;
 	st_eng_stats_begin(e);
 	e->nonfinite = false;
 	ret = micro_batches(e, ld, &loss_sum,
 			    e->world > 1 ? e->losses + (size_t)e->rank * c->grad_accum : NULL);
 	e->end_cur = ld->cur; /* before the update sweep draws the next batch */
+	tp = st_now_ns();
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->land_busy);
+		ret = st_eng_wait_until(e, &e->land_busy, "G write");
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->gstage_busy);
+		ret = st_eng_wait_until(e, &e->gstage_busy, "G write");
 	if (ret == 0)
 		ret = st_eng_act_drain(e);
 	if (ret == 0 && e->dev_sumsq)
@@ -280,6 +307,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	ret = grad_norm(e, &res->grad_norm);
 	if (ret < 0)
 		goto fail;
+	st_eng_phase(e, "norm", c->grad_accum - 1, tp);
+	tp = st_now_ns();
 	if (isnan(res->grad_norm)) {
 		res->skipped = true;
 		ret = st_eng_update_drop(e);
@@ -293,12 +322,18 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		if (ret < 0)
 			goto fail;
 	}
-	/* the fused forward may still be computing */
+	st_eng_phase(e, "update", c->grad_accum - 1, tp);
+	tp = st_now_ns();
+	/* the fused forward may still be computing; the W stores it waited
+	 * for on the device (ev_wstore) have landed then: reaped here */
 	ret = st_eng_compute_drain(e);
+	if (ret == 0)
+		ret = st_eng_pump(e, false);
 	if (ret == 0)
 		ret = st_eng_act_drain(e);
 	if (ret < 0)
 		goto fail;
+	st_eng_phase(e, "end", c->grad_accum - 1, tp);
 	st_eng_stats_end(e, t0);
 	return 0;
 fail:

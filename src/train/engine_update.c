@@ -42,6 +42,16 @@ static bool upd_staged(const struct st_engine *e, int u, enum st_state s)
 	return h == ST_HOME_NVME;
 }
 
+/* Whether unit u's new W goes to a vram home by h2d copies that the
+ * compute, not the host, waits for (ev_wstore): the forward and backward
+ * read W there, on the compute's queue. Not so with W gathered or
+ * streamed (the comm queue reads it) nor with ST_HOST_WAITS=1. */
+static bool wstore_on_device(const struct st_engine *e, int u)
+{
+	return !e->host_waits && !e->w_gather && !e->w_stream &&
+	       e->sh[u * ST_STATE_COUNT + ST_STATE_W].home == ST_HOME_VRAM;
+}
+
 /* The next tile j > i with state s staged, or n_utiles. */
 static int next_staged(const struct st_engine *e, int i, enum st_state s)
 {
@@ -98,7 +108,7 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool blo
 					break;
 			}
 			if (ret == 0)
-				ret = st_eng_wait_until(e, &us->writes[s]);
+				ret = st_eng_wait_until(e, &us->writes[s], "store");
 			if (ret == 0)
 				ret = load_one(e, j, s);
 			e->upd_next[s] = next_staged(e, j, s);
@@ -134,6 +144,8 @@ static int upd_store(struct st_engine *e, const struct utile *t)
 	/* nvme: a write of the nvme tier; vram: an h2d copy */
 	h = st_eng_shard_hop(e, "store", t->u, ST_STATE_W, ST_IO_WRITE, woff,
 			     haddr(e, &e->upd[t->set[ST_STATE_W]].ext[ST_STATE_W]), wlen);
+	if (wstore_on_device(e, t->u))
+		h.done = e->ev_wstore;
 	return st_eng_chain_start(e, &e->upd[t->set[ST_STATE_W]].store[ST_STATE_W], &h, 1,
 				  &e->upd[t->set[ST_STATE_W]].writes[ST_STATE_W], NULL);
 }
@@ -245,13 +257,22 @@ static bool next_tile(const struct st_engine *e, struct utile *t)
 
 /* Once unit u's last tile's new W is stored (the W stores of both sets
  * landed), its new W is home: the next step's forward of u may run. Its
- * P, M and V may still be going back: the forward does not read them. */
+ * P, M and V may still be going back: the forward does not read them.
+ * A W homed in vram is waited for on the compute instead (ev_wstore,
+ * recorded after u's last store): the host goes on to the next unit's
+ * AdamW while the copy lands, and every later op of the compute (the
+ * forward of u, the backward of the last unit) runs after it. */
 static int unit_done(struct st_engine *e, int u)
 {
-	int ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W]);
+	int ret = 0;
 
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W]);
+	if (wstore_on_device(e, u)) {
+		st_compute_wait(e->cx, e->ev_wstore);
+	} else {
+		ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W], "W store");
+		if (ret == 0)
+			ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W], "W store");
+	}
 	e->w_ready = u + 1;
 	if (ret == 0 && u <= e->U - 2)
 		ret = st_eng_forward_unit(e, u);
@@ -265,9 +286,9 @@ static int upd_quiet(struct st_engine *e)
 
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++) {
-			ret = st_eng_wait_until(e, &e->upd[set].reads[s]);
+			ret = st_eng_wait_until(e, &e->upd[set].reads[s], "load");
 			if (ret == 0)
-				ret = st_eng_wait_until(e, &e->upd[set].writes[s]);
+				ret = st_eng_wait_until(e, &e->upd[set].writes[s], "store");
 		}
 	return ret;
 }
@@ -315,7 +336,7 @@ static int upd_reads_quiet(struct st_engine *e)
 
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++)
-			ret = st_eng_wait_until(e, &e->upd[set].reads[s]);
+			ret = st_eng_wait_until(e, &e->upd[set].reads[s], "load");
 	return ret;
 }
 
@@ -362,11 +383,13 @@ void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, boo
 int st_eng_dev_sumsq(struct st_engine *e)
 {
 	struct st_compute_sumsq *h = malloc((size_t)e->U * sizeof(*h));
+	uint64_t t0 = st_now_ns();
 	int ret;
 
 	if (!h)
 		return -ENOMEM;
 	st_compute_to_host(e->cx, h, e->dev_sumsq, (size_t)e->U * sizeof(*h));
+	st_eng_host_wait(e, "sumsq d2h", t0);
 	ret = st_compute_take_error(e->cx);
 	for (int u = 0; ret == 0 && u < e->U; u++) {
 		if (!opt_on_dev(e, u))
@@ -449,9 +472,11 @@ static int unit_end(struct st_engine *e, int u, bool last, struct st_loader *ld)
 static int dev_adam_check(struct st_engine *e)
 {
 	uint32_t bad = 0;
+	uint64_t t0 = st_now_ns();
 	int ret;
 
 	st_compute_to_host(e->cx, &bad, e->dev_adam_bad, sizeof(bad));
+	st_eng_host_wait(e, "adam check d2h", t0);
 	ret = st_compute_take_error(e->cx);
 	if (ret == 0 && bad)
 		ret = st_error_set(-ERANGE, "adam: %u gradient elements NaN or Inf; left unchanged",
@@ -486,16 +511,22 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V && ret == 0; s++)
 			if (cur->set[s] >= 0) {
 				assert(e->upd[cur->set[s]].holder[s] == i);
-				ret = st_eng_wait_until(e, &e->upd[cur->set[s]].reads[s]);
+				ret = st_eng_wait_until(e, &e->upd[cur->set[s]].reads[s], "load");
 			}
 		/* the new W goes into a buffer whose last store has landed */
 		if (ret == 0 && cur->set[ST_STATE_W] >= 0)
-			ret = st_eng_wait_until(e, &e->upd[cur->set[ST_STATE_W]].writes[ST_STATE_W]);
+			ret = st_eng_wait_until(e, &e->upd[cur->set[ST_STATE_W]].writes[ST_STATE_W],
+						"W store");
 		/* the device's units before this one, in unit order */
 		if (ret == 0)
 			ret = dev_units(e, &dev_next, cur->u, wd, nowd, ld);
 		if (ret == 0)
 			ret = adam_tile(e, cur, wd, nowd);
+		/* the W stores no host waited for (ev_wstore) that landed
+		 * meanwhile: reaped before the next, so the h2d lane's busy
+		 * time is each store's, up to this tile's AdamW */
+		if (ret == 0)
+			ret = st_eng_pump(e, false);
 		if (ret == 0)
 			ret = upd_store(e, cur);
 		if (ret == 0 && e->w_gather)
@@ -509,7 +540,11 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		ret = dev_adam_check(e);
 	/* fused with the next forward, the last units' P, M, V stores go on
 	 * during the next step's backward (every unit's W is home: unit_done
-	 * waited for it); else every store lands here */
+	 * waited for it, on the host or on the compute; the host has only the
+	 * compute to wait for now, so it reaps the W stores here); else every
+	 * store lands here */
+	for (int set = 0; set < 2 && ret == 0 && ld; set++)
+		ret = st_eng_wait_until(e, &e->upd[set].writes[ST_STATE_W], "W store");
 	if (ret == 0)
 		ret = ld ? upd_reads_quiet(e) : upd_quiet(e);
 	upd_reset(e);

@@ -410,7 +410,7 @@ int st_eng_zero_wdone(struct st_engine *e, int u)
 	if (ret == 0 && e->wg_store[b] && !e->wg_storing[b])
 		ret = wstore_start(e, b);
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->wg_busy[b]);
+		ret = st_eng_wait_until(e, &e->wg_busy[b], "W store");
 	e->wg_unit[b] = -1;
 	return ret;
 }

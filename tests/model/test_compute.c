@@ -281,6 +281,59 @@ static void test_ring_wraps(void **state)
 	st_queue_destroy(dev, q);
 }
 
+/* from_host_async queues the copy behind what the compute has queued and
+ * returns at once (the compute waits for a slow fill on another queue
+ * first, so a copy run at the call would return after the fill); the copy
+ * lands in queue order, so an op after it reads the copied bytes; an
+ * event recorded after it says when the host may reuse the source. The
+ * span's queued time is the host's, before the device reached it. */
+static void test_from_host_async(void **state)
+{
+	(void)state;
+	enum { NE = 256 };
+	static float src[NE], dst[NE], sum[NE], gate[NE];
+	struct st_queue *q;
+	struct st_event *ev, *done;
+	struct st_compute_span sp[2];
+
+	for (int i = 0; i < NE; i++) {
+		src[i] = (float)i + 0.5f;
+		dst[i] = -1.0f;
+		sum[i] = 0.0f;
+		gate[i] = 0.0f;
+	}
+	struct slow_fill f = { gate, NE, 2.0f, 0 };
+	assert_int_equal(st_queue_create(dev, &q), 0);
+	assert_int_equal(st_event_create(dev, &ev), 0);
+	assert_int_equal(st_event_create(dev, &done), 0);
+	assert_int_equal(st_device_host_fn(dev, q, slow_fill_fn, &f), 0);
+	assert_int_equal(st_event_record(dev, ev, q), 0);
+	uint64_t t_begin = st_now_ns();
+	st_compute_span_begin(qc, "tokens");
+	st_compute_wait(qc, ev);
+	st_compute_from_host_async(qc, dst, src, sizeof(src));
+	uint64_t t_ret = st_now_ns();
+	st_compute_residual_fwd(qc, sum, dst, gate, NE); /* dst + 2 */
+	st_compute_span_end(qc);
+	st_compute_record(qc, done);
+	assert_int_equal(st_compute_take_error(qc), 0);
+	assert_int_equal(st_event_sync(dev, done), 0);
+	assert_true(f.done_ns > 0);
+	assert_true(t_ret < f.done_ns); /* queued, not run at the call */
+	assert_memory_equal(dst, src, sizeof(src));
+	for (int i = 0; i < NE; i++)
+		assert_true(sum[i] == src[i] + 2.0f);
+	assert_int_equal(st_compute_sync(qc), 0);
+	assert_int_equal(st_compute_take_spans(qc, sp, 2), 1);
+	assert_string_equal(sp[0].name, "tokens");
+	assert_true(sp[0].tq_ns >= t_begin && sp[0].tq_ns <= t_ret);
+	assert_true(sp[0].t0_ns >= sp[0].tq_ns && sp[0].t1_ns >= f.done_ns);
+
+	st_event_destroy(dev, done);
+	st_event_destroy(dev, ev);
+	st_queue_destroy(dev, q);
+}
+
 /* The cpu bf16-operand matmul against fp64 on the same bf16 values: each
  * output within the fp32 summation bound IC * eps * sum |terms| (plus the
  * bias's); the same bits at 1 and 2 threads; the seam gives the kernel's
@@ -357,6 +410,7 @@ int main(void)
 		cmocka_unit_test(test_typed_is_run),
 		cmocka_unit_test(test_supports),
 		cmocka_unit_test(test_ring_wraps),
+		cmocka_unit_test(test_from_host_async),
 		cmocka_unit_test(test_bf16_matmul),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -67,6 +67,19 @@ for tool in "$@"; do
 	attn-bench) check "attn-bench --rounds 0" 2 "$tool" --rounds 0 ;;
 	attn-sdpa) check "attn-sdpa --iters 0" 2 "$tool" --iters 0
 		   check "attn-sdpa --rounds x" 2 "$tool" --rounds x ;;
+	copy-bench) check "copy-bench --sizes 0" 2 "$tool" --sizes 0
+		    check "copy-bench --device tpu" 2 "$tool" --device tpu
+		    check "copy-bench --reps 0" 2 "$tool" --reps 0
+		    # a short run on the cpu device: a rate per size and direction
+		    if out=$("$tool" --sizes 4K,64K --rounds 1 --reps 2 2>&1) &&
+		       [ "$(printf '%s\n' "$out" | grep -cE '^ +(4096|65536) +[0-9.]+ +[0-9.]+$')" = 2 ]; then
+			    echo "ok   copy-bench --sizes 4K,64K"
+		    else
+			    echo "FAIL copy-bench --sizes 4K,64K: $out"; fail=1
+		    fi ;;
+	host-waits-bench) check "host-waits-bench --rounds 0" 2 "$tool" --rounds 0
+			  check "host-waits-bench --params gpu" 2 "$tool" --params gpu ;;
+	trace-gaps) check "trace-gaps --min-us -1" 2 "$tool" --min-us -1 x.json ;;
 	esac
 done
 rm -f /tmp/bench-cli-err.$$

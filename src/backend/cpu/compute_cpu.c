@@ -509,14 +509,21 @@ static void q_destroy(struct st_compute *c)
 	free(qc);
 }
 
-/* to_host, from_host: a copy in queue order, then waited for. */
-static int q_copy_sync(struct st_compute *c, void *dst, const void *src, size_t bytes)
+/* from_host_async: the copy in queue order, not waited for. */
+static int q_copy_async(struct st_compute *c, void *dst, const void *src, size_t bytes)
 {
 	struct st_op op = { .kind = ST_OP_COPY,
 			    .t = { st_tensor_1d(dst, ST_DTYPE_U8, (int64_t)bytes),
 				   st_tensor_1d(src, ST_DTYPE_U8, (int64_t)bytes) },
 			    .i = { (int64_t)bytes } };
-	int ret = q_run_op(c, &op);
+
+	return q_run_op(c, &op);
+}
+
+/* to_host, from_host: a copy in queue order, then waited for. */
+static int q_copy_sync(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	int ret = q_copy_async(c, dst, src, bytes);
 
 	return ret ? ret : q_sync(c);
 }
@@ -562,7 +569,7 @@ static int q_span(struct st_compute *c, const char *name)
 	}
 	if (name) {
 		idx = qc->nspans++;
-		qc->spans[idx] = (struct qspan){ .s = { .name = name } };
+		qc->spans[idx] = (struct qspan){ .s = { .name = name, .tq_ns = st_now_ns() } };
 		qc->open = idx;
 	} else {
 		idx = qc->open;
@@ -605,6 +612,7 @@ static const struct st_compute_ops cpu_queued_ops = {
 	.destroy = q_destroy,
 	.to_host = q_copy_sync,
 	.from_host = q_copy_sync,
+	.from_host_async = q_copy_async,
 	.record = q_record,
 	.wait = q_wait,
 	.span = q_span,

@@ -17,6 +17,7 @@ struct cucompute {
 	struct cuspan {
 		const char *name;
 		struct st_cuda_timer *t;
+		uint64_t tq_ns; /* queued (host clock) */
 	} *spans;
 	int nspans, cap, open; /* open: index of the open span, or -1 */
 	struct st_cuda_timer **idle;
@@ -308,6 +309,13 @@ static int cu_copy_sync(struct st_compute *c, void *dst, const void *src, size_t
 	return rc ? rc : st_cuda_sync(ctx_of(c));
 }
 
+/* from_host_async: on the stream, not waited for (an event after it says
+ * when src may be reused). */
+static int cu_copy_async(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	return st_cuda_memcpy_async(ctx_of(c), dst, src, bytes);
+}
+
 static int cu_record(struct st_compute *c, struct st_event *e)
 {
 	return st_cuda_ctx_record(ctx_of(c), e);
@@ -365,7 +373,7 @@ static int cu_span(struct st_compute *c, const char *name)
 		cc->idle[cc->nidle++] = t;
 		return rc;
 	}
-	cc->spans[cc->nspans] = (struct cuspan){ .name = name, .t = t };
+	cc->spans[cc->nspans] = (struct cuspan){ .name = name, .t = t, .tq_ns = st_now_ns() };
 	cc->open = cc->nspans++;
 	return 0;
 }
@@ -386,7 +394,8 @@ static int cu_take_spans(struct st_compute *c, struct st_compute_span *out, int 
 		if (rc != 1)
 			break;
 		if (cc->spans[k].name)
-			out[n++] = (struct st_compute_span){ cc->spans[k].name, t0, t1 };
+			out[n++] = (struct st_compute_span){ cc->spans[k].name, t0, t1,
+							     cc->spans[k].tq_ns };
 		cc->idle[cc->nidle++] = cc->spans[k].t;
 		k++;
 	}
@@ -405,6 +414,7 @@ static const struct st_compute_ops cuda_ops = {
 	.destroy = cu_destroy,
 	.to_host = cu_copy_sync,
 	.from_host = cu_copy_sync,
+	.from_host_async = cu_copy_async,
 	.record = cu_record,
 	.wait = cu_wait,
 	.span = cu_span,
