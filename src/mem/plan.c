@@ -988,7 +988,8 @@ static bool st_policy_fits(void *ctx, const enum st_home *homes)
 	return st_fits(&p, pol->budget, ST_HOME_NVME);
 }
 
-static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_s)
+static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_s,
+			     double *update_s)
 {
 	struct st_policy *pol = ctx;
 	struct st_plan *p = &pol->scratch;
@@ -997,6 +998,11 @@ static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_
 	p->act_offloaded = st_act_offloaded(pol->sh, *pol->sh->act_home);
 	st_predict(pol->in, pol->sh, homes, p);
 	*step_s = p->t_step_s;
+	if (update_s) {
+		*update_s = 0;
+		for (int i = 0; i < 5; i++)
+			*update_s += p->t_phase_lane_s[1][i];
+	}
 	return p->t_compute_s + p->t_copy_s + p->t_nvme_s + p->t_adam_s + p->t_net_s;
 }
 
@@ -1097,7 +1103,7 @@ static int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum 
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
 			st_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
 				       budget);
-		sum = st_policy_cost(pol, pol->trial, &step);
+		sum = st_policy_cost(pol, pol->trial, &step, NULL);
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
 			st_recomp_base(pol->in, pol->sh);
 		if (chosen < 0 || st_split_better(step, sum, best_step, best_sum)) {
