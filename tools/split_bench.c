@@ -4,7 +4,7 @@
  * A model whose optimizer state (G, P, M, V) is about twice the host
  * budget, two engines over the same data and seed at the same budgets,
  * stepped alternately in one process so the machine's noise falls on both:
- * S planned by the policy (auto: about half the units' state in host, the
+ * S planned by the policy (auto: about half the optimizer state in host, the
  * rest on nvme), U with the optimizer forced to nvme (the uniform row the
  * old policy took). It prints, per round and as medians, the step time of
  * each, the ratio S/U (goal <= 0.6) and the nvme bytes each moved, with

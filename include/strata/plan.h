@@ -337,12 +337,15 @@ struct st_plan {
 	 * net; compute holds AdamW on the cpu device, host_compute), the
 	 * phase's time (its busiest lane) and that lane's name. The update
 	 * phase's traffic: the new W to vram, the G, P, M, V loads and the
-	 * P, M, V and W stores on nvme. t_step_s = t_phase_s[0] +
+	 * P, M, V and W stores on nvme; of its loads, those the engine
+	 * queues during the last backward (P, M, V's first two staged tiles
+	 * each), which count in the backward phase. t_step_s = t_phase_s[0] +
 	 * t_phase_s[1] + t_serial_s. */
 	double t_phase_lane_s[2][5];
 	double t_phase_s[2];
 	const char *phase_bound[2];
 	uint64_t upd_h2d_bytes, upd_nvme_read_bytes, upd_nvme_write_bytes;
+	uint64_t upd_prefetch_nvme_read_bytes;
 };
 
 #define ST_PLAN_ACCUM_MAX 64

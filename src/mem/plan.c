@@ -675,6 +675,44 @@ static void st_predict_times(const struct st_plan_input *in, const struct st_sha
 			     double host_adam_share, struct st_plan *p);
 static double st_recomp_flops(const struct st_plan_input *in, const struct st_shape *sh);
 
+/* The bytes of the first `tiles` staged tiles of state s: the engine's
+ * update tiles (engine_update.c) cut each unit's range of P (the rank's
+ * shard) at the tile and, at world > 1, at every slice; a state's tiles
+ * are staged in the units where it lives on nvme. */
+static uint64_t st_first_tiles_bytes(const struct st_shape *sh, const enum st_home *homes,
+				     enum st_state s, int tiles)
+{
+	uint64_t bytes = 0;
+
+	for (int u = 0; u < sh->units && tiles > 0; u++) {
+		uint64_t n = sh->st_elems[u * ST_STATE_COUNT + ST_STATE_P];
+		uint64_t seg = sh->world > 1 ? sh->slice[u] : n;
+
+		if (homes[u * ST_STATE_COUNT + s] != ST_HOME_NVME || !n || !seg)
+			continue;
+		for (uint64_t t0 = 0; t0 < n && tiles > 0; tiles--) {
+			uint64_t len = ST_MIN(sh->tile, ST_MIN(n - t0, seg - t0 % seg));
+
+			bytes += len * 4;
+			t0 += len;
+		}
+	}
+	return bytes;
+}
+
+/* The update's loads the engine queues during the last micro-batch's
+ * backward (st_eng_update_prefetch): P, M and V need no G, so each of
+ * them loads its first two staged tiles, one into each of its two
+ * staging buffers, before the sweep starts. */
+static uint64_t st_predict_prefetch(const struct st_shape *sh, const enum st_home *homes)
+{
+	uint64_t bytes = 0;
+
+	for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+		bytes += st_first_tiles_bytes(sh, homes, (enum st_state)s, 2);
+	return bytes;
+}
+
 static void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		       const enum st_home *homes, struct st_plan *p)
 {
@@ -733,6 +771,7 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
 				p->upd_nvme_write_bytes += pmv;
 			}
 	}
+	p->upd_prefetch_nvme_read_bytes = st_predict_prefetch(sh, homes);
 	st_predict_comm(sh, p);
 	st_act_traffic(sh, p);
 	/* units whose optimizer runs on the device take no CPU AdamW time,
@@ -747,7 +786,8 @@ static void st_predict(const struct st_plan_input *in, const struct st_shape *sh
  * needs the whole gradient's norm) and the next step's backward after the
  * sweep, so the phases add; within a phase the lanes overlap. The update
  * phase has the update's traffic (G, P, M, V loads and P, M, V, W stores
- * on nvme, the new W to vram), AdamW, and one micro-batch's forward
+ * on nvme, the new W to vram) but the P, M, V loads the engine queues
+ * during the backward (st_predict_prefetch), AdamW, and one micro-batch's forward
  * FLOPs (a third of the model's, nothing recomputed); the rest of each
  * lane is the first phase's. The fill and drain: one unit's share of each
  * phase's lanes but its busiest, twice. t[] are the whole step's lanes. */
@@ -763,7 +803,8 @@ static void st_predict_phases(const struct st_plan_input *in, const struct st_sh
 	fwd = ST_MIN(fwd, t[0]);
 	L[1][0] = fwd;
 	L[1][1] = (double)p->upd_h2d_bytes / r->copy_bps;
-	L[1][2] = (double)p->upd_nvme_read_bytes / r->nvme_read_bps +
+	L[1][2] = (double)(p->upd_nvme_read_bytes - p->upd_prefetch_nvme_read_bytes) /
+			  r->nvme_read_bps +
 		  (double)p->upd_nvme_write_bytes / r->nvme_write_bps;
 	L[1][3] = t[3];
 	L[1][4] = 0;
@@ -947,7 +988,8 @@ static bool st_policy_fits(void *ctx, const enum st_home *homes)
 	return st_fits(&p, pol->budget, ST_HOME_NVME);
 }
 
-static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_s)
+static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_s,
+			     double *update_s)
 {
 	struct st_policy *pol = ctx;
 	struct st_plan *p = &pol->scratch;
@@ -956,6 +998,11 @@ static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_
 	p->act_offloaded = st_act_offloaded(pol->sh, *pol->sh->act_home);
 	st_predict(pol->in, pol->sh, homes, p);
 	*step_s = p->t_step_s;
+	if (update_s) {
+		*update_s = 0;
+		for (int i = 0; i < 5; i++)
+			*update_s += p->t_phase_lane_s[1][i];
+	}
 	return p->t_compute_s + p->t_copy_s + p->t_nvme_s + p->t_adam_s + p->t_net_s;
 }
 
@@ -1056,7 +1103,7 @@ static int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum 
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
 			st_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
 				       budget);
-		sum = st_policy_cost(pol, pol->trial, &step);
+		sum = st_policy_cost(pol, pol->trial, &step, NULL);
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
 			st_recomp_base(pol->in, pol->sh);
 		if (chosen < 0 || st_split_better(step, sum, best_step, best_sum)) {
@@ -1995,6 +2042,8 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(o, "nvme_write_bytes", st_ju(p->nvme_write_bytes));
 	json_object_object_add(o, "update_h2d_bytes", st_ju(p->upd_h2d_bytes));
 	json_object_object_add(o, "update_nvme_read_bytes", st_ju(p->upd_nvme_read_bytes));
+	json_object_object_add(o, "update_prefetch_nvme_read_bytes",
+			       st_ju(p->upd_prefetch_nvme_read_bytes));
 	json_object_object_add(o, "update_nvme_write_bytes", st_ju(p->upd_nvme_write_bytes));
 	json_object_object_add(root, "traffic", o);
 

@@ -8,8 +8,14 @@
  * fill. W on nvme is read twice a step per micro-batch (N F) and written
  * once, so a byte of W saves the most; G is written and read by every
  * micro-batch (N each way), P, M and V once each way, so at N > 1 a byte of
- * G beats one of P, M or V, and at N = 1 they tie and the unit order keeps
- * whole units together. The fill goes down the ordered list taking every
+ * G beats one of P, M or V. At N = 1 they tie, and what the move takes off
+ * the update phase decides: G's write goes in the backward, beside all of
+ * the step's compute, its load in the update, where only AdamW and one
+ * forward are beside it; P's, M's and V's load and store are both the
+ * update's (but for their first tiles' loads, which the engine issues in
+ * the backward, and whose place the next unit's tiles then take). So P, M
+ * and V go first, then G; equal savings go in unit order, which keeps the
+ * units' P, M and V together. The fill goes down the ordered list taking every
  * move that still fits (first fit, by saving per byte), and goes over it
  * again while something moved: a move can free room for an earlier one
  * (the last W leaving the slots, the last shard of a state leaving nvme
@@ -22,6 +28,7 @@
 struct st_move {
 	int u, s;
 	double per_byte_s; /* predicted seconds saved per byte of the shard */
+	double upd_per_byte_s; /* of them, the update phase's */
 };
 
 void st_split_allowed(const struct st_plan_input *in, unsigned allowed[ST_STATE_COUNT])
@@ -47,14 +54,17 @@ static double st_round30(double x)
 	return ldexp(nearbyint(m * 0x1p30) / 0x1p30, e);
 }
 
-/* The most saving per byte first; then unit, then state, so the order is
- * total and the result the same on every machine. */
+/* The most saving per byte first; then the most of it off the update
+ * phase; then unit, then state, so the order is total and the result the
+ * same on every machine. */
 static int st_move_cmp(const void *a, const void *b)
 {
 	const struct st_move *x = a, *y = b;
 
 	if (x->per_byte_s != y->per_byte_s)
 		return x->per_byte_s > y->per_byte_s ? -1 : 1;
+	if (x->upd_per_byte_s != y->upd_per_byte_s)
+		return x->upd_per_byte_s > y->upd_per_byte_s ? -1 : 1;
 	if (x->u != y->u)
 		return x->u < y->u ? -1 : 1;
 	return (x->s > y->s) - (x->s < y->s);
@@ -67,7 +77,7 @@ static int st_split_fill(const struct st_split_ops *ops, enum st_home *homes, en
 {
 	int n = 0, moved = 0;
 	bool changed;
-	double step, base = ops->cost(ops->ctx, homes, &step);
+	double step, upd, base_upd, base = ops->cost(ops->ctx, homes, &step, &base_upd);
 
 	for (int u = 0; u < ops->units; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
@@ -78,13 +88,16 @@ static int st_split_fill(const struct st_split_ops *ops, enum st_home *homes, en
 			if (!(ops->allowed[s] & 1u << t) || was <= t || !bytes)
 				continue;
 			*h = t;
-			saved = base - ops->cost(ops->ctx, homes, &step);
+			saved = base - ops->cost(ops->ctx, homes, &step, &upd);
 			*h = was;
 			/* a move that saves nothing only takes room (the head's
 			 * W, fetched once, costs as much h2d in vram) */
 			if (saved > 0)
-				mv[n++] = (struct st_move){ .u = u, .s = s,
-							    .per_byte_s = st_round30(saved / (double)bytes) };
+				mv[n++] = (struct st_move){
+					.u = u, .s = s,
+					.per_byte_s = st_round30(saved / (double)bytes),
+					.upd_per_byte_s = st_round30((base_upd - upd) / (double)bytes),
+				};
 		}
 	qsort(mv, (size_t)n, sizeof(*mv), st_move_cmp);
 	do {

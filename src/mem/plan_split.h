@@ -26,9 +26,11 @@ struct st_split_ops {
 	 * prefetch depth the placement is chosen at)? */
 	bool (*fits)(void *ctx, const enum st_home *homes);
 	/* Required: the predicted seconds of a step with `homes`: returns the
-	 * sum over the resources (compute, copy, nvme, adam, net) and puts
-	 * the step (the busiest resource) in *step_s. */
-	double (*cost)(void *ctx, const enum st_home *homes, double *step_s);
+	 * sum over the resources (compute, copy, nvme, adam, net), puts the
+	 * step (its two phases, each its busiest resource) in *step_s and,
+	 * when update_s is not NULL, the sum over the resources of the
+	 * update phase alone in *update_s. */
+	double (*cost)(void *ctx, const enum st_home *homes, double *step_s, double *update_s);
 	void *ctx;
 	/* st_split_scratch_bytes(units) bytes the policy may use. Borrowed. */
 	void *scratch;

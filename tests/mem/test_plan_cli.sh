@@ -201,10 +201,13 @@ r, t, tr = p['rates'], p['time'], p['traffic']
 assert r['nvme_read_bps'] == 3.25e9 and r['nvme_write_bps'] == 2.5e9, r
 want = tr['nvme_read_bytes'] / 3.25e9 + tr['nvme_write_bytes'] / 2.5e9
 assert abs(t['nvme_s'] - want) <= 1e-9 * want, (t, want)
-# the update phase's nvme: its loads and stores at the same rates
+# the update phase's nvme: its loads and stores at the same rates, but
+# the P, M, V loads queued during the backward
 b, u = t['phases']
 assert (b['phase'], u['phase']) == ('backward', 'update'), t['phases']
-want = tr['update_nvme_read_bytes'] / 3.25e9 + tr['update_nvme_write_bytes'] / 2.5e9
+pre = tr['update_prefetch_nvme_read_bytes']
+assert 0 < pre < tr['update_nvme_read_bytes'], tr
+want = (tr['update_nvme_read_bytes'] - pre) / 3.25e9 + tr['update_nvme_write_bytes'] / 2.5e9
 assert want > 0 and abs(u['lanes']['nvme_s'] - want) <= 1e-9 * want, (u, want)
 # the cpu device: compute and AdamW share the cores (AdamW in the update);
 # the two phases add, plus the fill and drain
