@@ -51,6 +51,7 @@ export OMPI_MCA_orte_tmpdir_base=$work/ompi
 mkdir -p "$OMPI_MCA_orte_tmpdir_base"
 # 4 ranks, 2 on each fake node; ranks that wait yield the cores (2 in CI:
 # busy-polling ranks and orteds would starve the ones computing)
+# shellcheck disable=SC2054 # --host takes a comma list
 mn=(mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$here/fake-node"
     --host nodea:2,nodeb:2 -np 4 --mca mpi_yield_when_idle 1)
 
@@ -58,6 +59,7 @@ mn=(mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$here/fake-node"
 . "$here/../cli/check.sh"
 text "$work/data.txt" 7 ranks on two nodes add their slices in rank order and agree
 mkdir -p "$work/nvme"
+# shellcheck disable=SC2054 # --model takes a comma list
 common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-every 100
 	--warmup 1 --seed 5 --model layers=2,dim=64,heads=2,vocab=256,ctx=32)
 
