@@ -240,6 +240,7 @@ struct st_comm_launch {
 	int rank;             /* -1 when the launcher does not say */
 	int world;            /* -1 when the launcher does not say */
 	int local_rank;       /* -1 when the launcher does not say */
+	int nodes;            /* the job's nodes; -1 when the launcher does not say */
 };
 void st_comm_launch(struct st_comm_launch *out);
 /* The backend for device_name ("cpu", "cuda") as launched: the one
@@ -255,7 +256,8 @@ int st_comm_library(const struct st_comm_ops *ops, char *buf, size_t bytes);
 /* One line for `strata info`, starting no library: the built backends,
  * each one's library, and the launcher's world: "local,mpi,nccl; mpi:
  * Open MPI v4.1.4, ...; nccl: NCCL 2.28.9; launcher: mpirun, rank 0 of 2,
- * local rank 0" (or "launcher: none, one rank"). Returns buf. */
+ * local rank 0, host vm, 1 node" (or "launcher: none, one rank"; the nodes
+ * where the launcher says). Returns buf. */
 const char *st_comm_describe(char *buf, size_t bytes);
 /* The name of a collective kind ("allreduce", "reduce_scatter", ...). */
 const char *st_comm_kind_name(enum st_comm_kind k);

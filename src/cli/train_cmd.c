@@ -435,13 +435,14 @@ static void agree_or_exit(struct st_comm *c, int rank, const char *const *lines,
 }
 
 static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
-		       const struct st_dataset *ds, const char *run_line)
+		       const struct st_dataset *ds, const char *run_line, const char *save,
+		       struct st_cli_world *wi)
 {
 	struct st_device_config dc = { .mem_bytes = 1 << 20 };
 	struct st_device *d = NULL;
 	struct st_comm *c = NULL;
 	json_object *o = json_tokener_parse(cfg_json);
-	char *lines[64], buf[64];
+	char *lines[64], buf[256];
 	int n = 0, ret;
 
 	if (ec->world == 1 || !o)
@@ -462,6 +463,12 @@ static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
 	/* what decides which collectives a step runs besides the model: the
 	 * saves, the resume, the metrics' gathers */
 	lines[n++] = strdup(run_line);
+	/* BLAS's kernels decide the forward's and backward's bits: a
+	 * DYNAMIC_ARCH OpenBLAS picks them by the CPU (or OPENBLAS_CORETYPE),
+	 * so nodes with other CPUs would train apart, silently */
+	snprintf(buf, sizeof(buf), "blas=%s", openblas_get_config());
+	buf[strcspn(buf, "\n")] = 0;
+	lines[n++] = strdup(buf);
 	/* host lines: over mpi where built (nccl, the cuda device's, needs a GPU) */
 	ret = st_device_create(st_device_find("cpu"), &dc, &d);
 	if (ret == 0)
@@ -473,6 +480,7 @@ static void zero_agree(const struct st_engine_config *ec, const char *cfg_json,
 		if (!lines[i])
 			st_cli_die(1, "the ranks' agreement on the configuration: out of memory");
 	agree_or_exit(c, ec->rank, (const char *const *)lines, n);
+	st_cli_zero_nodes(c, ec->rank, save, wi);
 	st_comm_destroy(c);
 	st_device_destroy(d);
 	for (int i = 0; i < n; i++)
@@ -689,6 +697,7 @@ int st_cli_train(int argc, char **argv)
 	struct st_engine *e;
 	struct st_dataset *ds;
 	struct st_loader ld;
+	struct st_cli_world wi = { .nodes = 1 };
 	struct st_loader_config lc;
 	struct st_trace *trace = NULL;
 	FILE *mf = NULL;
@@ -883,7 +892,7 @@ int st_cli_train(int argc, char **argv)
 			 "run save=%s save-every=%d keep=%d resume=%s metrics=%d",
 			 save ? save : "-", save_every, keep, resume ? resume : "-",
 			 metrics != NULL);
-		zero_agree(&ec, cfg_json, ds, run_line);
+		zero_agree(&ec, cfg_json, ds, run_line, save, &wi);
 	}
 
 	/* One run saves into a DIR at a time: a second one (a restart while
@@ -1012,6 +1021,10 @@ int st_cli_train(int argc, char **argv)
 	       cfg->model.dim, cfg->model.n_head, cfg->model.vocab, data,
 	       (unsigned long long)st_dataset_tokens(ds), cfg->batch, cfg->seq, cfg->grad_accum,
 	       ec.device, omp_get_max_threads(), st_optim_path_name(st_optim_path_get()));
+	if (ec.world > 1)
+		printf("world: %d ranks on %d node%s: %s | --zero %d | comm %s | blas %s\n",
+		       ec.world, wi.nodes, wi.nodes == 1 ? "" : "s", wi.hosts, ec.zero,
+		       st_comm_name(st_engine_comm(e)), openblas_get_corename());
 	fflush(stdout);
 	if (stop_requested)
 		st_cli_die(130, "stopped before the first step (nothing saved)");

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 /* A timing stamp's argument: host functions on the comm's queue take one
@@ -103,13 +104,20 @@ static int st_comm_env_int(const char *name)
 
 void st_comm_launch(struct st_comm_launch *out)
 {
-	*out = (struct st_comm_launch){ .rank = -1, .world = -1, .local_rank = -1 };
+	*out = (struct st_comm_launch){ .rank = -1, .world = -1, .local_rank = -1, .nodes = -1 };
 	if (st_comm_env_int("OMPI_COMM_WORLD_SIZE") >= 0) {
 		out->launcher = "mpirun";
 		out->rank = st_comm_env_int("OMPI_COMM_WORLD_RANK");
 		out->world = st_comm_env_int("OMPI_COMM_WORLD_SIZE");
 		out->local_rank = st_comm_env_int("OMPI_COMM_WORLD_LOCAL_RANK");
-	} else if (st_comm_env_int("PMIX_RANK") >= 0) {
+		/* the nodes the job's daemons run on (Open MPI 4.1) */
+		out->nodes = st_comm_env_int("OMPI_MCA_orte_num_nodes");
+		return;
+	}
+	out->nodes = st_comm_env_int("SLURM_STEP_NUM_NODES");
+	if (out->nodes < 0)
+		out->nodes = st_comm_env_int("SLURM_JOB_NUM_NODES");
+	if (st_comm_env_int("PMIX_RANK") >= 0) {
 		out->launcher = "pmix"; /* srun --mpi=pmix */
 		out->rank = st_comm_env_int("PMIX_RANK");
 		out->world = st_comm_env_int("SLURM_STEP_NUM_TASKS");
@@ -133,6 +141,8 @@ void st_comm_launch(struct st_comm_launch *out)
 		out->world = st_comm_env_int("SLURM_STEP_NUM_TASKS");
 		out->local_rank = st_comm_env_int("SLURM_LOCALID");
 	}
+	if (!out->launcher)
+		out->nodes = -1;
 }
 
 int st_comm_auto(const char *device_name, const struct st_comm_ops **out)
@@ -197,9 +207,17 @@ const char *st_comm_describe(char *buf, size_t bytes)
 	}
 	st_comm_launch(&l);
 	if (at < bytes) {
-		if (l.launcher)
-			snprintf(buf + at, bytes - at, "; launcher: %s, rank %d of %d, local rank %d",
-				 l.launcher, l.rank, l.world, l.local_rank);
+		char host[64] = "?";
+
+		gethostname(host, sizeof(host) - 1);
+		if (l.launcher && l.nodes > 0)
+			snprintf(buf + at, bytes - at,
+				 "; launcher: %s, rank %d of %d, local rank %d, host %s, %d node%s",
+				 l.launcher, l.rank, l.world, l.local_rank, host, l.nodes,
+				 l.nodes == 1 ? "" : "s");
+		else if (l.launcher)
+			snprintf(buf + at, bytes - at, "; launcher: %s, rank %d of %d, local rank %d, host %s",
+				 l.launcher, l.rank, l.world, l.local_rank, host);
 		else
 			snprintf(buf + at, bytes - at, "; launcher: none, one rank");
 	}

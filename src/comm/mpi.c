@@ -580,18 +580,30 @@ static int mpi_open(struct st_comm *c, const struct st_comm_config *cfg, int *ra
 	if (ret < 0)
 		return ret;
 	p->coll = p->ctl = MPI_COMM_NULL;
+	/* The watchdog starts before the first collective: MPI_Comm_dup is
+	 * one (every rank takes part), and the first a rank can hang in when
+	 * a peer never comes (a node that cannot reach this one: Open MPI's
+	 * TCP connect waits for ever). MPI_COMM_WORLD's rank and size are
+	 * local calls. */
+	MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &p->world);
+	ret = st_mpi_watch_start(&p->watch, "comm mpi", p->rank, p->world,
+				 st_mpi_timeout(cfg->timeout_s));
+	if (ret < 0)
+		return ret;
+	st_mpi_watch_enter(&p->watch, ST_MPI_WATCH_HOST, "MPI_Comm_dup (the comm's start)");
 	rc = MPI_Comm_dup(MPI_COMM_WORLD, &p->coll);
 	if (rc == MPI_SUCCESS)
 		rc = MPI_Comm_dup(MPI_COMM_WORLD, &p->ctl);
 	if (rc != MPI_SUCCESS) {
+		st_mpi_watch_leave(&p->watch, ST_MPI_WATCH_HOST);
 		ret = st_mpi_err(rc, "MPI_Comm_dup");
 		goto fail;
 	}
 	MPI_Comm_set_errhandler(p->coll, MPI_ERRORS_RETURN);
 	MPI_Comm_set_errhandler(p->ctl, MPI_ERRORS_RETURN);
-	MPI_Comm_rank(p->coll, &p->rank);
-	MPI_Comm_size(p->coll, &p->world);
 	ret = st_mpi_node_rank(p->ctl, &p->local_rank);
+	st_mpi_watch_leave(&p->watch, ST_MPI_WATCH_HOST);
 	if (ret < 0)
 		goto fail;
 	if (cfg->stage_host || !st_device_unified(st_comm_device(c))) {
@@ -600,17 +612,11 @@ static int mpi_open(struct st_comm *c, const struct st_comm_config *cfg, int *ra
 			goto fail;
 	}
 	pthread_mutex_init(&p->lock, NULL);
-	ret = st_mpi_watch_start(&p->watch, "comm mpi", p->rank, p->world,
-				 st_mpi_timeout(cfg->timeout_s));
-	if (ret < 0) {
-		pthread_mutex_destroy(&p->lock);
-		mpi_stage_close(c, p);
-		goto fail;
-	}
 	*rank = p->rank;
 	*world = p->world;
 	return 0;
 fail:
+	st_mpi_watch_stop(&p->watch);
 	if (p->coll != MPI_COMM_NULL)
 		MPI_Comm_free(&p->coll);
 	if (p->ctl != MPI_COMM_NULL)

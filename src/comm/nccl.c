@@ -172,18 +172,24 @@ static int nccl_world(struct nccl_priv *p, const struct st_comm_config *cfg, ncc
 
 		if (ret < 0)
 			return ret;
-		rc = MPI_Comm_dup(MPI_COMM_WORLD, &p->ctl);
-		if (rc != MPI_SUCCESS)
-			return st_mpi_err(rc, "MPI_Comm_dup");
-		MPI_Comm_set_errhandler(p->ctl, MPI_ERRORS_RETURN);
-		p->mpi = true;
-		MPI_Comm_rank(p->ctl, &p->rank);
-		MPI_Comm_size(p->ctl, &p->world);
-		ret = st_mpi_node_rank(p->ctl, &p->local_rank);
-		if (ret < 0)
-			return ret;
+		/* the watchdog first: MPI_Comm_dup is the first collective (as
+		 * in mpi.c) */
+		MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
+		MPI_Comm_size(MPI_COMM_WORLD, &p->world);
 		p->timeout_s = st_mpi_timeout(cfg->timeout_s);
 		ret = st_mpi_watch_start(&p->watch, "comm nccl", p->rank, p->world, p->timeout_s);
+		if (ret < 0)
+			return ret;
+		st_mpi_watch_enter(&p->watch, ST_MPI_WATCH_HOST, "MPI_Comm_dup (the comm's start)");
+		rc = MPI_Comm_dup(MPI_COMM_WORLD, &p->ctl);
+		if (rc != MPI_SUCCESS) {
+			st_mpi_watch_stop(&p->watch);
+			return st_mpi_err(rc, "MPI_Comm_dup");
+		}
+		MPI_Comm_set_errhandler(p->ctl, MPI_ERRORS_RETURN);
+		p->mpi = true;
+		ret = st_mpi_node_rank(p->ctl, &p->local_rank);
+		st_mpi_watch_leave(&p->watch, ST_MPI_WATCH_HOST);
 		if (ret < 0)
 			return ret;
 		if (p->rank == 0)

@@ -28,6 +28,10 @@
  *   test_comm_mpi stuck   rank world-1 stops taking part (sleeps) while the
  *                         others wait in an allreduce: their watchdog
  *                         (ST_COMM_TIMEOUT) must end the job, naming them.
+ *   test_comm_mpi stuck-start  rank world-1 starts MPI but never opens its
+ *                         comm: the others wait in the comm's first
+ *                         collective (MPI_Comm_dup), which the watchdog
+ *                         must watch already (it started after it, once).
  *
  * tests/comm/mpi-expect checks the exit status, time and output of the last
  * three. A failed check prints the rank, the line and the detail, and ends
@@ -36,6 +40,7 @@
 #include "strata/device.h"
 
 #include <errno.h>
+#include <mpi.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -605,13 +610,31 @@ static int run_stuck(void)
 	return 0;
 }
 
+static int run_stuck_start(void)
+{
+	struct world w;
+	int level = 0, rank = 0, n = 0;
+
+	MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &n);
+	if (rank == n - 1) {
+		fprintf(stderr, "test_comm_mpi: rank %d never opens its comm\n", rank);
+		sleep(120);
+		return 0;
+	}
+	open_world(&w, atof(getenv("ST_COMM_TIMEOUT") ? getenv("ST_COMM_TIMEOUT") : "300"));
+	close_world(&w);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "all";
 	struct world w;
 
 	if (strcmp(mode, "--help") == 0) {
-		printf("usage: tests/mpi-run N test_comm_mpi [all|--stage|mismatch|kill|exit|truncate|stuck]\n"
+		printf("usage: tests/mpi-run N test_comm_mpi [all|--stage|mismatch|kill|exit|truncate|stuck|stuck-start]\n"
 		       "  the mpi comm backend across N ranks (see the top of test_comm_mpi.c)\n");
 		return 0;
 	}
@@ -621,6 +644,8 @@ int main(int argc, char **argv)
 		return run_kill();
 	if (strcmp(mode, "stuck") == 0)
 		return run_stuck();
+	if (strcmp(mode, "stuck-start") == 0)
+		return run_stuck_start();
 	if (strcmp(mode, "exit") == 0)
 		return run_exit();
 	if (strcmp(mode, "truncate") == 0)
@@ -630,7 +655,7 @@ int main(int argc, char **argv)
 		mode = "all";
 	}
 	if (strcmp(mode, "all") != 0) {
-		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, --stage, mismatch, kill, exit, truncate, stuck)\n",
+		fprintf(stderr, "test_comm_mpi: unknown mode '%s' (all, --stage, mismatch, kill, exit, truncate, stuck, stuck-start)\n",
 			mode);
 		return 2;
 	}
