@@ -317,6 +317,90 @@ static void test_layernorm(void **state)
 	free(dout); free(dx); free(dg); free(dbb);
 }
 
+/* LLaMA's norm: out (bf16) = x * rstd * g from the fp32 residual stream;
+ * the backward's dx fp32, from a bf16 dout */
+static void test_rmsnorm(void **state)
+{
+	(void)state;
+	float *x = f_rand(LN * LC, 2.0f), *rstd = malloc(LN * 4);
+	bf16 *g = bf_rand(LC, 1.0f), *out = malloc(LN * LC * 2), *dout = bf_rand(LN * LC, 1.0f);
+	float *dx = f_rand(LN * LC, 0.5f), *dg = f_rand(LC, 0.5f);
+	double ref[LN * LC], rr[LN], rdx[LN * LC], rdg[LC];
+
+	for (int n = 0; n < LN; n++) {
+		double ms = 0;
+		for (int c = 0; c < LC; c++)
+			ms += (double)x[n * LC + c] * x[n * LC + c];
+		rr[n] = 1.0 / sqrt(ms / LC + 1e-5);
+		for (int c = 0; c < LC; c++)
+			ref[n * LC + c] = x[n * LC + c] * rr[n] * w(g, c);
+	}
+	struct st_op op = { .kind = ST_OP_RMSNORM_FWD,
+			    .t = { TB(out, LN * LC), TF(rstd, LN), TF(x, LN * LC), TB(g, LC) },
+			    .i = { LN, LC }, .f = { 1e-5f } };
+	run(&op);
+	near_bf("rmsnorm_fwd out", out, ref, LN * LC, 1e-6);
+	near_f("rmsnorm_fwd rstd", rstd, rr, LN, 1e-5, 1e-6);
+
+	for (int c = 0; c < LC; c++)
+		rdg[c] = dg[c];
+	for (int n = 0; n < LN; n++) {
+		double s = 0;
+		for (int c = 0; c < LC; c++) {
+			double xh = x[n * LC + c] * rr[n];
+			s += w(dout, n * LC + c) * w(g, c) * xh;
+			rdg[c] += w(dout, n * LC + c) * xh;
+		}
+		for (int c = 0; c < LC; c++) {
+			double xh = x[n * LC + c] * rr[n];
+			rdx[n * LC + c] = dx[n * LC + c] +
+					  rr[n] * (w(dout, n * LC + c) * w(g, c) - xh * s / LC);
+		}
+	}
+	struct st_op ob = { .kind = ST_OP_RMSNORM_BWD,
+			    .t = { TF(dx, LN * LC), TF(dg, LC), TB(dout, LN * LC), TF(x, LN * LC),
+				   TB(g, LC), TF(rstd, LN) },
+			    .i = { LN, LC } };
+	run(&ob);
+	near_f("rmsnorm_bwd dx", dx, rdx, LN * LC, 1e-4, 1e-5);
+	near_f("rmsnorm_bwd dweight", dg, rdg, LC, 1e-4, 1e-5);
+	free(x); free(rstd); free(g); free(out); free(dout); free(dx); free(dg);
+}
+
+static double silu(double x)
+{
+	return x / (1.0 + exp(-x));
+}
+
+/* LLaMA's MLP activation: act = silu(gate) * up, all bf16; the backward
+ * overwrites dgate and dup (bf16) */
+static void test_swiglu(void **state)
+{
+	(void)state;
+	enum { N = 5000 };
+	bf16 *ga = bf_rand(N, 6.0f), *up = bf_rand(N, 2.0f), *dy = bf_rand(N, 1.0f);
+	bf16 *y = malloc(N * 2), *dg = malloc(N * 2), *du = malloc(N * 2);
+	double ref[N], rg[N], ru[N];
+
+	for (int i = 0; i < N; i++) {
+		double a = w(ga, i), s = 1.0 / (1.0 + exp(-a));
+		ref[i] = silu(a) * w(up, i);
+		rg[i] = w(dy, i) * w(up, i) * s * (1.0 + a * (1.0 - s));
+		ru[i] = w(dy, i) * silu(a);
+	}
+	struct st_op op = { .kind = ST_OP_SWIGLU_FWD, .t = { TB(y, N), TB(ga, N), TB(up, N) },
+			    .i = { N } };
+	run(&op);
+	near_bf("swiglu_fwd", y, ref, N, 1e-6);
+	struct st_op ob = { .kind = ST_OP_SWIGLU_BWD,
+			    .t = { TB(dg, N), TB(du, N), TB(dy, N), TB(ga, N), TB(up, N) },
+			    .i = { N } };
+	run(&ob);
+	near_bf("swiglu_bwd dgate", dg, rg, N, 1e-5);
+	near_bf("swiglu_bwd dup", du, ru, N, 1e-5);
+	free(ga); free(up); free(dy); free(y); free(dg); free(du);
+}
+
 static double gelu(double x)
 {
 	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -548,6 +632,8 @@ int main(void)
 		cmocka_unit_test(test_matmul_bwd),
 		cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_layernorm),
+		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_gelu),
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_attention),
