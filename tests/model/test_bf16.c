@@ -562,13 +562,15 @@ static void test_attention(void **state)
 
 /* ---- the precision check ---------------------------------------------------------------- */
 
-/* A compute that runs what the cpu does except attention_bwd in bf16: a
- * device that lacks one op of the bf16 path. */
+/* A compute that runs what the cpu does except attention_bwd and
+ * gqa_attention_bwd in bf16: a device that lacks one op of each family's
+ * bf16 path. */
 static bool lacks_supports(const struct st_compute *c, enum st_op_kind kind,
 			   const enum st_dtype *dt)
 {
 	(void)c;
-	if (kind == ST_OP_ATTENTION_BWD && dt[0] == ST_DTYPE_BF16)
+	if ((kind == ST_OP_ATTENTION_BWD || kind == ST_OP_GQA_ATTENTION_BWD) &&
+	    dt[0] == ST_DTYPE_BF16)
 		return false;
 	return st_compute_supports(st_compute_cpu(), kind, dt);
 }
@@ -621,6 +623,20 @@ static void test_precision_check(void **state)
 	assert_non_null(strstr(st_error_last(), "bf16"));
 	assert_int_equal(st_model_set_precision(m, ST_PRECISION_FP32), 0);
 	assert_int_equal(st_model_precision_check(m), 0); /* fp32 needs no bf16 op */
+	st_model_destroy(m);
+	/* LLaMA likewise */
+	assert_int_equal(st_model_config_parse("llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,"
+					       "vocab=300,ctx=32,bias=1",
+					       &cfg),
+			 0);
+	assert_int_equal(st_model_create(&cfg, &m), 0);
+	assert_int_equal(st_model_set_precision(m, ST_PRECISION_BF16), 0);
+	assert_int_equal(st_model_precision_check(m), 0); /* bf16 on the cpu */
+	st_model_set_compute(m, &lacks);
+	assert_int_equal(st_model_precision_check(m), 0 - ENOTSUP);
+	assert_non_null(strstr(st_error_last(), "gqa_attention_bwd"));
+	assert_int_equal(st_model_set_precision(m, ST_PRECISION_FP32), 0);
+	assert_int_equal(st_model_precision_check(m), 0);
 	st_model_destroy(m);
 }
 
