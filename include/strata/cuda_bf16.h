@@ -56,6 +56,30 @@ int st_cuda_bf16_gelu_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, const uint16_
 int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
 			       const uint16_t *wte, const uint16_t *wpe, int B, int T, int C);
 
+/* LLaMA's (ops_kernels.cuh's kernels, instantiated at bf16): out (N,C)
+ * bf16 = rmsnorm of a (N,C) fp32, weight bf16; with res not NULL, res
+ * (fp32) = a + b first and the norm is of res (RESIDUAL_RMSNORM_FWD). */
+int st_cuda_bf16_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, uint16_t *out, float *rstd,
+			     const float *a, const float *b, const uint16_t *weight, float eps,
+			     int N, int C);
+/* dinp, dweight fp32 +=; dout bf16 (dout_bf16) or fp32; weight bf16. */
+int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			     const void *dout, int dout_bf16, const float *inp,
+			     const uint16_t *weight, const float *rstd, int N, int C);
+/* ROPE_FWD / ROPE_BWD (bwd) on bf16 rows; out may be inp. */
+int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uint16_t *inp,
+		      int B, int T, int NH, int hd, int stride, int type, int original_ctx,
+		      float theta, float factor, float low_freq_factor, float high_freq_factor);
+int st_cuda_bf16_swiglu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *gate,
+			    const uint16_t *up, size_t n);
+/* dgate, dup overwritten (either may be gate or up). */
+int st_cuda_bf16_swiglu_bwd(struct st_cuda_ctx *ctx, uint16_t *dgate, uint16_t *dup,
+			    const uint16_t *dout, const uint16_t *gate, const uint16_t *up,
+			    size_t n);
+/* out (N,C) fp32 = wte[tokens], the table bf16. */
+int st_cuda_bf16_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+				 const uint16_t *wte, int N, int C);
+
 #ifdef __cplusplus
 }
 #endif

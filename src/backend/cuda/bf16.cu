@@ -226,4 +226,132 @@ int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_
 	return 0;
 }
 
+/* ---- LLaMA's: ops_kernels.cuh's templated kernels at bf16 ----------------------- */
+
+int st_cuda_bf16_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, uint16_t *out, float *rstd,
+			     const float *a, const float *b, const uint16_t *weight, float eps,
+			     int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_fwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	if (res)
+		k_residual_rmsnorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+			res, out, rstd, a, b, weight, eps, N, C);
+	else
+		k_rmsnorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(out, rstd, a, weight,
+									   eps, N, C);
+	LAUNCH_CHECK("bf16 rmsnorm_fwd");
+	return 0;
+}
+
+int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			     const void *dout, int dout_bf16, const float *inp,
+			     const uint16_t *weight, const float *rstd, int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_bwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	if (dinp) {
+		if (dout_bf16)
+			k_rmsnorm_bwd_dinp<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+				dinp, (const uint16_t *)dout, inp, weight, rstd, N, C);
+		else
+			k_rmsnorm_bwd_dinp<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+				dinp, (const float *)dout, inp, weight, rstd, N, C);
+		LAUNCH_CHECK("bf16 rmsnorm_bwd dinp");
+	}
+	if (dweight) { /* the layernorm's column sums with mean NULL */
+		unsigned g = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
+		if (dout_bf16)
+			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+				dweight, (float *)NULL, (const uint16_t *)dout, inp,
+				(const float *)NULL, rstd, N, C);
+		else
+			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+				dweight, (float *)NULL, (const float *)dout, inp,
+				(const float *)NULL, rstd, N, C);
+		LAUNCH_CHECK("bf16 rmsnorm_bwd dweight");
+	}
+	return 0;
+}
+
+int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uint16_t *inp,
+		      int B, int T, int NH, int hd, int stride, int type, int original_ctx,
+		      float theta, float factor, float low_freq_factor, float high_freq_factor)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (B < 0 || T < 0 || NH < 0 || hd < 2 || hd % 2 || (int64_t)NH * hd > stride)
+		return st_error_set(-EINVAL, "cuda: bf16 rope: bad shape");
+	size_t n = (size_t)B * T * NH * (hd / 2);
+	if (n == 0)
+		return 0;
+	k_rope<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		 st_cuda_ctx_stream(ctx)>>>(out, inp, T, NH, hd, stride, n, type, original_ctx,
+					    theta, factor, low_freq_factor, high_freq_factor,
+					    bwd ? -1.0f : 1.0f);
+	LAUNCH_CHECK("bf16 rope");
+	return 0;
+}
+
+int st_cuda_bf16_swiglu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *gate,
+			    const uint16_t *up, size_t n)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc || n == 0)
+		return rc;
+	k_swiglu_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		       st_cuda_ctx_stream(ctx)>>>(out, gate, up, n);
+	LAUNCH_CHECK("bf16 swiglu_fwd");
+	return 0;
+}
+
+int st_cuda_bf16_swiglu_bwd(struct st_cuda_ctx *ctx, uint16_t *dgate, uint16_t *dup,
+			    const uint16_t *dout, const uint16_t *gate, const uint16_t *up,
+			    size_t n)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc || n == 0)
+		return rc;
+	k_swiglu_bwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		       st_cuda_ctx_stream(ctx)>>>(dgate, dup, dout, gate, up, n);
+	LAUNCH_CHECK("bf16 swiglu_bwd");
+	return 0;
+}
+
+int st_cuda_bf16_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+				 const uint16_t *wte, int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 token_embed_fwd: bad shape");
+	size_t n = (size_t)N * C;
+	if (n == 0)
+		return 0;
+	k_token_embed_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			    st_cuda_ctx_stream(ctx)>>>(out, tokens, wte, C, n);
+	LAUNCH_CHECK("bf16 token_embed_fwd");
+	return 0;
+}
+
 } /* extern "C" */
