@@ -56,6 +56,15 @@ int st_cuda_bf16_gelu_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, const uint16_
 int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
 			       const uint16_t *wte, const uint16_t *wpe, int B, int T, int C);
 
+/* LLaMA's nn.Linear, weight (OC,IC) bf16: out (N,OC) = inp @ weight^T +
+ * bias, out bf16 (out_bf16) or fp32; and its backward as matmul_bwd's
+ * (dinp bf16 +=, dweight (OC,IC) and dbias fp32 +=). */
+int st_cuda_bf16_linear_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
+			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
+			    int N, int IC, int OC);
+int st_cuda_bf16_linear_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
+			    float *dbias, const uint16_t *dout, const uint16_t *inp,
+			    const uint16_t *weight, int N, int IC, int OC);
 /* LLaMA's (ops_kernels.cuh's kernels, instantiated at bf16): out (N,C)
  * bf16 = rmsnorm of a (N,C) fp32, weight bf16; with res not NULL, res
  * (fp32) = a + b first and the norm is of res (RESIDUAL_RMSNORM_FWD). */

@@ -4,14 +4,11 @@
  * relative L2 tolerance, fp32 outputs to 1e-4), and the GPT-2 bf16 step's
  * ops on the cuda compute (st_model_precision_check: every op the step
  * runs is one the cuda compute takes). A row cuda does not take is a
- * failure naming it: the bf16 step cannot run there -- except the ops of
- * cuda_todo[], LLaMA's bf16 linear and GQA attention, which the cuda
- * compute lacks so far (docs/gpu.md): printed as "todo", so LLaMA's bf16
- * path is known not to run on cuda yet. The step's numbers
+ * failure naming it: the bf16 step cannot run there. The same for the
+ * LLaMA bf16 step's ops. The step's numbers
  * against the cpu device's are tools/gpu-check's bf16 step (strata train
  * on both devices). */
 #include <math.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,18 +22,6 @@
 #include "strata/model.h"
 
 static int fails;
-
-/* the bf16 path's ops the cuda compute does not have yet (LLaMA's) */
-static const enum st_op_kind cuda_todo[] = { ST_OP_LINEAR_FWD, ST_OP_LINEAR_BWD,
-					     ST_OP_GQA_ATTENTION_FWD, ST_OP_GQA_ATTENTION_BWD };
-
-static bool is_todo(enum st_op_kind k)
-{
-	for (size_t i = 0; i < sizeof(cuda_todo) / sizeof(cuda_todo[0]); i++)
-		if (cuda_todo[i] == k)
-			return true;
-	return false;
-}
 
 static double widen(const void *p, enum st_dtype dt, int64_t i)
 {
@@ -90,12 +75,8 @@ int main(void)
 		case_fill(c, r + 1, h, &oh);
 		od = oh;
 		if (!st_compute_supports_op(cx, &od)) {
-			if (is_todo(c->kind)) {
-				printf("todo %s: not on cuda yet\n", c->what);
-			} else {
-				printf("FAIL %s: the cuda compute does not take it\n", c->what);
-				fails++;
-			}
+			printf("FAIL %s: the cuda compute does not take it\n", c->what);
+			fails++;
 			case_free(h);
 			continue;
 		}
@@ -159,6 +140,22 @@ int main(void)
 		fails++;
 	} else {
 		printf("ok   the GPT-2 bf16 step's ops all run on cuda\n");
+	}
+	st_model_destroy(m);
+	m = NULL;
+	if (st_model_config_parse("llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=300,"
+				  "ctx=32,bias=1",
+				  &cfg) < 0 ||
+	    st_model_create(&cfg, &m) < 0 || st_model_set_precision(m, ST_PRECISION_BF16) < 0) {
+		fprintf(stderr, "model: %s\n", st_error_last());
+		return 1;
+	}
+	st_model_set_compute(m, cx);
+	if (st_model_precision_check(m) < 0) {
+		printf("FAIL the LLaMA bf16 step on cuda: %s\n", st_error_last());
+		fails++;
+	} else {
+		printf("ok   the LLaMA bf16 step's ops all run on cuda\n");
 	}
 	st_model_destroy(m);
 	st_compute_destroy(cx);

@@ -1755,6 +1755,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cuda_close_to_cpu),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_llama_placement),
+		cmocka_unit_test(test_llama_bf16),
 		cmocka_unit_test(test_act_host),
 		cmocka_unit_test(test_recompute_invariance),
 		cmocka_unit_test(test_device_optim_traffic),

@@ -112,6 +112,72 @@ int st_cuda_bf16_matmul_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dwei
 	return 0;
 }
 
+/* LLaMA's linear (nn.Linear: weight (OC,IC) row-major, which is column-
+ * major (IC,OC)), mapped as the matmuls above with W transposed:
+ *   fwd   out^T (OC,N) = W (OC,IC) @ inp^T (IC,N)      (A = W transposed)
+ *   dinp  dinp^T (IC,N) += W^T (IC,OC) @ dout^T (OC,N)
+ *   dW    dW^T (IC,OC) += inp^T (IC,N) @ dout (N,OC)  (B = dout transposed) */
+int st_cuda_bf16_linear_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
+			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
+			    int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 linear_fwd: bad shape");
+	if (N == 0 || OC == 0)
+		return 0;
+	unsigned g = grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK);
+	if (IC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
+				       IC, inp, IC, 1, out, out_bf16, OC, 0.0f, bias, 1, 0, NULL);
+		if (rc != -ENOTSUP || !bias)
+			return rc;
+	}
+	if (out_bf16)
+		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((uint16_t *)out, bias, (size_t)N, OC);
+	else
+		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((float *)out, bias, (size_t)N, OC);
+	LAUNCH_CHECK("bf16 linear_fwd bias");
+	if (IC == 0)
+		return 0;
+	return st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight, IC,
+				 inp, IC, 1, out, out_bf16, OC, 1.0f, NULL, 1, 0, NULL);
+}
+
+int st_cuda_bf16_linear_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
+			    float *dbias, const uint16_t *dout, const uint16_t *inp,
+			    const uint16_t *weight, int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 linear_bwd: bad shape");
+	if (dinp && N > 0 && IC > 0 && OC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)IC, (uint64_t)N, (uint64_t)OC, weight,
+				       IC, dout, OC, 1, dinp, 1, IC, 1.0f, NULL, 1, 0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dweight && N > 0 && IC > 0 && OC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 0, 1, (uint64_t)IC, (uint64_t)OC, (uint64_t)N, inp, IC,
+				       dout, OC, 1, dweight, 0, IC, 1.0f, NULL, 1, 0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dbias && N > 0 && OC > 0) {
+		k_colsum_b<<<grid_for((size_t)OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			     st_cuda_ctx_stream(ctx)>>>(dbias, dout, N, OC);
+		LAUNCH_CHECK("bf16 linear_bwd dbias");
+	}
+	return 0;
+}
+
 int st_cuda_bf16_gemm(struct st_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
 		      const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
 		      float *C, int ldc)

@@ -72,8 +72,9 @@ static const struct {
 	{ ST_OP_LAYERNORM_BWD, "fffffbff" }, { ST_OP_GELU_FWD, "bb" },
 	{ ST_OP_GELU_BWD, "bbb" },         { ST_OP_EMBEDDING_FWD, "fibb" },
 	{ ST_OP_MATMUL_GELU_FWD, "bbbbb" },
-	/* LLaMA's (the rest of its path, bf16 linear and GQA attention, is not
-	 * here yet: docs/gpu.md) */
+	/* LLaMA's (its GQA attention at bf16 is cu_supports()' own case) */
+	{ ST_OP_LINEAR_FWD, "bbbb" },      { ST_OP_LINEAR_FWD, "fbbb" },
+	{ ST_OP_LINEAR_BWD, "bffbbb" },
 	{ ST_OP_RMSNORM_FWD, "bffb" },     { ST_OP_RESIDUAL_RMSNORM_FWD, "fbfffb" },
 	{ ST_OP_RMSNORM_BWD, "ffbfbf" },   { ST_OP_RMSNORM_BWD, "ffffbf" },
 	{ ST_OP_ROPE_FWD, "bb" },          { ST_OP_ROPE_BWD, "bb" },
@@ -131,6 +132,11 @@ static int cu_run_bf16(struct st_cuda_ctx *ctx, const struct st_op *op)
 		return st_cuda_bf16_gelu_bwd(ctx, P(0), P(1), P(2), Z(0));
 	case ST_OP_EMBEDDING_FWD:
 		return st_cuda_bf16_embedding_fwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	case ST_OP_LINEAR_FWD:
+		return st_cuda_bf16_linear_fwd(ctx, P(0), BF(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	case ST_OP_LINEAR_BWD:
+		return st_cuda_bf16_linear_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1),
+					       I(2));
 	case ST_OP_RMSNORM_FWD:
 		return st_cuda_bf16_rmsnorm_fwd(ctx, NULL, P(0), P(1), P(2), NULL, P(3), op->f[0],
 						I(0), I(1));
