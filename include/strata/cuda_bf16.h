@@ -68,6 +68,38 @@ int st_cuda_head_ce_bf16(struct st_cuda_ctx *ctx, float *losses, float *dx, floa
 			 const uint16_t *x, const uint16_t *w, const int32_t *targets,
 			 float *scratch, size_t scratch_elems, float dloss, int N, int C,
 			 int V);
+/* LLaMA's nn.Linear, weight (OC,IC) bf16: out (N,OC) = inp @ weight^T +
+ * bias, out bf16 (out_bf16) or fp32; and its backward as matmul_bwd's
+ * (dinp bf16 +=, dweight (OC,IC) and dbias fp32 +=). */
+int st_cuda_bf16_linear_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
+			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
+			    int N, int IC, int OC);
+int st_cuda_bf16_linear_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
+			    float *dbias, const uint16_t *dout, const uint16_t *inp,
+			    const uint16_t *weight, int N, int IC, int OC);
+/* LLaMA's (ops_kernels.cuh's kernels, instantiated at bf16): out (N,C)
+ * bf16 = rmsnorm of a (N,C) fp32, weight bf16; with res not NULL, res
+ * (fp32) = a + b first and the norm is of res (RESIDUAL_RMSNORM_FWD). */
+int st_cuda_bf16_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, uint16_t *out, float *rstd,
+			     const float *a, const float *b, const uint16_t *weight, float eps,
+			     int N, int C);
+/* dinp, dweight fp32 +=; dout bf16 (dout_bf16) or fp32; weight bf16. */
+int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			     const void *dout, int dout_bf16, const float *inp,
+			     const uint16_t *weight, const float *rstd, int N, int C);
+/* ROPE_FWD / ROPE_BWD (bwd) on bf16 rows; out may be inp. */
+int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uint16_t *inp,
+		      int B, int T, int NH, int hd, int stride, int type, int original_ctx,
+		      float theta, float factor, float low_freq_factor, float high_freq_factor);
+int st_cuda_bf16_swiglu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *gate,
+			    const uint16_t *up, size_t n);
+/* dgate, dup overwritten (either may be gate or up). */
+int st_cuda_bf16_swiglu_bwd(struct st_cuda_ctx *ctx, uint16_t *dgate, uint16_t *dup,
+			    const uint16_t *dout, const uint16_t *gate, const uint16_t *up,
+			    size_t n);
+/* out (N,C) fp32 = wte[tokens], the table bf16. */
+int st_cuda_bf16_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+				 const uint16_t *wte, int N, int C);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
  * operands and accumulates in fp32 (its bf16 output rounded once). */
 #include "gpt2_bf16.h"
 
+#include "bf16_head.h"
 #include "strata/compute.h"
 
 #include <assert.h>
@@ -23,16 +24,6 @@
 /* The block's tensors, in layout order (as gpt2.c). */
 enum { LN1_W, LN1_B, ATTN_W, ATTN_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCP_W,
        FCP_B, BT_COUNT };
-
-typedef uint16_t bf16;
-
-#define TB(p, n) st_tensor_1d((p), ST_DTYPE_BF16, (int64_t)(n))
-#define TF(p, n) st_tensor_1d((p), ST_DTYPE_F32, (int64_t)(n))
-
-static bf16 *carve_b(struct st_carver *cv, size_t n)
-{
-	return (bf16 *)st_carve(cv, (n + 1) / 2);
-}
 
 /* ---- the op records (each an st_compute_run) ------------------------------------ */
 
@@ -148,22 +139,6 @@ static void att_bwd(struct st_compute *c, bf16 *dqkv, const bf16 *dout, const bf
 	st_compute_run(c, &op);
 }
 
-/* Row-major C (M,N) fp32 = op(A) @ op(B) + beta C, A and B bf16 */
-static void gemm(struct st_compute *c, int ta, int tb, int M, int N, int K, const bf16 *A,
-		 int lda, const bf16 *Bm, int ldb, float beta, float *C, int ldc)
-{
-	struct st_op op = {
-		.kind = ST_OP_GEMM,
-		.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
-		       st_tensor_2d(Bm, ST_DTYPE_BF16, tb ? N : K, ldb),
-		       st_tensor_2d(C, ST_DTYPE_F32, M, ldc) },
-		.i = { ta, tb, M, N, K, lda, ldb, ldc },
-		.f = { beta },
-	};
-
-	st_compute_run(c, &op);
-}
-
 /* ---- workspace -------------------------------------------------------------------- */
 
 struct bwork {
@@ -176,39 +151,21 @@ struct bwork {
 static void block_carve(struct st_carver *sv, struct st_carver *sc, struct bwork *w, size_t N,
 			size_t C, size_t BH_T)
 {
-	w->ln1 = carve_b(sv, N * C);
+	w->ln1 = st_carve_bf16(sv, N * C);
 	w->mean1 = st_carve(sv, N);
 	w->rstd1 = st_carve(sv, N);
-	w->qkv = carve_b(sv, 3 * N * C);
-	w->atty = carve_b(sv, N * C);
+	w->qkv = st_carve_bf16(sv, 3 * N * C);
+	w->atty = st_carve_bf16(sv, N * C);
 	w->lse = st_carve(sv, BH_T);
 	w->res = st_carve(sv, N * C);
-	w->ln2 = carve_b(sv, N * C);
+	w->ln2 = st_carve_bf16(sv, N * C);
 	w->mean2 = st_carve(sv, N);
 	w->rstd2 = st_carve(sv, N);
-	w->fch = carve_b(sv, 4 * N * C);
-	w->gel = carve_b(sv, 4 * N * C);
+	w->fch = st_carve_bf16(sv, 4 * N * C);
+	w->gel = st_carve_bf16(sv, 4 * N * C);
 	w->dres = st_carve(sc, N * C);
-	w->dln = carve_b(sc, N * C);
-	w->db16 = carve_b(sc, N * C);
-}
-
-struct hwork {
-	bf16 *xln, *dlog16;
-	float *mean, *rstd, *dxln, *logits, *losses;
-};
-
-static void head_carve(struct st_carver *cv, struct hwork *w, size_t N, size_t C, size_t V)
-{
-	size_t R = ST_MIN(N, (size_t)ST_MODEL_CE_CHUNK_ROWS);
-
-	w->xln = carve_b(cv, N * C);
-	w->mean = st_carve(cv, N);
-	w->rstd = st_carve(cv, N);
-	w->dxln = st_carve(cv, N * C);
-	w->logits = st_carve(cv, R * V);
-	w->dlog16 = carve_b(cv, R * V);
-	w->losses = st_carve(cv, N);
+	w->dln = st_carve_bf16(sc, N * C);
+	w->db16 = st_carve_bf16(sc, N * C);
 }
 
 static size_t bh_t(const struct st_model *m, int B, int T)
@@ -226,8 +183,7 @@ size_t st_gpt2_bf16_work_bytes(const struct st_model *m, int u, int B, int T)
 		struct bwork w;
 		block_carve(&cv, &cv, &w, N, C, bh_t(m, B, T));
 	} else if (st_model_unit_layout(m, u)->kind == ST_UNIT_HEAD) {
-		struct hwork w;
-		head_carve(&cv, &w, N, C, (size_t)st_model_config(m)->vocab);
+		return st_bf16_head_work_bytes(N, C, (size_t)st_model_config(m)->vocab);
 	} else {
 		return 0;
 	}
@@ -338,88 +294,26 @@ static void block_bwd(const struct st_model *m, int u, int B, int T, const float
 
 /* ---- head ------------------------------------------------------------------------------ */
 
-/* ln_f's weight and bias (unit U-1) and wte (unit 0), bf16 */
-static void head_views(const struct st_model *m, const float *params, const float *other,
-		       const bf16 **lnw, const bf16 **lnb, const bf16 **wte)
+/* The shared head over ln_f (unit U-1: weight, bias) and wte (unit 0), bf16;
+ * grad and other_grad NULL for the forward. */
+static struct st_bf16_head head_of(const struct st_model *m, const float *params,
+				   const float *other, float *grad, float *other_grad)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
+	const size_t wte = st_model_unit_layout(m, 0)->tensors[0].offset_elems;
+	const bf16 *p = (const bf16 *)(const void *)params;
+	struct st_bf16_head h = {
+		.norm_w = p + ul->tensors[0].offset_elems,
+		.norm_b = p + ul->tensors[1].offset_elems,
+		.W = (const bf16 *)(const void *)other + wte,
+	};
 
-	*lnw = (const bf16 *)(const void *)params + ul->tensors[0].offset_elems;
-	*lnb = (const bf16 *)(const void *)params + ul->tensors[1].offset_elems;
-	*wte = (const bf16 *)(const void *)other +
-	       st_model_unit_layout(m, 0)->tensors[0].offset_elems;
-}
-
-/* The head's matmul and cross-entropy as one HEAD_CROSSENTROPY op where
- * the compute has it (the cpu: this file's chunk loop, bit for bit; cuda:
- * fused, the logits never written); false: the caller runs the chunks. */
-static bool head_ce_fused(const struct st_model *m, const struct hwork *w, const bf16 *wte,
-			  const int32_t *targets, float dloss, float *other_grad, int N)
-{
-	struct st_compute *c = st_model_compute(m);
-	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
-	const int R = ST_MIN(N, ST_MODEL_CE_CHUNK_ROWS);
-	const size_t NC = (size_t)N * C, VC = (size_t)V * C, RV = (size_t)R * V;
-	float *dwte = other_grad ? other_grad + st_model_unit_layout(m, 0)->tensors[0].offset_elems
-				 : NULL;
-	struct st_op op = { .kind = ST_OP_HEAD_CROSSENTROPY,
-			    .t = { TF(w->losses, N), TF(other_grad ? w->dxln : NULL, NC),
-				   TF(dwte, VC), TB(w->xln, NC), TB(wte, VC),
-				   st_tensor_1d(targets, ST_DTYPE_I32, N), TF(w->logits, RV),
-				   TB(w->dlog16, RV) },
-			    .i = { N, C, V, R },
-			    .f = { dloss } };
-
-	/* the cuda op keeps lse and its partials in the logits scratch */
-	if (RV < 4 * (size_t)N || !st_compute_supports_op(c, &op))
-		return false;
-	st_compute_run(c, &op);
-	return true;
-}
-
-static void head_run(const struct st_model *m, const struct st_model_batch *b,
-		     const float *params, const float *other, const float *x, float *dx,
-		     float *grad, float *other_grad, float *loss, const struct hwork *w)
-{
-	struct st_compute *c = st_model_compute(m);
-	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab, N = b->B * b->T;
-	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
-	const bf16 *lnw, *lnb, *wte;
-	const bool bwd = dx != NULL;
-
-	head_views(m, params, other, &lnw, &lnb, &wte);
-	ln_fwd(c, w->xln, w->mean, w->rstd, x, lnw, lnb, N, C);
-	if (bwd)
-		st_compute_zero(c, w->dxln, sizeof(float) * (size_t)N * C);
-	const float dloss = b->loss_scale / (float)N;
-	/* the chunks, unless the fused op did the whole head */
-	const bool fused = head_ce_fused(m, w, wte, b->targets, dloss, bwd ? other_grad : NULL, N);
-	for (int r0 = fused ? N : 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
-		int nr = ST_MIN(ST_MODEL_CE_CHUNK_ROWS, N - r0);
-		const bf16 *xr = w->xln + (size_t)r0 * C;
-		// logits (nr,V) fp32 = xln_r (nr,C) @ wte^T (C,V)
-		gemm(c, 0, 1, nr, V, C, xr, C, wte, C, 0.0f, w->logits, V);
-		if (!bwd) {
-			st_compute_crossentropy_fwd(c, w->losses + r0, w->logits, b->targets + r0,
-						    nr, V);
-			continue;
-		}
-		st_compute_crossentropy_bwd(c, w->logits, w->losses + r0, w->logits,
-					    b->targets + r0, dloss, nr, V);
-		st_compute_f32_to_bf16(c, w->dlog16, w->logits, (size_t)nr * V);
-		// dxln_r (nr,C) += dlogits (nr,V) @ wte (V,C)
-		gemm(c, 0, 0, nr, C, V, w->dlog16, V, wte, C, 1.0f, w->dxln + (size_t)r0 * C, C);
-		// dwte (V,C) += dlogits^T (V,nr) @ xln_r (nr,C)
-		float *dwte = other_grad + st_model_unit_layout(m, 0)->tensors[0].offset_elems;
-		gemm(c, 1, 0, V, C, nr, w->dlog16, V, xr, C, 1.0f, dwte, C);
+	if (grad) {
+		h.dnorm_w = grad + ul->tensors[0].offset_elems;
+		h.dnorm_b = grad + ul->tensors[1].offset_elems;
+		h.dW = other_grad + wte;
 	}
-	if (loss)
-		*loss = st_family_mean_loss(c, w->losses, (size_t)N);
-	if (bwd) {
-		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
-		ln_bwd(c, dx, grad + ul->tensors[0].offset_elems, grad + ul->tensors[1].offset_elems,
-		       w->dxln, true, x, lnw, w->mean, w->rstd, N, C);
-	}
+	return h;
 }
 
 /* ---- the hooks' bf16 halves ------------------------------------------------------------- */
@@ -466,9 +360,8 @@ int st_gpt2_bf16_fwd_save(const struct st_model *m, int u, const struct st_model
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
-		struct hwork w;
-		head_carve(&cv, &w, (size_t)B * T, (size_t)C, (size_t)st_model_config(m)->vocab);
-		head_run(m, batch, params, other, x, NULL, NULL, NULL, loss, &w);
+		struct st_bf16_head h = head_of(m, params, other, NULL, NULL);
+		st_bf16_head_run(m, batch, &h, x, NULL, loss, work, work_bytes);
 		return st_compute_take_error(c);
 	}
 	}
@@ -503,9 +396,8 @@ int st_gpt2_bf16_bwd_saved(const struct st_model *m, int u, const struct st_mode
 		return st_compute_take_error(c);
 	}
 	case ST_UNIT_HEAD: {
-		struct hwork w;
-		head_carve(&cv, &w, (size_t)B * T, (size_t)C, (size_t)st_model_config(m)->vocab);
-		head_run(m, batch, params, other, x, dx, grad, other_grad, loss, &w);
+		struct st_bf16_head h = head_of(m, params, other, grad, other_grad);
+		st_bf16_head_run(m, batch, &h, x, dx, loss, work, work_bytes);
 		return st_compute_take_error(c);
 	}
 	}
@@ -515,16 +407,7 @@ int st_gpt2_bf16_bwd_saved(const struct st_model *m, int u, const struct st_mode
 int st_gpt2_bf16_logits(const struct st_model *m, const float *params, const float *other,
 			const float *x, float *logits, void *work, size_t work_bytes)
 {
-	struct st_compute *c = st_model_compute(m);
-	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
-	const bf16 *lnw, *lnb, *wte;
-	struct st_carver cv;
-	struct hwork w;
+	struct st_bf16_head h = head_of(m, params, other, NULL, NULL);
 
-	st_carver_init(&cv, work, work_bytes);
-	head_carve(&cv, &w, 1, (size_t)C, (size_t)V);
-	head_views(m, params, other, &lnw, &lnb, &wte);
-	ln_fwd(c, w.xln, w.mean, w.rstd, x, lnw, lnb, 1, C);
-	gemm(c, 0, 1, 1, V, C, w.xln, C, wte, C, 0.0f, logits, V);
-	return st_compute_sync(c);
+	return st_bf16_head_logits(m, &h, x, logits, work, work_bytes);
 }

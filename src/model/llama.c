@@ -12,6 +12,7 @@
  * reads unit 0, as GPT-2's does) and a tensor of the head's own unit when
  * not (streamed like any unit). */
 #include "llama.h"
+#include "llama_bf16.h"
 
 #include "strata/compute.h"
 #include "strata/rope.h"
@@ -22,38 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Slots of a decoder layer's tensors; the biases exist with qkv_bias. */
-enum {
-	LT_IN_NORM,
-	LT_Q_W,
-	LT_Q_B,
-	LT_K_W,
-	LT_K_B,
-	LT_V_W,
-	LT_V_B,
-	LT_O_W,
-	LT_POST_NORM,
-	LT_GATE_W,
-	LT_UP_W,
-	LT_DOWN_W,
-	LT_COUNT,
-};
-enum { HT_NORM, HT_LM_HEAD };
-
-/* Shapes of a config. */
-struct st_dims {
-	int L, C, H, K, hd, F, V, Q, KV; /* Q = H hd, KV = K hd */
-};
-
-static struct st_dims st_dims_of(const struct st_model_config *c)
-{
-	struct st_dims d = { .L = c->n_layer, .C = c->dim, .H = c->n_head, .K = c->n_kv_head,
-			     .hd = st_llama_head_dim(c), .F = c->ffn_dim, .V = c->vocab };
-	d.Q = d.H * d.hd;
-	d.KV = d.K * d.hd;
-	return d;
-}
 
 /* ---- layout ------------------------------------------------------------------- */
 
@@ -119,21 +88,30 @@ static int st_llama_layout(const struct st_model_config *cfg, struct st_unit_lay
 	return 0;
 }
 
-/* Pointers to a layer's tensors by slot (NULL for an absent bias). */
-static void st_layer_views(const struct st_model *m, int u, const float *base,
-			   const float **out)
+void st_llama_layer_offsets(const struct st_model *m, int u, int64_t *off)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	const bool bias = st_model_config(m)->qkv_bias;
 	int t = 0;
 	for (int k = 0; k < LT_COUNT; k++) {
 		if (!bias && (k == LT_Q_B || k == LT_K_B || k == LT_V_B)) {
-			out[k] = NULL;
+			off[k] = -1;
 			continue;
 		}
-		out[k] = base + ul->tensors[t++].offset_elems;
+		off[k] = (int64_t)ul->tensors[t++].offset_elems;
 	}
 	assert(t == ul->n_tensors);
+}
+
+/* Pointers to a layer's tensors by slot (NULL for an absent bias). */
+static void st_layer_views(const struct st_model *m, int u, const float *base,
+			   const float **out)
+{
+	int64_t off[LT_COUNT];
+
+	st_llama_layer_offsets(m, u, off);
+	for (int k = 0; k < LT_COUNT; k++)
+		out[k] = off[k] < 0 ? NULL : base + off[k];
 }
 
 /* 6 x the matmul parameters (the layers' and lm_head) plus causal
@@ -256,6 +234,8 @@ static void st_head_carve(struct st_carver *cv, struct st_head_work *w, size_t N
 
 static size_t st_llama_work_bytes(const struct st_model *m, int u, int B, int T)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_llama_bf16_work_bytes(m, u, B, T);
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_carver cv;
 	size_t N = (size_t)B * T;
@@ -279,6 +259,8 @@ static size_t st_llama_work_bytes(const struct st_model *m, int u, int B, int T)
 static size_t st_llama_saved_bytes(const struct st_model *m, int u, int B, int T,
 				   size_t *scratch_bytes)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_llama_bf16_saved_bytes(m, u, B, T, scratch_bytes);
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_carver sv, sc;
 	struct st_layer_work w;
@@ -314,16 +296,6 @@ static int st_llama_batch_check(const struct st_model *m, int B, int T)
 }
 
 /* ---- decoder layer ------------------------------------------------------------------ */
-
-static struct st_rope_args st_rope_of(const struct st_model_config *c)
-{
-	return (struct st_rope_args){ .type = c->rope_type,
-				      .original_ctx = c->rope_original_ctx,
-				      .theta = (float)c->rope_theta,
-				      .factor = (float)c->rope_factor,
-				      .low_freq_factor = (float)c->rope_low_freq_factor,
-				      .high_freq_factor = (float)c->rope_high_freq_factor };
-}
 
 /* The layer's forward up to the MLP activation, shared by fwd and bwd;
  * oproj is (N,C) scratch for the attention's projection. */
@@ -499,6 +471,9 @@ static int st_llama_fwd_save(const struct st_model *m, int u, const struct st_mo
 			     float *loss, void *saved, size_t saved_bytes, void *work,
 			     size_t work_bytes)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_llama_bf16_fwd_save(m, u, batch, params, other, x, y, loss, saved,
+					      saved_bytes, work, work_bytes);
 	const int B = batch->B, T = batch->T;
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
@@ -535,6 +510,10 @@ static int st_llama_bwd_saved(const struct st_model *m, int u,
 			      float *grad, float *other_grad, float *loss, void *saved,
 			      size_t saved_bytes, void *work, size_t work_bytes)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_llama_bf16_bwd_saved(m, u, batch, params, other, x, dy, dx, grad,
+					       other_grad, loss, saved, saved_bytes, work,
+					       work_bytes);
 	const int B = batch->B, T = batch->T;
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
@@ -588,6 +567,8 @@ static int st_llama_bwd(const struct st_model *m, int u, const struct st_model_b
 static int st_llama_logits(const struct st_model *m, const float *params, const float *other,
 			   const float *x, float *logits, void *work, size_t work_bytes)
 {
+	if (st_model_precision(m) == ST_PRECISION_BF16)
+		return st_llama_bf16_logits(m, params, other, x, logits, work, work_bytes);
 	struct st_compute *c = st_model_compute(m);
 	const struct st_model_config *cfg = st_model_config(m);
 	const int C = cfg->dim, V = cfg->vocab;
@@ -645,4 +626,5 @@ const struct st_family_ops st_family_llama = {
 	.fwd_save = st_llama_fwd_save,
 	.bwd_saved = st_llama_bwd_saved,
 	.unit_flops_per_token = st_llama_unit_flops_per_token,
+	.bf16 = true,
 };

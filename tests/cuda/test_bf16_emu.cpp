@@ -1,5 +1,6 @@
-// The cuda bf16 ops' kernels (src/backend/cuda/bf16_kernels.cuh, the code
-// nvcc compiles for bf16.cu) run on the cpu through tests/cuda/cuda_emu.h
+// The cuda bf16 ops' kernels (src/backend/cuda/bf16_kernels.cuh, and
+// LLaMA's templated kernels of ops_kernels.cuh at bf16: the code nvcc
+// compiles for bf16.cu) run on the cpu through tests/cuda/cuda_emu.h
 // and held to the cpu compute's bf16 ops (strata/kernels_bf16.h: the fp32
 // kernels on widened operands, outputs rounded once): bf16 outputs within
 // one bf16 ulp of the cpu's (a different fp32 summation order may cross a
@@ -241,6 +242,122 @@ static void check_matmul_parts(int N, int IC, int OC)
 	close_f("matmul_fwd bias rows (fp32)", rowsf, rrowsf);
 }
 
+// LLaMA's: ops_kernels.cuh's templated kernels at bf16 against the cpu
+// compute's bf16 records, at the dtypes src/model/llama_bf16.c makes them
+static void check_rmsnorm(int N, int C)
+{
+	const float eps = 1e-5f;
+	vf x = rf((size_t)N * C, 2.0f), a = rf((size_t)N * C, 1.0f), b = rf((size_t)N * C, 1.0f);
+	vb w = rb(C, 1.0f);
+	vb out = nan_b((size_t)N * C), rout = nan_b((size_t)N * C);
+	vf rstd = nan_f(N), rrstd = nan_f(N);
+
+	emu_launch(k_rmsnorm_fwd<uint16_t, uint16_t>, grid_warp_rows(N), ROW, out.data(),
+		   rstd.data(), (const float *)x.data(), (const uint16_t *)w.data(), eps, N, C);
+	cpu({ .kind = ST_OP_RMSNORM_FWD, .t = { TB(rout), TF(rrstd), TF(x), TB(w) },
+	      .i = { N, C }, .f = { eps } });
+	close_b("rmsnorm_fwd bffb out", out, rout);
+	close_f("rmsnorm_fwd bffb rstd", rstd, rrstd);
+
+	vf res = nan_f((size_t)N * C), rres = nan_f((size_t)N * C);
+	vb hout = nan_b((size_t)N * C), rhout = nan_b((size_t)N * C);
+	vf hrstd = nan_f(N), rhrstd = nan_f(N);
+	emu_launch(k_residual_rmsnorm_fwd<uint16_t, uint16_t>, grid_warp_rows(N), ROW, res.data(),
+		   hout.data(), hrstd.data(), (const float *)a.data(), (const float *)b.data(),
+		   (const uint16_t *)w.data(), eps, N, C);
+	cpu({ .kind = ST_OP_RESIDUAL_RMSNORM_FWD,
+	      .t = { TF(rres), TB(rhout), TF(rhrstd), TF(a), TF(b), TB(w) },
+	      .i = { N, C }, .f = { eps } });
+	close_f("residual_rmsnorm_fwd fbfffb res", res, rres);
+	close_b("residual_rmsnorm_fwd fbfffb out", hout, rhout);
+	close_f("residual_rmsnorm_fwd fbfffb rstd", hrstd, rhrstd);
+
+	// backward, dout bf16 (a layer's) and fp32 (the head's): dinp, dweight accumulate
+	for (int df = 0; df < 2; df++) {
+		vb doutb = rb((size_t)N * C, 1.0f);
+		vf doutf = rf((size_t)N * C, 1.0f);
+		vf dx = rf((size_t)N * C, 0.5f), dw = rf(C, 0.5f);
+		vf rdx = dx, rdw = dw;
+		unsigned gc = grid_for(C, ST_CUDA_ELEM_BLOCK);
+
+		if (df) {
+			emu_launch(k_rmsnorm_bwd_dinp<float, uint16_t>, grid_warp_rows(N), ROW,
+				   dx.data(), (const float *)doutf.data(), (const float *)x.data(),
+				   (const uint16_t *)w.data(), (const float *)rrstd.data(), N, C);
+			emu_launch(k_layernorm_bwd_dw_b<float>, gc, ELEM, dw.data(), (float *)NULL,
+				   (const float *)doutf.data(), (const float *)x.data(),
+				   (const float *)NULL, (const float *)rrstd.data(), N, C);
+		} else {
+			emu_launch(k_rmsnorm_bwd_dinp<uint16_t, uint16_t>, grid_warp_rows(N), ROW,
+				   dx.data(), (const uint16_t *)doutb.data(), (const float *)x.data(),
+				   (const uint16_t *)w.data(), (const float *)rrstd.data(), N, C);
+			emu_launch(k_layernorm_bwd_dw_b<uint16_t>, gc, ELEM, dw.data(), (float *)NULL,
+				   (const uint16_t *)doutb.data(), (const float *)x.data(),
+				   (const float *)NULL, (const float *)rrstd.data(), N, C);
+		}
+		cpu({ .kind = ST_OP_RMSNORM_BWD,
+		      .t = { TF(rdx), TF(rdw), df ? TF(doutf) : TB(doutb), TF(x), TB(w), TF(rrstd) },
+		      .i = { N, C } });
+		close_f(df ? "rmsnorm_bwd ffffbf dinp" : "rmsnorm_bwd ffbfbf dinp", dx, rdx);
+		close_f(df ? "rmsnorm_bwd ffffbf dweight" : "rmsnorm_bwd ffbfbf dweight", dw, rdw);
+	}
+}
+
+// in place, as the model rotates q and k (and dq, dk back)
+static void check_rope(int B, int T, int NH, int hd, int stride, int type, int orig,
+		       float theta, float factor, float lo, float hi)
+{
+	size_t n = (size_t)B * T * stride, pairs = (size_t)B * T * NH * (hd / 2);
+
+	for (int bwd = 0; bwd < 2; bwd++) {
+		vb x = rb(n, 1.0f), rx = x;
+		emu_launch(k_rope<uint16_t>, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, x.data(),
+			   (const uint16_t *)x.data(), T, NH, hd, stride, pairs, type, orig, theta,
+			   factor, lo, hi, bwd ? -1.0f : 1.0f);
+		cpu({ .kind = bwd ? ST_OP_ROPE_BWD : ST_OP_ROPE_FWD, .t = { TB(rx), TB(rx) },
+		      .i = { B, T, NH, hd, stride, type, orig }, .f = { theta, factor, lo, hi } });
+		close_b(bwd ? "rope_bwd bb in place" : "rope_fwd bb in place", x, rx);
+	}
+}
+
+static void check_swiglu(size_t n)
+{
+	vb g = rb(n, 6.0f), u = rb(n, 2.0f), d = rb(n, 1.0f);
+	vb y = nan_b(n), ry = nan_b(n);
+
+	emu_launch(k_swiglu_fwd<uint16_t>, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, y.data(),
+		   (const uint16_t *)g.data(), (const uint16_t *)u.data(), n);
+	cpu({ .kind = ST_OP_SWIGLU_FWD, .t = { TB(ry), TB(g), TB(u) }, .i = { (int64_t)n } });
+	close_b("swiglu_fwd bbb", y, ry);
+	// in place, as the model runs it (dgate = gate, dup = up)
+	vb ig = g, iu = u, rig = g, riu = u;
+	emu_launch(k_swiglu_bwd<uint16_t>, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, ig.data(),
+		   iu.data(), (const uint16_t *)d.data(), (const uint16_t *)ig.data(),
+		   (const uint16_t *)iu.data(), n);
+	cpu({ .kind = ST_OP_SWIGLU_BWD, .t = { TB(rig), TB(riu), TB(d), TB(rig), TB(riu) },
+	      .i = { (int64_t)n } });
+	close_b("swiglu_bwd bbbbb in place dgate", ig, rig);
+	close_b("swiglu_bwd bbbbb in place dup", iu, riu);
+}
+
+static void check_token_embed(int N, int C, int V)
+{
+	std::vector<int32_t> tok(N);
+	for (int i = 0; i < N; i++)
+		tok[i] = (int32_t)((i * 11 + 5) % V);
+	vb wte = rb((size_t)V * C, 1.0f);
+	vf out = nan_f((size_t)N * C), rout = nan_f((size_t)N * C);
+
+	emu_launch(k_token_embed_fwd<uint16_t>, grid_for((size_t)N * C, ST_CUDA_ELEM_BLOCK), ELEM,
+		   out.data(), (const int32_t *)tok.data(), (const uint16_t *)wte.data(), C,
+		   (size_t)N * C);
+	cpu({ .kind = ST_OP_TOKEN_EMBED_FWD,
+	      .t = { TF(rout), st_tensor_1d(tok.data(), ST_DTYPE_I32, N),
+		     st_tensor_2d(wte.data(), ST_DTYPE_BF16, V, C) },
+	      .i = { N, C } });
+	close_f("token_embed_fwd fib", out, rout);
+}
+
 int main(void)
 {
 	check_layernorm(37, 96);
@@ -248,6 +365,12 @@ int main(void)
 	check_gelu(10007);
 	check_embedding(2, 19, 40, 53);
 	check_matmul_parts(300, 24, 72);
+	check_rmsnorm(37, 96);
+	check_rmsnorm(5, 33);
+	check_rope(2, 19, 3, 16, 56, 0, 0, 10000.0f, 1.0f, 1.0f, 1.0f);
+	check_rope(2, 23, 2, 24, 48, 2, 16, 500000.0f, 8.0f, 1.0f, 4.0f); /* llama3 scaling */
+	check_swiglu(10007);
+	check_token_embed(38, 40, 53);
 	if (emu_launch_errors)
 		fails++;
 	if (fails)

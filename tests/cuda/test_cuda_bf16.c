@@ -4,7 +4,8 @@
  * relative L2 tolerance, fp32 outputs to 1e-4), and the GPT-2 bf16 step's
  * ops on the cuda compute (st_model_precision_check: every op the step
  * runs is one the cuda compute takes). A row cuda does not take is a
- * failure naming it: the bf16 step cannot run there. The step's numbers
+ * failure naming it: the bf16 step cannot run there. The same for the
+ * LLaMA bf16 step's ops. The step's numbers
  * against the cpu device's are tools/gpu-check's bf16 step (strata train
  * on both devices). */
 #include <math.h>
@@ -139,6 +140,22 @@ int main(void)
 		fails++;
 	} else {
 		printf("ok   the GPT-2 bf16 step's ops all run on cuda\n");
+	}
+	st_model_destroy(m);
+	m = NULL;
+	if (st_model_config_parse("llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=300,"
+				  "ctx=32,bias=1",
+				  &cfg) < 0 ||
+	    st_model_create(&cfg, &m) < 0 || st_model_set_precision(m, ST_PRECISION_BF16) < 0) {
+		fprintf(stderr, "model: %s\n", st_error_last());
+		return 1;
+	}
+	st_model_set_compute(m, cx);
+	if (st_model_precision_check(m) < 0) {
+		printf("FAIL the LLaMA bf16 step on cuda: %s\n", st_error_last());
+		fails++;
+	} else {
+		printf("ok   the LLaMA bf16 step's ops all run on cuda\n");
 	}
 	st_model_destroy(m);
 	st_compute_destroy(cx);

@@ -345,10 +345,10 @@ static void check_residual_norm(int N, int C, bool alias)
 			   dim3(ST_CUDA_ELEM_BLOCK), ures.data(), (const float *)a.data(),
 			   (const float *)bb.data(), n);
 		if (rms) {
-			emu_launch(k_rmsnorm_fwd, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK),
+			emu_launch(k_rmsnorm_fwd<float, float>, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK),
 				   uout.data(), urstd.data(), (const float *)ures.data(),
 				   (const float *)w.data(), 1e-6f, N, C);
-			emu_launch(k_residual_rmsnorm_fwd, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK),
+			emu_launch(k_residual_rmsnorm_fwd<float, float>, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK),
 				   fres.data(), fout.data(), frstd.data(), fa, (const float *)bb.data(),
 				   (const float *)w.data(), 1e-6f, N, C);
 		} else {
@@ -447,7 +447,7 @@ static void check_rmsnorm(int N, int C)
 	std::vector<float> out(n), rstd(N), gout(n, NAN), grstd(N, NAN);
 
 	st_cpu_rmsnorm_fwd(out.data(), rstd.data(), inp.data(), w.data(), 1e-6f, N, C);
-	emu_launch(k_rmsnorm_fwd, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK), gout.data(),
+	emu_launch(k_rmsnorm_fwd<float, float>, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK), gout.data(),
 		   grstd.data(), (const float *)inp.data(), (const float *)w.data(), 1e-6f, N, C);
 	expect_close(name("rmsnorm_fwd out (%d,%d)", N, C), gout, out);
 	expect_close(name("rmsnorm_fwd rstd (%d,%d)", N, C), grstd, rstd);
@@ -456,7 +456,7 @@ static void check_rmsnorm(int N, int C)
 	auto gdinp = dinp, gdw = dw;
 	st_cpu_rmsnorm_bwd(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(),
 			   N, C);
-	emu_launch(k_rmsnorm_bwd_dinp, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK), gdinp.data(),
+	emu_launch(k_rmsnorm_bwd_dinp<float, float>, grid_warp_rows(N), dim3(ST_CUDA_ROW_BLOCK), gdinp.data(),
 		   (const float *)dout.data(), (const float *)inp.data(), (const float *)w.data(),
 		   (const float *)rstd.data(), N, C);
 	/* as st_cuda_rmsnorm_bwd: colsum(NULL, dweight, ..., mean NULL) */
@@ -482,7 +482,7 @@ static void check_rope(int B, int T, int NH, int hd, int stride, int type)
 		else
 			st_cpu_rope_fwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig,
 					theta, factor, lo, hi);
-		emu_launch(k_rope, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, got.data(),
+		emu_launch(k_rope<float>, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, got.data(),
 			   (const float *)inp.data(), T, NH, hd, stride, pairs, type, orig, theta,
 			   factor, lo, hi, bwd ? -1.0f : 1.0f);
 		expect_close(name(bwd ? "rope_bwd type %d (%d,%d)" : "rope_fwd type %d (%d,%d)",
@@ -491,7 +491,7 @@ static void check_rope(int B, int T, int NH, int hd, int stride, int type)
 	auto inplace = inp, ref = inp; /* out == inp */
 	st_cpu_rope_fwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig, theta, factor,
 			lo, hi);
-	emu_launch(k_rope, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, inplace.data(),
+	emu_launch(k_rope<float>, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, inplace.data(),
 		   (const float *)inplace.data(), T, NH, hd, stride, pairs, type, orig, theta,
 		   factor, lo, hi, 1.0f);
 	expect_close(name("rope_fwd in place type %d (%d,%d)", type, T, hd), inplace, ref);
@@ -502,18 +502,18 @@ static void check_swiglu(size_t n)
 	auto gate = rand_vec(n, -8, 8), up = rand_vec(n, -2, 2), dout = rand_vec(n, -1, 1);
 	std::vector<float> out(n), gout(n, NAN);
 	st_cpu_swiglu_fwd(out.data(), gate.data(), up.data(), n);
-	emu_launch(k_swiglu_fwd, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, gout.data(),
+	emu_launch(k_swiglu_fwd<float>, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, gout.data(),
 		   (const float *)gate.data(), (const float *)up.data(), n);
 	expect_close(name("swiglu_fwd n=%d", (int)n), gout, out);
 	std::vector<float> dg(n), du(n), gdg(n, NAN), gdu(n, NAN);
 	st_cpu_swiglu_bwd(dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
-	emu_launch(k_swiglu_bwd, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, gdg.data(), gdu.data(),
+	emu_launch(k_swiglu_bwd<float>, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, gdg.data(), gdu.data(),
 		   (const float *)dout.data(), (const float *)gate.data(),
 		   (const float *)up.data(), n);
 	expect_close(name("swiglu_bwd dgate n=%d", (int)n), gdg, dg);
 	expect_close(name("swiglu_bwd dup n=%d", (int)n), gdu, du);
 	auto ig = gate, iu = up; /* in place: dgate = gate, dup = up */
-	emu_launch(k_swiglu_bwd, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, ig.data(), iu.data(),
+	emu_launch(k_swiglu_bwd<float>, grid_for(n, ST_CUDA_ELEM_BLOCK), ELEM, ig.data(), iu.data(),
 		   (const float *)dout.data(), (const float *)ig.data(), (const float *)iu.data(),
 		   n);
 	expect_close(name("swiglu_bwd in place n=%d", (int)n), ig, dg);
@@ -527,7 +527,7 @@ static void check_token_embed(int N, int C, int V)
 	auto wte = rand_vec((size_t)V * C, -1, 1), dout = rand_vec((size_t)N * C, -1, 1);
 	std::vector<float> out((size_t)N * C), gout((size_t)N * C, NAN);
 	st_cpu_token_embed_fwd(out.data(), tok.data(), wte.data(), N, C);
-	emu_launch(k_token_embed_fwd, grid_for((size_t)N * C, ST_CUDA_ELEM_BLOCK), ELEM,
+	emu_launch(k_token_embed_fwd<float>, grid_for((size_t)N * C, ST_CUDA_ELEM_BLOCK), ELEM,
 		   gout.data(), (const int32_t *)tok.data(), (const float *)wte.data(), C,
 		   (size_t)N * C);
 	expect_bits(name("token_embed_fwd (%d,%d)", N, C), gout, out);

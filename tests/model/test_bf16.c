@@ -317,6 +317,90 @@ static void test_layernorm(void **state)
 	free(dout); free(dx); free(dg); free(dbb);
 }
 
+/* LLaMA's norm: out (bf16) = x * rstd * g from the fp32 residual stream;
+ * the backward's dx fp32, from a bf16 dout */
+static void test_rmsnorm(void **state)
+{
+	(void)state;
+	float *x = f_rand(LN * LC, 2.0f), *rstd = malloc(LN * 4);
+	bf16 *g = bf_rand(LC, 1.0f), *out = malloc(LN * LC * 2), *dout = bf_rand(LN * LC, 1.0f);
+	float *dx = f_rand(LN * LC, 0.5f), *dg = f_rand(LC, 0.5f);
+	double ref[LN * LC], rr[LN], rdx[LN * LC], rdg[LC];
+
+	for (int n = 0; n < LN; n++) {
+		double ms = 0;
+		for (int c = 0; c < LC; c++)
+			ms += (double)x[n * LC + c] * x[n * LC + c];
+		rr[n] = 1.0 / sqrt(ms / LC + 1e-5);
+		for (int c = 0; c < LC; c++)
+			ref[n * LC + c] = x[n * LC + c] * rr[n] * w(g, c);
+	}
+	struct st_op op = { .kind = ST_OP_RMSNORM_FWD,
+			    .t = { TB(out, LN * LC), TF(rstd, LN), TF(x, LN * LC), TB(g, LC) },
+			    .i = { LN, LC }, .f = { 1e-5f } };
+	run(&op);
+	near_bf("rmsnorm_fwd out", out, ref, LN * LC, 1e-6);
+	near_f("rmsnorm_fwd rstd", rstd, rr, LN, 1e-5, 1e-6);
+
+	for (int c = 0; c < LC; c++)
+		rdg[c] = dg[c];
+	for (int n = 0; n < LN; n++) {
+		double s = 0;
+		for (int c = 0; c < LC; c++) {
+			double xh = x[n * LC + c] * rr[n];
+			s += w(dout, n * LC + c) * w(g, c) * xh;
+			rdg[c] += w(dout, n * LC + c) * xh;
+		}
+		for (int c = 0; c < LC; c++) {
+			double xh = x[n * LC + c] * rr[n];
+			rdx[n * LC + c] = dx[n * LC + c] +
+					  rr[n] * (w(dout, n * LC + c) * w(g, c) - xh * s / LC);
+		}
+	}
+	struct st_op ob = { .kind = ST_OP_RMSNORM_BWD,
+			    .t = { TF(dx, LN * LC), TF(dg, LC), TB(dout, LN * LC), TF(x, LN * LC),
+				   TB(g, LC), TF(rstd, LN) },
+			    .i = { LN, LC } };
+	run(&ob);
+	near_f("rmsnorm_bwd dx", dx, rdx, LN * LC, 1e-4, 1e-5);
+	near_f("rmsnorm_bwd dweight", dg, rdg, LC, 1e-4, 1e-5);
+	free(x); free(rstd); free(g); free(out); free(dout); free(dx); free(dg);
+}
+
+static double silu(double x)
+{
+	return x / (1.0 + exp(-x));
+}
+
+/* LLaMA's MLP activation: act = silu(gate) * up, all bf16; the backward
+ * overwrites dgate and dup (bf16) */
+static void test_swiglu(void **state)
+{
+	(void)state;
+	enum { N = 5000 };
+	bf16 *ga = bf_rand(N, 6.0f), *up = bf_rand(N, 2.0f), *dy = bf_rand(N, 1.0f);
+	bf16 *y = malloc(N * 2), *dg = malloc(N * 2), *du = malloc(N * 2);
+	double ref[N], rg[N], ru[N];
+
+	for (int i = 0; i < N; i++) {
+		double a = w(ga, i), s = 1.0 / (1.0 + exp(-a));
+		ref[i] = silu(a) * w(up, i);
+		rg[i] = w(dy, i) * w(up, i) * s * (1.0 + a * (1.0 - s));
+		ru[i] = w(dy, i) * silu(a);
+	}
+	struct st_op op = { .kind = ST_OP_SWIGLU_FWD, .t = { TB(y, N), TB(ga, N), TB(up, N) },
+			    .i = { N } };
+	run(&op);
+	near_bf("swiglu_fwd", y, ref, N, 1e-6);
+	struct st_op ob = { .kind = ST_OP_SWIGLU_BWD,
+			    .t = { TB(dg, N), TB(du, N), TB(dy, N), TB(ga, N), TB(up, N) },
+			    .i = { N } };
+	run(&ob);
+	near_bf("swiglu_bwd dgate", dg, rg, N, 1e-5);
+	near_bf("swiglu_bwd dup", du, ru, N, 1e-5);
+	free(ga); free(up); free(dy); free(y); free(dg); free(du);
+}
+
 static double gelu(double x)
 {
 	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -478,13 +562,15 @@ static void test_attention(void **state)
 
 /* ---- the precision check ---------------------------------------------------------------- */
 
-/* A compute that runs what the cpu does except attention_bwd in bf16: a
- * device that lacks one op of the bf16 path. */
+/* A compute that runs what the cpu does except attention_bwd and
+ * gqa_attention_bwd in bf16: a device that lacks one op of each family's
+ * bf16 path. */
 static bool lacks_supports(const struct st_compute *c, enum st_op_kind kind,
 			   const enum st_dtype *dt)
 {
 	(void)c;
-	if (kind == ST_OP_ATTENTION_BWD && dt[0] == ST_DTYPE_BF16)
+	if ((kind == ST_OP_ATTENTION_BWD || kind == ST_OP_GQA_ATTENTION_BWD) &&
+	    dt[0] == ST_DTYPE_BF16)
 		return false;
 	return st_compute_supports(st_compute_cpu(), kind, dt);
 }
@@ -538,6 +624,20 @@ static void test_precision_check(void **state)
 	assert_int_equal(st_model_set_precision(m, ST_PRECISION_FP32), 0);
 	assert_int_equal(st_model_precision_check(m), 0); /* fp32 needs no bf16 op */
 	st_model_destroy(m);
+	/* LLaMA likewise */
+	assert_int_equal(st_model_config_parse("llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,"
+					       "vocab=300,ctx=32,bias=1",
+					       &cfg),
+			 0);
+	assert_int_equal(st_model_create(&cfg, &m), 0);
+	assert_int_equal(st_model_set_precision(m, ST_PRECISION_BF16), 0);
+	assert_int_equal(st_model_precision_check(m), 0); /* bf16 on the cpu */
+	st_model_set_compute(m, &lacks);
+	assert_int_equal(st_model_precision_check(m), 0 - ENOTSUP);
+	assert_non_null(strstr(st_error_last(), "gqa_attention_bwd"));
+	assert_int_equal(st_model_set_precision(m, ST_PRECISION_FP32), 0);
+	assert_int_equal(st_model_precision_check(m), 0);
+	st_model_destroy(m);
 }
 
 /* ---- the head's fused op ------------------------------------------------------------- */
@@ -569,10 +669,11 @@ static int wrap_run(struct st_compute *c, const struct st_op *op)
 
 /* The bf16 head's forward and backward through HEAD_CROSSENTROPY give the
  * chunk loop's bits (two chunks: 320 rows), loss, dx and both gradients:
- * the cpu device's numbers do not change with the fused op. */
-static void test_head_fused_bits(void **state)
+ * the cpu device's numbers do not change with the fused op. One head for
+ * every family (bf16_head.c): GPT-2's over LayerNorm and the tied wte,
+ * LLaMA's over RMSNorm with its own lm_head, and tied. */
+static void head_fused_bits(const char *model)
 {
-	(void)state;
 	static const struct st_compute_ops wrap_ops = {
 		.name = "wrap", .run = wrap_run, .supports = wrap_supports, .sync = nop,
 		.destroy = nop_destroy, .to_host = nop_copy, .from_host = nop_copy,
@@ -587,7 +688,7 @@ static void test_head_fused_bits(void **state)
 	struct st_model *m;
 	const int B = 10, T = 32;
 
-	assert_int_equal(st_model_config_parse("layers=1,dim=64,heads=4,vocab=300,ctx=32", &cfg), 0);
+	assert_int_equal(st_model_config_parse(model, &cfg), 0);
 	assert_int_equal(st_model_create(&cfg, &m), 0);
 	assert_int_equal(st_model_set_precision(m, ST_PRECISION_BF16), 0);
 	const int H = st_model_unit_count(m) - 1, N = B * T, C = cfg.dim;
@@ -636,6 +737,14 @@ static void test_head_fused_bits(void **state)
 	st_model_destroy(m);
 }
 
+static void test_head_fused_bits(void **state)
+{
+	(void)state;
+	head_fused_bits("layers=1,dim=64,heads=4,vocab=300,ctx=32");
+	head_fused_bits("llama:layers=1,dim=64,heads=4,kv-heads=2,ffn=96,vocab=300,ctx=32");
+	head_fused_bits("llama:layers=1,dim=64,heads=4,kv-heads=2,ffn=96,vocab=300,ctx=32,tied=1");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -644,6 +753,8 @@ int main(void)
 		cmocka_unit_test(test_matmul_bwd),
 		cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_layernorm),
+		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_gelu),
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_attention),

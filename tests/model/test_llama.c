@@ -687,6 +687,100 @@ static void test_saved_forward(void **state)
 	}
 }
 
+/* ---- bf16 compute ----------------------------------------------------------------------- */
+
+/* rel L2 of a against b */
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+	double num = 0, den = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+		den += (double)b[i] * b[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The bf16 path (llama_bf16.c) on the fp32 path's bf16-rounded weights:
+ * the loss within 1% and every unit's gradient within 5% (relative L2) of
+ * fp32's, and not equal to them (bf16 did run); a kept forward gives the
+ * recompute's bits at bf16 too (model_net.h), as do 1 and 3 threads. GQA
+ * with q/k/v biases and a tied head; head_dim != dim/heads and an untied
+ * head (the attention's gradients in buffers of their own). */
+static void test_bf16_near_fp32(void **state)
+{
+	(void)state;
+	static const char *models[] = {
+		"llama:layers=2,dim=32,heads=4,kv-heads=2,ffn=48,vocab=37,ctx=80,bias=1",
+		"llama:layers=2,dim=48,heads=4,kv-heads=2,head-dim=16,ffn=40,vocab=41,ctx=80,"
+		"tied=0,rope-scaling=llama3:8:1:4:16",
+	};
+	for (unsigned i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
+		struct st_model_config cfg;
+		struct net n;
+		assert_int_equal(st_model_config_parse(models[i], &cfg), 0);
+		net_init(&n, &cfg, 2, 40, 21);
+		randomise(&n);
+		for (int j = 0; j < n.B * n.T; j++) {
+			n.tok[j] = (int32_t)(rng_u64() % cfg.vocab);
+			n.tgt[j] = (int32_t)(rng_u64() % cfg.vocab);
+		}
+		float **g32 = calloc(n.U, sizeof(float *)), **g16 = calloc(n.U, sizeof(float *));
+		for (int u = 0; u < n.U; u++) {
+			size_t e = st_model_unit_layout(n.m, u)->elems;
+			for (size_t k = 0; k < e; k++)
+				n.p[u][k] = st_cpu_f32_from_bf16(st_cpu_bf16_from_f32(n.p[u][k]));
+		}
+		float l32 = net_fwd(&n);
+		assert_true(net_bwd(&n) == l32);
+		for (int u = 0; u < n.U; u++) {
+			size_t e = st_model_unit_layout(n.m, u)->elems;
+			g32[u] = malloc(e * sizeof(float));
+			memcpy(g32[u], n.g[u], e * sizeof(float));
+			/* W as the engine gives it at bf16: the unit's bf16 buffer */
+			uint16_t *w = malloc(e * sizeof(uint16_t));
+			st_cpu_f32_to_bf16(w, n.p[u], e);
+			memset(n.p[u], 0, e * sizeof(float));
+			memcpy(n.p[u], w, e * sizeof(uint16_t));
+			free(w);
+		}
+		assert_int_equal(st_model_set_precision(n.m, ST_PRECISION_BF16), 0);
+		assert_int_equal(st_model_precision_check(n.m), 0);
+		float l16 = net_fwd(&n);
+		assert_true(net_bwd(&n) == l16);
+		print_message("%s: loss fp32 %.7f bf16 %.7f\n", models[i], l32, l16);
+		assert_true(fabsf(l16 - l32) <= 0.01f * l32);
+		assert_true(l16 != l32);
+		for (int u = 0; u < n.U; u++) {
+			size_t e = st_model_unit_layout(n.m, u)->elems;
+			double r = rel_l2(n.g[u], g32[u], e);
+			print_message("  unit %d: gradient rel L2 %.2e\n", u, r);
+			assert_true(r < 0.05);
+			assert_true(r > 0);
+			g16[u] = malloc(e * sizeof(float));
+			memcpy(g16[u], n.g[u], e * sizeof(float));
+		}
+		for (int th = 1; th <= 3; th += 2) {
+			int was = omp_get_max_threads();
+			omp_set_num_threads(th);
+			assert_true(net_fwd(&n) == l16);
+			assert_true(net_bwd(&n) == l16);
+			omp_set_num_threads(was);
+			for (int u = 0; u < n.U; u++)
+				assert_memory_equal(n.g[u], g16[u],
+						    st_model_unit_layout(n.m, u)->elems * sizeof(float));
+		}
+		net_saved_matches(&n);
+		for (int u = 0; u < n.U; u++) {
+			free(g32[u]);
+			free(g16[u]);
+		}
+		free(g32);
+		free(g16);
+		net_fini(&n);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -701,6 +795,7 @@ int main(void)
 		cmocka_unit_test(test_gradients_untied),
 		cmocka_unit_test(test_determinism),
 		cmocka_unit_test(test_saved_forward),
+		cmocka_unit_test(test_bf16_near_fp32),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

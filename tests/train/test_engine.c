@@ -964,6 +964,63 @@ static void test_llama_placement(void **state)
 	}
 }
 
+/* LLaMA at --compute-dtype bf16 (src/model/llama_bf16.c): the same bits
+ * whatever the placement, prefetch depth, thread count and recompute, and
+ * a loss near fp32's but not equal to it (bf16 ran). */
+static void test_llama_bf16(void **state)
+{
+	struct st_engine_config c;
+	struct run ref, r, f32;
+	static const struct {
+		const char *name;
+		enum st_offload params, optim;
+		int prefetch, threads;
+		enum st_recompute recompute;
+	} cases[] = {
+		{ "llama bf16: params nvme, optim nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 0,
+		  ST_RECOMPUTE_ALL },
+		{ "llama bf16: params host, prefetch 1", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 1, 0,
+		  ST_RECOMPUTE_ALL },
+		{ "llama bf16: threads 2, params nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2,
+		  ST_RECOMPUTE_ALL },
+		{ "llama bf16: every block keeps its forward", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 0,
+		  0, ST_RECOMPUTE_NONE },
+	};
+	int threads0 = omp_get_max_threads();
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
+		base_config(&c);
+		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		c.params = ST_OFFLOAD_NONE;
+		c.optim = ST_OFFLOAD_HOST;
+		train(&c, STEPS, &f32);
+		c.compute_dtype = ST_PRECISION_BF16;
+		train(&c, STEPS, &ref);
+		for (int s = 0; s < STEPS; s++) {
+			assert_true(fabs(ref.loss[s] - f32.loss[s]) < 0.01 * f32.loss[s]);
+			assert_true(ref.loss[s] != f32.loss[s]);
+		}
+		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+			base_config(&c);
+			assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+			c.compute_dtype = ST_PRECISION_BF16;
+			c.params = cases[i].params;
+			c.optim = cases[i].optim;
+			c.prefetch = cases[i].prefetch;
+			c.recompute = cases[i].recompute;
+			if (cases[i].threads)
+				omp_set_num_threads(cases[i].threads);
+			train(&c, STEPS, &r);
+			omp_set_num_threads(threads0);
+			same(&ref, &r, STEPS, cases[i].name);
+			run_free(&r);
+		}
+		run_free(&ref);
+		run_free(&f32);
+	}
+}
+
 /* Activation checkpoints on the host (engine_act.c): the same bits as in
  * vram, whatever else is streamed, at grad_accum 1 and 2, for GPT-2 and
  * LLaMA shapes deep enough that several checkpoints go there and back. */
@@ -1698,6 +1755,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_cuda_close_to_cpu),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_llama_placement),
+		cmocka_unit_test(test_llama_bf16),
 		cmocka_unit_test(test_act_host),
 		cmocka_unit_test(test_recompute_invariance),
 		cmocka_unit_test(test_device_optim_traffic),
@@ -1707,6 +1765,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_placement_invariance),
 		cmocka_unit_test(test_untied_head),
 		cmocka_unit_test(test_llama_placement),
+		cmocka_unit_test(test_llama_bf16),
 		cmocka_unit_test(test_llama_resume),
 		cmocka_unit_test(test_act_host),
 		cmocka_unit_test(test_act_long),

@@ -112,6 +112,72 @@ int st_cuda_bf16_matmul_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dwei
 	return 0;
 }
 
+/* LLaMA's linear (nn.Linear: weight (OC,IC) row-major, which is column-
+ * major (IC,OC)), mapped as the matmuls above with W transposed:
+ *   fwd   out^T (OC,N) = W (OC,IC) @ inp^T (IC,N)      (A = W transposed)
+ *   dinp  dinp^T (IC,N) += W^T (IC,OC) @ dout^T (OC,N)
+ *   dW    dW^T (IC,OC) += inp^T (IC,N) @ dout (N,OC)  (B = dout transposed) */
+int st_cuda_bf16_linear_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
+			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
+			    int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 linear_fwd: bad shape");
+	if (N == 0 || OC == 0)
+		return 0;
+	unsigned g = grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK);
+	if (IC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
+				       IC, inp, IC, 1, out, out_bf16, OC, 0.0f, bias, 1, 0, NULL);
+		if (rc != -ENOTSUP || !bias)
+			return rc;
+	}
+	if (out_bf16)
+		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((uint16_t *)out, bias, (size_t)N, OC);
+	else
+		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((float *)out, bias, (size_t)N, OC);
+	LAUNCH_CHECK("bf16 linear_fwd bias");
+	if (IC == 0)
+		return 0;
+	return st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight, IC,
+				 inp, IC, 1, out, out_bf16, OC, 1.0f, NULL, 1, 0, NULL);
+}
+
+int st_cuda_bf16_linear_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
+			    float *dbias, const uint16_t *dout, const uint16_t *inp,
+			    const uint16_t *weight, int N, int IC, int OC)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 linear_bwd: bad shape");
+	if (dinp && N > 0 && IC > 0 && OC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)IC, (uint64_t)N, (uint64_t)OC, weight,
+				       IC, dout, OC, 1, dinp, 1, IC, 1.0f, NULL, 1, 0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dweight && N > 0 && IC > 0 && OC > 0) {
+		rc = st_cuda_lt_matmul(ctx, 0, 1, (uint64_t)IC, (uint64_t)OC, (uint64_t)N, inp, IC,
+				       dout, OC, 1, dweight, 0, IC, 1.0f, NULL, 1, 0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dbias && N > 0 && OC > 0) {
+		k_colsum_b<<<grid_for((size_t)OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			     st_cuda_ctx_stream(ctx)>>>(dbias, dout, N, OC);
+		LAUNCH_CHECK("bf16 linear_bwd dbias");
+	}
+	return 0;
+}
+
 int st_cuda_bf16_gemm(struct st_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
 		      const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
 		      float *C, int ldc)
@@ -223,6 +289,134 @@ int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_
 	k_embedding_fwd_b<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
 			    st_cuda_ctx_stream(ctx)>>>(out, tokens, wte, wpe, T, C, n);
 	LAUNCH_CHECK("bf16 embedding_fwd");
+	return 0;
+}
+
+/* ---- LLaMA's: ops_kernels.cuh's templated kernels at bf16 ----------------------- */
+
+int st_cuda_bf16_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, uint16_t *out, float *rstd,
+			     const float *a, const float *b, const uint16_t *weight, float eps,
+			     int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_fwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	if (res)
+		k_residual_rmsnorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+			res, out, rstd, a, b, weight, eps, N, C);
+	else
+		k_rmsnorm_fwd<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(out, rstd, a, weight,
+									   eps, N, C);
+	LAUNCH_CHECK("bf16 rmsnorm_fwd");
+	return 0;
+}
+
+int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
+			     const void *dout, int dout_bf16, const float *inp,
+			     const uint16_t *weight, const float *rstd, int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_bwd: bad shape");
+	if (N == 0 || C == 0)
+		return 0;
+	if (dinp) {
+		if (dout_bf16)
+			k_rmsnorm_bwd_dinp<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+				dinp, (const uint16_t *)dout, inp, weight, rstd, N, C);
+		else
+			k_rmsnorm_bwd_dinp<<<grid_warp_rows(N), ST_CUDA_ROW_BLOCK, 0, s>>>(
+				dinp, (const float *)dout, inp, weight, rstd, N, C);
+		LAUNCH_CHECK("bf16 rmsnorm_bwd dinp");
+	}
+	if (dweight) { /* the layernorm's column sums with mean NULL */
+		unsigned g = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
+		if (dout_bf16)
+			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+				dweight, (float *)NULL, (const uint16_t *)dout, inp,
+				(const float *)NULL, rstd, N, C);
+		else
+			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+				dweight, (float *)NULL, (const float *)dout, inp,
+				(const float *)NULL, rstd, N, C);
+		LAUNCH_CHECK("bf16 rmsnorm_bwd dweight");
+	}
+	return 0;
+}
+
+int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uint16_t *inp,
+		      int B, int T, int NH, int hd, int stride, int type, int original_ctx,
+		      float theta, float factor, float low_freq_factor, float high_freq_factor)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (B < 0 || T < 0 || NH < 0 || hd < 2 || hd % 2 || (int64_t)NH * hd > stride)
+		return st_error_set(-EINVAL, "cuda: bf16 rope: bad shape");
+	size_t n = (size_t)B * T * NH * (hd / 2);
+	if (n == 0)
+		return 0;
+	k_rope<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		 st_cuda_ctx_stream(ctx)>>>(out, inp, T, NH, hd, stride, n, type, original_ctx,
+					    theta, factor, low_freq_factor, high_freq_factor,
+					    bwd ? -1.0f : 1.0f);
+	LAUNCH_CHECK("bf16 rope");
+	return 0;
+}
+
+int st_cuda_bf16_swiglu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *gate,
+			    const uint16_t *up, size_t n)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc || n == 0)
+		return rc;
+	k_swiglu_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		       st_cuda_ctx_stream(ctx)>>>(out, gate, up, n);
+	LAUNCH_CHECK("bf16 swiglu_fwd");
+	return 0;
+}
+
+int st_cuda_bf16_swiglu_bwd(struct st_cuda_ctx *ctx, uint16_t *dgate, uint16_t *dup,
+			    const uint16_t *dout, const uint16_t *gate, const uint16_t *up,
+			    size_t n)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc || n == 0)
+		return rc;
+	k_swiglu_bwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+		       st_cuda_ctx_stream(ctx)>>>(dgate, dup, dout, gate, up, n);
+	LAUNCH_CHECK("bf16 swiglu_bwd");
+	return 0;
+}
+
+int st_cuda_bf16_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
+				 const uint16_t *wte, int N, int C)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || C < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 token_embed_fwd: bad shape");
+	size_t n = (size_t)N * C;
+	if (n == 0)
+		return 0;
+	k_token_embed_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			    st_cuda_ctx_stream(ctx)>>>(out, tokens, wte, C, n);
+	LAUNCH_CHECK("bf16 token_embed_fwd");
 	return 0;
 }
 

@@ -2,8 +2,8 @@
  * elementwise and per-row kernels of the GPT-2 bf16 path with bf16 inputs
  * and outputs, fp32 arithmetic inside, each bf16 output rounded once to
  * nearest even, as the cpu reference (strata/kernels_bf16.h) does. Included
- * after ops_kernels.cuh (its geometry, warp_sum, bf16_from_f32, GELU
- * constants), and compiled by tests/cuda/test_bf16_emu.cpp on the cpu
+ * after ops_kernels.cuh (its geometry, warp_sum, bf16_from_f32, the
+ * ld_f/st_f I/O helpers, GELU constants), and compiled by tests/cuda/test_bf16_emu.cpp on the cpu
  * through tests/cuda/cuda_emu.h: only the builtins ops_kernels.cuh lists.
  *
  * The column sums here (dbias of a bf16 dout, the layernorm's dweight and
@@ -14,31 +14,7 @@
 
 #include <stdint.h>
 
-static __device__ __forceinline__ float bf16_f(uint16_t h)
-{
-	return __uint_as_float((uint32_t)h << 16);
-}
-
-/* a value of either dtype the ops take, as fp32 */
-static __device__ __forceinline__ float ld_f(const float *p, size_t i)
-{
-	return p[i];
-}
-
-static __device__ __forceinline__ float ld_f(const uint16_t *p, size_t i)
-{
-	return bf16_f(p[i]);
-}
-
-static __device__ __forceinline__ void st_f(float *p, size_t i, float v)
-{
-	p[i] = v;
-}
-
-static __device__ __forceinline__ void st_f(uint16_t *p, size_t i, float v)
-{
-	p[i] = bf16_from_f32(v);
-}
+/* (bf16_f, ld_f and st_f: ops_kernels.cuh) */
 
 /* out (N,OC) rows = bias (bf16), or 0: the matmul's start when cuBLASLt
  * has no fused-bias algorithm. */
@@ -122,7 +98,8 @@ static __global__ void k_layernorm_bwd_dinp_b(float *dinp, const TD *dout, const
 	}
 }
 
-/* dweight (C) += sum_n dout * norm; dbias (C) += sum_n dout; either NULL */
+/* dweight (C) += sum_n dout * norm; dbias (C) += sum_n dout; either NULL.
+ * mean NULL: norm = inp * rstd, RMSNorm's (its dweight; dbias NULL). */
 template <typename TD>
 static __global__ void k_layernorm_bwd_dw_b(float *dweight, float *dbias, const TD *dout,
 					    const float *inp, const float *mean,
@@ -133,7 +110,7 @@ static __global__ void k_layernorm_bwd_dw_b(float *dweight, float *dbias, const 
 		for (int n = 0; n < N; n++) {
 			size_t i = (size_t)n * C + c;
 			float g = ld_f(dout, i);
-			sw += g * (inp[i] - mean[n]) * rstd[n];
+			sw += g * (mean ? inp[i] - mean[n] : inp[i]) * rstd[n];
 			sb += g;
 		}
 		if (dweight)

@@ -75,6 +75,14 @@ static const struct {
 	{ ST_OP_MATMUL_GELU_FWD, "bbbbb" },
 	/* its reference signature is already bf16 (x and w) */
 	{ ST_OP_HEAD_CROSSENTROPY, "fffbbifb" },
+	/* LLaMA's (its GQA attention at bf16 is cu_supports()' own case) */
+	{ ST_OP_LINEAR_FWD, "bbbb" },      { ST_OP_LINEAR_FWD, "fbbb" },
+	{ ST_OP_LINEAR_BWD, "bffbbb" },
+	{ ST_OP_RMSNORM_FWD, "bffb" },     { ST_OP_RESIDUAL_RMSNORM_FWD, "fbfffb" },
+	{ ST_OP_RMSNORM_BWD, "ffbfbf" },   { ST_OP_RMSNORM_BWD, "ffffbf" },
+	{ ST_OP_ROPE_FWD, "bb" },          { ST_OP_ROPE_BWD, "bb" },
+	{ ST_OP_SWIGLU_FWD, "bbb" },       { ST_OP_SWIGLU_BWD, "bbbbb" },
+	{ ST_OP_TOKEN_EMBED_FWD, "fib" },
 };
 
 static bool sig_is(const char *sig, const enum st_dtype *dt)
@@ -131,6 +139,31 @@ static int cu_run_bf16(struct st_cuda_ctx *ctx, const struct st_op *op)
 		return st_cuda_head_ce_bf16(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
 					    (size_t)op->i[3] * (size_t)op->i[2], op->f[0], I(0),
 					    I(1), I(2));
+	case ST_OP_LINEAR_FWD:
+		return st_cuda_bf16_linear_fwd(ctx, P(0), BF(0), P(1), P(2), P(3), I(0), I(1), I(2));
+	case ST_OP_LINEAR_BWD:
+		return st_cuda_bf16_linear_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), I(0), I(1),
+					       I(2));
+	case ST_OP_RMSNORM_FWD:
+		return st_cuda_bf16_rmsnorm_fwd(ctx, NULL, P(0), P(1), P(2), NULL, P(3), op->f[0],
+						I(0), I(1));
+	case ST_OP_RESIDUAL_RMSNORM_FWD:
+		return st_cuda_bf16_rmsnorm_fwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), op->f[0],
+						I(0), I(1));
+	case ST_OP_RMSNORM_BWD:
+		return st_cuda_bf16_rmsnorm_bwd(ctx, P(0), P(1), P(2), BF(2), P(3), P(4), P(5), I(0),
+						I(1));
+	case ST_OP_ROPE_FWD:
+	case ST_OP_ROPE_BWD:
+		return st_cuda_bf16_rope(ctx, op->kind == ST_OP_ROPE_BWD, P(0), P(1), I(0), I(1),
+					 I(2), I(3), I(4), I(5), I(6), op->f[0], op->f[1],
+					 op->f[2], op->f[3]);
+	case ST_OP_SWIGLU_FWD:
+		return st_cuda_bf16_swiglu_fwd(ctx, P(0), P(1), P(2), Z(0));
+	case ST_OP_SWIGLU_BWD:
+		return st_cuda_bf16_swiglu_bwd(ctx, P(0), P(1), P(2), P(3), P(4), Z(0));
+	case ST_OP_TOKEN_EMBED_FWD:
+		return st_cuda_bf16_token_embed_fwd(ctx, P(0), P(1), P(2), I(0), I(1));
 	default:
 		break;
 	}

@@ -1160,13 +1160,13 @@ int st_cuda_rope(struct st_cuda_ctx *ctx, int bwd, float *out, const float *inp,
 int st_cuda_swiglu_fwd(struct st_cuda_ctx *ctx, float *out, const float *gate,
 		       const float *up, size_t n)
 {
-	return elem_launch(ctx, "swiglu_fwd", n, k_swiglu_fwd, out, gate, up, n);
+	return elem_launch(ctx, "swiglu_fwd", n, k_swiglu_fwd<float>, out, gate, up, n);
 }
 
 int st_cuda_swiglu_bwd(struct st_cuda_ctx *ctx, float *dgate, float *dup, const float *dout,
 		       const float *gate, const float *up, size_t n)
 {
-	return elem_launch(ctx, "swiglu_bwd", n, k_swiglu_bwd, dgate, dup, dout, gate, up, n);
+	return elem_launch(ctx, "swiglu_bwd", n, k_swiglu_bwd<float>, dgate, dup, dout, gate, up, n);
 }
 
 int st_cuda_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,

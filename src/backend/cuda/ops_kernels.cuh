@@ -122,6 +122,34 @@ static __device__ __forceinline__ uint16_t bf16_from_f32(float f)
 	return (uint16_t)(u >> 16);
 }
 
+/* The I/O types a kernel may be instantiated for (one body for fp32 and
+ * bf16, bf16 held as its bits): a value of either as fp32, and an fp32
+ * value stored as either (bf16 rounded once, to nearest even). */
+static __device__ __forceinline__ float bf16_f(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+
+static __device__ __forceinline__ float ld_f(const float *p, size_t i)
+{
+	return p[i];
+}
+
+static __device__ __forceinline__ float ld_f(const uint16_t *p, size_t i)
+{
+	return bf16_f(p[i]);
+}
+
+static __device__ __forceinline__ void st_f(float *p, size_t i, float v)
+{
+	p[i] = v;
+}
+
+static __device__ __forceinline__ void st_f(uint16_t *p, size_t i, float v)
+{
+	p[i] = bf16_from_f32(v);
+}
+
 static __global__ void k_f32_to_bf16(uint16_t *out, const float *in, size_t n)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -494,26 +522,31 @@ static __global__ void k_crossentropy_bwd(float *dlogits, float *losses, const f
 	}
 }
 
-/* ---- LLaMA's ops ------------------------------------------------------------- */
+/* ---- LLaMA's ops -------------------------------------------------------------
+ * Each templated over its I/O types (float, or uint16_t holding bf16): the
+ * fp32 ops and the bf16 path's (docs/model.md, "bf16 compute") run one
+ * body, the arithmetic fp32 either way. */
 
-/* RMSNorm, a warp per row: out = weight * (x * rstd). */
-static __device__ __forceinline__ void rmsnorm_row(float *out, float *rstd, const float *x,
-						   const float *weight, float eps, int n, int C,
+/* RMSNorm, a warp per row: out = weight * (x * rstd), x fp32. */
+template <typename TO, typename TW>
+static __device__ __forceinline__ void rmsnorm_row(TO *out, float *rstd, const float *x,
+						   const TW *weight, float eps, int n, int C,
 						   int lane)
 {
-	float *o = out + (size_t)n * C;
+	TO *o = out + (size_t)n * C;
 	float s = 0.0f;
 	for (int c = lane; c < C; c += 32)
 		s += x[c] * x[c];
 	float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
 	for (int c = lane; c < C; c += 32)
-		o[c] = weight[c] * (x[c] * r);
+		st_f(o, c, ld_f(weight, c) * (x[c] * r));
 	if (lane == 0)
 		rstd[n] = r;
 }
 
-static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp,
-				     const float *weight, float eps, int N, int C)
+template <typename TO, typename TW>
+static __global__ void k_rmsnorm_fwd(TO *out, float *rstd, const float *inp, const TW *weight,
+				     float eps, int N, int C)
 {
 	int lane = threadIdx.x & 31;
 	int wpb = blockDim.x >> 5;
@@ -521,9 +554,11 @@ static __global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp,
 		rmsnorm_row(out, rstd, inp + (size_t)n * C, weight, eps, n, C, lane);
 }
 
-/* res = a + b, then the RMSNorm of res's row (as k_residual_layernorm_fwd). */
-static __global__ void k_residual_rmsnorm_fwd(float *res, float *out, float *rstd, const float *a,
-					      const float *b, const float *weight, float eps,
+/* res = a + b (fp32), then the RMSNorm of res's row (as
+ * k_residual_layernorm_fwd). */
+template <typename TO, typename TW>
+static __global__ void k_residual_rmsnorm_fwd(float *res, TO *out, float *rstd, const float *a,
+					      const float *b, const TW *weight, float eps,
 					      int N, int C)
 {
 	int lane = threadIdx.x & 31;
@@ -537,29 +572,31 @@ static __global__ void k_residual_rmsnorm_fwd(float *res, float *out, float *rst
 	}
 }
 
-/* dinp += r (w g) - x r^3 mean(w g x), a warp per row. */
-static __global__ void k_rmsnorm_bwd_dinp(float *dinp, const float *dout, const float *inp,
-					  const float *weight, const float *rstd, int N, int C)
+/* dinp (fp32) += r (w g) - x r^3 mean(w g x), a warp per row. */
+template <typename TD, typename TW>
+static __global__ void k_rmsnorm_bwd_dinp(float *dinp, const TD *dout, const float *inp,
+					  const TW *weight, const float *rstd, int N, int C)
 {
 	int lane = threadIdx.x & 31;
 	int wpb = blockDim.x >> 5;
 	for (int n = blockIdx.x * wpb + (threadIdx.x >> 5); n < N; n += gridDim.x * wpb) {
 		const float *x = inp + (size_t)n * C;
-		const float *g = dout + (size_t)n * C;
+		const TD *g = dout + (size_t)n * C;
 		float *dx = dinp + (size_t)n * C;
 		float r = rstd[n], s = 0.0f;
 		for (int c = lane; c < C; c += 32)
-			s += weight[c] * g[c] * x[c];
+			s += ld_f(weight, c) * ld_f(g, c) * x[c];
 		float k = warp_sum(s) / (float)C * r * r * r;
 		for (int c = lane; c < C; c += 32)
-			dx[c] += weight[c] * g[c] * r - x[c] * k;
+			dx[c] += ld_f(weight, c) * ld_f(g, c) * r - x[c] * k;
 	}
 }
 
 /* Rotary embeddings: a thread per (row, head, pair); sign -1 rotates back
  * (the backward). out may be inp: a thread reads its two channels before
  * it writes them. */
-static __global__ void k_rope(float *out, const float *inp, int T, int NH, int hd, int stride,
+template <typename TV>
+static __global__ void k_rope(TV *out, const TV *inp, int T, int NH, int hd, int stride,
 			      size_t n_pairs, int type, int original_ctx, float theta,
 			      float factor, float lo, float hi, float sign)
 {
@@ -575,44 +612,48 @@ static __global__ void k_rope(float *out, const float *inp, int T, int NH, int h
 		st_rope_cos_sin(inv, (int)(row % (size_t)T), &c, &sn);
 		sn *= sign;
 		size_t base = row * (size_t)stride + (size_t)h * hd;
-		float x1 = inp[base + j], x2 = inp[base + j + half];
-		out[base + j] = x1 * c - x2 * sn;
-		out[base + j + half] = x2 * c + x1 * sn;
+		float x1 = ld_f(inp, base + j), x2 = ld_f(inp, base + j + half);
+		st_f(out, base + j, x1 * c - x2 * sn);
+		st_f(out, base + j + half, x2 * c + x1 * sn);
 	}
 }
 
-static __global__ void k_swiglu_fwd(float *out, const float *gate, const float *up, size_t n)
+template <typename T>
+static __global__ void k_swiglu_fwd(T *out, const T *gate, const T *up, size_t n)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		float g = gate[i];
+		float g = ld_f(gate, i);
 		float s = 1.0f / (1.0f + expf(fminf(-g, 88.0f)));
-		out[i] = g * s * up[i];
+		st_f(out, i, g * s * ld_f(up, i));
 	}
 }
 
 /* Overwrites dgate and dup (either may be gate or up). */
-static __global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dout,
-				    const float *gate, const float *up, size_t n)
+template <typename T>
+static __global__ void k_swiglu_bwd(T *dgate, T *dup, const T *dout, const T *gate,
+				    const T *up, size_t n)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
-		float g = gate[i], u = up[i], d = dout[i];
+		float g = ld_f(gate, i), u = ld_f(up, i), d = ld_f(dout, i);
 		float s = 1.0f / (1.0f + expf(fminf(-g, 88.0f)));
 		float silu = g * s;
-		dgate[i] = d * u * (s * (1.0f + g * (1.0f - s)));
-		dup[i] = d * silu;
+		st_f(dgate, i, d * u * (s * (1.0f + g * (1.0f - s))));
+		st_f(dup, i, d * silu);
 	}
 }
 
-/* out (N,C) = wte[tokens] (the scatter back is k_embedding_bwd_wte). */
-static __global__ void k_token_embed_fwd(float *out, const int32_t *tokens, const float *wte,
+/* out (N,C) fp32 = wte[tokens] (the scatter back is k_embedding_bwd_wte);
+ * a bf16 table widens exactly. */
+template <typename TW>
+static __global__ void k_token_embed_fwd(float *out, const int32_t *tokens, const TW *wte,
 					 int C, size_t n)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		size_t r = i / (size_t)C;
-		out[i] = wte[(size_t)tokens[r] * C + i % (size_t)C];
+		out[i] = ld_f(wte, (size_t)tokens[r] * C + i % (size_t)C);
 	}
 }
 

@@ -1,0 +1,174 @@
+/* strata: the bf16 paths' head (bf16_head.h), one function for every
+ * family: the final norm is the only thing that differs, LayerNorm (GPT-2)
+ * or RMSNorm (LLaMA). bf16: the normalised input and the logits' gradient
+ * fed to the matmuls; fp32: x, the norm's statistics, the logits, the
+ * loss, dx and every dW. */
+#include "bf16_head.h"
+
+void st_bf16_gemm(struct st_compute *c, int ta, int tb, int M, int N, int K, const bf16 *A,
+		  int lda, const bf16 *Bm, int ldb, float beta, float *C, int ldc)
+{
+	struct st_op op = {
+		.kind = ST_OP_GEMM,
+		.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
+		       st_tensor_2d(Bm, ST_DTYPE_BF16, tb ? N : K, ldb),
+		       st_tensor_2d(C, ST_DTYPE_F32, M, ldc) },
+		.i = { ta, tb, M, N, K, lda, ldb, ldc },
+		.f = { beta },
+	};
+
+	st_compute_run(c, &op);
+}
+
+struct hwork {
+	bf16 *xn, *dlog16;
+	float *mean, *rstd, *dxn, *logits, *losses;
+};
+
+static void head_carve(struct st_carver *cv, struct hwork *w, size_t N, size_t C, size_t V)
+{
+	size_t R = ST_MIN(N, (size_t)ST_MODEL_CE_CHUNK_ROWS);
+
+	w->xn = st_carve_bf16(cv, N * C);
+	w->mean = st_carve(cv, N);
+	w->rstd = st_carve(cv, N);
+	w->dxn = st_carve(cv, N * C);
+	w->logits = st_carve(cv, R * V);
+	w->dlog16 = st_carve_bf16(cv, R * V);
+	w->losses = st_carve(cv, N);
+}
+
+size_t st_bf16_head_work_bytes(size_t N, size_t C, size_t V)
+{
+	struct st_carver cv;
+	struct hwork w;
+
+	st_carver_init(&cv, NULL, 0);
+	head_carve(&cv, &w, N, C, V);
+	return cv.need_bytes;
+}
+
+/* xn (N,C) bf16 = norm(x (N,C) fp32) */
+static void norm_fwd(struct st_compute *c, const struct st_bf16_head *h, const struct hwork *w,
+		     const float *x, int N, int C)
+{
+	size_t NC = (size_t)N * C;
+	struct st_op op;
+
+	if (h->norm_b)
+		op = (struct st_op){ .kind = ST_OP_LAYERNORM_FWD,
+				     .t = { TB(w->xn, NC), TF(w->mean, N), TF(w->rstd, N),
+					    TF(x, NC), TB(h->norm_w, C), TB(h->norm_b, C) },
+				     .i = { N, C } };
+	else
+		op = (struct st_op){ .kind = ST_OP_RMSNORM_FWD,
+				     .t = { TB(w->xn, NC), TF(w->rstd, N), TF(x, NC),
+					    TB(h->norm_w, C) },
+				     .i = { N, C }, .f = { h->eps } };
+	st_compute_run(c, &op);
+}
+
+/* dx (N,C) fp32 += the norm's backward of dxn (fp32) */
+static void norm_bwd(struct st_compute *c, const struct st_bf16_head *h, const struct hwork *w,
+		     const float *x, float *dx, int N, int C)
+{
+	size_t NC = (size_t)N * C;
+	struct st_op op;
+
+	if (h->norm_b)
+		op = (struct st_op){ .kind = ST_OP_LAYERNORM_BWD,
+				     .t = { TF(dx, NC), TF(h->dnorm_w, C), TF(h->dnorm_b, C),
+					    TF(w->dxn, NC), TF(x, NC), TB(h->norm_w, C),
+					    TF(w->mean, N), TF(w->rstd, N) },
+				     .i = { N, C } };
+	else
+		op = (struct st_op){ .kind = ST_OP_RMSNORM_BWD,
+				     .t = { TF(dx, NC), TF(h->dnorm_w, C), TF(w->dxn, NC),
+					    TF(x, NC), TB(h->norm_w, C), TF(w->rstd, N) },
+				     .i = { N, C } };
+	st_compute_run(c, &op);
+}
+
+/* The head's matmul and cross-entropy as one HEAD_CROSSENTROPY op where
+ * the compute has it (the cpu: the chunk loop below, bit for bit; cuda:
+ * fused, the logits never written); false: the caller runs the chunks. */
+static bool head_ce_fused(struct st_compute *c, const struct st_bf16_head *h,
+			  const struct hwork *w, const int32_t *targets, float dloss, bool bwd,
+			  int N, int C, int V)
+{
+	const int R = ST_MIN(N, ST_MODEL_CE_CHUNK_ROWS);
+	const size_t NC = (size_t)N * C, VC = (size_t)V * C, RV = (size_t)R * V;
+	struct st_op op = { .kind = ST_OP_HEAD_CROSSENTROPY,
+			    .t = { TF(w->losses, N), TF(bwd ? w->dxn : NULL, NC),
+				   TF(bwd ? h->dW : NULL, VC), TB(w->xn, NC), TB(h->W, VC),
+				   st_tensor_1d(targets, ST_DTYPE_I32, N), TF(w->logits, RV),
+				   TB(w->dlog16, RV) },
+			    .i = { N, C, V, R },
+			    .f = { dloss } };
+
+	/* the cuda op keeps lse and its partials in the logits scratch */
+	if (RV < 4 * (size_t)N || !st_compute_supports_op(c, &op))
+		return false;
+	st_compute_run(c, &op);
+	return true;
+}
+
+void st_bf16_head_run(const struct st_model *m, const struct st_model_batch *b,
+		      const struct st_bf16_head *h, const float *x, float *dx, float *loss,
+		      void *work, size_t work_bytes)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab, N = b->B * b->T;
+	const bool bwd = dx != NULL;
+	struct st_carver cv;
+	struct hwork w;
+
+	st_carver_init(&cv, work, work_bytes);
+	head_carve(&cv, &w, (size_t)N, (size_t)C, (size_t)V);
+	norm_fwd(c, h, &w, x, N, C);
+	if (bwd)
+		st_compute_zero(c, w.dxn, sizeof(float) * (size_t)N * C);
+	const float dloss = b->loss_scale / (float)N;
+	/* the chunks, unless the fused op did the whole head */
+	const bool fused = head_ce_fused(c, h, &w, b->targets, dloss, bwd, N, C, V);
+	for (int r0 = fused ? N : 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
+		int nr = ST_MIN(ST_MODEL_CE_CHUNK_ROWS, N - r0);
+		const bf16 *xr = w.xn + (size_t)r0 * C;
+		// logits (nr,V) fp32 = xn_r (nr,C) @ W^T (C,V)
+		st_bf16_gemm(c, 0, 1, nr, V, C, xr, C, h->W, C, 0.0f, w.logits, V);
+		if (!bwd) {
+			st_compute_crossentropy_fwd(c, w.losses + r0, w.logits, b->targets + r0,
+						    nr, V);
+			continue;
+		}
+		st_compute_crossentropy_bwd(c, w.logits, w.losses + r0, w.logits, b->targets + r0,
+					    dloss, nr, V);
+		st_compute_f32_to_bf16(c, w.dlog16, w.logits, (size_t)nr * V);
+		// dxn_r (nr,C) += dlogits (nr,V) @ W (V,C)
+		st_bf16_gemm(c, 0, 0, nr, C, V, w.dlog16, V, h->W, C, 1.0f,
+			     w.dxn + (size_t)r0 * C, C);
+		// dW (V,C) += dlogits^T (V,nr) @ xn_r (nr,C)
+		st_bf16_gemm(c, 1, 0, V, C, nr, w.dlog16, V, xr, C, 1.0f, h->dW, C);
+	}
+	if (loss)
+		*loss = st_family_mean_loss(c, w.losses, (size_t)N);
+	if (bwd) {
+		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
+		norm_bwd(c, h, &w, x, dx, N, C);
+	}
+}
+
+int st_bf16_head_logits(const struct st_model *m, const struct st_bf16_head *h,
+			const float *x, float *logits, void *work, size_t work_bytes)
+{
+	struct st_compute *c = st_model_compute(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
+	struct st_carver cv;
+	struct hwork w;
+
+	st_carver_init(&cv, work, work_bytes);
+	head_carve(&cv, &w, 1, (size_t)C, (size_t)V);
+	norm_fwd(c, h, &w, x, 1, C);
+	st_bf16_gemm(c, 0, 1, 1, V, C, w.xn, C, h->W, C, 0.0f, logits, V);
+	return st_compute_sync(c);
+}
