@@ -20,24 +20,28 @@ extern "C" {
 
 extern "C" {
 
-int st_cuda_bf16_matmul_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
-			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
-			    int N, int IC, int OC)
+/* The forward of both weight layouts: W (IC,OC) as GPT-2 stores it
+ * (w_out_in 0: A = W as stored, ld OC) or nn.Linear's (OC,IC) (w_out_in 1:
+ * A = W transposed, ld IC). */
+static int proj_fwd(struct st_cuda_ctx *ctx, const char *what, void *out, int out_bf16,
+		    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias, int N,
+		    int IC, int OC, int w_out_in)
 {
 	int rc = st_cuda_ctx_enter(ctx);
 	cudaStream_t s = st_cuda_ctx_stream(ctx);
+	const int ta = w_out_in, lda = w_out_in ? IC : OC;
 
 	if (rc)
 		return rc;
 	if (N < 0 || IC < 0 || OC < 0)
-		return st_error_set(-EINVAL, "cuda: bf16 matmul_fwd: bad shape");
+		return st_error_set(-EINVAL, "cuda: bf16 %s: bad shape", what);
 	if (N == 0 || OC == 0)
 		return 0;
 	size_t n_out = (size_t)N * OC;
 	unsigned g = grid_for(n_out, ST_CUDA_ELEM_BLOCK);
 	if (IC > 0) {
-		rc = st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
-				       OC, inp, IC, 1, out, out_bf16, OC, 0.0f, bias, 1, 0, NULL);
+		rc = st_cuda_lt_matmul(ctx, ta, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
+				       lda, inp, IC, 1, out, out_bf16, OC, 0.0f, bias, 1, 0, NULL);
 		if (rc != -ENOTSUP || !bias)
 			return rc;
 	}
@@ -47,11 +51,59 @@ int st_cuda_bf16_matmul_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
 		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((uint16_t *)out, bias, (size_t)N, OC);
 	else
 		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((float *)out, bias, (size_t)N, OC);
-	LAUNCH_CHECK("bf16 matmul_fwd bias");
+	CU_CHECK(cudaGetLastError(), what);
 	if (IC == 0)
 		return 0;
-	return st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight, OC,
+	return st_cuda_lt_matmul(ctx, ta, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight, lda,
 				 inp, IC, 1, out, out_bf16, OC, 1.0f, NULL, 1, 0, NULL);
+}
+
+/* The backward of both layouts (as proj_fwd): dinp^T (IC,N) += W' @
+ * dout^T, dW += the product of dout and inp in W's own layout, dbias the
+ * column sums of dout. */
+static int proj_bwd(struct st_cuda_ctx *ctx, const char *what, uint16_t *dinp, float *dweight,
+		    float *dbias, const uint16_t *dout, const uint16_t *inp,
+		    const uint16_t *weight, int N, int IC, int OC, int w_out_in)
+{
+	int rc = st_cuda_ctx_enter(ctx);
+
+	if (rc)
+		return rc;
+	if (N < 0 || IC < 0 || OC < 0)
+		return st_error_set(-EINVAL, "cuda: bf16 %s: bad shape", what);
+	if (dinp && N > 0 && IC > 0 && OC > 0) {
+		rc = st_cuda_lt_matmul(ctx, !w_out_in, 0, (uint64_t)IC, (uint64_t)N, (uint64_t)OC,
+				       weight, w_out_in ? IC : OC, dout, OC, 1, dinp, 1, IC, 1.0f,
+				       NULL, 1, 0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dweight && N > 0 && IC > 0 && OC > 0) {
+		/* dW^T (OC,IC) = dout^T @ inp, or for (OC,IC) W: dW^T (IC,OC) = inp^T @ dout */
+		if (w_out_in)
+			rc = st_cuda_lt_matmul(ctx, 0, 1, (uint64_t)IC, (uint64_t)OC, (uint64_t)N,
+					       inp, IC, dout, OC, 1, dweight, 0, IC, 1.0f, NULL, 1,
+					       0, NULL);
+		else
+			rc = st_cuda_lt_matmul(ctx, 0, 1, (uint64_t)OC, (uint64_t)IC, (uint64_t)N,
+					       dout, OC, inp, IC, 1, dweight, 0, OC, 1.0f, NULL, 1,
+					       0, NULL);
+		if (rc)
+			return rc;
+	}
+	if (dbias && N > 0 && OC > 0) {
+		k_colsum_b<<<grid_for((size_t)OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
+			     st_cuda_ctx_stream(ctx)>>>(dbias, dout, N, OC);
+		CU_CHECK(cudaGetLastError(), what);
+	}
+	return 0;
+}
+
+int st_cuda_bf16_matmul_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
+			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
+			    int N, int IC, int OC)
+{
+	return proj_fwd(ctx, "matmul_fwd", out, out_bf16, inp, weight, bias, N, IC, OC, 0);
 }
 
 int st_cuda_bf16_matmul_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, uint16_t *pre,
@@ -86,30 +138,7 @@ int st_cuda_bf16_matmul_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dwei
 			    float *dbias, const uint16_t *dout, const uint16_t *inp,
 			    const uint16_t *weight, int N, int IC, int OC)
 {
-	int rc = st_cuda_ctx_enter(ctx);
-
-	if (rc)
-		return rc;
-	if (N < 0 || IC < 0 || OC < 0)
-		return st_error_set(-EINVAL, "cuda: bf16 matmul_bwd: bad shape");
-	if (dinp && N > 0 && IC > 0 && OC > 0) {
-		rc = st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)IC, (uint64_t)N, (uint64_t)OC, weight,
-				       OC, dout, OC, 1, dinp, 1, IC, 1.0f, NULL, 1, 0, NULL);
-		if (rc)
-			return rc;
-	}
-	if (dweight && N > 0 && IC > 0 && OC > 0) {
-		rc = st_cuda_lt_matmul(ctx, 0, 1, (uint64_t)OC, (uint64_t)IC, (uint64_t)N, dout, OC,
-				       inp, IC, 1, dweight, 0, OC, 1.0f, NULL, 1, 0, NULL);
-		if (rc)
-			return rc;
-	}
-	if (dbias && N > 0 && OC > 0) {
-		k_colsum_b<<<grid_for((size_t)OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-			     st_cuda_ctx_stream(ctx)>>>(dbias, dout, N, OC);
-		LAUNCH_CHECK("bf16 matmul_bwd dbias");
-	}
-	return 0;
+	return proj_bwd(ctx, "matmul_bwd", dinp, dweight, dbias, dout, inp, weight, N, IC, OC, 0);
 }
 
 /* LLaMA's linear (nn.Linear: weight (OC,IC) row-major, which is column-
@@ -121,61 +150,14 @@ int st_cuda_bf16_linear_fwd(struct st_cuda_ctx *ctx, void *out, int out_bf16,
 			    const uint16_t *inp, const uint16_t *weight, const uint16_t *bias,
 			    int N, int IC, int OC)
 {
-	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
-
-	if (rc)
-		return rc;
-	if (N < 0 || IC < 0 || OC < 0)
-		return st_error_set(-EINVAL, "cuda: bf16 linear_fwd: bad shape");
-	if (N == 0 || OC == 0)
-		return 0;
-	unsigned g = grid_for((size_t)N * OC, ST_CUDA_ELEM_BLOCK);
-	if (IC > 0) {
-		rc = st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight,
-				       IC, inp, IC, 1, out, out_bf16, OC, 0.0f, bias, 1, 0, NULL);
-		if (rc != -ENOTSUP || !bias)
-			return rc;
-	}
-	if (out_bf16)
-		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((uint16_t *)out, bias, (size_t)N, OC);
-	else
-		k_fill_rows_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>((float *)out, bias, (size_t)N, OC);
-	LAUNCH_CHECK("bf16 linear_fwd bias");
-	if (IC == 0)
-		return 0;
-	return st_cuda_lt_matmul(ctx, 1, 0, (uint64_t)OC, (uint64_t)N, (uint64_t)IC, weight, IC,
-				 inp, IC, 1, out, out_bf16, OC, 1.0f, NULL, 1, 0, NULL);
+	return proj_fwd(ctx, "linear_fwd", out, out_bf16, inp, weight, bias, N, IC, OC, 1);
 }
 
 int st_cuda_bf16_linear_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, float *dweight,
 			    float *dbias, const uint16_t *dout, const uint16_t *inp,
 			    const uint16_t *weight, int N, int IC, int OC)
 {
-	int rc = st_cuda_ctx_enter(ctx);
-
-	if (rc)
-		return rc;
-	if (N < 0 || IC < 0 || OC < 0)
-		return st_error_set(-EINVAL, "cuda: bf16 linear_bwd: bad shape");
-	if (dinp && N > 0 && IC > 0 && OC > 0) {
-		rc = st_cuda_lt_matmul(ctx, 0, 0, (uint64_t)IC, (uint64_t)N, (uint64_t)OC, weight,
-				       IC, dout, OC, 1, dinp, 1, IC, 1.0f, NULL, 1, 0, NULL);
-		if (rc)
-			return rc;
-	}
-	if (dweight && N > 0 && IC > 0 && OC > 0) {
-		rc = st_cuda_lt_matmul(ctx, 0, 1, (uint64_t)IC, (uint64_t)OC, (uint64_t)N, inp, IC,
-				       dout, OC, 1, dweight, 0, IC, 1.0f, NULL, 1, 0, NULL);
-		if (rc)
-			return rc;
-	}
-	if (dbias && N > 0 && OC > 0) {
-		k_colsum_b<<<grid_for((size_t)OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-			     st_cuda_ctx_stream(ctx)>>>(dbias, dout, N, OC);
-		LAUNCH_CHECK("bf16 linear_bwd dbias");
-	}
-	return 0;
+	return proj_bwd(ctx, "linear_bwd", dinp, dweight, dbias, dout, inp, weight, N, IC, OC, 1);
 }
 
 int st_cuda_bf16_gemm(struct st_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
