@@ -8,14 +8,7 @@
 void st_bf16_gemm(struct st_compute *c, int ta, int tb, int M, int N, int K, const bf16 *A,
 		  int lda, const bf16 *Bm, int ldb, float beta, float *C, int ldc)
 {
-	struct st_op op = {
-		.kind = ST_OP_GEMM,
-		.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
-		       st_tensor_2d(Bm, ST_DTYPE_BF16, tb ? N : K, ldb),
-		       st_tensor_2d(C, ST_DTYPE_F32, M, ldc) },
-		.i = { ta, tb, M, N, K, lda, ldb, ldc },
-		.f = { beta },
-	};
+	struct st_op op = st_op_gemm_bf16(ta, tb, M, N, K, A, lda, Bm, ldb, beta, C, ldc);
 
 	st_compute_run(c, &op);
 }
