@@ -333,6 +333,19 @@ static void embed_fwd(const struct st_model *m, const struct st_model_batch *b,
 	st_compute_run(st_model_compute(m), &op);
 }
 
+/* A layer's buffers for a hook: the forward's from saved (a kept unit's)
+ * or, without it, from work with the backward's own */
+static void block_carve(const struct st_model *m, int B, int T, void *saved,
+			size_t saved_bytes, void *work, size_t work_bytes, struct lwork *w)
+{
+	const struct st_dims d = st_dims_of(st_model_config(m));
+	struct st_carver cv, cs;
+
+	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
+	layer_carve(saved ? &cs : &cv, &cv, w, (size_t)B * T, &d, (size_t)B * d.H * T);
+}
+
 /* ---- the hooks' bf16 halves ------------------------------------------------------------- */
 
 int st_llama_bf16_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
@@ -341,9 +354,7 @@ int st_llama_bf16_fwd_save(const struct st_model *m, int u, const struct st_mode
 			   size_t work_bytes)
 {
 	const int B = batch->B, T = batch->T;
-	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv, cs;
 
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED:
@@ -351,9 +362,7 @@ int st_llama_bf16_fwd_save(const struct st_model *m, int u, const struct st_mode
 		return st_compute_take_error(c);
 	case ST_UNIT_BLOCK: {
 		struct lwork w;
-		st_carver_init(&cv, work, work_bytes);
-		st_carver_init(&cs, saved, saved_bytes);
-		layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
+		block_carve(m, B, T, saved, saved_bytes, work, work_bytes, &w);
 		layer_fwd(m, u, B, T, params, x, y, &w);
 		return st_compute_take_error(c);
 	}
@@ -375,7 +384,6 @@ int st_llama_bf16_bwd_saved(const struct st_model *m, int u,
 	const int B = batch->B, T = batch->T;
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv, cs;
 
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED:
@@ -384,9 +392,7 @@ int st_llama_bf16_bwd_saved(const struct st_model *m, int u,
 		return st_compute_take_error(c);
 	case ST_UNIT_BLOCK: {
 		struct lwork w;
-		st_carver_init(&cv, work, work_bytes);
-		st_carver_init(&cs, saved, saved_bytes);
-		layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
+		block_carve(m, B, T, saved, saved_bytes, work, work_bytes, &w);
 		layer_bwd(m, u, B, T, params, x, dy, dx, grad, &w, saved != NULL);
 		return st_compute_take_error(c);
 	}
