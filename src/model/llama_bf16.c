@@ -137,16 +137,12 @@ static void layer_carve(struct st_carver *sv, struct st_carver *sc, struct lwork
 	w->dh = st_carve(sc, N * d->C);
 	w->dn = st_carve_bf16(sc, N * d->C);
 	w->db16 = st_carve_bf16(sc, N * d->C);
-	/* after the MLP's backward act, gate and up are dead (llama.c) */
-	w->datt = d->Q <= d->F ? w->act : st_carve_bf16(sc, N * d->Q);
-	w->dq = d->Q <= d->F ? w->gate : st_carve_bf16(sc, N * d->Q);
-	if (2 * d->KV <= d->F) {
-		w->dk = w->up;
-		w->dv = w->up ? w->up + N * d->KV : NULL;
-	} else {
-		w->dk = st_carve_bf16(sc, N * d->KV);
-		w->dv = st_carve_bf16(sc, N * d->KV);
-	}
+	const struct st_llama_grads g =
+		st_llama_grads_carve(sc, w->act, w->gate, w->up, N, d, sizeof(bf16));
+	w->datt = g.datt;
+	w->dq = g.dq;
+	w->dk = g.dk;
+	w->dv = g.dv;
 }
 
 size_t st_llama_bf16_work_bytes(const struct st_model *m, int u, int B, int T)
