@@ -203,12 +203,7 @@ static void st_layer_carve(struct st_carver *sv, struct st_carver *sc,
 	w->act = st_carve(sv, N * d->F);
 	w->dh = st_carve(sc, N * d->C);
 	w->dn = st_carve(sc, N * d->C);
-	const struct st_llama_grads g =
-		st_llama_grads_carve(sc, w->act, w->gate, w->up, N, d, sizeof(float));
-	w->datt = g.datt;
-	w->dq = g.dq;
-	w->dk = g.dk;
-	w->dv = g.dv;
+	ST_LLAMA_GRADS_CARVE(sc, w, N, d);
 }
 
 struct st_head_work {

@@ -77,6 +77,18 @@ static inline struct st_llama_grads st_llama_grads_carve(struct st_carver *sc, v
 	return g;
 }
 
+/* w's datt, dq, dk and dv by st_llama_grads_carve, for a layer workspace
+ * of either dtype (the element size is that of w->act). */
+#define ST_LLAMA_GRADS_CARVE(sc, w, N, d)                                                  \
+	do {                                                                               \
+		const struct st_llama_grads g_ = st_llama_grads_carve(                     \
+			(sc), (w)->act, (w)->gate, (w)->up, (N), (d), sizeof(*(w)->act));  \
+		(w)->datt = g_.datt;                                                       \
+		(w)->dq = g_.dq;                                                           \
+		(w)->dk = g_.dk;                                                           \
+		(w)->dv = g_.dv;                                                           \
+	} while (0)
+
 /* The rotation's parameters of a config. */
 static inline struct st_rope_args st_rope_of(const struct st_model_config *c)
 {

@@ -137,12 +137,7 @@ static void layer_carve(struct st_carver *sv, struct st_carver *sc, struct lwork
 	w->dh = st_carve(sc, N * d->C);
 	w->dn = st_carve_bf16(sc, N * d->C);
 	w->db16 = st_carve_bf16(sc, N * d->C);
-	const struct st_llama_grads g =
-		st_llama_grads_carve(sc, w->act, w->gate, w->up, N, d, sizeof(bf16));
-	w->datt = g.datt;
-	w->dq = g.dq;
-	w->dk = g.dk;
-	w->dv = g.dv;
+	ST_LLAMA_GRADS_CARVE(sc, w, N, d);
 }
 
 size_t st_llama_bf16_work_bytes(const struct st_model *m, int u, int B, int T)
