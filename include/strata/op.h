@@ -245,6 +245,12 @@ enum st_dtype st_op_ref_dtype(enum st_op_kind kind, int slot);
  * reference signature. */
 bool st_op_is_ref(enum st_op_kind kind, const enum st_dtype *dtypes);
 
+/* The GEMM record C (M,N) fp32 = op(A) @ op(B) + beta C, row-major, A and
+ * B bf16 (ta, tb: transposed): the one builder of the bf16 heads' matmuls
+ * (the model's unfused head and st_op_head_ce_unfold's records). */
+struct st_op st_op_gemm_bf16(int ta, int tb, int M, int N, int K, const uint16_t *A, int lda,
+			     const uint16_t *B, int ldb, float beta, float *C, int ldc);
+
 /* The records a HEAD_CROSSENTROPY op stands for, R rows at a time, each
  * handed to run(arg, rec) in order (rec borrowed for the call): GEMM
  * (logits), then CROSSENTROPY_FWD, or CROSSENTROPY_BWD, F32_TO_BF16 and

@@ -65,13 +65,10 @@ int st_precision_parse(const char *s, enum st_precision *out)
 	return 0;
 }
 
-/* Row-major C (M,N) fp32 = op(A) @ op(B) + beta C, A and B bf16: the GEMM
- * record the model's unfused bf16 head makes. */
-static void head_gemm(void (*run)(void *, const struct st_op *), void *arg, int ta, int tb,
-		      int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
-		      float beta, float *C, int ldc)
+struct st_op st_op_gemm_bf16(int ta, int tb, int M, int N, int K, const uint16_t *A, int lda,
+			     const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
-	struct st_op g = {
+	return (struct st_op){
 		.kind = ST_OP_GEMM,
 		.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
 		       st_tensor_2d(B, ST_DTYPE_BF16, tb ? N : K, ldb),
@@ -79,6 +76,14 @@ static void head_gemm(void (*run)(void *, const struct st_op *), void *arg, int 
 		.i = { ta, tb, M, N, K, lda, ldb, ldc },
 		.f = { beta },
 	};
+}
+
+/* One GEMM record of the unfolded head, handed to run */
+static void head_gemm(void (*run)(void *, const struct st_op *), void *arg, int ta, int tb,
+		      int M, int N, int K, const uint16_t *A, int lda, const uint16_t *B, int ldb,
+		      float beta, float *C, int ldc)
+{
+	struct st_op g = st_op_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 
 	run(arg, &g);
 }

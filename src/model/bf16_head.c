@@ -8,14 +8,82 @@
 void st_bf16_gemm(struct st_compute *c, int ta, int tb, int M, int N, int K, const bf16 *A,
 		  int lda, const bf16 *Bm, int ldb, float beta, float *C, int ldc)
 {
-	struct st_op op = {
-		.kind = ST_OP_GEMM,
-		.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
-		       st_tensor_2d(Bm, ST_DTYPE_BF16, tb ? N : K, ldb),
-		       st_tensor_2d(C, ST_DTYPE_F32, M, ldc) },
-		.i = { ta, tb, M, N, K, lda, ldb, ldc },
-		.f = { beta },
-	};
+	struct st_op op = st_op_gemm_bf16(ta, tb, M, N, K, A, lda, Bm, ldb, beta, C, ldc);
+
+	st_compute_run(c, &op);
+}
+
+void st_bf16_layernorm_fwd(struct st_compute *c, bf16 *out, float *mean, float *rstd,
+			   const float *inp, const bf16 *w, const bf16 *b, int N, int C)
+{
+	size_t NC = (size_t)N * C;
+	struct st_op op = { .kind = ST_OP_LAYERNORM_FWD,
+			    .t = { TB(out, NC), TF(mean, N), TF(rstd, N), TF(inp, NC), TB(w, C),
+				   TB(b, C) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_bf16_layernorm_bwd(struct st_compute *c, float *dinp, float *dw, float *db,
+			   const void *dout, bool dout_f32, const float *inp, const bf16 *w,
+			   const float *mean, const float *rstd, int N, int C)
+{
+	size_t NC = (size_t)N * C;
+	struct st_op op = { .kind = ST_OP_LAYERNORM_BWD,
+			    .t = { TF(dinp, NC), TF(dw, C), TF(db, C),
+				   dout_f32 ? TF(dout, NC) : TB(dout, NC), TF(inp, NC), TB(w, C),
+				   TF(mean, N), TF(rstd, N) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_bf16_rmsnorm_fwd(struct st_compute *c, bf16 *out, float *rstd, const float *inp,
+			 const bf16 *w, float eps, int N, int C)
+{
+	size_t NC = (size_t)N * C;
+	struct st_op op = { .kind = ST_OP_RMSNORM_FWD,
+			    .t = { TB(out, NC), TF(rstd, N), TF(inp, NC), TB(w, C) },
+			    .i = { N, C }, .f = { eps } };
+
+	st_compute_run(c, &op);
+}
+
+void st_bf16_rmsnorm_bwd(struct st_compute *c, float *dinp, float *dw, const void *dout,
+			 bool dout_f32, const float *inp, const bf16 *w, const float *rstd, int N,
+			 int C)
+{
+	size_t NC = (size_t)N * C;
+	struct st_op op = { .kind = ST_OP_RMSNORM_BWD,
+			    .t = { TF(dinp, NC), TF(dw, C), dout_f32 ? TF(dout, NC) : TB(dout, NC),
+				   TF(inp, NC), TB(w, C), TF(rstd, N) },
+			    .i = { N, C } };
+
+	st_compute_run(c, &op);
+}
+
+void st_bf16_mm_fwd(struct st_compute *c, enum st_op_kind kind, void *out, bool out_f32,
+		    const bf16 *inp, const bf16 *w, const bf16 *bias, int N, int IC, int OC)
+{
+	size_t NO = (size_t)N * OC;
+	struct st_op op = { .kind = kind,
+			    .t = { out_f32 ? TF(out, NO) : TB(out, NO), TB(inp, (size_t)N * IC),
+				   TB(w, (size_t)IC * OC), TB(bias, OC) },
+			    .i = { N, IC, OC } };
+
+	st_compute_run(c, &op);
+}
+
+void st_bf16_mm_bwd(struct st_compute *c, enum st_op_kind kind, bf16 *dinp, float *dw,
+		    float *db, const bf16 *dout, const bf16 *inp, const bf16 *w, int N, int IC,
+		    int OC)
+{
+	struct st_op op = { .kind = kind,
+			    .t = { TB(dinp, (size_t)N * IC), TF(dw, (size_t)IC * OC), TF(db, OC),
+				   TB(dout, (size_t)N * OC), TB(inp, (size_t)N * IC),
+				   TB(w, (size_t)IC * OC) },
+			    .i = { N, IC, OC } };
 
 	st_compute_run(c, &op);
 }
@@ -52,41 +120,21 @@ size_t st_bf16_head_work_bytes(size_t N, size_t C, size_t V)
 static void norm_fwd(struct st_compute *c, const struct st_bf16_head *h, const struct hwork *w,
 		     const float *x, int N, int C)
 {
-	size_t NC = (size_t)N * C;
-	struct st_op op;
-
 	if (h->norm_b)
-		op = (struct st_op){ .kind = ST_OP_LAYERNORM_FWD,
-				     .t = { TB(w->xn, NC), TF(w->mean, N), TF(w->rstd, N),
-					    TF(x, NC), TB(h->norm_w, C), TB(h->norm_b, C) },
-				     .i = { N, C } };
+		st_bf16_layernorm_fwd(c, w->xn, w->mean, w->rstd, x, h->norm_w, h->norm_b, N, C);
 	else
-		op = (struct st_op){ .kind = ST_OP_RMSNORM_FWD,
-				     .t = { TB(w->xn, NC), TF(w->rstd, N), TF(x, NC),
-					    TB(h->norm_w, C) },
-				     .i = { N, C }, .f = { h->eps } };
-	st_compute_run(c, &op);
+		st_bf16_rmsnorm_fwd(c, w->xn, w->rstd, x, h->norm_w, h->eps, N, C);
 }
 
 /* dx (N,C) fp32 += the norm's backward of dxn (fp32) */
 static void norm_bwd(struct st_compute *c, const struct st_bf16_head *h, const struct hwork *w,
 		     const float *x, float *dx, int N, int C)
 {
-	size_t NC = (size_t)N * C;
-	struct st_op op;
-
 	if (h->norm_b)
-		op = (struct st_op){ .kind = ST_OP_LAYERNORM_BWD,
-				     .t = { TF(dx, NC), TF(h->dnorm_w, C), TF(h->dnorm_b, C),
-					    TF(w->dxn, NC), TF(x, NC), TB(h->norm_w, C),
-					    TF(w->mean, N), TF(w->rstd, N) },
-				     .i = { N, C } };
+		st_bf16_layernorm_bwd(c, dx, h->dnorm_w, h->dnorm_b, w->dxn, true, x, h->norm_w,
+				      w->mean, w->rstd, N, C);
 	else
-		op = (struct st_op){ .kind = ST_OP_RMSNORM_BWD,
-				     .t = { TF(dx, NC), TF(h->dnorm_w, C), TF(w->dxn, NC),
-					    TF(x, NC), TB(h->norm_w, C), TF(w->rstd, N) },
-				     .i = { N, C } };
-	st_compute_run(c, &op);
+		st_bf16_rmsnorm_bwd(c, dx, h->dnorm_w, w->dxn, true, x, h->norm_w, w->rstd, N, C);
 }
 
 /* The head's matmul and cross-entropy as one HEAD_CROSSENTROPY op where

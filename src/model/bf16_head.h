@@ -1,5 +1,6 @@
 /* strata: what the families' bf16 compute paths share (gpt2_bf16.c,
  * llama_bf16.c; docs/model.md, "bf16 compute"): typed descriptors, the
+ * norm and matmul records both blocks build, the
  * bf16 carving, and the head (the final norm, the chunked matmul with the
  * vocabulary and the cross-entropy), written once over the final norm.
  * Internal to src/model; the hooks' contracts are strata/family.h's. */
@@ -26,6 +27,39 @@ static inline bf16 *st_carve_bf16(struct st_carver *cv, size_t n)
 /* Row-major C (M,N) fp32 = op(A) @ op(B) + beta C, A and B bf16. */
 void st_bf16_gemm(struct st_compute *c, int ta, int tb, int M, int N, int K, const bf16 *A,
 		  int lda, const bf16 *Bm, int ldb, float beta, float *C, int ldc);
+
+/* The op records every bf16 path builds (each an st_compute_run), with
+ * the dtypes of docs/model.md's "bf16 compute": a norm's input, statistics
+ * and gradients fp32, its weight and output bf16; a matmul's operands bf16. */
+
+/* out (N,C) bf16 = layernorm(inp (N,C) fp32) with bf16 weight and bias */
+void st_bf16_layernorm_fwd(struct st_compute *c, bf16 *out, float *mean, float *rstd,
+			   const float *inp, const bf16 *w, const bf16 *b, int N, int C);
+/* dinp (N,C) fp32 += layernorm backward of dout (bf16, or fp32 with
+ * dout_f32); dw, db (fp32) += ... */
+void st_bf16_layernorm_bwd(struct st_compute *c, float *dinp, float *dw, float *db,
+			   const void *dout, bool dout_f32, const float *inp, const bf16 *w,
+			   const float *mean, const float *rstd, int N, int C);
+/* out (N,C) bf16 = rmsnorm(inp (N,C) fp32) with a bf16 weight */
+void st_bf16_rmsnorm_fwd(struct st_compute *c, bf16 *out, float *rstd, const float *inp,
+			 const bf16 *w, float eps, int N, int C);
+/* dinp (N,C) fp32 += rmsnorm backward of dout (bf16, or fp32 with
+ * dout_f32); dw (fp32) += ... */
+void st_bf16_rmsnorm_bwd(struct st_compute *c, float *dinp, float *dw, const void *dout,
+			 bool dout_f32, const float *inp, const bf16 *w, const float *rstd, int N,
+			 int C);
+/* kind MATMUL_FWD (weight (IC,OC), GPT-2) or LINEAR_FWD (weight (OC,IC),
+ * LLaMA): out (N,OC) = inp (N,IC) @ weight + bias, bf16 operands; out bf16,
+ * or fp32 with out_f32 (what feeds the residual stream). The two records
+ * have the same slots and sizes. */
+void st_bf16_mm_fwd(struct st_compute *c, enum st_op_kind kind, void *out, bool out_f32,
+		    const bf16 *inp, const bf16 *w, const bf16 *bias, int N, int IC, int OC);
+/* kind MATMUL_BWD or LINEAR_BWD: dinp (bf16) += dout @ weight's transpose;
+ * dweight, dbias (fp32) += ...; dout, inp, weight bf16. NULL skips a
+ * gradient (inp may then be NULL too). */
+void st_bf16_mm_bwd(struct st_compute *c, enum st_op_kind kind, bf16 *dinp, float *dw,
+		    float *db, const bf16 *dout, const bf16 *inp, const bf16 *w, int N, int IC,
+		    int OC);
 
 /* The head of a bf16 path: the final norm (LayerNorm with a bias, or
  * RMSNorm with eps when bias is NULL) of the fp32 x, then logits = xn @

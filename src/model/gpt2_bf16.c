@@ -27,60 +27,16 @@ enum { LN1_W, LN1_B, ATTN_W, ATTN_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, F
 
 /* ---- the op records (each an st_compute_run) ------------------------------------ */
 
-/* out (N,C) bf16 = layernorm(inp (N,C) fp32) with bf16 weight and bias */
-static void ln_fwd(struct st_compute *c, bf16 *out, float *mean, float *rstd, const float *inp,
-		   const bf16 *w, const bf16 *b, int N, int C)
-{
-	struct st_op op = { .kind = ST_OP_LAYERNORM_FWD,
-			    .t = { TB(out, (size_t)N * C), TF(mean, N), TF(rstd, N),
-				   TF(inp, (size_t)N * C), TB(w, C), TB(b, C) },
-			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
-/* dinp (N,C) fp32 += layernorm backward of dout (bf16, or fp32 with
- * dout_f32) */
-static void ln_bwd(struct st_compute *c, float *dinp, float *dw, float *db, const void *dout,
-		   bool dout_f32, const float *inp, const bf16 *w, const float *mean,
-		   const float *rstd, int N, int C)
-{
-	size_t NC = (size_t)N * C;
-	struct st_op op = { .kind = ST_OP_LAYERNORM_BWD,
-			    .t = { TF(dinp, NC), TF(dw, C), TF(db, C),
-				   dout_f32 ? TF(dout, NC) : TB(dout, NC), TF(inp, NC), TB(w, C),
-				   TF(mean, N), TF(rstd, N) },
-			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
-/* out (N,OC) = inp (N,IC) @ weight (IC,OC) + bias, bf16 operands; out bf16,
- * or fp32 with out_f32 (what feeds the residual stream) */
 static void mm_fwd(struct st_compute *c, void *out, bool out_f32, const bf16 *inp,
 		   const bf16 *w, const bf16 *bias, int N, int IC, int OC)
 {
-	size_t NO = (size_t)N * OC;
-	struct st_op op = { .kind = ST_OP_MATMUL_FWD,
-			    .t = { out_f32 ? TF(out, NO) : TB(out, NO), TB(inp, (size_t)N * IC),
-				   TB(w, (size_t)IC * OC), TB(bias, OC) },
-			    .i = { N, IC, OC } };
-
-	st_compute_run(c, &op);
+	st_bf16_mm_fwd(c, ST_OP_MATMUL_FWD, out, out_f32, inp, w, bias, N, IC, OC);
 }
 
-/* dinp (bf16) += dout @ W^T; dweight, dbias (fp32) += ...; dout, inp,
- * weight bf16. NULL skips a gradient (inp may then be NULL too). */
 static void mm_bwd(struct st_compute *c, bf16 *dinp, float *dw, float *db, const bf16 *dout,
 		   const bf16 *inp, const bf16 *w, int N, int IC, int OC)
 {
-	struct st_op op = { .kind = ST_OP_MATMUL_BWD,
-			    .t = { TB(dinp, (size_t)N * IC), TF(dw, (size_t)IC * OC), TF(db, OC),
-				   TB(dout, (size_t)N * OC), TB(inp, (size_t)N * IC),
-				   TB(w, (size_t)IC * OC) },
-			    .i = { N, IC, OC } };
-
-	st_compute_run(c, &op);
+	st_bf16_mm_bwd(c, ST_OP_MATMUL_BWD, dinp, dw, db, dout, inp, w, N, IC, OC);
 }
 
 /* gel (N,OC) = gelu(pre), pre = inp @ W + b, both bf16: one op where the
@@ -225,12 +181,12 @@ static void block_fwd_core(const struct st_model *m, const bf16 **p, const struc
 	struct st_compute *c = st_model_compute(m);
 	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head, N = B * T;
 
-	ln_fwd(c, w->ln1, w->mean1, w->rstd1, x, p[LN1_W], p[LN1_B], N, C);
+	st_bf16_layernorm_fwd(c, w->ln1, w->mean1, w->rstd1, x, p[LN1_W], p[LN1_B], N, C);
 	mm_fwd(c, w->qkv, false, w->ln1, p[ATTN_W], p[ATTN_B], N, C, 3 * C);
 	att_fwd(c, w->atty, w->lse, w->qkv, B, T, C, NH);
 	mm_fwd(c, attproj, true, w->atty, p[PROJ_W], p[PROJ_B], N, C, C);
 	st_compute_residual_fwd(c, w->res, x, attproj, (size_t)N * C);
-	ln_fwd(c, w->ln2, w->mean2, w->rstd2, w->res, p[LN2_W], p[LN2_B], N, C);
+	st_bf16_layernorm_fwd(c, w->ln2, w->mean2, w->rstd2, w->res, p[LN2_W], p[LN2_B], N, C);
 	mm_gelu_fwd(c, w->gel, w->fch, w->ln2, p[FC_W], p[FC_B], N, C, 4 * C);
 }
 
@@ -274,8 +230,8 @@ static void block_bwd(const struct st_model *m, int u, int B, int T, const float
 	mm_bwd(c, w->dln, g[FC_W], g[FC_B], w->fch, w->ln2, p[FC_W], N, C, 4 * C);
 	// residual 2: dres = dy + ln2's input gradient (fp32)
 	st_compute_copy(c, w->dres, dy, sizeof(float) * NC);
-	ln_bwd(c, w->dres, g[LN2_W], g[LN2_B], w->dln, false, w->res, p[LN2_W], w->mean2,
-	       w->rstd2, N, C);
+	st_bf16_layernorm_bwd(c, w->dres, g[LN2_W], g[LN2_B], w->dln, false, w->res, p[LN2_W],
+			      w->mean2, w->rstd2, N, C);
 	// attention projection: dres in bf16; datty reuses ln2
 	bf16 *datty = w->ln2;
 	st_compute_f32_to_bf16(c, w->db16, w->dres, NC);
@@ -289,7 +245,8 @@ static void block_bwd(const struct st_model *m, int u, int B, int T, const float
 	mm_bwd(c, w->dln, g[ATTN_W], g[ATTN_B], dqkv, w->ln1, p[ATTN_W], N, C, 3 * C);
 	// residual 1: dx = dres + ln1's input gradient
 	st_compute_copy(c, dx, w->dres, sizeof(float) * NC);
-	ln_bwd(c, dx, g[LN1_W], g[LN1_B], w->dln, false, x, p[LN1_W], w->mean1, w->rstd1, N, C);
+	st_bf16_layernorm_bwd(c, dx, g[LN1_W], g[LN1_B], w->dln, false, x, p[LN1_W], w->mean1,
+			      w->rstd1, N, C);
 }
 
 /* ---- head ------------------------------------------------------------------------------ */

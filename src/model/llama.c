@@ -203,19 +203,7 @@ static void st_layer_carve(struct st_carver *sv, struct st_carver *sc,
 	w->act = st_carve(sv, N * d->F);
 	w->dh = st_carve(sc, N * d->C);
 	w->dn = st_carve(sc, N * d->C);
-	/* The attention's gradients come after the MLP's backward, when act,
-	 * gate and up are dead (read for the last time): they live there
-	 * where they fit (F >= Q and F >= 2 KV in every released shape), else
-	 * in buffers of their own. */
-	w->datt = d->Q <= d->F ? w->act : st_carve(sc, N * d->Q);
-	w->dq = d->Q <= d->F ? w->gate : st_carve(sc, N * d->Q);
-	if (2 * d->KV <= d->F) {
-		w->dk = w->up;
-		w->dv = w->up ? w->up + N * d->KV : NULL;
-	} else {
-		w->dk = st_carve(sc, N * d->KV);
-		w->dv = st_carve(sc, N * d->KV);
-	}
+	ST_LLAMA_GRADS_CARVE(sc, w, N, d);
 }
 
 struct st_head_work {

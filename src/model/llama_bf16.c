@@ -21,18 +21,6 @@
 
 /* ---- the op records (each an st_compute_run) ------------------------------------ */
 
-/* out (N,C) bf16 = rmsnorm(inp (N,C) fp32) with a bf16 weight */
-static void rms_fwd(struct st_compute *c, bf16 *out, float *rstd, const float *inp,
-		    const bf16 *w, float eps, int N, int C)
-{
-	size_t NC = (size_t)N * C;
-	struct st_op op = { .kind = ST_OP_RMSNORM_FWD,
-			    .t = { TB(out, NC), TF(rstd, N), TF(inp, NC), TB(w, C) },
-			    .i = { N, C }, .f = { eps } };
-
-	st_compute_run(c, &op);
-}
-
 /* res (N,C) fp32 = a + b, then out (bf16) = rmsnorm(res): one record */
 static void res_rms_fwd(struct st_compute *c, float *res, bf16 *out, float *rstd,
 			const float *a, const float *b, const bf16 *w, float eps, int N, int C)
@@ -46,45 +34,16 @@ static void res_rms_fwd(struct st_compute *c, float *res, bf16 *out, float *rstd
 	st_compute_run(c, &op);
 }
 
-/* dinp (N,C) fp32 += rmsnorm backward of dout (bf16) */
-static void rms_bwd(struct st_compute *c, float *dinp, float *dw, const bf16 *dout,
-		    const float *inp, const bf16 *w, const float *rstd, int N, int C)
-{
-	size_t NC = (size_t)N * C;
-	struct st_op op = { .kind = ST_OP_RMSNORM_BWD,
-			    .t = { TF(dinp, NC), TF(dw, C), TB(dout, NC), TF(inp, NC), TB(w, C),
-				   TF(rstd, N) },
-			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
-/* out (N,OC) = inp (N,IC) @ weight^T (weight (OC,IC)) + bias, bf16
- * operands; out bf16, or fp32 with out_f32 (what feeds the residual) */
 static void lin_fwd(struct st_compute *c, void *out, bool out_f32, const bf16 *inp,
 		    const bf16 *w, const bf16 *bias, int N, int IC, int OC)
 {
-	size_t NO = (size_t)N * OC;
-	struct st_op op = { .kind = ST_OP_LINEAR_FWD,
-			    .t = { out_f32 ? TF(out, NO) : TB(out, NO), TB(inp, (size_t)N * IC),
-				   TB(w, (size_t)OC * IC), TB(bias, OC) },
-			    .i = { N, IC, OC } };
-
-	st_compute_run(c, &op);
+	st_bf16_mm_fwd(c, ST_OP_LINEAR_FWD, out, out_f32, inp, w, bias, N, IC, OC);
 }
 
-/* dinp (bf16) += dout @ W; dweight, dbias (fp32) += ...; dout, inp, weight
- * bf16. NULL skips a gradient (inp may then be NULL too). */
 static void lin_bwd(struct st_compute *c, bf16 *dinp, float *dw, float *db, const bf16 *dout,
 		    const bf16 *inp, const bf16 *w, int N, int IC, int OC)
 {
-	struct st_op op = { .kind = ST_OP_LINEAR_BWD,
-			    .t = { TB(dinp, (size_t)N * IC), TF(dw, (size_t)OC * IC), TF(db, OC),
-				   TB(dout, (size_t)N * OC), TB(inp, (size_t)N * IC),
-				   TB(w, (size_t)OC * IC) },
-			    .i = { N, IC, OC } };
-
-	st_compute_run(c, &op);
+	st_bf16_mm_bwd(c, ST_OP_LINEAR_BWD, dinp, dw, db, dout, inp, w, N, IC, OC);
 }
 
 /* the rotation of NH heads in rows of `stride` bf16 elements, in place */
@@ -178,16 +137,7 @@ static void layer_carve(struct st_carver *sv, struct st_carver *sc, struct lwork
 	w->dh = st_carve(sc, N * d->C);
 	w->dn = st_carve_bf16(sc, N * d->C);
 	w->db16 = st_carve_bf16(sc, N * d->C);
-	/* after the MLP's backward act, gate and up are dead (llama.c) */
-	w->datt = d->Q <= d->F ? w->act : st_carve_bf16(sc, N * d->Q);
-	w->dq = d->Q <= d->F ? w->gate : st_carve_bf16(sc, N * d->Q);
-	if (2 * d->KV <= d->F) {
-		w->dk = w->up;
-		w->dv = w->up ? w->up + N * d->KV : NULL;
-	} else {
-		w->dk = st_carve_bf16(sc, N * d->KV);
-		w->dv = st_carve_bf16(sc, N * d->KV);
-	}
+	ST_LLAMA_GRADS_CARVE(sc, w, N, d);
 }
 
 size_t st_llama_bf16_work_bytes(const struct st_model *m, int u, int B, int T)
@@ -248,7 +198,7 @@ static void layer_fwd_core(const struct st_model *m, const bf16 **p, const struc
 	const float eps = (float)cfg->norm_eps;
 	const int N = B * T;
 
-	rms_fwd(c, w->xn, w->rstd1, x, p[LT_IN_NORM], eps, N, d.C);
+	st_bf16_rmsnorm_fwd(c, w->xn, w->rstd1, x, p[LT_IN_NORM], eps, N, d.C);
 	lin_fwd(c, w->q, false, w->xn, p[LT_Q_W], p[LT_Q_B], N, d.C, d.Q);
 	lin_fwd(c, w->k, false, w->xn, p[LT_K_W], p[LT_K_B], N, d.C, d.KV);
 	lin_fwd(c, w->v, false, w->xn, p[LT_V_W], p[LT_V_B], N, d.C, d.KV);
@@ -309,7 +259,8 @@ static void layer_bwd(const struct st_model *m, int u, int B, int T, const float
 	lin_bwd(c, w->dn, g[LT_UP_W], NULL, w->up, w->hn, p[LT_UP_W], N, d.C, d.F);
 	// residual 2: dh = dy + the post-attention norm's input gradient (fp32)
 	st_compute_copy(c, w->dh, dy, sizeof(float) * NC);
-	rms_bwd(c, w->dh, g[LT_POST_NORM], w->dn, w->h, p[LT_POST_NORM], w->rstd2, N, d.C);
+	st_bf16_rmsnorm_bwd(c, w->dh, g[LT_POST_NORM], w->dn, false, w->h, p[LT_POST_NORM],
+			    w->rstd2, N, d.C);
 	// attention's projection: dh in bf16
 	st_compute_f32_to_bf16(c, w->db16, w->dh, NC);
 	st_compute_zero(c, w->datt, sizeof(bf16) * (size_t)N * d.Q);
@@ -329,7 +280,8 @@ static void layer_bwd(const struct st_model *m, int u, int B, int T, const float
 	lin_bwd(c, w->dn, g[LT_V_W], g[LT_V_B], w->dv, w->xn, p[LT_V_W], N, d.C, d.KV);
 	// residual 1: dx = dh + the input norm's input gradient
 	st_compute_copy(c, dx, w->dh, sizeof(float) * NC);
-	rms_bwd(c, dx, g[LT_IN_NORM], w->dn, x, p[LT_IN_NORM], w->rstd1, N, d.C);
+	st_bf16_rmsnorm_bwd(c, dx, g[LT_IN_NORM], w->dn, false, x, p[LT_IN_NORM], w->rstd1, N,
+			    d.C);
 }
 
 /* ---- head and embedding ------------------------------------------------------------- */
@@ -372,6 +324,19 @@ static void embed_fwd(const struct st_model *m, const struct st_model_batch *b,
 	st_compute_run(st_model_compute(m), &op);
 }
 
+/* A layer's buffers for a hook: the forward's from saved (a kept unit's)
+ * or, without it, from work with the backward's own */
+static void block_carve(const struct st_model *m, int B, int T, void *saved,
+			size_t saved_bytes, void *work, size_t work_bytes, struct lwork *w)
+{
+	const struct st_dims d = st_dims_of(st_model_config(m));
+	struct st_carver cv, cs;
+
+	st_carver_init(&cv, work, work_bytes);
+	st_carver_init(&cs, saved, saved_bytes);
+	layer_carve(saved ? &cs : &cv, &cv, w, (size_t)B * T, &d, (size_t)B * d.H * T);
+}
+
 /* ---- the hooks' bf16 halves ------------------------------------------------------------- */
 
 int st_llama_bf16_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
@@ -380,9 +345,7 @@ int st_llama_bf16_fwd_save(const struct st_model *m, int u, const struct st_mode
 			   size_t work_bytes)
 {
 	const int B = batch->B, T = batch->T;
-	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv, cs;
 
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED:
@@ -390,9 +353,7 @@ int st_llama_bf16_fwd_save(const struct st_model *m, int u, const struct st_mode
 		return st_compute_take_error(c);
 	case ST_UNIT_BLOCK: {
 		struct lwork w;
-		st_carver_init(&cv, work, work_bytes);
-		st_carver_init(&cs, saved, saved_bytes);
-		layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
+		block_carve(m, B, T, saved, saved_bytes, work, work_bytes, &w);
 		layer_fwd(m, u, B, T, params, x, y, &w);
 		return st_compute_take_error(c);
 	}
@@ -414,7 +375,6 @@ int st_llama_bf16_bwd_saved(const struct st_model *m, int u,
 	const int B = batch->B, T = batch->T;
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv, cs;
 
 	switch (st_model_unit_layout(m, u)->kind) {
 	case ST_UNIT_EMBED:
@@ -423,9 +383,7 @@ int st_llama_bf16_bwd_saved(const struct st_model *m, int u,
 		return st_compute_take_error(c);
 	case ST_UNIT_BLOCK: {
 		struct lwork w;
-		st_carver_init(&cv, work, work_bytes);
-		st_carver_init(&cs, saved, saved_bytes);
-		layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
+		block_carve(m, B, T, saved, saved_bytes, work, work_bytes, &w);
 		layer_bwd(m, u, B, T, params, x, dy, dx, grad, &w, saved != NULL);
 		return st_compute_take_error(c);
 	}

@@ -236,14 +236,7 @@ static void test_gemm(void **state)
 						     w(B, tb ? (size_t)j * ldb + k : (size_t)k * ldb + j);
 					ref[i * N + j] = s;
 				}
-			struct st_op op = {
-				.kind = ST_OP_GEMM,
-				.t = { st_tensor_2d(A, ST_DTYPE_BF16, ta ? K : M, lda),
-				       st_tensor_2d(B, ST_DTYPE_BF16, tb ? N : K, ldb),
-				       st_tensor_2d(C, ST_DTYPE_F32, M, N) },
-				.i = { ta, tb, M, N, K, lda, ldb, N },
-				.f = { 1.0f },
-			};
+			struct st_op op = st_op_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, 1.0f, C, N);
 			run(&op);
 			near_f("gemm bbf", C, ref, M * N, 1e-5, 1e-5);
 			free(A); free(B); free(C);
