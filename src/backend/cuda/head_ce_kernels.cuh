@@ -139,19 +139,6 @@ __device__ __forceinline__ void hc_product(float acc[8][4], st_bf16 *As, st_bf16
 	__syncthreads();
 }
 
-/* Max and sum over the four lanes of a group, in one order. */
-__device__ __forceinline__ float hc_group_max(float x)
-{
-	x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-	return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float hc_group_sum(float x)
-{
-	x += __shfl_xor_sync(0xffffffffu, x, 1);
-	return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 /* ---- forward ------------------------------------------------------------------ */
 
 /* grid (ceil(N/64), S) */
@@ -202,9 +189,9 @@ __global__ void __launch_bounds__(HC_THREADS) hc_fwd_kernel(hc_params p)
 	/* the four lanes of a row: their max, their rescaled sums, in one order */
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
-		const float M = hc_group_max(m[i]);
-		const float L = hc_group_sum(m[i] == -INFINITY ? 0.0f : l[i] * expf(m[i] - M));
-		const float T = hc_group_sum(tl[i]); /* one lane holds it, the others 0 */
+		const float M = mma_group_max(m[i]);
+		const float L = mma_group_sum(m[i] == -INFINITY ? 0.0f : l[i] * expf(m[i] - M));
+		const float T = mma_group_sum(tl[i]); /* one lane holds it, the others 0 */
 		if (t == 0 && rows[i] < p.N) {
 			float *q = p.part + ((size_t)blockIdx.y * p.N + rows[i]) * 3;
 			q[0] = M;
