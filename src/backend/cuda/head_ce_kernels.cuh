@@ -252,6 +252,27 @@ __device__ __forceinline__ void hc_store_add(float *out, int rows, int C, int r_
 }
 
 /* grid (ceil(N/64), ceil(C/128)) */
+/* out += dS Bt over a warp's strip: its 16 x 64 dlogits in acc, rounded to
+ * bf16 as the A fragments, times the 64 x HC_DC tile in shared memory at Bt
+ * (element (k, n) at Bt[n * HC_LDT + k]). The two backward kernels' last
+ * step: dx += dS W, dW += dS^T x. */
+__device__ __forceinline__ void hc_dlogits_times(float out[HC_DC / 8][4], float acc[8][4],
+						 const st_bf16 *Bt)
+{
+	uint32_t a[4][4];
+#pragma unroll
+	for (int kk = 0; kk < 4; kk++)
+		mma_a_from_c(a[kk], acc[2 * kk], acc[2 * kk + 1]);
+#pragma unroll
+	for (int nt = 0; nt < HC_DC / 8; nt++)
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			uint32_t b[2];
+			mma_load_b(b, Bt + nt * 8 * HC_LDT + kk * 16, HC_LDT);
+			mma_bf16_16816(out[nt], a[kk], b);
+		}
+}
+
 __global__ void __launch_bounds__(HC_THREADS) hc_dx_kernel(hc_params p)
 {
 	extern __shared__ float smem[];
@@ -282,19 +303,8 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dx_kernel(hc_params p)
 				acc[nt][e] = hc_dlogit(acc[nt][e], lse[i], col, tgt[i],
 						       col < p.V && rows[i] < p.N, p.dloss);
 			}
-		uint32_t a[4][4];
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++)
-			mma_a_from_c(a[kk], acc[2 * kk], acc[2 * kk + 1]);
 		__syncthreads(); /* Wt in place */
-#pragma unroll
-		for (int nt = 0; nt < HC_DC / 8; nt++)
-#pragma unroll
-			for (int kk = 0; kk < 4; kk++) {
-				uint32_t b[2];
-				mma_load_b(b, Wt + nt * 8 * HC_LDT + kk * 16, HC_LDT);
-				mma_bf16_16816(dx[nt], a[kk], b);
-			}
+		hc_dlogits_times(dx, acc, Wt);
 	}
 	hc_store_add(p.dx, p.N, p.C, rw, c0, dx);
 }
@@ -331,18 +341,7 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dw_kernel(hc_params p)
 				acc[nt][e] = hc_dlogit(acc[nt][e], lse_s[rr], v, tgt_s[rr],
 						       v < p.V && r0 + rr < p.N, p.dloss);
 			}
-		uint32_t a[4][4];
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++)
-			mma_a_from_c(a[kk], acc[2 * kk], acc[2 * kk + 1]);
-#pragma unroll
-		for (int nt = 0; nt < HC_DC / 8; nt++)
-#pragma unroll
-			for (int kk = 0; kk < 4; kk++) {
-				uint32_t b[2];
-				mma_load_b(b, Xt + nt * 8 * HC_LDT + kk * 16, HC_LDT);
-				mma_bf16_16816(dw[nt], a[kk], b);
-			}
+		hc_dlogits_times(dw, acc, Xt);
 	}
 	hc_store_add(p.dw, p.V, p.C, vw, c0, dw);
 }
