@@ -136,6 +136,22 @@ static void run_free(struct run *r)
 	free(r->W);
 }
 
+/* c trained STEPS steps (with `threads` OpenMP threads, 0: as many as
+ * now) gives ref's losses, norms and weights bit for bit. */
+static void train_same(const struct st_engine_config *c, int threads, const struct run *ref,
+		       const char *what)
+{
+	const int threads0 = omp_get_max_threads();
+	struct run r;
+
+	if (threads)
+		omp_set_num_threads(threads);
+	train(c, STEPS, &r);
+	omp_set_num_threads(threads0);
+	same(ref, &r, STEPS, what);
+	run_free(&r);
+}
+
 /* Budgets at which the planner's split policy (docs/plan.md) splits c's
  * placement: which = 0: host 4 KiB short of W in vram and the optimizer in
  * host (G, P, M, V split by unit and state: this model's update staging is
@@ -230,7 +246,6 @@ static void test_placement_invariance(void **state)
 		{ "optim in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 0, 0 },
 		{ "optim in vram, threads 1", ST_OFFLOAD_AUTO, ST_OFFLOAD_VRAM, 0, 1, 0 },
 	};
-	int threads0 = omp_get_max_threads();
 
 	(void)state;
 	base_config(&c);
@@ -243,12 +258,7 @@ static void test_placement_invariance(void **state)
 		c.optim = cases[i].optim;
 		c.prefetch = cases[i].prefetch;
 		c.update_tile_elems = cases[i].tile;
-		if (cases[i].threads)
-			omp_set_num_threads(cases[i].threads);
-		train(&c, STEPS, &r);
-		omp_set_num_threads(threads0);
-		same(&ref, &r, STEPS, cases[i].name);
-		run_free(&r);
+		train_same(&c, cases[i].threads, &ref, cases[i].name);
 	}
 	/* A vocabulary large enough that the embedding is the largest unit: it
 	 * then streams through a slot of its own (docs/plan.md). */
@@ -280,9 +290,7 @@ static void test_placement_invariance(void **state)
 			c.params = big[i].params;
 			c.optim = big[i].optim;
 			c.prefetch = big[i].prefetch;
-			train(&c, STEPS, &r);
-			same(&bref, &r, STEPS, big[i].name);
-			run_free(&r);
+			train_same(&c, 0, &bref, big[i].name);
 		}
 		run_free(&bref);
 		/* split: only the embedding streamed (through its own slot alone),
@@ -303,10 +311,9 @@ static void test_placement_invariance(void **state)
 						: (u == 0) == (k == 0) ? ST_HOME_NVME : ST_HOME_VRAM;
 			c.homes = homes;
 			c.prefetch = 1;
-			train(&c, STEPS, &r);
-			same(&bref, &r, STEPS, k ? "big vocab: all but the embedding streamed"
-						 : "big vocab: only the embedding streamed");
-			run_free(&r);
+			train_same(&c, 0, &bref,
+				   k ? "big vocab: all but the embedding streamed"
+				     : "big vocab: only the embedding streamed");
 		}
 		run_free(&bref);
 	}
@@ -319,14 +326,10 @@ static void test_placement_invariance(void **state)
 	train(&c, STEPS, &ref);
 	c.params = ST_OFFLOAD_NVME;
 	c.optim = ST_OFFLOAD_NVME;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "accum 2: vram vs nvme");
-	run_free(&r);
+	train_same(&c, 0, &ref, "accum 2: vram vs nvme");
 	c.params = ST_OFFLOAD_NONE;
 	c.optim = ST_OFFLOAD_VRAM;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "accum 2: optim in vram");
-	run_free(&r);
+	train_same(&c, 0, &ref, "accum 2: optim in vram");
 	/* Split placements: each (unit, state) has its own home, as the plan
 	 * allows (st_plan_input.homes): W in vram, host and nvme by unit, and
 	 * G, P, M, V each in host or nvme by unit and state. */
@@ -362,9 +365,7 @@ static void test_placement_invariance(void **state)
 		base_config(&c);
 		c.train.grad_accum = 2;
 		c.homes = homes;
-		train(&c, STEPS, &r);
-		same(&ref, &r, STEPS, "accum 2: only M and V staged");
-		run_free(&r);
+		train_same(&c, 0, &ref, "accum 2: only M and V staged");
 	}
 	/* Split placements the planner's policy makes itself (auto), at
 	 * budgets that force a split: G, P, M, V by unit in host and on nvme;
@@ -373,10 +374,9 @@ static void test_placement_invariance(void **state)
 		base_config(&c);
 		c.train.grad_accum = 2;
 		split_budgets(&c, which);
-		train(&c, STEPS, &r);
-		same(&ref, &r, STEPS, which ? "accum 2: the policy's split of W"
-					    : "accum 2: the policy's split of G, P, M, V");
-		run_free(&r);
+		train_same(&c, 0, &ref,
+			   which ? "accum 2: the policy's split of W"
+				 : "accum 2: the policy's split of G, P, M, V");
 	}
 	/* The optimizer on the device for some units only: units 0 and 2
 	 * (the resident embedding among them) keep everything in vram, units
@@ -574,7 +574,7 @@ static void test_untied_head(void **state)
 	struct st_plan_input pin;
 	struct st_plan plan;
 	struct st_model *m;
-	struct run tied, ref, r;
+	struct run tied, ref;
 	enum st_home homes[4 * ST_STATE_COUNT];
 
 	(void)state;
@@ -596,18 +596,14 @@ static void test_untied_head(void **state)
 	c.params = ST_OFFLOAD_NVME;
 	c.optim = ST_OFFLOAD_NVME;
 	c.prefetch = 1;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "untied: vram vs nvme, prefetch 1");
-	run_free(&r);
+	train_same(&c, 0, &ref, "untied: vram vs nvme, prefetch 1");
 	for (int u = 0; u < 4; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++)
 			homes[u * ST_STATE_COUNT + s] =
 				s == ST_STATE_W ? (enum st_home)(u % 3)
 				: (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
 	c.homes = homes;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "untied: split placement");
-	run_free(&r);
+	train_same(&c, 0, &ref, "untied: split placement");
 	/* no resident unit: no pool of its own */
 	assert_int_equal(st_model_create(&c.train.model, &m), 0);
 	assert_false(st_model_unit_layout(m, 0)->resident);
@@ -912,7 +908,7 @@ static const char *const llama_models[] = {
 static void test_llama_placement(void **state)
 {
 	struct st_engine_config c;
-	struct run ref, r;
+	struct run ref;
 	static const struct {
 		const char *name;
 		enum st_offload params, optim;
@@ -923,7 +919,6 @@ static void test_llama_placement(void **state)
 		{ "llama: threads 2, params nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
 		{ "llama: optim in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 0 },
 	};
-	int threads0 = omp_get_max_threads();
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
@@ -939,12 +934,7 @@ static void test_llama_placement(void **state)
 			c.params = cases[i].params;
 			c.optim = cases[i].optim;
 			c.prefetch = cases[i].prefetch;
-			if (cases[i].threads)
-				omp_set_num_threads(cases[i].threads);
-			train(&c, STEPS, &r);
-			omp_set_num_threads(threads0);
-			same(&ref, &r, STEPS, cases[i].name);
-			run_free(&r);
+			train_same(&c, cases[i].threads, &ref, cases[i].name);
 		}
 		/* split homes: W in vram, host and nvme by unit */
 		enum st_home homes[4 * ST_STATE_COUNT];
@@ -957,9 +947,7 @@ static void test_llama_placement(void **state)
 		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
 		c.homes = homes;
 		c.prefetch = 1;
-		train(&c, STEPS, &r);
-		same(&ref, &r, STEPS, "llama: split placement");
-		run_free(&r);
+		train_same(&c, 0, &ref, "llama: split placement");
 		run_free(&ref);
 	}
 }
@@ -970,7 +958,7 @@ static void test_llama_placement(void **state)
 static void test_llama_bf16(void **state)
 {
 	struct st_engine_config c;
-	struct run ref, r, f32;
+	struct run ref, f32;
 	static const struct {
 		const char *name;
 		enum st_offload params, optim;
@@ -986,7 +974,6 @@ static void test_llama_bf16(void **state)
 		{ "llama bf16: every block keeps its forward", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 0,
 		  0, ST_RECOMPUTE_NONE },
 	};
-	int threads0 = omp_get_max_threads();
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
@@ -1009,12 +996,7 @@ static void test_llama_bf16(void **state)
 			c.optim = cases[i].optim;
 			c.prefetch = cases[i].prefetch;
 			c.recompute = cases[i].recompute;
-			if (cases[i].threads)
-				omp_set_num_threads(cases[i].threads);
-			train(&c, STEPS, &r);
-			omp_set_num_threads(threads0);
-			same(&ref, &r, STEPS, cases[i].name);
-			run_free(&r);
+			train_same(&c, cases[i].threads, &ref, cases[i].name);
 		}
 		run_free(&ref);
 		run_free(&f32);
