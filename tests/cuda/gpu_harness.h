@@ -39,6 +39,19 @@ static inline void die(const char *what, int rc)
 	exit(1);
 }
 
+/* The cuda compute on device 0 into cx; without a GPU or driver "no GPU:
+ * skipped" and exit 77 (meson's SKIP). */
+static inline void gpu_open(void)
+{
+	if (!st_cuda_available()) {
+		printf("no GPU: skipped\n");
+		exit(77);
+	}
+	int rc = st_compute_cuda_create(0, &cx);
+	if (rc)
+		die("st_compute_cuda_create", rc);
+}
+
 static inline void *xmalloc(size_t bytes)
 {
 	void *p = malloc(bytes ? bytes : 4);

@@ -314,20 +314,14 @@ int main(int argc, char **argv)
 		       argv[0]);
 		return strcmp(argv[1], "--help") == 0 ? 0 : 2;
 	}
-	if (!st_cuda_available()) {
-		printf("no GPU: skipped\n");
-		return 77;
-	}
-	int rc = st_compute_cuda_create(0, &cx);
-	if (rc)
-		die("st_compute_cuda_create", rc);
+	gpu_open();
 	check_supports();
 	check(2, 256, 12, 12, 64, false); /* a GPT-2 block */
 	check(1, 100, 2, 2, 128, false);
 	check(1, 1, 2, 2, 64, false);
 	check(2, 130, 8, 2, 64, true);
 	check(1, 200, 4, 1, 128, true);
-	rc = st_compute_sync(cx);
+	int rc = st_compute_sync(cx);
 	if (rc)
 		die("sync", rc);
 	st_compute_destroy(cx);
