@@ -63,6 +63,13 @@ static void base_config(struct st_engine_config *c)
 	c->device = device;
 }
 
+/* base_config with another model (a st_model_config_parse string). */
+static void model_config(struct st_engine_config *c, const char *model)
+{
+	base_config(c);
+	assert_int_equal(st_model_config_parse(model, &c->train.model), 0);
+}
+
 static void open_loader(struct st_dataset **ds, struct st_loader *ld,
 			const struct st_engine_config *c)
 {
@@ -276,9 +283,7 @@ static void test_placement_invariance(void **state)
 		struct run bref;
 
 		for (size_t i = 0; i < ST_ARRAY_LEN(big); i++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse("layers=2,dim=64,heads=2,vocab=2048,ctx=64",
-							       &c.train.model), 0);
+			model_config(&c, "layers=2,dim=64,heads=2,vocab=2048,ctx=64");
 			c.train.grad_accum = big[i].accum;
 			if (i == 0 || big[i].accum != big[i - 1].accum) {
 				if (i > 0)
@@ -295,9 +300,7 @@ static void test_placement_invariance(void **state)
 		run_free(&bref);
 		/* split: only the embedding streamed (through its own slot alone),
 		 * and everything but the embedding streamed (no slot of its own) */
-		base_config(&c);
-		assert_int_equal(st_model_config_parse("layers=2,dim=64,heads=2,vocab=2048,ctx=64",
-						       &c.train.model), 0);
+		model_config(&c, "layers=2,dim=64,heads=2,vocab=2048,ctx=64");
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
 		train(&c, STEPS, &bref);
@@ -787,9 +790,7 @@ static void test_traffic_matches_plan(void **state)
 			struct st_engine_stats st;
 			const struct st_plan *p;
 
-			base_config(&c);
-			assert_int_equal(st_model_config_parse("layers=4,dim=64,heads=2,vocab=256,"
-							       "ctx=64", &c.train.model), 0);
+			model_config(&c, "layers=4,dim=64,heads=2,vocab=256,ctx=64");
 			c.params = cases[i][0];
 			c.optim = cases[i][1];
 			c.train.grad_accum = accum;
@@ -922,15 +923,13 @@ static void test_llama_placement(void **state)
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		model_config(&c, llama_models[mi]);
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
 		train(&c, STEPS, &ref);
 		assert_true(ref.loss[0] > 5.0 && ref.loss[0] < 6.5); /* ln 256..300 */
 		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+			model_config(&c, llama_models[mi]);
 			c.params = cases[i].params;
 			c.optim = cases[i].optim;
 			c.prefetch = cases[i].prefetch;
@@ -943,8 +942,7 @@ static void test_llama_placement(void **state)
 				homes[u * ST_STATE_COUNT + s] =
 					s == ST_STATE_W ? (enum st_home)(u % 3)
 					: (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		model_config(&c, llama_models[mi]);
 		c.homes = homes;
 		c.prefetch = 1;
 		train_same(&c, 0, &ref, "llama: split placement");
@@ -977,8 +975,7 @@ static void test_llama_bf16(void **state)
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		model_config(&c, llama_models[mi]);
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
 		train(&c, STEPS, &f32);
@@ -989,8 +986,7 @@ static void test_llama_bf16(void **state)
 			assert_true(ref.loss[s] != f32.loss[s]);
 		}
 		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+			model_config(&c, llama_models[mi]);
 			c.compute_dtype = ST_PRECISION_BF16;
 			c.params = cases[i].params;
 			c.optim = cases[i].optim;
@@ -1031,8 +1027,7 @@ static void test_act_host(void **state)
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
 		for (int accum = 1; accum <= 2; accum++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+			model_config(&c, models[mi]);
 			c.train.grad_accum = accum;
 			c.params = ST_OFFLOAD_NONE;
 			c.optim = ST_OFFLOAD_HOST;
@@ -1074,9 +1069,7 @@ static void test_act_long(void **state)
 	const struct st_plan *p;
 
 	(void)state;
-	base_config(&c);
-	assert_int_equal(st_model_config_parse("layers=3,dim=32,heads=1,vocab=256,ctx=8192",
-					       &c.train.model), 0);
+	model_config(&c, "layers=3,dim=32,heads=1,vocab=256,ctx=8192");
 	c.train.batch = 1;
 	c.train.seq = 8192;
 	c.params = ST_OFFLOAD_NONE;
@@ -1147,8 +1140,7 @@ static void test_recompute_invariance(void **state)
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++) {
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+		model_config(&c, models[mi]);
 		c.train.grad_accum = 2;
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
@@ -1159,8 +1151,7 @@ static void test_recompute_invariance(void **state)
 			int n_keep;
 			char what[128];
 
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+			model_config(&c, models[mi]);
 			c.train.grad_accum = 2;
 			c.params = cases[i].params;
 			c.optim = cases[i].params == ST_OFFLOAD_NVME ? ST_OFFLOAD_NVME : ST_OFFLOAD_HOST;
