@@ -70,11 +70,7 @@ common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-eve
 run() {
 	local tag=$1 np=$2
 	shift 2
-	if [ "$np" = 1 ]; then
-		train_run "$tag" -- "$@"
-	else
-		train_run "$tag" "${mn[@]}" -- "$@"
-	fi
+	ranks_run "$tag" "$np" "${mn[@]}" -- "$@"
 }
 # refused TAG WHAT REGEX: the run failed with exit 2 before step 1, with
 # one line (rank 0's) matching REGEX, and left no checkpoint

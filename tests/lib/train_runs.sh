@@ -20,6 +20,17 @@ train_run() {
 		--metrics "$work/$tag.jsonl" "$@" >"$work/$tag.log" 2>&1
 }
 
+# ranks_run TAG NP LAUNCH... -- ARGS...: train_run alone when NP is 1, else
+# under LAUNCH (which must start NP ranks)
+ranks_run() {
+	local tag=$1 np=$2
+	shift 2
+	if [ "$np" = 1 ]; then
+		while [ "$1" != -- ]; do shift; done
+	fi
+	train_run "$tag" "$@"
+}
+
 # numbers TAG: what must not change between runs: the metrics but for the
 # throughput, and the checkpoint's bytes
 numbers() {

@@ -58,11 +58,7 @@ common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-eve
 run() {
 	local tag=$1 np=$2
 	shift 2
-	if [ "$np" = 1 ]; then
-		train_run "$tag" -- "$@"
-	else
-		train_run "$tag" "$mpirun" "$np" -- "$@"
-	fi
+	ranks_run "$tag" "$np" "$mpirun" "$np" -- "$@"
 }
 
 placements=("host|" "nvme|--offload-params nvme --offload-optim nvme --prefetch 1"
