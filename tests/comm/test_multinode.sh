@@ -57,6 +57,8 @@ mn=(mpirun --oversubscribe --bind-to none --mca plm_rsh_agent "$here/fake-node"
 
 # shellcheck source=../cli/check.sh
 . "$here/../cli/check.sh"
+# shellcheck source=../lib/train_runs.sh
+. "$here/../lib/train_runs.sh"
 text "$work/data.txt" 7 ranks on two nodes add their slices in rank order and agree
 mkdir -p "$work/nvme"
 # shellcheck disable=SC2054 # --model takes a comma list
@@ -68,28 +70,7 @@ common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-eve
 run() {
 	local tag=$1 np=$2
 	shift 2
-	rm -rf "${work:?}/$tag" "$work/$tag.jsonl"
-	if [ "$np" = 1 ]; then
-		"$strata" train "${common[@]}" --save "$work/$tag" --metrics "$work/$tag.jsonl" "$@" \
-			>"$work/$tag.log" 2>&1
-	else
-		timeout 120 "${mn[@]}" "$strata" train "${common[@]}" --save "$work/$tag" \
-			--metrics "$work/$tag.jsonl" "$@" >"$work/$tag.log" 2>&1
-	fi
-}
-numbers() {
-	sed 's/,"tokens_per_s".*//' "$work/$1.jsonl"
-	(cd "$work/$1/latest" && sha256sum model.safetensors optimizer.safetensors)
-}
-same() { # TAG REF WHAT
-	if [ ! -s "$work/$1.jsonl" ] || [ ! -d "$work/$1/latest" ]; then
-		echo "FAIL $3: no metrics or checkpoint"; tail -5 "$work/$1.log"; fail=1; return
-	fi
-	if diff <(numbers "$2") <(numbers "$1") >"$work/diff" 2>&1; then
-		echo "ok   $3"
-	else
-		echo "FAIL $3: differs from $2"; head -8 "$work/diff"; tail -3 "$work/$1.log"; fail=1
-	fi
+	ranks_run "$tag" "$np" "${mn[@]}" -- "$@"
 }
 # refused TAG WHAT REGEX: the run failed with exit 2 before step 1, with
 # one line (rank 0's) matching REGEX, and left no checkpoint

@@ -75,36 +75,15 @@ echo "ok   srun: $(srun --version) $(srun --mpi=list 2>&1 | grep -o 'pmix_v[0-9]
 
 # shellcheck source=../cli/check.sh
 . "$here/../cli/check.sh"
+# shellcheck source=../lib/train_runs.sh
+. "$here/../lib/train_runs.sh"
 text "$work/data.txt" 11 srun starts every task and pmix joins them into one world
 mkdir -p "$work/nvme"
 common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-every 100
 	--warmup 1 --seed 5)
 
-# run TAG LAUNCH... -- ARGS...: strata train under LAUNCH (nothing: one
-# rank) into $work/TAG.{jsonl,log} and checkpoint $work/TAG/
-run() {
-	local tag=$1 launch=()
-	shift
-	while [ "$1" != -- ]; do launch+=("$1"); shift; done
-	shift
-	rm -rf "${work:?}/$tag" "$work/$tag.jsonl"
-	timeout 120 "${launch[@]}" "$strata" train "${common[@]}" --save "$work/$tag" \
-		--metrics "$work/$tag.jsonl" "$@" >"$work/$tag.log" 2>&1
-}
-numbers() {
-	sed 's/,"tokens_per_s".*//' "$work/$1.jsonl"
-	(cd "$work/$1/latest" && sha256sum model.safetensors optimizer.safetensors)
-}
-same() { # TAG REF WHAT
-	if [ ! -s "$work/$1.jsonl" ] || [ ! -d "$work/$1/latest" ]; then
-		echo "FAIL $3: no metrics or checkpoint"; tail -5 "$work/$1.log"; fail=1; return
-	fi
-	if diff <(numbers "$2") <(numbers "$1") >"$work/diff" 2>&1; then
-		echo "ok   $3"
-	else
-		echo "FAIL $3: differs from $2"; head -8 "$work/diff"; tail -3 "$work/$1.log"; fail=1
-	fi
-}
+# run TAG LAUNCH... -- ARGS...: tests/lib/train_runs.sh's train_run
+run() { train_run "$@"; }
 
 # the world as strata sees it under srun
 timeout 60 srun --mpi=pmix -n 2 "$strata" info >"$work/info" 2>&1

@@ -392,4 +392,15 @@ static inline int emu_expect_close(const char *label, const std::vector<float> &
 	return 0;
 }
 
+// a - b element by element: what a kernel added to a buffer that started
+// as b, to compare as emu_expect_close compares (increments, not sums).
+static inline std::vector<float> emu_minus(const std::vector<float> &a,
+					   const std::vector<float> &b)
+{
+	std::vector<float> d(a.size());
+	for (size_t i = 0; i < a.size(); i++)
+		d[i] = a[i] - b[i];
+	return d;
+}
+
 #endif

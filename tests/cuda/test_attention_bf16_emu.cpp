@@ -135,14 +135,6 @@ static std::vector<float> widen(const std::vector<uint16_t> &h)
 	return f;
 }
 
-static std::vector<float> minus(const std::vector<float> &a, const std::vector<float> &b)
-{
-	std::vector<float> d(a.size());
-	for (size_t i = 0; i < a.size(); i++)
-		d[i] = a[i] - b[i];
-	return d;
-}
-
 static int expect(const char *shape, const char *what, const std::vector<float> &got,
 		  const std::vector<float> &ref, double tol)
 {
@@ -279,13 +271,13 @@ static int check(int B, int T, int NH, int NKV, bool gqa, bool repeat)
 		std::vector<float> dq = dq0.f, dk = dk0.f, dv = dv0.f;
 		point(p, dq.data(), dk.data(), dv.data(), sizeof(float));
 		ab_kernels<HS>::template bwd<float>(p, B);
-		fails += expect(shape, gqa ? "dq (fp32, added)" : "dqkv (fp32, added)", minus(dq, dq0.f), minus(rdq, dq0.f),
-				1e-2);
+		fails += expect(shape, gqa ? "dq (fp32, added)" : "dqkv (fp32, added)",
+				emu_minus(dq, dq0.f), emu_minus(rdq, dq0.f), 1e-2);
 		if (gqa) {
-			fails += expect(shape, "dk (fp32, added)", minus(dk, dk0.f),
-					minus(rdk, dk0.f), 1e-2);
-			fails += expect(shape, "dv (fp32, added)", minus(dv, dv0.f),
-					minus(rdv, dv0.f), 1e-2);
+			fails += expect(shape, "dk (fp32, added)", emu_minus(dk, dk0.f),
+					emu_minus(rdk, dk0.f), 1e-2);
+			fails += expect(shape, "dv (fp32, added)", emu_minus(dv, dv0.f),
+					emu_minus(rdv, dv0.f), 1e-2);
 		}
 		if (repeat) {
 			std::vector<float> dq2 = dq0.f, dk2 = dk0.f, dv2 = dv0.f;

@@ -15,130 +15,17 @@
  * run under the cpu emulation on every machine (attention-bf16-emu).
  *
  * Without a GPU or driver: "no GPU: skipped", exit 77. */
-#include <errno.h>
-#include <math.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "backend/compute_internal.h"
-#include "strata/compute.h"
-#include "strata/cuda_ops.h"
-#include "strata/kernels.h"
+#include "gpu_harness.h"
 #include "strata/op.h"
-
-static int fails;
-static struct st_compute *cx;
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float rng_uniform(float a)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return a * (2.0f * (float)((rng_state >> 40) * (1.0 / 16777216.0)) - 1.0f);
-}
-
-static void die(const char *what, int rc)
-{
-	fprintf(stderr, "FAIL %s: %d: %s\n", what, rc, st_error_last());
-	exit(1);
-}
 
 /* n random values in [-a, a) rounded to bf16: bits in h, values in f. */
 static void brand(size_t n, float a, uint16_t **h, float **f)
 {
-	*h = malloc(2 * (n ? n : 1));
-	*f = malloc(4 * (n ? n : 1));
-	if (!*h || !*f)
-		die("malloc", -ENOMEM);
+	*h = xmalloc(2 * n);
+	*f = xmalloc(4 * n);
 	for (size_t i = 0; i < n; i++) {
 		(*h)[i] = st_cpu_bf16_from_f32(rng_uniform(a));
 		(*f)[i] = st_cpu_f32_from_bf16((*h)[i]);
-	}
-}
-
-static void *dev_from(const void *src, size_t bytes)
-{
-	void *d = NULL;
-	int rc = st_cuda_alloc(&d, bytes ? bytes : 4);
-
-	if (rc)
-		die("st_cuda_alloc", rc);
-	if (bytes && (rc = st_cuda_h2d(d, src, bytes)))
-		die("st_cuda_h2d", rc);
-	return d;
-}
-
-static void *dev_poison(size_t bytes)
-{
-	void *d = NULL;
-	int rc = st_cuda_alloc(&d, bytes ? bytes : 4);
-	if (rc || (rc = st_cuda_memset(d, 0xff, bytes ? bytes : 4)))
-		die("poison", rc);
-	return d;
-}
-
-/* n values back from the device: fp32, or bf16 widened. */
-static float *back(const void *dev, size_t n, bool bf16)
-{
-	float *f = malloc(4 * (n ? n : 1));
-	int rc = st_compute_sync(cx);
-
-	if (rc)
-		die("st_compute_sync", rc);
-	if (!f)
-		die("malloc", -ENOMEM);
-	if (bf16) {
-		uint16_t *h = malloc(2 * (n ? n : 1));
-		if (!h || (rc = st_cuda_d2h(h, dev, 2 * n)))
-			die("st_cuda_d2h", rc);
-		for (size_t i = 0; i < n; i++)
-			f[i] = st_cpu_f32_from_bf16(h[i]);
-		free(h);
-	} else if ((rc = st_cuda_d2h(f, dev, 4 * n))) {
-		die("st_cuda_d2h", rc);
-	}
-	return f;
-}
-
-/* got within tol of ref (relative L2; of the increments over base when
- * base is not NULL), every element finite. */
-static void expect(const char *shape, const char *what, const float *got, const float *ref,
-		   const float *base, size_t n, double tol)
-{
-	double num = 0.0, den = 0.0;
-
-	for (size_t i = 0; i < n; i++) {
-		if (!isfinite(got[i])) {
-			fprintf(stderr, "FAIL %s %s: element %zu of %zu is %g\n", shape, what, i, n,
-				(double)got[i]);
-			fails++;
-			return;
-		}
-		const double g = base ? (double)got[i] - base[i] : got[i];
-		const double r = base ? (double)ref[i] - base[i] : ref[i];
-		num += (g - r) * (g - r);
-		den += r * r;
-	}
-	const double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
-	if (!(rel <= tol)) {
-		fprintf(stderr, "FAIL %s %s: relative error %.3g > %.1g\n", shape, what, rel, tol);
-		fails++;
-		return;
-	}
-	printf("ok   %s %-22s n=%-8zu rel %.2e\n", shape, what, n, rel);
-}
-
-static void expect_same(const char *shape, const char *what, const float *a, const float *b,
-			size_t n)
-{
-	if (memcmp(a, b, 4 * n) != 0) {
-		fprintf(stderr, "FAIL %s %s: a second run gave other bits\n", shape, what);
-		fails++;
 	}
 }
 
@@ -427,20 +314,14 @@ int main(int argc, char **argv)
 		       argv[0]);
 		return strcmp(argv[1], "--help") == 0 ? 0 : 2;
 	}
-	if (!st_cuda_available()) {
-		printf("no GPU: skipped\n");
-		return 77;
-	}
-	int rc = st_compute_cuda_create(0, &cx);
-	if (rc)
-		die("st_compute_cuda_create", rc);
+	gpu_open();
 	check_supports();
 	check(2, 256, 12, 12, 64, false); /* a GPT-2 block */
 	check(1, 100, 2, 2, 128, false);
 	check(1, 1, 2, 2, 64, false);
 	check(2, 130, 8, 2, 64, true);
 	check(1, 200, 4, 1, 128, true);
-	rc = st_compute_sync(cx);
+	int rc = st_compute_sync(cx);
 	if (rc)
 		die("sync", rc);
 	st_compute_destroy(cx);

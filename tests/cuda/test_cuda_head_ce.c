@@ -21,109 +21,9 @@
  * compute's spans, medians of 10 (tools/gpu-check's head_ce step).
  *
  * Without a GPU or driver: "no GPU: skipped", exit 77. */
-#include <errno.h>
-#include <math.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "../../tools/bench_stats.h"
-#include "backend/compute_internal.h"
-#include "strata/compute.h"
-#include "strata/cuda_ops.h"
-#include "strata/kernels.h"
+#include "gpu_harness.h"
 #include "strata/op.h"
-
-static int fails;
-static struct st_compute *cx;
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float rng_uniform(float a)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return a * (2.0f * (float)((rng_state >> 40) * (1.0 / 16777216.0)) - 1.0f);
-}
-
-static void die(const char *what, int rc)
-{
-	fprintf(stderr, "FAIL %s: %d: %s\n", what, rc, st_error_last());
-	exit(1);
-}
-
-static void *xmalloc(size_t bytes)
-{
-	void *p = malloc(bytes ? bytes : 4);
-
-	if (!p)
-		die("malloc", -ENOMEM);
-	return p;
-}
-
-static void *dev_from(const void *src, size_t bytes)
-{
-	void *d = NULL;
-	int rc = st_cuda_alloc(&d, bytes ? bytes : 4);
-
-	if (rc)
-		die("st_cuda_alloc", rc);
-	if (bytes && (rc = st_cuda_h2d(d, src, bytes)))
-		die("st_cuda_h2d", rc);
-	return d;
-}
-
-static float *back(const void *dev, size_t n)
-{
-	float *f = xmalloc(4 * n);
-	int rc = st_compute_sync(cx);
-
-	if (rc)
-		die("st_compute_sync", rc);
-	if ((rc = st_cuda_d2h(f, dev, 4 * n)))
-		die("st_cuda_d2h", rc);
-	return f;
-}
-
-/* got within tol of ref (relative L2; of the increments over base when
- * base is not NULL), every element finite. */
-static void expect(const char *shape, const char *what, const float *got, const float *ref,
-		   const float *base, size_t n, double tol)
-{
-	double num = 0.0, den = 0.0;
-
-	for (size_t i = 0; i < n; i++) {
-		if (!isfinite(got[i])) {
-			fprintf(stderr, "FAIL %s %s: element %zu of %zu is %g\n", shape, what, i, n,
-				(double)got[i]);
-			fails++;
-			return;
-		}
-		const double g = base ? (double)got[i] - base[i] : got[i];
-		const double r = base ? (double)ref[i] - base[i] : ref[i];
-		num += (g - r) * (g - r);
-		den += r * r;
-	}
-	const double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
-	if (!(rel <= tol)) {
-		fprintf(stderr, "FAIL %s %s: relative error %.3g > %.1g\n", shape, what, rel, tol);
-		fails++;
-		return;
-	}
-	printf("ok   %s %-12s n=%-9zu rel %.2e\n", shape, what, n, rel);
-}
-
-static void expect_same(const char *shape, const char *what, const float *a, const float *b,
-			size_t n)
-{
-	if (memcmp(a, b, 4 * n) != 0) {
-		fprintf(stderr, "FAIL %s %s: not the same bits\n", shape, what);
-		fails++;
-	}
-}
 
 /* The op's record over p[]: losses, dx, dw, x, w, targets, logits and
  * dlogits scratch (R rows each); dx and dw NULL for the forward alone. */
@@ -208,10 +108,10 @@ static void gpu_run(struct data *s, bool bwd, float dloss, float **losses, float
 		p[1] = p[2] = NULL;
 	struct st_op op = head_op(p, s->N, s->C, s->V, s->R, dloss);
 	st_compute_run(cx, &op);
-	*losses = back(s->d[0], (size_t)s->N);
+	*losses = back(s->d[0], (size_t)s->N, false);
 	if (bwd) {
-		*dx = back(s->d[1], nx);
-		*dw = back(s->d[2], nw);
+		*dx = back(s->d[1], nx, false);
+		*dw = back(s->d[2], nw, false);
 	}
 }
 
@@ -377,19 +277,14 @@ int main(int argc, char **argv)
 		fprintf(stderr, "test_cuda_head_ce: --json needs --bench\n");
 		return 2;
 	}
-	if (!st_cuda_available()) {
-		printf("no GPU: skipped\n");
-		return 77;
-	}
-	int rc = st_compute_cuda_create(0, &cx);
-	if (rc)
-		die("st_compute_cuda_create", rc);
+	gpu_open();
 	check_supports();
 	check(512, 768, 50257, 256); /* GPT-2's head, two chunks of the cpu's loop */
 	check(70, 136, 200, 16);
 	check(33, 37, 77, 16);
 	check(1, 64, 1000, 256);
 	printf("%s\n", fails ? "FAILED" : "all ok");
+	int rc = 0;
 	if (!fails && do_bench)
 		rc = bench(json);
 	st_compute_destroy(cx);

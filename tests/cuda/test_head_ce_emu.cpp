@@ -111,14 +111,6 @@ static result run_cpu(const shape &s, const std::vector<uint16_t> &x,
 	return out;
 }
 
-static std::vector<float> minus(const std::vector<float> &a, const std::vector<float> &b)
-{
-	std::vector<float> d(a.size());
-	for (size_t i = 0; i < a.size(); i++)
-		d[i] = a[i] - b[i];
-	return d;
-}
-
 static int expect(const shape &s, const char *what, const std::vector<float> &got,
 		  const std::vector<float> &ref, double tol)
 {
@@ -149,8 +141,8 @@ static int check(const shape &s, uint64_t seed, bool twice)
 	const result got = run_emu(s, x, w, tgt, dx0, dw0, dloss);
 	int fails = 0;
 	fails += expect(s, "loss", got.losses, ref.losses, 1e-6);
-	fails += expect(s, "dx added", minus(got.dx, dx0), minus(ref.dx, dx0), 1e-4);
-	fails += expect(s, "dW added", minus(got.dw, dw0), minus(ref.dw, dw0), 1e-4);
+	fails += expect(s, "dx added", emu_minus(got.dx, dx0), emu_minus(ref.dx, dx0), 1e-4);
+	fails += expect(s, "dW added", emu_minus(got.dw, dw0), emu_minus(ref.dw, dw0), 1e-4);
 	if (twice) {
 		const result again = run_emu(s, x, w, tgt, dx0, dw0, dloss);
 		const bool same =

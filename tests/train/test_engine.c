@@ -63,6 +63,13 @@ static void base_config(struct st_engine_config *c)
 	c->device = device;
 }
 
+/* base_config with another model (a st_model_config_parse string). */
+static void model_config(struct st_engine_config *c, const char *model)
+{
+	base_config(c);
+	assert_int_equal(st_model_config_parse(model, &c->train.model), 0);
+}
+
 static void open_loader(struct st_dataset **ds, struct st_loader *ld,
 			const struct st_engine_config *c)
 {
@@ -134,6 +141,22 @@ static void run_free(struct run *r)
 {
 	free(r->P);
 	free(r->W);
+}
+
+/* c trained STEPS steps (with `threads` OpenMP threads, 0: as many as
+ * now) gives ref's losses, norms and weights bit for bit. */
+static void train_same(const struct st_engine_config *c, int threads, const struct run *ref,
+		       const char *what)
+{
+	const int threads0 = omp_get_max_threads();
+	struct run r;
+
+	if (threads)
+		omp_set_num_threads(threads);
+	train(c, STEPS, &r);
+	omp_set_num_threads(threads0);
+	same(ref, &r, STEPS, what);
+	run_free(&r);
 }
 
 /* Budgets at which the planner's split policy (docs/plan.md) splits c's
@@ -230,7 +253,6 @@ static void test_placement_invariance(void **state)
 		{ "optim in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 0, 0 },
 		{ "optim in vram, threads 1", ST_OFFLOAD_AUTO, ST_OFFLOAD_VRAM, 0, 1, 0 },
 	};
-	int threads0 = omp_get_max_threads();
 
 	(void)state;
 	base_config(&c);
@@ -243,12 +265,7 @@ static void test_placement_invariance(void **state)
 		c.optim = cases[i].optim;
 		c.prefetch = cases[i].prefetch;
 		c.update_tile_elems = cases[i].tile;
-		if (cases[i].threads)
-			omp_set_num_threads(cases[i].threads);
-		train(&c, STEPS, &r);
-		omp_set_num_threads(threads0);
-		same(&ref, &r, STEPS, cases[i].name);
-		run_free(&r);
+		train_same(&c, cases[i].threads, &ref, cases[i].name);
 	}
 	/* A vocabulary large enough that the embedding is the largest unit: it
 	 * then streams through a slot of its own (docs/plan.md). */
@@ -266,9 +283,7 @@ static void test_placement_invariance(void **state)
 		struct run bref;
 
 		for (size_t i = 0; i < ST_ARRAY_LEN(big); i++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse("layers=2,dim=64,heads=2,vocab=2048,ctx=64",
-							       &c.train.model), 0);
+			model_config(&c, "layers=2,dim=64,heads=2,vocab=2048,ctx=64");
 			c.train.grad_accum = big[i].accum;
 			if (i == 0 || big[i].accum != big[i - 1].accum) {
 				if (i > 0)
@@ -280,16 +295,12 @@ static void test_placement_invariance(void **state)
 			c.params = big[i].params;
 			c.optim = big[i].optim;
 			c.prefetch = big[i].prefetch;
-			train(&c, STEPS, &r);
-			same(&bref, &r, STEPS, big[i].name);
-			run_free(&r);
+			train_same(&c, 0, &bref, big[i].name);
 		}
 		run_free(&bref);
 		/* split: only the embedding streamed (through its own slot alone),
 		 * and everything but the embedding streamed (no slot of its own) */
-		base_config(&c);
-		assert_int_equal(st_model_config_parse("layers=2,dim=64,heads=2,vocab=2048,ctx=64",
-						       &c.train.model), 0);
+		model_config(&c, "layers=2,dim=64,heads=2,vocab=2048,ctx=64");
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
 		train(&c, STEPS, &bref);
@@ -303,10 +314,9 @@ static void test_placement_invariance(void **state)
 						: (u == 0) == (k == 0) ? ST_HOME_NVME : ST_HOME_VRAM;
 			c.homes = homes;
 			c.prefetch = 1;
-			train(&c, STEPS, &r);
-			same(&bref, &r, STEPS, k ? "big vocab: all but the embedding streamed"
-						 : "big vocab: only the embedding streamed");
-			run_free(&r);
+			train_same(&c, 0, &bref,
+				   k ? "big vocab: all but the embedding streamed"
+				     : "big vocab: only the embedding streamed");
 		}
 		run_free(&bref);
 	}
@@ -319,14 +329,10 @@ static void test_placement_invariance(void **state)
 	train(&c, STEPS, &ref);
 	c.params = ST_OFFLOAD_NVME;
 	c.optim = ST_OFFLOAD_NVME;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "accum 2: vram vs nvme");
-	run_free(&r);
+	train_same(&c, 0, &ref, "accum 2: vram vs nvme");
 	c.params = ST_OFFLOAD_NONE;
 	c.optim = ST_OFFLOAD_VRAM;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "accum 2: optim in vram");
-	run_free(&r);
+	train_same(&c, 0, &ref, "accum 2: optim in vram");
 	/* Split placements: each (unit, state) has its own home, as the plan
 	 * allows (st_plan_input.homes): W in vram, host and nvme by unit, and
 	 * G, P, M, V each in host or nvme by unit and state. */
@@ -362,9 +368,7 @@ static void test_placement_invariance(void **state)
 		base_config(&c);
 		c.train.grad_accum = 2;
 		c.homes = homes;
-		train(&c, STEPS, &r);
-		same(&ref, &r, STEPS, "accum 2: only M and V staged");
-		run_free(&r);
+		train_same(&c, 0, &ref, "accum 2: only M and V staged");
 	}
 	/* Split placements the planner's policy makes itself (auto), at
 	 * budgets that force a split: G, P, M, V by unit in host and on nvme;
@@ -373,10 +377,9 @@ static void test_placement_invariance(void **state)
 		base_config(&c);
 		c.train.grad_accum = 2;
 		split_budgets(&c, which);
-		train(&c, STEPS, &r);
-		same(&ref, &r, STEPS, which ? "accum 2: the policy's split of W"
-					    : "accum 2: the policy's split of G, P, M, V");
-		run_free(&r);
+		train_same(&c, 0, &ref,
+			   which ? "accum 2: the policy's split of W"
+				 : "accum 2: the policy's split of G, P, M, V");
 	}
 	/* The optimizer on the device for some units only: units 0 and 2
 	 * (the resident embedding among them) keep everything in vram, units
@@ -574,7 +577,7 @@ static void test_untied_head(void **state)
 	struct st_plan_input pin;
 	struct st_plan plan;
 	struct st_model *m;
-	struct run tied, ref, r;
+	struct run tied, ref;
 	enum st_home homes[4 * ST_STATE_COUNT];
 
 	(void)state;
@@ -596,18 +599,14 @@ static void test_untied_head(void **state)
 	c.params = ST_OFFLOAD_NVME;
 	c.optim = ST_OFFLOAD_NVME;
 	c.prefetch = 1;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "untied: vram vs nvme, prefetch 1");
-	run_free(&r);
+	train_same(&c, 0, &ref, "untied: vram vs nvme, prefetch 1");
 	for (int u = 0; u < 4; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++)
 			homes[u * ST_STATE_COUNT + s] =
 				s == ST_STATE_W ? (enum st_home)(u % 3)
 				: (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
 	c.homes = homes;
-	train(&c, STEPS, &r);
-	same(&ref, &r, STEPS, "untied: split placement");
-	run_free(&r);
+	train_same(&c, 0, &ref, "untied: split placement");
 	/* no resident unit: no pool of its own */
 	assert_int_equal(st_model_create(&c.train.model, &m), 0);
 	assert_false(st_model_unit_layout(m, 0)->resident);
@@ -791,9 +790,7 @@ static void test_traffic_matches_plan(void **state)
 			struct st_engine_stats st;
 			const struct st_plan *p;
 
-			base_config(&c);
-			assert_int_equal(st_model_config_parse("layers=4,dim=64,heads=2,vocab=256,"
-							       "ctx=64", &c.train.model), 0);
+			model_config(&c, "layers=4,dim=64,heads=2,vocab=256,ctx=64");
 			c.params = cases[i][0];
 			c.optim = cases[i][1];
 			c.train.grad_accum = accum;
@@ -912,7 +909,7 @@ static const char *const llama_models[] = {
 static void test_llama_placement(void **state)
 {
 	struct st_engine_config c;
-	struct run ref, r;
+	struct run ref;
 	static const struct {
 		const char *name;
 		enum st_offload params, optim;
@@ -923,28 +920,20 @@ static void test_llama_placement(void **state)
 		{ "llama: threads 2, params nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 2, 2 },
 		{ "llama: optim in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 0 },
 	};
-	int threads0 = omp_get_max_threads();
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		model_config(&c, llama_models[mi]);
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
 		train(&c, STEPS, &ref);
 		assert_true(ref.loss[0] > 5.0 && ref.loss[0] < 6.5); /* ln 256..300 */
 		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+			model_config(&c, llama_models[mi]);
 			c.params = cases[i].params;
 			c.optim = cases[i].optim;
 			c.prefetch = cases[i].prefetch;
-			if (cases[i].threads)
-				omp_set_num_threads(cases[i].threads);
-			train(&c, STEPS, &r);
-			omp_set_num_threads(threads0);
-			same(&ref, &r, STEPS, cases[i].name);
-			run_free(&r);
+			train_same(&c, cases[i].threads, &ref, cases[i].name);
 		}
 		/* split homes: W in vram, host and nvme by unit */
 		enum st_home homes[4 * ST_STATE_COUNT];
@@ -953,13 +942,10 @@ static void test_llama_placement(void **state)
 				homes[u * ST_STATE_COUNT + s] =
 					s == ST_STATE_W ? (enum st_home)(u % 3)
 					: (u + s) % 2 ? ST_HOME_NVME : ST_HOME_HOST;
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		model_config(&c, llama_models[mi]);
 		c.homes = homes;
 		c.prefetch = 1;
-		train(&c, STEPS, &r);
-		same(&ref, &r, STEPS, "llama: split placement");
-		run_free(&r);
+		train_same(&c, 0, &ref, "llama: split placement");
 		run_free(&ref);
 	}
 }
@@ -970,7 +956,7 @@ static void test_llama_placement(void **state)
 static void test_llama_bf16(void **state)
 {
 	struct st_engine_config c;
-	struct run ref, r, f32;
+	struct run ref, f32;
 	static const struct {
 		const char *name;
 		enum st_offload params, optim;
@@ -986,12 +972,10 @@ static void test_llama_bf16(void **state)
 		{ "llama bf16: every block keeps its forward", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 0,
 		  0, ST_RECOMPUTE_NONE },
 	};
-	int threads0 = omp_get_max_threads();
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+		model_config(&c, llama_models[mi]);
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
 		train(&c, STEPS, &f32);
@@ -1002,19 +986,13 @@ static void test_llama_bf16(void **state)
 			assert_true(ref.loss[s] != f32.loss[s]);
 		}
 		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(llama_models[mi], &c.train.model), 0);
+			model_config(&c, llama_models[mi]);
 			c.compute_dtype = ST_PRECISION_BF16;
 			c.params = cases[i].params;
 			c.optim = cases[i].optim;
 			c.prefetch = cases[i].prefetch;
 			c.recompute = cases[i].recompute;
-			if (cases[i].threads)
-				omp_set_num_threads(cases[i].threads);
-			train(&c, STEPS, &r);
-			omp_set_num_threads(threads0);
-			same(&ref, &r, STEPS, cases[i].name);
-			run_free(&r);
+			train_same(&c, cases[i].threads, &ref, cases[i].name);
 		}
 		run_free(&ref);
 		run_free(&f32);
@@ -1049,8 +1027,7 @@ static void test_act_host(void **state)
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
 		for (int accum = 1; accum <= 2; accum++) {
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+			model_config(&c, models[mi]);
 			c.train.grad_accum = accum;
 			c.params = ST_OFFLOAD_NONE;
 			c.optim = ST_OFFLOAD_HOST;
@@ -1092,9 +1069,7 @@ static void test_act_long(void **state)
 	const struct st_plan *p;
 
 	(void)state;
-	base_config(&c);
-	assert_int_equal(st_model_config_parse("layers=3,dim=32,heads=1,vocab=256,ctx=8192",
-					       &c.train.model), 0);
+	model_config(&c, "layers=3,dim=32,heads=1,vocab=256,ctx=8192");
 	c.train.batch = 1;
 	c.train.seq = 8192;
 	c.params = ST_OFFLOAD_NONE;
@@ -1165,8 +1140,7 @@ static void test_recompute_invariance(void **state)
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++) {
-		base_config(&c);
-		assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+		model_config(&c, models[mi]);
 		c.train.grad_accum = 2;
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
@@ -1177,8 +1151,7 @@ static void test_recompute_invariance(void **state)
 			int n_keep;
 			char what[128];
 
-			base_config(&c);
-			assert_int_equal(st_model_config_parse(models[mi], &c.train.model), 0);
+			model_config(&c, models[mi]);
 			c.train.grad_accum = 2;
 			c.params = cases[i].params;
 			c.optim = cases[i].params == ST_OFFLOAD_NVME ? ST_OFFLOAD_NVME : ST_OFFLOAD_HOST;

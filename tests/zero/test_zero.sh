@@ -41,6 +41,8 @@ fail=0
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
 # shellcheck source=../cli/check.sh
 . "$(dirname "$0")/../cli/check.sh"
+# shellcheck source=../lib/train_runs.sh
+. "$(dirname "$0")/../lib/train_runs.sh"
 text "$work/data.txt" 7 every rank adds its slice in rank order and the sums agree
 mkdir -p "$work/nvme"
 if [ "$part" != cuda1 ]; then # cuda1 is one rank, without mpirun
@@ -56,33 +58,7 @@ common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-eve
 run() {
 	local tag=$1 np=$2
 	shift 2
-	rm -rf "${work:?}/$tag" "$work/$tag.jsonl"
-	if [ "$np" = 1 ]; then
-		"$strata" train "${common[@]}" --save "$work/$tag" --metrics "$work/$tag.jsonl" "$@" \
-			>"$work/$tag.log" 2>&1
-	else
-		timeout 120 "$mpirun" "$np" "$strata" train "${common[@]}" --save "$work/$tag" \
-			--metrics "$work/$tag.jsonl" "$@" >"$work/$tag.log" 2>&1
-	fi
-}
-
-# The numbers of a run: each step's loss and norm as --metrics wrote them,
-# and the SHA-256 of the last checkpoint's tensor files.
-numbers() {
-	sed 's/,"tokens_per_s".*//' "$work/$1.jsonl"
-	(cd "$work/$1/latest" && sha256sum model.safetensors optimizer.safetensors)
-}
-
-# same TAG REF WHAT: TAG's numbers are REF's
-same() {
-	if [ ! -s "$work/$1.jsonl" ]; then
-		echo "FAIL $3: no metrics"; tail -5 "$work/$1.log"; fail=1; return
-	fi
-	if diff <(numbers "$2") <(numbers "$1") >"$work/diff" 2>&1; then
-		echo "ok   $3"
-	else
-		echo "FAIL $3: differs from $2"; head -8 "$work/diff"; tail -3 "$work/$1.log"; fail=1
-	fi
+	ranks_run "$tag" "$np" "$mpirun" "$np" -- "$@"
 }
 
 placements=("host|" "nvme|--offload-params nvme --offload-optim nvme --prefetch 1"

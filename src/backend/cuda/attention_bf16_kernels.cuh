@@ -138,26 +138,12 @@ __device__ __forceinline__ void ab_load_lse_d(float *lse_s, float *d_s, const fl
 				     mma_bf16_to_f32((st_bf16)(ou >> 16));
 			}
 		}
-		x += __shfl_xor_sync(0xffffffffu, x, 1);
-		x += __shfl_xor_sync(0xffffffffu, x, 2);
+		x = mma_group_sum(x);
 		if (part == 0 && r < n) {
 			d_s[r] = row < T ? x : 0.0f;
 			lse_s[r] = row < T ? lse_h[row] : 0.0f;
 		}
 	}
-}
-
-/* Max and sum over the four lanes of a group (one row of a strip). */
-__device__ __forceinline__ float ab_group_max(float x)
-{
-	x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-	return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float ab_group_sum(float x)
-{
-	x += __shfl_xor_sync(0xffffffffu, x, 1);
-	return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 /* A gradient pair at p += (x0, x1): fp32, or bf16 read, added, rounded. */
@@ -241,7 +227,7 @@ __global__ void __launch_bounds__(AB_THREADS) ab_fwd_kernel(ab_params p)
 #pragma unroll
 		for (int r = 0; r < 2; r++) {
 			/* key j0 <= i0 <= row is visible to every row: mx is finite */
-			mx[r] = ab_group_max(mx[r]);
+			mx[r] = mma_group_max(mx[r]);
 			alpha[r] = expf(m[r] - mx[r]); /* 0 on the first tile */
 			m[r] = mx[r];
 		}
@@ -255,7 +241,7 @@ __global__ void __launch_bounds__(AB_THREADS) ab_fwd_kernel(ab_params p)
 			}
 #pragma unroll
 		for (int r = 0; r < 2; r++)
-			l[r] = l[r] * alpha[r] + ab_group_sum(rs[r]);
+			l[r] = l[r] * alpha[r] + mma_group_sum(rs[r]);
 #pragma unroll
 		for (int dt = 0; dt < HS / 8; dt++)
 #pragma unroll

@@ -139,19 +139,6 @@ __device__ __forceinline__ void hc_product(float acc[8][4], st_bf16 *As, st_bf16
 	__syncthreads();
 }
 
-/* Max and sum over the four lanes of a group, in one order. */
-__device__ __forceinline__ float hc_group_max(float x)
-{
-	x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-	return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float hc_group_sum(float x)
-{
-	x += __shfl_xor_sync(0xffffffffu, x, 1);
-	return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 /* ---- forward ------------------------------------------------------------------ */
 
 /* grid (ceil(N/64), S) */
@@ -202,9 +189,9 @@ __global__ void __launch_bounds__(HC_THREADS) hc_fwd_kernel(hc_params p)
 	/* the four lanes of a row: their max, their rescaled sums, in one order */
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
-		const float M = hc_group_max(m[i]);
-		const float L = hc_group_sum(m[i] == -INFINITY ? 0.0f : l[i] * expf(m[i] - M));
-		const float T = hc_group_sum(tl[i]); /* one lane holds it, the others 0 */
+		const float M = mma_group_max(m[i]);
+		const float L = mma_group_sum(m[i] == -INFINITY ? 0.0f : l[i] * expf(m[i] - M));
+		const float T = mma_group_sum(tl[i]); /* one lane holds it, the others 0 */
 		if (t == 0 && rows[i] < p.N) {
 			float *q = p.part + ((size_t)blockIdx.y * p.N + rows[i]) * 3;
 			q[0] = M;
@@ -265,6 +252,27 @@ __device__ __forceinline__ void hc_store_add(float *out, int rows, int C, int r_
 }
 
 /* grid (ceil(N/64), ceil(C/128)) */
+/* out += dS Bt over a warp's strip: its 16 x 64 dlogits in acc, rounded to
+ * bf16 as the A fragments, times the 64 x HC_DC tile in shared memory at Bt
+ * (element (k, n) at Bt[n * HC_LDT + k]). The two backward kernels' last
+ * step: dx += dS W, dW += dS^T x. */
+__device__ __forceinline__ void hc_dlogits_times(float out[HC_DC / 8][4], float acc[8][4],
+						 const st_bf16 *Bt)
+{
+	uint32_t a[4][4];
+#pragma unroll
+	for (int kk = 0; kk < 4; kk++)
+		mma_a_from_c(a[kk], acc[2 * kk], acc[2 * kk + 1]);
+#pragma unroll
+	for (int nt = 0; nt < HC_DC / 8; nt++)
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			uint32_t b[2];
+			mma_load_b(b, Bt + nt * 8 * HC_LDT + kk * 16, HC_LDT);
+			mma_bf16_16816(out[nt], a[kk], b);
+		}
+}
+
 __global__ void __launch_bounds__(HC_THREADS) hc_dx_kernel(hc_params p)
 {
 	extern __shared__ float smem[];
@@ -295,19 +303,8 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dx_kernel(hc_params p)
 				acc[nt][e] = hc_dlogit(acc[nt][e], lse[i], col, tgt[i],
 						       col < p.V && rows[i] < p.N, p.dloss);
 			}
-		uint32_t a[4][4];
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++)
-			mma_a_from_c(a[kk], acc[2 * kk], acc[2 * kk + 1]);
 		__syncthreads(); /* Wt in place */
-#pragma unroll
-		for (int nt = 0; nt < HC_DC / 8; nt++)
-#pragma unroll
-			for (int kk = 0; kk < 4; kk++) {
-				uint32_t b[2];
-				mma_load_b(b, Wt + nt * 8 * HC_LDT + kk * 16, HC_LDT);
-				mma_bf16_16816(dx[nt], a[kk], b);
-			}
+		hc_dlogits_times(dx, acc, Wt);
 	}
 	hc_store_add(p.dx, p.N, p.C, rw, c0, dx);
 }
@@ -344,18 +341,7 @@ __global__ void __launch_bounds__(HC_THREADS) hc_dw_kernel(hc_params p)
 				acc[nt][e] = hc_dlogit(acc[nt][e], lse_s[rr], v, tgt_s[rr],
 						       v < p.V && r0 + rr < p.N, p.dloss);
 			}
-		uint32_t a[4][4];
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++)
-			mma_a_from_c(a[kk], acc[2 * kk], acc[2 * kk + 1]);
-#pragma unroll
-		for (int nt = 0; nt < HC_DC / 8; nt++)
-#pragma unroll
-			for (int kk = 0; kk < 4; kk++) {
-				uint32_t b[2];
-				mma_load_b(b, Xt + nt * 8 * HC_LDT + kk * 16, HC_LDT);
-				mma_bf16_16816(dw[nt], a[kk], b);
-			}
+		hc_dlogits_times(dw, acc, Xt);
 	}
 	hc_store_add(p.dw, p.V, p.C, vw, c0, dw);
 }

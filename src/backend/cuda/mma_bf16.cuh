@@ -32,6 +32,7 @@
 #ifndef ST_CUDA_MMA_BF16_CUH
 #define ST_CUDA_MMA_BF16_CUH
 
+#include <math.h>
 #include <stdint.h>
 
 typedef uint16_t st_bf16;
@@ -171,6 +172,21 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], 
 		     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
+}
+
+/* Max and sum over the four lanes of a group (the lanes 4g..4g+3 that hold
+ * one row of an accumulator fragment), in one fixed order: the same bits
+ * each run. Every lane of the warp must call them. */
+__device__ __forceinline__ float mma_group_max(float x)
+{
+	x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+	return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float mma_group_sum(float x)
+{
+	x += __shfl_xor_sync(0xffffffffu, x, 1);
+	return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 #endif /* ST_CUDA_MMA_BF16_CUH */
