@@ -15,6 +15,7 @@ extern "C" {
 
 #include "ops_kernels.cuh"
 #include "bf16_kernels.cuh"
+#include "launch.cuh"
 
 #define LAUNCH_CHECK(what) CU_CHECK(cudaGetLastError(), what)
 
@@ -233,27 +234,13 @@ int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dwei
 int st_cuda_bf16_gelu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *inp,
 			  size_t n)
 {
-	int rc = st_cuda_ctx_enter(ctx);
-
-	if (rc || n == 0)
-		return rc;
-	k_gelu_fwd_b<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-		       st_cuda_ctx_stream(ctx)>>>(out, inp, n);
-	LAUNCH_CHECK("bf16 gelu_fwd");
-	return 0;
+	return elem_launch(ctx, "bf16 gelu_fwd", n, k_gelu_fwd_b, out, inp, n);
 }
 
 int st_cuda_bf16_gelu_bwd(struct st_cuda_ctx *ctx, uint16_t *dinp, const uint16_t *inp,
 			  const uint16_t *dout, size_t n)
 {
-	int rc = st_cuda_ctx_enter(ctx);
-
-	if (rc || n == 0)
-		return rc;
-	k_gelu_bwd_b<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-		       st_cuda_ctx_stream(ctx)>>>(dinp, inp, dout, n);
-	LAUNCH_CHECK("bf16 gelu_bwd");
-	return 0;
+	return elem_launch(ctx, "bf16 gelu_bwd", n, k_gelu_bwd_b, dinp, inp, dout, n);
 }
 
 int st_cuda_bf16_embedding_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,
@@ -360,28 +347,15 @@ int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uin
 int st_cuda_bf16_swiglu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *gate,
 			    const uint16_t *up, size_t n)
 {
-	int rc = st_cuda_ctx_enter(ctx);
-
-	if (rc || n == 0)
-		return rc;
-	k_swiglu_fwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-		       st_cuda_ctx_stream(ctx)>>>(out, gate, up, n);
-	LAUNCH_CHECK("bf16 swiglu_fwd");
-	return 0;
+	return elem_launch(ctx, "bf16 swiglu_fwd", n, k_swiglu_fwd<uint16_t>, out, gate, up, n);
 }
 
 int st_cuda_bf16_swiglu_bwd(struct st_cuda_ctx *ctx, uint16_t *dgate, uint16_t *dup,
 			    const uint16_t *dout, const uint16_t *gate, const uint16_t *up,
 			    size_t n)
 {
-	int rc = st_cuda_ctx_enter(ctx);
-
-	if (rc || n == 0)
-		return rc;
-	k_swiglu_bwd<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-		       st_cuda_ctx_stream(ctx)>>>(dgate, dup, dout, gate, up, n);
-	LAUNCH_CHECK("bf16 swiglu_bwd");
-	return 0;
+	return elem_launch(ctx, "bf16 swiglu_bwd", n, k_swiglu_bwd<uint16_t>, dgate, dup, dout, gate,
+			   up, n);
 }
 
 int st_cuda_bf16_token_embed_fwd(struct st_cuda_ctx *ctx, float *out, const int32_t *tokens,

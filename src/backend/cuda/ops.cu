@@ -152,21 +152,8 @@ static int scratch_get(struct st_cuda_ctx *ctx, size_t bytes, void **out)
 }
 
 #include "ops_kernels.cuh"
+#include "launch.cuh"
 
-/* Queue the grid-stride elementwise kernel k over n elements on ctx's
- * stream (nothing for n == 0); 0 or -errno, the launch's error named by
- * what. */
-template <typename... P, typename... A>
-static int elem_launch(struct st_cuda_ctx *ctx, const char *what, size_t n, void (*k)(P...),
-		       A... args)
-{
-	int rc = ctx_enter(ctx);
-	if (rc || n == 0)
-		return rc;
-	k<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(args...);
-	LAUNCH_CHECK(what);
-	return 0;
-}
 
 /* out1 (C) += column sums of g (N,C); out2 (C) += column sums of
  * g * (inp - mean) * rstd when inp is given. Either output may be NULL. */
