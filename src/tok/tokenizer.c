@@ -99,6 +99,18 @@ static const char *get_str(struct json_object *o, const char *key, size_t *len)
 	return json_object_get_string(v);
 }
 
+/* A string the tokenizer puts into the text it matches (a normalizer's or
+ * pre-tokenizer's replacement): the matching takes the text as valid UTF-8
+ * without checking it again, so a string that is not is refused here.
+ * 0 or -EINVAL. */
+static int need_utf8(const char *file, const char *where, const char *key, const char *s,
+		     size_t len)
+{
+	if (tok_utf8_valid(s, len))
+		return 0;
+	return st_error_set(-EINVAL, "%s: %s.%s is not UTF-8", file, where, key);
+}
+
 static bool get_bool(struct json_object *o, const char *key, bool dflt)
 {
 	struct json_object *v = get(o, key);
@@ -200,6 +212,8 @@ static int parse_normalizer(struct st_tokenizer *t, struct json_object *o, int d
 		n.kind = TOK_NORM_PREPEND;
 		if (!(s = get_str(o, "prepend", &len)))
 			return st_error_set(-EINVAL, "%s: normalizer.prepend: missing", t->file);
+		if ((ret = need_utf8(t->file, "normalizer", "prepend", s, len)))
+			return ret;
 		if (!(n.a = dup_n(s, len)))
 			return st_error_set(-ENOMEM, "tokenizer: out of memory");
 		n.a_len = len;
@@ -207,6 +221,8 @@ static int parse_normalizer(struct st_tokenizer *t, struct json_object *o, int d
 		n.kind = TOK_NORM_REPLACE;
 		if (!(s = get_str(o, "content", &len)))
 			return st_error_set(-EINVAL, "%s: normalizer.content: missing", t->file);
+		if ((ret = need_utf8(t->file, "normalizer", "content", s, len)))
+			return ret;
 		if ((ret = parse_pattern(o, t->file, "normalizer", &n.re)))
 			return ret;
 		if (!(n.a = dup_n(s, len))) {
@@ -327,6 +343,8 @@ static int parse_pre(struct st_tokenizer *t, struct json_object *o, int depth)
 		if (!(s = get_str(o, "replacement", &len)) || len == 0)
 			return st_error_set(-EINVAL, "%s: pre_tokenizer.replacement: missing",
 					    t->file);
+		if ((ret = need_utf8(t->file, "pre_tokenizer", "replacement", s, len)))
+			return ret;
 		if ((ret = parse_prepend(t, o, "pre_tokenizer", &p.prepend)))
 			return ret;
 		p.split = get_bool(o, "split", true);

@@ -17,7 +17,9 @@ TEXT = "Hello world, it's 2026!  12345\n\u65e5\u672c\u8a9e caf\u00e9 \U0001F600 
 
 
 def put(name, tok, text=TEXT):
-    data = (tok if isinstance(tok, str) else json.dumps(tok)).encode() + b"\0" + text.encode()
+    if not isinstance(tok, bytes):
+        tok = (tok if isinstance(tok, str) else json.dumps(tok)).encode()
+    data = tok + b"\0" + text.encode()
     assert len(data) < 65536, name
     with open(os.path.join(D, name), "wb") as f:
         f.write(data)
@@ -143,3 +145,10 @@ put("truncation.json", dict(bytelevel(), truncation={"max_length": 8}))
 put("no_unk_no_fallback.json", {"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}, "abc")
 put("added_not_array.json", dict(bytelevel(), added_tokens={"id": 0, "content": "x"}))
 put("bert_cls_not_array.json", bytelevel(post={"type": "BertProcessing", "cls": "[CLS]", "sep": {"a": 1}}))
+# A replacement that is not UTF-8 (a raw 0xff in the JSON string): it would
+# go into the text the pre-tokenizer's regex then matches unchecked.
+for name, obj in (("replace_not_utf8.json", bytelevel(norm={"type": "Replace", "pattern": {"Regex": "\\d+"},
+                                                           "content": "@FF@"})),
+                  ("prepend_not_utf8.json", bytelevel(norm={"type": "Prepend", "prepend": "@FF@"})),
+                  ("metaspace_not_utf8.json", bytelevel(pre={"type": "Metaspace", "replacement": "@FF@"}))):
+    put(name, json.dumps(obj).encode().replace(b"@FF@", b"\xffx"))
