@@ -118,7 +118,8 @@ static int byte_token(const char *s, size_t n)
 static int step(const struct tok_dec *d, struct dlist *in, struct dlist *out,
 		struct tok_buf *tmp, struct tok_buf *raw)
 {
-	const char *base = in->buf.p;
+	/* an empty list may have no buffer yet: its spans are all (0, 0) */
+	const char *base = in->buf.p ? in->buf.p : "";
 	int ret;
 
 	dlist_clear(out);
