@@ -195,6 +195,25 @@ int st_cuda_bf16_layernorm_fwd(struct st_cuda_ctx *ctx, uint16_t *out, float *me
 	return 0;
 }
 
+/* A norm's dweight (and dbias) column sums over N rows of dout (bf16 or
+ * fp32), LayerNorm's with mean, RMSNorm's with mean NULL; either output
+ * may be NULL. */
+static int norm_bwd_dw(cudaStream_t s, const char *what, float *dweight, float *dbias,
+		       const void *dout, int dout_bf16, const float *inp, const float *mean,
+		       const float *rstd, int N, int C)
+{
+	unsigned g = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
+
+	if (dout_bf16)
+		k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+			dweight, dbias, (const uint16_t *)dout, inp, mean, rstd, N, C);
+	else
+		k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
+			dweight, dbias, (const float *)dout, inp, mean, rstd, N, C);
+	LAUNCH_CHECK(what);
+	return 0;
+}
+
 int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
 			       float *dbias, const void *dout, int dout_bf16, const float *inp,
 			       const uint16_t *weight, const float *mean, const float *rstd,
@@ -218,16 +237,9 @@ int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dwei
 				dinp, (const float *)dout, inp, weight, mean, rstd, N, C);
 		LAUNCH_CHECK("bf16 layernorm_bwd dinp");
 	}
-	if (dweight || dbias) {
-		unsigned g = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
-		if (dout_bf16)
-			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
-				dweight, dbias, (const uint16_t *)dout, inp, mean, rstd, N, C);
-		else
-			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
-				dweight, dbias, (const float *)dout, inp, mean, rstd, N, C);
-		LAUNCH_CHECK("bf16 layernorm_bwd dweight");
-	}
+	if (dweight || dbias)
+		return norm_bwd_dw(s, "bf16 layernorm_bwd dweight", dweight, dbias, dout, dout_bf16,
+				   inp, mean, rstd, N, C);
 	return 0;
 }
 
@@ -308,18 +320,9 @@ int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweigh
 				dinp, (const float *)dout, inp, weight, rstd, N, C);
 		LAUNCH_CHECK("bf16 rmsnorm_bwd dinp");
 	}
-	if (dweight) { /* the layernorm's column sums with mean NULL */
-		unsigned g = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
-		if (dout_bf16)
-			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
-				dweight, (float *)NULL, (const uint16_t *)dout, inp,
-				(const float *)NULL, rstd, N, C);
-		else
-			k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
-				dweight, (float *)NULL, (const float *)dout, inp,
-				(const float *)NULL, rstd, N, C);
-		LAUNCH_CHECK("bf16 rmsnorm_bwd dweight");
-	}
+	if (dweight) /* the layernorm's column sums with mean NULL */
+		return norm_bwd_dw(s, "bf16 rmsnorm_bwd dweight", dweight, NULL, dout, dout_bf16,
+				   inp, NULL, rstd, N, C);
 	return 0;
 }
 
