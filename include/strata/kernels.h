@@ -61,6 +61,11 @@ void st_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
 		  const float *A, int lda, const float *B, int ldb, float beta,
 		  float *C, int ldc);
 
+/* The tile st_cpu_sgemm cuts an (M,N) output into: at least a few tiles
+ * where the shape allows, in the grid that re-packs the fewest elements of
+ * A and B. A function of M and N alone (tools/gemm-split prints it). */
+void st_cpu_gemm_tiles(int M, int N, int *tile_m, int *tile_n);
+
 /* Conv1D layout (Hugging Face GPT-2): y = x @ W + b with W stored (in,out).
  * out is (N,OC), inp is (N,IC), weight is (IC,OC), bias is (OC) or NULL. */
 void st_cpu_matmul_fwd(float *out, const float *inp, const float *weight,

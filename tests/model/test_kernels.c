@@ -545,10 +545,16 @@ static void test_threads_bitwise(void **state)
 	float *ao[3], *al[3], *ad[3];
 	float *dout = rand_buf((size_t)2 * 130 * 32, 1.0f);
 	int saved = omp_get_max_threads();
+	float *Ct[3][2];
 	for (int t = 0; t < 3; t++) {
 		omp_set_num_threads(t + 1);
 		Cs[t] = zero_buf((size_t)M * N);
 		st_cpu_sgemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, Cs[t], N);
+		/* the other two layouts the step runs: A B^T (B read as (N,K)), A^T B */
+		Ct[t][0] = zero_buf((size_t)M * N);
+		st_cpu_sgemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, Ct[t][0], N);
+		Ct[t][1] = zero_buf((size_t)M * N);
+		st_cpu_sgemm(1, 0, M, N, K, 1.0f, A, M, B, N, 0.0f, Ct[t][1], N);
 		ao[t] = zero_buf((size_t)2 * 130 * 32);
 		al[t] = zero_buf((size_t)2 * 4 * 130);
 		ad[t] = zero_buf((size_t)2 * 130 * 3 * 32);
@@ -558,13 +564,56 @@ static void test_threads_bitwise(void **state)
 	omp_set_num_threads(saved);
 	for (int t = 1; t < 3; t++) {
 		assert_memory_equal(Cs[0], Cs[t], (size_t)M * N * sizeof(float));
+		assert_memory_equal(Ct[0][0], Ct[t][0], (size_t)M * N * sizeof(float));
+		assert_memory_equal(Ct[0][1], Ct[t][1], (size_t)M * N * sizeof(float));
 		assert_memory_equal(ao[0], ao[t], (size_t)2 * 130 * 32 * sizeof(float));
 		assert_memory_equal(ad[0], ad[t], (size_t)2 * 130 * 96 * sizeof(float));
 	}
 	for (int t = 0; t < 3; t++) {
-		free(Cs[t]); free(ao[t]); free(al[t]); free(ad[t]);
+		free(Cs[t]); free(Ct[t][0]); free(Ct[t][1]); free(ao[t]); free(al[t]); free(ad[t]);
 	}
 	free(A); free(B); free(qkv); free(dout);
+}
+
+/* The matmul tiles: they cover the output in at least 4 tiles where the
+ * shape has room for 4 of 64 x 64, and re-pack no more than any other grid
+ * of that many tiles (brute force), nor than the old fixed policy (tiles of
+ * at most 256 x 512, at least 6 of them). */
+static void test_gemm_tiles(void **state)
+{
+	(void)state;
+	static const int shapes[][2] = {
+		{ 256, 2304 }, { 256, 768 },  { 768, 2304 }, { 3072, 768 }, { 256, 50257 },
+		{ 50257, 768 }, { 64, 64 },   { 100, 30 },   { 130, 4000 }, { 1, 1 },
+		{ 517, 515 },  { 8192, 256 },
+	};
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		const int M = shapes[i][0], N = shapes[i][1];
+		int tm, tn;
+
+		st_cpu_gemm_tiles(M, N, &tm, &tn);
+		assert_true(tm >= 1 && tm <= M && tn >= 1 && tn <= N);
+		assert_true(tm == M || tm % 16 == 0);
+		assert_true(tn == N || tn % 16 == 0);
+		const int a = (M + tm - 1) / tm, b = (N + tn - 1) / tn;
+		const int room = (M / 64 > 0 ? M / 64 : 1) * (N / 64 > 0 ? N / 64 : 1);
+		assert_true(a * b >= (room < 4 ? room : 4));
+		const double packed = (double)b * M + (double)a * N;
+		for (int x = 1; x <= M / 64; x++)
+			for (int y = 1; y <= N / 64; y++)
+				if (x * y >= 4)
+					assert_true(packed <= (double)y * M + (double)x * N);
+		int om = 256, on = 512;
+#define OLD_TILES(p, q) (((M + (p)-1) / (p)) * ((N + (q)-1) / (q)))
+		while (on > 128 && OLD_TILES(om, on) < 6)
+			on /= 2;
+		while (om > 128 && OLD_TILES(om, on) < 6)
+			om /= 2;
+#undef OLD_TILES
+		if (M >= 256 && N >= 256)
+			assert_true(packed <= (double)((N + on - 1) / on) * M +
+						      (double)((M + om - 1) / om) * N);
+	}
 }
 
 
@@ -667,6 +716,7 @@ int main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_crossentropy),
 		cmocka_unit_test(test_threads_bitwise),
+		cmocka_unit_test(test_gemm_tiles),
 		cmocka_unit_test(test_isa_bitwise),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

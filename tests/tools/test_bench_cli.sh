@@ -41,12 +41,17 @@ for tool in "$@"; do
 		     fi ;;
 	gemm-split) check "gemm-split --shapes 3x4" 2 "$tool" --shapes 3x4
 		    check "gemm-split --cut 0" 2 "$tool" --cut 0
-		    # a small shape: the engine's tiles give the same bits at 1 and 3 threads
-		    if out=$("$tool" --shapes 300x700x100 --threads 3 2>&1) &&
-		       printf '%s' "$out" | grep -q "tiles at 3 threads vs 1: 0 "; then
-			    echo "ok   gemm-split --shapes 300x700x100"
+		    check "gemm-split --shapes xt:3x4x5" 2 "$tool" --shapes xt:3x4x5
+		    check "gemm-split --time x" 2 "$tool" --time x
+		    # small shapes in the step's three layouts: the engine's tiles
+		    # give the same bits at 1 and 3 threads; --time prints the ceiling
+		    if out=$("$tool" --shapes 300x700x100,nt:300x700x100,tn:300x700x100 \
+				--threads 3 --time 1 2>&1) &&
+		       [ "$(printf '%s\n' "$out" | grep -c "tiles at 3 threads vs 1: 0 ")" = 3 ] &&
+		       printf '%s' "$out" | grep -q "one call per matmul [0-9.]* of its rate"; then
+			    echo "ok   gemm-split --shapes 300x700x100 (nn, nt, tn) --time 1"
 		    else
-			    echo "FAIL gemm-split --shapes 300x700x100: $out"; fail=1
+			    echo "FAIL gemm-split --shapes 300x700x100 (nn, nt, tn): $out"; fail=1
 		    fi ;;
 	offload-bench) check "offload-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
 		       check "offload-bench --batch 0" 2 "$tool" --batch 0 ;;
@@ -62,7 +67,9 @@ for tool in "$@"; do
 		       check "startup-bench --rounds 0" 2 "$tool" --rounds 0 ;;
 	ab-bench) check "ab-bench without --new" 2 "$tool" --old /nonexistent
 		  check "ab-bench --old missing" 2 "$tool" --old /nonexistent --new /nonexistent
-		  check "ab-bench --rounds 0" 2 "$tool" --old /tmp --new /tmp --rounds 0 ;;
+		  check "ab-bench --rounds 0" 2 "$tool" --old /tmp --new /tmp --rounds 0
+		  check "ab-bench --train-only, no train-bench" 2 "$tool" --old /tmp --new /tmp \
+			--train-only ;;
 	fingerprint) check "fingerprint --strata missing" 2 "$tool" --strata /nonexistent ;;
 	attn-bench) check "attn-bench --rounds 0" 2 "$tool" --rounds 0 ;;
 	attn-sdpa) check "attn-sdpa --iters 0" 2 "$tool" --iters 0

@@ -13,7 +13,8 @@
 
 /* Fixed partitions. They depend only on shapes, never on the thread count,
  * which is what makes every reduction bit-identical at any thread count. */
-#define ST_GEMM_MIN_TILES 6    /* enough tasks to balance a few threads */
+#define ST_GEMM_TILES 4        /* matmul tasks: 2 each for 2 threads */
+#define ST_GEMM_TILE_MIN 64    /* a tile's least rows or columns */
 #define ST_COL_BLOCK 64        /* columns per task in reductions over rows */
 #define ST_CONV_CHUNK 65536    /* elements per task in bf16 conversions */
 
@@ -129,6 +130,35 @@ void st_cpu_f32_to_bf16(uint16_t *out, const float *in, size_t n_elems)
 
 /* ---- matmul ---------------------------------------------------------------- */
 
+/* Every BLAS call packs its slices of A (rows x K) and B (K x columns) again,
+ * so a grid of a x b tiles packs b*M*K + a*K*N elements where one call packs
+ * M*K + K*N. Of the grids with at least ST_GEMM_TILES tiles of at least
+ * ST_GEMM_TILE_MIN rows and columns, this takes the one that packs least
+ * (the fewer tiles on a tie), its sizes rounded up to 16 floats (a cache
+ * line). From the shape alone: the tiles, so the bits, never depend on the
+ * thread count. */
+void st_cpu_gemm_tiles(int M, int N, int *tile_m, int *tile_n)
+{
+	int max_a = ST_MAX(1, M / ST_GEMM_TILE_MIN), max_b = ST_MAX(1, N / ST_GEMM_TILE_MIN);
+	int want = ST_MIN(ST_GEMM_TILES, max_a * max_b);
+	int best_a = 1, best_b = 1;
+	double best = -1;
+
+	for (int a = 1; a <= ST_MIN(want, max_a); a++) {
+		int b = (want + a - 1) / a;
+		if (b > max_b)
+			continue;
+		double packed = (double)b * M + (double)a * N;
+		if (best < 0 || packed < best) {
+			best = packed;
+			best_a = a;
+			best_b = b;
+		}
+	}
+	*tile_m = ST_MIN(M, ((M + best_a - 1) / best_a + 15) / 16 * 16);
+	*tile_n = ST_MIN(N, ((N + best_b - 1) / best_b + 15) / 16 * 16);
+}
+
 void st_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
 		  const float *A, int lda, const float *B, int ldb, float beta,
 		  float *C, int ldc)
@@ -144,16 +174,8 @@ void st_cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
 			    ldb, beta, C, ldc);
 		return;
 	}
-	/* Tiles as large as possible (each BLAS call re-packs its slices of A
-	 * and B) while giving at least ST_GEMM_MIN_TILES tasks; chosen from
-	 * the shape alone. */
-	int tile_m = 256, tile_n = 512;
-#define ST_TILES(tm, tn) (((M + (tm)-1) / (tm)) * ((N + (tn)-1) / (tn)))
-	while (tile_n > 128 && ST_TILES(tile_m, tile_n) < ST_GEMM_MIN_TILES)
-		tile_n /= 2;
-	while (tile_m > 128 && ST_TILES(tile_m, tile_n) < ST_GEMM_MIN_TILES)
-		tile_m /= 2;
-#undef ST_TILES
+	int tile_m, tile_n;
+	st_cpu_gemm_tiles(M, N, &tile_m, &tile_n);
 	int tiles_m = (M + tile_m - 1) / tile_m;
 	int tiles_n = (N + tile_n - 1) / tile_n;
 	/* Even a single tile goes through the parallel region: inside it
