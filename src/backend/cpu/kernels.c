@@ -134,9 +134,9 @@ void st_cpu_f32_to_bf16(uint16_t *out, const float *in, size_t n_elems)
  * so a grid of a x b tiles packs b*M*K + a*K*N elements where one call packs
  * M*K + K*N. Of the grids with at least ST_GEMM_TILES tiles of at least
  * ST_GEMM_TILE_MIN rows and columns, this takes the one that packs least
- * (the fewer tiles on a tie), its sizes rounded up to 16 floats (a cache
- * line). From the shape alone: the tiles, so the bits, never depend on the
- * thread count. */
+ * (on a tie, the one with fewer rows of tiles), its sizes rounded up to 16
+ * floats (a cache line). From the shape alone: the tiles, so the bits,
+ * never depend on the thread count. */
 void st_cpu_gemm_tiles(int M, int N, int *tile_m, int *tile_n)
 {
 	int max_a = ST_MAX(1, M / ST_GEMM_TILE_MIN), max_b = ST_MAX(1, N / ST_GEMM_TILE_MIN);
