@@ -159,7 +159,7 @@ static int step(struct bench *s, float *loss, bool keep)
 	const int last = s->U - 1;
 	int err;
 	for (int u = 0; u < s->U; u++)
-		memset(s->g[u], 0, st_model_unit_layout(s->m, u)->elems * sizeof(float));
+		st_cpu_zero(s->g[u], st_model_unit_layout(s->m, u)->elems * sizeof(float));
 	// forward: widen W[u], run, keep the input of the next unit
 	st_cpu_bf16_to_f32(s->pemb, s->w[0], st_model_unit_layout(s->m, 0)->elems);
 	/* The head's forward is skipped: its backward recomputes it and

@@ -52,6 +52,12 @@ static inline float st_cpu_f32_from_bf16(uint16_t h)
 void st_cpu_bf16_to_f32(float *out, const uint16_t *in, size_t n_elems);
 void st_cpu_f32_to_bf16(uint16_t *out, const float *in, size_t n_elems);
 
+/* memset(p, 0, bytes) and memcpy(dst, src, bytes) (not overlapping), in
+ * fixed chunks over OpenMP's threads: one core does not fill the memory's
+ * bandwidth. */
+void st_cpu_zero(void *p, size_t bytes);
+void st_cpu_copy(void *dst, const void *src, size_t bytes);
+
 /* ---- matmul ---------------------------------------------------------------
  * Row-major C (M,N) = alpha * op(A) @ op(B) + beta * C, with op = transpose
  * when trans_* is nonzero (A is then stored (K,M), B (N,K)). Tiled over the

@@ -575,6 +575,39 @@ static void test_threads_bitwise(void **state)
 	free(A); free(B); free(qkv); free(dout);
 }
 
+/* st_cpu_zero and st_cpu_copy against memset and memcpy, at 1 to 3 threads,
+ * over sizes that end inside a chunk, and leave the bytes around alone. */
+static void test_fill(void **state)
+{
+	(void)state;
+	const size_t sizes[] = { 0, 1, 4095, (size_t)1 << 20, ((size_t)7 << 19) + 13 };
+	const int saved = omp_get_max_threads();
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		const size_t n = sizes[si];
+		unsigned char *src = malloc(n + 2), *dst = malloc(n + 2), *want = malloc(n + 2);
+		assert_non_null(src);
+		assert_non_null(dst);
+		assert_non_null(want);
+		for (size_t i = 0; i < n + 2; i++)
+			src[i] = (unsigned char)(rng_u64() >> 56);
+		for (int t = 1; t <= 3; t++) {
+			omp_set_num_threads(t);
+			memset(dst, 0xa5, n + 2);
+			memcpy(want, dst, n + 2);
+			memcpy(want + 1, src + 1, n);
+			st_cpu_copy(dst + 1, src + 1, n);
+			assert_memory_equal(dst, want, n + 2);
+			memset(want + 1, 0, n);
+			st_cpu_zero(dst + 1, n);
+			assert_memory_equal(dst, want, n + 2);
+		}
+		free(src);
+		free(dst);
+		free(want);
+	}
+	omp_set_num_threads(saved);
+}
+
 /* The matmul tiles: they cover the output in at least 4 tiles where the
  * shape has room for 4 of 64 x 64, and re-pack no more than any other grid
  * of that many tiles (brute force), nor than the old fixed policy (tiles of
@@ -717,6 +750,7 @@ int main(void)
 		cmocka_unit_test(test_crossentropy),
 		cmocka_unit_test(test_threads_bitwise),
 		cmocka_unit_test(test_gemm_tiles),
+		cmocka_unit_test(test_fill),
 		cmocka_unit_test(test_isa_bitwise),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

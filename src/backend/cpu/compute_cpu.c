@@ -24,12 +24,12 @@
 
 static void k_zero(const struct st_op *op)
 {
-	memset(P(0), 0, Z(0));
+	st_cpu_zero(P(0), Z(0));
 }
 
 static void k_copy(const struct st_op *op)
 {
-	memcpy(P(0), P(1), Z(0));
+	st_cpu_copy(P(0), P(1), Z(0));
 }
 
 static void k_bf16_to_f32(const struct st_op *op)

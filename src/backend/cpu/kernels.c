@@ -17,6 +17,7 @@
 #define ST_GEMM_TILE_MIN 64    /* a tile's least rows or columns */
 #define ST_COL_BLOCK 64        /* columns per task in reductions over rows */
 #define ST_CONV_CHUNK 65536    /* elements per task in bf16 conversions */
+#define ST_FILL_CHUNK (1u << 20) /* bytes per task in zeroing and copies */
 
 #include "cpu_attention.h" /* st_att_online_softmax(), ST_ATT_BLOCK */
 #include "cpu_expf.h" /* st_expf() */
@@ -125,6 +126,26 @@ void st_cpu_f32_to_bf16(uint16_t *out, const float *in, size_t n_elems)
 		size_t hi = ST_MIN(lo + ST_CONV_CHUNK, n_elems);
 		for (size_t i = lo; i < hi; i++)
 			out[i] = st_cpu_bf16_from_f32(in[i]);
+	}
+}
+
+void st_cpu_zero(void *p, size_t bytes)
+{
+	size_t n_chunks = (bytes + ST_FILL_CHUNK - 1) / ST_FILL_CHUNK;
+#pragma omp parallel for schedule(static) if (n_chunks > 1)
+	for (size_t ch = 0; ch < n_chunks; ch++) {
+		size_t lo = ch * ST_FILL_CHUNK;
+		memset((char *)p + lo, 0, ST_MIN(ST_FILL_CHUNK, bytes - lo));
+	}
+}
+
+void st_cpu_copy(void *dst, const void *src, size_t bytes)
+{
+	size_t n_chunks = (bytes + ST_FILL_CHUNK - 1) / ST_FILL_CHUNK;
+#pragma omp parallel for schedule(static) if (n_chunks > 1)
+	for (size_t ch = 0; ch < n_chunks; ch++) {
+		size_t lo = ch * ST_FILL_CHUNK;
+		memcpy((char *)dst + lo, (const char *)src + lo, ST_MIN(ST_FILL_CHUNK, bytes - lo));
 	}
 }
 
