@@ -11,6 +11,7 @@
  * best of R runs each, alternated): the tiles pack their slices again; and
  * both, summed over the step's calls, against a 2048^3 sgemm's rate: the
  * matmuls' own ceiling for train-bench's model/sgemm ratio. */
+#include "strata/common.h"
 #include "strata/kernels.h"
 
 #include <cblas.h>
@@ -20,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static void usage(FILE *f)
 {
@@ -107,10 +107,7 @@ static void call(const struct mats *x, int i0, int m, int j0, int n, float *C, i
 
 static double now_s(void)
 {
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+	return (double)st_now_ns() * 1e-9;
 }
 
 static int cut_at(int dim, int cut)
