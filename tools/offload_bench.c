@@ -18,6 +18,7 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/trace.h"
+#include "bench_pair.h"
 #include "bench_stats.h"
 
 #include <cblas.h>
@@ -31,11 +32,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
-static void die2(const char *msg, const char *arg)
-{
-	fprintf(stderr, "offload-bench: %s%s (see --help)\n", msg, arg ? arg : "");
-	exit(2);
-}
+#define PROG "offload-bench"
+#define die2(msg, arg) bench_die2(PROG, msg, arg)
 
 static void usage(FILE *f)
 {
@@ -65,48 +63,33 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
 	static const struct option longs[] = {
-		{ "model", 1, 0, 'm' }, { "batch", 1, 0, 'B' }, { "seq", 1, 0, 'T' },
-		{ "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' }, { "gpu-mem", 1, 0, 'g' },
-		{ "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' }, { "json", 1, 0, 'J' },
-		{ "trace", 1, 0, 'X' }, { "device", 1, 0, 'D' }, { "data", 1, 0, 'd' },
-		{ "verify-ab", 0, 0, 'V' }, { "act-ab", 0, 0, 'a' }, { "rates", 1, 0, 'R' },
-		{ "help", 0, 0, 'h' }, { 0 },
+		BENCH_OPTS_LONGS, { "trace", 1, 0, 'X' }, { "verify-ab", 0, 0, 'V' },
+		{ "act-ab", 0, 0, 'a' }, { "rates", 1, 0, 'R' }, { "help", 0, 0, 'h' }, { 0 },
 	};
-	const char *device = "cpu", *data = "/usr/share/common-licenses/GPL-3";
-	const char *model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", *nvme = "/var/tmp";
-	const char *json = NULL, *trace_path = NULL, *rates_file = NULL;
+	struct bench_opts o = {
+		.model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", .nvme = "/var/tmp",
+		.device = "cpu", .data = "/usr/share/common-licenses/GPL-3",
+		.batch = 4, .seq = 256, .steps = 4, .gpu = 256ull << 20, .host = 256ull << 20,
+	};
+	const char *trace_path = NULL, *rates_file = NULL;
 	struct st_plan_rates file_rates;
 	double a_busy[ST_LANE_COUNT] = { 0 }, a_bytes[ST_LANE_COUNT] = { 0 };
 	double b_busy[ST_LANE_COUNT] = { 0 }, b_bytes[ST_LANE_COUNT] = { 0 }, b_nvme = 0;
-	int batch = 4, seq = 256, steps = 4, threads = 0, c;
+	int c;
 	bool verify_ab = false, act_ab = false;
-	uint64_t gpu = 256ull << 20, host = 256ull << 20;
 	struct st_engine_config ca, cb;
 	struct st_engine *ea, *eb;
-	struct st_dataset *ds;
-	struct st_loader la, lb;
+	struct bench_pair bp;
 	struct st_trace *trace = NULL;
 	double *ta, *tb, *eff, *ratio, busy_max = 0;
 	const char *busiest = "compute";
-	struct stat st;
 
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-		char *end;
-
+		if (bench_opts_take(&o, PROG, c, optarg))
+			continue;
 		switch (c) {
-		case 'm': model = optarg; break;
-		case 'B': batch = (int)strtol(optarg, &end, 10); if (*end || batch < 1) die2("bad --batch ", optarg); break;
-		case 'T': seq = (int)strtol(optarg, &end, 10); if (*end || seq < 1) die2("bad --seq ", optarg); break;
-		case 's': steps = (int)strtol(optarg, &end, 10); if (*end || steps < 1 || steps > 1000) die2("bad --steps ", optarg); break;
-		case 'n': nvme = optarg; break;
-		case 'g': if (st_parse_size(optarg, &gpu) < 0 || !gpu) die2("--gpu-mem is not a size: ", optarg); break;
-		case 'H': if (st_parse_size(optarg, &host) < 0 || !host) die2("--host-mem is not a size: ", optarg); break;
-		case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) die2("bad --threads ", optarg); break;
-		case 'J': json = optarg; break;
 		case 'X': trace_path = optarg; break;
-		case 'D': if (!st_device_find(optarg)) die2("--device is not built into this binary: ", optarg); device = optarg; break;
-		case 'd': data = optarg; break;
 		case 'V': verify_ab = true; break;
 		case 'R': rates_file = optarg; break;
 		case 'a': act_ab = true; break;
@@ -116,35 +99,30 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		die2("unexpected argument ", argv[optind]);
+	/* the names the rest of the run reads them by */
+	const char *model = o.model, *nvme = o.nvme, *device = o.device, *data = o.data;
+	const char *json = o.json;
+	const int batch = o.batch, seq = o.seq, steps = o.steps;
+
 	if (verify_ab && act_ab)
 		die2("--verify-ab and --act-ab are two different benchmarks", NULL);
-	if (stat(nvme, &st) < 0 || !S_ISDIR(st.st_mode))
-		die2("--nvme is not a directory: ", nvme);
+	bench_opts_apply(&o, PROG, &ca);
 	if (rates_file && st_plan_rates_read(rates_file, &file_rates) < 0) {
 		fprintf(stderr, "offload-bench: --rates %s\n", st_error_last());
 		return 2;
 	}
-	if (threads) {
-		omp_set_num_threads(threads);
-		openblas_set_num_threads(threads);
+	if (o.threads) {
+		omp_set_num_threads(o.threads);
+		openblas_set_num_threads(o.threads);
 	}
-	memset(&ca, 0, sizeof(ca));
-	st_train_config_default(&ca.train);
-	if (st_model_config_parse(model, &ca.train.model) < 0)
-		die2("bad --model ", model);
-	ca.train.batch = batch;
-	ca.train.seq = seq;
-	ca.train.steps = steps + 1;
-	ca.train.warmup = 1;
-	ca.device = device;
 	cb = ca;
 	/* A: in memory. B: on nvme, with the budgets given. */
 	ca.gpu_mem_bytes = 64ull << 30;
 	ca.host_mem_bytes = 64ull << 30;
 	ca.params = ST_OFFLOAD_NONE;
 	ca.optim = ST_OFFLOAD_HOST;
-	cb.gpu_mem_bytes = gpu;
-	cb.host_mem_bytes = host;
+	cb.gpu_mem_bytes = o.gpu;
+	cb.host_mem_bytes = o.host;
 	cb.nvme_dirs = nvme;
 	cb.params = ST_OFFLOAD_NVME;
 	cb.optim = ST_OFFLOAD_NVME;
@@ -162,26 +140,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	cb.trace = trace;
-	if (st_dataset_open(&ds, data, ST_DATASET_BYTES) < 0) {
-		fprintf(stderr, "offload-bench: --data %s: %s\n", data, st_error_last());
-		return 2;
-	}
 	{
-		struct st_loader_config lc = { .batch = (uint32_t)batch, .seq = (uint32_t)seq,
-					       .shuffle = 1, .seed = ca.train.seed };
+		const struct st_engine_config cfg[2] = { ca, cb };
+		const char *names[2] = { "in-memory", "nvme" };
+		int ret = bench_pair_open(&bp, PROG, data, cfg, names);
 
-		if (st_loader_init(&la, ds, &lc) < 0 || st_loader_init(&lb, ds, &lc) < 0) {
-			fprintf(stderr, "offload-bench: %s\n", st_error_last());
-			return 2;
-		}
-	}
-	if (st_engine_create(&ca, &ea) < 0) {
-		fprintf(stderr, "offload-bench: in-memory engine: %s\n", st_error_last());
-		return 2;
-	}
-	if (st_engine_create(&cb, &eb) < 0) {
-		fprintf(stderr, "offload-bench: nvme engine: %s\n", st_error_last());
-		return 2;
+		if (ret)
+			return ret;
+		ea = bp.e[0];
+		eb = bp.e[1];
 	}
 	ta = calloc((size_t)steps, sizeof(double));
 	tb = calloc((size_t)steps, sizeof(double));
@@ -192,29 +159,15 @@ int main(int argc, char **argv)
 		(double)st_model_param_count(st_engine_model(ea)) / 1e6, device,
 		omp_get_max_threads(), steps);
 	for (int s = 0; s <= steps; s++) {
-		struct st_step_result ra, rb;
+		struct st_step_result r[2];
 		struct st_engine_stats sa, sb;
 
-		/* Alternate which goes first, so neither always follows the other. */
-		for (int k = 0; k < 2; k++) {
-			bool a_turn = (k == 0) == (s % 2 == 0);
-			int ret = a_turn ? st_engine_step(ea, &la, s, s < steps, &ra)
-					   : st_engine_step(eb, &lb, s, s < steps, &rb);
-
-			if (ret < 0) {
-				fprintf(stderr, "offload-bench: step %d: %s\n", s, st_error_last());
-				return 1;
-			}
-		}
-		if (memcmp(&ra.loss, &rb.loss, sizeof(double)) != 0) {
-			fprintf(stderr, "offload-bench: losses differ at step %d: %.9g vs %.9g\n", s,
-				ra.loss, rb.loss);
+		if (bench_pair_step(&bp, s, s < steps, r))
 			return 1;
-		}
 		st_engine_get_stats(ea, &sa);
 		st_engine_get_stats(eb, &sb);
 		fprintf(stderr, "  step %d%s: A %.3f s, B %.3f s (loss %.6f both)\n", s,
-			s == 0 ? " (warm-up)" : "", sa.step_ns / 1e9, sb.step_ns / 1e9, ra.loss);
+			s == 0 ? " (warm-up)" : "", sa.step_ns / 1e9, sb.step_ns / 1e9, r[0].loss);
 		if (s == 0)
 			continue;
 		ta[s - 1] = sa.step_ns / 1e9;
@@ -400,16 +353,19 @@ int main(int argc, char **argv)
 					       json_object_new_double(sa.peak_bytes[ST_HOME_VRAM] / 1048576.0));
 			json_object_object_add(o, "peak_vram_mib_nvme",
 					       json_object_new_double(sb.peak_bytes[ST_HOME_VRAM] / 1048576.0));
-			if (json_object_to_file_ext(json, o, JSON_C_TO_STRING_PRETTY) < 0)
-				fprintf(stderr, "offload-bench: cannot write %s\n", json);
+			if (json_object_to_file_ext(json, o, JSON_C_TO_STRING_PRETTY) < 0) {
+				fprintf(stderr, "offload-bench: %s: cannot write (%s)\n", json,
+					strerror(errno));
+				return 1;
+			}
 			json_object_put(o);
 		}
 	}
-	st_engine_destroy(ea);
-	st_engine_destroy(eb);
-	if (trace && st_trace_close(trace) < 0)
+	bench_pair_close(&bp);
+	if (trace && st_trace_close(trace) < 0) {
 		fprintf(stderr, "offload-bench: --trace: %s\n", st_error_last());
-	st_dataset_close(ds);
+		return 1;
+	}
 	free(ta);
 	free(tb);
 	free(eff);

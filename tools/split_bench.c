@@ -13,6 +13,7 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/trace.h"
+#include "bench_pair.h"
 #include "bench_stats.h"
 
 #include <errno.h>
@@ -25,11 +26,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
-static void die2(const char *msg, const char *arg)
-{
-	fprintf(stderr, "split-bench: %s%s (see --help)\n", msg, arg ? arg : "");
-	exit(2);
-}
+#define PROG "split-bench"
+#define die2(msg, arg) bench_die2(PROG, msg, arg)
 
 static double median(const double *v, int n)
 {
@@ -113,45 +111,30 @@ static void placement_line(const struct st_plan *p, const char *name)
 int main(int argc, char **argv)
 {
 	static const struct option longs[] = {
-		{ "model", 1, 0, 'm' }, { "batch", 1, 0, 'B' }, { "seq", 1, 0, 'T' },
-		{ "grad-accum", 1, 0, 'A' }, { "steps", 1, 0, 's' }, { "nvme", 1, 0, 'n' },
-		{ "gpu-mem", 1, 0, 'g' }, { "host-mem", 1, 0, 'H' }, { "threads", 1, 0, 'j' },
-		{ "json", 1, 0, 'J' }, { "device", 1, 0, 'D' }, { "data", 1, 0, 'd' },
-		{ "trace", 1, 0, 'X' },
+		BENCH_OPTS_LONGS, { "grad-accum", 1, 0, 'A' }, { "trace", 1, 0, 'X' },
 		{ "help", 0, 0, 'h' }, { 0 },
 	};
-	const char *device = "cpu", *data = "/usr/share/common-licenses/GPL-3";
-	const char *model = "layers=8,dim=768,heads=12,vocab=256,ctx=256", *nvme = "/var/tmp";
-	const char *json = NULL, *trace = NULL;
+	struct bench_opts o = {
+		.model = "layers=8,dim=768,heads=12,vocab=256,ctx=256", .nvme = "/var/tmp",
+		.device = "cpu", .data = "/usr/share/common-licenses/GPL-3",
+		.batch = 1, .seq = 32, .steps = 6, .gpu = 2ull << 30, .host = 0,
+	};
+	const char *trace = NULL;
 	struct st_trace *tr_s = NULL, *tr_u = NULL;
-	int batch = 1, seq = 32, accum = 1, steps = 6, threads = 0, c;
-	uint64_t gpu = 2ull << 30, host = 0;
+	int accum = 1, c;
 	struct st_engine_config cs, cu;
 	struct st_engine *es, *eu;
-	struct st_dataset *ds;
-	struct st_loader ls, lu;
+	struct bench_pair bp;
 	double *ts, *tu, *ratio, *rs, *ru_, *ws, *wu;
 	/* per lane and step: what each engine's queues were busy with */
 	double *busy_s[ST_LANE_COUNT], *busy_u[ST_LANE_COUNT];
-	struct stat st;
 
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-		char *end;
-
+		if (bench_opts_take(&o, PROG, c, optarg))
+			continue;
 		switch (c) {
-		case 'm': model = optarg; break;
-		case 'B': batch = (int)strtol(optarg, &end, 10); if (*end || batch < 1) die2("bad --batch ", optarg); break;
-		case 'T': seq = (int)strtol(optarg, &end, 10); if (*end || seq < 1) die2("bad --seq ", optarg); break;
-		case 'A': accum = (int)strtol(optarg, &end, 10); if (*end || accum < 1 || accum > 1024) die2("bad --grad-accum ", optarg); break;
-		case 's': steps = (int)strtol(optarg, &end, 10); if (*end || steps < 1 || steps > 1000) die2("bad --steps ", optarg); break;
-		case 'n': nvme = optarg; break;
-		case 'g': if (st_parse_size(optarg, &gpu) < 0 || !gpu) die2("--gpu-mem is not a size: ", optarg); break;
-		case 'H': if (st_parse_size(optarg, &host) < 0 || !host) die2("--host-mem is not a size: ", optarg); break;
-		case 'j': threads = (int)strtol(optarg, &end, 10); if (*end || threads < 1) die2("bad --threads ", optarg); break;
-		case 'J': json = optarg; break;
-		case 'D': if (!st_device_find(optarg)) die2("--device is not built into this binary: ", optarg); device = optarg; break;
-		case 'd': data = optarg; break;
+		case 'A': accum = bench_int(PROG, "grad-accum", optarg, 1024); break;
 		case 'X': trace = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: die2("unknown or incomplete option ", argv[optind - 1]);
@@ -159,21 +142,16 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		die2("unexpected argument ", argv[optind]);
-	if (stat(nvme, &st) < 0 || !S_ISDIR(st.st_mode))
-		die2("--nvme is not a directory: ", nvme);
-	if (threads)
-		omp_set_num_threads(threads);
-	memset(&cs, 0, sizeof(cs));
-	st_train_config_default(&cs.train);
-	if (st_model_config_parse(model, &cs.train.model) < 0)
-		die2("bad --model ", model);
-	cs.train.batch = batch;
-	cs.train.seq = seq;
+	/* the names the rest of the run reads them by */
+	const char *model = o.model, *nvme = o.nvme, *device = o.device, *data = o.data;
+	const char *json = o.json;
+	const int batch = o.batch, seq = o.seq, steps = o.steps;
+	uint64_t host = o.host;
+
+	if (o.threads)
+		omp_set_num_threads(o.threads);
+	bench_opts_apply(&o, PROG, &cs);
 	cs.train.grad_accum = accum;
-	cs.train.steps = steps + 1;
-	cs.train.warmup = 1;
-	cs.device = device;
-	cs.gpu_mem_bytes = gpu;
 	cs.nvme_dirs = nvme;
 	cs.params = ST_OFFLOAD_AUTO;
 	cs.optim = ST_OFFLOAD_AUTO;
@@ -196,26 +174,15 @@ int main(int argc, char **argv)
 		cs.trace = tr_s;
 		cu.trace = tr_u;
 	}
-	if (st_dataset_open(&ds, data, ST_DATASET_BYTES) < 0) {
-		fprintf(stderr, "split-bench: --data %s: %s\n", data, st_error_last());
-		return 2;
-	}
 	{
-		struct st_loader_config lc = { .batch = (uint32_t)batch, .seq = (uint32_t)seq,
-					       .shuffle = 1, .seed = cs.train.seed };
+		const struct st_engine_config cfg[2] = { cs, cu };
+		const char *names[2] = { "split", "uniform" };
+		int ret = bench_pair_open(&bp, PROG, data, cfg, names);
 
-		if (st_loader_init(&ls, ds, &lc) < 0 || st_loader_init(&lu, ds, &lc) < 0) {
-			fprintf(stderr, "split-bench: %s\n", st_error_last());
-			return 2;
-		}
-	}
-	if (st_engine_create(&cs, &es) < 0) {
-		fprintf(stderr, "split-bench: split engine: %s\n", st_error_last());
-		return 2;
-	}
-	if (st_engine_create(&cu, &eu) < 0) {
-		fprintf(stderr, "split-bench: uniform engine: %s\n", st_error_last());
-		return 2;
+		if (ret)
+			return ret;
+		es = bp.e[0];
+		eu = bp.e[1];
 	}
 	ts = calloc((size_t)steps, sizeof(double));
 	tu = calloc((size_t)steps, sizeof(double));
@@ -241,26 +208,11 @@ int main(int argc, char **argv)
 		accum, (double)st_model_param_count(st_engine_model(es)) / 1e6, device,
 		omp_get_max_threads(), host / 1048576.0, steps);
 	for (int s = 0; s <= steps; s++) {
-		struct st_step_result rsx, rux;
+		struct st_step_result r[2];
 		struct st_engine_stats ss, su;
 
-		/* alternate which goes first, so neither always follows the other */
-		for (int k = 0; k < 2; k++) {
-			bool s_turn = (k == 0) == (s % 2 == 0);
-			int ret = s_turn ? st_engine_step(es, &ls, s, s < steps, &rsx)
-					 : st_engine_step(eu, &lu, s, s < steps, &rux);
-
-			if (ret < 0) {
-				fprintf(stderr, "split-bench: step %d: %s\n", s, st_error_last());
-				return 1;
-			}
-		}
-		if (memcmp(&rsx.loss, &rux.loss, sizeof(double)) ||
-		    memcmp(&rsx.grad_norm, &rux.grad_norm, sizeof(double))) {
-			fprintf(stderr, "split-bench: step %d: losses differ: %.9g vs %.9g\n", s,
-				rsx.loss, rux.loss);
+		if (bench_pair_step(&bp, s, s < steps, r))
 			return 1;
-		}
 		st_engine_get_stats(es, &ss);
 		st_engine_get_stats(eu, &su);
 		fprintf(stderr, "  step %d%s: split %.3f s, uniform %.3f s, ratio %.3f; nvme MB "
@@ -268,7 +220,7 @@ int main(int argc, char **argv)
 			s == 0 ? " (warm-up)" : "", ss.step_ns / 1e9, su.step_ns / 1e9,
 			(double)ss.step_ns / (double)su.step_ns, ss.bytes[ST_LANE_NVME_READ] / 1e6,
 			ss.bytes[ST_LANE_NVME_WRITE] / 1e6, su.bytes[ST_LANE_NVME_READ] / 1e6,
-			su.bytes[ST_LANE_NVME_WRITE] / 1e6, rsx.loss);
+			su.bytes[ST_LANE_NVME_WRITE] / 1e6, r[0].loss);
 		if (s == 0)
 			continue;
 		ts[s - 1] = ss.step_ns / 1e9;
@@ -339,14 +291,12 @@ int main(int argc, char **argv)
 			json_object_put(o);
 		}
 	}
-	st_engine_destroy(es);
-	st_engine_destroy(eu);
+	bench_pair_close(&bp);
 	for (int k = 0; k < 2; k++)
 		if (st_trace_close(k ? tr_u : tr_s) < 0) {
 			fprintf(stderr, "split-bench: --trace: %s\n", st_error_last());
 			return 1;
 		}
-	st_dataset_close(ds);
 	free(ts);
 	free(tu);
 	free(ratio);

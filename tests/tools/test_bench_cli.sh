@@ -54,7 +54,37 @@ for tool in "$@"; do
 			    echo "FAIL gemm-split --shapes 300x700x100 (nn, nt, tn): $out"; fail=1
 		    fi ;;
 	offload-bench) check "offload-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
-		       check "offload-bench --batch 0" 2 "$tool" --batch 0 ;;
+		       check "offload-bench --batch 0" 2 "$tool" --batch 0
+		       check "offload-bench --data missing" 2 "$tool" --data /nonexistent
+		       # the two engines of each pair stepped in turn: exit 1 when
+		       # their losses or gradient norms differ, and when the JSON
+		       # cannot be written
+		       d=$(mktemp -d)
+		       for ab in "" --act-ab --verify-ab; do
+			       if out=$("$tool" $ab --model layers=2,dim=64,heads=2,vocab=256,ctx=64 \
+					--batch 2 --seq 32 --steps 2 --nvme "$d" --gpu-mem 64M \
+					--host-mem 64M 2>&1) &&
+				  printf '%s' "$out" | grep -q "median of per-step ratios B/A"; then
+				       echo "ok   offload-bench ${ab:-(A/B)} on a tiny model"
+			       else
+				       echo "FAIL offload-bench ${ab:-(A/B)} on a tiny model: $out"; fail=1
+			       fi
+		       done
+		       check "offload-bench --json unwritable" 1 "$tool" \
+			     --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --batch 2 --seq 32 \
+			     --steps 1 --nvme "$d" --json /proc/self/no/such.json
+		       rm -rf "$d" ;;
+	split-bench) check "split-bench --grad-accum 0" 2 "$tool" --grad-accum 0
+		     check "split-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
+		     d=$(mktemp -d)
+		     if out=$("$tool" --model layers=4,dim=64,heads=2,vocab=256,ctx=64 --steps 2 \
+			      --nvme "$d" --gpu-mem 64M 2>&1) &&
+			printf '%s' "$out" | grep -q "ratio S/U" && [ -z "$(ls -A "$d")" ]; then
+			     echo "ok   split-bench on a tiny model, nothing left in --nvme"
+		     else
+			     echo "FAIL split-bench on a tiny model: $out"; fail=1
+		     fi
+		     rm -rf "$d" ;;
 	gpu-check) check "gpu-check --run without LOGDIR" 2 "$tool" --run build
 		   check "gpu-check --only an unknown step" 2 "$tool" --run build /tmp/gc-$$ --only nope
 		   check "gpu-check --prepare a missing build" 2 "$tool" --prepare /nonexistent ;;
