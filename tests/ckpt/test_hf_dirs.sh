@@ -20,13 +20,6 @@
 # Needs a python3 with torch (Debian's python3-torch): exit 77 without it.
 set -u
 strata=$1
-# the first python3 with PyTorch: on PATH, else Debian's
-py=
-for p in python3 /usr/bin/python3; do
-	"$p" -c "import torch" 2>/dev/null && { py=$p; break; }
-done
-[ -n "$py" ] || { echo "python3-torch is missing: skipped"; exit 77; }
-python3() { "$py" "$@"; }
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-hfdirs-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail=0
@@ -34,6 +27,7 @@ data=/usr/share/common-licenses/GPL-3
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" # hfdir.py
 . "$here/../cli/check.sh"
+need_torch
 
 model=layers=2,dim=64,heads=2,vocab=256,ctx=64
 run=(--model "$model" --seq 32 --batch 2 --data "$data" --seed 3)

@@ -16,12 +16,6 @@
 # Needs a python3 with torch (Debian's python3-torch): exit 77 without it.
 set -u
 strata=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") # absolute: one check runs elsewhere
-py=
-for p in python3 /usr/bin/python3; do
-	"$p" -c "import torch" 2>/dev/null && { py=$p; break; }
-done
-[ -n "$py" ] || { echo "python3-torch is missing: skipped"; exit 77; }
-python3() { "$py" "$@"; }
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-hfllama-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail=0
@@ -29,6 +23,7 @@ data=/usr/share/common-licenses/GPL-3
 here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONPATH="$here:$here/../../tools${PYTHONPATH:+:$PYTHONPATH}" # hfdir, torch_llama
 . "$here/../cli/check.sh"
+need_torch
 
 first_loss() { # metrics file: its first step's loss
 	python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["loss"])' "$1"

@@ -1,5 +1,6 @@
-# Sourced by the CLI tests (tests/cli, tests/mem): check NAME RC COMMAND...
-# (and text FILE SEED WORDS..., below, for a training text)
+# Sourced by the CLI tests (tests/cli, tests/mem, tests/ckpt): check NAME RC
+# COMMAND... (and, below, text FILE SEED WORDS... for a training text, and
+# need_torch for the tests that use PyTorch)
 # runs COMMAND with stdout and stderr in $work/out and $work/err, and
 # passes when it exits RC; a refusal (RC 2) must also be one line on
 # stderr, and with quiet_refusals=1 nothing on stdout (strata train prints
@@ -34,4 +35,17 @@ random.seed(int(sys.argv[1]))
 words = sys.argv[2:]
 print(' '.join(random.choice(words) for _ in range(4000)))
 PY
+}
+
+# need_torch: the first python3 with PyTorch (on PATH, else Debian's
+# /usr/bin/python3) is python3 for the rest of the test; without one the
+# test is skipped (exit 77), saying so.
+need_torch() {
+	local p
+	py=
+	for p in python3 /usr/bin/python3; do
+		"$p" -c "import torch" 2>/dev/null && { py=$p; break; }
+	done
+	[ -n "$py" ] || { echo "SKIP: python3-torch is missing"; exit 77; }
+	python3() { "$py" "$@"; }
 }

@@ -26,16 +26,11 @@ for t in llama2 qwen3; do
 	[ -f "$npm/tokenizer-$t/package/models/tokenizer.json" ] ||
 		{ echo "SKIP: $npm/tokenizer-$t/package/models/tokenizer.json is not there: run tools/quickstart test-data"; exit 77; }
 done
-py=
-for p in python3 /usr/bin/python3; do
-	"$p" -c "import torch" 2>/dev/null && { py=$p; break; }
-done
-[ -n "$py" ] || { echo "SKIP: python3-torch is missing"; exit 77; }
-python3() { "$py" "$@"; }
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-finetune-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail=0
 . "$(dirname "$0")/check.sh"
+need_torch
 export PYTHONPATH="$root/tests/ckpt${PYTHONPATH:+:$PYTHONPATH}" # hfdir.py
 first() { # metrics file, key: the first step's value
 	python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())[sys.argv[2]])' "$1" "$2"
