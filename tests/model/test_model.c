@@ -193,83 +193,6 @@ static void test_init(void **state)
 	st_model_destroy(m);
 }
 
-/* ---- finite differences of each unit ------------------------------------------------------ */
-
-struct fd_ctx {
-	struct net *n;
-	int u;
-	float *r; /* projection of the unit's output (blocks, embedding) */
-};
-
-/* The unit's forward as a scalar: the random projection of y, or the head's
- * mean loss. */
-static double unit_loss(void *p)
-{
-	struct fd_ctx *c = p;
-	struct net *n = c->n;
-	int last = n->U - 1;
-	float loss = 0.0f;
-	size_t act = (size_t)n->B * n->T * n->C;
-	float *y = n->dbuf[1];
-	assert_int_equal(st_model_fwd(n->m, c->u, &n->batch, n->p[c->u],
-				      c->u == last ? n->p[0] : NULL, n->x[c->u],
-				      y, &loss, n->work, n->work_bytes), 0);
-	if (c->u == last)
-		return loss;
-	double s = 0.0;
-	for (size_t i = 0; i < act; i++)
-		s += (double)y[i] * c->r[i];
-	return s;
-}
-
-/* Central difference of the unit along v at step h. */
-static double central(struct fd_ctx *c, float *x, const float *x0,
-		      const float *v, size_t len, float h)
-{
-	for (size_t i = 0; i < len; i++)
-		x[i] = x0[i] + h * v[i];
-	double lp = unit_loss(c);
-	for (size_t i = 0; i < len; i++)
-		x[i] = x0[i] - h * v[i];
-	double lm = unit_loss(c);
-	memcpy(x, x0, len * sizeof(float));
-	return (lp - lm) / (2.0 * h);
-}
-
-/* Directional derivative along a random v: Richardson's extrapolation of
- * central differences at h and h/2 cancels the h^2 term, so the remaining
- * error (fp32 rounding in the forward, <= ~5e-4 of |g| here) sits below the
- * 2e-3 tolerance while a missing or wrong term costs >= 1e-2. */
-static void dir_check(struct fd_ctx *c, float *x, size_t len, const float *g,
-		      const char *what)
-{
-	/* the head's loss comes back as a float mean: a larger step keeps its
-	 * rounding (~2e-7 of ~4) small next to the difference */
-	const float h = c->u == c->n->U - 1 ? 5e-2f : 1e-2f;
-	float *v = calloc(len, sizeof(float)), *x0 = calloc(len, sizeof(float));
-	assert_non_null(v);
-	assert_non_null(x0);
-	for (size_t i = 0; i < len; i++)
-		v[i] = rng_f();
-	memcpy(x0, x, len * sizeof(float));
-	double f1 = central(c, x, x0, v, len, h);
-	double f2 = central(c, x, x0, v, len, h / 2);
-	double fd = (4.0 * f2 - f1) / 3.0, an = 0, gn = 0;
-	for (size_t i = 0; i < len; i++) {
-		an += (double)g[i] * v[i];
-		gn += (double)g[i] * g[i];
-	}
-	/* <g,v> can be small by chance; |g|/sqrt(3) is its typical size */
-	double scale = fmax(fmax(fabs(fd), fabs(an)), sqrt(gn / 3.0));
-	if (getenv("FD_VERBOSE"))
-		print_message("unit %d %s: fd %.9g an %.9g rel %.2e\n", c->u,
-			      what, fd, an, fabs(fd - an) / scale);
-	if (!(fabs(fd - an) <= 2e-3 * scale + 1e-6))
-		fail_msg("unit %d %s: finite difference %.9g, analytic %.9g", c->u, what, fd, an);
-	free(v);
-	free(x0);
-}
-
 static void test_unit_gradients(void **state)
 {
 	(void)state;
@@ -287,49 +210,12 @@ static void test_unit_gradients(void **state)
 					       ? 1.0f + 0.3f * rng_f() : 0.3f * rng_f();
 		}
 	}
-	size_t act = (size_t)n.B * n.T * n.C;
 	for (int i = 0; i < n.B * n.T; i++) {
 		n.tok[i] = (int32_t)(rng_u64() % small_cfg.vocab);
 		n.tgt[i] = (int32_t)(rng_u64() % small_cfg.vocab);
 	}
 	net_fwd(&n); /* the real unit inputs x[u] */
-	float *r = malloc(act * sizeof(float)), *dx = malloc(act * sizeof(float));
-	for (size_t i = 0; i < act; i++)
-		r[i] = rng_f();
-	n.batch.loss_scale = 1.0f;
-	for (int u = 0; u < n.U; u++) {
-		struct fd_ctx c = {.n = &n, .u = u, .r = r};
-		int last = n.U - 1;
-		const struct st_unit_layout *ul = st_model_unit_layout(n.m, u);
-		memset(n.g[u], 0, ul->elems * sizeof(float));
-		memset(n.g[0], 0, st_model_unit_layout(n.m, 0)->elems * sizeof(float));
-		float loss = -1.0f;
-		assert_int_equal(st_model_bwd(n.m, u, &n.batch, n.p[u],
-					      u == last ? n.p[0] : NULL, n.x[u], r,
-					      u > 0 ? dx : NULL, n.g[u],
-					      u == last ? n.g[0] : NULL,
-					      u == last ? &loss : NULL, n.work,
-					      n.work_bytes), 0);
-		if (u == last) {
-			float lf;
-			assert_int_equal(st_model_fwd(n.m, u, &n.batch, n.p[u], n.p[0],
-						      n.x[u], NULL, &lf, n.work,
-						      n.work_bytes), 0);
-			assert_true(lf == loss);
-		}
-		for (int k = 0; k < ul->n_tensors; k++) {
-			const struct st_tensor_layout *t = &ul->tensors[k];
-			dir_check(&c, n.p[u] + t->offset_elems, t->n_elems,
-				  n.g[u] + t->offset_elems, t->name);
-		}
-		if (u > 0)
-			dir_check(&c, n.x[u], act, dx, "input");
-		if (u == last) /* the tie: the head's share of dwte */
-			dir_check(&c, n.p[0], st_model_unit_layout(n.m, 0)->tensors[0].n_elems,
-				  n.g[0], "tied wte");
-	}
-	free(r);
-	free(dx);
+	net_unit_gradients(&n);
 	net_fini(&n);
 }
 
