@@ -190,6 +190,10 @@ int st_family_register(const struct st_family_ops *ops);
 void st_unit_tensor_add(struct st_unit_layout *ul, struct st_tensor_layout *t,
 			const char *name, int64_t d0, int64_t d1, bool decay);
 
+/* The len digits at s (a value of --model's dims: "layers=12"), at most 9
+ * of them, as *out: 0, or -EINVAL for no digit, a non-digit or too many. */
+int st_family_parse_posint(const char *s, size_t len, int *out);
+
 /* splitmix64's finaliser: the hash of initialisation keys. */
 uint64_t st_family_mix64(uint64_t z);
 

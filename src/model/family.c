@@ -468,6 +468,21 @@ void st_unit_tensor_add(struct st_unit_layout *ul, struct st_tensor_layout *t,
 	ul->n_tensors++;
 }
 
+int st_family_parse_posint(const char *s, size_t len, int *out)
+{
+	long v = 0;
+
+	if (len == 0 || len > 9)
+		return -EINVAL;
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return -EINVAL;
+		v = v * 10 + (s[i] - '0');
+	}
+	*out = (int)v;
+	return 0;
+}
+
 uint64_t st_family_mix64(uint64_t z)
 {
 	z += 0x9e3779b97f4a7c15ull;

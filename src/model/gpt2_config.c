@@ -59,20 +59,6 @@ int st_gpt2_config_check(const struct st_model_config *c)
 	return 0;
 }
 
-static int st_parse_posint(const char *s, size_t len, int *out)
-{
-	long v = 0;
-	if (len == 0 || len > 9)
-		return -EINVAL;
-	for (size_t i = 0; i < len; i++) {
-		if (s[i] < '0' || s[i] > '9')
-			return -EINVAL;
-		v = v * 10 + (s[i] - '0');
-	}
-	*out = (int)v;
-	return 0;
-}
-
 int st_gpt2_config_parse(const char *text, struct st_model_config *out)
 {
 	static const char *keys[] = {"layers", "dim", "heads", "vocab", "ctx"};
@@ -97,7 +83,7 @@ int st_gpt2_config_parse(const char *text, struct st_model_config *out)
 		if (seen[k])
 			return st_error_set(-EINVAL, "model: key '%s' given twice in '%s'",
 					    keys[k], text);
-		if (st_parse_posint(eq + 1, item_len - key_len - 1, &vals[k]))
+		if (st_family_parse_posint(eq + 1, item_len - key_len - 1, &vals[k]))
 			return st_error_set(-EINVAL,
 					    "model: '%s' needs a positive integer, got '%.*s'",
 					    keys[k], (int)(item_len - key_len - 1), eq + 1);

@@ -160,20 +160,6 @@ static const char *const st_keys[K_COUNT] = {
 	"head-dim", "rope-theta", "tied", "bias", "eps", "rope-scaling",
 };
 
-static int st_parse_posint(const char *s, size_t len, int *out)
-{
-	long v = 0;
-	if (len == 0 || len > 9)
-		return -EINVAL;
-	for (size_t i = 0; i < len; i++) {
-		if (s[i] < '0' || s[i] > '9')
-			return -EINVAL;
-		v = v * 10 + (s[i] - '0');
-	}
-	*out = (int)v;
-	return 0;
-}
-
 static int st_parse_num(const char *s, size_t len, double *out)
 {
 	char buf[64], *end;
@@ -270,7 +256,7 @@ int st_llama_config_parse(const char *text, struct st_model_config *out)
 						    "or llama3:FACTOR:LOW:HIGH:ORIGINAL_CTX, got "
 						    "'%.*s'", (int)vlen, val);
 		} else {
-			bad = st_parse_posint(val, vlen, &vals[k]) || vals[k] < 1;
+			bad = st_family_parse_posint(val, vlen, &vals[k]) || vals[k] < 1;
 		}
 		if (bad)
 			return st_error_set(-EINVAL, "model: '%s' needs %s, got '%.*s'", st_keys[k],
