@@ -403,6 +403,26 @@ static void mpi_op_run(void *arg)
 	free(op);
 }
 
+/* One MPI call on the comm's queue: a whole collective on host memory, or
+ * a piece between the staging areas (the copies around it are queued by
+ * mpi_queue_staged). */
+static int mpi_queue_piece(struct st_comm *c, enum st_comm_kind kind, const void *send,
+			   void *recv, size_t count, enum st_comm_dtype dt, int root)
+{
+	struct mpi_op *op = malloc(sizeof(*op));
+	int ret;
+
+	if (!op)
+		return st_error_set(-ENOMEM, "mpi: out of memory queueing a collective");
+	*op = (struct mpi_op){ .c = c, .kind = kind, .send = send, .recv = recv,
+			       .count = (int)count, .bytes = count * st_comm_dtype_bytes(dt),
+			       .type = mpi_type(dt), .root = root };
+	ret = st_device_host_fn(st_comm_device(c), st_comm_queue(c), mpi_op_run, op);
+	if (ret < 0)
+		free(op);
+	return ret;
+}
+
 static int mpi_queue_staged(struct st_comm *c, enum st_comm_kind kind, const void *send,
 			    void *recv, size_t count, enum st_comm_dtype dt, int root);
 
@@ -410,8 +430,6 @@ static int mpi_queue(struct st_comm *c, enum st_comm_kind kind, const void *send
 		     size_t count, enum st_comm_dtype dt, int root)
 {
 	struct mpi_priv *p = st_comm_priv(c);
-	struct mpi_op *op;
-	int ret;
 
 	/* After a failed call the ranks' collectives no longer pair up: every
 	 * later one fails too (the first error was handed back once). */
@@ -429,16 +447,7 @@ static int mpi_queue(struct st_comm *c, enum st_comm_kind kind, const void *send
 		return st_error_set(-EOVERFLOW,
 				    "mpi %s: %zu elements per rank, MPI counts stop at %d",
 				    st_comm_kind_name(kind), count, INT_MAX);
-	op = malloc(sizeof(*op));
-	if (!op)
-		return st_error_set(-ENOMEM, "mpi: out of memory queueing a collective");
-	*op = (struct mpi_op){ .c = c, .kind = kind, .send = send, .recv = recv,
-			       .count = (int)count, .bytes = count * st_comm_dtype_bytes(dt),
-			       .type = mpi_type(dt), .root = root };
-	ret = st_device_host_fn(st_comm_device(c), st_comm_queue(c), mpi_op_run, op);
-	if (ret < 0)
-		free(op);
-	return ret;
+	return mpi_queue_piece(c, kind, send, recv, count, dt, root);
 }
 
 /* ---- staging through host memory ------------------------------------------------ */
@@ -491,25 +500,6 @@ static int mpi_h2d(struct st_comm *c, void *dev, const void *host, size_t bytes)
 {
 	return st_device_memcpy_async(st_comm_device(c), st_comm_queue(c), dev, host, bytes,
 				      ST_COPY_H2D);
-}
-
-/* One piece on the queue: the MPI call between the staging areas (the
- * copies around it are queued by mpi_queue_staged). */
-static int mpi_queue_piece(struct st_comm *c, enum st_comm_kind kind, const void *send,
-			   void *recv, size_t count, enum st_comm_dtype dt, int root)
-{
-	struct mpi_op *op = malloc(sizeof(*op));
-	int ret;
-
-	if (!op)
-		return st_error_set(-ENOMEM, "mpi: out of memory queueing a collective");
-	*op = (struct mpi_op){ .c = c, .kind = kind, .send = send, .recv = recv,
-			       .count = (int)count, .bytes = count * st_comm_dtype_bytes(dt),
-			       .type = mpi_type(dt), .root = root };
-	ret = st_device_host_fn(st_comm_device(c), st_comm_queue(c), mpi_op_run, op);
-	if (ret < 0)
-		free(op);
-	return ret;
 }
 
 /* A collective on device memory through the staging buffer: pieces of k
