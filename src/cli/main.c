@@ -432,9 +432,9 @@ static void usage(FILE *f)
 	fprintf(f,
 "usage: strata COMMAND [options]\n"
 "\n"
-"  train      train a GPT-2 family model (the default with no command)\n"
+"  train      train a GPT-2 or LLaMA family model (the default with no command)\n"
 "  plan       print where every shard would live, and the predicted step\n"
-"  generate   continue a prompt with a byte-level checkpoint\n"
+"  generate   continue a prompt from a checkpoint (text through its tokenizer)\n"
 "  eval       mean loss of a checkpoint on a data file\n"
 "  info       what strata finds on this machine, in --nvme dirs, or in a checkpoint\n"
 "  export     a checkpoint's weights for transformers (hf) or llm.c (llmc)\n"
