@@ -1100,7 +1100,12 @@ int st_cli_info(int argc, char **argv)
 			for (char *d = strtok_r(list, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
 				struct json_object *r = probe_dir(d);
 
-				bad |= !json_object_get_boolean(jobj(r, "ok"));
+				if (!json_object_get_boolean(jobj(r, "ok"))) {
+					/* the exit status's reason, where errors go too */
+					fprintf(stderr, "strata: info: --nvme %s: %s\n", d,
+						jstr(r, "error"));
+					bad = true;
+				}
 				json_object_array_add(dirs, r);
 			}
 			free(list);

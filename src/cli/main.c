@@ -388,8 +388,19 @@ static int cmd_eval(int argc, char **argv)
 			is_shard = st_dataset_format(probe) == ST_DATASET_LLMC;
 			st_dataset_close(probe);
 		}
-		if (!is_shard)
+		if (!is_shard) {
 			tk = st_cli_tokenizer(tok_path, ckpt);
+			/* as strata train reads it: a model trained on a text's
+			 * bytes is evaluated on them, but say so */
+			if (!tk)
+				st_warn("--data %s is text and --ckpt %s (vocabulary %d) has no "
+					"tokenizer.json beside it: its bytes are the ids (name a "
+					"tokenizer with --tokenizer)", data, ckpt, cfg.model.vocab);
+			else if (st_tokenizer_vocab(tk) > (uint32_t)cfg.model.vocab)
+				st_cli_die(2, "eval: the tokenizer has %u ids, more than the model's "
+					   "vocabulary of %d", st_tokenizer_vocab(tk),
+					   cfg.model.vocab);
+		}
 	}
 	if (tk) {
 		st_cli_text_shard(tk, data, shard, sizeof(shard));
@@ -404,6 +415,9 @@ static int cmd_eval(int argc, char **argv)
 		st_cli_die(2, "--data %s: fewer than B*T+1 = %d tokens", data, B * T + 1);
 	if (nb == 0)
 		nb = (int)ST_MIN(avail, 100);
+	if ((uint64_t)nb > avail) /* the loader would wrap around and count batches twice */
+		st_cli_die(2, "eval: --batches %d: --data %s holds %llu batches of %d x %d tokens",
+			   nb, data, (unsigned long long)avail, B, T);
 	cfg.batch = B;
 	cfg.seq = T;
 	cfg.bf16 = bf16;
@@ -443,18 +457,8 @@ static void usage(FILE *f)
 "strata COMMAND --help for each command's options.\n");
 }
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv, const char *cmd)
 {
-	const char *cmd = argc > 1 ? argv[1] : "train";
-
-	if (argc > 1 && (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0)) {
-		usage(stdout);
-		return 0;
-	}
-	if (strcmp(cmd, "--version") == 0) {
-		printf("strata %d.%d\n", ST_VERSION_MAJOR, ST_VERSION_MINOR);
-		return 0;
-	}
 	if (argc > 1 && cmd[0] == '-') /* flags without a command: train */
 		return st_cli_train(argc, argv);
 	if (strcmp(cmd, "train") == 0)
@@ -472,4 +476,28 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "tokenize") == 0)
 		return st_cli_tokenize(argc - 1, argv + 1);
 	st_cli_die(2, "unknown command %s (see strata --help)", cmd);
+}
+
+int main(int argc, char **argv)
+{
+	const char *cmd = argc > 1 ? argv[1] : "train";
+	int rc;
+
+	if (argc > 1 && (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0)) {
+		usage(stdout);
+		return 0;
+	}
+	if (strcmp(cmd, "--version") == 0) {
+		printf("strata %d.%d\n", ST_VERSION_MAJOR, ST_VERSION_MINOR);
+		return 0;
+	}
+	rc = dispatch(argc, argv, cmd);
+	/* what every command printed: a full disk or a closed pipe under
+	 * stdout is a failure, not a success with nothing in the file */
+	errno = 0;
+	if (fflush(stdout) != 0 || ferror(stdout))
+		/* stdio keeps no errno of an earlier failed write, only its flag */
+		st_cli_die(1, "%s: cannot write the output: %s", cmd[0] == '-' ? "train" : cmd,
+			   errno ? strerror(errno) : "an earlier write to it failed");
+	return rc;
 }

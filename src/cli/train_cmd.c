@@ -357,6 +357,18 @@ static const char *last_ckpt(const char *save, char *buf, size_t bytes)
 	return buf;
 }
 
+/* Whether paths a and b name one file: the same text, or, when both exist,
+ * the same inode. */
+static bool same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+
+	if (strcmp(a, b) == 0)
+		return true;
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+	       sa.st_ino == sb.st_ino;
+}
+
 /* A number of a --metrics line: JSON has no NaN or Inf, so one that is
  * not finite is null and its key goes into the line's "nonfinite" list. */
 static void metric(FILE *f, const char *key, const char *fmt, double v, char *nonfinite,
@@ -687,7 +699,7 @@ int st_cli_train(int argc, char **argv)
 	const char *nvme = DEFAULT_NVME;
 	int shuffle = 1, threads = 0, log_every = 1, save_every = 0, keep = 3, c;
 	int max_skipped = 10, skipped_in_row = 0;
-	bool want_metrics = false, accum_auto = false;
+	bool want_metrics = false, accum_auto = false, keep_given = false;
 	const char *rates_file = NULL, *refresh = NULL;
 	double rf_busy[ST_LANE_COUNT] = { 0 }, rf_bytes[ST_LANE_COUNT] = { 0 };
 	double rf_nvme = 0;
@@ -795,7 +807,10 @@ int st_cli_train(int argc, char **argv)
 		case 'Q': ec.aio_depth = (unsigned)st_cli_long("--aio-depth", optarg, 1, 4096); break;
 		case 'X': trace_path = optarg; break;
 		case 'E': save_every = (int)st_cli_long("--save-every", optarg, 1, 1 << 30); break;
-		case 'k': keep = (int)st_cli_long("--keep", optarg, 0, 1 << 20); break;
+		case 'k':
+			keep = (int)st_cli_long("--keep", optarg, 0, 1 << 20);
+			keep_given = true;
+			break;
 		case 1000:
 			ec.ckpt_shard_bytes = st_cli_size("--shard-size", optarg);
 			break;
@@ -840,18 +855,22 @@ int st_cli_train(int argc, char **argv)
 		struct st_weights *w;
 		struct st_model_config gc;
 
-		if (st_weights_open(init, &w) == 0) {
-			if (st_weights_config(w, &gc) == 0) {
-				char dims[480];
+		/* what cannot be read is said now, not as a misfit of the
+		 * default model later */
+		ret = st_weights_open(init, &w);
+		if (ret < 0)
+			st_cli_die(st_cli_input_exit(ret), "--init %s: %s", init,
+				   st_cli_unprefix(st_error_last(), init));
+		if (st_weights_config(w, &gc) == 0) {
+			char dims[480];
 
-				cfg->model = gc;
-				snprintf(init_model, sizeof(init_model), "%s:%s",
-					 st_model_config_family(&gc)->name,
-					 st_model_config_format(&gc, dims, sizeof(dims)));
-				model_text = init_model;
-			}
-			st_weights_close(w);
+			cfg->model = gc;
+			snprintf(init_model, sizeof(init_model), "%s:%s",
+				 st_model_config_family(&gc)->name,
+				 st_model_config_format(&gc, dims, sizeof(dims)));
+			model_text = init_model;
 		}
+		st_weights_close(w);
 	}
 	if (cfg->seq > cfg->model.ctx)
 		st_cli_die(2, "--seq %d is longer than the model's context of %d", cfg->seq,
@@ -867,6 +886,11 @@ int st_cli_train(int argc, char **argv)
 		train_accum_auto(&ec);
 	if (save_every && !save)
 		st_cli_die(2, "--save-every needs --save DIR");
+	if (keep_given && !save)
+		st_cli_die(2, "--keep needs --save DIR (it prunes the checkpoints there)");
+	if (metrics && trace_path && same_file(metrics, trace_path))
+		st_cli_die(2, "--metrics and --trace are both %s: give each a file of its own",
+			   metrics);
 	if (save) {
 		struct stat st;
 
@@ -879,6 +903,16 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(2, "--init and --resume do not go together");
 	set_threads_cli(threads);
 	ds = st_cli_open_data(data, cfg->model.vocab);
+	if (init && cfg->model.vocab != 256 && st_dataset_format(ds) == ST_DATASET_BYTES) {
+		char tdir[4096];
+
+		/* a model that ships a tokenizer, fed the text's bytes as ids:
+		 * a fine-tune on noise */
+		if (st_cli_tokenizer_dir(init, tdir, sizeof(tdir)))
+			st_cli_die(2, "--data %s is text, and --init %s has a tokenizer: train on "
+				   "its ids (strata tokenize --tokenizer %s --out FILE.bin %s)",
+				   data, init, tdir, data);
+	}
 	lc = (struct st_loader_config){ .batch = (uint32_t)cfg->batch, .seq = (uint32_t)cfg->seq,
 					.shuffle = shuffle, .seed = cfg->seed,
 					.split = ST_SPLIT_ALL };
@@ -1141,7 +1175,8 @@ int st_cli_train(int argc, char **argv)
 			if (ec.world > 1) /* closes busy_s */
 				zero_metrics(mf, &cs0, &cs1, rank_peaks, ec.world);
 			fprintf(mf, ec.world > 1 ? "}\n" : "}}\n");
-			fflush(mf);
+			if (fflush(mf) != 0 || ferror(mf))
+				st_cli_die(1, "--metrics %s: %s", metrics, strerror(errno));
 		}
 		fflush(stdout);
 		/* A stop that came during a step which began the next one saves

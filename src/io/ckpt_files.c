@@ -1266,6 +1266,7 @@ int st_ckpt_resolve(const char *path, char **out)
 	size_t n;
 	ssize_t len;
 	char *link;
+	bool dangling = false;
 	int err;
 
 	*out = NULL;
@@ -1291,8 +1292,7 @@ int st_ckpt_resolve(const char *path, char **out)
 		/* latest names a directory that is gone (a crash while a step
 		 * was saved again without RENAME_EXCHANGE): take the newest
 		 * one there is, as without latest. */
-		st_warn("%s/" ST_CKPT_LATEST " names %s, which is missing: taking the newest "
-			"step-N directory", path, target);
+		dangling = true;
 		free(*out);
 		*out = NULL;
 	}
@@ -1305,9 +1305,16 @@ int st_ckpt_resolve(const char *path, char **out)
 		if (st_ckpt_exists(path, steps[i].name, true))
 			*out = st_ckpt_fmt("%s/%s", path, steps[i].name);
 	st_ckpt_list_free(steps, n);
+	if (!*out && dangling)
+		return st_error_set(-ENOENT, "%s: no checkpoint here ('" ST_CKPT_LATEST "' names "
+				    "%s, which is missing, and there is no other step-N "
+				    "directory)", path, target);
 	if (!*out)
 		return st_error_set(-ENOENT, "%s: no checkpoint here (no "
 				    "trainer.json, no '" ST_CKPT_LATEST "' link, "
 				    "no step-N directory)", path);
+	if (dangling)
+		st_warn("%s/" ST_CKPT_LATEST " names %s, which is missing: taking the newest "
+			"step-N directory, %s", path, target, *out);
 	return 0;
 }

@@ -44,6 +44,15 @@ check eval-no-data 2 "$strata" eval --ckpt "$work/nope"
 [ ! -e "$work/never" ] || { echo "FAIL bad input wrote --save"; fail=1; }
 # bad input found after the trace is open and --save is made: neither stays
 check resume-missing 2 "$strata" train $M --data "$data" --resume "$work/nope" --trace "$work/tr.json"
+# --init is read before anything else: its own failure, not a misfit of the
+# default model with the data
+check init-missing 2 "$strata" train --init "$work/nope" --data "$data"
+grep -q -- "--init $work/nope" "$work/err" || { echo "FAIL init-missing: $(cat "$work/err")"; fail=1; }
+check keep-no-save 2 "$strata" train $M --data "$data" --keep 2
+check metrics-is-trace 2 "$strata" train $M --data "$data" --metrics "$work/mt.json" \
+	--trace "$work/mt.json"
+[ -e "$work/mt.json" ] && { echo "FAIL metrics-is-trace left $work/mt.json"; fail=1; }
+check metrics-full 1 "$strata" train $M --data "$data" --steps 2 --metrics /dev/full
 check metrics-unwritable 2 "$strata" train $M --data "$data" --save "$work/never/a/b" \
 	--metrics "$work/nodir/m.jsonl" --trace "$work/tr.json"
 left=$(ls "$work" | grep -e '^tr\.json' -e '^never$')
@@ -113,6 +122,13 @@ e1=$(cat "$work/out")
 check eval-reloaded 0 "$strata" eval --ckpt "$work/ck2" --data "$data" --batch 2 --seq 32 --batches 3
 [ "$e1" = "$(cat "$work/out")" ] || { echo "FAIL reloaded checkpoint evaluates differently: $e1 / $(cat "$work/out")"; fail=1; }
 cmp -s "$work/ck/latest/model.safetensors" "$work/ck2/latest/model.safetensors" || { echo "FAIL save(load(ck)) != ck"; fail=1; }
+# more batches than the data holds would wrap around and count some twice
+check eval-past-the-data 2 "$strata" eval --ckpt "$work/ck" --data "$data" --batch 2 --seq 32 \
+	--batches 100000
+# a full disk under stdout is exit 1, never a success with an empty file
+check eval-stdout-full 1 sh -c "\"\$0\" eval --ckpt '$work/ck' --data '$data' --batch 2 \
+	--seq 32 --batches 1 >/dev/full" "$strata"
+check plan-json-stdout-full 1 sh -c "\"\$0\" plan $M --json >/dev/full" "$strata"
 check generate 0 "$strata" generate --ckpt "$work/ck" --prompt "the " --tokens 20 --seed 1
 [ "$(head -c 4 "$work/out")" = "the " ] || { echo "FAIL generate output"; fail=1; }
 g1=$(cat "$work/out")

@@ -126,6 +126,10 @@ for f in ("tokenizer.json", "tokenizer_config.json"):
     assert open(f"{out}/{f}", "rb").read() == open(f"{src}/{f}", "rb").read(), f
 print(f"ok   the {arch} export: {sorted(os.listdir(out))}")
 PY
+# the text itself, not its ids, beside a model with a tokenizer: refused,
+# naming strata tokenize
+check "$tok-init-text" 2 "$strata" train --init "$w/ck" "${run[@]}" --data "$my" --steps 1
+grep -q "strata tokenize --tokenizer" "$work/err" || { echo "FAIL init-text: $(cat "$work/err")"; fail=1; }
 check "$tok-init-ck" 0 "$strata" train --init "$w/ck" "${run[@]}" --steps 1 --metrics "$w/a.jsonl"
 check "$tok-init-export" 0 "$strata" train --init "$w/out2" "${run[@]}" --steps 1 --metrics "$w/b.jsonl"
 a=$(first "$w/a.jsonl" loss) b=$(first "$w/b.jsonl" loss)

@@ -26,6 +26,15 @@ check nvme-missing 2 "$strata" info --nvme "$work/nope"
 check ckpt-missing 2 "$strata" info --ckpt "$work/nope"
 mkdir "$work/empty"
 check ckpt-empty 2 "$strata" info --ckpt "$work/empty"
+# a latest that names a directory that is gone, and no other step-N: one
+# line that says so, not a warning before a "no latest link"
+mkdir "$work/dangling" && ln -s step-000002 "$work/dangling/latest"
+check ckpt-dangling 2 "$strata" info --ckpt "$work/dangling"
+grep -q "'latest' names step-000002, which is missing" "$work/err" ||
+	{ echo "FAIL ckpt-dangling: $(cat "$work/err")"; fail=1; }
+# an nvme dir that cannot be used: exit 1, and why on stderr as well
+check nvme-unusable 1 "$strata" info --nvme /proc
+grep -q "info: --nvme /proc: " "$work/err" || { echo "FAIL nvme-unusable: stderr empty"; fail=1; }
 
 # --- the machine --------------------------------------------------------------
 mkdir "$work/d1" "$work/d2"
