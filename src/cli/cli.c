@@ -174,6 +174,22 @@ struct st_dataset *st_cli_open_data(const char *path, int vocab)
 	return ds;
 }
 
+void st_cli_progress(struct st_cli_progress *p, const char *what, double done, double total,
+		     const char *unit)
+{
+	const char *q = getenv("ST_QUIET");
+	uint64_t now = st_now_ns();
+	char eta[32];
+
+	if (!p->t0)
+		p->t0 = p->last = now;
+	if ((q && *q && strcmp(q, "0") != 0) || now - p->last < 2000000000ull || done <= 0)
+		return;
+	p->last = now;
+	fprintf(stderr, "%s: %.0f of %.0f %s, ETA %s\n", what, done, total, unit,
+		st_cli_eta((double)(now - p->t0) / 1e9 * (total - done) / done, eta, sizeof(eta)));
+}
+
 const char *st_cli_eta(double s, char *buf, size_t n)
 {
 	if (!isfinite(s) || s < 0)

@@ -48,6 +48,16 @@ struct st_dataset *st_cli_open_data(const char *path, int vocab);
 /* "12s", "3m04s", "2h05m" */
 const char *st_cli_eta(double seconds, char *buf, size_t n);
 
+/* Progress of long work on stderr: st_cli_progress(&p, "eval", done,
+ * total, "batches") prints "eval: 12 of 100 batches, ETA 1m05s" at most
+ * every 2 s, from 2 s after the first call (p zeroed before it); nothing
+ * under ST_QUIET. */
+struct st_cli_progress {
+	uint64_t t0, last;
+};
+void st_cli_progress(struct st_cli_progress *p, const char *what, double done, double total,
+		     const char *unit);
+
 /* `strata plan --calibrate FILE` (src/cli/calibrate.c): measure this
  * machine's rates for the plan input in (its model, B and T) on device
  * ("cpu" or "cuda"): compute, pinned copies, AdamW, and the nvme (from

@@ -210,6 +210,8 @@ struct hf_fill {
 	bool bf16;
 	size_t cached; /* index of the tensor in f32, or SIZE_MAX */
 	float *f32;
+	size_t n; /* tensors */
+	struct st_cli_progress progress;
 };
 
 static int hf_fill(void *ctx, size_t ti, uint64_t off, void *buf, size_t len)
@@ -223,6 +225,7 @@ static int hf_fill(void *ctx, size_t ti, uint64_t off, void *buf, size_t len)
 		if (ret < 0)
 			return ret; /* the writer removes its temporary, then we die */
 		h->cached = ti;
+		st_cli_progress(&h->progress, "export", (double)ti + 1, (double)h->n, "tensors");
 	}
 	if (!h->bf16) {
 		memcpy(buf, (const char *)h->f32 + off, len);
@@ -277,6 +280,7 @@ static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc
 		params += t[i].shape[0] * t[i].shape[1];
 	}
 	h.t = t;
+	h.n = n;
 	snprintf(p, sizeof(p), "%.4000s.tmp.%ld", out, (long)getpid());
 	block_signals(true); /* the directory is ours to remove from its first instant */
 	if (mkdir(p, 0755) < 0) {
@@ -374,6 +378,9 @@ static uint64_t export_llmc(struct st_weights *w, const struct st_model_config *
 	block_signals(false);
 	if (st_file_atomic_write(&f, header, sizeof(header)) < 0)
 		st_cli_die(1, "%s", st_error_last());
+	struct st_cli_progress pr = { 0 };
+	size_t done = 0;
+
 	for (int g = 0; g < ST_LLMC_KINDS; g++) {
 		int layers = st_llmc_kinds[g].per_layer ? gc->n_layer : 1;
 
@@ -403,6 +410,7 @@ static uint64_t export_llmc(struct st_weights *w, const struct st_model_config *
 				llmc_write(&f, a, n_file, bf16, h16);
 			}
 			params += t.shape[0] * t.shape[1];
+			st_cli_progress(&pr, "export", (double)++done, (double)n_all, "tensors");
 		}
 	}
 	block_signals(true); /* fsync, close, rename: then the file is PATH's */

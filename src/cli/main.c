@@ -430,8 +430,20 @@ static int cmd_eval(int argc, char **argv)
 	if (st_trainer_set_precision(t, compute) < 0)
 		st_cli_die(2, "%s", st_error_last());
 	load_ckpt(t, w, ckpt);
-	if (st_trainer_eval(t, &ld, nb, &loss) < 0)
-		st_cli_die(1, "%s", st_error_last());
+	{
+		/* batch by batch, for the progress: the same sum, in the same
+		 * order, as st_trainer_eval over all nb */
+		struct st_cli_progress pr = { 0 };
+		double sum = 0, l;
+
+		for (int i = 0; i < nb; i++) {
+			if (st_trainer_eval(t, &ld, 1, &l) < 0)
+				st_cli_die(1, "%s", st_error_last());
+			sum += l;
+			st_cli_progress(&pr, "eval", i + 1, nb, "batches");
+		}
+		loss = sum / nb;
+	}
 	if (!isfinite(loss)) /* finite weights whose forward overflows */
 		st_cli_die(1, "eval: --ckpt %s: the loss over %d batches is %s: the model's values "
 			   "are not finite (it overflows)", ckpt, nb, isnan(loss) ? "nan" : "inf");
