@@ -73,7 +73,7 @@ static void train_usage(FILE *f)
 "                                         AdamW on the device, W in vram too)\n"
 "  --offload-activations auto|vram|host   activation checkpoints' home (default\n"
 "                       auto: vram when the budget holds them, else host)\n"
-"  --prefetch N         units fetched ahead (default: as many as the budget allows)\n"
+"  --prefetch N         units fetched ahead (0, the default: as many as the budget allows)\n"
 "  --recompute auto|all|none  which blocks' backward recomputes their forward: all\n"
 "                       (the least vram), none (every block keeps its forward in vram;\n"
 "                       exit 2 when it does not fit), auto (default: as many as the vram\n"
@@ -795,7 +795,7 @@ int st_cli_train(int argc, char **argv)
 		case 'P': ec.params = st_cli_offload("--offload-params", optarg, true); break;
 		case 'O': ec.optim = st_cli_offload("--offload-optim", optarg, false); break;
 		case 1002: ec.activations = st_cli_offload_act(optarg); break;
-		case 'F': ec.prefetch = (int)st_cli_long("--prefetch", optarg, 1, 1 << 16); break;
+		case 'F': ec.prefetch = (int)st_cli_long("--prefetch", optarg, 0, 1 << 16); break;
 		case 'K': {
 			uint64_t b = st_cli_size("--aio-block", optarg);
 
