@@ -636,8 +636,10 @@ void st_cli_calibrate(const struct st_plan_input *in, const char *device,
 		struct st_file_atomic f;
 
 		ret = st_file_atomic_open(&f, file);
-		if (ret < 0)
-			st_cli_die(1, "--calibrate %s: %s", file, strerror(-ret));
+		if (ret < 0) /* a path that cannot be, as export's --out: bad input */
+			st_cli_die(ret == -ENOENT || ret == -EACCES || ret == -ENOTDIR ||
+				   ret == -EROFS ? 2 : 1, "--calibrate %s: %s", file,
+				   strerror(-ret));
 		st_file_atomic_abort(&f);
 	}
 	/* one block's buffers and the copies' buffer, with room to spare */

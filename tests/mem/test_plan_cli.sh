@@ -270,7 +270,7 @@ import json, sys
 f = json.load(open(sys.argv[1]))
 assert f['nvme_read_bps'] == 3.25e9 and f['nvme_write_bps'] == 2.5e9, f
 " "$work/rates2.json" || { echo "FAIL calibrate-bench: nvme-bench's rates not kept"; fail=1; }
-check calibrate-no-dir 1 "$plan" plan $M --calibrate "$work/nope/rates.json"
+check calibrate-no-dir 2 "$plan" plan $M --calibrate "$work/nope/rates.json"
 expect_err calibrate-no-dir "$work/nope/rates.json"
 expect_err calibrate-no-dir "No such file or directory"
 check calibrate-bad-bench 2 "$plan" plan $M --nvme-bench "$work/bad.json" --calibrate "$work/rates3.json"
