@@ -63,4 +63,13 @@ int st_file_pread_full(int fd, void *buf, size_t bytes, uint64_t off,
 int st_file_read_small(const char *path, size_t max_bytes, char **out,
 		       size_t *out_bytes);
 
+struct json_object;
+
+/* Read the JSON object in the regular file at path (at most max_bytes),
+ * parsed with json-c, into *out (the caller puts it). Returns 0, -errno
+ * naming the file when it cannot be read, or -EINVAL with one line: "not
+ * JSON (line N: the file is empty / ends inside a value / text after the
+ * value / json-c's reason)", or "not a JSON object". */
+int st_file_read_json(const char *path, size_t max_bytes, struct json_object **out);
+
 #endif

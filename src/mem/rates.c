@@ -63,23 +63,14 @@ void st_plan_rates_merge(struct st_plan_rates *dst, const struct st_plan_rates *
 	}
 }
 
-/* The JSON text of path: -errno naming the file when it cannot be read,
- * -EINVAL with json-c's reason (one line) when it is not JSON. */
+/* A rates or nvme-bench file is a few hundred bytes; refuse anything absurd. */
+#define ST_RATES_MAX_BYTES (1u << 20)
+
+/* The JSON object of path (strata/file.h): -errno naming the file when it
+ * cannot be read, -EINVAL in one line when it is not a JSON object. */
 static int json_load(const char *path, json_object **root)
 {
-	char why[160];
-	FILE *f;
-
-	*root = json_object_from_file(path);
-	if (*root)
-		return 0;
-	f = fopen(path, "r");
-	if (!f)
-		return st_error_set(-errno, "%s: %s", path, strerror(errno));
-	fclose(f);
-	snprintf(why, sizeof(why), "%s", json_util_get_last_err());
-	why[strcspn(why, "\n")] = 0;
-	return st_error_set(-EINVAL, "%s: not JSON (%s)", path, why);
+	return st_file_read_json(path, ST_RATES_MAX_BYTES, root);
 }
 
 int st_plan_rates_read(const char *path, struct st_plan_rates *out)
@@ -93,11 +84,6 @@ int st_plan_rates_read(const char *path, struct st_plan_rates *out)
 	ret = json_load(path, &root);
 	if (ret < 0)
 		return ret;
-	if (!json_object_is_type(root, json_type_object)) {
-		json_object_put(root);
-		return st_error_set(-EINVAL, "%s: not a JSON object (write it with strata plan "
-				    "--calibrate)", path);
-	}
 	if (!json_object_object_get_ex(root, "strata_rates", &v) ||
 	    !json_object_is_type(v, json_type_int) || json_object_get_int(v) != ST_RATES_FORMAT) {
 		json_object_put(root);

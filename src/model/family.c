@@ -319,38 +319,7 @@ int st_model_config_parse(const char *text, struct st_model_config *out)
 
 static int st_json_read(const char *path, struct json_object **out)
 {
-	struct json_tokener *tok;
-	struct json_object *root;
-	enum json_tokener_error jerr;
-	size_t bytes;
-	char *text;
-	int err;
-
-	err = st_file_read_small(path, ST_CONFIG_MAX_BYTES, &text, &bytes);
-	if (err)
-		return err;
-	tok = json_tokener_new();
-	if (!tok) {
-		free(text);
-		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	}
-	root = json_tokener_parse_ex(tok, text, (int)bytes);
-	jerr = json_tokener_get_error(tok);
-	json_tokener_free(tok);
-	free(text);
-	if (!root || jerr != json_tokener_success) {
-		json_object_put(root);
-		return st_error_set(-EINVAL, "%s: not valid JSON: %s", path,
-				    jerr == json_tokener_continue ?
-				    "unexpected end of data" :
-				    json_tokener_error_desc(jerr));
-	}
-	if (!json_object_is_type(root, json_type_object)) {
-		json_object_put(root);
-		return st_error_set(-EINVAL, "%s: not a JSON object", path);
-	}
-	*out = root;
-	return 0;
+	return st_file_read_json(path, ST_CONFIG_MAX_BYTES, out);
 }
 
 /* root's family: model_type, else the first architecture, else the first. */

@@ -20,63 +20,11 @@ static const char gpt2_pattern[] =
 
 /* --- reading -------------------------------------------------------------------- */
 
-/* Parse the JSON file at path. Returns 0, -ENOENT, -EINVAL (with the line
- * json-c stopped at), -ENOMEM or the errno of reading. */
+/* The JSON object of the file at path (strata/file.h: 0, -ENOENT, -EINVAL
+ * naming the line json-c stopped at, -ENOMEM or the errno of reading). */
 static int read_json(const char *path, struct json_object **out)
 {
-	struct json_tokener *tk;
-	uint64_t bytes;
-	char *buf;
-	int fd, ret;
-
-	*out = NULL;
-	if ((ret = st_file_open_regular(path, &fd, &bytes)))
-		return ret;
-	if (bytes > (1ull << 31)) {
-		close(fd);
-		return st_error_set(-EINVAL, "%s: %llu bytes is too large for a tokenizer file",
-				    path, (unsigned long long)bytes);
-	}
-	buf = malloc(bytes + 1);
-	if (!buf) {
-		close(fd);
-		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	}
-	ret = st_file_pread_full(fd, buf, bytes, 0, path);
-	close(fd);
-	if (ret) {
-		free(buf);
-		return ret;
-	}
-	buf[bytes] = 0;
-	tk = json_tokener_new_ex(64);
-	if (!tk) {
-		free(buf);
-		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	}
-	*out = json_tokener_parse_ex(tk, buf, (int)bytes);
-	if (!*out || json_tokener_get_error(tk) != json_tokener_success ||
-	    (size_t)json_tokener_get_parse_end(tk) < bytes) {
-		size_t at = json_tokener_get_parse_end(tk), line = 1;
-
-		for (size_t i = 0; i < at && i < bytes; i++)
-			line += buf[i] == '\n';
-		enum json_tokener_error e = json_tokener_get_error(tk);
-
-		ret = st_error_set(-EINVAL, "%s: not JSON (line %zu: %s)", path, line,
-				   *out ? "text after the value"
-				   : e == json_tokener_continue ? "the file ends inside a value"
-								: json_tokener_error_desc(e));
-		json_object_put(*out);
-		*out = NULL;
-	} else if (!json_object_is_type(*out, json_type_object)) {
-		ret = st_error_set(-EINVAL, "%s: not a JSON object", path);
-		json_object_put(*out);
-		*out = NULL;
-	}
-	json_tokener_free(tk);
-	free(buf);
-	return ret;
+	return st_file_read_json(path, (size_t)1 << 31, out);
 }
 
 static struct json_object *get(struct json_object *o, const char *key)

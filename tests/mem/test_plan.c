@@ -1145,6 +1145,9 @@ static void test_rates_file(void **state)
 	{
 		static const struct { const char *text, *says; } bad[] = {
 			{ "not json", "not JSON" },
+			{ "", "not JSON (line 1: the file is empty)" },
+			{ "{\"strata_rates\": 1,\n", "not JSON (line 2: the file ends inside a value)" },
+			{ "{} x", "not JSON (line 1: text after the value)" },
 			{ "[1]", "not a JSON object" },
 			{ "{\"compute_flops\": 1}", "strata_rates" },
 			{ "{\"strata_rates\": 2, \"compute_flops\": 1}", "strata_rates" },
