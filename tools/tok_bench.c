@@ -12,9 +12,12 @@
 #include "strata/tokenizer.h"
 #include "bench_stats.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* CPU time of this thread: what one core spent, whatever else the
@@ -46,22 +49,41 @@ int main(int argc, char **argv)
 		if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc) {
 			dir = argv[++i];
 		} else if (strcmp(argv[i], "--passes") == 0 && i + 1 < argc) {
-			passes = atoi(argv[++i]);
+			char *end;
+			long v;
+
+			errno = 0;
+			v = strtol(argv[++i], &end, 10);
+			if (errno || end == argv[i] || *end || v < 1 || v > INT_MAX) {
+				fprintf(stderr, "tok-bench-c: bad --passes %s (a whole number, 1 or more)\n",
+					argv[i]);
+				return 2;
+			}
+			passes = (int)v;
 		} else if (argv[i][0] == '-') {
 			fprintf(stderr, "tok-bench-c: unknown option %s\n", argv[i]);
 			return 2;
 		} else {
 			FILE *f = fopen(argv[i], "rb");
+			struct stat sb;
 			long n;
 
+			if (f && fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+				fclose(f);
+				f = NULL;
+				errno = EISDIR;
+			}
 			if (!f || fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0) {
-				fprintf(stderr, "tok-bench-c: %s: cannot read\n", argv[i]);
+				fprintf(stderr, "tok-bench-c: %s: cannot read (%s)\n", argv[i],
+					strerror(errno));
 				return 2;
 			}
 			rewind(f);
+			errno = 0;
 			text[nf] = malloc((size_t)n + 1);
 			if (!text[nf] || fread(text[nf], 1, (size_t)n, f) != (size_t)n) {
-				fprintf(stderr, "tok-bench-c: %s: cannot read\n", argv[i]);
+				fprintf(stderr, "tok-bench-c: %s: cannot read (%s)\n", argv[i],
+					strerror(errno ? errno : EIO));
 				return 2;
 			}
 			fclose(f);
@@ -69,7 +91,7 @@ int main(int argc, char **argv)
 			bytes += (size_t)n;
 		}
 	}
-	if (!dir || !nf || passes < 1) {
+	if (!dir || !nf) {
 		fprintf(stderr, "tok-bench-c: --tokenizer DIR and a FILE are required\n");
 		return 2;
 	}

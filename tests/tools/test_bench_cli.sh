@@ -116,6 +116,15 @@ for tool in "$@"; do
 		    fi ;;
 	host-waits-bench) check "host-waits-bench --rounds 0" 2 "$tool" --rounds 0
 			  check "host-waits-bench --params gpu" 2 "$tool" --params gpu ;;
+	tok-bench-c) # refused as such, not as a missing tokenizer (x) after a run
+		     for n in abc 0 -1 1e99 10Q; do
+			     check "tok-bench-c --passes $n" 2 "$tool" --tokenizer x --passes $n /dev/null
+			     grep -q "bad --passes $n" /tmp/bench-cli-err.$$ ||
+				     { echo "FAIL tok-bench-c --passes $n: not named"; fail=1; }
+		     done
+		     check "tok-bench-c a missing file" 2 "$tool" --tokenizer x /nonexistent
+		     grep -q "No such file" /tmp/bench-cli-err.$$ ||
+			     { echo "FAIL tok-bench-c a missing file: no errno text"; fail=1; } ;;
 	trace-gaps) check "trace-gaps --min-us -1" 2 "$tool" --min-us -1 x.json ;;
 	esac
 done
