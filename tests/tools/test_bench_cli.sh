@@ -99,7 +99,21 @@ for tool in "$@"; do
 		  check "ab-bench --old missing" 2 "$tool" --old /nonexistent --new /nonexistent
 		  check "ab-bench --rounds 0" 2 "$tool" --old /tmp --new /tmp --rounds 0
 		  check "ab-bench --train-only, no train-bench" 2 "$tool" --old /tmp --new /tmp \
-			--train-only ;;
+			--train-only
+		  # a build whose train-bench writes a fixed JSON: --json's directory
+		  # checked before the rounds, a file that cannot be written one line
+		  d=$(mktemp -d)
+		  mkdir "$d/tools"
+		  printf '%s\n' '#!/bin/sh' 'while [ $# -gt 1 ]; do [ "$1" = --json ] && j=$2; shift; done' \
+			 'echo "{\"step_s_median\": 1, \"ratio\": 1}" >"$j"' >"$d/tools/train-bench"
+		  chmod +x "$d/tools/train-bench"
+		  check "ab-bench --json in a missing directory" 2 "$tool" --old "$d" --new "$d" \
+			--train-only --rounds 1 --json /nonexistent/ab.json
+		  check "ab-bench --json unwritable" 1 "$tool" --old "$d" --new "$d" --train-only \
+			--rounds 1 --json /proc/ab.json
+		  grep -q "^ab-bench: /proc/ab.json: cannot write" /tmp/bench-cli-err.$$ ||
+			  { echo "FAIL ab-bench --json unwritable: no one-line message"; fail=1; }
+		  rm -rf "$d" ;;
 	fingerprint) check "fingerprint --strata missing" 2 "$tool" --strata /nonexistent ;;
 	attn-bench) check "attn-bench --rounds 0" 2 "$tool" --rounds 0 ;;
 	attn-sdpa) check "attn-sdpa --iters 0" 2 "$tool" --iters 0
@@ -115,7 +129,30 @@ for tool in "$@"; do
 			    echo "FAIL copy-bench --sizes 4K,64K: $out"; fail=1
 		    fi ;;
 	host-waits-bench) check "host-waits-bench --rounds 0" 2 "$tool" --rounds 0
-			  check "host-waits-bench --params gpu" 2 "$tool" --params gpu ;;
+			  check "host-waits-bench --params gpu" 2 "$tool" --params gpu
+			  check "host-waits-bench --strata a directory" 2 "$tool" --strata / \
+				--rounds 1 --steps 2 ;;
+	tok-bench) check "tok-bench --rounds abc" 2 "$tool" --rounds abc
+		   check "tok-bench --rounds 0" 2 "$tool" --rounds 0
+		   check "tok-bench --tokenizers nosuch" 2 "$tool" --tokenizers nosuch
+		   check "tok-bench --text missing" 2 "$tool" --text /nonexistent ;;
+	predict-bench) for n in abc 0; do # refused as such, from any directory
+			       check "predict-bench --rounds $n" 2 "$tool" --rounds $n
+			       grep -q -- "--rounds $n" /tmp/bench-cli-err.$$ ||
+				       { echo "FAIL predict-bench --rounds $n: not named"; fail=1; }
+		       done
+		       check "predict-bench --steps x" 2 "$tool" --steps x ;;
+	nvme-vs-fio) check "nvme-vs-fio --size abc" 2 "$tool" --dir /tmp --size abc
+		     check "nvme-vs-fio --time -1" 2 "$tool" --dir /tmp --time -1
+		     check "nvme-vs-fio --bs 3000" 2 "$tool" --dir /tmp --bs 3000
+		     check "nvme-vs-fio --reps x" 2 "$tool" --dir /tmp --reps x
+		     check "nvme-vs-fio --json in a missing directory" 2 "$tool" --dir /tmp \
+			   --json /nonexistent/n.json ;;
+	zero-bench) check "zero-bench --model bogus" 2 "$tool" --model bogus --worlds 1 \
+			  --stages 0 --rounds 1 --steps 2
+		    check "zero-bench --json in a missing directory" 2 "$tool" --worlds 1 \
+			  --stages 0 --rounds 1 --steps 2 --json /nonexistent/z.json ;;
+	count-refusals) check "count-refusals with an argument" 2 "$tool" tests ;;
 	tok-bench-c) # refused as such, not as a missing tokenizer (x) after a run
 		     for n in abc 0 -1 1e99 10Q; do
 			     check "tok-bench-c --passes $n" 2 "$tool" --tokenizer x --passes $n /dev/null
