@@ -152,6 +152,26 @@ for tool in "$@"; do
 			  --stages 0 --rounds 1 --steps 2
 		    check "zero-bench --json in a missing directory" 2 "$tool" --worlds 1 \
 			  --stages 0 --rounds 1 --steps 2 --json /nonexistent/z.json ;;
+	plan-timeline) # its SVG gets the mode open() gives (0666 less the umask), not
+		       # its temporary's 0600
+		       d=$(mktemp -d)
+		       echo '{"time": {"step_s": 0.001, "compute_s": 0.0005}}' >"$d/plan.json"
+		       echo '{"traceEvents": [{"ph": "M", "name": "thread_name", "tid": 1,
+			     "args": {"name": "compute"}}, {"ph": "X", "tid": 1, "name": "fwd embed",
+			     "ts": 0, "dur": 100}, {"ph": "X", "tid": 1, "name": "fwd embed",
+			     "ts": 1000, "dur": 100}]}' >"$d/trace.json"
+		       for m in 022:644 027:640; do
+			       (umask "${m%:*}" && "$tool" --plan "$d/plan.json" --trace "$d/trace.json" \
+					--out "$d/t.svg" 2>/dev/null)
+			       if [ "$(stat -c %a "$d/t.svg" 2>&1)" = "${m#*:}" ]; then
+				       echo "ok   plan-timeline: umask ${m%:*}, its SVG ${m#*:}"
+			       else
+				       echo "FAIL plan-timeline: umask ${m%:*}: $(stat -c %a "$d/t.svg" 2>&1)"
+				       fail=1
+			       fi
+			       rm -f "$d/t.svg"
+		       done
+		       rm -rf "$d" ;;
 	count-refusals) check "count-refusals with an argument" 2 "$tool" tests ;;
 	tok-bench-c) # refused as such, not as a missing tokenizer (x) after a run
 		     for n in abc 0 -1 1e99 10Q; do
@@ -162,7 +182,9 @@ for tool in "$@"; do
 		     check "tok-bench-c a missing file" 2 "$tool" --tokenizer x /nonexistent
 		     grep -q "No such file" /tmp/bench-cli-err.$$ ||
 			     { echo "FAIL tok-bench-c a missing file: no errno text"; fail=1; } ;;
-	trace-gaps) check "trace-gaps --min-us -1" 2 "$tool" --min-us -1 x.json ;;
+	trace-gaps) for v in -1 nan inf; do
+			    check "trace-gaps --min-us $v" 2 "$tool" --min-us $v x.json
+		    done ;;
 	esac
 done
 rm -f /tmp/bench-cli-err.$$
