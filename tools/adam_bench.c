@@ -14,6 +14,7 @@
  * G, P, M, V; write P, M, V, W). */
 #include "strata/common.h"
 #include "strata/optim.h"
+#include "bench_out.h"
 #include "bench_stats.h"
 
 #include <errno.h>
@@ -132,6 +133,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			o->json = val;
 		}
 	}
+	if (o->json)
+		bench_out_check("adam-bench", "--json", o->json);
 	return 0;
 }
 
@@ -424,14 +427,9 @@ int main(int argc, char **argv)
 				       json_object_new_string(st_optim_path_name(st_optim_path_get())));
 		json_object_object_add(j, "threads", json_object_new_int(o.threads));
 		json_object_object_add(j, "reps", json_object_new_int(o.reps));
-		char tmp[4096];
-
-		/* write aside and rename, so a failure leaves no partial file */
-		snprintf(tmp, sizeof(tmp), "%s.tmp", o.json);
-		if (json_object_to_file_ext(tmp, j, JSON_C_TO_STRING_PRETTY) < 0 ||
-		    rename(tmp, o.json)) {
-			fprintf(stderr, "adam-bench: write %s: %s\n", o.json, json_util_get_last_err());
-			remove(tmp);
+		/* written aside and renamed, so a failure leaves no partial file */
+		if (bench_out_write("adam-bench", o.json,
+				    json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY)) < 0) {
 			json_object_put(j);
 			return 1;
 		}

@@ -10,6 +10,8 @@
 #include "strata/dataset.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "strata/trace.h"
+#include "bench_out.h"
 
 #include <getopt.h>
 #include <stdbool.h>
@@ -83,8 +85,9 @@ static inline bool bench_opts_take(struct bench_opts *o, const char *prog, int c
 	return false;
 }
 
-/* After the options: --nvme must be a directory, and --model parse into
- * c's train config (as set by st_train_config_default() with B, T). */
+/* After the options: --nvme must be a directory, --json's directory exist
+ * (bench_out_check()), and --model parse into c's train config (as set by
+ * st_train_config_default() with B, T). */
 static inline void bench_opts_apply(const struct bench_opts *o, const char *prog,
 				    struct st_engine_config *c)
 {
@@ -92,6 +95,8 @@ static inline void bench_opts_apply(const struct bench_opts *o, const char *prog
 
 	if (stat(o->nvme, &st) < 0 || !S_ISDIR(st.st_mode))
 		bench_die2(prog, "--nvme is not a directory: ", o->nvme);
+	if (o->json)
+		bench_out_check(prog, "--json", o->json);
 	memset(c, 0, sizeof(*c));
 	st_train_config_default(&c->train);
 	if (st_model_config_parse(o->model, &c->train.model) < 0)
@@ -172,6 +177,18 @@ static inline void bench_pair_close(struct bench_pair *p)
 	if (p->ds)
 		st_dataset_close(p->ds);
 	memset(p, 0, sizeof(*p));
+}
+
+/* A failure once traces were created: the engines closed (nothing records
+ * into t0, t1 any more), then the traces' temporaries removed, so no half
+ * trace is left; returns rc, the exit status. */
+static inline int bench_pair_fail(struct bench_pair *p, int rc, struct st_trace *t0,
+				  struct st_trace *t1)
+{
+	bench_pair_close(p);
+	st_trace_abort(t0);
+	st_trace_abort(t1);
+	return rc;
 }
 
 #endif

@@ -9,6 +9,7 @@
  * and the median of the rounds is printed. */
 #include "strata/device.h"
 
+#include "bench_out.h"
 #include "bench_stats.h"
 
 #include <errno.h>
@@ -122,6 +123,8 @@ int main(int argc, char **argv)
 			st_device_list());
 		return 2;
 	}
+	if (json)
+		bench_out_check("copy-bench", "--json", json);
 	for (int i = 0; i < nsizes; i++)
 		max_bytes = ST_MAX(max_bytes, sizes[i]);
 
@@ -141,6 +144,8 @@ int main(int argc, char **argv)
 	void *dev = st_device_arena(d, NULL), *host = NULL;
 	struct st_queue *q = NULL;
 	FILE *jf = NULL;
+	char *jtext = NULL;
+	size_t jlen = 0;
 
 	if (posix_memalign(&host, 1u << 21, (size_t)st_align_up(max_bytes, 1u << 21))) {
 		fprintf(stderr, "copy-bench: host buffer of %llu bytes: out of memory\n",
@@ -156,7 +161,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "copy-bench: %s\n", st_error_last());
 		goto out;
 	}
-	if (json && !(jf = fopen(json, "w"))) {
+	/* the JSON in memory, written to the file at the end */
+	if (json && !(jf = open_memstream(&jtext, &jlen))) {
 		ret = -errno;
 		fprintf(stderr, "copy-bench: %s: %s\n", json, strerror(errno));
 		goto out;
@@ -203,6 +209,9 @@ int main(int argc, char **argv)
 			ret = -errno;
 			fprintf(stderr, "copy-bench: %s: %s\n", json, strerror(errno));
 		}
+		if (ret == 0 && bench_out_write("copy-bench", json, jtext) < 0)
+			ret = -EIO;
+		free(jtext);
 	}
 out:
 	if (q)

@@ -9,6 +9,7 @@
  * The files are unlinked as soon as they are open: Ctrl-C, or a crash,
  * leaves nothing behind. */
 #include "strata/tier.h"
+#include "bench_out.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -408,7 +409,6 @@ static int write_json(const char *path, const struct point *pts, unsigned n,
 {
 	json_object *root = json_object_new_object(), *arr = json_object_new_array();
 	json_object *best = json_object_new_object();
-	char tmp[4096];
 	int ret = 0;
 
 	for (unsigned i = 0; i < n; i++) {
@@ -436,13 +436,9 @@ static int write_json(const char *path, const struct point *pts, unsigned n,
 	}
 	json_object_object_add(root, "best", best);
 	/* Temp file then rename: a reader never sees half a file. */
-	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-	if (json_object_to_file_ext(tmp, root, JSON_C_TO_STRING_PRETTY) < 0 ||
-	    rename(tmp, path) < 0) {
-		ret = -errno ? -errno : -EIO;
-		fprintf(stderr, "nvme-bench: cannot write %s: %s\n", path, strerror(errno));
-		unlink(tmp);
-	}
+	if (bench_out_write("nvme-bench", path,
+			    json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY)) < 0)
+		ret = -EIO;
 	json_object_put(root);
 	return ret;
 }
@@ -483,6 +479,8 @@ int main(int argc, char **argv)
 
 	parse_args(argc, argv, &o);
 	check_dirs(&o);
+	if (o.json)
+		bench_out_check("nvme-bench", "--json", o.json);
 	show_progress = !o.quiet;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);

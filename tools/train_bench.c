@@ -11,6 +11,7 @@
  * round and reports each, and the median of the per-round ratio. */
 #include "strata/kernels.h"
 #include "strata/model.h"
+#include "bench_out.h"
 #include "bench_stats.h"
 
 #include <cblas.h>
@@ -237,6 +238,8 @@ int main(int argc, char **argv)
 			T, cfg.ctx);
 		return 2;
 	}
+	if (json_path)
+		bench_out_check("train-bench", "--json", json_path);
 	if (threads)
 		omp_set_num_threads(threads);
 	threads = omp_get_max_threads();
@@ -448,8 +451,8 @@ int main(int argc, char **argv)
 		json_object_object_add(o, "blas_config", json_object_new_string(openblas_get_config()));
 		json_object_object_add(o, "blas_core", json_object_new_string(openblas_get_corename()));
 		json_object_object_add(o, "blas_threading", json_object_new_string(blas_threading()));
-		if (json_object_to_file_ext(json_path, o, JSON_C_TO_STRING_PRETTY)) {
-			fprintf(stderr, "train-bench: cannot write %s\n", json_path);
+		if (bench_out_write("train-bench", json_path,
+				    json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY)) < 0) {
 			json_object_put(o);
 			return 1;
 		}

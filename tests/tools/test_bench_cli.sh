@@ -18,6 +18,22 @@ check() { # name, expected rc, command...
 		echo "ok   $name $err"
 	fi
 }
+# A --json FILE that cannot be written at the end (ulimit -f 0: EFBIG, as a
+# full disk's ENOSPC): exit 1, the last line naming the file and why, and
+# nothing left in its directory, not even an empty file.
+nowrite() { # name, command... (its --json FILE in $jd)
+	local name=$1 rc err
+	shift
+	err=$( (ulimit -f 0; trap '' XFSZ; exec "$@") 2>&1 >/dev/null); rc=$?
+	if [ $rc != 1 ] || ! printf '%s\n' "$err" | tail -1 | grep -q "^[a-z-]*: $jd/.*: cannot write (File too large)$"; then
+		echo "FAIL $name: exit $rc: $err"; fail=1
+	elif [ -n "$(ls -A "$jd")" ]; then
+		echo "FAIL $name: left $(ls -A "$jd")"; fail=1
+	else
+		echo "ok   $name $(printf '%s\n' "$err" | tail -1)"
+	fi
+}
+jd=$(mktemp -d)
 for tool in "$@"; do
 	n=$(basename "$tool")
 	check "$n --help" 0 "$tool" --help
@@ -26,8 +42,17 @@ done
 for tool in "$@"; do
 	case $(basename "$tool") in
 	adam-bench) check "adam-bench --params 0" 2 "$tool" --params 0
-		    check "adam-bench --path avx9" 2 "$tool" --path avx9 --params 1000 ;;
+		    check "adam-bench --path avx9" 2 "$tool" --path avx9 --params 1000
+		    check "adam-bench --json in a missing directory" 2 "$tool" --params 1000 \
+			  --json /nonexistent/a.json
+		    nowrite "adam-bench --json, no space" "$tool" --params 1000 --reps 1 \
+			    --json "$jd/a.json" ;;
 	train-bench) check "train-bench --steps x" 2 "$tool" --steps x
+		     check "train-bench --json in a missing directory" 2 "$tool" \
+			   --json /nonexistent/t.json
+		     nowrite "train-bench --json, no space" "$tool" \
+			     --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --batch 2 --seq 32 \
+			     --steps 1 --json "$jd/t.json"
 		     check "train-bench --model bogus" 2 "$tool" --model bogus
 		     check "train-bench --recompute some" 2 "$tool" --recompute some
 		     # both steps in turn: it exits 1 when the kept step's loss
@@ -70,13 +95,30 @@ for tool in "$@"; do
 				       echo "FAIL offload-bench ${ab:-(A/B)} on a tiny model: $out"; fail=1
 			       fi
 		       done
-		       check "offload-bench --json unwritable" 1 "$tool" \
+		       check "offload-bench --json in a missing directory" 2 "$tool" \
 			     --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --batch 2 --seq 32 \
 			     --steps 1 --nvme "$d" --json /proc/self/no/such.json
-		       rm -rf "$d" ;;
+		       # written at the end, and not there (root may write in /proc,
+		       # but create no file): exit 1, and the trace's temporary gone
+		       check "offload-bench --json unwritable" 1 "$tool" \
+			     --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --batch 2 --seq 32 \
+			     --steps 1 --nvme "$d" --json /proc/offload-bench.json --trace "$jd/t.json"
+		       [ -z "$(ls -A "$jd")" ] ||
+			       { echo "FAIL offload-bench --json unwritable: left $(ls -A "$jd")"; fail=1; }
+		       rm -rf "$d" "${jd:?}"/* ;;
 	split-bench) check "split-bench --grad-accum 0" 2 "$tool" --grad-accum 0
 		     check "split-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
+		     check "split-bench --json in a missing directory" 2 "$tool" \
+			   --json /nonexistent/s.json
 		     d=$(mktemp -d)
+		     # a failed run (its JSON not written) leaves neither trace's
+		     # temporary (PREFIX-S.json.tmp.*, PREFIX-U.json.tmp.*)
+		     check "split-bench --json unwritable" 1 "$tool" \
+			   --model layers=4,dim=64,heads=2,vocab=256,ctx=64 --steps 1 --nvme "$d" \
+			   --gpu-mem 64M --json /proc/split-bench.json --trace "$jd/t"
+		     [ -z "$(ls -A "$jd")" ] ||
+			     { echo "FAIL split-bench --json unwritable: left $(ls -A "$jd")"; fail=1; }
+		     rm -rf "${jd:?}"/*
 		     if out=$("$tool" --model layers=4,dim=64,heads=2,vocab=256,ctx=64 --steps 2 \
 			      --nvme "$d" --gpu-mem 64M 2>&1) &&
 			printf '%s' "$out" | grep -q "ratio S/U" && [ -z "$(ls -A "$d")" ]; then
@@ -119,6 +161,10 @@ for tool in "$@"; do
 	attn-sdpa) check "attn-sdpa --iters 0" 2 "$tool" --iters 0
 		   check "attn-sdpa --rounds x" 2 "$tool" --rounds x ;;
 	copy-bench) check "copy-bench --sizes 0" 2 "$tool" --sizes 0
+		    check "copy-bench --json in a missing directory" 2 "$tool" \
+			  --json /nonexistent/c.json
+		    nowrite "copy-bench --json, no space" "$tool" --sizes 4K --rounds 1 --reps 1 \
+			    --json "$jd/c.json"
 		    check "copy-bench --device tpu" 2 "$tool" --device tpu
 		    check "copy-bench --reps 0" 2 "$tool" --reps 0
 		    # a short run on the cpu device: a rate per size and direction
@@ -188,4 +234,5 @@ for tool in "$@"; do
 	esac
 done
 rm -f /tmp/bench-cli-err.$$
+rm -rf "$jd"
 exit $fail

@@ -38,6 +38,7 @@ check bad-time 2 "$bench" --dir "$work/d" --time -1
 check no-space 2 "$bench" --dir "$work/d" --size 900T
 check unknown-flag 2 "$bench" --dir "$work/d" --frobnicate
 check stray-arg 2 "$bench" --dir "$work/d" extra
+check json-missing-dir 2 "$bench" --dir "$work/d" --size 16M --json "$work/nope/r.json"
 [ -z "$(ls -A "$work/d")" ] || { echo "FAIL bad input left files"; ls -la "$work/d"; fail=1; }
 
 # A small real run: two block sizes, two depths, both directions, JSON.
@@ -64,6 +65,11 @@ assert b["read_gbps"] == max(p["gbps"] for p in pts if p["rw"] == "read") or \
 print("ok   json keys and values")
 PY
 grep -q '^recommendation: --aio-block' "$work/out" || { echo "FAIL no recommendation"; fail=1; }
+# a JSON that cannot be written at the end: exit 1, the file and why
+check json-unwritable 1 "$bench" --dir "$work/d" --size 16M --bs 64K --qd 1 --rw read \
+	--time 0.1 --json /proc/nvme-bench.json
+grep -q '^nvme-bench: /proc/nvme-bench.json: cannot write (' "$work/err" ||
+	{ echo "FAIL json-unwritable: no line naming the file"; cat "$work/err"; fail=1; }
 [ -z "$(ls -A "$work/d")" ] || { echo "FAIL run left files"; ls -la "$work/d"; fail=1; }
 
 # Ctrl-C mid-run: exit 130, no files, no JSON.
