@@ -1175,8 +1175,10 @@ int st_cli_train(int argc, char **argv)
 			if (ec.world > 1) /* closes busy_s */
 				zero_metrics(mf, &cs0, &cs1, rank_peaks, ec.world);
 			fprintf(mf, ec.world > 1 ? "}\n" : "}}\n");
-			if (fflush(mf) != 0 || ferror(mf))
-				st_cli_die(1, "--metrics %s: %s", metrics, strerror(errno));
+			errno = 0;
+			if (fflush(mf) != 0 || ferror(mf)) /* a full disk: say so now */
+				st_cli_die(1, "--metrics %s: %s", metrics,
+					   errno ? strerror(errno) : "an earlier write to it failed");
 		}
 		fflush(stdout);
 		/* A stop that came during a step which began the next one saves
