@@ -181,7 +181,8 @@ static inline void bench_pair_close(struct bench_pair *p)
 
 /* A failure once traces were created: the engines closed (nothing records
  * into t0, t1 any more), then the traces' temporaries removed, so no half
- * trace is left; returns rc, the exit status. */
+ * trace is left; returns rc, the exit status, for the
+ * callers' exit() (their buffers stay reachable, for LeakSanitizer). */
 static inline int bench_pair_fail(struct bench_pair *p, int rc, struct st_trace *t0,
 				  struct st_trace *t1)
 {

@@ -146,7 +146,7 @@ int main(int argc, char **argv)
 		int ret = bench_pair_open(&bp, PROG, data, cfg, names);
 
 		if (ret)
-			return bench_pair_fail(&bp, ret, trace, NULL);
+			exit(bench_pair_fail(&bp, ret, trace, NULL));
 		ea = bp.e[0];
 		eb = bp.e[1];
 	}
@@ -163,7 +163,7 @@ int main(int argc, char **argv)
 		struct st_engine_stats sa, sb;
 
 		if (bench_pair_step(&bp, s, s < steps, r))
-			return bench_pair_fail(&bp, 1, trace, NULL);
+			exit(bench_pair_fail(&bp, 1, trace, NULL));
 		st_engine_get_stats(ea, &sa);
 		st_engine_get_stats(eb, &sb);
 		fprintf(stderr, "  step %d%s: A %.3f s, B %.3f s (loss %.6f both)\n", s,
@@ -355,7 +355,7 @@ int main(int argc, char **argv)
 					       json_object_new_double(sb.peak_bytes[ST_HOME_VRAM] / 1048576.0));
 			if (bench_out_write(PROG, json,
 					    json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY)) < 0)
-				return bench_pair_fail(&bp, 1, trace, NULL);
+				exit(bench_pair_fail(&bp, 1, trace, NULL));
 			json_object_put(o);
 		}
 	}

@@ -180,7 +180,7 @@ int main(int argc, char **argv)
 		int ret = bench_pair_open(&bp, PROG, data, cfg, names);
 
 		if (ret)
-			return bench_pair_fail(&bp, ret, tr_s, tr_u);
+			exit(bench_pair_fail(&bp, ret, tr_s, tr_u));
 		es = bp.e[0];
 		eu = bp.e[1];
 	}
@@ -196,12 +196,12 @@ int main(int argc, char **argv)
 		busy_u[l] = calloc((size_t)steps, sizeof(double));
 		if (!busy_s[l] || !busy_u[l]) {
 			fprintf(stderr, "split-bench: out of memory\n");
-			return bench_pair_fail(&bp, 1, tr_s, tr_u);
+			exit(bench_pair_fail(&bp, 1, tr_s, tr_u));
 		}
 	}
 	if (!ts || !tu || !ratio || !rs || !ru_ || !ws || !wu) {
 		fprintf(stderr, "split-bench: out of memory\n");
-		return bench_pair_fail(&bp, 1, tr_s, tr_u);
+		exit(bench_pair_fail(&bp, 1, tr_s, tr_u));
 	}
 	fprintf(stderr, "split-bench: %s, B=%d T=%d N=%d, %.1fM params, device %s, %d threads, "
 		"host budget %.1f MiB; 1 warm-up + %d steps each, alternating\n", model, batch, seq,
@@ -212,7 +212,7 @@ int main(int argc, char **argv)
 		struct st_engine_stats ss, su;
 
 		if (bench_pair_step(&bp, s, s < steps, r))
-			return bench_pair_fail(&bp, 1, tr_s, tr_u);
+			exit(bench_pair_fail(&bp, 1, tr_s, tr_u));
 		st_engine_get_stats(es, &ss);
 		st_engine_get_stats(eu, &su);
 		fprintf(stderr, "  step %d%s: split %.3f s, uniform %.3f s, ratio %.3f; nvme MB "
@@ -285,7 +285,7 @@ int main(int argc, char **argv)
 					       json_object_new_double(pu->t_step_s));
 			if (bench_out_write(PROG, json,
 					    json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY)) < 0)
-				return bench_pair_fail(&bp, 1, tr_s, tr_u);
+				exit(bench_pair_fail(&bp, 1, tr_s, tr_u));
 			json_object_put(o);
 		}
 	}
