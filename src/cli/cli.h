@@ -50,8 +50,8 @@ const char *st_cli_eta(double seconds, char *buf, size_t n);
 
 /* Progress of long work on stderr: st_cli_progress(&p, "eval", done,
  * total, "batches") prints "eval: 12 of 100 batches, ETA 1m05s" at most
- * every 2 s, from 2 s after the first call (p zeroed before it); nothing
- * under ST_QUIET. */
+ * every 2 s, from 2 s after the first call (p zeroed before it: make that
+ * call, with done 0, as the work starts); nothing under ST_QUIET. */
 struct st_cli_progress {
 	uint64_t t0, last;
 };

@@ -281,6 +281,7 @@ static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc
 	}
 	h.t = t;
 	h.n = n;
+	st_cli_progress(&h.progress, "export", 0, (double)n, "tensors"); /* the clock starts */
 	snprintf(p, sizeof(p), "%.4000s.tmp.%ld", out, (long)getpid());
 	block_signals(true); /* the directory is ours to remove from its first instant */
 	if (mkdir(p, 0755) < 0) {
@@ -380,6 +381,8 @@ static uint64_t export_llmc(struct st_weights *w, const struct st_model_config *
 		st_cli_die(1, "%s", st_error_last());
 	struct st_cli_progress pr = { 0 };
 	size_t done = 0;
+
+	st_cli_progress(&pr, "export", 0, (double)n_all, "tensors"); /* the clock starts */
 
 	for (int g = 0; g < ST_LLMC_KINDS; g++) {
 		int layers = st_llmc_kinds[g].per_layer ? gc->n_layer : 1;

@@ -436,6 +436,7 @@ static int cmd_eval(int argc, char **argv)
 		struct st_cli_progress pr = { 0 };
 		double sum = 0, l;
 
+		st_cli_progress(&pr, "eval", 0, nb, "batches"); /* the clock starts */
 		for (int i = 0; i < nb; i++) {
 			if (st_trainer_eval(t, &ld, 1, &l) < 0)
 				st_cli_die(1, "%s", st_error_last());
@@ -497,19 +498,21 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0)) {
 		usage(stdout);
-		return 0;
-	}
-	if (strcmp(cmd, "--version") == 0) {
+		rc = 0;
+	} else if (strcmp(cmd, "--version") == 0) {
 		printf("strata %d.%d\n", ST_VERSION_MAJOR, ST_VERSION_MINOR);
-		return 0;
+		rc = 0;
+	} else {
+		rc = dispatch(argc, argv, cmd);
 	}
-	rc = dispatch(argc, argv, cmd);
 	/* what every command printed: a full disk or a closed pipe under
 	 * stdout is a failure, not a success with nothing in the file */
 	errno = 0;
 	if (fflush(stdout) != 0 || ferror(stdout))
 		/* stdio keeps no errno of an earlier failed write, only its flag */
-		st_cli_die(1, "%s: cannot write the output: %s", cmd[0] == '-' ? "train" : cmd,
+		st_cli_die(1, "%s: cannot write the output: %s",
+			   argc < 2 || (cmd[0] == '-' && strcmp(cmd, "--help") && strcmp(cmd, "-h") &&
+					strcmp(cmd, "--version")) ? "train" : cmd,
 			   errno ? strerror(errno) : "an earlier write to it failed");
 	return rc;
 }

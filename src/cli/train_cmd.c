@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <json-c/json.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <fcntl.h>
@@ -357,13 +358,31 @@ static const char *last_ckpt(const char *save, char *buf, size_t bytes)
 	return buf;
 }
 
-/* Whether paths a and b name one file: the same text, or, when both exist,
- * the same inode. */
+/* path with its directory made absolute and free of links (realpath), the
+ * file's own name kept as given: "./m" and "$PWD/m" are one name. */
+static void canonical(const char *path, char *out, size_t n)
+{
+	const char *slash = strrchr(path, '/');
+	char dir[4096], real[PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%.*s", !slash ? 1 : slash == path ? 1 : (int)(slash - path),
+		 !slash ? "." : path);
+	if (realpath(dir, real))
+		snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path);
+	else
+		snprintf(out, n, "%s", path);
+}
+
+/* Whether paths a and b name one file, existing or not: the same
+ * canonical name, or, when both exist, the same inode. */
 static bool same_file(const char *a, const char *b)
 {
+	char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
 	struct stat sa, sb;
 
-	if (strcmp(a, b) == 0)
+	canonical(a, ca, sizeof(ca));
+	canonical(b, cb, sizeof(cb));
+	if (strcmp(ca, cb) == 0)
 		return true;
 	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
 	       sa.st_ino == sb.st_ino;
@@ -849,19 +868,19 @@ int st_cli_train(int argc, char **argv)
 	     ec.nvme_fault.corrupt.kind != ST_CORRUPT_NONE) && !ec.nvme_dirs)
 		st_cli_die(2, "--test-fault needs an nvme tier (--nvme DIR)");
 	static char init_model[512];
-	if (init && model_text == default_model) {
-		/* no --model: the model --init's config.json says (a file without
-		 * one, a bare model.safetensors, leaves the default) */
+	if (init) {
+		/* what cannot be read is said now, before the plan, not as a
+		 * misfit of the default model with the data later */
 		struct st_weights *w;
 		struct st_model_config gc;
 
-		/* what cannot be read is said now, not as a misfit of the
-		 * default model later */
 		ret = st_weights_open(init, &w);
 		if (ret < 0)
 			st_cli_die(st_cli_input_exit(ret), "--init %s: %s", init,
 				   st_cli_unprefix(st_error_last(), init));
-		if (st_weights_config(w, &gc) == 0) {
+		/* no --model: the model --init's config.json says (a file without
+		 * one, a bare model.safetensors, leaves the default) */
+		if (model_text == default_model && st_weights_config(w, &gc) == 0) {
 			char dims[480];
 
 			cfg->model = gc;
@@ -888,9 +907,16 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(2, "--save-every needs --save DIR");
 	if (keep_given && !save)
 		st_cli_die(2, "--keep needs --save DIR (it prunes the checkpoints there)");
-	if (metrics && trace_path && same_file(metrics, trace_path))
-		st_cli_die(2, "--metrics and --trace are both %s: give each a file of its own",
-			   metrics);
+	if (metrics && trace_path) {
+		/* rank 0 writes the metrics, and at world > 1 its trace is
+		 * TRACE.rank-0: the names that would meet; every rank refuses */
+		char t0[4200];
+
+		snprintf(t0, sizeof(t0), ec.world > 1 ? "%s.rank-0" : "%s", trace_path);
+		if (same_file(metrics, t0))
+			st_cli_die(2, "--metrics and --trace are both %s: give each a file of its "
+				   "own", metrics);
+	}
 	if (save) {
 		struct stat st;
 

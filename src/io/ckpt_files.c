@@ -1299,8 +1299,11 @@ int st_ckpt_resolve(const char *path, char **out)
 	/* No latest: a crash between the first rename and the link, or a
 	 * directory copied without its symlink. */
 	err = st_ckpt_list(path, &steps, &n);
-	if (err)
+	if (err) {
+		if (dangling) /* the error names the directory; say why it was listed */
+			st_warn("%s/" ST_CKPT_LATEST " names %s, which is missing", path, target);
 		return err;
+	}
 	for (size_t i = 0; i < n && !*out; i++)
 		if (st_ckpt_exists(path, steps[i].name, true))
 			*out = st_ckpt_fmt("%s/%s", path, steps[i].name);

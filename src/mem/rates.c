@@ -63,8 +63,9 @@ void st_plan_rates_merge(struct st_plan_rates *dst, const struct st_plan_rates *
 	}
 }
 
-/* A rates or nvme-bench file is a few hundred bytes; refuse anything absurd. */
-#define ST_RATES_MAX_BYTES (1u << 20)
+/* A rates or nvme-bench file is a few kilobytes; a larger one (a trace
+ * given by mistake) is refused as bad input. */
+#define ST_RATES_MAX_BYTES (16u << 20)
 
 /* The JSON object of path (strata/file.h): -errno naming the file when it
  * cannot be read, -EINVAL in one line when it is not a JSON object. */

@@ -9,6 +9,10 @@
 #include <json-c/json.h>
 #include <stdlib.h>
 
+/* How deep the objects and arrays may nest: json-c's default is 32, and a
+ * tokenizer.json's normalizers and pre-tokenizers nest deeper. */
+#define ST_JSON_DEPTH 64
+
 int st_file_read_json(const char *path, size_t max_bytes, struct json_object **out)
 {
 	struct json_tokener *tk;
@@ -19,13 +23,15 @@ int st_file_read_json(const char *path, size_t max_bytes, struct json_object **o
 	int ret;
 
 	*out = NULL;
+	/* a file larger than any such file is bad input, not a failure to
+	 * read: the message stays, the code says so */
 	if ((ret = st_file_read_small(path, max_bytes, &text, &bytes)))
-		return ret;
+		return ret == -EFBIG ? -EINVAL : ret;
 	if (bytes > (size_t)INT32_MAX) { /* json-c takes an int length */
 		free(text);
 		return st_error_set(-EFBIG, "%s: %zu bytes is too large for JSON", path, bytes);
 	}
-	tk = json_tokener_new();
+	tk = json_tokener_new_ex(ST_JSON_DEPTH);
 	if (!tk) {
 		free(text);
 		return st_error_set(-ENOMEM, "%s: out of memory", path);

@@ -48,11 +48,20 @@ check resume-missing 2 "$strata" train $M --data "$data" --resume "$work/nope" -
 # default model with the data
 check init-missing 2 "$strata" train --init "$work/nope" --data "$data"
 grep -q -- "--init $work/nope" "$work/err" || { echo "FAIL init-missing: $(cat "$work/err")"; fail=1; }
+quiet_refusals=1 check init-missing-with-model 2 "$strata" train $M --init "$work/nope" --data "$data"
 check keep-no-save 2 "$strata" train $M --data "$data" --keep 2
+# one file by two names, neither there yet: the trace would be renamed
+# over the metrics at the end
 check metrics-is-trace 2 "$strata" train $M --data "$data" --metrics "$work/mt.json" \
-	--trace "$work/mt.json"
+	--trace "$work/./mt.json"
 [ -e "$work/mt.json" ] && { echo "FAIL metrics-is-trace left $work/mt.json"; fail=1; }
-check metrics-full 1 "$strata" train $M --data "$data" --steps 2 --metrics /dev/full
+# a metrics line that cannot be written stops the run at that step (it
+# used to run on to the end, its checkpoints saved, and fail at the close)
+check metrics-full 1 "$strata" train $M --data "$data" --steps 40 --metrics /dev/full \
+	--save "$work/mf" --save-every 10
+[ -e "$work/mf/step-000010" ] && { echo "FAIL metrics-full: the run went on"; fail=1; }
+grep -q -- "--metrics /dev/full: No space left on device" "$work/err" ||
+	{ echo "FAIL metrics-full: $(cat "$work/err")"; fail=1; }
 check metrics-unwritable 2 "$strata" train $M --data "$data" --save "$work/never/a/b" \
 	--metrics "$work/nodir/m.jsonl" --trace "$work/tr.json"
 left=$(ls "$work" | grep -e '^tr\.json' -e '^never$')

@@ -82,6 +82,10 @@ check refresh-one-step 2 "$strata" train $M --data "$data" --steps 1 --rates-ref
 echo '{"strata_rates": 1}' >"$work/bad.json"
 check rates-bad 2 "$strata" train $M --data "$data" --steps 1 --rates "$work/bad.json"
 check rates-missing 2 "$strata" train $M --data "$data" --steps 1 --rates "$work/none.json"
+# a file far larger than any rates file (a trace given by mistake): bad input
+head -c 17000000 /dev/zero | tr '\0' ' ' >"$work/big.json"
+check rates-huge 2 "$strata" plan $M --rates "$work/big.json"
+rm -f "$work/big.json"
 check accum-bad 2 "$strata" train $M --data "$data" --steps 1 --grad-accum lots
 
 # --grad-accum auto: what strata plan --grad-accum auto takes
