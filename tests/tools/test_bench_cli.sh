@@ -192,6 +192,14 @@ for tool in "$@"; do
 		     check "nvme-vs-fio --time -1" 2 "$tool" --dir /tmp --time -1
 		     check "nvme-vs-fio --bs 3000" 2 "$tool" --dir /tmp --bs 3000
 		     check "nvme-vs-fio --reps x" 2 "$tool" --dir /tmp --reps x
+		     # 1GiB and 1MiB are sizes, as nvme-bench reads them: the
+		     # refusal is the depth's
+		     if err=$("$tool" --dir /tmp --size 1GiB --bs 1MiB --qd 0 2>&1); [ $? = 2 ] &&
+			printf '%s' "$err" | grep -q -- "--qd 0"; then
+			     echo "ok   nvme-vs-fio --size 1GiB --bs 1MiB"
+		     else
+			     echo "FAIL nvme-vs-fio --size 1GiB --bs 1MiB: $err"; fail=1
+		     fi
 		     check "nvme-vs-fio --json in a missing directory" 2 "$tool" --dir /tmp \
 			   --json /nonexistent/n.json ;;
 	zero-bench) check "zero-bench --model bogus" 2 "$tool" --model bogus --worlds 1 \
