@@ -10,6 +10,7 @@
 #include "strata/dataset.h"
 #include "strata/device.h"
 #include "strata/engine.h"
+#include "bench_stats.h"
 #include "strata/trace.h"
 #include "bench_out.h"
 
@@ -43,16 +44,15 @@ struct bench_opts {
 
 static inline int bench_int(const char *prog, const char *name, const char *v, int max)
 {
-	char *end;
-	long x = strtol(v, &end, 10);
+	int x;
 
-	if (end == v || *end || x < 1 || x > max) {
+	if (bench_parse_int(v, 1, max, &x)) {
 		char msg[64];
 
 		snprintf(msg, sizeof(msg), "bad --%s ", name);
 		bench_die2(prog, msg, v);
 	}
-	return (int)x;
+	return x;
 }
 
 /* Takes getopt_long's letter c with its argument v when it is one of

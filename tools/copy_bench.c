@@ -68,17 +68,6 @@ static int parse_sizes(const char *text, uint64_t *sizes, int *n)
 	return *n ? 0 : -EINVAL;
 }
 
-static int parse_count(const char *s, int *out)
-{
-	char *end;
-	long v = strtol(s, &end, 10);
-
-	if (*s == '\0' || *end || v < 1 || v > MAX_ROUNDS)
-		return -EINVAL;
-	*out = (int)v;
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	const char *devname = "cpu", *json = NULL, *sizes_text = "64K,1M,16M,64M";
@@ -106,7 +95,7 @@ int main(int argc, char **argv)
 			sizes_text = v;
 		} else if (!strcmp(a, "--json")) {
 			json = v;
-		} else if (parse_count(v, !strcmp(a, "--rounds") ? &rounds : &reps) < 0) {
+		} else if (bench_parse_int(v, 1, MAX_ROUNDS, !strcmp(a, "--rounds") ? &rounds : &reps) < 0) {
 			fprintf(stderr, "copy-bench: %s %s: a count from 1 to %d\n", a, v, MAX_ROUNDS);
 			return 2;
 		}

@@ -13,6 +13,7 @@
  * matmuls' own ceiling for train-bench's model/sgemm ratio. */
 #include "strata/common.h"
 #include "strata/kernels.h"
+#include "bench_stats.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -184,19 +185,6 @@ out:
 	return ret;
 }
 
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	const char *shapes = "gpt2";
@@ -219,17 +207,17 @@ int main(int argc, char **argv)
 		if (!strcmp(a, "--shapes")) {
 			shapes = v;
 		} else if (!strcmp(a, "--cut")) {
-			if (parse_int(v, 1, 1 << 20, &cut)) {
+			if (bench_parse_int(v, 1, 1 << 20, &cut)) {
 				fprintf(stderr, "gemm-split: --cut '%s' is not an integer in 1..1048576\n", v);
 				return 2;
 			}
 		} else if (!strcmp(a, "--time")) {
-			if (parse_int(v, 0, 1000, &reps)) {
+			if (bench_parse_int(v, 0, 1000, &reps)) {
 				fprintf(stderr, "gemm-split: --time '%s' is not an integer in 0..1000\n", v);
 				return 2;
 			}
 		} else if (!strcmp(a, "--threads")) {
-			if (parse_int(v, 1, 1024, &threads)) {
+			if (bench_parse_int(v, 1, 1024, &threads)) {
 				fprintf(stderr, "gemm-split: --threads '%s' is not an integer in 1..1024\n", v);
 				return 2;
 			}

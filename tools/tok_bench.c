@@ -51,17 +51,11 @@ int main(int argc, char **argv)
 		if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc) {
 			dir = argv[++i];
 		} else if (strcmp(argv[i], "--passes") == 0 && i + 1 < argc) {
-			char *end;
-			long v;
-
-			errno = 0;
-			v = strtol(argv[++i], &end, 10);
-			if (errno || end == argv[i] || *end || v < 1 || v > INT_MAX) {
+			if (bench_parse_int(argv[++i], 1, INT_MAX, &passes)) {
 				fprintf(stderr, "tok-bench-c: bad --passes %s (a whole number, 1 or more)\n",
 					argv[i]);
 				exit(2);
 			}
-			passes = (int)v;
 		} else if (argv[i][0] == '-') {
 			fprintf(stderr, "tok-bench-c: unknown option %s\n", argv[i]);
 			exit(2);

@@ -53,17 +53,6 @@ static int bad(const char *fmt, const char *arg)
 	return 2;
 }
 
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return -1;
-	*out = (int)v;
-	return 0;
-}
-
 /* The BLAS this process really runs, as the dynamic loader mapped it: the
  * real path of every mapped file whose name says BLAS (OpenBLAS and its
  * libblas.so.3 wrapper, BLIS, MKL, FlexiBLAS), read from /proc/self/maps,
@@ -207,16 +196,16 @@ int main(int argc, char **argv)
 			return bad("unknown option or missing value: '%s'", a);
 		const char *v = argv[++i];
 		if (!strcmp(a, "--steps")) {
-			if (parse_int(v, 1, 1000000, &steps))
+			if (bench_parse_int(v, 1, 1000000, &steps))
 				return bad("--steps needs an integer >= 1, got '%s'", v);
 		} else if (!strcmp(a, "--batch")) {
-			if (parse_int(v, 1, 1 << 20, &B))
+			if (bench_parse_int(v, 1, 1 << 20, &B))
 				return bad("--batch needs an integer >= 1, got '%s'", v);
 		} else if (!strcmp(a, "--seq")) {
-			if (parse_int(v, 1, 1 << 20, &T))
+			if (bench_parse_int(v, 1, 1 << 20, &T))
 				return bad("--seq needs an integer >= 1, got '%s'", v);
 		} else if (!strcmp(a, "--threads")) {
-			if (parse_int(v, 1, 4096, &threads))
+			if (bench_parse_int(v, 1, 4096, &threads))
 				return bad("--threads needs an integer >= 1, got '%s'", v);
 		} else if (!strcmp(a, "--model")) {
 			model = v;
