@@ -68,7 +68,8 @@ struct json_object;
 /* Read the JSON object in the regular file at path (at most max_bytes),
  * parsed with json-c (nesting up to 64 deep), into *out (the caller puts
  * it). Returns 0, -errno naming the file when it cannot be read, or -EINVAL
- * with one line: larger than max_bytes, "not JSON (line N: the file is
+ * with one line: larger than max_bytes (at most 2^31 - 1, json-c's int
+ * length), "not JSON (line N: the file is
  * empty / ends inside a value / text after the value / json-c's reason)",
  * or "not a JSON object". */
 int st_file_read_json(const char *path, size_t max_bytes, struct json_object **out);

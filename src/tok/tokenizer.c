@@ -24,7 +24,7 @@ static const char gpt2_pattern[] =
  * naming the line json-c stopped at, -ENOMEM or the errno of reading). */
 static int read_json(const char *path, struct json_object **out)
 {
-	return st_file_read_json(path, (size_t)1 << 31, out);
+	return st_file_read_json(path, INT32_MAX, out); /* the most json-c reads */
 }
 
 static struct json_object *get(struct json_object *o, const char *key)

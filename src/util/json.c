@@ -23,14 +23,12 @@ int st_file_read_json(const char *path, size_t max_bytes, struct json_object **o
 	int ret;
 
 	*out = NULL;
+	if (max_bytes > (size_t)INT32_MAX) /* json-c takes an int length */
+		max_bytes = (size_t)INT32_MAX;
 	/* a file larger than any such file is bad input, not a failure to
 	 * read: the message stays, the code says so */
 	if ((ret = st_file_read_small(path, max_bytes, &text, &bytes)))
 		return ret == -EFBIG ? -EINVAL : ret;
-	if (bytes > (size_t)INT32_MAX) { /* json-c takes an int length */
-		free(text);
-		return st_error_set(-EFBIG, "%s: %zu bytes is too large for JSON", path, bytes);
-	}
 	tk = json_tokener_new_ex(ST_JSON_DEPTH);
 	if (!tk) {
 		free(text);
