@@ -499,7 +499,7 @@ static int dispatch(int argc, char **argv, const char *cmd)
 
 int main(int argc, char **argv)
 {
-	const char *cmd = argc > 1 ? argv[1] : "train";
+	const char *cmd = argc > 1 ? argv[1] : "train", *name = cmd;
 	int rc;
 
 	if (argc > 1 && (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0)) {
@@ -509,6 +509,8 @@ int main(int argc, char **argv)
 		printf("strata %d.%d\n", ST_VERSION_MAJOR, ST_VERSION_MINOR);
 		rc = 0;
 	} else {
+		if (cmd[0] == '-') /* flags without a command are train's */
+			name = "train";
 		rc = dispatch(argc, argv, cmd);
 	}
 	/* what every command printed: a full disk or a closed pipe under
@@ -516,9 +518,7 @@ int main(int argc, char **argv)
 	errno = 0;
 	if (fflush(stdout) != 0 || ferror(stdout))
 		/* stdio keeps no errno of an earlier failed write, only its flag */
-		st_cli_die(1, "%s: cannot write the output: %s",
-			   argc < 2 || (cmd[0] == '-' && strcmp(cmd, "--help") && strcmp(cmd, "-h") &&
-					strcmp(cmd, "--version")) ? "train" : cmd,
+		st_cli_die(1, "%s: cannot write the output: %s", name,
 			   errno ? strerror(errno) : "an earlier write to it failed");
 	return rc;
 }
