@@ -1,4 +1,4 @@
-/* strata: the placement planner (src/mem/plan.c) and `strata plan`.
+/* strata: the placement planner (src/mem/plan*.c) and `strata plan`.
  *
  * Decides, once before training, the home tier of every shard (unit x state)
  * and the size of every pool the engine allocates, from the model, the batch
@@ -11,8 +11,8 @@
  * the device: no landing, no update staging, ST_POOL_OPT_STAT).
  *
  * The engine's pools, listed once each in st_plan.pools (the engine
- * allocates by walking that list; only src/mem/plan.c knows a size). With
- * Wb = 2 (bf16) or 4 bytes, e_u the flat length of unit u (padding
+ * allocates by walking that list; only src/mem/plan_pools.c knows a
+ * size). With Wb = 2 (bf16) or 4 bytes, e_u the flat length of unit u (padding
  * included), E = max_u e_u, Er = the largest unit that is not resident,
  * Eres = the largest resident unit (a unit whose widened W and dW stay on
  * the device for the micro-batch, because another unit reads it: GPT-2's
@@ -184,7 +184,7 @@ struct st_plan_input {
 
 /* The engine's pools, each listed once in the plan: the engine allocates
  * `count` extents of `bytes` in `tier` for each, in list order, and finds
- * them by id. Sizes live only in the planner (src/mem/plan.c). */
+ * them by id. Sizes live only in the planner (src/mem/plan_pools.c). */
 enum st_pool_id {
 	ST_POOL_W_SLOT,       /* vram: k + 1 W slots (when W is streamed) */
 	ST_POOL_W_SLOT_RES,   /* vram: one slot for resident units larger than

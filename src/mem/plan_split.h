@@ -1,8 +1,8 @@
 /* strata: the split placement policy (src/mem/plan_split.c), internal to
  * src/mem. docs/plan.md ("Placement policy") explains it.
  *
- * The policy knows nothing of pools or rates: the planner (plan.c) hands
- * it a fit test and a cost, both over a full placement (the home of every
+ * The policy knows nothing of pools or rates: the planner (plan_policy.c)
+ * hands it a fit test and a cost, both over a full placement (the home of every
  * (unit, state), [units * ST_STATE_COUNT]), so that every choice is judged
  * by the same pools and the same prediction the plan reports. */
 #ifndef STRATA_PLAN_SPLIT_H

@@ -1,5 +1,5 @@
 /* libFuzzer target for the checkpoint's trainer.json reader
- * (st_ckpt_trainer_read(), src/io/ckpt_files.c), as `--resume`, `eval
+ * (st_ckpt_trainer_read(), src/io/ckpt_trainer.c), as `--resume`, `eval
  * --ckpt` and `info --ckpt` read it: any input either reads, with every
  * listed name a plain, unique file name, a cursor within bounds and a
  * config that is a JSON object, and then writes back and reads again to

@@ -1,0 +1,397 @@
+/* strata: the planner's prediction (src/mem, docs/plan.md "The model of
+ * the step"): the rates (given or the defaults), the traffic and the
+ * collectives of one step for a placement, the time of each lane and of
+ * the step's two phases, and the --grad-accum that hides the I/O. The
+ * planner's other parts are listed in plan.c. */
+#include "plan_internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+/* Defaults for a 2-core VM without a GPU (docs/plan.md says how to give
+ * measured ones). */
+#define ST_PLAN_COMPUTE_FLOPS 50e9
+#define ST_PLAN_COPY_BPS 8e9
+#define ST_PLAN_NVME_READ_BPS 1.5e9
+#define ST_PLAN_NVME_WRITE_BPS 1.2e9
+#define ST_PLAN_ADAM_BPS 10e9
+#define ST_PLAN_NET_BPS 10e9
+/* CPU AdamW bytes per parameter: read G, P, M, V, write P, M, V and W. */
+#define ST_PLAN_ADAM_BYTES_PER_PARAM 30.0
+
+int st_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
+{
+	static const double defaults[ST_RATE_COUNT] = {
+		ST_PLAN_COMPUTE_FLOPS, ST_PLAN_COPY_BPS, ST_PLAN_NVME_READ_BPS,
+		ST_PLAN_NVME_WRITE_BPS, ST_PLAN_ADAM_BPS, ST_PLAN_NET_BPS,
+	};
+	double *slots[ST_RATE_COUNT] = { &out->compute_flops, &out->copy_bps,
+					 &out->nvme_read_bps, &out->nvme_write_bps,
+					 &out->adam_bps, &out->net_bps };
+
+	for (int i = 0; i < ST_RATE_COUNT; i++) {
+		double v = st_plan_rate_get(r, (enum st_rate)i);
+
+		if (!isfinite(v) || v < 0)
+			return st_error_set(-EINVAL, "plan: rate %g is not a positive number", v);
+	}
+	for (int i = 0; i < ST_RATE_COUNT; i++) {
+		double v = st_plan_rate_get(r, (enum st_rate)i);
+
+		*slots[i] = v > 0 ? v : defaults[i];
+		out->source[i] = !(v > 0) ? ST_RATE_SRC_DEFAULT
+			       : r->source[i] ? r->source[i] : ST_RATE_SRC_FLAG;
+	}
+	return 0;
+}
+
+/* The collectives of one step on one rank, as st_comm_stats counts them
+ * (calls, and the full buffer of each: reduce-scatter's send, all-gather's
+ * recv, allreduce's count): the engine's calls, docs/zero.md. */
+static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
+{
+	uint64_t n = (uint64_t)sh->accum, N = (uint64_t)sh->world, parts = 0;
+	enum { AR = 0, RS = 1, AG = 2, A2A = 3 }; /* strata/comm.h's order */
+
+	memset(p->comm_bytes, 0, sizeof(p->comm_bytes));
+	memset(p->comm_calls, 0, sizeof(p->comm_calls));
+	for (int u = 0; u < sh->units; u++) {
+		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
+
+		/* every micro-batch: dW's slices to their ranks (world 1: the
+		 * reduce-scatter in place); stage 0 gathers the final G slices */
+		p->comm_calls[N > 1 ? A2A : RS] += n;
+		p->comm_bytes[N > 1 ? A2A : RS] += n * sh->epad[u] * 4;
+		if (N > 1 && sh->zero == 0) {
+			p->comm_calls[AG] += 1;
+			p->comm_bytes[AG] += sh->epad[u] * 4;
+		}
+		/* stages 1-2: the updated W slices; stage 3: W before each use */
+		if (sh->w_gather) {
+			p->comm_calls[AG] += 1;
+			p->comm_bytes[AG] += sh->epad[u] * sh->wb;
+		}
+		if (sh->w_stream_all) {
+			p->comm_calls[AG] += n * fetches;
+			p->comm_bytes[AG] += n * fetches * sh->epad[u] * sh->wb;
+		}
+		parts += sh->slice[u] / ST_PLAN_SLICE_ALIGN;
+	}
+	if (N == 1) { /* the norm's sum, in place */
+		p->comm_calls[AR] += 1;
+		p->comm_bytes[AR] += 8;
+		return;
+	}
+	/* the micro-batches' losses and the norm's chunk sums */
+	p->comm_calls[AG] += 2;
+	p->comm_bytes[AG] += N * n * 8 + N * parts * 8;
+}
+
+/* Checkpoints on the host: each of 1..act_offloaded goes d2h after the
+ * forward and h2d before the backward, every micro-batch. */
+static void st_act_traffic(const struct st_shape *sh, struct st_plan *p)
+{
+	uint64_t b = 0;
+
+	for (int j = 1; j <= p->act_offloaded; j++)
+		b += sh->act_copy[j];
+	p->act_copy_bytes = b;
+	p->h2d_bytes += (uint64_t)sh->accum * b;
+	p->d2h_bytes += (uint64_t)sh->accum * b;
+}
+
+/* FLOPs per token the backward spends recomputing forwards: a third of
+ * the share of every unit that could keep but does not. */
+static double st_recomp_flops(const struct st_plan_input *in, const struct st_shape *sh)
+{
+	double f = 0;
+
+	for (int u = 0; u < sh->units; u++)
+		if (sh->saved[u] && !sh->keep[u])
+			f += st_model_unit_flops_per_token(in->model, u, in->seq) / 3.0;
+	return f;
+}
+
+/* The bytes of the first `tiles` staged tiles of state s: the engine's
+ * update tiles (engine_update.c) cut each unit's range of P (the rank's
+ * shard) at the tile and, at world > 1, at every slice; a state's tiles
+ * are staged in the units where it lives on nvme. */
+static uint64_t st_first_tiles_bytes(const struct st_shape *sh, const enum st_home *homes,
+				     enum st_state s, int tiles)
+{
+	uint64_t bytes = 0;
+
+	for (int u = 0; u < sh->units && tiles > 0; u++) {
+		uint64_t n = sh->st_elems[u * ST_STATE_COUNT + ST_STATE_P];
+		uint64_t seg = sh->world > 1 ? sh->slice[u] : n;
+
+		if (homes[u * ST_STATE_COUNT + s] != ST_HOME_NVME || !n || !seg)
+			continue;
+		for (uint64_t t0 = 0; t0 < n && tiles > 0; tiles--) {
+			uint64_t len = ST_MIN(sh->tile, ST_MIN(n - t0, seg - t0 % seg));
+
+			bytes += len * 4;
+			t0 += len;
+		}
+	}
+	return bytes;
+}
+
+/* The update's loads the engine queues during the last micro-batch's
+ * backward (st_eng_update_prefetch): P, M and V need no G, so each of
+ * them loads its first two staged tiles, one into each of its two
+ * staging buffers, before the sweep starts. */
+static uint64_t st_predict_prefetch(const struct st_shape *sh, const enum st_home *homes)
+{
+	uint64_t bytes = 0;
+
+	for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+		bytes += st_first_tiles_bytes(sh, homes, (enum st_state)s, 2);
+	return bytes;
+}
+
+/* The step's two phases (docs/plan.md, "The model of the step"): [0] the
+ * forwards and backwards, [1] the update sweep with the next step's first
+ * forward beside it. The update starts after the last backward (the clip
+ * needs the whole gradient's norm) and the next step's backward after the
+ * sweep, so the phases add; within a phase the lanes overlap. The update
+ * phase has the update's traffic (G, P, M, V loads and P, M, V, W stores
+ * on nvme, the new W to vram) but the P, M, V loads the engine queues
+ * during the backward (st_predict_prefetch), AdamW, and one micro-batch's forward
+ * FLOPs (a third of the model's, nothing recomputed); the rest of each
+ * lane is the first phase's. The fill and drain: one unit's share of each
+ * phase's lanes but its busiest, twice. t[] are the whole step's lanes. */
+static void st_predict_phases(const struct st_plan_input *in, const struct st_shape *sh,
+			      const double t[5], struct st_plan *p)
+{
+	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
+	const struct st_plan_rates *r = &p->rates;
+	double fwd = st_model_flops_per_token(in->model, in->seq) * in->batch * in->seq / 3.0 /
+		     r->compute_flops;
+	double (*L)[5] = p->t_phase_lane_s, others = 0;
+
+	fwd = ST_MIN(fwd, t[0]);
+	L[1][0] = fwd;
+	L[1][1] = (double)p->upd_h2d_bytes / r->copy_bps;
+	L[1][2] = (double)(p->upd_nvme_read_bytes - p->upd_prefetch_nvme_read_bytes) /
+			  r->nvme_read_bps +
+		  (double)p->upd_nvme_write_bytes / r->nvme_write_bps;
+	L[1][3] = t[3];
+	L[1][4] = 0;
+	for (int i = 0; i < 5; i++)
+		L[0][i] = ST_MAX(t[i] - L[1][i], 0.0);
+	for (int ph = 0; ph < 2; ph++) {
+		int arg = 0;
+
+		if (in->host_compute) { /* compute and AdamW take turns on the cores */
+			L[ph][0] += L[ph][3];
+			L[ph][3] = 0;
+		}
+		for (int i = 1; i < 5; i++)
+			if (L[ph][i] > L[ph][arg])
+				arg = i;
+		for (int i = 0; i < 5; i++)
+			if (i != arg)
+				others += L[ph][i];
+		p->t_phase_s[ph] = L[ph][arg];
+		p->phase_bound[ph] = names[arg];
+		if (arg == 0 && in->host_compute && ph == 1 && t[3] > fwd)
+			p->phase_bound[ph] = names[3];
+	}
+	p->t_serial_s = 2.0 * others / sh->units;
+	p->t_step_s = p->t_phase_s[0] + p->t_phase_s[1] + p->t_serial_s;
+}
+
+/* The times of the lanes from the traffic and the FLOPs, the busiest lane
+ * of the step (on the cpu device compute and AdamW share the cores and are
+ * added), and the step: its two phases plus the pipeline's fill and drain
+ * (st_predict_phases(); docs/plan.md, "Predicted time per step"). */
+static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
+			     double host_adam_share, struct st_plan *p)
+{
+	const struct st_plan_rates *r = &p->rates;
+	double tokens = (double)in->batch * in->seq * (double)sh->accum;
+	double t[5], lane[5];
+	uint64_t wire = 0;
+	int arg = 0;
+	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
+
+	for (int k = 0; k < 5; k++)
+		wire += p->comm_bytes[k];
+	/* the model's FLOPs, and a third more of each unit whose backward
+	 * recomputes its forward (the forward is 1/3 of fwd + bwd) */
+	p->recompute_flops = st_recomp_flops(in, sh) * tokens;
+	p->compute_flops_step = st_model_flops_per_token(in->model, in->seq) * tokens +
+				p->recompute_flops;
+	t[0] = p->compute_flops_step / r->compute_flops;
+	t[1] = (double)(p->h2d_bytes + p->d2h_bytes) / r->copy_bps;
+	t[2] = (double)p->nvme_read_bytes / r->nvme_read_bps +
+	       (double)p->nvme_write_bytes / r->nvme_write_bps;
+	/* a rank updates its slice of P from stage 1 */
+	p->adam_bytes = (uint64_t)((double)st_model_param_count(in->model) *
+				   ST_PLAN_ADAM_BYTES_PER_PARAM /
+				   (sh->world > 1 && sh->zero >= 1 ? sh->world : 1));
+	/* host_adam_share: of the parameters, those AdamW updates on the host */
+	if (host_adam_share < 1.0)
+		p->adam_bytes = (uint64_t)((double)p->adam_bytes * host_adam_share);
+	t[3] = (double)p->adam_bytes / r->adam_bps;
+	/* a collective's buffer crosses the wire but for this rank's 1/N */
+	t[4] = sh->world > 1 ? (double)wire * (double)(sh->world - 1) / sh->world / r->net_bps
+			     : 0;
+	p->t_compute_s = t[0];
+	p->t_copy_s = t[1];
+	p->t_nvme_s = t[2];
+	p->t_adam_s = t[3];
+	p->t_net_s = t[4];
+	memcpy(lane, t, sizeof(lane));
+	if (in->host_compute) { /* compute and AdamW take turns on the cores */
+		lane[0] = t[0] + t[3];
+		lane[3] = 0;
+	}
+	for (int i = 1; i < 5; i++)
+		if (lane[i] > lane[arg])
+			arg = i;
+	/* the cores' lane is named by the larger of its two */
+	p->bound = arg == 0 && in->host_compute && t[3] > t[0] ? names[3] : names[arg];
+	st_predict_phases(in, sh, t, p);
+}
+
+void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
+		const enum st_home *homes, struct st_plan *p)
+{
+	uint64_t n = (uint64_t)sh->accum;
+	uint64_t p_dev_elems = 0, p_all_elems = 0;
+
+	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
+	p->upd_h2d_bytes = p->upd_nvme_read_bytes = p->upd_nvme_write_bytes = 0;
+	for (int u = 0; u < sh->units; u++) {
+		const enum st_home *h = &homes[u * ST_STATE_COUNT];
+
+		p_all_elems += sh->st_elems[u * ST_STATE_COUNT + ST_STATE_P];
+		if (h[ST_STATE_P] == ST_HOME_VRAM)
+			p_dev_elems += sh->st_elems[u * ST_STATE_COUNT + ST_STATE_P];
+		const uint64_t *se = &sh->st_elems[u * ST_STATE_COUNT];
+		/* W's home holds the unit (a slice at stage 3, world > 1); the
+		 * update writes it whole, a fetch moves it whole */
+		uint64_t w = se[ST_STATE_W] * sh->wb, pmv = se[ST_STATE_P] * 4;
+		/* G: what a micro-batch adds (the rank's slice at world > 1) */
+		uint64_t g = (sh->world > 1 ? sh->slice[u] : se[ST_STATE_G]) * 4;
+		/* W comes into a slot for the forward of every unit but the
+		 * last (whose backward computes its forward and the loss) and
+		 * for the backward of every unit but a resident one fetched in
+		 * the forward (kept widened), in every micro-batch. After the
+		 * update the new W goes to its home. */
+		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
+
+		if (h[ST_STATE_W] == ST_HOME_VRAM) {
+			/* the optimizer on the device writes W in place */
+			p->h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
+			p->upd_h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
+		} else {
+			p->h2d_bytes += n * fetches * w;
+		}
+		if (h[ST_STATE_W] == ST_HOME_NVME) {
+			p->nvme_read_bytes += n * fetches * w;
+			p->nvme_write_bytes += w;
+			p->upd_nvme_write_bytes += w;
+		}
+		/* dW to the host: at world > 1 the N slots of the rank's slice;
+		 * none when G lives in vram */
+		if (h[ST_STATE_G] != ST_HOME_VRAM)
+			p->d2h_bytes += n * (sh->world > 1 ? sh->epad[u] * 4 : g);
+		/* G: written each micro-batch, read to accumulate (n - 1) and
+		 * once by the update; P, M, V read and written once. */
+		if (h[ST_STATE_G] == ST_HOME_NVME) {
+			p->nvme_read_bytes += n * g;
+			p->nvme_write_bytes += n * g;
+			p->upd_nvme_read_bytes += g; /* the update's load */
+		}
+		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+			if (h[s] == ST_HOME_NVME) {
+				p->nvme_read_bytes += pmv;
+				p->nvme_write_bytes += pmv;
+				p->upd_nvme_read_bytes += pmv;
+				p->upd_nvme_write_bytes += pmv;
+			}
+	}
+	p->upd_prefetch_nvme_read_bytes = st_predict_prefetch(sh, homes);
+	st_predict_comm(sh, p);
+	st_act_traffic(sh, p);
+	/* units whose optimizer runs on the device take no CPU AdamW time,
+	 * unless the device is the host's cores (the cpu device) */
+	st_predict_times(in, sh, p_dev_elems && !in->host_compute ?
+				 1.0 - (double)p_dev_elems / (double)p_all_elems : 1.0, p);
+}
+
+/* The batch that hides the I/O: the step at every --grad-accum N up to
+ * ST_PLAN_ACCUM_MAX with the same placement and k (as long as its pools
+ * still fit), the first N where compute bounds it, and the N that
+ * --grad-accum auto takes. */
+void st_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
+		     const enum st_home *homes, int k, const uint64_t *budget,
+		     struct st_plan *p)
+{
+	double best_tps = 0, tps[ST_PLAN_ACCUM_MAX + 1] = { 0 }, step[ST_PLAN_ACCUM_MAX + 1];
+	const char *last_bound = p->bound;
+	int n_max = 0;
+	bool g_nvme = false, w_nvme = false;
+
+	p->hide_accum = p->hide_best_accum = 0;
+	p->hide_step_s = p->hide_best_step_s = 0;
+	p->hide_why = "";
+	for (int n = 1; n <= ST_PLAN_ACCUM_MAX; n++) {
+		struct st_shape s2 = *sh;
+		struct st_plan q = *p;
+		struct st_pools pools;
+
+		s2.accum = n;
+		st_pools_compute(&s2, homes, k, &pools);
+		if (!st_fits(&pools, budget, -1))
+			break;
+		st_predict(in, &s2, homes, &q);
+		n_max = n;
+		step[n] = q.t_step_s;
+		tps[n] = (double)in->batch * in->seq * n / q.t_step_s;
+		if (tps[n] > best_tps)
+			best_tps = tps[n];
+		last_bound = q.bound;
+		if (!p->hide_accum && strcmp(q.bound, "compute") == 0) {
+			p->hide_accum = n;
+			p->hide_step_s = q.t_step_s;
+		}
+	}
+	if (p->hide_accum) {
+		p->hide_best_accum = p->hide_accum;
+		p->hide_best_step_s = p->hide_step_s;
+		return;
+	}
+	for (int n = 1; n <= n_max; n++)
+		if (tps[n] >= 0.9 * best_tps) {
+			p->hide_best_accum = n;
+			p->hide_best_step_s = step[n];
+			break;
+		}
+	for (int u = 0; u < sh->units; u++) {
+		g_nvme |= homes[u * ST_STATE_COUNT + ST_STATE_G] == ST_HOME_NVME;
+		w_nvme |= homes[u * ST_STATE_COUNT + ST_STATE_W] == ST_HOME_NVME;
+	}
+	if (n_max < ST_PLAN_ACCUM_MAX)
+		p->hide_why = "a larger --grad-accum needs more host memory (G staging) than the "
+			      "budget has";
+	else if (strcmp(last_bound, "nvme") == 0 && g_nvme)
+		p->hide_why = "G is on nvme: every micro-batch reads and writes it, so the nvme "
+			      "traffic grows with --grad-accum as fast as compute";
+	else if (strcmp(last_bound, "nvme") == 0 && w_nvme)
+		p->hide_why = "W is on nvme: every micro-batch reads it, so the nvme traffic "
+			      "grows with --grad-accum as fast as compute";
+	else if (strcmp(last_bound, "copy") == 0)
+		p->hide_why = "dW comes back to the host in every micro-batch (and a streamed W "
+			      "goes to the device), so the copies grow with --grad-accum as fast "
+			      "as compute";
+	else if (strcmp(last_bound, "net") == 0)
+		p->hide_why = "the collectives run in every micro-batch, so the network grows "
+			      "with --grad-accum as fast as compute";
+	else
+		p->hide_why = "compute never becomes the bound";
+}
