@@ -58,17 +58,6 @@ struct st_cli_progress {
 void st_cli_progress(struct st_cli_progress *p, const char *what, double done, double total,
 		     const char *unit);
 
-/* `strata plan --calibrate FILE` (src/cli/calibrate.c): measure this
- * machine's rates for the plan input in (its model, B and T) on device
- * ("cpu" or "cuda"): compute, pinned copies, AdamW, and the nvme (from
- * nvme_bench's JSON when given, else a short run on the first directory of
- * nvme_dirs; neither: left to the default). Progress on stderr; writes FILE
- * atomically and fills *out (sources: file). Exit 2 on bad input, 1 on a
- * system failure (naming the file and errno). */
-void st_cli_calibrate(const struct st_plan_input *in, const char *device,
-		      const char *nvme_dirs, const char *nvme_bench, const char *file,
-		      struct st_plan_rates *out);
-
 int st_cli_train(int argc, char **argv);
 int st_cli_plan(int argc, char **argv);
 int st_cli_info(int argc, char **argv);
