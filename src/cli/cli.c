@@ -1,5 +1,7 @@
 /* Helpers shared by the strata subcommands. */
 #include "cli.h"
+#include "strata/train.h"
+#include "strata/weights.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -201,4 +203,37 @@ const char *st_cli_eta(double s, char *buf, size_t n)
 	else
 		snprintf(buf, n, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
 	return buf;
+}
+
+/* The weights of --ckpt PATH (strata/weights.h: a checkpoint, verified; a
+ * Hugging Face model; an llm.c model file) and their model, or exit 2. */
+struct st_weights *st_cli_open_ckpt(const char *path, struct st_model_config *mc)
+{
+	struct st_weights *w;
+	int ret = st_weights_open(path, &w);
+
+	if (ret == 0)
+		ret = st_weights_config(w, mc);
+	if (ret < 0)
+		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path,
+			   st_cli_unprefix(st_error_last(), path));
+	return w;
+}
+
+/* Every value is checked as it is read: a NaN or Inf is refused (exit 2)
+ * naming the tensor and its index. */
+void st_cli_load_ckpt(struct st_trainer *t, struct st_weights *w, const char *path)
+{
+	int ret = st_trainer_load_weights(t, w);
+
+	if (ret < 0) {
+		char why[1024];
+
+		/* closed before the exit: nothing of it is left for LeakSanitizer
+		 * to find unreachable, wherever the compiler kept w */
+		snprintf(why, sizeof(why), "%s", st_cli_unprefix(st_error_last(), path));
+		st_weights_close(w);
+		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, why);
+	}
+	st_weights_close(w);
 }

@@ -58,37 +58,24 @@ struct st_cli_progress {
 void st_cli_progress(struct st_cli_progress *p, const char *what, double done, double total,
 		     const char *unit);
 
-/* `strata plan --calibrate FILE` (src/cli/calibrate.c): measure this
- * machine's rates for the plan input in (its model, B and T) on device
- * ("cpu" or "cuda"): compute, pinned copies, AdamW, and the nvme (from
- * nvme_bench's JSON when given, else a short run on the first directory of
- * nvme_dirs; neither: left to the default). Progress on stderr; writes FILE
- * atomically and fills *out (sources: file). Exit 2 on bad input, 1 on a
- * system failure (naming the file and errno). */
-void st_cli_calibrate(const struct st_plan_input *in, const char *device,
-		      const char *nvme_dirs, const char *nvme_bench, const char *file,
-		      struct st_plan_rates *out);
-
-/* What the ranks of a run found at start (st_cli_zero_nodes): the nodes,
- * and their names for the "world:" line, "nodea (ranks 0-1), nodeb (ranks
- * 2-3)". */
-struct st_cli_world {
-	int nodes;
-	char hosts[256];
-};
-struct st_comm;
-/* Collective on c at world > 1: fills *wi from every rank's host and
- * local rank; with save (--save DIR) on more than one node, checks that
- * every node sees the same DIR (a probe file of rank 0's, read back by
- * the first rank of each other node) and ends every rank with exit 2
- * and one line (rank 0's) when one does not. Exits 1 on a comm failure. */
-void st_cli_zero_nodes(struct st_comm *c, int rank, const char *save, struct st_cli_world *wi);
-
 int st_cli_train(int argc, char **argv);
 int st_cli_plan(int argc, char **argv);
 int st_cli_info(int argc, char **argv);
 int st_cli_export(int argc, char **argv);
 int st_cli_tokenize(int argc, char **argv);
+int st_cli_generate(int argc, char **argv);
+int st_cli_eval(int argc, char **argv);
+
+/* The weights of --ckpt PATH (strata/weights.h: a checkpoint, verified; a
+ * Hugging Face model; an llm.c model file) and their model into *mc, or
+ * exit 2 (generate, eval). */
+struct st_weights;
+struct st_model_config;
+struct st_trainer;
+struct st_weights *st_cli_open_ckpt(const char *path, struct st_model_config *mc);
+/* w into t, then w closed; a NaN or Inf is refused (exit 2) naming the
+ * tensor and its index. */
+void st_cli_load_ckpt(struct st_trainer *t, struct st_weights *w, const char *path);
 
 /* The tokenizer for generate and eval: --tokenizer's (given, or NULL),
  * else a tokenizer.json beside the checkpoint (in ckpt, in ckpt/.., or

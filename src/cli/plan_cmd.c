@@ -3,6 +3,7 @@
  * minimum, the traffic and the predicted time of a step. Bad input or a
  * budget that cannot work: one line on stderr, exit 2. */
 #include "cli.h"
+#include "strata/calibrate.h"
 #include "strata/family.h"
 #include "strata/plan.h"
 
@@ -242,8 +243,12 @@ int st_cli_plan(int argc, char **argv)
 	in.model = model;
 	if (calibrate) {
 		struct st_plan_rates mr;
+		int code;
 
-		st_cli_calibrate(&in, cuda ? "cuda" : "cpu", nvme, bench, calibrate, &mr);
+		/* progress on stderr; exit 2 on bad input, 1 on a system failure */
+		if (st_calibrate(&in, cuda ? "cuda" : "cpu", nvme, bench, calibrate, stderr, &mr,
+				 &code) < 0)
+			st_cli_die(code, "%s", st_error_last());
 		st_plan_rates_merge(&in.rates, &mr);
 	}
 	/* the devices' defaults where nothing else gave a rate */

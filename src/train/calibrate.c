@@ -11,8 +11,9 @@
  *            sweep through the nvme tier (io_uring, O_DIRECT) on the --nvme
  *            directories (below); its files are unlinked at open, so
  *            nothing stays behind
- * Each figure is the best of a few rounds after a warm-up. */
-#include "cli.h"
+ * Each figure is the best of a few rounds after a warm-up. The measuring is
+ * library work (strata/calibrate.h); the CLI parses and prints. */
+#include "strata/calibrate.h"
 #include "strata/compute.h"
 #include "strata/device.h"
 #include "strata/file.h"
@@ -23,6 +24,7 @@
 
 #include <errno.h>
 #include <json-c/json.h>
+#include <stdarg.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -35,15 +37,49 @@
 #define CAL_ROUNDS 3
 #define CAL_COMPUTE_S 0.5              /* aim for this much timed compute a round */
 
-static void cal_fail(int ret, const char *what)
+/* One calibration: where its lines go, and how its failure ended. */
+struct cal {
+	FILE *log;
+	int exit_code; /* of the failure: 2 bad input, 1 a system failure */
+};
+
+static void cal_say(const struct cal *k, const char *fmt, ...) ST_PRINTF(2, 3);
+static void cal_say(const struct cal *k, const char *fmt, ...)
 {
-	st_cli_die(ret == -EINVAL || ret == -ENODEV ? 2 : 1, "--calibrate: %s: %s", what,
-		   st_error_last());
+	va_list ap;
+
+	if (!k->log)
+		return;
+	va_start(ap, fmt);
+	vfprintf(k->log, fmt, ap);
+	va_end(ap);
+}
+
+/* A failure: ret (-errno) with its message, and the exit code a tool
+ * should give it. */
+static int cal_err(struct cal *k, int exit_code, int ret, const char *fmt, ...) ST_PRINTF(4, 5);
+static int cal_err(struct cal *k, int exit_code, int ret, const char *fmt, ...)
+{
+	char msg[2048];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	k->exit_code = exit_code;
+	return st_error_set(ret, "%s", msg);
+}
+
+static int cal_fail(struct cal *k, int ret, const char *what)
+{
+	return cal_err(k, ret == -EINVAL || ret == -ENODEV ? 2 : 1, ret, "--calibrate: %s: %s",
+		       what, st_error_last());
 }
 
 /* The first block unit (else unit 0) and its FLOPs per token: the model's
  * count with one block more or less, so the family's own formula decides. */
-static int cal_block(const struct st_model *m, double *flops_per_token, int T)
+static int cal_block(struct cal *k, const struct st_model *m, double *flops_per_token, int T,
+		     int *unit)
 {
 	const struct st_model_config *cfg = st_model_config(m);
 	struct st_model_config c2 = *cfg;
@@ -58,10 +94,11 @@ static int cal_block(const struct st_model *m, double *flops_per_token, int T)
 	c2.n_layer = cfg->n_layer > 1 ? cfg->n_layer - 1 : cfg->n_layer + 1;
 	ret = st_model_create(&c2, &m2);
 	if (ret < 0)
-		cal_fail(ret, "the model with one block less");
+		return cal_fail(k, ret, "the model with one block less");
 	*flops_per_token = fabs(st_model_flops_per_token(m, T) - st_model_flops_per_token(m2, T));
 	st_model_destroy(m2);
-	return u;
+	*unit = u;
+	return 0;
 }
 
 static void cal_fill(float *p, size_t n, float scale)
@@ -70,26 +107,27 @@ static void cal_fill(float *p, size_t n, float scale)
 		p[i] = scale * sinf((float)(i % 9973) * 0.37f);
 }
 
-/* compute: FLOP/s of fwd + bwd of one block, device-timed */
-static double cal_compute(const struct st_plan_input *in, struct st_device *dev,
-			  struct st_compute *cx, struct st_tier *vram, json_object *meas)
+/* compute: FLOP/s of fwd + bwd of one block, device-timed, into *flops */
+static int cal_compute(struct cal *k, const struct st_plan_input *in, struct st_compute *cx,
+		       struct st_tier *vram, json_object *meas, double *flops)
 {
 	struct st_model *m;
 	const struct st_unit_layout *lay;
-	double fpt, per_iter, secs = 0;
-	int B = in->batch, T = in->seq, u, iters = 1, ret;
+	double fpt = 0, per_iter, secs = 0;
+	int B = in->batch, T = in->seq, u = 0, iters = 1, ret;
 	size_t act, work, elems;
 	struct st_extent ext;
 	char *base;
 	float *host;
 	struct st_model_batch batch = { .B = B, .T = T, .loss_scale = 1 };
 
-	(void)dev;
 	ret = st_model_create(st_model_config(in->model), &m);
 	if (ret < 0)
-		cal_fail(ret, "the model");
+		return cal_fail(k, ret, "the model");
 	st_model_set_compute(m, cx);
-	u = cal_block(m, &fpt, T);
+	ret = cal_block(k, m, &fpt, T, &u);
+	if (ret < 0)
+		goto out_model;
 	lay = st_model_unit_layout(m, u);
 	elems = lay->elems;
 	act = st_model_act_bytes(m, u > 0 ? u - 1 : 0, B, T);
@@ -100,8 +138,10 @@ static double cal_compute(const struct st_plan_input *in, struct st_device *dev,
 	uint64_t need = elems * 8 + 4 * ((act + 4095) & ~(size_t)4095) + work + 2 * (size_t)B * T * 4 +
 			16 * 4096;
 	ret = st_tier_alloc(vram, need, &ext);
-	if (ret < 0)
-		cal_fail(ret, "vram for one block");
+	if (ret < 0) {
+		ret = cal_fail(k, ret, "vram for one block");
+		goto out_model;
+	}
 	base = st_tier_addr(vram, &ext);
 	float *w = (float *)base;
 	float *g = w + elems;
@@ -111,10 +151,15 @@ static double cal_compute(const struct st_plan_input *in, struct st_device *dev,
 	void *wk = tgt + (size_t)B * T;
 
 	host = malloc(elems > a4 ? elems * 4 : a4 * 4);
-	if (!host)
-		st_cli_die(1, "--calibrate: out of memory");
-	if (st_model_init_unit(m, u, 1, host) < 0)
-		cal_fail(-EINVAL, "the block's initialisation");
+	if (!host) {
+		ret = cal_err(k, 1, -ENOMEM, "--calibrate: out of memory");
+		goto out_ext;
+	}
+	if (st_model_init_unit(m, u, 1, host) < 0) {
+		free(host);
+		ret = cal_fail(k, -EINVAL, "the block's initialisation");
+		goto out_ext;
+	}
 	st_compute_from_host(cx, w, host, elems * 4);
 	cal_fill(host, a4, 1.0f);
 	st_compute_from_host(cx, x, host, a4 * 4);
@@ -126,30 +171,36 @@ static double cal_compute(const struct st_plan_input *in, struct st_device *dev,
 	batch.tokens = tok;
 	batch.targets = tgt;
 	per_iter = fpt * B * T * 4.0 / 3.0;
-	fprintf(stderr, "calibrate: compute: fwd + bwd of unit %d (%zu elements) at B=%d T=%d "
+	cal_say(k, "calibrate: compute: fwd + bwd of unit %d (%zu elements) at B=%d T=%d "
 		"on %s, %.2f GFLOP each\n", u, elems, B, T, st_compute_name(cx), per_iter / 1e9);
 	for (int round = 0; round <= CAL_ROUNDS; round++) {
 		struct st_compute_span sp[4];
 		int n;
 
 		st_compute_span_begin(cx, "calibrate");
-		for (int i = 0; i < iters; i++) {
+		for (int i = 0; ret == 0 && i < iters; i++) {
 			ret = st_model_fwd(m, u, &batch, w, NULL, x, y, NULL, wk, work);
 			if (ret == 0)
 				ret = st_model_bwd(m, u, &batch, w, NULL, x, dy, dx, g, NULL, NULL, wk,
 						   work);
-			if (ret < 0)
-				cal_fail(ret, "the block's fwd/bwd");
 		}
 		st_compute_span_end(cx);
+		if (ret < 0) {
+			ret = cal_fail(k, ret, "the block's fwd/bwd");
+			goto out_ext;
+		}
 		ret = st_compute_sync(cx);
-		if (ret < 0)
-			cal_fail(ret, "the device's compute");
+		if (ret < 0) {
+			ret = cal_fail(k, ret, "the device's compute");
+			goto out_ext;
+		}
 		n = st_compute_take_spans(cx, sp, 4);
 		double t = n > 0 ? (double)(sp[n - 1].t1_ns - sp[n - 1].t0_ns) / 1e9 : 0;
 
-		if (!(t > 0))
-			st_cli_die(1, "--calibrate: the device did not time its compute");
+		if (!(t > 0)) {
+			ret = cal_err(k, 1, -EIO, "--calibrate: the device did not time its compute");
+			goto out_ext;
+		}
 		if (round == 0) { /* warm-up: size the rounds from it */
 			iters = (int)ceil(CAL_COMPUTE_S / t);
 			iters = iters < 1 ? 1 : iters > 50 ? 50 : iters;
@@ -157,10 +208,9 @@ static double cal_compute(const struct st_plan_input *in, struct st_device *dev,
 		}
 		if (secs == 0 || t / iters < secs)
 			secs = t / iters;
-		fprintf(stderr, "calibrate: compute: round %d/%d: %d x fwd+bwd in %.3f s, %.1f GFLOP/s\n",
+		cal_say(k, "calibrate: compute: round %d/%d: %d x fwd+bwd in %.3f s, %.1f GFLOP/s\n",
 			round, CAL_ROUNDS, iters, t, per_iter * iters / t / 1e9);
 	}
-	st_tier_free(vram, &ext);
 	json_object *o = json_object_new_object();
 
 	json_object_object_add(o, "unit", json_object_new_int(u));
@@ -168,14 +218,18 @@ static double cal_compute(const struct st_plan_input *in, struct st_device *dev,
 	json_object_object_add(o, "seconds_per_fwd_bwd", json_object_new_double(secs));
 	json_object_object_add(o, "compute", json_object_new_string(st_compute_name(cx)));
 	json_object_object_add(meas, "compute", o);
+	*flops = per_iter / secs;
+out_ext:
+	st_tier_free(vram, &ext);
+out_model:
 	st_model_destroy(m);
-	return per_iter / secs;
+	return ret;
 }
 
 /* One timed transfer of len bytes between buf and ext, in requests of io
- * bytes all in flight; seconds. */
-static double cal_io(struct st_tier *t, enum st_io_op op, struct st_extent *ext, void *buf,
-		     uint64_t len, uint64_t io, const char *what)
+ * bytes all in flight; seconds into *secs. */
+static int cal_io(struct cal *k, struct st_tier *t, enum st_io_op op, struct st_extent *ext,
+		  void *buf, uint64_t len, uint64_t io, const char *what, double *secs)
 {
 	struct st_tier_io ios[64];
 	struct st_tier_cqe cqe[64];
@@ -188,20 +242,21 @@ static double cal_io(struct st_tier *t, enum st_io_op op, struct st_extent *ext,
 					      .len_bytes = io, .buf = (char *)buf + i * io };
 	ret = st_tier_submit(t, ios, n);
 	if (ret < 0)
-		cal_fail(ret, what);
+		return cal_fail(k, ret, what);
 	while (done < n) {
-		int k = st_tier_reap(t, cqe, 64, 1);
+		int got = st_tier_reap(t, cqe, 64, 1);
 
-		if (k < 0)
-			cal_fail(k, what);
-		for (int i = 0; i < k; i++)
+		if (got < 0)
+			return cal_fail(k, got, what);
+		for (int i = 0; i < got; i++)
 			if (cqe[i].res < 0) {
 				st_error_set((int)cqe[i].res, "%s", st_tier_error(t));
-				cal_fail((int)cqe[i].res, what);
+				return cal_fail(k, (int)cqe[i].res, what);
 			}
-		done += (unsigned)k;
+		done += (unsigned)got;
 	}
-	return (double)(st_now_ns() - t0) / 1e9;
+	*secs = (double)(st_now_ns() - t0) / 1e9;
+	return 0;
 }
 
 static double cal_best(double a, double b)
@@ -209,48 +264,60 @@ static double cal_best(double a, double b)
 	return a == 0 || b < a ? b : a;
 }
 
-/* pinned host <-> vram through the vram tier's copy queues */
-static double cal_copy(struct st_tier *vram, struct st_tier *host, json_object *meas)
+/* pinned host <-> vram through the vram tier's copy queues, into *bps */
+static int cal_copy(struct cal *k, struct st_tier *vram, struct st_tier *host, json_object *meas,
+		    double *bps)
 {
 	struct st_extent ve, he;
 	double h2d = 0, d2h = 0;
 	int ret;
 
 	ret = st_tier_alloc(vram, CAL_COPY_BYTES, &ve);
-	if (ret == 0)
-		ret = st_tier_alloc(host, CAL_COPY_BYTES, &he);
 	if (ret < 0)
-		cal_fail(ret, "buffers for the copies");
+		return cal_fail(k, ret, "buffers for the copies");
+	ret = st_tier_alloc(host, CAL_COPY_BYTES, &he);
+	if (ret < 0) {
+		st_tier_free(vram, &ve);
+		return cal_fail(k, ret, "buffers for the copies");
+	}
 	void *hb = st_tier_addr(host, &he);
 
 	memset(hb, 0x3c, CAL_COPY_BYTES);
-	for (int round = 0; round <= CAL_ROUNDS; round++) {
-		double a = cal_io(vram, ST_IO_WRITE, &ve, hb, CAL_COPY_BYTES, CAL_COPY_BYTES / 8,
-				  "host -> vram copy");
-		double b = cal_io(vram, ST_IO_READ, &ve, hb, CAL_COPY_BYTES, CAL_COPY_BYTES / 8,
-				  "vram -> host copy");
+	for (int round = 0; ret == 0 && round <= CAL_ROUNDS; round++) {
+		double a = 0, b = 0;
 
-		if (round == 0)
+		ret = cal_io(k, vram, ST_IO_WRITE, &ve, hb, CAL_COPY_BYTES, CAL_COPY_BYTES / 8,
+			     "host -> vram copy", &a);
+		if (ret == 0)
+			ret = cal_io(k, vram, ST_IO_READ, &ve, hb, CAL_COPY_BYTES,
+				     CAL_COPY_BYTES / 8, "vram -> host copy", &b);
+		if (ret < 0 || round == 0)
 			continue;
 		h2d = cal_best(h2d, a);
 		d2h = cal_best(d2h, b);
-		fprintf(stderr, "calibrate: copies: round %d/%d: host -> vram %.2f GB/s, "
+		cal_say(k, "calibrate: copies: round %d/%d: host -> vram %.2f GB/s, "
 			"vram -> host %.2f GB/s\n", round, CAL_ROUNDS, CAL_COPY_BYTES / a / 1e9,
 			CAL_COPY_BYTES / b / 1e9);
 	}
-	st_tier_free(vram, &ve);
-	st_tier_free(host, &he);
+	if (ret == 0) {
+		/* what a failed transfer left in flight ends with the tier */
+		st_tier_free(vram, &ve);
+		st_tier_free(host, &he);
+	}
+	if (ret < 0)
+		return ret;
 	json_object *o = json_object_new_object();
 
 	json_object_object_add(o, "bytes", json_object_new_int64((int64_t)CAL_COPY_BYTES));
 	json_object_object_add(o, "h2d_s", json_object_new_double(h2d));
 	json_object_object_add(o, "d2h_s", json_object_new_double(d2h));
 	json_object_object_add(meas, "copy", o);
-	return 2.0 * CAL_COPY_BYTES / (h2d + d2h);
+	*bps = 2.0 * CAL_COPY_BYTES / (h2d + d2h);
+	return 0;
 }
 
-/* AdamW through the optim library, 30 B per parameter */
-static double cal_adam(const char *wdtype, bool bf16, json_object *meas)
+/* AdamW through the optim library, 30 B per parameter, into *bps */
+static int cal_adam(struct cal *k, bool bf16, json_object *meas, double *bps)
 {
 	size_t n = CAL_ADAM_ELEMS;
 	float *g = malloc(n * 4), *p = malloc(n * 4), *m = calloc(n, 4), *v = calloc(n, 4);
@@ -260,26 +327,30 @@ static double cal_adam(const char *wdtype, bool bf16, json_object *meas)
 	struct st_adam_bufs b = { .g = g, .g_dtype = ST_OPTIM_F32, .p = p, .m = m, .v = v, .w = w,
 				  .w_dtype = bf16 ? ST_OPTIM_BF16 : ST_OPTIM_F32 };
 	double best = 0;
+	int ret = 0;
 
-	(void)wdtype;
 	if (!g || !p || !m || !v || !w)
-		st_cli_die(1, "--calibrate: out of memory for AdamW's %zu MiB", n * 18 >> 20);
-	cal_fill(g, n, 1e-3f);
-	cal_fill(p, n, 0.02f);
-	for (int round = 0; round <= CAL_ROUNDS; round++) {
+		ret = cal_err(k, 1, -ENOMEM, "--calibrate: out of memory for AdamW's %zu MiB",
+			      n * 18 >> 20);
+	if (ret == 0) {
+		cal_fill(g, n, 1e-3f);
+		cal_fill(p, n, 0.02f);
+	}
+	for (int round = 0; ret == 0 && round <= CAL_ROUNDS; round++) {
 		uint64_t t0 = st_now_ns();
-		int ret;
 
 		hp.step = (uint64_t)round + 1;
 		ret = st_adam_update(&hp, &b, n, ST_ADAM_GRAD_CHECKED, NULL);
-		if (ret < 0)
-			cal_fail(ret, "AdamW");
+		if (ret < 0) {
+			ret = cal_fail(k, ret, "AdamW");
+			break;
+		}
 		double t = (double)(st_now_ns() - t0) / 1e9;
 
 		if (round == 0)
 			continue;
 		best = cal_best(best, t);
-		fprintf(stderr, "calibrate: adam: round %d/%d: %zu parameters in %.3f s, %.2f GB/s "
+		cal_say(k, "calibrate: adam: round %d/%d: %zu parameters in %.3f s, %.2f GB/s "
 			"(30 B each)\n", round, CAL_ROUNDS, n, t, n * 30.0 / t / 1e9);
 	}
 	free(g);
@@ -287,6 +358,8 @@ static double cal_adam(const char *wdtype, bool bf16, json_object *meas)
 	free(m);
 	free(v);
 	free(w);
+	if (ret < 0)
+		return ret;
 	json_object *o = json_object_new_object();
 
 	json_object_object_add(o, "elems", json_object_new_int64((int64_t)n));
@@ -295,7 +368,8 @@ static double cal_adam(const char *wdtype, bool bf16, json_object *meas)
 	json_object_object_add(o, "path", json_object_new_string(st_optim_path_name(
 		st_optim_path_get())));
 	json_object_object_add(meas, "adam", o);
-	return n * 30.0 / best;
+	*bps = n * 30.0 / best;
+	return 0;
 }
 
 /* --- nvme: the engine's update sweep, replayed -------------------------------
@@ -325,35 +399,40 @@ static double cal_adam(const char *wdtype, bool bf16, json_object *meas)
 
 /* The file size: $STRATA_CALIBRATE_NVME_BYTES (tests, a small disk), else
  * 2 GiB. */
-static uint64_t cal_nvme_bytes(void)
+static int cal_nvme_bytes(struct cal *k, uint64_t *bytes)
 {
 	const char *e = getenv("STRATA_CALIBRATE_NVME_BYTES");
 	uint64_t b = 0;
 
 	if (e && *e && st_parse_size(e, &b) < 0)
-		st_cli_die(2, "STRATA_CALIBRATE_NVME_BYTES=%s: not a size", e);
-	return b ? b : CAL_NVME_DEFAULT_BYTES;
+		return cal_err(k, 2, -EINVAL, "STRATA_CALIBRATE_NVME_BYTES=%s: not a size", e);
+	*bytes = b ? b : CAL_NVME_DEFAULT_BYTES;
+	return 0;
 }
 
 /* engine_sums.c's tile sum: the XXH3 of the XXH3s of its 256 KiB blocks,
- * the blocks on all threads */
-static uint64_t cal_sum(const void *p, uint64_t len)
+ * the blocks on all threads; into *sum */
+static int cal_sum(struct cal *k, const void *p, uint64_t len, uint64_t *sum)
 {
 	uint64_t nb = (len + CAL_SUM_BLOCK - 1) / CAL_SUM_BLOCK;
-	uint64_t *h = malloc(nb * sizeof(*h)), r;
+	uint64_t *h = malloc(nb * sizeof(*h));
 
 	if (!h)
-		st_cli_die(1, "--calibrate: out of memory");
+		return cal_err(k, 1, -ENOMEM, "--calibrate: out of memory");
 #pragma omp parallel for schedule(static) if (nb > 1)
 	for (uint64_t b = 0; b < nb; b++)
 		h[b] = XXH3_64bits((const char *)p + b * CAL_SUM_BLOCK,
 				   ST_MIN((uint64_t)CAL_SUM_BLOCK, len - b * CAL_SUM_BLOCK));
-	r = XXH3_64bits(h, nb * sizeof(*h));
+	*sum = XXH3_64bits(h, nb * sizeof(*h));
 	free(h);
-	return r;
+	return 0;
 }
 
+/* The replay's state. A failure is kept in err: from there every request
+ * and wait does nothing, and the sweep's loops end. */
 struct cal_nv {
+	struct cal *k;
+	int err;
 	struct st_tier *nv;
 	struct st_extent ext;
 	uint64_t tile, tiles, wb;   /* elements a tile, tiles, W's bytes each */
@@ -385,16 +464,18 @@ static uint64_t cal_off(const struct cal_nv *c, uint64_t i, int s)
 static void cal_nv_reap(struct cal_nv *c, unsigned min_wait)
 {
 	struct st_tier_cqe cqe[64];
-	int k = st_tier_reap(c->nv, cqe, 64, min_wait);
+	int k = c->err ? 0 : st_tier_reap(c->nv, cqe, 64, min_wait);
 
 	if (k < 0)
-		st_cli_die(1, "--calibrate: nvme: %s (%s)", st_tier_error(c->nv), strerror(-k));
+		c->err = cal_err(c->k, 1, k, "--calibrate: nvme: %s (%s)", st_tier_error(c->nv),
+				 strerror(-k));
 	for (int i = 0; i < k; i++) {
 		uintptr_t tag = (uintptr_t)cqe[i].user;
 
-		if (cqe[i].res < 0)
-			st_cli_die(1, "--calibrate: nvme %s: %s (%s)", tag & 1 ? "write" : "read",
-				   st_tier_error(c->nv), strerror((int)-cqe[i].res));
+		if (cqe[i].res < 0 && !c->err)
+			c->err = cal_err(c->k, 1, (int)cqe[i].res, "--calibrate: nvme %s: %s (%s)",
+					 tag & 1 ? "write" : "read", st_tier_error(c->nv),
+					 strerror((int)-cqe[i].res));
 		c->pending[tag >> 1][tag & 1]--;
 		cal_lane(c, (int)(tag & 1), -1);
 	}
@@ -402,7 +483,7 @@ static void cal_nv_reap(struct cal_nv *c, unsigned min_wait)
 
 static void cal_nv_wait(struct cal_nv *c, int set, int rw)
 {
-	while (c->pending[set][rw])
+	while (c->pending[set][rw] && !c->err)
 		cal_nv_reap(c, 1);
 }
 
@@ -412,10 +493,14 @@ static void cal_nv_submit(struct cal_nv *c, int set, int rw, uint64_t off, void 
 	struct st_tier_io io = { .op = rw ? ST_IO_WRITE : ST_IO_READ, .ext = c->ext,
 				 .ext_off_bytes = off, .len_bytes = len, .buf = buf,
 				 .user = (void *)(uintptr_t)(set * 2 + rw) };
-	int ret = st_tier_submit(c->nv, &io, 1);
+	int ret = c->err ? c->err : st_tier_submit(c->nv, &io, 1);
 
-	if (ret < 0)
-		st_cli_die(1, "--calibrate: nvme: %s (%s)", st_tier_error(c->nv), strerror(-ret));
+	if (ret < 0) {
+		if (!c->err)
+			c->err = cal_err(c->k, 1, ret, "--calibrate: nvme: %s (%s)",
+					 st_tier_error(c->nv), strerror(-ret));
+		return;
+	}
 	c->pending[set][rw]++;
 	cal_lane(c, rw, +1);
 }
@@ -441,22 +526,30 @@ static void cal_sweep_update(struct cal_nv *c, int s, uint64_t i, int round, boo
 	int ret;
 
 	cal_nv_wait(c, s, 0);
-	for (int k = 0; k < 4; k++) {
-		uint64_t h = cal_sum(c->set[s] + k * c->tile * 4, c->tile * 4);
+	for (int k = 0; !c->err && k < 4; k++) {
+		uint64_t h = 0;
 
-		if (check && h != c->sums[i * 5 + k])
-			st_cli_die(1, "--calibrate: nvme: tile %llu state %d read back wrong "
-				   "(sum %016llx, wrote %016llx)", (unsigned long long)i, k,
-				   (unsigned long long)h, (unsigned long long)c->sums[i * 5 + k]);
+		if ((ret = cal_sum(c->k, c->set[s] + k * c->tile * 4, c->tile * 4, &h)) < 0)
+			c->err = ret;
+		else if (check && h != c->sums[i * 5 + k])
+			c->err = cal_err(c->k, 1, -EIO, "--calibrate: nvme: tile %llu state %d read "
+					 "back wrong (sum %016llx, wrote %016llx)",
+					 (unsigned long long)i, k, (unsigned long long)h,
+					 (unsigned long long)c->sums[i * 5 + k]);
 	}
+	if (c->err)
+		return;
 	ret = st_adam_update(&hp, &b, c->tile, ST_ADAM_GRAD_CHECKED, NULL);
-	if (ret < 0)
-		cal_fail(ret, "AdamW in the nvme sweep");
+	if (ret < 0) {
+		c->err = cal_fail(c->k, ret, "AdamW in the nvme sweep");
+		return;
+	}
 	/* G is not written back by the update; P, M, V and W are */
-	for (int k = 1; k <= 4; k++) {
+	for (int k = 1; !c->err && k <= 4; k++) {
 		uint64_t len = k < 4 ? c->tile * 4 : c->tile * c->wb;
 
-		c->sums[i * 5 + k] = cal_sum(c->set[s] + k * c->tile * 4, len);
+		if ((ret = cal_sum(c->k, c->set[s] + k * c->tile * 4, len, &c->sums[i * 5 + k])) < 0)
+			c->err = ret;
 		cal_nv_submit(c, s, 1, cal_off(c, i, k), c->set[s] + k * c->tile * 4, len);
 	}
 }
@@ -471,15 +564,15 @@ static double cal_nv_sweep(struct cal_nv *c, int round, double *wall_s, double l
 	c->lane_ns[0] = c->lane_ns[1] = 0;
 	st_tier_get_stats(c->nv, &a);
 	cal_sweep_load(c, 0, 0);
-	for (uint64_t i = 0; i < c->tiles; i++) {
+	for (uint64_t i = 0; !c->err && i < c->tiles; i++) {
 		if (i + 1 < c->tiles)
 			cal_sweep_load(c, (int)((i + 1) % 2), i + 1);
 		cal_sweep_update(c, (int)(i % 2), i, round, true);
 	}
 	cal_nv_wait(c, 0, 1);
 	cal_nv_wait(c, 1, 1);
-	if (st_tier_sync(c->nv) < 0)
-		st_cli_die(1, "--calibrate: nvme sync: %s", st_tier_error(c->nv));
+	if (!c->err && st_tier_sync(c->nv) < 0)
+		c->err = cal_err(c->k, 1, -EIO, "--calibrate: nvme sync: %s", st_tier_error(c->nv));
 	st_tier_get_stats(c->nv, &b);
 	*wall_s = (double)(st_now_ns() - t0) / 1e9;
 	lane_s[0] = (double)c->lane_ns[0] / 1e9;
@@ -488,16 +581,18 @@ static double cal_nv_sweep(struct cal_nv *c, int round, double *wall_s, double l
 }
 
 /* The nvme rates as the engine's update sweep sees them (above). */
-static void cal_nvme(const struct st_plan_input *in, const char *dirs, double *rd, double *wr,
-		     json_object *meas)
+static int cal_nvme(struct cal *k, const struct st_plan_input *in, const char *dirs, double *rd,
+		    double *wr, json_object *meas)
 {
-	uint64_t want = cal_nvme_bytes(), tile = 0, set_bytes, file;
-	struct st_tier *nv, *host;
+	uint64_t want = 0, tile = 0, set_bytes, file;
+	struct st_tier *nv = NULL, *host = NULL;
 	struct st_extent he;
-	struct cal_nv c = { .wb = in->bf16 ? 2 : 4 };
+	struct cal_nv c = { .k = k, .wb = in->bf16 ? 2 : 4 };
 	double busy = 0, wall = 0, lane[2] = { 0, 0 }, sweep_rd, sweep_wr;
 	int ret;
 
+	if ((ret = cal_nvme_bytes(k, &want)) < 0)
+		return ret;
 	/* the engine's update tile: the largest unit, at most 8 Mi elements */
 	for (int u = 0; u < st_model_unit_count(in->model); u++)
 		tile = ST_MAX(tile, (uint64_t)st_model_unit_layout(in->model, u)->elems);
@@ -512,76 +607,90 @@ static void cal_nvme(const struct st_plan_input *in, const char *dirs, double *r
 
 		ret = st_tier_create(&st_tier_nvme_ops, &nc, &nv);
 		if (ret < 0)
-			st_cli_die(ret == -ENOENT || ret == -ENOTDIR ? 2 : 1,
-				   "--calibrate: --nvme %s: %s", dirs, st_error_last());
+			return cal_err(k, ret == -ENOENT || ret == -ENOTDIR ? 2 : 1, ret,
+				       "--calibrate: --nvme %s: %s", dirs, st_error_last());
 		ret = st_tier_create(&st_tier_host_ops, &hc, &host);
-		if (ret < 0)
-			cal_fail(ret, "the nvme sweep's staging");
+		if (ret < 0) {
+			ret = cal_fail(k, ret, "the nvme sweep's staging");
+			goto out;
+		}
 	}
 	c.nv = nv;
 	ret = st_tier_alloc(nv, file, &c.ext);
 	if (ret == 0)
 		ret = st_tier_alloc(host, 2 * set_bytes, &he);
-	if (ret < 0)
-		cal_fail(ret, "nvme extents");
+	if (ret < 0) {
+		ret = cal_fail(k, ret, "nvme extents");
+		goto out;
+	}
 	c.set[0] = st_tier_addr(host, &he);
 	c.set[1] = c.set[0] + set_bytes;
 	{
 		struct st_tier_buffer tb = { c.set[0], (2 * set_bytes + 4095) & ~4095ull };
 
 		ret = st_tier_register_buffers(nv, &tb, 1);
-		if (ret < 0)
-			cal_fail(ret, "the staging as nvme buffers");
+		if (ret < 0) {
+			ret = cal_fail(k, ret, "the staging as nvme buffers");
+			goto out;
+		}
 	}
 	c.sums = calloc(c.tiles * 5, sizeof(*c.sums));
-	if (!c.sums)
-		st_cli_die(1, "--calibrate: out of memory");
+	if (!c.sums) {
+		ret = cal_err(k, 1, -ENOMEM, "--calibrate: out of memory");
+		goto out;
+	}
 	/* G, P, M, V small and positive (V must be), W anything */
 	for (int s = 0; s < 2; s++)
 		for (uint64_t i = 0; i < tile * 4; i++)
 			((float *)c.set[s])[i] = 1e-3f * (1.5f + sinf((float)(i % 9973) * 0.37f));
-	fprintf(stderr, "calibrate: nvme: %s, %llu MiB of files (%llu tiles of %llu elements: "
+	cal_say(k, "calibrate: nvme: %s, %llu MiB of files (%llu tiles of %llu elements: "
 		"G, P, M, V, W), the update sweep replayed, %d rounds\n", st_tier_describe(nv),
 		(unsigned long long)(file >> 20), (unsigned long long)c.tiles,
 		(unsigned long long)tile, CAL_ROUNDS);
 	/* the fill: every tile's G, P, M, V and W written, their sums kept */
-	for (int k = 0; k < 5; k++) {
-		uint64_t h = cal_sum(c.set[0] + k * tile * 4, k < 4 ? tile * 4 : tile * c.wb);
+	for (int s = 0; s < 5; s++) {
+		uint64_t h;
 
+		if ((ret = cal_sum(k, c.set[0] + s * tile * 4, s < 4 ? tile * 4 : tile * c.wb, &h)) < 0)
+			goto out;
 		for (uint64_t i = 0; i < c.tiles; i++)
-			c.sums[i * 5 + k] = h;
+			c.sums[i * 5 + s] = h;
 	}
-	for (uint64_t i = 0; i < c.tiles; i++)
-		for (int k = 0; k < 5; k++) {
-			while (c.pending[0][1] >= CAL_NVME_WINDOW)
+	for (uint64_t i = 0; !c.err && i < c.tiles; i++)
+		for (int s = 0; !c.err && s < 5; s++) {
+			while (c.pending[0][1] >= CAL_NVME_WINDOW && !c.err)
 				cal_nv_reap(&c, 1);
-			cal_nv_submit(&c, 0, 1, cal_off(&c, i, k), c.set[0] + k * tile * 4,
-				      k < 4 ? tile * 4 : tile * c.wb);
+			cal_nv_submit(&c, 0, 1, cal_off(&c, i, s), c.set[0] + s * tile * 4,
+				      s < 4 ? tile * 4 : tile * c.wb);
 		}
 	cal_nv_wait(&c, 0, 1);
-	if (st_tier_sync(nv) < 0)
-		st_cli_die(1, "--calibrate: nvme sync: %s", st_tier_error(nv));
+	if (!c.err && st_tier_sync(nv) < 0)
+		c.err = cal_err(k, 1, -EIO, "--calibrate: nvme sync: %s", st_tier_error(nv));
 	sweep_rd = (double)c.tiles * tile * 16;
 	sweep_wr = (double)c.tiles * tile * (12 + c.wb);
-	for (int round = 1; round <= CAL_ROUNDS; round++) {
+	for (int round = 1; !c.err && round <= CAL_ROUNDS; round++) {
 		double sw_wall, ln[2], sw = cal_nv_sweep(&c, round, &sw_wall, ln);
 
+		if (c.err)
+			break;
 		if (busy == 0 || sw < busy) {
 			busy = sw;
 			wall = sw_wall;
 			lane[0] = ln[0];
 			lane[1] = ln[1];
 		}
-		fprintf(stderr, "calibrate: nvme: round %d/%d: sweep %.2f GB/s read + write in "
+		cal_say(k, "calibrate: nvme: round %d/%d: sweep %.2f GB/s read + write in "
 			"%.3f s busy (%.3f s wall; read lane %.3f s, write lane %.3f s)\n", round,
 			CAL_ROUNDS, (sweep_rd + sweep_wr) / sw / 1e9, sw, sw_wall, ln[0], ln[1]);
 	}
+	if ((ret = c.err) < 0)
+		goto out;
 	{
 		double f = lane[0] + lane[1] > busy ? busy / (lane[0] + lane[1]) : 1;
 
 		*rd = sweep_rd / (lane[0] * f);
 		*wr = sweep_wr / (lane[1] * f);
-		fprintf(stderr, "calibrate: nvme: the lanes' busy times scaled by %.2f (the tier's "
+		cal_say(k, "calibrate: nvme: the lanes' busy times scaled by %.2f (the tier's "
 			"over their sum)\n", f);
 		json_object *o = json_object_new_object();
 
@@ -599,133 +708,179 @@ static void cal_nvme(const struct st_plan_input *in, const char *dirs, double *r
 		json_object_object_add(o, "scale", json_object_new_double(f));
 		json_object_object_add(meas, "nvme", o);
 	}
-	free(c.sums);
 	st_tier_unregister_buffers(nv);
 	st_tier_free(host, &he);
 	st_tier_free(nv, &c.ext);
+out:
+	/* a failure's extents and requests end with their tiers */
+	free(c.sums);
 	st_tier_destroy(nv);
 	st_tier_destroy(host);
+	return ret;
 }
 
-void st_cli_calibrate(const struct st_plan_input *in, const char *device,
-		      const char *nvme_dirs, const char *nvme_bench, const char *file,
-		      struct st_plan_rates *out)
+/* The device, its compute and the vram and host tiers the measures use:
+ * one block's buffers and the copies' buffer, with room to spare. */
+static int cal_open(struct cal *k, const struct st_plan_input *in, const char *device,
+		    struct st_device **dev, struct st_compute **cx, struct st_tier **vram,
+		    struct st_tier **host, char *dims, size_t dims_bytes)
 {
 	const struct st_device_ops *dops = st_device_find(device);
-	const struct st_model_config *cfg = st_model_config(in->model);
-	struct st_device *dev;
-	struct st_compute *cx;
-	struct st_tier *vram, *host;
-	struct st_plan_rates r;
-	json_object *meas = json_object_new_object();
-	char dims[512];
+	const struct st_unit_layout *lay = st_model_unit_layout(in->model, 0);
+	uint64_t big = 0, work = 0, act, need;
 	int ret;
 
-	memset(&r, 0, sizeof(r));
-	if (!dops)
-		st_cli_die(2, "--calibrate: device %s is not built into this binary (%s)", device,
-			   st_device_list());
-	/* what can be refused is refused before anything is measured: the
-	 * nvme-bench file, and a FILE that cannot be written */
-	if (nvme_bench) {
-		ret = st_plan_rates_from_nvme_bench(nvme_bench, &r);
-		if (ret < 0)
-			st_cli_die(2, "--nvme-bench %s", st_error_last());
+	for (int u = 0; u < st_model_unit_count(in->model); u++) {
+		lay = st_model_unit_layout(in->model, u);
+		if (lay->kind == ST_UNIT_BLOCK && lay->elems > big)
+			big = lay->elems;
+		if (!big && u == st_model_unit_count(in->model) - 1)
+			big = st_model_unit_layout(in->model, 0)->elems;
 	}
-	{
-		struct st_file_atomic f;
+	act = st_model_act_bytes(in->model, 0, in->batch, in->seq);
+	for (int u = 0; u < st_model_unit_count(in->model); u++) {
+		uint64_t wb = st_model_work_bytes(in->model, u, in->batch, in->seq);
 
-		ret = st_file_atomic_open(&f, file);
-		if (ret < 0) /* a path that cannot be, as export's --out: bad input */
-			st_cli_die(ret == -ENOENT || ret == -EACCES || ret == -ENOTDIR ||
-				   ret == -EROFS ? 2 : 1, "--calibrate %s: %s", file,
-				   strerror(-ret));
-		st_file_atomic_abort(&f);
+		work = wb > work ? wb : work;
 	}
-	/* one block's buffers and the copies' buffer, with room to spare */
-	{
-		const struct st_unit_layout *lay = st_model_unit_layout(in->model, 0);
-		uint64_t big = 0;
+	need = big * 8 + 4 * (act + 4096) + work + 2ull * in->batch * in->seq * 4 + (1ull << 20);
+	need = (need > CAL_COPY_BYTES ? need : CAL_COPY_BYTES) + (64ull << 20);
+	need = (need + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+	struct st_device_config dc = { .mem_bytes = need };
+	struct st_tier_config vc = { .budget_bytes = need };
+	struct st_tier_config hc = { .budget_bytes = CAL_COPY_BYTES + (4ull << 20) };
 
-		for (int u = 0; u < st_model_unit_count(in->model); u++) {
-			lay = st_model_unit_layout(in->model, u);
-			if (lay->kind == ST_UNIT_BLOCK && lay->elems > big)
-				big = lay->elems;
-			if (!big && u == st_model_unit_count(in->model) - 1)
-				big = st_model_unit_layout(in->model, 0)->elems;
-		}
-		uint64_t act = st_model_act_bytes(in->model, 0, in->batch, in->seq);
-		uint64_t work = 0;
+	ret = st_device_create(dops, &dc, dev);
+	if (ret < 0)
+		return cal_err(k, ret == -ENODEV ? 2 : 1, ret, "--calibrate: device %s: %s", device,
+			       st_error_last());
+	cal_say(k, "calibrate: %s at B=%d T=%d on %s (%d threads): vram %llu MiB, "
+		"pinned host %llu MiB\n",
+		st_model_config_format(st_model_config(in->model), dims, dims_bytes),
+		in->batch, in->seq, device, omp_get_max_threads(),
+		(unsigned long long)(need >> 20), (unsigned long long)(hc.budget_bytes >> 20));
+	ret = st_compute_create(*dev, cx);
+	if (ret < 0)
+		return cal_fail(k, ret, "the device's compute");
+	vc.device = *dev;
+	hc.device = *dev;
+	ret = st_tier_create(&st_tier_vram_ops, &vc, vram);
+	if (ret == 0)
+		ret = st_tier_create(&st_tier_host_ops, &hc, host);
+	if (ret < 0)
+		return cal_fail(k, ret, "the vram and host tiers");
+	return 0;
+}
 
-		for (int u = 0; u < st_model_unit_count(in->model); u++) {
-			uint64_t wb = st_model_work_bytes(in->model, u, in->batch, in->seq);
+/* compute, copies, AdamW and the nvme (from nvme_bench, a run on
+ * nvme_dirs, or neither) into *r and meas. */
+static int cal_measure(struct cal *k, const struct st_plan_input *in, const char *nvme_dirs,
+		       const char *nvme_bench, struct st_compute *cx, struct st_tier *vram,
+		       struct st_tier *host, json_object *meas, struct st_plan_rates *r)
+{
+	int ret;
 
-			work = wb > work ? wb : work;
-		}
-		uint64_t need = big * 8 + 4 * (act + 4096) + work + 2ull * in->batch * in->seq * 4 +
-				(1ull << 20);
-
-		need = (need > CAL_COPY_BYTES ? need : CAL_COPY_BYTES) + (64ull << 20);
-		need = (need + (2ull << 20) - 1) & ~((2ull << 20) - 1);
-		struct st_device_config dc = { .mem_bytes = need };
-		struct st_tier_config vc = { .budget_bytes = need };
-		struct st_tier_config hc = { .budget_bytes = CAL_COPY_BYTES + (4ull << 20) };
-
-		ret = st_device_create(dops, &dc, &dev);
-		if (ret < 0)
-			st_cli_die(ret == -ENODEV ? 2 : 1, "--calibrate: device %s: %s", device,
-				   st_error_last());
-		fprintf(stderr, "calibrate: %s at B=%d T=%d on %s (%d threads): vram %llu MiB, "
-			"pinned host %llu MiB\n", st_model_config_format(cfg, dims, sizeof(dims)),
-			in->batch, in->seq, device, omp_get_max_threads(),
-			(unsigned long long)(need >> 20), (unsigned long long)(hc.budget_bytes >> 20));
-		ret = st_compute_create(dev, &cx);
-		if (ret < 0)
-			cal_fail(ret, "the device's compute");
-		vc.device = dev;
-		hc.device = dev;
-		ret = st_tier_create(&st_tier_vram_ops, &vc, &vram);
-		if (ret == 0)
-			ret = st_tier_create(&st_tier_host_ops, &hc, &host);
-		if (ret < 0)
-			cal_fail(ret, "the vram and host tiers");
-	}
-	json_object_object_add(meas, "device", json_object_new_string(device));
-	json_object_object_add(meas, "model", json_object_new_string(dims));
-	json_object_object_add(meas, "batch", json_object_new_int(in->batch));
-	json_object_object_add(meas, "seq", json_object_new_int(in->seq));
-	json_object_object_add(meas, "threads", json_object_new_int(omp_get_max_threads()));
-	r.compute_flops = cal_compute(in, dev, cx, vram, meas);
-	fprintf(stderr, "calibrate: compute %.1f GFLOP/s\n", r.compute_flops / 1e9);
-	r.copy_bps = cal_copy(vram, host, meas);
-	fprintf(stderr, "calibrate: copies %.2f GB/s (host -> vram and back)\n", r.copy_bps / 1e9);
-	r.adam_bps = cal_adam(NULL, in->bf16, meas);
-	fprintf(stderr, "calibrate: adam %.2f GB/s\n", r.adam_bps / 1e9);
+	if ((ret = cal_compute(k, in, cx, vram, meas, &r->compute_flops)) < 0)
+		return ret;
+	cal_say(k, "calibrate: compute %.1f GFLOP/s\n", r->compute_flops / 1e9);
+	if ((ret = cal_copy(k, vram, host, meas, &r->copy_bps)) < 0)
+		return ret;
+	cal_say(k, "calibrate: copies %.2f GB/s (host -> vram and back)\n", r->copy_bps / 1e9);
+	if ((ret = cal_adam(k, in->bf16, meas, &r->adam_bps)) < 0)
+		return ret;
+	cal_say(k, "calibrate: adam %.2f GB/s\n", r->adam_bps / 1e9);
 	if (nvme_bench) {
 		json_object *o = json_object_new_object();
 
 		json_object_object_add(o, "source", json_object_new_string(nvme_bench));
 		json_object_object_add(meas, "nvme", o);
 	} else if (nvme_dirs) {
-		cal_nvme(in, nvme_dirs, &r.nvme_read_bps, &r.nvme_write_bps, meas);
+		ret = cal_nvme(k, in, nvme_dirs, &r->nvme_read_bps, &r->nvme_write_bps, meas);
+		if (ret < 0)
+			return ret;
 	} else {
-		fprintf(stderr, "calibrate: nvme: not measured (no --nvme DIR or --nvme-bench "
+		cal_say(k, "calibrate: nvme: not measured (no --nvme DIR or --nvme-bench "
 			"FILE): the file says null, the default\n");
 	}
-	if (r.nvme_read_bps > 0)
-		fprintf(stderr, "calibrate: nvme %.2f GB/s read, %.2f GB/s write\n",
-			r.nvme_read_bps / 1e9, r.nvme_write_bps / 1e9);
+	if (r->nvme_read_bps > 0)
+		cal_say(k, "calibrate: nvme %.2f GB/s read, %.2f GB/s write\n",
+			r->nvme_read_bps / 1e9, r->nvme_write_bps / 1e9);
+	return 0;
+}
+
+int st_calibrate(const struct st_plan_input *in, const char *device, const char *nvme_dirs,
+		 const char *nvme_bench, const char *file, FILE *log, struct st_plan_rates *out,
+		 int *exit_code)
+{
+	struct cal k = { .log = log, .exit_code = 1 };
+	struct st_device *dev = NULL;
+	struct st_compute *cx = NULL;
+	struct st_tier *vram = NULL, *host = NULL;
+	struct st_plan_rates r;
+	json_object *meas = NULL;
+	char dims[512] = "";
+	int ret;
+
+	memset(&r, 0, sizeof(r));
+	if (!st_device_find(device)) {
+		ret = cal_err(&k, 2, -ENODEV, "--calibrate: device %s is not built into this "
+			      "binary (%s)", device, st_device_list());
+		goto out;
+	}
+	/* what can be refused is refused before anything is measured: the
+	 * nvme-bench file, and a FILE that cannot be written */
+	if (nvme_bench && (ret = st_plan_rates_from_nvme_bench(nvme_bench, &r)) < 0) {
+		ret = cal_err(&k, 2, ret, "--nvme-bench %s", st_error_last());
+		goto out;
+	}
+	{
+		struct st_file_atomic f;
+
+		ret = st_file_atomic_open(&f, file);
+		if (ret < 0) { /* a path that cannot be, as export's --out: bad input */
+			ret = cal_err(&k, ret == -ENOENT || ret == -EACCES || ret == -ENOTDIR ||
+				      ret == -EROFS ? 2 : 1, ret, "--calibrate %s: %s", file,
+				      strerror(-ret));
+			goto out;
+		}
+		st_file_atomic_abort(&f);
+	}
+	ret = cal_open(&k, in, device, &dev, &cx, &vram, &host, dims, sizeof(dims));
+	if (ret < 0)
+		goto out;
+	meas = json_object_new_object();
+	json_object_object_add(meas, "device", json_object_new_string(device));
+	json_object_object_add(meas, "model", json_object_new_string(dims));
+	json_object_object_add(meas, "batch", json_object_new_int(in->batch));
+	json_object_object_add(meas, "seq", json_object_new_int(in->seq));
+	json_object_object_add(meas, "threads", json_object_new_int(omp_get_max_threads()));
+	ret = cal_measure(&k, in, nvme_dirs, nvme_bench, cx, vram, host, meas, &r);
+	if (ret < 0)
+		goto out;
 	st_tier_destroy(host);
 	st_tier_destroy(vram);
 	st_compute_destroy(cx);
 	st_device_destroy(dev);
+	host = vram = NULL;
+	cx = NULL;
+	dev = NULL;
 	ret = st_plan_rates_write(file, &r, json_object_to_json_string(meas));
-	json_object_put(meas);
-	if (ret < 0)
-		st_cli_die(ret == -EINVAL ? 2 : 1, "--calibrate %s", st_error_last());
-	fprintf(stderr, "calibrate: wrote %s\n", file);
+	if (ret < 0) {
+		ret = cal_err(&k, ret == -EINVAL ? 2 : 1, ret, "--calibrate %s", st_error_last());
+		goto out;
+	}
+	cal_say(&k, "calibrate: wrote %s\n", file);
 	for (int i = 0; i < ST_RATE_COUNT; i++)
 		if (st_plan_rate_get(&r, (enum st_rate)i) > 0)
 			r.source[i] = ST_RATE_SRC_FILE;
 	*out = r;
+out:
+	json_object_put(meas);
+	st_tier_destroy(host);
+	st_tier_destroy(vram);
+	st_compute_destroy(cx);
+	st_device_destroy(dev);
+	if (exit_code)
+		*exit_code = ret < 0 ? k.exit_code : 0;
+	return ret;
 }
