@@ -5,6 +5,8 @@
  * there, per unit; the step sums them in unit order. */
 #include "engine_internal.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void add_into(float *dst, const float *src, size_t n)
@@ -158,6 +160,47 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 	return st_eng_chain_start(e, &e->c_gwrite, &h, 1, busy, NULL);
 }
 
+/* --- G in vram (the optimizer on the device, engine_update.c) ----------- */
+
+/* Unit u's dW (in the device buffer dw) into its G in vram on the
+ * compute's queue: copied at micro-batch 0, added later; after the last,
+ * its sum of squares. */
+static void dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last)
+{
+	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
+
+	/* the host's fold: the first micro-batch copies, later ones add */
+	if (mb == 0)
+		st_compute_copy(e->cx, g, dw, e->elems[u] * sizeof(float));
+	else
+		st_compute_residual_fwd(e->cx, g, g, dw, e->elems[u]);
+	if (last)
+		st_compute_grad_sumsq(e->cx, &e->dev_sumsq[u], e->dev_sumsq_scratch, g,
+				      e->elems[u]);
+}
+
+int st_eng_dev_sumsq(struct st_engine *e)
+{
+	struct st_compute_sumsq *h = malloc((size_t)e->U * sizeof(*h));
+	uint64_t t0 = st_now_ns();
+	int ret;
+
+	if (!h)
+		return -ENOMEM;
+	st_compute_to_host(e->cx, h, e->dev_sumsq, (size_t)e->U * sizeof(*h));
+	st_eng_host_wait(e, "sumsq d2h", t0);
+	ret = st_compute_take_error(e->cx);
+	for (int u = 0; ret == 0 && u < e->U; u++) {
+		if (!opt_on_dev(e, u))
+			continue;
+		e->unit_sumsq[u] = h[u].sumsq;
+		if (h[u].nonfinite)
+			e->nonfinite = true;
+	}
+	free(h);
+	return ret;
+}
+
 /* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */
 int st_eng_grad_in(struct st_engine *e, int u, int mb)
 {
@@ -169,8 +212,8 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 	if (ret < 0)
 		return ret;
 	if (g->home == ST_HOME_VRAM) {
-		st_eng_dev_grad_in(e, u, (unit_resident(e, u) ? &e->ub[u] : &e->shared[u & 1])->dw,
-				   mb, last);
+		dev_grad_in(e, u, (unit_resident(e, u) ? &e->ub[u] : &e->shared[u & 1])->dw, mb,
+			    last);
 		return st_compute_take_error(e->cx);
 	}
 	if (g->home != ST_HOME_HOST)

@@ -198,6 +198,12 @@ struct st_engine {
 	struct lane_busy lane[ST_LANE_COUNT];
 	double *unit_sumsq;
 	bool nonfinite;
+	/* hooks on the hops of a shard (unit >= 0), set by their owner
+	 * (engine_sums.c), NULL for none: hop_out sees a write's bytes before
+	 * it is submitted, hop_in a read's once it completed (0, or -errno:
+	 * the bytes are not to be used) */
+	void (*hop_out)(struct st_engine *e, const struct hop *h);
+	int (*hop_in)(struct st_engine *e, const struct hop *h);
 	uint64_t **sums;              /* [U * ST_STATE_COUNT]: per tile, nvme shards only */
 	bool *summed;                 /* [U * ST_STATE_COUNT]: written since create */
 
@@ -362,6 +368,9 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst);
 /* engine_grad.c */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
 int st_eng_grad_in(struct st_engine *e, int u, int mb);
+/* The device-side units' sums of squares into unit_sumsq (and nonfinite):
+ * waits for the compute. 0 or -errno. */
+int st_eng_dev_sumsq(struct st_engine *e);
 
 /* engine_update.c */
 int st_eng_update_setup(struct st_engine *e);
@@ -376,15 +385,21 @@ int st_eng_update_poll(struct st_engine *e);
 /* A skipped update (the norm was not finite): wait for the prefetched
  * loads and forget them. 0 or -errno. */
 int st_eng_update_drop(struct st_engine *e);
+/* The next step's first forward, fused into the update sweep: the step
+ * (engine_step.c) hands it over, so the sweep never calls back into the
+ * step. begin draws the next micro-batch, no unit's W ready yet; unit_home
+ * is called in unit order once unit u's new W is home (its forward may
+ * run). Each returns 0 or -errno. */
+struct st_eng_fused_fwd {
+	int (*begin)(struct st_engine *e, const struct st_eng_fused_fwd *fwd);
+	int (*unit_home)(struct st_engine *e, int u);
+	struct st_loader *ld;
+};
+
+/* The update sweep; with fwd (not NULL), fused with the next step's first
+ * forward. 0 or -errno. */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
-			const struct st_adam_step *nowd, struct st_loader *ld);
-/* The device-side units' sums of squares into unit_sumsq (and nonfinite):
- * waits for the compute. 0 or -errno. */
-int st_eng_dev_sumsq(struct st_engine *e);
-/* Unit u's dW (in the device buffer dw) into its G in vram on the
- * compute's queue: copied at micro-batch 0, added later; after the last,
- * its sum of squares. */
-void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last);
+			const struct st_adam_step *nowd, const struct st_eng_fused_fwd *fwd);
 
 /* engine_state.c */
 int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,
@@ -418,8 +433,5 @@ void st_eng_act_bwd_begin(struct st_engine *e, int j);
 int st_eng_act_bwd_end(struct st_engine *e, int j);
 int st_eng_act_drain(struct st_engine *e);
 
-/* engine_step.c */
-int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready);
-int st_eng_forward_unit(struct st_engine *e, int u);
 
 #endif

@@ -95,9 +95,9 @@ static int hop_submit(struct st_engine *e, struct chain *c)
 				.after = h->after, .done = h->done };
 	int ret;
 
-	/* what goes to nvme is summed as it leaves (engine_sums.c) */
-	if (h->tier == ST_HOME_NVME && h->rw == ST_IO_WRITE && h->unit >= 0)
-		st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
+	/* a shard's owner sees its bytes as they leave (the nvme sums) */
+	if (h->rw == ST_IO_WRITE && h->unit >= 0 && e->hop_out)
+		e->hop_out(e, h);
 	/* A copy waiting for the compute is not moving bytes yet: its lane is
 	 * busy from when the wait is seen over (see_waits()). */
 	c->t0_ns = st_now_ns();
@@ -161,10 +161,10 @@ static void hop_done(struct st_engine *e, struct chain *c, int64_t res, struct s
 		st_eng_lane_begin(e, lane);
 	}
 	st_eng_lane_end(e, lane, c->t0_ns, 0, h->name);
-	/* what comes back from nvme is checked before anything uses it */
-	if (res >= 0 && h->tier == ST_HOME_NVME && h->rw == ST_IO_READ && h->unit >= 0) {
-		int ret = st_eng_sums_check(e, h->unit, h->state, h->off_bytes, h->buf,
-					    h->len_bytes);
+	/* a shard's owner sees what came back before anything uses it (the
+	 * nvme sums check it) */
+	if (res >= 0 && h->rw == ST_IO_READ && h->unit >= 0 && e->hop_in) {
+		int ret = e->hop_in(e, h);
 
 		if (ret < 0) {
 			res = ret;
@@ -371,10 +371,8 @@ void st_eng_stats_begin(struct st_engine *e)
 
 void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns)
 {
-	uint64_t now;
+	uint64_t now = st_now_ns();
 
-	st_eng_zero_trace(e);
-	now = st_now_ns();
 	e->last.step_ns = now - t0_ns;
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
 		/* stores still going back (the sweep's last, landing in the next

@@ -77,7 +77,7 @@ static struct st_model_batch batch_of(const struct st_engine *e)
 /* Draw the next batch and start the W fetch sequence over. w_ready is the
  * number of units (from 0) whose W may be fetched now: all of them, except
  * while the update sweep is still writing the new W (fused forward). */
-int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
+static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
 {
 	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
 	unsigned i = e->tok_turn++ & 1;
@@ -118,7 +118,7 @@ int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 /* Queue the forward of unit u (0 <= u <= U-2); its output is kept as unit
  * u+1's checkpoint for the backward, and a unit that keeps its forward
  * (plan.keep) writes it into its saved extent, for its backward. */
-int st_eng_forward_unit(struct st_engine *e, int u)
+static int forward_unit(struct st_engine *e, int u)
 {
 	struct st_model_batch b = batch_of(e);
 	float *w = bufs_of(e, u)->wf;
@@ -235,6 +235,21 @@ static int grad_norm(struct st_engine *e, double *norm)
 	return ret;
 }
 
+/* The next step's first forward, fused into the update sweep
+ * (st_eng_update_sweep): the batch is drawn before the sweep starts, with
+ * no W ready; once unit u's new W is home, it may be fetched, and the
+ * forward of u runs (the last unit's runs in its backward). */
+static int fused_begin(struct st_engine *e, const struct st_eng_fused_fwd *fwd)
+{
+	return begin_micro_batch(e, fwd->ld, 0);
+}
+
+static int fused_unit_home(struct st_engine *e, int u)
+{
+	e->w_ready = u + 1;
+	return u <= e->U - 2 ? forward_unit(e, u) : 0;
+}
+
 /* Every micro-batch's forward and backward; *loss_sum their losses. */
 static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss_sum,
 			 double *mine)
@@ -247,9 +262,9 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 		uint64_t t0 = st_now_ns();
 
 		if (a > 0 || !e->fwd_ready) {
-			ret = st_eng_begin_micro_batch(e, ld, e->U);
+			ret = begin_micro_batch(e, ld, e->U);
 			for (int u = 0; ret == 0 && u <= e->U - 2; u++)
-				ret = st_eng_forward_unit(e, u);
+				ret = forward_unit(e, u);
 			st_eng_phase(e, "forward", a, t0);
 			t0 = st_now_ns();
 		}
@@ -315,12 +330,17 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		if (ret < 0)
 			goto fail;
 	} else {
+		struct st_eng_fused_fwd fwd = { .begin = fused_begin,
+						.unit_home = fused_unit_home, .ld = ld };
+
 		ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
 		if (ret == 0)
 			ret = st_eng_update_sweep(e, &with_wd, &without_wd,
-						  next_follows ? ld : NULL);
+						  next_follows ? &fwd : NULL);
 		if (ret < 0)
 			goto fail;
+		/* the sweep ran the next step's first forward */
+		e->fwd_ready = next_follows;
 	}
 	st_eng_phase(e, "update", c->grad_accum - 1, tp);
 	tp = st_now_ns();
@@ -334,6 +354,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	if (ret < 0)
 		goto fail;
 	st_eng_phase(e, "end", c->grad_accum - 1, tp);
+	st_eng_zero_trace(e);
 	st_eng_stats_end(e, t0);
 	return 0;
 fail:

@@ -84,8 +84,25 @@ static uint64_t chunk_at(const struct st_engine *e, int u, enum st_state s, uint
 	return q * seg_chunks(e, u, s) + r / e->tile;
 }
 
+/* The lanes' hooks on a shard's hops: what goes to nvme is summed as it
+ * leaves, what comes back from nvme is checked before anything uses it. */
+static void sums_hop_out(struct st_engine *e, const struct hop *h)
+{
+	if (h->tier == ST_HOME_NVME)
+		st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
+}
+
+static int sums_hop_in(struct st_engine *e, const struct hop *h)
+{
+	if (h->tier != ST_HOME_NVME)
+		return 0;
+	return st_eng_sums_check(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
+}
+
 int st_eng_sums_init(struct st_engine *e)
 {
+	e->hop_out = sums_hop_out;
+	e->hop_in = sums_hop_in;
 	e->sums = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->sums));
 	e->summed = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->summed));
 	if (!e->sums || !e->summed)

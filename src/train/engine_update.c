@@ -262,7 +262,7 @@ static bool next_tile(const struct st_engine *e, struct utile *t)
  * recorded after u's last store): the host goes on to the next unit's
  * AdamW while the copy lands, and every later op of the compute (the
  * forward of u, the backward of the last unit) runs after it. */
-static int unit_done(struct st_engine *e, int u)
+static int unit_done(struct st_engine *e, int u, const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0;
 
@@ -273,10 +273,7 @@ static int unit_done(struct st_engine *e, int u)
 		if (ret == 0)
 			ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W], "W store");
 	}
-	e->w_ready = u + 1;
-	if (ret == 0 && u <= e->U - 2)
-		ret = st_eng_forward_unit(e, u);
-	return ret;
+	return ret ? ret : fwd->unit_home(e, u);
 }
 
 /* Every load and store of the staging landed. */
@@ -366,42 +363,6 @@ int st_eng_update_drop(struct st_engine *e)
 
 /* --- the optimizer on the device ----------------------------------------- */
 
-void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last)
-{
-	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
-
-	/* the host's fold: the first micro-batch copies, later ones add */
-	if (mb == 0)
-		st_compute_copy(e->cx, g, dw, e->elems[u] * sizeof(float));
-	else
-		st_compute_residual_fwd(e->cx, g, g, dw, e->elems[u]);
-	if (last)
-		st_compute_grad_sumsq(e->cx, &e->dev_sumsq[u], e->dev_sumsq_scratch, g,
-				      e->elems[u]);
-}
-
-int st_eng_dev_sumsq(struct st_engine *e)
-{
-	struct st_compute_sumsq *h = malloc((size_t)e->U * sizeof(*h));
-	uint64_t t0 = st_now_ns();
-	int ret;
-
-	if (!h)
-		return -ENOMEM;
-	st_compute_to_host(e->cx, h, e->dev_sumsq, (size_t)e->U * sizeof(*h));
-	st_eng_host_wait(e, "sumsq d2h", t0);
-	ret = st_compute_take_error(e->cx);
-	for (int u = 0; ret == 0 && u < e->U; u++) {
-		if (!opt_on_dev(e, u))
-			continue;
-		e->unit_sumsq[u] = h[u].sumsq;
-		if (h[u].nonfinite)
-			e->nonfinite = true;
-	}
-	free(h);
-	return ret;
-}
-
 /* Unit u's AdamW on the compute's queue: each tensor with or without
  * weight decay, W written in its vram home (its padding stays the zeros
  * st_engine_write_state put there, as the host path's staging zeroes it). */
@@ -427,11 +388,11 @@ static void dev_adam_unit(struct st_engine *e, int u, const struct st_adam_step 
 	st_compute_span_end(e->cx);
 }
 
-/* The device units in [*next, end), in order: queued, and with ld their
+/* The device units in [*next, end), in order: queued, and with fwd their
  * next forward (unit_done), as a tiled unit's once its last tile is in. */
 static int dev_units(struct st_engine *e, int *next, int end,
 		     const struct st_adam_step *wd, const struct st_adam_step *nowd,
-		     struct st_loader *ld)
+		     const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0;
 
@@ -440,8 +401,8 @@ static int dev_units(struct st_engine *e, int *next, int end,
 			continue;
 		dev_adam_unit(e, *next, wd, nowd);
 		ret = st_compute_take_error(e->cx);
-		if (ret == 0 && ld)
-			ret = unit_done(e, *next);
+		if (ret == 0 && fwd)
+			ret = unit_done(e, *next, fwd);
 	}
 	return ret;
 }
@@ -449,19 +410,20 @@ static int dev_units(struct st_engine *e, int *next, int end,
 /* The end of unit u's tiles. Stages 1-2 at world > 1: u's W gather is
  * queued on the comm queue, and it is the unit before whose W is now
  * waited for (its gather ran during u's update) and whose forward runs. */
-static int unit_end(struct st_engine *e, int u, bool last, struct st_loader *ld)
+static int unit_end(struct st_engine *e, int u, bool last,
+		    const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0;
 
 	if (!e->w_gather)
-		return ld ? unit_done(e, u) : 0;
+		return fwd ? unit_done(e, u, fwd) : 0;
 	ret = st_eng_zero_wstore(e, u);
 	for (int v = u - 1; v <= u && ret == 0; v++) {
 		if (v < 0 || (v == u && !last))
 			continue;
 		ret = st_eng_zero_wdone(e, v);
-		if (ret == 0 && ld)
-			ret = unit_done(e, v);
+		if (ret == 0 && fwd)
+			ret = unit_done(e, v, fwd);
 	}
 	return ret;
 }
@@ -484,7 +446,7 @@ static int dev_adam_check(struct st_engine *e)
 	return ret;
 }
 
-/* The update sweep, tile by tile in unit order. With ld, it is fused with
+/* The update sweep, tile by tile in unit order. With fwd, it is fused with
  * the next step's first forward: once unit u's new W is home, fwd(u) runs
  * while the next tiles load and u's P, M, V go back -- the next step's
  * forward of u waits only on update(u) (stages 1-2 at world > 1: on u's
@@ -493,14 +455,14 @@ static int dev_adam_check(struct st_engine *e)
  * two's P, M and V were queued in the backward (st_eng_update_prefetch),
  * their G is queued here, now that it is final. */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
-			const struct st_adam_step *nowd, struct st_loader *ld)
+			const struct st_adam_step *nowd, const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0, dev_next = 0;
 
 	if (e->dev_adam_bad)
 		st_compute_zero(e->cx, e->dev_adam_bad, sizeof(uint32_t));
-	if (ld)
-		ret = st_eng_begin_micro_batch(e, ld, 0);
+	if (fwd)
+		ret = fwd->begin(e, fwd);
 	for (int i = 0; i < e->n_utiles && ret == 0; i++) {
 		const struct utile *cur = &e->utiles[i];
 		bool last = i + 1 == e->n_utiles;
@@ -519,7 +481,7 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 						"W store");
 		/* the device's units before this one, in unit order */
 		if (ret == 0)
-			ret = dev_units(e, &dev_next, cur->u, wd, nowd, ld);
+			ret = dev_units(e, &dev_next, cur->u, wd, nowd, fwd);
 		if (ret == 0)
 			ret = adam_tile(e, cur, wd, nowd);
 		/* the W stores no host waited for (ev_wstore) that landed
@@ -532,10 +494,10 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		if (ret == 0 && e->w_gather)
 			st_eng_zero_wpoll(e);
 		if (ret == 0 && (last || e->utiles[i + 1].u != cur->u))
-			ret = unit_end(e, cur->u, last, ld);
+			ret = unit_end(e, cur->u, last, fwd);
 	}
 	if (ret == 0)
-		ret = dev_units(e, &dev_next, e->U, wd, nowd, ld);
+		ret = dev_units(e, &dev_next, e->U, wd, nowd, fwd);
 	if (ret == 0 && e->dev_adam_bad)
 		ret = dev_adam_check(e);
 	/* fused with the next forward, the last units' P, M, V stores go on
@@ -543,12 +505,10 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 	 * waited for it, on the host or on the compute; the host has only the
 	 * compute to wait for now, so it reaps the W stores here); else every
 	 * store lands here */
-	for (int set = 0; set < 2 && ret == 0 && ld; set++)
+	for (int set = 0; set < 2 && ret == 0 && fwd; set++)
 		ret = st_eng_wait_until(e, &e->upd[set].writes[ST_STATE_W], "W store");
 	if (ret == 0)
-		ret = ld ? upd_reads_quiet(e) : upd_quiet(e);
+		ret = fwd ? upd_reads_quiet(e) : upd_quiet(e);
 	upd_reset(e);
-	if (ret == 0 && ld)
-		e->fwd_ready = true;
 	return ret;
 }
