@@ -237,8 +237,8 @@ static int write_parts(struct st_engine *e, const char *tmp, struct fileset *x)
 	float *buf = NULL;
 	uint64_t E = 0;
 
-	for (int u = 0; u < e->U; u++)
-		E = ST_MAX(E, e->epad[u]);
+	for (int u = 0; u < e->n_units; u++)
+		E = ST_MAX(E, e->padded_elems[u]);
 	if (!fd || posix_memalign((void **)&buf, ST_PAGE_BYTES, E * sizeof(float))) {
 		free(fd);
 		return st_error_set(-ENOMEM, "out of memory");
