@@ -153,6 +153,17 @@ static int gather_upto(const struct st_engine *e, int idx)
 	return nx;
 }
 
+void st_eng_fetch_restart(struct st_engine *e, int w_ready)
+{
+	e->fetch.issued = e->fetch.consumed = e->fetch.gathered = 0;
+	e->fetch.w_ready = w_ready;
+}
+
+void st_eng_fetch_allow(struct st_engine *e, int w_ready)
+{
+	e->fetch.w_ready = w_ready;
+}
+
 /* Wait for the next unit of the sequence to have its W copy queued, then
  * queue the widening of its W into dst, behind that copy on the device
  * (ev_h2d). Its slot is free again once the copy is reaped: the next copy

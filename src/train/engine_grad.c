@@ -185,10 +185,14 @@ static void dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, boo
 
 int st_eng_dev_sumsq(struct st_engine *e)
 {
-	struct st_compute_sumsq *h = malloc((size_t)e->n_units * sizeof(*h));
-	uint64_t t0 = st_now_ns();
+	struct st_compute_sumsq *h;
+	uint64_t t0;
 	int ret;
 
+	if (!e->grad.dev_sumsq)
+		return 0;
+	h = malloc((size_t)e->n_units * sizeof(*h));
+	t0 = st_now_ns();
 	if (!h)
 		return -ENOMEM;
 	st_compute_to_host(e->cx, h, e->grad.dev_sumsq, (size_t)e->n_units * sizeof(*h));
@@ -203,6 +207,13 @@ int st_eng_dev_sumsq(struct st_engine *e)
 	}
 	free(h);
 	return ret;
+}
+
+int st_eng_grad_quiet(struct st_engine *e)
+{
+	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "G write");
+
+	return ret ? ret : st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 }
 
 /* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */

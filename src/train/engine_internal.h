@@ -428,13 +428,22 @@ int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_
 		      const void *buf, uint64_t len_bytes);
 
 /* engine_fetch.c */
+/* The fetch sequence from its start (a new micro-batch), with the W of
+ * units 0 .. w_ready-1 free to fetch. */
+void st_eng_fetch_restart(struct st_engine *e, int w_ready);
+/* Units 0 .. w_ready-1 may now be fetched (their new W is home). */
+void st_eng_fetch_allow(struct st_engine *e, int w_ready);
 int st_eng_acquire_w(struct st_engine *e, int u, float *dst);
 
 /* engine_grad.c */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
 int st_eng_grad_in(struct st_engine *e, int u, int mb);
+/* Every G write in flight (out of the landing and the G staging) has
+ * landed. 0 or -errno. */
+int st_eng_grad_quiet(struct st_engine *e);
 /* The device-side units' sums of squares into unit_sumsq (and nonfinite):
- * waits for the compute. 0 or -errno. */
+ * waits for the compute; nothing without any (grad.dev_sumsq NULL).
+ * 0 or -errno. */
 int st_eng_dev_sumsq(struct st_engine *e);
 
 /* engine_update.c */

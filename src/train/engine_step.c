@@ -111,8 +111,7 @@ static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 	}
 	st_compute_record(e->cx, e->batch.ev_copied[i]);
 	st_eng_host_wait(e, "tokens h2d", t0);
-	e->fetch.issued = e->fetch.consumed = e->fetch.gathered = 0;
-	e->fetch.w_ready = w_ready;
+	st_eng_fetch_restart(e, w_ready);
 	return st_compute_take_error(e->cx);
 }
 
@@ -251,7 +250,7 @@ static int fused_begin(struct st_engine *e, const struct st_eng_fused_fwd *fwd)
 
 static int fused_unit_home(struct st_engine *e, int u)
 {
-	e->fetch.w_ready = u + 1;
+	st_eng_fetch_allow(e, u + 1);
 	return u <= e->n_units - 2 ? forward_unit(e, u) : 0;
 }
 
@@ -274,7 +273,7 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 			t0 = st_now_ns();
 		}
 		e->fwd_ready = false;
-		e->fetch.w_ready = e->n_units;
+		st_eng_fetch_allow(e, e->n_units);
 		/* the update's loads that need no G overlap the last backward */
 		if (ret == 0 && a == c->grad_accum - 1)
 			ret = st_eng_update_prefetch(e);
@@ -308,12 +307,10 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	e->step_end_cursor = ld->cur; /* before the update sweep draws the next batch */
 	tp = st_now_ns();
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->grad.landing_busy, "G write");
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
+		ret = st_eng_grad_quiet(e);
 	if (ret == 0)
 		ret = st_eng_act_drain(e);
-	if (ret == 0 && e->grad.dev_sumsq)
+	if (ret == 0)
 		ret = st_eng_dev_sumsq(e);
 	if (ret < 0)
 		goto fail;
