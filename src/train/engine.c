@@ -43,29 +43,29 @@ void st_engine_destroy(struct st_engine *e)
 	else if (e->cx)
 		st_compute_sync(e->cx);
 	/* the events before the compute's queue they are recorded on */
-	for (int i = 0; e->ev_slot && i < 2 * e->nslots; i++)
-		destroy_event(e, e->ev_slot[i]);
-	for (int i = 0; e->ev_h2d && i < e->nslots; i++)
-		destroy_event(e, e->ev_h2d[i]);
-	destroy_event(e, e->ev_wstore);
+	for (int i = 0; e->fetch.ev_widen && i < 2 * e->fetch.n_slots; i++)
+		destroy_event(e, e->fetch.ev_widen[i]);
+	for (int i = 0; e->fetch.ev_h2d && i < e->fetch.n_slots; i++)
+		destroy_event(e, e->fetch.ev_h2d[i]);
+	destroy_event(e, e->update.ev_wstore);
 	for (int i = 0; i < 2; i++)
-		destroy_event(e, e->shared[i].ev_dw);
+		destroy_event(e, e->shared_bufs[i].ev_dw);
 	for (int i = 0; i < 2; i++)
-		destroy_event(e, e->shared[i].ev_red);
-	for (int u = 0; e->ub && u < e->U; u++) {
-		destroy_event(e, e->ub[u].ev_dw);
-		destroy_event(e, e->ub[u].ev_red);
+		destroy_event(e, e->shared_bufs[i].ev_red);
+	for (int u = 0; e->unit_bufs && u < e->n_units; u++) {
+		destroy_event(e, e->unit_bufs[u].ev_dw);
+		destroy_event(e, e->unit_bufs[u].ev_red);
 	}
-	for (int i = 0; e->ev_gather && i < e->nslots; i++)
-		destroy_event(e, e->ev_gather[i]);
+	for (int i = 0; e->fetch.ev_gather && i < e->fetch.n_slots; i++)
+		destroy_event(e, e->fetch.ev_gather[i]);
 	st_eng_act_fini(e);
 	for (int i = 0; i < 2; i++) {
-		destroy_event(e, e->ev_wg[i]);
-		destroy_event(e, e->ev_tok[i]);
+		destroy_event(e, e->zero.ev_wgather[i]);
+		destroy_event(e, e->batch.ev_copied[i]);
 	}
-	free(e->ev_gather);
-	free(e->ev_h2d);
-	free(e->ev_slot);
+	free(e->fetch.ev_gather);
+	free(e->fetch.ev_h2d);
+	free(e->fetch.ev_widen);
 	for (int h = ST_HOME_NVME; h >= ST_HOME_VRAM; h--)
 		st_tier_destroy(e->tier[h]);
 	st_tier_destroy(e->nvme_inner);
@@ -75,22 +75,22 @@ void st_engine_destroy(struct st_engine *e)
 	st_device_destroy(e->dev);
 	st_plan_fini(&e->plan);
 	st_model_destroy(e->model);
-	free(e->sh);
-	free(e->slots);
-	free(e->seq);
-	free(e->chains);
-	free(e->ub);
-	free(e->saved);
+	free(e->shards);
+	free(e->fetch.slots);
+	free(e->fetch.seq);
+	free(e->lanes.chains);
+	free(e->unit_bufs);
+	free(e->act.saved);
 	free(e->pool_ext);
 	st_eng_sums_fini(e);
 	st_eng_update_fini(e);
 	free(e->pool_first);
-	free(e->elems);
-	free(e->unit_sumsq);
-	free(e->tok_buf[0]);
-	free(e->slice);
-	free(e->epad);
-	free(e->nvme_dirs);
+	free(e->unit_elems);
+	free(e->grad.unit_sumsq);
+	free(e->batch.tokens_buf[0]);
+	free(e->slice_elems);
+	free(e->padded_elems);
+	free(e->zero.nvme_dirs);
 	free(e);
 }
 
@@ -111,7 +111,7 @@ uint64_t st_engine_seed(const struct st_engine *e)
 
 const struct st_cursor *st_engine_step_end_cursor(const struct st_engine *e)
 {
-	return &e->end_cur;
+	return &e->step_end_cursor;
 }
 
 struct st_comm *st_engine_comm(struct st_engine *e)
@@ -162,7 +162,7 @@ static int open_tiers(struct st_engine *e)
 	if (ret == 0 && e->plan.total_bytes[ST_HOME_NVME]) {
 		struct st_tier_config nc = {
 			.budget_bytes = e->plan.total_bytes[ST_HOME_NVME],
-			.dirs = e->nvme_dirs ? e->nvme_dirs : e->cfg.nvme_dirs,
+			.dirs = e->zero.nvme_dirs ? e->zero.nvme_dirs : e->cfg.nvme_dirs,
 			.block_bytes = e->cfg.aio_block_bytes,
 			.queue_depth = e->cfg.aio_depth,
 		};
@@ -228,7 +228,7 @@ static int alloc_all(struct st_engine *e)
 	const struct st_plan *p = &e->plan;
 	int ret = 0, n = 0;
 
-	for (int u = 0; u < e->U && ret == 0; u++)
+	for (int u = 0; u < e->n_units && ret == 0; u++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT && ret == 0; s++) {
 			struct shard *x = shard(e, u, s);
 
@@ -256,14 +256,14 @@ static int setup_slots(struct st_engine *e)
 	uint32_t n = pool_count(e, ST_POOL_W_SLOT), nres = pool_count(e, ST_POOL_W_SLOT_RES);
 	int ret = 0;
 
-	e->nslots = (int)(n + nres);
-	e->slots = calloc((size_t)e->nslots + 1, sizeof(*e->slots));
-	e->ev_slot = calloc(2 * (size_t)e->nslots + 1, sizeof(*e->ev_slot));
-	e->ev_h2d = calloc((size_t)e->nslots + 1, sizeof(*e->ev_h2d));
-	if (!e->slots || !e->ev_slot || !e->ev_h2d)
+	e->fetch.n_slots = (int)(n + nres);
+	e->fetch.slots = calloc((size_t)e->fetch.n_slots + 1, sizeof(*e->fetch.slots));
+	e->fetch.ev_widen = calloc(2 * (size_t)e->fetch.n_slots + 1, sizeof(*e->fetch.ev_widen));
+	e->fetch.ev_h2d = calloc((size_t)e->fetch.n_slots + 1, sizeof(*e->fetch.ev_h2d));
+	if (!e->fetch.slots || !e->fetch.ev_widen || !e->fetch.ev_h2d)
 		return -ENOMEM;
-	for (int i = 0; i < e->nslots && ret == 0; i++) {
-		struct wslot *s = &e->slots[i];
+	for (int i = 0; i < e->fetch.n_slots && ret == 0; i++) {
+		struct wslot *s = &e->fetch.slots[i];
 		bool res = (uint32_t)i >= n;
 		struct st_extent *stage = pool(e, res ? ST_POOL_W_STAGE_RES : ST_POOL_W_STAGE, -1,
 					       res ? 0 : (uint32_t)i);
@@ -274,11 +274,11 @@ static int setup_slots(struct st_engine *e)
 			       res ? 0 : (uint32_t)i);
 		if (stage)
 			s->stage = *stage;
-		ret = st_event_create(e->dev, &e->ev_slot[2 * i]);
+		ret = st_event_create(e->dev, &e->fetch.ev_widen[2 * i]);
 		if (ret == 0)
-			ret = st_event_create(e->dev, &e->ev_slot[2 * i + 1]);
+			ret = st_event_create(e->dev, &e->fetch.ev_widen[2 * i + 1]);
 		if (ret == 0)
-			ret = st_event_create(e->dev, &e->ev_h2d[i]);
+			ret = st_event_create(e->dev, &e->fetch.ev_h2d[i]);
 	}
 	return ret;
 }
@@ -288,22 +288,22 @@ static int setup_unit_bufs(struct st_engine *e)
 {
 	int ret = 0;
 
-	e->ub = calloc((size_t)e->U, sizeof(*e->ub));
-	if (!e->ub)
+	e->unit_bufs = calloc((size_t)e->n_units, sizeof(*e->unit_bufs));
+	if (!e->unit_bufs)
 		return -ENOMEM;
 	for (int i = 0; i < 2 && ret == 0; i++)
-		ret = st_event_create(e->dev, &e->ev_tok[i]);
+		ret = st_event_create(e->dev, &e->batch.ev_copied[i]);
 	if (ret == 0)
-		ret = st_event_create(e->dev, &e->ev_wstore);
+		ret = st_event_create(e->dev, &e->update.ev_wstore);
 	for (int i = 0; i < 2 && ret == 0; i++) {
-		e->shared[i].wf = vpool(e, ST_POOL_WF, -1, 0);
-		e->shared[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
-		e->shared[i].dw = vaddr(e, &e->shared[i].dw_ext);
-		ret = st_event_create(e->dev, &e->shared[i].ev_dw);
+		e->shared_bufs[i].wf = vpool(e, ST_POOL_WF, -1, 0);
+		e->shared_bufs[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
+		e->shared_bufs[i].dw = vaddr(e, &e->shared_bufs[i].dw_ext);
+		ret = st_event_create(e->dev, &e->shared_bufs[i].ev_dw);
 		if (ret == 0)
-			ret = st_event_create(e->dev, &e->shared[i].ev_red);
+			ret = st_event_create(e->dev, &e->shared_bufs[i].ev_red);
 	}
-	for (int u = 0; u < e->U && ret == 0; u++) {
+	for (int u = 0; u < e->n_units && ret == 0; u++) {
 		const struct st_unit_layout *l = st_model_unit_layout(e->model, u);
 
 		if (l->reads_unit >= 0 && (l->reads_unit >= u ||
@@ -312,12 +312,12 @@ static int setup_unit_bufs(struct st_engine *e)
 					    "an earlier resident unit", u, l->reads_unit);
 		if (!l->resident)
 			continue;
-		e->ub[u].wf = vpool(e, ST_POOL_WF_RES, u, 0);
-		e->ub[u].dw_ext = *pool(e, ST_POOL_DW_RES, u, 0);
-		e->ub[u].dw = vaddr(e, &e->ub[u].dw_ext);
-		ret = st_event_create(e->dev, &e->ub[u].ev_dw);
+		e->unit_bufs[u].wf = vpool(e, ST_POOL_WF_RES, u, 0);
+		e->unit_bufs[u].dw_ext = *pool(e, ST_POOL_DW_RES, u, 0);
+		e->unit_bufs[u].dw = vaddr(e, &e->unit_bufs[u].dw_ext);
+		ret = st_event_create(e->dev, &e->unit_bufs[u].ev_dw);
 		if (ret == 0)
-			ret = st_event_create(e->dev, &e->ub[u].ev_red);
+			ret = st_event_create(e->dev, &e->unit_bufs[u].ev_red);
 	}
 	return ret;
 }
@@ -326,20 +326,20 @@ static void setup_chains(struct st_engine *e)
 {
 	int n = 0;
 
-	for (int i = 0; i < e->nslots; i++)
-		e->chains[n++] = &e->slots[i].fetch;
-	e->chains[n++] = &e->c_d2h;
-	e->chains[n++] = &e->c_gwrite;
-	e->chains[n++] = &e->c_gread;
-	e->chains[n++] = &e->c_wstore[0];
-	e->chains[n++] = &e->c_wstore[1];
+	for (int i = 0; i < e->fetch.n_slots; i++)
+		e->lanes.chains[n++] = &e->fetch.slots[i].fetch;
+	e->lanes.chains[n++] = &e->grad.chain_d2h;
+	e->lanes.chains[n++] = &e->grad.chain_write;
+	e->lanes.chains[n++] = &e->grad.chain_read;
+	e->lanes.chains[n++] = &e->zero.chain_wstore[0];
+	e->lanes.chains[n++] = &e->zero.chain_wstore[1];
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
-			e->chains[n++] = &e->upd[set].load[s];
-			e->chains[n++] = &e->upd[set].store[s];
+			e->lanes.chains[n++] = &e->update.sets[set].load[s];
+			e->lanes.chains[n++] = &e->update.sets[set].store[s];
 		}
-	n += st_eng_act_chains(e, e->chains + n);
-	e->nchains = n;
+	n += st_eng_act_chains(e, e->lanes.chains + n);
+	e->lanes.n_chains = n;
 }
 
 static int setup_pools(struct st_engine *e)
@@ -355,43 +355,44 @@ static int setup_pools(struct st_engine *e)
 				       pool(e, ST_POOL_ACT_HOME, -1, 0));
 	if (ret < 0)
 		return ret;
-	e->chains = calloc((size_t)e->nslots + 5 + 4 * ST_STATE_COUNT + 2 * (size_t)e->U,
-			   sizeof(*e->chains));
-	if (!e->chains)
+	e->lanes.chains =
+		calloc((size_t)e->fetch.n_slots + 5 + 4 * ST_STATE_COUNT + 2 * (size_t)e->n_units,
+		       sizeof(*e->lanes.chains));
+	if (!e->lanes.chains)
 		return -ENOMEM;
 	setup_chains(e);
-	e->X = e->plan.act_each_bytes / sizeof(float);
-	e->acts = vpool(e, ST_POOL_ACT, -1, 0);
-	e->dA = vpool(e, ST_POOL_DACT, -1, 0);
-	e->dB = vpool(e, ST_POOL_DACT, -1, 1);
+	e->act.ckpt_elems = e->plan.act_each_bytes / sizeof(float);
+	e->act.ckpt = vpool(e, ST_POOL_ACT, -1, 0);
+	e->act.grad_a = vpool(e, ST_POOL_DACT, -1, 0);
+	e->act.grad_b = vpool(e, ST_POOL_DACT, -1, 1);
 	e->work = vpool(e, ST_POOL_WORK, -1, 0);
 	e->work_bytes = e->plan.work_bytes;
 	/* a unit that keeps its forward: the pool's next extent, in unit order */
-	e->saved = calloc((size_t)e->U, sizeof(*e->saved));
-	if (!e->saved)
+	e->act.saved = calloc((size_t)e->n_units, sizeof(*e->act.saved));
+	if (!e->act.saved)
 		return -ENOMEM;
-	e->saved_bytes = e->plan.saved_each_bytes;
-	for (int u = 0, i = 0; u < e->U; u++)
+	e->act.saved_bytes = e->plan.saved_each_bytes;
+	for (int u = 0, i = 0; u < e->n_units; u++)
 		if (e->plan.keep[u])
-			e->saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
-	e->tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
-	e->targets = vpool(e, ST_POOL_TARGETS, -1, 0);
-	e->landing = hpool(e, ST_POOL_LANDING, 0);
-	e->gstage = hpool(e, ST_POOL_GSTAGE, 0);
-	e->comm_scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
-	if (e->comm_scratch)
-		e->scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);
+			e->act.saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
+	e->batch.tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
+	e->batch.targets = vpool(e, ST_POOL_TARGETS, -1, 0);
+	e->grad.landing = hpool(e, ST_POOL_LANDING, 0);
+	e->grad.stage = hpool(e, ST_POOL_GSTAGE, 0);
+	e->zero.scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
+	if (e->zero.scratch)
+		e->zero.scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);
 	/* what no rank's update writes (past the unit's end) stays zero */
 	for (uint32_t i = 0; i < 2; i++) {
-		e->wgather[i] = hpool(e, ST_POOL_W_GATHER, i);
-		e->wg_unit[i] = -1;
-		if (e->wgather[i])
-			memset(e->wgather[i], 0, pool(e, ST_POOL_W_GATHER, -1, i)->len_bytes);
+		e->zero.wgather[i] = hpool(e, ST_POOL_W_GATHER, i);
+		e->zero.wgather_unit[i] = -1;
+		if (e->zero.wgather[i])
+			memset(e->zero.wgather[i], 0, pool(e, ST_POOL_W_GATHER, -1, i)->len_bytes);
 	}
-	e->dev_sumsq = vpool(e, ST_POOL_OPT_STAT, -1, 0);
-	if (e->dev_sumsq) {
-		e->dev_adam_bad = (uint32_t *)(void *)(e->dev_sumsq + e->U);
-		e->dev_sumsq_scratch = e->dev_sumsq + e->U + 1;
+	e->grad.dev_sumsq = vpool(e, ST_POOL_OPT_STAT, -1, 0);
+	if (e->grad.dev_sumsq) {
+		e->update.dev_adam_bad = (uint32_t *)(void *)(e->grad.dev_sumsq + e->n_units);
+		e->grad.dev_sumsq_scratch = e->grad.dev_sumsq + e->n_units + 1;
 	}
 	/* update staging only for the states that go through it: W's when
 	 * some W is not in host, each of G, P, M, V's when some unit has it
@@ -400,11 +401,14 @@ static int setup_pools(struct st_engine *e)
 		uint32_t nf = pool_count(e, ST_POOL_UPD_F32) / 2, i = 0;
 
 		if (pool_count(e, ST_POOL_UPD_W))
-			e->upd[set].ext[ST_STATE_W] = *pool(e, ST_POOL_UPD_W, -1, (uint32_t)set);
+			e->update.sets[set].ext[ST_STATE_W] =
+				*pool(e, ST_POOL_UPD_W, -1, (uint32_t)set);
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V; s++)
 			if (st_plan_upd_staged(&e->plan, s)) {
-				e->upd[set].ext[s] = *pool(e, ST_POOL_UPD_F32, -1, set * nf + i++);
-				assert(e->upd[set].ext[s].len_bytes >= e->tile * 4);
+				e->update.sets[set].ext[s] =
+					*pool(e, ST_POOL_UPD_F32, -1, set * nf + i++);
+				assert(e->update.sets[set].ext[s].len_bytes >=
+				       e->update.tile_elems * 4);
 			}
 		assert(i == nf);
 	}
@@ -457,60 +461,61 @@ static int setup_units(struct st_engine *e)
 {
 	const struct st_train_config *c = &e->cfg.train;
 
-	e->U = st_model_unit_count(e->model);
-	e->k = e->plan.prefetch;
-	e->Wb = c->bf16 ? 2 : 4;
-	e->elems = calloc((size_t)e->U, sizeof(*e->elems));
-	e->sh = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->sh));
-	e->unit_sumsq = calloc((size_t)e->U, sizeof(double));
-	e->seq = calloc(2 * (size_t)e->U, sizeof(int));
+	e->n_units = st_model_unit_count(e->model);
+	e->fetch.depth = e->plan.prefetch;
+	e->w_elem_bytes = c->bf16 ? 2 : 4;
+	e->unit_elems = calloc((size_t)e->n_units, sizeof(*e->unit_elems));
+	e->shards = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->shards));
+	e->grad.unit_sumsq = calloc((size_t)e->n_units, sizeof(double));
+	e->fetch.seq = calloc(2 * (size_t)e->n_units, sizeof(int));
 	/* tokens and targets, two of each: [tok0 | tgt0 | tok1 | tgt1] */
-	e->tok_buf[0] = calloc(4 * (size_t)c->batch * c->seq, sizeof(int32_t));
-	if (!e->elems || !e->sh || !e->unit_sumsq || !e->seq || !e->tok_buf[0])
+	e->batch.tokens_buf[0] = calloc(4 * (size_t)c->batch * c->seq, sizeof(int32_t));
+	if (!e->unit_elems || !e->shards || !e->grad.unit_sumsq || !e->fetch.seq ||
+	    !e->batch.tokens_buf[0])
 		return -ENOMEM;
 	for (int i = 0; i < 2; i++) {
-		e->tok_buf[i] = e->tok_buf[0] + (size_t)2 * i * c->batch * c->seq;
-		e->tgt_buf[i] = e->tok_buf[i] + (size_t)c->batch * c->seq;
+		e->batch.tokens_buf[i] = e->batch.tokens_buf[0] + (size_t)2 * i * c->batch * c->seq;
+		e->batch.targets_buf[i] = e->batch.tokens_buf[i] + (size_t)c->batch * c->seq;
 	}
-	e->tok_host = e->tok_buf[0];
-	e->tgt_host = e->tgt_buf[0];
+	e->batch.tokens_host = e->batch.tokens_buf[0];
+	e->batch.targets_host = e->batch.targets_buf[0];
 	e->host_waits = getenv("ST_HOST_WAITS") && strcmp(getenv("ST_HOST_WAITS"), "1") == 0;
-	for (int u = 0; u < e->U; u++) {
-		e->elems[u] = st_model_unit_layout(e->model, u)->elems;
-		e->E = ST_MAX(e->E, e->elems[u]);
+	for (int u = 0; u < e->n_units; u++) {
+		e->unit_elems[u] = st_model_unit_layout(e->model, u)->elems;
+		e->max_unit_elems = ST_MAX(e->max_unit_elems, e->unit_elems[u]);
 	}
-	e->w_ready = e->U;
+	e->fetch.w_ready = e->n_units;
 	e->world = e->plan.world;
 	e->rank = e->plan.rank;
-	e->zero = e->plan.zero;
-	e->w_gather = e->world > 1 && e->zero >= 1 && e->zero <= 2;
-	e->w_stream = e->world > 1 && e->zero >= 3;
-	e->slice = calloc((size_t)e->U, sizeof(*e->slice));
-	e->epad = calloc((size_t)e->U, sizeof(*e->epad));
-	if (!e->slice || !e->epad)
+	e->zero.stage = e->plan.zero;
+	e->zero.w_gather = e->world > 1 && e->zero.stage >= 1 && e->zero.stage <= 2;
+	e->zero.w_stream = e->world > 1 && e->zero.stage >= 3;
+	e->slice_elems = calloc((size_t)e->n_units, sizeof(*e->slice_elems));
+	e->padded_elems = calloc((size_t)e->n_units, sizeof(*e->padded_elems));
+	if (!e->slice_elems || !e->padded_elems)
 		return -ENOMEM;
-	for (int u = 0; u < e->U; u++) {
-		e->slice[u] = e->plan.slice_elems[u];
-		e->epad[u] = e->slice[u] * (uint64_t)e->world;
+	for (int u = 0; u < e->n_units; u++) {
+		e->slice_elems[u] = e->plan.slice_elems[u];
+		e->padded_elems[u] = e->slice_elems[u] * (uint64_t)e->world;
 	}
-	e->tile = e->plan.tile_elems;
+	e->update.tile_elems = e->plan.tile_elems;
 	/* a smaller tile for tests (whole pages of bf16 and fp32) */
 	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0)
-		e->tile = ST_MIN(e->tile, e->cfg.update_tile_elems);
+		e->update.tile_elems = ST_MIN(e->update.tile_elems, e->cfg.update_tile_elems);
 	/* measurements only (tools/zero-bench --baseline-env): a smaller tile */
 	{
 		const char *v = getenv("ST_UPDATE_TILE");
 		uint64_t t = v ? strtoull(v, NULL, 10) : 0;
 
 		if (t && t % 2048 == 0)
-			e->tile = ST_MIN(e->tile, t);
+			e->update.tile_elems = ST_MIN(e->update.tile_elems, t);
 	}
-	e->nseq = 0;
-	for (int u = 0; u <= e->U - 2; u++)
-		e->seq[e->nseq++] = u;
-	for (int u = e->U - 1; u >= 0; u--)
-		if (!(unit_resident(e, u) && u <= e->U - 2))
-			e->seq[e->nseq++] = u;
+	e->fetch.n_seq = 0;
+	for (int u = 0; u <= e->n_units - 2; u++)
+		e->fetch.seq[e->fetch.n_seq++] = u;
+	for (int u = e->n_units - 1; u >= 0; u--)
+		if (!(unit_resident(e, u) && u <= e->n_units - 2))
+			e->fetch.seq[e->fetch.n_seq++] = u;
 	return 0;
 }
 
@@ -520,9 +525,9 @@ static int init_params(struct st_engine *e)
 	float *p = NULL;
 	int ret = 0;
 
-	if (posix_memalign((void **)&p, ST_PAGE_BYTES, e->E * sizeof(float)))
+	if (posix_memalign((void **)&p, ST_PAGE_BYTES, e->max_unit_elems * sizeof(float)))
 		return -ENOMEM;
-	for (int u = 0; ret == 0 && u < e->U; u++) {
+	for (int u = 0; ret == 0 && u < e->n_units; u++) {
 		ret = st_model_init_unit(e->model, u, e->cfg.train.seed, p);
 		if (ret == 0)
 			ret = st_engine_write_state(e, u, p, NULL, NULL);
@@ -581,9 +586,9 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		ret = st_eng_update_setup(e);
 	if (ret == 0 && cfg->trace) {
 		for (int l = 0; l < ST_LANE_COUNT; l++)
-			e->trace_lane[l] = st_trace_lane(cfg->trace, lane_names[l]);
-		e->trace_host = st_trace_lane(cfg->trace, "host");
-		e->trace_phase = st_trace_lane(cfg->trace, "phase");
+			e->trace.lane[l] = st_trace_lane(cfg->trace, lane_names[l]);
+		e->trace.host = st_trace_lane(cfg->trace, "host");
+		e->trace.phase = st_trace_lane(cfg->trace, "phase");
 	}
 	if (ret == 0)
 		ret = init_params(e);

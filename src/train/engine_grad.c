@@ -5,6 +5,8 @@
  * there, per unit; the step sums them in unit order. */
 #include "engine_internal.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void add_into(float *dst, const float *src, size_t n)
@@ -31,12 +33,13 @@ static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b,
 
 	*after = b->ev_dw;
 	if (e->world == 1)
-		return st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->elems[u], ST_COMM_F32);
+		return st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->unit_elems[u], ST_COMM_F32);
 	*after = b->ev_red;
 	ret = st_comm_wait(e->comm, b->ev_dw);
 	st_eng_zero_mark(e, "dW all-to-all", false);
 	if (ret == 0)
-		ret = st_comm_alltoall(e->comm, b->dw, e->comm_scratch, e->slice[u], ST_COMM_F32);
+		ret = st_comm_alltoall(e->comm, b->dw, e->zero.scratch, e->slice_elems[u],
+				       ST_COMM_F32);
 	st_eng_zero_mark(e, "dW all-to-all", true);
 	if (ret == 0)
 		ret = st_comm_record(e->comm, b->ev_red);
@@ -48,33 +51,34 @@ static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b,
  * world > 1 what lands is the N slots of this rank's slice. */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
 {
-	uint64_t bytes = (e->world == 1 ? e->elems[u] : e->epad[u]) * sizeof(float);
-	struct st_extent part = e->world == 1 ? b->dw_ext : e->scratch_ext;
+	uint64_t bytes = (e->world == 1 ? e->unit_elems[u] : e->padded_elems[u]) * sizeof(float);
+	struct st_extent part = e->world == 1 ? b->dw_ext : e->zero.scratch_ext;
 	struct st_event *after = NULL;
 	struct hop h;
-	int ret = st_eng_wait_until(e, &e->land_busy, "G write"); /* the previous unit's write */
+	/* the previous unit's write */
+	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "G write");
 
 	if (ret == 0)
 		ret = grad_reduce(e, u, b, &after);
 	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
 		return ret;
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
-	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->landing, bytes);
+	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->grad.landing, bytes);
 	h.after = after;
-	return st_eng_chain_start(e, &e->c_d2h, &h, 1, &e->land_busy, NULL);
+	return st_eng_chain_start(e, &e->grad.chain_d2h, &h, 1, &e->grad.landing_busy, NULL);
 }
 
 /* Elements of unit u's G that this rank reduces: the unit at world 1, its
  * slice at world > 1 (at stage 0 the slices are gathered at the end). */
 static uint64_t g_elems(const struct st_engine *e, int u)
 {
-	return e->world == 1 ? e->elems[u] : e->slice[u];
+	return e->world == 1 ? e->unit_elems[u] : e->slice_elems[u];
 }
 
 /* Where this rank's slice starts in its G shard, in elements. */
 static uint64_t g_at(const struct st_engine *e, int u)
 {
-	return e->world == 1 ? 0 : (uint64_t)e->rank * e->slice[u] - sh_lo(e, u, ST_STATE_G);
+	return e->world == 1 ? 0 : (uint64_t)e->rank * e->slice_elems[u] - sh_lo(e, u, ST_STATE_G);
 }
 
 /* The landing's terms into dst (g_elems): at world 1 the one dW; at world
@@ -84,7 +88,7 @@ static void fold_into(struct st_engine *e, int u, float *dst, bool first)
 	uint64_t n = g_elems(e, u);
 
 	for (int q = 0; q < e->world; q++) {
-		const float *src = e->landing + (size_t)q * n;
+		const float *src = e->grad.landing + (size_t)q * n;
 
 		if (q == 0 && first) {
 			if (dst != src)
@@ -103,8 +107,8 @@ static void final_sumsq(struct st_engine *e, int u, const float *g)
 		st_eng_zero_parts(e, u, g);
 		return;
 	}
-	if (st_grad_sumsq(g, ST_OPTIM_F32, e->elems[u], &e->unit_sumsq[u]) < 0)
-		e->nonfinite = true;
+	if (st_grad_sumsq(g, ST_OPTIM_F32, e->unit_elems[u], &e->grad.unit_sumsq[u]) < 0)
+		e->grad.nonfinite = true;
 }
 
 /* Stage 0 at world > 1: every rank holds the whole G, so the reduced
@@ -114,7 +118,7 @@ static int gather_g(struct st_engine *e, int u, float *full)
 {
 	if (e->world == 1 || st_plan_sharded(&e->plan, ST_STATE_P))
 		return 0;
-	return st_eng_zero_gather_host(e, full, e->slice[u], ST_COMM_F32);
+	return st_eng_zero_gather_host(e, full, e->slice_elems[u], ST_COMM_F32);
 }
 
 /* G on nvme: the terms folded in the landing buffer (first micro-batch),
@@ -123,19 +127,20 @@ static int gather_g(struct st_engine *e, int u, float *full)
 static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 {
 	uint64_t bytes = g_elems(e, u) * sizeof(float), at = g_at(e, u) * sizeof(float);
-	float *g = mb == 0 ? e->landing : e->gstage;
-	int *busy = mb == 0 ? &e->land_busy : &e->gstage_busy;
+	float *g = mb == 0 ? e->grad.landing : e->grad.stage;
+	int *busy = mb == 0 ? &e->grad.landing_busy : &e->grad.stage_busy;
 	struct hop h;
 	int ret;
 
 	if (mb > 0) {
-		ret = st_eng_wait_until(e, &e->gstage_busy, "G write");
+		ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 		if (ret < 0)
 			return ret;
-		h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, at, e->gstage, bytes);
-		ret = st_eng_chain_start(e, &e->c_gread, &h, 1, &e->gstage_busy, NULL);
+		h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, at, e->grad.stage,
+				     bytes);
+		ret = st_eng_chain_start(e, &e->grad.chain_read, &h, 1, &e->grad.stage_busy, NULL);
 		if (ret == 0)
-			ret = st_eng_wait_until(e, &e->gstage_busy, "G read");
+			ret = st_eng_wait_until(e, &e->grad.stage_busy, "G read");
 		if (ret < 0)
 			return ret;
 	}
@@ -144,18 +149,71 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 		final_sumsq(e, u, g);
 	if (last && e->world > 1 && !st_plan_sharded(&e->plan, ST_STATE_G) &&
 	    !st_plan_sharded(&e->plan, ST_STATE_P)) {
-		float *full = e->landing;
+		float *full = e->grad.landing;
 
-		memmove(full + (size_t)e->rank * e->slice[u], g, bytes);
+		memmove(full + (size_t)e->rank * e->slice_elems[u], g, bytes);
 		ret = gather_g(e, u, full);
 		if (ret < 0)
 			return ret;
 		h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, full,
-				     e->epad[u] * sizeof(float));
-		return st_eng_chain_start(e, &e->c_gwrite, &h, 1, &e->land_busy, NULL);
+				     e->padded_elems[u] * sizeof(float));
+		return st_eng_chain_start(e, &e->grad.chain_write, &h, 1, &e->grad.landing_busy,
+					  NULL);
 	}
 	h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, at, g, bytes);
-	return st_eng_chain_start(e, &e->c_gwrite, &h, 1, busy, NULL);
+	return st_eng_chain_start(e, &e->grad.chain_write, &h, 1, busy, NULL);
+}
+
+/* --- G in vram (the optimizer on the device, engine_update.c) ----------- */
+
+/* Unit u's dW (in the device buffer dw) into its G in vram on the
+ * compute's queue: copied at micro-batch 0, added later; after the last,
+ * its sum of squares. */
+static void dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last)
+{
+	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
+
+	/* the host's fold: the first micro-batch copies, later ones add */
+	if (mb == 0)
+		st_compute_copy(e->cx, g, dw, e->unit_elems[u] * sizeof(float));
+	else
+		st_compute_residual_fwd(e->cx, g, g, dw, e->unit_elems[u]);
+	if (last)
+		st_compute_grad_sumsq(e->cx, &e->grad.dev_sumsq[u], e->grad.dev_sumsq_scratch, g,
+				      e->unit_elems[u]);
+}
+
+int st_eng_dev_sumsq(struct st_engine *e)
+{
+	struct st_compute_sumsq *h;
+	uint64_t t0;
+	int ret;
+
+	if (!e->grad.dev_sumsq)
+		return 0;
+	h = malloc((size_t)e->n_units * sizeof(*h));
+	t0 = st_now_ns();
+	if (!h)
+		return -ENOMEM;
+	st_compute_to_host(e->cx, h, e->grad.dev_sumsq, (size_t)e->n_units * sizeof(*h));
+	st_eng_host_wait(e, "sumsq d2h", t0);
+	ret = st_compute_take_error(e->cx);
+	for (int u = 0; ret == 0 && u < e->n_units; u++) {
+		if (!opt_on_dev(e, u))
+			continue;
+		e->grad.unit_sumsq[u] = h[u].sumsq;
+		if (h[u].nonfinite)
+			e->grad.nonfinite = true;
+	}
+	free(h);
+	return ret;
+}
+
+int st_eng_grad_quiet(struct st_engine *e)
+{
+	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "G write");
+
+	return ret ? ret : st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 }
 
 /* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */
@@ -163,14 +221,15 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 {
 	struct shard *g = shard(e, u, ST_STATE_G);
 	bool last = mb == e->cfg.train.grad_accum - 1;
-	int ret = st_eng_wait_until(e, &e->land_busy, "dW d2h");
+	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "dW d2h");
 	float *gp;
 
 	if (ret < 0)
 		return ret;
 	if (g->home == ST_HOME_VRAM) {
-		st_eng_dev_grad_in(e, u, (unit_resident(e, u) ? &e->ub[u] : &e->shared[u & 1])->dw,
-				   mb, last);
+		dev_grad_in(e, u,
+			    (unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1])->dw,
+			    mb, last);
 		return st_compute_take_error(e->cx);
 	}
 	if (g->home != ST_HOME_HOST)

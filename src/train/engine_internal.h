@@ -9,6 +9,15 @@
  *   engine_state.c   state access between steps, stats
  *   engine_ckpt.c    checkpoints (through the public API only)
  *   engine_act.c     activation checkpoints on the host (d2h, h2d back)
+ *   engine_sums.c    the checksums of the shards on nvme
+ *   engine_zero.c    ZeRO across ranks
+ * struct st_engine holds the shared core (config, model, plan, device,
+ * tiers, the units' sizes and shards, the pools) and each pipeline's state
+ * by name: e->lanes, e->fetch, e->grad, e->update, e->act, e->zero,
+ * e->sums, e->batch. Calls go one way: the step calls the pipelines in
+ * order; the pipelines call zero, the sums and the lanes; nothing calls
+ * back up into the step, and the lanes call no pipeline (a shard's owner
+ * hooks into its hops: lanes.hop_out, lanes.hop_in).
  * See engine_step.c for the step's orderings between the queues. */
 #ifndef STRATA_ENGINE_INTERNAL_H
 #define STRATA_ENGINE_INTERNAL_H
@@ -37,7 +46,7 @@ struct hop {
 	uint64_t off_bytes, len_bytes;
 	void *buf;
 	struct st_event *after, *done; /* vram only */
-	/* the shard it moves, for the nvme checksums (engine_sums.c): its
+	/* the shard it moves, for the hooks on its hops (the nvme sums): its
 	 * unit, or -1 for none, its state, and off_bytes is into it */
 	int unit;
 	enum st_state state;
@@ -73,10 +82,10 @@ struct shard {
 
 struct wslot {
 	int seq;        /* position in the fetch sequence, -1 when free */
-	uint64_t len;   /* bytes of the unit being fetched */
+	uint64_t len_bytes; /* of the unit being fetched */
 	int pending;    /* chains in flight into it */
 	bool ready;     /* its h2d is queued: the compute may wait for ev_h2d */
-	unsigned widens; /* W widened from it so far: picks the ev_slot pair's event */
+	unsigned widens; /* W widened from it so far: picks the ev_widen pair's event */
 	bool resident;  /* kept for resident units (a larger slot), or not */
 	struct st_extent ext;   /* vram */
 	struct st_extent stage; /* host staging (W on nvme) */
@@ -87,7 +96,7 @@ struct wslot {
  * Each state's tiles take its two buffers in turn (struct utile), so a
  * buffer of P may hold unit 5's tile while the same set's G buffer holds
  * unit 6's: per state, the loads and stores in flight and the tile (an
- * index into utiles) the buffer was last loaded for, -1 for none. */
+ * index into update.tiles) the buffer was last loaded for, -1 for none. */
 struct updset {
 	struct st_extent ext[ST_STATE_COUNT]; /* host staging for each state */
 	struct chain load[ST_STATE_COUNT], store[ST_STATE_COUNT];
@@ -124,164 +133,225 @@ struct ubufs {
 				    reduce-scatter (and all-gather) */
 };
 
+/* --- each pipeline's state ------------------------------------------------------- */
+
+/* The W fetch (engine_fetch.c): the vram slots W is fetched into, ahead of
+ * its use, in the order of the fetch sequence. */
+struct fetch_state {
+	struct wslot *slots;
+	int n_slots;
+	/* device events recorded by the compute after the widen from each W
+	 * slot (two per slot, in turn: a copy still waiting for one must not
+	 * see it recorded again); by the h2d queue after the copy into each
+	 * slot */
+	struct st_event **ev_widen, **ev_h2d;
+	/* the sequence of units whose W a micro-batch reads (forward, then
+	 * backward), the fetches issued and the ones consumed so far */
+	int *seq, n_seq, issued, consumed;
+	int depth;                    /* fetches ahead of the one consumed (plan.prefetch) */
+	int w_ready;                  /* units whose W may be fetched */
+	/* stage 3 at world > 1: per slot, recorded on the comm queue after
+	 * its all-gather; the fetch sequence gathered so far */
+	struct st_event **ev_gather;
+	int gathered;
+};
+
+/* The gradient gather (engine_grad.c): dW d2h into landing, added into G,
+ * G's sums of squares for the norm. */
+struct grad_state {
+	float *landing, *stage;       /* host: dW lands; G of a unit on nvme */
+	int landing_busy, stage_busy; /* chains in flight on them */
+	struct chain chain_d2h, chain_write, chain_read;
+	double *unit_sumsq;           /* [n_units]: each unit's sum of squares of G */
+	bool nonfinite;               /* a gradient was not finite this step */
+	/* The optimizer on the device (docs/gpu.md), for the units whose G,
+	 * P, M, V live in vram (ST_POOL_OPT_STAT): each unit's sum of squares
+	 * [n_units] and the sum's scratch; NULL when no unit's optimizer is
+	 * on the device. */
+	struct st_compute_sumsq *dev_sumsq;
+	void *dev_sumsq_scratch;
+};
+
+/* The update sweep (engine_update.c). */
+struct update_state {
+	uint64_t tile_elems;          /* a tile of the sweep */
+	struct updset sets[2];
+	/* the sweep's tiles in order, and per state the next one whose load
+	 * is not issued yet (n_tiles: none left) */
+	struct utile *tiles;
+	int n_tiles;
+	int next[ST_STATE_COUNT];
+	/* recorded on the h2d queue after each of the update's W stores into
+	 * a vram home (the queue runs them in order: the last one's record
+	 * says all are in); the next forward waits for it on the compute,
+	 * not the host (engine_update.c, unit_done) */
+	struct st_event *ev_wstore;
+	/* device units: the AdamW count of elements left unchanged (vram) */
+	uint32_t *dev_adam_bad;
+};
+
+/* Activations (engine_act.c, engine_step.c): the checkpoints, the saved
+ * forwards, and the activation gradients. */
+struct act_state {
+	float *ckpt;                  /* vram: checkpoints, ckpt_elems floats each */
+	size_t ckpt_elems;            /* floats of the largest unit output */
+	float *grad_a, *grad_b;       /* vram: activation gradients, in turn */
+	/* [n_units]: the saved-forward extent of a unit that keeps its
+	 * forward (plan.keep), NULL for one that recomputes it; each
+	 * saved_bytes */
+	void **saved;
+	size_t saved_bytes;
+	/* checkpoints on the host: n_slots vram slots, and checkpoints
+	 * 1..n_off going there and back; per checkpoint j (index
+	 * 1..n_units-1) its copy's bytes, its two chains and their busy
+	 * counts, and the events ev[ACT_EV_*][j] */
+	bool on_host;
+	int n_slots, n_off;
+	const struct st_extent *slot_ext; /* [n_slots] vram */
+	const struct st_extent *home_ext; /* [n_off] host: x[j] at j-1 */
+	uint64_t *len_bytes;
+	struct chain *chain_out, *chain_in;
+	int *out_busy, *in_busy;
+	struct st_event **ev[4];
+};
+
+/* ZeRO across ranks (docs/zero.md, engine_zero.c). */
+struct zero_state {
+	int stage;
+	bool w_gather;                /* stages 1-2, world > 1: W slices gathered
+					 after the update (wgather) */
+	bool w_stream;                /* stage 3, world > 1: W gathered into its
+					 slot before each use */
+	char *nvme_dirs;              /* world > 1: DIR/rank-R of every dir */
+	void *scratch;                /* vram: dW's all-to-all lands here */
+	struct st_extent scratch_ext;
+	/* stages 1-2: two host buffers of a padded unit of W, units in turn
+	 * by parity: the update writes the rank's new slice of unit u into
+	 * wgather[u & 1], the comm queue gathers the others' slices (event
+	 * ev_wgather) while the next unit's update runs, and W goes home */
+	char *wgather[2];
+	int wgather_busy[2];          /* W stores in flight out of each */
+	struct chain chain_wstore[2]; /* W from wgather[i] to its home */
+	struct st_event *ev_wgather[2]; /* recorded on the comm queue after the gather */
+	int wgather_unit[2];          /* the unit in flight in each, -1: none */
+	bool wgather_store[2];        /* W goes home by a store chain after ev_wgather */
+	bool wgather_storing[2];      /* that chain is started */
+	/* world > 1: host values (the norm's sums, the losses, gathered
+	 * states) go through device buffers (the comm scratch), because the
+	 * device's memory is not the host's (cuda), or $ST_ZERO_DEVICE_PATH
+	 * asks for it on the cpu device (tests: the cuda path's order) */
+	bool via_device;
+	double *parts;                /* world > 1, stage >= 2: the norm's chunk
+					 sums, [world * n_parts] */
+	uint64_t *part_off, n_parts;  /* [n_units]: unit u's chunks at part_off[u] */
+	double *losses;               /* world > 1: [world * grad_accum] */
+	/* --trace at world > 1: the comm queue's collectives as spans on a
+	 * lane of their own, stamped on the queue */
+	struct comm_span *spans;
+	unsigned span_head, span_tail;
+	int trace_lane;
+};
+
+/* The transfer layer (engine_lanes.c): every chain, and each lane's busy
+ * time and bytes. It knows hops and tiers, nothing of what they carry:
+ * a shard's owner hooks in to see its bytes. */
+struct lanes_state {
+	struct chain **chains;        /* every chain, for the pump's scans */
+	int n_chains;
+	int n_waiting;                /* chains whose hop's wait is not seen over */
+	uint64_t vram_submits;
+	struct lane_busy busy[ST_LANE_COUNT];
+	uint64_t nvme_busy0_ns;       /* the nvme tier's busy_ns at the step's start */
+	/* hooks on the hops of a shard (unit >= 0), set by their owner
+	 * (engine_sums.c), NULL for none: hop_out sees a write's bytes before
+	 * it is submitted, hop_in a read's once it completed (0, or -errno:
+	 * the bytes are not to be used) */
+	void (*hop_out)(struct st_engine *e, const struct hop *h);
+	int (*hop_in)(struct st_engine *e, const struct hop *h);
+};
+
+/* The nvme checksums (engine_sums.c). */
+struct sums_state {
+	uint64_t **tile_sums;         /* [n_units * ST_STATE_COUNT]: per tile, nvme shards only */
+	bool *written;                /* [n_units * ST_STATE_COUNT]: written since create */
+};
+
+/* The micro-batch's tokens (engine_step.c): drawn into tokens_host,
+ * targets_host (host), then copied to vram on the compute's queue, not
+ * waited for: two pairs in turn (tokens_buf[i], targets_buf[i]), each
+ * reused once the event recorded after its copies (ev_copied[i]) is
+ * done. */
+struct batch_state {
+	int32_t *tokens, *targets;    /* vram */
+	int32_t *tokens_host, *targets_host;
+	int32_t *tokens_buf[2], *targets_buf[2];
+	struct st_event *ev_copied[2];
+	unsigned turn;
+};
+
+/* --trace: the lanes of the engine's tracks. */
+struct trace_state {
+	int lane[ST_LANE_COUNT];
+	int host, phase;              /* the host's waits, the step's phases */
+	int step;                     /* the step being run, for the phases */
+};
+
 struct st_engine {
+	/* the shared core: config, model, plan, device, tiers, the units'
+	 * sizes and shards, the pools */
 	struct st_engine_config cfg;
 	struct st_model *model;
 	struct st_plan plan;
-	int U, k, Wb;
-	uint64_t *elems, E;
-	uint64_t tile;                /* update tile, elements */
+	int n_units;
+	int w_elem_bytes;             /* W's element: 2 (bf16) or 4 (fp32) */
+	uint64_t *unit_elems;         /* [n_units]: e_u */
+	uint64_t max_unit_elems;
+	/* ZeRO (docs/zero.md): world and rank; per unit the slice S_u and
+	 * the padded unit N * S_u (both e_u at world 1) */
+	int world, rank;
+	uint64_t *slice_elems, *padded_elems;
 	struct st_device *dev;
 	struct st_compute *cx;        /* the model's ops on dev */
 	struct st_comm *comm;         /* this rank's collectives (world 1: local) */
 	struct st_tier *tier[ST_HOME_COUNT];
 	struct st_tier *nvme_inner; /* tests: the nvme tier inside the fault
 				       tier tier[ST_HOME_NVME], else NULL */
-	struct shard *sh;             /* [U * ST_STATE_COUNT] */
+	struct shard *shards;         /* [n_units * ST_STATE_COUNT] */
 	struct st_extent *pool_ext;   /* [plan.n_pools][count]: see pool() */
 	int *pool_first;              /* [plan.n_pools]: index into pool_ext */
-
-	/* vram */
-	struct wslot *slots;
-	int nslots;
-	/* device events recorded by the compute after the widen from each W
-	 * slot (two per slot, in turn: a copy still waiting for one must not
-	 * see it recorded again); by the h2d queue after the copy into each
-	 * slot */
-	struct st_event **ev_slot, **ev_h2d;
-	/* recorded on the h2d queue after each of the update's W stores into
-	 * a vram home (the queue runs them in order: the last one's record
-	 * says all are in); the next forward waits for it on the compute,
-	 * not the host (engine_update.c, unit_done) */
-	struct st_event *ev_wstore;
-	float *acts;                  /* activation checkpoints, X floats each */
-	size_t X;                     /* floats of the largest unit output */
-	struct ubufs *ub;             /* [U] */
-	struct ubufs shared[2];       /* the non-resident units' dW in turn */
-	float *dA, *dB;               /* activation gradients */
-	void *work;
+	struct ubufs *unit_bufs;      /* [n_units] */
+	struct ubufs shared_bufs[2];  /* the non-resident units' dW in turn */
+	void *work;                   /* vram: the compute's scratch */
 	size_t work_bytes;
-	/* [U]: the saved-forward extent of a unit that keeps its forward
-	 * (plan.keep), NULL for one that recomputes it; each saved_bytes */
-	void **saved;
-	size_t saved_bytes;
-	int32_t *tokens, *targets;    /* vram */
-	/* the batch is drawn into tok_host, tgt_host (host), then copied to
-	 * vram on the compute's queue, not waited for: two pairs in turn
-	 * (tok_buf[i], tgt_buf[i]), each reused once the event recorded
-	 * after its copies (ev_tok[i]) is done */
-	int32_t *tok_host, *tgt_host;
-	int32_t *tok_buf[2], *tgt_buf[2];
-	struct st_event *ev_tok[2];
-	unsigned tok_turn;
 	/* $ST_HOST_WAITS=1: the host waits where it did before the waits
 	 * were moved off the step (tools/host-waits-bench's baseline) */
 	bool host_waits;
 
-	/* host */
-	float *landing, *gstage;
-	int land_busy, gstage_busy;   /* chains in flight on them */
-	struct chain c_d2h, c_gwrite, c_gread;
-	struct updset upd[2];
+	/* each pipeline's own */
+	struct lanes_state lanes;
+	struct fetch_state fetch;
+	struct grad_state grad;
+	struct update_state update;
+	struct act_state act;
+	struct zero_state zero;
+	struct sums_state sums;
 
-	/* W fetch sequence */
-	int *seq, nseq, issued, consumed;
-	int w_ready;                  /* units whose W may be fetched */
-	struct st_cursor end_cur;     /* st_engine_step_end_cursor() */
+	/* the step */
+	struct batch_state batch;
+	struct st_cursor step_end_cursor; /* st_engine_step_end_cursor() */
 	bool fwd_ready;               /* the forward of the next step's first
 					 micro-batch ran in the update sweep */
-
-	struct chain **chains;        /* every chain, for the pump's scans */
-	int nchains;
-	int nwaiting;                 /* chains whose hop's wait is not seen over */
-	uint64_t vram_submits;
-	struct lane_busy lane[ST_LANE_COUNT];
-	double *unit_sumsq;
-	bool nonfinite;
-	uint64_t **sums;              /* [U * ST_STATE_COUNT]: per tile, nvme shards only */
-	bool *summed;                 /* [U * ST_STATE_COUNT]: written since create */
-
-	/* ZeRO (docs/zero.md): world, rank, stage; per unit the slice S_u
-	 * and the padded unit N * S_u (both e_u at world 1) */
-	int world, rank, zero;
-	uint64_t *slice, *epad;
-	bool w_gather;                /* stages 1-2, world > 1: W slices gathered
-					 after the update (wgather) */
-	bool w_stream;                /* stage 3, world > 1: W gathered into its
-					 slot before each use */
-	char *nvme_dirs;              /* world > 1: DIR/rank-R of every dir */
-	void *comm_scratch;           /* vram: dW's all-to-all lands here */
-	struct st_extent scratch_ext;
-	/* stages 1-2: two host buffers of a padded unit of W, units in turn
-	 * by parity: the update writes the rank's new slice of unit u into
-	 * wgather[u & 1], the comm queue gathers the others' slices (event
-	 * ev_wg) while the next unit's update runs, and W goes home
-	 * (engine_zero.c) */
-	char *wgather[2];
-	int wg_busy[2];               /* W stores in flight out of each */
-	struct chain c_wstore[2];     /* W from wgather[i] to its home */
-	struct st_event *ev_wg[2];    /* recorded on the comm queue after the gather */
-	int wg_unit[2];               /* the unit in flight in each, -1: none */
-	bool wg_store[2];             /* W goes home by a store chain after ev_wg */
-	bool wg_storing[2];           /* that chain is started */
-	/* world > 1: host values (the norm's sums, the losses, gathered
-	 * states) go through device buffers (the comm scratch), because the
-	 * device's memory is not the host's (cuda), or $ST_ZERO_DEVICE_PATH
-	 * asks for it on the cpu device (tests: the cuda path's order) */
-	bool zdev;
-	struct st_event **ev_gather;  /* stage 3: per slot, after its all-gather */
-	int gathered;                 /* stage 3: fetch sequence gathered so far */
-	double *parts;                /* world > 1, stage >= 2: the norm's chunk
-					 sums, [world * nparts] */
-	uint64_t *part_off, nparts;   /* [U]: unit u's chunks at part_off[u] */
-	double *losses;               /* world > 1: [world * grad_accum] */
-	/* --trace at world > 1: the comm queue's collectives as spans on a
-	 * lane of their own, stamped on the queue (engine_zero.c) */
-	struct comm_span *cspan;
-	unsigned cspan_head, cspan_tail;
-	int comm_trace_lane;
-
 	int err;
 	char errmsg[512];
-	struct st_engine_stats last;
-	int trace_lane[ST_LANE_COUNT];
-	int trace_host, trace_phase;  /* the host's waits, the step's phases */
-	int trace_step;               /* the step being run, for the phases */
-	uint64_t nvme_busy0;          /* the nvme tier's busy_ns at the step's start */
-
-	/* activation checkpoints on the host (engine_act.c): A slots, and
-	 * checkpoints 1..act_off going there and back; per checkpoint j
-	 * (index 1..U-1) its copy's bytes, its two chains and their busy
-	 * counts, and the events ev_act[ACT_EV_*][j] */
-	bool act_host;
-	int act_slots, act_off;
-	const struct st_extent *act_slot_ext; /* [act_slots] vram */
-	const struct st_extent *act_home_ext; /* [act_off] host: x[j] at j-1 */
-	uint64_t *act_len;
-	struct chain *act_chain_out, *act_chain_in;
-	int *act_out_busy, *act_in_busy;
-	struct st_event **ev_act[4];
-
-	/* The optimizer on the device (docs/gpu.md), for the units whose G,
-	 * P, M, V live in vram (ST_POOL_OPT_STAT): each unit's sum of squares
-	 * [U], the AdamW count of elements left unchanged, and the sum's
-	 * scratch; all NULL when no unit's optimizer is on the device. */
-	struct st_compute_sumsq *dev_sumsq;
-	uint32_t *dev_adam_bad;
-	void *dev_sumsq_scratch;
-
-	/* The update sweep's tiles in order (engine_update.c), and per state
-	 * the next one whose load is not issued yet (n_utiles: none left) */
-	struct utile *utiles;
-	int n_utiles;
-	int upd_next[ST_STATE_COUNT];
+	struct st_engine_stats last_stats;
+	struct trace_state trace;
 };
 
 enum { ACT_EV_FW, ACT_EV_OUT, ACT_EV_BW, ACT_EV_IN };
 
 static inline struct shard *shard(struct st_engine *e, int u, enum st_state s)
 {
-	return &e->sh[u * ST_STATE_COUNT + s];
+	return &e->shards[u * ST_STATE_COUNT + s];
 }
 
 static inline void *haddr(struct st_engine *e, const struct st_extent *x)
@@ -299,12 +369,12 @@ static inline void *vaddr(struct st_engine *e, const struct st_extent *x)
  * slice, another the padded unit. */
 static inline uint64_t sh_lo(const struct st_engine *e, int u, enum st_state s)
 {
-	return st_plan_sharded(&e->plan, s) ? (uint64_t)e->rank * e->slice[u] : 0;
+	return st_plan_sharded(&e->plan, s) ? (uint64_t)e->rank * e->slice_elems[u] : 0;
 }
 
 static inline uint64_t sh_elems(const struct st_engine *e, int u, enum st_state s)
 {
-	return st_plan_sharded(&e->plan, s) ? e->slice[u] : e->epad[u];
+	return st_plan_sharded(&e->plan, s) ? e->slice_elems[u] : e->padded_elems[u];
 }
 
 static inline bool unit_resident(const struct st_engine *e, int u)
@@ -316,7 +386,7 @@ static inline bool unit_resident(const struct st_engine *e, int u)
  * V and W, the planner says) lives in vram. */
 static inline bool opt_on_dev(const struct st_engine *e, int u)
 {
-	return e->sh[u * ST_STATE_COUNT + ST_STATE_G].home == ST_HOME_VRAM;
+	return e->shards[u * ST_STATE_COUNT + ST_STATE_G].home == ST_HOME_VRAM;
 }
 
 /* engine_lanes.c */
@@ -327,7 +397,8 @@ struct hop st_eng_hop(const char *name, enum st_home tier, enum st_io_op rw,
 		      const struct st_extent *ext, uint64_t off_bytes, void *buf,
 		      uint64_t len_bytes);
 /* A hop between shard (u, s) in its home and buf; off_bytes is into the
- * shard. It carries the shard, so an nvme hop is summed or checked. */
+ * shard. It carries the shard, so the lanes' hooks see it (an nvme hop is
+ * summed or checked). */
 struct hop st_eng_shard_hop(struct st_engine *e, const char *name, int u, enum st_state s,
 			    enum st_io_op rw, uint64_t off_bytes, void *buf, uint64_t len_bytes);
 int st_eng_chain_start(struct st_engine *e, struct chain *c, const struct hop *hops,
@@ -348,7 +419,7 @@ void st_eng_stats_begin(struct st_engine *e);
 void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns);
 void st_eng_fail(struct st_engine *e, int ret);
 
-/* engine_sums.c */
+/* engine_sums.c: init sets the lanes' hop hooks */
 int st_eng_sums_init(struct st_engine *e);
 void st_eng_sums_fini(struct st_engine *e);
 void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
@@ -357,11 +428,23 @@ int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_
 		      const void *buf, uint64_t len_bytes);
 
 /* engine_fetch.c */
+/* The fetch sequence from its start (a new micro-batch), with the W of
+ * units 0 .. w_ready-1 free to fetch. */
+void st_eng_fetch_restart(struct st_engine *e, int w_ready);
+/* Units 0 .. w_ready-1 may now be fetched (their new W is home). */
+void st_eng_fetch_allow(struct st_engine *e, int w_ready);
 int st_eng_acquire_w(struct st_engine *e, int u, float *dst);
 
 /* engine_grad.c */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
 int st_eng_grad_in(struct st_engine *e, int u, int mb);
+/* Every G write in flight (out of the landing and the G staging) has
+ * landed. 0 or -errno. */
+int st_eng_grad_quiet(struct st_engine *e);
+/* The device-side units' sums of squares into unit_sumsq (and nonfinite):
+ * waits for the compute; nothing without any (grad.dev_sumsq NULL).
+ * 0 or -errno. */
+int st_eng_dev_sumsq(struct st_engine *e);
 
 /* engine_update.c */
 int st_eng_update_setup(struct st_engine *e);
@@ -376,15 +459,21 @@ int st_eng_update_poll(struct st_engine *e);
 /* A skipped update (the norm was not finite): wait for the prefetched
  * loads and forget them. 0 or -errno. */
 int st_eng_update_drop(struct st_engine *e);
+/* The next step's first forward, fused into the update sweep: the step
+ * (engine_step.c) hands it over, so the sweep never calls back into the
+ * step. begin draws the next micro-batch, no unit's W ready yet; unit_home
+ * is called in unit order once unit u's new W is home (its forward may
+ * run). Each returns 0 or -errno. */
+struct st_eng_fused_fwd {
+	int (*begin)(struct st_engine *e, const struct st_eng_fused_fwd *fwd);
+	int (*unit_home)(struct st_engine *e, int u);
+	struct st_loader *ld;
+};
+
+/* The update sweep; with fwd (not NULL), fused with the next step's first
+ * forward. 0 or -errno. */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
-			const struct st_adam_step *nowd, struct st_loader *ld);
-/* The device-side units' sums of squares into unit_sumsq (and nonfinite):
- * waits for the compute. 0 or -errno. */
-int st_eng_dev_sumsq(struct st_engine *e);
-/* Unit u's dW (in the device buffer dw) into its G in vram on the
- * compute's queue: copied at micro-batch 0, added later; after the last,
- * its sum of squares. */
-void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last);
+			const struct st_adam_step *nowd, const struct st_eng_fused_fwd *fwd);
 
 /* engine_state.c */
 int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,
@@ -418,8 +507,5 @@ void st_eng_act_bwd_begin(struct st_engine *e, int j);
 int st_eng_act_bwd_end(struct st_engine *e, int j);
 int st_eng_act_drain(struct st_engine *e);
 
-/* engine_step.c */
-int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready);
-int st_eng_forward_unit(struct st_engine *e, int u);
 
 #endif

@@ -18,8 +18,8 @@
 
 void st_eng_lane_begin(struct st_engine *e, enum st_lane l)
 {
-	if (e->lane[l].inflight++ == 0)
-		e->lane[l].since_ns = st_now_ns();
+	if (e->lanes.busy[l].inflight++ == 0)
+		e->lanes.busy[l].since_ns = st_now_ns();
 }
 
 /* A transfer lane's trace shows its busy intervals (from the first request
@@ -28,7 +28,7 @@ void st_eng_lane_begin(struct st_engine *e, enum st_lane l)
 void st_eng_lane_end(struct st_engine *e, enum st_lane l, uint64_t t0, uint64_t bytes,
 		     const char *name)
 {
-	struct lane_busy *lb = &e->lane[l];
+	struct lane_busy *lb = &e->lanes.busy[l];
 	uint64_t now = st_now_ns();
 
 	lb->bytes += bytes;
@@ -40,11 +40,12 @@ void st_eng_lane_end(struct st_engine *e, enum st_lane l, uint64_t t0, uint64_t 
 		char args[64];
 
 		if (l == ST_LANE_ADAM) {
-			st_trace_span(e->cfg.trace, e->trace_lane[l], name, t0, now, NULL);
+			st_trace_span(e->cfg.trace, e->trace.lane[l], name, t0, now, NULL);
 		} else {
 			snprintf(args, sizeof(args), "{\"requests\":%llu}",
 				 (unsigned long long)lb->requests);
-			st_trace_span(e->cfg.trace, e->trace_lane[l], "busy", lb->since_ns, now, args);
+			st_trace_span(e->cfg.trace, e->trace.lane[l], "busy", lb->since_ns, now,
+				      args);
 		}
 	}
 	lb->requests = 0;
@@ -95,9 +96,9 @@ static int hop_submit(struct st_engine *e, struct chain *c)
 				.after = h->after, .done = h->done };
 	int ret;
 
-	/* what goes to nvme is summed as it leaves (engine_sums.c) */
-	if (h->tier == ST_HOME_NVME && h->rw == ST_IO_WRITE && h->unit >= 0)
-		st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
+	/* a shard's owner sees its bytes as they leave (the nvme sums) */
+	if (h->rw == ST_IO_WRITE && h->unit >= 0 && e->lanes.hop_out)
+		e->lanes.hop_out(e, h);
 	/* A copy waiting for the compute is not moving bytes yet: its lane is
 	 * busy from when the wait is seen over (see_waits()). */
 	c->t0_ns = st_now_ns();
@@ -107,13 +108,13 @@ static int hop_submit(struct st_engine *e, struct chain *c)
 	if (!c->waits)
 		st_eng_lane_begin(e, lane);
 	else
-		e->nwaiting++;
-	c->vram_seq = h->tier == ST_HOME_VRAM ? ++e->vram_submits : 0;
+		e->lanes.n_waiting++;
+	c->vram_seq = h->tier == ST_HOME_VRAM ? ++e->lanes.vram_submits : 0;
 	ret = st_tier_submit(e->tier[h->tier], &r, 1);
 	if (ret < 0) {
 		if (c->waits) {
 			c->waits = NULL;
-			e->nwaiting--;
+			e->lanes.n_waiting--;
 			st_eng_lane_begin(e, lane);
 		}
 		c->vram_seq = 0;
@@ -123,7 +124,7 @@ static int hop_submit(struct st_engine *e, struct chain *c)
 	}
 	/* A step's bytes are those it queued, so a store that lands during
 	 * the next step (the update's last P, M, V) counts in its own. */
-	e->lane[lane].bytes += h->len_bytes;
+	e->lanes.busy[lane].bytes += h->len_bytes;
 	if (c->at == c->nhops - 1 && c->queued)
 		*c->queued = true;
 	return 0;
@@ -156,15 +157,15 @@ static void hop_done(struct st_engine *e, struct chain *c, int64_t res, struct s
 	c->vram_seq = 0;
 	if (c->waits) { /* done before its wait was seen over: no busy time */
 		c->waits = NULL;
-		e->nwaiting--;
+		e->lanes.n_waiting--;
 		c->t0_ns = st_now_ns();
 		st_eng_lane_begin(e, lane);
 	}
 	st_eng_lane_end(e, lane, c->t0_ns, 0, h->name);
-	/* what comes back from nvme is checked before anything uses it */
-	if (res >= 0 && h->tier == ST_HOME_NVME && h->rw == ST_IO_READ && h->unit >= 0) {
-		int ret = st_eng_sums_check(e, h->unit, h->state, h->off_bytes, h->buf,
-					    h->len_bytes);
+	/* a shard's owner sees what came back before anything uses it (the
+	 * nvme sums check it) */
+	if (res >= 0 && h->rw == ST_IO_READ && h->unit >= 0 && e->lanes.hop_in) {
+		int ret = e->lanes.hop_in(e, h);
 
 		if (ret < 0) {
 			res = ret;
@@ -182,13 +183,13 @@ static void hop_done(struct st_engine *e, struct chain *c, int64_t res, struct s
  * the event is seen done. */
 static void see_waits(struct st_engine *e)
 {
-	for (int i = 0; i < e->nchains && e->nwaiting; i++) {
-		struct chain *c = e->chains[i];
+	for (int i = 0; i < e->lanes.n_chains && e->lanes.n_waiting; i++) {
+		struct chain *c = e->lanes.chains[i];
 
 		if (!c->waits || st_event_query(e->dev, c->waits) != 1)
 			continue;
 		c->waits = NULL;
-		e->nwaiting--;
+		e->lanes.n_waiting--;
 		c->t0_ns = st_now_ns();
 		st_eng_lane_begin(e, hop_lane(&c->hop[c->at]));
 	}
@@ -199,8 +200,8 @@ static struct chain *oldest_vram(struct st_engine *e)
 {
 	struct chain *old = NULL;
 
-	for (int i = 0; i < e->nchains; i++) {
-		struct chain *c = e->chains[i];
+	for (int i = 0; i < e->lanes.n_chains; i++) {
+		struct chain *c = e->lanes.chains[i];
 
 		if (c->vram_seq && (!old || c->vram_seq < old->vram_seq))
 			old = c;
@@ -224,7 +225,7 @@ int st_eng_pump(struct st_engine *e, bool block)
 {
 	int progressed = 0;
 
-	if (e->nwaiting)
+	if (e->lanes.n_waiting)
 		see_waits(e);
 
 	for (int h = ST_HOME_VRAM; h <= ST_HOME_NVME; h += 2) {
@@ -244,7 +245,7 @@ int st_eng_pump(struct st_engine *e, bool block)
 		/* The vram tier blocks on its oldest copy: when that one waits
 		 * for the compute, block on the compute's event first, to see
 		 * when the copy starts (the wait is no longer for it). */
-		if (only == v && e->nwaiting) {
+		if (only == v && e->lanes.n_waiting) {
 			struct chain *old = oldest_vram(e);
 
 			if (old && old->waits) {
@@ -266,7 +267,7 @@ int st_eng_pump(struct st_engine *e, bool block)
 void st_eng_host_wait(struct st_engine *e, const char *why, uint64_t t0_ns)
 {
 	if (e->cfg.trace)
-		st_trace_span(e->cfg.trace, e->trace_host, why, t0_ns, st_now_ns(), NULL);
+		st_trace_span(e->cfg.trace, e->trace.host, why, t0_ns, st_now_ns(), NULL);
 }
 
 void st_eng_phase(struct st_engine *e, const char *name, int mb, uint64_t t0_ns)
@@ -275,8 +276,8 @@ void st_eng_phase(struct st_engine *e, const char *name, int mb, uint64_t t0_ns)
 
 	if (!e->cfg.trace)
 		return;
-	snprintf(args, sizeof(args), "{\"step\":%d,\"mb\":%d}", e->trace_step, mb);
-	st_trace_span(e->cfg.trace, e->trace_phase, name, t0_ns, st_now_ns(), args);
+	snprintf(args, sizeof(args), "{\"step\":%d,\"mb\":%d}", e->trace.step, mb);
+	st_trace_span(e->cfg.trace, e->trace.phase, name, t0_ns, st_now_ns(), args);
 }
 
 int st_eng_wait_until(struct st_engine *e, const int *counter, const char *why)
@@ -326,7 +327,7 @@ int st_eng_compute_drain(struct st_engine *e)
 	st_eng_host_wait(e, "compute drain", t0);
 	while ((n = st_compute_take_spans(e->cx, sp, (int)ST_ARRAY_LEN(sp))) > 0)
 		for (int i = 0; i < n; i++) {
-			e->lane[ST_LANE_COMPUTE].busy_ns += sp[i].t1_ns - sp[i].t0_ns;
+			e->lanes.busy[ST_LANE_COMPUTE].busy_ns += sp[i].t1_ns - sp[i].t0_ns;
 			if (e->cfg.trace) {
 				/* when the host queued it, in the trace's
 				 * microseconds (tools/trace-gaps) */
@@ -336,7 +337,7 @@ int st_eng_compute_drain(struct st_engine *e)
 
 				snprintf(args, sizeof(args), "{\"queued_us\":%llu.%03u}",
 					 (unsigned long long)(q / 1000), (unsigned)(q % 1000));
-				st_trace_span(e->cfg.trace, e->trace_lane[ST_LANE_COMPUTE],
+				st_trace_span(e->cfg.trace, e->trace.lane[ST_LANE_COMPUTE],
 					      sp[i].name, sp[i].t0_ns, sp[i].t1_ns, args);
 			}
 		}
@@ -359,38 +360,36 @@ void st_eng_stats_begin(struct st_engine *e)
 	uint64_t now = st_now_ns();
 
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
-		e->lane[l].busy_ns = 0;
-		e->lane[l].bytes = 0;
+		e->lanes.busy[l].busy_ns = 0;
+		e->lanes.busy[l].bytes = 0;
 		/* the last update's stores may still be going back: their
 		 * lane is this step's busy from its start */
-		if (e->lane[l].inflight)
-			e->lane[l].since_ns = now;
+		if (e->lanes.busy[l].inflight)
+			e->lanes.busy[l].since_ns = now;
 	}
-	e->nvme_busy0 = nvme_busy(e);
+	e->lanes.nvme_busy0_ns = nvme_busy(e);
 }
 
 void st_eng_stats_end(struct st_engine *e, uint64_t t0_ns)
 {
-	uint64_t now;
+	uint64_t now = st_now_ns();
 
-	st_eng_zero_trace(e);
-	now = st_now_ns();
-	e->last.step_ns = now - t0_ns;
+	e->last_stats.step_ns = now - t0_ns;
 	for (int l = 0; l < ST_LANE_COUNT; l++) {
 		/* stores still going back (the sweep's last, landing in the next
 		 * backward): their time so far is this step's, the rest the
 		 * next one's (st_eng_stats_begin) */
-		if (e->lane[l].inflight) {
-			e->lane[l].busy_ns += now - e->lane[l].since_ns;
+		if (e->lanes.busy[l].inflight) {
+			e->lanes.busy[l].busy_ns += now - e->lanes.busy[l].since_ns;
 			if (e->cfg.trace && l != ST_LANE_ADAM)
-				st_trace_span(e->cfg.trace, e->trace_lane[l], "busy",
-					      e->lane[l].since_ns, now, NULL);
-			e->lane[l].since_ns = now;
+				st_trace_span(e->cfg.trace, e->trace.lane[l], "busy",
+					      e->lanes.busy[l].since_ns, now, NULL);
+			e->lanes.busy[l].since_ns = now;
 		}
-		e->last.busy_ns[l] = e->lane[l].busy_ns;
-		e->last.bytes[l] = e->lane[l].bytes;
+		e->last_stats.busy_ns[l] = e->lanes.busy[l].busy_ns;
+		e->last_stats.bytes[l] = e->lanes.busy[l].bytes;
 	}
-	e->last.nvme_busy_ns = nvme_busy(e) - e->nvme_busy0;
+	e->last_stats.nvme_busy_ns = nvme_busy(e) - e->lanes.nvme_busy0_ns;
 }
 
 /* A step failed with ret: drain, keep the first error and its message. */

@@ -39,17 +39,17 @@ static int shard_write(struct st_engine *e, int u, enum st_state s, const void *
 int st_engine_shard(const struct st_engine *e, int u, enum st_state s, enum st_home *home,
 		    struct st_extent *ext)
 {
-	if (u < 0 || u >= e->U || (unsigned)s >= ST_STATE_COUNT)
+	if (u < 0 || u >= e->n_units || (unsigned)s >= ST_STATE_COUNT)
 		return -EINVAL;
-	*home = e->sh[u * ST_STATE_COUNT + s].home;
-	*ext = e->sh[u * ST_STATE_COUNT + s].ext;
+	*home = e->shards[u * ST_STATE_COUNT + s].home;
+	*ext = e->shards[u * ST_STATE_COUNT + s].ext;
 	return 0;
 }
 
 /* Bytes of one element of state s. */
 static size_t elem_bytes(const struct st_engine *e, enum st_state s)
 {
-	return s == ST_STATE_W ? (size_t)e->Wb : 4;
+	return s == ST_STATE_W ? (size_t)e->w_elem_bytes : 4;
 }
 
 /* At world > 1 a sharded state is read from every rank: each puts its
@@ -61,25 +61,26 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 	size_t eb = elem_bytes(e, s), lo;
 	int ret;
 
-	if (u < 0 || u >= e->U)
+	if (u < 0 || u >= e->n_units)
 		return -EINVAL;
 	lo = sh_lo(e, u, s) * eb;
 	st_eng_drain(e);
 	if (e->err) /* a store that landed failed: the state read is not it */
 		return st_error_set(e->err, "%s", e->errmsg);
 	if (posix_memalign((void **)&tmp, ST_PAGE_BYTES,
-			   st_align_up(e->epad[u] * eb, ST_PAGE_BYTES)))
+			   st_align_up(e->padded_elems[u] * eb, ST_PAGE_BYTES)))
 		return -ENOMEM;
 	ret = shard_read(e, u, s, tmp + lo);
 	if (ret == 0 && st_plan_sharded(&e->plan, s)) {
-		ret = st_eng_zero_gather_host(e, tmp, e->slice[u],
+		ret = st_eng_zero_gather_host(e, tmp, e->slice_elems[u],
 					      eb == 2 ? ST_COMM_BF16 : ST_COMM_F32);
 	}
 	if (ret == 0) {
-		if (s == ST_STATE_W && e->Wb == 2)
-			st_cpu_bf16_to_f32(dst, (const uint16_t *)(const void *)tmp, e->elems[u]);
+		if (s == ST_STATE_W && e->w_elem_bytes == 2)
+			st_cpu_bf16_to_f32(dst, (const uint16_t *)(const void *)tmp,
+					   e->unit_elems[u]);
 		else
-			memcpy(dst, tmp, e->elems[u] * sizeof(float));
+			memcpy(dst, tmp, e->unit_elems[u] * sizeof(float));
 	}
 	free(tmp);
 	return ret;
@@ -93,9 +94,10 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uint64_t *lo,
 		    uint64_t *n)
 {
-	uint64_t first = e->world == 1 ? 0 : (uint64_t)e->rank * e->slice[u];
-	uint64_t count = first >= e->elems[u] ? 0
-			 : ST_MIN(e->world == 1 ? e->elems[u] : e->slice[u], e->elems[u] - first);
+	uint64_t first = e->world == 1 ? 0 : (uint64_t)e->rank * e->slice_elems[u];
+	uint64_t count = first >= e->unit_elems[u] ? 0
+			 : ST_MIN(e->world == 1 ? e->unit_elems[u] : e->slice_elems[u],
+				  e->unit_elems[u] - first);
 	int ret;
 
 	assert(s != ST_STATE_W);
@@ -118,10 +120,10 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 	uint64_t bytes, pad_bytes;
 	int ret;
 
-	if (u < 0 || u >= e->U || !p)
+	if (u < 0 || u >= e->n_units || !p)
 		return -EINVAL;
-	bytes = e->elems[u] * sizeof(float);
-	pad_bytes = e->epad[u] * sizeof(float);
+	bytes = e->unit_elems[u] * sizeof(float);
+	pad_bytes = e->padded_elems[u] * sizeof(float);
 	st_eng_drain(e);
 	if (posix_memalign((void **)&buf, ST_PAGE_BYTES, pad_bytes))
 		return -ENOMEM;
@@ -139,11 +141,12 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 	}
 	if (ret == 0) {
 		memset(buf, 0, pad_bytes);
-		if (e->Wb == 2)
-			st_cpu_f32_to_bf16((uint16_t *)(void *)buf, p, e->elems[u]);
+		if (e->w_elem_bytes == 2)
+			st_cpu_f32_to_bf16((uint16_t *)(void *)buf, p, e->unit_elems[u]);
 		else
 			memcpy(buf, p, bytes);
-		ret = shard_write(e, u, ST_STATE_W, buf + sh_lo(e, u, ST_STATE_W) * (size_t)e->Wb);
+		ret = shard_write(e, u, ST_STATE_W,
+				  buf + sh_lo(e, u, ST_STATE_W) * (size_t)e->w_elem_bytes);
 	}
 	free(buf);
 	return ret;
@@ -151,7 +154,7 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 
 void st_engine_get_stats(const struct st_engine *e, struct st_engine_stats *s)
 {
-	*s = e->last;
+	*s = e->last_stats;
 	for (int h = 0; h < ST_HOME_COUNT; h++) {
 		struct st_tier_stats ts;
 

@@ -15,7 +15,7 @@
  *                    the copy is queued;
  *   compute -> copy  a W slot is free once its copy is reaped: the next copy
  *                    into it waits for the event recorded after the widen
- *                    (ev_slot); dW's d2h waits for the event recorded after
+ *                    (ev_widen); dW's d2h waits for the event recorded after
  *                    the backward that wrote it (ubufs.ev_dw), and dW has
  *                    two buffers, so the backward of unit u-1 runs while
  *                    unit u's dW is copied out and added into G on the CPU.
@@ -45,7 +45,7 @@ static float *act(struct st_engine *e, int u)
  * shared W and one of the two shared dW, in turn by unit. */
 static struct ubufs *bufs_of(struct st_engine *e, int u)
 {
-	return unit_resident(e, u) ? &e->ub[u] : &e->shared[u & 1];
+	return unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1];
 }
 
 /* The W of the unit u reads (its layout's reads_unit), or NULL. */
@@ -53,34 +53,35 @@ static const float *other_w(struct st_engine *e, int u)
 {
 	int r = st_model_unit_layout(e->model, u)->reads_unit;
 
-	return r >= 0 ? e->ub[r].wf : NULL;
+	return r >= 0 ? e->unit_bufs[r].wf : NULL;
 }
 
 static float *other_grad(struct st_engine *e, int u)
 {
 	int r = st_model_unit_layout(e->model, u)->reads_unit;
 
-	return r >= 0 ? e->ub[r].dw : NULL;
+	return r >= 0 ? e->unit_bufs[r].dw : NULL;
 }
 
 static struct st_model_batch batch_of(const struct st_engine *e)
 {
 	const struct st_train_config *c = &e->cfg.train;
 
-	return (struct st_model_batch){ .B = c->batch, .T = c->seq, .tokens = e->tokens,
-					.targets = e->targets,
+	return (struct st_model_batch){ .B = c->batch, .T = c->seq, .tokens = e->batch.tokens,
+					.targets = e->batch.targets,
 					/* the mean over every rank's micro-batches */
 					.loss_scale = 1.0f / (float)(c->grad_accum * e->world),
-					.host_tokens = e->tok_host, .host_targets = e->tgt_host };
+					.host_tokens = e->batch.tokens_host,
+					.host_targets = e->batch.targets_host };
 }
 
 /* Draw the next batch and start the W fetch sequence over. w_ready is the
  * number of units (from 0) whose W may be fetched now: all of them, except
  * while the update sweep is still writing the new W (fused forward). */
-int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
+static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
 {
 	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
-	unsigned i = e->tok_turn++ & 1;
+	unsigned i = e->batch.turn++ & 1;
 	uint64_t t0 = st_now_ns();
 	int ret;
 
@@ -89,36 +90,35 @@ int st_eng_begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 	 * waiting here left it idle while the host queued the forward. The
 	 * pair drawn into is the one of two micro-batches ago, whose copies
 	 * are long done (its event). */
-	ret = st_event_sync(e->dev, e->ev_tok[i]);
+	ret = st_event_sync(e->dev, e->batch.ev_copied[i]);
 	if (ret < 0)
 		return ret;
-	e->tok_host = e->tok_buf[i];
-	e->tgt_host = e->tgt_buf[i];
+	e->batch.tokens_host = e->batch.tokens_buf[i];
+	e->batch.targets_host = e->batch.targets_buf[i];
 	/* rank r takes micro-batch r of each group of N: N ranks read what
 	 * one reads at N times the micro-batches, in the same order */
 	for (int q = 0; q < e->world; q++)
 		if (q == e->rank)
-			st_loader_next(ld, e->tok_host, e->tgt_host);
+			st_loader_next(ld, e->batch.tokens_host, e->batch.targets_host);
 		else
 			st_loader_skip(ld);
 	if (e->host_waits) {
-		st_compute_from_host(e->cx, e->tokens, e->tok_host, bytes);
-		st_compute_from_host(e->cx, e->targets, e->tgt_host, bytes);
+		st_compute_from_host(e->cx, e->batch.tokens, e->batch.tokens_host, bytes);
+		st_compute_from_host(e->cx, e->batch.targets, e->batch.targets_host, bytes);
 	} else {
-		st_compute_from_host_async(e->cx, e->tokens, e->tok_host, bytes);
-		st_compute_from_host_async(e->cx, e->targets, e->tgt_host, bytes);
+		st_compute_from_host_async(e->cx, e->batch.tokens, e->batch.tokens_host, bytes);
+		st_compute_from_host_async(e->cx, e->batch.targets, e->batch.targets_host, bytes);
 	}
-	st_compute_record(e->cx, e->ev_tok[i]);
+	st_compute_record(e->cx, e->batch.ev_copied[i]);
 	st_eng_host_wait(e, "tokens h2d", t0);
-	e->issued = e->consumed = e->gathered = 0;
-	e->w_ready = w_ready;
+	st_eng_fetch_restart(e, w_ready);
 	return st_compute_take_error(e->cx);
 }
 
 /* Queue the forward of unit u (0 <= u <= U-2); its output is kept as unit
  * u+1's checkpoint for the backward, and a unit that keeps its forward
  * (plan.keep) writes it into its saved extent, for its backward. */
-int st_eng_forward_unit(struct st_engine *e, int u)
+static int forward_unit(struct st_engine *e, int u)
 {
 	struct st_model_batch b = batch_of(e);
 	float *w = bufs_of(e, u)->wf;
@@ -130,7 +130,7 @@ int st_eng_forward_unit(struct st_engine *e, int u)
 		return ret;
 	st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
 	ret = st_model_fwd_save(e->model, u, &b, w, other_w(e, u), u ? act(e, u) : NULL,
-				act(e, u + 1), NULL, e->saved[u], e->saved_bytes, e->work,
+				act(e, u + 1), NULL, e->act.saved[u], e->act.saved_bytes, e->work,
 				e->work_bytes);
 	st_compute_span_end(e->cx);
 	if (ret == 0)
@@ -140,7 +140,10 @@ int st_eng_forward_unit(struct st_engine *e, int u)
 
 static const char *bwd_span(const struct st_engine *e, int u)
 {
-	return u == e->U - 1 ? "bwd head" : u == 0 ? "bwd embed" : e->saved[u] ? "bwd kept" : "bwd";
+	return u == e->n_units - 1 ? "bwd head"
+	       : u == 0 ? "bwd embed"
+	       : e->act.saved[u] ? "bwd kept"
+	       : "bwd";
 }
 
 /* Backward of unit u into its dW buffers: *dy is the gradient of its
@@ -150,7 +153,7 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 {
 	struct st_model_batch b = batch_of(e);
 	struct ubufs *ub = bufs_of(e, u);
-	bool last = u == e->U - 1, first = u == 0;
+	bool last = u == e->n_units - 1, first = u == 0;
 	int ret = 0;
 
 	/* a resident unit's W was widened in the forward and kept */
@@ -165,13 +168,13 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 	/* a shared dW held unit u+2's, in by now (grad_in waited for its copy);
 	 * a resident unit's was zeroed at the start, as others may add to it */
 	if (!unit_resident(e, u))
-		st_compute_zero(e->cx, ub->dw, e->epad[u] * sizeof(float));
+		st_compute_zero(e->cx, ub->dw, e->padded_elems[u] * sizeof(float));
 	/* a unit that keeps its forward reads it from its saved extent (the
 	 * same bits) instead of recomputing it */
 	ret = st_model_bwd_saved(e->model, u, &b, ub->wf, other_w(e, u),
 				 first ? NULL : act(e, u), last ? NULL : *dy, first ? NULL : *dx,
-				 ub->dw, other_grad(e, u), last ? loss : NULL, e->saved[u],
-				 e->saved_bytes, e->work, e->work_bytes);
+				 ub->dw, other_grad(e, u), last ? loss : NULL, e->act.saved[u],
+				 e->act.saved_bytes, e->work, e->work_bytes);
 	st_compute_span_end(e->cx);
 	st_compute_record(e->cx, ub->ev_dw);
 	if (ret == 0 && !first)
@@ -191,12 +194,13 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 static int backward(struct st_engine *e, int mb, double *loss)
 {
 	int ret = 0, pend = -1;
-	float l = 0, *dy = e->dA, *dx = e->dB;
+	float l = 0, *dy = e->act.grad_a, *dx = e->act.grad_b;
 
-	for (int u = 0; u < e->U; u++)
+	for (int u = 0; u < e->n_units; u++)
 		if (unit_resident(e, u))
-			st_compute_zero(e->cx, e->ub[u].dw, e->epad[u] * sizeof(float));
-	for (int u = e->U - 1; ret == 0 && u >= 0; u--) {
+			st_compute_zero(e->cx, e->unit_bufs[u].dw,
+					e->padded_elems[u] * sizeof(float));
+	for (int u = e->n_units - 1; ret == 0 && u >= 0; u--) {
 		ret = backward_unit(e, u, &dy, &dx, &l);
 		if (ret == 0 && pend >= 0)
 			ret = st_eng_grad_in(e, pend, mb);
@@ -223,16 +227,31 @@ static int grad_norm(struct st_engine *e, double *norm)
 
 	if (e->world > 1) {
 		ret = st_eng_zero_norm(e, &sumsq);
-		*norm = e->nonfinite || !isfinite(sumsq) ? NAN : sqrt(sumsq);
+		*norm = e->grad.nonfinite || !isfinite(sumsq) ? NAN : sqrt(sumsq);
 		return ret;
 	}
-	for (int u = 0; u < e->U; u++)
-		sumsq += e->unit_sumsq[u];
+	for (int u = 0; u < e->n_units; u++)
+		sumsq += e->grad.unit_sumsq[u];
 	ret = st_comm_allreduce(e->comm, &sumsq, &sumsq, 1, ST_COMM_F64);
 	if (ret == 0)
 		ret = st_comm_sync(e->comm);
-	*norm = e->nonfinite || !isfinite(sumsq) ? NAN : sqrt(sumsq);
+	*norm = e->grad.nonfinite || !isfinite(sumsq) ? NAN : sqrt(sumsq);
 	return ret;
+}
+
+/* The next step's first forward, fused into the update sweep
+ * (st_eng_update_sweep): the batch is drawn before the sweep starts, with
+ * no W ready; once unit u's new W is home, it may be fetched, and the
+ * forward of u runs (the last unit's runs in its backward). */
+static int fused_begin(struct st_engine *e, const struct st_eng_fused_fwd *fwd)
+{
+	return begin_micro_batch(e, fwd->ld, 0);
+}
+
+static int fused_unit_home(struct st_engine *e, int u)
+{
+	st_eng_fetch_allow(e, u + 1);
+	return u <= e->n_units - 2 ? forward_unit(e, u) : 0;
 }
 
 /* Every micro-batch's forward and backward; *loss_sum their losses. */
@@ -247,14 +266,14 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 		uint64_t t0 = st_now_ns();
 
 		if (a > 0 || !e->fwd_ready) {
-			ret = st_eng_begin_micro_batch(e, ld, e->U);
-			for (int u = 0; ret == 0 && u <= e->U - 2; u++)
-				ret = st_eng_forward_unit(e, u);
+			ret = begin_micro_batch(e, ld, e->n_units);
+			for (int u = 0; ret == 0 && u <= e->n_units - 2; u++)
+				ret = forward_unit(e, u);
 			st_eng_phase(e, "forward", a, t0);
 			t0 = st_now_ns();
 		}
 		e->fwd_ready = false;
-		e->w_ready = e->U;
+		st_eng_fetch_allow(e, e->n_units);
 		/* the update's loads that need no G overlap the last backward */
 		if (ret == 0 && a == c->grad_accum - 1)
 			ret = st_eng_update_prefetch(e);
@@ -280,20 +299,18 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	memset(res, 0, sizeof(*res));
 	if (e->err)
 		return st_error_set(e->err, "%s", e->errmsg);
-	e->trace_step = step;
+	e->trace.step = step;
 	st_eng_stats_begin(e);
-	e->nonfinite = false;
+	e->grad.nonfinite = false;
 	ret = micro_batches(e, ld, &loss_sum,
-			    e->world > 1 ? e->losses + (size_t)e->rank * c->grad_accum : NULL);
-	e->end_cur = ld->cur; /* before the update sweep draws the next batch */
+			    e->world > 1 ? e->zero.losses + (size_t)e->rank * c->grad_accum : NULL);
+	e->step_end_cursor = ld->cur; /* before the update sweep draws the next batch */
 	tp = st_now_ns();
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->land_busy, "G write");
-	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->gstage_busy, "G write");
+		ret = st_eng_grad_quiet(e);
 	if (ret == 0)
 		ret = st_eng_act_drain(e);
-	if (ret == 0 && e->dev_sumsq)
+	if (ret == 0)
 		ret = st_eng_dev_sumsq(e);
 	if (ret < 0)
 		goto fail;
@@ -315,12 +332,17 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		if (ret < 0)
 			goto fail;
 	} else {
+		struct st_eng_fused_fwd fwd = { .begin = fused_begin,
+						.unit_home = fused_unit_home, .ld = ld };
+
 		ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
 		if (ret == 0)
 			ret = st_eng_update_sweep(e, &with_wd, &without_wd,
-						  next_follows ? ld : NULL);
+						  next_follows ? &fwd : NULL);
 		if (ret < 0)
 			goto fail;
+		/* the sweep ran the next step's first forward */
+		e->fwd_ready = next_follows;
 	}
 	st_eng_phase(e, "update", c->grad_accum - 1, tp);
 	tp = st_now_ns();
@@ -334,6 +356,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	if (ret < 0)
 		goto fail;
 	st_eng_phase(e, "end", c->grad_accum - 1, tp);
+	st_eng_zero_trace(e);
 	st_eng_stats_end(e, t0);
 	return 0;
 fail:

@@ -8,7 +8,7 @@
  * before its bytes are used: a mismatch stops the run with -EIO and one
  * line naming the unit, the state, the file, the offset and both sums.
  *
- * The grain is the update tile (e->tile elements): the update sweep reads
+ * The grain is the update tile (e->update.tile_elems elements): the update sweep reads
  * and writes one tile of a state at a time, and every other transfer moves
  * whole shards or, at world > 1, whole slices of one. A shard is cut into
  * segments -- the unit at world 1, each rank's slice of S_u elements at
@@ -51,18 +51,18 @@ static uint64_t tile_sum(const void *p, uint64_t len)
 
 static uint64_t state_bytes(const struct st_engine *e, enum st_state s)
 {
-	return s == ST_STATE_W ? (uint64_t)e->Wb : 4;
+	return s == ST_STATE_W ? (uint64_t)e->w_elem_bytes : 4;
 }
 
 /* Elements of a segment of shard (u, s), and the chunks of one. */
 static uint64_t seg_elems(const struct st_engine *e, int u, enum st_state s)
 {
-	return e->world == 1 ? sh_elems(e, u, s) : e->slice[u];
+	return e->world == 1 ? sh_elems(e, u, s) : e->slice_elems[u];
 }
 
 static uint64_t seg_chunks(const struct st_engine *e, int u, enum st_state s)
 {
-	return (seg_elems(e, u, s) + e->tile - 1) / e->tile;
+	return (seg_elems(e, u, s) + e->update.tile_elems - 1) / e->update.tile_elems;
 }
 
 static uint64_t shard_chunks(const struct st_engine *e, int u, enum st_state s)
@@ -79,27 +79,44 @@ static uint64_t chunk_at(const struct st_engine *e, int u, enum st_state s, uint
 {
 	uint64_t seg = seg_elems(e, u, s), q = pos / seg, r = pos % seg;
 
-	assert(r % e->tile == 0);
-	*len = ST_MIN(e->tile, seg - r);
-	return q * seg_chunks(e, u, s) + r / e->tile;
+	assert(r % e->update.tile_elems == 0);
+	*len = ST_MIN(e->update.tile_elems, seg - r);
+	return q * seg_chunks(e, u, s) + r / e->update.tile_elems;
+}
+
+/* The lanes' hooks on a shard's hops: what goes to nvme is summed as it
+ * leaves, what comes back from nvme is checked before anything uses it. */
+static void sums_hop_out(struct st_engine *e, const struct hop *h)
+{
+	if (h->tier == ST_HOME_NVME)
+		st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
+}
+
+static int sums_hop_in(struct st_engine *e, const struct hop *h)
+{
+	if (h->tier != ST_HOME_NVME)
+		return 0;
+	return st_eng_sums_check(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
 }
 
 int st_eng_sums_init(struct st_engine *e)
 {
-	e->sums = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->sums));
-	e->summed = calloc((size_t)e->U * ST_STATE_COUNT, sizeof(*e->summed));
-	if (!e->sums || !e->summed)
+	e->lanes.hop_out = sums_hop_out;
+	e->lanes.hop_in = sums_hop_in;
+	e->sums.tile_sums = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->sums.tile_sums));
+	e->sums.written = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->sums.written));
+	if (!e->sums.tile_sums || !e->sums.written)
 		return -ENOMEM;
 	if (e->cfg.no_verify_reads)
 		return 0;
-	for (int u = 0; u < e->U; u++)
+	for (int u = 0; u < e->n_units; u++)
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
 			uint64_t n = shard_chunks(e, u, s);
 
 			if (shard(e, u, s)->home != ST_HOME_NVME)
 				continue;
-			e->sums[u * ST_STATE_COUNT + s] = calloc(n, sizeof(uint64_t));
-			if (!e->sums[u * ST_STATE_COUNT + s])
+			e->sums.tile_sums[u * ST_STATE_COUNT + s] = calloc(n, sizeof(uint64_t));
+			if (!e->sums.tile_sums[u * ST_STATE_COUNT + s])
 				return -ENOMEM;
 		}
 	return 0;
@@ -107,12 +124,12 @@ int st_eng_sums_init(struct st_engine *e)
 
 void st_eng_sums_fini(struct st_engine *e)
 {
-	for (int i = 0; e->sums && i < e->U * ST_STATE_COUNT; i++)
-		free(e->sums[i]);
-	free(e->sums);
-	free(e->summed);
-	e->sums = NULL;
-	e->summed = NULL;
+	for (int i = 0; e->sums.tile_sums && i < e->n_units * ST_STATE_COUNT; i++)
+		free(e->sums.tile_sums[i]);
+	free(e->sums.tile_sums);
+	free(e->sums.written);
+	e->sums.tile_sums = NULL;
+	e->sums.written = NULL;
 }
 
 /* The sums of shard (u, s), NULL when not kept. A transfer [off, off +
@@ -121,7 +138,7 @@ static uint64_t *sums_of(struct st_engine *e, int u, enum st_state s, uint64_t o
 			 uint64_t len)
 {
 	uint64_t eb = state_bytes(e, s), end = sh_elems(e, u, s) * eb;
-	uint64_t *v = e->sums ? e->sums[u * ST_STATE_COUNT + s] : NULL;
+	uint64_t *v = e->sums.tile_sums ? e->sums.tile_sums[u * ST_STATE_COUNT + s] : NULL;
 
 	if (!v)
 		return NULL;
@@ -145,7 +162,7 @@ void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_b
 		v[i] = tile_sum((const char *)buf + (pos * eb - off_bytes), n * eb);
 	}
 	if (v)
-		e->summed[u * ST_STATE_COUNT + s] = true;
+		e->sums.written[u * ST_STATE_COUNT + s] = true;
 }
 
 int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
@@ -156,7 +173,7 @@ int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_
 
 	/* a shard never written holds what the tier was made with: nothing
 	 * to hold it to (a G read before any backward) */
-	if (v && !e->summed[u * ST_STATE_COUNT + s])
+	if (v && !e->sums.written[u * ST_STATE_COUNT + s])
 		return 0;
 	for (; v && pos < end; pos += n) {
 		uint64_t i = chunk_at(e, u, s, pos, &n), at = pos * eb - off_bytes, got;

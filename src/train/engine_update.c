@@ -28,17 +28,17 @@ static float *upd_ptr(struct st_engine *e, const struct utile *t, enum st_state 
 
 	if (t->set[s] < 0)
 		return (float *)haddr(e, &x->ext) + (t->t0 - sh_lo(e, t->u, s));
-	return haddr(e, &e->upd[t->set[s]].ext[s]);
+	return haddr(e, &e->update.sets[t->set[s]].ext[s]);
 }
 
 /* Whether state s of unit u goes through the staging: G, P, M, V when on
  * nvme; W when it is not written in place in host nor gathered. */
 static bool upd_staged(const struct st_engine *e, int u, enum st_state s)
 {
-	enum st_home h = e->sh[u * ST_STATE_COUNT + s].home;
+	enum st_home h = e->shards[u * ST_STATE_COUNT + s].home;
 
 	if (s == ST_STATE_W)
-		return h != ST_HOME_HOST && !e->w_gather;
+		return h != ST_HOME_HOST && !e->zero.w_gather;
 	return h == ST_HOME_NVME;
 }
 
@@ -48,24 +48,24 @@ static bool upd_staged(const struct st_engine *e, int u, enum st_state s)
  * streamed (the comm queue reads it) nor with ST_HOST_WAITS=1. */
 static bool wstore_on_device(const struct st_engine *e, int u)
 {
-	return !e->host_waits && !e->w_gather && !e->w_stream &&
-	       e->sh[u * ST_STATE_COUNT + ST_STATE_W].home == ST_HOME_VRAM;
+	return !e->host_waits && !e->zero.w_gather && !e->zero.w_stream &&
+	       e->shards[u * ST_STATE_COUNT + ST_STATE_W].home == ST_HOME_VRAM;
 }
 
-/* The next tile j > i with state s staged, or n_utiles. */
+/* The next tile j > i with state s staged, or update.n_tiles. */
 static int next_staged(const struct st_engine *e, int i, enum st_state s)
 {
 	do
 		i++;
-	while (i < e->n_utiles && e->utiles[i].set[s] < 0);
+	while (i < e->update.n_tiles && e->update.tiles[i].set[s] < 0);
 	return i;
 }
 
 /* Load state s of tile j into its set's buffer. */
 static int load_one(struct st_engine *e, int j, enum st_state s)
 {
-	const struct utile *t = &e->utiles[j];
-	struct updset *us = &e->upd[t->set[s]];
+	const struct utile *t = &e->update.tiles[j];
+	struct updset *us = &e->update.sets[t->set[s]];
 	void *buf = haddr(e, &us->ext[s]);
 	struct hop h = st_eng_shard_hop(e, "load", t->u, s, ST_IO_READ,
 					(t->t0 - sh_lo(e, t->u, s)) * 4, buf, t->n * 4);
@@ -77,7 +77,7 @@ static int load_one(struct st_engine *e, int j, enum st_state s)
 		char name[48];
 
 		snprintf(name, sizeof(name), "load u%d %s", t->u, st_state_name(s));
-		st_trace_instant(e->cfg.trace, e->trace_lane[ST_LANE_NVME_READ], name,
+		st_trace_instant(e->cfg.trace, e->trace.lane[ST_LANE_NVME_READ], name,
 				 st_now_ns());
 	}
 	us->holder[s] = j;
@@ -97,8 +97,8 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool blo
 	int ret = 0;
 
 	for (enum st_state s = first; s <= ST_STATE_V && ret == 0; s++) {
-		for (int j; ret == 0 && (j = e->upd_next[s]) < e->n_utiles;) {
-			struct updset *us = &e->upd[e->utiles[j].set[s]];
+		for (int j; ret == 0 && (j = e->update.next[s]) < e->update.n_tiles;) {
+			struct updset *us = &e->update.sets[e->update.tiles[j].set[s]];
 
 			if (us->holder[s] >= cur)
 				break;
@@ -111,7 +111,7 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool blo
 				ret = st_eng_wait_until(e, &us->writes[s], "store");
 			if (ret == 0)
 				ret = load_one(e, j, s);
-			e->upd_next[s] = next_staged(e, j, s);
+			e->update.next[s] = next_staged(e, j, s);
 		}
 	}
 	return ret;
@@ -119,8 +119,8 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool blo
 
 static int upd_store(struct st_engine *e, const struct utile *t)
 {
-	uint64_t woff = (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb;
-	uint64_t wlen = t->n * (uint64_t)e->Wb;
+	uint64_t woff = (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->w_elem_bytes;
+	uint64_t wlen = t->n * (uint64_t)e->w_elem_bytes;
 	struct hop h;
 	int ret;
 
@@ -129,7 +129,7 @@ static int upd_store(struct st_engine *e, const struct utile *t)
 
 		if (t->set[s] < 0)
 			continue;
-		us = &e->upd[t->set[s]];
+		us = &e->update.sets[t->set[s]];
 		h = st_eng_shard_hop(e, "store", t->u, s, ST_IO_WRITE,
 				     (t->t0 - sh_lo(e, t->u, s)) * 4, haddr(e, &us->ext[s]),
 				     t->n * 4);
@@ -143,11 +143,11 @@ static int upd_store(struct st_engine *e, const struct utile *t)
 		return 0;
 	/* nvme: a write of the nvme tier; vram: an h2d copy */
 	h = st_eng_shard_hop(e, "store", t->u, ST_STATE_W, ST_IO_WRITE, woff,
-			     haddr(e, &e->upd[t->set[ST_STATE_W]].ext[ST_STATE_W]), wlen);
+			     haddr(e, &e->update.sets[t->set[ST_STATE_W]].ext[ST_STATE_W]), wlen);
 	if (wstore_on_device(e, t->u))
-		h.done = e->ev_wstore;
-	return st_eng_chain_start(e, &e->upd[t->set[ST_STATE_W]].store[ST_STATE_W], &h, 1,
-				  &e->upd[t->set[ST_STATE_W]].writes[ST_STATE_W], NULL);
+		h.done = e->update.ev_wstore;
+	return st_eng_chain_start(e, &e->update.sets[t->set[ST_STATE_W]].store[ST_STATE_W], &h, 1,
+				  &e->update.sets[t->set[ST_STATE_W]].writes[ST_STATE_W], NULL);
 }
 
 /* W's padding in the tile zeroed when W goes through staging (the buffer
@@ -163,8 +163,8 @@ static void zero_padding(struct st_engine *e, const struct st_unit_layout *ul,
 
 		start = ST_MIN(ST_MAX(start, t->t0), t1);
 		if (start > end)
-			memset(wout + (end - t->t0) * (size_t)e->Wb, 0,
-			       (start - end) * (size_t)e->Wb);
+			memset(wout + (end - t->t0) * (size_t)e->w_elem_bytes, 0,
+			       (start - end) * (size_t)e->w_elem_bytes);
 		if (i < ul->n_tensors)
 			end = ST_MIN(ST_MAX(ul->tensors[i].offset_elems + ul->tensors[i].n_elems,
 					    t->t0), t1);
@@ -180,11 +180,11 @@ static int adam_tile(struct st_engine *e, const struct utile *t,
 	float *g = upd_ptr(e, t, ST_STATE_G), *p = upd_ptr(e, t, ST_STATE_P);
 	float *m = upd_ptr(e, t, ST_STATE_M), *v = upd_ptr(e, t, ST_STATE_V);
 	struct shard *w = shard(e, t->u, ST_STATE_W);
-	bool in_place = t->set[ST_STATE_W] < 0 && !e->w_gather;
-	char *wout = e->w_gather ? e->wgather[t->u & 1] + t->t0 * (uint64_t)e->Wb
-		     : in_place ? (char *)haddr(e, &w->ext) +
-				  (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * (uint64_t)e->Wb
-				: haddr(e, &e->upd[t->set[ST_STATE_W]].ext[ST_STATE_W]);
+	bool in_place = t->set[ST_STATE_W] < 0 && !e->zero.w_gather;
+	uint64_t wb = (uint64_t)e->w_elem_bytes;
+	char *wout = e->zero.w_gather ? e->zero.wgather[t->u & 1] + t->t0 * wb
+		     : in_place ? (char *)haddr(e, &w->ext) + (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * wb
+				: haddr(e, &e->update.sets[t->set[ST_STATE_W]].ext[ST_STATE_W]);
 	uint64_t t1 = t->t0 + t->n, t0 = st_now_ns();
 	int ret = 0;
 
@@ -203,10 +203,11 @@ static int adam_tile(struct st_engine *e, const struct utile *t,
 		o = a - t->t0;
 		bufs = (struct st_adam_bufs){
 			.g = g + o, .g_dtype = ST_OPTIM_F32, .p = p + o, .m = m + o, .v = v + o,
-			.w = wout + o * (size_t)e->Wb,
-			.w_dtype = e->Wb == 2 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
+			.w = wout + o * (size_t)e->w_elem_bytes,
+			.w_dtype = e->w_elem_bytes == 2 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
 		};
-		ret = st_adam_apply(tl->decay ? wd : nowd, &bufs, b - a, ST_ADAM_GRAD_CHECKED, NULL);
+		ret = st_adam_apply(tl->decay ? wd : nowd, &bufs, b - a, ST_ADAM_GRAD_CHECKED,
+				    NULL);
 	}
 	st_eng_lane_end(e, ST_LANE_ADAM, t0, 0, "adam");
 	return ret;
@@ -218,7 +219,7 @@ static int adam_tile(struct st_engine *e, const struct utile *t,
 static void upd_range(const struct st_engine *e, int u, uint64_t *lo, uint64_t *hi)
 {
 	*lo = sh_lo(e, u, ST_STATE_P);
-	*hi = e->world == 1 ? e->elems[u] : *lo + sh_elems(e, u, ST_STATE_P);
+	*hi = e->world == 1 ? e->unit_elems[u] : *lo + sh_elems(e, u, ST_STATE_P);
 }
 
 /* The tile at t0 of unit u, up to hi: at world > 1 it stays inside one
@@ -226,10 +227,10 @@ static void upd_range(const struct st_engine *e, int u, uint64_t *lo, uint64_t *
  * a rank updates every slice of the padded unit (stage 0). */
 static uint64_t tile_len(const struct st_engine *e, int u, uint64_t t0, uint64_t hi)
 {
-	uint64_t n = ST_MIN(e->tile, hi - t0);
+	uint64_t n = ST_MIN(e->update.tile_elems, hi - t0);
 
 	if (e->world > 1)
-		n = ST_MIN(n, (t0 / e->slice[u] + 1) * e->slice[u] - t0);
+		n = ST_MIN(n, (t0 / e->slice_elems[u] + 1) * e->slice_elems[u] - t0);
 	return n;
 }
 
@@ -246,7 +247,7 @@ static bool next_tile(const struct st_engine *e, struct utile *t)
 		}
 	}
 	do { /* units updated on the device have no tiles */
-		if (++t->u >= e->U)
+		if (++t->u >= e->n_units)
 			return false;
 	} while (opt_on_dev(e, t->u));
 	upd_range(e, t->u, &lo, &hi);
@@ -262,21 +263,19 @@ static bool next_tile(const struct st_engine *e, struct utile *t)
  * recorded after u's last store): the host goes on to the next unit's
  * AdamW while the copy lands, and every later op of the compute (the
  * forward of u, the backward of the last unit) runs after it. */
-static int unit_done(struct st_engine *e, int u)
+static int unit_done(struct st_engine *e, int u, const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0;
 
 	if (wstore_on_device(e, u)) {
-		st_compute_wait(e->cx, e->ev_wstore);
+		st_compute_wait(e->cx, e->update.ev_wstore);
 	} else {
-		ret = st_eng_wait_until(e, &e->upd[0].writes[ST_STATE_W], "W store");
+		ret = st_eng_wait_until(e, &e->update.sets[0].writes[ST_STATE_W], "W store");
 		if (ret == 0)
-			ret = st_eng_wait_until(e, &e->upd[1].writes[ST_STATE_W], "W store");
+			ret = st_eng_wait_until(e, &e->update.sets[1].writes[ST_STATE_W],
+						"W store");
 	}
-	e->w_ready = u + 1;
-	if (ret == 0 && u <= e->U - 2)
-		ret = st_eng_forward_unit(e, u);
-	return ret;
+	return ret ? ret : fwd->unit_home(e, u);
 }
 
 /* Every load and store of the staging landed. */
@@ -286,9 +285,9 @@ static int upd_quiet(struct st_engine *e)
 
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++) {
-			ret = st_eng_wait_until(e, &e->upd[set].reads[s], "load");
+			ret = st_eng_wait_until(e, &e->update.sets[set].reads[s], "load");
 			if (ret == 0)
-				ret = st_eng_wait_until(e, &e->upd[set].writes[s], "store");
+				ret = st_eng_wait_until(e, &e->update.sets[set].writes[s], "store");
 		}
 	return ret;
 }
@@ -297,8 +296,8 @@ static int upd_quiet(struct st_engine *e)
 static void upd_reset(struct st_engine *e)
 {
 	for (enum st_state s = 0; s < ST_STATE_COUNT; s++) {
-		e->upd_next[s] = next_staged(e, -1, s);
-		e->upd[0].holder[s] = e->upd[1].holder[s] = -1;
+		e->update.next[s] = next_staged(e, -1, s);
+		e->update.sets[0].holder[s] = e->update.sets[1].holder[s] = -1;
 	}
 }
 
@@ -309,24 +308,25 @@ int st_eng_update_setup(struct st_engine *e)
 
 	while (next_tile(e, &t))
 		n++;
-	e->utiles = calloc((size_t)(n ? n : 1), sizeof(*e->utiles));
-	if (!e->utiles)
+	e->update.tiles = calloc((size_t)(n ? n : 1), sizeof(*e->update.tiles));
+	if (!e->update.tiles)
 		return -ENOMEM;
 	t.u = -1;
 	for (int i = 0; next_tile(e, &t); i++) {
-		e->utiles[i] = t;
+		e->update.tiles[i] = t;
 		for (enum st_state s = 0; s < ST_STATE_COUNT; s++)
-			e->utiles[i].set[s] = upd_staged(e, t.u, s) ? (signed char)(turn[s]++ & 1) : -1;
+			e->update.tiles[i].set[s] =
+				upd_staged(e, t.u, s) ? (signed char)(turn[s]++ & 1) : -1;
 	}
-	e->n_utiles = n;
+	e->update.n_tiles = n;
 	upd_reset(e);
 	return 0;
 }
 
 void st_eng_update_fini(struct st_engine *e)
 {
-	free(e->utiles);
-	e->utiles = NULL;
+	free(e->update.tiles);
+	e->update.tiles = NULL;
 }
 
 /* Every load landed (each was waited for by its tile, or dropped). */
@@ -336,7 +336,7 @@ static int upd_reads_quiet(struct st_engine *e)
 
 	for (int set = 0; set < 2; set++)
 		for (enum st_state s = 0; ret == 0 && s < ST_STATE_COUNT; s++)
-			ret = st_eng_wait_until(e, &e->upd[set].reads[s], "load");
+			ret = st_eng_wait_until(e, &e->update.sets[set].reads[s], "load");
 	return ret;
 }
 
@@ -366,42 +366,6 @@ int st_eng_update_drop(struct st_engine *e)
 
 /* --- the optimizer on the device ----------------------------------------- */
 
-void st_eng_dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last)
-{
-	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
-
-	/* the host's fold: the first micro-batch copies, later ones add */
-	if (mb == 0)
-		st_compute_copy(e->cx, g, dw, e->elems[u] * sizeof(float));
-	else
-		st_compute_residual_fwd(e->cx, g, g, dw, e->elems[u]);
-	if (last)
-		st_compute_grad_sumsq(e->cx, &e->dev_sumsq[u], e->dev_sumsq_scratch, g,
-				      e->elems[u]);
-}
-
-int st_eng_dev_sumsq(struct st_engine *e)
-{
-	struct st_compute_sumsq *h = malloc((size_t)e->U * sizeof(*h));
-	uint64_t t0 = st_now_ns();
-	int ret;
-
-	if (!h)
-		return -ENOMEM;
-	st_compute_to_host(e->cx, h, e->dev_sumsq, (size_t)e->U * sizeof(*h));
-	st_eng_host_wait(e, "sumsq d2h", t0);
-	ret = st_compute_take_error(e->cx);
-	for (int u = 0; ret == 0 && u < e->U; u++) {
-		if (!opt_on_dev(e, u))
-			continue;
-		e->unit_sumsq[u] = h[u].sumsq;
-		if (h[u].nonfinite)
-			e->nonfinite = true;
-	}
-	free(h);
-	return ret;
-}
-
 /* Unit u's AdamW on the compute's queue: each tensor with or without
  * weight decay, W written in its vram home (its padding stays the zeros
  * st_engine_write_state put there, as the host path's staging zeroes it). */
@@ -421,17 +385,17 @@ static void dev_adam_unit(struct st_engine *e, int u, const struct st_adam_step 
 		uint64_t o = tl->offset_elems;
 
 		st_compute_adamw(e->cx, tl->decay ? wd : nowd, g + o, p + o, m + o, v + o,
-				 w + o * (uint64_t)e->Wb, e->Wb == 2, e->dev_adam_bad,
-				 tl->n_elems);
+				 w + o * (uint64_t)e->w_elem_bytes, e->w_elem_bytes == 2,
+				 e->update.dev_adam_bad, tl->n_elems);
 	}
 	st_compute_span_end(e->cx);
 }
 
-/* The device units in [*next, end), in order: queued, and with ld their
+/* The device units in [*next, end), in order: queued, and with fwd their
  * next forward (unit_done), as a tiled unit's once its last tile is in. */
 static int dev_units(struct st_engine *e, int *next, int end,
 		     const struct st_adam_step *wd, const struct st_adam_step *nowd,
-		     struct st_loader *ld)
+		     const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0;
 
@@ -440,8 +404,8 @@ static int dev_units(struct st_engine *e, int *next, int end,
 			continue;
 		dev_adam_unit(e, *next, wd, nowd);
 		ret = st_compute_take_error(e->cx);
-		if (ret == 0 && ld)
-			ret = unit_done(e, *next);
+		if (ret == 0 && fwd)
+			ret = unit_done(e, *next, fwd);
 	}
 	return ret;
 }
@@ -449,19 +413,20 @@ static int dev_units(struct st_engine *e, int *next, int end,
 /* The end of unit u's tiles. Stages 1-2 at world > 1: u's W gather is
  * queued on the comm queue, and it is the unit before whose W is now
  * waited for (its gather ran during u's update) and whose forward runs. */
-static int unit_end(struct st_engine *e, int u, bool last, struct st_loader *ld)
+static int unit_end(struct st_engine *e, int u, bool last,
+		    const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0;
 
-	if (!e->w_gather)
-		return ld ? unit_done(e, u) : 0;
+	if (!e->zero.w_gather)
+		return fwd ? unit_done(e, u, fwd) : 0;
 	ret = st_eng_zero_wstore(e, u);
 	for (int v = u - 1; v <= u && ret == 0; v++) {
 		if (v < 0 || (v == u && !last))
 			continue;
 		ret = st_eng_zero_wdone(e, v);
-		if (ret == 0 && ld)
-			ret = unit_done(e, v);
+		if (ret == 0 && fwd)
+			ret = unit_done(e, v, fwd);
 	}
 	return ret;
 }
@@ -475,7 +440,7 @@ static int dev_adam_check(struct st_engine *e)
 	uint64_t t0 = st_now_ns();
 	int ret;
 
-	st_compute_to_host(e->cx, &bad, e->dev_adam_bad, sizeof(bad));
+	st_compute_to_host(e->cx, &bad, e->update.dev_adam_bad, sizeof(bad));
 	st_eng_host_wait(e, "adam check d2h", t0);
 	ret = st_compute_take_error(e->cx);
 	if (ret == 0 && bad)
@@ -484,7 +449,7 @@ static int dev_adam_check(struct st_engine *e)
 	return ret;
 }
 
-/* The update sweep, tile by tile in unit order. With ld, it is fused with
+/* The update sweep, tile by tile in unit order. With fwd, it is fused with
  * the next step's first forward: once unit u's new W is home, fwd(u) runs
  * while the next tiles load and u's P, M, V go back -- the next step's
  * forward of u waits only on update(u) (stages 1-2 at world > 1: on u's
@@ -493,33 +458,35 @@ static int dev_adam_check(struct st_engine *e)
  * two's P, M and V were queued in the backward (st_eng_update_prefetch),
  * their G is queued here, now that it is final. */
 int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
-			const struct st_adam_step *nowd, struct st_loader *ld)
+			const struct st_adam_step *nowd, const struct st_eng_fused_fwd *fwd)
 {
 	int ret = 0, dev_next = 0;
 
-	if (e->dev_adam_bad)
-		st_compute_zero(e->cx, e->dev_adam_bad, sizeof(uint32_t));
-	if (ld)
-		ret = st_eng_begin_micro_batch(e, ld, 0);
-	for (int i = 0; i < e->n_utiles && ret == 0; i++) {
-		const struct utile *cur = &e->utiles[i];
-		bool last = i + 1 == e->n_utiles;
+	if (e->update.dev_adam_bad)
+		st_compute_zero(e->cx, e->update.dev_adam_bad, sizeof(uint32_t));
+	if (fwd)
+		ret = fwd->begin(e, fwd);
+	for (int i = 0; i < e->update.n_tiles && ret == 0; i++) {
+		const struct utile *cur = &e->update.tiles[i];
+		bool last = i + 1 == e->update.n_tiles;
 
 		/* this tile's loads, and the next ones' that may go: they
 		 * overlap this tile's AdamW */
 		ret = upd_issue(e, i, ST_STATE_G, true);
 		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V && ret == 0; s++)
 			if (cur->set[s] >= 0) {
-				assert(e->upd[cur->set[s]].holder[s] == i);
-				ret = st_eng_wait_until(e, &e->upd[cur->set[s]].reads[s], "load");
+				assert(e->update.sets[cur->set[s]].holder[s] == i);
+				ret = st_eng_wait_until(e, &e->update.sets[cur->set[s]].reads[s],
+							"load");
 			}
 		/* the new W goes into a buffer whose last store has landed */
 		if (ret == 0 && cur->set[ST_STATE_W] >= 0)
-			ret = st_eng_wait_until(e, &e->upd[cur->set[ST_STATE_W]].writes[ST_STATE_W],
-						"W store");
+			ret = st_eng_wait_until(
+				e, &e->update.sets[cur->set[ST_STATE_W]].writes[ST_STATE_W],
+				"W store");
 		/* the device's units before this one, in unit order */
 		if (ret == 0)
-			ret = dev_units(e, &dev_next, cur->u, wd, nowd, ld);
+			ret = dev_units(e, &dev_next, cur->u, wd, nowd, fwd);
 		if (ret == 0)
 			ret = adam_tile(e, cur, wd, nowd);
 		/* the W stores no host waited for (ev_wstore) that landed
@@ -529,26 +496,24 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 			ret = st_eng_pump(e, false);
 		if (ret == 0)
 			ret = upd_store(e, cur);
-		if (ret == 0 && e->w_gather)
+		if (ret == 0 && e->zero.w_gather)
 			st_eng_zero_wpoll(e);
-		if (ret == 0 && (last || e->utiles[i + 1].u != cur->u))
-			ret = unit_end(e, cur->u, last, ld);
+		if (ret == 0 && (last || e->update.tiles[i + 1].u != cur->u))
+			ret = unit_end(e, cur->u, last, fwd);
 	}
 	if (ret == 0)
-		ret = dev_units(e, &dev_next, e->U, wd, nowd, ld);
-	if (ret == 0 && e->dev_adam_bad)
+		ret = dev_units(e, &dev_next, e->n_units, wd, nowd, fwd);
+	if (ret == 0 && e->update.dev_adam_bad)
 		ret = dev_adam_check(e);
 	/* fused with the next forward, the last units' P, M, V stores go on
 	 * during the next step's backward (every unit's W is home: unit_done
 	 * waited for it, on the host or on the compute; the host has only the
 	 * compute to wait for now, so it reaps the W stores here); else every
 	 * store lands here */
-	for (int set = 0; set < 2 && ret == 0 && ld; set++)
-		ret = st_eng_wait_until(e, &e->upd[set].writes[ST_STATE_W], "W store");
+	for (int set = 0; set < 2 && ret == 0 && fwd; set++)
+		ret = st_eng_wait_until(e, &e->update.sets[set].writes[ST_STATE_W], "W store");
 	if (ret == 0)
-		ret = ld ? upd_reads_quiet(e) : upd_quiet(e);
+		ret = fwd ? upd_reads_quiet(e) : upd_quiet(e);
 	upd_reset(e);
-	if (ret == 0 && ld)
-		e->fwd_ready = true;
 	return ret;
 }

@@ -58,7 +58,7 @@ int st_eng_zero_dirs(struct st_engine *e)
 		}
 		d = end ? end + 1 : d + n;
 	}
-	e->nvme_dirs = out;
+	e->zero.nvme_dirs = out;
 	return 0;
 }
 
@@ -94,9 +94,9 @@ void st_eng_zero_mark(struct st_engine *e, const char *name, bool end)
 {
 	struct comm_span *s;
 
-	if (!e->cspan || e->cspan_head - e->cspan_tail >= ST_CSPANS - 1)
+	if (!e->zero.spans || e->zero.span_head - e->zero.span_tail >= ST_CSPANS - 1)
 		return;
-	s = &e->cspan[e->cspan_head % ST_CSPANS];
+	s = &e->zero.spans[e->zero.span_head % ST_CSPANS];
 	if (!end) {
 		s->name = name;
 		atomic_store(&s->done, false);
@@ -104,18 +104,18 @@ void st_eng_zero_mark(struct st_engine *e, const char *name, bool end)
 		return;
 	}
 	st_device_host_fn(e->dev, st_comm_queue(e->comm), span_end, s);
-	e->cspan_head++;
+	e->zero.span_head++;
 }
 
 void st_eng_zero_trace(struct st_engine *e)
 {
-	while (e->cspan && e->cspan_tail != e->cspan_head) {
-		struct comm_span *s = &e->cspan[e->cspan_tail % ST_CSPANS];
+	while (e->zero.spans && e->zero.span_tail != e->zero.span_head) {
+		struct comm_span *s = &e->zero.spans[e->zero.span_tail % ST_CSPANS];
 
 		if (!atomic_load(&s->done))
 			break;
-		st_trace_span(e->cfg.trace, e->comm_trace_lane, s->name, s->t0_ns, s->t1_ns, NULL);
-		e->cspan_tail++;
+		st_trace_span(e->cfg.trace, e->zero.trace_lane, s->name, s->t0_ns, s->t1_ns, NULL);
+		e->zero.span_tail++;
 	}
 }
 
@@ -153,7 +153,7 @@ static void *host_buf(struct st_engine *e, size_t bytes)
 	if (posix_memalign(&p, ST_PAGE_BYTES, bytes))
 		return NULL;
 	memset(p, 0, bytes);
-	if (e->zdev && st_device_pin_host(e->dev, p, bytes) < 0) {
+	if (e->zero.via_device && st_device_pin_host(e->dev, p, bytes) < 0) {
 		free(p);
 		return NULL;
 	}
@@ -162,7 +162,7 @@ static void *host_buf(struct st_engine *e, size_t bytes)
 
 static void host_buf_free(struct st_engine *e, void *p)
 {
-	if (p && e->zdev)
+	if (p && e->zero.via_device)
 		st_device_unpin_host(e->dev, p);
 	free(p);
 }
@@ -171,8 +171,8 @@ static size_t scratch_bytes(const struct st_engine *e)
 {
 	uint64_t n = 0;
 
-	for (int u = 0; u < e->U; u++)
-		n = ST_MAX(n, e->epad[u] * 4);
+	for (int u = 0; u < e->n_units; u++)
+		n = ST_MAX(n, e->padded_elems[u] * 4);
 	return (size_t)n;
 }
 
@@ -186,14 +186,15 @@ int st_eng_zero_setup(struct st_engine *e)
 	uint64_t nparts = 0;
 	int ret;
 
-	e->zdev = e->world > 1 && (!st_device_unified(e->dev) || (force && strcmp(force, "1") == 0));
-	if (e->comm_scratch) {
-		cc.scratch = e->comm_scratch;
+	e->zero.via_device =
+		e->world > 1 && (!st_device_unified(e->dev) || (force && strcmp(force, "1") == 0));
+	if (e->zero.scratch) {
+		cc.scratch = e->zero.scratch;
 		cc.scratch_bytes = scratch_bytes(e);
 	}
 	/* the cuda path's order on the cpu device: the mpi backend moves
 	 * every collective through its host staging, as it does on cuda */
-	cc.stage_host = e->zdev;
+	cc.stage_host = e->zero.via_device;
 	ret = st_comm_create(ops, e->dev, &cc, &e->comm);
 	if (ret < 0)
 		return ret;
@@ -204,17 +205,17 @@ int st_eng_zero_setup(struct st_engine *e)
 				    st_comm_world(e->comm));
 	if (e->world == 1)
 		return 0;
-	e->part_off = calloc((size_t)e->U, sizeof(*e->part_off));
-	if (!e->part_off)
+	e->zero.part_off = calloc((size_t)e->n_units, sizeof(*e->zero.part_off));
+	if (!e->zero.part_off)
 		return -ENOMEM;
-	for (int u = 0; u < e->U; u++) {
-		e->part_off[u] = nparts;
-		nparts += e->slice[u] / ST_PLAN_SLICE_ALIGN;
+	for (int u = 0; u < e->n_units; u++) {
+		e->zero.part_off[u] = nparts;
+		nparts += e->slice_elems[u] / ST_PLAN_SLICE_ALIGN;
 	}
-	e->nparts = nparts;
+	e->zero.n_parts = nparts;
 	/* through the device, the norm's sums and the losses are gathered in
 	 * the comm scratch (free between the backward and the update) */
-	if (e->zdev && ((size_t)e->world * nparts * 8 > scratch_bytes(e) ||
+	if (e->zero.via_device && ((size_t)e->world * nparts * 8 > scratch_bytes(e) ||
 			(size_t)e->world * (size_t)e->cfg.train.grad_accum * 8 > scratch_bytes(e)))
 		return st_error_set(-ENOSPC, "engine: %d ranks on device '%s': the norm's %llu "
 				    "chunk sums or the %d losses of a rank do not fit the comm "
@@ -222,42 +223,43 @@ int st_eng_zero_setup(struct st_engine *e)
 				    (unsigned long long)nparts, e->cfg.train.grad_accum,
 				    scratch_bytes(e));
 	if (e->cfg.trace) {
-		e->cspan = calloc(ST_CSPANS, sizeof(*e->cspan));
-		e->comm_trace_lane = st_trace_lane(e->cfg.trace, "comm");
-		if (!e->cspan || e->comm_trace_lane < 0)
+		e->zero.spans = calloc(ST_CSPANS, sizeof(*e->zero.spans));
+		e->zero.trace_lane = st_trace_lane(e->cfg.trace, "comm");
+		if (!e->zero.spans || e->zero.trace_lane < 0)
 			return -ENOMEM;
 	}
-	e->parts = host_buf(e, (size_t)e->world * nparts * sizeof(double));
-	e->losses = host_buf(e, (size_t)e->world * (size_t)e->cfg.train.grad_accum *
+	e->zero.parts = host_buf(e, (size_t)e->world * nparts * sizeof(double));
+	e->zero.losses = host_buf(e, (size_t)e->world * (size_t)e->cfg.train.grad_accum *
 				       sizeof(double));
-	if (!e->parts || !e->losses)
+	if (!e->zero.parts || !e->zero.losses)
 		return -ENOMEM;
-	for (int i = 0; i < 2 && e->w_gather && ret == 0; i++)
-		ret = st_event_create(e->dev, &e->ev_wg[i]);
-	if (e->w_stream) {
-		e->ev_gather = calloc((size_t)e->nslots + 1, sizeof(*e->ev_gather));
-		if (!e->ev_gather)
+	for (int i = 0; i < 2 && e->zero.w_gather && ret == 0; i++)
+		ret = st_event_create(e->dev, &e->zero.ev_wgather[i]);
+	if (e->zero.w_stream) {
+		e->fetch.ev_gather =
+			calloc((size_t)e->fetch.n_slots + 1, sizeof(*e->fetch.ev_gather));
+		if (!e->fetch.ev_gather)
 			return -ENOMEM;
-		for (int i = 0; i < e->nslots && ret == 0; i++)
-			ret = st_event_create(e->dev, &e->ev_gather[i]);
+		for (int i = 0; i < e->fetch.n_slots && ret == 0; i++)
+			ret = st_event_create(e->dev, &e->fetch.ev_gather[i]);
 	}
 	return ret;
 }
 
 void st_eng_zero_fini(struct st_engine *e)
 {
-	free(e->cspan);
-	e->cspan = NULL;
-	host_buf_free(e, e->parts);
-	host_buf_free(e, e->losses);
-	free(e->part_off);
-	e->parts = e->losses = NULL;
-	e->part_off = NULL;
+	free(e->zero.spans);
+	e->zero.spans = NULL;
+	host_buf_free(e, e->zero.parts);
+	host_buf_free(e, e->zero.losses);
+	free(e->zero.part_off);
+	e->zero.parts = e->zero.losses = NULL;
+	e->zero.part_off = NULL;
 }
 
 static enum st_comm_dtype w_dtype(const struct st_engine *e)
 {
-	return e->Wb == 2 ? ST_COMM_BF16 : ST_COMM_F32;
+	return e->w_elem_bytes == 2 ? ST_COMM_BF16 : ST_COMM_F32;
 }
 
 static int comm_copy(struct st_engine *e, void *dst, const void *src, size_t bytes,
@@ -269,7 +271,7 @@ static int comm_copy(struct st_engine *e, void *dst, const void *src, size_t byt
 /* Queue the all-gather of host memory: recv is world * slice_elems, this
  * rank's slot (at recv + rank * slice) already holds its part. On a
  * device the host can address, in place in recv; through the device
- * (zdev), in the comm scratch: the rank's slot h2d, the all-gather in
+ * (zero.via_device), in the comm scratch: the rank's slot h2d, the all-gather in
  * place there, every slot d2h back into recv, all on the comm queue (the
  * scratch is reused only in that queue's order). The host may read recv
  * once an event recorded after it is done (st_comm_sync). */
@@ -277,10 +279,10 @@ static int gather_host_queue(struct st_engine *e, void *recv, size_t slice_elems
 			     enum st_comm_dtype dt)
 {
 	size_t slot = slice_elems * st_comm_dtype_bytes(dt), off = (size_t)e->rank * slot;
-	char *r = recv, *s = e->comm_scratch;
+	char *r = recv, *s = e->zero.scratch;
 	int ret;
 
-	if (!e->zdev)
+	if (!e->zero.via_device)
 		return st_comm_allgather(e->comm, r + off, r, slice_elems, dt);
 	if ((size_t)e->world * slot > scratch_bytes(e))
 		return st_error_set(-ENOSPC, "engine: a gather of %zu bytes through the device "
@@ -307,40 +309,40 @@ int st_eng_zero_gather_host(struct st_engine *e, void *recv, size_t slice_elems,
 /* Stages 1-2: the rank's updated slice of unit u's W is in wgather[b] (b
  * = u & 1) at its place; queue the gather of the others' around it on
  * the comm queue, into W's home where the comm can write it, and record
- * ev_wg[b]. Nothing waits here: the next unit's update runs meanwhile,
+ * ev_wgather[b]. Nothing waits here: the next unit's update runs meanwhile,
  * into the other buffer (st_eng_zero_wdone() waits, a unit later).
  *   home host, or vram:  cpu device: gathered from the buffer straight
- *                        into the home; zdev, vram: the slice h2d into
+ *                        into the home; via_device, vram: the slice h2d into
  *                        the home at its place, gathered in place there;
- *                        zdev, host: through the comm scratch, d2h home
- *   home nvme:           gathered into the buffer (zdev: through the
+ *                        via_device, host: through the comm scratch, d2h home
+ *   home nvme:           gathered into the buffer (via_device: through the
  *                        scratch), then a write of the nvme tier once
- *                        ev_wg is seen done (st_eng_zero_wpoll()) */
+ *                        ev_wgather is seen done (st_eng_zero_wpoll()) */
 int st_eng_zero_wstore(struct st_engine *e, int u)
 {
 	struct shard *w = shard(e, u, ST_STATE_W);
 	int b = u & 1;
-	size_t S = e->slice[u], wb = (size_t)e->Wb, off = (size_t)e->rank * S * wb;
-	size_t all = (size_t)e->epad[u] * wb;
+	size_t S = e->slice_elems[u], wb = (size_t)e->w_elem_bytes, off = (size_t)e->rank * S * wb;
+	size_t all = (size_t)e->padded_elems[u] * wb;
 	uint64_t lo = (uint64_t)e->rank * S;
-	char *buf = e->wgather[b];
+	char *buf = e->zero.wgather[b];
 	int ret = 0;
 
-	assert(e->wg_unit[b] < 0);
+	assert(e->zero.wgather_unit[b] < 0);
 	/* the slice past the unit's end is zero (what the buffer held for
 	 * another unit is not sent) */
-	if (lo + S > e->elems[u]) {
-		uint64_t z = ST_MAX(lo, e->elems[u]);
+	if (lo + S > e->unit_elems[u]) {
+		uint64_t z = ST_MAX(lo, e->unit_elems[u]);
 
 		memset(buf + z * wb, 0, (lo + S - z) * wb);
 	}
-	e->wg_unit[b] = u;
-	e->wg_store[b] = w->home == ST_HOME_NVME;
-	e->wg_storing[b] = false;
+	e->zero.wgather_unit[b] = u;
+	e->zero.wgather_store[b] = w->home == ST_HOME_NVME;
+	e->zero.wgather_storing[b] = false;
 	st_eng_zero_mark(e, "W gather", false);
 	if (w->home == ST_HOME_NVME) {
 		ret = gather_host_queue(e, buf, S, w_dtype(e));
-	} else if (!e->zdev) {
+	} else if (!e->zero.via_device) {
 		void *home = w->home == ST_HOME_HOST ? haddr(e, &w->ext) : vaddr(e, &w->ext);
 
 		ret = st_comm_allgather(e->comm, buf + off, home, S, w_dtype(e));
@@ -351,7 +353,7 @@ int st_eng_zero_wstore(struct st_engine *e, int u)
 		if (ret == 0)
 			ret = st_comm_allgather(e->comm, home + off, home, S, w_dtype(e));
 	} else {
-		char *s = e->comm_scratch;
+		char *s = e->zero.scratch;
 
 		ret = comm_copy(e, s + off, buf + off, S * wb, ST_COPY_H2D);
 		if (ret == 0)
@@ -361,7 +363,7 @@ int st_eng_zero_wstore(struct st_engine *e, int u)
 	}
 	st_eng_zero_mark(e, "W gather", true);
 	if (ret == 0)
-		ret = st_comm_record(e->comm, e->ev_wg[b]);
+		ret = st_comm_record(e->comm, e->zero.ev_wgather[b]);
 	return ret;
 }
 
@@ -369,13 +371,14 @@ int st_eng_zero_wstore(struct st_engine *e, int u)
  * the stage-0 path writes it), once the gather is done. */
 static int wstore_start(struct st_engine *e, int b)
 {
-	int u = e->wg_unit[b];
+	int u = e->zero.wgather_unit[b];
 	struct shard *w = shard(e, u, ST_STATE_W);
 	struct hop h = st_eng_shard_hop(e, "W store", u, ST_STATE_W, ST_IO_WRITE, 0,
-					e->wgather[b], w->ext.len_bytes);
+					e->zero.wgather[b], w->ext.len_bytes);
 
-	e->wg_storing[b] = true;
-	return st_eng_chain_start(e, &e->c_wstore[b], &h, 1, &e->wg_busy[b], NULL);
+	e->zero.wgather_storing[b] = true;
+	return st_eng_chain_start(e, &e->zero.chain_wstore[b], &h, 1, &e->zero.wgather_busy[b],
+				  NULL);
 }
 
 /* Between tiles: a gather seen done starts its nvme write at once,
@@ -383,8 +386,9 @@ static int wstore_start(struct st_engine *e, int b)
 void st_eng_zero_wpoll(struct st_engine *e)
 {
 	for (int b = 0; b < 2; b++)
-		if (e->wg_unit[b] >= 0 && e->wg_store[b] && !e->wg_storing[b] &&
-		    st_event_query(e->dev, e->ev_wg[b]) == 1 && wstore_start(e, b) < 0)
+		if (e->zero.wgather_unit[b] >= 0 && e->zero.wgather_store[b] &&
+		    !e->zero.wgather_storing[b] &&
+		    st_event_query(e->dev, e->zero.ev_wgather[b]) == 1 && wstore_start(e, b) < 0)
 			return; /* the engine's error; wdone returns it */
 }
 
@@ -394,10 +398,10 @@ int st_eng_zero_wdone(struct st_engine *e, int u)
 {
 	int b = u & 1, ret;
 
-	if (e->wg_unit[b] != u)
+	if (e->zero.wgather_unit[b] != u)
 		return 0;
 	for (;;) { /* the engine's transfers go on while the gather runs */
-		ret = st_event_query(e->dev, e->ev_wg[b]);
+		ret = st_event_query(e->dev, e->zero.ev_wgather[b]);
 		if (ret != 0)
 			break;
 		ret = st_eng_pump(e, false);
@@ -407,11 +411,11 @@ int st_eng_zero_wdone(struct st_engine *e, int u)
 	}
 	if (ret >= 0)
 		ret = st_comm_take_error(e->comm);
-	if (ret == 0 && e->wg_store[b] && !e->wg_storing[b])
+	if (ret == 0 && e->zero.wgather_store[b] && !e->zero.wgather_storing[b])
 		ret = wstore_start(e, b);
 	if (ret == 0)
-		ret = st_eng_wait_until(e, &e->wg_busy[b], "W store");
-	e->wg_unit[b] = -1;
+		ret = st_eng_wait_until(e, &e->zero.wgather_busy[b], "W store");
+	e->zero.wgather_unit[b] = -1;
 	return ret;
 }
 
@@ -422,9 +426,9 @@ int st_eng_zero_wdone(struct st_engine *e, int u)
  * padding past the unit's end is zero and adds +0). */
 void st_eng_zero_parts(struct st_engine *e, int u, const float *g)
 {
-	double *out = e->parts + (size_t)e->rank * e->nparts + e->part_off[u];
+	double *out = e->zero.parts + (size_t)e->rank * e->zero.n_parts + e->zero.part_off[u];
 
-	for (uint64_t c = 0; c < e->slice[u] / ST_PLAN_SLICE_ALIGN; c++)
+	for (uint64_t c = 0; c < e->slice_elems[u] / ST_PLAN_SLICE_ALIGN; c++)
 		if (st_grad_sumsq(g + c * ST_PLAN_SLICE_ALIGN, ST_OPTIM_F32, ST_PLAN_SLICE_ALIGN,
 				  &out[c]) < 0 && isfinite(out[c]))
 			out[c] = NAN;
@@ -440,19 +444,20 @@ int st_eng_zero_norm(struct st_engine *e, double *sumsq)
 	int ret = 0;
 
 	{
-		ret = st_eng_zero_gather_host(e, e->parts, e->nparts, ST_COMM_F64);
-		for (int u = 0; ret == 0 && u < e->U; u++) {
+		ret = st_eng_zero_gather_host(e, e->zero.parts, e->zero.n_parts, ST_COMM_F64);
+		for (int u = 0; ret == 0 && u < e->n_units; u++) {
 			double t = 0;
-			uint64_t n = e->slice[u] / ST_PLAN_SLICE_ALIGN;
+			uint64_t n = e->slice_elems[u] / ST_PLAN_SLICE_ALIGN;
 
 			for (int q = 0; q < e->world; q++)
 				for (uint64_t c = 0; c < n; c++)
-					t += e->parts[(size_t)q * e->nparts + e->part_off[u] + c];
-			e->unit_sumsq[u] = t;
+					t += e->zero.parts[(size_t)q * e->zero.n_parts +
+							   e->zero.part_off[u] + c];
+			e->grad.unit_sumsq[u] = t;
 		}
 	}
-	for (int u = 0; u < e->U; u++)
-		total += e->unit_sumsq[u];
+	for (int u = 0; u < e->n_units; u++)
+		total += e->grad.unit_sumsq[u];
 	*sumsq = total;
 	return ret;
 }
@@ -465,10 +470,10 @@ int st_eng_zero_loss(struct st_engine *e, double *sum)
 	int A = e->cfg.train.grad_accum, ret;
 	double s = 0;
 
-	ret = st_eng_zero_gather_host(e, e->losses, (size_t)A, ST_COMM_F64);
+	ret = st_eng_zero_gather_host(e, e->zero.losses, (size_t)A, ST_COMM_F64);
 	for (int a = 0; a < A; a++)
 		for (int q = 0; q < e->world; q++)
-			s += e->losses[(size_t)q * (size_t)A + (size_t)a];
+			s += e->zero.losses[(size_t)q * (size_t)A + (size_t)a];
 	*sum = s;
 	return ret;
 }
