@@ -951,7 +951,7 @@ static void test_llama_placement(void **state)
 	}
 }
 
-/* LLaMA at --compute-dtype bf16 (src/model/llama_bf16.c): the same bits
+/* LLaMA at --compute-dtype bf16 (src/model/llama.c at bf16): the same bits
  * whatever the placement, prefetch depth, thread count and recompute, and
  * a loss near fp32's but not equal to it (bf16 ran). */
 static void test_llama_bf16(void **state)
