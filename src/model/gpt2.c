@@ -1,8 +1,12 @@
 /* strata: the GPT-2 family's math: its units' layouts with Hugging Face's
- * names, init, workspace, fwd(u), bwd(u), logits and FLOPs; the config is
- * in gpt2_config.c, the table that joins them at the end of this file. A
- * new family starts from a copy of these two files (docs/model.md). */
+ * names, init, FLOPs, and its body (body.h): the embedding, the block's
+ * workspace, forward and backward written once for every compute dtype,
+ * and the head's tensors, which the shared unit driver (unit.c) and head
+ * (head.c) run; the config is in gpt2_config.c, the table that joins them
+ * at the end of this file. A new family starts from a copy of these two
+ * files (docs/model.md). */
 #include "gpt2.h"
+
 #include "body.h"
 
 #include "strata/compute.h"

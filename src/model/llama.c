@@ -1,8 +1,11 @@
 /* strata: the LLaMA family's math (LlamaForCausalLM, Qwen2ForCausalLM as
  * Hugging Face's modeling code computes them): its units' layouts with
- * Hugging Face's names and nn.Linear shapes (out,in), init, workspace,
- * fwd(u), bwd(u), logits and FLOPs; the config is in llama_config.c, the
- * table that joins them at the end of this file.
+ * Hugging Face's names and nn.Linear shapes (out,in), init, FLOPs, and
+ * its body (body.h): the embedding, the decoder layer's workspace, forward
+ * and backward written once for every compute dtype, and the head's
+ * tensors, run by the shared unit driver (unit.c) and head (head.c); the
+ * config is in llama_config.c, the table that joins them at the end of
+ * this file.
  *
  * A decoder layer: h = x + o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)),
  * v_proj(n1))) with n1 = RMSNorm(x); y = h + down_proj(silu(gate_proj(n2))
@@ -12,6 +15,7 @@
  * reads unit 0, as GPT-2's does) and a tensor of the head's own unit when
  * not (streamed like any unit). */
 #include "llama.h"
+
 #include "body.h"
 
 #include "strata/compute.h"
