@@ -77,7 +77,7 @@ static const struct op_case op_cases_bf16[] = {
 	    B_(IN, CB * CT * 3 * CC, 0.5f), B_(IN, CB * CT * CC, 1.0f),
 	    F_(IN, CB * CNH * CT, 1.0f) },
 	  { CB, CT, CC, CNH }, { 0 }, 0, BF_TOL },
-	/* LLaMA's bf16 path (src/model/llama_bf16.c): the norms read the fp32
+	/* LLaMA's bf16 path (src/model/llama.c at bf16): the norms read the fp32
 	 * residual stream and write bf16, their input gradients stay fp32 */
 	{ "rmsnorm_fwd bffb", ST_OP_RMSNORM_FWD,
 	  { B_(OUT, CN * CC, 0), F_(OUT, CN, 0), F_(IN, CN * CC, 2.0f), B_(IN, CC, 1.0f) },

@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 struct json_object;
+struct st_family_body;
 
 /* A family's name is shorter than this, without ':', '=' or ','. */
 #define ST_FAMILY_NAME_MAX 48
@@ -151,6 +152,14 @@ struct st_family_ops {
 	 * st_model_precision() (strata/model.h: bf16 params and activations
 	 * between ops under ST_PRECISION_BF16). */
 	bool bf16;
+	/* Optional. The family's body for src/model's shared unit driver
+	 * (src/model/body.h: its embedding, block and head's tensors, once
+	 * for every compute dtype), whose st_unit_* functions a built-in
+	 * family gives as its work_bytes, saved_bytes, act_bytes, fwd, bwd,
+	 * fwd_save, bwd_saved and logits: those read the body of the
+	 * model's family, so a family that borrows them sets body too.
+	 * Unused by the core. */
+	const struct st_family_body *body;
 };
 
 /* ---- the registry ---- */

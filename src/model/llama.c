@@ -1,8 +1,11 @@
 /* strata: the LLaMA family's math (LlamaForCausalLM, Qwen2ForCausalLM as
  * Hugging Face's modeling code computes them): its units' layouts with
- * Hugging Face's names and nn.Linear shapes (out,in), init, workspace,
- * fwd(u), bwd(u), logits and FLOPs; the config is in llama_config.c, the
- * table that joins them at the end of this file.
+ * Hugging Face's names and nn.Linear shapes (out,in), init, FLOPs, and
+ * its body (body.h): the embedding, the decoder layer's workspace, forward
+ * and backward written once for every compute dtype, and the head's
+ * tensors, run by the shared unit driver (unit.c) and head (head.c); the
+ * config is in llama_config.c, the table that joins them at the end of
+ * this file.
  *
  * A decoder layer: h = x + o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)),
  * v_proj(n1))) with n1 = RMSNorm(x); y = h + down_proj(silu(gate_proj(n2))
@@ -12,7 +15,8 @@
  * reads unit 0, as GPT-2's does) and a tensor of the head's own unit when
  * not (streamed like any unit). */
 #include "llama.h"
-#include "llama_bf16.h"
+
+#include "body.h"
 
 #include "strata/compute.h"
 #include "strata/rope.h"
@@ -88,7 +92,9 @@ static int st_llama_layout(const struct st_model_config *cfg, struct st_unit_lay
 	return 0;
 }
 
-void st_llama_layer_offsets(const struct st_model *m, int u, int64_t *off)
+/* The element offset of each slot of layer unit u's tensors in its flat
+ * buffer (-1 for an absent bias), whatever the buffer's dtype. */
+static void layer_offsets(const struct st_model *m, int u, int64_t *off)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	const bool bias = st_model_config(m)->qkv_bias;
@@ -101,17 +107,6 @@ void st_llama_layer_offsets(const struct st_model *m, int u, int64_t *off)
 		off[k] = (int64_t)ul->tensors[t++].offset_elems;
 	}
 	assert(t == ul->n_tensors);
-}
-
-/* Pointers to a layer's tensors by slot (NULL for an absent bias). */
-static void st_layer_views(const struct st_model *m, int u, const float *base,
-			   const float **out)
-{
-	int64_t off[LT_COUNT];
-
-	st_llama_layer_offsets(m, u, off);
-	for (int k = 0; k < LT_COUNT; k++)
-		out[k] = off[k] < 0 ? NULL : base + off[k];
 }
 
 /* 6 x the matmul parameters (the layers' and lm_head) plus causal
@@ -173,104 +168,6 @@ static int st_llama_init_unit(const struct st_model *m, int u, uint64_t seed, fl
 
 /* ---- workspace --------------------------------------------------------------------- */
 
-/* (the carver: st_carve(), strata/family.h) */
-
-/* Buffers of a layer's forward and backward (datt, dq, dk, dv alias act,
- * gate and up where they fit: st_layer_carve). */
-struct st_layer_work {
-	float *xn, *rstd1, *q, *k, *v, *att, *lse, *h, *hn, *rstd2, *gate, *up, *act;
-	float *dh, *dn, *datt, *dq, *dk, *dv;
-};
-
-/* The forward's buffers (xn .. act: what the backward reads, the part a
- * kept unit saves) from sv, the backward's own from sc; sv and sc are one
- * carver when the backward recomputes the forward. */
-static void st_layer_carve(struct st_carver *sv, struct st_carver *sc,
-			   struct st_layer_work *w, size_t N, const struct st_dims *d, size_t BHT)
-{
-	w->xn = st_carve(sv, N * d->C);
-	w->rstd1 = st_carve(sv, N);
-	w->q = st_carve(sv, N * d->Q);
-	w->k = st_carve(sv, N * d->KV);
-	w->v = st_carve(sv, N * d->KV);
-	w->att = st_carve(sv, N * d->Q);
-	w->lse = st_carve(sv, BHT);
-	w->h = st_carve(sv, N * d->C);
-	w->hn = st_carve(sv, N * d->C);
-	w->rstd2 = st_carve(sv, N);
-	w->gate = st_carve(sv, N * d->F);
-	w->up = st_carve(sv, N * d->F);
-	w->act = st_carve(sv, N * d->F);
-	w->dh = st_carve(sc, N * d->C);
-	w->dn = st_carve(sc, N * d->C);
-	ST_LLAMA_GRADS_CARVE(sc, w, N, d);
-}
-
-struct st_head_work {
-	float *xn, *rstd, *dxn, *logits, *losses;
-};
-
-static void st_head_carve(struct st_carver *cv, struct st_head_work *w, size_t N, size_t C,
-			  size_t V)
-{
-	w->xn = st_carve(cv, N * C);
-	w->rstd = st_carve(cv, N);
-	w->dxn = st_carve(cv, N * C);
-	w->logits = st_carve(cv, ST_MIN(N, (size_t)ST_MODEL_CE_CHUNK_ROWS) * V);
-	w->losses = st_carve(cv, N);
-}
-
-static size_t st_llama_work_bytes(const struct st_model *m, int u, int B, int T)
-{
-	if (st_model_precision(m) == ST_PRECISION_BF16)
-		return st_llama_bf16_work_bytes(m, u, B, T);
-	const struct st_dims d = st_dims_of(st_model_config(m));
-	struct st_carver cv;
-	size_t N = (size_t)B * T;
-
-	st_carver_init(&cv, NULL, 0);
-	if (st_model_unit_layout(m, u)->kind == ST_UNIT_BLOCK) {
-		struct st_layer_work w;
-		st_layer_carve(&cv, &cv, &w, N, &d, (size_t)B * d.H * T);
-	} else if (st_model_unit_layout(m, u)->kind == ST_UNIT_HEAD) {
-		struct st_head_work w;
-		st_head_carve(&cv, &w, N, (size_t)d.C, (size_t)d.V);
-	} else {
-		return 0;
-	}
-	return cv.need_bytes;
-}
-
-/* A layer keeps xn .. act; its scratch is dh, dn (and the attention's
- * gradients where they do not fit in act, gate and up). The embedding and
- * the head recompute nothing. */
-static size_t st_llama_saved_bytes(const struct st_model *m, int u, int B, int T,
-				   size_t *scratch_bytes)
-{
-	if (st_model_precision(m) == ST_PRECISION_BF16)
-		return st_llama_bf16_saved_bytes(m, u, B, T, scratch_bytes);
-	const struct st_dims d = st_dims_of(st_model_config(m));
-	struct st_carver sv, sc;
-	struct st_layer_work w;
-
-	if (st_model_unit_layout(m, u)->kind != ST_UNIT_BLOCK) {
-		*scratch_bytes = st_llama_work_bytes(m, u, B, T);
-		return 0;
-	}
-	st_carver_init(&sv, NULL, 0);
-	st_carver_init(&sc, NULL, 0);
-	st_layer_carve(&sv, &sc, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
-	*scratch_bytes = sc.need_bytes;
-	return sv.need_bytes;
-}
-
-/* Every unit's output is (B,T,C). */
-static size_t st_llama_act_bytes(const struct st_model *m, int u, int B, int T)
-{
-	(void)u;
-	return (size_t)B * T * st_model_config(m)->dim * sizeof(float);
-}
-
 /* Kernels index B*T*F, B*T*Q and B*H*T with int. */
 static int st_llama_batch_check(const struct st_model *m, int B, int T)
 {
@@ -283,295 +180,264 @@ static int st_llama_batch_check(const struct st_model *m, int B, int T)
 	return 0;
 }
 
+/* Buffers of a layer's forward and backward; "dt" ones in the compute
+ * dtype (body.h). */
+struct layer_work {
+	void *xn, *q, *k, *v, *att, *hn, *gate, *up, *act; /* dt: the saved forward */
+	float *rstd1, *lse, *h, *rstd2;
+	float *dh;                  /* scratch: the residual's gradient */
+	void *dn;                   /* scratch, dt: a norm's output gradient */
+	void *dcast;                /* scratch, dt: dy or dh cast (none at fp32) */
+	void *datt, *dq, *dk, *dv;  /* dt: the attention's gradients */
+};
+
+/* The attention's gradients (datt, dq; dk, dv) come after the MLP's
+ * backward, when act, gate and up are dead (read for the last time), so
+ * they alias those where they fit (F >= Q and F >= 2 KV in every released
+ * shape), else they are carved from sc. A sizing pass gives NULL views. */
+static void grads_carve(struct st_carver *sc, struct layer_work *w, size_t N,
+			const struct st_dims *d, enum st_dtype dt)
+{
+	const size_t elem = st_dtype_elem_bytes(dt);
+
+	w->datt = d->Q <= d->F ? w->act : st_carve_dt(sc, N * d->Q, dt);
+	w->dq = d->Q <= d->F ? w->gate : st_carve_dt(sc, N * d->Q, dt);
+	if (2 * d->KV <= d->F) {
+		w->dk = w->up;
+		w->dv = w->up ? (char *)w->up + N * d->KV * elem : NULL;
+	} else {
+		w->dk = st_carve_dt(sc, N * d->KV, dt);
+		w->dv = st_carve_dt(sc, N * d->KV, dt);
+	}
+}
+
+/* The forward's buffers (xn .. act: what the backward reads, the part a
+ * kept unit saves) from sv, the backward's own from sc. */
+static void layer_carve(const struct st_model *m, int B, int T, struct st_carver *sv,
+			struct st_carver *sc, struct layer_work *w)
+{
+	const enum st_dtype dt = st_mop_of(m).dt;
+	const struct st_dims d = st_dims_of(st_model_config(m));
+	const size_t N = (size_t)B * T;
+
+	w->xn = st_carve_dt(sv, N * d.C, dt);
+	w->rstd1 = st_carve(sv, N);
+	w->q = st_carve_dt(sv, N * d.Q, dt);
+	w->k = st_carve_dt(sv, N * d.KV, dt);
+	w->v = st_carve_dt(sv, N * d.KV, dt);
+	w->att = st_carve_dt(sv, N * d.Q, dt);
+	w->lse = st_carve(sv, (size_t)B * d.H * T);
+	w->h = st_carve(sv, N * d.C);
+	w->hn = st_carve_dt(sv, N * d.C, dt);
+	w->rstd2 = st_carve(sv, N);
+	w->gate = st_carve_dt(sv, N * d.F, dt);
+	w->up = st_carve_dt(sv, N * d.F, dt);
+	w->act = st_carve_dt(sv, N * d.F, dt);
+	w->dh = st_carve(sc, N * d.C);
+	w->dn = st_carve_dt(sc, N * d.C, dt);
+	w->dcast = st_carve_cast(sc, N * d.C, dt);
+	grads_carve(sc, w, N, &d, dt);
+}
+
+static void llama_block_carve(const struct st_model *m, int B, int T, struct st_carver *sv,
+			      struct st_carver *sc)
+{
+	struct layer_work w;
+
+	layer_carve(m, B, T, sv, sc, &w);
+}
+
 /* ---- decoder layer ------------------------------------------------------------------ */
 
-/* The layer's forward up to the MLP activation, shared by fwd and bwd;
- * oproj is (N,C) scratch for the attention's projection. */
-static void st_layer_fwd_core(const struct st_model *m, const float **p,
-			      const struct st_layer_work *w, const float *x, float *oproj,
-			      int B, int T)
+/* A layer's tensors in base (params in the compute dtype, or the fp32
+ * gradient) by slot; NULL for an absent bias. */
+static void layer_views(const struct st_model *m, int u, const void *base, size_t elem,
+			const void **out)
 {
-	struct st_compute *c = st_model_compute(m);
+	int64_t off[LT_COUNT];
+
+	layer_offsets(m, u, off);
+	for (int k = 0; k < LT_COUNT; k++)
+		out[k] = off[k] < 0 ? NULL : (const char *)base + (size_t)off[k] * elem;
+}
+
+/* The layer's forward up to the MLP activation, shared by fwd and bwd;
+ * oproj is (N,C) fp32 scratch for the attention's projection. */
+static void layer_fwd_core(const struct st_model *m, const struct st_mop *o, const void **p,
+			   const struct layer_work *w, const float *x, float *oproj, int B, int T)
+{
 	const struct st_model_config *cfg = st_model_config(m);
 	const struct st_dims d = st_dims_of(cfg);
 	const struct st_rope_args r = st_rope_of(cfg);
 	const float eps = (float)cfg->norm_eps;
+	const enum st_dtype dt = o->dt;
 	const int N = B * T;
 
-	st_compute_rmsnorm_fwd(c, w->xn, w->rstd1, x, p[LT_IN_NORM], eps, N, d.C);
-	st_compute_linear_fwd(c, w->q, w->xn, p[LT_Q_W], p[LT_Q_B], N, d.C, d.Q);
-	st_compute_linear_fwd(c, w->k, w->xn, p[LT_K_W], p[LT_K_B], N, d.C, d.KV);
-	st_compute_linear_fwd(c, w->v, w->xn, p[LT_V_W], p[LT_V_B], N, d.C, d.KV);
-	st_compute_rope(c, false, w->q, w->q, B, T, d.H, d.hd, d.Q, &r);
-	st_compute_rope(c, false, w->k, w->k, B, T, d.K, d.hd, d.KV, &r);
-	st_compute_gqa_attention_fwd(c, w->att, w->lse, w->q, w->k, w->v, B, T, d.H, d.K, d.hd);
-	st_compute_linear_fwd(c, oproj, w->att, p[LT_O_W], NULL, N, d.Q, d.C);
+	st_mop_rmsnorm_fwd(o, w->xn, w->rstd1, x, p[LT_IN_NORM], eps, N, d.C);
+	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->q, dt, w->xn, p[LT_Q_W], p[LT_Q_B], N, d.C, d.Q);
+	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->k, dt, w->xn, p[LT_K_W], p[LT_K_B], N, d.C, d.KV);
+	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->v, dt, w->xn, p[LT_V_W], p[LT_V_B], N, d.C, d.KV);
+	st_mop_rope(o, false, w->q, B, T, d.H, d.hd, d.Q, &r);
+	st_mop_rope(o, false, w->k, B, T, d.K, d.hd, d.KV, &r);
+	st_mop_gqa_fwd(o, w->att, w->lse, w->q, w->k, w->v, B, T, d.H, d.K, d.hd);
+	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, oproj, ST_DTYPE_F32, w->att, p[LT_O_W], NULL, N, d.Q,
+		      d.C);
 	/* residual and post-attention norm: one op (the same bits as the two) */
-	st_compute_residual_rmsnorm_fwd(c, w->h, w->hn, w->rstd2, x, oproj, p[LT_POST_NORM], eps,
-					N, d.C);
-	st_compute_linear_fwd(c, w->gate, w->hn, p[LT_GATE_W], NULL, N, d.C, d.F);
-	st_compute_linear_fwd(c, w->up, w->hn, p[LT_UP_W], NULL, N, d.C, d.F);
-	st_compute_swiglu_fwd(c, w->act, w->gate, w->up, (size_t)N * d.F);
+	st_mop_residual_rmsnorm_fwd(o, w->h, w->hn, w->rstd2, x, oproj, p[LT_POST_NORM], eps, N,
+				    d.C);
+	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->gate, dt, w->hn, p[LT_GATE_W], NULL, N, d.C, d.F);
+	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->up, dt, w->hn, p[LT_UP_W], NULL, N, d.C, d.F);
+	st_mop_swiglu_fwd(o, w->act, w->gate, w->up, (size_t)N * d.F);
 }
 
-static void st_layer_fwd(const struct st_model *m, int u, int B, int T, const float *params,
-			 const float *x, float *y, const struct st_layer_work *w)
+static void llama_block_fwd(const struct st_model *m, int u, int B, int T, const void *params,
+			    const float *x, float *y, struct st_carver *sv, struct st_carver *sc)
 {
-	struct st_compute *c = st_model_compute(m);
+	const struct st_mop o = st_mop_of(m);
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	const int N = B * T;
-	const float *p[LT_COUNT];
+	const void *p[LT_COUNT];
+	struct layer_work w;
 
-	st_layer_views(m, u, params, p);
-	st_layer_fwd_core(m, p, w, x, y, B, T);
-	st_compute_linear_fwd(c, y, w->act, p[LT_DOWN_W], NULL, N, d.F, d.C);
-	st_compute_residual_fwd(c, y, w->h, y, (size_t)N * d.C);
+	layer_carve(m, B, T, sv, sc, &w);
+	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
+	layer_fwd_core(m, &o, p, &w, x, y, B, T);
+	st_mop_mm_fwd(&o, ST_OP_LINEAR_FWD, y, ST_DTYPE_F32, w.act, p[LT_DOWN_W], NULL, N, d.F,
+		      d.C);
+	st_compute_residual_fwd(o.c, y, w.h, y, (size_t)N * d.C);
 }
 
-/* kept: w's forward buffers hold this unit's forward (st_layer_fwd ran
- * into them with the same params and x); else they are recomputed. */
-static void st_layer_bwd(const struct st_model *m, int u, int B, int T, const float *params,
-			 const float *x, const float *dy, float *dx, float *grad,
-			 const struct st_layer_work *w, bool kept)
+/* The attention's backward: from datt (N,Q) dt to dn (N,C) dt, the input
+ * norm's output gradient, through the rotations undone on dq and dk. */
+static void layer_bwd_attn(const struct st_model *m, const struct st_mop *o, const void **p,
+			   float **g, const struct layer_work *w, int B, int T)
 {
-	struct st_compute *c = st_model_compute(m);
+	struct st_compute *c = o->c;
 	const struct st_model_config *cfg = st_model_config(m);
 	const struct st_dims d = st_dims_of(cfg);
 	const struct st_rope_args r = st_rope_of(cfg);
 	const int N = B * T;
+	const enum st_op_kind lin = ST_OP_LINEAR_BWD;
+
+	st_compute_zero(c, w->dq, st_mop_bytes(o, (size_t)N * d.Q));
+	st_compute_zero(c, w->dk, st_mop_bytes(o, (size_t)N * d.KV));
+	st_compute_zero(c, w->dv, st_mop_bytes(o, (size_t)N * d.KV));
+	st_mop_gqa_bwd(o, w->dq, w->dk, w->dv, w->datt, w->q, w->k, w->v, w->att, w->lse, B, T,
+		       d.H, d.K, d.hd);
+	st_mop_rope(o, true, w->dq, B, T, d.H, d.hd, d.Q, &r);
+	st_mop_rope(o, true, w->dk, B, T, d.K, d.hd, d.KV, &r);
+	// q, k, v projections into dn
+	st_compute_zero(c, w->dn, st_mop_bytes(o, (size_t)N * d.C));
+	st_mop_mm_bwd(o, lin, w->dn, g[LT_Q_W], g[LT_Q_B], w->dq, w->xn, p[LT_Q_W], N, d.C, d.Q);
+	st_mop_mm_bwd(o, lin, w->dn, g[LT_K_W], g[LT_K_B], w->dk, w->xn, p[LT_K_W], N, d.C,
+		      d.KV);
+	st_mop_mm_bwd(o, lin, w->dn, g[LT_V_W], g[LT_V_B], w->dv, w->xn, p[LT_V_W], N, d.C,
+		      d.KV);
+}
+
+static void llama_block_bwd(const struct st_model *m, int u, int B, int T, const void *params,
+			    const float *x, const float *dy, float *dx, float *grad,
+			    struct st_carver *sv, struct st_carver *sc, bool kept)
+{
+	const struct st_mop o = st_mop_of(m);
+	struct st_compute *c = o.c;
+	const struct st_dims d = st_dims_of(st_model_config(m));
+	const enum st_op_kind lin = ST_OP_LINEAR_BWD;
+	const int N = B * T;
 	const size_t NC = (size_t)N * d.C, NF = (size_t)N * d.F;
-	const float *p[LT_COUNT];
+	const void *p[LT_COUNT];
 	float *g[LT_COUNT];
+	struct layer_work w;
 
-	st_layer_views(m, u, params, p);
-	st_layer_views(m, u, grad, (const float **)g);
+	layer_carve(m, B, T, sv, sc, &w);
+	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
+	layer_views(m, u, grad, sizeof(float), (const void **)g);
 	if (!kept)
-		st_layer_fwd_core(m, p, w, x, w->dh, B, T);
+		layer_fwd_core(m, &o, p, &w, x, w.dh, B, T);
 
-	// MLP: down_proj's dW from act, then dact overwrites act
-	st_compute_linear_bwd(c, NULL, g[LT_DOWN_W], NULL, dy, w->act, p[LT_DOWN_W], N, d.F,
-			      d.C);
-	st_compute_zero(c, w->act, sizeof(float) * NF);
-	st_compute_linear_bwd(c, w->act, NULL, NULL, dy, NULL, p[LT_DOWN_W], N, d.F, d.C);
+	// MLP: dy in dt; down_proj's dW from act, then dact overwrites act
+	const void *dyc = st_mop_cast(&o, w.dcast, dy, NC);
+	st_mop_mm_bwd(&o, lin, NULL, g[LT_DOWN_W], NULL, dyc, w.act, p[LT_DOWN_W], N, d.F, d.C);
+	st_compute_zero(c, w.act, st_mop_bytes(&o, NF));
+	st_mop_mm_bwd(&o, lin, w.act, NULL, NULL, dyc, NULL, p[LT_DOWN_W], N, d.F, d.C);
 	// SwiGLU: gate and up become their gradients in place
-	st_compute_swiglu_bwd(c, w->gate, w->up, w->act, w->gate, w->up, NF);
-	st_compute_zero(c, w->dn, sizeof(float) * NC);
-	st_compute_linear_bwd(c, w->dn, g[LT_GATE_W], NULL, w->gate, w->hn, p[LT_GATE_W], N,
-			      d.C, d.F);
-	st_compute_linear_bwd(c, w->dn, g[LT_UP_W], NULL, w->up, w->hn, p[LT_UP_W], N, d.C,
-			      d.F);
-	// residual 2: dh = dy + the post-attention norm's input gradient
-	st_compute_copy(c, w->dh, dy, sizeof(float) * NC);
-	st_compute_rmsnorm_bwd(c, w->dh, g[LT_POST_NORM], w->dn, w->h, p[LT_POST_NORM],
-			       w->rstd2, N, d.C);
-	// attention's projection
-	st_compute_zero(c, w->datt, sizeof(float) * (size_t)N * d.Q);
-	st_compute_linear_bwd(c, w->datt, g[LT_O_W], NULL, w->dh, w->att, p[LT_O_W], N, d.Q,
-			      d.C);
-	// attention, then the rotations undone on dq and dk
-	st_compute_zero(c, w->dq, sizeof(float) * (size_t)N * d.Q);
-	st_compute_zero(c, w->dk, sizeof(float) * (size_t)N * d.KV);
-	st_compute_zero(c, w->dv, sizeof(float) * (size_t)N * d.KV);
-	st_compute_gqa_attention_bwd(c, w->dq, w->dk, w->dv, w->datt, w->q, w->k, w->v, w->att,
-				     w->lse, B, T, d.H, d.K, d.hd);
-	st_compute_rope(c, true, w->dq, w->dq, B, T, d.H, d.hd, d.Q, &r);
-	st_compute_rope(c, true, w->dk, w->dk, B, T, d.K, d.hd, d.KV, &r);
-	// q, k, v projections into dn (the input norm's output gradient)
-	st_compute_zero(c, w->dn, sizeof(float) * NC);
-	st_compute_linear_bwd(c, w->dn, g[LT_Q_W], g[LT_Q_B], w->dq, w->xn, p[LT_Q_W], N, d.C,
-			      d.Q);
-	st_compute_linear_bwd(c, w->dn, g[LT_K_W], g[LT_K_B], w->dk, w->xn, p[LT_K_W], N, d.C,
-			      d.KV);
-	st_compute_linear_bwd(c, w->dn, g[LT_V_W], g[LT_V_B], w->dv, w->xn, p[LT_V_W], N, d.C,
-			      d.KV);
+	st_mop_swiglu_bwd(&o, w.gate, w.up, w.act, w.gate, w.up, NF);
+	st_compute_zero(c, w.dn, st_mop_bytes(&o, NC));
+	st_mop_mm_bwd(&o, lin, w.dn, g[LT_GATE_W], NULL, w.gate, w.hn, p[LT_GATE_W], N, d.C, d.F);
+	st_mop_mm_bwd(&o, lin, w.dn, g[LT_UP_W], NULL, w.up, w.hn, p[LT_UP_W], N, d.C, d.F);
+	// residual 2: dh = dy + the post-attention norm's input gradient (fp32)
+	st_compute_copy(c, w.dh, dy, sizeof(float) * NC);
+	st_mop_rmsnorm_bwd(&o, w.dh, g[LT_POST_NORM], w.dn, o.dt, w.h, p[LT_POST_NORM], w.rstd2,
+			   N, d.C);
+	// attention's projection: dh in dt
+	const void *dhc = st_mop_cast(&o, w.dcast, w.dh, NC);
+	st_compute_zero(c, w.datt, st_mop_bytes(&o, (size_t)N * d.Q));
+	st_mop_mm_bwd(&o, lin, w.datt, g[LT_O_W], NULL, dhc, w.att, p[LT_O_W], N, d.Q, d.C);
+	layer_bwd_attn(m, &o, p, g, &w, B, T);
 	// residual 1: dx = dh + the input norm's input gradient
-	st_compute_copy(c, dx, w->dh, sizeof(float) * NC);
-	st_compute_rmsnorm_bwd(c, dx, g[LT_IN_NORM], w->dn, x, p[LT_IN_NORM], w->rstd1, N, d.C);
+	st_compute_copy(c, dx, w.dh, sizeof(float) * NC);
+	st_mop_rmsnorm_bwd(&o, dx, g[LT_IN_NORM], w.dn, o.dt, x, p[LT_IN_NORM], w.rstd1, N, d.C);
 }
 
-/* ---- head ----------------------------------------------------------------------------- */
+/* ---- embedding and head ------------------------------------------------------------- */
 
-/* lm_head's matrix (V,C) and its gradient: the head's own, or the
- * embedding's when tied. */
-static const float *st_head_matrix(const struct st_model *m, const float *params,
-				   const float *other)
+/* y (N,C) fp32 = the embedding rows of the tokens (exact) */
+static void llama_embed_fwd(const struct st_model *m, const struct st_model_batch *b,
+			    const void *params, float *y)
 {
-	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
-	if (st_model_config(m)->untied)
-		return params + ul->tensors[HT_LM_HEAD].offset_elems;
-	return other + st_model_unit_layout(m, 0)->tensors[0].offset_elems;
+	const struct st_mop o = st_mop_of(m);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab, N = b->B * b->T;
+	struct st_op op = {
+		.kind = ST_OP_TOKEN_EMBED_FWD,
+		.t = { st_tensor_2d(y, ST_DTYPE_F32, N, C), st_tensor_1d(b->tokens, ST_DTYPE_I32, N),
+		       st_tensor_2d(params, o.dt, V, C) },
+		.i = { N, C },
+	};
+
+	st_compute_run(o.c, &op);
 }
 
-static void st_head_run(const struct st_model *m, const struct st_model_batch *b,
-			const float *params, const float *other, const float *x, float *dx,
-			float *grad, float *other_grad, float *loss,
-			const struct st_head_work *w)
+/* dout and the gradient are fp32 at every compute dtype */
+static void llama_embed_bwd(const struct st_model *m, const struct st_model_batch *b,
+			    const float *dy, float *grad)
 {
-	struct st_compute *c = st_model_compute(m);
+	st_compute_token_embed_bwd(st_model_compute(m), grad, dy, b->tokens, b->B * b->T,
+				   st_model_config(m)->dim);
+}
+
+/* model.norm and lm_head: the head's own, or the embedding's matrix when
+ * tied */
+static struct st_head llama_head(const struct st_model *m, const void *params,
+				 const void *other, float *grad, float *other_grad)
+{
+	const struct st_mop o = st_mop_of(m);
 	const struct st_model_config *cfg = st_model_config(m);
-	const int C = cfg->dim, V = cfg->vocab, N = b->B * b->T;
 	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
-	const float *nw = params + ul->tensors[HT_NORM].offset_elems;
-	const float *W = st_head_matrix(m, params, other);
-	const bool bwd = dx != NULL;
-	float *dW = NULL;
+	const size_t nw = ul->tensors[HT_NORM].offset_elems;
+	const size_t wo = cfg->untied ? ul->tensors[HT_LM_HEAD].offset_elems :
+					st_model_unit_layout(m, 0)->tensors[0].offset_elems;
+	struct st_head h = {
+		.norm_w = st_mop_at(&o, params, nw),
+		.eps = (float)cfg->norm_eps,
+		.W = st_mop_at(&o, cfg->untied ? params : other, wo),
+	};
 
-	if (bwd)
-		dW = cfg->untied ? grad + ul->tensors[HT_LM_HEAD].offset_elems :
-				   other_grad + st_model_unit_layout(m, 0)->tensors[0].offset_elems;
-	st_compute_rmsnorm_fwd(c, w->xn, w->rstd, x, nw, (float)cfg->norm_eps, N, C);
-	if (bwd)
-		st_compute_zero(c, w->dxn, sizeof(float) * (size_t)N * C);
-	const float dloss = b->loss_scale / (float)N;
-	for (int r0 = 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
-		int nr = ST_MIN(ST_MODEL_CE_CHUNK_ROWS, N - r0);
-		const float *xr = w->xn + (size_t)r0 * C;
-		// logits (nr,V) = xn_r (nr,C) @ W^T (C,V)
-		st_compute_gemm(c, 0, 1, nr, V, C, xr, C, W, C, 0.0f, w->logits, V);
-		if (!bwd) {
-			st_compute_crossentropy_fwd(c, w->losses + r0, w->logits, b->targets + r0,
-						    nr, V);
-			continue;
-		}
-		st_compute_crossentropy_bwd(c, w->logits, w->losses + r0, w->logits,
-					    b->targets + r0, dloss, nr, V);
-		// dxn_r (nr,C) += dlogits (nr,V) @ W (V,C)
-		st_compute_gemm(c, 0, 0, nr, C, V, w->logits, V, W, C, 1.0f,
-				w->dxn + (size_t)r0 * C, C);
-		// dW (V,C) += dlogits^T (V,nr) @ xn_r (nr,C)
-		st_compute_gemm(c, 1, 0, V, C, nr, w->logits, V, xr, C, 1.0f, dW, C);
+	if (grad) {
+		h.dnorm_w = grad + nw;
+		h.dW = (cfg->untied ? grad : other_grad) + wo;
 	}
-	if (loss)
-		*loss = st_family_mean_loss(c, w->losses, (size_t)N);
-	if (bwd) {
-		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
-		st_compute_rmsnorm_bwd(c, dx, grad + ul->tensors[HT_NORM].offset_elems, w->dxn, x,
-				       nw, w->rstd, N, C);
-	}
+	return h;
 }
 
-/* ---- fwd / bwd -------------------------------------------------------------------------------- */
-
-/* saved NULL: one workspace (the backward recomputes); else a layer's
- * forward buffers are carved from saved and its scratch from work. */
-static int st_llama_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
-			     const float *params, const float *other, const float *x, float *y,
-			     float *loss, void *saved, size_t saved_bytes, void *work,
-			     size_t work_bytes)
-{
-	if (st_model_precision(m) == ST_PRECISION_BF16)
-		return st_llama_bf16_fwd_save(m, u, batch, params, other, x, y, loss, saved,
-					      saved_bytes, work, work_bytes);
-	const int B = batch->B, T = batch->T;
-	const struct st_dims d = st_dims_of(st_model_config(m));
-	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv, cs;
-
-	st_carver_init(&cv, work, work_bytes);
-	st_carver_init(&cs, saved, saved_bytes);
-	switch (st_model_unit_layout(m, u)->kind) {
-	case ST_UNIT_EMBED:
-		assert(y);
-		st_compute_token_embed_fwd(c, y, batch->tokens, params, B * T, d.C);
-		return st_compute_take_error(c);
-	case ST_UNIT_BLOCK: {
-		assert(x && y);
-		struct st_layer_work w;
-		st_layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
-		st_layer_fwd(m, u, B, T, params, x, y, &w);
-		return st_compute_take_error(c);
-	}
-	case ST_UNIT_HEAD: {
-		assert(x && loss);
-		struct st_head_work w;
-		st_head_carve(&cv, &w, (size_t)B * T, (size_t)d.C, (size_t)d.V);
-		st_head_run(m, batch, params, other, x, NULL, NULL, NULL, loss, &w);
-		return st_compute_take_error(c);
-	}
-	}
-	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
-}
-
-static int st_llama_bwd_saved(const struct st_model *m, int u,
-			      const struct st_model_batch *batch, const float *params,
-			      const float *other, const float *x, const float *dy, float *dx,
-			      float *grad, float *other_grad, float *loss, void *saved,
-			      size_t saved_bytes, void *work, size_t work_bytes)
-{
-	if (st_model_precision(m) == ST_PRECISION_BF16)
-		return st_llama_bf16_bwd_saved(m, u, batch, params, other, x, dy, dx, grad,
-					       other_grad, loss, saved, saved_bytes, work,
-					       work_bytes);
-	const int B = batch->B, T = batch->T;
-	const struct st_dims d = st_dims_of(st_model_config(m));
-	struct st_compute *c = st_model_compute(m);
-	struct st_carver cv, cs;
-
-	st_carver_init(&cv, work, work_bytes);
-	st_carver_init(&cs, saved, saved_bytes);
-	switch (st_model_unit_layout(m, u)->kind) {
-	case ST_UNIT_EMBED:
-		assert(dy);
-		(void)params;
-		st_compute_token_embed_bwd(c, grad, dy, batch->tokens, B * T, d.C);
-		return st_compute_take_error(c);
-	case ST_UNIT_BLOCK: {
-		assert(x && dy && dx);
-		struct st_layer_work w;
-		st_layer_carve(saved ? &cs : &cv, &cv, &w, (size_t)B * T, &d, (size_t)B * d.H * T);
-		st_layer_bwd(m, u, B, T, params, x, dy, dx, grad, &w, saved != NULL);
-		return st_compute_take_error(c);
-	}
-	case ST_UNIT_HEAD: {
-		assert(x && dx);
-		struct st_head_work w;
-		st_head_carve(&cv, &w, (size_t)B * T, (size_t)d.C, (size_t)d.V);
-		st_head_run(m, batch, params, other, x, dx, grad, other_grad, loss, &w);
-		return st_compute_take_error(c);
-	}
-	}
-	return st_error_set(-EINVAL, "model: unit %d has no kind", u);
-}
-
-static int st_llama_fwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-			const float *params, const float *other, const float *x, float *y,
-			float *loss, void *work, size_t work_bytes)
-{
-	return st_llama_fwd_save(m, u, batch, params, other, x, y, loss, NULL, 0, work,
-				 work_bytes);
-}
-
-static int st_llama_bwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-			const float *params, const float *other, const float *x,
-			const float *dy, float *dx, float *grad, float *other_grad,
-			float *loss, void *work, size_t work_bytes)
-{
-	return st_llama_bwd_saved(m, u, batch, params, other, x, dy, dx, grad, other_grad,
-				  loss, NULL, 0, work, work_bytes);
-}
-
-/* One position's logits: norm(x) @ W^T through the head's workspace at
- * B = T = 1. */
-static int st_llama_logits(const struct st_model *m, const float *params, const float *other,
-			   const float *x, float *logits, void *work, size_t work_bytes)
-{
-	if (st_model_precision(m) == ST_PRECISION_BF16)
-		return st_llama_bf16_logits(m, params, other, x, logits, work, work_bytes);
-	struct st_compute *c = st_model_compute(m);
-	const struct st_model_config *cfg = st_model_config(m);
-	const int C = cfg->dim, V = cfg->vocab;
-	const struct st_unit_layout *ul = st_model_unit_layout(m, st_model_unit_count(m) - 1);
-	struct st_carver cv;
-	struct st_head_work w;
-
-	st_carver_init(&cv, work, work_bytes);
-	st_head_carve(&cv, &w, 1, (size_t)C, (size_t)V);
-	st_compute_rmsnorm_fwd(c, w.xn, w.rstd, x, params + ul->tensors[HT_NORM].offset_elems,
-			       (float)cfg->norm_eps, 1, C);
-	st_compute_gemm(c, 0, 1, 1, V, C, w.xn, C, st_head_matrix(m, params, other), C, 0.0f,
-			logits, V);
-	return st_compute_sync(c);
-}
+static const struct st_family_body llama_body = {
+	.layernorm = false,
+	.embed_fwd = llama_embed_fwd,
+	.embed_bwd = llama_embed_bwd,
+	.block_carve = llama_block_carve,
+	.block_fwd = llama_block_fwd,
+	.block_bwd = llama_block_bwd,
+	.head = llama_head,
+};
 
 static const char *const st_llama_model_types[] = { "llama", "qwen2", NULL };
 static const char *const st_llama_architectures[] = { "LlamaForCausalLM", "Qwen2ForCausalLM",
@@ -602,17 +468,18 @@ const struct st_family_ops st_family_llama = {
 	.hf_config_check = st_llama_hf_config_check,
 	.layout = st_llama_layout,
 	.init_unit = st_llama_init_unit,
-	.work_bytes = st_llama_work_bytes,
-	.act_bytes = st_llama_act_bytes,
+	.work_bytes = st_unit_work_bytes,
+	.act_bytes = st_unit_act_bytes,
 	.batch_check = st_llama_batch_check,
-	.fwd = st_llama_fwd,
-	.bwd = st_llama_bwd,
+	.fwd = st_unit_fwd,
+	.bwd = st_unit_bwd,
 	.flops_per_token = st_llama_flops_per_token,
-	.logits = st_llama_logits,
+	.logits = st_unit_logits,
 	.hf_derived = st_llama_hf_derived,
-	.saved_bytes = st_llama_saved_bytes,
-	.fwd_save = st_llama_fwd_save,
-	.bwd_saved = st_llama_bwd_saved,
+	.saved_bytes = st_unit_saved_bytes,
+	.fwd_save = st_unit_fwd_save,
+	.bwd_saved = st_unit_bwd_saved,
 	.unit_flops_per_token = st_llama_unit_flops_per_token,
 	.bf16 = true,
+	.body = &llama_body,
 };

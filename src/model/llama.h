@@ -46,49 +46,6 @@ static inline struct st_dims st_dims_of(const struct st_model_config *c)
 	return d;
 }
 
-/* Where a layer's attention gradients (datt, dq; dk, dv) live, for both
- * compute dtypes (elem bytes a value): they come after the MLP's
- * backward, when act, gate and up are dead (read for the last time), so
- * they alias those where they fit (F >= Q and F >= 2 KV in every released
- * shape), else they are carved from sc. NULL bases (a sizing pass) give
- * NULL views. */
-struct st_llama_grads {
-	void *datt, *dq, *dk, *dv;
-};
-
-static inline struct st_llama_grads st_llama_grads_carve(struct st_carver *sc, void *act,
-							  void *gate, void *up, size_t N,
-							  const struct st_dims *d, size_t elem)
-{
-	/* st_carve counts floats: n elements of elem bytes, rounded up */
-#define ST_LLAMA_CARVE_(n) st_carve(sc, ((n) * elem + sizeof(float) - 1) / sizeof(float))
-	struct st_llama_grads g;
-
-	g.datt = d->Q <= d->F ? act : ST_LLAMA_CARVE_(N * d->Q);
-	g.dq = d->Q <= d->F ? gate : ST_LLAMA_CARVE_(N * d->Q);
-	if (2 * d->KV <= d->F) {
-		g.dk = up;
-		g.dv = up ? (char *)up + N * d->KV * elem : NULL;
-	} else {
-		g.dk = ST_LLAMA_CARVE_(N * d->KV);
-		g.dv = ST_LLAMA_CARVE_(N * d->KV);
-	}
-#undef ST_LLAMA_CARVE_
-	return g;
-}
-
-/* w's datt, dq, dk and dv by st_llama_grads_carve, for a layer workspace
- * of either dtype (the element size is that of w->act). */
-#define ST_LLAMA_GRADS_CARVE(sc, w, N, d)                                                  \
-	do {                                                                               \
-		const struct st_llama_grads g_ = st_llama_grads_carve(                     \
-			(sc), (w)->act, (w)->gate, (w)->up, (N), (d), sizeof(*(w)->act));  \
-		(w)->datt = g_.datt;                                                       \
-		(w)->dq = g_.dq;                                                           \
-		(w)->dk = g_.dk;                                                           \
-		(w)->dv = g_.dv;                                                           \
-	} while (0)
-
 /* The rotation's parameters of a config. */
 static inline struct st_rope_args st_rope_of(const struct st_model_config *c)
 {
@@ -99,10 +56,6 @@ static inline struct st_rope_args st_rope_of(const struct st_model_config *c)
 				      .low_freq_factor = (float)c->rope_low_freq_factor,
 				      .high_freq_factor = (float)c->rope_high_freq_factor };
 }
-
-/* The element offset of each slot of layer unit u's tensors in its flat
- * buffer (-1 for an absent bias), whatever the buffer's dtype. */
-void st_llama_layer_offsets(const struct st_model *m, int u, int64_t *off);
 
 int st_llama_config_preset(const char *name, struct st_model_config *out);
 int st_llama_config_parse(const char *text, struct st_model_config *out);

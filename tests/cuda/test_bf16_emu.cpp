@@ -243,7 +243,7 @@ static void check_matmul_parts(int N, int IC, int OC)
 }
 
 // LLaMA's: ops_kernels.cuh's templated kernels at bf16 against the cpu
-// compute's bf16 records, at the dtypes src/model/llama_bf16.c makes them
+// compute's bf16 records, at the dtypes src/model/llama.c makes them at bf16
 static void check_rmsnorm(int N, int C)
 {
 	const float eps = 1e-5f;

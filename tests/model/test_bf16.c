@@ -663,7 +663,7 @@ static int wrap_run(struct st_compute *c, const struct st_op *op)
 /* The bf16 head's forward and backward through HEAD_CROSSENTROPY give the
  * chunk loop's bits (two chunks: 320 rows), loss, dx and both gradients:
  * the cpu device's numbers do not change with the fused op. One head for
- * every family (bf16_head.c): GPT-2's over LayerNorm and the tied wte,
+ * every family (head.c): GPT-2's over LayerNorm and the tied wte,
  * LLaMA's over RMSNorm with its own lm_head, and tied. */
 static void head_fused_bits(const char *model)
 {

@@ -589,7 +589,7 @@ static double rel_l2(const float *a, const float *b, size_t n)
 	return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* The bf16 path (llama_bf16.c) on the fp32 path's bf16-rounded weights:
+/* The bf16 path (llama.c at bf16) on the fp32 path's bf16-rounded weights:
  * the loss within 1% and every unit's gradient within 5% (relative L2) of
  * fp32's, and not equal to them (bf16 did run); a kept forward gives the
  * recompute's bits at bf16 too (model_net.h), as do 1 and 3 threads. GQA

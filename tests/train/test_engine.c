@@ -585,6 +585,7 @@ static void test_untied_head(void **state)
 	fam.work_bytes = gpt2->work_bytes;
 	fam.act_bytes = gpt2->act_bytes;
 	fam.flops_per_token = gpt2->flops_per_token;
+	fam.body = gpt2->body; /* GPT-2's hooks run the body of the model's family */
 	assert_int_equal(st_family_register(&fam), 0);
 	base_config(&c);
 	c.params = ST_OFFLOAD_NONE;
@@ -950,7 +951,7 @@ static void test_llama_placement(void **state)
 	}
 }
 
-/* LLaMA at --compute-dtype bf16 (src/model/llama_bf16.c): the same bits
+/* LLaMA at --compute-dtype bf16 (src/model/llama.c at bf16): the same bits
  * whatever the placement, prefetch depth, thread count and recompute, and
  * a loss near fp32's but not equal to it (bf16 ran). */
 static void test_llama_bf16(void **state)
