@@ -6,7 +6,7 @@
  * improves each row that fits by the split of src/mem/plan_split.c, which
  * moves shards to faster tiers while the budgets hold; the row predicted
  * fastest wins. The same small set of rows keeps each tier's minimum
- * exact (st_cond_min). The pools are sized from per-(unit, state) homes,
+ * exact (st_plan_cond_min). The pools are sized from per-(unit, state) homes,
  * so explicit homes (the input's `homes`: one candidate) and split ones go
  * through the same code.
  *
@@ -171,17 +171,17 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	if (ret < 0)
 		return ret;
 	memset(&p, 0, sizeof(p));
-	ret = st_rates_fill(&in->rates, &p.rates);
+	ret = st_plan_rates_fill(&in->rates, &p.rates);
 	if (ret == 0)
 		ret = st_shape_init(in, &sh);
 	if (ret < 0)
 		return ret;
-	st_recomp_base(in, &sh);
+	st_plan_recomp_base(in, &sh);
 	budget[ST_HOME_VRAM] = in->gpu_mem_bytes;
 	budget[ST_HOME_HOST] = in->host_mem_bytes;
 	budget[ST_HOME_NVME] = !in->have_nvme ? 0 :
 			       in->nvme_mem_bytes ? in->nvme_mem_bytes : ST_PLAN_UNLIMITED;
-	n = st_act_cands(in, cands, st_cands(in, cands));
+	n = st_plan_act_cands(in, cands, st_plan_cands(in, cands));
 	k0 = in->prefetch > 0 ? in->prefetch : 1;
 	homes = malloc(sizeof(*homes) * (size_t)sh.units * ST_STATE_COUNT);
 	ret = homes ? st_policy_init(&pol, in, &sh, cands, n, k0, &p.rates)
@@ -193,7 +193,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	}
 	chosen = st_policy_choose(&pol, budget, homes, &split);
 	if (chosen < 0) {
-		ret = st_recomp_explain(in, &sh, st_explain(&pol, budget));
+		ret = st_recomp_explain(in, &sh, st_plan_explain(&pol, budget));
 		st_policy_fini(&pol);
 		free(homes);
 		st_shape_fini(&sh);
@@ -204,7 +204,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	/* the placement first, then k in what it leaves (docs/plan.md) */
 	k = st_policy_depth(&pol, homes, budget);
 	if (in->recompute == ST_RECOMPUTE_AUTO)
-		st_recomp_auto(&sh, homes, k, budget);
+		st_plan_recomp_auto(&sh, homes, k, budget);
 	st_pools_compute(&sh, homes, k, &pools);
 
 	p.units = sh.units;
@@ -241,10 +241,10 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	/* the summary `strata plan` prints, from the same list */
 	x = st_pools_find(&pools, ST_POOL_W_SLOT);
 	p.w_slots = x ? x->count : 0;
-	p.w_slot_bytes = x ? st_pg(x->bytes) : 0;
+	p.w_slot_bytes = x ? st_plan_page_bytes(x->bytes) : 0;
 	x = st_pools_find(&pools, ST_POOL_W_SLOT_RES);
 	p.embed_slot = x != NULL;
-	p.embed_slot_bytes = x ? st_pg(x->bytes) : 0;
+	p.embed_slot_bytes = x ? st_plan_page_bytes(x->bytes) : 0;
 	p.act_bytes = st_pools_sum(&pools, ST_POOL_ACT, ST_POOL_ACT);
 	p.act_each_bytes = sh.x_bytes;
 	p.scratch_bytes = st_pools_sum(&pools, ST_POOL_WF, ST_POOL_TARGETS);
@@ -252,28 +252,28 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.work_bytes = x->bytes;
 	/* the keeps chosen; the minimums are the mode's (AUTO: keeping none) */
 	st_recomp_fill(in, &sh, &pools, &p);
-	st_recomp_base(in, &sh);
+	st_plan_recomp_base(in, &sh);
 	p.w_staging_bytes = st_pools_sum(&pools, ST_POOL_W_STAGE, ST_POOL_W_STAGE_RES);
 	p.grad_landing_bytes = st_pools_sum(&pools, ST_POOL_LANDING, ST_POOL_GSTAGE);
 	p.update_staging_bytes = st_pools_sum(&pools, ST_POOL_UPD_W, ST_POOL_UPD_F32);
 	p.act_home = sh.units > 1 ? c.a : ST_HOME_VRAM; /* none to place */
-	p.act_slots = c.a == ST_HOME_HOST ? st_act_slots(&sh) : 0;
-	p.act_offloaded = st_act_offloaded(&sh, c.a);
+	p.act_slots = c.a == ST_HOME_HOST ? st_plan_act_slots(&sh) : 0;
+	p.act_offloaded = st_plan_act_offloaded(&sh, c.a);
 	p.act_bytes += st_pools_sum(&pools, ST_POOL_ACT_SLOT, ST_POOL_ACT_SLOT);
 	p.act_host_bytes = st_pools_sum(&pools, ST_POOL_ACT_HOME, ST_POOL_ACT_HOME);
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		p.home_bytes[t] = pools.home[t];
 		p.total_bytes[t] = pools.total[t];
 		p.budget_bytes[t] = budget[t];
-		p.min_bytes[t] = st_cond_min(&pol, budget, t);
+		p.min_bytes[t] = st_plan_cond_min(&pol, budget, t);
 	}
 	if (budget[ST_HOME_NVME] == ST_PLAN_UNLIMITED)
 		p.budget_bytes[ST_HOME_NVME] = pools.total[ST_HOME_NVME];
-	/* st_cond_min() sized the other rows: back to the chosen one's */
+	/* st_plan_cond_min() sized the other rows: back to the chosen one's */
 	memcpy(sh.keep, p.keep, sizeof(*sh.keep) * (size_t)sh.units);
 	*sh.act_home = c.a;
-	st_predict(in, &sh, p.home, &p);
-	st_predict_hide(in, &sh, p.home, k, budget, &p);
+	st_plan_predict(in, &sh, p.home, &p);
+	st_plan_predict_hide(in, &sh, p.home, k, budget, &p);
 	st_policy_fini(&pol);
 	free(homes);
 	st_shape_fini(&sh);

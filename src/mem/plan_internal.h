@@ -39,7 +39,7 @@ struct st_shape {
 	bool w_gather;         /* stages 1-2 at world > 1: W slices gathered */
 	bool w_stream_all;     /* stage 3 at world > 1: every W goes through a slot */
 	/* activation checkpoints: the candidate's home (scratch, set with
-	 * homes by st_cand_homes()), and per checkpoint j (1..U-1) the bytes a
+	 * homes by st_plan_cand_homes()), and per checkpoint j (1..U-1) the bytes a
 	 * copy of it moves (ST_PLAN_ACT_ALIGN-rounded), [units] */
 	enum st_home *act_home;
 	uint64_t *act_copy;
@@ -75,7 +75,7 @@ struct st_policy {
 	const struct st_cand *c;
 	int n, k;
 	const uint64_t *budget;   /* the budgets being tried */
-	struct st_plan scratch;   /* st_predict's output; only its rates are read */
+	struct st_plan scratch;   /* st_plan_predict's output; only its rates are read */
 	uint64_t *bytes;          /* [units * ST_STATE_COUNT] each shard's bytes */
 	uint64_t all_bytes;       /* their sum */
 	enum st_home *trial;      /* [units * ST_STATE_COUNT] */
@@ -86,11 +86,11 @@ struct st_policy {
 /* --- sizing (plan_pools.c) --- */
 
 /* bytes rounded up to whole pages */
-uint64_t st_pg(uint64_t bytes);
+uint64_t st_plan_page_bytes(uint64_t bytes);
 /* The activation checkpoints' vram slots (host home), and how many of
  * them go to the host (0 in vram). */
-int st_act_slots(const struct st_shape *sh);
-int st_act_offloaded(const struct st_shape *sh, enum st_home a);
+int st_plan_act_slots(const struct st_shape *sh);
+int st_plan_act_offloaded(const struct st_shape *sh, enum st_home a);
 /* The pools of placement homes at prefetch k, into *p (the engine's order). */
 void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int k,
 		      struct st_pools *p);
@@ -98,9 +98,9 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b);
 const struct st_plan_pool *st_pools_find(const struct st_pools *p, enum st_pool_id id);
 /* The homes of candidate c (sets *sh->act_home); sh->homes or c's own. */
-const enum st_home *st_cand_homes(const struct st_shape *sh, struct st_cand c);
+const enum st_home *st_plan_cand_homes(const struct st_shape *sh, struct st_cand c);
 /* Do the pools fit every budget but tier skip (-1: none)? */
-bool st_fits(const struct st_pools *p, const uint64_t *budget, int skip);
+bool st_plan_fits(const struct st_pools *p, const uint64_t *budget, int skip);
 /* The shape of in's model and batch; st_shape_fini() frees it (and
  * st_shape_init() on failure). Returns 0 or -errno. */
 int st_shape_init(const struct st_plan_input *in, struct st_shape *sh);
@@ -110,13 +110,13 @@ void st_shape_fini(struct st_shape *sh);
 
 /* The rates of r, the defaults for those not given, into *out; -EINVAL
  * for one that is not a positive number. */
-int st_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out);
+int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out);
 /* The traffic, collectives and times of one step with homes, into *p
  * (at p->rates). */
-void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
+void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		const enum st_home *homes, struct st_plan *p);
 /* The --grad-accum that hides the I/O, into p->hide_*. */
-void st_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
+void st_plan_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
 		     const enum st_home *homes, int k, const uint64_t *budget,
 		     struct st_plan *p);
 
@@ -124,8 +124,8 @@ void st_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
 
 /* The placements the options allow into c (at most 9), then each with
  * its checkpoint homes (at most twice as many). Return the count. */
-int st_cands(const struct st_plan_input *in, struct st_cand *c);
-int st_act_cands(const struct st_plan_input *in, struct st_cand *c, int n);
+int st_plan_cands(const struct st_plan_input *in, struct st_cand *c);
+int st_plan_act_cands(const struct st_plan_input *in, struct st_cand *c, int n);
 /* The policy over candidates c[0..n) at prefetch k; 0 or -ENOMEM. */
 int st_policy_init(struct st_policy *pol, const struct st_plan_input *in,
 		   const struct st_shape *sh, const struct st_cand *c, int n, int k,
@@ -138,26 +138,26 @@ int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home
 int st_policy_depth(const struct st_policy *pol, const enum st_home *homes,
 		    const uint64_t *budget);
 /* The smallest budget of tier t that works with the others as given. */
-uint64_t st_cond_min(struct st_policy *pol, const uint64_t *budget, int t);
+uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t);
 /* No placement fits: -ENOSPC naming the budget to grow. */
-int st_explain(struct st_policy *pol, const uint64_t *budget);
+int st_plan_explain(struct st_policy *pol, const uint64_t *budget);
 /* The keeps (--recompute) a placement is searched with; AUTO's keeps for
  * the chosen placement at k. */
-void st_recomp_base(const struct st_plan_input *in, const struct st_shape *sh);
-void st_recomp_auto(const struct st_shape *sh, const enum st_home *homes, int k,
+void st_plan_recomp_base(const struct st_plan_input *in, const struct st_shape *sh);
+void st_plan_recomp_auto(const struct st_shape *sh, const enum st_home *homes, int k,
 		    const uint64_t *budget);
 
 /* --- output (plan_print.c; plan_json.c uses them too) --- */
 
 /* bytes as "1.5 MiB" in buf (32 bytes). */
-const char *st_fb(uint64_t bytes, char *buf);
+const char *st_plan_fmt_bytes(uint64_t bytes, char *buf);
 /* Units and bytes of state s in tier h; the units as ranges ("0-19, 22"). */
-void st_count(const struct st_plan *p, enum st_state s, enum st_home h,
+void st_plan_count(const struct st_plan *p, enum st_state s, enum st_home h,
 	      int *units, uint64_t *bytes);
-void st_unit_ranges(const struct st_plan *p, enum st_state s, enum st_home h, char *buf,
+void st_plan_unit_ranges(const struct st_plan *p, enum st_state s, enum st_home h, char *buf,
 		    size_t n);
 /* Where rate i came from; a unit kind's name. */
-const char *st_src(const struct st_plan *p, enum st_rate i);
-const char *st_kind_name(enum st_unit_kind k);
+const char *st_plan_rate_source(const struct st_plan *p, enum st_rate i);
+const char *st_plan_kind_name(enum st_unit_kind k);
 
 #endif

@@ -83,8 +83,8 @@ static json_object *placement_json(const struct st_plan *p)
 
 			char r[1024];
 
-			st_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
-			st_unit_ranges(p, (enum st_state)s, (enum st_home)h, r, sizeof(r));
+			st_plan_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
+			st_plan_unit_ranges(p, (enum st_state)s, (enum st_home)h, r, sizeof(r));
 			json_object_object_add(cell, "units", json_object_new_int(units));
 			json_object_object_add(cell, "bytes", st_ju(bytes));
 			json_object_object_add(cell, "unit_ranges", json_object_new_string(r));
@@ -105,7 +105,7 @@ static json_object *units_json(const struct st_plan *p, const struct st_plan_inp
 
 		o = json_object_new_object();
 		json_object_object_add(o, "unit", json_object_new_int(u));
-		json_object_object_add(o, "kind", json_object_new_string(st_kind_name(l->kind)));
+		json_object_object_add(o, "kind", json_object_new_string(st_plan_kind_name(l->kind)));
 		json_object_object_add(o, "elems", st_ju(l->elems));
 		json_object_object_add(o, "keep", json_object_new_boolean(p->keep[u]));
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
@@ -134,7 +134,7 @@ static json_object *recompute_json(const struct st_plan *p)
 	json_object_object_add(o, "keep", arr);
 	json_object_object_add(o, "saved_each_bytes", st_ju(p->saved_each_bytes));
 	json_object_object_add(o, "saved_bytes",
-			       st_ju(st_pg(p->saved_each_bytes) * (uint64_t)p->n_keep));
+			       st_ju(st_plan_page_bytes(p->saved_each_bytes) * (uint64_t)p->n_keep));
 	json_object_object_add(o, "recompute_flops", json_object_new_double(p->recompute_flops));
 	return o;
 }
@@ -227,7 +227,7 @@ static json_object *rates_json(const struct st_plan *p)
 	o2 = json_object_new_object();
 	for (int i = 0; i < ST_RATE_COUNT; i++)
 		json_object_object_add(o2, st_rate_key((enum st_rate)i),
-				       json_object_new_string(st_src(p, (enum st_rate)i)));
+				       json_object_new_string(st_plan_rate_source(p, (enum st_rate)i)));
 	json_object_object_add(o, "source", o2);
 	return o;
 }

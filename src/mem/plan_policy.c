@@ -2,7 +2,7 @@
  * candidates the options allow (the rows of the uniform table, or the
  * explicit homes), each improved by the split of plan_split.c; the choice
  * of the one predicted fastest, its prefetch depth and (--recompute auto)
- * its kept forwards; each tier's exact minimum (st_cond_min) and, when
+ * its kept forwards; each tier's exact minimum (st_plan_cond_min) and, when
  * nothing fits, the refusal that names the budget to grow. The planner's
  * other parts are listed in plan.c. */
 #include "plan_internal.h"
@@ -14,7 +14,7 @@
 
 /* The placements the options allow, most preferred first: W as close to
  * the device as possible, then the optimizer state in host. */
-int st_cands(const struct st_plan_input *in, struct st_cand *c)
+int st_plan_cands(const struct st_plan_input *in, struct st_cand *c)
 {
 	enum st_home ws[3], os[3];
 	int nw = 0, no = 0, n = 0;
@@ -59,7 +59,7 @@ int st_cands(const struct st_plan_input *in, struct st_cand *c)
  * placement with them in vram, then every one with them on the host (the
  * policy takes the fastest; a tie goes to the first, vram). Returns the
  * new count (at most 2n). */
-int st_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
+int st_plan_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
 {
 	if (in->activations == ST_OFFLOAD_HOST)
 		for (int i = 0; i < n; i++)
@@ -83,7 +83,7 @@ static bool st_policy_fits(void *ctx, const enum st_home *homes)
 	struct st_pools p;
 
 	st_pools_compute(pol->sh, homes, pol->k, &p);
-	return st_fits(&p, pol->budget, ST_HOME_NVME);
+	return st_plan_fits(&p, pol->budget, ST_HOME_NVME);
 }
 
 static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_s,
@@ -93,8 +93,8 @@ static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_
 	struct st_plan *p = &pol->scratch;
 
 	/* the checkpoint copies of the candidate being sized count too */
-	p->act_offloaded = st_act_offloaded(pol->sh, *pol->sh->act_home);
-	st_predict(pol->in, pol->sh, homes, p);
+	p->act_offloaded = st_plan_act_offloaded(pol->sh, *pol->sh->act_home);
+	st_plan_predict(pol->in, pol->sh, homes, p);
 	*step_s = p->t_step_s;
 	if (update_s) {
 		*update_s = 0;
@@ -148,13 +148,13 @@ static bool st_policy_accept(struct st_policy *pol, int i, const uint64_t *budge
 
 	pol->budget = budget;
 	*moved = 0;
-	memcpy(pol->trial, st_cand_homes(pol->sh, pol->c[i]), sizeof(*pol->trial) * cells);
+	memcpy(pol->trial, st_plan_cand_homes(pol->sh, pol->c[i]), sizeof(*pol->trial) * cells);
 	if (!st_policy_fits(pol, pol->trial))
 		return false;
 	if (!pol->c[i].explicit_homes)
 		*moved = st_split_improve(&pol->ops, pol->trial);
 	st_pools_compute(pol->sh, pol->trial, pol->k, p);
-	return st_fits(p, budget, -1);
+	return st_plan_fits(p, budget, -1);
 }
 
 /* --- recompute: the keeps a placement is sized with ------------------------- */
@@ -162,7 +162,7 @@ static bool st_policy_accept(struct st_policy *pol, int i, const uint64_t *budge
 /* The keeps the placement search and the minimums are made with: every
  * unit that can keep for NONE, none for ALL and AUTO (AUTO keeps only
  * what is left over after everything else). */
-void st_recomp_base(const struct st_plan_input *in, const struct st_shape *sh)
+void st_plan_recomp_base(const struct st_plan_input *in, const struct st_shape *sh)
 {
 	for (int u = 0; u < sh->units; u++)
 		sh->keep[u] = in->recompute == ST_RECOMPUTE_NONE && sh->saved[u] > 0;
@@ -174,7 +174,7 @@ void st_recomp_base(const struct st_plan_input *in, const struct st_shape *sh)
  * back or overlapped a recompute; the blocks are of one size, so which
  * ones keep changes nothing else. Every unit is tried: the last one to
  * keep also shrinks the workspace to a kept unit's scratch. */
-void st_recomp_auto(const struct st_shape *sh, const enum st_home *homes, int k,
+void st_plan_recomp_auto(const struct st_shape *sh, const enum st_home *homes, int k,
 		    const uint64_t *budget)
 {
 	struct st_pools p;
@@ -184,7 +184,7 @@ void st_recomp_auto(const struct st_shape *sh, const enum st_home *homes, int k,
 			continue;
 		sh->keep[u] = true;
 		st_pools_compute(sh, homes, k, &p);
-		if (!st_fits(&p, budget, -1))
+		if (!st_plan_fits(&p, budget, -1))
 			sh->keep[u] = false;
 	}
 }
@@ -200,7 +200,7 @@ int st_policy_depth(const struct st_policy *pol, const enum st_home *homes,
 	if (pol->in->prefetch == 0)
 		for (k = pol->sh->units; k > 1; k--) {
 			st_pools_compute(pol->sh, homes, k, &pools);
-			if (st_fits(&pools, budget, -1))
+			if (st_plan_fits(&pools, budget, -1))
 				break;
 		}
 	return k;
@@ -228,11 +228,11 @@ int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home
 		if (!st_policy_accept(pol, i, budget, &moved, &p))
 			continue;
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
-			st_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
+			st_plan_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
 				       budget);
 		sum = st_policy_cost(pol, pol->trial, &step, NULL);
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
-			st_recomp_base(pol->in, pol->sh);
+			st_plan_recomp_base(pol->in, pol->sh);
 		if (chosen < 0 || st_split_better(step, sum, best_step, best_sum)) {
 			chosen = i;
 			best_step = step;
@@ -250,7 +250,7 @@ int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home
  * when st_policy_accept() says so; on nvme it needs what its improved
  * homes take (the split, held to vram and host only, does not depend on
  * the nvme budget). */
-uint64_t st_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
+uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
 {
 	uint64_t best = ST_PLAN_UNLIMITED, b[ST_HOME_COUNT];
 	struct st_pools p;
@@ -266,7 +266,7 @@ uint64_t st_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
 				best = ST_MIN(best, p.total[t]);
 			continue;
 		}
-		st_pools_compute(pol->sh, st_cand_homes(pol->sh, pol->c[i]), pol->k, &p);
+		st_pools_compute(pol->sh, st_plan_cand_homes(pol->sh, pol->c[i]), pol->k, &p);
 		b[t] = lo = p.total[t];
 		if (st_policy_accept(pol, i, b, &moved, &p)) {
 			best = ST_MIN(best, lo);
@@ -310,7 +310,7 @@ static int st_refuse(int t, uint64_t budget, uint64_t need, const char *why)
 }
 
 /* No placement fits: name one tier whose budget must grow, and by how much. */
-int st_explain(struct st_policy *pol, const uint64_t *budget)
+int st_plan_explain(struct st_policy *pol, const uint64_t *budget)
 {
 	const struct st_shape *sh = pol->sh;
 	const struct st_cand *c = pol->c;
@@ -329,7 +329,7 @@ int st_explain(struct st_policy *pol, const uint64_t *budget)
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		double ratio;
 
-		need = st_cond_min(pol, budget, t);
+		need = st_plan_cond_min(pol, budget, t);
 		if (need == ST_PLAN_UNLIMITED)
 			continue;
 		ratio = budget[t] ? (double)need / (double)budget[t] : INFINITY;
@@ -345,7 +345,7 @@ int st_explain(struct st_policy *pol, const uint64_t *budget)
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		need = ST_PLAN_UNLIMITED;
 		for (int i = 0; i < n; i++) {
-			st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
+			st_pools_compute(sh, st_plan_cand_homes(sh, c[i]), k, &p);
 			need = ST_MIN(need, p.total[t]);
 		}
 		if (need > budget[t])
@@ -357,7 +357,7 @@ int st_explain(struct st_policy *pol, const uint64_t *budget)
 	for (int i = 0; i < n; i++) {
 		int fail = 0;
 
-		st_pools_compute(sh, st_cand_homes(sh, c[i]), k, &p);
+		st_pools_compute(sh, st_plan_cand_homes(sh, c[i]), k, &p);
 		for (int t = 0; t < ST_HOME_COUNT; t++)
 			fail += p.total[t] > budget[t];
 		if (fail < best_fail) {
@@ -365,7 +365,7 @@ int st_explain(struct st_policy *pol, const uint64_t *budget)
 			best_i = i;
 		}
 	}
-	st_pools_compute(sh, st_cand_homes(sh, c[best_i]), k, &p);
+	st_pools_compute(sh, st_plan_cand_homes(sh, c[best_i]), k, &p);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		if (p.total[t] > budget[t])
 			return st_refuse(t, budget[t], p.total[t],

@@ -31,7 +31,7 @@ const char *st_recompute_name(enum st_recompute r)
 	return (unsigned)r <= ST_RECOMPUTE_NONE ? names[r] : "?";
 }
 
-uint64_t st_pg(uint64_t bytes)
+uint64_t st_plan_page_bytes(uint64_t bytes)
 {
 	return st_align_up(bytes, ST_PAGE_BYTES);
 }
@@ -81,7 +81,7 @@ static void st_pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
 	*x = (struct st_plan_pool){ .id = id, .name = st_pool_kinds[id].name,
 				    .tier = st_pool_kinds[id].tier, .bytes = bytes,
 				    .count = count, .unit = unit };
-	p->total[x->tier] += st_pg(bytes) * count;
+	p->total[x->tier] += st_plan_page_bytes(bytes) * count;
 }
 
 static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st_state s0,
@@ -100,14 +100,14 @@ static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st
  * last A stay there from the forward to the backward, checkpoints
  * 1..U-1-A go to their host home after the forward and come back into
  * their slot before the backward. */
-int st_act_slots(const struct st_shape *sh)
+int st_plan_act_slots(const struct st_shape *sh)
 {
 	return ST_MIN(sh->units - 1, ST_PLAN_ACT_SLOTS);
 }
 
-int st_act_offloaded(const struct st_shape *sh, enum st_home a)
+int st_plan_act_offloaded(const struct st_shape *sh, enum st_home a)
 {
-	return a == ST_HOME_HOST ? sh->units - 1 - st_act_slots(sh) : 0;
+	return a == ST_HOME_HOST ? sh->units - 1 - st_plan_act_slots(sh) : 0;
 }
 
 /* The checkpoint pools of the candidate's home (*sh->act_home). */
@@ -121,8 +121,8 @@ static void st_act_pools(const struct st_shape *sh, struct st_pools *p)
 		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
 		return;
 	}
-	st_pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_act_slots(sh), -1);
-	st_pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_act_offloaded(sh, ST_HOME_HOST), -1);
+	st_pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_plan_act_slots(sh), -1);
+	st_pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_plan_act_offloaded(sh, ST_HOME_HOST), -1);
 }
 
 /* --- recompute (st_recompute, docs/plan.md) ----------------------------------- */
@@ -275,7 +275,7 @@ uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_
 
 	for (int i = 0; i < p->n; i++)
 		if (p->list[i].id >= a && p->list[i].id <= b)
-			n += st_pg(p->list[i].bytes) * p->list[i].count;
+			n += st_plan_page_bytes(p->list[i].bytes) * p->list[i].count;
 	return n;
 }
 
@@ -288,7 +288,7 @@ const struct st_plan_pool *st_pools_find(const struct st_pools *p, enum st_pool_
 }
 
 /* The homes of a uniform placement. */
-const enum st_home *st_cand_homes(const struct st_shape *sh, struct st_cand c)
+const enum st_home *st_plan_cand_homes(const struct st_shape *sh, struct st_cand c)
 {
 	*sh->act_home = c.a;
 	if (c.explicit_homes)
@@ -299,7 +299,7 @@ const enum st_home *st_cand_homes(const struct st_shape *sh, struct st_cand c)
 	return sh->homes;
 }
 
-bool st_fits(const struct st_pools *p, const uint64_t *budget, int skip)
+bool st_plan_fits(const struct st_pools *p, const uint64_t *budget, int skip)
 {
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		if (t != skip && p->total[t] > budget[t])
@@ -422,7 +422,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 		return st_error_set(-EINVAL, "plan: %d resident units (at most %d)",
 				    sh->n_resident, ST_PLAN_MAX_RESIDENT);
 	}
-	sh->act_bytes = st_pg((uint64_t)(sh->units - 1) * sh->x_bytes);
+	sh->act_bytes = st_plan_page_bytes((uint64_t)(sh->units - 1) * sh->x_bytes);
 	sh->bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
 	sh->act_home = calloc(1, sizeof(*sh->act_home));
 	sh->act_copy = calloc((size_t)sh->units, sizeof(*sh->act_copy));

@@ -20,7 +20,7 @@
 /* CPU AdamW bytes per parameter: read G, P, M, V, write P, M, V and W. */
 #define ST_PLAN_ADAM_BYTES_PER_PARAM 30.0
 
-int st_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
+int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 {
 	static const double defaults[ST_RATE_COUNT] = {
 		ST_PLAN_COMPUTE_FLOPS, ST_PLAN_COPY_BPS, ST_PLAN_NVME_READ_BPS,
@@ -257,7 +257,7 @@ static void st_predict_times(const struct st_plan_input *in, const struct st_sha
 	st_predict_phases(in, sh, t, p);
 }
 
-void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
+void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		const enum st_home *homes, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum;
@@ -328,7 +328,7 @@ void st_predict(const struct st_plan_input *in, const struct st_shape *sh,
  * ST_PLAN_ACCUM_MAX with the same placement and k (as long as its pools
  * still fit), the first N where compute bounds it, and the N that
  * --grad-accum auto takes. */
-void st_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
+void st_plan_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
 		     const enum st_home *homes, int k, const uint64_t *budget,
 		     struct st_plan *p)
 {
@@ -347,9 +347,9 @@ void st_predict_hide(const struct st_plan_input *in, const struct st_shape *sh,
 
 		s2.accum = n;
 		st_pools_compute(&s2, homes, k, &pools);
-		if (!st_fits(&pools, budget, -1))
+		if (!st_plan_fits(&pools, budget, -1))
 			break;
-		st_predict(in, &s2, homes, &q);
+		st_plan_predict(in, &s2, homes, &q);
 		n_max = n;
 		step[n] = q.t_step_s;
 		tps[n] = (double)in->batch * in->seq * n / q.t_step_s;

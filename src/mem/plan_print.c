@@ -4,13 +4,13 @@
 
 #include <string.h>
 
-const char *st_fb(uint64_t bytes, char *buf)
+const char *st_plan_fmt_bytes(uint64_t bytes, char *buf)
 {
 	return st_format_bytes(bytes, buf, 32);
 }
 
 /* Units and bytes of state s in tier h. */
-void st_count(const struct st_plan *p, enum st_state s, enum st_home h,
+void st_plan_count(const struct st_plan *p, enum st_state s, enum st_home h,
 	      int *units, uint64_t *bytes)
 {
 	*units = 0;
@@ -23,7 +23,7 @@ void st_count(const struct st_plan *p, enum st_state s, enum st_home h,
 }
 
 /* The units of state s in tier h as ranges ("0-19, 22"), or "" for none. */
-void st_unit_ranges(const struct st_plan *p, enum st_state s, enum st_home h, char *buf,
+void st_plan_unit_ranges(const struct st_plan *p, enum st_state s, enum st_home h, char *buf,
 		    size_t n)
 {
 	size_t len = 0;
@@ -87,7 +87,7 @@ static void st_print_split(const struct st_plan *p, FILE *f)
 		}
 		fprintf(f, "    %-11s", names);
 		for (int h = 0; h < ST_HOME_COUNT; h++) {
-			st_unit_ranges(p, (enum st_state)s, (enum st_home)h, r, sizeof(r));
+			st_plan_unit_ranges(p, (enum st_state)s, (enum st_home)h, r, sizeof(r));
 			if (!r[0])
 				continue;
 			fprintf(f, "%s%s %s", first ? "" : "; ", st_home_name((enum st_home)h), r);
@@ -108,7 +108,7 @@ static const char *st_fmt_s(double s, char *buf, size_t n)
 	return buf;
 }
 
-const char *st_src(const struct st_plan *p, enum st_rate i)
+const char *st_plan_rate_source(const struct st_plan *p, enum st_rate i)
 {
 	return st_rate_source_name((enum st_rate_source)p->rates.source[i]);
 }
@@ -120,14 +120,14 @@ static void st_act_print(const struct st_plan *p, FILE *f)
 
 	if (p->act_home != ST_HOME_HOST) {
 		fprintf(f, "        checkpoints     %s (%d x %s; activations in vram)\n",
-			st_fb(p->act_bytes, a), p->units - 1, st_fb(p->act_each_bytes, b));
+			st_plan_fmt_bytes(p->act_bytes, a), p->units - 1, st_plan_fmt_bytes(p->act_each_bytes, b));
 		return;
 	}
 	fprintf(f, "        checkpoints     %s (%d slots of %s; activations on the host: "
 		"%d of %d go there and back, %s each way per micro-batch)\n",
-		st_fb(p->act_bytes, a), p->act_slots,
-		st_fb(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b), p->act_offloaded,
-		p->units - 1, st_fb(p->act_copy_bytes, c));
+		st_plan_fmt_bytes(p->act_bytes, a), p->act_slots,
+		st_plan_fmt_bytes(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b), p->act_offloaded,
+		p->units - 1, st_plan_fmt_bytes(p->act_copy_bytes, c));
 }
 
 /* The kept units as ranges ("9-12", "1,3-4"), or "none". */
@@ -159,8 +159,8 @@ static void st_recomp_print(const struct st_plan *p, FILE *f)
 	fprintf(f, "        saved forwards  ");
 	if (p->n_keep)
 		fprintf(f, "%s (%d x %s: units %s keep their forward; recompute %s)\n",
-			st_fb(st_pg(p->saved_each_bytes) * (uint64_t)p->n_keep, a), p->n_keep,
-			st_fb(p->saved_each_bytes, b), st_recomp_units(p, units, sizeof(units)),
+			st_plan_fmt_bytes(st_plan_page_bytes(p->saved_each_bytes) * (uint64_t)p->n_keep, a), p->n_keep,
+			st_plan_fmt_bytes(p->saved_each_bytes, b), st_recomp_units(p, units, sizeof(units)),
 			st_recompute_name(p->recompute));
 	else
 		fprintf(f, "none (recompute %s: every backward recomputes its forward)\n",
@@ -186,9 +186,9 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 			uint64_t bytes;
 			char cell[64];
 
-			st_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
+			st_plan_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
 			if (units)
-				snprintf(cell, sizeof(cell), "%d units %s", units, st_fb(bytes, a));
+				snprintf(cell, sizeof(cell), "%d units %s", units, st_plan_fmt_bytes(bytes, a));
 			else
 				snprintf(cell, sizeof(cell), "-");
 			fprintf(f, h + 1 < ST_HOME_COUNT ? " %-22s" : " %s", cell);
@@ -199,23 +199,23 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "\npools\n");
 	if (p->w_slots) {
 		fprintf(f, "  vram  W slots         %llu x %s", (unsigned long long)p->w_slots,
-			st_fb(p->w_slot_bytes, a));
+			st_plan_fmt_bytes(p->w_slot_bytes, a));
 		if (p->embed_slot)
-			fprintf(f, " + embedding %s", st_fb(p->embed_slot_bytes, b));
+			fprintf(f, " + embedding %s", st_plan_fmt_bytes(p->embed_slot_bytes, b));
 		fputc('\n', f);
 	} else {
 		fprintf(f, "  vram  W slots         none (W resident)\n");
 	}
 	st_act_print(p, f);
-	fprintf(f, "        scratch         %s (model workspace %s)\n", st_fb(p->scratch_bytes, a),
-		st_fb(p->work_bytes, b));
+	fprintf(f, "        scratch         %s (model workspace %s)\n",
+		st_plan_fmt_bytes(p->scratch_bytes, a), st_plan_fmt_bytes(p->work_bytes, b));
 	st_recomp_print(p, f);
-	fprintf(f, "  host  W staging       %s\n", st_fb(p->w_staging_bytes, a));
-	fprintf(f, "        grad landing    %s\n", st_fb(p->grad_landing_bytes, a));
-	fprintf(f, "        update staging  %s\n", st_fb(p->update_staging_bytes, a));
+	fprintf(f, "  host  W staging       %s\n", st_plan_fmt_bytes(p->w_staging_bytes, a));
+	fprintf(f, "        grad landing    %s\n", st_plan_fmt_bytes(p->grad_landing_bytes, a));
+	fprintf(f, "        update staging  %s\n", st_plan_fmt_bytes(p->update_staging_bytes, a));
 	if (p->act_home == ST_HOME_HOST)
-		fprintf(f, "        checkpoints     %s (%d x %s)\n", st_fb(p->act_host_bytes, a),
-			p->act_offloaded, st_fb(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b));
+		fprintf(f, "        checkpoints     %s (%d x %s)\n", st_plan_fmt_bytes(p->act_host_bytes, a),
+			p->act_offloaded, st_plan_fmt_bytes(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b));
 	fprintf(f, "\n  %-5s %-12s %-12s %-12s %s\n", "tier", "homes", "total", "budget",
 		"minimum (with the other budgets as given)");
 	for (int h = 0; h < ST_HOME_COUNT; h++) {
@@ -224,15 +224,15 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 			continue;
 		}
 		fprintf(f, "  %-5s %-12s %-12s %-12s %s%s\n", st_home_name((enum st_home)h),
-			st_fb(p->home_bytes[h], a), st_fb(p->total_bytes[h], b),
-			st_fb(p->budget_bytes[h], c), st_fb(p->min_bytes[h], d),
+			st_plan_fmt_bytes(p->home_bytes[h], a), st_plan_fmt_bytes(p->total_bytes[h], b),
+			st_plan_fmt_bytes(p->budget_bytes[h], c), st_plan_fmt_bytes(p->min_bytes[h], d),
 			h == ST_HOME_NVME && !in->nvme_mem_bytes ? "  (budget: what the plan needs)" : "");
 	}
 	fprintf(f, "\ntraffic per step\n");
-	fprintf(f, "  host -> vram  %s\n", st_fb(p->h2d_bytes, a));
-	fprintf(f, "  vram -> host  %s\n", st_fb(p->d2h_bytes, a));
-	fprintf(f, "  nvme -> host  %s\n", st_fb(p->nvme_read_bytes, a));
-	fprintf(f, "  host -> nvme  %s\n", st_fb(p->nvme_write_bytes, a));
+	fprintf(f, "  host -> vram  %s\n", st_plan_fmt_bytes(p->h2d_bytes, a));
+	fprintf(f, "  vram -> host  %s\n", st_plan_fmt_bytes(p->d2h_bytes, a));
+	fprintf(f, "  nvme -> host  %s\n", st_plan_fmt_bytes(p->nvme_read_bytes, a));
+	fprintf(f, "  host -> nvme  %s\n", st_plan_fmt_bytes(p->nvme_write_bytes, a));
 	if (p->world > 1) {
 		static const char *stage_says[] = {
 			"every rank holds every state", "P, M, V sharded",
@@ -246,23 +246,23 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 				fprintf(f, "    %-15s %6llu calls %s\n",
 					k == 0 ? "allreduce" : k == 1 ? "reduce_scatter" : k == 2 ? "allgather"
 					: k == 3 ? "alltoall" : "broadcast", (unsigned long long)p->comm_calls[k],
-					st_fb(p->comm_bytes[k], a));
+					st_plan_fmt_bytes(p->comm_bytes[k], a));
 	}
 	fprintf(f, "\ntime per step (predicted; the resources overlap)\n");
 	fprintf(f, "  compute  %-10s at %.1f GFLOP/s (%s; recomputing %.3g GFLOP of it)\n",
 		st_fmt_s(p->t_compute_s, a, 32), p->rates.compute_flops / 1e9,
-		st_src(p, ST_RATE_COMPUTE), p->recompute_flops / 1e9);
+		st_plan_rate_source(p, ST_RATE_COMPUTE), p->recompute_flops / 1e9);
 	fprintf(f, "  copy     %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_copy_s, a, 32),
-		p->rates.copy_bps / 1e9, st_src(p, ST_RATE_COPY));
+		p->rates.copy_bps / 1e9, st_plan_rate_source(p, ST_RATE_COPY));
 	fprintf(f, "  nvme     %-10s at %.2f / %.2f GB/s read / write (%s / %s)\n",
 		st_fmt_s(p->t_nvme_s, a, 32), p->rates.nvme_read_bps / 1e9,
-		p->rates.nvme_write_bps / 1e9, st_src(p, ST_RATE_NVME_READ),
-		st_src(p, ST_RATE_NVME_WRITE));
+		p->rates.nvme_write_bps / 1e9, st_plan_rate_source(p, ST_RATE_NVME_READ),
+		st_plan_rate_source(p, ST_RATE_NVME_WRITE));
 	fprintf(f, "  adam     %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_adam_s, a, 32),
-		p->rates.adam_bps / 1e9, st_src(p, ST_RATE_ADAM));
+		p->rates.adam_bps / 1e9, st_plan_rate_source(p, ST_RATE_ADAM));
 	if (p->world > 1)
 		fprintf(f, "  net      %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_net_s, a, 32),
-			p->rates.net_bps / 1e9, st_src(p, ST_RATE_NET));
+			p->rates.net_bps / 1e9, st_plan_rate_source(p, ST_RATE_NET));
 	{
 		char b2[32];
 
@@ -290,7 +290,7 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 			(double)in->batch * in->seq * p->hide_best_accum / p->hide_best_step_s);
 }
 
-const char *st_kind_name(enum st_unit_kind k)
+const char *st_plan_kind_name(enum st_unit_kind k)
 {
 	return k == ST_UNIT_EMBED ? "embed" : k == ST_UNIT_BLOCK ? "block" : "head";
 }
@@ -307,14 +307,14 @@ void st_plan_print_units(const struct st_plan *p, const struct st_plan_input *in
 	for (int u = 0; u < p->units; u++) {
 		const struct st_unit_layout *l = st_model_unit_layout(in->model, u);
 
-		fprintf(f, "  %-3d %-7s %-10llu", u, st_kind_name(l->kind),
+		fprintf(f, "  %-3d %-7s %-10llu", u, st_plan_kind_name(l->kind),
 			(unsigned long long)l->elems);
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
 			char cell[48];
 
 			snprintf(cell, sizeof(cell), "%s %s",
 				 st_home_name(st_plan_home(p, u, (enum st_state)s)),
-				 st_fb(p->state_bytes[u * ST_STATE_COUNT + s], a));
+				 st_plan_fmt_bytes(p->state_bytes[u * ST_STATE_COUNT + s], a));
 			fprintf(f, s + 1 < ST_STATE_COUNT ? " %-18s" : " %s", cell);
 		}
 		fputc('\n', f);
