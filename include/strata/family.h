@@ -100,17 +100,17 @@ struct st_family_ops {
 	/* Required. st_model_fwd(), the call checked: u, batch, workspace, the
 	 * ids of the batch the unit reads. */
 	int (*fwd)(const struct st_model *m, int u, const struct st_model_batch *batch,
-		   const float *params, const float *other, const float *x, float *y,
+		   const void *params, const void *other, const float *x, float *y,
 		   float *loss, void *work, size_t work_bytes);
 	/* Required. st_model_bwd(), checked likewise (loss_scale too). */
 	int (*bwd)(const struct st_model *m, int u, const struct st_model_batch *batch,
-		   const float *params, const float *other, const float *x, const float *dy,
+		   const void *params, const void *other, const float *x, const float *dy,
 		   float *dx, float *grad, float *other_grad, float *loss, void *work,
 		   size_t work_bytes);
 	/* Required. st_model_flops_per_token(). */
 	double (*flops_per_token)(const struct st_model *m, int T);
 	/* Optional. st_model_logits(), the workspace checked. */
-	int (*logits)(const struct st_model *m, const float *params, const float *other,
+	int (*logits)(const struct st_model *m, const void *params, const void *other,
 		      const float *x, float *logits, void *work, size_t work_bytes);
 
 	/* Optional. The tensors a Hugging Face file of this family may hold
@@ -133,14 +133,14 @@ struct st_family_ops {
 	/* Optional. st_model_fwd_save(), checked as fwd: saved NULL is fwd
 	 * (one workspace); else the unit's forward buffers are in saved. */
 	int (*fwd_save)(const struct st_model *m, int u, const struct st_model_batch *batch,
-			const float *params, const float *other, const float *x, float *y,
+			const void *params, const void *other, const float *x, float *y,
 			float *loss, void *saved, size_t saved_bytes, void *work,
 			size_t work_bytes);
 	/* Optional. st_model_bwd_saved(), checked as bwd: saved NULL is bwd;
 	 * else saved holds the unit's forward (fwd_save) and is not
 	 * recomputed. */
 	int (*bwd_saved)(const struct st_model *m, int u, const struct st_model_batch *batch,
-			 const float *params, const float *other, const float *x,
+			 const void *params, const void *other, const float *x,
 			 const float *dy, float *dx, float *grad, float *other_grad,
 			 float *loss, void *saved, size_t saved_bytes, void *work,
 			 size_t work_bytes);

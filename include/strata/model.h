@@ -197,10 +197,11 @@ void st_model_destroy(struct st_model *m);
  * queue waits for, before another queue or the host touches the results. */
 void st_model_set_compute(struct st_model *m, struct st_compute *c);
 /* The dtypes of the tensors fwd and bwd pass between ops (strata/op.h's
- * enum st_precision; ST_PRECISION_FP32 at create). Under BF16 the params
- * and other pointers fwd, bwd and logits take are the units' bf16 flat
- * buffers (W as it is stored, cast to const float *: never widened), the
- * activations between ops inside a unit are bf16, and x, y, dy, dx (the
+ * enum st_precision; ST_PRECISION_FP32 at create). The params and other
+ * pointers fwd, bwd and logits take (const void *) are the units' flat
+ * buffers in that dtype: fp32, or under BF16 the bf16 W as it is stored,
+ * never widened. Under BF16 the activations between ops inside a unit
+ * are bf16, and x, y, dy, dx (the
  * residual stream between units), grad and the loss stay fp32; the work
  * and saved sizes are those of the precision set. 0, or -ENOTSUP when the
  * family has no bf16 path. */
@@ -271,8 +272,8 @@ size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T);
  * (bad shapes, a token or target out of range, workspace too small), or
  * the compute's error. */
 int st_model_fwd(const struct st_model *m, int u,
-		 const struct st_model_batch *batch, const float *params,
-		 const float *other, const float *x, float *y, float *loss,
+		 const struct st_model_batch *batch, const void *params,
+		 const void *other, const float *x, float *y, float *loss,
 		 void *work, size_t work_bytes);
 
 /* Backward of unit u: recomputes the unit's forward from x (its saved
@@ -286,8 +287,8 @@ int st_model_fwd(const struct st_model *m, int u,
  * params/other as in st_model_fwd. Returns 0, -EINVAL or the compute's
  * error. */
 int st_model_bwd(const struct st_model *m, int u,
-		 const struct st_model_batch *batch, const float *params,
-		 const float *other, const float *x, const float *dy, float *dx,
+		 const struct st_model_batch *batch, const void *params,
+		 const void *other, const float *x, const float *dy, float *dx,
 		 float *grad, float *other_grad, float *loss, void *work,
 		 size_t work_bytes);
 
@@ -305,7 +306,7 @@ size_t st_model_saved_bytes(const struct st_model *m, int u, int B, int T,
  * st_model_bwd_saved(); work then needs only the scratch bytes. saved NULL,
  * or a unit that keeps nothing: st_model_fwd() (saved unused). */
 int st_model_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
-		      const float *params, const float *other, const float *x, float *y,
+		      const void *params, const void *other, const float *x, float *y,
 		      float *loss, void *saved, size_t saved_bytes, void *work,
 		      size_t work_bytes);
 
@@ -315,7 +316,7 @@ int st_model_fwd_save(const struct st_model *m, int u, const struct st_model_bat
  * st_model_bwd()'s. saved's content is consumed (the backward reuses it as
  * scratch). saved NULL, or a unit that keeps nothing: st_model_bwd(). */
 int st_model_bwd_saved(const struct st_model *m, int u, const struct st_model_batch *batch,
-		       const float *params, const float *other, const float *x,
+		       const void *params, const void *other, const float *x,
 		       const float *dy, float *dx, float *grad, float *other_grad,
 		       float *loss, void *saved, size_t saved_bytes, void *work,
 		       size_t work_bytes);
@@ -327,7 +328,7 @@ int st_model_bwd_saved(const struct st_model *m, int u, const struct st_model_ba
  * (the logits are there when it returns). Returns 0, -EINVAL (workspace too
  * small), -ENOTSUP for a family that does not generate, or the compute's
  * error. */
-int st_model_logits(const struct st_model *m, const float *params, const float *other,
+int st_model_logits(const struct st_model *m, const void *params, const void *other,
 		    const float *x, float *logits, void *work, size_t work_bytes);
 
 /* Model FLOPs per token of one training step (fwd + bwd, recompute not

@@ -213,21 +213,21 @@ size_t st_unit_saved_bytes(const struct st_model *m, int u, int B, int T,
 /* Every unit's output is (B,T,C) fp32. */
 size_t st_unit_act_bytes(const struct st_model *m, int u, int B, int T);
 int st_unit_fwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-		const float *params, const float *other, const float *x, float *y, float *loss,
+		const void *params, const void *other, const float *x, float *y, float *loss,
 		void *work, size_t work_bytes);
 int st_unit_bwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-		const float *params, const float *other, const float *x, const float *dy,
+		const void *params, const void *other, const float *x, const float *dy,
 		float *dx, float *grad, float *other_grad, float *loss, void *work,
 		size_t work_bytes);
 int st_unit_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
-		     const float *params, const float *other, const float *x, float *y,
+		     const void *params, const void *other, const float *x, float *y,
 		     float *loss, void *saved, size_t saved_bytes, void *work,
 		     size_t work_bytes);
 int st_unit_bwd_saved(const struct st_model *m, int u, const struct st_model_batch *batch,
-		      const float *params, const float *other, const float *x, const float *dy,
+		      const void *params, const void *other, const float *x, const float *dy,
 		      float *dx, float *grad, float *other_grad, float *loss, void *saved,
 		      size_t saved_bytes, void *work, size_t work_bytes);
-int st_unit_logits(const struct st_model *m, const float *params, const float *other,
+int st_unit_logits(const struct st_model *m, const void *params, const void *other,
 		   const float *x, float *logits, void *work, size_t work_bytes);
 
 #endif

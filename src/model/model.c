@@ -313,8 +313,8 @@ static int st_call_check(const struct st_model *m, int u,
 }
 
 int st_model_fwd(const struct st_model *m, int u,
-		 const struct st_model_batch *batch, const float *params,
-		 const float *other, const float *x, float *y, float *loss,
+		 const struct st_model_batch *batch, const void *params,
+		 const void *other, const float *x, float *y, float *loss,
 		 void *work, size_t work_bytes)
 {
 	int err = st_call_check(m, u, batch, work_bytes, false, false, 0);
@@ -326,8 +326,8 @@ int st_model_fwd(const struct st_model *m, int u,
 }
 
 int st_model_bwd(const struct st_model *m, int u,
-		 const struct st_model_batch *batch, const float *params,
-		 const float *other, const float *x, const float *dy, float *dx,
+		 const struct st_model_batch *batch, const void *params,
+		 const void *other, const float *x, const float *dy, float *dx,
 		 float *grad, float *other_grad, float *loss, void *work,
 		 size_t work_bytes)
 {
@@ -365,7 +365,7 @@ size_t st_model_saved_bytes(const struct st_model *m, int u, int B, int T,
 }
 
 int st_model_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
-		      const float *params, const float *other, const float *x, float *y,
+		      const void *params, const void *other, const float *x, float *y,
 		      float *loss, void *saved, size_t saved_bytes, void *work,
 		      size_t work_bytes)
 {
@@ -381,7 +381,7 @@ int st_model_fwd_save(const struct st_model *m, int u, const struct st_model_bat
 }
 
 int st_model_bwd_saved(const struct st_model *m, int u, const struct st_model_batch *batch,
-		       const float *params, const float *other, const float *x,
+		       const void *params, const void *other, const float *x,
 		       const float *dy, float *dx, float *grad, float *other_grad,
 		       float *loss, void *saved, size_t saved_bytes, void *work,
 		       size_t work_bytes)
@@ -398,7 +398,7 @@ int st_model_bwd_saved(const struct st_model *m, int u, const struct st_model_ba
 				    loss, saved, saved_bytes, work, work_bytes);
 }
 
-int st_model_logits(const struct st_model *m, const float *params, const float *other,
+int st_model_logits(const struct st_model *m, const void *params, const void *other,
 		    const float *x, float *logits, void *work, size_t work_bytes)
 {
 	int H = m->n_units - 1;

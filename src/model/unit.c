@@ -58,7 +58,7 @@ size_t st_unit_act_bytes(const struct st_model *m, int u, int B, int T)
 /* saved NULL: one workspace (the backward recomputes); else a block's
  * forward buffers are carved from saved and its scratch from work. */
 int st_unit_fwd_save(const struct st_model *m, int u, const struct st_model_batch *batch,
-		     const float *params, const float *other, const float *x, float *y,
+		     const void *params, const void *other, const float *x, float *y,
 		     float *loss, void *saved, size_t saved_bytes, void *work,
 		     size_t work_bytes)
 {
@@ -88,7 +88,7 @@ int st_unit_fwd_save(const struct st_model *m, int u, const struct st_model_batc
 }
 
 int st_unit_bwd_saved(const struct st_model *m, int u, const struct st_model_batch *batch,
-		      const float *params, const float *other, const float *x, const float *dy,
+		      const void *params, const void *other, const float *x, const float *dy,
 		      float *dx, float *grad, float *other_grad, float *loss, void *saved,
 		      size_t saved_bytes, void *work, size_t work_bytes)
 {
@@ -119,7 +119,7 @@ int st_unit_bwd_saved(const struct st_model *m, int u, const struct st_model_bat
 }
 
 int st_unit_fwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-		const float *params, const float *other, const float *x, float *y, float *loss,
+		const void *params, const void *other, const float *x, float *y, float *loss,
 		void *work, size_t work_bytes)
 {
 	return st_unit_fwd_save(m, u, batch, params, other, x, y, loss, NULL, 0, work,
@@ -127,7 +127,7 @@ int st_unit_fwd(const struct st_model *m, int u, const struct st_model_batch *ba
 }
 
 int st_unit_bwd(const struct st_model *m, int u, const struct st_model_batch *batch,
-		const float *params, const float *other, const float *x, const float *dy,
+		const void *params, const void *other, const float *x, const float *dy,
 		float *dx, float *grad, float *other_grad, float *loss, void *work,
 		size_t work_bytes)
 {
@@ -137,7 +137,7 @@ int st_unit_bwd(const struct st_model *m, int u, const struct st_model_batch *ba
 
 /* One position's logits: norm(x) @ W^T through the head's workspace at
  * B = T = 1. */
-int st_unit_logits(const struct st_model *m, const float *params, const float *other,
+int st_unit_logits(const struct st_model *m, const void *params, const void *other,
 		   const float *x, float *logits, void *work, size_t work_bytes)
 {
 	struct st_head h = body_of(m)->head(m, params, other, NULL, NULL);

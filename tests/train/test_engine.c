@@ -523,21 +523,21 @@ static int untied_init(const struct st_model *m, int u, uint64_t seed, float *pa
 }
 
 static int untied_fwd(const struct st_model *m, int u, const struct st_model_batch *b,
-		      const float *params, const float *other, const float *x, float *y,
+		      const void *params, const void *other, const float *x, float *y,
 		      float *loss, void *work, size_t work_bytes)
 {
 	if (u == st_model_unit_count(m) - 1)
-		other = params + lm_head_off(m); /* GPT-2's head reads "wte" at offset 0 */
+		other = (const float *)params + lm_head_off(m); /* GPT-2's head reads "wte" at offset 0 */
 	return gpt2->fwd(m, u, b, params, other, x, y, loss, work, work_bytes);
 }
 
 static int untied_bwd(const struct st_model *m, int u, const struct st_model_batch *b,
-		      const float *params, const float *other, const float *x, const float *dy,
+		      const void *params, const void *other, const float *x, const float *dy,
 		      float *dx, float *grad, float *other_grad, float *loss, void *work,
 		      size_t work_bytes)
 {
 	if (u == st_model_unit_count(m) - 1) {
-		other = params + lm_head_off(m);
+		other = (const float *)params + lm_head_off(m);
 		other_grad = grad + lm_head_off(m);
 	}
 	return gpt2->bwd(m, u, b, params, other, x, dy, dx, grad, other_grad, loss, work,
