@@ -11,7 +11,7 @@
 // (NaN, or -1 as an int) before each block; every output the kernels
 // overwrite starts as NaN, so an element they miss shows up as non-finite.
 // Grids and blocks come from the .cuh, as ops.cu takes them; the column sum
-// runs its two passes as ops.cu's colsum() does.
+// runs its two passes as ops.cu's st_cuda_colsum() does.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -210,7 +210,7 @@ static void check_elementwise(size_t n)
 	}
 }
 
-// ops.cu's colsum(), launched the same way; the partial sums start as NaN.
+// ops.cu's st_cuda_colsum(), launched the same way; the partial sums start as NaN.
 static void emu_colsum(float *out1, float *out2, const float *g, const float *inp,
 		       const float *mean, const float *rstd, int N, int C)
 {

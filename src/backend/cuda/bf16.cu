@@ -1,5 +1,5 @@
 /* The cuda bf16 ops (strata/cuda_bf16.h): the host side. Row-major X (r,c)
- * is column-major X^T (c,r), so the matmuls map as ops.cu's fp32 ones do:
+ * is column-major X^T (c,r), so the matmuls map as matmul.cu's fp32 ones do:
  *   fwd   out^T (OC,N) = W^T (OC,IC) @ inp^T (IC,N), the bias along D's rows
  *   dinp  dinp^T (IC,N) += W (IC,OC) @ dout^T (OC,N)  (A = W transposed)
  *   dW    dW^T (OC,IC) += dout^T (OC,N) @ inp (N,IC)   (B = inp transposed)

@@ -9,10 +9,10 @@
 struct st_cuda_ctx;
 
 /* The stream every op of ctx is queued on. Defined next to struct
- * st_cuda_ctx (ops.cu); borrowed, valid until st_cuda_ctx_destroy(). */
+ * st_cuda_ctx (context.cu); borrowed, valid until st_cuda_ctx_destroy(). */
 cudaStream_t st_cuda_ctx_stream(struct st_cuda_ctx *ctx);
 
-/* ops.cu's: select ctx's device (every op starts here); 0 or -errno. */
+/* context.cu's: select ctx's device (every op starts here); 0 or -errno. */
 int st_cuda_ctx_enter(struct st_cuda_ctx *ctx);
 /* Column-major D (m,n) = op(A) @ op(B) + beta * D through cuBLASLt with
  * fp32 accumulation (CUBLAS_COMPUTE_32F): A and B bf16 (ab_bf16) or fp32,
