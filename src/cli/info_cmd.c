@@ -17,7 +17,7 @@
 #include "strata/tokenizer.h"
 #include "strata/weights.h"
 #ifdef ST_HAVE_CUDA
-#include "strata/cuda_ops.h"
+#include "strata/cuda.h"
 #endif
 
 #include <cblas.h>

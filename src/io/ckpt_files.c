@@ -2,7 +2,7 @@
  * the directory protocol (temp dir, fsync, rename, latest link, pruning). */
 #include "strata/ckpt.h"
 
-#include "io/sf_internal.h"
+#include "sf_internal.h"
 #include "strata/file.h"
 
 #include <dirent.h>

@@ -1,4 +1,4 @@
-// The cuda ops' kernels (src/backend/cuda/ops_kernels.cuh, the very code nvcc
+// The cuda ops' kernels (src/backend/kernels/cuda/ops_kernels.cuh, the very code nvcc
 // compiles for ops.cu) run on the cpu and held to the cpu kernels
 // (strata/kernels.h): casts bit for bit, the rest to a relative error of
 // 1e-5. Everything but the cuBLASLt matmuls; the column sums behind the
@@ -28,7 +28,7 @@ extern "C" {
 
 #define __shared__ EMU_STATIC_SHARED
 
-#include "backend/cuda/ops_kernels.cuh"
+#include "ops_kernels.cuh"
 
 /* ---- checking ---------------------------------------------------------- */
 

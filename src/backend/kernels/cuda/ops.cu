@@ -1,9 +1,9 @@
-/* strata: the cuda device's ops (strata/cuda_ops.h) that are kernels of
+/* strata: the cuda device's ops (cuda_ops.h) that are kernels of
  * ops_kernels.cuh: casts, layernorm and rmsnorm (also fused with the
  * residual), gelu, residual, swiglu, rope, the embeddings and the
  * cross-entropy; and the column sums the matmuls' bias gradients take
  * too. The matmuls are matmul.cu's, attention is attention.cu's. The cpu
- * kernels (src/backend/cpu/kernels.c) are the reference for every op's
+ * kernels (src/backend/kernels/cpu/kernels.c) are the reference for every op's
  * semantics. Every CUDA status is checked and turned into -errno; the
  * native message is kept in st_error_last().
  *
@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 }
 #include "context.cuh"
 

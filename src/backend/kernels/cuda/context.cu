@@ -1,4 +1,4 @@
-/* strata: the cuda context (strata/cuda_ops.h): a stream, cuBLASLt's handle
+/* strata: the cuda context (cuda_ops.h): a stream, cuBLASLt's handle
  * and workspace (matmul.cu makes them), scratch for the two-pass
  * reductions (ops.cu) and the timers' anchor; the GPU's facts for `strata
  * info`; device memory for tests and tools; timers on the stream. Every
@@ -16,7 +16,7 @@
 #include <string.h>
 
 extern "C" {
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 #include "strata/device.h"
 }
 #include "context.cuh"
@@ -318,3 +318,18 @@ int st_cuda_memcpy_async(struct st_cuda_ctx *ctx, void *dst, const void *src, si
 }
 
 } /* extern "C" */
+
+/* ---- order with the cuda device's queues (the events of strata/device.h) ---- */
+
+extern "C" int st_cuda_ctx_record(struct st_cuda_ctx *ctx, struct st_event *e)
+{
+	CU_CHECK(cudaEventRecord(st_cuda_event_of(e), st_cuda_ctx_stream(ctx)), "cudaEventRecord(compute)");
+	return 0;
+}
+
+extern "C" int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e)
+{
+	CU_CHECK(cudaStreamWaitEvent(st_cuda_ctx_stream(ctx), st_cuda_event_of(e), 0),
+		 "cudaStreamWaitEvent(compute)");
+	return 0;
+}

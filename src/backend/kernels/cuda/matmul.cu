@@ -1,4 +1,4 @@
-/* strata: the cuda device's matmuls (strata/cuda_ops.h) through cuBLASLt,
+/* strata: the cuda device's matmuls (cuda_ops.h) through cuBLASLt,
  * which is loaded on first use, and each context's cuBLASLt handle and
  * workspace (st_cuda_lt_open(), context.cuh). Every cuBLAS status is
  * checked and turned into -errno; the native message is kept in
@@ -18,7 +18,7 @@
 #include <string.h>
 
 extern "C" {
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 }
 #include "context.cuh"
 
