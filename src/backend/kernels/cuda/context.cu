@@ -1,7 +1,8 @@
 /* strata: the cuda context (cuda_ops.h): a stream, cuBLASLt's handle
  * and workspace (matmul.cu makes them), scratch for the two-pass
  * reductions (ops.cu) and the timers' anchor; the GPU's facts for `strata
- * info`; device memory for tests and tools; timers on the stream. Every
+ * info`; device memory for tests and tools; timers on the stream; the
+ * order between the stream and the cuda device's queues. Every
  * CUDA status is checked and turned into -errno; the native message is
  * kept in st_error_last().
  *
