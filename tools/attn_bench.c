@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "bench_stats.h"
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 
 struct shape {
 	const char *name;

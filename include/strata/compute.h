@@ -10,9 +10,9 @@
  *           thread of the cpu device (st_compute_create), or run on the
  *           calling thread (st_compute_cpu()); device pointers are host
  *           pointers. The numbers are the cpu kernels' bit for bit.
- *           (src/backend/cpu/compute_cpu.c)
- *   cuda  - strata/cuda_ops.h on a stream of its own; ops only queue work.
- *           (src/backend/cuda/compute_cuda.c)
+ *           (src/backend/compute/compute_cpu.c)
+ *   cuda  - the cuda ops (src/backend/kernels/cuda/cuda_ops.h) on a stream of its own; ops only queue work.
+ *           (src/backend/compute/compute_cuda.c)
  * Both run every op in fp32, and matmul_fwd with bf16 inp and weight too
  * (st_compute_supports()).
  *
@@ -99,7 +99,7 @@ struct st_compute_ops {
 };
 
 /* An instance: the table, the sticky error and the implementation's own
- * state. Only src/backend/compute.c and the implementations touch the
+ * state. Only src/backend/compute/compute.c and the implementations touch the
  * fields. */
 struct st_compute {
 	const struct st_compute_ops *ops;

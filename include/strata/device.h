@@ -139,7 +139,7 @@ bool st_device_can_pin(const struct st_device *d);
 /* NUMA node nearest the device, or -1 when unknown. */
 int st_device_numa_node(struct st_device *d);
 
-/* hwloc (src/backend/numa.c): the NUMA nodes of this machine, those a
+/* hwloc (src/backend/device/numa.c): the NUMA nodes of this machine, those a
  * cgroup or cpuset keeps from this process included (1 when hwloc cannot
  * tell), the node nearest the PCI device "dddd:bb:dd.f" and the node
  * of the CPUs this thread may run on (each -1 when unknown or, for the

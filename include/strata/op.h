@@ -6,8 +6,8 @@
  *
  * Adding an op: one line in ST_OP_LIST below (its tensors in the kernel's
  * argument order and their reference dtypes), one cpu kernel and its row
- * in src/backend/cpu/compute_cpu.c's table, one cuda kernel and its case in
- * src/backend/cuda/compute_cuda.c's switch, and one row in the shared op
+ * in src/backend/compute/compute_cpu.c's table, one cuda kernel and its case in
+ * src/backend/compute/compute_cuda.c's switch, and one row in the shared op
  * cases (tests/compute_cases.h), which holds the queued cpu compute to the
  * direct one bit for bit and the cuda compute to the cpu one (docs/model.md,
  * "The op seam"). A typed st_compute_<op>() convenience is optional.
@@ -176,7 +176,7 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *
  * Dtypes other than the reference: a compute says which it runs through
  * supports(). The cpu compute runs every op whose fp32 slots are given in
- * any mix of fp32 and bf16 (strata/kernels_bf16.h: bf16 operands widened
+ * any mix of fp32 and bf16 (src/backend/compute/kernels_bf16.h: bf16 operands widened
  * exactly, the fp32 kernel, bf16 outputs rounded to nearest even); the
  * model's bf16 path says which records it makes (docs/model.md). */
 #define ST_OP_LIST(X)                                   \

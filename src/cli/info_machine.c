@@ -9,7 +9,7 @@
 #include "strata/optim.h"
 #include "strata/tier.h"
 #ifdef ST_HAVE_CUDA
-#include "strata/cuda_ops.h"
+#include "strata/cuda.h"
 #endif
 
 #include <cblas.h>

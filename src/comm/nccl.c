@@ -44,7 +44,7 @@
 #endif
 
 /* libnccl is loaded on first use (nccl_load()), not linked, as cuBLASLt
- * is (src/backend/cuda/ops.cu): it is 200 MB, every strata program would
+ * is (src/backend/kernels/cuda/matmul.cu): it is 200 MB, every strata program would
  * map it and every bundle of a build's libraries (tools/gpu-check) would
  * carry it, while only a cuda run with this backend needs it. */
 #define NCCL_FUNCS(X)                                                                   \

@@ -4,7 +4,7 @@
  * what --resume takes. */
 #include "strata/ckpt.h"
 
-#include "io/ckpt_internal.h"
+#include "ckpt_internal.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -4,8 +4,8 @@
  * fsync, rename, latest link, pruning) in ckpt_dir.c. */
 #include "strata/ckpt.h"
 
-#include "io/ckpt_internal.h"
-#include "io/sf_internal.h"
+#include "ckpt_internal.h"
+#include "sf_internal.h"
 #include "strata/file.h"
 
 #include <errno.h>

@@ -3,7 +3,7 @@
  * files back through its index, checked against every shard's header. */
 #include "strata/ckpt.h"
 
-#include "io/sf_internal.h"
+#include "sf_internal.h"
 #include "strata/file.h"
 
 #include <errno.h>

@@ -3,8 +3,8 @@
  * a checkpoint's verification against it. */
 #include "strata/ckpt.h"
 
-#include "io/ckpt_internal.h"
-#include "io/sf_internal.h"
+#include "ckpt_internal.h"
+#include "sf_internal.h"
 #include "strata/file.h"
 
 #include <errno.h>

@@ -3,7 +3,7 @@
  * checkpoint is input like any other (tests/fuzz feeds this file garbage). */
 #include "strata/safetensors.h"
 
-#include "io/sf_internal.h"
+#include "sf_internal.h"
 #include "strata/file.h"
 
 #include <errno.h>

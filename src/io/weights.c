@@ -1,7 +1,7 @@
 /* A model's weights from a strata checkpoint, a Hugging Face directory or
  * file, or an llm.c model file (strata/weights.h). */
 #include "strata/weights.h"
-#include "io/sf_internal.h"
+#include "sf_internal.h"
 #include "strata/ckpt.h"
 #include "strata/family.h"
 #include "strata/file.h"

@@ -1,7 +1,7 @@
 /* The AVX2 + FMA + F16C kernel, 8 lanes. Compiled with a per-function target
  * so the same binary runs anywhere; it is only called when cpuid says the
  * CPU has these features, and it never uses an AVX-512 instruction. */
-#include "optim/optim_internal.h"
+#include "optim_internal.h"
 
 #include "strata/common.h"
 

@@ -2,7 +2,7 @@
  * (adam_avx512_body.h): with VCVTNEPS2BF16 for CPUs that have AVX512_BF16,
  * and with integer rounding for those that do not. Per-function targets:
  * only called when cpuid (and the OS's saved state) says the CPU has them. */
-#include "optim/optim_internal.h"
+#include "optim_internal.h"
 
 #include "strata/common.h"
 

@@ -1,5 +1,5 @@
 /* The scalar kernel: the reference recipe, and the path on non-x86 builds. */
-#include "optim/optim_internal.h"
+#include "optim_internal.h"
 
 static int scalar_supported(void)
 {

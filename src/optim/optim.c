@@ -1,7 +1,7 @@
 /* Fused CPU AdamW and the gradient's sum of squares: validation, per-step
  * constants, path choice and the OpenMP split over fixed chunks. The
  * kernels themselves live in adam_{scalar,avx2,avx512}.c. */
-#include "optim/optim_internal.h"
+#include "optim_internal.h"
 
 #include "strata/common.h"
 

@@ -11,7 +11,7 @@
 #include "strata/optim.h"
 #include "strata/trace.h"
 #include "strata/weights.h"
-#include "train/run_zero.h"
+#include "run_zero.h"
 
 #include <cblas.h>
 #include <errno.h>

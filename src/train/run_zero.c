@@ -3,7 +3,7 @@
  * local rank: the launcher's MPI_COMM_TYPE_SHARED split, for the "world:"
  * line), that --save is one directory every node sees (docs/zero.md, Many
  * nodes), the stop every rank agrees on, and the metrics' ZeRO fields. */
-#include "train/run_zero.h"
+#include "run_zero.h"
 #include "strata/dataset.h"
 #include "strata/device.h"
 

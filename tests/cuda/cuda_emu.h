@@ -1,5 +1,5 @@
 // CUDA device code run on the cpu, for tests/cuda/test_*_emu.cpp: just
-// enough of the CUDA builtins for the kernels in src/backend/cuda/*.cuh to
+// enough of the CUDA builtins for the kernels in src/backend/kernels/cuda/*.cuh to
 // compile with a host C++20 compiler, and emu_launch() to run one.
 //
 // A block is blockDim.x*y*z std::threads (a multiple of 32, at most
@@ -8,7 +8,7 @@
 // linear thread id; a warp exchange (shuffle, ballot) is a store to a
 // per-warp buffer and a barrier of that warp (emu_warp_exchange_words: n
 // words a lane at once, for the tensor-core MMA of
-// src/backend/cuda/mma_bf16.cuh, which takes its emulated path under
+// src/backend/kernels/cuda/mma_bf16.cuh, which takes its emulated path under
 // ST_CUDA_EMU). __syncthreads_or likewise over the block.
 //
 // __shared__ is left to the test: a kernel's `extern __shared__` array
@@ -21,7 +21,7 @@
 #ifndef ST_TESTS_CUDA_EMU_H
 #define ST_TESTS_CUDA_EMU_H
 
-/* Device code that has an emulated variant (src/backend/cuda/mma_bf16.cuh:
+/* Device code that has an emulated variant (src/backend/kernels/cuda/mma_bf16.cuh:
  * the tensor-core MMA) takes it under this. */
 #define ST_CUDA_EMU 1
 

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 #include "strata/compute.h"
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 #include "strata/kernels.h"
 
 static int fails;

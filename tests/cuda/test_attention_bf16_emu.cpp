@@ -1,4 +1,4 @@
-// The bf16 tensor-core attention (src/backend/cuda/attention_bf16_kernels.cuh,
+// The bf16 tensor-core attention (src/backend/kernels/cuda/attention_bf16_kernels.cuh,
 // the very code nvcc compiles, MMA emulated by mma_bf16.cuh under
 // tests/cuda/cuda_emu.h) against the cpu attention in fp32 fed the same
 // bf16-rounded inputs: st_cpu_attention_fwd/bwd (GPT-2's MHA) and
@@ -35,7 +35,7 @@ extern "C" {
 #define EMU_SMEM_FLOATS (1 << 15)
 float smem[EMU_SMEM_FLOATS];
 
-#include "backend/cuda/attention_bf16_kernels.cuh"
+#include "attention_bf16_kernels.cuh"
 
 /* ---- launching --------------------------------------------------------- */
 

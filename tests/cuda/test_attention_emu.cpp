@@ -1,4 +1,4 @@
-// The cuda attention kernels (src/backend/cuda/attention_kernels.cuh, the
+// The cuda attention kernels (src/backend/kernels/cuda/attention_kernels.cuh, the
 // very code nvcc compiles) run on the cpu and held to st_cpu_attention_fwd/bwd.
 // Needs no GPU and no nvcc, so the kernels' indexing, masking, tiling and
 // barrier placement are checked on every machine.
@@ -35,7 +35,7 @@ extern "C" {
 #define EMU_SMEM_FLOATS (1 << 15)
 float smem[EMU_SMEM_FLOATS];
 
-#include "backend/cuda/attention_kernels.cuh"
+#include "attention_kernels.cuh"
 
 /* ---- launching --------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
-// The cuda bf16 ops' kernels (src/backend/cuda/bf16_kernels.cuh, and
+// The cuda bf16 ops' kernels (src/backend/kernels/cuda/bf16_kernels.cuh, and
 // LLaMA's templated kernels of ops_kernels.cuh at bf16: the code nvcc
 // compiles for bf16.cu) run on the cpu through tests/cuda/cuda_emu.h
-// and held to the cpu compute's bf16 ops (strata/kernels_bf16.h: the fp32
+// and held to the cpu compute's bf16 ops (kernels_bf16.h: the fp32
 // kernels on widened operands, outputs rounded once): bf16 outputs within
 // one bf16 ulp of the cpu's (a different fp32 summation order may cross a
 // rounding boundary) and, in relative L2 norm, within 2^-8; fp32 outputs
@@ -25,8 +25,8 @@ extern "C" {
 
 #define __shared__ EMU_STATIC_SHARED
 
-#include "backend/cuda/ops_kernels.cuh"
-#include "backend/cuda/bf16_kernels.cuh"
+#include "ops_kernels.cuh"
+#include "bf16_kernels.cuh"
 
 typedef std::vector<uint16_t> vb;
 typedef std::vector<float> vf;

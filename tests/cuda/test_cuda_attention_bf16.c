@@ -1,7 +1,7 @@
-/* The bf16 tensor-core attention on a real GPU (src/backend/cuda/
+/* The bf16 tensor-core attention on a real GPU (src/backend/kernels/cuda/
  * attention_bf16.cu), through the cuda compute's op seam (bf16 dtypes on
  * ATTENTION_FWD/BWD and GQA_ATTENTION_FWD/BWD), against the cpu compute
- * running the same records (strata/kernels_bf16.h: the fp32 kernels on the
+ * running the same records (kernels_bf16.h: the fp32 kernels on the
  * bf16 values, bf16 outputs rounded once).
  *
  * The compute must claim the bf16 signatures (fp32 or bf16 gradients) and
@@ -83,7 +83,7 @@ static struct st_op att_op(bool gqa, bool fwd, enum st_dtype G, void *const *p, 
 	return op;
 }
 
-/* Run op on the cpu compute (the reference: strata/kernels_bf16.h, fp32
+/* Run op on the cpu compute (the reference: kernels_bf16.h, fp32
  * math on the bf16 values, bf16 outputs rounded once). */
 static void cpu_run(const struct st_op *op)
 {

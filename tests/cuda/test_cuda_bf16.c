@@ -14,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 #include "compute_cases.h"
 #include "compute_cases_bf16.h"
 #include "strata/compute.h"
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 #include "strata/model.h"
 
 static int fails;

@@ -1,4 +1,4 @@
-/* cuBLASLt is loaded on first use, not at start (src/backend/cuda/ops.cu):
+/* cuBLASLt is loaded on first use, not at start (src/backend/kernels/cuda/matmul.cu):
  * a program linked with the cuda device has no libcublasLt mapped until
  * st_cuda_blas_load(), which then finds the library and every function the
  * ops call. Needs the CUDA toolkit's libraries, not a GPU, so it is not in
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "strata/common.h"
-#include "strata/cuda_ops.h"
+#include "strata/cuda.h"
 
 /* Whether a mapping of this process names lib. */
 static int mapped(const char *lib)

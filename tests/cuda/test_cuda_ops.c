@@ -1,4 +1,4 @@
-/* Every op of strata/cuda_ops.h against its cpu kernel (strata/kernels.h),
+/* Every op of cuda_ops.h against its cpu kernel (strata/kernels.h),
  * the numerical reference.
  *
  * Each op gets seeded random inputs; outputs a forward (or overwriting
@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 #include "compute_cases.h"
 #include "strata/compute.h"
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 #include "strata/device.h"
 #include "strata/kernels.h"
 

@@ -1,4 +1,4 @@
-// The bf16 head fused with the cross-entropy (src/backend/cuda/
+// The bf16 head fused with the cross-entropy (src/backend/kernels/cuda/
 // head_ce_kernels.cuh, the very code nvcc compiles, MMA emulated by
 // mma_bf16.cuh under tests/cuda/cuda_emu.h) against the cpu compute's
 // HEAD_CROSSENTROPY op (the unfused chunk loop the model ran before:
@@ -20,14 +20,14 @@
 #include <vector>
 
 extern "C" {
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 #include "strata/kernels.h"
 }
 
 #define EMU_SMEM_FLOATS (1 << 14) /* 64 KiB: the backward takes 37 KiB */
 #include "cuda_emu.h"
 
-#include "backend/cuda/head_ce_kernels.cuh"
+#include "head_ce_kernels.cuh"
 
 struct shape {
 	const char *name;

@@ -1,4 +1,4 @@
-// The bf16 tensor-core MMA layer (src/backend/cuda/mma_bf16.cuh) under the
+// The bf16 tensor-core MMA layer (src/backend/kernels/cuda/mma_bf16.cuh) under the
 // cpu emulation (tests/cuda/cuda_emu.h), against a plain matrix product, so
 // that a fragment-layout mistake fails here before it fails in attention.
 //
@@ -27,7 +27,7 @@ extern "C" {
 #define EMU_SMEM_FLOATS (1 << 14)
 float smem[EMU_SMEM_FLOATS];
 
-#include "backend/cuda/mma_bf16.cuh"
+#include "mma_bf16.cuh"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 

@@ -1,4 +1,4 @@
-// The cuda ops' kernels (src/backend/cuda/ops_kernels.cuh, the very code nvcc
+// The cuda ops' kernels (src/backend/kernels/cuda/ops_kernels.cuh, the very code nvcc
 // compiles for ops.cu) run on the cpu and held to the cpu kernels
 // (strata/kernels.h): casts bit for bit, the rest to a relative error of
 // 1e-5. Everything but the cuBLASLt matmuls; the column sums behind the
@@ -11,7 +11,7 @@
 // (NaN, or -1 as an int) before each block; every output the kernels
 // overwrite starts as NaN, so an element they miss shows up as non-finite.
 // Grids and blocks come from the .cuh, as ops.cu takes them; the column sum
-// runs its two passes as ops.cu's colsum() does.
+// runs its two passes as ops.cu's st_cuda_colsum() does.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -28,7 +28,7 @@ extern "C" {
 
 #define __shared__ EMU_STATIC_SHARED
 
-#include "backend/cuda/ops_kernels.cuh"
+#include "ops_kernels.cuh"
 
 /* ---- checking ---------------------------------------------------------- */
 
@@ -210,7 +210,7 @@ static void check_elementwise(size_t n)
 	}
 }
 
-// ops.cu's colsum(), launched the same way; the partial sums start as NaN.
+// ops.cu's st_cuda_colsum(), launched the same way; the partial sums start as NaN.
 static void emu_colsum(float *out1, float *out2, const float *g, const float *inp,
 		       const float *mean, const float *rstd, int N, int C)
 {

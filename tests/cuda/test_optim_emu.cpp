@@ -1,4 +1,4 @@
-// The GPU optimizer's kernels (src/backend/cuda/optim_kernels.cuh, the very
+// The GPU optimizer's kernels (src/backend/kernels/cuda/optim_kernels.cuh, the very
 // code nvcc compiles for optim.cu) run on the cpu and held to the host's
 // AdamW and sum of squares (src/optim) BIT FOR BIT: P, M, V and W (fp32,
 // bf16, none) against st_adam_apply(..., ST_ADAM_GRAD_CHECKED) on every
@@ -25,7 +25,7 @@ extern "C" {
 
 #define __shared__ EMU_STATIC_SHARED
 
-#include "backend/cuda/optim_kernels.cuh"
+#include "optim_kernels.cuh"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 

@@ -12,7 +12,7 @@
 
 #define MiB (1024ull * 1024ull)
 
-/* The cpu device's ring (CPU_QUEUE_SLOTS in src/backend/device_cpu.c). */
+/* The cpu device's ring (CPU_QUEUE_SLOTS in src/backend/device/device_cpu.c). */
 #define CPU_RING_SLOTS 1024u
 
 static int cpu_setup(void **state)

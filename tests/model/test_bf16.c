@@ -1,4 +1,4 @@
-/* The bf16 ops of the cpu compute (strata/kernels_bf16.h) against float64
+/* The bf16 ops of the cpu compute (kernels_bf16.h) against float64
  * references written here on the same bf16 inputs: each op the GPT-2 bf16
  * path runs, at the dtypes it runs them. A bf16 output may be one bf16
  * rounding away from the float64 value rounded (fp32 accumulation can
@@ -13,7 +13,7 @@
 
 #include "strata/compute.h"
 #include "strata/kernels.h"
-#include "strata/kernels_bf16.h"
+#include "kernels_bf16.h"
 #include "strata/model.h"
 
 #include <errno.h>

@@ -10,7 +10,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 #include "compute_cases.h"
 #include "compute_cases_bf16.h"
 #include "strata/compute.h"
@@ -180,7 +180,7 @@ static void test_supports(void **state)
 						ST_DTYPE_F32 };
 		assert_true(st_compute_supports(c, ST_OP_MATMUL_FWD, mm_bf16));
 		/* any fp32 / bf16 mix of an op's fp32 slots is widened
-		 * (strata/kernels_bf16.h); ids stay int32, bytes stay bytes */
+		 * (kernels_bf16.h); ids stay int32, bytes stay bytes */
 		enum st_dtype gelu_u8[] = { ST_DTYPE_U8, ST_DTYPE_F32 };
 		enum st_dtype zero_bf16[] = { ST_DTYPE_BF16 };
 		assert_true(st_compute_supports(c, ST_OP_MATMUL_FWD, mm_mixed));

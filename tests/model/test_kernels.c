@@ -7,7 +7,7 @@
 #include <cmocka.h>
 
 #include "strata/kernels.h"
-#include "backend/cpu/cpu_isa.h"
+#include "cpu_isa.h"
 
 #include <math.h>
 #include <omp.h>

@@ -5,7 +5,7 @@
 
 #include "strata/common.h"
 #include "strata/optim.h"
-#include "optim/optim_internal.h"
+#include "optim_internal.h"
 
 #include <math.h>
 #include <stdint.h>

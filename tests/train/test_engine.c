@@ -32,7 +32,7 @@
 #include "strata/family.h"
 #include "model/gpt2.h"
 #ifdef ST_HAVE_CUDA
-#include "strata/cuda_ops.h"
+#include "strata/cuda.h"
 #endif
 
 #define STEPS 3

@@ -1,10 +1,10 @@
-/* The cpu device's bf16 ops (strata/kernels_bf16.h): widen the bf16
+/* The cpu device's bf16 ops (kernels_bf16.h): widen the bf16
  * operands into fp32 scratch, run the op's fp32 kernel, round the bf16
  * outputs back. One adapter for every op, so the bf16 path's reference is
  * the fp32 path's kernels and nothing else. */
-#include "strata/kernels_bf16.h"
+#include "kernels_bf16.h"
 
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 #include "strata/kernels.h"
 
 #include <assert.h>

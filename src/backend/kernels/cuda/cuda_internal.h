@@ -1,4 +1,4 @@
-/* strata: what the cuda op files (the .cu files of src/backend/cuda) share
+/* strata: what the cuda op files (the .cu files of src/backend/kernels/cuda) share
  * and nothing else sees. Only for inclusion from .cu files (C++ linkage). */
 #ifndef STRATA_CUDA_INTERNAL_H
 #define STRATA_CUDA_INTERNAL_H
@@ -6,13 +6,15 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "device_cuda.h" /* st_cuda_err(), CU_CHECK() */
+
 struct st_cuda_ctx;
 
 /* The stream every op of ctx is queued on. Defined next to struct
- * st_cuda_ctx (ops.cu); borrowed, valid until st_cuda_ctx_destroy(). */
+ * st_cuda_ctx (context.cu); borrowed, valid until st_cuda_ctx_destroy(). */
 cudaStream_t st_cuda_ctx_stream(struct st_cuda_ctx *ctx);
 
-/* ops.cu's: select ctx's device (every op starts here); 0 or -errno. */
+/* context.cu's: select ctx's device (every op starts here); 0 or -errno. */
 int st_cuda_ctx_enter(struct st_cuda_ctx *ctx);
 /* Column-major D (m,n) = op(A) @ op(B) + beta * D through cuBLASLt with
  * fp32 accumulation (CUBLAS_COMPUTE_32F): A and B bf16 (ab_bf16) or fp32,
@@ -24,19 +26,5 @@ int st_cuda_lt_matmul(struct st_cuda_ctx *ctx, int trans_a, int trans_b, uint64_
 		      uint64_t n, uint64_t k, const void *A, int64_t lda, const void *B,
 		      int64_t ldb, int ab_bf16, void *D, int d_bf16, int64_t ldd, float beta,
 		      const void *bias, int bias_bf16, int gelu, void *aux);
-
-/* A CUDA status as -errno (-ENOMEM, -ENODEV, -EINVAL, else -EIO), with
- * "cuda: <what>: <message> (<name>)" kept in st_error_last() and the
- * non-sticky error state cleared. Defined in device_cuda.cu; every .cu file
- * of the cuda device maps its errors through it. */
-int st_cuda_err(cudaError_t e, const char *what);
-
-/* Return st_cuda_err() from the calling function when call fails. */
-#define CU_CHECK(call, what)                              \
-	do {                                              \
-		cudaError_t e_ = (call);                  \
-		if (e_ != cudaSuccess)                    \
-			return st_cuda_err(e_, what);     \
-	} while (0)
 
 #endif

@@ -1,11 +1,11 @@
-/* The cuda compute: strata/compute.h over strata/cuda_ops.h, every op queued
+/* The cuda compute: strata/compute.h over cuda_ops.h, every op queued
  * on one st_cuda_ctx (its own stream and cuBLASLt handle). matmul_fwd takes
  * fp32 or bf16 operands (the model hands fp32 weights today), the attention
  * ops bf16 activations (tensor cores; cu_supports says which dtypes); every
  * other op is fp32. */
-#include "backend/compute_internal.h"
-#include "strata/cuda_bf16.h"
-#include "strata/cuda_ops.h"
+#include "compute_internal.h"
+#include "cuda_bf16.h"
+#include "cuda_ops.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -53,13 +53,13 @@ static void cu_destroy(struct st_compute *c)
 	free(cc);
 }
 
-/* The one dispatch: each op to its strata/cuda_ops.h call. Slot k's
+/* The one dispatch: each op to its cuda_ops.h call. Slot k's
  * pointer is P(k); integer parameters as the ops take them. */
 #define P(k) (op->t[k].data)
 #define I(k) ((int)op->i[k])
 #define Z(k) ((size_t)op->i[k])
 
-/* The bf16 compute path's records this compute runs (strata/cuda_bf16.h),
+/* The bf16 compute path's records this compute runs (cuda_bf16.h),
  * one signature each (a letter per slot as strata/op.h's: f fp32, b bf16,
  * i int32): what the GPT-2 bf16 path makes, less what is not here yet. A
  * new bf16 kernel is a row here and a case in cu_run_bf16(). */

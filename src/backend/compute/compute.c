@@ -1,11 +1,11 @@
 /* Compute: the wrappers every caller goes through (sticky errors, the
  * supports() check, defaults for optional hooks), the typed conveniences
  * that fill op records, and the choice of compute for a device. The
- * backends are src/backend/cpu/compute_cpu.c and
- * src/backend/cuda/compute_cuda.c. */
+ * backends are src/backend/compute/compute_cpu.c and
+ * src/backend/compute/compute_cuda.c. */
 #include "strata/compute.h"
 
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 #include "strata/device.h"
 #include "strata/optim.h"
 

@@ -2,11 +2,11 @@
  * by op), the direct compute that runs it on the calling thread, and the
  * queued compute that runs it on a queue of the cpu device. Both give the
  * cpu kernels' bits: the queue only changes where and when they run. */
-#include "backend/compute_internal.h"
+#include "compute_internal.h"
 
 #include "strata/device.h"
 #include "strata/kernels.h"
-#include "strata/kernels_bf16.h"
+#include "kernels_bf16.h"
 #include "strata/optim.h"
 
 #include <errno.h>
@@ -300,7 +300,7 @@ bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dt)
 	if (kind == ST_OP_ADAMW && dt[4] == ST_DTYPE_BF16)
 		return dt[0] == ST_DTYPE_F32 && dt[1] == ST_DTYPE_F32 && dt[2] == ST_DTYPE_F32 &&
 		       dt[3] == ST_DTYPE_F32 && dt[5] == ST_DTYPE_U8;
-	/* any other fp32 / bf16 mix: widened (strata/kernels_bf16.h) */
+	/* any other fp32 / bf16 mix: widened (kernels_bf16.h) */
 	return st_op_is_ref(kind, dt) || st_cpu_bf16_supports(kind, dt);
 }
 

@@ -1,5 +1,5 @@
 /* Flash-style causal self-attention on the GPU, fp32, matching
- * st_cpu_attention_fwd/bwd (src/backend/cpu/kernels.c).
+ * st_cpu_attention_fwd/bwd (src/backend/kernels/cpu/kernels.c).
  *
  * Every kernel works on tiles of ATT_TILE (32) queries or keys of one
  * (batch, head) pair: blockIdx.x is b*NH + h, blockIdx.y the tile. A block
@@ -21,7 +21,7 @@
 #include <math.h>
 
 extern "C" {
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 }
 #include "cuda_internal.h"
 

@@ -6,7 +6,7 @@
 #include <errno.h>
 
 extern "C" {
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 }
 #include "cuda_internal.h"
 

@@ -1,4 +1,4 @@
-/* strata: the cuda device's ops (.cu files in src/backend/cuda, behind a C
+/* strata: the cuda device's ops (.cu files in src/backend/kernels/cuda, behind a C
  * interface). Every op of strata/kernels.h, with the same shapes, argument
  * order and conventions (forward overwrites; backward accumulates, except
  * gelu_bwd and crossentropy_bwd which overwrite), on device pointers, queued
@@ -7,7 +7,7 @@
  * the reference: tests/cuda/test_cuda_ops.c holds each op to relative error
  * ||out - ref|| / ||ref|| <= 1e-2 with bf16 operands and 1e-5 in fp32.
  *
- * The cuda compute (src/backend/cuda/compute_cuda.c) reaches these
+ * The cuda compute (src/backend/compute/compute_cuda.c) reaches these
  * through the op seam (strata/op.h): one case of its run() per op.
  *
  * Built only with nvcc (ST_HAVE_CUDA). Without a GPU, st_cuda_ctx_create()
@@ -18,6 +18,7 @@
 #define STRATA_CUDA_OPS_H
 
 #include "strata/common.h"
+#include "strata/cuda.h" /* st_cuda_available(), st_cuda_info(), st_cuda_blas_load() */
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,34 +28,6 @@ struct st_cuda_ctx; /* a stream, a cuBLASLt handle and its workspace */
 
 enum st_cuda_dtype { ST_CUDA_F32, ST_CUDA_BF16 };
 
-/* Load cuBLASLt (libcublasLt.so.<major> with dlopen, once; a cuda context
- * does it first): its static initialisers cost about 0.45 s, so programs
- * that never make a context never load it. *soname (may be NULL) gets the
- * library's name. Returns 0, or -ENOENT when the library or one of its
- * functions is not found (the detail says which). No GPU is needed. */
-int st_cuda_blas_load(const char **soname);
-/* 1 when a usable GPU is present, else 0 (never fails). */
-int st_cuda_available(void);
-/* What `strata info` shows of a GPU. */
-struct st_cuda_info {
-	int count;                 /* GPUs the runtime sees */
-	int runtime_version;       /* 13000 for 13.0 */
-	int driver_version;        /* the newest CUDA the driver takes; 0 without one */
-	char name[256];
-	int cc_major, cc_minor;    /* compute capability */
-	int sm_count;
-	uint64_t total_bytes, free_bytes;
-	char busid[32];            /* "0000:65:00.0" */
-	int numa_node;             /* hwloc OS index near the GPU, or -1 */
-};
-/* Fill *out for GPU `ordinal` (versions and count even without a GPU). It
- * makes `ordinal` the calling thread's current device, whose primary
- * context it creates: free_bytes is what is free with that context made.
- * Returns 0; -ENODEV when there is no such GPU (the runtime's reason in
- * st_error_last(), "no CUDA-capable device is detected"); another -errno
- * (st_cuda_err()) when the GPU is there but a query fails, e.g. one in
- * exclusive-process mode that another process holds. */
-int st_cuda_info(int ordinal, struct st_cuda_info *out);
 /* Make a context on GPU `ordinal` with its own stream. -ENODEV without a
  * GPU. *out goes back with st_cuda_ctx_destroy(). */
 int st_cuda_ctx_create(int ordinal, struct st_cuda_ctx **out);
@@ -193,7 +166,7 @@ int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, float *dk, flo
 			      const float *v, const float *out, const float *lse, int B, int T,
 			      int NH, int NKV, int hd);
 
-/* The optimizer on the GPU (src/backend/cuda/optim.cu; strata/op.h's ADAMW
+/* The optimizer on the GPU (src/backend/kernels/cuda/optim.cu; strata/op.h's ADAMW
  * and GRAD_SUMSQ, bit for bit st_adam_apply(..., ST_ADAM_GRAD_CHECKED) and
  * st_grad_sumsq()). c: the 9 floats of struct st_adam_step in its order.
  * w is fp32 or, with w_bf16, bf16; NULL for none. *bad (device) gets the

@@ -1,4 +1,4 @@
-/* The compute seam's insides, shared by src/backend/compute.c and the
+/* The compute seam's insides, shared by src/backend/compute/compute.c and the
  * backends; not a public header. */
 #ifndef STRATA_COMPUTE_INTERNAL_H
 #define STRATA_COMPUTE_INTERNAL_H
@@ -10,12 +10,12 @@
  * full CUDA launch queue blocks), so no op allocates. */
 #define ST_COMPUTE_CPU_RING_OPS 256
 
-/* The cpu backend's one dispatch (src/backend/cpu/compute_cpu.c): run op
+/* The cpu backend's one dispatch (src/backend/compute/compute_cpu.c): run op
  * on the calling thread with the cpu kernels. op must be supported. */
 void st_cpu_op_run(const struct st_op *op);
 /* What st_cpu_op_run() takes: every op at its reference dtypes,
  * matmul_fwd with bf16 inp and weight, adamw with a bf16 W, and every fp32
- * / bf16 mix that strata/kernels_bf16.h widens. */
+ * / bf16 mix that kernels_bf16.h widens. */
 bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dtypes);
 
 /* The cpu kernels on a new queue of the cpu device d. 0, or -ENOMEM or
@@ -23,7 +23,7 @@ bool st_cpu_op_supports(enum st_op_kind kind, const enum st_dtype *dtypes);
 int st_compute_cpu_queued_create(struct st_device *d, struct st_compute **out);
 
 #ifdef ST_HAVE_CUDA
-/* The cuda compute on GPU `ordinal` (src/backend/cuda/compute_cuda.c). */
+/* The cuda compute on GPU `ordinal` (src/backend/compute/compute_cuda.c). */
 int st_compute_cuda_create(int ordinal, struct st_compute **out);
 #endif
 

@@ -1,7 +1,7 @@
-/* strata: the cuda device's bf16 ops (src/backend/cuda/bf16.cu), the ones
+/* strata: the cuda device's bf16 ops (src/backend/kernels/cuda/bf16.cu), the ones
  * the GPT-2 bf16 compute path runs (docs/model.md, "bf16 compute"), each
  * the cuda side of an op record the cpu runs by widening
- * (strata/kernels_bf16.h): bf16 operands, fp32 accumulation and
+ * (kernels_bf16.h): bf16 operands, fp32 accumulation and
  * arithmetic, each bf16 output rounded once to nearest even. Shapes and
  * conventions as strata/kernels.h (forward overwrites, backward
  * accumulates, gelu_bwd overwrites). The matmuls are cuBLASLt with bf16 A
@@ -12,7 +12,7 @@
 #ifndef STRATA_CUDA_BF16_H
 #define STRATA_CUDA_BF16_H
 
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,12 +1,12 @@
-/* The cuda bf16 ops (strata/cuda_bf16.h): the host side. Row-major X (r,c)
- * is column-major X^T (c,r), so the matmuls map as ops.cu's fp32 ones do:
+/* The cuda bf16 ops (cuda_bf16.h): the host side. Row-major X (r,c)
+ * is column-major X^T (c,r), so the matmuls map as matmul.cu's fp32 ones do:
  *   fwd   out^T (OC,N) = W^T (OC,IC) @ inp^T (IC,N), the bias along D's rows
  *   dinp  dinp^T (IC,N) += W (IC,OC) @ dout^T (OC,N)  (A = W transposed)
  *   dW    dW^T (OC,IC) += dout^T (OC,N) @ inp (N,IC)   (B = inp transposed)
  * with bf16 A and B, fp32 accumulation, D bf16 or fp32 (D is C: beta 1
  * accumulates, one rounding of the fp32 sum into a bf16 D). */
 extern "C" {
-#include "strata/cuda_bf16.h"
+#include "cuda_bf16.h"
 }
 
 #include "cuda_internal.h"

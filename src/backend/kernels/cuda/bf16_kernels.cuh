@@ -1,7 +1,7 @@
 /* Device code of the cuda bf16 ops (bf16.cu holds the host code): the
  * elementwise and per-row kernels of the GPT-2 bf16 path with bf16 inputs
  * and outputs, fp32 arithmetic inside, each bf16 output rounded once to
- * nearest even, as the cpu reference (strata/kernels_bf16.h) does. Included
+ * nearest even, as the cpu reference (kernels_bf16.h) does. Included
  * after ops_kernels.cuh (its geometry, warp_sum, bf16_from_f32, the
  * ld_f/st_f I/O helpers, GELU constants), and compiled by tests/cuda/test_bf16_emu.cpp on the cpu
  * through tests/cuda/cuda_emu.h: only the builtins ops_kernels.cuh lists.

@@ -4,14 +4,13 @@
  * error (st_error_last). Without a GPU or driver, open returns -ENODEV. */
 #include <cuda_runtime.h>
 
-#include "cuda_internal.h"
+#include "device_cuda.h"
 
 #include <errno.h>
 #include <stdlib.h>
 
 extern "C" {
 #include "strata/device.h"
-#include "strata/cuda_ops.h"
 }
 
 struct st_queue {
@@ -281,19 +280,12 @@ static struct st_device_ops cuda_ops_init(void)
  * build the table once with a helper instead. */
 extern "C" const struct st_device_ops st_device_cuda_ops = cuda_ops_init();
 
-/* ---- order with the cuda compute's stream (strata/cuda_ops.h) ---------------- */
+/* ---- the event behind an event, for the cuda context's record and wait
+ * (src/backend/kernels/cuda/context.cu) ---------------------------------------- */
 
-extern "C" int st_cuda_ctx_record(struct st_cuda_ctx *ctx, struct st_event *e)
+cudaEvent_t st_cuda_event_of(struct st_event *e)
 {
-	CU_CHECK(cudaEventRecord(e->ev, st_cuda_ctx_stream(ctx)), "cudaEventRecord(compute)");
-	return 0;
-}
-
-extern "C" int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e)
-{
-	CU_CHECK(cudaStreamWaitEvent(st_cuda_ctx_stream(ctx), e->ev, 0),
-		 "cudaStreamWaitEvent(compute)");
-	return 0;
+	return e->ev;
 }
 
 /* ---- the stream behind a queue, for the nccl comm backend (src/comm/nccl.c:

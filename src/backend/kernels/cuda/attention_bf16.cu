@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "strata/cuda_ops.h"
+#include "cuda_ops.h"
 }
 #include "cuda_internal.h"
 

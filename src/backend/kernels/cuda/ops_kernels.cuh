@@ -1,5 +1,5 @@
-/* Device code of the cuda ops (ops.cu holds the host code, the cuBLASLt
- * matmuls and the design comment), with the launch geometry the host code
+/* Device code of the cuda ops (ops.cu and matmul.cu hold the host code,
+ * ops.cu the design comment), with the launch geometry the host code
  * uses. Kept apart so that tests/cuda/test_ops_emu.cpp can compile these
  * exact kernels with a host C++ compiler, one std::thread per CUDA thread,
  * and hold them to the cpu kernels on machines without a GPU. So: only what

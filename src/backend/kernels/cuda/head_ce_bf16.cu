@@ -1,5 +1,5 @@
 /* The bf16 head's matmul fused with the cross-entropy on tensor cores
- * (strata/cuda_bf16.h's st_cuda_head_ce_bf16): the launches of
+ * (cuda_bf16.h's st_cuda_head_ce_bf16): the launches of
  * head_ce_kernels.cuh, whose comment and docs/gpu.md hold the design. The
  * forward is two kernels (per-split partials, then their fold in split
  * order); the backward two more (dx per row tile, dW per vocab tile), no
@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "strata/cuda_bf16.h"
+#include "cuda_bf16.h"
 }
 #include "cuda_internal.h"
 
