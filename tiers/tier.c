@@ -85,7 +85,7 @@ uint64_t st_tier_budget(const struct st_tier *t)
 	return t->cfg.budget_bytes;
 }
 
-static bool st_tier_ops_valid(const struct st_tier_ops *o)
+static bool tier_ops_valid(const struct st_tier_ops *o)
 {
 	return o && o->name && o->open && o->close && o->submit && o->reap;
 }
@@ -99,7 +99,7 @@ int st_tier_create(const struct st_tier_ops *ops,
 
 	assert(out && cfg);
 	*out = NULL;
-	if (!st_tier_ops_valid(ops))
+	if (!tier_ops_valid(ops))
 		return st_error_set(-EINVAL, "tier ops table %s lacks a required hook",
 				    ops && ops->name ? ops->name : "(unnamed)");
 	if (cfg->budget_bytes == 0)

@@ -90,7 +90,7 @@ const char *st_comm_list(void)
 
 /* ---- the launcher ------------------------------------------------------------ */
 
-static int st_comm_env_int(const char *name)
+static int comm_env_int(const char *name)
 {
 	const char *v = getenv(name);
 	char *end;
@@ -105,41 +105,41 @@ static int st_comm_env_int(const char *name)
 void st_comm_launch(struct st_comm_launch *out)
 {
 	*out = (struct st_comm_launch){ .rank = -1, .world = -1, .local_rank = -1, .nodes = -1 };
-	if (st_comm_env_int("OMPI_COMM_WORLD_SIZE") >= 0) {
+	if (comm_env_int("OMPI_COMM_WORLD_SIZE") >= 0) {
 		out->launcher = "mpirun";
-		out->rank = st_comm_env_int("OMPI_COMM_WORLD_RANK");
-		out->world = st_comm_env_int("OMPI_COMM_WORLD_SIZE");
-		out->local_rank = st_comm_env_int("OMPI_COMM_WORLD_LOCAL_RANK");
+		out->rank = comm_env_int("OMPI_COMM_WORLD_RANK");
+		out->world = comm_env_int("OMPI_COMM_WORLD_SIZE");
+		out->local_rank = comm_env_int("OMPI_COMM_WORLD_LOCAL_RANK");
 		/* the nodes the job's daemons run on (Open MPI 4.1) */
-		out->nodes = st_comm_env_int("OMPI_MCA_orte_num_nodes");
+		out->nodes = comm_env_int("OMPI_MCA_orte_num_nodes");
 		return;
 	}
-	out->nodes = st_comm_env_int("SLURM_STEP_NUM_NODES");
+	out->nodes = comm_env_int("SLURM_STEP_NUM_NODES");
 	if (out->nodes < 0)
-		out->nodes = st_comm_env_int("SLURM_JOB_NUM_NODES");
-	if (st_comm_env_int("PMIX_RANK") >= 0) {
+		out->nodes = comm_env_int("SLURM_JOB_NUM_NODES");
+	if (comm_env_int("PMIX_RANK") >= 0) {
 		out->launcher = "pmix"; /* srun --mpi=pmix */
-		out->rank = st_comm_env_int("PMIX_RANK");
-		out->world = st_comm_env_int("SLURM_STEP_NUM_TASKS");
+		out->rank = comm_env_int("PMIX_RANK");
+		out->world = comm_env_int("SLURM_STEP_NUM_TASKS");
 		if (out->world < 0)
-			out->world = st_comm_env_int("SLURM_NTASKS");
-		out->local_rank = st_comm_env_int("SLURM_LOCALID");
-	} else if (st_comm_env_int("PMI_RANK") >= 0) {
+			out->world = comm_env_int("SLURM_NTASKS");
+		out->local_rank = comm_env_int("SLURM_LOCALID");
+	} else if (comm_env_int("PMI_RANK") >= 0) {
 		out->launcher = "pmi";
-		out->rank = st_comm_env_int("PMI_RANK");
-		out->world = st_comm_env_int("PMI_SIZE");
-		out->local_rank = st_comm_env_int("MPI_LOCALRANKID");
+		out->rank = comm_env_int("PMI_RANK");
+		out->world = comm_env_int("PMI_SIZE");
+		out->local_rank = comm_env_int("MPI_LOCALRANKID");
 		if (out->local_rank < 0)
-			out->local_rank = st_comm_env_int("SLURM_LOCALID");
-	} else if (st_comm_env_int("SLURM_STEP_NUM_TASKS") > 1) {
+			out->local_rank = comm_env_int("SLURM_LOCALID");
+	} else if (comm_env_int("SLURM_STEP_NUM_TASKS") > 1) {
 		/* srun with no MPI plugin (--mpi=none, Slurm's default): N
 		 * tasks that no MPI can join into one world (Open MPI's
 		 * MPI_Init fails there); st_comm_auto() refuses it, rather
 		 * than N one-rank runs writing the same files */
 		out->launcher = "srun";
-		out->rank = st_comm_env_int("SLURM_PROCID");
-		out->world = st_comm_env_int("SLURM_STEP_NUM_TASKS");
-		out->local_rank = st_comm_env_int("SLURM_LOCALID");
+		out->rank = comm_env_int("SLURM_PROCID");
+		out->world = comm_env_int("SLURM_STEP_NUM_TASKS");
+		out->local_rank = comm_env_int("SLURM_LOCALID");
 	}
 	if (!out->launcher)
 		out->nodes = -1;
@@ -238,7 +238,7 @@ size_t st_comm_dtype_bytes(enum st_comm_dtype dt)
 
 /* ---- registration ------------------------------------------------------------- */
 
-static int st_comm_ops_check(const struct st_comm_ops *o)
+static int comm_ops_check(const struct st_comm_ops *o)
 {
 	if (!o || !o->name)
 		return st_error_set(-EINVAL, "comm ops table has no name");
@@ -259,7 +259,7 @@ int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 
 	assert(d && out);
 	*out = NULL;
-	ret = st_comm_ops_check(ops);
+	ret = comm_ops_check(ops);
 	if (ret < 0)
 		return ret;
 	c = calloc(1, sizeof(*c));
@@ -374,7 +374,7 @@ struct st_comm_sum {
 
 /* out[i] = ((in[0][i] + in[1][i]) + ...) in the dtype's precision: the
  * fold of strata/comm.h. Built with -ffp-contract=off. */
-static void st_comm_sum_run(void *arg)
+static void comm_sum_run(void *arg)
 {
 	struct st_comm_sum *s = arg;
 	size_t n = s->count_elems;
@@ -405,7 +405,7 @@ static void st_comm_sum_run(void *arg)
 	free(s);
 }
 
-static int st_comm_reduce_local(struct st_comm *c, const void *in, void *out,
+static int comm_reduce_local(struct st_comm *c, const void *in, void *out,
 				size_t count_elems, enum st_comm_dtype dt)
 {
 	struct st_comm_sum *s;
@@ -425,14 +425,14 @@ static int st_comm_reduce_local(struct st_comm *c, const void *in, void *out,
 		return st_error_set(-ENOMEM, "comm: out of memory queueing a sum");
 	*s = (struct st_comm_sum){ .in = in, .out = out, .count_elems = count_elems,
 				   .terms = c->world, .dt = dt };
-	ret = st_device_host_fn(c->dev, c->q, st_comm_sum_run, s);
+	ret = st_device_host_fn(c->dev, c->q, comm_sum_run, s);
 	if (ret < 0)
 		free(s);
 	return ret;
 }
 
 /* The scratch for a composed collective of world * elems elements. */
-static int st_comm_scratch(struct st_comm *c, size_t elems, enum st_comm_dtype dt,
+static int comm_scratch(struct st_comm *c, size_t elems, enum st_comm_dtype dt,
 			   void **out)
 {
 	size_t need_bytes = (size_t)c->world * elems * st_comm_dtype_bytes(dt);
@@ -447,14 +447,14 @@ static int st_comm_scratch(struct st_comm *c, size_t elems, enum st_comm_dtype d
 
 /* ---- timing ------------------------------------------------------------------- */
 
-static void st_comm_stamp_begin(void *arg)
+static void comm_stamp_begin(void *arg)
 {
 	struct st_comm_stamp *s = arg;
 
 	s->c->t0_ns = st_now_ns();
 }
 
-static void st_comm_stamp_end(void *arg)
+static void comm_stamp_end(void *arg)
 {
 	struct st_comm_stamp *s = arg;
 
@@ -465,7 +465,7 @@ static void st_comm_stamp_end(void *arg)
 
 /* One call, as the wrappers see it. elems is the per-call count of the API
  * (slice_elems or count_elems); send_elems and recv_elems the buffers'. */
-struct st_comm_call {
+struct comm_call {
 	enum st_comm_kind kind;
 	const void *send;
 	void *recv;
@@ -474,7 +474,7 @@ struct st_comm_call {
 	int root;
 };
 
-static bool st_comm_disjoint(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+static bool comm_disjoint(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
 {
 	uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
 
@@ -482,7 +482,7 @@ static bool st_comm_disjoint(const void *a, size_t a_bytes, const void *b, size_
 }
 
 /* 1 when in place, 0 when out of place, -EINVAL (set) when the call is bad. */
-static int st_comm_check(struct st_comm *c, struct st_comm_call *a)
+static int comm_check(struct st_comm *c, struct comm_call *a)
 {
 	const char *kn = st_comm_kind_names[a->kind];
 	size_t eb, w = (size_t)c->world;
@@ -534,7 +534,7 @@ static int st_comm_check(struct st_comm *c, struct st_comm_call *a)
 			return 1;
 		break;
 	}
-	if (!st_comm_disjoint(a->send, a->send_elems * eb, a->recv, a->recv_elems * eb))
+	if (!comm_disjoint(a->send, a->send_elems * eb, a->recv, a->recv_elems * eb))
 		return st_error_set(-EINVAL,
 				    "comm %s: send and recv overlap but the slice is not in place",
 				    kn);
@@ -552,7 +552,7 @@ static int st_comm_check(struct st_comm *c, struct st_comm_call *a)
  * as a ring allreduce, and the scratch holds max(m, N * (n % N))
  * elements. In place (recv == send) works: the slice the sum writes is
  * read only by the all-to-all before it, the tail only by its allgather. */
-static int st_comm_allreduce_composed(struct st_comm *c, const struct st_comm_call *a)
+static int comm_allreduce_composed(struct st_comm *c, const struct comm_call *a)
 {
 	size_t eb = st_comm_dtype_sizes[a->dt], w = (size_t)c->world;
 	size_t slice = a->elems / w, m = slice * w, rest = a->elems - m;
@@ -570,7 +570,7 @@ static int st_comm_allreduce_composed(struct st_comm *c, const struct st_comm_ca
 	if (slice) {
 		ret = c->ops->alltoall(c, send, scratch, slice, a->dt);
 		if (ret == 0)
-			ret = st_comm_reduce_local(c, scratch, mine, slice, a->dt);
+			ret = comm_reduce_local(c, scratch, mine, slice, a->dt);
 		if (ret == 0)
 			ret = c->ops->allgather(c, mine, recv, slice, a->dt);
 		if (ret < 0)
@@ -579,14 +579,14 @@ static int st_comm_allreduce_composed(struct st_comm *c, const struct st_comm_ca
 	if (rest) {
 		ret = c->ops->allgather(c, send + m * eb, scratch, rest, a->dt);
 		if (ret == 0)
-			ret = st_comm_reduce_local(c, scratch, recv + m * eb, rest, a->dt);
+			ret = comm_reduce_local(c, scratch, recv + m * eb, rest, a->dt);
 		if (ret < 0)
 			return ret;
 	}
 	return 0;
 }
 
-static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
+static int comm_dispatch(struct st_comm *c, const struct comm_call *a)
 {
 	void *scratch = NULL;
 	int ret;
@@ -601,16 +601,16 @@ static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 	case ST_COMM_REDUCE_SCATTER:
 		if (c->ops->reduce_scatter)
 			return c->ops->reduce_scatter(c, a->send, a->recv, a->elems, a->dt);
-		ret = st_comm_scratch(c, a->elems, a->dt, &scratch);
+		ret = comm_scratch(c, a->elems, a->dt, &scratch);
 		if (ret == 0)
 			ret = c->ops->alltoall(c, a->send, scratch, a->elems, a->dt);
 		if (ret == 0)
-			ret = st_comm_reduce_local(c, scratch, a->recv, a->elems, a->dt);
+			ret = comm_reduce_local(c, scratch, a->recv, a->elems, a->dt);
 		return ret;
 	case ST_COMM_ALLREDUCE:
 		if (c->ops->allreduce)
 			return c->ops->allreduce(c, a->send, a->recv, a->elems, a->dt);
-		return st_comm_allreduce_composed(c, a);
+		return comm_allreduce_composed(c, a);
 	case ST_COMM_KINDS:
 		break;
 	}
@@ -618,7 +618,7 @@ static int st_comm_dispatch(struct st_comm *c, const struct st_comm_call *a)
 	return -EINVAL;
 }
 
-static int st_comm_call(struct st_comm *c, struct st_comm_call *a)
+static int comm_call(struct st_comm *c, struct comm_call *a)
 {
 	size_t eb;
 	int in_place, ret;
@@ -628,7 +628,7 @@ static int st_comm_call(struct st_comm *c, struct st_comm_call *a)
 		c->err = c->ops->async_error(c);
 	if (c->err)
 		return c->err;
-	in_place = st_comm_check(c, a);
+	in_place = comm_check(c, a);
 	if (in_place < 0)
 		return c->err = in_place;
 	eb = st_comm_dtype_sizes[a->dt];
@@ -638,11 +638,11 @@ static int st_comm_call(struct st_comm *c, struct st_comm_call *a)
 	 * queue, no stamp. */
 	if (in_place && c->world == 1)
 		return 0;
-	ret = st_device_host_fn(c->dev, c->q, st_comm_stamp_begin, &c->stamp[a->kind]);
+	ret = st_device_host_fn(c->dev, c->q, comm_stamp_begin, &c->stamp[a->kind]);
 	if (ret == 0)
-		ret = st_comm_dispatch(c, a);
+		ret = comm_dispatch(c, a);
 	if (ret == 0)
-		ret = st_device_host_fn(c->dev, c->q, st_comm_stamp_end, &c->stamp[a->kind]);
+		ret = st_device_host_fn(c->dev, c->q, comm_stamp_end, &c->stamp[a->kind]);
 	if (ret < 0)
 		c->err = ret;
 	return ret;
@@ -651,46 +651,46 @@ static int st_comm_call(struct st_comm *c, struct st_comm_call *a)
 int st_comm_reduce_scatter(struct st_comm *c, const void *send, void *recv,
 			   size_t slice_elems, enum st_comm_dtype dt)
 {
-	struct st_comm_call a = { .kind = ST_COMM_REDUCE_SCATTER, .send = send, .recv = recv,
+	struct comm_call a = { .kind = ST_COMM_REDUCE_SCATTER, .send = send, .recv = recv,
 				  .elems = slice_elems, .dt = dt };
 
-	return st_comm_call(c, &a);
+	return comm_call(c, &a);
 }
 
 int st_comm_allreduce(struct st_comm *c, const void *send, void *recv,
 		      size_t count_elems, enum st_comm_dtype dt)
 {
-	struct st_comm_call a = { .kind = ST_COMM_ALLREDUCE, .send = send, .recv = recv,
+	struct comm_call a = { .kind = ST_COMM_ALLREDUCE, .send = send, .recv = recv,
 				  .elems = count_elems, .dt = dt };
 
-	return st_comm_call(c, &a);
+	return comm_call(c, &a);
 }
 
 int st_comm_allgather(struct st_comm *c, const void *send, void *recv,
 		      size_t slice_elems, enum st_comm_dtype dt)
 {
-	struct st_comm_call a = { .kind = ST_COMM_ALLGATHER, .send = send, .recv = recv,
+	struct comm_call a = { .kind = ST_COMM_ALLGATHER, .send = send, .recv = recv,
 				  .elems = slice_elems, .dt = dt };
 
-	return st_comm_call(c, &a);
+	return comm_call(c, &a);
 }
 
 int st_comm_alltoall(struct st_comm *c, const void *send, void *recv,
 		     size_t slice_elems, enum st_comm_dtype dt)
 {
-	struct st_comm_call a = { .kind = ST_COMM_ALLTOALL, .send = send, .recv = recv,
+	struct comm_call a = { .kind = ST_COMM_ALLTOALL, .send = send, .recv = recv,
 				  .elems = slice_elems, .dt = dt };
 
-	return st_comm_call(c, &a);
+	return comm_call(c, &a);
 }
 
 int st_comm_broadcast(struct st_comm *c, const void *send, void *recv,
 		      size_t count_elems, enum st_comm_dtype dt, int root)
 {
-	struct st_comm_call a = { .kind = ST_COMM_BROADCAST, .send = send, .recv = recv,
+	struct comm_call a = { .kind = ST_COMM_BROADCAST, .send = send, .recv = recv,
 				  .elems = count_elems, .dt = dt, .root = root };
 
-	return st_comm_call(c, &a);
+	return comm_call(c, &a);
 }
 
 /* ---- ordering ------------------------------------------------------------------ */
@@ -826,7 +826,7 @@ int st_comm_host_broadcast(struct st_comm *c, void *buf, size_t bytes, int root)
 }
 
 /* Line i's text as st_comm_agree() reports it: cut to fit, "(none)" past n. */
-static void st_comm_agree_text(char *dst, const char *const *lines, int n, int i)
+static void comm_agree_text(char *dst, const char *const *lines, int n, int i)
 {
 	const char *t = i < n ? (lines[i] ? lines[i] : "") : "(none)";
 	size_t len = strlen(t);
@@ -889,7 +889,7 @@ int st_comm_agree(struct st_comm *c, const char *const *lines, int n,
 		ret = st_error_set(-ENOMEM, "comm agree: out of memory");
 		goto out;
 	}
-	st_comm_agree_text(text, lines, n, line);
+	comm_agree_text(text, lines, n, line);
 	ret = st_comm_host_allgather(c, text, texts, sizeof(text));
 	if (ret < 0)
 		goto out;

@@ -52,7 +52,7 @@ static atomic_bool st_mpi_bad; /* a comm failed: abort at exit */
  * at once: MPI_Finalize would wait for peers that wait in a collective
  * for this rank, until their watchdog fired (measured: the whole
  * timeout). */
-static void st_mpi_on_exit(int status, void *arg)
+static void mpi_on_exit(int status, void *arg)
 {
 	int fin = 0, rank = -1, world = 0;
 
@@ -131,7 +131,7 @@ int st_mpi_start(void)
 			ret = st_mpi_err(rc, "MPI_Init_thread");
 			goto out;
 		}
-		on_exit(st_mpi_on_exit, NULL);
+		on_exit(mpi_on_exit, NULL);
 	} else {
 		MPI_Query_thread(&level);
 	}
@@ -178,7 +178,7 @@ double st_mpi_timeout(double cfg_timeout_s)
 	return cfg_timeout_s != 0 ? cfg_timeout_s : 300.0;
 }
 
-static void *st_mpi_watch_main(void *arg)
+static void *mpi_watch_main(void *arg)
 {
 	struct st_mpi_watch *w = arg;
 
@@ -241,7 +241,7 @@ int st_mpi_watch_start(struct st_mpi_watch *w, const char *backend, int rank, in
 		return 0;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
-	rc = pthread_create(&w->thread, NULL, st_mpi_watch_main, w);
+	rc = pthread_create(&w->thread, NULL, mpi_watch_main, w);
 	if (rc) {
 		pthread_cond_destroy(&w->cond);
 		pthread_mutex_destroy(&w->lock);

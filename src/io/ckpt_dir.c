@@ -34,7 +34,7 @@ char *st_ckpt_fmt(const char *fmt, ...)
 
 /* ---- directories ------------------------------------------------------------- */
 
-static int st_ckpt_fsync_path(const char *path, int flags)
+static int ckpt_fsync_path(const char *path, int flags)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC | flags), err = 0;
 
@@ -48,7 +48,7 @@ static int st_ckpt_fsync_path(const char *path, int flags)
 }
 
 /* Remove dirfd/name and, for a directory, everything below it. */
-static int st_ckpt_rm_tree_at(int dirfd, const char *name)
+static int ckpt_rm_tree_at(int dirfd, const char *name)
 {
 	struct dirent *de;
 	DIR *dir;
@@ -73,7 +73,7 @@ static int st_ckpt_rm_tree_at(int dirfd, const char *name)
 
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
-		e = st_ckpt_rm_tree_at(fd, de->d_name);
+		e = ckpt_rm_tree_at(fd, de->d_name);
 		if (e && !err)
 			err = e;
 	}
@@ -83,13 +83,13 @@ static int st_ckpt_rm_tree_at(int dirfd, const char *name)
 	return err;
 }
 
-static int st_ckpt_rm_tree(const char *path)
+static int ckpt_rm_tree(const char *path)
 {
-	return st_ckpt_rm_tree_at(AT_FDCWD, path);
+	return ckpt_rm_tree_at(AT_FDCWD, path);
 }
 
 /* mkdir -p. */
-static int st_ckpt_mkdirs(const char *path)
+static int ckpt_mkdirs(const char *path)
 {
 	char *p = strdup(path);
 	int err = 0;
@@ -116,7 +116,7 @@ static int st_ckpt_mkdirs(const char *path)
 }
 
 /* The pid of a leftover "<anything>.tmp.<pid>", or 0 when name is not one. */
-static long st_ckpt_tmp_pid(const char *name)
+static long ckpt_tmp_pid(const char *name)
 {
 	const char *t = strstr(name, ".tmp."), *next;
 	char *end;
@@ -137,7 +137,7 @@ static long st_ckpt_tmp_pid(const char *name)
 /* Remove root's "step-*.tmp.<pid>" and "latest.tmp.<pid>" entries whose
  * writer is gone (or is us: a leftover of an earlier failure). A live
  * writer's are left alone. */
-static void st_ckpt_clean_stale(const char *root)
+static void ckpt_clean_stale(const char *root)
 {
 	int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	struct dirent *de;
@@ -151,7 +151,7 @@ static void st_ckpt_clean_stale(const char *root)
 		return;
 	}
 	while ((de = readdir(dir))) {
-		long pid = st_ckpt_tmp_pid(de->d_name);
+		long pid = ckpt_tmp_pid(de->d_name);
 
 		/* Only names this module makes: root may be a directory the
 		 * user keeps other things in. */
@@ -161,12 +161,12 @@ static void st_ckpt_clean_stale(const char *root)
 		if (pid != (long)getpid() && !(kill((pid_t)pid, 0) < 0 &&
 					      errno == ESRCH))
 			continue;
-		st_ckpt_rm_tree_at(fd, de->d_name);
+		ckpt_rm_tree_at(fd, de->d_name);
 	}
 	closedir(dir);
 }
 
-static void st_ckpt_dir_free(struct st_ckpt_dir *d)
+static void ckpt_dir_free(struct st_ckpt_dir *d)
 {
 	free(d->root);
 	free(d->final);
@@ -185,20 +185,20 @@ int st_ckpt_dir_begin(struct st_ckpt_dir *d, const char *root, uint64_t step)
 	d->tmp = st_ckpt_fmt("%s.tmp.%ld", d->final ? d->final : "",
 			     (long)getpid());
 	if (!d->root || !d->final || !d->tmp) {
-		st_ckpt_dir_free(d);
+		ckpt_dir_free(d);
 		return st_error_set(-ENOMEM, "out of memory");
 	}
-	err = st_ckpt_mkdirs(root);
+	err = ckpt_mkdirs(root);
 	if (err) {
-		st_ckpt_dir_free(d);
+		ckpt_dir_free(d);
 		return err;
 	}
-	st_ckpt_clean_stale(root);
+	ckpt_clean_stale(root);
 	if (mkdir(d->tmp, 0755) < 0) {
 		err = -errno;
 		st_error_set(err, "cannot create %s: %s", d->tmp,
 			     strerror(-err));
-		st_ckpt_dir_free(d);
+		ckpt_dir_free(d);
 		return err;
 	}
 	return 0;
@@ -206,7 +206,7 @@ int st_ckpt_dir_begin(struct st_ckpt_dir *d, const char *root, uint64_t step)
 
 /* The topmost of path and its parents that does not exist (malloc'd), or
  * NULL when path exists. */
-static char *st_ckpt_missing_top(const char *path)
+static char *ckpt_missing_top(const char *path)
 {
 	char *p = strdup(path), *top = NULL, *slash;
 	size_t n = p ? strlen(p) : 0;
@@ -231,8 +231,8 @@ int st_ckpt_lock(const char *root, int *fd, char **made)
 	int err;
 
 	*fd = -1;
-	*made = st_ckpt_missing_top(root);
-	err = st_ckpt_mkdirs(root);
+	*made = ckpt_missing_top(root);
+	err = ckpt_mkdirs(root);
 	if (err)
 		return err;
 	*fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -263,12 +263,12 @@ void st_ckpt_unlock(int fd)
 void st_ckpt_dir_abort(struct st_ckpt_dir *d)
 {
 	if (d->tmp)
-		st_ckpt_rm_tree(d->tmp);
-	st_ckpt_dir_free(d);
+		ckpt_rm_tree(d->tmp);
+	ckpt_dir_free(d);
 }
 
 /* fsync every regular file in dir, then dir. */
-static int st_ckpt_fsync_tree(const char *path)
+static int ckpt_fsync_tree(const char *path)
 {
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
 	struct dirent *de;
@@ -303,7 +303,7 @@ static int st_ckpt_fsync_tree(const char *path)
 }
 
 /* Move tmp to final; when final exists, swap and remove the old one. */
-static int st_ckpt_publish(const struct st_ckpt_dir *d)
+static int ckpt_publish(const struct st_ckpt_dir *d)
 {
 	char *old;
 	int err;
@@ -315,7 +315,7 @@ static int st_ckpt_publish(const struct st_ckpt_dir *d)
 		goto fail;
 	if (renameat2(AT_FDCWD, d->tmp, AT_FDCWD, d->final,
 		      RENAME_EXCHANGE) == 0) {
-		st_ckpt_rm_tree(d->tmp); /* the old contents now */
+		ckpt_rm_tree(d->tmp); /* the old contents now */
 		return 0;
 	}
 	if (errno != EINVAL && errno != ENOSYS)
@@ -332,7 +332,7 @@ static int st_ckpt_publish(const struct st_ckpt_dir *d)
 		return st_error_set(err, "cannot move %s to %s: %s", d->tmp,
 				    d->final, strerror(-err));
 	}
-	st_ckpt_rm_tree(old);
+	ckpt_rm_tree(old);
 	free(old);
 	return 0;
 fail:
@@ -341,7 +341,7 @@ fail:
 			    strerror(-err));
 }
 
-static int st_ckpt_set_latest(const struct st_ckpt_dir *d)
+static int ckpt_set_latest(const struct st_ckpt_dir *d)
 {
 	const char *name = strrchr(d->final, '/') + 1;
 	char *link = st_ckpt_fmt("%s/" ST_CKPT_LATEST, d->root);
@@ -362,7 +362,7 @@ static int st_ckpt_set_latest(const struct st_ckpt_dir *d)
 		unlink(tmp);
 		goto out;
 	}
-	err = st_ckpt_fsync_path(d->root, O_DIRECTORY);
+	err = ckpt_fsync_path(d->root, O_DIRECTORY);
 out:
 	free(link);
 	free(tmp);
@@ -370,7 +370,7 @@ out:
 }
 
 /* The N of "step-N" (digits only), or -1. */
-static int64_t st_ckpt_step_of(const char *name)
+static int64_t ckpt_step_of(const char *name)
 {
 	char *end;
 	unsigned long long v;
@@ -384,7 +384,7 @@ static int64_t st_ckpt_step_of(const char *name)
 	return (int64_t)v;
 }
 
-static int st_ckpt_cmp_desc(const void *a, const void *b)
+static int ckpt_cmp_desc(const void *a, const void *b)
 {
 	int64_t x = ((const struct st_ckpt_step *)a)->step;
 	int64_t y = ((const struct st_ckpt_step *)b)->step;
@@ -412,7 +412,7 @@ int st_ckpt_list(const char *root, struct st_ckpt_step **out, size_t *out_n)
 		return st_error_set(err, "%s: %s", root, strerror(-err));
 	}
 	while ((de = readdir(dir))) {
-		int64_t s = st_ckpt_step_of(de->d_name);
+		int64_t s = ckpt_step_of(de->d_name);
 
 		if (s < 0 || (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN))
 			continue;
@@ -432,7 +432,7 @@ int st_ckpt_list(const char *root, struct st_ckpt_step **out, size_t *out_n)
 	}
 	closedir(dir);
 	if (n)
-		qsort(steps, n, sizeof(*steps), st_ckpt_cmp_desc);
+		qsort(steps, n, sizeof(*steps), ckpt_cmp_desc);
 	*out = steps;
 	*out_n = n;
 	return 0;
@@ -468,7 +468,7 @@ enum st_ckpt_fate st_ckpt_fate(const char *dir, const struct st_ckpt_stamp *s)
 	return ST_CKPT_THERE;
 }
 
-static int st_ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
+static int ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 {
 	const char *mine = strrchr(d->final, '/') + 1;
 	struct st_ckpt_step *steps;
@@ -490,7 +490,7 @@ static int st_ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 		/* Renamed first, so a crash while removing leaves a *.tmp.*
 		 * leftover for the next begin, not a half-deleted step-N. */
 		if (name && doomed && rename(name, doomed) == 0) {
-			int e = st_ckpt_rm_tree(doomed);
+			int e = ckpt_rm_tree(doomed);
 
 			if (e && !err)
 				err = st_error_set(e, "cannot remove %s: %s",
@@ -501,30 +501,30 @@ static int st_ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 	}
 	st_ckpt_list_free(steps, n);
 	if (!err)
-		err = st_ckpt_fsync_path(d->root, O_DIRECTORY);
+		err = ckpt_fsync_path(d->root, O_DIRECTORY);
 	return err;
 }
 
 int st_ckpt_dir_commit(struct st_ckpt_dir *d, unsigned keep)
 {
-	int err = st_ckpt_fsync_tree(d->tmp);
+	int err = ckpt_fsync_tree(d->tmp);
 
 	if (!err)
-		err = st_ckpt_publish(d);
+		err = ckpt_publish(d);
 	if (err) {
 		st_ckpt_dir_abort(d);
 		return err;
 	}
-	err = st_ckpt_fsync_path(d->root, O_DIRECTORY);
+	err = ckpt_fsync_path(d->root, O_DIRECTORY);
 	if (!err)
-		err = st_ckpt_set_latest(d);
+		err = ckpt_set_latest(d);
 	if (!err && keep)
-		err = st_ckpt_prune(d, keep);
-	st_ckpt_dir_free(d);
+		err = ckpt_prune(d, keep);
+	ckpt_dir_free(d);
 	return err;
 }
 
-static bool st_ckpt_exists(const char *dir, const char *name, bool want_dir)
+static bool ckpt_exists(const char *dir, const char *name, bool want_dir)
 {
 	char *p = st_ckpt_fmt("%s/%s", dir, name);
 	struct stat sb;
@@ -546,7 +546,7 @@ int st_ckpt_resolve(const char *path, char **out)
 	int err;
 
 	*out = NULL;
-	if (st_ckpt_exists(path, ST_CKPT_TRAINER_FILE, false)) {
+	if (ckpt_exists(path, ST_CKPT_TRAINER_FILE, false)) {
 		*out = strdup(path);
 		return *out ? 0 : st_error_set(-ENOMEM, "out of memory");
 	}
@@ -581,7 +581,7 @@ int st_ckpt_resolve(const char *path, char **out)
 		return err;
 	}
 	for (size_t i = 0; i < n && !*out; i++)
-		if (st_ckpt_exists(path, steps[i].name, true))
+		if (ckpt_exists(path, steps[i].name, true))
 			*out = st_ckpt_fmt("%s/%s", path, steps[i].name);
 	st_ckpt_list_free(steps, n);
 	if (!*out && dangling)

@@ -20,7 +20,7 @@
 /* ---- streamed safetensors ---------------------------------------------------- */
 
 /* Pull every tensor through fill into f, hashing as it goes. */
-static int st_ckpt_stream_data(struct st_file_atomic *f, const char *path,
+static int ckpt_stream_data(struct st_file_atomic *f, const char *path,
 			       const struct st_sf_entry *entries, size_t n,
 			       uint64_t max_bytes, st_ckpt_fill_fn fill,
 			       void *ctx, XXH64_state_t *xs)
@@ -89,7 +89,7 @@ int st_ckpt_write_with_header(const char *path, const uint8_t *hdr, size_t hdr_b
 	XXH64_update(xs, hdr, hdr_bytes);
 	err = st_file_atomic_write(&f, hdr, hdr_bytes);
 	if (!err)
-		err = st_ckpt_stream_data(&f, path, entries, n, max_bytes, fill,
+		err = ckpt_stream_data(&f, path, entries, n, max_bytes, fill,
 					  ctx, xs);
 	if (err) {
 		st_file_atomic_abort(&f);

@@ -42,7 +42,7 @@ void st_ckpt_layout_fini(struct st_ckpt_layout *l)
  * size is a shard of its own, appended as it comes; else the current shard
  * is closed (appended) when the tensor would take it past the size. Shard
  * numbers are the order of appending. */
-static size_t st_ckpt_split(const uint64_t *size, size_t n, uint64_t max, size_t *shard_of)
+static size_t ckpt_split(const uint64_t *size, size_t n, uint64_t max, size_t *shard_of)
 {
 	size_t *cur = malloc((n ? n : 1) * sizeof(*cur)), n_cur = 0, next = 0;
 	uint64_t cur_bytes = 0;
@@ -108,7 +108,7 @@ int st_ckpt_layout_init(struct st_ckpt_layout *l, const char *stem,
 	l->total_bytes = total;
 	for (size_t i = 0; i < n; i++)
 		l->size_bytes[i] = e[i].size_bytes;
-	l->n_files = st_ckpt_split(l->size_bytes, n, shard_bytes, l->file_of);
+	l->n_files = ckpt_split(l->size_bytes, n, shard_bytes, l->file_of);
 	if (l->n_files == 0 || l->n_files > 99999) {
 		err = l->n_files ? st_error_set(-EINVAL, "%s: %zu shards: more than the 5 digits "
 						"of their names", stem, l->n_files)
@@ -181,15 +181,15 @@ out:
 	return err;
 }
 
-struct st_ckpt_sub_fill {
+struct ckpt_sub_fill {
 	st_ckpt_fill_fn fill;
 	void *ctx;
 	const size_t *map;
 };
 
-static int st_ckpt_sub_fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
+static int ckpt_sub_fill(void *vctx, size_t ti, uint64_t off, void *buf, size_t len)
 {
-	const struct st_ckpt_sub_fill *c = vctx;
+	const struct ckpt_sub_fill *c = vctx;
 
 	return c->fill(c->ctx, c->map[ti], off, buf, len);
 }
@@ -201,7 +201,7 @@ int st_ckpt_layout_write_file(const char *dir, const struct st_ckpt_layout *l,
 {
 	const struct st_ckpt_shard *s;
 	struct st_sf_entry *e;
-	struct st_ckpt_sub_fill sub = { .fill = fill, .ctx = ctx };
+	struct ckpt_sub_fill sub = { .fill = fill, .ctx = ctx };
 	char path[4096];
 	int err;
 
@@ -225,7 +225,7 @@ int st_ckpt_layout_write_file(const char *dir, const struct st_ckpt_layout *l,
 					     .size_bytes = l->size_bytes[s->tensors[k]] };
 	}
 	err = st_ckpt_write_with_header(path, l->headers[f], (size_t)s->header_bytes, e,
-					s->n_tensors, st_ckpt_sub_fill, &sub, out_bytes,
+					s->n_tensors, ckpt_sub_fill, &sub, out_bytes,
 					out_xxh64);
 	free(e);
 	return err;
@@ -277,7 +277,7 @@ int st_ckpt_layout_create(const char *dir, const struct st_ckpt_layout *l, size_
  * \b \f, every other byte outside ' '..'~' as \uXXXX of its code point
  * (UTF-8 decoded; above U+FFFF as a surrogate pair; a byte that is not
  * UTF-8 as itself). */
-static void st_ckpt_py_str(FILE *f, const char *s)
+static void ckpt_py_str(FILE *f, const char *s)
 {
 	const unsigned char *p = (const unsigned char *)s;
 
@@ -322,7 +322,7 @@ struct st_ckpt_name_ix {
 	size_t file;
 };
 
-static int st_ckpt_name_cmp(const void *a, const void *b)
+static int ckpt_name_cmp(const void *a, const void *b)
 {
 	/* byte order of UTF-8 is code point order: Python's sort_keys */
 	return strcmp(((const struct st_ckpt_name_ix *)a)->name,
@@ -342,7 +342,7 @@ int st_ckpt_layout_index_json(const struct st_ckpt_layout *l,
 		return st_error_set(-ENOMEM, "%s: out of memory", l->index_name);
 	for (size_t i = 0; i < l->n_tensors; i++)
 		ix[i] = (struct st_ckpt_name_ix){ tensors[i].name, l->file_of[i] };
-	qsort(ix, l->n_tensors, sizeof(*ix), st_ckpt_name_cmp);
+	qsort(ix, l->n_tensors, sizeof(*ix), ckpt_name_cmp);
 	f = open_memstream(out, out_len);
 	if (!f) {
 		free(ix);
@@ -352,9 +352,9 @@ int st_ckpt_layout_index_json(const struct st_ckpt_layout *l,
 		(unsigned long long)l->total_bytes);
 	for (size_t i = 0; i < l->n_tensors; i++) {
 		fputs(i ? ",\n    " : "\n    ", f);
-		st_ckpt_py_str(f, ix[i].name);
+		ckpt_py_str(f, ix[i].name);
 		fputs(": ", f);
-		st_ckpt_py_str(f, l->files[ix[i].file].name);
+		ckpt_py_str(f, l->files[ix[i].file].name);
 	}
 	fputs(l->n_tensors ? "\n  }\n}\n" : "}\n}\n", f);
 	free(ix);
@@ -423,7 +423,7 @@ struct st_ckpt_set {
 	size_t count;
 };
 
-static char *st_ckpt_join(const char *dir, const char *name)
+static char *ckpt_join(const char *dir, const char *name)
 {
 	char *p = NULL;
 
@@ -432,16 +432,16 @@ static char *st_ckpt_join(const char *dir, const char *name)
 	return p;
 }
 
-static uint64_t st_ckpt_path_bytes(const char *path)
+static uint64_t ckpt_path_bytes(const char *path)
 {
 	struct stat sb;
 
 	return stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
 }
 
-static bool st_ckpt_is_file(const char *dir, const char *name)
+static bool ckpt_is_file(const char *dir, const char *name)
 {
-	char *p = st_ckpt_join(dir, name);
+	char *p = ckpt_join(dir, name);
 	struct stat sb;
 	bool yes = p && stat(p, &sb) == 0 && !S_ISDIR(sb.st_mode);
 
@@ -456,8 +456,8 @@ int st_ckpt_set_kind(const char *dir, const char *stem)
 
 	snprintf(one, sizeof(one), "%.60s.safetensors", stem);
 	snprintf(index, sizeof(index), "%.60s%s", stem, ST_CKPT_INDEX_SUFFIX);
-	a = st_ckpt_is_file(dir, one);
-	b = st_ckpt_is_file(dir, index);
+	a = ckpt_is_file(dir, one);
+	b = ckpt_is_file(dir, index);
 	if (a && b)
 		return st_error_set(-EINVAL, "%s: holds both %s and %s: which one is the model "
 				    "is not clear (remove one)", dir, one, index);
@@ -479,7 +479,7 @@ void st_ckpt_set_close(struct st_ckpt_set *s)
 	free(s);
 }
 
-static int st_ckpt_set_add(struct st_ckpt_set *s, const char *name)
+static int ckpt_set_add(struct st_ckpt_set *s, const char *name)
 {
 	char **names = realloc(s->names, (s->n + 1) * sizeof(*names));
 	struct st_ckpt_reader **r;
@@ -505,7 +505,7 @@ static int st_ckpt_set_add(struct st_ckpt_set *s, const char *name)
 	return 0;
 }
 
-static ssize_t st_ckpt_set_file_ix(const struct st_ckpt_set *s, const char *name)
+static ssize_t ckpt_set_file_ix(const struct st_ckpt_set *s, const char *name)
 {
 	for (size_t i = 0; i < s->n; i++)
 		if (strcmp(s->names[i], name) == 0)
@@ -514,7 +514,7 @@ static ssize_t st_ckpt_set_file_ix(const struct st_ckpt_set *s, const char *name
 }
 
 /* A weight_map value: a plain file name in the directory. */
-static bool st_ckpt_plain_name(const char *name)
+static bool ckpt_plain_name(const char *name)
 {
 	size_t len = strlen(name);
 
@@ -528,7 +528,7 @@ static bool st_ckpt_plain_name(const char *name)
 }
 
 /* The index's root object, parsed strictly. */
-static int st_ckpt_index_parse(const char *path, struct json_object **out)
+static int ckpt_index_parse(const char *path, struct json_object **out)
 {
 	struct json_tokener *tok;
 	enum json_tokener_error jerr;
@@ -577,11 +577,11 @@ static int st_ckpt_index_parse(const char *path, struct json_object **out)
 }
 
 /* Open the shards an index names and check it against their headers. */
-static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
+static int ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 {
 	struct json_object *root = NULL, *wm = NULL, *md = NULL;
 	char sk[ST_SF_SHOW_LEN], sn[ST_SF_SHOW_LEN], sm[ST_SF_SHOW_LEN];
-	int err = st_ckpt_index_parse(s->path, &root);
+	int err = ckpt_index_parse(s->path, &root);
 
 	if (err)
 		return err;
@@ -605,22 +605,22 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 		char *p;
 
 		if (!json_object_is_type(val, json_type_string) ||
-		    !st_ckpt_plain_name(file = json_object_get_string(val))) {
+		    !ckpt_plain_name(file = json_object_get_string(val))) {
 			err = st_error_set(-EINVAL, "%s: weight_map[\"%s\"] is not the name of "
 					   "a file in the directory", s->path, st_sf_show(key, sk));
 			goto out;
 		}
-		if (st_ckpt_set_file_ix(s, file) >= 0)
+		if (ckpt_set_file_ix(s, file) >= 0)
 			continue;
-		if (st_ckpt_set_add(s, file) < 0) {
+		if (ckpt_set_add(s, file) < 0) {
 			err = st_error_set(-ENOMEM, "%s: out of memory", s->path);
 			goto out;
 		}
-		p = st_ckpt_join(dir, file);
+		p = ckpt_join(dir, file);
 		err = p ? st_ckpt_reader_open(&s->r[s->n - 1], p)
 			: st_error_set(-ENOMEM, "%s: out of memory", s->path);
 		if (!err)
-			s->bytes[s->n - 1] = st_ckpt_path_bytes(p);
+			s->bytes[s->n - 1] = ckpt_path_bytes(p);
 		free(p);
 		if (err == -ENOENT)
 			err = st_error_set(-EINVAL, "%s: weight_map[\"%s\"] names %s, "
@@ -660,7 +660,7 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 			}
 			mapped = json_object_get_string(v);
 			if (strcmp(mapped, s->names[f]) != 0) {
-				ssize_t g = st_ckpt_set_file_ix(s, mapped);
+				ssize_t g = ckpt_set_file_ix(s, mapped);
 
 				if (st_safetensors_find(st_ckpt_reader_file(s->r[g]), t->name))
 					err = st_error_set(-EINVAL, "%s: tensor \"%s\" is in two "
@@ -681,7 +681,7 @@ static int st_ckpt_set_open_index(struct st_ckpt_set *s, const char *dir)
 	}
 	/* and every tensor the index maps is in its file */
 	json_object_object_foreach(wm, key2, val2) {
-		ssize_t f = st_ckpt_set_file_ix(s, json_object_get_string(val2));
+		ssize_t f = ckpt_set_file_ix(s, json_object_get_string(val2));
 
 		if (!st_safetensors_find(st_ckpt_reader_file(s->r[f]), key2)) {
 			err = st_error_set(-EINVAL, "%s: weight_map[\"%s\"] names %s, "
@@ -710,20 +710,20 @@ int st_ckpt_set_open(struct st_ckpt_set **out, const char *dir, const char *stem
 	if (kind == 2) {
 		snprintf(s->index_name, sizeof(s->index_name), "%.60s%s", stem,
 			 ST_CKPT_INDEX_SUFFIX);
-		s->path = st_ckpt_join(dir, s->index_name);
-		err = s->path ? st_ckpt_set_open_index(s, dir)
+		s->path = ckpt_join(dir, s->index_name);
+		err = s->path ? ckpt_set_open_index(s, dir)
 			      : st_error_set(-ENOMEM, "%s: out of memory", dir);
 	} else {
 		const struct st_safetensors *sf;
 
 		snprintf(name, sizeof(name), "%.60s.safetensors", stem);
-		s->path = st_ckpt_join(dir, name);
-		if (!s->path || st_ckpt_set_add(s, name) < 0)
+		s->path = ckpt_join(dir, name);
+		if (!s->path || ckpt_set_add(s, name) < 0)
 			err = st_error_set(-ENOMEM, "%s: out of memory", dir);
 		else
 			err = st_ckpt_reader_open(&s->r[0], s->path); /* -ENOENT when kind 0 */
 		if (!err) {
-			s->bytes[0] = st_ckpt_path_bytes(s->path);
+			s->bytes[0] = ckpt_path_bytes(s->path);
 			sf = st_ckpt_reader_file(s->r[0]);
 			s->count = st_safetensors_count(sf);
 			for (size_t i = 0; i < s->count; i++)
@@ -746,7 +746,7 @@ int st_ckpt_set_open_file(struct st_ckpt_set **out, const char *path)
 	int err;
 
 	*out = NULL;
-	if (!s || !(s->path = strdup(path)) || st_ckpt_set_add(s, base ? base + 1 : path) < 0) {
+	if (!s || !(s->path = strdup(path)) || ckpt_set_add(s, base ? base + 1 : path) < 0) {
 		st_ckpt_set_close(s);
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	}
@@ -755,7 +755,7 @@ int st_ckpt_set_open_file(struct st_ckpt_set **out, const char *path)
 		st_ckpt_set_close(s);
 		return err;
 	}
-	s->bytes[0] = st_ckpt_path_bytes(path);
+	s->bytes[0] = ckpt_path_bytes(path);
 	sf = st_ckpt_reader_file(s->r[0]);
 	s->count = st_safetensors_count(sf);
 	for (size_t i = 0; i < s->count; i++)

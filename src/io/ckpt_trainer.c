@@ -28,7 +28,7 @@ void st_ckpt_trainer_fini(struct st_ckpt_trainer *tr)
 
 /* json parsed as one JSON object, followed by nothing but whitespace, or
  * NULL. */
-static struct json_object *st_ckpt_parse_object(const char *json, size_t len)
+static struct json_object *ckpt_parse_object(const char *json, size_t len)
 {
 	struct json_tokener *tok;
 	struct json_object *obj;
@@ -61,7 +61,7 @@ int st_ckpt_trainer_set_config(struct st_ckpt_trainer *tr, const char *json)
 	if (len > ST_CKPT_TRAINER_MAX_BYTES / 2 || len > INT32_MAX)
 		return st_error_set(-EINVAL, "training config: %zu bytes of "
 				    "JSON, too large", len);
-	obj = st_ckpt_parse_object(json, len);
+	obj = ckpt_parse_object(json, len);
 	if (!obj)
 		return st_error_set(-EINVAL, "training config is not a JSON "
 				    "object");
@@ -74,7 +74,7 @@ int st_ckpt_trainer_set_config(struct st_ckpt_trainer *tr, const char *json)
 	return 0;
 }
 
-static int st_ckpt_check_name(const char *name)
+static int ckpt_check_name(const char *name)
 {
 	size_t len = strlen(name);
 
@@ -105,7 +105,7 @@ int st_ckpt_trainer_add(struct st_ckpt_trainer *tr, const char *name,
 			uint64_t bytes, uint64_t xxh64)
 {
 	struct st_ckpt_file *f;
-	int err = st_ckpt_check_name(name);
+	int err = ckpt_check_name(name);
 
 	if (err)
 		return err;
@@ -127,7 +127,7 @@ int st_ckpt_trainer_add_hashed(struct st_ckpt_trainer *tr, const char *dir,
 {
 	uint64_t bytes, h;
 	char *path;
-	int err = st_ckpt_check_name(name);
+	int err = ckpt_check_name(name);
 
 	if (err)
 		return err;
@@ -157,7 +157,7 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 				    "%d", path, tr->cursor_bytes,
 				    ST_CKPT_CURSOR_MAX_BYTES);
 	}
-	cfg = tr->config_json ? st_ckpt_parse_object(tr->config_json,
+	cfg = tr->config_json ? ckpt_parse_object(tr->config_json,
 						     strlen(tr->config_json))
 			      : json_object_new_object();
 	if (!cfg) {
@@ -185,7 +185,7 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 		struct json_object *e = json_object_new_object();
 		char h[17];
 
-		err = st_ckpt_check_name(fl->name);
+		err = ckpt_check_name(fl->name);
 		if (err) {
 			json_object_put(e);
 			json_object_put(root);
@@ -220,7 +220,7 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 	return err;
 }
 
-static int st_ckpt_field(const char *path, struct json_object *root,
+static int ckpt_field(const char *path, struct json_object *root,
 			 const char *key, enum json_type type,
 			 struct json_object **out)
 {
@@ -245,7 +245,7 @@ static int st_ckpt_field(const char *path, struct json_object *root,
  * INT64_MAX as uint64 and saturates at UINT64_MAX, so a max of UINT64_MAX
  * cannot tell 2^64 - 1 from larger numbers (only a hand-edited file has
  * those). */
-static int st_ckpt_get_u64(const char *path, const char *what,
+static int ckpt_get_u64(const char *path, const char *what,
 			   struct json_object *v, uint64_t max, uint64_t *out)
 {
 	if (!json_object_is_type(v, json_type_int))
@@ -260,7 +260,7 @@ static int st_ckpt_get_u64(const char *path, const char *what,
 	return 0;
 }
 
-static int st_ckpt_hex_digit(char c)
+static int ckpt_hex_digit(char c)
 {
 	if (c >= '0' && c <= '9')
 		return c - '0';
@@ -271,7 +271,7 @@ static int st_ckpt_hex_digit(char c)
 	return -1;
 }
 
-static int st_ckpt_parse_files(const char *path, struct json_object *files,
+static int ckpt_parse_files(const char *path, struct json_object *files,
 			       struct st_ckpt_trainer *tr)
 {
 	size_t n = json_object_array_length(files);
@@ -291,18 +291,18 @@ static int st_ckpt_parse_files(const char *path, struct json_object *files,
 			return st_error_set(-EINVAL, "%s: files[%zu] is not an "
 					    "object", path, i);
 		snprintf(what, sizeof(what), "files[%zu]", i);
-		err = st_ckpt_field(path, e, "name", json_type_string, &jn);
+		err = ckpt_field(path, e, "name", json_type_string, &jn);
 		if (!err)
-			err = st_ckpt_field(path, e, "bytes", json_type_int, &jb);
+			err = ckpt_field(path, e, "bytes", json_type_int, &jb);
 		if (!err)
-			err = st_ckpt_field(path, e, "xxh64", json_type_string,
+			err = ckpt_field(path, e, "xxh64", json_type_string,
 					    &jh);
 		if (!err)
-			err = st_ckpt_get_u64(path, what, jb, INT64_MAX,
+			err = ckpt_get_u64(path, what, jb, INT64_MAX,
 					      &f->bytes);
 		if (err)
 			return err;
-		if (st_ckpt_check_name(json_object_get_string(jn)))
+		if (ckpt_check_name(json_object_get_string(jn)))
 			return st_error_set(-EINVAL, "%s: files[%zu] has a bad "
 					    "name", path, i);
 		for (size_t j = 0; j < i; j++)
@@ -318,7 +318,7 @@ static int st_ckpt_parse_files(const char *path, struct json_object *files,
 		if (strlen(h) != 16)
 			goto bad_hash;
 		for (int k = 0; k < 16; k++) {
-			int d = st_ckpt_hex_digit(h[k]);
+			int d = ckpt_hex_digit(h[k]);
 
 			if (d < 0)
 				goto bad_hash;
@@ -333,7 +333,7 @@ bad_hash:
 	return 0;
 }
 
-static int st_ckpt_parse_trainer(const char *path, struct json_object *root,
+static int ckpt_parse_trainer(const char *path, struct json_object *root,
 				 struct st_ckpt_trainer *tr)
 {
 	struct json_object *v;
@@ -342,15 +342,15 @@ static int st_ckpt_parse_trainer(const char *path, struct json_object *root,
 	size_t len;
 	int err;
 
-	err = st_ckpt_field(path, root, "format", json_type_string, &v);
+	err = ckpt_field(path, root, "format", json_type_string, &v);
 	if (err)
 		return err;
 	if (strcmp(json_object_get_string(v), "strata-checkpoint") != 0)
 		return st_error_set(-EINVAL, "%s: format is not "
 				    "\"strata-checkpoint\"", path);
-	err = st_ckpt_field(path, root, "version", json_type_int, &v);
+	err = ckpt_field(path, root, "version", json_type_int, &v);
 	if (!err)
-		err = st_ckpt_get_u64(path, "version", v, UINT32_MAX,
+		err = ckpt_get_u64(path, "version", v, UINT32_MAX,
 				      &ver);
 	if (err)
 		return err;
@@ -359,17 +359,17 @@ static int st_ckpt_parse_trainer(const char *path, struct json_object *root,
 				    "reads version 1..%d", path,
 				    (unsigned long long)ver, ST_CKPT_VERSION);
 	tr->version = (uint32_t)ver;
-	err = st_ckpt_field(path, root, "step", json_type_int, &v);
+	err = ckpt_field(path, root, "step", json_type_int, &v);
 	if (!err)
-		err = st_ckpt_get_u64(path, "step", v, INT64_MAX,
+		err = ckpt_get_u64(path, "step", v, INT64_MAX,
 				      &tr->step);
 	if (!err)
-		err = st_ckpt_field(path, root, "seed", json_type_int, &v);
+		err = ckpt_field(path, root, "seed", json_type_int, &v);
 	if (!err)
-		err = st_ckpt_get_u64(path, "seed", v, UINT64_MAX,
+		err = ckpt_get_u64(path, "seed", v, UINT64_MAX,
 				      &tr->seed);
 	if (!err)
-		err = st_ckpt_field(path, root, "cursor", json_type_string, &v);
+		err = ckpt_field(path, root, "cursor", json_type_string, &v);
 	if (err)
 		return err;
 	s = json_object_get_string(v);
@@ -379,8 +379,8 @@ static int st_ckpt_parse_trainer(const char *path, struct json_object *root,
 				    "of hex digits (at most %d bytes)", path,
 				    ST_CKPT_CURSOR_MAX_BYTES);
 	for (size_t i = 0; i < len / 2; i++) {
-		int hi = st_ckpt_hex_digit(s[2 * i]);
-		int lo = st_ckpt_hex_digit(s[2 * i + 1]);
+		int hi = ckpt_hex_digit(s[2 * i]);
+		int lo = ckpt_hex_digit(s[2 * i + 1]);
 
 		if (hi < 0 || lo < 0)
 			return st_error_set(-EINVAL, "%s: cursor is not hex",
@@ -388,15 +388,15 @@ static int st_ckpt_parse_trainer(const char *path, struct json_object *root,
 		tr->cursor[i] = (uint8_t)(hi << 4 | lo);
 	}
 	tr->cursor_bytes = len / 2;
-	err = st_ckpt_field(path, root, "config", json_type_object, &v);
+	err = ckpt_field(path, root, "config", json_type_object, &v);
 	if (err)
 		return err;
 	tr->config_json = strdup(json_object_to_json_string_ext(v,
 			JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE));
 	if (!tr->config_json)
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
-	err = st_ckpt_field(path, root, "files", json_type_array, &v);
-	return err ? err : st_ckpt_parse_files(path, v, tr);
+	err = ckpt_field(path, root, "files", json_type_array, &v);
+	return err ? err : ckpt_parse_files(path, v, tr);
 }
 
 int st_ckpt_trainer_read(const char *path, struct st_ckpt_trainer *tr)
@@ -410,12 +410,12 @@ int st_ckpt_trainer_read(const char *path, struct st_ckpt_trainer *tr)
 	err = st_file_read_small(path, ST_CKPT_TRAINER_MAX_BYTES, &text, &len);
 	if (err)
 		return err;
-	root = st_ckpt_parse_object(text, len);
+	root = ckpt_parse_object(text, len);
 	free(text);
 	if (!root)
 		return st_error_set(-EINVAL, "%s: not a JSON object (truncated "
 				    "or damaged?)", path);
-	err = st_ckpt_parse_trainer(path, root, tr);
+	err = ckpt_parse_trainer(path, root, tr);
 	json_object_put(root);
 	if (err)
 		st_ckpt_trainer_fini(tr);

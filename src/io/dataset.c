@@ -31,7 +31,7 @@ struct st_dataset {
 	uint32_t max_token;
 };
 
-static inline uint32_t st_tok(const struct st_dataset *ds, uint64_t i)
+static inline uint32_t tok(const struct st_dataset *ds, uint64_t i)
 {
 	if (ds->tok_bytes == 1)
 		return ds->tokens[i];
@@ -44,13 +44,13 @@ static inline uint32_t st_tok(const struct st_dataset *ds, uint64_t i)
 	       (uint32_t)ds->tokens[2 * i + 1] << 8;
 }
 
-static int32_t st_le32(const uint8_t *p)
+static int32_t le32(const uint8_t *p)
 {
 	return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 |
 			 (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
 }
 
-static bool st_ends_with(const char *s, const char *suffix)
+static bool ends_with(const char *s, const char *suffix)
 {
 	size_t a = strlen(s), b = strlen(suffix);
 
@@ -59,7 +59,7 @@ static bool st_ends_with(const char *s, const char *suffix)
 
 /* Validates the llm.c header against the file size; sets the token width
  * (2: GPT-2's uint16 shards, 4: the uint32 ones llm.c writes for Llama 3). */
-static int st_llmc_check(const char *path, int fd, uint64_t file_bytes,
+static int llmc_check(const char *path, int fd, uint64_t file_bytes,
 			 uint64_t *n_tokens, unsigned *tok_bytes)
 {
 	uint8_t hdr[ST_LLMC_HEADER_BYTES];
@@ -74,9 +74,9 @@ static int st_llmc_check(const char *path, int fd, uint64_t file_bytes,
 	err = st_file_pread_full(fd, hdr, sizeof(hdr), 0, path);
 	if (err)
 		return err;
-	magic = st_le32(hdr);
-	version = st_le32(hdr + 4);
-	count = st_le32(hdr + 8);
+	magic = le32(hdr);
+	version = le32(hdr + 4);
+	count = le32(hdr + 8);
 	if (magic != ST_LLMC_MAGIC && magic != ST_LLMC32_MAGIC)
 		return st_error_set(-EINVAL, "%s: bad magic %d, expected %d "
 				    "or %d for an llm.c token shard", path, magic,
@@ -126,14 +126,14 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 		format = ST_DATASET_BYTES;
 		if (file_bytes >= 4 &&
 		    !st_file_pread_full(fd, m, 4, 0, path) &&
-		    (st_le32(m) == ST_LLMC_MAGIC || st_le32(m) == ST_LLMC32_MAGIC))
+		    (le32(m) == ST_LLMC_MAGIC || le32(m) == ST_LLMC32_MAGIC))
 			format = ST_DATASET_LLMC;
 		/* A .bin that is not a shard is a broken shard, not text. */
-		if (st_ends_with(path, ".bin"))
+		if (ends_with(path, ".bin"))
 			format = ST_DATASET_LLMC;
 	}
 	if (format == ST_DATASET_LLMC) {
-		err = st_llmc_check(path, fd, file_bytes, &n_tokens, &tok_bytes);
+		err = llmc_check(path, fd, file_bytes, &n_tokens, &tok_bytes);
 		if (err) {
 			close(fd);
 			return err;
@@ -172,7 +172,7 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 	ds->tokens = (const uint8_t *)ds->map +
 		     (format == ST_DATASET_LLMC ? ST_LLMC_HEADER_BYTES : 0);
 	for (uint64_t i = 0; i < n_tokens; i++)
-		ds->max_token = ST_MAX(ds->max_token, st_tok(ds, i));
+		ds->max_token = ST_MAX(ds->max_token, tok(ds, i));
 	/* batches are int32: a uint32 shard's ids must fit */
 	if (ds->max_token > INT32_MAX) {
 		err = st_error_set(-EINVAL, "%s: token %u is past 2^31-1, the "
@@ -242,7 +242,7 @@ int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
 
 /* splitmix64 expands the seed into xoshiro's state (its authors' advice:
  * never an all-zero state, and nearby seeds give unrelated streams). */
-static uint64_t st_splitmix64(uint64_t *x)
+static uint64_t splitmix64(uint64_t *x)
 {
 	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
 
@@ -251,15 +251,15 @@ static uint64_t st_splitmix64(uint64_t *x)
 	return z ^ (z >> 31);
 }
 
-static inline uint64_t st_rotl(uint64_t x, int k)
+static inline uint64_t rotl(uint64_t x, int k)
 {
 	return (x << k) | (x >> (64 - k));
 }
 
 /* xoshiro256** */
-static uint64_t st_xoshiro_next(uint64_t s[4])
+static uint64_t xoshiro_next(uint64_t s[4])
 {
-	uint64_t r = st_rotl(s[1] * 5, 7) * 9;
+	uint64_t r = rotl(s[1] * 5, 7) * 9;
 	uint64_t t = s[1] << 17;
 
 	s[2] ^= s[0];
@@ -267,34 +267,34 @@ static uint64_t st_xoshiro_next(uint64_t s[4])
 	s[1] ^= s[2];
 	s[0] ^= s[3];
 	s[2] ^= t;
-	s[3] = st_rotl(s[3], 45);
+	s[3] = rotl(s[3], 45);
 	return r;
 }
 
 /* Uniform in [0, bound), bound > 0, without modulo bias: draws below
  * 2^64 mod bound are rejected. Integer only, so identical everywhere. */
-static uint64_t st_uniform(uint64_t s[4], uint64_t bound)
+static uint64_t uniform(uint64_t s[4], uint64_t bound)
 {
 	uint64_t threshold = (0 - bound) % bound;
 
 	for (;;) {
-		uint64_t x = st_xoshiro_next(s);
+		uint64_t x = xoshiro_next(s);
 
 		if (x >= threshold)
 			return x % bound;
 	}
 }
 
-static void st_cursor_seed(struct st_cursor *c)
+static void cursor_seed(struct st_cursor *c)
 {
 	uint64_t x = c->seed;
 
 	for (int i = 0; i < 4; i++)
-		c->rng[i] = st_splitmix64(&x);
+		c->rng[i] = splitmix64(&x);
 	c->step = 0;
 }
 
-static const char *st_split_name(enum st_split s)
+static const char *split_name(enum st_split s)
 {
 	return s == ST_SPLIT_TRAIN ? "train split" :
 	       s == ST_SPLIT_VAL ? "val split" : "dataset";
@@ -331,10 +331,10 @@ int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
 	if (c.end_tok - c.begin_tok < (uint64_t)cfg->seq + 1)
 		return st_error_set(-EINVAL, "%s: the %s holds %llu tokens, "
 				    "fewer than T+1 = %llu", ds->path,
-				    st_split_name(cfg->split),
+				    split_name(cfg->split),
 				    (unsigned long long)(c.end_tok - c.begin_tok),
 				    (unsigned long long)cfg->seq + 1);
-	st_cursor_seed(&c);
+	cursor_seed(&c);
 	ld->ds = ds;
 	ld->cur = c;
 	return 0;
@@ -355,21 +355,21 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 
 		if (c->shuffle) {
 			/* Whole windows only: no wrap across the end. */
-			at = st_uniform(c->rng, n - T);
+			at = uniform(c->rng, n - T);
 		} else {
 			/* (s*B + b) * T mod n; 128 bits so no step overflows. */
 			unsigned __int128 row = (unsigned __int128)c->step * B + b;
 
 			at = (uint64_t)((row * T) % n);
 		}
-		uint32_t prev = st_tok(ds, c->begin_tok + at);
+		uint32_t prev = tok(ds, c->begin_tok + at);
 
 		for (uint32_t t = 0; t < T; t++) {
 			uint32_t next;
 
 			if (++at == n)
 				at = 0;
-			next = st_tok(ds, c->begin_tok + at);
+			next = tok(ds, c->begin_tok + at);
 			in[t] = (int32_t)prev;
 			tg[t] = (int32_t)next;
 			prev = next;
@@ -384,13 +384,13 @@ void st_loader_skip(struct st_loader *ld)
 	const uint64_t n = c->end_tok - c->begin_tok;
 
 	for (uint32_t b = 0; c->shuffle && b < c->batch; b++)
-		(void)st_uniform(c->rng, n - c->seq);
+		(void)uniform(c->rng, n - c->seq);
 	c->step++;
 }
 
 void st_loader_rewind(struct st_loader *ld)
 {
-	st_cursor_seed(&ld->cur);
+	cursor_seed(&ld->cur);
 }
 
 int st_loader_seek(struct st_loader *ld, const struct st_cursor *c)
@@ -427,46 +427,46 @@ int st_loader_seek(struct st_loader *ld, const struct st_cursor *c)
 #define ST_CURSOR_MAGIC 0x52435453u /* "STCR" */
 #define ST_CURSOR_VERSION 1u
 
-static void st_put32(uint8_t *p, uint32_t v)
+static void put32(uint8_t *p, uint32_t v)
 {
 	for (int i = 0; i < 4; i++)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void st_put64(uint8_t *p, uint64_t v)
+static void put64(uint8_t *p, uint64_t v)
 {
 	for (int i = 0; i < 8; i++)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static uint32_t st_get32(const uint8_t *p)
+static uint32_t get32(const uint8_t *p)
 {
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
 	       (uint32_t)p[3] << 24;
 }
 
-static uint64_t st_get64(const uint8_t *p)
+static uint64_t get64(const uint8_t *p)
 {
-	return (uint64_t)st_get32(p) | (uint64_t)st_get32(p + 4) << 32;
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
 /* Layout: magic, version, B, T, shuffle, 0 (u32 each); seed, begin, end,
  * step, rng[4] (u64 each); XXH64 of the 88 bytes before it. */
 void st_cursor_pack(const struct st_cursor *c, uint8_t *out)
 {
-	st_put32(out + 0, ST_CURSOR_MAGIC);
-	st_put32(out + 4, ST_CURSOR_VERSION);
-	st_put32(out + 8, c->batch);
-	st_put32(out + 12, c->seq);
-	st_put32(out + 16, c->shuffle);
-	st_put32(out + 20, 0);
-	st_put64(out + 24, c->seed);
-	st_put64(out + 32, c->begin_tok);
-	st_put64(out + 40, c->end_tok);
-	st_put64(out + 48, c->step);
+	put32(out + 0, ST_CURSOR_MAGIC);
+	put32(out + 4, ST_CURSOR_VERSION);
+	put32(out + 8, c->batch);
+	put32(out + 12, c->seq);
+	put32(out + 16, c->shuffle);
+	put32(out + 20, 0);
+	put64(out + 24, c->seed);
+	put64(out + 32, c->begin_tok);
+	put64(out + 40, c->end_tok);
+	put64(out + 48, c->step);
 	for (int i = 0; i < 4; i++)
-		st_put64(out + 56 + 8 * i, c->rng[i]);
-	st_put64(out + 88, XXH64(out, 88, 0));
+		put64(out + 56 + 8 * i, c->rng[i]);
+	put64(out + 88, XXH64(out, 88, 0));
 }
 
 int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes)
@@ -474,22 +474,22 @@ int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes)
 	if (bytes != ST_CURSOR_BYTES)
 		return st_error_set(-EINVAL, "cursor is %zu bytes, expected %d",
 				    bytes, ST_CURSOR_BYTES);
-	if (st_get32(in) != ST_CURSOR_MAGIC)
+	if (get32(in) != ST_CURSOR_MAGIC)
 		return st_error_set(-EINVAL, "cursor has a bad magic number");
-	if (st_get32(in + 4) != ST_CURSOR_VERSION)
+	if (get32(in + 4) != ST_CURSOR_VERSION)
 		return st_error_set(-EINVAL, "cursor version %u, expected %u",
-				    st_get32(in + 4), ST_CURSOR_VERSION);
-	if (st_get64(in + 88) != XXH64(in, 88, 0))
+				    get32(in + 4), ST_CURSOR_VERSION);
+	if (get64(in + 88) != XXH64(in, 88, 0))
 		return st_error_set(-EINVAL, "cursor checksum mismatch "
 				    "(corrupted)");
-	c->batch = st_get32(in + 8);
-	c->seq = st_get32(in + 12);
-	c->shuffle = st_get32(in + 16);
-	c->seed = st_get64(in + 24);
-	c->begin_tok = st_get64(in + 32);
-	c->end_tok = st_get64(in + 40);
-	c->step = st_get64(in + 48);
+	c->batch = get32(in + 8);
+	c->seq = get32(in + 12);
+	c->shuffle = get32(in + 16);
+	c->seed = get64(in + 24);
+	c->begin_tok = get64(in + 32);
+	c->end_tok = get64(in + 40);
+	c->step = get64(in + 48);
 	for (int i = 0; i < 4; i++)
-		c->rng[i] = st_get64(in + 56 + 8 * i);
+		c->rng[i] = get64(in + 56 + 8 * i);
 	return 0;
 }

@@ -75,7 +75,7 @@ const char *st_sf_dtype_name(enum st_sf_dtype dtype)
 	return st_sf_dtypes[dtype].name;
 }
 
-static int st_sf_dtype_parse(const char *s, enum st_sf_dtype *out)
+static int sf_dtype_parse(const char *s, enum st_sf_dtype *out)
 {
 	for (int i = 0; i < ST_SF_DTYPE_COUNT; i++) {
 		if (strcmp(s, st_sf_dtypes[i].name) == 0) {
@@ -123,7 +123,7 @@ const char *st_sf_show(const char *s, char *buf)
 }
 
 /* Product of shape and the element size, or -EOVERFLOW. */
-static int st_sf_shape_bytes(const uint64_t *shape, int ndim,
+static int sf_shape_bytes(const uint64_t *shape, int ndim,
 			     enum st_sf_dtype dtype, uint64_t *elems,
 			     uint64_t *bytes)
 {
@@ -140,11 +140,11 @@ static int st_sf_shape_bytes(const uint64_t *shape, int ndim,
 
 /* ---- reader ------------------------------------------------------------ */
 
-static int st_sf_tensor_err(const struct st_safetensors *sf, const char *name,
+static int sf_tensor_err(const struct st_safetensors *sf, const char *name,
 			    const char *fmt, ...) ST_PRINTF(3, 4);
 
 /* "<file>: tensor '<name>': <problem>", -EINVAL. */
-static int st_sf_tensor_err(const struct st_safetensors *sf, const char *name,
+static int sf_tensor_err(const struct st_safetensors *sf, const char *name,
 			    const char *fmt, ...)
 {
 	char what[320], shown[ST_SF_SHOW_LEN];
@@ -159,28 +159,28 @@ static int st_sf_tensor_err(const struct st_safetensors *sf, const char *name,
 
 /* A JSON integer in [0, 2^63 - 1). json-c saturates larger integers to
  * INT64_MAX, so that value means "too large" here. */
-static int st_sf_get_count(const struct st_safetensors *sf, const char *name,
+static int sf_get_count(const struct st_safetensors *sf, const char *name,
 			   const char *what, struct json_object *v,
 			   uint64_t *out)
 {
 	int64_t i;
 
 	if (!json_object_is_type(v, json_type_int))
-		return st_sf_tensor_err(sf, name, "%s is not an integer "
+		return sf_tensor_err(sf, name, "%s is not an integer "
 					"(it is %s)", what,
 					json_type_to_name(json_object_get_type(v)));
 	i = json_object_get_int64(v);
 	if (i < 0)
-		return st_sf_tensor_err(sf, name, "%s is negative (%lld)", what,
+		return sf_tensor_err(sf, name, "%s is negative (%lld)", what,
 					(long long)i);
 	if (i == INT64_MAX)
-		return st_sf_tensor_err(sf, name, "%s is too large "
+		return sf_tensor_err(sf, name, "%s is too large "
 					"(2^63 - 1 or more)", what);
 	*out = (uint64_t)i;
 	return 0;
 }
 
-static int st_sf_parse_tensor(struct st_safetensors *sf, const char *name,
+static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 			      struct json_object *obj, struct st_sf_info *t)
 {
 	struct json_object *jdtype = NULL, *jshape = NULL, *joffs = NULL;
@@ -190,7 +190,7 @@ static int st_sf_parse_tensor(struct st_safetensors *sf, const char *name,
 	int err;
 
 	if (!json_object_is_type(obj, json_type_object))
-		return st_sf_tensor_err(sf, name, "entry is not an object "
+		return sf_tensor_err(sf, name, "entry is not an object "
 					"(it is %s)",
 					json_type_to_name(json_object_get_type(obj)));
 	json_object_object_foreach(obj, key, val) {
@@ -201,29 +201,29 @@ static int st_sf_parse_tensor(struct st_safetensors *sf, const char *name,
 		else if (strcmp(key, "data_offsets") == 0)
 			joffs = val;
 		else
-			return st_sf_tensor_err(sf, name, "unknown field "
+			return sf_tensor_err(sf, name, "unknown field "
 						"\"%.40s\"",
 						st_sf_show(key, shown));
 	}
 	if (!jdtype)
-		return st_sf_tensor_err(sf, name, "missing \"dtype\"");
+		return sf_tensor_err(sf, name, "missing \"dtype\"");
 	if (!jshape)
-		return st_sf_tensor_err(sf, name, "missing \"shape\"");
+		return sf_tensor_err(sf, name, "missing \"shape\"");
 	if (!joffs)
-		return st_sf_tensor_err(sf, name, "missing \"data_offsets\"");
+		return sf_tensor_err(sf, name, "missing \"data_offsets\"");
 
 	if (!json_object_is_type(jdtype, json_type_string))
-		return st_sf_tensor_err(sf, name, "dtype is not a string");
-	if (st_sf_dtype_parse(json_object_get_string(jdtype), &t->dtype))
-		return st_sf_tensor_err(sf, name, "unknown dtype \"%.32s\"",
+		return sf_tensor_err(sf, name, "dtype is not a string");
+	if (sf_dtype_parse(json_object_get_string(jdtype), &t->dtype))
+		return sf_tensor_err(sf, name, "unknown dtype \"%.32s\"",
 					st_sf_show(json_object_get_string(jdtype),
 						   shown));
 
 	if (!json_object_is_type(jshape, json_type_array))
-		return st_sf_tensor_err(sf, name, "shape is not an array");
+		return sf_tensor_err(sf, name, "shape is not an array");
 	len = json_object_array_length(jshape);
 	if (len > ST_SF_MAX_DIMS)
-		return st_sf_tensor_err(sf, name, "shape has %zu dimensions, "
+		return sf_tensor_err(sf, name, "shape has %zu dimensions, "
 					"more than the %d supported", len,
 					ST_SF_MAX_DIMS);
 	t->ndim = (int)len;
@@ -231,7 +231,7 @@ static int st_sf_parse_tensor(struct st_safetensors *sf, const char *name,
 		char what[32];
 
 		snprintf(what, sizeof(what), "shape[%zu]", i);
-		err = st_sf_get_count(sf, name, what,
+		err = sf_get_count(sf, name, what,
 				      json_object_array_get_idx(jshape, i),
 				      &t->shape[i]);
 		if (err)
@@ -240,35 +240,35 @@ static int st_sf_parse_tensor(struct st_safetensors *sf, const char *name,
 
 	if (!json_object_is_type(joffs, json_type_array) ||
 	    json_object_array_length(joffs) != 2)
-		return st_sf_tensor_err(sf, name, "data_offsets is not an array "
+		return sf_tensor_err(sf, name, "data_offsets is not an array "
 					"of two integers");
-	err = st_sf_get_count(sf, name, "data_offsets[0]",
+	err = sf_get_count(sf, name, "data_offsets[0]",
 			      json_object_array_get_idx(joffs, 0), &begin);
 	if (!err)
-		err = st_sf_get_count(sf, name, "data_offsets[1]",
+		err = sf_get_count(sf, name, "data_offsets[1]",
 				      json_object_array_get_idx(joffs, 1), &end);
 	if (err)
 		return err;
 
 	st_sf_shape_str(t->shape, t->ndim, shape_s, sizeof(shape_s));
 	if (begin > end)
-		return st_sf_tensor_err(sf, name, "data_offsets [%llu, %llu) "
+		return sf_tensor_err(sf, name, "data_offsets [%llu, %llu) "
 					"end before they begin",
 					(unsigned long long)begin,
 					(unsigned long long)end);
-	if (st_sf_shape_bytes(t->shape, t->ndim, t->dtype, &elems, &bytes))
-		return st_sf_tensor_err(sf, name, "shape %s x %s overflows "
+	if (sf_shape_bytes(t->shape, t->ndim, t->dtype, &elems, &bytes))
+		return sf_tensor_err(sf, name, "shape %s x %s overflows "
 					"64 bits", shape_s,
 					st_sf_dtype_name(t->dtype));
 	if (end - begin != bytes)
-		return st_sf_tensor_err(sf, name, "data_offsets [%llu, %llu) do "
+		return sf_tensor_err(sf, name, "data_offsets [%llu, %llu) do "
 					"not match shape %s x %s = %llu bytes",
 					(unsigned long long)begin,
 					(unsigned long long)end, shape_s,
 					st_sf_dtype_name(t->dtype),
 					(unsigned long long)bytes);
 	if (end > sf->data_bytes)
-		return st_sf_tensor_err(sf, name, "data_offsets [%llu, %llu) run "
+		return sf_tensor_err(sf, name, "data_offsets [%llu, %llu) run "
 					"past the end of the data (%llu bytes; "
 					"truncated file?)",
 					(unsigned long long)begin,
@@ -283,7 +283,7 @@ static int st_sf_parse_tensor(struct st_safetensors *sf, const char *name,
 	return 0;
 }
 
-static int st_sf_parse_metadata(struct st_safetensors *sf,
+static int sf_parse_metadata(struct st_safetensors *sf,
 				struct json_object *obj)
 {
 	char shown[ST_SF_SHOW_LEN];
@@ -314,7 +314,7 @@ static int st_sf_parse_metadata(struct st_safetensors *sf,
 	return 0;
 }
 
-static int st_sf_cmp_offset(const void *a, const void *b)
+static int sf_cmp_offset(const void *a, const void *b)
 {
 	const struct st_sf_info *x = a, *y = b;
 
@@ -328,11 +328,11 @@ static int st_sf_cmp_offset(const void *a, const void *b)
 /* The spec asks the tensors to cover the data region exactly: no overlap
  * (two tensors aliasing bytes) and no hole (room for a polyglot file, and
  * the trace a duplicated name leaves, since json-c keeps the last one). */
-static int st_sf_check_coverage(struct st_safetensors *sf)
+static int sf_check_coverage(struct st_safetensors *sf)
 {
 	uint64_t at = 0;
 
-	qsort(sf->tensors, sf->n, sizeof(*sf->tensors), st_sf_cmp_offset);
+	qsort(sf->tensors, sf->n, sizeof(*sf->tensors), sf_cmp_offset);
 	for (size_t i = 0; i < sf->n; i++) {
 		const struct st_sf_info *t = &sf->tensors[i];
 		uint64_t end = t->offset_bytes + t->size_bytes;
@@ -366,7 +366,7 @@ static int st_sf_check_coverage(struct st_safetensors *sf)
 	return 0;
 }
 
-static int st_sf_parse_header(struct st_safetensors *sf, const char *hdr,
+static int sf_parse_header(struct st_safetensors *sf, const char *hdr,
 			      size_t hdr_bytes)
 {
 	struct json_tokener *tok;
@@ -428,9 +428,9 @@ static int st_sf_parse_header(struct st_safetensors *sf, const char *hdr,
 	}
 	json_object_object_foreach(root, key, val) {
 		if (strcmp(key, "__metadata__") == 0) {
-			err = st_sf_parse_metadata(sf, val);
+			err = sf_parse_metadata(sf, val);
 		} else {
-			err = st_sf_parse_tensor(sf, key, val,
+			err = sf_parse_tensor(sf, key, val,
 						 &sf->tensors[sf->n]);
 			if (!err)
 				sf->n++;
@@ -438,13 +438,13 @@ static int st_sf_parse_header(struct st_safetensors *sf, const char *hdr,
 		if (err)
 			goto out;
 	}
-	err = st_sf_check_coverage(sf);
+	err = sf_check_coverage(sf);
 out:
 	json_object_put(root);
 	return err;
 }
 
-static uint64_t st_le64(const uint8_t *p)
+static uint64_t le64(const uint8_t *p)
 {
 	uint64_t v = 0;
 
@@ -460,7 +460,7 @@ int st_sf_file_fd(const struct st_safetensors *sf, uint64_t *data_off)
 }
 
 /* Checks the 8-byte length against the file; sets data_off, data_bytes. */
-static int st_sf_check_length(struct st_safetensors *sf, const uint8_t *len8)
+static int sf_check_length(struct st_safetensors *sf, const uint8_t *len8)
 {
 	uint64_t hdr_bytes;
 
@@ -469,7 +469,7 @@ static int st_sf_check_length(struct st_safetensors *sf, const uint8_t *len8)
 				    "for the 8-byte header length (truncated "
 				    "file?)", sf->label,
 				    (unsigned long long)sf->file_bytes);
-	hdr_bytes = st_le64(len8);
+	hdr_bytes = le64(len8);
 	if (hdr_bytes == 0)
 		return st_error_set(-EINVAL, "%s: header length is 0",
 				    sf->label);
@@ -489,7 +489,7 @@ static int st_sf_check_length(struct st_safetensors *sf, const uint8_t *len8)
 	return 0;
 }
 
-static struct st_safetensors *st_sf_new(const char *label)
+static struct st_safetensors *sf_new(const char *label)
 {
 	struct st_safetensors *sf = calloc(1, sizeof(*sf));
 
@@ -512,7 +512,7 @@ int st_safetensors_open(struct st_safetensors **out, const char *path)
 	int err;
 
 	*out = NULL;
-	sf = st_sf_new(path);
+	sf = sf_new(path);
 	if (!sf)
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	err = st_file_open_regular(path, &sf->fd, &sf->file_bytes);
@@ -523,7 +523,7 @@ int st_safetensors_open(struct st_safetensors **out, const char *path)
 		if (err)
 			goto fail;
 	}
-	err = st_sf_check_length(sf, len8);
+	err = sf_check_length(sf, len8);
 	if (err)
 		goto fail;
 	hdr = malloc(sf->data_off - 8);
@@ -535,7 +535,7 @@ int st_safetensors_open(struct st_safetensors **out, const char *path)
 	}
 	err = st_file_pread_full(sf->fd, hdr, sf->data_off - 8, 8, path);
 	if (!err)
-		err = st_sf_parse_header(sf, hdr, sf->data_off - 8);
+		err = sf_parse_header(sf, hdr, sf->data_off - 8);
 	free(hdr);
 	if (err)
 		goto fail;
@@ -553,14 +553,14 @@ int st_safetensors_open_mem(struct st_safetensors **out, const void *buf,
 	int err;
 
 	*out = NULL;
-	sf = st_sf_new(label);
+	sf = sf_new(label);
 	if (!sf)
 		return st_error_set(-ENOMEM, "out of memory");
 	sf->mem = buf;
 	sf->file_bytes = bytes;
-	err = st_sf_check_length(sf, sf->mem);
+	err = sf_check_length(sf, sf->mem);
 	if (!err)
-		err = st_sf_parse_header(sf, (const char *)sf->mem + 8,
+		err = sf_parse_header(sf, (const char *)sf->mem + 8,
 					 sf->data_off - 8);
 	if (err) {
 		st_safetensors_close(sf);
@@ -642,7 +642,7 @@ int st_safetensors_read(const struct st_safetensors *sf, const char *name,
 
 		if (ndim < 0 || ndim > ST_SF_MAX_DIMS)
 			ndim = 0;
-		return st_sf_tensor_err(sf, name, "is %s %s, expected %s %s",
+		return sf_tensor_err(sf, name, "is %s %s, expected %s %s",
 					st_sf_dtype_name(t->dtype),
 					st_sf_shape_str(t->shape, t->ndim, have,
 							sizeof(have)),
@@ -719,7 +719,7 @@ int st_safetensors_data(struct st_safetensors *sf, const void **out_data,
 
 /* ---- writer ------------------------------------------------------------ */
 
-static int st_sf_cmp_name_ptr(const void *a, const void *b)
+static int sf_cmp_name_ptr(const void *a, const void *b)
 {
 	return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -748,7 +748,7 @@ int st_sf_entries_check(const char *path, struct st_sf_entry *entries,
 					    "dimensions (0..%d supported)",
 					    path, t->name, t->ndim,
 					    ST_SF_MAX_DIMS);
-		if (st_sf_shape_bytes(t->shape, t->ndim, t->dtype, &elems,
+		if (sf_shape_bytes(t->shape, t->ndim, t->dtype, &elems,
 				      &t->size_bytes) ||
 		    __builtin_add_overflow(total, t->size_bytes, &total) ||
 		    total > (uint64_t)INT64_MAX - 1)
@@ -765,14 +765,14 @@ int st_sf_entries_check(const char *path, struct st_sf_entry *entries,
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	for (size_t i = 0; i < n; i++)
 		names[i] = entries[i].name;
-	qsort(names, n, sizeof(*names), st_sf_cmp_name_ptr);
+	qsort(names, n, sizeof(*names), sf_cmp_name_ptr);
 	for (size_t i = 1; i < n && !err; i++)
 		if (strcmp(names[i - 1], names[i]) == 0)
 			err = st_error_set(-EINVAL, "%s: tensor name '%s' given "
 					   "twice", path, names[i]);
 	for (size_t i = 0; i < n_meta; i++)
 		names[i] = meta[i].key;
-	qsort(names, n_meta, sizeof(*names), st_sf_cmp_name_ptr);
+	qsort(names, n_meta, sizeof(*names), sf_cmp_name_ptr);
 	for (size_t i = 1; i < n_meta && !err; i++)
 		if (strcmp(names[i - 1], names[i]) == 0)
 			err = st_error_set(-EINVAL, "%s: metadata key '%s' given "

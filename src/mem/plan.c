@@ -25,7 +25,7 @@
 #include <string.h>
 
 /* A unit's G, P, M, V in vram: all four, with its W, at world 1. */
-static int st_plan_vram_optim_check(const struct st_plan_input *in)
+static int plan_vram_optim_check(const struct st_plan_input *in)
 {
 	int U = st_model_unit_count(in->model);
 
@@ -52,7 +52,7 @@ static int st_plan_vram_optim_check(const struct st_plan_input *in)
 	return 0;
 }
 
-static int st_input_check(const struct st_plan_input *in)
+static int input_check(const struct st_plan_input *in)
 {
 	int seq_max;
 
@@ -98,10 +98,10 @@ static int st_input_check(const struct st_plan_input *in)
 	if ((unsigned)in->activations > ST_OFFLOAD_HOST)
 		return st_error_set(-EINVAL, "--offload-activations: the checkpoints live in "
 				    "vram or host (auto, vram or host)");
-	return st_plan_vram_optim_check(in);
+	return plan_vram_optim_check(in);
 }
 
-static void st_recomp_fill(const struct st_plan_input *in, const struct st_shape *sh,
+static void recomp_fill(const struct st_plan_input *in, const struct st_shape *sh,
 			   const struct st_pools *pools, struct st_plan *p)
 {
 	const struct st_plan_pool *x = st_pools_find(pools, ST_POOL_SAVED);
@@ -116,7 +116,7 @@ static void st_recomp_fill(const struct st_plan_input *in, const struct st_shape
 }
 
 /* NONE refused: say that the saved forwards are what does not fit. */
-static int st_recomp_explain(const struct st_plan_input *in, const struct st_shape *sh, int ret)
+static int recomp_explain(const struct st_plan_input *in, const struct st_shape *sh, int ret)
 {
 	char why[512], b[32];
 	uint64_t each = 0;
@@ -137,7 +137,7 @@ static int st_recomp_explain(const struct st_plan_input *in, const struct st_sha
 
 /* A refusal with the checkpoints forced into vram says when the host
  * would hold them. */
-static int st_act_hint(const struct st_plan_input *in, int ret)
+static int act_hint(const struct st_plan_input *in, int ret)
 {
 	struct st_plan_input x = *in;
 	struct st_plan p;
@@ -167,7 +167,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	bool split;
 	struct st_policy pol;
 
-	ret = st_input_check(in);
+	ret = input_check(in);
 	if (ret < 0)
 		return ret;
 	memset(&p, 0, sizeof(p));
@@ -193,11 +193,11 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	}
 	chosen = st_policy_choose(&pol, budget, homes, &split);
 	if (chosen < 0) {
-		ret = st_recomp_explain(in, &sh, st_plan_explain(&pol, budget));
+		ret = recomp_explain(in, &sh, st_plan_explain(&pol, budget));
 		st_policy_fini(&pol);
 		free(homes);
 		st_shape_fini(&sh);
-		return st_act_hint(in, ret);
+		return act_hint(in, ret);
 	}
 	c = cands[chosen];
 	*sh.act_home = c.a; /* st_policy_choose() tried the others last */
@@ -251,7 +251,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	x = st_pools_find(&pools, ST_POOL_WORK);
 	p.work_bytes = x->bytes;
 	/* the keeps chosen; the minimums are the mode's (AUTO: keeping none) */
-	st_recomp_fill(in, &sh, &pools, &p);
+	recomp_fill(in, &sh, &pools, &p);
 	st_plan_recomp_base(in, &sh);
 	p.w_staging_bytes = st_pools_sum(&pools, ST_POOL_W_STAGE, ST_POOL_W_STAGE_RES);
 	p.grad_landing_bytes = st_pools_sum(&pools, ST_POOL_LANDING, ST_POOL_GSTAGE);

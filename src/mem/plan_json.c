@@ -5,24 +5,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-static json_object *st_ju(uint64_t v)
+static json_object *ju(uint64_t v)
 {
 	return json_object_new_int64((int64_t)v);
 }
 
 /* "activations": where the checkpoints live and what moving them costs. */
-static json_object *st_act_json(const struct st_plan *p)
+static json_object *act_json(const struct st_plan *p)
 {
 	json_object *o = json_object_new_object();
 
 	json_object_object_add(o, "home", json_object_new_string(st_home_name(p->act_home)));
 	json_object_object_add(o, "checkpoints", json_object_new_int(p->units - 1));
-	json_object_object_add(o, "each_bytes", st_ju(p->act_each_bytes));
-	json_object_object_add(o, "vram_bytes", st_ju(p->act_bytes));
+	json_object_object_add(o, "each_bytes", ju(p->act_each_bytes));
+	json_object_object_add(o, "vram_bytes", ju(p->act_bytes));
 	json_object_object_add(o, "slots", json_object_new_int(p->act_slots));
 	json_object_object_add(o, "offloaded", json_object_new_int(p->act_offloaded));
-	json_object_object_add(o, "host_bytes", st_ju(p->act_host_bytes));
-	json_object_object_add(o, "copy_bytes_per_micro_batch", st_ju(p->act_copy_bytes));
+	json_object_object_add(o, "host_bytes", ju(p->act_host_bytes));
+	json_object_object_add(o, "copy_bytes_per_micro_batch", ju(p->act_copy_bytes));
 	return o;
 }
 
@@ -37,7 +37,7 @@ static json_object *model_json(const struct st_plan *p, const struct st_plan_inp
 	json_object_object_add(o, "heads", json_object_new_int(cfg->n_head));
 	json_object_object_add(o, "vocab", json_object_new_int(cfg->vocab));
 	json_object_object_add(o, "ctx", json_object_new_int(cfg->ctx));
-	json_object_object_add(o, "params", st_ju(st_model_param_count(in->model)));
+	json_object_object_add(o, "params", ju(st_model_param_count(in->model)));
 	json_object_object_add(o, "units", json_object_new_int(p->units));
 	return o;
 }
@@ -59,8 +59,8 @@ static json_object *zero_json(const struct st_plan *p)
 		if (!p->comm_calls[k])
 			continue;
 		cell = json_object_new_object();
-		json_object_object_add(cell, "calls", st_ju(p->comm_calls[k]));
-		json_object_object_add(cell, "bytes", st_ju(p->comm_bytes[k]));
+		json_object_object_add(cell, "calls", ju(p->comm_calls[k]));
+		json_object_object_add(cell, "bytes", ju(p->comm_bytes[k]));
 		json_object_object_add(o2, kinds[k], cell);
 	}
 	json_object_object_add(o, "comm", o2);
@@ -86,7 +86,7 @@ static json_object *placement_json(const struct st_plan *p)
 			st_plan_count(p, (enum st_state)s, (enum st_home)h, &units, &bytes);
 			st_plan_unit_ranges(p, (enum st_state)s, (enum st_home)h, r, sizeof(r));
 			json_object_object_add(cell, "units", json_object_new_int(units));
-			json_object_object_add(cell, "bytes", st_ju(bytes));
+			json_object_object_add(cell, "bytes", ju(bytes));
 			json_object_object_add(cell, "unit_ranges", json_object_new_string(r));
 			json_object_object_add(o2, st_home_name((enum st_home)h), cell);
 		}
@@ -106,14 +106,14 @@ static json_object *units_json(const struct st_plan *p, const struct st_plan_inp
 		o = json_object_new_object();
 		json_object_object_add(o, "unit", json_object_new_int(u));
 		json_object_object_add(o, "kind", json_object_new_string(st_plan_kind_name(l->kind)));
-		json_object_object_add(o, "elems", st_ju(l->elems));
+		json_object_object_add(o, "elems", ju(l->elems));
 		json_object_object_add(o, "keep", json_object_new_boolean(p->keep[u]));
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
 			o2 = json_object_new_object();
 			json_object_object_add(o2, "tier", json_object_new_string(
 				st_home_name(st_plan_home(p, u, (enum st_state)s))));
 			json_object_object_add(o2, "bytes",
-					       st_ju(p->state_bytes[u * ST_STATE_COUNT + s]));
+					       ju(p->state_bytes[u * ST_STATE_COUNT + s]));
 			json_object_object_add(o, st_state_name((enum st_state)s), o2);
 		}
 		json_object_array_add(arr, o);
@@ -132,9 +132,9 @@ static json_object *recompute_json(const struct st_plan *p)
 		if (p->keep[u])
 			json_object_array_add(arr, json_object_new_int(u));
 	json_object_object_add(o, "keep", arr);
-	json_object_object_add(o, "saved_each_bytes", st_ju(p->saved_each_bytes));
+	json_object_object_add(o, "saved_each_bytes", ju(p->saved_each_bytes));
 	json_object_object_add(o, "saved_bytes",
-			       st_ju(st_plan_page_bytes(p->saved_each_bytes) * (uint64_t)p->n_keep));
+			       ju(st_plan_page_bytes(p->saved_each_bytes) * (uint64_t)p->n_keep));
 	json_object_object_add(o, "recompute_flops", json_object_new_double(p->recompute_flops));
 	return o;
 }
@@ -144,14 +144,14 @@ static json_object *pools_json(const struct st_plan *p)
 {
 	json_object *o = json_object_new_object();
 
-	json_object_object_add(o, "w_slots", st_ju(p->w_slots));
-	json_object_object_add(o, "w_slot_bytes", st_ju(p->w_slot_bytes));
-	json_object_object_add(o, "embed_slot_bytes", st_ju(p->embed_slot_bytes));
-	json_object_object_add(o, "act_bytes", st_ju(p->act_bytes));
-	json_object_object_add(o, "scratch_bytes", st_ju(p->scratch_bytes));
-	json_object_object_add(o, "w_staging_bytes", st_ju(p->w_staging_bytes));
-	json_object_object_add(o, "grad_landing_bytes", st_ju(p->grad_landing_bytes));
-	json_object_object_add(o, "update_staging_bytes", st_ju(p->update_staging_bytes));
+	json_object_object_add(o, "w_slots", ju(p->w_slots));
+	json_object_object_add(o, "w_slot_bytes", ju(p->w_slot_bytes));
+	json_object_object_add(o, "embed_slot_bytes", ju(p->embed_slot_bytes));
+	json_object_object_add(o, "act_bytes", ju(p->act_bytes));
+	json_object_object_add(o, "scratch_bytes", ju(p->scratch_bytes));
+	json_object_object_add(o, "w_staging_bytes", ju(p->w_staging_bytes));
+	json_object_object_add(o, "grad_landing_bytes", ju(p->grad_landing_bytes));
+	json_object_object_add(o, "update_staging_bytes", ju(p->update_staging_bytes));
 	return o;
 }
 
@@ -166,7 +166,7 @@ static json_object *pool_list_json(const struct st_plan *p)
 		o = json_object_new_object();
 		json_object_object_add(o, "name", json_object_new_string(x->name));
 		json_object_object_add(o, "tier", json_object_new_string(st_home_name(x->tier)));
-		json_object_object_add(o, "bytes", st_ju(x->bytes));
+		json_object_object_add(o, "bytes", ju(x->bytes));
 		json_object_object_add(o, "count", json_object_new_int((int)x->count));
 		if (x->unit >= 0)
 			json_object_object_add(o, "unit", json_object_new_int(x->unit));
@@ -184,10 +184,10 @@ static json_object *tiers_json(const struct st_plan *p, const struct st_plan_inp
 		if (h == ST_HOME_NVME && !in->have_nvme)
 			continue;
 		o2 = json_object_new_object();
-		json_object_object_add(o2, "home_bytes", st_ju(p->home_bytes[h]));
-		json_object_object_add(o2, "total_bytes", st_ju(p->total_bytes[h]));
-		json_object_object_add(o2, "budget_bytes", st_ju(p->budget_bytes[h]));
-		json_object_object_add(o2, "min_bytes", st_ju(p->min_bytes[h]));
+		json_object_object_add(o2, "home_bytes", ju(p->home_bytes[h]));
+		json_object_object_add(o2, "total_bytes", ju(p->total_bytes[h]));
+		json_object_object_add(o2, "budget_bytes", ju(p->budget_bytes[h]));
+		json_object_object_add(o2, "min_bytes", ju(p->min_bytes[h]));
 		if (h == ST_HOME_NVME)
 			json_object_object_add(o2, "budget_unlimited",
 					       json_object_new_boolean(!in->nvme_mem_bytes));
@@ -201,15 +201,15 @@ static json_object *traffic_json(const struct st_plan *p)
 {
 	json_object *o = json_object_new_object();
 
-	json_object_object_add(o, "h2d_bytes", st_ju(p->h2d_bytes));
-	json_object_object_add(o, "d2h_bytes", st_ju(p->d2h_bytes));
-	json_object_object_add(o, "nvme_read_bytes", st_ju(p->nvme_read_bytes));
-	json_object_object_add(o, "nvme_write_bytes", st_ju(p->nvme_write_bytes));
-	json_object_object_add(o, "update_h2d_bytes", st_ju(p->upd_h2d_bytes));
-	json_object_object_add(o, "update_nvme_read_bytes", st_ju(p->upd_nvme_read_bytes));
+	json_object_object_add(o, "h2d_bytes", ju(p->h2d_bytes));
+	json_object_object_add(o, "d2h_bytes", ju(p->d2h_bytes));
+	json_object_object_add(o, "nvme_read_bytes", ju(p->nvme_read_bytes));
+	json_object_object_add(o, "nvme_write_bytes", ju(p->nvme_write_bytes));
+	json_object_object_add(o, "update_h2d_bytes", ju(p->upd_h2d_bytes));
+	json_object_object_add(o, "update_nvme_read_bytes", ju(p->upd_nvme_read_bytes));
 	json_object_object_add(o, "update_prefetch_nvme_read_bytes",
-			       st_ju(p->upd_prefetch_nvme_read_bytes));
-	json_object_object_add(o, "update_nvme_write_bytes", st_ju(p->upd_nvme_write_bytes));
+			       ju(p->upd_prefetch_nvme_read_bytes));
+	json_object_object_add(o, "update_nvme_write_bytes", ju(p->upd_nvme_write_bytes));
 	return o;
 }
 
@@ -247,7 +247,7 @@ static json_object *time_json(const struct st_plan *p, const struct st_plan_inpu
 	json_object_object_add(o, "bound", json_object_new_string(p->bound));
 	json_object_object_add(o, "host_compute", json_object_new_boolean(in->host_compute));
 	json_object_object_add(o, "compute_flops", json_object_new_double(p->compute_flops_step));
-	json_object_object_add(o, "adam_bytes", st_ju(p->adam_bytes));
+	json_object_object_add(o, "adam_bytes", ju(p->adam_bytes));
 	{
 		static const char *ph_names[2] = { "backward", "update" };
 		static const char *lane_keys[5] = { "compute_s", "copy_s", "nvme_s", "adam_s",
@@ -309,7 +309,7 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(root, "units", units_json(p, in));
 	json_object_object_add(root, "recompute", recompute_json(p));
 	json_object_object_add(root, "pools", pools_json(p));
-	json_object_object_add(root, "activations", st_act_json(p));
+	json_object_object_add(root, "activations", act_json(p));
 	json_object_object_add(root, "pool_list", pool_list_json(p));
 	json_object_object_add(root, "tiers", tiers_json(p, in));
 	json_object_object_add(root, "traffic", traffic_json(p));

@@ -77,7 +77,7 @@ int st_plan_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
 
 /* The split's moves only take bytes off nvme, so the fill is held to the
  * vram and host budgets, and nvme is checked once, at the end. */
-static bool st_policy_fits(void *ctx, const enum st_home *homes)
+static bool policy_fits(void *ctx, const enum st_home *homes)
 {
 	struct st_policy *pol = ctx;
 	struct st_pools p;
@@ -86,7 +86,7 @@ static bool st_policy_fits(void *ctx, const enum st_home *homes)
 	return st_plan_fits(&p, pol->budget, ST_HOME_NVME);
 }
 
-static double st_policy_cost(void *ctx, const enum st_home *homes, double *step_s,
+static double policy_cost(void *ctx, const enum st_home *homes, double *step_s,
 			     double *update_s)
 {
 	struct st_policy *pol = ctx;
@@ -131,7 +131,7 @@ int st_policy_init(struct st_policy *pol, const struct st_plan_input *in,
 		pol->all_bytes += pol->bytes[i];
 	}
 	pol->ops = (struct st_split_ops){ .units = sh->units, .bytes = pol->bytes,
-					  .fits = st_policy_fits, .cost = st_policy_cost,
+					  .fits = policy_fits, .cost = policy_cost,
 					  .ctx = pol, .scratch = pol->moves };
 	st_split_allowed(in, pol->ops.allowed);
 	return 0;
@@ -141,7 +141,7 @@ int st_policy_init(struct st_policy *pol, const struct st_plan_input *in,
  * improved by the split (explicit homes are not), it must then fit nvme
  * too. The improved homes are left in pol->trial; *moved counts the
  * shards the split moved. */
-static bool st_policy_accept(struct st_policy *pol, int i, const uint64_t *budget, int *moved,
+static bool policy_accept(struct st_policy *pol, int i, const uint64_t *budget, int *moved,
 			     struct st_pools *p)
 {
 	size_t cells = (size_t)pol->sh->units * ST_STATE_COUNT;
@@ -149,7 +149,7 @@ static bool st_policy_accept(struct st_policy *pol, int i, const uint64_t *budge
 	pol->budget = budget;
 	*moved = 0;
 	memcpy(pol->trial, st_plan_cand_homes(pol->sh, pol->c[i]), sizeof(*pol->trial) * cells);
-	if (!st_policy_fits(pol, pol->trial))
+	if (!policy_fits(pol, pol->trial))
 		return false;
 	if (!pol->c[i].explicit_homes)
 		*moved = st_split_improve(&pol->ops, pol->trial);
@@ -225,12 +225,12 @@ int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home
 		double step, sum;
 		int moved;
 
-		if (!st_policy_accept(pol, i, budget, &moved, &p))
+		if (!policy_accept(pol, i, budget, &moved, &p))
 			continue;
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
 			st_plan_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
 				       budget);
-		sum = st_policy_cost(pol, pol->trial, &step, NULL);
+		sum = policy_cost(pol, pol->trial, &step, NULL);
 		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
 			st_plan_recomp_base(pol->in, pol->sh);
 		if (chosen < 0 || st_split_better(step, sum, best_step, best_sum)) {
@@ -247,7 +247,7 @@ int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home
 /* The smallest budget of tier t that works with the other budgets as
  * given; UINT64_MAX when none does. A candidate cannot work with less of
  * vram or host than it takes as it is, and works with that much exactly
- * when st_policy_accept() says so; on nvme it needs what its improved
+ * when policy_accept() says so; on nvme it needs what its improved
  * homes take (the split, held to vram and host only, does not depend on
  * the nvme budget). */
 uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
@@ -262,13 +262,13 @@ uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
 		memcpy(b, budget, sizeof(b));
 		if (t == ST_HOME_NVME) {
 			b[t] = ST_PLAN_UNLIMITED;
-			if (st_policy_accept(pol, i, b, &moved, &p))
+			if (policy_accept(pol, i, b, &moved, &p))
 				best = ST_MIN(best, p.total[t]);
 			continue;
 		}
 		st_pools_compute(pol->sh, st_plan_cand_homes(pol->sh, pol->c[i]), pol->k, &p);
 		b[t] = lo = p.total[t];
-		if (st_policy_accept(pol, i, b, &moved, &p)) {
+		if (policy_accept(pol, i, b, &moved, &p)) {
 			best = ST_MIN(best, lo);
 			continue;
 		}
@@ -281,7 +281,7 @@ uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
 			continue;
 		hi = lo + pol->all_bytes;
 		b[t] = hi;
-		if (!st_policy_accept(pol, i, b, &moved, &p))
+		if (!policy_accept(pol, i, b, &moved, &p))
 			continue;
 		lo /= 4096; /* refused at lo, accepted at hi */
 		hi = (hi + 4095) / 4096;
@@ -289,7 +289,7 @@ uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
 			uint64_t mid = lo + (hi - lo) / 2;
 
 			b[t] = mid * 4096;
-			if (st_policy_accept(pol, i, b, &moved, &p))
+			if (policy_accept(pol, i, b, &moved, &p))
 				hi = mid;
 			else
 				lo = mid;
@@ -299,7 +299,7 @@ uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
 	return best;
 }
 
-static int st_refuse(int t, uint64_t budget, uint64_t need, const char *why)
+static int refuse(int t, uint64_t budget, uint64_t need, const char *why)
 {
 	char b[32], m[32];
 
@@ -340,7 +340,7 @@ int st_plan_explain(struct st_policy *pol, const uint64_t *budget)
 		}
 	}
 	if (pick >= 0)
-		return st_refuse(pick, budget[pick], pick_need, "for this model and batch");
+		return refuse(pick, budget[pick], pick_need, "for this model and batch");
 	/* Several do: the first tier too small for every placement. */
 	for (int t = 0; t < ST_HOME_COUNT; t++) {
 		need = ST_PLAN_UNLIMITED;
@@ -349,7 +349,7 @@ int st_plan_explain(struct st_policy *pol, const uint64_t *budget)
 			need = ST_MIN(need, p.total[t]);
 		}
 		if (need > budget[t])
-			return st_refuse(t, budget[t], need,
+			return refuse(t, budget[t], need,
 					 "for this model and batch (other budgets are short too)");
 	}
 	/* Each tier could fit, but never all at once: take the placement that
@@ -368,7 +368,7 @@ int st_plan_explain(struct st_policy *pol, const uint64_t *budget)
 	st_pools_compute(sh, st_plan_cand_homes(sh, c[best_i]), k, &p);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		if (p.total[t] > budget[t])
-			return st_refuse(t, budget[t], p.total[t],
+			return refuse(t, budget[t], p.total[t],
 					 "with W in its placement (other budgets are short too)");
 	return st_error_set(-ENOSPC, "plan: no placement fits the budgets");
 }

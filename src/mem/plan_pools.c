@@ -70,7 +70,7 @@ const char *st_pool_name(enum st_pool_id id)
 	return (unsigned)id < ST_POOL_KIND_COUNT ? st_pool_kinds[id].name : "?";
 }
 
-static void st_pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
+static void pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
 			uint32_t count, int unit)
 {
 	struct st_plan_pool *x;
@@ -84,7 +84,7 @@ static void st_pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
 	p->total[x->tier] += st_plan_page_bytes(bytes) * count;
 }
 
-static bool st_any(const struct st_shape *sh, const enum st_home *homes, enum st_state s0,
+static bool any(const struct st_shape *sh, const enum st_home *homes, enum st_state s0,
 		   enum st_state s1, enum st_home h, bool equal)
 {
 	for (int u = 0; u < sh->units; u++)
@@ -111,24 +111,24 @@ int st_plan_act_offloaded(const struct st_shape *sh, enum st_home a)
 }
 
 /* The checkpoint pools of the candidate's home (*sh->act_home). */
-static void st_act_pools(const struct st_shape *sh, struct st_pools *p)
+static void act_pools(const struct st_shape *sh, struct st_pools *p)
 {
 	uint64_t xa = st_align_up(sh->x_bytes, ST_PLAN_ACT_ALIGN);
 
 	if (sh->units < 2)
 		return;
 	if (*sh->act_home != ST_HOME_HOST) {
-		st_pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
+		pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
 		return;
 	}
-	st_pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_plan_act_slots(sh), -1);
-	st_pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_plan_act_offloaded(sh, ST_HOME_HOST), -1);
+	pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_plan_act_slots(sh), -1);
+	pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_plan_act_offloaded(sh, ST_HOME_HOST), -1);
 }
 
 /* --- recompute (st_recompute, docs/plan.md) ----------------------------------- */
 
 /* The workspace: the largest a unit needs, a kept unit's scratch only. */
-static uint64_t st_recomp_work(const struct st_shape *sh)
+static uint64_t recomp_work(const struct st_shape *sh)
 {
 	uint64_t w = 0;
 
@@ -138,7 +138,7 @@ static uint64_t st_recomp_work(const struct st_shape *sh)
 }
 
 /* One saved-forward extent per kept unit, of the largest kept unit's. */
-static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p)
+static void recomp_pool(const struct st_shape *sh, struct st_pools *p)
 {
 	uint64_t each = 0;
 	uint32_t n = 0;
@@ -148,14 +148,14 @@ static void st_recomp_pool(const struct st_shape *sh, struct st_pools *p)
 			each = ST_MAX(each, sh->saved[u]);
 			n++;
 		}
-	st_pool_add(p, ST_POOL_SAVED, each, n, -1);
+	pool_add(p, ST_POOL_SAVED, each, n, -1);
 }
 
 /* --- the optimizer on the device (docs/gpu.md) ----------------------------- */
 
 /* Whether some unit's new W goes through update staging: its W is not in
  * host and its optimizer is not on the device (which writes W in place). */
-static bool st_plan_upd_w(const struct st_shape *sh, const enum st_home *homes)
+static bool plan_upd_w(const struct st_shape *sh, const enum st_home *homes)
 {
 	for (int u = 0; u < sh->units; u++)
 		if (homes[u * ST_STATE_COUNT + ST_STATE_W] != ST_HOME_HOST &&
@@ -166,7 +166,7 @@ static bool st_plan_upd_w(const struct st_shape *sh, const enum st_home *homes)
 
 /* ST_POOL_OPT_STAT: 16 B per unit (its sum of squares) and 16 B for the
  * AdamW count, then the sum's scratch for the largest unit. */
-static uint64_t st_plan_opt_stat_bytes(const struct st_shape *sh)
+static uint64_t plan_opt_stat_bytes(const struct st_shape *sh)
 {
 	return 16 * ((uint64_t)sh->units + 1) +
 	       16 * ((sh->epad_max + ST_PLAN_SLICE_ALIGN - 1) / ST_PLAN_SLICE_ALIGN);
@@ -180,14 +180,14 @@ static uint64_t st_plan_opt_stat_bytes(const struct st_shape *sh)
 void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int k,
 		      struct st_pools *p)
 {
-	bool g_nvme = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_NVME, true);
+	bool g_nvme = any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_NVME, true);
 	/* update staging per state (st_plan_upd_staged()): W's when some W
 	 * goes home through it (not in host, not gathered, not written in
-	 * place by the optimizer on the device: st_plan_upd_w()), G, P, M,
+	 * place by the optimizer on the device: plan_upd_w()), G, P, M,
 	 * V's each when some unit's is on nvme */
-	bool upd_w = !sh->w_gather && st_plan_upd_w(sh, homes);
+	bool upd_w = !sh->w_gather && plan_upd_w(sh, homes);
 	uint32_t upd_f = 0;
-	bool g_vram = st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, true);
+	bool g_vram = any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, true);
 	uint64_t e_reg = 0, e_res = 0; /* the largest streamed unit of each kind */
 	bool res_slot, reg_nvme = false, res_nvme = false;
 	uint64_t slot_bytes, et = sh->tile;
@@ -224,7 +224,7 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	}
 
 	for (int s = ST_STATE_G; s <= ST_STATE_V; s++)
-		upd_f += st_any(sh, homes, (enum st_state)s, (enum st_state)s, ST_HOME_NVME, true);
+		upd_f += any(sh, homes, (enum st_state)s, (enum st_state)s, ST_HOME_NVME, true);
 
 	memset(p, 0, sizeof(*p));
 	for (int u = 0; u < sh->units; u++)
@@ -233,40 +233,40 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 				sh->st_elems[u * ST_STATE_COUNT + s] * (s == ST_STATE_W ? sh->wb : 4);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		p->total[t] = p->home[t];
-	st_pool_add(p, ST_POOL_W_SLOT, slot_bytes, slots, -1);
-	st_pool_add(p, ST_POOL_W_SLOT_RES, e_res * sh->wb, res_slot, -1);
-	st_pool_add(p, ST_POOL_W_STAGE, slot_bytes, reg_nvme ? slots : 0, -1);
-	st_pool_add(p, ST_POOL_W_STAGE_RES, e_res * sh->wb, res_nvme, -1);
-	st_act_pools(sh, p);
+	pool_add(p, ST_POOL_W_SLOT, slot_bytes, slots, -1);
+	pool_add(p, ST_POOL_W_SLOT_RES, e_res * sh->wb, res_slot, -1);
+	pool_add(p, ST_POOL_W_STAGE, slot_bytes, reg_nvme ? slots : 0, -1);
+	pool_add(p, ST_POOL_W_STAGE_RES, e_res * sh->wb, res_nvme, -1);
+	act_pools(sh, p);
 	/* W widened to fp32 and dW (two: one is computed while the other is
 	 * copied out) for the units that are not resident; each resident unit
 	 * has its own for the micro-batch, so a large vocabulary is not paid
 	 * for five times. dA and dB: the activation gradient in and out. */
-	st_pool_add(p, ST_POOL_WF, sh->e_reg * 4, 1, -1);
+	pool_add(p, ST_POOL_WF, sh->e_reg * 4, 1, -1);
 	for (int u = 0; u < sh->units; u++)
 		if (sh->resident[u])
-			st_pool_add(p, ST_POOL_WF_RES, sh->elems[u] * 4, 1, u);
+			pool_add(p, ST_POOL_WF_RES, sh->elems[u] * 4, 1, u);
 	/* dW is the padded unit: the reduce-scatter cuts it in N slices */
-	st_pool_add(p, ST_POOL_DW, sh->epad_reg * 4, 2, -1);
+	pool_add(p, ST_POOL_DW, sh->epad_reg * 4, 2, -1);
 	for (int u = 0; u < sh->units; u++)
 		if (sh->resident[u])
-			st_pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, 1, u);
-	st_pool_add(p, ST_POOL_DACT, sh->x_bytes, 2, -1);
-	st_pool_add(p, ST_POOL_WORK, st_recomp_work(sh), 1, -1);
-	st_pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
-	st_pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
-	st_pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
-		    st_any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
-	st_pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4, g_nvme && sh->accum > 1, -1);
+			pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, 1, u);
+	pool_add(p, ST_POOL_DACT, sh->x_bytes, 2, -1);
+	pool_add(p, ST_POOL_WORK, recomp_work(sh), 1, -1);
+	pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
+	pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
+	pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
+		    any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
+	pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4, g_nvme && sh->accum > 1, -1);
 	/* the update sweep goes tile by tile, two sets of staging in turn:
 	 * for G, P, M, V one buffer per staged state in each set */
-	st_pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd_w ? 2 : 0, -1);
-	st_pool_add(p, ST_POOL_UPD_F32, et * 4, 2 * upd_f, -1);
+	pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd_w ? 2 : 0, -1);
+	pool_add(p, ST_POOL_UPD_F32, et * 4, 2 * upd_f, -1);
 	/* ZeRO at world > 1 (docs/zero.md) */
-	st_pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
-	st_pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
-	st_recomp_pool(sh, p);
-	st_pool_add(p, ST_POOL_OPT_STAT, st_plan_opt_stat_bytes(sh), g_vram, -1);
+	pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
+	pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
+	recomp_pool(sh, p);
+	pool_add(p, ST_POOL_OPT_STAT, plan_opt_stat_bytes(sh), g_vram, -1);
 }
 
 uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)
@@ -311,7 +311,7 @@ bool st_plan_fits(const struct st_pools *p, const uint64_t *budget, int skip)
 
 /* Bytes of unit u's output at (B, T): the next unit's input, kept as its
  * activation checkpoint. */
-static uint64_t st_out_bytes(const struct st_model *m, int u, int B, int T)
+static uint64_t out_bytes(const struct st_model *m, int u, int B, int T)
 {
 	return st_model_act_bytes(m, u, B, T);
 }
@@ -340,7 +340,7 @@ void st_shape_fini(struct st_shape *sh)
  * with it, and the nvme checksums cut every slice of a shard the same way
  * (engine_sums.c), so they line up with a rank's tiles whatever the
  * slices' sizes. */
-static int st_shape_slices(const struct st_plan_input *in, struct st_shape *sh)
+static int shape_slices(const struct st_plan_input *in, struct st_shape *sh)
 {
 	int N = sh->world;
 	uint64_t s_max = 0;
@@ -415,7 +415,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 		sh->work_full[u] = work;
 		sh->saved[u] = st_model_saved_bytes(m, u, in->batch, in->seq, &kept);
 		sh->work_kept[u] = kept;
-		sh->x_bytes = ST_MAX(sh->x_bytes, st_out_bytes(m, u, in->batch, in->seq));
+		sh->x_bytes = ST_MAX(sh->x_bytes, out_bytes(m, u, in->batch, in->seq));
 	}
 	if (sh->n_resident > ST_PLAN_MAX_RESIDENT) {
 		st_shape_fini(sh);
@@ -431,7 +431,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 		return st_error_set(-ENOMEM, "plan: out of memory");
 	}
 	for (int j = 1; j < sh->units; j++)
-		sh->act_copy[j] = st_align_up(st_out_bytes(m, j - 1, in->batch, in->seq),
+		sh->act_copy[j] = st_align_up(out_bytes(m, j - 1, in->batch, in->seq),
 					      ST_PLAN_ACT_ALIGN);
-	return st_shape_slices(in, sh);
+	return shape_slices(in, sh);
 }

@@ -49,7 +49,7 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 /* The collectives of one step on one rank, as st_comm_stats counts them
  * (calls, and the full buffer of each: reduce-scatter's send, all-gather's
  * recv, allreduce's count): the engine's calls, docs/zero.md. */
-static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
+static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum, N = (uint64_t)sh->world, parts = 0;
 	enum { AR = 0, RS = 1, AG = 2, A2A = 3 }; /* strata/comm.h's order */
@@ -90,7 +90,7 @@ static void st_predict_comm(const struct st_shape *sh, struct st_plan *p)
 
 /* Checkpoints on the host: each of 1..act_offloaded goes d2h after the
  * forward and h2d before the backward, every micro-batch. */
-static void st_act_traffic(const struct st_shape *sh, struct st_plan *p)
+static void act_traffic(const struct st_shape *sh, struct st_plan *p)
 {
 	uint64_t b = 0;
 
@@ -103,7 +103,7 @@ static void st_act_traffic(const struct st_shape *sh, struct st_plan *p)
 
 /* FLOPs per token the backward spends recomputing forwards: a third of
  * the share of every unit that could keep but does not. */
-static double st_recomp_flops(const struct st_plan_input *in, const struct st_shape *sh)
+static double recomp_flops(const struct st_plan_input *in, const struct st_shape *sh)
 {
 	double f = 0;
 
@@ -117,7 +117,7 @@ static double st_recomp_flops(const struct st_plan_input *in, const struct st_sh
  * update tiles (engine_update.c) cut each unit's range of P (the rank's
  * shard) at the tile and, at world > 1, at every slice; a state's tiles
  * are staged in the units where it lives on nvme. */
-static uint64_t st_first_tiles_bytes(const struct st_shape *sh, const enum st_home *homes,
+static uint64_t first_tiles_bytes(const struct st_shape *sh, const enum st_home *homes,
 				     enum st_state s, int tiles)
 {
 	uint64_t bytes = 0;
@@ -142,12 +142,12 @@ static uint64_t st_first_tiles_bytes(const struct st_shape *sh, const enum st_ho
  * backward (st_eng_update_prefetch): P, M and V need no G, so each of
  * them loads its first two staged tiles, one into each of its two
  * staging buffers, before the sweep starts. */
-static uint64_t st_predict_prefetch(const struct st_shape *sh, const enum st_home *homes)
+static uint64_t predict_prefetch(const struct st_shape *sh, const enum st_home *homes)
 {
 	uint64_t bytes = 0;
 
 	for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
-		bytes += st_first_tiles_bytes(sh, homes, (enum st_state)s, 2);
+		bytes += first_tiles_bytes(sh, homes, (enum st_state)s, 2);
 	return bytes;
 }
 
@@ -158,11 +158,11 @@ static uint64_t st_predict_prefetch(const struct st_shape *sh, const enum st_hom
  * sweep, so the phases add; within a phase the lanes overlap. The update
  * phase has the update's traffic (G, P, M, V loads and P, M, V, W stores
  * on nvme, the new W to vram) but the P, M, V loads the engine queues
- * during the backward (st_predict_prefetch), AdamW, and one micro-batch's forward
+ * during the backward (predict_prefetch), AdamW, and one micro-batch's forward
  * FLOPs (a third of the model's, nothing recomputed); the rest of each
  * lane is the first phase's. The fill and drain: one unit's share of each
  * phase's lanes but its busiest, twice. t[] are the whole step's lanes. */
-static void st_predict_phases(const struct st_plan_input *in, const struct st_shape *sh,
+static void predict_phases(const struct st_plan_input *in, const struct st_shape *sh,
 			      const double t[5], struct st_plan *p)
 {
 	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
@@ -206,8 +206,8 @@ static void st_predict_phases(const struct st_plan_input *in, const struct st_sh
 /* The times of the lanes from the traffic and the FLOPs, the busiest lane
  * of the step (on the cpu device compute and AdamW share the cores and are
  * added), and the step: its two phases plus the pipeline's fill and drain
- * (st_predict_phases(); docs/plan.md, "Predicted time per step"). */
-static void st_predict_times(const struct st_plan_input *in, const struct st_shape *sh,
+ * (predict_phases(); docs/plan.md, "Predicted time per step"). */
+static void predict_times(const struct st_plan_input *in, const struct st_shape *sh,
 			     double host_adam_share, struct st_plan *p)
 {
 	const struct st_plan_rates *r = &p->rates;
@@ -221,7 +221,7 @@ static void st_predict_times(const struct st_plan_input *in, const struct st_sha
 		wire += p->comm_bytes[k];
 	/* the model's FLOPs, and a third more of each unit whose backward
 	 * recomputes its forward (the forward is 1/3 of fwd + bwd) */
-	p->recompute_flops = st_recomp_flops(in, sh) * tokens;
+	p->recompute_flops = recomp_flops(in, sh) * tokens;
 	p->compute_flops_step = st_model_flops_per_token(in->model, in->seq) * tokens +
 				p->recompute_flops;
 	t[0] = p->compute_flops_step / r->compute_flops;
@@ -254,7 +254,7 @@ static void st_predict_times(const struct st_plan_input *in, const struct st_sha
 			arg = i;
 	/* the cores' lane is named by the larger of its two */
 	p->bound = arg == 0 && in->host_compute && t[3] > t[0] ? names[3] : names[arg];
-	st_predict_phases(in, sh, t, p);
+	predict_phases(in, sh, t, p);
 }
 
 void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
@@ -315,12 +315,12 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 				p->upd_nvme_write_bytes += pmv;
 			}
 	}
-	p->upd_prefetch_nvme_read_bytes = st_predict_prefetch(sh, homes);
-	st_predict_comm(sh, p);
-	st_act_traffic(sh, p);
+	p->upd_prefetch_nvme_read_bytes = predict_prefetch(sh, homes);
+	predict_comm(sh, p);
+	act_traffic(sh, p);
 	/* units whose optimizer runs on the device take no CPU AdamW time,
 	 * unless the device is the host's cores (the cpu device) */
-	st_predict_times(in, sh, p_dev_elems && !in->host_compute ?
+	predict_times(in, sh, p_dev_elems && !in->host_compute ?
 				 1.0 - (double)p_dev_elems / (double)p_all_elems : 1.0, p);
 }
 

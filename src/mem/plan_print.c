@@ -45,7 +45,7 @@ void st_plan_unit_ranges(const struct st_plan *p, enum st_state s, enum st_home 
 }
 
 /* Does state s have a home in more than one tier? */
-static bool st_state_split(const struct st_plan *p, enum st_state s)
+static bool state_split(const struct st_plan *p, enum st_state s)
 {
 	for (int u = 1; u < p->units; u++)
 		if (st_plan_home(p, u, s) != st_plan_home(p, 0, s))
@@ -55,13 +55,13 @@ static bool st_state_split(const struct st_plan *p, enum st_state s)
 
 /* The split placement by unit, one line per group of states with the same
  * homes: "    G, P     host 0-19; nvme 20-47". */
-static void st_print_split(const struct st_plan *p, FILE *f)
+static void print_split(const struct st_plan *p, FILE *f)
 {
 	bool done[ST_STATE_COUNT] = { false }, any = false;
 	char r[512];
 
 	for (int s = 0; s < ST_STATE_COUNT; s++)
-		any |= st_state_split(p, (enum st_state)s);
+		any |= state_split(p, (enum st_state)s);
 	if (!any)
 		return;
 	fprintf(f, "  by unit (the split placement)\n");
@@ -70,7 +70,7 @@ static void st_print_split(const struct st_plan *p, FILE *f)
 		size_t len;
 		bool first = true;
 
-		if (done[s] || !st_state_split(p, (enum st_state)s))
+		if (done[s] || !state_split(p, (enum st_state)s))
 			continue;
 		len = (size_t)snprintf(names, sizeof(names), "%s", st_state_name((enum st_state)s));
 		for (int t = s + 1; t < ST_STATE_COUNT; t++) {
@@ -97,7 +97,7 @@ static void st_print_split(const struct st_plan *p, FILE *f)
 	}
 }
 
-static const char *st_fmt_s(double s, char *buf, size_t n)
+static const char *fmt_s(double s, char *buf, size_t n)
 {
 	if (s < 1e-3)
 		snprintf(buf, n, "%.1f us", s * 1e6);
@@ -114,7 +114,7 @@ const char *st_plan_rate_source(const struct st_plan *p, enum st_rate i)
 }
 
 /* The vram checkpoint line of `strata plan`: where they live. */
-static void st_act_print(const struct st_plan *p, FILE *f)
+static void act_print(const struct st_plan *p, FILE *f)
 {
 	char a[32], b[32], c[32];
 
@@ -131,7 +131,7 @@ static void st_act_print(const struct st_plan *p, FILE *f)
 }
 
 /* The kept units as ranges ("9-12", "1,3-4"), or "none". */
-static const char *st_recomp_units(const struct st_plan *p, char *buf, size_t n)
+static const char *recomp_units(const struct st_plan *p, char *buf, size_t n)
 {
 	size_t len = 0;
 
@@ -153,14 +153,14 @@ static const char *st_recomp_units(const struct st_plan *p, char *buf, size_t n)
 }
 
 /* `strata plan`'s line for the saved forwards. */
-static void st_recomp_print(const struct st_plan *p, FILE *f)
+static void recomp_print(const struct st_plan *p, FILE *f)
 {
 	char a[32], b[32], units[256];
 	fprintf(f, "        saved forwards  ");
 	if (p->n_keep)
 		fprintf(f, "%s (%d x %s: units %s keep their forward; recompute %s)\n",
 			st_plan_fmt_bytes(st_plan_page_bytes(p->saved_each_bytes) * (uint64_t)p->n_keep, a), p->n_keep,
-			st_plan_fmt_bytes(p->saved_each_bytes, b), st_recomp_units(p, units, sizeof(units)),
+			st_plan_fmt_bytes(p->saved_each_bytes, b), recomp_units(p, units, sizeof(units)),
 			st_recompute_name(p->recompute));
 	else
 		fprintf(f, "none (recompute %s: every backward recomputes its forward)\n",
@@ -195,7 +195,7 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 		}
 		fputc('\n', f);
 	}
-	st_print_split(p, f);
+	print_split(p, f);
 	fprintf(f, "\npools\n");
 	if (p->w_slots) {
 		fprintf(f, "  vram  W slots         %llu x %s", (unsigned long long)p->w_slots,
@@ -206,10 +206,10 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	} else {
 		fprintf(f, "  vram  W slots         none (W resident)\n");
 	}
-	st_act_print(p, f);
+	act_print(p, f);
 	fprintf(f, "        scratch         %s (model workspace %s)\n",
 		st_plan_fmt_bytes(p->scratch_bytes, a), st_plan_fmt_bytes(p->work_bytes, b));
-	st_recomp_print(p, f);
+	recomp_print(p, f);
 	fprintf(f, "  host  W staging       %s\n", st_plan_fmt_bytes(p->w_staging_bytes, a));
 	fprintf(f, "        grad landing    %s\n", st_plan_fmt_bytes(p->grad_landing_bytes, a));
 	fprintf(f, "        update staging  %s\n", st_plan_fmt_bytes(p->update_staging_bytes, a));
@@ -250,43 +250,43 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	}
 	fprintf(f, "\ntime per step (predicted; the resources overlap)\n");
 	fprintf(f, "  compute  %-10s at %.1f GFLOP/s (%s; recomputing %.3g GFLOP of it)\n",
-		st_fmt_s(p->t_compute_s, a, 32), p->rates.compute_flops / 1e9,
+		fmt_s(p->t_compute_s, a, 32), p->rates.compute_flops / 1e9,
 		st_plan_rate_source(p, ST_RATE_COMPUTE), p->recompute_flops / 1e9);
-	fprintf(f, "  copy     %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_copy_s, a, 32),
+	fprintf(f, "  copy     %-10s at %.2f GB/s (%s)\n", fmt_s(p->t_copy_s, a, 32),
 		p->rates.copy_bps / 1e9, st_plan_rate_source(p, ST_RATE_COPY));
 	fprintf(f, "  nvme     %-10s at %.2f / %.2f GB/s read / write (%s / %s)\n",
-		st_fmt_s(p->t_nvme_s, a, 32), p->rates.nvme_read_bps / 1e9,
+		fmt_s(p->t_nvme_s, a, 32), p->rates.nvme_read_bps / 1e9,
 		p->rates.nvme_write_bps / 1e9, st_plan_rate_source(p, ST_RATE_NVME_READ),
 		st_plan_rate_source(p, ST_RATE_NVME_WRITE));
-	fprintf(f, "  adam     %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_adam_s, a, 32),
+	fprintf(f, "  adam     %-10s at %.2f GB/s (%s)\n", fmt_s(p->t_adam_s, a, 32),
 		p->rates.adam_bps / 1e9, st_plan_rate_source(p, ST_RATE_ADAM));
 	if (p->world > 1)
-		fprintf(f, "  net      %-10s at %.2f GB/s (%s)\n", st_fmt_s(p->t_net_s, a, 32),
+		fprintf(f, "  net      %-10s at %.2f GB/s (%s)\n", fmt_s(p->t_net_s, a, 32),
 			p->rates.net_bps / 1e9, st_plan_rate_source(p, ST_RATE_NET));
 	{
 		char b2[32];
 
 		fprintf(f, "  phases   backward %s (bound by %s) + update %s (bound by %s)\n",
-			st_fmt_s(p->t_phase_s[0], a, 32), p->phase_bound[0],
-			st_fmt_s(p->t_phase_s[1], b2, 32), p->phase_bound[1]);
+			fmt_s(p->t_phase_s[0], a, 32), p->phase_bound[0],
+			fmt_s(p->t_phase_s[1], b2, 32), p->phase_bound[1]);
 	}
 	fprintf(f, "  serial   %-10s fill and drain: one unit's share of the other lanes%s\n",
-		st_fmt_s(p->t_serial_s, a, 32),
+		fmt_s(p->t_serial_s, a, 32),
 		in->host_compute ? "\n           (cpu device: compute and adam share the cores, so "
 				   "they add)" : "");
-	fprintf(f, "  step     %-10s bound by %s\n", st_fmt_s(p->t_step_s, a, 32), p->bound);
+	fprintf(f, "  step     %-10s bound by %s\n", fmt_s(p->t_step_s, a, 32), p->bound);
 	if (strcmp(p->bound, "compute") == 0)
 		;
 	else if (p->hide_accum)
 		fprintf(f, "  compute-bound from --grad-accum %d (B*T*N = %lld tokens): step %s, "
 			"%.0f tok/s\n", p->hide_accum,
-			(long long)in->batch * in->seq * p->hide_accum, st_fmt_s(p->hide_step_s, a, 32),
+			(long long)in->batch * in->seq * p->hide_accum, fmt_s(p->hide_step_s, a, 32),
 			(double)in->batch * in->seq * p->hide_accum / p->hide_step_s);
 	else if (p->hide_best_accum)
 		fprintf(f, "  never compute-bound up to --grad-accum %d: %s\n"
 			"  tokens/s within 10%% of the best from --grad-accum %d (step %s, "
 			"%.0f tok/s)\n", ST_PLAN_ACCUM_MAX, p->hide_why, p->hide_best_accum,
-			st_fmt_s(p->hide_best_step_s, a, 32),
+			fmt_s(p->hide_best_step_s, a, 32),
 			(double)in->batch * in->seq * p->hide_best_accum / p->hide_best_step_s);
 }
 

@@ -46,7 +46,7 @@ void st_split_allowed(const struct st_plan_input *in, unsigned allowed[ST_STATE_
 /* x to 30 significant bits: the savings per byte of shards that differ
  * only in size (the embedding's G and a block's) differ in their last
  * bits by rounding alone, and should tie, so that the unit order decides. */
-static double st_round30(double x)
+static double round30(double x)
 {
 	int e;
 	double m = frexp(x, &e);
@@ -57,7 +57,7 @@ static double st_round30(double x)
 /* The most saving per byte first; then the most of it off the update
  * phase; then unit, then state, so the order is total and the result the
  * same on every machine. */
-static int st_move_cmp(const void *a, const void *b)
+static int move_cmp(const void *a, const void *b)
 {
 	const struct st_move *x = a, *y = b;
 
@@ -72,7 +72,7 @@ static int st_move_cmp(const void *a, const void *b)
 
 /* Fill tier t: every shard that may live there and now lives in a slower
  * tier (a larger enum st_home) is a candidate. */
-static int st_split_fill(const struct st_split_ops *ops, enum st_home *homes, enum st_home t,
+static int split_fill(const struct st_split_ops *ops, enum st_home *homes, enum st_home t,
 			 struct st_move *mv)
 {
 	int n = 0, moved = 0;
@@ -95,11 +95,11 @@ static int st_split_fill(const struct st_split_ops *ops, enum st_home *homes, en
 			if (saved > 0)
 				mv[n++] = (struct st_move){
 					.u = u, .s = s,
-					.per_byte_s = st_round30(saved / (double)bytes),
-					.upd_per_byte_s = st_round30((base_upd - upd) / (double)bytes),
+					.per_byte_s = round30(saved / (double)bytes),
+					.upd_per_byte_s = round30((base_upd - upd) / (double)bytes),
 				};
 		}
-	qsort(mv, (size_t)n, sizeof(*mv), st_move_cmp);
+	qsort(mv, (size_t)n, sizeof(*mv), move_cmp);
 	do {
 		changed = false;
 		for (int i = 0; i < n; i++) {
@@ -131,7 +131,7 @@ int st_split_improve(const struct st_split_ops *ops, enum st_home *homes)
 	/* vram first: W moved there also leaves host (or nvme) room for the
 	 * fill of host that follows */
 	for (int t = ST_HOME_VRAM; t < ST_HOME_NVME; t++)
-		moved += st_split_fill(ops, homes, (enum st_home)t, ops->scratch);
+		moved += split_fill(ops, homes, (enum st_home)t, ops->scratch);
 	return moved;
 }
 

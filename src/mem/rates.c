@@ -20,7 +20,7 @@ static const char *const st_rate_keys[ST_RATE_COUNT] = {
 	"compute_flops", "copy_bps", "nvme_read_bps", "nvme_write_bps", "adam_bps", "net_bps",
 };
 
-static double *st_rate_slot(struct st_plan_rates *r, int i)
+static double *rate_slot(struct st_plan_rates *r, int i)
 {
 	double *slots[ST_RATE_COUNT] = { &r->compute_flops, &r->copy_bps, &r->nvme_read_bps,
 					 &r->nvme_write_bps, &r->adam_bps, &r->net_bps };
@@ -30,12 +30,12 @@ static double *st_rate_slot(struct st_plan_rates *r, int i)
 
 double st_plan_rate_get(const struct st_plan_rates *r, enum st_rate i)
 {
-	return *st_rate_slot((struct st_plan_rates *)r, i);
+	return *rate_slot((struct st_plan_rates *)r, i);
 }
 
 void st_plan_rate_set(struct st_plan_rates *r, enum st_rate i, double v)
 {
-	*st_rate_slot(r, i) = v;
+	*rate_slot(r, i) = v;
 }
 
 const char *st_rate_key(enum st_rate i)
@@ -53,7 +53,7 @@ const char *st_rate_source_name(enum st_rate_source s)
 void st_plan_rates_merge(struct st_plan_rates *dst, const struct st_plan_rates *src)
 {
 	for (int i = 0; i < ST_RATE_COUNT; i++) {
-		double *d = st_rate_slot(dst, i);
+		double *d = rate_slot(dst, i);
 		double s = st_plan_rate_get(src, (enum st_rate)i);
 
 		if (*d > 0 || !(s > 0))
@@ -119,7 +119,7 @@ int st_plan_rates_read(const char *path, struct st_plan_rates *out)
 					   key, x);
 			break;
 		}
-		*st_rate_slot(&r, i) = x;
+		*rate_slot(&r, i) = x;
 		r.source[i] = ST_RATE_SRC_FILE;
 	}
 	for (int i = 0; ret == 0 && i < ST_RATE_COUNT; i++)

@@ -26,12 +26,12 @@ static const struct st_family_ops *const st_families[] = {
 static const struct st_family_ops *st_registered[ST_FAMILY_MAX];
 static int st_n_registered;
 
-static int st_family_count(void)
+static int family_count(void)
 {
 	return (int)ST_ARRAY_LEN(st_families) + st_n_registered;
 }
 
-static const struct st_family_ops *st_family_at(int i)
+static const struct st_family_ops *family_at(int i)
 {
 	int nb = (int)ST_ARRAY_LEN(st_families);
 
@@ -39,13 +39,13 @@ static const struct st_family_ops *st_family_at(int i)
 }
 
 /* "a,b,c" of each family's name, or of its presets. */
-static const char *st_family_join(char *buf, size_t bytes, bool presets)
+static const char *family_join(char *buf, size_t bytes, bool presets)
 {
 	size_t len = 0;
 
 	buf[0] = '\0';
-	for (int i = 0; i < st_family_count(); i++) {
-		const struct st_family_ops *f = st_family_at(i);
+	for (int i = 0; i < family_count(); i++) {
+		const struct st_family_ops *f = family_at(i);
 		const char *s = presets ? f->presets : f->name;
 
 		int n;
@@ -66,14 +66,14 @@ const char *st_family_list(void)
 {
 	static char buf[512];
 
-	return st_family_join(buf, sizeof(buf), false);
+	return family_join(buf, sizeof(buf), false);
 }
 
 const char *st_model_preset_list(void)
 {
 	static char buf[1024];
 
-	return st_family_join(buf, sizeof(buf), true);
+	return family_join(buf, sizeof(buf), true);
 }
 
 const struct st_family_ops *st_family_default(void)
@@ -83,15 +83,15 @@ const struct st_family_ops *st_family_default(void)
 
 const struct st_family_ops *st_family_find(const char *name)
 {
-	for (int i = 0; name && i < st_family_count(); i++)
-		if (strcmp(st_family_at(i)->name, name) == 0)
-			return st_family_at(i);
+	for (int i = 0; name && i < family_count(); i++)
+		if (strcmp(family_at(i)->name, name) == 0)
+			return family_at(i);
 	st_error_set(-ENOENT, "model: unknown family '%s' (families: %s)", name ? name : "",
 		     st_family_list());
 	return NULL;
 }
 
-static bool st_in_list(const char *const *list, const char *s)
+static bool in_list(const char *const *list, const char *s)
 {
 	for (; list && *list; list++)
 		if (strcmp(*list, s) == 0)
@@ -102,11 +102,11 @@ static bool st_in_list(const char *const *list, const char *s)
 const struct st_family_ops *st_family_find_hf(const char *model_type,
 					      const char *architecture)
 {
-	for (int i = 0; (model_type || architecture) && i < st_family_count(); i++) {
-		const struct st_family_ops *f = st_family_at(i);
+	for (int i = 0; (model_type || architecture) && i < family_count(); i++) {
+		const struct st_family_ops *f = family_at(i);
 
-		if (model_type ? st_in_list(f->hf_model_types, model_type)
-			       : st_in_list(f->hf_architectures, architecture))
+		if (model_type ? in_list(f->hf_model_types, model_type)
+			       : in_list(f->hf_architectures, architecture))
 			return f;
 	}
 	if (model_type || architecture) {
@@ -158,7 +158,7 @@ int st_family_check(const struct st_family_ops *f)
 }
 
 /* Does the comma-separated list have the word w (of n characters)? */
-static bool st_list_has(const char *list, const char *w, size_t n)
+static bool list_has(const char *list, const char *w, size_t n)
 {
 	for (const char *p = list; p && *p;) {
 		const char *end = strchr(p, ',');
@@ -173,7 +173,7 @@ static bool st_list_has(const char *list, const char *w, size_t n)
 
 /* A name, model_type or preset of ops that family g has already (it would
  * be shadowed by g, silently), copied into buf; NULL when none. */
-static const char *st_family_clash(const struct st_family_ops *g,
+static const char *family_clash(const struct st_family_ops *g,
 				   const struct st_family_ops *ops, char *buf, size_t bytes)
 {
 	if (strcmp(g->name, ops->name) == 0)
@@ -186,7 +186,7 @@ static const char *st_family_clash(const struct st_family_ops *g,
 		const char *end = strchr(p, ',');
 		size_t len = end ? (size_t)(end - p) : strlen(p);
 
-		if (st_list_has(g->presets, p, len)) {
+		if (list_has(g->presets, p, len)) {
 			snprintf(buf, bytes, "%.*s", (int)len, p);
 			return buf;
 		}
@@ -201,10 +201,10 @@ int st_family_register(const struct st_family_ops *ops)
 
 	if (err)
 		return err;
-	for (int i = 0; i < st_family_count(); i++) {
-		const struct st_family_ops *g = st_family_at(i);
+	for (int i = 0; i < family_count(); i++) {
+		const struct st_family_ops *g = family_at(i);
 		char word[64];
-		const char *clash = st_family_clash(g, ops, word, sizeof(word));
+		const char *clash = family_clash(g, ops, word, sizeof(word));
 
 		if (clash)
 			return st_error_set(-EEXIST, "family %s: '%s' is family %s's already",
@@ -286,8 +286,8 @@ int st_model_config_parse(const char *text, struct st_model_config *out)
 			return st_error_set(-EINVAL, "model: '%s' names a family, not a model",
 					    text);
 	}
-	for (int i = 0; i < st_family_count(); i++) {
-		const struct st_family_ops *g = st_family_at(i);
+	for (int i = 0; i < family_count(); i++) {
+		const struct st_family_ops *g = family_at(i);
 
 		if ((f && g != f) || !g->config_preset)
 			continue;
@@ -317,13 +317,13 @@ int st_model_config_parse(const char *text, struct st_model_config *out)
 /* A config.json is a few hundred bytes; refuse anything absurd. */
 #define ST_CONFIG_MAX_BYTES (1u << 20)
 
-static int st_json_read(const char *path, struct json_object **out)
+static int json_read(const char *path, struct json_object **out)
 {
 	return st_file_read_json(path, ST_CONFIG_MAX_BYTES, out);
 }
 
 /* root's family: model_type, else the first architecture, else the first. */
-static const struct st_family_ops *st_json_family(const char *path, struct json_object *root)
+static const struct st_family_ops *json_family(const char *path, struct json_object *root)
 {
 	struct json_object *v = NULL;
 	const char *type = NULL, *arch = NULL;
@@ -350,11 +350,11 @@ int st_model_config_read(const char *path, struct st_model_config *out)
 	struct st_model_config c = { 0 };
 	const struct st_family_ops *f;
 	struct json_object *root = NULL;
-	int err = st_json_read(path, &root);
+	int err = json_read(path, &root);
 
 	if (err)
 		return err;
-	f = st_json_family(path, root);
+	f = json_family(path, root);
 	err = f ? f->hf_config_read(path, root, &c) : -EINVAL;
 	json_object_put(root);
 	if (err)
@@ -374,7 +374,7 @@ int st_model_config_hf_check(const char *path)
 		json_object_put(root);
 		return st_error_set(-EINVAL, "%s: not a JSON object", path);
 	}
-	f = st_json_family(path, root);
+	f = json_family(path, root);
 	if (!f)
 		ret = -EINVAL;
 	else if (f->hf_config_check)
@@ -463,7 +463,7 @@ uint64_t st_family_mix64(uint64_t z)
 /* ln(s) for s in (0,1] with frexp (exact) and an atanh series in basic
  * operations only: libm's log may differ in the last bit between
  * machines, this does not (IEEE double, no contraction under -std=c11). */
-static double st_det_log(double s)
+static double det_log(double s)
 {
 	int e;
 	double mant = frexp(s, &e); /* s = mant * 2^e, mant in [0.5,1) */
@@ -491,7 +491,7 @@ void st_family_fill_normal(float *out, size_t n, uint64_t key, double std)
 			v2 = (double)(st_family_mix64(state) >> 11) * 0x1.0p-52 - 1.0;
 			s = v1 * v1 + v2 * v2;
 		} while (s >= 1.0 || s == 0.0);
-		double f = sqrt(-2.0 * st_det_log(s) / s);
+		double f = sqrt(-2.0 * det_log(s) / s);
 		out[i++] = (float)(v1 * f * std);
 		if (i < n)
 			out[i++] = (float)(v2 * f * std);

@@ -39,7 +39,7 @@ enum { HT_LNF_W, HT_LNF_B, HT_COUNT };
 
 /* ---- layout ------------------------------------------------------------------- */
 
-static int st_gpt2_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
+static int gpt2_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
 			  struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
 {
 	const int L = cfg->n_layer;
@@ -99,7 +99,7 @@ static int st_gpt2_layout(const struct st_model_config *cfg, struct st_unit_layo
 	return 0;
 }
 
-static double st_gpt2_flops_per_token(const struct st_model *m, int T)
+static double gpt2_flops_per_token(const struct st_model *m, int T)
 {
 	const struct st_model_config *cfg = st_model_config(m);
 	const double L = cfg->n_layer, C = cfg->dim, V = cfg->vocab;
@@ -109,7 +109,7 @@ static double st_gpt2_flops_per_token(const struct st_model *m, int T)
 
 /* The same, unit by unit: a block's 6 * 12 C^2 + 6 T C, the head's 6 V C
  * (the tied matmul), the embedding's none. */
-static double st_gpt2_unit_flops_per_token(const struct st_model *m, int u, int T)
+static double gpt2_unit_flops_per_token(const struct st_model *m, int u, int T)
 {
 	const struct st_model_config *cfg = st_model_config(m);
 	const double C = cfg->dim, V = cfg->vocab;
@@ -125,7 +125,7 @@ static double st_gpt2_unit_flops_per_token(const struct st_model *m, int u, int 
 
 #define ST_INIT_CHUNK 65536
 
-static int st_gpt2_init_unit(const struct st_model *m, int u, uint64_t seed,
+static int gpt2_init_unit(const struct st_model *m, int u, uint64_t seed,
 			     float *params)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
@@ -163,7 +163,7 @@ static int st_gpt2_init_unit(const struct st_model *m, int u, uint64_t seed,
 /* ---- workspace --------------------------------------------------------------------- */
 
 /* Kernels index B*T*4C and B*H*T with int. */
-static int st_gpt2_batch_check(const struct st_model *m, int B, int T)
+static int gpt2_batch_check(const struct st_model *m, int B, int T)
 {
 	const struct st_model_config *cfg = st_model_config(m);
 
@@ -415,20 +415,20 @@ const struct st_family_ops st_family_gpt2 = {
 	.hf_config_read = st_gpt2_hf_config_read,
 	.hf_config_write = st_gpt2_hf_config_write,
 	.hf_config_check = st_gpt2_hf_config_check,
-	.layout = st_gpt2_layout,
-	.init_unit = st_gpt2_init_unit,
+	.layout = gpt2_layout,
+	.init_unit = gpt2_init_unit,
 	.work_bytes = st_unit_work_bytes,
 	.act_bytes = st_unit_act_bytes,
-	.batch_check = st_gpt2_batch_check,
+	.batch_check = gpt2_batch_check,
 	.fwd = st_unit_fwd,
 	.bwd = st_unit_bwd,
-	.flops_per_token = st_gpt2_flops_per_token,
+	.flops_per_token = gpt2_flops_per_token,
 	.logits = st_unit_logits,
 	.hf_derived = st_gpt2_hf_derived,
 	.saved_bytes = st_unit_saved_bytes,
 	.fwd_save = st_unit_fwd_save,
 	.bwd_saved = st_unit_bwd_saved,
-	.unit_flops_per_token = st_gpt2_unit_flops_per_token,
+	.unit_flops_per_token = gpt2_unit_flops_per_token,
 	.bf16 = true,
 	.body = &gpt2_body,
 };

@@ -131,7 +131,7 @@ int st_gpt2_config_fields(const struct st_model_config *c, struct st_config_fiel
 
 /* ---- config.json ----------------------------------------------------------- */
 
-static int st_hf_get(const char *path, struct json_object *root, const char *key,
+static int hf_get(const char *path, struct json_object *root, const char *key,
 		     const char *alt, int64_t *out)
 {
 	struct json_object *v = NULL;
@@ -146,7 +146,7 @@ static int st_hf_get(const char *path, struct json_object *root, const char *key
 }
 
 /* v: n_embd, n_layer, n_head, vocab_size, n_positions. */
-static int st_hf_check(const char *path, const int64_t *v)
+static int hf_check(const char *path, const int64_t *v)
 {
 	static const char *const keys[] = { "n_embd", "n_layer", "n_head", "vocab_size",
 					     "n_positions" };
@@ -175,9 +175,9 @@ int st_gpt2_hf_config_read(const char *path, struct json_object *root,
 
 	/* every field there and an integer, then every one in range */
 	for (size_t i = 0; !err && i < ST_ARRAY_LEN(f); i++)
-		err = st_hf_get(path, root, f[i].key, f[i].alt, &v[i]);
+		err = hf_get(path, root, f[i].key, f[i].alt, &v[i]);
 	if (!err)
-		err = st_hf_check(path, v);
+		err = hf_check(path, v);
 	if (err)
 		return err;
 	*out = (struct st_model_config){ .dim = (int)v[0], .n_layer = (int)v[1],
@@ -187,7 +187,7 @@ int st_gpt2_hf_config_read(const char *path, struct json_object *root,
 }
 
 /* Attach val, or drop it and note the failure (out of memory). */
-static void st_hf_add(struct json_object *obj, const char *key, struct json_object *val,
+static void hf_add(struct json_object *obj, const char *key, struct json_object *val,
 		      bool *oom)
 {
 	if (*oom || !obj || !val || json_object_object_add(obj, key, val)) {
@@ -202,7 +202,7 @@ int st_gpt2_hf_config_write(const char *path, const struct st_model_config *c,
 	const int64_t v[] = { c->dim, c->n_layer, c->n_head, c->vocab, c->ctx };
 	struct json_object *arch;
 	bool oom = false;
-	int err = st_hf_check(path, v);
+	int err = hf_check(path, v);
 
 	if (err)
 		return err;
@@ -212,22 +212,22 @@ int st_gpt2_hf_config_write(const char *path, const struct st_model_config *c,
 	arch = json_object_new_array();
 	if (!arch || json_object_array_add(arch, json_object_new_string("GPT2LMHeadModel")))
 		oom = true;
-	st_hf_add(root, "architectures", arch, &oom);
-	st_hf_add(root, "model_type", json_object_new_string("gpt2"), &oom);
-	st_hf_add(root, "n_embd", json_object_new_int64(c->dim), &oom);
-	st_hf_add(root, "n_layer", json_object_new_int64(c->n_layer), &oom);
-	st_hf_add(root, "n_head", json_object_new_int64(c->n_head), &oom);
-	st_hf_add(root, "vocab_size", json_object_new_int64(c->vocab), &oom);
-	st_hf_add(root, "n_positions", json_object_new_int64(c->ctx), &oom);
-	st_hf_add(root, "n_ctx", json_object_new_int64(c->ctx), &oom);
-	st_hf_add(root, "activation_function", json_object_new_string("gelu_new"), &oom);
-	st_hf_add(root, "layer_norm_epsilon", json_object_new_double(1e-5), &oom);
-	st_hf_add(root, "tie_word_embeddings", json_object_new_boolean(1), &oom);
+	hf_add(root, "architectures", arch, &oom);
+	hf_add(root, "model_type", json_object_new_string("gpt2"), &oom);
+	hf_add(root, "n_embd", json_object_new_int64(c->dim), &oom);
+	hf_add(root, "n_layer", json_object_new_int64(c->n_layer), &oom);
+	hf_add(root, "n_head", json_object_new_int64(c->n_head), &oom);
+	hf_add(root, "vocab_size", json_object_new_int64(c->vocab), &oom);
+	hf_add(root, "n_positions", json_object_new_int64(c->ctx), &oom);
+	hf_add(root, "n_ctx", json_object_new_int64(c->ctx), &oom);
+	hf_add(root, "activation_function", json_object_new_string("gelu_new"), &oom);
+	hf_add(root, "layer_norm_epsilon", json_object_new_double(1e-5), &oom);
+	hf_add(root, "tie_word_embeddings", json_object_new_boolean(1), &oom);
 	return oom ? -ENOMEM : 0;
 }
 
 /* transformers' names for GELU's tanh form, the one strata computes. */
-static bool st_tanh_gelu(const char *name)
+static bool tanh_gelu(const char *name)
 {
 	return strcmp(name, "gelu_new") == 0 || strcmp(name, "gelu_pytorch_tanh") == 0 ||
 	       strcmp(name, "gelu_fast") == 0;
@@ -242,7 +242,7 @@ int st_gpt2_hf_config_check(const char *path, struct json_object *root)
 		return st_error_set(-EINVAL, "%s: an untied head (tie_word_embeddings false) is "
 				    "not GPT-2 as strata trains it", path);
 	if (json_object_object_get_ex(root, "activation_function", &v) &&
-	    (!json_object_is_type(v, json_type_string) || !st_tanh_gelu(json_object_get_string(v))))
+	    (!json_object_is_type(v, json_type_string) || !tanh_gelu(json_object_get_string(v))))
 		return st_error_set(-EINVAL, "%s: activation_function %s; strata's GPT-2 uses "
 				    "GELU's tanh form (gelu_new)", path, json_object_to_json_string(v));
 	if (json_object_object_get_ex(root, "layer_norm_epsilon", &v) &&

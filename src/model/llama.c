@@ -30,7 +30,7 @@
 
 /* ---- layout ------------------------------------------------------------------- */
 
-static int st_llama_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
+static int llama_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
 			   struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
 {
 	const struct st_dims d = st_dims_of(cfg);
@@ -111,7 +111,7 @@ static void layer_offsets(const struct st_model *m, int u, int64_t *off)
 
 /* 6 x the matmul parameters (the layers' and lm_head) plus causal
  * attention (QK^T and AV over half of the T x T scores, fwd and bwd). */
-static double st_llama_flops_per_token(const struct st_model *m, int T)
+static double llama_flops_per_token(const struct st_model *m, int T)
 {
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	double per_layer = (double)d.C * d.Q * 2 + (double)d.C * d.KV * 2 + 3.0 * d.C * d.F;
@@ -120,7 +120,7 @@ static double st_llama_flops_per_token(const struct st_model *m, int T)
 
 /* The same, unit by unit: a layer's matmuls and attention, the head's
  * lm_head, the embedding's none (a lookup). */
-static double st_llama_unit_flops_per_token(const struct st_model *m, int u, int T)
+static double llama_unit_flops_per_token(const struct st_model *m, int u, int T)
 {
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	double per_layer = (double)d.C * d.Q * 2 + (double)d.C * d.KV * 2 + 3.0 * d.C * d.F;
@@ -138,7 +138,7 @@ static double st_llama_unit_flops_per_token(const struct st_model *m, int u, int
 
 /* Hugging Face's _init_weights with initializer_range 0.02: every matrix
  * and the embedding normal(0, 0.02), biases 0, RMSNorm gains 1. */
-static int st_llama_init_unit(const struct st_model *m, int u, uint64_t seed, float *params)
+static int llama_init_unit(const struct st_model *m, int u, uint64_t seed, float *params)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	memset(params, 0, ul->elems * sizeof(float));
@@ -169,7 +169,7 @@ static int st_llama_init_unit(const struct st_model *m, int u, uint64_t seed, fl
 /* ---- workspace --------------------------------------------------------------------- */
 
 /* Kernels index B*T*F, B*T*Q and B*H*T with int. */
-static int st_llama_batch_check(const struct st_model *m, int B, int T)
+static int llama_batch_check(const struct st_model *m, int B, int T)
 {
 	const struct st_dims d = st_dims_of(st_model_config(m));
 	int64_t wide = ST_MAX(ST_MAX(d.F, d.Q), d.C);
@@ -466,20 +466,20 @@ const struct st_family_ops st_family_llama = {
 	.hf_config_read = st_llama_hf_config_read,
 	.hf_config_write = st_llama_hf_config_write,
 	.hf_config_check = st_llama_hf_config_check,
-	.layout = st_llama_layout,
-	.init_unit = st_llama_init_unit,
+	.layout = llama_layout,
+	.init_unit = llama_init_unit,
 	.work_bytes = st_unit_work_bytes,
 	.act_bytes = st_unit_act_bytes,
-	.batch_check = st_llama_batch_check,
+	.batch_check = llama_batch_check,
 	.fwd = st_unit_fwd,
 	.bwd = st_unit_bwd,
-	.flops_per_token = st_llama_flops_per_token,
+	.flops_per_token = llama_flops_per_token,
 	.logits = st_unit_logits,
 	.hf_derived = st_llama_hf_derived,
 	.saved_bytes = st_unit_saved_bytes,
 	.fwd_save = st_unit_fwd_save,
 	.bwd_saved = st_unit_bwd_saved,
-	.unit_flops_per_token = st_llama_unit_flops_per_token,
+	.unit_flops_per_token = llama_unit_flops_per_token,
 	.bf16 = true,
 	.body = &llama_body,
 };

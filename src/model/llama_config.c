@@ -41,7 +41,7 @@ static struct {
 };
 
 /* The llama3 rope scaling of the Llama 3.1 and 3.2 models. */
-static void st_llama_preset_fixup(struct st_model_config *c, const char *name)
+static void llama_preset_fixup(struct st_model_config *c, const char *name)
 {
 	if (strncmp(name, "llama3.2-", 9) == 0) {
 		struct st_model_config s = { LLAMA3(32.0) };
@@ -65,7 +65,7 @@ int st_llama_config_preset(const char *name, struct st_model_config *out)
 	for (size_t i = 0; i < ST_ARRAY_LEN(st_presets); i++) {
 		if (strcmp(name, st_presets[i].name) == 0) {
 			*out = st_presets[i].cfg;
-			st_llama_preset_fixup(out, name);
+			llama_preset_fixup(out, name);
 			return 0;
 		}
 	}
@@ -160,7 +160,7 @@ static const char *const st_keys[K_COUNT] = {
 	"head-dim", "rope-theta", "tied", "bias", "eps", "rope-scaling",
 };
 
-static int st_parse_num(const char *s, size_t len, double *out)
+static int parse_num(const char *s, size_t len, double *out)
 {
 	char buf[64], *end;
 	if (len == 0 || len >= sizeof(buf))
@@ -174,7 +174,7 @@ static int st_parse_num(const char *s, size_t len, double *out)
 }
 
 /* "linear:F" or "llama3:F:LOW:HIGH:ORIG" */
-static int st_parse_scaling(const char *s, size_t len, struct st_model_config *c)
+static int parse_scaling(const char *s, size_t len, struct st_model_config *c)
 {
 	char buf[128];
 	double v[4] = { 0 };
@@ -190,7 +190,7 @@ static int st_parse_scaling(const char *s, size_t len, struct st_model_config *c
 	if (type < 0)
 		return -EINVAL;
 	while ((tok = strtok_r(NULL, ":", &save)) != NULL) {
-		if (n == 4 || st_parse_num(tok, strlen(tok), &v[n]))
+		if (n == 4 || parse_num(tok, strlen(tok), &v[n]))
 			return -EINVAL;
 		n++;
 	}
@@ -239,7 +239,7 @@ int st_llama_config_parse(const char *text, struct st_model_config *out)
 		int bad = 0;
 		double d = 0;
 		if (k == K_THETA || k == K_EPS) {
-			bad = st_parse_num(val, vlen, &d);
+			bad = parse_num(val, vlen, &d);
 			if (k == K_THETA)
 				c.rope_theta = d;
 			else
@@ -251,7 +251,7 @@ int st_llama_config_parse(const char *text, struct st_model_config *out)
 			if (!bad && k == K_BIAS)
 				c.qkv_bias = val[0] == '1';
 		} else if (k == K_SCALING) {
-			if (st_parse_scaling(val, vlen, &c))
+			if (parse_scaling(val, vlen, &c))
 				return st_error_set(-EINVAL, "model: rope-scaling needs linear:FACTOR "
 						    "or llama3:FACTOR:LOW:HIGH:ORIGINAL_CTX, got "
 						    "'%.*s'", (int)vlen, val);
@@ -291,7 +291,7 @@ int st_llama_config_parse(const char *text, struct st_model_config *out)
 
 /* d in its shortest form that reads back exactly (1e-05, 500000.0, not
  * 1.0000000000000001e-05 or 5e+05). */
-static void st_llama_fmt_double(char *buf, size_t bytes, double d)
+static void llama_fmt_double(char *buf, size_t bytes, double d)
 {
 	if (d == floor(d) && fabs(d) < 1e15) {
 		snprintf(buf, bytes, "%.1f", d);
@@ -307,11 +307,11 @@ static void st_llama_fmt_double(char *buf, size_t bytes, double d)
 void st_llama_config_format(const struct st_model_config *c, char *buf, size_t bytes)
 {
 	char th[40], eps[40], f[40], lo[40], hi[40];
-	st_llama_fmt_double(th, sizeof(th), c->rope_theta);
-	st_llama_fmt_double(eps, sizeof(eps), c->norm_eps);
-	st_llama_fmt_double(f, sizeof(f), c->rope_factor);
-	st_llama_fmt_double(lo, sizeof(lo), c->rope_low_freq_factor);
-	st_llama_fmt_double(hi, sizeof(hi), c->rope_high_freq_factor);
+	llama_fmt_double(th, sizeof(th), c->rope_theta);
+	llama_fmt_double(eps, sizeof(eps), c->norm_eps);
+	llama_fmt_double(f, sizeof(f), c->rope_factor);
+	llama_fmt_double(lo, sizeof(lo), c->rope_low_freq_factor);
+	llama_fmt_double(hi, sizeof(hi), c->rope_high_freq_factor);
 	int n = snprintf(buf, bytes,
 			 "layers=%d,dim=%d,heads=%d,kv-heads=%d,ffn=%d,vocab=%d,ctx=%d,"
 			 "head-dim=%d,rope-theta=%s,tied=%d,bias=%d,eps=%s",
@@ -362,7 +362,7 @@ int st_llama_config_fields(const struct st_model_config *c, struct st_config_fie
 
 static const char *const st_archs[] = { "LlamaForCausalLM", "Qwen2ForCausalLM" };
 
-static int st_get_int(const char *path, struct json_object *root, const char *key,
+static int get_int(const char *path, struct json_object *root, const char *key,
 		      bool required, int64_t def, int64_t max, int *out)
 {
 	struct json_object *v = NULL;
@@ -382,7 +382,7 @@ static int st_get_int(const char *path, struct json_object *root, const char *ke
 	return 0;
 }
 
-static int st_get_num(const char *path, struct json_object *root, const char *key,
+static int get_num(const char *path, struct json_object *root, const char *key,
 		      double def, double *out)
 {
 	struct json_object *v = NULL;
@@ -396,7 +396,7 @@ static int st_get_num(const char *path, struct json_object *root, const char *ke
 	return 0;
 }
 
-static int st_get_bool(const char *path, struct json_object *root, const char *key,
+static int get_bool(const char *path, struct json_object *root, const char *key,
 		       bool def, bool *out)
 {
 	struct json_object *v = NULL;
@@ -410,7 +410,7 @@ static int st_get_bool(const char *path, struct json_object *root, const char *k
 	return 0;
 }
 
-static int st_read_scaling(const char *path, struct json_object *root,
+static int read_scaling(const char *path, struct json_object *root,
 			   struct st_model_config *c)
 {
 	struct json_object *rs = NULL, *v = NULL;
@@ -434,14 +434,14 @@ static int st_read_scaling(const char *path, struct json_object *root,
 	if (c->rope_type < 0)
 		return st_error_set(-EINVAL, "%s: rope_scaling.rope_type \"%s\" is not one strata "
 				    "computes (default, linear, llama3)", path, type);
-	int err = st_get_num(path, rs, "factor", 0.0, &c->rope_factor);
+	int err = get_num(path, rs, "factor", 0.0, &c->rope_factor);
 	if (!err && c->rope_type == ST_ROPE_LLAMA3) {
-		err = st_get_num(path, rs, "low_freq_factor", 0.0, &c->rope_low_freq_factor);
+		err = get_num(path, rs, "low_freq_factor", 0.0, &c->rope_low_freq_factor);
 		if (!err)
-			err = st_get_num(path, rs, "high_freq_factor", 0.0,
+			err = get_num(path, rs, "high_freq_factor", 0.0,
 					 &c->rope_high_freq_factor);
 		if (!err)
-			err = st_get_int(path, rs, "original_max_position_embeddings", true, 0,
+			err = get_int(path, rs, "original_max_position_embeddings", true, 0,
 					 ST_MAX_CTX, &c->rope_original_ctx);
 	}
 	return err;
@@ -480,42 +480,42 @@ int st_llama_hf_config_read(const char *path, struct json_object *root,
 	     strcmp(json_object_get_string(v), "silu") != 0))
 		return st_error_set(-EINVAL, "%s: hidden_act %s; strata's LLaMA uses silu (SwiGLU)",
 				    path, json_object_to_json_string(v));
-	err = st_get_int(path, root, "hidden_size", true, 0, ST_MAX_DIM, &c.dim);
+	err = get_int(path, root, "hidden_size", true, 0, ST_MAX_DIM, &c.dim);
 	if (!err)
-		err = st_get_int(path, root, "intermediate_size", true, 0, ST_MAX_FFN, &c.ffn_dim);
+		err = get_int(path, root, "intermediate_size", true, 0, ST_MAX_FFN, &c.ffn_dim);
 	if (!err)
-		err = st_get_int(path, root, "num_hidden_layers", true, 0, ST_MAX_LAYERS,
+		err = get_int(path, root, "num_hidden_layers", true, 0, ST_MAX_LAYERS,
 				 &c.n_layer);
 	if (!err)
-		err = st_get_int(path, root, "num_attention_heads", true, 0, ST_MAX_DIM, &c.n_head);
+		err = get_int(path, root, "num_attention_heads", true, 0, ST_MAX_DIM, &c.n_head);
 	if (!err)
-		err = st_get_int(path, root, "num_key_value_heads", false, c.n_head, ST_MAX_DIM,
+		err = get_int(path, root, "num_key_value_heads", false, c.n_head, ST_MAX_DIM,
 				 &c.n_kv_head);
 	if (!err)
-		err = st_get_int(path, root, "vocab_size", true, 0, ST_MAX_VOCAB, &c.vocab);
+		err = get_int(path, root, "vocab_size", true, 0, ST_MAX_VOCAB, &c.vocab);
 	if (!err)
-		err = st_get_int(path, root, "max_position_embeddings", true, 0, ST_MAX_CTX,
+		err = get_int(path, root, "max_position_embeddings", true, 0, ST_MAX_CTX,
 				 &c.ctx);
 	if (!err && c.dim % c.n_head == 0)
-		err = st_get_int(path, root, "head_dim", false, c.dim / c.n_head,
+		err = get_int(path, root, "head_dim", false, c.dim / c.n_head,
 				 ST_MAX_HEAD_DIM, &c.head_dim);
 	else if (!err)
-		err = st_get_int(path, root, "head_dim", true, 0, ST_MAX_HEAD_DIM, &c.head_dim);
+		err = get_int(path, root, "head_dim", true, 0, ST_MAX_HEAD_DIM, &c.head_dim);
 	if (!err)
-		err = st_get_num(path, root, "rms_norm_eps", 1e-6, &c.norm_eps);
+		err = get_num(path, root, "rms_norm_eps", 1e-6, &c.norm_eps);
 	if (!err)
-		err = st_get_num(path, root, "rope_theta", 10000.0, &c.rope_theta);
+		err = get_num(path, root, "rope_theta", 10000.0, &c.rope_theta);
 	if (!err)
-		err = st_get_bool(path, root, "tie_word_embeddings", false, &c.untied);
+		err = get_bool(path, root, "tie_word_embeddings", false, &c.untied);
 	c.untied = !c.untied;
 	if (!err)
-		err = st_get_bool(path, root, "attention_bias", false, &attn_bias);
+		err = get_bool(path, root, "attention_bias", false, &attn_bias);
 	if (!err)
-		err = st_get_bool(path, root, "mlp_bias", false, &mlp_bias);
+		err = get_bool(path, root, "mlp_bias", false, &mlp_bias);
 	if (!err)
-		err = st_get_bool(path, root, "use_sliding_window", false, &sliding);
+		err = get_bool(path, root, "use_sliding_window", false, &sliding);
 	if (!err)
-		err = st_read_scaling(path, root, &c);
+		err = read_scaling(path, root, &c);
 	if (err)
 		return err;
 	if (attn_bias && !qwen)
@@ -535,7 +535,7 @@ int st_llama_hf_config_read(const char *path, struct json_object *root,
 }
 
 /* Attach val, or drop it and note the failure (out of memory). */
-static void st_hf_add(struct json_object *obj, const char *key, struct json_object *val,
+static void hf_add(struct json_object *obj, const char *key, struct json_object *val,
 		      bool *oom)
 {
 	if (*oom || !obj || !val || json_object_object_add(obj, key, val)) {
@@ -544,11 +544,11 @@ static void st_hf_add(struct json_object *obj, const char *key, struct json_obje
 	}
 }
 
-static struct json_object *st_json_double(double d)
+static struct json_object *json_double(double d)
 {
 	char buf[40];
 
-	st_llama_fmt_double(buf, sizeof(buf), d);
+	llama_fmt_double(buf, sizeof(buf), d);
 	return json_object_new_double_s(d, buf);
 }
 
@@ -567,20 +567,20 @@ int st_llama_hf_config_write(const char *path, const struct st_model_config *c,
 	if (!arch || json_object_array_add(arch, json_object_new_string(
 						 qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM")))
 		oom = true;
-	st_hf_add(root, "architectures", arch, &oom);
-	st_hf_add(root, "model_type", json_object_new_string(qwen ? "qwen2" : "llama"), &oom);
-	st_hf_add(root, "hidden_size", json_object_new_int64(c->dim), &oom);
-	st_hf_add(root, "intermediate_size", json_object_new_int64(c->ffn_dim), &oom);
-	st_hf_add(root, "num_hidden_layers", json_object_new_int64(c->n_layer), &oom);
-	st_hf_add(root, "num_attention_heads", json_object_new_int64(c->n_head), &oom);
-	st_hf_add(root, "num_key_value_heads", json_object_new_int64(c->n_kv_head), &oom);
+	hf_add(root, "architectures", arch, &oom);
+	hf_add(root, "model_type", json_object_new_string(qwen ? "qwen2" : "llama"), &oom);
+	hf_add(root, "hidden_size", json_object_new_int64(c->dim), &oom);
+	hf_add(root, "intermediate_size", json_object_new_int64(c->ffn_dim), &oom);
+	hf_add(root, "num_hidden_layers", json_object_new_int64(c->n_layer), &oom);
+	hf_add(root, "num_attention_heads", json_object_new_int64(c->n_head), &oom);
+	hf_add(root, "num_key_value_heads", json_object_new_int64(c->n_kv_head), &oom);
 	if (!qwen)
-		st_hf_add(root, "head_dim", json_object_new_int64(st_llama_head_dim(c)), &oom);
-	st_hf_add(root, "vocab_size", json_object_new_int64(c->vocab), &oom);
-	st_hf_add(root, "max_position_embeddings", json_object_new_int64(c->ctx), &oom);
-	st_hf_add(root, "hidden_act", json_object_new_string("silu"), &oom);
-	st_hf_add(root, "rms_norm_eps", st_json_double(c->norm_eps), &oom);
-	st_hf_add(root, "rope_theta", st_json_double(c->rope_theta), &oom);
+		hf_add(root, "head_dim", json_object_new_int64(st_llama_head_dim(c)), &oom);
+	hf_add(root, "vocab_size", json_object_new_int64(c->vocab), &oom);
+	hf_add(root, "max_position_embeddings", json_object_new_int64(c->ctx), &oom);
+	hf_add(root, "hidden_act", json_object_new_string("silu"), &oom);
+	hf_add(root, "rms_norm_eps", json_double(c->norm_eps), &oom);
+	hf_add(root, "rope_theta", json_double(c->rope_theta), &oom);
 	if (c->rope_type == ST_ROPE_DEFAULT) {
 		/* a NULL value is JSON null */
 		if (!oom && json_object_object_add(root, "rope_scaling", NULL))
@@ -588,26 +588,26 @@ int st_llama_hf_config_write(const char *path, const struct st_model_config *c,
 	} else {
 		struct json_object *rs = json_object_new_object();
 		bool l3 = c->rope_type == ST_ROPE_LLAMA3;
-		st_hf_add(rs, "rope_type", json_object_new_string(l3 ? "llama3" : "linear"), &oom);
-		st_hf_add(rs, "factor", st_json_double(c->rope_factor), &oom);
+		hf_add(rs, "rope_type", json_object_new_string(l3 ? "llama3" : "linear"), &oom);
+		hf_add(rs, "factor", json_double(c->rope_factor), &oom);
 		if (l3) {
-			st_hf_add(rs, "low_freq_factor",
-				  st_json_double(c->rope_low_freq_factor), &oom);
-			st_hf_add(rs, "high_freq_factor",
-				  st_json_double(c->rope_high_freq_factor), &oom);
-			st_hf_add(rs, "original_max_position_embeddings",
+			hf_add(rs, "low_freq_factor",
+				  json_double(c->rope_low_freq_factor), &oom);
+			hf_add(rs, "high_freq_factor",
+				  json_double(c->rope_high_freq_factor), &oom);
+			hf_add(rs, "original_max_position_embeddings",
 				  json_object_new_int64(c->rope_original_ctx), &oom);
 		}
-		st_hf_add(root, "rope_scaling", rs, &oom);
+		hf_add(root, "rope_scaling", rs, &oom);
 	}
-	st_hf_add(root, "tie_word_embeddings", json_object_new_boolean(!c->untied), &oom);
+	hf_add(root, "tie_word_embeddings", json_object_new_boolean(!c->untied), &oom);
 	if (qwen) {
-		st_hf_add(root, "use_sliding_window", json_object_new_boolean(0), &oom);
+		hf_add(root, "use_sliding_window", json_object_new_boolean(0), &oom);
 	} else {
-		st_hf_add(root, "attention_bias", json_object_new_boolean(0), &oom);
-		st_hf_add(root, "mlp_bias", json_object_new_boolean(0), &oom);
+		hf_add(root, "attention_bias", json_object_new_boolean(0), &oom);
+		hf_add(root, "mlp_bias", json_object_new_boolean(0), &oom);
 	}
-	st_hf_add(root, "initializer_range", st_json_double(0.02), &oom);
+	hf_add(root, "initializer_range", json_double(0.02), &oom);
 	return oom ? -ENOMEM : 0;
 }
 

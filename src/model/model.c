@@ -257,7 +257,7 @@ size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T)
 
 /* ---- argument checks ------------------------------------------------------------------ */
 
-static int st_ids_check(const int32_t *ids, size_t n, int V, const char *what)
+static int ids_check(const int32_t *ids, size_t n, int V, const char *what)
 {
 	for (size_t i = 0; i < n; i++)
 		if (ids[i] < 0 || ids[i] >= V)
@@ -266,7 +266,7 @@ static int st_ids_check(const int32_t *ids, size_t n, int V, const char *what)
 	return 0;
 }
 
-static int st_call_check(const struct st_model *m, int u,
+static int call_check(const struct st_model *m, int u,
 			 const struct st_model_batch *b, size_t work_bytes,
 			 bool bwd, bool kept, size_t saved_bytes)
 {
@@ -296,7 +296,7 @@ static int st_call_check(const struct st_model *m, int u,
 	if (kind == ST_UNIT_EMBED) {
 		if (!b->tokens)
 			return st_error_set(-EINVAL, "model: the embedding needs tokens");
-		return st_ids_check(b->host_tokens ? b->host_tokens : b->tokens, n,
+		return ids_check(b->host_tokens ? b->host_tokens : b->tokens, n,
 				    m->cfg.vocab, "tokens");
 	}
 	if (kind == ST_UNIT_HEAD) {
@@ -306,7 +306,7 @@ static int st_call_check(const struct st_model *m, int u,
 			    isinf(b->loss_scale)))
 			return st_error_set(-EINVAL, "model: loss_scale must be finite and nonzero, got %g",
 					    (double)b->loss_scale);
-		return st_ids_check(b->host_targets ? b->host_targets : b->targets, n,
+		return ids_check(b->host_targets ? b->host_targets : b->targets, n,
 				    m->cfg.vocab, "targets");
 	}
 	return 0;
@@ -317,7 +317,7 @@ int st_model_fwd(const struct st_model *m, int u,
 		 const void *other, const float *x, float *y, float *loss,
 		 void *work, size_t work_bytes)
 {
-	int err = st_call_check(m, u, batch, work_bytes, false, false, 0);
+	int err = call_check(m, u, batch, work_bytes, false, false, 0);
 	if (err)
 		return err;
 	assert(params);
@@ -331,7 +331,7 @@ int st_model_bwd(const struct st_model *m, int u,
 		 float *grad, float *other_grad, float *loss, void *work,
 		 size_t work_bytes)
 {
-	int err = st_call_check(m, u, batch, work_bytes, true, false, 0);
+	int err = call_check(m, u, batch, work_bytes, true, false, 0);
 	if (err)
 		return err;
 	assert(params && grad);
@@ -342,7 +342,7 @@ int st_model_bwd(const struct st_model *m, int u,
 
 /* Does unit u keep its forward in saved (the family can, and saved is
  * given)? */
-static bool st_keeps(const struct st_model *m, int u, int B, int T, const void *saved)
+static bool keeps(const struct st_model *m, int u, int B, int T, const void *saved)
 {
 	size_t scratch;
 
@@ -369,9 +369,9 @@ int st_model_fwd_save(const struct st_model *m, int u, const struct st_model_bat
 		      float *loss, void *saved, size_t saved_bytes, void *work,
 		      size_t work_bytes)
 {
-	if (!batch || !st_keeps(m, u, batch->B, batch->T, saved))
+	if (!batch || !keeps(m, u, batch->B, batch->T, saved))
 		return st_model_fwd(m, u, batch, params, other, x, y, loss, work, work_bytes);
-	int err = st_call_check(m, u, batch, work_bytes, false, true, saved_bytes);
+	int err = call_check(m, u, batch, work_bytes, false, true, saved_bytes);
 	if (err)
 		return err;
 	assert(params);
@@ -386,10 +386,10 @@ int st_model_bwd_saved(const struct st_model *m, int u, const struct st_model_ba
 		       float *loss, void *saved, size_t saved_bytes, void *work,
 		       size_t work_bytes)
 {
-	if (!batch || !st_keeps(m, u, batch->B, batch->T, saved))
+	if (!batch || !keeps(m, u, batch->B, batch->T, saved))
 		return st_model_bwd(m, u, batch, params, other, x, dy, dx, grad, other_grad,
 				    loss, work, work_bytes);
-	int err = st_call_check(m, u, batch, work_bytes, true, true, saved_bytes);
+	int err = call_check(m, u, batch, work_bytes, true, true, saved_bytes);
 	if (err)
 		return err;
 	assert(params && grad);

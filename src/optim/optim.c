@@ -81,7 +81,7 @@ int st_optim_path_supported(enum st_optim_path path)
 	return 0;
 }
 
-static enum st_optim_path st_path_best(void)
+static enum st_optim_path path_best(void)
 {
 	if (st_optim_path_supported(ST_OPTIM_PATH_AVX512))
 		return ST_OPTIM_PATH_AVX512;
@@ -100,7 +100,7 @@ int st_optim_path_set(enum st_optim_path path)
 	if (!st_optim_path_supported(path))
 		return st_error_set(-ENOTSUP, "optim path %s: not supported by this CPU",
 				    st_optim_path_name(path));
-	atomic_store(&st_path_now, (int)(path == ST_OPTIM_PATH_AUTO ? st_path_best() : path));
+	atomic_store(&st_path_now, (int)(path == ST_OPTIM_PATH_AUTO ? path_best() : path));
 	return 0;
 }
 
@@ -122,7 +122,7 @@ enum st_optim_path st_optim_path_get(void)
 		if (!st_optim_path_supported(want))
 			want = ST_OPTIM_PATH_AUTO;
 	}
-	now = (int)(want == ST_OPTIM_PATH_AUTO ? st_path_best() : want);
+	now = (int)(want == ST_OPTIM_PATH_AUTO ? path_best() : want);
 	/* A racing first call resolves to the same value. */
 	atomic_store(&st_path_now, now);
 	return (enum st_optim_path)now;
@@ -131,7 +131,7 @@ enum st_optim_path st_optim_path_get(void)
 /* --- AdamW ---------------------------------------------------------------- */
 
 /* x^k by squaring in fp64: the same bits everywhere, whatever libm's pow. */
-static double st_powi(double x, uint64_t k)
+static double powi(double x, uint64_t k)
 {
 	double r = 1.0;
 
@@ -164,8 +164,8 @@ int st_adam_prep(struct st_adam_step *step, const struct st_adam_hparams *hp)
 	if (hp->step == 0)
 		return st_error_set(-EINVAL, "adam: step must be >= 1 (bias correction)");
 
-	bc1 = 1.0 - st_powi((double)hp->beta1, hp->step);
-	bc2 = 1.0 - st_powi((double)hp->beta2, hp->step);
+	bc1 = 1.0 - powi((double)hp->beta1, hp->step);
+	bc2 = 1.0 - powi((double)hp->beta2, hp->step);
 	/* bc underflows to 0 only for beta == 1, refused above; beta == 0 gives 1. */
 	memset(step, 0, sizeof(*step));
 	step->grad_scale = hp->grad_scale;
@@ -181,12 +181,12 @@ int st_adam_prep(struct st_adam_step *step, const struct st_adam_hparams *hp)
 	return 0;
 }
 
-static size_t st_dtype_bytes(enum st_optim_dtype dt)
+static size_t dtype_bytes(enum st_optim_dtype dt)
 {
 	return dt == ST_OPTIM_F32 ? 4u : 2u;
 }
 
-static int st_gstat_run(const struct st_optim_kernel *k, const void *g,
+static int gstat_run(const struct st_optim_kernel *k, const void *g,
 			enum st_optim_dtype g_dtype, size_t n_elems, double *sumsq,
 			uint32_t *absmax_bits);
 
@@ -219,7 +219,7 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 
 		/* |g * s| overflows for some element iff it does for max |g|
 		 * (rounding is monotonic), so this decides before any write. */
-		st_gstat_run(k, bufs->g, bufs->g_dtype, n_elems, &sumsq, &amax);
+		gstat_run(k, bufs->g, bufs->g_dtype, n_elems, &sumsq, &amax);
 		if (amax >= 0x7f800000u ||
 		    !isfinite(st_f32_from_bits(amax) * fabsf(step->grad_scale))) {
 			uint64_t cnt = 0;
@@ -237,8 +237,8 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 		}
 	}
 
-	g_bytes = st_dtype_bytes(bufs->g_dtype);
-	w_bytes = bufs->w ? st_dtype_bytes(bufs->w_dtype) : 0u;
+	g_bytes = dtype_bytes(bufs->g_dtype);
+	w_bytes = bufs->w ? dtype_bytes(bufs->w_dtype) : 0u;
 	if ((uint64_t)n_elems * (g_bytes + 12u + w_bytes) >= ST_ADAM_STREAM_MIN_BYTES)
 		kflags |= ST_OPTIM_KF_STREAM_W;
 	n_chunks = (n_elems + ST_ADAM_CHUNK_ELEMS - 1) / ST_ADAM_CHUNK_ELEMS;
@@ -283,12 +283,12 @@ int st_adam_update(const struct st_adam_hparams *hp, const struct st_adam_bufs *
  * then added in chunk order by one thread. */
 #define ST_GSTAT_BLOCK_CHUNKS 256u
 
-static int st_gstat_run(const struct st_optim_kernel *k, const void *g,
+static int gstat_run(const struct st_optim_kernel *k, const void *g,
 			enum st_optim_dtype g_dtype, size_t n_elems, double *sumsq,
 			uint32_t *absmax_bits)
 {
 	size_t n_chunks = (n_elems + ST_GSTAT_CHUNK_ELEMS - 1) / ST_GSTAT_CHUNK_ELEMS;
-	size_t g_bytes = st_dtype_bytes(g_dtype);
+	size_t g_bytes = dtype_bytes(g_dtype);
 	double total = 0.0;
 	uint32_t amax = 0;
 
@@ -329,7 +329,7 @@ int st_grad_sumsq(const void *g, enum st_optim_dtype g_dtype, size_t n_elems, do
 		return 0;
 	if (!g)
 		return st_error_set(-EINVAL, "grad sumsq: G must be given");
-	if (st_gstat_run(st_optim_kernel_for(st_optim_path_get()), g, g_dtype, n_elems, sumsq,
+	if (gstat_run(st_optim_kernel_for(st_optim_path_get()), g, g_dtype, n_elems, sumsq,
 			 &amax))
 		return st_error_set(-ERANGE, "grad sumsq: gradient holds NaN or Inf");
 	return 0;

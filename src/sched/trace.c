@@ -30,7 +30,7 @@ struct st_trace {
 
 /* name as a JSON string, quotes included. Control bytes as \u00XX; bytes
  * from 0x80 pass through (names are UTF-8). */
-static void st_trace_put_str(FILE *fp, const char *s)
+static void trace_put_str(FILE *fp, const char *s)
 {
 	putc('"', fp);
 	for (; *s; s++) {
@@ -49,29 +49,29 @@ static void st_trace_put_str(FILE *fp, const char *s)
 }
 
 /* Microseconds since the origin with three decimals (exact nanoseconds). */
-static void st_trace_put_us(FILE *fp, uint64_t ns)
+static void trace_put_us(FILE *fp, uint64_t ns)
 {
 	fprintf(fp, "%llu.%03u", (unsigned long long)(ns / 1000),
 		(unsigned)(ns % 1000));
 }
 
-static uint64_t st_trace_rel(const struct st_trace *t, uint64_t ns)
+static uint64_t trace_rel(const struct st_trace *t, uint64_t ns)
 {
 	return ns > t->origin_ns ? ns - t->origin_ns : 0;
 }
 
 /* Separator and the fields every event has; caller holds mu. */
-static void st_trace_begin_event(struct st_trace *t, const char *ph,
+static void trace_begin_event(struct st_trace *t, const char *ph,
 				 const char *name)
 {
 	fputs(t->any_event ? ",\n{" : "\n{", t->fp);
 	t->any_event = true;
 	fprintf(t->fp, "\"ph\":\"%s\",\"pid\":%d,\"name\":", ph, ST_TRACE_PID);
-	st_trace_put_str(t->fp, name);
+	trace_put_str(t->fp, name);
 }
 
 /* Closes the stream (if any) and removes the temporary (if any). */
-static void st_trace_free(struct st_trace *t)
+static void trace_free(struct st_trace *t)
 {
 	if (t->fp) {
 		fclose(t->fp);
@@ -96,25 +96,25 @@ int st_trace_create(struct st_trace **out, const char *path)
 	pthread_mutex_init(&t->mu, NULL);
 	t->buf = malloc(ST_TRACE_BUF_BYTES);
 	if (!t->buf) {
-		st_trace_free(t);
+		trace_free(t);
 		return st_error_set(-ENOMEM, "%s: out of memory", path);
 	}
 	err = st_file_atomic_open(&t->file, path);
 	if (err) {
-		st_trace_free(t);
+		trace_free(t);
 		return err;
 	}
 	t->fp = fdopen(t->file.fd, "w");
 	if (!t->fp) {
 		err = -errno;
 		st_error_set(err, "%s: %s", t->file.tmp_path, strerror(-err));
-		st_trace_free(t);
+		trace_free(t);
 		return err;
 	}
 	setvbuf(t->fp, t->buf, _IOFBF, ST_TRACE_BUF_BYTES);
 	t->origin_ns = st_now_ns();
 	fputs("{\"traceEvents\":[", t->fp);
-	st_trace_begin_event(t, "M", "process_name");
+	trace_begin_event(t, "M", "process_name");
 	fputs(",\"args\":{\"name\":\"strata\"}}", t->fp);
 	*out = t;
 	return 0;
@@ -128,12 +128,12 @@ int st_trace_lane(struct st_trace *t, const char *name)
 		return 0;
 	pthread_mutex_lock(&t->mu);
 	id = ++t->n_lanes;
-	st_trace_begin_event(t, "M", "thread_name");
+	trace_begin_event(t, "M", "thread_name");
 	fprintf(t->fp, ",\"tid\":%d,\"args\":{\"name\":", id);
-	st_trace_put_str(t->fp, name);
+	trace_put_str(t->fp, name);
 	fputs("}}", t->fp);
 	/* Lanes in the order they were made, not by name. */
-	st_trace_begin_event(t, "M", "thread_sort_index");
+	trace_begin_event(t, "M", "thread_sort_index");
 	fprintf(t->fp, ",\"tid\":%d,\"args\":{\"sort_index\":%d}}", id, id);
 	pthread_mutex_unlock(&t->mu);
 	return id;
@@ -146,14 +146,14 @@ void st_trace_span(struct st_trace *t, int lane, const char *name,
 
 	if (!t)
 		return;
-	ts = st_trace_rel(t, t0_ns);
-	end = st_trace_rel(t, t1_ns);
+	ts = trace_rel(t, t0_ns);
+	end = trace_rel(t, t1_ns);
 	pthread_mutex_lock(&t->mu);
-	st_trace_begin_event(t, "X", name);
+	trace_begin_event(t, "X", name);
 	fprintf(t->fp, ",\"tid\":%d,\"ts\":", lane);
-	st_trace_put_us(t->fp, ts);
+	trace_put_us(t->fp, ts);
 	fputs(",\"dur\":", t->fp);
-	st_trace_put_us(t->fp, end > ts ? end - ts : 0);
+	trace_put_us(t->fp, end > ts ? end - ts : 0);
 	if (args_json) {
 		fputs(",\"args\":", t->fp);
 		fputs(args_json, t->fp);
@@ -173,9 +173,9 @@ void st_trace_instant(struct st_trace *t, int lane, const char *name,
 	if (!t)
 		return;
 	pthread_mutex_lock(&t->mu);
-	st_trace_begin_event(t, "i", name);
+	trace_begin_event(t, "i", name);
 	fprintf(t->fp, ",\"tid\":%d,\"s\":\"t\",\"ts\":", lane);
-	st_trace_put_us(t->fp, st_trace_rel(t, t_ns));
+	trace_put_us(t->fp, trace_rel(t, t_ns));
 	putc('}', t->fp);
 	pthread_mutex_unlock(&t->mu);
 }
@@ -186,9 +186,9 @@ void st_trace_counter(struct st_trace *t, const char *name, uint64_t t_ns,
 	if (!t)
 		return;
 	pthread_mutex_lock(&t->mu);
-	st_trace_begin_event(t, "C", name);
+	trace_begin_event(t, "C", name);
 	fputs(",\"ts\":", t->fp);
-	st_trace_put_us(t->fp, st_trace_rel(t, t_ns));
+	trace_put_us(t->fp, trace_rel(t, t_ns));
 	/* %.17g round-trips a double; NaN and infinities are not JSON. */
 	if (value != value || value > 1e308 || value < -1e308)
 		value = 0;
@@ -225,15 +225,15 @@ int st_trace_close(struct st_trace *t)
 	}
 	t->file.fd = -1; /* closed with the stream */
 	/* publish finishes t->file, renamed or not; after an earlier failure
-	 * st_trace_free() removes the temporary. */
+	 * trace_free() removes the temporary. */
 	if (!err)
 		err = st_file_atomic_publish(&t->file);
-	st_trace_free(t);
+	trace_free(t);
 	return err;
 }
 
 void st_trace_abort(struct st_trace *t)
 {
 	if (t)
-		st_trace_free(t);
+		trace_free(t);
 }

@@ -77,7 +77,7 @@ int st_file_atomic_write(struct st_file_atomic *f, const void *buf,
 	return 0;
 }
 
-static int st_file_fsync_dir_of(const char *path)
+static int file_fsync_dir_of(const char *path)
 {
 	char *copy = strdup(path);
 	int fd, err = 0;
@@ -104,10 +104,10 @@ int st_file_rename_new(const char *from, const char *path)
 		err = -errno;
 		return st_error_set(err, "%s: rename from %s: %s", path, from, strerror(-err));
 	}
-	return st_file_fsync_dir_of(path);
+	return file_fsync_dir_of(path);
 }
 
-static int st_file_atomic_finish(struct st_file_atomic *f, bool replace)
+static int file_atomic_finish(struct st_file_atomic *f, bool replace)
 {
 	int err = 0;
 
@@ -139,12 +139,12 @@ fail:
 
 int st_file_atomic_commit(struct st_file_atomic *f)
 {
-	return st_file_atomic_finish(f, true);
+	return file_atomic_finish(f, true);
 }
 
 int st_file_atomic_commit_new(struct st_file_atomic *f)
 {
-	return st_file_atomic_finish(f, false);
+	return file_atomic_finish(f, false);
 }
 
 int st_file_atomic_publish(struct st_file_atomic *f)
@@ -158,7 +158,7 @@ int st_file_atomic_publish(struct st_file_atomic *f)
 		st_file_atomic_abort(f);
 		return err;
 	}
-	err = st_file_fsync_dir_of(f->path);
+	err = file_fsync_dir_of(f->path);
 	free(f->path);
 	free(f->tmp_path);
 	f->path = f->tmp_path = NULL;

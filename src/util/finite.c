@@ -10,7 +10,7 @@
  * one block has no early exit, so the compiler vectorises it. */
 #define ST_FINITE_BLOCK_ELEMS 1024u
 
-static inline bool st_f32_bad(uint32_t u, bool nonneg)
+static inline bool f32_bad(uint32_t u, bool nonneg)
 {
 	/* all exponent bits set: Inf or NaN; with nonneg, the sign bit set on
 	 * anything but -0 */
@@ -27,7 +27,7 @@ uint64_t st_f32_find_bad(const float *x, uint64_t n_elems, bool nonneg)
 			uint32_t u;
 
 			memcpy(&u, &x[i], sizeof(u));
-			bad |= st_f32_bad(u, nonneg);
+			bad |= f32_bad(u, nonneg);
 		}
 		if (ST_LIKELY(!bad))
 			continue;
@@ -35,7 +35,7 @@ uint64_t st_f32_find_bad(const float *x, uint64_t n_elems, bool nonneg)
 			uint32_t u;
 
 			memcpy(&u, &x[i], sizeof(u));
-			if (st_f32_bad(u, nonneg))
+			if (f32_bad(u, nonneg))
 				return i;
 		}
 	}

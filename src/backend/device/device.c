@@ -39,7 +39,7 @@ const char *st_device_list(void)
 #endif
 }
 
-static bool st_device_ops_valid(const struct st_device_ops *o)
+static bool device_ops_valid(const struct st_device_ops *o)
 {
 	return o && o->name && o->open && o->close && o->arena_base &&
 	       o->queue_create && o->queue_destroy && o->event_create &&
@@ -56,7 +56,7 @@ int st_device_create(const struct st_device_ops *ops,
 
 	assert(out);
 	*out = NULL;
-	if (!st_device_ops_valid(ops))
+	if (!device_ops_valid(ops))
 		return st_error_set(-EINVAL, "device ops table lacks a required hook");
 	d = calloc(1, sizeof(*d));
 	if (!d)

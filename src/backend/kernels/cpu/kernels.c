@@ -649,7 +649,7 @@ ST_SPAN void row_max_span(const float *x, int V, float *out)
 }
 ST_ISA_VARIANTS(row_max, (const float *x, int V, float *out), (x, V, out))
 
-static float st_row_max(const float *x, int V)
+static float row_max_of(const float *x, int V)
 {
 	float mx;
 
@@ -693,7 +693,7 @@ void st_cpu_crossentropy_fwd(float *losses, const float *logits,
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
-		float mx = st_row_max(x, V);
+		float mx = row_max_of(x, V);
 		float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
 		for (int i = 0; i < V; i++)

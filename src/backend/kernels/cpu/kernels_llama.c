@@ -114,7 +114,7 @@ void st_cpu_rmsnorm_bwd(float *dinp, float *dweight, const float *dout,
 
 /* ---- rotary embeddings --------------------------------------------------------------- */
 
-static void st_rope(float *out, const float *inp, int B, int T, int NH, int hd, int stride,
+static void rope(float *out, const float *inp, int B, int T, int NH, int hd, int stride,
 		    int type, int original_ctx, float theta, float factor, float lo,
 		    float hi, float sign)
 {
@@ -148,7 +148,7 @@ void st_cpu_rope_fwd(float *out, const float *inp, int B, int T, int NH, int hd,
 		     int stride, int type, int original_ctx, float theta,
 		     float factor, float low_freq_factor, float high_freq_factor)
 {
-	st_rope(out, inp, B, T, NH, hd, stride, type, original_ctx, theta, factor,
+	rope(out, inp, B, T, NH, hd, stride, type, original_ctx, theta, factor,
 		low_freq_factor, high_freq_factor, 1.0f);
 }
 
@@ -156,7 +156,7 @@ void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int NH, int h
 		     int stride, int type, int original_ctx, float theta,
 		     float factor, float low_freq_factor, float high_freq_factor)
 {
-	st_rope(dinp, dout, B, T, NH, hd, stride, type, original_ctx, theta, factor,
+	rope(dinp, dout, B, T, NH, hd, stride, type, original_ctx, theta, factor,
 		low_freq_factor, high_freq_factor, -1.0f);
 }
 
