@@ -227,6 +227,26 @@ for tool in "$@"; do
 		       done
 		       rm -rf "$d" ;;
 	count-refusals) check "count-refusals with an argument" 2 "$tool" tests ;;
+	code-shape) check "code-shape a missing directory" 2 "$tool" /nonexistent
+		    check "code-shape --top 0" 2 "$tool" --top 0 .
+		    # a hand-made tree: a function of 6 lines, brace to brace, a static one with the
+		    # public prefix, an include of the other folder's header
+		    d=$(mktemp -d)
+		    mkdir -p "$d/src/a" "$d/src/b"
+		    printf '#include "b.h"\nstatic int st_x(void)\n{\n\treturn 0;\n}\n' \
+			    >"$d/src/a/a.c"
+		    printf 'int y(int v)\n{\n\tint w = v;\n\n\tw++;\n\treturn w;\n}\n' \
+			    >"$d/src/b/b.c"
+		    echo 'int y(int v);' >"$d/src/b/b.h"
+		    if out=$(cd "$d" && "$tool" --top 5 src 2>&1) &&
+		       printf '%s\n' "$out" | grep -q "^ *6  y  src/b/b.c:1$" &&
+		       printf '%s\n' "$out" | grep -q "st_ prefix: 1$" &&
+		       printf '%s\n' "$out" | grep -q "^  src/a -> src/b  (1)$"; then
+			    echo "ok   code-shape on a hand-made tree"
+		    else
+			    echo "FAIL code-shape on a hand-made tree: $out"; fail=1
+		    fi
+		    rm -rf "$d" ;;
 	tok-bench-c) # refused as such, not as a missing tokenizer (x) after a run
 		     for n in abc 0 -1 1e99 10Q; do
 			     check "tok-bench-c --passes $n" 2 "$tool" --tokenizer x --passes $n /dev/null
