@@ -173,11 +173,7 @@ void st_compute_from_host_async(struct st_compute *c, void *dst, const void *src
 				size_t bytes);
 void st_compute_bf16_to_f32(struct st_compute *c, float *out, const uint16_t *in,
 			    size_t n);
-/* Row-major C (M,N) = op(A) @ op(B) + beta * C (alpha is 1), as
- * st_cpu_sgemm(). */
-void st_compute_gemm(struct st_compute *c, int trans_a, int trans_b, int M, int N, int K,
-		     const float *A, int lda, const float *B, int ldb, float beta, float *C,
-		     int ldc);
+/* out (N,OC) = inp (N,IC) @ weight (IC,OC) + bias (OC; NULL: none). */
 void st_compute_matmul_fwd(struct st_compute *c, float *out, const float *inp,
 			   const float *weight, const float *bias, int N, int IC, int OC);
 /* The same with bf16 inp (N,IC) and weight (IC,OC), fp32 accumulation;
@@ -194,69 +190,25 @@ void st_compute_matmul_fwd_bf16(struct st_compute *c, float *out, const uint16_t
 void st_compute_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre,
 				const float *inp, const float *weight, const float *bias, int N,
 				int IC, int OC);
-void st_compute_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			   const float *dout, const float *inp, const float *weight, int N,
-			   int IC, int OC);
-void st_compute_layernorm_fwd(struct st_compute *c, float *out, float *mean, float *rstd,
-			      const float *inp, const float *weight, const float *bias,
-			      int N, int C);
-void st_compute_layernorm_bwd(struct st_compute *c, float *dinp, float *dweight,
-			      float *dbias, const float *dout, const float *inp,
-			      const float *weight, const float *mean, const float *rstd,
-			      int N, int C);
 void st_compute_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t n);
-void st_compute_gelu_bwd(struct st_compute *c, float *dinp, const float *inp,
-			 const float *dout, size_t n);
 void st_compute_residual_fwd(struct st_compute *c, float *out, const float *a,
 			     const float *b, size_t n);
-void st_compute_embedding_fwd(struct st_compute *c, float *out, const int32_t *tokens,
-			      const float *wte, const float *wpe, int B, int T, int C);
 void st_compute_embedding_bwd(struct st_compute *c, float *dwte, float *dwpe,
 			      const float *dout, const int32_t *tokens, int B, int T, int C);
-void st_compute_attention_fwd(struct st_compute *c, float *out, float *lse,
-			      const float *qkv, int B, int T, int C, int NH);
-void st_compute_attention_bwd(struct st_compute *c, float *dqkv, const float *dout,
-			      const float *qkv, const float *out, const float *lse, int B,
-			      int T, int C, int NH);
 void st_compute_crossentropy_fwd(struct st_compute *c, float *losses, const float *logits,
 				 const int32_t *targets, int N, int V);
 void st_compute_crossentropy_bwd(struct st_compute *c, float *dlogits, float *losses,
 				 const float *logits, const int32_t *targets, float dloss,
 				 int N, int V);
 
-/* LLaMA's ops (strata/kernels.h, the st_cpu_ kernels of the same names). */
-void st_compute_linear_fwd(struct st_compute *c, float *out, const float *inp,
-			   const float *weight, const float *bias, int N, int IC, int OC);
-void st_compute_linear_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			   const float *dout, const float *inp, const float *weight, int N,
-			   int IC, int OC);
-void st_compute_rmsnorm_fwd(struct st_compute *c, float *out, float *rstd, const float *inp,
-			    const float *weight, float eps, int N, int C);
-void st_compute_rmsnorm_bwd(struct st_compute *c, float *dinp, float *dweight,
-			    const float *dout, const float *inp, const float *weight,
-			    const float *rstd, int N, int C);
 /* The rotation of strata/rope.h; its parameters as the op's (strata/op.h). */
 struct st_rope_args {
 	int type, original_ctx;
 	float theta, factor, low_freq_factor, high_freq_factor;
 };
-void st_compute_rope(struct st_compute *c, bool bwd, float *out, const float *inp, int B,
-		     int T, int NH, int hd, int stride, const struct st_rope_args *r);
-void st_compute_swiglu_fwd(struct st_compute *c, float *out, const float *gate,
-			   const float *up, size_t n);
-void st_compute_swiglu_bwd(struct st_compute *c, float *dgate, float *dup, const float *dout,
-			   const float *gate, const float *up, size_t n);
-void st_compute_token_embed_fwd(struct st_compute *c, float *out, const int32_t *tokens,
-				const float *wte, int N, int C);
+/* LLaMA's embedding gradient (strata/kernels.h, st_cpu_token_embed_bwd). */
 void st_compute_token_embed_bwd(struct st_compute *c, float *dwte, const float *dout,
 				const int32_t *tokens, int N, int C);
-void st_compute_gqa_attention_fwd(struct st_compute *c, float *out, float *lse,
-				  const float *q, const float *k, const float *v, int B,
-				  int T, int NH, int NKV, int hd);
-void st_compute_gqa_attention_bwd(struct st_compute *c, float *dq, float *dk, float *dv,
-				  const float *dout, const float *q, const float *k,
-				  const float *v, const float *out, const float *lse, int B,
-				  int T, int NH, int NKV, int hd);
 
 /* The optimizer on the device (docs/gpu.md): AdamW over n fp32 elements of
  * G, P, M, V in the compute's memory, W (fp32, or bf16 when w_bf16; NULL:
@@ -277,18 +229,6 @@ struct st_compute_sumsq {
 	uint32_t zero;
 };
 size_t st_compute_sumsq_scratch_bytes(size_t n);
-/* res (N,C) = a + b, then out, mean, rstd = layernorm(res): one op
- * (ST_OP_RESIDUAL_LAYERNORM_FWD) where the compute has it (the cpu and cuda
- * computes: the same bits as residual_fwd then layernorm_fwd on each), else
- * those two. */
-void st_compute_residual_layernorm_fwd(struct st_compute *c, float *res, float *out,
-				       float *mean, float *rstd, const float *a, const float *b,
-				       const float *weight, const float *bias, int N, int C);
-/* res = a + b, then out, rstd = rmsnorm(res), likewise
- * (ST_OP_RESIDUAL_RMSNORM_FWD). */
-void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *out, float *rstd,
-				     const float *a, const float *b, const float *weight,
-				     float eps, int N, int C);
 void st_compute_grad_sumsq(struct st_compute *c, struct st_compute_sumsq *out, void *scratch,
 			   const float *g, size_t n);
 /* out (n, bf16) = in (n, fp32) rounded to nearest even. ST_OP_F32_TO_BF16. */

@@ -277,22 +277,6 @@ void st_compute_bf16_to_f32(struct st_compute *c, float *out, const uint16_t *in
 	st_compute_run(c, &op);
 }
 
-void st_compute_gemm(struct st_compute *c, int trans_a, int trans_b, int M, int N, int K,
-		     const float *A, int lda, const float *B, int ldb, float beta, float *C,
-		     int ldc)
-{
-	/* A is stored (M,K) or, transposed, (K,M); B (K,N) or (N,K); C (M,N);
-	 * the shapes say the logical rows and the leading dimension */
-	struct st_op op = {
-		.kind = ST_OP_GEMM,
-		.t = { F2(A, trans_a ? K : M, lda), F2(B, trans_b ? N : K, ldb), F2(C, M, ldc) },
-		.i = { trans_a, trans_b, M, N, K, lda, ldb, ldc },
-		.f = { beta },
-	};
-
-	st_compute_run(c, &op);
-}
-
 void st_compute_matmul_fwd(struct st_compute *c, float *out, const float *inp,
 			   const float *weight, const float *bias, int N, int IC, int OC)
 {
@@ -336,57 +320,10 @@ void st_compute_matmul_gelu_fwd(struct st_compute *c, float *out, float *pre,
 	st_compute_gelu_fwd(c, out, mid, (size_t)N * OC);
 }
 
-void st_compute_matmul_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			   const float *dout, const float *inp, const float *weight, int N,
-			   int IC, int OC)
-{
-	struct st_op op = { .kind = ST_OP_MATMUL_BWD,
-			    .t = { F2(dinp, N, IC), F2(dweight, IC, OC), F1(dbias, OC),
-				   F2(dout, N, OC), F2(inp, N, IC), F2(weight, IC, OC) },
-			    .i = { N, IC, OC } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_layernorm_fwd(struct st_compute *c, float *out, float *mean, float *rstd,
-			      const float *inp, const float *weight, const float *bias,
-			      int N, int C)
-{
-	struct st_op op = { .kind = ST_OP_LAYERNORM_FWD,
-			    .t = { F2(out, N, C), F1(mean, N), F1(rstd, N), F2(inp, N, C),
-				   F1(weight, C), F1(bias, C) },
-			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_layernorm_bwd(struct st_compute *c, float *dinp, float *dweight,
-			      float *dbias, const float *dout, const float *inp,
-			      const float *weight, const float *mean, const float *rstd,
-			      int N, int C)
-{
-	struct st_op op = { .kind = ST_OP_LAYERNORM_BWD,
-			    .t = { F2(dinp, N, C), F1(dweight, C), F1(dbias, C), F2(dout, N, C),
-				   F2(inp, N, C), F1(weight, C), F1(mean, N), F1(rstd, N) },
-			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
 void st_compute_gelu_fwd(struct st_compute *c, float *out, const float *inp, size_t n)
 {
 	struct st_op op = { .kind = ST_OP_GELU_FWD,
 			    .t = { F1(out, n), F1(inp, n) },
-			    .i = { (int64_t)n } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_gelu_bwd(struct st_compute *c, float *dinp, const float *inp,
-			 const float *dout, size_t n)
-{
-	struct st_op op = { .kind = ST_OP_GELU_BWD,
-			    .t = { F1(dinp, n), F1(inp, n), F1(dout, n) },
 			    .i = { (int64_t)n } };
 
 	st_compute_run(c, &op);
@@ -402,18 +339,6 @@ void st_compute_residual_fwd(struct st_compute *c, float *out, const float *a,
 	st_compute_run(c, &op);
 }
 
-void st_compute_embedding_fwd(struct st_compute *c, float *out, const int32_t *tokens,
-			      const float *wte, const float *wpe, int B, int T, int C)
-{
-	/* wte is (V,C) and wpe (>=T,C): the op does not know V, nor wpe's rows */
-	struct st_op op = { .kind = ST_OP_EMBEDDING_FWD,
-			    .t = { st_tensor_3d(out, ST_DTYPE_F32, B, T, C), I2(tokens, B, T),
-				   F2(wte, -1, C), F2(wpe, -1, C) },
-			    .i = { B, T, C } };
-
-	st_compute_run(c, &op);
-}
-
 void st_compute_embedding_bwd(struct st_compute *c, float *dwte, float *dwpe,
 			      const float *dout, const int32_t *tokens, int B, int T, int C)
 {
@@ -421,33 +346,6 @@ void st_compute_embedding_bwd(struct st_compute *c, float *dwte, float *dwpe,
 			    .t = { F2(dwte, -1, C), F2(dwpe, T, C),
 				   st_tensor_3d(dout, ST_DTYPE_F32, B, T, C), I2(tokens, B, T) },
 			    .i = { B, T, C } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_attention_fwd(struct st_compute *c, float *out, float *lse,
-			      const float *qkv, int B, int T, int C, int NH)
-{
-	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
-			    .t = { st_tensor_3d(out, ST_DTYPE_F32, B, T, C),
-				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
-				   st_tensor_3d(qkv, ST_DTYPE_F32, B, T, 3 * (int64_t)C) },
-			    .i = { B, T, C, NH } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_attention_bwd(struct st_compute *c, float *dqkv, const float *dout,
-			      const float *qkv, const float *out, const float *lse, int B,
-			      int T, int C, int NH)
-{
-	struct st_op op = { .kind = ST_OP_ATTENTION_BWD,
-			    .t = { st_tensor_3d(dqkv, ST_DTYPE_F32, B, T, 3 * (int64_t)C),
-				   st_tensor_3d(dout, ST_DTYPE_F32, B, T, C),
-				   st_tensor_3d(qkv, ST_DTYPE_F32, B, T, 3 * (int64_t)C),
-				   st_tensor_3d(out, ST_DTYPE_F32, B, T, C),
-				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T) },
-			    .i = { B, T, C, NH } };
 
 	st_compute_run(c, &op);
 }
@@ -478,97 +376,6 @@ void st_compute_crossentropy_bwd(struct st_compute *c, float *dlogits, float *lo
 
 /* ---- LLaMA's ops ------------------------------------------------------------------ */
 
-void st_compute_linear_fwd(struct st_compute *c, float *out, const float *inp,
-			   const float *weight, const float *bias, int N, int IC, int OC)
-{
-	struct st_op op = { .kind = ST_OP_LINEAR_FWD,
-			    .t = { F2(out, N, OC), F2(inp, N, IC), F2(weight, OC, IC),
-				   F1(bias, OC) },
-			    .i = { N, IC, OC } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_linear_bwd(struct st_compute *c, float *dinp, float *dweight, float *dbias,
-			   const float *dout, const float *inp, const float *weight, int N,
-			   int IC, int OC)
-{
-	struct st_op op = { .kind = ST_OP_LINEAR_BWD,
-			    .t = { F2(dinp, N, IC), F2(dweight, OC, IC), F1(dbias, OC),
-				   F2(dout, N, OC), F2(inp, N, IC), F2(weight, OC, IC) },
-			    .i = { N, IC, OC } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_rmsnorm_fwd(struct st_compute *c, float *out, float *rstd, const float *inp,
-			    const float *weight, float eps, int N, int C)
-{
-	struct st_op op = { .kind = ST_OP_RMSNORM_FWD,
-			    .t = { F2(out, N, C), F1(rstd, N), F2(inp, N, C), F1(weight, C) },
-			    .i = { N, C },
-			    .f = { eps } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_rmsnorm_bwd(struct st_compute *c, float *dinp, float *dweight,
-			    const float *dout, const float *inp, const float *weight,
-			    const float *rstd, int N, int C)
-{
-	struct st_op op = { .kind = ST_OP_RMSNORM_BWD,
-			    .t = { F2(dinp, N, C), F1(dweight, C), F2(dout, N, C), F2(inp, N, C),
-				   F1(weight, C), F1(rstd, N) },
-			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_rope(struct st_compute *c, bool bwd, float *out, const float *inp, int B,
-		     int T, int NH, int hd, int stride, const struct st_rope_args *r)
-{
-	struct st_op op = { .kind = bwd ? ST_OP_ROPE_BWD : ST_OP_ROPE_FWD,
-			    .t = { F2(out, (int64_t)B * T, stride),
-				   F2(inp, (int64_t)B * T, stride) },
-			    .i = { B, T, NH, hd, stride, r->type, r->original_ctx },
-			    .f = { r->theta, r->factor, r->low_freq_factor,
-				   r->high_freq_factor } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_swiglu_fwd(struct st_compute *c, float *out, const float *gate,
-			   const float *up, size_t n)
-{
-	struct st_op op = { .kind = ST_OP_SWIGLU_FWD,
-			    .t = { F1(out, n), F1(gate, n), F1(up, n) },
-			    .i = { (int64_t)n } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_swiglu_bwd(struct st_compute *c, float *dgate, float *dup, const float *dout,
-			   const float *gate, const float *up, size_t n)
-{
-	struct st_op op = { .kind = ST_OP_SWIGLU_BWD,
-			    .t = { F1(dgate, n), F1(dup, n), F1(dout, n), F1(gate, n),
-				   F1(up, n) },
-			    .i = { (int64_t)n } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_token_embed_fwd(struct st_compute *c, float *out, const int32_t *tokens,
-				const float *wte, int N, int C)
-{
-	struct st_op op = { .kind = ST_OP_TOKEN_EMBED_FWD,
-			    .t = { F2(out, N, C), st_tensor_1d(tokens, ST_DTYPE_I32, N),
-				   F2(wte, -1, C) },
-			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
 void st_compute_token_embed_bwd(struct st_compute *c, float *dwte, const float *dout,
 				const int32_t *tokens, int N, int C)
 {
@@ -576,42 +383,6 @@ void st_compute_token_embed_bwd(struct st_compute *c, float *dwte, const float *
 			    .t = { F2(dwte, -1, C), F2(dout, N, C),
 				   st_tensor_1d(tokens, ST_DTYPE_I32, N) },
 			    .i = { N, C } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_gqa_attention_fwd(struct st_compute *c, float *out, float *lse,
-				  const float *q, const float *k, const float *v, int B,
-				  int T, int NH, int NKV, int hd)
-{
-	struct st_op op = { .kind = ST_OP_GQA_ATTENTION_FWD,
-			    .t = { st_tensor_3d(out, ST_DTYPE_F32, B, T, (int64_t)NH * hd),
-				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
-				   st_tensor_3d(q, ST_DTYPE_F32, B, T, (int64_t)NH * hd),
-				   st_tensor_3d(k, ST_DTYPE_F32, B, T, (int64_t)NKV * hd),
-				   st_tensor_3d(v, ST_DTYPE_F32, B, T, (int64_t)NKV * hd) },
-			    .i = { B, T, NH, NKV, hd } };
-
-	st_compute_run(c, &op);
-}
-
-void st_compute_gqa_attention_bwd(struct st_compute *c, float *dq, float *dk, float *dv,
-				  const float *dout, const float *q, const float *k,
-				  const float *v, const float *out, const float *lse, int B,
-				  int T, int NH, int NKV, int hd)
-{
-	const int64_t Q = (int64_t)NH * hd, KV = (int64_t)NKV * hd;
-	struct st_op op = { .kind = ST_OP_GQA_ATTENTION_BWD,
-			    .t = { st_tensor_3d(dq, ST_DTYPE_F32, B, T, Q),
-				   st_tensor_3d(dk, ST_DTYPE_F32, B, T, KV),
-				   st_tensor_3d(dv, ST_DTYPE_F32, B, T, KV),
-				   st_tensor_3d(dout, ST_DTYPE_F32, B, T, Q),
-				   st_tensor_3d(q, ST_DTYPE_F32, B, T, Q),
-				   st_tensor_3d(k, ST_DTYPE_F32, B, T, KV),
-				   st_tensor_3d(v, ST_DTYPE_F32, B, T, KV),
-				   st_tensor_3d(out, ST_DTYPE_F32, B, T, Q),
-				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T) },
-			    .i = { B, T, NH, NKV, hd } };
 
 	st_compute_run(c, &op);
 }
@@ -655,45 +426,6 @@ void st_compute_grad_sumsq(struct st_compute *c, struct st_compute_sumsq *out, v
 }
 
 /* ---- residual + norm ------------------------------------------------------ */
-
-void st_compute_residual_layernorm_fwd(struct st_compute *c, float *res, float *out,
-				       float *mean, float *rstd, const float *a, const float *b,
-				       const float *weight, const float *bias, int N, int C)
-{
-	static const enum st_dtype f32[ST_OP_MAX_TENSORS] = { 0 };
-
-	if (st_compute_supports(c, ST_OP_RESIDUAL_LAYERNORM_FWD, f32)) {
-		struct st_op op = { .kind = ST_OP_RESIDUAL_LAYERNORM_FWD,
-				    .t = { F2(res, N, C), F2(out, N, C), F1(mean, N), F1(rstd, N),
-					   F2(a, N, C), F2(b, N, C), F1(weight, C), F1(bias, C) },
-				    .i = { N, C } };
-
-		st_compute_run(c, &op);
-		return;
-	}
-	st_compute_residual_fwd(c, res, a, b, (size_t)N * C);
-	st_compute_layernorm_fwd(c, out, mean, rstd, res, weight, bias, N, C);
-}
-
-void st_compute_residual_rmsnorm_fwd(struct st_compute *c, float *res, float *out, float *rstd,
-				     const float *a, const float *b, const float *weight,
-				     float eps, int N, int C)
-{
-	static const enum st_dtype f32[ST_OP_MAX_TENSORS] = { 0 };
-
-	if (st_compute_supports(c, ST_OP_RESIDUAL_RMSNORM_FWD, f32)) {
-		struct st_op op = { .kind = ST_OP_RESIDUAL_RMSNORM_FWD,
-				    .t = { F2(res, N, C), F2(out, N, C), F1(rstd, N), F2(a, N, C),
-					   F2(b, N, C), F1(weight, C) },
-				    .i = { N, C },
-				    .f = { eps } };
-
-		st_compute_run(c, &op);
-		return;
-	}
-	st_compute_residual_fwd(c, res, a, b, (size_t)N * C);
-	st_compute_rmsnorm_fwd(c, out, rstd, res, weight, eps, N, C);
-}
 
 /* ---- the bf16 compute path ------------------------------------------------ */
 
