@@ -72,6 +72,10 @@ int st_parse_size(const char *text, uint64_t *out_bytes);
 /* Format a byte count as "1.50 GiB" into buf (at least 16 bytes). */
 const char *st_format_bytes(uint64_t bytes, char *buf, size_t buf_len);
 
+/* Format a time left as "12s", "3m04s" or "2h05m" into buf ("?" for a
+ * negative or non-finite number of seconds); returns buf. */
+const char *st_format_eta(double seconds, char *buf, size_t buf_len);
+
 /* Warnings the library prints once (e.g. "mlock refused"); a library never
  * prints anything else. Goes to stderr prefixed with "strata: warning: ".
  * Set ST_QUIET=1 in the environment to silence them. */

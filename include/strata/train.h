@@ -91,14 +91,6 @@ struct st_adam_step;
 int st_train_adam_prep(const struct st_train_config *c, int step, double grad_norm,
 		       struct st_adam_step *with_wd, struct st_adam_step *without_wd);
 
-struct st_weights;
-
-/* Unit u's parameters from w (strata/weights.h: a checkpoint, a Hugging
- * Face GPT-2, an llm.c file) into p (fp32, the unit's flat length, padding
- * zeroed). Every tensor must be there with its exact shape. Shared by the
- * trainer and the engine. */
-int st_train_read_unit(const struct st_model *m, struct st_weights *w, int u, float *p);
-
 /* Learning rate of step (0-based) under cfg's schedule. */
 double st_lr_at(const struct st_train_config *cfg, int step);
 

@@ -71,6 +71,13 @@ int st_weights_check(struct st_weights *w, const char *name, int ndim, const uin
 int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint64_t *shape,
 		    float *out);
 
+/* Unit u's parameters from w into p (fp32, the unit's flat length, padding
+ * zeroed): each tensor of the unit's layout by its name at its offset, as
+ * st_weights_read() reads it (every tensor there with its exact shape).
+ * The engine and the reference trainer both load weights through it.
+ * 0, or st_weights_read()'s error. */
+int st_weights_read_unit(struct st_weights *w, const struct st_model *m, int u, float *p);
+
 /* ---- llm.c's GPT-2 model file ------------------------------------------------
  * 256 int32 (the machine's byte order): magic, version (3: fp32, 5: bf16),
  * maxT, V, L, NH, C, Vp (V rounded up to a multiple of 128), zeros. Then the

@@ -189,20 +189,7 @@ void st_cli_progress(struct st_cli_progress *p, const char *what, double done, d
 		return;
 	p->last = now;
 	fprintf(stderr, "%s: %.0f of %.0f %s, ETA %s\n", what, done, total, unit,
-		st_cli_eta((double)(now - p->t0) / 1e9 * (total - done) / done, eta, sizeof(eta)));
-}
-
-const char *st_cli_eta(double s, char *buf, size_t n)
-{
-	if (!isfinite(s) || s < 0)
-		snprintf(buf, n, "?");
-	else if (s < 60)
-		snprintf(buf, n, "%.0fs", s);
-	else if (s < 3600)
-		snprintf(buf, n, "%dm%02ds", (int)s / 60, (int)s % 60);
-	else
-		snprintf(buf, n, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
-	return buf;
+		st_format_eta((double)(now - p->t0) / 1e9 * (total - done) / done, eta, sizeof(eta)));
 }
 
 /* The weights of --ckpt PATH (strata/weights.h: a checkpoint, verified; a

@@ -45,8 +45,6 @@ void st_cli_check_dirs(const char *flag, const char *list, bool writable);
 void set_threads_cli(int n);
 /* Open a token file for a model of the given vocabulary, or exit 2. */
 struct st_dataset *st_cli_open_data(const char *path, int vocab);
-/* "12s", "3m04s", "2h05m" */
-const char *st_cli_eta(double seconds, char *buf, size_t n);
 
 /* Progress of long work on stderr: st_cli_progress(&p, "eval", done,
  * total, "batches") prints "eval: 12 of 100 batches, ETA 1m05s" at most

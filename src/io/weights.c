@@ -612,3 +612,18 @@ int st_weights_read(struct st_weights *w, const char *name, int ndim, const uint
 	free(tmp);
 	return ret < 0 ? ret : check_finite(w->path, name, out, n);
 }
+
+int st_weights_read_unit(struct st_weights *w, const struct st_model *m, int u, float *p)
+{
+	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
+	int ret = 0;
+
+	memset(p, 0, ul->elems * sizeof(float));
+	for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
+		const struct st_tensor_layout *tl = &ul->tensors[i];
+		uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
+
+		ret = st_weights_read(w, tl->name, tl->ndim, shape, p + tl->offset_elems);
+	}
+	return ret;
+}

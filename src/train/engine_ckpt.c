@@ -584,24 +584,6 @@ int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
 	return ret;
 }
 
-/* Unit u's flat buffer p from w: each of its tensors by its name at its
- * offset, the padding zero. The engine's own reader, so that loading
- * weights does not go through the reference trainer (trainer.c). */
-static int read_unit_weights(const struct st_model *m, struct st_weights *w, int u, float *p)
-{
-	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
-	int ret = 0;
-
-	memset(p, 0, ul->elems * sizeof(float));
-	for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
-		const struct st_tensor_layout *tl = &ul->tensors[i];
-		uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
-
-		ret = st_weights_read(w, tl->name, tl->ndim, shape, p + tl->offset_elems);
-	}
-	return ret;
-}
-
 int st_engine_load_weights(struct st_engine *e, struct st_weights *w)
 {
 	const struct st_model *m = st_engine_model(e);
@@ -611,7 +593,7 @@ int st_engine_load_weights(struct st_engine *e, struct st_weights *w)
 	if (posix_memalign((void **)&p, ST_PAGE_BYTES, max_unit_elems(m) * sizeof(float)))
 		return st_error_set(-ENOMEM, "out of memory");
 	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
-		ret = read_unit_weights(m, w, u, p);
+		ret = st_weights_read_unit(w, m, u, p);
 		if (ret == 0)
 			ret = st_engine_write_state(e, u, p, NULL, NULL);
 	}

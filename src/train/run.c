@@ -88,20 +88,6 @@ static const char *unprefix(const char *msg, const char *path)
 	return strncmp(msg, path, n) == 0 && strncmp(msg + n, ": ", 2) == 0 ? msg + n + 2 : msg;
 }
 
-/* "12s", "3m04s", "2h05m" */
-static const char *eta(double s, char *buf, size_t n)
-{
-	if (!isfinite(s) || s < 0)
-		snprintf(buf, n, "?");
-	else if (s < 60)
-		snprintf(buf, n, "%.0fs", s);
-	else if (s < 3600)
-		snprintf(buf, n, "%dm%02ds", (int)s / 60, (int)s % 60);
-	else
-		snprintf(buf, n, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
-	return buf;
-}
-
 static const char *gbps(double bytes, double ns, char *buf, size_t n)
 {
 	snprintf(buf, n, "%.2f", ns > 0 ? bytes / ns : 0.0);
@@ -448,7 +434,7 @@ static void progress_line(struct run *r, int s, const struct st_step_result *st,
 	    "nvme r %s w %s | rss %.0f MiB\n",
 	    (int)log10(tc->steps) + 1, s + 1, tc->steps, st->loss, st->lr, st->grad_norm,
 	    st->skipped ? " (non-finite: skipped)" : "", tps, dt,
-	    eta((double)(st_now_ns() - r->t0) / 1e9 / (s + 1 - (int)r->start_step) *
+	    st_format_eta((double)(st_now_ns() - r->t0) / 1e9 / (s + 1 - (int)r->start_step) *
 		(tc->steps - s - 1), et, sizeof(et)),
 	    u[0], pk[0], u[1], pk[1], es->has_tier[2] ? " nvme " : "",
 	    es->has_tier[2] ? u[2] : "", es->has_tier[2] ? " (peak " : "",

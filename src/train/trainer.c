@@ -415,27 +415,12 @@ int st_trainer_logits(struct st_trainer *t, const int32_t *tokens, int n, float 
 			       t->work_bytes);
 }
 
-int st_train_read_unit(const struct st_model *m, struct st_weights *w, int u, float *p)
-{
-	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
-	int ret = 0;
-
-	memset(p, 0, ul->elems * sizeof(float));
-	for (int i = 0; ret == 0 && i < ul->n_tensors; i++) {
-		const struct st_tensor_layout *tl = &ul->tensors[i];
-		uint64_t shape[2] = { (uint64_t)tl->shape[0], (uint64_t)tl->shape[1] };
-
-		ret = st_weights_read(w, tl->name, tl->ndim, shape, p + tl->offset_elems);
-	}
-	return ret;
-}
-
 int st_trainer_load_weights(struct st_trainer *t, struct st_weights *w)
 {
 	int ret = 0;
 
 	for (int u = 0; ret == 0 && u < t->U; u++)
-		ret = st_train_read_unit(t->model, w, u, t->P[u]);
+		ret = st_weights_read_unit(w, t->model, u, t->P[u]);
 	if (ret < 0)
 		return ret;
 	for (int u = 0; u < t->U; u++) {

@@ -2,6 +2,7 @@
 #include "strata/common.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,19 @@ const char *st_format_bytes(uint64_t bytes, char *buf, size_t buf_len)
 		snprintf(buf, buf_len, "%llu B", (unsigned long long)bytes);
 	else
 		snprintf(buf, buf_len, "%.2f %s", v, units[u]);
+	return buf;
+}
+
+const char *st_format_eta(double s, char *buf, size_t n)
+{
+	if (!isfinite(s) || s < 0)
+		snprintf(buf, n, "?");
+	else if (s < 60)
+		snprintf(buf, n, "%.0fs", s);
+	else if (s < 3600)
+		snprintf(buf, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+	else
+		snprintf(buf, n, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
 	return buf;
 }
 
