@@ -660,10 +660,12 @@ int st_cli_train(int argc, char **argv)
 
 		/* a model that ships a tokenizer, fed the text's bytes as ids:
 		 * a fine-tune on noise */
-		if (st_cli_tokenizer_dir(rc->init, tdir, sizeof(tdir)))
+		if (st_cli_tokenizer_dir(rc->init, tdir, sizeof(tdir))) {
+			st_dataset_close(ds); /* nothing left for LeakSanitizer */
 			st_cli_die(2, "--data %s is text, and --init %s has a tokenizer: train on "
 				   "its ids (strata tokenize --tokenizer %s --out FILE.bin %s)",
 				   rc->data_name, rc->init, tdir, rc->data_name);
+		}
 	}
 	/* rank 0 prints, saves and holds the lock; the others write only their
 	 * slices and say nothing but their errors */
