@@ -406,7 +406,7 @@ static void comm_sum_run(void *arg)
 }
 
 static int comm_reduce_local(struct st_comm *c, const void *in, void *out,
-				size_t count_elems, enum st_comm_dtype dt)
+			     size_t count_elems, enum st_comm_dtype dt)
 {
 	struct st_comm_sum *s;
 	int ret;
@@ -433,7 +433,7 @@ static int comm_reduce_local(struct st_comm *c, const void *in, void *out,
 
 /* The scratch for a composed collective of world * elems elements. */
 static int comm_scratch(struct st_comm *c, size_t elems, enum st_comm_dtype dt,
-			   void **out)
+			void **out)
 {
 	size_t need_bytes = (size_t)c->world * elems * st_comm_dtype_bytes(dt);
 

@@ -21,9 +21,9 @@
 
 /* Pull every tensor through fill into f, hashing as it goes. */
 static int ckpt_stream_data(struct st_file_atomic *f, const char *path,
-			       const struct st_sf_entry *entries, size_t n,
-			       uint64_t max_bytes, st_ckpt_fill_fn fill,
-			       void *ctx, XXH64_state_t *xs)
+			    const struct st_sf_entry *entries, size_t n,
+			    uint64_t max_bytes, st_ckpt_fill_fn fill,
+			    void *ctx, XXH64_state_t *xs)
 {
 	size_t chunk = (size_t)ST_MIN(st_align_up(max_bytes, ST_PAGE_BYTES),
 				      ST_CKPT_CHUNK_BYTES);
@@ -90,7 +90,7 @@ int st_ckpt_write_with_header(const char *path, const uint8_t *hdr, size_t hdr_b
 	err = st_file_atomic_write(&f, hdr, hdr_bytes);
 	if (!err)
 		err = ckpt_stream_data(&f, path, entries, n, max_bytes, fill,
-					  ctx, xs);
+				       ctx, xs);
 	if (err) {
 		st_file_atomic_abort(&f);
 		goto out;

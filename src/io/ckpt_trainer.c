@@ -158,7 +158,7 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 				    ST_CKPT_CURSOR_MAX_BYTES);
 	}
 	cfg = tr->config_json ? ckpt_parse_object(tr->config_json,
-						     strlen(tr->config_json))
+						  strlen(tr->config_json))
 			      : json_object_new_object();
 	if (!cfg) {
 		json_object_put(root);
@@ -221,8 +221,8 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 }
 
 static int ckpt_field(const char *path, struct json_object *root,
-			 const char *key, enum json_type type,
-			 struct json_object **out)
+		      const char *key, enum json_type type,
+		      struct json_object **out)
 {
 	if (!json_object_object_get_ex(root, key, out))
 		return st_error_set(-EINVAL, "%s: missing \"%s\"", path, key);
@@ -246,7 +246,7 @@ static int ckpt_field(const char *path, struct json_object *root,
  * cannot tell 2^64 - 1 from larger numbers (only a hand-edited file has
  * those). */
 static int ckpt_get_u64(const char *path, const char *what,
-			   struct json_object *v, uint64_t max, uint64_t *out)
+			struct json_object *v, uint64_t max, uint64_t *out)
 {
 	if (!json_object_is_type(v, json_type_int))
 		return st_error_set(-EINVAL, "%s: %s is not an integer", path,
@@ -272,7 +272,7 @@ static int ckpt_hex_digit(char c)
 }
 
 static int ckpt_parse_files(const char *path, struct json_object *files,
-			       struct st_ckpt_trainer *tr)
+			    struct st_ckpt_trainer *tr)
 {
 	size_t n = json_object_array_length(files);
 
@@ -296,10 +296,10 @@ static int ckpt_parse_files(const char *path, struct json_object *files,
 			err = ckpt_field(path, e, "bytes", json_type_int, &jb);
 		if (!err)
 			err = ckpt_field(path, e, "xxh64", json_type_string,
-					    &jh);
+					 &jh);
 		if (!err)
 			err = ckpt_get_u64(path, what, jb, INT64_MAX,
-					      &f->bytes);
+					   &f->bytes);
 		if (err)
 			return err;
 		if (ckpt_check_name(json_object_get_string(jn)))
@@ -334,7 +334,7 @@ bad_hash:
 }
 
 static int ckpt_parse_trainer(const char *path, struct json_object *root,
-				 struct st_ckpt_trainer *tr)
+			      struct st_ckpt_trainer *tr)
 {
 	struct json_object *v;
 	const char *s;
@@ -351,7 +351,7 @@ static int ckpt_parse_trainer(const char *path, struct json_object *root,
 	err = ckpt_field(path, root, "version", json_type_int, &v);
 	if (!err)
 		err = ckpt_get_u64(path, "version", v, UINT32_MAX,
-				      &ver);
+				   &ver);
 	if (err)
 		return err;
 	if (ver == 0 || ver > ST_CKPT_VERSION)
@@ -362,12 +362,12 @@ static int ckpt_parse_trainer(const char *path, struct json_object *root,
 	err = ckpt_field(path, root, "step", json_type_int, &v);
 	if (!err)
 		err = ckpt_get_u64(path, "step", v, INT64_MAX,
-				      &tr->step);
+				   &tr->step);
 	if (!err)
 		err = ckpt_field(path, root, "seed", json_type_int, &v);
 	if (!err)
 		err = ckpt_get_u64(path, "seed", v, UINT64_MAX,
-				      &tr->seed);
+				   &tr->seed);
 	if (!err)
 		err = ckpt_field(path, root, "cursor", json_type_string, &v);
 	if (err)

@@ -60,7 +60,7 @@ static bool ends_with(const char *s, const char *suffix)
 /* Validates the llm.c header against the file size; sets the token width
  * (2: GPT-2's uint16 shards, 4: the uint32 ones llm.c writes for Llama 3). */
 static int llmc_check(const char *path, int fd, uint64_t file_bytes,
-			 uint64_t *n_tokens, unsigned *tok_bytes)
+		      uint64_t *n_tokens, unsigned *tok_bytes)
 {
 	uint8_t hdr[ST_LLMC_HEADER_BYTES];
 	int32_t magic, version, count;

@@ -124,8 +124,8 @@ const char *st_sf_show(const char *s, char *buf)
 
 /* Product of shape and the element size, or -EOVERFLOW. */
 static int sf_shape_bytes(const uint64_t *shape, int ndim,
-			     enum st_sf_dtype dtype, uint64_t *elems,
-			     uint64_t *bytes)
+			  enum st_sf_dtype dtype, uint64_t *elems,
+			  uint64_t *bytes)
 {
 	uint64_t e = 1;
 
@@ -141,11 +141,11 @@ static int sf_shape_bytes(const uint64_t *shape, int ndim,
 /* ---- reader ------------------------------------------------------------ */
 
 static int sf_tensor_err(const struct st_safetensors *sf, const char *name,
-			    const char *fmt, ...) ST_PRINTF(3, 4);
+			 const char *fmt, ...) ST_PRINTF(3, 4);
 
 /* "<file>: tensor '<name>': <problem>", -EINVAL. */
 static int sf_tensor_err(const struct st_safetensors *sf, const char *name,
-			    const char *fmt, ...)
+			 const char *fmt, ...)
 {
 	char what[320], shown[ST_SF_SHOW_LEN];
 	va_list ap;
@@ -160,28 +160,28 @@ static int sf_tensor_err(const struct st_safetensors *sf, const char *name,
 /* A JSON integer in [0, 2^63 - 1). json-c saturates larger integers to
  * INT64_MAX, so that value means "too large" here. */
 static int sf_get_count(const struct st_safetensors *sf, const char *name,
-			   const char *what, struct json_object *v,
-			   uint64_t *out)
+			const char *what, struct json_object *v,
+			uint64_t *out)
 {
 	int64_t i;
 
 	if (!json_object_is_type(v, json_type_int))
 		return sf_tensor_err(sf, name, "%s is not an integer "
-					"(it is %s)", what,
-					json_type_to_name(json_object_get_type(v)));
+				     "(it is %s)", what,
+				     json_type_to_name(json_object_get_type(v)));
 	i = json_object_get_int64(v);
 	if (i < 0)
 		return sf_tensor_err(sf, name, "%s is negative (%lld)", what,
-					(long long)i);
+				     (long long)i);
 	if (i == INT64_MAX)
 		return sf_tensor_err(sf, name, "%s is too large "
-					"(2^63 - 1 or more)", what);
+				     "(2^63 - 1 or more)", what);
 	*out = (uint64_t)i;
 	return 0;
 }
 
 static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
-			      struct json_object *obj, struct st_sf_info *t)
+			   struct json_object *obj, struct st_sf_info *t)
 {
 	struct json_object *jdtype = NULL, *jshape = NULL, *joffs = NULL;
 	uint64_t begin, end, elems, bytes;
@@ -191,8 +191,8 @@ static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 
 	if (!json_object_is_type(obj, json_type_object))
 		return sf_tensor_err(sf, name, "entry is not an object "
-					"(it is %s)",
-					json_type_to_name(json_object_get_type(obj)));
+				     "(it is %s)",
+				     json_type_to_name(json_object_get_type(obj)));
 	json_object_object_foreach(obj, key, val) {
 		if (strcmp(key, "dtype") == 0)
 			jdtype = val;
@@ -202,8 +202,8 @@ static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 			joffs = val;
 		else
 			return sf_tensor_err(sf, name, "unknown field "
-						"\"%.40s\"",
-						st_sf_show(key, shown));
+					     "\"%.40s\"",
+					     st_sf_show(key, shown));
 	}
 	if (!jdtype)
 		return sf_tensor_err(sf, name, "missing \"dtype\"");
@@ -216,7 +216,7 @@ static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 		return sf_tensor_err(sf, name, "dtype is not a string");
 	if (sf_dtype_parse(json_object_get_string(jdtype), &t->dtype))
 		return sf_tensor_err(sf, name, "unknown dtype \"%.32s\"",
-					st_sf_show(json_object_get_string(jdtype),
+				     st_sf_show(json_object_get_string(jdtype),
 						   shown));
 
 	if (!json_object_is_type(jshape, json_type_array))
@@ -224,16 +224,16 @@ static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 	len = json_object_array_length(jshape);
 	if (len > ST_SF_MAX_DIMS)
 		return sf_tensor_err(sf, name, "shape has %zu dimensions, "
-					"more than the %d supported", len,
-					ST_SF_MAX_DIMS);
+				     "more than the %d supported", len,
+				     ST_SF_MAX_DIMS);
 	t->ndim = (int)len;
 	for (size_t i = 0; i < len; i++) {
 		char what[32];
 
 		snprintf(what, sizeof(what), "shape[%zu]", i);
 		err = sf_get_count(sf, name, what,
-				      json_object_array_get_idx(jshape, i),
-				      &t->shape[i]);
+				   json_object_array_get_idx(jshape, i),
+				   &t->shape[i]);
 		if (err)
 			return err;
 	}
@@ -241,12 +241,12 @@ static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 	if (!json_object_is_type(joffs, json_type_array) ||
 	    json_object_array_length(joffs) != 2)
 		return sf_tensor_err(sf, name, "data_offsets is not an array "
-					"of two integers");
+				     "of two integers");
 	err = sf_get_count(sf, name, "data_offsets[0]",
-			      json_object_array_get_idx(joffs, 0), &begin);
+			   json_object_array_get_idx(joffs, 0), &begin);
 	if (!err)
 		err = sf_get_count(sf, name, "data_offsets[1]",
-				      json_object_array_get_idx(joffs, 1), &end);
+				   json_object_array_get_idx(joffs, 1), &end);
 	if (err)
 		return err;
 
@@ -258,8 +258,8 @@ static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 					(unsigned long long)end);
 	if (sf_shape_bytes(t->shape, t->ndim, t->dtype, &elems, &bytes))
 		return sf_tensor_err(sf, name, "shape %s x %s overflows "
-					"64 bits", shape_s,
-					st_sf_dtype_name(t->dtype));
+				     "64 bits", shape_s,
+				     st_sf_dtype_name(t->dtype));
 	if (end - begin != bytes)
 		return sf_tensor_err(sf, name, "data_offsets [%llu, %llu) do "
 					"not match shape %s x %s = %llu bytes",
@@ -284,7 +284,7 @@ static int sf_parse_tensor(struct st_safetensors *sf, const char *name,
 }
 
 static int sf_parse_metadata(struct st_safetensors *sf,
-				struct json_object *obj)
+			     struct json_object *obj)
 {
 	char shown[ST_SF_SHOW_LEN];
 	size_t i = 0;
@@ -367,7 +367,7 @@ static int sf_check_coverage(struct st_safetensors *sf)
 }
 
 static int sf_parse_header(struct st_safetensors *sf, const char *hdr,
-			      size_t hdr_bytes)
+			   size_t hdr_bytes)
 {
 	struct json_tokener *tok;
 	struct json_object *root;
@@ -431,7 +431,7 @@ static int sf_parse_header(struct st_safetensors *sf, const char *hdr,
 			err = sf_parse_metadata(sf, val);
 		} else {
 			err = sf_parse_tensor(sf, key, val,
-						 &sf->tensors[sf->n]);
+					      &sf->tensors[sf->n]);
 			if (!err)
 				sf->n++;
 		}
@@ -561,7 +561,7 @@ int st_safetensors_open_mem(struct st_safetensors **out, const void *buf,
 	err = sf_check_length(sf, sf->mem);
 	if (!err)
 		err = sf_parse_header(sf, (const char *)sf->mem + 8,
-					 sf->data_off - 8);
+				      sf->data_off - 8);
 	if (err) {
 		st_safetensors_close(sf);
 		return err;
@@ -643,11 +643,11 @@ int st_safetensors_read(const struct st_safetensors *sf, const char *name,
 		if (ndim < 0 || ndim > ST_SF_MAX_DIMS)
 			ndim = 0;
 		return sf_tensor_err(sf, name, "is %s %s, expected %s %s",
-					st_sf_dtype_name(t->dtype),
-					st_sf_shape_str(t->shape, t->ndim, have,
+				     st_sf_dtype_name(t->dtype),
+				     st_sf_shape_str(t->shape, t->ndim, have,
 							sizeof(have)),
-					st_sf_dtype_name(dtype),
-					st_sf_shape_str(shape, ndim, want,
+				     st_sf_dtype_name(dtype),
+				     st_sf_shape_str(shape, ndim, want,
 							sizeof(want)));
 	}
 	if (t->size_bytes == 0)
@@ -749,7 +749,7 @@ int st_sf_entries_check(const char *path, struct st_sf_entry *entries,
 					    path, t->name, t->ndim,
 					    ST_SF_MAX_DIMS);
 		if (sf_shape_bytes(t->shape, t->ndim, t->dtype, &elems,
-				      &t->size_bytes) ||
+				   &t->size_bytes) ||
 		    __builtin_add_overflow(total, t->size_bytes, &total) ||
 		    total > (uint64_t)INT64_MAX - 1)
 			return st_error_set(-EINVAL, "%s: tensor '%s': size "

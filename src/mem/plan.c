@@ -102,7 +102,7 @@ static int input_check(const struct st_plan_input *in)
 }
 
 static void recomp_fill(const struct st_plan_input *in, const struct st_shape *sh,
-			   const struct st_pools *pools, struct st_plan *p)
+			const struct st_pools *pools, struct st_plan *p)
 {
 	const struct st_plan_pool *x = st_pools_find(pools, ST_POOL_SAVED);
 

@@ -87,7 +87,7 @@ static bool policy_fits(void *ctx, const enum st_home *homes)
 }
 
 static double policy_cost(void *ctx, const enum st_home *homes, double *step_s,
-			     double *update_s)
+			  double *update_s)
 {
 	struct st_policy *pol = ctx;
 	struct st_plan *p = &pol->scratch;
@@ -142,7 +142,7 @@ int st_policy_init(struct st_policy *pol, const struct st_plan_input *in,
  * too. The improved homes are left in pol->trial; *moved counts the
  * shards the split moved. */
 static bool policy_accept(struct st_policy *pol, int i, const uint64_t *budget, int *moved,
-			     struct st_pools *p)
+			  struct st_pools *p)
 {
 	size_t cells = (size_t)pol->sh->units * ST_STATE_COUNT;
 
@@ -350,7 +350,7 @@ int st_plan_explain(struct st_policy *pol, const uint64_t *budget)
 		}
 		if (need > budget[t])
 			return refuse(t, budget[t], need,
-					 "for this model and batch (other budgets are short too)");
+				      "for this model and batch (other budgets are short too)");
 	}
 	/* Each tier could fit, but never all at once: take the placement that
 	 * misses the fewest budgets and name its first shortfall. */
@@ -369,6 +369,6 @@ int st_plan_explain(struct st_policy *pol, const uint64_t *budget)
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		if (p.total[t] > budget[t])
 			return refuse(t, budget[t], p.total[t],
-					 "with W in its placement (other budgets are short too)");
+				      "with W in its placement (other budgets are short too)");
 	return st_error_set(-ENOSPC, "plan: no placement fits the budgets");
 }

@@ -71,7 +71,7 @@ const char *st_pool_name(enum st_pool_id id)
 }
 
 static void pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
-			uint32_t count, int unit)
+		     uint32_t count, int unit)
 {
 	struct st_plan_pool *x;
 
@@ -85,7 +85,7 @@ static void pool_add(struct st_pools *p, enum st_pool_id id, uint64_t bytes,
 }
 
 static bool any(const struct st_shape *sh, const enum st_home *homes, enum st_state s0,
-		   enum st_state s1, enum st_home h, bool equal)
+		enum st_state s1, enum st_home h, bool equal)
 {
 	for (int u = 0; u < sh->units; u++)
 		for (int s = s0; s <= (int)s1; s++)
@@ -256,7 +256,7 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
 	pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
 	pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
-		    any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
+		 any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
 	pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4, g_nvme && sh->accum > 1, -1);
 	/* the update sweep goes tile by tile, two sets of staging in turn:
 	 * for G, P, M, V one buffer per staged state in each set */

@@ -118,7 +118,7 @@ static double recomp_flops(const struct st_plan_input *in, const struct st_shape
  * shard) at the tile and, at world > 1, at every slice; a state's tiles
  * are staged in the units where it lives on nvme. */
 static uint64_t first_tiles_bytes(const struct st_shape *sh, const enum st_home *homes,
-				     enum st_state s, int tiles)
+				  enum st_state s, int tiles)
 {
 	uint64_t bytes = 0;
 
@@ -163,7 +163,7 @@ static uint64_t predict_prefetch(const struct st_shape *sh, const enum st_home *
  * lane is the first phase's. The fill and drain: one unit's share of each
  * phase's lanes but its busiest, twice. t[] are the whole step's lanes. */
 static void predict_phases(const struct st_plan_input *in, const struct st_shape *sh,
-			      const double t[5], struct st_plan *p)
+			   const double t[5], struct st_plan *p)
 {
 	static const char *names[] = { "compute", "copy", "nvme", "adam", "net" };
 	const struct st_plan_rates *r = &p->rates;
@@ -208,7 +208,7 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
  * added), and the step: its two phases plus the pipeline's fill and drain
  * (predict_phases(); docs/plan.md, "Predicted time per step"). */
 static void predict_times(const struct st_plan_input *in, const struct st_shape *sh,
-			     double host_adam_share, struct st_plan *p)
+			  double host_adam_share, struct st_plan *p)
 {
 	const struct st_plan_rates *r = &p->rates;
 	double tokens = (double)in->batch * in->seq * (double)sh->accum;

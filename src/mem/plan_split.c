@@ -73,7 +73,7 @@ static int move_cmp(const void *a, const void *b)
 /* Fill tier t: every shard that may live there and now lives in a slower
  * tier (a larger enum st_home) is a candidate. */
 static int split_fill(const struct st_split_ops *ops, enum st_home *homes, enum st_home t,
-			 struct st_move *mv)
+		      struct st_move *mv)
 {
 	int n = 0, moved = 0;
 	bool changed;

@@ -174,7 +174,7 @@ static bool list_has(const char *list, const char *w, size_t n)
 /* A name, model_type or preset of ops that family g has already (it would
  * be shadowed by g, silently), copied into buf; NULL when none. */
 static const char *family_clash(const struct st_family_ops *g,
-				   const struct st_family_ops *ops, char *buf, size_t bytes)
+				const struct st_family_ops *ops, char *buf, size_t bytes)
 {
 	if (strcmp(g->name, ops->name) == 0)
 		return ops->name;

@@ -40,7 +40,7 @@ enum { HT_LNF_W, HT_LNF_B, HT_COUNT };
 /* ---- layout ------------------------------------------------------------------- */
 
 static int gpt2_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
-			  struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
+		       struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
 {
 	const int L = cfg->n_layer;
 	const int64_t C = cfg->dim, V = cfg->vocab, T = cfg->ctx;
@@ -126,7 +126,7 @@ static double gpt2_unit_flops_per_token(const struct st_model *m, int u, int T)
 #define ST_INIT_CHUNK 65536
 
 static int gpt2_init_unit(const struct st_model *m, int u, uint64_t seed,
-			     float *params)
+			  float *params)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(m, u);
 	memset(params, 0, ul->elems * sizeof(float));

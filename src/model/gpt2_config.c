@@ -132,7 +132,7 @@ int st_gpt2_config_fields(const struct st_model_config *c, struct st_config_fiel
 /* ---- config.json ----------------------------------------------------------- */
 
 static int hf_get(const char *path, struct json_object *root, const char *key,
-		     const char *alt, int64_t *out)
+		  const char *alt, int64_t *out)
 {
 	struct json_object *v = NULL;
 
@@ -188,7 +188,7 @@ int st_gpt2_hf_config_read(const char *path, struct json_object *root,
 
 /* Attach val, or drop it and note the failure (out of memory). */
 static void hf_add(struct json_object *obj, const char *key, struct json_object *val,
-		      bool *oom)
+		   bool *oom)
 {
 	if (*oom || !obj || !val || json_object_object_add(obj, key, val)) {
 		json_object_put(val);

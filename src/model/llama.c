@@ -31,7 +31,7 @@
 /* ---- layout ------------------------------------------------------------------- */
 
 static int llama_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
-			   struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
+			struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
 {
 	const struct st_dims d = st_dims_of(cfg);
 	const int per_layer = LT_COUNT - (cfg->qkv_bias ? 0 : 3);

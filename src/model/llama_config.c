@@ -363,7 +363,7 @@ int st_llama_config_fields(const struct st_model_config *c, struct st_config_fie
 static const char *const st_archs[] = { "LlamaForCausalLM", "Qwen2ForCausalLM" };
 
 static int get_int(const char *path, struct json_object *root, const char *key,
-		      bool required, int64_t def, int64_t max, int *out)
+		   bool required, int64_t def, int64_t max, int *out)
 {
 	struct json_object *v = NULL;
 	int64_t x = def;
@@ -383,7 +383,7 @@ static int get_int(const char *path, struct json_object *root, const char *key,
 }
 
 static int get_num(const char *path, struct json_object *root, const char *key,
-		      double def, double *out)
+		   double def, double *out)
 {
 	struct json_object *v = NULL;
 
@@ -397,7 +397,7 @@ static int get_num(const char *path, struct json_object *root, const char *key,
 }
 
 static int get_bool(const char *path, struct json_object *root, const char *key,
-		       bool def, bool *out)
+		    bool def, bool *out)
 {
 	struct json_object *v = NULL;
 
@@ -411,7 +411,7 @@ static int get_bool(const char *path, struct json_object *root, const char *key,
 }
 
 static int read_scaling(const char *path, struct json_object *root,
-			   struct st_model_config *c)
+			struct st_model_config *c)
 {
 	struct json_object *rs = NULL, *v = NULL;
 	const char *type;
@@ -439,10 +439,10 @@ static int read_scaling(const char *path, struct json_object *root,
 		err = get_num(path, rs, "low_freq_factor", 0.0, &c->rope_low_freq_factor);
 		if (!err)
 			err = get_num(path, rs, "high_freq_factor", 0.0,
-					 &c->rope_high_freq_factor);
+				      &c->rope_high_freq_factor);
 		if (!err)
 			err = get_int(path, rs, "original_max_position_embeddings", true, 0,
-					 ST_MAX_CTX, &c->rope_original_ctx);
+				      ST_MAX_CTX, &c->rope_original_ctx);
 	}
 	return err;
 }
@@ -485,20 +485,20 @@ int st_llama_hf_config_read(const char *path, struct json_object *root,
 		err = get_int(path, root, "intermediate_size", true, 0, ST_MAX_FFN, &c.ffn_dim);
 	if (!err)
 		err = get_int(path, root, "num_hidden_layers", true, 0, ST_MAX_LAYERS,
-				 &c.n_layer);
+			      &c.n_layer);
 	if (!err)
 		err = get_int(path, root, "num_attention_heads", true, 0, ST_MAX_DIM, &c.n_head);
 	if (!err)
 		err = get_int(path, root, "num_key_value_heads", false, c.n_head, ST_MAX_DIM,
-				 &c.n_kv_head);
+			      &c.n_kv_head);
 	if (!err)
 		err = get_int(path, root, "vocab_size", true, 0, ST_MAX_VOCAB, &c.vocab);
 	if (!err)
 		err = get_int(path, root, "max_position_embeddings", true, 0, ST_MAX_CTX,
-				 &c.ctx);
+			      &c.ctx);
 	if (!err && c.dim % c.n_head == 0)
 		err = get_int(path, root, "head_dim", false, c.dim / c.n_head,
-				 ST_MAX_HEAD_DIM, &c.head_dim);
+			      ST_MAX_HEAD_DIM, &c.head_dim);
 	else if (!err)
 		err = get_int(path, root, "head_dim", true, 0, ST_MAX_HEAD_DIM, &c.head_dim);
 	if (!err)
@@ -536,7 +536,7 @@ int st_llama_hf_config_read(const char *path, struct json_object *root,
 
 /* Attach val, or drop it and note the failure (out of memory). */
 static void hf_add(struct json_object *obj, const char *key, struct json_object *val,
-		      bool *oom)
+		   bool *oom)
 {
 	if (*oom || !obj || !val || json_object_object_add(obj, key, val)) {
 		json_object_put(val);
@@ -592,11 +592,11 @@ int st_llama_hf_config_write(const char *path, const struct st_model_config *c,
 		hf_add(rs, "factor", json_double(c->rope_factor), &oom);
 		if (l3) {
 			hf_add(rs, "low_freq_factor",
-				  json_double(c->rope_low_freq_factor), &oom);
+			       json_double(c->rope_low_freq_factor), &oom);
 			hf_add(rs, "high_freq_factor",
-				  json_double(c->rope_high_freq_factor), &oom);
+			       json_double(c->rope_high_freq_factor), &oom);
 			hf_add(rs, "original_max_position_embeddings",
-				  json_object_new_int64(c->rope_original_ctx), &oom);
+			       json_object_new_int64(c->rope_original_ctx), &oom);
 		}
 		hf_add(root, "rope_scaling", rs, &oom);
 	}

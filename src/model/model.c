@@ -267,8 +267,8 @@ static int ids_check(const int32_t *ids, size_t n, int V, const char *what)
 }
 
 static int call_check(const struct st_model *m, int u,
-			 const struct st_model_batch *b, size_t work_bytes,
-			 bool bwd, bool kept, size_t saved_bytes)
+		      const struct st_model_batch *b, size_t work_bytes,
+		      bool bwd, bool kept, size_t saved_bytes)
 {
 	if (u < 0 || u >= m->n_units)
 		return st_error_set(-EINVAL, "model: unit %d out of 0..%d", u,
@@ -297,7 +297,7 @@ static int call_check(const struct st_model *m, int u,
 		if (!b->tokens)
 			return st_error_set(-EINVAL, "model: the embedding needs tokens");
 		return ids_check(b->host_tokens ? b->host_tokens : b->tokens, n,
-				    m->cfg.vocab, "tokens");
+				 m->cfg.vocab, "tokens");
 	}
 	if (kind == ST_UNIT_HEAD) {
 		if (!b->targets)
@@ -307,7 +307,7 @@ static int call_check(const struct st_model *m, int u,
 			return st_error_set(-EINVAL, "model: loss_scale must be finite and nonzero, got %g",
 					    (double)b->loss_scale);
 		return ids_check(b->host_targets ? b->host_targets : b->targets, n,
-				    m->cfg.vocab, "targets");
+				 m->cfg.vocab, "targets");
 	}
 	return 0;
 }

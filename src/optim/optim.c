@@ -187,8 +187,8 @@ static size_t dtype_bytes(enum st_optim_dtype dt)
 }
 
 static int gstat_run(const struct st_optim_kernel *k, const void *g,
-			enum st_optim_dtype g_dtype, size_t n_elems, double *sumsq,
-			uint32_t *absmax_bits);
+		     enum st_optim_dtype g_dtype, size_t n_elems, double *sumsq,
+		     uint32_t *absmax_bits);
 
 int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bufs,
 		  size_t n_elems, unsigned flags, uint64_t *nonfinite_elems)
@@ -284,8 +284,8 @@ int st_adam_update(const struct st_adam_hparams *hp, const struct st_adam_bufs *
 #define ST_GSTAT_BLOCK_CHUNKS 256u
 
 static int gstat_run(const struct st_optim_kernel *k, const void *g,
-			enum st_optim_dtype g_dtype, size_t n_elems, double *sumsq,
-			uint32_t *absmax_bits)
+		     enum st_optim_dtype g_dtype, size_t n_elems, double *sumsq,
+		     uint32_t *absmax_bits)
 {
 	size_t n_chunks = (n_elems + ST_GSTAT_CHUNK_ELEMS - 1) / ST_GSTAT_CHUNK_ELEMS;
 	size_t g_bytes = dtype_bytes(g_dtype);
@@ -330,7 +330,7 @@ int st_grad_sumsq(const void *g, enum st_optim_dtype g_dtype, size_t n_elems, do
 	if (!g)
 		return st_error_set(-EINVAL, "grad sumsq: G must be given");
 	if (gstat_run(st_optim_kernel_for(st_optim_path_get()), g, g_dtype, n_elems, sumsq,
-			 &amax))
+		      &amax))
 		return st_error_set(-ERANGE, "grad sumsq: gradient holds NaN or Inf");
 	return 0;
 }

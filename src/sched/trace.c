@@ -62,7 +62,7 @@ static uint64_t trace_rel(const struct st_trace *t, uint64_t ns)
 
 /* Separator and the fields every event has; caller holds mu. */
 static void trace_begin_event(struct st_trace *t, const char *ph,
-				 const char *name)
+			      const char *name)
 {
 	fputs(t->any_event ? ",\n{" : "\n{", t->fp);
 	t->any_event = true;

@@ -115,8 +115,8 @@ void st_cpu_rmsnorm_bwd(float *dinp, float *dweight, const float *dout,
 /* ---- rotary embeddings --------------------------------------------------------------- */
 
 static void rope(float *out, const float *inp, int B, int T, int NH, int hd, int stride,
-		    int type, int original_ctx, float theta, float factor, float lo,
-		    float hi, float sign)
+		 int type, int original_ctx, float theta, float factor, float lo,
+		 float hi, float sign)
 {
 	const int half = hd / 2;
 	assert(hd % 2 == 0 && half <= ST_ROPE_MAX_HALF && NH * hd <= stride);
@@ -149,7 +149,7 @@ void st_cpu_rope_fwd(float *out, const float *inp, int B, int T, int NH, int hd,
 		     float factor, float low_freq_factor, float high_freq_factor)
 {
 	rope(out, inp, B, T, NH, hd, stride, type, original_ctx, theta, factor,
-		low_freq_factor, high_freq_factor, 1.0f);
+	     low_freq_factor, high_freq_factor, 1.0f);
 }
 
 void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int NH, int hd,
@@ -157,7 +157,7 @@ void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int NH, int h
 		     float factor, float low_freq_factor, float high_freq_factor)
 {
 	rope(dinp, dout, B, T, NH, hd, stride, type, original_ctx, theta, factor,
-		low_freq_factor, high_freq_factor, -1.0f);
+	     low_freq_factor, high_freq_factor, -1.0f);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------ */
