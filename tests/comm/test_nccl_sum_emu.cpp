@@ -14,7 +14,7 @@
 
 #include "cuda_emu.h"
 
-#include "comm/nccl_sum_kernels.cuh"
+#include "nccl_sum_kernels.cuh"
 
 static uint64_t mix(uint64_t x)
 {

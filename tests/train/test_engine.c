@@ -30,7 +30,6 @@
 #include "strata/device.h"
 #include "strata/engine.h"
 #include "strata/family.h"
-#include "model/gpt2.h"
 #ifdef ST_HAVE_CUDA
 #include "strata/cuda.h"
 #endif
@@ -472,7 +471,7 @@ static void test_update_loads_land_first(void **state)
  * instead of reading wte, so no unit reads another and none is resident.
  * Its math is GPT-2's (the head is handed its own matrix as `other`), and
  * lm_head starts as a copy of wte: the first forward is the tied model's. */
-static const struct st_family_ops *gpt2 = &st_family_gpt2;
+static const struct st_family_ops *gpt2; /* st_family_find("gpt2"), in test_untied_head */
 
 static int untied_layout(const struct st_model_config *cfg, struct st_unit_layout *units,
 			 struct st_tensor_layout *tensors, int *n_units, int *n_tensors)
@@ -551,13 +550,7 @@ static const struct st_family_ops untied_family = {
 	.abi = ST_FAMILY_ABI,
 	.title = "GPT-2 with an untied head (test)",
 	.hf_model_types = untied_types,
-	.config_parse = st_gpt2_config_parse,
-	.config_check = st_gpt2_config_check,
-	.config_format = st_gpt2_config_format,
-	.config_describe = st_gpt2_config_describe,
-	.config_fields = st_gpt2_config_fields,
-	.hf_config_read = st_gpt2_hf_config_read,
-	.hf_config_write = st_gpt2_hf_config_write,
+	/* the config hooks are GPT-2's: set from it in test_untied_head */
 	.layout = untied_layout,
 	.init_unit = untied_init,
 	.work_bytes = NULL, /* set from GPT-2's in test_untied_head */
@@ -581,7 +574,16 @@ static void test_untied_head(void **state)
 	enum st_home homes[4 * ST_STATE_COUNT];
 
 	(void)state;
+	gpt2 = st_family_find("gpt2");
+	assert_non_null(gpt2);
 	fam = untied_family;
+	fam.config_parse = gpt2->config_parse;
+	fam.config_check = gpt2->config_check;
+	fam.config_format = gpt2->config_format;
+	fam.config_describe = gpt2->config_describe;
+	fam.config_fields = gpt2->config_fields;
+	fam.hf_config_read = gpt2->hf_config_read;
+	fam.hf_config_write = gpt2->hf_config_write;
 	fam.work_bytes = gpt2->work_bytes;
 	fam.act_bytes = gpt2->act_bytes;
 	fam.flops_per_token = gpt2->flops_per_token;
