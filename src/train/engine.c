@@ -296,7 +296,7 @@ static int setup_unit_bufs(struct st_engine *e)
 	if (ret == 0)
 		ret = st_event_create(e->dev, &e->update.ev_wstore);
 	for (int i = 0; i < 2 && ret == 0; i++) {
-		e->shared_bufs[i].wf = vpool(e, ST_POOL_WF, -1, 0);
+		e->shared_bufs[i].w_compute = vpool(e, ST_POOL_WF, -1, 0);
 		e->shared_bufs[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
 		e->shared_bufs[i].dw = vaddr(e, &e->shared_bufs[i].dw_ext);
 		ret = st_event_create(e->dev, &e->shared_bufs[i].ev_dw);
@@ -312,7 +312,7 @@ static int setup_unit_bufs(struct st_engine *e)
 					    "an earlier resident unit", u, l->reads_unit);
 		if (!l->resident)
 			continue;
-		e->unit_bufs[u].wf = vpool(e, ST_POOL_WF_RES, u, 0);
+		e->unit_bufs[u].w_compute = vpool(e, ST_POOL_WF_RES, u, 0);
 		e->unit_bufs[u].dw_ext = *pool(e, ST_POOL_DW_RES, u, 0);
 		e->unit_bufs[u].dw = vaddr(e, &e->unit_bufs[u].dw_ext);
 		ret = st_event_create(e->dev, &e->unit_bufs[u].ev_dw);

@@ -168,7 +168,7 @@ void st_eng_fetch_allow(struct st_engine *e, int w_ready)
  * queue the widening of its W into dst, behind that copy on the device
  * (ev_h2d). Its slot is free again once the copy is reaped: the next copy
  * into it waits on the device for the widen (ev_widen). */
-int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
+int st_eng_acquire_w(struct st_engine *e, int u, void *dst)
 {
 	struct shard *w = shard(e, u, ST_STATE_W);
 	int idx = e->fetch.consumed, ret, slot = -1;
@@ -212,7 +212,7 @@ int st_eng_acquire_w(struct st_engine *e, int u, float *dst)
 		if (e->w_elem_bytes == 2)
 			st_compute_copy(e->cx, dst, src, e->unit_elems[u] * sizeof(uint16_t));
 		else
-			st_compute_f32_to_bf16(e->cx, (uint16_t *)(void *)dst, src,
+			st_compute_f32_to_bf16(e->cx, dst, src,
 					       e->unit_elems[u]);
 	} else if (e->w_elem_bytes == 2) {
 		st_compute_bf16_to_f32(e->cx, dst, src, e->unit_elems[u]);

@@ -122,11 +122,14 @@ struct lane_busy {
 	uint64_t requests; /* in the current busy interval */
 };
 
-/* A unit's device-side fp32 buffers: its widened W and its dW. Resident
- * units have their own for the whole micro-batch; the others share two
- * (wf one, dW two: one is computed while the other is copied out). */
+/* A unit's device-side buffers: its W as the compute reads it (w_compute:
+ * fp32, widened from bf16 W, or bf16 at --compute-dtype bf16) and its dW
+ * (fp32). Resident units have their own for the whole micro-batch; the
+ * others share two (w_compute one, dW two: one is computed while the
+ * other is copied out). */
 struct ubufs {
-	float *wf, *dw;
+	void *w_compute;
+	float *dw;
 	struct st_extent dw_ext;
 	struct st_event *ev_dw; /* recorded after the backward that wrote dw */
 	struct st_event *ev_red; /* world > 1: recorded by the comm after dw's
@@ -433,7 +436,7 @@ int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_
 void st_eng_fetch_restart(struct st_engine *e, int w_ready);
 /* Units 0 .. w_ready-1 may now be fetched (their new W is home). */
 void st_eng_fetch_allow(struct st_engine *e, int w_ready);
-int st_eng_acquire_w(struct st_engine *e, int u, float *dst);
+int st_eng_acquire_w(struct st_engine *e, int u, void *dst);
 
 /* engine_grad.c */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);

@@ -49,11 +49,11 @@ static struct ubufs *bufs_of(struct st_engine *e, int u)
 }
 
 /* The W of the unit u reads (its layout's reads_unit), or NULL. */
-static const float *other_w(struct st_engine *e, int u)
+static const void *other_w(struct st_engine *e, int u)
 {
 	int r = st_model_unit_layout(e->model, u)->reads_unit;
 
-	return r >= 0 ? e->unit_bufs[r].wf : NULL;
+	return r >= 0 ? e->unit_bufs[r].w_compute : NULL;
 }
 
 static float *other_grad(struct st_engine *e, int u)
@@ -121,7 +121,7 @@ static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 static int forward_unit(struct st_engine *e, int u)
 {
 	struct st_model_batch b = batch_of(e);
-	float *w = bufs_of(e, u)->wf;
+	void *w = bufs_of(e, u)->w_compute;
 	int ret = st_eng_acquire_w(e, u, w);
 
 	if (ret == 0)
@@ -158,7 +158,7 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 
 	/* a resident unit's W was widened in the forward and kept */
 	if (!(unit_resident(e, u) && !last))
-		ret = st_eng_acquire_w(e, u, ub->wf);
+		ret = st_eng_acquire_w(e, u, ub->w_compute);
 	if (ret < 0)
 		return ret;
 	if (!first)
@@ -171,7 +171,7 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 		st_compute_zero(e->cx, ub->dw, e->padded_elems[u] * sizeof(float));
 	/* a unit that keeps its forward reads it from its saved extent (the
 	 * same bits) instead of recomputing it */
-	ret = st_model_bwd_saved(e->model, u, &b, ub->wf, other_w(e, u),
+	ret = st_model_bwd_saved(e->model, u, &b, ub->w_compute, other_w(e, u),
 				 first ? NULL : act(e, u), last ? NULL : *dy, first ? NULL : *dx,
 				 ub->dw, other_grad(e, u), last ? loss : NULL, e->act.saved[u],
 				 e->act.saved_bytes, e->work, e->work_bytes);
