@@ -1,9 +1,8 @@
 /* strata: the typed op records every family's body builds (body.h): one
  * builder per op, its "dt" tensors in the model's compute dtype, so that
- * one body serves fp32 and bf16. At fp32 each is the reference record of
- * strata/compute.h's typed convenience (the same op, pointers and
- * parameters); the fused ops fall back to their two records where the
- * compute lacks them, as the conveniences do. */
+ * one body serves fp32 and bf16. At fp32 each is the all-fp32 record the
+ * cpu kernels' reference runs; the fused ops fall back to their two
+ * records where the compute lacks them. */
 #include "body.h"
 
 #define TD(o, p, n) st_tensor_1d((p), (o)->dt, (int64_t)(n))
