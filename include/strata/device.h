@@ -6,6 +6,10 @@
  *           that runs copies and host functions in submission order; events
  *           are sequence numbers on a queue. It behaves like a GPU stream so
  *           the scheduler's asynchrony is exercised on machines with no GPU.
+ *   cpu-strict - the cpu device with a GPU's address space: its arena is
+ *           handed out at tagged addresses that fault when the host
+ *           touches them; only its copies and the queued cpu compute
+ *           translate them (docs/gpu.md, "Strict mode"). Not unified.
  *   cuda  - cudaMalloc'd arena, CUDA streams and events (built when nvcc is
  *           found; opening it without a GPU returns -ENODEV).
  *
@@ -97,8 +101,12 @@ struct st_device_stats {
 
 /* Devices built into this binary, by name. NULL when unknown or not built. */
 const struct st_device_ops *st_device_find(const char *name);
-/* Names of built devices, comma-separated ("cpu,cuda"). */
+/* Names of built devices, comma-separated ("cpu,cpu-strict,cuda"). */
 const char *st_device_list(void);
+/* Whether the device called name computes on the host's CPUs: cpu and
+ * cpu-strict, and NULL (the default device, cpu). The planner's
+ * host_compute. */
+bool st_device_on_host(const char *name);
 
 /* Open a device of the given ops. *out is owned by the caller and goes back
  * with st_device_destroy(). Returns 0, -ENODEV, -ENOMEM or -EINVAL. */
@@ -149,6 +157,7 @@ int st_hwloc_numa_of_pci(const char *busid);
 int st_hwloc_numa_of_self(void);
 
 extern const struct st_device_ops st_device_cpu_ops;
+extern const struct st_device_ops st_device_cpu_strict_ops;
 #ifdef ST_HAVE_CUDA
 extern const struct st_device_ops st_device_cuda_ops;
 #endif

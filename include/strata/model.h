@@ -253,7 +253,17 @@ struct st_model_batch {
 	/* Host-readable copies of tokens and targets, for the range check,
 	 * when those two are device pointers; NULL: they are readable. */
 	const int32_t *host_tokens, *host_targets;
+	/* Where the head leaves its B*T per-token losses (the compute's
+	 * memory), for the caller to read when it chooses (the engine: once
+	 * a step, with the other device scalars); NULL: the workspace. The
+	 * mean loss is still written where the loss argument asks for it. */
+	float *losses;
 };
+
+/* The mean of n per-token losses in host memory (batch.losses, read back),
+ * as the head computes the mean loss it writes: summed in double, in order,
+ * then rounded to float. */
+float st_model_mean_loss(const float *losses, size_t n);
 
 /* Workspace bytes that fwd and bwd of unit u need at this B and T. The same
  * workspace can serve every unit in turn; its content is scratch. */

@@ -8,7 +8,7 @@
  * States: W working weights (bf16 or fp32), G gradient, P master weights,
  * M, V moments (fp32). Homes: W in vram, host or nvme; G, P, M, V in host or
  * nvme (the optimizer runs on the CPU), or in vram with W (the optimizer on
- * the device: no landing, no update staging, ST_POOL_OPT_STAT).
+ * the device: no landing, no update staging, ST_POOL_STEP_SCALARS).
  *
  * The engine's pools, listed once each in st_plan.pools (the engine
  * allocates by walking that list; only src/mem/plan_pools.c knows a
@@ -35,8 +35,9 @@
  *         saved forwards               one extent of the largest
  *                                      st_model_saved_bytes per unit that
  *                                      keeps its forward (st_recompute)
- *         optimizer stats (some G in  16*(U+1) + 16*ceil(E/16384)
- *                          vram)
+ *         step scalars                 A*B*T*4 (the losses, to 16 B), and
+ *                                      with some G in vram 16*(U+1) +
+ *                                      16*ceil(E/16384) (the norm's sums)
  *   host  homes in host                e_u*Wb for W, e_u*4 for G, P, M, V
  *         W staging (some W on nvme)   one per slot, the slot's size
  *         gradient landing             E*4 (when some G is not in vram), and
@@ -217,8 +218,11 @@ enum st_pool_id {
 	ST_POOL_SAVED,        /* vram: a saved-forward extent per unit that
 				 keeps its forward (st_plan.keep), of the
 				 largest st_model_saved_bytes */
-	ST_POOL_OPT_STAT,     /* vram: some G, P, M, V in vram: each unit's sum
-				 of squares (16 B) and the AdamW count (16 B),
+	ST_POOL_STEP_SCALARS, /* vram: what the host reads of the device once a
+				 step, in one d2h: the micro-batches' per-token
+				 losses, A*B*T*4 rounded up to 16 B; with some
+				 G, P, M, V in vram, then each unit's sum of
+				 squares (16 B) and the AdamW count (16 B),
 				 then the sum's scratch, 16 B per 16384 of E */
 	ST_POOL_KIND_COUNT
 };

@@ -57,7 +57,9 @@ static void train_usage(FILE *f)
 "                       --grad-accum auto takes (compute-bound, or near the best tok/s)\n"
 "  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
 "device and tiers\n"
-"  --device cpu|cuda    where the model runs (default cpu; built here: %s)\n"
+"  --device cpu|cpu-strict|cuda  where the model runs (default cpu; built here: %s);\n"
+"                       cpu-strict: the cpu device whose memory the host cannot\n"
+"                       touch, as a GPU's (docs/gpu.md, \"Strict mode\")\n"
 "  --gpu-mem SIZE       device budget (default %s; the device's arena)\n"
 "  --host-mem SIZE      pinned host budget (default %s)\n"
 "  --nvme DIR[,DIR..]   swap directories, striped (default %s; 'none' for no nvme tier)\n"
@@ -360,7 +362,7 @@ static void train_accum_auto(struct st_engine_config *ec)
 		.nvme_mem_bytes = ec->nvme_mem_bytes, .have_nvme = ec->nvme_dirs != NULL,
 		.params = ec->params, .optim = ec->optim, .prefetch = ec->prefetch,
 		.rates = ec->rates, .world = ec->world, .rank = ec->rank, .zero = ec->zero,
-		.host_compute = !ec->device || strcmp(ec->device, "cpu") == 0,
+		.host_compute = st_device_on_host(ec->device),
 		.activations = ec->activations, .recompute = ec->recompute,
 		/* as the engine's own plan (engine.c) */
 		.optim_vram_auto = ec->device && strcmp(ec->device, "cuda") == 0,

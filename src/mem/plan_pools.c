@@ -62,7 +62,7 @@ static const struct {
 	[ST_POOL_ACT_SLOT] = { "checkpoint slots", ST_HOME_VRAM },
 	[ST_POOL_ACT_HOME] = { "checkpoint homes", ST_HOME_HOST },
 	[ST_POOL_SAVED] = { "saved forward", ST_HOME_VRAM },
-	[ST_POOL_OPT_STAT] = { "optimizer stats", ST_HOME_VRAM },
+	[ST_POOL_STEP_SCALARS] = { "step scalars", ST_HOME_VRAM },
 };
 
 const char *st_pool_name(enum st_pool_id id)
@@ -164,12 +164,18 @@ static bool plan_upd_w(const struct st_shape *sh, const enum st_home *homes)
 	return false;
 }
 
-/* ST_POOL_OPT_STAT: 16 B per unit (its sum of squares) and 16 B for the
- * AdamW count, then the sum's scratch for the largest unit. */
-static uint64_t plan_opt_stat_bytes(const struct st_shape *sh)
+/* ST_POOL_STEP_SCALARS: the step's per-token losses, A micro-batches of
+ * B*T floats (to 16 B); with some G in vram, 16 B per unit (its sum of
+ * squares) and 16 B for the AdamW count, then the sum's scratch for the
+ * largest unit. */
+static uint64_t plan_step_scalar_bytes(const struct st_shape *sh, bool g_vram)
 {
-	return 16 * ((uint64_t)sh->units + 1) +
-	       16 * ((sh->epad_max + ST_PLAN_SLICE_ALIGN - 1) / ST_PLAN_SLICE_ALIGN);
+	uint64_t n = st_align_up((uint64_t)sh->accum * sh->bt_bytes, 16);
+
+	if (g_vram)
+		n += 16 * ((uint64_t)sh->units + 1) +
+		     16 * ((sh->epad_max + ST_PLAN_SLICE_ALIGN - 1) / ST_PLAN_SLICE_ALIGN);
+	return n;
 }
 
 /* --- the pools of a placement ------------------------------------------------ */
@@ -266,7 +272,7 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
 	pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
 	recomp_pool(sh, p);
-	pool_add(p, ST_POOL_OPT_STAT, plan_opt_stat_bytes(sh), g_vram, -1);
+	pool_add(p, ST_POOL_STEP_SCALARS, plan_step_scalar_bytes(sh, g_vram), 1, -1);
 }
 
 uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)

@@ -498,6 +498,15 @@ void st_family_fill_normal(float *out, size_t n, uint64_t key, double std)
 	}
 }
 
+float st_model_mean_loss(const float *losses, size_t n)
+{
+	double s = 0.0;
+
+	for (size_t i = 0; i < n; i++)
+		s += losses[i];
+	return (float)(s / (double)n);
+}
+
 float st_family_mean_loss(struct st_compute *c, const float *losses, size_t n)
 {
 	float chunk[4096];

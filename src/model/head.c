@@ -103,6 +103,8 @@ void st_head_run(const struct st_model *m, const struct st_model_batch *b,
 
 	st_carver_init(&cv, work, work_bytes);
 	head_carve(&cv, &w, o.dt, h->norm_b != NULL, (size_t)N, (size_t)C, (size_t)V);
+	if (b->losses) /* the caller's: read once per step, not here */
+		w.losses = b->losses;
 	norm_fwd(&o, h, &w, x, N, C);
 	if (bwd)
 		st_compute_zero(c, w.dxn, sizeof(float) * (size_t)N * C);

@@ -87,6 +87,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->pool_first);
 	free(e->unit_elems);
 	free(e->grad.unit_sumsq);
+	free(e->grad.host_scalars);
 	free(e->batch.tokens_buf[0]);
 	free(e->slice_elems);
 	free(e->padded_elems);
@@ -389,11 +390,25 @@ static int setup_pools(struct st_engine *e)
 		if (e->zero.wgather[i])
 			memset(e->zero.wgather[i], 0, pool(e, ST_POOL_W_GATHER, -1, i)->len_bytes);
 	}
-	e->grad.dev_sumsq = vpool(e, ST_POOL_OPT_STAT, -1, 0);
-	if (e->grad.dev_sumsq) {
-		e->update.dev_adam_bad = (uint32_t *)(void *)(e->grad.dev_sumsq + e->n_units);
-		e->grad.dev_sumsq_scratch = e->grad.dev_sumsq + e->n_units + 1;
-	}
+	/* the step scalars: the losses, then the norm's sums when some
+	 * unit's optimizer is on the device */
+	e->grad.dev_losses = vpool(e, ST_POOL_STEP_SCALARS, -1, 0);
+	e->grad.losses_bytes = st_align_up((size_t)e->cfg.train.grad_accum *
+					   (size_t)e->cfg.train.batch * (size_t)e->cfg.train.seq *
+					   sizeof(float), 16);
+	e->grad.scalars_bytes = e->grad.losses_bytes;
+	for (int u = 0; u < e->n_units; u++)
+		if (opt_on_dev(e, u)) {
+			e->grad.dev_sumsq = (struct st_compute_sumsq *)(void *)
+				((char *)e->grad.dev_losses + e->grad.losses_bytes);
+			e->update.dev_adam_bad = (uint32_t *)(void *)(e->grad.dev_sumsq + e->n_units);
+			e->grad.dev_sumsq_scratch = e->grad.dev_sumsq + e->n_units + 1;
+			e->grad.scalars_bytes += (size_t)e->n_units * sizeof(*e->grad.dev_sumsq);
+			break;
+		}
+	e->grad.host_scalars = malloc(e->grad.scalars_bytes);
+	if (!e->grad.dev_losses || !e->grad.host_scalars)
+		return -ENOMEM;
 	/* update staging only for the states that go through it: W's when
 	 * some W is not in host, each of G, P, M, V's when some unit has it
 	 * on nvme (st_plan_upd_staged(), one buffer per staged state a set) */
@@ -433,7 +448,7 @@ static int plan_of(struct st_engine *e)
 		.have_nvme = cfg->nvme_dirs != NULL, .params = cfg->params, .optim = cfg->optim,
 		.prefetch = cfg->prefetch, .rates = cfg->rates, .homes = cfg->homes,
 		.world = cfg->world, .rank = cfg->rank, .zero = cfg->zero,
-		.host_compute = !cfg->device || strcmp(cfg->device, "cpu") == 0,
+		.host_compute = st_device_on_host(cfg->device),
 		.activations = cfg->activations,
 		.recompute = cfg->recompute,
 	};

@@ -4,8 +4,10 @@
  * staging when G lives on nvme). The final G's sum of squares is taken
  * there, per unit; the step sums them in unit order. */
 #include "engine_internal.h"
+#include "strata/trace.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -183,29 +185,41 @@ static void dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, boo
 				      e->unit_elems[u]);
 }
 
-int st_eng_dev_sumsq(struct st_engine *e)
+int st_eng_step_scalars(struct st_engine *e, double *loss_sum, double *mean)
 {
-	struct st_compute_sumsq *h;
-	uint64_t t0;
+	const struct st_train_config *c = &e->cfg.train;
+	const size_t n = (size_t)c->batch * (size_t)c->seq;
+	const float *losses = e->grad.host_scalars;
+	const struct st_compute_sumsq *h = (const void *)((const char *)losses +
+							  e->grad.losses_bytes);
+	uint64_t t0 = st_now_ns();
 	int ret;
 
-	if (!e->grad.dev_sumsq)
-		return 0;
-	h = malloc((size_t)e->n_units * sizeof(*h));
-	t0 = st_now_ns();
-	if (!h)
-		return -ENOMEM;
-	st_compute_to_host(e->cx, h, e->grad.dev_sumsq, (size_t)e->n_units * sizeof(*h));
-	st_eng_host_wait(e, "sumsq d2h", t0);
+	/* the one read of the device's scalars this step: on the host lane,
+	 * with what it moved */
+	st_compute_to_host(e->cx, e->grad.host_scalars, e->grad.dev_losses, e->grad.scalars_bytes);
+	if (e->cfg.trace) {
+		char args[64];
+
+		snprintf(args, sizeof(args), "{\"step\":%d,\"bytes\":%zu}", e->trace.step,
+			 e->grad.scalars_bytes);
+		st_trace_span(e->cfg.trace, e->trace.host, "scalars d2h", t0, st_now_ns(), args);
+	}
 	ret = st_compute_take_error(e->cx);
-	for (int u = 0; ret == 0 && u < e->n_units; u++) {
+	for (int a = 0; ret == 0 && a < c->grad_accum; a++) {
+		double l = st_model_mean_loss(losses + (size_t)a * n, n);
+
+		*loss_sum += l;
+		if (mean)
+			mean[a] = l;
+	}
+	for (int u = 0; ret == 0 && e->grad.dev_sumsq && u < e->n_units; u++) {
 		if (!opt_on_dev(e, u))
 			continue;
 		e->grad.unit_sumsq[u] = h[u].sumsq;
 		if (h[u].nonfinite)
 			e->grad.nonfinite = true;
 	}
-	free(h);
 	return ret;
 }
 

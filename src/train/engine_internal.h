@@ -167,12 +167,20 @@ struct grad_state {
 	struct chain chain_d2h, chain_write, chain_read;
 	double *unit_sumsq;           /* [n_units]: each unit's sum of squares of G */
 	bool nonfinite;               /* a gradient was not finite this step */
-	/* The optimizer on the device (docs/gpu.md), for the units whose G,
-	 * P, M, V live in vram (ST_POOL_OPT_STAT): each unit's sum of squares
-	 * [n_units] and the sum's scratch; NULL when no unit's optimizer is
-	 * on the device. */
+	/* The step's device scalars (ST_POOL_STEP_SCALARS), read by the host
+	 * once a step, in one d2h (st_eng_step_scalars) into host_scalars:
+	 * dev_losses, each micro-batch's B*T per-token losses (the head
+	 * leaves them there), then, for the units whose G, P, M, V live in
+	 * vram (the optimizer on the device, docs/gpu.md), dev_sumsq, each
+	 * unit's sum of squares [n_units] (NULL when no unit's optimizer is
+	 * on the device), and past what the d2h reads, the AdamW count and
+	 * the sum's scratch. */
+	float *dev_losses;
 	struct st_compute_sumsq *dev_sumsq;
 	void *dev_sumsq_scratch;
+	void *host_scalars;           /* host: the d2h's landing */
+	size_t losses_bytes;          /* the losses, rounded up to 16 B */
+	size_t scalars_bytes;         /* what the d2h moves */
 };
 
 /* The update sweep (engine_update.c). */
@@ -444,10 +452,11 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb);
 /* Every G write in flight (out of the landing and the G staging) has
  * landed. 0 or -errno. */
 int st_eng_grad_quiet(struct st_engine *e);
-/* The device-side units' sums of squares into unit_sumsq (and nonfinite):
- * waits for the compute; nothing without any (grad.dev_sumsq NULL).
+/* The step's device scalars, in one d2h that waits for the compute: each
+ * micro-batch's mean loss into mean[a] (summed in *loss_sum), and the
+ * device-side units' sums of squares into unit_sumsq (and nonfinite).
  * 0 or -errno. */
-int st_eng_dev_sumsq(struct st_engine *e);
+int st_eng_step_scalars(struct st_engine *e, double *loss_sum, double *mean);
 
 /* engine_update.c */
 int st_eng_update_setup(struct st_engine *e);

@@ -149,13 +149,16 @@ static const char *bwd_span(const struct st_engine *e, int u)
 /* Backward of unit u into its dW buffers: *dy is the gradient of its
  * output (none for the last unit, whose output is the loss), its input's
  * goes into *dx (none for the first unit), and the two swap. */
-static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, float *loss)
+static int backward_unit(struct st_engine *e, int u, int mb, float **dy, float **dx)
 {
 	struct st_model_batch b = batch_of(e);
 	struct ubufs *ub = bufs_of(e, u);
 	bool last = u == e->n_units - 1, first = u == 0;
 	int ret = 0;
 
+	/* the head leaves micro-batch mb's losses with the step's scalars */
+	if (last)
+		b.losses = e->grad.dev_losses + (size_t)mb * (size_t)b.B * (size_t)b.T;
 	/* a resident unit's W was widened in the forward and kept */
 	if (!(unit_resident(e, u) && !last))
 		ret = st_eng_acquire_w(e, u, ub->w_compute);
@@ -173,7 +176,7 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 	 * same bits) instead of recomputing it */
 	ret = st_model_bwd_saved(e->model, u, &b, ub->w_compute, other_w(e, u),
 				 first ? NULL : act(e, u), last ? NULL : *dy, first ? NULL : *dx,
-				 ub->dw, other_grad(e, u), last ? loss : NULL, e->act.saved[u],
+				 ub->dw, other_grad(e, u), NULL, e->act.saved[u],
 				 e->act.saved_bytes, e->work, e->work_bytes);
 	st_compute_span_end(e->cx);
 	st_compute_record(e->cx, ub->ev_dw);
@@ -191,17 +194,17 @@ static int backward_unit(struct st_engine *e, int u, float **dy, float **dx, flo
 /* Backward of every unit for micro-batch mb (its forward is queued). Unit
  * u's dW is taken in (grad_in) only after the backward of the next unit is
  * queued, so the device computes that one while the host adds u's into G. */
-static int backward(struct st_engine *e, int mb, double *loss)
+static int backward(struct st_engine *e, int mb)
 {
 	int ret = 0, pend = -1;
-	float l = 0, *dy = e->act.grad_a, *dx = e->act.grad_b;
+	float *dy = e->act.grad_a, *dx = e->act.grad_b;
 
 	for (int u = 0; u < e->n_units; u++)
 		if (unit_resident(e, u))
 			st_compute_zero(e->cx, e->unit_bufs[u].dw,
 					e->padded_elems[u] * sizeof(float));
 	for (int u = e->n_units - 1; ret == 0 && u >= 0; u--) {
-		ret = backward_unit(e, u, &dy, &dx, &l);
+		ret = backward_unit(e, u, mb, &dy, &dx);
 		if (ret == 0 && pend >= 0)
 			ret = st_eng_grad_in(e, pend, mb);
 		/* the update's loads whose buffer was still going back */
@@ -213,7 +216,6 @@ static int backward(struct st_engine *e, int mb, double *loss)
 	}
 	if (ret == 0)
 		ret = st_eng_grad_in(e, pend, mb);
-	*loss = l;
 	return ret;
 }
 
@@ -254,15 +256,14 @@ static int fused_unit_home(struct st_engine *e, int u)
 	return u <= e->n_units - 2 ? forward_unit(e, u) : 0;
 }
 
-/* Every micro-batch's forward and backward; *loss_sum their losses. */
-static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss_sum,
-			 double *mine)
+/* Every micro-batch's forward and backward; their losses stay on the
+ * device until the step reads its scalars. */
+static int micro_batches(struct st_engine *e, struct st_loader *ld)
 {
 	const struct st_train_config *c = &e->cfg.train;
 	int ret = 0;
 
 	for (int a = 0; a < c->grad_accum && ret == 0; a++) {
-		double l = 0;
 		uint64_t t0 = st_now_ns();
 
 		if (a > 0 || !e->fwd_ready) {
@@ -278,11 +279,8 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld, double *loss
 		if (ret == 0 && a == c->grad_accum - 1)
 			ret = st_eng_update_prefetch(e);
 		if (ret == 0)
-			ret = backward(e, a, &l);
+			ret = backward(e, a);
 		st_eng_phase(e, "backward", a, t0);
-		*loss_sum += l;
-		if (mine)
-			mine[a] = l;
 	}
 	return ret;
 }
@@ -302,8 +300,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	e->trace.step = step;
 	st_eng_stats_begin(e);
 	e->grad.nonfinite = false;
-	ret = micro_batches(e, ld, &loss_sum,
-			    e->world > 1 ? e->zero.losses + (size_t)e->rank * c->grad_accum : NULL);
+	ret = micro_batches(e, ld);
 	e->step_end_cursor = ld->cur; /* before the update sweep draws the next batch */
 	tp = st_now_ns();
 	if (ret == 0)
@@ -311,7 +308,9 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	if (ret == 0)
 		ret = st_eng_act_drain(e);
 	if (ret == 0)
-		ret = st_eng_dev_sumsq(e);
+		ret = st_eng_step_scalars(e, &loss_sum,
+					  e->world > 1 ? e->zero.losses +
+							 (size_t)e->rank * c->grad_accum : NULL);
 	if (ret < 0)
 		goto fail;
 	if (e->world > 1) {

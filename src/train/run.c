@@ -7,6 +7,7 @@
 #include "strata/ckpt.h"
 #include "strata/comm.h"
 #include "strata/dataset.h"
+#include "strata/device.h"
 #include "strata/family.h"
 #include "strata/optim.h"
 #include "strata/trace.h"
@@ -374,7 +375,7 @@ static int run_open(struct run *r)
 			.gpu_mem_bytes = r->ec.gpu_mem_bytes, .host_mem_bytes = r->ec.host_mem_bytes,
 			.nvme_mem_bytes = r->ec.nvme_mem_bytes, .have_nvme = r->ec.nvme_dirs != NULL,
 			.params = r->ec.params, .optim = r->ec.optim, .prefetch = r->ec.prefetch,
-			.host_compute = strcmp(r->ec.device, "cpu") == 0,
+			.host_compute = st_device_on_host(r->ec.device),
 			.activations = r->ec.activations,
 			.recompute = r->ec.recompute,
 		};

@@ -12,9 +12,12 @@
 #   - strata eval and generate at bf16 on a checkpoint (eval within 1%);
 #   - bad input: --compute-dtype fp16 and --precision fp16 refused (exit 2,
 #     one line).
-# usage: test_bf16.sh STRATA
+# With "strict" (bf16-strict): the placement runs on the cpu-strict device
+# (docs/gpu.md, "Strict mode"), the same bits as on the plain cpu device;
+# the 200 steps, eval, generate and the refusals are the plain run's.
+# usage: test_bf16.sh STRATA [strict]
 set -u
-strata=$1
+strata=$1 mode=${2:-}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d "${ST_TEST_DIR:-/tmp}/bf16.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -23,9 +26,14 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
 . "$here/check.sh"
 quiet_refusals=1
 
-check "compute-dtype fp16 refused" 2 "$strata" train --compute-dtype fp16 --steps 1
-grep -q "compute-dtype fp16" "$work/err" || { echo "FAIL: message"; fail=1; }
-check "precision fp16 refused" 2 "$strata" train --precision fp16 --steps 1
+dev=()
+if [ "$mode" = strict ]; then
+	dev=(--device cpu-strict)
+else
+	check "compute-dtype fp16 refused" 2 "$strata" train --compute-dtype fp16 --steps 1
+	grep -q "compute-dtype fp16" "$work/err" || { echo "FAIL: message"; fail=1; }
+	check "precision fp16 refused" 2 "$strata" train --precision fp16 --steps 1
+fi
 
 # family NAME MODEL-ARGS...: every check below for one family
 family() {
@@ -34,6 +42,7 @@ shift
 model=("$@")
 # the loss after 200 steps
 common=("${model[@]}" --steps 200 --batch 4 --seq 64 --log-every 1000)
+if [ "$mode" != strict ]; then
 for cd in fp32 bf16; do
 	check "$fam 200 steps $cd" 0 "$strata" train "${common[@]}" --compute-dtype $cd \
 		--metrics "$work/m200-$fam-$cd.jsonl"
@@ -56,10 +65,12 @@ if all(x["loss"] == y["loss"] for x, y in zip(a, b)):
 if not (b[0]["loss"] > b[-1]["loss"] + 1.0):
     sys.exit("FAIL bf16 did not learn")
 PY
+fi
 
 # placement invariance: the same numbers and checkpoint bytes everywhere
 mkdir -p "$work/nvme"
-short=("${model[@]}" --steps 4 --batch 4 --seq 64 --log-every 100 --nvme "$work/nvme" --compute-dtype bf16)
+short=("${model[@]}" "${dev[@]}" --steps 4 --batch 4 --seq 64 --log-every 100 --nvme "$work/nvme"
+       --compute-dtype bf16)
 run() { # name, args...
 	local name=$1
 	shift
@@ -95,6 +106,13 @@ for n in vram host nvme prefetch1 keep keep-nvme threads1; do same default $n; d
 run w32 --precision fp32
 run w32-nvme --precision fp32 --offload-params nvme --offload-optim nvme --host-mem 32M
 same w32 w32-nvme
+if [ "$mode" = strict ]; then # the strict runs = the plain cpu device's
+	run plain --device cpu
+	same plain default
+	run plain-w32 --device cpu --precision fp32
+	same plain-w32 w32
+	return
+fi
 # eval and generate at bf16 on that checkpoint: the loss within 1% of
 # fp32's and not equal to it; a bad value refused
 for cd in fp32 bf16; do

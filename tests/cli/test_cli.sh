@@ -262,6 +262,22 @@ for k, end in enumerate(ends):
     lo = end
 print("ok   trace: unit 1's P, M, V loads queued before the backward of unit 0 ends, 3 steps")
 PY
+# The step reads the device's scalars (the losses, the norm's sums) in one
+# d2h a step, named on the host lane.
+"$strata" train $M --data "$data" --steps 3 --grad-accum 2 --nvme "$work" \
+	--trace "$work/t2.json" >/dev/null 2>&1 || { echo "FAIL trace run (accum 2)"; fail=1; }
+python3 - "$work/t2.json" <<'PY' || fail=1
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+d2h = [e for e in ev if e["ph"] == "X" and e["name"] == "scalars d2h"]
+assert [e["args"]["step"] for e in d2h] == [0, 1, 2], d2h
+assert all(e["args"]["bytes"] >= 2 * 32 * 4 for e in d2h), d2h  # 2 micro-batches' losses
+bwd = sorted(e["ts"] + e["dur"] for e in ev if e["ph"] == "X" and e["name"] == "bwd embed")
+assert len(bwd) == 6, bwd
+# it waits for the compute: it ends after the step's last backward
+assert all(d["ts"] + d["dur"] >= bwd[2 * k + 1] - 1e-3 for k, d in enumerate(d2h)), "early"
+print("ok   trace: one scalars d2h a step, waiting for its last backward")
+PY
 check plan-impossible 2 "$strata" train $M --data "$data" --gpu-mem 1M
 
 # A T=8192 model whose activation checkpoints do not fit 25M of vram with

@@ -9,6 +9,11 @@
 #include <cmocka.h>
 
 #include "device_checks.h"
+#include "strata/compute.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define MiB (1024ull * 1024ull)
 
@@ -23,6 +28,22 @@ static int cpu_setup(void **state)
 	if (!c)
 		return -1;
 	if (st_device_create(&st_device_cpu_ops, &cfg, &c->dev) != 0) {
+		free(c);
+		return -1;
+	}
+	c->ring_slots = CPU_RING_SLOTS;
+	*state = c;
+	return 0;
+}
+
+static int strict_setup(void **state)
+{
+	struct dc_ctx *c = calloc(1, sizeof(*c));
+	struct st_device_config cfg = { .mem_bytes = 16 * MiB };
+
+	if (!c)
+		return -1;
+	if (st_device_create(&st_device_cpu_strict_ops, &cfg, &c->dev) != 0) {
 		free(c);
 		return -1;
 	}
@@ -55,10 +76,10 @@ static void test_find(void **state)
 	assert_true(strncmp(list, "cpu", 3) == 0 && (list[3] == '\0' || list[3] == ','));
 #ifdef ST_HAVE_CUDA
 	assert_non_null(st_device_find("cuda"));
-	assert_string_equal(list, "cpu,cuda");
+	assert_string_equal(list, "cpu,cpu-strict,cuda");
 #else
 	assert_null(st_device_find("cuda"));
-	assert_string_equal(list, "cpu");
+	assert_string_equal(list, "cpu,cpu-strict");
 #endif
 }
 
@@ -244,6 +265,128 @@ static void test_queue_destroy_drains(void **state)
 	dc_gate_fini(&g);
 }
 
+/* cpu-strict (docs/gpu.md, "Strict mode"): a device whose arena the host
+ * cannot touch, as a GPU's. Its properties, and copies both ways that the
+ * host never reads in between. */
+static void test_strict_properties(void **state)
+{
+	struct dc_ctx *c = *state;
+	struct st_device *d = c->dev;
+	const size_t n = 64 * 1024;
+	uint64_t bytes;
+	char *arena = st_device_arena(d, &bytes);
+	uint8_t *src = malloc(n), *dst = malloc(n);
+	struct st_queue *q;
+
+	assert_ptr_equal(st_device_find("cpu-strict"), &st_device_cpu_strict_ops);
+	assert_string_equal(st_device_name(d), "cpu-strict");
+	assert_false(st_device_unified(d));
+	assert_true(st_device_on_host("cpu-strict") && st_device_on_host("cpu") &&
+		    st_device_on_host(NULL) && !st_device_on_host("cuda"));
+	/* the address is not one the host can use: non-canonical on x86-64 */
+	assert_true(((uintptr_t)arena >> 48) != 0);
+	assert_non_null(src);
+	assert_non_null(dst);
+	dc_fill(src, n, 3);
+	assert_int_equal(st_queue_create(d, &q), 0);
+	assert_int_equal(st_device_memcpy_async(d, q, arena + bytes - n, src, n, ST_COPY_H2D), 0);
+	assert_int_equal(st_device_memcpy_async(d, q, arena, arena + bytes - n, n, ST_COPY_D2D),
+			 0);
+	assert_int_equal(st_device_memcpy_async(d, q, dst, arena, n, ST_COPY_D2H), 0);
+	assert_int_equal(st_queue_sync(d, q), 0);
+	assert_memory_equal(dst, src, n);
+	st_queue_destroy(d, q);
+	free(src);
+	free(dst);
+}
+
+/* What a child that does `what` on a cpu-strict device dies of, with its
+ * stderr in err. */
+enum strict_fault { SF_HOST_READ, SF_H2D_FROM_DEVICE, SF_OP_HOST_PTR, SF_TO_HOST_BACKWARDS };
+
+static void strict_child(enum strict_fault what)
+{
+	struct st_device_config cfg = { .mem_bytes = MiB };
+	struct st_device *d;
+	struct st_compute *cx;
+	struct st_queue *q;
+	static float host[64];
+	volatile float *arena;
+
+	if (st_device_create(&st_device_cpu_strict_ops, &cfg, &d) != 0 ||
+	    st_queue_create(d, &q) != 0 || st_compute_create(d, &cx) != 0)
+		_exit(3);
+	arena = st_device_arena(d, NULL);
+	switch (what) {
+	case SF_HOST_READ:
+		host[0] = arena[5]; /* a GPU's address read by the host */
+		break;
+	case SF_H2D_FROM_DEVICE: /* the direction says host source */
+		st_device_memcpy_async(d, q, (void *)(arena + 16), (void *)arena, 64, ST_COPY_H2D);
+		break;
+	case SF_OP_HOST_PTR: /* a kernel given host memory */
+		st_compute_gelu_fwd(cx, (float *)arena, host, 64);
+		break;
+	case SF_TO_HOST_BACKWARDS: /* to_host with the sides swapped */
+		st_compute_to_host(cx, (void *)arena, host, sizeof(host));
+		break;
+	}
+	st_queue_sync(d, q);
+	st_compute_sync(cx);
+	_exit(0); /* not refused */
+}
+
+static void expect_strict_fault(enum strict_fault what, int sig, const char *msg)
+{
+	int fds[2], status;
+	char err[8192];
+	size_t got = 0;
+	ssize_t r;
+	pid_t pid;
+
+	assert_int_equal(pipe(fds), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		signal(SIGABRT, SIG_DFL); /* cmocka's handlers would catch them */
+		signal(SIGSEGV, SIG_DFL);
+		dup2(fds[1], STDERR_FILENO);
+		close(fds[0]);
+		strict_child(what);
+	}
+	close(fds[1]);
+	while (got < sizeof(err) - 1 && (r = read(fds[0], err + got, sizeof(err) - 1 - got)) > 0)
+		got += (size_t)r;
+	err[got] = '\0';
+	close(fds[0]);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+#if defined(__SANITIZE_ADDRESS__)
+	/* AddressSanitizer reports a fault itself (and exits) */
+	if (sig == SIGSEGV) {
+		if (!(WIFEXITED(status) && WEXITSTATUS(status) != 0 && strstr(err, "SEGV")))
+			fail_msg("fault %d: no sanitizer report: %s", (int)what, err);
+		return;
+	}
+#endif
+	if (!WIFSIGNALED(status) || WTERMSIG(status) != sig)
+		fail_msg("fault %d: the child did not die of signal %d (status %#x): %s", (int)what,
+			 sig, status, err);
+	if (!strstr(err, msg) || !strstr(err, "stack"))
+		fail_msg("fault %d: no \"%s\" and stack on stderr: %s", (int)what, msg, err);
+}
+
+/* Each host access a GPU would fault on (or garble) fails at once, loudly,
+ * with a stack: a read of device memory, a copy whose direction lies, a
+ * kernel given host memory, a d2h the wrong way round. */
+static void test_strict_faults(void **state)
+{
+	(void)state;
+	expect_strict_fault(SF_HOST_READ, SIGSEGV, "the host touched device memory");
+	expect_strict_fault(SF_H2D_FROM_DEVICE, SIGABRT, "a h2d copy of 64 bytes from device");
+	expect_strict_fault(SF_OP_HOST_PTR, SIGABRT, "op gelu_fwd is given the host address");
+	expect_strict_fault(SF_TO_HOST_BACKWARDS, SIGABRT, "a to_host copy of 256 bytes");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -256,6 +399,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_queue_destroy_drains, cpu_setup,
 						cpu_teardown),
 		DC_SEMANTICS_TESTS(cpu_setup, cpu_teardown),
+		cmocka_unit_test_setup_teardown(test_strict_properties, strict_setup, cpu_teardown),
+		cmocka_unit_test(test_strict_faults),
+		/* the stream semantics hold on cpu-strict too */
+		DC_SEMANTICS_TESTS(strict_setup, cpu_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

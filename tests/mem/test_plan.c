@@ -78,7 +78,7 @@ static struct st_plan_input input(const struct st_model *m)
 struct ref {
 	uint64_t tier[ST_HOME_COUNT];
 	uint64_t homes[ST_HOME_COUNT];
-	uint64_t slots, slot_bytes, embed_bytes, act, scratch;
+	uint64_t slots, slot_bytes, embed_bytes, act, scratch, scalars;
 	uint64_t staging, landing, update;
 	uint64_t act_host; /* in->activations host: the checkpoint homes */
 };
@@ -138,8 +138,11 @@ static void ref_pools(const struct st_plan_input *in, enum st_home w, enum st_ho
 	 * buffer for each of G, P, M, V on nvme; two sets */
 	uint64_t tile = E < ST_UPDATE_TILE_ELEMS ? E : ST_UPDATE_TILE_ELEMS;
 	r->update = (w != ST_HOME_HOST ? 2 * tile * wb : 0) + (o == ST_HOME_NVME ? 2 * tile * 16 : 0);
+	/* and the step scalars: the step's per-token losses (G is not in
+	 * vram here, so no sums of squares) */
+	r->scalars = page(((uint64_t)in->grad_accum * BT * 4 + 15) / 16 * 16);
 	r->tier[ST_HOME_VRAM] = r->homes[ST_HOME_VRAM] + r->slots * r->slot_bytes +
-				r->embed_bytes + r->act + r->scratch;
+				r->embed_bytes + r->act + r->scratch + r->scalars;
 	r->tier[ST_HOME_HOST] = r->homes[ST_HOME_HOST] + r->staging + r->landing + r->update +
 				r->act_host;
 	r->tier[ST_HOME_NVME] = r->homes[ST_HOME_NVME];
@@ -1446,21 +1449,25 @@ static void test_optim_vram(void **state)
 	assert_null(find_pool(&p, ST_POOL_LANDING));
 	assert_null(find_pool(&p, ST_POOL_UPD_W));
 	assert_null(find_pool(&p, ST_POOL_UPD_F32));
-	x = find_pool(&p, ST_POOL_OPT_STAT);
+	x = find_pool(&p, ST_POOL_STEP_SCALARS);
 	assert_non_null(x);
 	assert_int_equal(x->tier, ST_HOME_VRAM);
 	assert_int_equal(x->count, 1);
-	assert_int_equal(x->bytes, 16 * (uint64_t)(U + 1) + 16 * ((E + 16383) / 16384));
+	/* the step's losses, then the norm's sums and their scratch */
+	assert_int_equal(x->bytes, st_align_up((uint64_t)in.grad_accum * in.batch * in.seq * 4, 16) +
+					   16 * (uint64_t)(U + 1) + 16 * ((E + 16383) / 16384));
 	assert_int_equal(p.total_bytes[ST_HOME_HOST], 0);
 	assert_int_equal(p.h2d_bytes, 0);
 	assert_int_equal(p.d2h_bytes, 0);
 	assert_int_equal(p.nvme_read_bytes + p.nvme_write_bytes, 0);
 	assert_true(p.t_adam_s == 0.0);
 	st_plan_fini(&p);
-	/* the host's optimizer has no stats pool */
+	/* the host's optimizer: the step scalars are the losses alone */
 	in.optim = ST_OFFLOAD_HOST;
 	p = plan_ok(&in);
-	assert_null(find_pool(&p, ST_POOL_OPT_STAT));
+	x = find_pool(&p, ST_POOL_STEP_SCALARS);
+	assert_non_null(x);
+	assert_int_equal(x->bytes, st_align_up((uint64_t)in.grad_accum * in.batch * in.seq * 4, 16));
 	assert_non_null(find_pool(&p, ST_POOL_LANDING));
 	st_plan_fini(&p);
 	/* auto: host unless allowed; allowed, vram while it fits (with the

@@ -7,6 +7,9 @@
  *  5. a state that is not finite is never saved (latest stays);
  *  and gradient accumulation matches the large batch.
  *
+ * `test_engine --device cpu-strict` runs every test on the cpu device whose
+ * memory the host cannot touch (docs/gpu.md, "Strict mode"), and holds it
+ * to the plain cpu device bit for bit.
  * `test_engine --device cuda` runs the engine on the cuda device instead:
  * invariant 1 and resume there, and the cuda run against the cpu run
  * within float tolerance. It exits 77 (skipped) without a GPU. */
@@ -1600,6 +1603,56 @@ static int teardown(void **state)
 	return system(cmd) == 0 ? 0 : -1;
 }
 
+/* cpu-strict (docs/gpu.md, "Strict mode") changes what the host may
+ * touch, never a bit: GPT-2 and LLaMA, fp32 and bf16 compute, every home
+ * of W and of the optimizer state, the checkpoints on the host, against
+ * the plain cpu device. Runs under --device cpu-strict. */
+static void test_strict_same_bits(void **state)
+{
+	static const struct {
+		const char *model; /* NULL: base_config's GPT-2 */
+		enum st_offload params, optim, act;
+		bool bf16;
+	} cases[] = {
+		{ NULL, ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, ST_OFFLOAD_AUTO, false },
+		{ NULL, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, ST_OFFLOAD_AUTO, false },
+		{ NULL, ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, ST_OFFLOAD_AUTO, false },
+		{ NULL, ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, true },
+		{ "llama", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, ST_OFFLOAD_AUTO, true },
+		{ "llama", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, ST_OFFLOAD_HOST, false },
+	};
+
+	(void)state;
+	assert_string_equal(device, "cpu-strict");
+	for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+		struct st_engine_config c;
+		struct run strict, cpu;
+
+		if (cases[i].model)
+			model_config(&c, llama_models[0]);
+		else
+			base_config(&c);
+		c.params = cases[i].params;
+		c.optim = cases[i].optim;
+		c.activations = cases[i].act;
+		if (cases[i].bf16)
+			c.compute_dtype = ST_PRECISION_BF16;
+		train(&c, STEPS, &strict);
+		c.device = "cpu";
+		train(&c, STEPS, &cpu);
+		for (int s = 0; s < STEPS; s++)
+			if (memcmp(&strict.loss[s], &cpu.loss[s], sizeof(double)) ||
+			    memcmp(&strict.norm[s], &cpu.norm[s], sizeof(double)))
+				fail_msg("case %zu step %d: cpu-strict loss %.9g norm %.9g, cpu %.9g %.9g",
+					 i, s, strict.loss[s], strict.norm[s], cpu.loss[s], cpu.norm[s]);
+		if (memcmp(strict.P, cpu.P, cpu.n * sizeof(float)) ||
+		    memcmp(strict.W, cpu.W, cpu.n * sizeof(float)))
+			fail_msg("case %zu: the weights differ between cpu-strict and cpu", i);
+		run_free(&strict);
+		run_free(&cpu);
+	}
+}
+
 /* The same training on the cuda device and on the cpu: the kernels differ
  * (cuBLASLt's summation order, fused attention blocks), so they agree
  * within float tolerance, not bit for bit: losses and gradient norms to
@@ -1759,11 +1812,15 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_device_optim_traffic),
 		cmocka_unit_test(test_grad_accum),
 	};
+	/* cpu-strict: every test above, and the bits against plain cpu */
+	const struct CMUnitTest strict_tests[] = {
+		cmocka_unit_test(test_strict_same_bits),
+	};
 
 	if (argc == 3 && strcmp(argv[1], "--device") == 0) {
 		device = argv[2];
 	} else if (argc != 1) {
-		fprintf(stderr, "usage: test_engine [--device cpu|cuda]\n");
+		fprintf(stderr, "usage: test_engine [--device cpu|cpu-strict|cuda]\n");
 		return 2;
 	}
 	if (strcmp(device, "cuda") == 0) {
@@ -1777,6 +1834,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "SKIP: this build has no cuda device\n");
 		return 77;
 #endif
+	}
+	if (strcmp(device, "cpu-strict") == 0) {
+		int failed = cmocka_run_group_tests(strict_tests, setup, teardown);
+
+		return failed + cmocka_run_group_tests(tests, setup, teardown);
 	}
 	if (strcmp(device, "cpu") != 0) {
 		fprintf(stderr, "test_engine: unknown device '%s'\n", device);

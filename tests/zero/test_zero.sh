@@ -29,6 +29,10 @@
 #   devpath    the cuda device's path through device buffers and the mpi
 #              backend's host staging, on the cpu device
 #              ($ST_ZERO_DEVICE_PATH=1)
+#   strict-np2, strict-np4
+#              the same path on the cpu-strict device (docs/gpu.md, "Strict
+#              mode"), whose memory the host cannot touch, as a GPU's:
+#              stages 0-3 over 2 and 4 ranks = 1 rank, every W home
 #   cuda1      (a GPU; else 77) the engine on cuda through a world-1 nccl
 #              communicator = through the local one
 #   cuda2      (a GPU and mpirun; else 77) 2 ranks sharing the GPU with the
@@ -378,6 +382,25 @@ devpath)
 		esac
 		run "d$z$p" 2 --steps 3 --zero "$z" "${a[@]}"
 		same "d$z$p" ref "2 ranks --zero $z through device buffers, $p = 1 rank --grad-accum 2"
+	done
+	;;
+strict-np2 | strict-np4)
+	# the cuda device's path on a device whose memory faults when the host
+	# touches it: every collective through device buffers and the mpi
+	# backend's host staging (not unified: no $ST_ZERO_DEVICE_PATH needed)
+	np=${part#strict-np}
+	run ref 1 --steps 3 --grad-accum "$np"
+	specs=("0 host" "0 vram" "1 nvme" "1 vram" "2 nvme" "2 host" "3 host" "3 vram")
+	[ "$np" = 4 ] && specs=("0 vram" "1 nvme" "2 host" "3 vram")
+	for spec in "${specs[@]}"; do
+		read -r z p <<<"$spec"
+		case $p in
+		host) a=() ;;
+		nvme) a=(--offload-params nvme --offload-optim nvme --prefetch 1) ;;
+		vram) a=(--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M) ;;
+		esac
+		run "s$z$p" "$np" --steps 3 --zero "$z" --device cpu-strict "${a[@]}"
+		same "s$z$p" ref "cpu-strict: $np ranks --zero $z, $p = 1 rank --grad-accum $np"
 	done
 	;;
 cuda1 | cuda2)

@@ -22,7 +22,7 @@ int st_compute_create(struct st_device *d, struct st_compute **out)
 	const char *name = st_device_name(d);
 
 	*out = NULL;
-	if (strcmp(name, "cpu") == 0)
+	if (strcmp(name, "cpu") == 0 || strcmp(name, "cpu-strict") == 0)
 		return st_compute_cpu_queued_create(d, out);
 #ifdef ST_HAVE_CUDA
 	if (strcmp(name, "cuda") == 0)

@@ -4,7 +4,7 @@
  * cpu kernels' bits: the queue only changes where and when they run. */
 #include "compute_internal.h"
 
-#include "strata/device.h"
+#include "../device/device_cpu.h"
 #include "strata/kernels.h"
 #include "kernels_bf16.h"
 #include "strata/optim.h"
@@ -396,6 +396,7 @@ struct qslot {
 struct qcompute {
 	struct st_compute c;
 	struct st_device *dev; /* borrowed */
+	bool strict;           /* dev is cpu-strict: ops get tagged addresses */
 	struct st_queue *q;
 	struct qslot *ring;    /* ST_COMPUTE_CPU_RING_OPS slots */
 	pthread_mutex_t ring_lock;
@@ -481,13 +482,45 @@ static int q_put(struct qcompute *qc, struct qslot *s)
 	return ret;
 }
 
-static int q_run_op(struct st_compute *c, const struct st_op *op)
+/* Queue op as it is: its tensors are host addresses the kernels can use. */
+static int q_enqueue(struct qcompute *qc, const struct st_op *op)
 {
-	struct qcompute *qc = qc_of(c);
 	struct qslot *s = q_slot(qc, QS_OP);
 
 	s->op = *op;
 	return q_put(qc, s);
+}
+
+/* cpu-strict: every tensor of an op is a device address (or NULL, where the
+ * op allows it), as a GPU kernel's are; the kernels get the host addresses
+ * behind them. A host address here is a kernel reading host memory. */
+static void strict_translate(struct st_op *op)
+{
+	int n = st_op_tensors(op->kind);
+
+	for (int k = 0; k < n; k++) {
+		void *p = op->t[k].data;
+
+		if (!p)
+			continue;
+		if (!st_cpu_strict_tagged(p))
+			st_cpu_strict_fail("op %s is given the host address %p as its tensor %d: "
+					   "a GPU's kernel cannot read host memory",
+					   st_op_name(op->kind), p, k);
+		op->t[k].data = st_cpu_strict_host(p);
+	}
+}
+
+static int q_run_op(struct st_compute *c, const struct st_op *op)
+{
+	struct qcompute *qc = qc_of(c);
+	struct st_op o;
+
+	if (!qc->strict)
+		return q_enqueue(qc, op);
+	o = *op;
+	strict_translate(&o);
+	return q_enqueue(qc, &o);
 }
 
 static int q_sync(struct st_compute *c)
@@ -509,21 +542,50 @@ static void q_destroy(struct st_compute *c)
 	free(qc);
 }
 
-/* from_host_async: the copy in queue order, not waited for. */
-static int q_copy_async(struct st_compute *c, void *dst, const void *src, size_t bytes)
+/* A copy between host and device memory in queue order, not waited for.
+ * cpu-strict: the device side must be a device address, the host side a
+ * host one (a copy the wrong way round), and the kernel gets both as host
+ * addresses. */
+static int q_copy(struct st_compute *c, void *dst, const void *src, size_t bytes, bool to_host)
 {
+	struct qcompute *qc = qc_of(c);
+
+	if (qc->strict) {
+		const void *dev = to_host ? src : dst, *host = to_host ? dst : src;
+
+		if (!st_cpu_strict_tagged(dev) || st_cpu_strict_tagged(host))
+			st_cpu_strict_fail("a %s copy of %zu bytes from %p to %p: the %s side must be "
+					   "device memory and the %s side host memory",
+					   to_host ? "to_host" : "from_host", bytes, src, dst,
+					   to_host ? "source" : "destination",
+					   to_host ? "destination" : "source");
+		dst = st_cpu_strict_host(dst);
+		src = st_cpu_strict_host(src);
+	}
 	struct st_op op = { .kind = ST_OP_COPY,
 			    .t = { st_tensor_1d(dst, ST_DTYPE_U8, (int64_t)bytes),
 				   st_tensor_1d(src, ST_DTYPE_U8, (int64_t)bytes) },
 			    .i = { (int64_t)bytes } };
 
-	return q_run_op(c, &op);
+	return q_enqueue(qc, &op);
 }
 
-/* to_host, from_host: a copy in queue order, then waited for. */
-static int q_copy_sync(struct st_compute *c, void *dst, const void *src, size_t bytes)
+static int q_from_host_async(struct st_compute *c, void *dst, const void *src, size_t bytes)
 {
-	int ret = q_copy_async(c, dst, src, bytes);
+	return q_copy(c, dst, src, bytes, false);
+}
+
+/* to_host, from_host: the copy, then waited for. */
+static int q_to_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	int ret = q_copy(c, dst, src, bytes, true);
+
+	return ret ? ret : q_sync(c);
+}
+
+static int q_from_host(struct st_compute *c, void *dst, const void *src, size_t bytes)
+{
+	int ret = q_copy(c, dst, src, bytes, false);
 
 	return ret ? ret : q_sync(c);
 }
@@ -610,9 +672,9 @@ static const struct st_compute_ops cpu_queued_ops = {
 	.supports = cpu_supports,
 	.sync = q_sync,
 	.destroy = q_destroy,
-	.to_host = q_copy_sync,
-	.from_host = q_copy_sync,
-	.from_host_async = q_copy_async,
+	.to_host = q_to_host,
+	.from_host = q_from_host,
+	.from_host_async = q_from_host_async,
 	.record = q_record,
 	.wait = q_wait,
 	.span = q_span,
@@ -648,6 +710,7 @@ int st_compute_cpu_queued_create(struct st_device *d, struct st_compute **out)
 	}
 	qc->c.ops = &cpu_queued_ops;
 	qc->dev = d;
+	qc->strict = st_device_cpu_strict(d);
 	qc->open = -1;
 	pthread_mutex_init(&qc->lock, NULL);
 	pthread_mutex_init(&qc->ring_lock, NULL);

@@ -17,6 +17,7 @@ struct st_device {
 
 static const struct st_device_ops *const st_devices[] = {
 	&st_device_cpu_ops,
+	&st_device_cpu_strict_ops,
 #ifdef ST_HAVE_CUDA
 	&st_device_cuda_ops,
 #endif
@@ -33,10 +34,15 @@ const struct st_device_ops *st_device_find(const char *name)
 const char *st_device_list(void)
 {
 #ifdef ST_HAVE_CUDA
-	return "cpu,cuda";
+	return "cpu,cpu-strict,cuda";
 #else
-	return "cpu";
+	return "cpu,cpu-strict";
 #endif
+}
+
+bool st_device_on_host(const char *name)
+{
+	return !name || strcmp(name, "cpu") == 0 || strcmp(name, "cpu-strict") == 0;
 }
 
 static bool device_ops_valid(const struct st_device_ops *o)

@@ -4,15 +4,27 @@
  * anyone but copies and kernels. Each queue is a worker thread draining a
  * fixed ring of commands in order (copy, host function, wait-for-event), as
  * a CUDA stream does. An event is (queue, sequence number): it is done when
- * the queue has finished every command up to that number. */
-#include "strata/device.h"
+ * the queue has finished every command up to that number.
+ *
+ * cpu-strict is the same device with a GPU's address space: its arena is
+ * handed out at tagged addresses (device_cpu.h) that fault when the host
+ * touches them, and that only its copies and the queued cpu compute
+ * translate. A copy whose sides are not what its direction says, and any
+ * fault of the process, is reported with a stack. Everything else (the
+ * budget, the queues, the events, the bits) is the cpu device's. */
+#include "device_cpu.h"
 
 #include <assert.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define CPU_QUEUE_SLOTS 1024u
 #define CPU_DEFAULT_ARENA_BYTES (256ull * ST_MiB)
@@ -47,8 +59,9 @@ struct st_event {
 };
 
 struct cpu_priv {
-	void *arena;
+	void *arena;        /* the host's address of the arena */
 	size_t arena_bytes;
+	bool strict;        /* cpu-strict: the arena is handed out tagged */
 	pthread_mutex_t lock;
 	struct st_queue *queues; /* live queues, so close can drain them */
 };
@@ -139,6 +152,95 @@ static int cpu_open(struct st_device *d, struct st_device_config *cfg)
 	return 0;
 }
 
+/* ---- cpu-strict ----------------------------------------------------------------- */
+
+static void strict_stack(void)
+{
+	void *frames[64];
+	int n = backtrace(frames, 64);
+
+	backtrace_symbols_fd(frames, n, STDERR_FILENO);
+}
+
+_Noreturn void st_cpu_strict_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("strata: cpu-strict: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("\nstrata: cpu-strict: the stack (addr2line -f -e BINARY +OFFSET names a frame):\n",
+	      stderr);
+	fflush(stderr);
+	strict_stack();
+	abort();
+}
+
+/* A fault anywhere in the process: a tagged address read or written by the
+ * host faults as non-canonical (SIGSEGV, SI_KERNEL, no address). Say so,
+ * print the stack of the faulting thread, and die of the signal. Only
+ * async-signal-safe calls, and backtrace() (loaded at install). */
+static void strict_on_fault(int sig, siginfo_t *si, void *uc)
+{
+	static const char kernel[] =
+		"strata: cpu-strict: a fault at a non-canonical address: the host touched "
+		"device memory (a tagged cpu-strict address) outside the device's copies "
+		"and ops; the faulting thread's stack (addr2line -f -e BINARY +OFFSET names "
+		"a frame):\n";
+	static const char other[] =
+		"strata: cpu-strict: a fault (not at a device address); the faulting "
+		"thread's stack:\n";
+	const char *m = si->si_code == SI_KERNEL ? kernel : other;
+
+	(void)uc;
+	(void)!write(STDERR_FILENO, m, strlen(m));
+	strict_stack();
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+/* At every open (a test harness may have put its own handler in since the
+ * last). Under AddressSanitizer its own handler reports the fault with a
+ * stack, so this one stays out of its way. */
+static void strict_install(void)
+{
+#if !defined(__SANITIZE_ADDRESS__)
+	struct sigaction sa = { .sa_sigaction = strict_on_fault,
+				.sa_flags = SA_SIGINFO | SA_NODEFER };
+	void *f[1];
+
+	(void)backtrace(f, 1); /* loads libgcc now, not in the handler */
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGSEGV, &sa, NULL);
+	sigaction(SIGBUS, &sa, NULL);
+#endif
+}
+
+static int cpu_strict_open(struct st_device *d, struct st_device_config *cfg)
+{
+	struct cpu_priv *p = st_device_priv(d);
+	int ret = cpu_open(d, cfg);
+
+	if (ret < 0)
+		return ret;
+	if (st_cpu_strict_tagged(p->arena) ||
+	    ((uintptr_t)p->arena + p->arena_bytes) & ST_CPU_STRICT_TAG_MASK) {
+		munmap(p->arena, p->arena_bytes);
+		pthread_mutex_destroy(&p->lock);
+		return st_error_set(-ENOMEM, "cpu-strict device: the arena was mapped above "
+				    "2^48, where its addresses cannot be tagged");
+	}
+	p->strict = true;
+	strict_install();
+	return 0;
+}
+
+bool st_device_cpu_strict(const struct st_device *d)
+{
+	return d && strcmp(st_device_name(d), st_device_cpu_strict_ops.name) == 0;
+}
+
 static int cpu_queue_sync(struct st_device *d, struct st_queue *q);
 
 static void cpu_close(struct st_device *d)
@@ -155,7 +257,9 @@ static void cpu_close(struct st_device *d)
 
 static void *cpu_arena_base(struct st_device *d)
 {
-	return ((struct cpu_priv *)st_device_priv(d))->arena;
+	struct cpu_priv *p = st_device_priv(d);
+
+	return p->strict ? st_cpu_strict_dev(p->arena) : p->arena;
 }
 
 static int cpu_queue_create(struct st_device *d, struct st_queue **out)
@@ -226,6 +330,18 @@ static int cpu_memcpy_async(struct st_device *d, struct st_queue *q, void *dst,
 	struct cpu_priv *p = st_device_priv(d);
 	const char *a = p->arena, *end = a + p->arena_bytes;
 
+	if (p->strict) { /* each side must be what dir says, then translated */
+		static const char *const names[] = { "h2d", "d2h", "d2d" };
+		bool dst_dev = dir != ST_COPY_D2H, src_dev = dir != ST_COPY_H2D;
+
+		if (st_cpu_strict_tagged(dst) != dst_dev || st_cpu_strict_tagged(src) != src_dev)
+			st_cpu_strict_fail("a %s copy of %zu bytes from %s %p to %s %p: %s", names[dir],
+					   bytes, st_cpu_strict_tagged(src) ? "device" : "host", src,
+					   st_cpu_strict_tagged(dst) ? "device" : "host", dst,
+					   "a side is not what the direction says");
+		cmd.dst = dst = st_cpu_strict_host(dst);
+		cmd.src = src = st_cpu_strict_host(src);
+	}
 	/* Catch the mistakes a real GPU would fault on. */
 	if (dir == ST_COPY_H2D || dir == ST_COPY_D2D)
 		assert((const char *)dst >= a && (const char *)dst + bytes <= end);
@@ -314,4 +430,26 @@ const struct st_device_ops st_device_cpu_ops = {
 	.queue_wait = cpu_queue_wait,
 	.queue_sync = cpu_queue_sync,
 	/* pin_host, unpin_host, numa_node: optional, absent. */
+};
+
+/* Not unified: the host cannot read its memory, so the engine and the comms
+ * take the paths they take on cuda. */
+const struct st_device_ops st_device_cpu_strict_ops = {
+	.name = "cpu-strict",
+	.caps = 0,
+	.priv_bytes = sizeof(struct cpu_priv),
+	.open = cpu_strict_open,
+	.close = cpu_close,
+	.arena_base = cpu_arena_base,
+	.queue_create = cpu_queue_create,
+	.queue_destroy = cpu_queue_destroy,
+	.event_create = cpu_event_create,
+	.event_destroy = cpu_event_destroy,
+	.memcpy_async = cpu_memcpy_async,
+	.host_fn = cpu_host_fn,
+	.event_record = cpu_event_record,
+	.event_query = cpu_event_query,
+	.event_sync = cpu_event_sync,
+	.queue_wait = cpu_queue_wait,
+	.queue_sync = cpu_queue_sync,
 };
