@@ -75,6 +75,13 @@ grep -q "FAIL racecheck test_cuda_head_ce" "$work/gl/sanitize.log" &&
 	grep -q "small=1" "$work/gl/sanitize-memcheck-test_cuda_bf16.log" &&
 	ok "sanitize: 11 runs clean at ST_TEST_SMALL=1, racecheck's report on the head failed" ||
 	{ bad "sanitize"; cat "$work/gl/sanitize.log"; }
+# a step limit too short for one run: nothing runs, and that is no pass
+GPU_CHECK_STEP_LIMIT=30 "$gc" --sanitize "$work/$b" "$work/san" >"$work/san.log" 2>&1
+rc=$?
+[ $rc = 1 ] && [ "$(grep -c '^NOT RUN ' "$work/san.log")" = 12 ] &&
+	grep -q "^FAIL sanitize: 12 runs: 0 clean, 0 failed, 0 skipped, 12 not run" "$work/san.log" &&
+	ok "sanitize without the time for a run: 12 not run, exit 1" ||
+	{ bad "sanitize, step limit 30: exit $rc"; cat "$work/san.log"; }
 tar tzf "$work/out/gpu-logs.tgz" >"$work/tgz" 2>&1
 for f in summary.txt test_cuda_device.log comm_cuda.log kernels.log sanitize.log \
 	sanitize-racecheck-test_cuda_head_ce.log; do
