@@ -14,6 +14,11 @@
  * each gives the same bits (deterministic: no atomics). The same kernels
  * run under the cpu emulation on every machine (attention-bf16-emu).
  *
+ * ST_TEST_SMALL=1 (tools/gpu-check's sanitize step, under compute-
+ * sanitizer, where every access is checked) shrinks the shapes to a few
+ * tiles each, still covering a partial tile of queries and of keys (70
+ * rows: 64 + 6), hs 64 and 128, a single token, GQA and MQA.
+ *
  * Without a GPU or driver: "no GPU: skipped", exit 77. */
 #include "gpu_harness.h"
 #include "strata/op.h"
@@ -310,17 +315,28 @@ int main(int argc, char **argv)
 {
 	if (argc > 1) {
 		printf("usage: %s\n(no options: the bf16 attention on the GPU against the cpu's; "
-		       "exit 77 without a GPU)\n",
+		       "exit 77 without a GPU; ST_TEST_SMALL=1: small shapes)\n",
 		       argv[0]);
 		return strcmp(argv[1], "--help") == 0 ? 0 : 2;
 	}
+	const char *small = getenv("ST_TEST_SMALL");
+
 	gpu_open();
 	check_supports();
-	check(2, 256, 12, 12, 64, false); /* a GPT-2 block */
-	check(1, 100, 2, 2, 128, false);
-	check(1, 1, 2, 2, 64, false);
-	check(2, 130, 8, 2, 64, true);
-	check(1, 200, 4, 1, 128, true);
+	if (small && strcmp(small, "0") != 0) {
+		printf("small shapes (ST_TEST_SMALL)\n");
+		check(1, 70, 2, 2, 64, false);
+		check(1, 70, 1, 1, 128, false);
+		check(1, 1, 2, 2, 64, false);
+		check(1, 70, 4, 2, 64, true);
+		check(1, 33, 2, 1, 128, true);
+	} else {
+		check(2, 256, 12, 12, 64, false); /* a GPT-2 block */
+		check(1, 100, 2, 2, 128, false);
+		check(1, 1, 2, 2, 64, false);
+		check(2, 130, 8, 2, 64, true);
+		check(1, 200, 4, 1, 128, true);
+	}
 	int rc = st_compute_sync(cx);
 	if (rc)
 		die("sync", rc);

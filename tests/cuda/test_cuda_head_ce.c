@@ -20,6 +20,11 @@
  * alone, the variants interleaved round by round, GPU time by the
  * compute's spans, medians of 10 (tools/gpu-check's head_ce step).
  *
+ * ST_TEST_SMALL=1 (tools/gpu-check's sanitize step, under compute-
+ * sanitizer) leaves out GPT-2's head and checks 130 x 264, V=333 instead:
+ * every tile partial on each side (rows, vocabulary, C's columns in the
+ * logits' chunks and in the backward's blocks), beside the small shapes.
+ *
  * Without a GPU or driver: "no GPU: skipped", exit 77. */
 #include "../../tools/bench_stats.h"
 #include "gpu_harness.h"
@@ -268,7 +273,8 @@ int main(int argc, char **argv)
 			fprintf(help ? stdout : stderr,
 				"usage: %s [--bench [--json FILE]]\n(the fused bf16 head + "
 				"cross-entropy on the GPU against the cpu's; --bench then times it "
-				"against the unfused records; exit 77 without a GPU)\n",
+				"against the unfused records; exit 77 without a GPU; ST_TEST_SMALL=1: "
+				"small shapes)\n",
 				argv[0]);
 			return help ? 0 : 2;
 		}
@@ -277,9 +283,16 @@ int main(int argc, char **argv)
 		fprintf(stderr, "test_cuda_head_ce: --json needs --bench\n");
 		return 2;
 	}
+	const char *small = getenv("ST_TEST_SMALL");
+
 	gpu_open();
 	check_supports();
-	check(512, 768, 50257, 256); /* GPT-2's head, two chunks of the cpu's loop */
+	if (small && strcmp(small, "0") != 0) {
+		printf("small shapes (ST_TEST_SMALL)\n");
+		check(130, 264, 333, 64);
+	} else {
+		check(512, 768, 50257, 256); /* GPT-2's head, two chunks of the cpu's loop */
+	}
 	check(70, 136, 200, 16);
 	check(33, 37, 77, 16);
 	check(1, 64, 1000, 256);

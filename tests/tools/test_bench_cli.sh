@@ -129,7 +129,8 @@ for tool in "$@"; do
 		     rm -rf "$d" ;;
 	gpu-check) check "gpu-check --run without LOGDIR" 2 "$tool" --run build
 		   check "gpu-check --only an unknown step" 2 "$tool" --run build /tmp/gc-$$ --only nope
-		   check "gpu-check --prepare a missing build" 2 "$tool" --prepare /nonexistent ;;
+		   check "gpu-check --prepare a missing build" 2 "$tool" --prepare /nonexistent
+		   check "gpu-check --run --out without DIR" 2 "$tool" --run build /tmp/gc-$$ --out ;;
 	torch-ref) check "torch-ref without a command" 2 "$tool"
 		   check "torch-ref check --strata missing" 2 "$tool" check --strata /nonexistent
 		   check "torch-ref bench --batch 0" 2 "$tool" bench --batch 0

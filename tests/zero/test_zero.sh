@@ -34,9 +34,10 @@
 #              mode"), whose memory the host cannot touch, as a GPU's:
 #              stages 0-3 over 2 and 4 ranks = 1 rank, every W home
 #   cuda1      (a GPU; else 77) the engine on cuda through a world-1 nccl
-#              communicator = through the local one
-#   cuda2      (a GPU and mpirun; else 77) 2 ranks sharing the GPU with the
-#              mpi backend = 1 rank at --grad-accum 2, stages 0-3
+#              communicator = through the local one, at --zero 0, 1, 2, 3
+#   cuda2      (a GPU and an mpirun that starts strata; else 77) 2 ranks
+#              sharing the GPU with the mpi backend = 1 rank at
+#              --grad-accum 2, stages 0-3
 set -u
 strata=$1 mpirun=$2 part=$3
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-zero-test.XXXXXX")
@@ -52,6 +53,17 @@ mkdir -p "$work/nvme"
 if [ "$part" != cuda1 ]; then # cuda1 is one rank, without mpirun
 	"$mpirun" 1 true >/dev/null 2>&1
 	if [ $? = 77 ]; then echo "mpirun not found: skipped"; exit 77; fi
+fi
+if [ "$part" = cuda2 ]; then
+	# on a GPU machine an mpirun may be another MPI's (a framework's, a
+	# vendor's): it runs `true`, and then strata's MPI_Init fails. So the
+	# probe is strata itself: one rank that sees mpirun as its launcher.
+	timeout 60 "$mpirun" 1 "$strata" info >"$work/probe" 2>&1
+	if ! grep -q "launcher: mpirun, rank 0 of 1" "$work/probe"; then
+		echo "mpirun ($(command -v mpirun)) does not start strata as a rank (another MPI's?): skipped"
+		grep -m2 -iE "error|fail|abort" "$work/probe"
+		exit 77
+	fi
 fi
 
 common=(--data "$work/data.txt" --batch 2 --seq 32 --nvme "$work/nvme" --log-every 100
@@ -412,10 +424,15 @@ cuda1 | cuda2)
 	common+=(--device cuda --gpu-mem 512M --host-mem 512M)
 	if [ "$part" = cuda1 ]; then
 		"$strata" info 2>&1 | grep -q "nccl: NCCL" || { echo "nccl not loadable: skipped"; exit 77; }
-		run ref 1 --steps 3 --grad-accum 2
-		ST_COMM=nccl run nc 1 --steps 3 --grad-accum 2
-		grep -qi "nccl" "$work/nc.log" && grep -i nccl "$work/nc.log" | head -2
-		same nc ref "cuda: the engine through nccl at world 1 = through the local comm"
+		# every stage: at world 1 the engine runs no collective
+		# (engine_zero.c), so each pair shows that a world-1 nccl comm
+		# opens on the GPU beside the engine and moves no bit
+		for z in 0 1 2 3; do
+			run "ref$z" 1 --steps 3 --grad-accum 2 --zero $z
+			ST_COMM=nccl run "nc$z" 1 --steps 3 --grad-accum 2 --zero $z
+			grep -qi "nccl" "$work/nc$z.log" && grep -i nccl "$work/nc$z.log" | head -2
+			same "nc$z" "ref$z" "cuda: --zero $z through nccl at world 1 = through the local comm"
+		done
 	else
 		run ref 1 --steps 3 --grad-accum 2
 		for z in 0 1 2 3; do
