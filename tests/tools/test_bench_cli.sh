@@ -64,6 +64,11 @@ for tool in "$@"; do
 		     else
 			     echo "FAIL train-bench --recompute both: $out"; fail=1
 		     fi ;;
+	strict-planted) check "strict-planted without a build" 2 "$tool"
+			check "strict-planted, not a meson build" 2 "$tool" /nonexistent
+			# main's own build: not the planted tree
+			check "strict-planted, not the planted tree" 2 "$tool" \
+			      "$(dirname "$(dirname "$tool")")/build" ;;
 	gemm-split) check "gemm-split --shapes 3x4" 2 "$tool" --shapes 3x4
 		    check "gemm-split --cut 0" 2 "$tool" --cut 0
 		    check "gemm-split --shapes xt:3x4x5" 2 "$tool" --shapes xt:3x4x5

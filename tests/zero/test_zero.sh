@@ -413,6 +413,8 @@ strict-np2 | strict-np4)
 		esac
 		run "s$z$p" "$np" --steps 3 --zero "$z" --device cpu-strict "${a[@]}"
 		same "s$z$p" ref "cpu-strict: $np ranks --zero $z, $p = 1 rank --grad-accum $np"
+		# what strict mode refused, with its stack
+		grep -m1 -A24 '^strata: cpu-strict: ' "$work/s$z$p.log"
 	done
 	;;
 cuda1 | cuda2)
