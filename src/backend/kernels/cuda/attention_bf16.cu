@@ -17,6 +17,11 @@ extern "C" {
 
 #include "attention_bf16_kernels.cuh"
 
+extern "C" int st_cuda_attention_bf16_head_ok(int hs)
+{
+	return hs == 64 || hs == 128;
+}
+
 /* Shapes and pointers the kernels take, or -EINVAL with the reason: head
  * size 64 or 128, 4-byte aligned tensors (the tiles move two bf16 at a
  * time). */
@@ -26,7 +31,7 @@ static int ab_check(const char *op, int B, int T, int NH, int NKV, int hs,
 	if (B < 0 || T < 0 || NH <= 0 || NKV <= 0 || NH % NKV)
 		return st_error_set(-EINVAL, "cuda %s: bad shape B=%d T=%d NH=%d NKV=%d", op, B,
 				    T, NH, NKV);
-	if (hs != 64 && hs != 128)
+	if (!st_cuda_attention_bf16_head_ok(hs))
 		return st_error_set(-EINVAL, "cuda %s: bf16 head size %d (64 or 128 supported)",
 				    op, hs);
 	if ((long long)B * NH > 0x7fffffffLL || (T + AB_TILE - 1) / AB_TILE > 65535)

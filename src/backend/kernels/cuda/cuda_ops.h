@@ -207,6 +207,10 @@ int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq, void *dk, 
 				   int grad_bf16, const uint16_t *dout, const uint16_t *q,
 				   const uint16_t *k, const uint16_t *v, const uint16_t *out,
 				   const float *lse, int B, int T, int NH, int NKV, int hd);
+/* Whether the bf16 attention runs head size hs (64 or 128): the rule the
+ * four calls above check, for the cuda compute's supports_shape (the model
+ * refuses a bf16 step it would fail before the step). Pure: no GPU. */
+int st_cuda_attention_bf16_head_ok(int hs);
 
 #ifdef __cplusplus
 }
