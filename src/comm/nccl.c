@@ -242,9 +242,11 @@ static int nccl_open(struct st_comm *c, const struct st_comm_config *cfg, int *r
 		return ret;
 	p->stream = st_cuda_queue_stream(st_comm_queue(c));
 	e = cudaSetDevice(st_device_ordinal(d));
-	if (e != cudaSuccess)
+	if (e != cudaSuccess) {
+		cudaGetLastError(); /* reported here, not by the next launch */
 		return st_error_set(-ENODEV, "comm nccl: cudaSetDevice(%d): %s",
 				    st_device_ordinal(d), cudaGetErrorString(e));
+	}
 	ret = nccl_world(p, cfg, &id);
 	if (ret < 0) {
 		nccl_world_close(p);
@@ -380,6 +382,11 @@ static int nccl_sync(struct st_comm *c)
 
 		if (e == cudaSuccess)
 			return 0;
+		/* NotReady is no error, and a failure is reported here: neither
+		 * may stay in the last-error state, where the next launch check
+		 * (cudaGetLastError() after every kernel) would take it for its
+		 * own failure */
+		cudaGetLastError();
 		if (e != cudaErrorNotReady)
 			return st_error_set(-EIO, "comm nccl: the comm's stream: %s",
 					    cudaGetErrorString(e));

@@ -78,6 +78,8 @@ static int cuda_open(struct st_device *d, struct st_device_config *cfg)
 	p->numa_node = -1;
 	if (cudaDeviceGetPCIBusId(busid, sizeof(busid), p->ordinal) == cudaSuccess)
 		p->numa_node = st_hwloc_numa_of_pci(busid);
+	else /* no NUMA hint: not an error, and nothing left for the next check */
+		cudaGetLastError();
 	return 0;
 }
 
@@ -86,8 +88,8 @@ static void cuda_close(struct st_device *d)
 	struct cuda_priv *p = (struct cuda_priv *)st_device_priv(d);
 
 	if (p->arena) {
-		cudaDeviceSynchronize();
-		cudaFree(p->arena);
+		CU_IGNORE(cudaDeviceSynchronize());
+		CU_IGNORE(cudaFree(p->arena));
 	}
 }
 
@@ -115,8 +117,8 @@ static int cuda_queue_create(struct st_device *d, struct st_queue **out)
 static void cuda_queue_destroy(struct st_device *d, struct st_queue *q)
 {
 	ST_UNUSED(d);
-	cudaStreamSynchronize(q->stream);
-	cudaStreamDestroy(q->stream);
+	CU_IGNORE(cudaStreamSynchronize(q->stream));
+	CU_IGNORE(cudaStreamDestroy(q->stream));
 	free(q);
 }
 
@@ -139,7 +141,7 @@ static int cuda_event_create(struct st_device *d, struct st_event **out)
 static void cuda_event_destroy(struct st_device *d, struct st_event *e)
 {
 	ST_UNUSED(d);
-	cudaEventDestroy(e->ev);
+	CU_IGNORE(cudaEventDestroy(e->ev));
 	free(e);
 }
 
@@ -241,7 +243,7 @@ static int cuda_pin_host(struct st_device *d, void *ptr, size_t bytes)
 static void cuda_unpin_host(struct st_device *d, void *ptr)
 {
 	ST_UNUSED(d);
-	cudaHostUnregister(ptr);
+	CU_IGNORE(cudaHostUnregister(ptr));
 }
 
 static int cuda_numa_node(struct st_device *d)

@@ -117,7 +117,7 @@ int st_cuda_lt_open(struct st_cuda_ctx *ctx)
 void st_cuda_lt_close(struct st_cuda_ctx *ctx)
 {
 	if (ctx->workspace)
-		cudaFree(ctx->workspace);
+		CU_IGNORE(cudaFree(ctx->workspace));
 	if (ctx->lt)
 		blas.Destroy(ctx->lt);
 }
@@ -414,7 +414,7 @@ static int gelu_epilogue_check(struct st_cuda_ctx *ctx)
 				     "in relative L2 norm: not used",
 				     sqrt(num[0] / den[0]), sqrt(num[1] / den[1]));
 	}
-	cudaFree(d);
+	CU_IGNORE(cudaFree(d));
 	free(h);
 	return rc;
 }

@@ -30,7 +30,7 @@ static int scratch_get(struct st_cuda_ctx *ctx, size_t bytes, void **out)
 		size_t want = st_align_up(bytes, (size_t)1 << 20);
 		CU_CHECK(cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
 		if (ctx->scratch)
-			cudaFree(ctx->scratch);
+			CU_IGNORE(cudaFree(ctx->scratch));
 		ctx->scratch = NULL;
 		ctx->scratch_bytes = 0;
 		CU_CHECK(cudaMalloc(&ctx->scratch, want), "cudaMalloc(scratch)");
