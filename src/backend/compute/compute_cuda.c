@@ -440,7 +440,7 @@ static int cu_span(struct st_compute *c, const char *name)
 	}
 	if (cc->nidle)
 		t = cc->idle[--cc->nidle];
-	else if ((rc = st_cuda_timer_create(&t)) < 0)
+	else if ((rc = st_cuda_timer_create(ctx_of(c), &t)) < 0)
 		return rc;
 	rc = st_cuda_timer_mark(ctx_of(c), t, 0);
 	if (rc < 0) {

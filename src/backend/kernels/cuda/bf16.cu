@@ -29,11 +29,11 @@ static int proj_fwd(struct st_cuda_ctx *ctx, const char *what, void *out, int ou
 		    int IC, int OC, int w_out_in)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	const int ta = w_out_in, lda = w_out_in ? IC : OC;
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || IC < 0 || OC < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 %s: bad shape", what);
 	if (N == 0 || OC == 0)
@@ -211,10 +211,10 @@ int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dwei
 			       int N, int C)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || C < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 layernorm_bwd: bad shape");
 	if (N == 0 || C == 0)
@@ -270,10 +270,10 @@ int st_cuda_bf16_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, uint16_t *out,
 			     int N, int C)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || C < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_fwd: bad shape");
 	if (N == 0 || C == 0)
@@ -293,10 +293,10 @@ int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweigh
 			     const uint16_t *weight, const float *rstd, int N, int C)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || C < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_bwd: bad shape");
 	if (N == 0 || C == 0)

@@ -175,12 +175,16 @@ struct st_cuda_timer {
 	cudaEvent_t ev[2]; /* start, stop: timing events */
 };
 
-int st_cuda_timer_create(struct st_cuda_timer **out)
+int st_cuda_timer_create(struct st_cuda_ctx *ctx, struct st_cuda_timer **out)
 {
-	struct st_cuda_timer *t = (struct st_cuda_timer *)calloc(1, sizeof(*t));
+	struct st_cuda_timer *t;
 	cudaError_t e;
+	int rc = ctx_enter(ctx); /* an event belongs to the current device */
 
 	*out = NULL;
+	if (rc)
+		return rc;
+	t = (struct st_cuda_timer *)calloc(1, sizeof(*t));
 	if (!t)
 		return st_error_set(-ENOMEM, "cuda: timer");
 	e = cudaEventCreate(&t->ev[0]);
@@ -327,12 +331,18 @@ int st_cuda_memcpy_async(struct st_cuda_ctx *ctx, void *dst, const void *src, si
 
 extern "C" int st_cuda_ctx_record(struct st_cuda_ctx *ctx, struct st_event *e)
 {
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
 	CU_CHECK(cudaEventRecord(st_cuda_event_of(e), st_cuda_ctx_stream(ctx)), "cudaEventRecord(compute)");
 	return 0;
 }
 
 extern "C" int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e)
 {
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
 	CU_CHECK(cudaStreamWaitEvent(st_cuda_ctx_stream(ctx), st_cuda_event_of(e), 0),
 		 "cudaStreamWaitEvent(compute)");
 	return 0;
