@@ -10,6 +10,12 @@
 
 #define BF_TOL 8e-3 /* relative L2 of a bf16 output: one rounding is ~2^-9 */
 
+/* The bf16 attention's shapes: head sizes the cuda compute runs (64 and
+ * 128, attention_bf16.cu; st_compute_cuda_supports_shape()), not
+ * compute_cases.h's 24: HC channels in HNH heads of 64, GQA heads of HQD
+ * (128), so both head sizes run. */
+enum { HC = 128, HNH = 2, HQD = 128 };
+
 static const struct op_case op_cases_bf16[] = {
 	{ "matmul_fwd bbbb", ST_OP_MATMUL_FWD,
 	  { B_(OUT, CN * COC, 0), B_(IN, CN * CIC, 1.0f), B_(IN, CIC * COC, 0.1f),
@@ -69,14 +75,14 @@ static const struct op_case op_cases_bf16[] = {
 	/* the attention of the bf16 path: the cuda side is the flash kernel
 	 * on tensor cores (mma.sync) */
 	{ "attention_fwd bfb", ST_OP_ATTENTION_FWD,
-	  { B_(OUT, CB * CT * CC, 0), F_(OUT, CB * CNH * CT, 0),
-	    B_(IN, CB * CT * 3 * CC, 2.0f) },
-	  { CB, CT, CC, CNH }, { 0 }, 0, BF_TOL },
+	  { B_(OUT, CB * CT * HC, 0), F_(OUT, CB * HNH * CT, 0),
+	    B_(IN, CB * CT * 3 * HC, 2.0f) },
+	  { CB, CT, HC, HNH }, { 0 }, 0, BF_TOL },
 	{ "attention_bwd bbbbf", ST_OP_ATTENTION_BWD,
-	  { B_(ACC, CB * CT * 3 * CC, 0.5f), B_(IN, CB * CT * CC, 1.0f),
-	    B_(IN, CB * CT * 3 * CC, 0.5f), B_(IN, CB * CT * CC, 1.0f),
-	    F_(IN, CB * CNH * CT, 1.0f) },
-	  { CB, CT, CC, CNH }, { 0 }, 0, BF_TOL },
+	  { B_(ACC, CB * CT * 3 * HC, 0.5f), B_(IN, CB * CT * HC, 1.0f),
+	    B_(IN, CB * CT * 3 * HC, 0.5f), B_(IN, CB * CT * HC, 1.0f),
+	    F_(IN, CB * HNH * CT, 1.0f) },
+	  { CB, CT, HC, HNH }, { 0 }, 0, BF_TOL },
 	/* LLaMA's bf16 path (src/model/llama.c at bf16): the norms read the fp32
 	 * residual stream and write bf16, their input gradients stay fp32 */
 	{ "rmsnorm_fwd bffb", ST_OP_RMSNORM_FWD,
@@ -121,17 +127,17 @@ static const struct op_case op_cases_bf16[] = {
 	  { F_(OUT, CB * CT * CC, 0), I_(CB * CT), B_(IN, CV * CC, 1.0f) },
 	  { CB * CT, CC }, { 0 }, CV, BF_TOL },
 	{ "gqa_attention_fwd bfbbb", ST_OP_GQA_ATTENTION_FWD,
-	  { B_(OUT, CB * CT * QH * QD, 0), F_(OUT, CB * QH * CT, 0),
-	    B_(IN, CB * CT * QH * QD, 2.0f), B_(IN, CB * CT * QKV * QD, 2.0f),
-	    B_(IN, CB * CT * QKV * QD, 2.0f) },
-	  { CB, CT, QH, QKV, QD }, { 0 }, 0, BF_TOL },
+	  { B_(OUT, CB * CT * QH * HQD, 0), F_(OUT, CB * QH * CT, 0),
+	    B_(IN, CB * CT * QH * HQD, 2.0f), B_(IN, CB * CT * QKV * HQD, 2.0f),
+	    B_(IN, CB * CT * QKV * HQD, 2.0f) },
+	  { CB, CT, QH, QKV, HQD }, { 0 }, 0, BF_TOL },
 	{ "gqa_attention_bwd bbbbbbbbf", ST_OP_GQA_ATTENTION_BWD,
-	  { B_(ACC, CB * CT * QH * QD, 1.0f), B_(ACC, CB * CT * QKV * QD, 1.0f),
-	    B_(ACC, CB * CT * QKV * QD, 1.0f), B_(IN, CB * CT * QH * QD, 1.0f),
-	    B_(IN, CB * CT * QH * QD, 0.5f), B_(IN, CB * CT * QKV * QD, 0.5f),
-	    B_(IN, CB * CT * QKV * QD, 0.5f), B_(IN, CB * CT * QH * QD, 1.0f),
+	  { B_(ACC, CB * CT * QH * HQD, 1.0f), B_(ACC, CB * CT * QKV * HQD, 1.0f),
+	    B_(ACC, CB * CT * QKV * HQD, 1.0f), B_(IN, CB * CT * QH * HQD, 1.0f),
+	    B_(IN, CB * CT * QH * HQD, 0.5f), B_(IN, CB * CT * QKV * HQD, 0.5f),
+	    B_(IN, CB * CT * QKV * HQD, 0.5f), B_(IN, CB * CT * QH * HQD, 1.0f),
 	    F_(IN, CB * QH * CT, 1.0f) },
-	  { CB, CT, QH, QKV, QD }, { 0 }, 0, BF_TOL },
+	  { CB, CT, QH, QKV, HQD }, { 0 }, 0, BF_TOL },
 	{ "f32_to_bf16", ST_OP_F32_TO_BF16, { B_(OUT, EN, 0), F_(IN, EN, 3.0f) }, { EN }, { 0 }, 0,
 	  0 },
 };

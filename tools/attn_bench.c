@@ -180,7 +180,7 @@ int main(int argc, char **argv)
 	if (rc)
 		die("st_cuda_ctx_create", rc);
 	struct st_cuda_timer *t;
-	if ((rc = st_cuda_timer_create(&t)))
+	if ((rc = st_cuda_timer_create(ctx, &t)))
 		die("st_cuda_timer_create", rc);
 	const int n = rounds * iters;
 	double *v[NV][NP];

@@ -96,6 +96,16 @@ struct st_compute_ops {
 	 * once: src must stay unchanged until an event recorded after it is
 	 * done. 0 or -errno. */
 	int (*from_host_async)(struct st_compute *c, void *dst, const void *src, size_t bytes);
+	/* Optional (absent: every shape of what supports() takes). Whether
+	 * run() takes op at its shapes (its integer parameters), once
+	 * supports() took its dtypes: a kernel that runs only some shapes
+	 * (the cuda bf16 attention: head size 64 or 128) says so here, so
+	 * that st_compute_run() refuses the record before anything is queued
+	 * and a model's precision check (st_model_precision_check()) refuses
+	 * the configuration before the first step. When it does not, one
+	 * short clause saying why goes to why (why_bytes > 0). Never fails. */
+	bool (*supports_shape)(const struct st_compute *c, const struct st_op *op, char *why,
+			       size_t why_bytes);
 };
 
 /* An instance: the table, the sticky error and the implementation's own
@@ -145,15 +155,18 @@ int st_compute_take_spans(struct st_compute *c, struct st_compute_span *out, int
 
 /* Run op on c, in call order: the one entry every op goes through (the
  * typed st_compute_<op>() below fill a record and call it). Skipped while
- * an error is sticky; an op c does not support (st_compute_supports())
- * sets -ENOTSUP as the sticky error and runs nothing; a failing run sets
- * its -errno. op is borrowed for the call only. */
+ * an error is sticky; an op c does not support (st_compute_supports_op():
+ * its dtypes, or its shapes) sets -ENOTSUP as the sticky error, with one
+ * line naming the op and why, and runs nothing; a failing run sets its
+ * -errno. op is borrowed for the call only. */
 void st_compute_run(struct st_compute *c, const struct st_op *op);
 /* Whether c runs op `kind` with these dtypes (dtypes[k] for slot k,
  * st_op_tensors(kind) of them). */
 bool st_compute_supports(const struct st_compute *c, enum st_op_kind kind,
 			 const enum st_dtype *dtypes);
-/* The same for the dtypes of op's tensors. */
+/* Whether c runs op as it is: the dtypes of its tensors and, where the
+ * compute runs only some shapes of an op (supports_shape), its shapes.
+ * What st_compute_run() checks. */
 bool st_compute_supports_op(const struct st_compute *c, const struct st_op *op);
 
 /* The typed conveniences: each fills a record (fp32 tensors, the

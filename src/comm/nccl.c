@@ -101,6 +101,7 @@ static int nccl_load(void)
 struct nccl_priv {
 	ncclComm_t comm;
 	cudaStream_t stream; /* the comm's queue */
+	int ordinal;         /* its GPU: entered before a launch on it */
 	int rank, world, local_rank;
 #ifdef ST_HAVE_MPI
 	bool mpi;     /* MPI made the world */
@@ -241,10 +242,13 @@ static int nccl_open(struct st_comm *c, const struct st_comm_config *cfg, int *r
 	if (ret < 0)
 		return ret;
 	p->stream = st_cuda_queue_stream(st_comm_queue(c));
-	e = cudaSetDevice(st_device_ordinal(d));
-	if (e != cudaSuccess)
+	p->ordinal = st_device_ordinal(d);
+	e = cudaSetDevice(p->ordinal);
+	if (e != cudaSuccess) {
+		cudaGetLastError(); /* reported here, not by the next launch */
 		return st_error_set(-ENODEV, "comm nccl: cudaSetDevice(%d): %s",
 				    st_device_ordinal(d), cudaGetErrorString(e));
+	}
 	ret = nccl_world(p, cfg, &id);
 	if (ret < 0) {
 		nccl_world_close(p);
@@ -340,9 +344,17 @@ static int nccl_reduce_local(struct st_comm *c, const void *in, void *out, size_
 {
 	struct nccl_priv *p = st_comm_priv(c);
 
+	cudaError_t e;
+
 	if (p->aborted)
 		return nccl_gone();
-
+	/* a launch goes to the calling thread's current device: the stream's */
+	e = cudaSetDevice(p->ordinal);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		return st_error_set(-ENODEV, "comm nccl: cudaSetDevice(%d): %s", p->ordinal,
+				    cudaGetErrorString(e));
+	}
 	return st_comm_cuda_fold(in, out, count_elems, terms, st_comm_dtype_bytes(dt), p->stream);
 }
 
@@ -380,6 +392,11 @@ static int nccl_sync(struct st_comm *c)
 
 		if (e == cudaSuccess)
 			return 0;
+		/* NotReady is no error, and a failure is reported here: neither
+		 * may stay in the last-error state, where the next launch check
+		 * (cudaGetLastError() after every kernel) would take it for its
+		 * own failure */
+		cudaGetLastError();
 		if (e != cudaErrorNotReady)
 			return st_error_set(-EIO, "comm nccl: the comm's stream: %s",
 					    cudaGetErrorString(e));

@@ -72,6 +72,8 @@ void st_engine_destroy(struct st_engine *e)
 	st_comm_destroy(e->comm);
 	st_eng_zero_fini(e);
 	st_compute_destroy(e->cx);
+	if (e->batch.host_pinned)
+		st_device_unpin_host(e->dev, e->batch.tokens_buf[0]);
 	st_device_destroy(e->dev);
 	st_plan_fini(&e->plan);
 	st_model_destroy(e->model);
@@ -378,6 +380,14 @@ static int setup_pools(struct st_engine *e)
 			e->act.saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
 	e->batch.tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->batch.targets = vpool(e, ST_POOL_TARGETS, -1, 0);
+	/* their host side pinned where the device pins (st_engine_destroy()
+	 * unpins), as the host tier's memory: the copies are queued and not
+	 * waited for (engine_step.c) */
+	ret = st_device_pin_host(e->dev, e->batch.tokens_buf[0], e->batch.host_bytes);
+	if (ret < 0)
+		return st_error_set(ret, "engine: pinning the batch's host tokens: %s",
+				    st_error_last());
+	e->batch.host_pinned = true;
 	e->grad.landing = hpool(e, ST_POOL_LANDING, 0);
 	e->grad.stage = hpool(e, ST_POOL_GSTAGE, 0);
 	e->zero.scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
@@ -483,11 +493,16 @@ static int setup_units(struct st_engine *e)
 	e->shards = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->shards));
 	e->grad.unit_sumsq = calloc((size_t)e->n_units, sizeof(double));
 	e->fetch.seq = calloc(2 * (size_t)e->n_units, sizeof(int));
-	/* tokens and targets, two of each: [tok0 | tgt0 | tok1 | tgt1] */
-	e->batch.tokens_buf[0] = calloc(4 * (size_t)c->batch * c->seq, sizeof(int32_t));
+	/* tokens and targets, two of each: [tok0 | tgt0 | tok1 | tgt1], whole
+	 * pages (setup_pools() pins them) */
+	e->batch.host_bytes =
+		st_align_up(4 * (size_t)c->batch * c->seq * sizeof(int32_t), ST_PAGE_BYTES);
+	if (posix_memalign((void **)&e->batch.tokens_buf[0], ST_PAGE_BYTES, e->batch.host_bytes))
+		e->batch.tokens_buf[0] = NULL;
 	if (!e->unit_elems || !e->shards || !e->grad.unit_sumsq || !e->fetch.seq ||
 	    !e->batch.tokens_buf[0])
 		return -ENOMEM;
+	memset(e->batch.tokens_buf[0], 0, e->batch.host_bytes);
 	for (int i = 0; i < 2; i++) {
 		e->batch.tokens_buf[i] = e->batch.tokens_buf[0] + (size_t)2 * i * c->batch * c->seq;
 		e->batch.targets_buf[i] = e->batch.tokens_buf[i] + (size_t)c->batch * c->seq;

@@ -291,11 +291,16 @@ struct sums_state {
  * targets_host (host), then copied to vram on the compute's queue, not
  * waited for: two pairs in turn (tokens_buf[i], targets_buf[i]), each
  * reused once the event recorded after its copies (ev_copied[i]) is
- * done. */
+ * done. The four host buffers are one page-aligned allocation
+ * (host_bytes), pinned where the device pins (host_pinned), so that the
+ * queued copies are asynchronous: from pageable memory a cudaMemcpyAsync
+ * may block the host until it is done. */
 struct batch_state {
 	int32_t *tokens, *targets;    /* vram */
 	int32_t *tokens_host, *targets_host;
 	int32_t *tokens_buf[2], *targets_buf[2];
+	size_t host_bytes;
+	bool host_pinned;
 	struct st_event *ev_copied[2];
 	unsigned turn;
 };

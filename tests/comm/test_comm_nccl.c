@@ -220,6 +220,10 @@ int main(int argc, char **argv)
 		check_collectives(&w, ST_COMM_BF16, counts[ci], 30 + ci);
 	}
 	check_kernel(&w);
+	/* st_comm_sync() polls the stream: its cudaErrorNotReady must not be
+	 * left for the next launch check to report */
+	CHECK(cudaPeekAtLastError() == cudaSuccess, "a polled sync left %s behind",
+	      cudaGetErrorName(cudaPeekAtLastError()));
 	if (w.n > 1) {
 		/* All-to-all in place is refused at world > 1, and sticks. */
 		float *a = take(&w, (size_t)w.n * 16 * sizeof(float));

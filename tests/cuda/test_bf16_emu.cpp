@@ -5,7 +5,11 @@
 // kernels on widened operands, outputs rounded once): bf16 outputs within
 // one bf16 ulp of the cpu's (a different fp32 summation order may cross a
 // rounding boundary) and, in relative L2 norm, within 2^-8; fp32 outputs
-// to 1e-5. Outputs start as NaN, so a missed element shows. The cuBLASLt
+// to 1e-5. Outputs start as NaN, so a missed element shows. The column
+// sums (dbias, the norms' dweight) are ops.cu's two passes over a bf16 or
+// fp32 dout, held to the cpu at 1e-5 and to the one-thread-a-column sums
+// they replaced: bit for bit where the order is the same (a plain sum of
+// at most ST_CUDA_COL_LANES rows), else 1e-5. The cuBLASLt
 // matmuls cannot run here: tests/cuda/test_cuda_bf16.c holds them on a GPU.
 // Needs no GPU and no nvcc.
 #include <cmath>
@@ -118,6 +122,61 @@ static void cpu(struct st_op op)
 
 static const dim3 ELEM(ST_CUDA_ELEM_BLOCK), ROW(ST_CUDA_ROW_BLOCK);
 
+// ops.cu's st_cuda_colsum() over a bf16 or fp32 g, launched the same way;
+// the partial sums start as NaN (a chunk not written shows).
+template <typename TG>
+static void emu_colsum(float *out1, float *out2, const TG *g, const float *inp,
+		       const float *mean, const float *rstd, int N, int C)
+{
+	if (N == 0 || C == 0 || (!out1 && !out2))
+		return;
+	const int n_chunks = colsum_chunks(N);
+	const size_t part_elems = (size_t)n_chunks * C;
+	std::vector<float> scratch(2 * part_elems, NAN);
+	float *p1 = scratch.data(), *p2 = p1 + part_elems;
+	emu_launch(k_colsum_partial<TG>, colsum_grid(C, n_chunks), colsum_block(), p1,
+		   inp ? p2 : (float *)NULL, g, inp, mean, rstd, N, C, n_chunks);
+	const unsigned fg = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
+	if (out1)
+		emu_launch(k_colsum_final, fg, ELEM, out1, (const float *)p1, C, n_chunks);
+	if (out2 && inp)
+		emu_launch(k_colsum_final, fg, ELEM, out2, (const float *)p2, C, n_chunks);
+}
+
+// What the bf16 path ran before the two passes: one thread a column, the
+// rows in order (out1 += sum g; out2 += sum g * (inp - mean) * rstd).
+template <typename TG>
+static void rows_colsum(float *out1, float *out2, const TG *g, const float *inp,
+			const float *mean, const float *rstd, int N, int C)
+{
+	for (int c = 0; c < C; c++) {
+		float sw = 0.0f, sb = 0.0f;
+		for (int n = 0; n < N; n++) {
+			size_t i = (size_t)n * C + c;
+			float gv = ld_f(g, i);
+			if (inp)
+				sw += gv * (mean ? inp[i] - mean[n] : inp[i]) * rstd[n];
+			sb += gv;
+		}
+		if (out1)
+			out1[c] += sb;
+		if (out2 && inp)
+			out2[c] += sw;
+	}
+}
+
+// got and ref the same bits
+static void same_bits(const char *what, const vf &got, const vf &ref)
+{
+	if (got.size() != ref.size() || memcmp(got.data(), ref.data(), 4 * got.size())) {
+		fprintf(stderr, "FAIL %s: not the same bits\n", what);
+		fails++;
+		return;
+	}
+	if (!getenv("ST_QUIET"))
+		printf("ok   %-34s n=%-7zu bit for bit\n", what, got.size());
+}
+
 static void check_layernorm(int N, int C)
 {
 	vf x = rf((size_t)N * C, 2.0f);
@@ -139,26 +198,26 @@ static void check_layernorm(int N, int C)
 		vb doutb = rb((size_t)N * C, 1.0f);
 		vf doutf = rf((size_t)N * C, 1.0f);
 		vf dx = rf((size_t)N * C, 0.5f), dw = rf(C, 0.5f), db = rf(C, 0.5f);
-		vf rdx = dx, rdw = dw, rdb = db;
+		vf rdx = dx, rdw = dw, rdb = db, odw = dw, odb = db;
 
 		if (df) {
 			emu_launch(k_layernorm_bwd_dinp_b<float>, grid_warp_rows(N), ROW, dx.data(),
 				   (const float *)doutf.data(), (const float *)x.data(),
 				   (const uint16_t *)w.data(), (const float *)rmean.data(),
 				   (const float *)rrstd.data(), N, C);
-			emu_launch(k_layernorm_bwd_dw_b<float>, grid_for(C, ST_CUDA_ELEM_BLOCK), ELEM,
-				   dw.data(), db.data(), (const float *)doutf.data(),
-				   (const float *)x.data(), (const float *)rmean.data(),
-				   (const float *)rrstd.data(), N, C);
+			emu_colsum(db.data(), dw.data(), doutf.data(), x.data(), rmean.data(),
+				   rrstd.data(), N, C);
+			rows_colsum(odb.data(), odw.data(), doutf.data(), x.data(), rmean.data(),
+				    rrstd.data(), N, C);
 		} else {
 			emu_launch(k_layernorm_bwd_dinp_b<uint16_t>, grid_warp_rows(N), ROW, dx.data(),
 				   (const uint16_t *)doutb.data(), (const float *)x.data(),
 				   (const uint16_t *)w.data(), (const float *)rmean.data(),
 				   (const float *)rrstd.data(), N, C);
-			emu_launch(k_layernorm_bwd_dw_b<uint16_t>, grid_for(C, ST_CUDA_ELEM_BLOCK),
-				   ELEM, dw.data(), db.data(), (const uint16_t *)doutb.data(),
-				   (const float *)x.data(), (const float *)rmean.data(),
-				   (const float *)rrstd.data(), N, C);
+			emu_colsum(db.data(), dw.data(), doutb.data(), x.data(), rmean.data(),
+				   rrstd.data(), N, C);
+			rows_colsum(odb.data(), odw.data(), doutb.data(), x.data(), rmean.data(),
+				    rrstd.data(), N, C);
 		}
 		cpu({ .kind = ST_OP_LAYERNORM_BWD,
 		      .t = { TF(rdx), TF(rdw), TF(rdb), df ? TF(doutf) : TB(doutb), TF(x), TB(w),
@@ -168,6 +227,18 @@ static void check_layernorm(int N, int C)
 		close_f(df ? "layernorm_bwd fffffbff dweight" : "layernorm_bwd fffbfbff dweight", dw,
 			rdw);
 		close_f(df ? "layernorm_bwd fffffbff dbias" : "layernorm_bwd fffbfbff dbias", db, rdb);
+		// against the one-thread-a-column sums they replace: the same
+		// bits where the order is the same (a plain sum of at most
+		// COL_LANES rows: one row a lane, the lanes in row order);
+		// otherwise the order of the fp32 additions differs, so 1e-5 as
+		// against the cpu
+		if (N <= ST_CUDA_COL_LANES)
+			same_bits(df ? "layernorm_bwd dbias = rows (fp32)" : "layernorm_bwd dbias = rows (bf16)",
+				  db, odb);
+		close_f(df ? "layernorm_bwd dweight ~ rows (fp32)" : "layernorm_bwd dweight ~ rows (bf16)",
+			dw, odw);
+		close_f(df ? "layernorm_bwd dbias ~ rows (fp32)" : "layernorm_bwd dbias ~ rows (bf16)", db,
+			odb);
 	}
 }
 
@@ -215,16 +286,21 @@ static void check_embedding(int B, int T, int C, int V)
 static void check_matmul_parts(int N, int IC, int OC)
 {
 	vb dout = rb((size_t)N * OC, 1.0f), inp = rb((size_t)N * IC, 1.0f), w = rb((size_t)IC * OC, 0.3f);
-	vf db = rf(OC, 0.5f), rdb = db;
+	vf db = rf(OC, 0.5f), rdb = db, odb = db;
 
-	emu_launch(k_colsum_b, grid_for(OC, ST_CUDA_ELEM_BLOCK), ELEM, db.data(),
-		   (const uint16_t *)dout.data(), N, OC);
+	emu_colsum(db.data(), (float *)NULL, dout.data(), (const float *)NULL, (const float *)NULL,
+		   (const float *)NULL, N, OC);
+	rows_colsum(odb.data(), (float *)NULL, dout.data(), (const float *)NULL, (const float *)NULL,
+		    (const float *)NULL, N, OC);
 	cpu({ .kind = ST_OP_MATMUL_BWD,
 	      .t = { st_tensor_1d(NULL, ST_DTYPE_BF16, (int64_t)N * IC),
 		     st_tensor_1d(NULL, ST_DTYPE_F32, (int64_t)IC * OC), TF(rdb), TB(dout), TB(inp),
 		     TB(w) },
 	      .i = { N, IC, OC } });
 	close_f("matmul_bwd bffbbb dbias (colsum)", db, rdb);
+	if (N <= ST_CUDA_COL_LANES)
+		same_bits("matmul_bwd dbias = rows", db, odb);
+	close_f("matmul_bwd dbias ~ rows", db, odb);
 
 	vb bias = rb(OC, 1.0f);
 	vb rows = nan_b((size_t)N * OC), rrows((size_t)N * OC);
@@ -277,29 +353,32 @@ static void check_rmsnorm(int N, int C)
 		vb doutb = rb((size_t)N * C, 1.0f);
 		vf doutf = rf((size_t)N * C, 1.0f);
 		vf dx = rf((size_t)N * C, 0.5f), dw = rf(C, 0.5f);
-		vf rdx = dx, rdw = dw;
-		unsigned gc = grid_for(C, ST_CUDA_ELEM_BLOCK);
+		vf rdx = dx, rdw = dw, odw = dw;
 
 		if (df) {
 			emu_launch(k_rmsnorm_bwd_dinp<float, uint16_t>, grid_warp_rows(N), ROW,
 				   dx.data(), (const float *)doutf.data(), (const float *)x.data(),
 				   (const uint16_t *)w.data(), (const float *)rrstd.data(), N, C);
-			emu_launch(k_layernorm_bwd_dw_b<float>, gc, ELEM, dw.data(), (float *)NULL,
-				   (const float *)doutf.data(), (const float *)x.data(),
-				   (const float *)NULL, (const float *)rrstd.data(), N, C);
+			emu_colsum((float *)NULL, dw.data(), doutf.data(), x.data(), (const float *)NULL,
+				   rrstd.data(), N, C);
+			rows_colsum((float *)NULL, odw.data(), doutf.data(), x.data(),
+				    (const float *)NULL, rrstd.data(), N, C);
 		} else {
 			emu_launch(k_rmsnorm_bwd_dinp<uint16_t, uint16_t>, grid_warp_rows(N), ROW,
 				   dx.data(), (const uint16_t *)doutb.data(), (const float *)x.data(),
 				   (const uint16_t *)w.data(), (const float *)rrstd.data(), N, C);
-			emu_launch(k_layernorm_bwd_dw_b<uint16_t>, gc, ELEM, dw.data(), (float *)NULL,
-				   (const uint16_t *)doutb.data(), (const float *)x.data(),
-				   (const float *)NULL, (const float *)rrstd.data(), N, C);
+			emu_colsum((float *)NULL, dw.data(), doutb.data(), x.data(), (const float *)NULL,
+				   rrstd.data(), N, C);
+			rows_colsum((float *)NULL, odw.data(), doutb.data(), x.data(),
+				    (const float *)NULL, rrstd.data(), N, C);
 		}
 		cpu({ .kind = ST_OP_RMSNORM_BWD,
 		      .t = { TF(rdx), TF(rdw), df ? TF(doutf) : TB(doutb), TF(x), TB(w), TF(rrstd) },
 		      .i = { N, C } });
 		close_f(df ? "rmsnorm_bwd ffffbf dinp" : "rmsnorm_bwd ffbfbf dinp", dx, rdx);
 		close_f(df ? "rmsnorm_bwd ffffbf dweight" : "rmsnorm_bwd ffbfbf dweight", dw, rdw);
+		close_f(df ? "rmsnorm_bwd dweight ~ rows (fp32)" : "rmsnorm_bwd dweight ~ rows (bf16)",
+			dw, odw);
 	}
 }
 
@@ -362,9 +441,11 @@ int main(void)
 {
 	check_layernorm(37, 96);
 	check_layernorm(5, 33); /* a row shorter than two warps' worth, odd */
+	check_layernorm(300, 40); /* two row chunks of the column sums */
 	check_gelu(10007);
 	check_embedding(2, 19, 40, 53);
 	check_matmul_parts(300, 24, 72);
+	check_matmul_parts(7, 24, 72); /* the rows' order: the same bits */
 	check_rmsnorm(37, 96);
 	check_rmsnorm(5, 33);
 	check_rope(2, 19, 3, 16, 56, 0, 0, 10000.0f, 1.0f, 1.0f, 1.0f);

@@ -1,6 +1,7 @@
 /* cuda device tests: the same stream/event semantics as the cpu device
  * (tests/device/device_checks.h), a vram tier round trip through the cuda
- * arena, and the host tier pinned through the device.
+ * arena, the host tier pinned through the device, and no status the
+ * device drops left behind in CUDA's last-error state.
  *
  * Without a GPU or driver, opening the device is -ENODEV and the program
  * exits 77 (skipped). The arena is device memory: nothing here dereferences
@@ -13,6 +14,7 @@
 
 #include "cuda_probe.h"
 
+#include <cuda_runtime_api.h>
 #include <stdio.h>
 
 #include "device_checks.h"
@@ -266,6 +268,37 @@ static void test_host_tier_pinned(void **state)
 	free(ref);
 }
 
+/* A CUDA status the device drops (a pointer it never pinned, an event
+ * not yet reached) leaves nothing in the thread's last-error state: every
+ * launch check reads cudaGetLastError(), and would take it for its own. */
+static void test_ignored_status_cleared(void **state)
+{
+	struct dc_ctx *c = *state;
+	struct st_device *d = c->dev;
+	void *never = xalign(ST_PAGE_BYTES);
+	struct st_queue *q;
+	struct st_event *e;
+
+	assert_int_equal(cudaGetLastError(), cudaSuccess);
+	/* cudaHostUnregister fails: cudaErrorHostMemoryNotRegistered */
+	st_device_unpin_host(d, never);
+	assert_int_equal(cudaPeekAtLastError(), cudaSuccess);
+	/* a query, whether or not the copy is done (not timed: either way
+	 * the state must be clean) */
+	assert_int_equal(st_queue_create(d, &q), 0);
+	assert_int_equal(st_event_create(d, &e), 0);
+	assert_int_equal(st_device_memcpy_async(d, q, st_device_arena(d, NULL), never,
+						ST_PAGE_BYTES, ST_COPY_H2D),
+			 0);
+	assert_int_equal(st_event_record(d, e, q), 0);
+	assert_true(st_event_query(d, e) >= 0);
+	assert_int_equal(cudaPeekAtLastError(), cudaSuccess);
+	assert_int_equal(st_event_sync(d, e), 0);
+	st_event_destroy(d, e);
+	st_queue_destroy(d, q);
+	free(never);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -275,6 +308,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_vram_budget_over_arena, cuda_setup,
 						cuda_teardown),
 		cmocka_unit_test_setup_teardown(test_host_tier_pinned, cuda_setup, cuda_teardown),
+		cmocka_unit_test_setup_teardown(test_ignored_status_cleared, cuda_setup,
+						cuda_teardown),
 	};
 	int ret = st_test_cuda_probe(&cuda_ops);
 

@@ -954,7 +954,7 @@ static void test_ctx_events(void **state)
 	 * then a span of the host clock that ends no later than now */
 	struct st_cuda_timer *t = NULL;
 	uint64_t t0 = 0, t1 = 0, before = st_now_ns();
-	check_rc(st_cuda_timer_create(&t), "timer");
+	check_rc(st_cuda_timer_create(ctx, &t), "timer");
 	check_rc(st_cuda_timer_mark(ctx, t, 0), "timer start");
 	check_rc(st_cuda_memset_async(ctx, A, 0x22, bytes), "timed memset");
 	check_rc(st_cuda_timer_mark(ctx, t, 1), "timer stop");

@@ -220,7 +220,7 @@ static void emu_colsum(float *out1, float *out2, const float *g, const float *in
 	const size_t part_elems = (size_t)n_chunks * C;
 	std::vector<float> scratch(2 * part_elems, NAN);
 	float *p1 = scratch.data(), *p2 = p1 + part_elems;
-	emu_launch(k_colsum_partial, colsum_grid(C, n_chunks), colsum_block(), p1,
+	emu_launch(k_colsum_partial<float>, colsum_grid(C, n_chunks), colsum_block(), p1,
 		   inp ? p2 : (float *)NULL, g, inp, mean, rstd, N, C, n_chunks);
 	const unsigned fg = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
 	if (out1)

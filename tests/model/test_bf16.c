@@ -13,12 +13,14 @@
 
 #include "strata/compute.h"
 #include "strata/kernels.h"
+#include "compute_internal.h"
 #include "kernels_bf16.h"
 #include "strata/model.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -633,6 +635,115 @@ static void test_precision_check(void **state)
 	st_model_destroy(m);
 }
 
+/* A compute that runs what the cpu does, but the bf16 attention ops only
+ * at head size 64 or 128 (its supports_shape hook: the cuda compute's
+ * rule, st_compute_cuda_supports_shape(), where the build has it). The
+ * dtypes alone let every record through: only the shapes refuse. */
+static bool heads_shape(const struct st_compute *c, const struct st_op *op, char *why,
+			size_t why_bytes)
+{
+	(void)c;
+#ifdef ST_HAVE_CUDA
+	return st_compute_cuda_supports_shape(op, why, why_bytes);
+#else
+	int64_t hs;
+
+	if ((op->kind == ST_OP_ATTENTION_FWD || op->kind == ST_OP_ATTENTION_BWD) &&
+	    op->t[2].dtype == ST_DTYPE_BF16)
+		hs = op->i[2] / op->i[3];
+	else if (op->kind == ST_OP_GQA_ATTENTION_FWD && op->t[2].dtype == ST_DTYPE_BF16)
+		hs = op->i[4];
+	else if (op->kind == ST_OP_GQA_ATTENTION_BWD && op->t[4].dtype == ST_DTYPE_BF16)
+		hs = op->i[4];
+	else
+		return true;
+	if (hs == 64 || hs == 128)
+		return true;
+	snprintf(why, why_bytes, "head size %lld", (long long)hs);
+	return false;
+#endif
+}
+
+static bool cpu_supports(const struct st_compute *c, enum st_op_kind kind,
+			 const enum st_dtype *dt)
+{
+	(void)c;
+	return st_compute_supports(st_compute_cpu(), kind, dt);
+}
+
+/* The precision check refuses, before any step, a bf16 model whose
+ * attention the compute runs at its dtypes but not at its head size (one
+ * line naming the op and the head size), and passes the same family at a
+ * head size the compute runs, and at fp32. The dry compute the check runs
+ * on must ask the real one's shape rule for that (without it the check
+ * passes and the step fails on the GPU). */
+static void test_precision_check_shapes(void **state)
+{
+	(void)state;
+	static const struct st_compute_ops heads_ops = {
+		.name = "heads", .run = nop_run, .supports = cpu_supports, .sync = nop,
+		.destroy = nop_destroy, .to_host = nop_copy, .from_host = nop_copy,
+		.supports_shape = heads_shape,
+	};
+	struct st_compute heads = { .ops = &heads_ops };
+	static const struct {
+		const char *model, *op;
+		bool ok;
+	} rows[] = {
+		{ "layers=1,dim=64,heads=4,vocab=300,ctx=32", "attention_fwd", false }, /* 16 */
+		{ "layers=1,dim=96,heads=4,vocab=300,ctx=32", "attention_fwd", false }, /* 24 */
+		{ "layers=1,dim=64,heads=1,vocab=300,ctx=32", NULL, true },             /* 64 */
+		{ "layers=1,dim=256,heads=2,vocab=300,ctx=32", NULL, true },            /* 128 */
+		{ "llama:layers=1,dim=64,heads=4,kv-heads=2,ffn=96,vocab=300,ctx=32",
+		  "gqa_attention_fwd", false },
+		{ "llama:layers=1,dim=128,heads=2,kv-heads=1,ffn=96,vocab=300,ctx=32", NULL, true },
+	};
+
+	for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+		struct st_model_config cfg;
+		struct st_model *m;
+
+		assert_int_equal(st_model_config_parse(rows[r].model, &cfg), 0);
+		assert_int_equal(st_model_create(&cfg, &m), 0);
+		st_model_set_compute(m, &heads);
+		assert_int_equal(st_model_precision_check(m), 0); /* fp32: no bf16 attention */
+		assert_int_equal(st_model_set_precision(m, ST_PRECISION_BF16), 0);
+		if (rows[r].ok) {
+			if (st_model_precision_check(m) != 0)
+				fail_msg("%s: refused: %s", rows[r].model, st_error_last());
+		} else {
+			char hs[32];
+
+			snprintf(hs, sizeof(hs), "head size %d", cfg.dim / cfg.n_head);
+			assert_int_equal(st_model_precision_check(m), 0 - ENOTSUP);
+			if (!strstr(st_error_last(), rows[r].op) || !strstr(st_error_last(), hs) ||
+			    !strstr(st_error_last(), "'heads'") ||
+			    !strstr(st_error_last(), "--compute-dtype bf16") ||
+			    strchr(st_error_last(), '\n'))
+				fail_msg("%s: the refusal is not one line naming %s and %s: %s",
+					 rows[r].model, rows[r].op, hs, st_error_last());
+		}
+		st_model_destroy(m);
+	}
+
+	/* the seam itself: supports_op and run see the shape, supports() does not */
+	enum { B = 1, T = 4, C = 64, NH = 4 };
+	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
+			    .t = { st_tensor_1d(NULL, ST_DTYPE_BF16, B * T * C),
+				   st_tensor_1d(NULL, ST_DTYPE_F32, B * NH * T),
+				   st_tensor_1d(NULL, ST_DTYPE_BF16, B * T * 3 * C) },
+			    .i = { B, T, C, NH } };
+	enum st_dtype dt[3] = { ST_DTYPE_BF16, ST_DTYPE_F32, ST_DTYPE_BF16 };
+
+	assert_true(st_compute_supports(&heads, op.kind, dt));
+	assert_false(st_compute_supports_op(&heads, &op));
+	st_compute_run(&heads, &op);
+	assert_int_equal(st_compute_take_error(&heads), 0 - ENOTSUP);
+	assert_non_null(strstr(st_error_last(), "at this shape: head size 16"));
+	op.i[3] = 1; /* head size 64 */
+	assert_true(st_compute_supports_op(&heads, &op));
+}
+
 /* ---- the head's fused op ------------------------------------------------------------- */
 
 /* The cpu compute, counting HEAD_CROSSENTROPY records (wrap_ops) or
@@ -752,6 +863,7 @@ int main(void)
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_precision_check),
+		cmocka_unit_test(test_precision_check_shapes),
 		cmocka_unit_test(test_head_fused_bits),
 	};
 

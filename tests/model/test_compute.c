@@ -129,6 +129,47 @@ static void test_bf16_rows_direct_vs_queued(void **state)
 	}
 }
 
+/* The bf16 rows are shapes the cuda compute runs (so tests/cuda/
+ * test_cuda_bf16.c runs every one of them on a GPU): its shape rule,
+ * st_compute_cuda_supports_shape(), needs no GPU. The bf16 attention at
+ * compute_cases.h's head size of 24 is what it refuses. */
+static void test_bf16_rows_cuda_shapes(void **state)
+{
+	(void)state;
+#ifdef ST_HAVE_CUDA
+	char why[160];
+
+	for (size_t r = 0; r < N_OP_CASES_BF16; r++) {
+		const struct op_case *c = &op_cases_bf16[r];
+		void *a[ST_OP_MAX_TENSORS];
+		struct st_op op;
+
+		case_fill(c, r + 1, a, &op);
+		why[0] = '\0';
+		if (!st_compute_cuda_supports_shape(&op, why, sizeof(why)))
+			fail_msg("%s: a shape the cuda compute does not run: %s", c->what, why);
+		case_free(a);
+	}
+	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
+			    .t = { st_tensor_1d(NULL, ST_DTYPE_BF16, CB * CT * CC),
+				   st_tensor_1d(NULL, ST_DTYPE_F32, CB * CNH * CT),
+				   st_tensor_1d(NULL, ST_DTYPE_BF16, CB * CT * 3 * CC) },
+			    .i = { CB, CT, CC, CNH } };
+	assert_false(st_compute_cuda_supports_shape(&op, why, sizeof(why)));
+	assert_non_null(strstr(why, "head size 24"));
+	op.t[2].dtype = op.t[0].dtype = ST_DTYPE_F32; /* the fp32 attention: any head size */
+	assert_true(st_compute_cuda_supports_shape(&op, why, sizeof(why)));
+	struct st_op g = { .kind = ST_OP_GQA_ATTENTION_BWD, .i = { CB, CT, QH, QKV, QD } };
+	for (int k = 0; k < 9; k++)
+		g.t[k].dtype = k == 8 ? ST_DTYPE_F32 : ST_DTYPE_BF16;
+	assert_false(st_compute_cuda_supports_shape(&g, why, sizeof(why)));
+	g.i[4] = 64;
+	assert_true(st_compute_cuda_supports_shape(&g, why, sizeof(why)));
+#else
+	skip();
+#endif
+}
+
 /* The typed conveniences fill the same records as the rows: the model's
  * path and the seam's agree (a spot check on two ops). */
 static void test_typed_is_run(void **state)
@@ -407,6 +448,7 @@ int main(void)
 		cmocka_unit_test(test_rows_cover_every_op),
 		cmocka_unit_test(test_direct_vs_queued),
 		cmocka_unit_test(test_bf16_rows_direct_vs_queued),
+		cmocka_unit_test(test_bf16_rows_cuda_shapes),
 		cmocka_unit_test(test_typed_is_run),
 		cmocka_unit_test(test_supports),
 		cmocka_unit_test(test_ring_wraps),

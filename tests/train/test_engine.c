@@ -912,14 +912,6 @@ static const char *const llama_models[] = {
 	"rope-theta=500000,rope-scaling=llama3:8:1:4:16",
 };
 
-/* The same two at head size 64 and 128 for bf16 on the cuda device, whose
- * tensor-core attention takes only those (attention_bf16.cu). */
-static const char *const llama_models_cuda_bf16[] = {
-	"llama:layers=2,dim=128,heads=2,kv-heads=1,ffn=96,vocab=256,ctx=64,bias=1,tied=1",
-	"llama:layers=2,dim=256,heads=2,kv-heads=1,ffn=80,vocab=300,ctx=64,tied=0,"
-	"rope-theta=500000,rope-scaling=llama3:8:1:4:16",
-};
-
 static void test_llama_placement(void **state)
 {
 	struct st_engine_config c;
@@ -964,13 +956,21 @@ static void test_llama_placement(void **state)
 	}
 }
 
+/* LLaMA at bf16: llama_models' shapes at head size 64, which the cuda
+ * compute's bf16 attention runs (64 or 128; the precision check refuses
+ * 16 there), so that `--device cuda` runs this test too. */
+static const char *const llama_bf16_models[] = {
+	"llama:layers=2,dim=64,heads=1,kv-heads=1,ffn=96,vocab=256,ctx=64,bias=1,tied=1",
+	"llama:layers=2,dim=128,heads=2,kv-heads=1,ffn=80,vocab=300,ctx=64,tied=0,"
+	"rope-theta=500000,rope-scaling=llama3:8:1:4:16",
+};
+
 /* LLaMA at --compute-dtype bf16 (src/model/llama.c at bf16): the same bits
  * whatever the placement, prefetch depth, thread count and recompute, and
- * a loss near fp32's but not equal to it (bf16 ran). On cuda, at head
- * sizes its bf16 attention takes. */
+ * a loss near fp32's but not equal to it (bf16 ran); at head size 64, so
+ * that the cuda device runs it too. */
 static void test_llama_bf16(void **state)
 {
-	const bool cuda = strcmp(device, "cuda") == 0;
 	struct st_engine_config c;
 	struct run ref, f32;
 	static const struct {
@@ -990,12 +990,8 @@ static void test_llama_bf16(void **state)
 	};
 
 	(void)state;
-	_Static_assert(ST_ARRAY_LEN(llama_models) == ST_ARRAY_LEN(llama_models_cuda_bf16),
-		       "a cuda shape for each LLaMA model");
-	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_models); mi++) {
-		const char *model = cuda ? llama_models_cuda_bf16[mi] : llama_models[mi];
-
-		model_config(&c, model);
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(llama_bf16_models); mi++) {
+		model_config(&c, llama_bf16_models[mi]);
 		c.params = ST_OFFLOAD_NONE;
 		c.optim = ST_OFFLOAD_HOST;
 		train(&c, STEPS, &f32);
@@ -1006,7 +1002,7 @@ static void test_llama_bf16(void **state)
 			assert_true(ref.loss[s] != f32.loss[s]);
 		}
 		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
-			model_config(&c, model);
+			model_config(&c, llama_bf16_models[mi]);
 			c.compute_dtype = ST_PRECISION_BF16;
 			c.params = cases[i].params;
 			c.optim = cases[i].optim;
@@ -1642,8 +1638,8 @@ static void test_strict_same_bits(void **state)
 		struct st_engine_config c;
 		struct run strict, cpu;
 
-		if (cases[i].model)
-			model_config(&c, llama_models[0]);
+		if (cases[i].model) /* bf16: a head size the cuda compute runs */
+			model_config(&c, cases[i].bf16 ? llama_bf16_models[1] : llama_models[0]);
 		else
 			base_config(&c);
 		c.params = cases[i].params;

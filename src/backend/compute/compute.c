@@ -37,6 +37,16 @@ void st_compute_destroy(struct st_compute *c)
 		c->ops->destroy(c);
 }
 
+/* Whether c runs op at its shapes (the optional supports_shape hook);
+ * why gets the reason when not. */
+static bool shape_ok(const struct st_compute *c, const struct st_op *op, char *why,
+		     size_t why_bytes)
+{
+	assert(why && why_bytes > 0);
+	why[0] = '\0';
+	return !c->ops->supports_shape || c->ops->supports_shape(c, op, why, why_bytes);
+}
+
 /* ---- the dry compute ------------------------------------------------------------- */
 
 struct dry {
@@ -57,6 +67,14 @@ static bool dry_supports(const struct st_compute *c, enum st_op_kind kind,
 	const struct dry *d = (const struct dry *)c;
 
 	return st_compute_supports(d->real, kind, dtypes);
+}
+
+static bool dry_supports_shape(const struct st_compute *c, const struct st_op *op, char *why,
+			       size_t why_bytes)
+{
+	const struct dry *d = (const struct dry *)c;
+
+	return shape_ok(d->real, op, why, why_bytes);
 }
 
 static int dry_nothing(struct st_compute *c)
@@ -98,6 +116,7 @@ static const struct st_compute_ops dry_ops = {
 	.name = "dry",
 	.run = dry_run,
 	.supports = dry_supports,
+	.supports_shape = dry_supports_shape,
 	.sync = dry_nothing,
 	.destroy = dry_destroy,
 	.to_host = dry_to_host,
@@ -213,33 +232,52 @@ bool st_compute_supports(const struct st_compute *c, enum st_op_kind kind,
 	return c->ops->supports(c, kind, dtypes);
 }
 
+/* The dtypes of op's tensors, into dt. */
+static void op_dtypes(const struct st_op *op, enum st_dtype *dt)
+{
+	for (int k = 0; k < st_op_tensors(op->kind); k++)
+		dt[k] = op->t[k].dtype;
+}
+
 bool st_compute_supports_op(const struct st_compute *c, const struct st_op *op)
 {
 	enum st_dtype dt[ST_OP_MAX_TENSORS];
-	int n = st_op_tensors(op->kind);
+	char why[160];
 
-	for (int k = 0; k < n; k++)
-		dt[k] = op->t[k].dtype;
-	return st_compute_supports(c, op->kind, dt);
+	op_dtypes(op, dt);
+	return st_compute_supports(c, op->kind, dt) && shape_ok(c, op, why, sizeof(why));
 }
 
 void st_compute_run(struct st_compute *c, const struct st_op *op)
 {
+	enum st_dtype dt[ST_OP_MAX_TENSORS];
+	char why[160];
+	bool dtypes_ok;
+
 	assert(c && op && (unsigned)op->kind < ST_OP_COUNT);
 	if (c->err)
 		return;
-	if (!st_compute_supports_op(c, op)) {
+	op_dtypes(op, dt);
+	dtypes_ok = st_compute_supports(c, op->kind, dt);
+	if (!dtypes_ok || !shape_ok(c, op, why, sizeof(why))) {
 		static const char *const dn[] = { "f32", "bf16", "i32", "u8" };
+		const char *name = c->ops == &dry_ops ? ((struct dry *)c)->real->ops->name
+						      : c->ops->name;
 		char sig[ST_OP_MAX_TENSORS * 5 + 1] = "";
 		size_t len = 0;
 
 		for (int k = 0; k < st_op_tensors(op->kind); k++)
 			len += (size_t)snprintf(sig + len, sizeof(sig) - len, "%s%s", k ? "," : "",
 						dn[op->t[k].dtype & 3]);
-		c->err = st_error_set(-ENOTSUP, "compute '%s' does not run %s with these dtypes (%s)",
-				      c->ops == &dry_ops ? ((struct dry *)c)->real->ops->name
-							 : c->ops->name,
-				      st_op_name(op->kind), sig);
+		if (!dtypes_ok)
+			c->err = st_error_set(-ENOTSUP,
+					      "compute '%s' does not run %s with these dtypes (%s)",
+					      name, st_op_name(op->kind), sig);
+		else
+			c->err = st_error_set(-ENOTSUP,
+					      "compute '%s' does not run %s (%s) at this shape: %s",
+					      name, st_op_name(op->kind), sig,
+					      why[0] ? why : "no reason given");
 		return;
 	}
 	OP(run(c, op));

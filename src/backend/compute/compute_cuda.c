@@ -8,6 +8,7 @@
 #include "cuda_ops.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -307,7 +308,8 @@ static bool cu_sig(const enum st_dtype *dt, const char *sig)
 /* Every op at its reference dtypes; matmul_fwd also with bf16 inp and
  * weight (cuBLASLt, fp32 accumulation); the attention ops also on tensor
  * cores with bf16 activations, fp32 lse and fp32 or bf16 gradients
- * (attention_bf16.cu: head size 64 or 128). */
+ * (attention_bf16.cu: head size 64 or 128, which cu_supports_shape()
+ * holds the records to). */
 static bool cu_supports(const struct st_compute *c, enum st_op_kind kind,
 			const enum st_dtype *dt)
 {
@@ -331,6 +333,45 @@ static bool cu_supports(const struct st_compute *c, enum st_op_kind kind,
 	if (cu_bf16_supports(kind, dt))
 		return true;
 	return st_op_is_ref(kind, dt);
+}
+
+/* The shapes: the bf16 attention runs head size 64 or 128 only (its
+ * tiles are the head wide), where cu_run() sends the record: the
+ * attention ops with bf16 q (slot 2; gqa_attention_bwd's slot 4). Every
+ * other record cu_supports() takes runs at any shape. */
+bool st_compute_cuda_supports_shape(const struct st_op *op, char *why, size_t why_bytes)
+{
+	int64_t hs;
+
+	switch (op->kind) {
+	case ST_OP_ATTENTION_FWD:
+	case ST_OP_ATTENTION_BWD: /* i: B, T, C, NH */
+		if (op->t[2].dtype != ST_DTYPE_BF16)
+			return true;
+		hs = op->i[3] > 0 && op->i[2] % op->i[3] == 0 ? op->i[2] / op->i[3] : 0;
+		break;
+	case ST_OP_GQA_ATTENTION_FWD:
+	case ST_OP_GQA_ATTENTION_BWD: /* i: B, T, NH, NKV, hd */
+		if (op->t[op->kind == ST_OP_GQA_ATTENTION_FWD ? 2 : 4].dtype != ST_DTYPE_BF16)
+			return true;
+		hs = op->i[4];
+		break;
+	default:
+		return true;
+	}
+	if (hs > 0 && hs <= INT32_MAX && st_cuda_attention_bf16_head_ok((int)hs))
+		return true;
+	snprintf(why, why_bytes,
+		 "head size %lld; the bf16 attention on tensor cores runs head size 64 or 128",
+		 (long long)hs);
+	return false;
+}
+
+static bool cu_supports_shape(const struct st_compute *c, const struct st_op *op, char *why,
+			      size_t why_bytes)
+{
+	(void)c;
+	return st_compute_cuda_supports_shape(op, why, why_bytes);
 }
 
 /* to_host and from_host are synchronous (the host reads or reuses the
@@ -399,7 +440,7 @@ static int cu_span(struct st_compute *c, const char *name)
 	}
 	if (cc->nidle)
 		t = cc->idle[--cc->nidle];
-	else if ((rc = st_cuda_timer_create(&t)) < 0)
+	else if ((rc = st_cuda_timer_create(ctx_of(c), &t)) < 0)
 		return rc;
 	rc = st_cuda_timer_mark(ctx_of(c), t, 0);
 	if (rc < 0) {
@@ -443,6 +484,7 @@ static const struct st_compute_ops cuda_ops = {
 	.name = "cuda",
 	.run = cu_run,
 	.supports = cu_supports,
+	.supports_shape = cu_supports_shape,
 	.sync = cu_sync,
 	.destroy = cu_destroy,
 	.to_host = cu_copy_sync,

@@ -25,6 +25,10 @@ int st_compute_cpu_queued_create(struct st_device *d, struct st_compute **out);
 #ifdef ST_HAVE_CUDA
 /* The cuda compute on GPU `ordinal` (src/backend/compute/compute_cuda.c). */
 int st_compute_cuda_create(int ordinal, struct st_compute **out);
+/* Its supports_shape hook's rule, for tests without a GPU: whether the
+ * cuda compute runs op (dtypes it supports) at op's shapes; when not, why
+ * (why_bytes > 0) gets the reason. */
+bool st_compute_cuda_supports_shape(const struct st_op *op, char *why, size_t why_bytes);
 #endif
 
 #endif

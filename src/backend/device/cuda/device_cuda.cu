@@ -46,6 +46,16 @@ int st_cuda_err(cudaError_t e, const char *what)
 			    cudaGetErrorName(e));
 }
 
+/* Every entry point that makes or queues on something of the device
+ * starts here: streams, events, launches and the arena belong to the
+ * calling thread's current device, which another device (or a library)
+ * may have changed. */
+static int dev_enter(struct st_device *d)
+{
+	CU_CHECK(cudaSetDevice(((struct cuda_priv *)st_device_priv(d))->ordinal), "cudaSetDevice");
+	return 0;
+}
+
 static int cuda_open(struct st_device *d, struct st_device_config *cfg)
 {
 	struct cuda_priv *p = (struct cuda_priv *)st_device_priv(d);
@@ -78,6 +88,8 @@ static int cuda_open(struct st_device *d, struct st_device_config *cfg)
 	p->numa_node = -1;
 	if (cudaDeviceGetPCIBusId(busid, sizeof(busid), p->ordinal) == cudaSuccess)
 		p->numa_node = st_hwloc_numa_of_pci(busid);
+	else /* no NUMA hint: not an error, and nothing left for the next check */
+		cudaGetLastError();
 	return 0;
 }
 
@@ -86,8 +98,9 @@ static void cuda_close(struct st_device *d)
 	struct cuda_priv *p = (struct cuda_priv *)st_device_priv(d);
 
 	if (p->arena) {
-		cudaDeviceSynchronize();
-		cudaFree(p->arena);
+		CU_IGNORE(cudaSetDevice(p->ordinal)); /* its queues and arena, not another's */
+		CU_IGNORE(cudaDeviceSynchronize());
+		CU_IGNORE(cudaFree(p->arena));
 	}
 }
 
@@ -98,9 +111,11 @@ static void *cuda_arena_base(struct st_device *d)
 
 static int cuda_queue_create(struct st_device *d, struct st_queue **out)
 {
+	int rc = dev_enter(d); /* a stream belongs to the current device */
+	if (rc)
+		return rc;
 	struct st_queue *q = (struct st_queue *)calloc(1, sizeof(*q));
 
-	ST_UNUSED(d);
 	if (!q)
 		return -ENOMEM;
 	cudaError_t e = cudaStreamCreateWithFlags(&q->stream, cudaStreamNonBlocking);
@@ -114,17 +129,19 @@ static int cuda_queue_create(struct st_device *d, struct st_queue **out)
 
 static void cuda_queue_destroy(struct st_device *d, struct st_queue *q)
 {
-	ST_UNUSED(d);
-	cudaStreamSynchronize(q->stream);
-	cudaStreamDestroy(q->stream);
+	CU_IGNORE(cudaSetDevice(((struct cuda_priv *)st_device_priv(d))->ordinal));
+	CU_IGNORE(cudaStreamSynchronize(q->stream));
+	CU_IGNORE(cudaStreamDestroy(q->stream));
 	free(q);
 }
 
 static int cuda_event_create(struct st_device *d, struct st_event **out)
 {
+	int rc = dev_enter(d); /* an event belongs to the current device */
+	if (rc)
+		return rc;
 	struct st_event *ev = (struct st_event *)calloc(1, sizeof(*ev));
 
-	ST_UNUSED(d);
 	if (!ev)
 		return -ENOMEM;
 	cudaError_t e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
@@ -139,7 +156,7 @@ static int cuda_event_create(struct st_device *d, struct st_event **out)
 static void cuda_event_destroy(struct st_device *d, struct st_event *e)
 {
 	ST_UNUSED(d);
-	cudaEventDestroy(e->ev);
+	CU_IGNORE(cudaEventDestroy(e->ev));
 	free(e);
 }
 
@@ -149,7 +166,9 @@ static int cuda_memcpy_async(struct st_device *d, struct st_queue *q, void *dst,
 	static const cudaMemcpyKind kinds[] = { cudaMemcpyHostToDevice,
 						cudaMemcpyDeviceToHost,
 						cudaMemcpyDeviceToDevice };
-	ST_UNUSED(d);
+	int rc = dev_enter(d);
+	if (rc)
+		return rc;
 	CU_CHECK(cudaMemcpyAsync(dst, src, bytes, kinds[dir], q->stream),
 		 "cudaMemcpyAsync");
 	return 0;
@@ -171,9 +190,11 @@ static void CUDART_CB cuda_host_trampoline(void *p)
 static int cuda_host_fn(struct st_device *d, struct st_queue *q, st_host_fn fn,
 			void *arg)
 {
+	int rc = dev_enter(d);
+	if (rc)
+		return rc;
 	struct host_fn_box *b = (struct host_fn_box *)malloc(sizeof(*b));
 
-	ST_UNUSED(d);
 	if (!b)
 		return -ENOMEM;
 	b->fn = fn;
@@ -189,7 +210,9 @@ static int cuda_host_fn(struct st_device *d, struct st_queue *q, st_host_fn fn,
 static int cuda_event_record(struct st_device *d, struct st_event *e,
 			     struct st_queue *q)
 {
-	ST_UNUSED(d);
+	int rc = dev_enter(d);
+	if (rc)
+		return rc;
 	CU_CHECK(cudaEventRecord(e->ev, q->stream), "cudaEventRecord");
 	return 0;
 }
@@ -218,7 +241,9 @@ static int cuda_event_sync(struct st_device *d, struct st_event *e)
 static int cuda_queue_wait(struct st_device *d, struct st_queue *q,
 			   struct st_event *e)
 {
-	ST_UNUSED(d);
+	int rc = dev_enter(d);
+	if (rc)
+		return rc;
 	CU_CHECK(cudaStreamWaitEvent(q->stream, e->ev, 0), "cudaStreamWaitEvent");
 	return 0;
 }
@@ -232,7 +257,9 @@ static int cuda_queue_sync(struct st_device *d, struct st_queue *q)
 
 static int cuda_pin_host(struct st_device *d, void *ptr, size_t bytes)
 {
-	ST_UNUSED(d);
+	int rc = dev_enter(d); /* the runtime's context for the registration */
+	if (rc)
+		return rc;
 	CU_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
 		 "cudaHostRegister");
 	return 0;
@@ -241,7 +268,7 @@ static int cuda_pin_host(struct st_device *d, void *ptr, size_t bytes)
 static void cuda_unpin_host(struct st_device *d, void *ptr)
 {
 	ST_UNUSED(d);
-	cudaHostUnregister(ptr);
+	CU_IGNORE(cudaHostUnregister(ptr));
 }
 
 static int cuda_numa_node(struct st_device *d)

@@ -23,6 +23,16 @@ int st_cuda_err(cudaError_t e, const char *what);
 			return st_cuda_err(e_, what);     \
 	} while (0)
 
+/* A call whose failure changes nothing for the caller (teardown, an
+ * optional fact): its status dropped, and the error it may have left in
+ * the thread's last-error state cleared, so that the next launch check
+ * (cudaGetLastError()) does not report it as that launch's failure. */
+#define CU_IGNORE(call)                                   \
+	do {                                              \
+		if ((call) != cudaSuccess)                \
+			cudaGetLastError();         \
+	} while (0)
+
 /* The CUDA event behind e, an event of the cuda device (strata/device.h),
  * for the cuda context's record and wait (st_cuda_ctx_record(),
  * st_cuda_ctx_wait()). Borrowed: valid until the event is destroyed. */

@@ -66,8 +66,10 @@ static int att_launch(const char *what, K kern, dim3 grid, size_t smem_bytes,
 extern "C" int st_cuda_attention_fwd(struct st_cuda_ctx *ctx, float *out, float *lse,
 				     const float *qkv, int B, int T, int C, int NH)
 {
-	int err = att_check("attention_fwd", B, T, C, NH);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = att_check("attention_fwd", B, T, C, NH);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)
@@ -84,8 +86,10 @@ extern "C" int st_cuda_attention_bwd(struct st_cuda_ctx *ctx, float *dqkv,
 				     const float *dout, const float *qkv, const float *out,
 				     const float *lse, int B, int T, int C, int NH)
 {
-	int err = att_check("attention_bwd", B, T, C, NH);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = att_check("attention_bwd", B, T, C, NH);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)
@@ -123,8 +127,10 @@ extern "C" int st_cuda_gqa_attention_fwd(struct st_cuda_ctx *ctx, float *out, fl
 					 const float *q, const float *k, const float *v, int B,
 					 int T, int NH, int NKV, int hd)
 {
-	int err = gqa_check("gqa_attention_fwd", B, T, NH, NKV, hd);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = gqa_check("gqa_attention_fwd", B, T, NH, NKV, hd);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)
@@ -140,8 +146,10 @@ extern "C" int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, flo
 					 const float *k, const float *v, const float *out,
 					 const float *lse, int B, int T, int NH, int NKV, int hd)
 {
-	int err = gqa_check("gqa_attention_bwd", B, T, NH, NKV, hd);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = gqa_check("gqa_attention_bwd", B, T, NH, NKV, hd);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)

@@ -17,6 +17,11 @@ extern "C" {
 
 #include "attention_bf16_kernels.cuh"
 
+extern "C" int st_cuda_attention_bf16_head_ok(int hs)
+{
+	return hs == 64 || hs == 128;
+}
+
 /* Shapes and pointers the kernels take, or -EINVAL with the reason: head
  * size 64 or 128, 4-byte aligned tensors (the tiles move two bf16 at a
  * time). */
@@ -26,7 +31,7 @@ static int ab_check(const char *op, int B, int T, int NH, int NKV, int hs,
 	if (B < 0 || T < 0 || NH <= 0 || NKV <= 0 || NH % NKV)
 		return st_error_set(-EINVAL, "cuda %s: bad shape B=%d T=%d NH=%d NKV=%d", op, B,
 				    T, NH, NKV);
-	if (hs != 64 && hs != 128)
+	if (!st_cuda_attention_bf16_head_ok(hs))
 		return st_error_set(-EINVAL, "cuda %s: bf16 head size %d (64 or 128 supported)",
 				    op, hs);
 	if ((long long)B * NH > 0x7fffffffLL || (T + AB_TILE - 1) / AB_TILE > 65535)
@@ -97,9 +102,11 @@ extern "C" int st_cuda_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t *out
 {
 	const void *ptrs[] = { out, lse, qkv };
 	const int hs = NH > 0 && C % NH == 0 ? C / NH : 0;
-	int err = C > 0 ? ab_check("attention_fwd bf16", B, T, NH, NH, hs, ptrs, 3)
-			: st_error_set(-EINVAL, "cuda attention_fwd bf16: C=%d", C);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = C > 0 ? ab_check("attention_fwd bf16", B, T, NH, NH, hs, ptrs, 3)
+			    : st_error_set(-EINVAL, "cuda attention_fwd bf16: C=%d", C);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)
@@ -125,9 +132,11 @@ extern "C" int st_cuda_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dqkv, i
 {
 	const void *ptrs[] = { dqkv, dout, qkv, out, lse };
 	const int hs = NH > 0 && C % NH == 0 ? C / NH : 0;
-	int err = C > 0 ? ab_check("attention_bwd bf16", B, T, NH, NH, hs, ptrs, 5)
-			: st_error_set(-EINVAL, "cuda attention_bwd bf16: C=%d", C);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = C > 0 ? ab_check("attention_bwd bf16", B, T, NH, NH, hs, ptrs, 5)
+			    : st_error_set(-EINVAL, "cuda attention_bwd bf16: C=%d", C);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)
@@ -157,8 +166,10 @@ extern "C" int st_cuda_gqa_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t 
 					      int hd)
 {
 	const void *ptrs[] = { out, lse, q, k, v };
-	int err = ab_check("gqa_attention_fwd bf16", B, T, NH, NKV, hd, ptrs, 5);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = ab_check("gqa_attention_fwd bf16", B, T, NH, NKV, hd, ptrs, 5);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)
@@ -186,8 +197,10 @@ extern "C" int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq,
 					      int hd)
 {
 	const void *ptrs[] = { dq, dk, dv, dout, q, k, v, out, lse };
-	int err = ab_check("gqa_attention_bwd bf16", B, T, NH, NKV, hd, ptrs, 9);
+	int err = st_cuda_ctx_enter(ctx);
 
+	if (err == 0)
+		err = ab_check("gqa_attention_bwd bf16", B, T, NH, NKV, hd, ptrs, 9);
 	if (err)
 		return err;
 	if (B == 0 || T == 0)

@@ -29,11 +29,11 @@ static int proj_fwd(struct st_cuda_ctx *ctx, const char *what, void *out, int ou
 		    int IC, int OC, int w_out_in)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	const int ta = w_out_in, lda = w_out_in ? IC : OC;
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || IC < 0 || OC < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 %s: bad shape", what);
 	if (N == 0 || OC == 0)
@@ -92,11 +92,8 @@ static int proj_bwd(struct st_cuda_ctx *ctx, const char *what, uint16_t *dinp, f
 		if (rc)
 			return rc;
 	}
-	if (dbias && N > 0 && OC > 0) {
-		k_colsum_b<<<grid_for((size_t)OC, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-			     st_cuda_ctx_stream(ctx)>>>(dbias, dout, N, OC);
-		CU_CHECK(cudaGetLastError(), what);
-	}
+	if (dbias && N > 0 && OC > 0)
+		return st_cuda_colsum(ctx, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 	return 0;
 }
 
@@ -197,21 +194,15 @@ int st_cuda_bf16_layernorm_fwd(struct st_cuda_ctx *ctx, uint16_t *out, float *me
 
 /* A norm's dweight (and dbias) column sums over N rows of dout (bf16 or
  * fp32), LayerNorm's with mean, RMSNorm's with mean NULL; either output
- * may be NULL. */
-static int norm_bwd_dw(cudaStream_t s, const char *what, float *dweight, float *dbias,
-		       const void *dout, int dout_bf16, const float *inp, const float *mean,
-		       const float *rstd, int N, int C)
+ * may be NULL: ops.cu's two-pass column sums, as the fp32 ops'. */
+static int norm_bwd_dw(struct st_cuda_ctx *ctx, float *dweight, float *dbias, const void *dout,
+		       int dout_bf16, const float *inp, const float *mean, const float *rstd,
+		       int N, int C)
 {
-	unsigned g = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
-
 	if (dout_bf16)
-		k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
-			dweight, dbias, (const uint16_t *)dout, inp, mean, rstd, N, C);
-	else
-		k_layernorm_bwd_dw_b<<<g, ST_CUDA_ELEM_BLOCK, 0, s>>>(
-			dweight, dbias, (const float *)dout, inp, mean, rstd, N, C);
-	LAUNCH_CHECK(what);
-	return 0;
+		return st_cuda_colsum(ctx, dbias, dweight, (const uint16_t *)dout, inp, mean, rstd,
+				      N, C);
+	return st_cuda_colsum(ctx, dbias, dweight, (const float *)dout, inp, mean, rstd, N, C);
 }
 
 int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
@@ -220,10 +211,10 @@ int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dwei
 			       int N, int C)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || C < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 layernorm_bwd: bad shape");
 	if (N == 0 || C == 0)
@@ -238,8 +229,7 @@ int st_cuda_bf16_layernorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dwei
 		LAUNCH_CHECK("bf16 layernorm_bwd dinp");
 	}
 	if (dweight || dbias)
-		return norm_bwd_dw(s, "bf16 layernorm_bwd dweight", dweight, dbias, dout, dout_bf16,
-				   inp, mean, rstd, N, C);
+		return norm_bwd_dw(ctx, dweight, dbias, dout, dout_bf16, inp, mean, rstd, N, C);
 	return 0;
 }
 
@@ -280,10 +270,10 @@ int st_cuda_bf16_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *res, uint16_t *out,
 			     int N, int C)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || C < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_fwd: bad shape");
 	if (N == 0 || C == 0)
@@ -303,10 +293,10 @@ int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweigh
 			     const uint16_t *weight, const float *rstd, int N, int C)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || C < 0)
 		return st_error_set(-EINVAL, "cuda: bf16 rmsnorm_bwd: bad shape");
 	if (N == 0 || C == 0)
@@ -321,8 +311,7 @@ int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweigh
 		LAUNCH_CHECK("bf16 rmsnorm_bwd dinp");
 	}
 	if (dweight) /* the layernorm's column sums with mean NULL */
-		return norm_bwd_dw(s, "bf16 rmsnorm_bwd dweight", dweight, NULL, dout, dout_bf16,
-				   inp, NULL, rstd, N, C);
+		return norm_bwd_dw(ctx, dweight, NULL, dout, dout_bf16, inp, NULL, rstd, N, C);
 	return 0;
 }
 

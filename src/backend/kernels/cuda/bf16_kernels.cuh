@@ -6,9 +6,10 @@
  * ld_f/st_f I/O helpers, GELU constants), and compiled by tests/cuda/test_bf16_emu.cpp on the cpu
  * through tests/cuda/cuda_emu.h: only the builtins ops_kernels.cuh lists.
  *
- * The column sums here (dbias of a bf16 dout, the layernorm's dweight and
- * dbias) run one thread per column over the rows in order: deterministic,
- * no scratch, no atomics; fast enough next to the matmuls they follow. */
+ * The column sums (dbias of a bf16 dout, the norms' dweight and dbias) are
+ * ops_kernels.cuh's two-pass k_colsum_partial / k_colsum_final over a bf16
+ * or fp32 dout (st_cuda_colsum(), ops.cu), as the fp32 ops': one thread a
+ * column over every row left about three blocks for 132 SMs at C = 768. */
 #ifndef ST_CUDA_BF16_KERNELS_CUH
 #define ST_CUDA_BF16_KERNELS_CUH
 
@@ -25,17 +26,6 @@ static __global__ void k_fill_rows_b(TO *out, const uint16_t *bias, size_t N, in
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x)
 		st_f(out, i, bias ? bf16_f(bias[i % (size_t)OC]) : 0.0f);
-}
-
-/* out (C) += column sums of g (N,C) bf16, rows in order */
-static __global__ void k_colsum_b(float *out, const uint16_t *g, int N, int C)
-{
-	for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
-		float s = 0.0f;
-		for (int n = 0; n < N; n++)
-			s += bf16_f(g[(size_t)n * C + c]);
-		out[c] += s;
-	}
 }
 
 /* ---- layernorm: fp32 rows in, bf16 out, bf16 weight and bias ---------------- */
@@ -95,28 +85,6 @@ static __global__ void k_layernorm_bwd_dinp_b(float *dinp, const TD *dout, const
 			float dnorm = bf16_f(weight[c]) * ld_f(g, c);
 			dx[c] += (dnorm - s_dn - norm * s_dnn) * r;
 		}
-	}
-}
-
-/* dweight (C) += sum_n dout * norm; dbias (C) += sum_n dout; either NULL.
- * mean NULL: norm = inp * rstd, RMSNorm's (its dweight; dbias NULL). */
-template <typename TD>
-static __global__ void k_layernorm_bwd_dw_b(float *dweight, float *dbias, const TD *dout,
-					    const float *inp, const float *mean,
-					    const float *rstd, int N, int C)
-{
-	for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
-		float sw = 0.0f, sb = 0.0f;
-		for (int n = 0; n < N; n++) {
-			size_t i = (size_t)n * C + c;
-			float g = ld_f(dout, i);
-			sw += g * (mean ? inp[i] - mean[n] : inp[i]) * rstd[n];
-			sb += g;
-		}
-		if (dweight)
-			dweight[c] += sw;
-		if (dbias)
-			dbias[c] += sb;
 	}
 }
 

@@ -57,10 +57,14 @@ int st_cuda_info(int ordinal, struct st_cuda_info *out)
 
 	memset(out, 0, sizeof(*out));
 	out->numa_node = -1;
-	if (cudaRuntimeGetVersion(&out->runtime_version) != cudaSuccess)
+	if (cudaRuntimeGetVersion(&out->runtime_version) != cudaSuccess) {
+		cudaGetLastError();
 		out->runtime_version = 0;
-	if (cudaDriverGetVersion(&out->driver_version) != cudaSuccess)
+	}
+	if (cudaDriverGetVersion(&out->driver_version) != cudaSuccess) {
+		cudaGetLastError();
 		out->driver_version = 0;
+	}
 	e = cudaGetDeviceCount(&out->count);
 	if (e != cudaSuccess) {
 		cudaGetLastError();
@@ -146,17 +150,16 @@ void st_cuda_ctx_destroy(struct st_cuda_ctx *ctx)
 {
 	if (!ctx)
 		return;
-	cudaSetDevice(ctx->ordinal);
+	CU_IGNORE(cudaSetDevice(ctx->ordinal));
 	if (ctx->stream)
-		cudaStreamSynchronize(ctx->stream);
+		CU_IGNORE(cudaStreamSynchronize(ctx->stream));
 	if (ctx->scratch)
-		cudaFree(ctx->scratch);
+		CU_IGNORE(cudaFree(ctx->scratch));
 	st_cuda_lt_close(ctx);
 	if (ctx->anchor)
-		cudaEventDestroy(ctx->anchor);
+		CU_IGNORE(cudaEventDestroy(ctx->anchor));
 	if (ctx->stream)
-		cudaStreamDestroy(ctx->stream);
-	cudaGetLastError();
+		CU_IGNORE(cudaStreamDestroy(ctx->stream));
 	free(ctx);
 }
 
@@ -172,19 +175,23 @@ struct st_cuda_timer {
 	cudaEvent_t ev[2]; /* start, stop: timing events */
 };
 
-int st_cuda_timer_create(struct st_cuda_timer **out)
+int st_cuda_timer_create(struct st_cuda_ctx *ctx, struct st_cuda_timer **out)
 {
-	struct st_cuda_timer *t = (struct st_cuda_timer *)calloc(1, sizeof(*t));
+	struct st_cuda_timer *t;
 	cudaError_t e;
+	int rc = ctx_enter(ctx); /* an event belongs to the current device */
 
 	*out = NULL;
+	if (rc)
+		return rc;
+	t = (struct st_cuda_timer *)calloc(1, sizeof(*t));
 	if (!t)
 		return st_error_set(-ENOMEM, "cuda: timer");
 	e = cudaEventCreate(&t->ev[0]);
 	if (e == cudaSuccess) {
 		e = cudaEventCreate(&t->ev[1]);
 		if (e != cudaSuccess)
-			cudaEventDestroy(t->ev[0]);
+			CU_IGNORE(cudaEventDestroy(t->ev[0]));
 	}
 	if (e != cudaSuccess) {
 		free(t);
@@ -198,8 +205,8 @@ void st_cuda_timer_destroy(struct st_cuda_timer *t)
 {
 	if (!t)
 		return;
-	cudaEventDestroy(t->ev[0]);
-	cudaEventDestroy(t->ev[1]);
+	CU_IGNORE(cudaEventDestroy(t->ev[0]));
+	CU_IGNORE(cudaEventDestroy(t->ev[1]));
 	free(t);
 }
 
@@ -324,12 +331,18 @@ int st_cuda_memcpy_async(struct st_cuda_ctx *ctx, void *dst, const void *src, si
 
 extern "C" int st_cuda_ctx_record(struct st_cuda_ctx *ctx, struct st_event *e)
 {
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
 	CU_CHECK(cudaEventRecord(st_cuda_event_of(e), st_cuda_ctx_stream(ctx)), "cudaEventRecord(compute)");
 	return 0;
 }
 
 extern "C" int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e)
 {
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
 	CU_CHECK(cudaStreamWaitEvent(st_cuda_ctx_stream(ctx), st_cuda_event_of(e), 0),
 		 "cudaStreamWaitEvent(compute)");
 	return 0;

@@ -49,10 +49,4 @@ static inline int ctx_enter(struct st_cuda_ctx *ctx)
 int st_cuda_lt_open(struct st_cuda_ctx *ctx);
 void st_cuda_lt_close(struct st_cuda_ctx *ctx);
 
-/* ops.cu's: out1 (C) += column sums of g (N,C); out2 (C) += column sums of
- * g * (inp - mean) * rstd when inp is given. Either output may be NULL.
- * Two passes over the context's scratch, deterministic. 0 or -errno. */
-int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const float *g,
-		   const float *inp, const float *mean, const float *rstd, int N, int C);
-
 #endif

@@ -27,4 +27,16 @@ int st_cuda_lt_matmul(struct st_cuda_ctx *ctx, int trans_a, int trans_b, uint64_
 		      int64_t ldb, int ab_bf16, void *D, int d_bf16, int64_t ldd, float beta,
 		      const void *bias, int bias_bf16, int gelu, void *aux);
 
+/* ops.cu's: out1 (C) += column sums of g (N,C), fp32 or bf16; out2 (C) +=
+ * column sums of g * (inp - mean) * rstd when inp is given (mean NULL:
+ * g * inp * rstd, RMSNorm's). Either output may be NULL. Two passes over
+ * the context's scratch (k_colsum_partial, k_colsum_final): the partial
+ * sums of row chunks in parallel, then the chunks in order, so the result
+ * does not depend on timing. Queued on the context's stream (which it
+ * does not enter: its callers have). 0 or -errno. */
+int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const float *g,
+		   const float *inp, const float *mean, const float *rstd, int N, int C);
+int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const uint16_t *g,
+		   const float *inp, const float *mean, const float *rstd, int N, int C);
+
 #endif

@@ -44,10 +44,11 @@ int st_cuda_ctx_record(struct st_cuda_ctx *ctx, struct st_event *e);
 int st_cuda_ctx_wait(struct st_cuda_ctx *ctx, struct st_event *e);
 
 /* A timer: a start and a stop marked on the context's stream (timing
- * events). read returns 0 while the stop has not been reached, else 1 with
- * the host-clock times (st_now_ns()) the GPU reached start and stop. */
+ * events, made on ctx's GPU, whatever the calling thread's current one).
+ * read returns 0 while the stop has not been reached, else 1 with the
+ * host-clock times (st_now_ns()) the GPU reached start and stop. */
 struct st_cuda_timer;
-int st_cuda_timer_create(struct st_cuda_timer **out);
+int st_cuda_timer_create(struct st_cuda_ctx *ctx, struct st_cuda_timer **out);
 void st_cuda_timer_destroy(struct st_cuda_timer *t);
 int st_cuda_timer_mark(struct st_cuda_ctx *ctx, struct st_cuda_timer *t, int stop);
 int st_cuda_timer_read(struct st_cuda_ctx *ctx, struct st_cuda_timer *t, uint64_t *t0_ns,
@@ -207,6 +208,10 @@ int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq, void *dk, 
 				   int grad_bf16, const uint16_t *dout, const uint16_t *q,
 				   const uint16_t *k, const uint16_t *v, const uint16_t *out,
 				   const float *lse, int B, int T, int NH, int NKV, int hd);
+/* Whether the bf16 attention runs head size hs (64 or 128): the rule the
+ * four calls above check, for the cuda compute's supports_shape (the model
+ * refuses a bf16 step it would fail before the step). Pure: no GPU. */
+int st_cuda_attention_bf16_head_ok(int hs);
 
 #ifdef __cplusplus
 }

@@ -29,10 +29,10 @@ extern "C" int st_cuda_head_ce_bf16(struct st_cuda_ctx *ctx, float *losses, floa
 				    float dloss, int N, int C, int V)
 {
 	int rc = st_cuda_ctx_enter(ctx);
-	cudaStream_t s = st_cuda_ctx_stream(ctx);
 
 	if (rc)
 		return rc;
+	cudaStream_t s = st_cuda_ctx_stream(ctx);
 	if (N < 0 || C <= 0 || V <= 0 || (!dx) != (!dw))
 		return st_error_set(-EINVAL,
 				    "cuda head_crossentropy bf16: bad shape N=%d C=%d V=%d or only "

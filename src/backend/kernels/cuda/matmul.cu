@@ -117,7 +117,7 @@ int st_cuda_lt_open(struct st_cuda_ctx *ctx)
 void st_cuda_lt_close(struct st_cuda_ctx *ctx)
 {
 	if (ctx->workspace)
-		cudaFree(ctx->workspace);
+		CU_IGNORE(cudaFree(ctx->workspace));
 	if (ctx->lt)
 		blas.Destroy(ctx->lt);
 }
@@ -377,9 +377,14 @@ static int gelu_epilogue_check(struct st_cuda_ctx *ctx)
 	}
 	float *inp = d, *w = inp + n_in, *b = w + n_w, *out_f = b + OC, *pre_f = out_f + n_out,
 	      *out_r = pre_f + n_out, *pre_r = out_r + n_out;
-	e = cudaMemcpy(d, h, sizeof(float) * (n_in + n_w + OC), cudaMemcpyHostToDevice);
+	/* on the context's stream, as the matmuls after it: a synchronous
+	 * cudaMemcpy goes on the legacy stream, which the non-blocking stream
+	 * does not wait for (from pageable memory it may return before the
+	 * bytes land) */
+	e = cudaMemcpyAsync(d, h, sizeof(float) * (n_in + n_w + OC), cudaMemcpyHostToDevice,
+			    ctx->stream);
 	if (e != cudaSuccess)
-		rc = st_cuda_err(e, "cudaMemcpy(gelu epilogue check)");
+		rc = st_cuda_err(e, "cudaMemcpyAsync(gelu epilogue check)");
 	int fused = rc == 0 &&
 		    lt_matmul_epi(ctx, CUBLAS_OP_N, CUBLAS_OP_N, (uint64_t)OC, (uint64_t)N,
 				  (uint64_t)IC, w, OC, inp, IC, CUDA_R_32F, out_f, OC, 0.0f, b, 1,
@@ -389,9 +394,10 @@ static int gelu_epilogue_check(struct st_cuda_ctx *ctx)
 	if (rc == 0)
 		rc = st_cuda_gelu_fwd(ctx, out_r, pre_r, n_out);
 	if (rc == 0) {
-		e = cudaStreamSynchronize(ctx->stream);
+		e = cudaMemcpyAsync(h, out_f, sizeof(float) * 4 * n_out, cudaMemcpyDeviceToHost,
+				    ctx->stream);
 		if (e == cudaSuccess)
-			e = cudaMemcpy(h, out_f, sizeof(float) * 4 * n_out, cudaMemcpyDeviceToHost);
+			e = cudaStreamSynchronize(ctx->stream);
 		if (e != cudaSuccess)
 			rc = st_cuda_err(e, "gelu epilogue check");
 	}
@@ -414,7 +420,7 @@ static int gelu_epilogue_check(struct st_cuda_ctx *ctx)
 				     "in relative L2 norm: not used",
 				     sqrt(num[0] / den[0]), sqrt(num[1] / den[1]));
 	}
-	cudaFree(d);
+	CU_IGNORE(cudaFree(d));
 	free(h);
 	return rc;
 }

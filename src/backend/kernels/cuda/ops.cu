@@ -30,7 +30,7 @@ static int scratch_get(struct st_cuda_ctx *ctx, size_t bytes, void **out)
 		size_t want = st_align_up(bytes, (size_t)1 << 20);
 		CU_CHECK(cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
 		if (ctx->scratch)
-			cudaFree(ctx->scratch);
+			CU_IGNORE(cudaFree(ctx->scratch));
 		ctx->scratch = NULL;
 		ctx->scratch_bytes = 0;
 		CU_CHECK(cudaMalloc(&ctx->scratch, want), "cudaMalloc(scratch)");
@@ -43,10 +43,12 @@ static int scratch_get(struct st_cuda_ctx *ctx, size_t bytes, void **out)
 #include "ops_kernels.cuh"
 #include "launch.cuh"
 
-/* out1 (C) += column sums of g (N,C); out2 (C) += column sums of
- * g * (inp - mean) * rstd when inp is given. Either output may be NULL. */
-int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const float *g,
-		   const float *inp, const float *mean, const float *rstd, int N, int C)
+/* out1 (C) += column sums of g (N,C, fp32 or bf16); out2 (C) += column
+ * sums of g * (inp - mean) * rstd when inp is given. Either output may be
+ * NULL. */
+template <typename TG>
+static int colsum_t(struct st_cuda_ctx *ctx, float *out1, float *out2, const TG *g,
+		    const float *inp, const float *mean, const float *rstd, int N, int C)
 {
 	if (N == 0 || C == 0 || (!out1 && !out2))
 		return 0;
@@ -59,8 +61,8 @@ int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const floa
 	float *p1 = (float *)scratch, *p2 = p1 + part_elems;
 	dim3 block = colsum_block();
 	dim3 grid = colsum_grid(C, n_chunks);
-	k_colsum_partial<<<grid, block, 0, ctx->stream>>>(p1, inp ? p2 : NULL, g, inp, mean,
-							  rstd, N, C, n_chunks);
+	k_colsum_partial<TG><<<grid, block, 0, ctx->stream>>>(p1, inp ? p2 : NULL, g, inp, mean,
+							      rstd, N, C, n_chunks);
 	LAUNCH_CHECK("colsum partial");
 	unsigned fg = grid_for((size_t)C, ST_CUDA_ELEM_BLOCK);
 	if (out1) {
@@ -72,6 +74,18 @@ int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const floa
 		LAUNCH_CHECK("colsum final");
 	}
 	return 0;
+}
+
+int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const float *g,
+		   const float *inp, const float *mean, const float *rstd, int N, int C)
+{
+	return colsum_t(ctx, out1, out2, g, inp, mean, rstd, N, C);
+}
+
+int st_cuda_colsum(struct st_cuda_ctx *ctx, float *out1, float *out2, const uint16_t *g,
+		   const float *inp, const float *mean, const float *rstd, int N, int C)
+{
+	return colsum_t(ctx, out1, out2, g, inp, mean, rstd, N, C);
 }
 
 extern "C" {

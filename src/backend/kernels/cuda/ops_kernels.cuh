@@ -257,8 +257,13 @@ static __global__ void k_residual_bwd(float *da, float *db, const float *dout, s
  * Pass 1: block (COL_TILE, COL_LANES) over a tile of columns and a chunk of
  * COL_CHUNK rows; partial[chunk][c] (and, for layernorm, the normalised
  * weighted sum in partial2). Pass 2: one thread per column adds the chunks
- * in order. With inp == NULL it is a plain column sum of g. */
-static __global__ void k_colsum_partial(float *partial, float *partial2, const float *g,
+ * in order. With inp == NULL it is a plain column sum of g. g is fp32 or
+ * bf16 (TG, read through ld_f): the fp32 ops' and the bf16 path's dbias and
+ * norm dweight share one body, and the order of every sum is fixed by the
+ * geometry alone (lane ty sums rows ty, ty + COL_LANES, ... of its chunk;
+ * the lanes, then the chunks, are added in index order). */
+template <typename TG>
+static __global__ void k_colsum_partial(float *partial, float *partial2, const TG *g,
 					const float *inp, const float *mean,
 					const float *rstd, int N, int C, int n_chunks)
 {
@@ -273,7 +278,7 @@ static __global__ void k_colsum_partial(float *partial, float *partial2, const f
 		float acc = 0.0f, acc2 = 0.0f;
 		if (c < C) {
 			for (int r = r0 + ty; r < r1; r += ST_CUDA_COL_LANES) {
-				float gv = g[(size_t)r * C + c];
+				float gv = ld_f(g, (size_t)r * C + c);
 				acc += gv;
 				if (inp) /* mean NULL: RMSNorm's g * x * rstd */
 					acc2 += gv * ((inp[(size_t)r * C + c] - (mean ? mean[r] : 0.0f)) *

@@ -20,8 +20,9 @@ extern "C" int st_cuda_adamw(struct st_cuda_ctx *ctx, const float c[9], const fl
 
 	if (!ctx || !bad || (n && (!g || !p || !m || !v)))
 		return st_error_set(-EINVAL, "cuda adamw: G, P, M, V and the count are needed");
-	if (n == 0)
-		return 0;
+	int rc = st_cuda_ctx_enter(ctx);
+	if (rc || n == 0)
+		return rc;
 	k_adamw<<<opt_grid(n), ST_OPT_BLOCK, 0, st_cuda_ctx_stream(ctx)>>>(
 		g, p, m, v, w_bf16 ? NULL : (float *)w, w_bf16 ? (uint16_t *)w : NULL,
 		(unsigned *)bad, k, n);
@@ -36,6 +37,9 @@ extern "C" int st_cuda_grad_sumsq(struct st_cuda_ctx *ctx, void *out, void *scra
 
 	if (!ctx || !out || (n && (!g || !scratch)))
 		return st_error_set(-EINVAL, "cuda grad_sumsq: out, scratch and G are needed");
+	int rc = st_cuda_ctx_enter(ctx);
+	if (rc)
+		return rc;
 	s = st_cuda_ctx_stream(ctx);
 	if (n) {
 		k_gsq_parts<<<gsq_grid(n), ST_GSQ_BLOCK, 0, s>>>((struct st_gsq_part *)scratch, g,
