@@ -224,8 +224,8 @@ static int cpu_strict_open(struct st_device *d, struct st_device_config *cfg)
 
 	if (ret < 0)
 		return ret;
-	if (st_cpu_strict_tagged(p->arena) ||
-	    ((uintptr_t)p->arena + p->arena_bytes) & ST_CPU_STRICT_TAG_MASK) {
+	if (((uintptr_t)p->arena | ((uintptr_t)p->arena + p->arena_bytes)) &
+	    ST_CPU_STRICT_TAG_MASK) {
 		munmap(p->arena, p->arena_bytes);
 		pthread_mutex_destroy(&p->lock);
 		return st_error_set(-ENOMEM, "cpu-strict device: the arena was mapped above "
