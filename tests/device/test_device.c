@@ -20,14 +20,15 @@
 /* The cpu device's ring (CPU_QUEUE_SLOTS in src/backend/device/device_cpu.c). */
 #define CPU_RING_SLOTS 1024u
 
-static int cpu_setup(void **state)
+/* A 16 MiB device of ops for a test's state. */
+static int device_setup(void **state, const struct st_device_ops *ops)
 {
 	struct dc_ctx *c = calloc(1, sizeof(*c));
 	struct st_device_config cfg = { .mem_bytes = 16 * MiB };
 
 	if (!c)
 		return -1;
-	if (st_device_create(&st_device_cpu_ops, &cfg, &c->dev) != 0) {
+	if (st_device_create(ops, &cfg, &c->dev) != 0) {
 		free(c);
 		return -1;
 	}
@@ -36,20 +37,14 @@ static int cpu_setup(void **state)
 	return 0;
 }
 
+static int cpu_setup(void **state)
+{
+	return device_setup(state, &st_device_cpu_ops);
+}
+
 static int strict_setup(void **state)
 {
-	struct dc_ctx *c = calloc(1, sizeof(*c));
-	struct st_device_config cfg = { .mem_bytes = 16 * MiB };
-
-	if (!c)
-		return -1;
-	if (st_device_create(&st_device_cpu_strict_ops, &cfg, &c->dev) != 0) {
-		free(c);
-		return -1;
-	}
-	c->ring_slots = CPU_RING_SLOTS;
-	*state = c;
-	return 0;
+	return device_setup(state, &st_device_cpu_strict_ops);
 }
 
 static int cpu_teardown(void **state)

@@ -81,6 +81,20 @@ placements=("host|" "nvme|--offload-params nvme --offload-optim nvme --prefetch 
 	    "vram|--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M"
 	    "split|--offload-params host --offload-optim nvme --host-mem 24M")
 
+# home_args P: placement P's flags (host, nvme, vram, split) into a=()
+home_args() {
+	local pl
+	a=()
+	for pl in "${placements[@]}"; do
+		if [ "${pl%%|*}" = "$1" ]; then
+			read -r -a a <<<"${pl#*|}"
+			return
+		fi
+	done
+	echo "test_zero.sh: no placement '$1'" >&2
+	exit 2
+}
+
 determinism() { # N ACCUM ALL: ALL=1 every placement, else host and nvme (CI time)
 	local n=$1 a=$2 all=$3
 	run ref 1 --steps 3 --grad-accum $((n * a)) || { echo "FAIL one-rank run"; fail=1; return; }
@@ -387,11 +401,7 @@ devpath)
 	run ref 1 --steps 3 --grad-accum 2
 	for spec in "0 host" "0 vram" "1 host" "1 nvme" "1 vram" "2 nvme" "3 host" "3 vram"; do
 		read -r z p <<<"$spec"
-		case $p in
-		host) a=() ;;
-		nvme) a=(--offload-params nvme --offload-optim nvme --prefetch 1) ;;
-		vram) a=(--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M) ;;
-		esac
+		home_args "$p"
 		run "d$z$p" 2 --steps 3 --zero "$z" "${a[@]}"
 		same "d$z$p" ref "2 ranks --zero $z through device buffers, $p = 1 rank --grad-accum 2"
 	done
@@ -406,11 +416,7 @@ strict-np2 | strict-np4)
 	[ "$np" = 4 ] && specs=("0 vram" "1 nvme" "2 host" "3 vram")
 	for spec in "${specs[@]}"; do
 		read -r z p <<<"$spec"
-		case $p in
-		host) a=() ;;
-		nvme) a=(--offload-params nvme --offload-optim nvme --prefetch 1) ;;
-		vram) a=(--offload-params none --offload-optim host --gpu-mem 64M --host-mem 24M) ;;
-		esac
+		home_args "$p"
 		run "s$z$p" "$np" --steps 3 --zero "$z" --device cpu-strict "${a[@]}"
 		same "s$z$p" ref "cpu-strict: $np ranks --zero $z, $p = 1 rank --grad-accum $np"
 		# what strict mode refused, with its stack

@@ -411,45 +411,28 @@ static int cpu_queue_sync(struct st_device *d, struct st_queue *q)
 	return 0;
 }
 
-const struct st_device_ops st_device_cpu_ops = {
-	.name = "cpu",
-	.caps = ST_DEVICE_CAP_UNIFIED,
-	.priv_bytes = sizeof(struct cpu_priv),
-	.open = cpu_open,
-	.close = cpu_close,
-	.arena_base = cpu_arena_base,
-	.queue_create = cpu_queue_create,
-	.queue_destroy = cpu_queue_destroy,
-	.event_create = cpu_event_create,
-	.event_destroy = cpu_event_destroy,
-	.memcpy_async = cpu_memcpy_async,
-	.host_fn = cpu_host_fn,
-	.event_record = cpu_event_record,
-	.event_query = cpu_event_query,
-	.event_sync = cpu_event_sync,
-	.queue_wait = cpu_queue_wait,
-	.queue_sync = cpu_queue_sync,
-	/* pin_host, unpin_host, numa_node: optional, absent. */
-};
+/* The two cpu devices' tables: the same hooks but for open and caps.
+ * pin_host, unpin_host, numa_node: optional, absent. */
+#define CPU_DEVICE_OPS(dev_name, dev_caps, dev_open)                   \
+	{                                                              \
+		.name = dev_name, .caps = dev_caps,                    \
+		.priv_bytes = sizeof(struct cpu_priv), .open = dev_open, \
+		.close = cpu_close, .arena_base = cpu_arena_base,      \
+		.queue_create = cpu_queue_create,                      \
+		.queue_destroy = cpu_queue_destroy,                    \
+		.event_create = cpu_event_create,                      \
+		.event_destroy = cpu_event_destroy,                    \
+		.memcpy_async = cpu_memcpy_async, .host_fn = cpu_host_fn, \
+		.event_record = cpu_event_record,                      \
+		.event_query = cpu_event_query,                        \
+		.event_sync = cpu_event_sync,                          \
+		.queue_wait = cpu_queue_wait, .queue_sync = cpu_queue_sync, \
+	}
+
+const struct st_device_ops st_device_cpu_ops =
+	CPU_DEVICE_OPS("cpu", ST_DEVICE_CAP_UNIFIED, cpu_open);
 
 /* Not unified: the host cannot read its memory, so the engine and the comms
  * take the paths they take on cuda. */
-const struct st_device_ops st_device_cpu_strict_ops = {
-	.name = "cpu-strict",
-	.caps = 0,
-	.priv_bytes = sizeof(struct cpu_priv),
-	.open = cpu_strict_open,
-	.close = cpu_close,
-	.arena_base = cpu_arena_base,
-	.queue_create = cpu_queue_create,
-	.queue_destroy = cpu_queue_destroy,
-	.event_create = cpu_event_create,
-	.event_destroy = cpu_event_destroy,
-	.memcpy_async = cpu_memcpy_async,
-	.host_fn = cpu_host_fn,
-	.event_record = cpu_event_record,
-	.event_query = cpu_event_query,
-	.event_sync = cpu_event_sync,
-	.queue_wait = cpu_queue_wait,
-	.queue_sync = cpu_queue_sync,
-};
+const struct st_device_ops st_device_cpu_strict_ops =
+	CPU_DEVICE_OPS("cpu-strict", 0, cpu_strict_open);
