@@ -9,7 +9,10 @@
  *   cpu   - the cpu kernels themselves (OpenMP inside), queued on a worker
  *           thread of the cpu device (st_compute_create), or run on the
  *           calling thread (st_compute_cpu()); device pointers are host
- *           pointers. The numbers are the cpu kernels' bit for bit.
+ *           pointers. The numbers are the cpu kernels' bit for bit. On
+ *           cpu-strict the same, queued, with every tensor a device address
+ *           that the queue turns into its host one (a host address aborts:
+ *           docs/gpu.md, "Strict mode").
  *           (src/backend/compute/compute_cpu.c)
  *   cuda  - the cuda ops (src/backend/kernels/cuda/cuda_ops.h) on a stream of its own; ops only queue work.
  *           (src/backend/compute/compute_cuda.c)
