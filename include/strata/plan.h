@@ -105,6 +105,24 @@ enum st_recompute { ST_RECOMPUTE_ALL, ST_RECOMPUTE_AUTO, ST_RECOMPUTE_NONE };
 /* "all", "auto", "none". */
 const char *st_recompute_name(enum st_recompute r);
 
+/* The order of a step's micro-batches (docs/plan.md, "Schedules"):
+ *   BATCH_FIRST  (the zero value) each micro-batch runs its forward and
+ *                backward over every unit, then the next one: W is fetched
+ *                N times a step for each pass, dW joins G N times;
+ *   LAYER_FIRST  each unit runs the forward of all N micro-batches while
+ *                its W is in vram, and in the backward all N of them, its
+ *                dW folded on the device in micro-batch order: W crosses
+ *                once a step for each pass, G once; the N micro-batches'
+ *                checkpoints and activation gradients wait in vram. The
+ *                same ops, the same per-unit summation order: the same
+ *                bits. One rank, checkpoints in vram, no kept forwards;
+ *   AUTO         LAYER_FIRST when it fits the budgets and its predicted
+ *                step is shorter, else BATCH_FIRST. */
+enum st_schedule { ST_SCHEDULE_BATCH_FIRST, ST_SCHEDULE_LAYER_FIRST, ST_SCHEDULE_AUTO };
+
+/* "batch-first", "layer-first", "auto". */
+const char *st_schedule_name(enum st_schedule s);
+
 /* Bandwidths and rates the prediction uses; 0 = a built-in default. */
 struct st_plan_rates {
 	double compute_flops;  /* device matmul FLOP/s */
@@ -172,6 +190,8 @@ struct st_plan_input {
 	 * --offload-optim vram forces it anywhere. Explicit homes may put a
 	 * unit's G, P, M, V in vram when its W is there too (world 1). */
 	bool optim_vram_auto;
+	/* The order of the micro-batches (enum st_schedule above). */
+	enum st_schedule schedule;
 };
 
 /* Checkpoints on the host go through this many vram slots: checkpoint j
@@ -350,6 +370,9 @@ struct st_plan {
 	const char *phase_bound[2];
 	uint64_t upd_h2d_bytes, upd_nvme_read_bytes, upd_nvme_write_bytes;
 	uint64_t upd_prefetch_nvme_read_bytes;
+	/* The order of the micro-batches the plan is sized and predicted
+	 * for: BATCH_FIRST or LAYER_FIRST (AUTO resolved). */
+	enum st_schedule schedule;
 };
 
 #define ST_PLAN_ACCUM_MAX 64

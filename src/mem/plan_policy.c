@@ -61,6 +61,9 @@ int st_plan_cands(const struct st_plan_input *in, struct st_cand *c)
  * new count (at most 2n). */
 int st_plan_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
 {
+	/* layer-first: the checkpoints in vram only (input_check refuses host) */
+	if (in->schedule == ST_SCHEDULE_LAYER_FIRST)
+		return n;
 	if (in->activations == ST_OFFLOAD_HOST)
 		for (int i = 0; i < n; i++)
 			c[i].a = ST_HOME_HOST;
@@ -227,7 +230,7 @@ int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home
 
 		if (!policy_accept(pol, i, budget, &moved, &p))
 			continue;
-		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
+		if (pol->in->recompute == ST_RECOMPUTE_AUTO && !pol->sh->layer_first)
 			st_plan_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
 				       budget);
 		sum = policy_cost(pol, pol->trial, &step, NULL);

@@ -52,6 +52,8 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum, N = (uint64_t)sh->world, parts = 0;
+	/* a unit's dW and W cross once a step layer-first, n times batch-first */
+	uint64_t nx = sh->layer_first ? 1 : n;
 	enum { AR = 0, RS = 1, AG = 2, A2A = 3 }; /* strata/comm.h's order */
 
 	memset(p->comm_bytes, 0, sizeof(p->comm_bytes));
@@ -61,8 +63,8 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 
 		/* every micro-batch: dW's slices to their ranks (world 1: the
 		 * reduce-scatter in place); stage 0 gathers the final G slices */
-		p->comm_calls[N > 1 ? A2A : RS] += n;
-		p->comm_bytes[N > 1 ? A2A : RS] += n * sh->epad[u] * 4;
+		p->comm_calls[N > 1 ? A2A : RS] += nx;
+		p->comm_bytes[N > 1 ? A2A : RS] += nx * sh->epad[u] * 4;
 		if (N > 1 && sh->zero == 0) {
 			p->comm_calls[AG] += 1;
 			p->comm_bytes[AG] += sh->epad[u] * 4;
@@ -73,8 +75,8 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 			p->comm_bytes[AG] += sh->epad[u] * sh->wb;
 		}
 		if (sh->w_stream_all) {
-			p->comm_calls[AG] += n * fetches;
-			p->comm_bytes[AG] += n * fetches * sh->epad[u] * sh->wb;
+			p->comm_calls[AG] += nx * fetches;
+			p->comm_bytes[AG] += nx * fetches * sh->epad[u] * sh->wb;
 		}
 		parts += sh->slice[u] / ST_PLAN_SLICE_ALIGN;
 	}
@@ -171,6 +173,9 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 		     r->compute_flops;
 	double (*L)[5] = p->t_phase_lane_s, others = 0;
 
+	/* layer-first: the sweep runs the next step's forward of all N */
+	if (sh->layer_first)
+		fwd *= sh->accum;
 	fwd = ST_MIN(fwd, t[0]);
 	L[1][0] = fwd;
 	L[1][1] = (double)p->upd_h2d_bytes / r->copy_bps;
@@ -261,6 +266,9 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		const enum st_home *homes, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum;
+	/* the times a step moves a unit's W for each pass and its dW:
+	 * n batch-first, once layer-first (docs/plan.md, "Schedules") */
+	uint64_t nx = sh->layer_first ? 1 : n;
 	uint64_t p_dev_elems = 0, p_all_elems = 0;
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
@@ -289,22 +297,23 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 			p->h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
 			p->upd_h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
 		} else {
-			p->h2d_bytes += n * fetches * w;
+			p->h2d_bytes += nx * fetches * w;
 		}
 		if (h[ST_STATE_W] == ST_HOME_NVME) {
-			p->nvme_read_bytes += n * fetches * w;
+			p->nvme_read_bytes += nx * fetches * w;
 			p->nvme_write_bytes += w;
 			p->upd_nvme_write_bytes += w;
 		}
 		/* dW to the host: at world > 1 the N slots of the rank's slice;
 		 * none when G lives in vram */
 		if (h[ST_STATE_G] != ST_HOME_VRAM)
-			p->d2h_bytes += n * (sh->world > 1 ? sh->epad[u] * 4 : g);
+			p->d2h_bytes += nx * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
-		 * once by the update; P, M, V read and written once. */
+		 * once by the update (layer-first: written once, read by the
+		 * update); P, M, V read and written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
-			p->nvme_read_bytes += n * g;
-			p->nvme_write_bytes += n * g;
+			p->nvme_read_bytes += nx * g;
+			p->nvme_write_bytes += nx * g;
 			p->upd_nvme_read_bytes += g; /* the update's load */
 		}
 		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)

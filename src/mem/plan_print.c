@@ -210,6 +210,9 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "        scratch         %s (model workspace %s)\n",
 		st_plan_fmt_bytes(p->scratch_bytes, a), st_plan_fmt_bytes(p->work_bytes, b));
 	recomp_print(p, f);
+	if (p->schedule == ST_SCHEDULE_LAYER_FIRST)
+		fprintf(f, "        schedule        layer-first (each unit runs every micro-batch "
+			"while its W is in vram: W and G cross once a step)\n");
 	fprintf(f, "  host  W staging       %s\n", st_plan_fmt_bytes(p->w_staging_bytes, a));
 	fprintf(f, "        grad landing    %s\n", st_plan_fmt_bytes(p->grad_landing_bytes, a));
 	fprintf(f, "        update staging  %s\n", st_plan_fmt_bytes(p->update_staging_bytes, a));

@@ -126,15 +126,15 @@ static int gather_g(struct st_engine *e, int u, float *full)
 /* G on nvme: the terms folded in the landing buffer (first micro-batch),
  * or G read into staging and the terms added there; then written back
  * (stage 0's last micro-batch: the gathered unit). */
-static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
+static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 {
 	uint64_t bytes = g_elems(e, u) * sizeof(float), at = g_at(e, u) * sizeof(float);
-	float *g = mb == 0 ? e->grad.landing : e->grad.stage;
-	int *busy = mb == 0 ? &e->grad.landing_busy : &e->grad.stage_busy;
+	float *g = first ? e->grad.landing : e->grad.stage;
+	int *busy = first ? &e->grad.landing_busy : &e->grad.stage_busy;
 	struct hop h;
 	int ret;
 
-	if (mb > 0) {
+	if (!first) {
 		ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 		if (ret < 0)
 			return ret;
@@ -146,7 +146,7 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 		if (ret < 0)
 			return ret;
 	}
-	fold_into(e, u, g, mb == 0);
+	fold_into(e, u, g, first);
 	if (last)
 		final_sumsq(e, u, g);
 	if (last && e->world > 1 && !st_plan_sharded(&e->plan, ST_STATE_G) &&
@@ -171,12 +171,12 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 /* Unit u's dW (in the device buffer dw) into its G in vram on the
  * compute's queue: copied at micro-batch 0, added later; after the last,
  * its sum of squares. */
-static void dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last)
+static void dev_grad_in(struct st_engine *e, int u, const float *dw, bool first, bool last)
 {
 	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
 
 	/* the host's fold: the first micro-batch copies, later ones add */
-	if (mb == 0)
+	if (first)
 		st_compute_copy(e->cx, g, dw, e->unit_elems[u] * sizeof(float));
 	else
 		st_compute_residual_fwd(e->cx, g, g, dw, e->unit_elems[u]);
@@ -230,11 +230,11 @@ int st_eng_grad_quiet(struct st_engine *e)
 	return ret ? ret : st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 }
 
-/* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */
-int st_eng_grad_in(struct st_engine *e, int u, int mb)
+/* Once it has landed, unit u's dW joins G[u]: first, it is G; last, G is
+ * final (its sum of squares). */
+static int grad_in(struct st_engine *e, int u, bool first, bool last)
 {
 	struct shard *g = shard(e, u, ST_STATE_G);
-	bool last = mb == e->cfg.train.grad_accum - 1;
 	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "dW d2h");
 	float *gp;
 
@@ -243,16 +243,30 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 	if (g->home == ST_HOME_VRAM) {
 		dev_grad_in(e, u,
 			    (unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1])->dw,
-			    mb, last);
+			    first, last);
 		return st_compute_take_error(e->cx);
 	}
 	if (g->home != ST_HOME_HOST)
-		return grad_in_nvme(e, u, mb, last);
+		return grad_in_nvme(e, u, first, last);
 	gp = (float *)haddr(e, &g->ext) + g_at(e, u);
-	fold_into(e, u, gp, mb == 0);
+	fold_into(e, u, gp, first);
 	if (last) {
 		final_sumsq(e, u, gp);
 		ret = gather_g(e, u, haddr(e, &g->ext));
 	}
 	return ret;
+}
+
+/* Batch-first: micro-batch mb's dW of unit u joins G[u]. */
+int st_eng_grad_in(struct st_engine *e, int u, int mb)
+{
+	return grad_in(e, u, mb == 0, mb == e->cfg.train.grad_accum - 1);
+}
+
+/* Layer-first: unit u's dW, its N micro-batches' already folded on the
+ * device in micro-batch order (the order the host folds them in, with the
+ * same fp32 adds), is G[u]: copied in once, final. */
+int st_eng_grad_in_once(struct st_engine *e, int u)
+{
+	return grad_in(e, u, true, true);
 }

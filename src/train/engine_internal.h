@@ -134,6 +134,10 @@ struct ubufs {
 	struct st_event *ev_dw; /* recorded after the backward that wrote dw */
 	struct st_event *ev_red; /* world > 1: recorded by the comm after dw's
 				    reduce-scatter (and all-gather) */
+	/* layer-first, a resident unit: each micro-batch's dW ([N], the
+	 * first is dw), which the units that read it add into before its
+	 * own backward; NULL batch-first */
+	float **dw_mb;
 };
 
 /* --- each pipeline's state ------------------------------------------------------- */
@@ -296,12 +300,15 @@ struct sums_state {
  * queued copies are asynchronous: from pageable memory a cudaMemcpyAsync
  * may block the host until it is done. */
 struct batch_state {
-	int32_t *tokens, *targets;    /* vram */
+	int32_t *tokens, *targets;    /* vram (layer-first: N micro-batches') */
 	int32_t *tokens_host, *targets_host;
-	int32_t *tokens_buf[2], *targets_buf[2];
+	/* n_pairs host pairs: two batch-first (in turn), N layer-first
+	 * (micro-batch a in pair a, all drawn at the step's start) */
+	int32_t **tokens_buf, **targets_buf;
+	struct st_event **ev_copied;
+	int n_pairs;
 	size_t host_bytes;
 	bool host_pinned;
-	struct st_event *ev_copied[2];
 	unsigned turn;
 };
 
@@ -342,6 +349,12 @@ struct st_engine {
 	/* $ST_HOST_WAITS=1: the host waits where it did before the waits
 	 * were moved off the step (tools/host-waits-bench's baseline) */
 	bool host_waits;
+	/* --schedule layer-first (engine_step.c): each unit runs all N
+	 * micro-batches; a unit's dW of micro-batch a > 0 is computed into
+	 * dw_fold (vram, the largest non-resident unit) and added into the
+	 * unit's shared dW on the compute, in micro-batch order */
+	bool layer_first;
+	float *dw_fold;
 
 	/* each pipeline's own */
 	struct lanes_state lanes;
@@ -454,6 +467,7 @@ int st_eng_acquire_w(struct st_engine *e, int u, void *dst);
 /* engine_grad.c */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
 int st_eng_grad_in(struct st_engine *e, int u, int mb);
+int st_eng_grad_in_once(struct st_engine *e, int u);
 /* Every G write in flight (out of the landing and the G staging) has
  * landed. 0 or -errno. */
 int st_eng_grad_quiet(struct st_engine *e);
