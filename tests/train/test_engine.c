@@ -2059,6 +2059,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_act_host),
 		cmocka_unit_test(test_recompute_invariance),
 		cmocka_unit_test(test_device_optim_traffic),
+		cmocka_unit_test(test_layer_first_invariance),
+		cmocka_unit_test(test_layer_first_traffic),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
