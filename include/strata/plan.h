@@ -115,7 +115,7 @@ const char *st_recompute_name(enum st_recompute r);
  *                once a step for each pass, G once; the N micro-batches'
  *                checkpoints and activation gradients wait in vram. The
  *                same ops, the same per-unit summation order: the same
- *                bits. One rank, checkpoints in vram, no kept forwards;
+ *                bits. The checkpoints in vram, no kept forwards;
  *   AUTO         LAYER_FIRST when it fits the budgets and its predicted
  *                step is shorter, else BATCH_FIRST. */
 enum st_schedule { ST_SCHEDULE_BATCH_FIRST, ST_SCHEDULE_LAYER_FIRST, ST_SCHEDULE_AUTO };

@@ -102,9 +102,6 @@ static int input_check(const struct st_plan_input *in)
 		return st_error_set(-EINVAL, "plan: unknown schedule");
 	if (in->schedule == ST_SCHEDULE_LAYER_FIRST) {
 		/* what layer-first does not do yet (docs/plan.md, "Schedules") */
-		if (in->world > 1)
-			return st_error_set(-EINVAL, "--schedule layer-first: one rank only for "
-					    "now (at world > 1 use --schedule batch-first)");
 		if (in->activations == ST_OFFLOAD_HOST)
 			return st_error_set(-EINVAL, "--schedule layer-first keeps the N "
 					    "micro-batches' checkpoints in vram: not with "
@@ -202,7 +199,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		return plan_make(in, plan);
 	x.schedule = ST_SCHEDULE_BATCH_FIRST;
 	ret = plan_make(&x, plan);
-	if (in->grad_accum < 2 || in->world > 1 || in->activations == ST_OFFLOAD_HOST ||
+	if (in->grad_accum < 2 || in->activations == ST_OFFLOAD_HOST ||
 	    in->recompute == ST_RECOMPUTE_NONE)
 		return ret;
 	x.schedule = ST_SCHEDULE_LAYER_FIRST;

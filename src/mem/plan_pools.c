@@ -274,7 +274,8 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	 * first, added into the unit's (the fold on the device); a resident
 	 * unit has one per micro-batch (the head adds into it before the
 	 * unit's own backward) */
-	pool_add(p, ST_POOL_DW, sh->epad_reg * 4, sh->layer_first && sh->accum > 1 ? 3 : 2, -1);
+	pool_add(p, ST_POOL_DW, sh->epad_reg * 4,
+		 sh->layer_first && (sh->accum > 1 || sh->world > 1) ? 3 : 2, -1);
 	for (int u = 0; u < sh->units; u++)
 		if (sh->resident[u])
 			pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, (uint32_t)mbs_held(sh), u);

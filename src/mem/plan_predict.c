@@ -52,8 +52,10 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum, N = (uint64_t)sh->world, parts = 0;
-	/* a unit's dW and W cross once a step layer-first, n times batch-first */
-	uint64_t nx = sh->layer_first ? 1 : n;
+	/* a unit's W crosses once a step layer-first, n times batch-first;
+	 * its dW is reduced in place once at world 1, while at world > 1
+	 * every micro-batch's goes to the ranks either way */
+	uint64_t nx = sh->layer_first ? 1 : n, nr = sh->layer_first && N == 1 ? 1 : n;
 	enum { AR = 0, RS = 1, AG = 2, A2A = 3 }; /* strata/comm.h's order */
 
 	memset(p->comm_bytes, 0, sizeof(p->comm_bytes));
@@ -63,8 +65,8 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 
 		/* every micro-batch: dW's slices to their ranks (world 1: the
 		 * reduce-scatter in place); stage 0 gathers the final G slices */
-		p->comm_calls[N > 1 ? A2A : RS] += nx;
-		p->comm_bytes[N > 1 ? A2A : RS] += nx * sh->epad[u] * 4;
+		p->comm_calls[N > 1 ? A2A : RS] += nr;
+		p->comm_bytes[N > 1 ? A2A : RS] += nr * sh->epad[u] * 4;
 		if (N > 1 && sh->zero == 0) {
 			p->comm_calls[AG] += 1;
 			p->comm_bytes[AG] += sh->epad[u] * 4;
@@ -307,7 +309,8 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		/* dW to the host: at world > 1 the N slots of the rank's slice;
 		 * none when G lives in vram */
 		if (h[ST_STATE_G] != ST_HOME_VRAM)
-			p->d2h_bytes += nx * (sh->world > 1 ? sh->epad[u] * 4 : g);
+			p->d2h_bytes += sh->layer_first ? g
+					 : n * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update (layer-first: written once, read by the
 		 * update); P, M, V read and written once. */

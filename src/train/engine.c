@@ -48,6 +48,8 @@ void st_engine_destroy(struct st_engine *e)
 	for (int i = 0; e->fetch.ev_h2d && i < e->fetch.n_slots; i++)
 		destroy_event(e, e->fetch.ev_h2d[i]);
 	destroy_event(e, e->update.ev_wstore);
+	destroy_event(e, e->lf_ev_dw);
+	destroy_event(e, e->lf_ev_red);
 	for (int i = 0; i < 2; i++)
 		destroy_event(e, e->shared_bufs[i].ev_dw);
 	for (int i = 0; i < 2; i++)
@@ -304,6 +306,10 @@ static int setup_unit_bufs(struct st_engine *e)
 		ret = st_event_create(e->dev, &e->batch.ev_copied[i]);
 	if (ret == 0)
 		ret = st_event_create(e->dev, &e->update.ev_wstore);
+	if (ret == 0 && e->layer_first)
+		ret = st_event_create(e->dev, &e->lf_ev_dw);
+	if (ret == 0 && e->layer_first)
+		ret = st_event_create(e->dev, &e->lf_ev_red);
 	for (int i = 0; i < 2 && ret == 0; i++) {
 		e->shared_bufs[i].w_compute = vpool(e, ST_POOL_WF, -1, 0);
 		e->shared_bufs[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
@@ -400,7 +406,7 @@ static int setup_pools(struct st_engine *e)
 		if (e->plan.keep[u])
 			e->act.saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
 	e->dw_fold = vpool(e, ST_POOL_DW, -1, 2);
-	if (e->layer_first && e->cfg.train.grad_accum > 1 && !e->dw_fold)
+	if (e->layer_first && (e->cfg.train.grad_accum > 1 || e->world > 1) && !e->dw_fold)
 		return st_error_set(-EINVAL, "engine: the plan has no dW to fold in");
 	e->batch.tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->batch.targets = vpool(e, ST_POOL_TARGETS, -1, 0);

@@ -84,12 +84,14 @@ static uint64_t g_at(const struct st_engine *e, int u)
 }
 
 /* The landing's terms into dst (g_elems): at world 1 the one dW; at world
- * > 1 the N slots in rank order. first: dst starts as the first term. */
+ * > 1 the N slots in rank order (layer-first: the one slice, folded on
+ * the device). first: dst starts as the first term. */
 static void fold_into(struct st_engine *e, int u, float *dst, bool first)
 {
 	uint64_t n = g_elems(e, u);
+	int terms = e->layer_first ? 1 : e->world;
 
-	for (int q = 0; q < e->world; q++) {
+	for (int q = 0; q < terms; q++) {
 		const float *src = e->grad.landing + (size_t)q * n;
 
 		if (q == 0 && first) {
@@ -269,4 +271,50 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 int st_eng_grad_in_once(struct st_engine *e, int u)
 {
 	return grad_in(e, u, true, true);
+}
+
+int st_eng_grad_fold_ranks(struct st_engine *e, int u, float *dw, float *acc, int a)
+{
+	uint64_t S = e->slice_elems[u];
+	const float *slots = e->zero.scratch;
+	int ret;
+
+	st_compute_record(e->cx, e->lf_ev_dw);
+	ret = st_comm_wait(e->comm, e->lf_ev_dw);
+	st_eng_zero_mark(e, "dW all-to-all", false);
+	if (ret == 0)
+		ret = st_comm_alltoall(e->comm, dw, e->zero.scratch, S, ST_COMM_F32);
+	st_eng_zero_mark(e, "dW all-to-all", true);
+	if (ret == 0)
+		ret = st_comm_record(e->comm, e->lf_ev_red);
+	if (ret < 0)
+		return ret;
+	/* the host's fold (fold_into), micro-batch after micro-batch, the
+	 * slots in rank order: ((slot_0 + slot_1) + ...) of micro-batch 0,
+	 * then + each slot of the next */
+	st_compute_wait(e->cx, e->lf_ev_red);
+	for (int q = 0; q < e->world; q++)
+		if (a == 0 && q == 0)
+			st_compute_copy(e->cx, acc, slots, S * sizeof(float));
+		else
+			st_compute_residual_fwd(e->cx, acc, acc, slots + (size_t)q * S, S);
+	return st_compute_take_error(e->cx);
+}
+
+int st_eng_grad_out_once(struct st_engine *e, int u, const struct ubufs *b)
+{
+	uint64_t bytes = g_elems(e, u) * sizeof(float);
+	struct st_extent part = b->dw_ext;
+	struct hop h;
+	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "G write");
+
+	/* world 1: the reduce-scatter in place, as batch-first's */
+	if (ret == 0 && e->world == 1)
+		ret = st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->unit_elems[u], ST_COMM_F32);
+	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
+		return ret;
+	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
+	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->grad.landing, bytes);
+	h.after = b->ev_dw;
+	return st_eng_chain_start(e, &e->grad.chain_d2h, &h, 1, &e->grad.landing_busy, NULL);
 }

@@ -355,6 +355,10 @@ struct st_engine {
 	 * unit's shared dW on the compute, in micro-batch order */
 	bool layer_first;
 	float *dw_fold;
+	/* layer-first at world > 1: recorded by the compute after a
+	 * micro-batch's dW, by the comm after its all-to-all (the fold on
+	 * the compute waits for it) */
+	struct st_event *lf_ev_dw, *lf_ev_red;
 
 	/* each pipeline's own */
 	struct lanes_state lanes;
@@ -468,6 +472,15 @@ int st_eng_acquire_w(struct st_engine *e, int u, void *dst);
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
 int st_eng_grad_in(struct st_engine *e, int u, int mb);
 int st_eng_grad_in_once(struct st_engine *e, int u);
+/* Layer-first at world > 1: micro-batch a's dW of unit u (dw, written by
+ * the compute just before) goes to the ranks (all-to-all), and this
+ * rank's N slots are folded on the compute into acc (the rank's slice)
+ * in the host's order. 0 or -errno. */
+int st_eng_grad_fold_ranks(struct st_engine *e, int u, float *dw, float *acc, int a);
+/* Layer-first: unit u's folded dW in b (ev_dw recorded after its last
+ * fold) to the host landing, once a step: at world 1 the unit (its
+ * reduce-scatter in place), at world > 1 the rank's slice. */
+int st_eng_grad_out_once(struct st_engine *e, int u, const struct ubufs *b);
 /* Every G write in flight (out of the landing and the G staging) has
  * landed. 0 or -errno. */
 int st_eng_grad_quiet(struct st_engine *e);

@@ -345,8 +345,12 @@ static int lf_forward_unit(struct st_engine *e, int u)
  * resident unit's kept since the forward), its dW folded on the compute
  * in micro-batch order into its dW buffer (bufs_of), which records
  * ev_dw once: the d2h takes the unit's whole step. dy, dx: N activation
- * gradients each (micro-batch a at a * X), swapped after the unit. */
-static int lf_backward_unit(struct st_engine *e, int u, float **dy, float **dx)
+ * gradients each (micro-batch a at a * X), swapped after the unit.
+ * At world > 1 the previous unit's G (pend, or -1) is taken in once
+ * micro-batch 0's backward is queued and before its all-to-all: stage
+ * 0's G gather may go through the comm scratch (the device path), which
+ * this unit's all-to-alls and folds use. */
+static int lf_backward_unit(struct st_engine *e, int u, int pend, float **dy, float **dx)
 {
 	const int N = e->cfg.train.grad_accum;
 	const size_t x = e->act.ckpt_elems;
@@ -358,7 +362,9 @@ static int lf_backward_unit(struct st_engine *e, int u, float **dy, float **dx)
 		ret = st_eng_acquire_w(e, u, ub->w_compute);
 	for (int a = 0; ret == 0 && a < N; a++) {
 		struct st_model_batch b = batch_mb(e, a);
-		float *dw = res ? ub->dw_mb[a] : a == 0 ? ub->dw : e->dw_fold;
+		/* world > 1: every micro-batch's dW goes to the ranks, and
+		 * the rank's slots are folded into the first S of ub->dw */
+		float *dw = res ? ub->dw_mb[a] : a == 0 && e->world == 1 ? ub->dw : e->dw_fold;
 
 		b.losses = last ? e->grad.dev_losses + (size_t)a * (size_t)b.B * (size_t)b.T
 				: NULL;
@@ -371,11 +377,15 @@ static int lf_backward_unit(struct st_engine *e, int u, float **dy, float **dx)
 					 first ? NULL : *dx + (size_t)a * x, dw, grad_mb(e, r, a),
 					 NULL, NULL, 0, e->work, e->work_bytes);
 		/* the fold: the host's order and adds (fold_into) */
-		if (ret == 0 && !res && a > 0)
+		if (ret == 0 && !res && a > 0 && e->world == 1)
 			st_compute_residual_fwd(e->cx, ub->dw, ub->dw, dw, e->unit_elems[u]);
 		st_compute_span_end(e->cx);
+		if (ret == 0 && e->world > 1 && a == 0 && pend >= 0)
+			ret = st_eng_grad_in_once(e, pend);
+		if (ret == 0 && e->world > 1)
+			ret = st_eng_grad_fold_ranks(e, u, dw, ub->dw, a);
 	}
-	if (ret == 0 && res && N > 1) {
+	if (ret == 0 && res && N > 1 && e->world == 1) {
 		st_compute_span_begin(e->cx, "dW fold");
 		for (int a = 1; a < N; a++)
 			st_compute_residual_fwd(e->cx, ub->dw, ub->dw, ub->dw_mb[a],
@@ -405,13 +415,13 @@ static int lf_backward(struct st_engine *e)
 			st_compute_zero(e->cx, e->unit_bufs[u].dw_mb[a],
 					e->padded_elems[u] * sizeof(float));
 	for (int u = e->n_units - 1; ret == 0 && u >= 0; u--) {
-		ret = lf_backward_unit(e, u, &dy, &dx);
-		if (ret == 0 && pend >= 0)
+		ret = lf_backward_unit(e, u, pend, &dy, &dx);
+		if (ret == 0 && pend >= 0 && e->world == 1)
 			ret = st_eng_grad_in_once(e, pend);
 		if (ret == 0)
 			ret = st_eng_update_poll(e);
 		if (ret == 0)
-			ret = st_eng_grad_out(e, u, bufs_of(e, u));
+			ret = st_eng_grad_out_once(e, u, bufs_of(e, u));
 		pend = u;
 	}
 	if (ret == 0)
