@@ -113,9 +113,10 @@ const char *st_recompute_name(enum st_recompute r);
  *                its W is in vram, and in the backward all N of them, its
  *                dW folded on the device in micro-batch order: W crosses
  *                once a step for each pass, G once; the N micro-batches'
- *                checkpoints and activation gradients wait in vram. The
+ *                checkpoints wait in vram or on the host (one block a
+ *                boundary), their activation gradients in vram. The
  *                same ops, the same per-unit summation order: the same
- *                bits. The checkpoints in vram, no kept forwards;
+ *                bits. No kept forwards;
  *   AUTO         LAYER_FIRST when it fits the budgets and its predicted
  *                step is shorter, else BATCH_FIRST. */
 enum st_schedule { ST_SCHEDULE_BATCH_FIRST, ST_SCHEDULE_LAYER_FIRST, ST_SCHEDULE_AUTO };

@@ -102,10 +102,6 @@ static int input_check(const struct st_plan_input *in)
 		return st_error_set(-EINVAL, "plan: unknown schedule");
 	if (in->schedule == ST_SCHEDULE_LAYER_FIRST) {
 		/* what layer-first does not do yet (docs/plan.md, "Schedules") */
-		if (in->activations == ST_OFFLOAD_HOST)
-			return st_error_set(-EINVAL, "--schedule layer-first keeps the N "
-					    "micro-batches' checkpoints in vram: not with "
-					    "--offload-activations host");
 		if (in->recompute == ST_RECOMPUTE_NONE)
 			return st_error_set(-EINVAL, "--schedule layer-first runs N forwards of a "
 					    "unit before its backwards, so no forward is kept: "
@@ -177,8 +173,9 @@ static int lf_explain(const struct st_plan_input *in, const struct st_shape *sh,
 	snprintf(why, sizeof(why), "%s", st_error_last());
 	return st_error_set(ret, "%s; --schedule layer-first holds the checkpoints and "
 			    "activation gradients of --grad-accum %d micro-batches in vram "
-			    "(%s of checkpoints each): raise --gpu-mem, lower --grad-accum or use "
-			    "--schedule batch-first", why, in->grad_accum,
+			    "(%s of checkpoints each, two boundaries' with them on the host): raise "
+			    "--gpu-mem, lower --grad-accum or use --schedule batch-first", why,
+			    in->grad_accum,
 			    st_format_bytes((uint64_t)(sh->units - 1) * sh->x_bytes, b,
 					    sizeof(b)));
 }
@@ -199,8 +196,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		return plan_make(in, plan);
 	x.schedule = ST_SCHEDULE_BATCH_FIRST;
 	ret = plan_make(&x, plan);
-	if (in->grad_accum < 2 || in->activations == ST_OFFLOAD_HOST ||
-	    in->recompute == ST_RECOMPUTE_NONE)
+	if (in->grad_accum < 2 || in->recompute == ST_RECOMPUTE_NONE)
 		return ret;
 	x.schedule = ST_SCHEDULE_LAYER_FIRST;
 	if (plan_make(&x, &lf) < 0)

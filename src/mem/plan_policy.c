@@ -61,9 +61,6 @@ int st_plan_cands(const struct st_plan_input *in, struct st_cand *c)
  * new count (at most 2n). */
 int st_plan_act_cands(const struct st_plan_input *in, struct st_cand *c, int n)
 {
-	/* layer-first: the checkpoints in vram only (input_check refuses host) */
-	if (in->schedule == ST_SCHEDULE_LAYER_FIRST)
-		return n;
 	if (in->activations == ST_OFFLOAD_HOST)
 		for (int i = 0; i < n; i++)
 			c[i].a = ST_HOME_HOST;

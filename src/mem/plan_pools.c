@@ -125,8 +125,8 @@ static uint64_t mbs_held(const struct st_shape *sh)
 }
 
 /* The checkpoint pools of the candidate's home (*sh->act_home).
- * Layer-first: in vram only, checkpoint j of micro-batch a at
- * ((j-1) * N + a) * X. */
+ * Layer-first: in vram checkpoint j of micro-batch a at ((j-1) * N + a) *
+ * X; on the host each slot and home a block of N of Xa. */
 static void act_pools(const struct st_shape *sh, struct st_pools *p)
 {
 	uint64_t xa = st_align_up(sh->x_bytes, ST_PLAN_ACT_ALIGN);
@@ -138,8 +138,10 @@ static void act_pools(const struct st_shape *sh, struct st_pools *p)
 			 -1);
 		return;
 	}
-	pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_plan_act_slots(sh), -1);
-	pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_plan_act_offloaded(sh, ST_HOME_HOST), -1);
+	/* layer-first: each slot and home holds the N micro-batches' block */
+	pool_add(p, ST_POOL_ACT_SLOT, xa * mbs_held(sh), (uint32_t)st_plan_act_slots(sh), -1);
+	pool_add(p, ST_POOL_ACT_HOME, xa * mbs_held(sh),
+		 (uint32_t)st_plan_act_offloaded(sh, ST_HOME_HOST), -1);
 }
 
 /* --- recompute (st_recompute, docs/plan.md) ----------------------------------- */

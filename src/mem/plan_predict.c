@@ -93,16 +93,19 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 }
 
 /* Checkpoints on the host: each of 1..act_offloaded goes d2h after the
- * forward and h2d before the backward, every micro-batch. */
+ * forward and h2d before the backward, every micro-batch; layer-first
+ * once a step, the N micro-batches' block of it: (N-1) * Xa + its own. */
 static void act_traffic(const struct st_shape *sh, struct st_plan *p)
 {
-	uint64_t b = 0;
+	uint64_t b = 0, lf = 0, xa = st_align_up(sh->x_bytes, ST_PLAN_ACT_ALIGN);
 
-	for (int j = 1; j <= p->act_offloaded; j++)
+	for (int j = 1; j <= p->act_offloaded; j++) {
 		b += sh->act_copy[j];
+		lf += (uint64_t)(sh->accum - 1) * xa + sh->act_copy[j];
+	}
 	p->act_copy_bytes = b;
-	p->h2d_bytes += (uint64_t)sh->accum * b;
-	p->d2h_bytes += (uint64_t)sh->accum * b;
+	p->h2d_bytes += sh->layer_first ? lf : (uint64_t)sh->accum * b;
+	p->d2h_bytes += sh->layer_first ? lf : (uint64_t)sh->accum * b;
 }
 
 /* FLOPs per token the backward spends recomputing forwards: a third of

@@ -221,6 +221,11 @@ struct act_state {
 	 * 1..n_units-1) its copy's bytes, its two chains and their busy
 	 * counts, and the events ev[ACT_EV_*][j] */
 	bool on_host;
+	/* layer-first: the N micro-batches' checkpoints of a boundary are
+	 * one block (micro-batch a at a * mb_stride_bytes, Xa), copied as
+	 * one; batch-first N is 1 */
+	int n_mb;
+	uint64_t mb_stride_bytes;
 	int n_slots, n_off;
 	const struct st_extent *slot_ext; /* [n_slots] vram */
 	const struct st_extent *home_ext; /* [n_off] host: x[j] at j-1 */
@@ -541,6 +546,8 @@ void st_eng_zero_trace(struct st_engine *e);
 
 /* engine_act.c */
 float *st_eng_act(struct st_engine *e, int j);
+/* Layer-first: checkpoint j of micro-batch a (vram, or its slot's). */
+float *st_eng_act_mb(struct st_engine *e, int j, int a);
 int st_eng_act_setup(struct st_engine *e, const struct st_extent *slots,
 		     const struct st_extent *homes);
 int st_eng_act_chains(struct st_engine *e, struct chain **list);

@@ -41,12 +41,11 @@ static float *act(struct st_engine *e, int u)
 	return st_eng_act(e, u);
 }
 
-/* Layer-first: checkpoint u of micro-batch a, in vram at ((u-1) * N + a)
- * checkpoints (the plan's pool holds N of each). */
+/* Layer-first: checkpoint u of micro-batch a (engine_act.c): N of each
+ * boundary, in vram or in their slot's block on the way to the host. */
 static float *act_mb(struct st_engine *e, int u, int a)
 {
-	return e->act.ckpt + ((size_t)(u - 1) * (size_t)e->cfg.train.grad_accum + (size_t)a) *
-				     e->act.ckpt_elems;
+	return st_eng_act_mb(e, u, a);
 }
 
 /* The device buffers unit u computes with: its own when resident, else the
@@ -273,7 +272,8 @@ static int grad_norm(struct st_engine *e, double *norm)
  * Each unit runs the forward of all N micro-batches while its W is in its
  * slot, then in the backward all N again: W is fetched once a step for
  * each pass (the fetch sequence of one micro-batch). The N checkpoints
- * of each boundary wait in vram, and so do the N activation gradients
+ * of each boundary wait in vram (or go to the host as one block,
+ * engine_act.c), and the N activation gradients in vram
  * (dA, dB hold N each). A unit's dW of micro-batch 0 is computed in its
  * shared dW buffer, each later one in dw_fold and added into it on the
  * compute, in micro-batch order: ((dW_0 + dW_1) + dW_2) ..., the same
@@ -329,6 +329,9 @@ static int lf_forward_unit(struct st_engine *e, int u)
 	void *w = bufs_of(e, u)->w_compute;
 	int ret = st_eng_acquire_w(e, u, w);
 
+	/* checkpoints on the host: x[u+1] of all N is one block */
+	if (ret == 0)
+		ret = st_eng_act_fwd_begin(e, u);
 	for (int a = 0; ret == 0 && a < e->cfg.train.grad_accum; a++) {
 		struct st_model_batch b = batch_mb(e, a);
 
@@ -338,6 +341,8 @@ static int lf_forward_unit(struct st_engine *e, int u)
 					NULL, 0, e->work, e->work_bytes);
 		st_compute_span_end(e->cx);
 	}
+	if (ret == 0)
+		ret = st_eng_act_fwd_end(e, u);
 	return ret ? ret : st_compute_take_error(e->cx);
 }
 
@@ -360,6 +365,8 @@ static int lf_backward_unit(struct st_engine *e, int u, int pend, float **dy, fl
 
 	if (!(res && !last))
 		ret = st_eng_acquire_w(e, u, ub->w_compute);
+	if (ret == 0 && !first)
+		st_eng_act_bwd_begin(e, u);
 	for (int a = 0; ret == 0 && a < N; a++) {
 		struct st_model_batch b = batch_mb(e, a);
 		/* world > 1: every micro-batch's dW goes to the ranks, and
@@ -393,6 +400,8 @@ static int lf_backward_unit(struct st_engine *e, int u, int pend, float **dy, fl
 		st_compute_span_end(e->cx);
 	}
 	st_compute_record(e->cx, ub->ev_dw);
+	if (ret == 0 && !first)
+		ret = st_eng_act_bwd_end(e, u);
 	if (!first) {
 		float *tmp = *dy;
 

@@ -125,8 +125,6 @@ PY
 # losses, norms and checkpoint bytes, W and the optimizer on nvme at
 # --grad-accum 3, and less nvme traffic; what it does not do is refused
 check bad-schedule 2 "$strata" train $M --data "$data" --schedule sideways
-check lf-act-host 2 "$strata" train $M --data "$data" --schedule layer-first --grad-accum 2 \
-	--offload-activations host
 check lf-recompute-none 2 "$strata" train $M --data "$data" --schedule layer-first \
 	--grad-accum 2 --recompute none
 check lf-vram-short 2 "$strata" train $M --data "$data" --schedule layer-first --grad-accum 4 \

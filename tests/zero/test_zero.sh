@@ -25,7 +25,8 @@
 #   layer-first
 #              --schedule layer-first at 2 ranks, stages 0-3, W and the
 #              optimizer in host, on nvme and in vram, --grad-accum 2 (and
-#              LLaMA at stage 3): the losses, norms and checkpoint tensor
+#              LLaMA at stage 3, checkpoints on the host): the losses,
+#              norms and checkpoint tensor
 #              bytes of batch-first (one rank at --grad-accum 4, and 2 ranks
 #              batch-first), bit for bit; its collectives = the plan's
 #   comm       the collectives' calls and bytes per step = strata plan's
@@ -320,6 +321,10 @@ layer-first)
 		run "bf$z" 2 --steps 3 --grad-accum 2 --zero $z
 		same "lf$z" "bf$z" "2 ranks --zero $z: layer-first = batch-first"
 	done
+	# each rank's checkpoints on its host, the N micro-batches' blocks
+	run lfact 2 --steps 3 --zero 3 --grad-accum 2 --schedule layer-first \
+		--offload-activations host --offload-params nvme
+	same lfact ref "2 ranks --zero 3 layer-first, checkpoints on the host = 1 rank --grad-accum 4"
 	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 3)
 	run llref 1 "${ll[@]}" --grad-accum 6
 	run ll 2 "${ll[@]}" --zero 3 --grad-accum 3 --schedule layer-first --offload-params nvme \
