@@ -116,7 +116,7 @@ const char *st_recompute_name(enum st_recompute r);
  *                checkpoints wait in vram or on the host (one block a
  *                boundary), their activation gradients in vram. The
  *                same ops, the same per-unit summation order: the same
- *                bits. No kept forwards;
+ *                bits (a kept forward: N saved extents);
  *   AUTO         LAYER_FIRST when it fits the budgets and its predicted
  *                step is shorter, else BATCH_FIRST. */
 enum st_schedule { ST_SCHEDULE_BATCH_FIRST, ST_SCHEDULE_LAYER_FIRST, ST_SCHEDULE_AUTO };

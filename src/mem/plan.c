@@ -102,10 +102,6 @@ static int input_check(const struct st_plan_input *in)
 		return st_error_set(-EINVAL, "plan: unknown schedule");
 	if (in->schedule == ST_SCHEDULE_LAYER_FIRST) {
 		/* what layer-first does not do yet (docs/plan.md, "Schedules") */
-		if (in->recompute == ST_RECOMPUTE_NONE)
-			return st_error_set(-EINVAL, "--schedule layer-first runs N forwards of a "
-					    "unit before its backwards, so no forward is kept: "
-					    "not with --recompute none (use all or auto)");
 	}
 	return plan_vram_optim_check(in);
 }
@@ -182,9 +178,8 @@ static int lf_explain(const struct st_plan_input *in, const struct st_shape *sh,
 
 static int plan_make(const struct st_plan_input *in, struct st_plan *plan);
 
-/* AUTO: layer-first where it can run (one rank, N > 1, the checkpoints
- * in vram, no kept forward asked for), fits the budgets and is predicted
- * faster; batch-first otherwise. The two schedules give the same bits,
+/* AUTO: layer-first where it pays (N > 1), fits the budgets and is
+ * predicted faster; batch-first otherwise. The two schedules give the same bits,
  * so this only moves time and memory. */
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 {
@@ -196,7 +191,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		return plan_make(in, plan);
 	x.schedule = ST_SCHEDULE_BATCH_FIRST;
 	ret = plan_make(&x, plan);
-	if (in->grad_accum < 2 || in->recompute == ST_RECOMPUTE_NONE)
+	if (in->grad_accum < 2)
 		return ret;
 	x.schedule = ST_SCHEDULE_LAYER_FIRST;
 	if (plan_make(&x, &lf) < 0)
@@ -260,8 +255,7 @@ static int plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	*sh.act_home = c.a; /* st_policy_choose() tried the others last */
 	/* the placement first, then k in what it leaves (docs/plan.md) */
 	k = st_policy_depth(&pol, homes, budget);
-	/* layer-first keeps no forward (each would be rewritten N times) */
-	if (in->recompute == ST_RECOMPUTE_AUTO && !sh.layer_first)
+	if (in->recompute == ST_RECOMPUTE_AUTO)
 		st_plan_recomp_auto(&sh, homes, k, budget);
 	st_pools_compute(&sh, homes, k, &pools);
 

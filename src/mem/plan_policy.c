@@ -227,7 +227,7 @@ int st_policy_choose(struct st_policy *pol, const uint64_t *budget, enum st_home
 
 		if (!policy_accept(pol, i, budget, &moved, &p))
 			continue;
-		if (pol->in->recompute == ST_RECOMPUTE_AUTO && !pol->sh->layer_first)
+		if (pol->in->recompute == ST_RECOMPUTE_AUTO)
 			st_plan_recomp_auto(pol->sh, pol->trial, st_policy_depth(pol, pol->trial, budget),
 				       budget);
 		sum = policy_cost(pol, pol->trial, &step, NULL);

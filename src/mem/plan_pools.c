@@ -167,7 +167,8 @@ static void recomp_pool(const struct st_shape *sh, struct st_pools *p)
 			each = ST_MAX(each, sh->saved[u]);
 			n++;
 		}
-	pool_add(p, ST_POOL_SAVED, each, n, -1);
+	/* layer-first: each of the N micro-batches' forward is kept */
+	pool_add(p, ST_POOL_SAVED, each, n * (uint32_t)mbs_held(sh), -1);
 }
 
 /* --- the optimizer on the device (docs/gpu.md) ----------------------------- */

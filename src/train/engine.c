@@ -87,6 +87,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->lanes.chains);
 	free(e->unit_bufs);
 	free(e->act.saved);
+	free(e->act.saved_mb);
 	free(e->pool_ext);
 	st_eng_sums_fini(e);
 	st_eng_update_fini(e);
@@ -397,14 +398,26 @@ static int setup_pools(struct st_engine *e)
 	e->act.grad_b = vpool(e, ST_POOL_DACT, -1, 1);
 	e->work = vpool(e, ST_POOL_WORK, -1, 0);
 	e->work_bytes = e->plan.work_bytes;
-	/* a unit that keeps its forward: the pool's next extent, in unit order */
-	e->act.saved = calloc((size_t)e->n_units, sizeof(*e->act.saved));
-	if (!e->act.saved)
-		return -ENOMEM;
-	e->act.saved_bytes = e->plan.saved_each_bytes;
-	for (int u = 0, i = 0; u < e->n_units; u++)
-		if (e->plan.keep[u])
-			e->act.saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
+	/* a unit that keeps its forward: the pool's next extent, in unit
+	 * order (layer-first: the next N, micro-batch a's the a-th, in
+	 * saved_mb[u * N + a]) */
+	{
+		int n = e->layer_first ? e->cfg.train.grad_accum : 1;
+
+		e->act.saved = calloc((size_t)e->n_units, sizeof(*e->act.saved));
+		e->act.saved_mb = calloc((size_t)e->n_units * (size_t)n, sizeof(*e->act.saved_mb));
+		if (!e->act.saved || !e->act.saved_mb)
+			return -ENOMEM;
+		e->act.saved_bytes = e->plan.saved_each_bytes;
+		for (int u = 0, i = 0; u < e->n_units; u++) {
+			if (!e->plan.keep[u])
+				continue;
+			for (int a = 0; a < n; a++)
+				e->act.saved_mb[(size_t)u * (size_t)n + (size_t)a] =
+					vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
+			e->act.saved[u] = e->act.saved_mb[(size_t)u * (size_t)n];
+		}
+	}
 	e->dw_fold = vpool(e, ST_POOL_DW, -1, 2);
 	if (e->layer_first && (e->cfg.train.grad_accum > 1 || e->world > 1) && !e->dw_fold)
 		return st_error_set(-EINVAL, "engine: the plan has no dW to fold in");

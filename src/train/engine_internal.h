@@ -215,6 +215,7 @@ struct act_state {
 	 * forward (plan.keep), NULL for one that recomputes it; each
 	 * saved_bytes */
 	void **saved;
+	void **saved_mb;              /* [n_units * N] layer-first, else [n_units] */
 	size_t saved_bytes;
 	/* checkpoints on the host: n_slots vram slots, and checkpoints
 	 * 1..n_off going there and back; per checkpoint j (index

@@ -70,6 +70,13 @@ static float *other_grad(struct st_engine *e, int u)
 	return r >= 0 ? e->unit_bufs[r].dw : NULL;
 }
 
+/* Layer-first: micro-batch a's saved-forward extent of unit u (a unit
+ * that keeps its forward has N, NULL for one that recomputes). */
+static void *saved_mb(struct st_engine *e, int u, int a)
+{
+	return e->act.saved_mb[(size_t)u * (size_t)e->cfg.train.grad_accum + (size_t)a];
+}
+
 /* Layer-first: micro-batch a's dW of resident unit r (NULL: r < 0). */
 static float *grad_mb(struct st_engine *e, int r, int a)
 {
@@ -338,7 +345,8 @@ static int lf_forward_unit(struct st_engine *e, int u)
 		st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
 		ret = st_model_fwd_save(e->model, u, &b, w, other_w(e, u),
 					u ? act_mb(e, u, a) : NULL, act_mb(e, u + 1, a), NULL,
-					NULL, 0, e->work, e->work_bytes);
+					saved_mb(e, u, a), e->act.saved_bytes, e->work,
+					e->work_bytes);
 		st_compute_span_end(e->cx);
 	}
 	if (ret == 0)
@@ -382,7 +390,8 @@ static int lf_backward_unit(struct st_engine *e, int u, int pend, float **dy, fl
 					 first ? NULL : act_mb(e, u, a),
 					 last ? NULL : *dy + (size_t)a * x,
 					 first ? NULL : *dx + (size_t)a * x, dw, grad_mb(e, r, a),
-					 NULL, NULL, 0, e->work, e->work_bytes);
+					 NULL, saved_mb(e, u, a), e->act.saved_bytes, e->work,
+					 e->work_bytes);
 		/* the fold: the host's order and adds (fold_into) */
 		if (ret == 0 && !res && a > 0 && e->world == 1)
 			st_compute_residual_fwd(e->cx, ub->dw, ub->dw, dw, e->unit_elems[u]);

@@ -123,10 +123,8 @@ print("ok   --offload-optim vram: the host optimizer's losses and norms, no byte
 PY
 # --schedule layer-first (docs/engine.md, "Schedules"): batch-first's
 # losses, norms and checkpoint bytes, W and the optimizer on nvme at
-# --grad-accum 3, and less nvme traffic; what it does not do is refused
+# --grad-accum 3, and less nvme traffic; a budget it cannot fit is refused
 check bad-schedule 2 "$strata" train $M --data "$data" --schedule sideways
-check lf-recompute-none 2 "$strata" train $M --data "$data" --schedule layer-first \
-	--grad-accum 2 --recompute none
 check lf-vram-short 2 "$strata" train $M --data "$data" --schedule layer-first --grad-accum 4 \
 	--gpu-mem 1M
 grep -q "layer-first holds the checkpoints" "$work/err" ||
