@@ -1858,6 +1858,67 @@ static void test_layer_first_traffic(void **state)
 			}
 }
 
+/* A layer-first run saved after its third step, which had begun the
+ * fourth (its N micro-batches drawn, their forwards run in the sweep, as
+ * in a run told to stop then), resumes into a batch-first engine of
+ * another placement and ends where 6 batch-first steps straight end; and
+ * the other way round. */
+static void test_layer_first_resume(void **state)
+{
+	(void)state;
+	for (int dir_lf = 0; dir_lf < 2; dir_lf++) {
+		struct st_engine_config c;
+		struct run straight, resumed;
+		struct st_engine *e;
+		struct st_dataset *ds;
+		struct st_loader ld;
+		struct st_step_result res;
+		char ck[4200], *cfg = NULL;
+		uint64_t step;
+
+		base_config(&c);
+		c.train.grad_accum = 3;
+		c.params = ST_OFFLOAD_NVME;
+		c.optim = ST_OFFLOAD_NVME;
+		train(&c, 6, &straight);
+		c.schedule = dir_lf ? ST_SCHEDULE_BATCH_FIRST : ST_SCHEDULE_LAYER_FIRST;
+		snprintf(ck, sizeof(ck), "%s/ck-lf%d", dir, dir_lf);
+		open_loader(&ds, &ld, &c);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		for (int s = 0; s < 3; s++) {
+			assert_int_equal(st_engine_step(e, &ld, s, true, &res), 0);
+			resumed.loss[s] = res.loss;
+			resumed.norm[s] = res.grad_norm;
+		}
+		if (st_engine_save(e, ck, 3, st_engine_step_end_cursor(e), "{}", 2))
+			fail_msg("save: %s", st_error_last());
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+		c.schedule = dir_lf ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+		c.params = ST_OFFLOAD_HOST;
+		c.optim = ST_OFFLOAD_HOST;
+		open_loader(&ds, &ld, &c);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		if (st_engine_resume(e, ck, &step, &ld.cur, &cfg))
+			fail_msg("resume: %s", st_error_last());
+		free(cfg);
+		assert_int_equal(step, 3);
+		assert_int_equal(st_loader_seek(&ld, &ld.cur), 0);
+		for (int s = 3; s < 6; s++) {
+			assert_int_equal(st_engine_step(e, &ld, s, s < 5, &res), 0);
+			resumed.loss[s] = res.loss;
+			resumed.norm[s] = res.grad_norm;
+		}
+		collect(e, &resumed);
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+		same(&straight, &resumed, 6, dir_lf ? "batch-first saved, layer-first resumed"
+						    : "layer-first saved (stopped), batch-first resumed");
+		run_free(&straight);
+		run_free(&resumed);
+	}
+}
+
 /* What layer-first does not do is refused with one line naming it; a vram
  * budget that cannot hold N micro-batches' checkpoints is refused with the
  * minimum and what to raise; auto takes layer-first where it cuts the
@@ -2184,6 +2245,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_layer_first_invariance),
 		cmocka_unit_test(test_layer_first_refusals),
 		cmocka_unit_test(test_layer_first_traffic),
+		cmocka_unit_test(test_layer_first_resume),
 	};
 	/* cpu-strict: every test above, and the bits against plain cpu */
 	const struct CMUnitTest strict_tests[] = {
