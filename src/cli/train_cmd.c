@@ -369,6 +369,8 @@ static void train_accum_auto(struct st_engine_config *ec)
 		.rates = ec->rates, .world = ec->world, .rank = ec->rank, .zero = ec->zero,
 		.host_compute = st_device_on_host(ec->device),
 		.activations = ec->activations, .recompute = ec->recompute,
+		/* the hiding N of the schedule asked (auto: batch-first's) */
+		.schedule = ec->schedule,
 		/* as the engine's own plan (engine.c) */
 		.optim_vram_auto = ec->device && strcmp(ec->device, "cuda") == 0,
 	};
