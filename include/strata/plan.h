@@ -58,6 +58,10 @@
  * home holds S_u elements for a sharded state, N*S_u otherwise; and two
  * pools are added: vram comm scratch N*S_max*4 (dW's all-to-all), host W
  * gather N*S_max*Wb (stages 1-2).
+ * Layer-first (st_plan_input.schedule, A = grad_accum): the checkpoints
+ * A*(U-1)*X in vram, or slots and homes of A*Xa on the host; dA, dB of
+ * A*X; tokens and targets A*B*T*4; a third dW (A > 1 or world > 1); A dW
+ * of each resident unit; A saved forwards per kept unit; no G staging.
  * Every pool's extent is counted rounded up to 4 KiB (so the engine may
  * allocate each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
  * (checkpoints at offsets i*X); scratch_bytes is the sum of the scratch
