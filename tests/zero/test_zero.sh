@@ -265,6 +265,16 @@ mismatch)
 	else
 		echo "ok   mismatch --save-every: exit 2, named"
 	fi
+	# the schedule orders a step's all-to-alls: ranks must agree on it
+	"$mpirun" 2 bash -c 'exec "$0" train "$@" --schedule $([ "$OMPI_COMM_WORLD_RANK" = 1 ] &&
+		echo layer-first || echo batch-first)' "$strata" "${common[@]}" --steps 2 \
+		--grad-accum 2 >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc != 2 ] || ! grep -q "rank 1 has run .*schedule=layer-first where rank 0 has run .*schedule=batch-first" "$work/err"; then
+		echo "FAIL mismatch --schedule: exit $rc"; tail -3 "$work/err"; fail=1
+	else
+		echo "ok   mismatch --schedule: exit 2, named"
+	fi
 	;;
 refuse)
 	check "--zero 4" 2 "$strata" train "${common[@]}" --zero 4
