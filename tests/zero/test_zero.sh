@@ -25,7 +25,8 @@
 #   layer-first
 #              --schedule layer-first at 2 ranks, stages 0-3, W and the
 #              optimizer in host, on nvme and in vram, --grad-accum 2 (and
-#              LLaMA at stage 3, checkpoints on the host): the losses,
+#              LLaMA at stage 3, checkpoints on the host, --recompute
+#              none): the losses,
 #              norms and checkpoint tensor
 #              bytes of batch-first (one rank at --grad-accum 4, and 2 ranks
 #              batch-first), bit for bit; its collectives = the plan's
@@ -335,6 +336,9 @@ layer-first)
 	run lfact 2 --steps 3 --zero 3 --grad-accum 2 --schedule layer-first \
 		--offload-activations host --offload-params nvme
 	same lfact ref "2 ranks --zero 3 layer-first, checkpoints on the host = 1 rank --grad-accum 4"
+	# every block keeps the forward of each micro-batch
+	run lfkeep 2 --steps 3 --zero 2 --grad-accum 2 --schedule layer-first --recompute none
+	same lfkeep ref "2 ranks --zero 2 layer-first, --recompute none = 1 rank --grad-accum 4"
 	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 3)
 	run llref 1 "${ll[@]}" --grad-accum 6
 	run ll 2 "${ll[@]}" --zero 3 --grad-accum 3 --schedule layer-first --offload-params nvme \
