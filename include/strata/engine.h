@@ -71,6 +71,9 @@ struct st_engine_config {
 					    to the device as the bf16 it is
 					    (rounded from fp32 W on the
 					    device), not widened */
+	enum st_schedule schedule;     /* the order of the micro-batches
+					  (strata/plan.h): BATCH_FIRST (the
+					  zero value), LAYER_FIRST or AUTO */
 	bool poison_staging;           /* tests: the update's staging is
 					  filled with NaN bytes before each
 					  load, so AdamW reading it before

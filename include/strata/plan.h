@@ -58,6 +58,10 @@
  * home holds S_u elements for a sharded state, N*S_u otherwise; and two
  * pools are added: vram comm scratch N*S_max*4 (dW's all-to-all), host W
  * gather N*S_max*Wb (stages 1-2).
+ * Layer-first (st_plan_input.schedule, A = grad_accum): the checkpoints
+ * A*(U-1)*X in vram, or slots and homes of A*Xa on the host; dA, dB of
+ * A*X; tokens and targets A*B*T*4; a third dW (A > 1 or world > 1); A dW
+ * of each resident unit; A saved forwards per kept unit; no G staging.
  * Every pool's extent is counted rounded up to 4 KiB (so the engine may
  * allocate each as its own extent: tier alignment <= 4 KiB). act_bytes is one extent
  * (checkpoints at offsets i*X); scratch_bytes is the sum of the scratch
@@ -104,6 +108,25 @@ enum st_recompute { ST_RECOMPUTE_ALL, ST_RECOMPUTE_AUTO, ST_RECOMPUTE_NONE };
 
 /* "all", "auto", "none". */
 const char *st_recompute_name(enum st_recompute r);
+
+/* The order of a step's micro-batches (docs/plan.md, "Schedules"):
+ *   BATCH_FIRST  (the zero value) each micro-batch runs its forward and
+ *                backward over every unit, then the next one: W is fetched
+ *                N times a step for each pass, dW joins G N times;
+ *   LAYER_FIRST  each unit runs the forward of all N micro-batches while
+ *                its W is in vram, and in the backward all N of them, its
+ *                dW folded on the device in micro-batch order: W crosses
+ *                once a step for each pass, G once; the N micro-batches'
+ *                checkpoints wait in vram or on the host (one block a
+ *                boundary), their activation gradients in vram. The
+ *                same ops, the same per-unit summation order: the same
+ *                bits (a kept forward: N saved extents);
+ *   AUTO         LAYER_FIRST when it fits the budgets and its predicted
+ *                step is shorter, else BATCH_FIRST. */
+enum st_schedule { ST_SCHEDULE_BATCH_FIRST, ST_SCHEDULE_LAYER_FIRST, ST_SCHEDULE_AUTO };
+
+/* "batch-first", "layer-first", "auto". */
+const char *st_schedule_name(enum st_schedule s);
 
 /* Bandwidths and rates the prediction uses; 0 = a built-in default. */
 struct st_plan_rates {
@@ -172,6 +195,8 @@ struct st_plan_input {
 	 * --offload-optim vram forces it anywhere. Explicit homes may put a
 	 * unit's G, P, M, V in vram when its W is there too (world 1). */
 	bool optim_vram_auto;
+	/* The order of the micro-batches (enum st_schedule above). */
+	enum st_schedule schedule;
 };
 
 /* Checkpoints on the host go through this many vram slots: checkpoint j
@@ -350,6 +375,9 @@ struct st_plan {
 	const char *phase_bound[2];
 	uint64_t upd_h2d_bytes, upd_nvme_read_bytes, upd_nvme_write_bytes;
 	uint64_t upd_prefetch_nvme_read_bytes;
+	/* The order of the micro-batches the plan is sized and predicted
+	 * for: BATCH_FIRST or LAYER_FIRST (AUTO resolved). */
+	enum st_schedule schedule;
 };
 
 #define ST_PLAN_ACCUM_MAX 64

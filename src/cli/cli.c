@@ -124,6 +124,17 @@ enum st_recompute st_cli_recompute(const char *s)
 	st_cli_die(2, "--recompute %s: expected auto, all or none", s);
 }
 
+enum st_schedule st_cli_schedule(const char *s)
+{
+	if (strcmp(s, "batch-first") == 0)
+		return ST_SCHEDULE_BATCH_FIRST;
+	if (strcmp(s, "layer-first") == 0)
+		return ST_SCHEDULE_LAYER_FIRST;
+	if (strcmp(s, "auto") == 0)
+		return ST_SCHEDULE_AUTO;
+	st_cli_die(2, "--schedule %s: expected batch-first, layer-first or auto", s);
+}
+
 void st_cli_check_dirs(const char *flag, const char *list, bool writable)
 {
 	const char *p = list;

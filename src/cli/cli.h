@@ -38,6 +38,8 @@ enum st_offload st_cli_offload(const char *flag, const char *s, bool allow_none)
 enum st_offload st_cli_offload_act(const char *s);
 /* --recompute auto|all|none. */
 enum st_recompute st_cli_recompute(const char *s);
+/* --schedule batch-first|layer-first|auto. */
+enum st_schedule st_cli_schedule(const char *s);
 /* Every directory of DIR[,DIR...] exists (and is writable when asked);
  * exit 2 with one line naming the first that is not. */
 void st_cli_check_dirs(const char *flag, const char *list, bool writable);

@@ -55,6 +55,9 @@ static void plan_usage(FILE *f)
 "                         (the least vram), none (every block keeps its forward in vram;\n"
 "                         exit 2 when it does not fit), auto (default: as many keep as the\n"
 "                         vram budget holds after everything else, the last block first)\n"
+"  --schedule batch-first|layer-first|auto  the micro-batches' order (default\n"
+"                         batch-first; layer-first: each unit runs every micro-batch\n"
+"                         while its W is in vram, W and G cross once a step)\n"
 "data parallelism (docs/zero.md): the plan of one rank\n"
 "  --world N              data-parallel ranks (default 1)\n"
 "  --rank R               the rank planned (default 0; every rank's plan is the same)\n"
@@ -92,6 +95,7 @@ int st_cli_plan(int argc, char **argv)
 		{ "world", 1, 0, 'w' }, { "rank", 1, 0, 'r' }, { "zero", 1, 0, 'z' },
 		{ "offload-activations", 1, 0, 1001 },
 		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' }, { "recompute", 1, 0, 'R' },
+		{ "schedule", 1, 0, 1006 },
 		{ "rates", 1, 0, 1003 }, { "calibrate", 1, 0, 1004 },
 		{ "compute-dtype", 1, 0, 1005 },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
@@ -145,6 +149,7 @@ int st_cli_plan(int argc, char **argv)
 		case 'k': in.prefetch = (int)st_cli_long("--prefetch", optarg, 0, 1 << 20); break;
 		case 'b': bench = optarg; break;
 		case 'R': in.recompute = st_cli_recompute(optarg); break;
+		case 1006: in.schedule = st_cli_schedule(optarg); break;
 		case 1005:
 			if (st_precision_parse(optarg, &compute_dtype) < 0)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);

@@ -74,6 +74,11 @@ static void train_usage(FILE *f)
 "                       (the least vram), none (every block keeps its forward in vram;\n"
 "                       exit 2 when it does not fit), auto (default: as many as the vram\n"
 "                       budget holds after everything else); the numbers are the same\n"
+"  --schedule batch-first|layer-first|auto  the micro-batches' order (default\n"
+"                       batch-first; layer-first: each unit runs all --grad-accum\n"
+"                       micro-batches while its W is in vram, so W and G cross once a\n"
+"                       step; auto: layer-first when it fits and is predicted faster);\n"
+"                       the numbers are the same\n"
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
 "  --rates FILE         the planner's rates from a rates file (strata plan --calibrate)\n"
 "  --rates-refresh FILE write the rates this run measures (steps 2 to 4: compute, copies,\n"
@@ -364,6 +369,8 @@ static void train_accum_auto(struct st_engine_config *ec)
 		.rates = ec->rates, .world = ec->world, .rank = ec->rank, .zero = ec->zero,
 		.host_compute = st_device_on_host(ec->device),
 		.activations = ec->activations, .recompute = ec->recompute,
+		/* the hiding N of the schedule asked (auto: batch-first's) */
+		.schedule = ec->schedule,
 		/* as the engine's own plan (engine.c) */
 		.optim_vram_auto = ec->device && strcmp(ec->device, "cuda") == 0,
 	};
@@ -412,6 +419,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
+		{ "schedule", 1, 0, 1004 },
 		{ "compute-dtype", 1, 0, 1003 },
 		{ "offload-activations", 1, 0, 1002 },
 		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
@@ -522,6 +530,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			ec->ckpt_shard_bytes = st_cli_size("--shard-size", optarg);
 			break;
 		case 1001: ec->recompute = st_cli_recompute(optarg); break;
+		case 1004: ec->schedule = st_cli_schedule(optarg); break;
 		case 1003:
 			if (st_precision_parse(optarg, &ec->compute_dtype) < 0)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);

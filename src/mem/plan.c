@@ -98,6 +98,11 @@ static int input_check(const struct st_plan_input *in)
 	if ((unsigned)in->activations > ST_OFFLOAD_HOST)
 		return st_error_set(-EINVAL, "--offload-activations: the checkpoints live in "
 				    "vram or host (auto, vram or host)");
+	if ((unsigned)in->schedule > ST_SCHEDULE_AUTO)
+		return st_error_set(-EINVAL, "plan: unknown schedule");
+	if (in->schedule == ST_SCHEDULE_LAYER_FIRST) {
+		/* what layer-first does not do yet (docs/plan.md, "Schedules") */
+	}
 	return plan_vram_optim_check(in);
 }
 
@@ -154,7 +159,54 @@ static int act_hint(const struct st_plan_input *in, int ret)
 			    "--offload-activations auto or host)", msg);
 }
 
+/* Layer-first refused for a budget: say what its N micro-batches hold. */
+static int lf_explain(const struct st_plan_input *in, const struct st_shape *sh, int ret)
+{
+	char why[512], b[32];
+
+	if (!sh->layer_first || ret != -ENOSPC)
+		return ret;
+	snprintf(why, sizeof(why), "%s", st_error_last());
+	return st_error_set(ret, "%s; --schedule layer-first holds the checkpoints and "
+			    "activation gradients of --grad-accum %d micro-batches in vram "
+			    "(%s of checkpoints each, two boundaries' with them on the host): raise "
+			    "--gpu-mem, lower --grad-accum or use --schedule batch-first", why,
+			    in->grad_accum,
+			    st_format_bytes((uint64_t)(sh->units - 1) * sh->x_bytes, b,
+					    sizeof(b)));
+}
+
+static int plan_make(const struct st_plan_input *in, struct st_plan *plan);
+
+/* AUTO: layer-first where it pays (N > 1), fits the budgets and is
+ * predicted faster; batch-first otherwise. The two schedules give the same bits,
+ * so this only moves time and memory. */
 int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
+{
+	struct st_plan_input x = *in;
+	struct st_plan lf;
+	int ret;
+
+	if (in->schedule != ST_SCHEDULE_AUTO)
+		return plan_make(in, plan);
+	x.schedule = ST_SCHEDULE_BATCH_FIRST;
+	ret = plan_make(&x, plan);
+	if (in->grad_accum < 2)
+		return ret;
+	x.schedule = ST_SCHEDULE_LAYER_FIRST;
+	if (plan_make(&x, &lf) < 0)
+		return ret < 0 ? ret : 0;
+	if (ret == 0 && !(lf.t_step_s < plan->t_step_s)) {
+		st_plan_fini(&lf);
+		return 0;
+	}
+	if (ret == 0)
+		st_plan_fini(plan);
+	*plan = lf;
+	return 0;
+}
+
+static int plan_make(const struct st_plan_input *in, struct st_plan *plan)
 {
 	struct st_shape sh;
 	struct st_cand cands[18], c;
@@ -193,7 +245,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	}
 	chosen = st_policy_choose(&pol, budget, homes, &split);
 	if (chosen < 0) {
-		ret = recomp_explain(in, &sh, st_plan_explain(&pol, budget));
+		ret = lf_explain(in, &sh, recomp_explain(in, &sh, st_plan_explain(&pol, budget)));
 		st_policy_fini(&pol);
 		free(homes);
 		st_shape_fini(&sh);
@@ -220,6 +272,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.zero = in->zero;
 	p.tile_elems = sh.tile;
 	p.split = split;
+	p.schedule = sh.layer_first ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
 	p.keep = calloc((size_t)sh.units, sizeof(*p.keep));
 	if (!p.home || !p.state_bytes || !p.pools || !p.slice_elems || !p.keep) {
 		st_plan_fini(&p);

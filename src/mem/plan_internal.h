@@ -48,6 +48,9 @@ struct st_shape {
 	 * keeps in the placement being sized */
 	uint64_t *saved, *work_kept, *work_full;
 	bool *keep;
+	/* --schedule layer-first (strata/plan.h): the pools hold N = accum
+	 * micro-batches at each unit boundary, W and G cross once a step */
+	bool layer_first;
 };
 
 /* One placement: W's home and G, P, M, V's home. */

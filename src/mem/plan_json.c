@@ -308,6 +308,8 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(root, "split", json_object_new_boolean(p->split));
 	json_object_object_add(root, "units", units_json(p, in));
 	json_object_object_add(root, "recompute", recompute_json(p));
+	json_object_object_add(root, "schedule",
+			       json_object_new_string(st_schedule_name(p->schedule)));
 	json_object_object_add(root, "pools", pools_json(p));
 	json_object_object_add(root, "activations", act_json(p));
 	json_object_object_add(root, "pool_list", pool_list_json(p));

@@ -31,6 +31,13 @@ const char *st_recompute_name(enum st_recompute r)
 	return (unsigned)r <= ST_RECOMPUTE_NONE ? names[r] : "?";
 }
 
+const char *st_schedule_name(enum st_schedule s)
+{
+	static const char *names[] = { "batch-first", "layer-first", "auto" };
+
+	return (unsigned)s <= ST_SCHEDULE_AUTO ? names[s] : "?";
+}
+
 uint64_t st_plan_page_bytes(uint64_t bytes)
 {
 	return st_align_up(bytes, ST_PAGE_BYTES);
@@ -110,7 +117,16 @@ int st_plan_act_offloaded(const struct st_shape *sh, enum st_home a)
 	return a == ST_HOME_HOST ? sh->units - 1 - st_plan_act_slots(sh) : 0;
 }
 
-/* The checkpoint pools of the candidate's home (*sh->act_home). */
+/* The micro-batches whose activations wait at a unit boundary at once:
+ * N layer-first, one batch-first. */
+static uint64_t mbs_held(const struct st_shape *sh)
+{
+	return sh->layer_first ? (uint64_t)sh->accum : 1;
+}
+
+/* The checkpoint pools of the candidate's home (*sh->act_home).
+ * Layer-first: in vram checkpoint j of micro-batch a at ((j-1) * N + a) *
+ * X; on the host each slot and home a block of N of Xa. */
 static void act_pools(const struct st_shape *sh, struct st_pools *p)
 {
 	uint64_t xa = st_align_up(sh->x_bytes, ST_PLAN_ACT_ALIGN);
@@ -118,11 +134,14 @@ static void act_pools(const struct st_shape *sh, struct st_pools *p)
 	if (sh->units < 2)
 		return;
 	if (*sh->act_home != ST_HOME_HOST) {
-		pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes, 1, -1);
+		pool_add(p, ST_POOL_ACT, (uint64_t)(sh->units - 1) * sh->x_bytes * mbs_held(sh), 1,
+			 -1);
 		return;
 	}
-	pool_add(p, ST_POOL_ACT_SLOT, xa, (uint32_t)st_plan_act_slots(sh), -1);
-	pool_add(p, ST_POOL_ACT_HOME, xa, (uint32_t)st_plan_act_offloaded(sh, ST_HOME_HOST), -1);
+	/* layer-first: each slot and home holds the N micro-batches' block */
+	pool_add(p, ST_POOL_ACT_SLOT, xa * mbs_held(sh), (uint32_t)st_plan_act_slots(sh), -1);
+	pool_add(p, ST_POOL_ACT_HOME, xa * mbs_held(sh),
+		 (uint32_t)st_plan_act_offloaded(sh, ST_HOME_HOST), -1);
 }
 
 /* --- recompute (st_recompute, docs/plan.md) ----------------------------------- */
@@ -148,7 +167,8 @@ static void recomp_pool(const struct st_shape *sh, struct st_pools *p)
 			each = ST_MAX(each, sh->saved[u]);
 			n++;
 		}
-	pool_add(p, ST_POOL_SAVED, each, n, -1);
+	/* layer-first: each of the N micro-batches' forward is kept */
+	pool_add(p, ST_POOL_SAVED, each, n * (uint32_t)mbs_held(sh), -1);
 }
 
 /* --- the optimizer on the device (docs/gpu.md) ----------------------------- */
@@ -252,18 +272,25 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	for (int u = 0; u < sh->units; u++)
 		if (sh->resident[u])
 			pool_add(p, ST_POOL_WF_RES, sh->elems[u] * 4, 1, u);
-	/* dW is the padded unit: the reduce-scatter cuts it in N slices */
-	pool_add(p, ST_POOL_DW, sh->epad_reg * 4, 2, -1);
+	/* dW is the padded unit: the reduce-scatter cuts it in N slices.
+	 * Layer-first at N > 1: a third, each micro-batch's dW after the
+	 * first, added into the unit's (the fold on the device); a resident
+	 * unit has one per micro-batch (the head adds into it before the
+	 * unit's own backward) */
+	pool_add(p, ST_POOL_DW, sh->epad_reg * 4,
+		 sh->layer_first && (sh->accum > 1 || sh->world > 1) ? 3 : 2, -1);
 	for (int u = 0; u < sh->units; u++)
 		if (sh->resident[u])
-			pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, 1, u);
-	pool_add(p, ST_POOL_DACT, sh->x_bytes, 2, -1);
+			pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, (uint32_t)mbs_held(sh), u);
+	pool_add(p, ST_POOL_DACT, sh->x_bytes * mbs_held(sh), 2, -1);
 	pool_add(p, ST_POOL_WORK, recomp_work(sh), 1, -1);
-	pool_add(p, ST_POOL_TOKENS, sh->bt_bytes, 1, -1);
-	pool_add(p, ST_POOL_TARGETS, sh->bt_bytes, 1, -1);
+	pool_add(p, ST_POOL_TOKENS, sh->bt_bytes * mbs_held(sh), 1, -1);
+	pool_add(p, ST_POOL_TARGETS, sh->bt_bytes * mbs_held(sh), 1, -1);
 	pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
 		 any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
-	pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4, g_nvme && sh->accum > 1, -1);
+	/* layer-first: G is written once a step, never read back to add */
+	pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4,
+		 g_nvme && sh->accum > 1 && !sh->layer_first, -1);
 	/* the update sweep goes tile by tile, two sets of staging in turn:
 	 * for G, P, M, V one buffer per staged state in each set */
 	pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd_w ? 2 : 0, -1);
@@ -392,6 +419,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	sh->zero = in->zero;
 	sh->units = st_model_unit_count(m);
 	sh->accum = in->grad_accum;
+	sh->layer_first = in->schedule == ST_SCHEDULE_LAYER_FIRST;
 	sh->wb = in->bf16 ? 2 : 4;
 	sh->elems = calloc((size_t)sh->units, sizeof(*sh->elems));
 	sh->resident = calloc((size_t)sh->units, sizeof(*sh->resident));

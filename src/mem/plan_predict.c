@@ -52,6 +52,10 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum, N = (uint64_t)sh->world, parts = 0;
+	/* a unit's W crosses once a step layer-first, n times batch-first;
+	 * its dW is reduced in place once at world 1, while at world > 1
+	 * every micro-batch's goes to the ranks either way */
+	uint64_t nx = sh->layer_first ? 1 : n, nr = sh->layer_first && N == 1 ? 1 : n;
 	enum { AR = 0, RS = 1, AG = 2, A2A = 3 }; /* strata/comm.h's order */
 
 	memset(p->comm_bytes, 0, sizeof(p->comm_bytes));
@@ -61,8 +65,8 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 
 		/* every micro-batch: dW's slices to their ranks (world 1: the
 		 * reduce-scatter in place); stage 0 gathers the final G slices */
-		p->comm_calls[N > 1 ? A2A : RS] += n;
-		p->comm_bytes[N > 1 ? A2A : RS] += n * sh->epad[u] * 4;
+		p->comm_calls[N > 1 ? A2A : RS] += nr;
+		p->comm_bytes[N > 1 ? A2A : RS] += nr * sh->epad[u] * 4;
 		if (N > 1 && sh->zero == 0) {
 			p->comm_calls[AG] += 1;
 			p->comm_bytes[AG] += sh->epad[u] * 4;
@@ -73,8 +77,8 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 			p->comm_bytes[AG] += sh->epad[u] * sh->wb;
 		}
 		if (sh->w_stream_all) {
-			p->comm_calls[AG] += n * fetches;
-			p->comm_bytes[AG] += n * fetches * sh->epad[u] * sh->wb;
+			p->comm_calls[AG] += nx * fetches;
+			p->comm_bytes[AG] += nx * fetches * sh->epad[u] * sh->wb;
 		}
 		parts += sh->slice[u] / ST_PLAN_SLICE_ALIGN;
 	}
@@ -89,16 +93,19 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 }
 
 /* Checkpoints on the host: each of 1..act_offloaded goes d2h after the
- * forward and h2d before the backward, every micro-batch. */
+ * forward and h2d before the backward, every micro-batch; layer-first
+ * once a step, the N micro-batches' block of it: (N-1) * Xa + its own. */
 static void act_traffic(const struct st_shape *sh, struct st_plan *p)
 {
-	uint64_t b = 0;
+	uint64_t b = 0, lf = 0, xa = st_align_up(sh->x_bytes, ST_PLAN_ACT_ALIGN);
 
-	for (int j = 1; j <= p->act_offloaded; j++)
+	for (int j = 1; j <= p->act_offloaded; j++) {
 		b += sh->act_copy[j];
+		lf += (uint64_t)(sh->accum - 1) * xa + sh->act_copy[j];
+	}
 	p->act_copy_bytes = b;
-	p->h2d_bytes += (uint64_t)sh->accum * b;
-	p->d2h_bytes += (uint64_t)sh->accum * b;
+	p->h2d_bytes += sh->layer_first ? lf : (uint64_t)sh->accum * b;
+	p->d2h_bytes += sh->layer_first ? lf : (uint64_t)sh->accum * b;
 }
 
 /* FLOPs per token the backward spends recomputing forwards: a third of
@@ -171,6 +178,9 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 		     r->compute_flops;
 	double (*L)[5] = p->t_phase_lane_s, others = 0;
 
+	/* layer-first: the sweep runs the next step's forward of all N */
+	if (sh->layer_first)
+		fwd *= sh->accum;
 	fwd = ST_MIN(fwd, t[0]);
 	L[1][0] = fwd;
 	L[1][1] = (double)p->upd_h2d_bytes / r->copy_bps;
@@ -261,6 +271,9 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		const enum st_home *homes, struct st_plan *p)
 {
 	uint64_t n = (uint64_t)sh->accum;
+	/* the times a step moves a unit's W for each pass and its dW:
+	 * n batch-first, once layer-first (docs/plan.md, "Schedules") */
+	uint64_t nx = sh->layer_first ? 1 : n;
 	uint64_t p_dev_elems = 0, p_all_elems = 0;
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
@@ -289,22 +302,24 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 			p->h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
 			p->upd_h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;
 		} else {
-			p->h2d_bytes += n * fetches * w;
+			p->h2d_bytes += nx * fetches * w;
 		}
 		if (h[ST_STATE_W] == ST_HOME_NVME) {
-			p->nvme_read_bytes += n * fetches * w;
+			p->nvme_read_bytes += nx * fetches * w;
 			p->nvme_write_bytes += w;
 			p->upd_nvme_write_bytes += w;
 		}
 		/* dW to the host: at world > 1 the N slots of the rank's slice;
 		 * none when G lives in vram */
 		if (h[ST_STATE_G] != ST_HOME_VRAM)
-			p->d2h_bytes += n * (sh->world > 1 ? sh->epad[u] * 4 : g);
+			p->d2h_bytes += sh->layer_first ? g
+					 : n * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
-		 * once by the update; P, M, V read and written once. */
+		 * once by the update (layer-first: written once, read by the
+		 * update); P, M, V read and written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
-			p->nvme_read_bytes += n * g;
-			p->nvme_write_bytes += n * g;
+			p->nvme_read_bytes += nx * g;
+			p->nvme_write_bytes += nx * g;
 			p->upd_nvme_read_bytes += g; /* the update's load */
 		}
 		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)

@@ -153,13 +153,16 @@ static const char *recomp_units(const struct st_plan *p, char *buf, size_t n)
 }
 
 /* `strata plan`'s line for the saved forwards. */
-static void recomp_print(const struct st_plan *p, FILE *f)
+static void recomp_print(const struct st_plan *p, int n_mb, FILE *f)
 {
 	char a[32], b[32], units[256];
+	/* layer-first keeps each of the N micro-batches' forward */
+	int n = p->n_keep * (p->schedule == ST_SCHEDULE_LAYER_FIRST ? n_mb : 1);
+
 	fprintf(f, "        saved forwards  ");
 	if (p->n_keep)
 		fprintf(f, "%s (%d x %s: units %s keep their forward; recompute %s)\n",
-			st_plan_fmt_bytes(st_plan_page_bytes(p->saved_each_bytes) * (uint64_t)p->n_keep, a), p->n_keep,
+			st_plan_fmt_bytes(st_plan_page_bytes(p->saved_each_bytes) * (uint64_t)n, a), n,
 			st_plan_fmt_bytes(p->saved_each_bytes, b), recomp_units(p, units, sizeof(units)),
 			st_recompute_name(p->recompute));
 	else
@@ -209,7 +212,10 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	act_print(p, f);
 	fprintf(f, "        scratch         %s (model workspace %s)\n",
 		st_plan_fmt_bytes(p->scratch_bytes, a), st_plan_fmt_bytes(p->work_bytes, b));
-	recomp_print(p, f);
+	recomp_print(p, in->grad_accum, f);
+	if (p->schedule == ST_SCHEDULE_LAYER_FIRST)
+		fprintf(f, "        schedule        layer-first (each unit runs every micro-batch "
+			"while its W is in vram: W and G cross once a step)\n");
 	fprintf(f, "  host  W staging       %s\n", st_plan_fmt_bytes(p->w_staging_bytes, a));
 	fprintf(f, "        grad landing    %s\n", st_plan_fmt_bytes(p->grad_landing_bytes, a));
 	fprintf(f, "        update staging  %s\n", st_plan_fmt_bytes(p->update_staging_bytes, a));

@@ -48,6 +48,8 @@ void st_engine_destroy(struct st_engine *e)
 	for (int i = 0; e->fetch.ev_h2d && i < e->fetch.n_slots; i++)
 		destroy_event(e, e->fetch.ev_h2d[i]);
 	destroy_event(e, e->update.ev_wstore);
+	destroy_event(e, e->lf_ev_dw);
+	destroy_event(e, e->lf_ev_red);
 	for (int i = 0; i < 2; i++)
 		destroy_event(e, e->shared_bufs[i].ev_dw);
 	for (int i = 0; i < 2; i++)
@@ -59,10 +61,10 @@ void st_engine_destroy(struct st_engine *e)
 	for (int i = 0; e->fetch.ev_gather && i < e->fetch.n_slots; i++)
 		destroy_event(e, e->fetch.ev_gather[i]);
 	st_eng_act_fini(e);
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2; i++)
 		destroy_event(e, e->zero.ev_wgather[i]);
+	for (int i = 0; e->batch.ev_copied && i < e->batch.n_pairs; i++)
 		destroy_event(e, e->batch.ev_copied[i]);
-	}
 	free(e->fetch.ev_gather);
 	free(e->fetch.ev_h2d);
 	free(e->fetch.ev_widen);
@@ -74,6 +76,8 @@ void st_engine_destroy(struct st_engine *e)
 	st_compute_destroy(e->cx);
 	if (e->batch.host_pinned)
 		st_device_unpin_host(e->dev, e->batch.tokens_buf[0]);
+	for (int u = 0; e->unit_bufs && u < e->n_units; u++)
+		free(e->unit_bufs[u].dw_mb);
 	st_device_destroy(e->dev);
 	st_plan_fini(&e->plan);
 	st_model_destroy(e->model);
@@ -83,6 +87,7 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->lanes.chains);
 	free(e->unit_bufs);
 	free(e->act.saved);
+	free(e->act.saved_mb);
 	free(e->pool_ext);
 	st_eng_sums_fini(e);
 	st_eng_update_fini(e);
@@ -90,7 +95,11 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->unit_elems);
 	free(e->grad.unit_sumsq);
 	free(e->grad.host_scalars);
-	free(e->batch.tokens_buf[0]);
+	if (e->batch.tokens_buf)
+		free(e->batch.tokens_buf[0]);
+	free(e->batch.tokens_buf);
+	free(e->batch.targets_buf);
+	free(e->batch.ev_copied);
 	free(e->slice_elems);
 	free(e->padded_elems);
 	free(e->zero.nvme_dirs);
@@ -294,10 +303,14 @@ static int setup_unit_bufs(struct st_engine *e)
 	e->unit_bufs = calloc((size_t)e->n_units, sizeof(*e->unit_bufs));
 	if (!e->unit_bufs)
 		return -ENOMEM;
-	for (int i = 0; i < 2 && ret == 0; i++)
+	for (int i = 0; i < e->batch.n_pairs && ret == 0; i++)
 		ret = st_event_create(e->dev, &e->batch.ev_copied[i]);
 	if (ret == 0)
 		ret = st_event_create(e->dev, &e->update.ev_wstore);
+	if (ret == 0 && e->layer_first)
+		ret = st_event_create(e->dev, &e->lf_ev_dw);
+	if (ret == 0 && e->layer_first)
+		ret = st_event_create(e->dev, &e->lf_ev_red);
 	for (int i = 0; i < 2 && ret == 0; i++) {
 		e->shared_bufs[i].w_compute = vpool(e, ST_POOL_WF, -1, 0);
 		e->shared_bufs[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
@@ -318,6 +331,21 @@ static int setup_unit_bufs(struct st_engine *e)
 		e->unit_bufs[u].w_compute = vpool(e, ST_POOL_WF_RES, u, 0);
 		e->unit_bufs[u].dw_ext = *pool(e, ST_POOL_DW_RES, u, 0);
 		e->unit_bufs[u].dw = vaddr(e, &e->unit_bufs[u].dw_ext);
+		if (e->layer_first) {
+			int n = e->cfg.train.grad_accum;
+
+			e->unit_bufs[u].dw_mb = calloc((size_t)n, sizeof(float *));
+			if (!e->unit_bufs[u].dw_mb)
+				return -ENOMEM;
+			for (int a = 0; a < n; a++) {
+				struct st_extent *x = pool(e, ST_POOL_DW_RES, u, (uint32_t)a);
+
+				if (!x)
+					return st_error_set(-EINVAL, "engine: the plan has no dW "
+							    "of micro-batch %d for unit %d", a, u);
+				e->unit_bufs[u].dw_mb[a] = vaddr(e, x);
+			}
+		}
 		ret = st_event_create(e->dev, &e->unit_bufs[u].ev_dw);
 		if (ret == 0)
 			ret = st_event_create(e->dev, &e->unit_bufs[u].ev_red);
@@ -370,14 +398,29 @@ static int setup_pools(struct st_engine *e)
 	e->act.grad_b = vpool(e, ST_POOL_DACT, -1, 1);
 	e->work = vpool(e, ST_POOL_WORK, -1, 0);
 	e->work_bytes = e->plan.work_bytes;
-	/* a unit that keeps its forward: the pool's next extent, in unit order */
-	e->act.saved = calloc((size_t)e->n_units, sizeof(*e->act.saved));
-	if (!e->act.saved)
-		return -ENOMEM;
-	e->act.saved_bytes = e->plan.saved_each_bytes;
-	for (int u = 0, i = 0; u < e->n_units; u++)
-		if (e->plan.keep[u])
-			e->act.saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
+	/* a unit that keeps its forward: the pool's next extent, in unit
+	 * order (layer-first: the next N, micro-batch a's the a-th, in
+	 * saved_mb[u * N + a]) */
+	{
+		int n = e->layer_first ? e->cfg.train.grad_accum : 1;
+
+		e->act.saved = calloc((size_t)e->n_units, sizeof(*e->act.saved));
+		e->act.saved_mb = calloc((size_t)e->n_units * (size_t)n, sizeof(*e->act.saved_mb));
+		if (!e->act.saved || !e->act.saved_mb)
+			return -ENOMEM;
+		e->act.saved_bytes = e->plan.saved_each_bytes;
+		for (int u = 0, i = 0; u < e->n_units; u++) {
+			if (!e->plan.keep[u])
+				continue;
+			for (int a = 0; a < n; a++)
+				e->act.saved_mb[(size_t)u * (size_t)n + (size_t)a] =
+					vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
+			e->act.saved[u] = e->act.saved_mb[(size_t)u * (size_t)n];
+		}
+	}
+	e->dw_fold = vpool(e, ST_POOL_DW, -1, 2);
+	if (e->layer_first && (e->cfg.train.grad_accum > 1 || e->world > 1) && !e->dw_fold)
+		return st_error_set(-EINVAL, "engine: the plan has no dW to fold in");
 	e->batch.tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->batch.targets = vpool(e, ST_POOL_TARGETS, -1, 0);
 	/* their host side pinned where the device pins (st_engine_destroy()
@@ -461,6 +504,7 @@ static int plan_of(struct st_engine *e)
 		.host_compute = st_device_on_host(cfg->device),
 		.activations = cfg->activations,
 		.recompute = cfg->recompute,
+		.schedule = cfg->schedule,
 	};
 
 	/* the cuda compute runs AdamW (docs/gpu.md): auto may home the
@@ -493,17 +537,25 @@ static int setup_units(struct st_engine *e)
 	e->shards = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->shards));
 	e->grad.unit_sumsq = calloc((size_t)e->n_units, sizeof(double));
 	e->fetch.seq = calloc(2 * (size_t)e->n_units, sizeof(int));
-	/* tokens and targets, two of each: [tok0 | tgt0 | tok1 | tgt1], whole
-	 * pages (setup_pools() pins them) */
-	e->batch.host_bytes =
-		st_align_up(4 * (size_t)c->batch * c->seq * sizeof(int32_t), ST_PAGE_BYTES);
+	/* tokens and targets, a pair each: [tok0 | tgt0 | tok1 | tgt1 ...],
+	 * whole pages (setup_pools() pins them); two pairs batch-first, one
+	 * per micro-batch layer-first (at least two) */
+	e->layer_first = e->plan.schedule == ST_SCHEDULE_LAYER_FIRST;
+	e->batch.n_pairs = e->layer_first ? ST_MAX(2, c->grad_accum) : 2;
+	e->batch.host_bytes = st_align_up(2 * (size_t)e->batch.n_pairs * c->batch * c->seq *
+					  sizeof(int32_t), ST_PAGE_BYTES);
+	e->batch.tokens_buf = calloc((size_t)e->batch.n_pairs, sizeof(int32_t *));
+	e->batch.targets_buf = calloc((size_t)e->batch.n_pairs, sizeof(int32_t *));
+	e->batch.ev_copied = calloc((size_t)e->batch.n_pairs, sizeof(struct st_event *));
+	if (!e->batch.tokens_buf || !e->batch.targets_buf || !e->batch.ev_copied)
+		return -ENOMEM;
 	if (posix_memalign((void **)&e->batch.tokens_buf[0], ST_PAGE_BYTES, e->batch.host_bytes))
 		e->batch.tokens_buf[0] = NULL;
 	if (!e->unit_elems || !e->shards || !e->grad.unit_sumsq || !e->fetch.seq ||
 	    !e->batch.tokens_buf[0])
 		return -ENOMEM;
 	memset(e->batch.tokens_buf[0], 0, e->batch.host_bytes);
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < e->batch.n_pairs; i++) {
 		e->batch.tokens_buf[i] = e->batch.tokens_buf[0] + (size_t)2 * i * c->batch * c->seq;
 		e->batch.targets_buf[i] = e->batch.tokens_buf[i] + (size_t)c->batch * c->seq;
 	}

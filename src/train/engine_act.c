@@ -45,6 +45,18 @@ float *st_eng_act(struct st_engine *e, int j)
 	return vaddr(e, &e->act.slot_ext[slot_of(e, j)]);
 }
 
+/* Layer-first: in vram checkpoint j of micro-batch a is the ((j-1) * N +
+ * a)-th; on the host the a-th of its slot's block. */
+float *st_eng_act_mb(struct st_engine *e, int j, int a)
+{
+	size_t n = (size_t)e->cfg.train.grad_accum;
+
+	if (!e->act.on_host)
+		return e->act.ckpt + ((size_t)(j - 1) * n + (size_t)a) * e->act.ckpt_elems;
+	return (float *)(void *)((char *)vaddr(e, &e->act.slot_ext[slot_of(e, j)]) +
+				 (size_t)a * e->act.mb_stride_bytes);
+}
+
 int st_eng_act_setup(struct st_engine *e, const struct st_extent *slots,
 		     const struct st_extent *homes)
 {
@@ -56,6 +68,10 @@ int st_eng_act_setup(struct st_engine *e, const struct st_extent *slots,
 	e->act.on_host = p->act_home == ST_HOME_HOST;
 	if (!e->act.on_host)
 		return 0;
+	/* layer-first: a block of N checkpoints, each at the largest's
+	 * stride (Xa), copied as one: (N-1) * Xa + its own */
+	e->act.n_mb = e->layer_first ? c->grad_accum : 1;
+	e->act.mb_stride_bytes = st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN);
 	e->act.n_slots = p->act_slots;
 	e->act.n_off = p->act_offloaded;
 	if (e->act.n_slots < 1 || !slots || (e->act.n_off && !homes))
@@ -73,8 +89,9 @@ int st_eng_act_setup(struct st_engine *e, const struct st_extent *slots,
 	    !e->act.in_busy || !e->act.ev[0] || !e->act.ev[1] || !e->act.ev[2] || !e->act.ev[3])
 		return st_error_set(-ENOMEM, "engine: out of memory (activation checkpoints)");
 	for (int j = 1; j < e->n_units && ret == 0; j++) {
-		e->act.len_bytes[j] = st_align_up(
-			st_model_act_bytes(e->model, j - 1, c->batch, c->seq), ST_PLAN_ACT_ALIGN);
+		e->act.len_bytes[j] = (uint64_t)(e->act.n_mb - 1) * e->act.mb_stride_bytes +
+				      st_align_up(st_model_act_bytes(e->model, j - 1, c->batch, c->seq),
+						  ST_PLAN_ACT_ALIGN);
 		if (e->act.len_bytes[j] > slots[slot_of(e, j)].len_bytes ||
 		    (act_out(e, j) && e->act.len_bytes[j] > homes[j - 1].len_bytes))
 			return st_error_set(-EINVAL,

@@ -84,12 +84,14 @@ static uint64_t g_at(const struct st_engine *e, int u)
 }
 
 /* The landing's terms into dst (g_elems): at world 1 the one dW; at world
- * > 1 the N slots in rank order. first: dst starts as the first term. */
+ * > 1 the N slots in rank order (layer-first: the one slice, folded on
+ * the device). first: dst starts as the first term. */
 static void fold_into(struct st_engine *e, int u, float *dst, bool first)
 {
 	uint64_t n = g_elems(e, u);
+	int terms = e->layer_first ? 1 : e->world;
 
-	for (int q = 0; q < e->world; q++) {
+	for (int q = 0; q < terms; q++) {
 		const float *src = e->grad.landing + (size_t)q * n;
 
 		if (q == 0 && first) {
@@ -126,15 +128,15 @@ static int gather_g(struct st_engine *e, int u, float *full)
 /* G on nvme: the terms folded in the landing buffer (first micro-batch),
  * or G read into staging and the terms added there; then written back
  * (stage 0's last micro-batch: the gathered unit). */
-static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
+static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 {
 	uint64_t bytes = g_elems(e, u) * sizeof(float), at = g_at(e, u) * sizeof(float);
-	float *g = mb == 0 ? e->grad.landing : e->grad.stage;
-	int *busy = mb == 0 ? &e->grad.landing_busy : &e->grad.stage_busy;
+	float *g = first ? e->grad.landing : e->grad.stage;
+	int *busy = first ? &e->grad.landing_busy : &e->grad.stage_busy;
 	struct hop h;
 	int ret;
 
-	if (mb > 0) {
+	if (!first) {
 		ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 		if (ret < 0)
 			return ret;
@@ -146,7 +148,7 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 		if (ret < 0)
 			return ret;
 	}
-	fold_into(e, u, g, mb == 0);
+	fold_into(e, u, g, first);
 	if (last)
 		final_sumsq(e, u, g);
 	if (last && e->world > 1 && !st_plan_sharded(&e->plan, ST_STATE_G) &&
@@ -171,12 +173,12 @@ static int grad_in_nvme(struct st_engine *e, int u, int mb, bool last)
 /* Unit u's dW (in the device buffer dw) into its G in vram on the
  * compute's queue: copied at micro-batch 0, added later; after the last,
  * its sum of squares. */
-static void dev_grad_in(struct st_engine *e, int u, const float *dw, int mb, bool last)
+static void dev_grad_in(struct st_engine *e, int u, const float *dw, bool first, bool last)
 {
 	float *g = vaddr(e, &shard(e, u, ST_STATE_G)->ext);
 
 	/* the host's fold: the first micro-batch copies, later ones add */
-	if (mb == 0)
+	if (first)
 		st_compute_copy(e->cx, g, dw, e->unit_elems[u] * sizeof(float));
 	else
 		st_compute_residual_fwd(e->cx, g, g, dw, e->unit_elems[u]);
@@ -230,11 +232,11 @@ int st_eng_grad_quiet(struct st_engine *e)
 	return ret ? ret : st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 }
 
-/* Once it has landed, unit u's dW joins G[u]; mb is the micro-batch. */
-int st_eng_grad_in(struct st_engine *e, int u, int mb)
+/* Once it has landed, unit u's dW joins G[u]: first, it is G; last, G is
+ * final (its sum of squares). */
+static int grad_in(struct st_engine *e, int u, bool first, bool last)
 {
 	struct shard *g = shard(e, u, ST_STATE_G);
-	bool last = mb == e->cfg.train.grad_accum - 1;
 	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "dW d2h");
 	float *gp;
 
@@ -243,16 +245,76 @@ int st_eng_grad_in(struct st_engine *e, int u, int mb)
 	if (g->home == ST_HOME_VRAM) {
 		dev_grad_in(e, u,
 			    (unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1])->dw,
-			    mb, last);
+			    first, last);
 		return st_compute_take_error(e->cx);
 	}
 	if (g->home != ST_HOME_HOST)
-		return grad_in_nvme(e, u, mb, last);
+		return grad_in_nvme(e, u, first, last);
 	gp = (float *)haddr(e, &g->ext) + g_at(e, u);
-	fold_into(e, u, gp, mb == 0);
+	fold_into(e, u, gp, first);
 	if (last) {
 		final_sumsq(e, u, gp);
 		ret = gather_g(e, u, haddr(e, &g->ext));
 	}
 	return ret;
+}
+
+/* Batch-first: micro-batch mb's dW of unit u joins G[u]. */
+int st_eng_grad_in(struct st_engine *e, int u, int mb)
+{
+	return grad_in(e, u, mb == 0, mb == e->cfg.train.grad_accum - 1);
+}
+
+/* Layer-first: unit u's dW, its N micro-batches' already folded on the
+ * device in micro-batch order (the order the host folds them in, with the
+ * same fp32 adds), is G[u]: copied in once, final. */
+int st_eng_grad_in_once(struct st_engine *e, int u)
+{
+	return grad_in(e, u, true, true);
+}
+
+int st_eng_grad_fold_ranks(struct st_engine *e, int u, float *dw, float *acc, int a)
+{
+	uint64_t S = e->slice_elems[u];
+	const float *slots = e->zero.scratch;
+	int ret;
+
+	st_compute_record(e->cx, e->lf_ev_dw);
+	ret = st_comm_wait(e->comm, e->lf_ev_dw);
+	st_eng_zero_mark(e, "dW all-to-all", false);
+	if (ret == 0)
+		ret = st_comm_alltoall(e->comm, dw, e->zero.scratch, S, ST_COMM_F32);
+	st_eng_zero_mark(e, "dW all-to-all", true);
+	if (ret == 0)
+		ret = st_comm_record(e->comm, e->lf_ev_red);
+	if (ret < 0)
+		return ret;
+	/* the host's fold (fold_into), micro-batch after micro-batch, the
+	 * slots in rank order: ((slot_0 + slot_1) + ...) of micro-batch 0,
+	 * then + each slot of the next */
+	st_compute_wait(e->cx, e->lf_ev_red);
+	for (int q = 0; q < e->world; q++)
+		if (a == 0 && q == 0)
+			st_compute_copy(e->cx, acc, slots, S * sizeof(float));
+		else
+			st_compute_residual_fwd(e->cx, acc, acc, slots + (size_t)q * S, S);
+	return st_compute_take_error(e->cx);
+}
+
+int st_eng_grad_out_once(struct st_engine *e, int u, const struct ubufs *b)
+{
+	uint64_t bytes = g_elems(e, u) * sizeof(float);
+	struct st_extent part = b->dw_ext;
+	struct hop h;
+	int ret = st_eng_wait_until(e, &e->grad.landing_busy, "G write");
+
+	/* world 1: the reduce-scatter in place, as batch-first's */
+	if (ret == 0 && e->world == 1)
+		ret = st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->unit_elems[u], ST_COMM_F32);
+	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
+		return ret;
+	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
+	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->grad.landing, bytes);
+	h.after = b->ev_dw;
+	return st_eng_chain_start(e, &e->grad.chain_d2h, &h, 1, &e->grad.landing_busy, NULL);
 }

@@ -134,6 +134,10 @@ struct ubufs {
 	struct st_event *ev_dw; /* recorded after the backward that wrote dw */
 	struct st_event *ev_red; /* world > 1: recorded by the comm after dw's
 				    reduce-scatter (and all-gather) */
+	/* layer-first, a resident unit: each micro-batch's dW ([N], the
+	 * first is dw), which the units that read it add into before its
+	 * own backward; NULL batch-first */
+	float **dw_mb;
 };
 
 /* --- each pipeline's state ------------------------------------------------------- */
@@ -211,12 +215,18 @@ struct act_state {
 	 * forward (plan.keep), NULL for one that recomputes it; each
 	 * saved_bytes */
 	void **saved;
+	void **saved_mb;              /* [n_units * N] layer-first, else [n_units] */
 	size_t saved_bytes;
 	/* checkpoints on the host: n_slots vram slots, and checkpoints
 	 * 1..n_off going there and back; per checkpoint j (index
 	 * 1..n_units-1) its copy's bytes, its two chains and their busy
 	 * counts, and the events ev[ACT_EV_*][j] */
 	bool on_host;
+	/* layer-first: the N micro-batches' checkpoints of a boundary are
+	 * one block (micro-batch a at a * mb_stride_bytes, Xa), copied as
+	 * one; batch-first N is 1 */
+	int n_mb;
+	uint64_t mb_stride_bytes;
 	int n_slots, n_off;
 	const struct st_extent *slot_ext; /* [n_slots] vram */
 	const struct st_extent *home_ext; /* [n_off] host: x[j] at j-1 */
@@ -296,12 +306,15 @@ struct sums_state {
  * queued copies are asynchronous: from pageable memory a cudaMemcpyAsync
  * may block the host until it is done. */
 struct batch_state {
-	int32_t *tokens, *targets;    /* vram */
+	int32_t *tokens, *targets;    /* vram (layer-first: N micro-batches') */
 	int32_t *tokens_host, *targets_host;
-	int32_t *tokens_buf[2], *targets_buf[2];
+	/* n_pairs host pairs: two batch-first (in turn), N layer-first
+	 * (micro-batch a in pair a, all drawn at the step's start) */
+	int32_t **tokens_buf, **targets_buf;
+	struct st_event **ev_copied;
+	int n_pairs;
 	size_t host_bytes;
 	bool host_pinned;
-	struct st_event *ev_copied[2];
 	unsigned turn;
 };
 
@@ -342,6 +355,16 @@ struct st_engine {
 	/* $ST_HOST_WAITS=1: the host waits where it did before the waits
 	 * were moved off the step (tools/host-waits-bench's baseline) */
 	bool host_waits;
+	/* --schedule layer-first (engine_step.c): each unit runs all N
+	 * micro-batches; a unit's dW of micro-batch a > 0 is computed into
+	 * dw_fold (vram, the largest non-resident unit) and added into the
+	 * unit's shared dW on the compute, in micro-batch order */
+	bool layer_first;
+	float *dw_fold;
+	/* layer-first at world > 1: recorded by the compute after a
+	 * micro-batch's dW, by the comm after its all-to-all (the fold on
+	 * the compute waits for it) */
+	struct st_event *lf_ev_dw, *lf_ev_red;
 
 	/* each pipeline's own */
 	struct lanes_state lanes;
@@ -454,6 +477,16 @@ int st_eng_acquire_w(struct st_engine *e, int u, void *dst);
 /* engine_grad.c */
 int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b);
 int st_eng_grad_in(struct st_engine *e, int u, int mb);
+int st_eng_grad_in_once(struct st_engine *e, int u);
+/* Layer-first at world > 1: micro-batch a's dW of unit u (dw, written by
+ * the compute just before) goes to the ranks (all-to-all), and this
+ * rank's N slots are folded on the compute into acc (the rank's slice)
+ * in the host's order. 0 or -errno. */
+int st_eng_grad_fold_ranks(struct st_engine *e, int u, float *dw, float *acc, int a);
+/* Layer-first: unit u's folded dW in b (ev_dw recorded after its last
+ * fold) to the host landing, once a step: at world 1 the unit (its
+ * reduce-scatter in place), at world > 1 the rank's slice. */
+int st_eng_grad_out_once(struct st_engine *e, int u, const struct ubufs *b);
 /* Every G write in flight (out of the landing and the G staging) has
  * landed. 0 or -errno. */
 int st_eng_grad_quiet(struct st_engine *e);
@@ -514,6 +547,8 @@ void st_eng_zero_trace(struct st_engine *e);
 
 /* engine_act.c */
 float *st_eng_act(struct st_engine *e, int j);
+/* Layer-first: checkpoint j of micro-batch a (vram, or its slot's). */
+float *st_eng_act_mb(struct st_engine *e, int j, int a);
 int st_eng_act_setup(struct st_engine *e, const struct st_extent *slots,
 		     const struct st_extent *homes);
 int st_eng_act_chains(struct st_engine *e, struct chain **list);

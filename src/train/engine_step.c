@@ -41,6 +41,13 @@ static float *act(struct st_engine *e, int u)
 	return st_eng_act(e, u);
 }
 
+/* Layer-first: checkpoint u of micro-batch a (engine_act.c): N of each
+ * boundary, in vram or in their slot's block on the way to the host. */
+static float *act_mb(struct st_engine *e, int u, int a)
+{
+	return st_eng_act_mb(e, u, a);
+}
+
 /* The device buffers unit u computes with: its own when resident, else the
  * shared W and one of the two shared dW, in turn by unit. */
 static struct ubufs *bufs_of(struct st_engine *e, int u)
@@ -63,6 +70,19 @@ static float *other_grad(struct st_engine *e, int u)
 	return r >= 0 ? e->unit_bufs[r].dw : NULL;
 }
 
+/* Layer-first: micro-batch a's saved-forward extent of unit u (a unit
+ * that keeps its forward has N, NULL for one that recomputes). */
+static void *saved_mb(struct st_engine *e, int u, int a)
+{
+	return e->act.saved_mb[(size_t)u * (size_t)e->cfg.train.grad_accum + (size_t)a];
+}
+
+/* Layer-first: micro-batch a's dW of resident unit r (NULL: r < 0). */
+static float *grad_mb(struct st_engine *e, int r, int a)
+{
+	return r >= 0 ? e->unit_bufs[r].dw_mb[a] : NULL;
+}
+
 static struct st_model_batch batch_of(const struct st_engine *e)
 {
 	const struct st_train_config *c = &e->cfg.train;
@@ -75,13 +95,27 @@ static struct st_model_batch batch_of(const struct st_engine *e)
 					.host_targets = e->batch.targets_host };
 }
 
+/* Layer-first: micro-batch a's batch (its tokens at a * B*T in vram, its
+ * host pair a). */
+static struct st_model_batch batch_mb(const struct st_engine *e, int a)
+{
+	struct st_model_batch b = batch_of(e);
+	size_t n = (size_t)b.B * (size_t)b.T;
+
+	b.tokens = e->batch.tokens + (size_t)a * n;
+	b.targets = e->batch.targets + (size_t)a * n;
+	b.host_tokens = e->batch.tokens_buf[a];
+	b.host_targets = e->batch.targets_buf[a];
+	return b;
+}
+
 /* Draw the next batch and start the W fetch sequence over. w_ready is the
  * number of units (from 0) whose W may be fetched now: all of them, except
  * while the update sweep is still writing the new W (fused forward). */
 static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
 {
 	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
-	unsigned i = e->batch.turn++ & 1;
+	unsigned i = e->batch.turn++ % (unsigned)e->batch.n_pairs;
 	uint64_t t0 = st_now_ns();
 	int ret;
 
@@ -241,19 +275,215 @@ static int grad_norm(struct st_engine *e, double *norm)
 	return ret;
 }
 
+/* --- layer-first (docs/engine.md, "Schedules") --------------------------------
+ * Each unit runs the forward of all N micro-batches while its W is in its
+ * slot, then in the backward all N again: W is fetched once a step for
+ * each pass (the fetch sequence of one micro-batch). The N checkpoints
+ * of each boundary wait in vram (or go to the host as one block,
+ * engine_act.c), and the N activation gradients in vram
+ * (dA, dB hold N each). A unit's dW of micro-batch 0 is computed in its
+ * shared dW buffer, each later one in dw_fold and added into it on the
+ * compute, in micro-batch order: ((dW_0 + dW_1) + dW_2) ..., the same
+ * fp32 adds in the same order as the host's fold (engine_grad.c,
+ * fold_into: G = dW_0, then G += dW_a), so G is batch-first's bit for
+ * bit and crosses PCIe (and the disk) once. A resident unit, which the
+ * units that read it add into before its own backward, has a dW per
+ * micro-batch, folded into the first the same way after its backwards. */
+
+/* All N micro-batches drawn (micro-batch a into host pair a; the pair's
+ * copies of the last step long done) and queued to vram at a * B*T, and
+ * the fetch sequence started over. */
+static int lf_begin(struct st_engine *e, struct st_loader *ld, int w_ready)
+{
+	const struct st_train_config *c = &e->cfg.train;
+	size_t n = (size_t)c->batch * (size_t)c->seq, bytes = n * sizeof(int32_t);
+	uint64_t t0 = st_now_ns();
+	int ret = 0;
+
+	for (int a = 0; a < c->grad_accum && ret == 0; a++) {
+		ret = st_event_sync(e->dev, e->batch.ev_copied[a]);
+		if (ret < 0)
+			break;
+		for (int q = 0; q < e->world; q++)
+			if (q == e->rank)
+				st_loader_next(ld, e->batch.tokens_buf[a], e->batch.targets_buf[a]);
+			else
+				st_loader_skip(ld);
+		if (e->host_waits) {
+			st_compute_from_host(e->cx, e->batch.tokens + a * n, e->batch.tokens_buf[a],
+					     bytes);
+			st_compute_from_host(e->cx, e->batch.targets + a * n,
+					     e->batch.targets_buf[a], bytes);
+		} else {
+			st_compute_from_host_async(e->cx, e->batch.tokens + a * n,
+						   e->batch.tokens_buf[a], bytes);
+			st_compute_from_host_async(e->cx, e->batch.targets + a * n,
+						   e->batch.targets_buf[a], bytes);
+		}
+		st_compute_record(e->cx, e->batch.ev_copied[a]);
+	}
+	st_eng_host_wait(e, "tokens h2d", t0);
+	if (ret < 0)
+		return ret;
+	st_eng_fetch_restart(e, w_ready);
+	return st_compute_take_error(e->cx);
+}
+
+/* The forward of unit u (0 <= u <= U-2) for every micro-batch, with its W
+ * fetched once: x[u+1] of micro-batch a into its checkpoint. */
+static int lf_forward_unit(struct st_engine *e, int u)
+{
+	void *w = bufs_of(e, u)->w_compute;
+	int ret = st_eng_acquire_w(e, u, w);
+
+	/* checkpoints on the host: x[u+1] of all N is one block */
+	if (ret == 0)
+		ret = st_eng_act_fwd_begin(e, u);
+	for (int a = 0; ret == 0 && a < e->cfg.train.grad_accum; a++) {
+		struct st_model_batch b = batch_mb(e, a);
+
+		st_compute_span_begin(e->cx, u ? "fwd" : "fwd embed");
+		ret = st_model_fwd_save(e->model, u, &b, w, other_w(e, u),
+					u ? act_mb(e, u, a) : NULL, act_mb(e, u + 1, a), NULL,
+					saved_mb(e, u, a), e->act.saved_bytes, e->work,
+					e->work_bytes);
+		st_compute_span_end(e->cx);
+	}
+	if (ret == 0)
+		ret = st_eng_act_fwd_end(e, u);
+	return ret ? ret : st_compute_take_error(e->cx);
+}
+
+/* The backward of unit u for every micro-batch, its W fetched once (a
+ * resident unit's kept since the forward), its dW folded on the compute
+ * in micro-batch order into its dW buffer (bufs_of), which records
+ * ev_dw once: the d2h takes the unit's whole step. dy, dx: N activation
+ * gradients each (micro-batch a at a * X), swapped after the unit.
+ * At world > 1 the previous unit's G (pend, or -1) is taken in once
+ * micro-batch 0's backward is queued and before its all-to-all: stage
+ * 0's G gather may go through the comm scratch (the device path), which
+ * this unit's all-to-alls and folds use. */
+static int lf_backward_unit(struct st_engine *e, int u, int pend, float **dy, float **dx)
+{
+	const int N = e->cfg.train.grad_accum;
+	const size_t x = e->act.ckpt_elems;
+	struct ubufs *ub = bufs_of(e, u);
+	bool last = u == e->n_units - 1, first = u == 0, res = unit_resident(e, u);
+	int r = st_model_unit_layout(e->model, u)->reads_unit, ret = 0;
+
+	if (!(res && !last))
+		ret = st_eng_acquire_w(e, u, ub->w_compute);
+	if (ret == 0 && !first)
+		st_eng_act_bwd_begin(e, u);
+	for (int a = 0; ret == 0 && a < N; a++) {
+		struct st_model_batch b = batch_mb(e, a);
+		/* world > 1: every micro-batch's dW goes to the ranks, and
+		 * the rank's slots are folded into the first S of ub->dw */
+		float *dw = res ? ub->dw_mb[a] : a == 0 && e->world == 1 ? ub->dw : e->dw_fold;
+
+		b.losses = last ? e->grad.dev_losses + (size_t)a * (size_t)b.B * (size_t)b.T
+				: NULL;
+		st_compute_span_begin(e->cx, bwd_span(e, u));
+		if (!res)
+			st_compute_zero(e->cx, dw, e->padded_elems[u] * sizeof(float));
+		ret = st_model_bwd_saved(e->model, u, &b, ub->w_compute, other_w(e, u),
+					 first ? NULL : act_mb(e, u, a),
+					 last ? NULL : *dy + (size_t)a * x,
+					 first ? NULL : *dx + (size_t)a * x, dw, grad_mb(e, r, a),
+					 NULL, saved_mb(e, u, a), e->act.saved_bytes, e->work,
+					 e->work_bytes);
+		/* the fold: the host's order and adds (fold_into) */
+		if (ret == 0 && !res && a > 0 && e->world == 1)
+			st_compute_residual_fwd(e->cx, ub->dw, ub->dw, dw, e->unit_elems[u]);
+		st_compute_span_end(e->cx);
+		if (ret == 0 && e->world > 1 && a == 0 && pend >= 0)
+			ret = st_eng_grad_in_once(e, pend);
+		if (ret == 0 && e->world > 1)
+			ret = st_eng_grad_fold_ranks(e, u, dw, ub->dw, a);
+	}
+	if (ret == 0 && res && N > 1 && e->world == 1) {
+		st_compute_span_begin(e->cx, "dW fold");
+		for (int a = 1; a < N; a++)
+			st_compute_residual_fwd(e->cx, ub->dw, ub->dw, ub->dw_mb[a],
+						e->unit_elems[u]);
+		st_compute_span_end(e->cx);
+	}
+	st_compute_record(e->cx, ub->ev_dw);
+	if (ret == 0 && !first)
+		ret = st_eng_act_bwd_end(e, u);
+	if (!first) {
+		float *tmp = *dy;
+
+		*dy = *dx;
+		*dx = tmp;
+	}
+	return ret ? ret : st_compute_take_error(e->cx);
+}
+
+/* The backward of every unit for all N micro-batches; unit u's folded dW
+ * joins G once the next unit's backwards are queued (as batch-first's
+ * last micro-batch), the update's loads overlap it. */
+static int lf_backward(struct st_engine *e)
+{
+	int ret = 0, pend = -1;
+	float *dy = e->act.grad_a, *dx = e->act.grad_b;
+
+	for (int u = 0; u < e->n_units; u++)
+		for (int a = 0; unit_resident(e, u) && a < e->cfg.train.grad_accum; a++)
+			st_compute_zero(e->cx, e->unit_bufs[u].dw_mb[a],
+					e->padded_elems[u] * sizeof(float));
+	for (int u = e->n_units - 1; ret == 0 && u >= 0; u--) {
+		ret = lf_backward_unit(e, u, pend, &dy, &dx);
+		if (ret == 0 && pend >= 0 && e->world == 1)
+			ret = st_eng_grad_in_once(e, pend);
+		if (ret == 0)
+			ret = st_eng_update_poll(e);
+		if (ret == 0)
+			ret = st_eng_grad_out_once(e, u, bufs_of(e, u));
+		pend = u;
+	}
+	if (ret == 0)
+		ret = st_eng_grad_in_once(e, pend);
+	return ret;
+}
+
+static int lf_micro_batches(struct st_engine *e, struct st_loader *ld)
+{
+	uint64_t t0 = st_now_ns();
+	int ret = 0;
+
+	if (!e->fwd_ready) {
+		ret = lf_begin(e, ld, e->n_units);
+		for (int u = 0; ret == 0 && u <= e->n_units - 2; u++)
+			ret = lf_forward_unit(e, u);
+		st_eng_phase(e, "forward", 0, t0);
+		t0 = st_now_ns();
+	}
+	e->fwd_ready = false;
+	st_eng_fetch_allow(e, e->n_units);
+	if (ret == 0)
+		ret = st_eng_update_prefetch(e);
+	if (ret == 0)
+		ret = lf_backward(e);
+	st_eng_phase(e, "backward", 0, t0);
+	return ret;
+}
+
 /* The next step's first forward, fused into the update sweep
  * (st_eng_update_sweep): the batch is drawn before the sweep starts, with
  * no W ready; once unit u's new W is home, it may be fetched, and the
  * forward of u runs (the last unit's runs in its backward). */
 static int fused_begin(struct st_engine *e, const struct st_eng_fused_fwd *fwd)
 {
-	return begin_micro_batch(e, fwd->ld, 0);
+	return e->layer_first ? lf_begin(e, fwd->ld, 0) : begin_micro_batch(e, fwd->ld, 0);
 }
 
 static int fused_unit_home(struct st_engine *e, int u)
 {
 	st_eng_fetch_allow(e, u + 1);
-	return u <= e->n_units - 2 ? forward_unit(e, u) : 0;
+	if (u > e->n_units - 2)
+		return 0;
+	return e->layer_first ? lf_forward_unit(e, u) : forward_unit(e, u);
 }
 
 /* Every micro-batch's forward and backward; their losses stay on the
@@ -300,7 +530,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	e->trace.step = step;
 	st_eng_stats_begin(e);
 	e->grad.nonfinite = false;
-	ret = micro_batches(e, ld);
+	ret = e->layer_first ? lf_micro_batches(e, ld) : micro_batches(e, ld);
 	e->step_end_cursor = ld->cur; /* before the update sweep draws the next batch */
 	tp = st_now_ns();
 	if (ret == 0)

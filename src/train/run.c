@@ -308,9 +308,11 @@ static int run_prepare(struct run *r)
 		return fail(r, 2, st_error_set(ret, "--data %s: %s", c->data_name, st_error_last()));
 	if (!(r->cfg_json = config_json(c)))
 		return fail(r, 1, st_error_set(-ENOMEM, "out of memory"));
-	snprintf(run_line, sizeof(run_line), "run save=%s save-every=%d keep=%d resume=%s metrics=%d",
+	/* the schedule orders the collectives of a step: every rank's the same */
+	snprintf(run_line, sizeof(run_line),
+		 "run save=%s save-every=%d keep=%d resume=%s metrics=%d schedule=%s",
 		 c->save ? c->save : "-", c->save_every, c->keep, c->resume ? c->resume : "-",
-		 c->metrics != NULL);
+		 c->metrics != NULL, st_schedule_name(c->engine.schedule));
 	ret = st_run_zero_agree(&r->ec, r->cfg_json, c->data, run_line, c->save, &r->wi, r->res);
 	if (ret < 0)
 		return ret;

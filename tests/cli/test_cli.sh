@@ -121,6 +121,35 @@ assert all(v == 0 for r in rows["vv"] for v in r["bytes"].values()), rows["vv"][
 assert all(r["bytes"]["d2h"] > 0 for r in rows["vh"])
 print("ok   --offload-optim vram: the host optimizer's losses and norms, no bytes over a link")
 PY
+# --schedule layer-first (docs/engine.md, "Schedules"): batch-first's
+# losses, norms and checkpoint bytes, W and the optimizer on nvme at
+# --grad-accum 3, and less nvme traffic; a budget it cannot fit is refused
+check bad-schedule 2 "$strata" train $M --data "$data" --schedule sideways
+check lf-vram-short 2 "$strata" train $M --data "$data" --schedule layer-first --grad-accum 4 \
+	--gpu-mem 1M
+grep -q "layer-first holds the checkpoints" "$work/err" ||
+	{ echo "FAIL lf-vram-short: $(cat "$work/err")"; fail=1; }
+for s in batch-first layer-first; do
+	run "s-$s" --grad-accum 3 --offload-params nvme --offload-optim nvme --schedule $s \
+		--save "$work/ck-$s" || { echo "FAIL --schedule $s"; cat "$work/s-$s.log"; fail=1; }
+done
+grep -q "schedule        layer-first" "$work/s-layer-first.log" ||
+	{ echo "FAIL the layer-first plan does not say so"; fail=1; }
+for f in model.safetensors optimizer.safetensors; do
+	cmp -s "$work/ck-batch-first/latest/$f" "$work/ck-layer-first/latest/$f" ||
+		{ echo "FAIL --schedule layer-first: $f differs from batch-first's"; fail=1; }
+done
+python3 - "$work" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+rows = {p: [json.loads(l) for l in open(f"{w}/s-{p}.jsonl")] for p in ("batch-first", "layer-first")}
+ln = lambda p: [(r["loss"], r["grad_norm"]) for r in rows[p]]
+assert ln("batch-first") == ln("layer-first"), "--schedule layer-first: losses or norms differ"
+nv = lambda p, k: rows[p][-1]["bytes"][k]
+for k in ("nvme_read", "nvme_write", "h2d", "d2h"):
+    assert nv("layer-first", k) < nv("batch-first", k), (k, nv("layer-first", k), nv("batch-first", k))
+print("ok   --schedule layer-first: batch-first's losses, norms and checkpoint bytes, fewer bytes per link")
+PY
 [ -f "$work/ck/latest/model.safetensors" ] && [ -f "$work/ck/latest/config.json" ] || { echo "FAIL no checkpoint"; fail=1; }
 ls "$work" | grep -q '\.tmp\.' && { echo "FAIL temporary checkpoint left"; fail=1; }
 

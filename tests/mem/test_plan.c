@@ -1377,6 +1377,71 @@ static void test_pool_list(void **state)
 	assert_non_null(strstr(st_error_last(), "needs --nvme"));
 }
 
+/* Layer-first's pools (strata/plan.h) against batch-first's of the same
+ * input at A = 3: what holds a micro-batch holds A, a third dW, A of the
+ * resident dW, no G staging; on the host the checkpoint slots and homes
+ * hold A; kept forwards A extents a unit; and its traffic: W and dW once. */
+static void test_pools_layer_first(void **state)
+{
+	struct st_plan_input in = input(tiny);
+	struct st_plan b, l;
+	static const enum st_pool_id times_a[] = { ST_POOL_DACT, ST_POOL_TOKENS,
+						   ST_POOL_TARGETS };
+
+	ST_UNUSED(state);
+	in.params = ST_OFFLOAD_NVME;
+	in.optim = ST_OFFLOAD_NVME;
+	in.grad_accum = 3;
+	in.prefetch = 1;
+	for (int act = 0; act < 2; act++) {
+		in.activations = act ? ST_OFFLOAD_HOST : ST_OFFLOAD_NONE;
+		in.recompute = act ? ST_RECOMPUTE_NONE : ST_RECOMPUTE_ALL;
+		in.schedule = ST_SCHEDULE_BATCH_FIRST;
+		b = plan_ok(&in);
+		in.schedule = ST_SCHEDULE_LAYER_FIRST;
+		l = plan_ok(&in);
+		expect_list(&l);
+		assert_int_equal(l.schedule, ST_SCHEDULE_LAYER_FIRST);
+		assert_int_equal(b.schedule, ST_SCHEDULE_BATCH_FIRST);
+		for (size_t i = 0; i < ST_ARRAY_LEN(times_a); i++) {
+			assert_int_equal(find_pool(&l, times_a[i])->bytes,
+					 3 * find_pool(&b, times_a[i])->bytes);
+			assert_int_equal(find_pool(&l, times_a[i])->count,
+					 find_pool(&b, times_a[i])->count);
+		}
+		assert_int_equal(find_pool(&l, ST_POOL_DW)->count, 3);
+		assert_int_equal(find_pool(&b, ST_POOL_DW)->count, 2);
+		assert_int_equal(find_pool(&l, ST_POOL_DW_RES)->count, 3);
+		assert_int_equal(find_pool(&l, ST_POOL_DW_RES)->bytes,
+				 find_pool(&b, ST_POOL_DW_RES)->bytes);
+		assert_non_null(find_pool(&b, ST_POOL_GSTAGE));
+		assert_null(find_pool(&l, ST_POOL_GSTAGE));
+		if (act) {
+			assert_int_equal(find_pool(&l, ST_POOL_ACT_SLOT)->bytes,
+					 3 * find_pool(&b, ST_POOL_ACT_SLOT)->bytes);
+			assert_int_equal(find_pool(&l, ST_POOL_ACT_HOME)->bytes,
+					 3 * find_pool(&b, ST_POOL_ACT_HOME)->bytes);
+			assert_int_equal(find_pool(&l, ST_POOL_ACT_HOME)->count,
+					 find_pool(&b, ST_POOL_ACT_HOME)->count);
+			assert_int_equal(find_pool(&l, ST_POOL_SAVED)->count,
+					 3 * find_pool(&b, ST_POOL_SAVED)->count);
+			/* the same checkpoint bytes cross each way */
+			assert_int_equal(l.act_copy_bytes, b.act_copy_bytes);
+		} else {
+			assert_int_equal(find_pool(&l, ST_POOL_ACT)->bytes,
+					 3 * find_pool(&b, ST_POOL_ACT)->bytes);
+			/* W streamed from nvme: each fetch once, not 3 times;
+			 * dW copied out once */
+			assert_int_equal(b.h2d_bytes - l.h2d_bytes, 2 * l.h2d_bytes);
+			assert_int_equal(b.d2h_bytes, 3 * l.d2h_bytes);
+		}
+		assert_true(l.nvme_read_bytes < b.nvme_read_bytes);
+		assert_true(l.nvme_write_bytes < b.nvme_write_bytes);
+		st_plan_fini(&b);
+		st_plan_fini(&l);
+	}
+}
+
 /* Slots are sized from the units that stream: a resident unit larger than
  * the rest has a slot of its own only when it streams itself. */
 static void test_split_slots(void **state)
@@ -2051,6 +2116,7 @@ int main(void)
 		cmocka_unit_test(test_rates_from_lanes),
 		cmocka_unit_test(test_hide_accum),
 		cmocka_unit_test(test_pool_list),
+		cmocka_unit_test(test_pools_layer_first),
 		cmocka_unit_test(test_split_slots),
 		cmocka_unit_test(test_split_policy),
 		cmocka_unit_test(test_update_staging_per_state),

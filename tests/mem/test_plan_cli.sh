@@ -189,6 +189,36 @@ fi
 check recompute-all 0 "$plan" plan $M --gpu-mem 64M --recompute all
 expect_out recompute-all "none (recompute all"
 
+# --schedule (docs/plan.md, "Schedules"): layer-first's plan says so and
+# reads W and G once a step: with everything on nvme at --grad-accum 4 its
+# nvme bytes are batch-first's less 3 W fetch sequences and 3 G reads and
+# writes; auto takes it there; a vram budget it cannot fit is refused
+check bad-schedule 2 "$plan" plan $M --schedule sideways
+expect_err bad-schedule "--schedule sideways: expected batch-first, layer-first or auto"
+nv=(--nvme "$work/d1" --offload-params nvme --offload-optim nvme --grad-accum 4)
+for s in batch-first layer-first auto; do
+	check "schedule-$s" 0 "$plan" plan $M "${nv[@]}" --schedule $s --json
+	cp "$work/out" "$work/sched-$s.json"
+done
+check schedule-lf-text 0 "$plan" plan $M "${nv[@]}" --schedule layer-first
+expect_out schedule-lf-text "schedule        layer-first"
+python3 - "$work" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+p = {s: json.load(open(f"{w}/sched-{s}.json")) for s in ("batch-first", "layer-first", "auto")}
+assert p["batch-first"]["schedule"] == "batch-first" and p["layer-first"]["schedule"] == "layer-first"
+assert p["auto"]["schedule"] == "layer-first", p["auto"]["schedule"]
+tb, tl = p["batch-first"]["traffic"], p["layer-first"]["traffic"]
+assert tl["nvme_read_bytes"] < tb["nvme_read_bytes"] and tl["nvme_write_bytes"] < tb["nvme_write_bytes"]
+assert tl["d2h_bytes"] * 4 == tb["d2h_bytes"], (tl["d2h_bytes"], tb["d2h_bytes"])
+print("ok   --schedule: layer-first's plan, fewer nvme bytes, a quarter of the dW copies; auto takes it")
+PY
+vmin=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['tiers']['vram']['min_bytes'])" \
+	"$work/sched-layer-first.json")
+check schedule-lf-below 2 "$plan" plan $M "${nv[@]}" --schedule layer-first --gpu-mem $((vmin - 4096))
+expect_err schedule-lf-below "--schedule layer-first holds the checkpoints"
+check schedule-lf-at-min 0 "$plan" plan $M "${nv[@]}" --schedule layer-first --gpu-mem "$vmin"
+
 # --nvme-bench: the rates come from the file; a bad file is refused.
 cat >"$work/bench.json" <<'EOF'
 { "points": [], "best": { "read_gbps": 3.25, "write_gbps": 2.5, "bs": 1048576, "qd": 32 } }

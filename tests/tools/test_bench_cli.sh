@@ -132,6 +132,23 @@ for tool in "$@"; do
 			     echo "FAIL split-bench on a tiny model: $out"; fail=1
 		     fi
 		     rm -rf "$d" ;;
+	schedule-bench) check "schedule-bench --grad-accum 1" 2 "$tool" --grad-accum 1
+			check "schedule-bench --nvme /nonexistent" 2 "$tool" --nvme /nonexistent
+			check "schedule-bench --json in a missing directory" 2 "$tool" \
+			      --json /nonexistent/s.json
+			d=$(mktemp -d)
+			check "schedule-bench --json unwritable" 1 "$tool" \
+			      --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --steps 1 --nvme "$d" \
+			      --host-mem 8M --json /proc/schedule-bench.json
+			if out=$("$tool" --model layers=2,dim=64,heads=2,vocab=256,ctx=64 --steps 2 \
+				 --nvme "$d" --host-mem 8M 2>&1) &&
+			   printf '%s' "$out" | grep -q "median of per-step ratios B/A: nvme bytes" &&
+			   [ -z "$(ls -A "$d")" ]; then
+				echo "ok   schedule-bench on a tiny model, nothing left in --nvme"
+			else
+				echo "FAIL schedule-bench on a tiny model: $out"; fail=1
+			fi
+			rm -rf "$d" ;;
 	gpu-check) check "gpu-check --run without LOGDIR" 2 "$tool" --run build
 		   check "gpu-check --only an unknown step" 2 "$tool" --run build /tmp/gc-$$ --only nope
 		   check "gpu-check --prepare a missing build" 2 "$tool" --prepare /nonexistent

@@ -1581,6 +1581,425 @@ static void test_grad_accum(void **state)
 	run_free(&acc);
 }
 
+/* --schedule layer-first (docs/engine.md, "Schedules"): each unit runs all
+ * N micro-batches while its W is in vram and folds their dW on the device
+ * in the host's order, so every number is batch-first's bit for bit: on
+ * GPT-2 and both LLaMAs, W and the optimizer in every tier, split homes,
+ * the optimizer on the device, prefetch 1, 1 and 2 threads. */
+static void test_layer_first_invariance(void **state)
+{
+	static const char *const models[] = {
+		"layers=2,dim=64,heads=2,vocab=256,ctx=64",
+		"llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,bias=1,tied=1",
+		"llama:layers=2,dim=64,heads=4,kv-heads=1,ffn=80,vocab=300,ctx=64,tied=0,"
+		"rope-theta=500000,rope-scaling=llama3:8:1:4:16",
+	};
+	static const struct {
+		const char *name;
+		enum st_offload params, optim;
+		int prefetch, threads;
+		bool split;
+	} cases[] = {
+		{ "layer-first: all in vram, 1 thread", ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, 0, 1, false },
+		{ "layer-first: nvme, 2 threads", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 0, 2, false },
+		{ "layer-first: host, prefetch 1", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 1, 0, false },
+		{ "layer-first: params vram, optim nvme, 1 thread", ST_OFFLOAD_NONE,
+		  ST_OFFLOAD_NVME, 0, 1, false },
+		{ "layer-first: optim in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM, 0, 2, false },
+		{ "layer-first: split homes", 0, 0, 1, 0, true },
+	};
+	enum st_home homes[4 * ST_STATE_COUNT];
+	struct st_engine_config c;
+	struct run ref;
+
+	(void)state;
+	for (int u = 0; u < 4; u++)
+		for (int s = 0; s < ST_STATE_COUNT; s++)
+			homes[u * ST_STATE_COUNT + s] = s == ST_STATE_W ? (enum st_home)(u % 3)
+							: (u + s) % 2 ? ST_HOME_NVME
+								      : ST_HOME_HOST;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++) {
+		for (int accum = 2; accum <= 3; accum++) {
+			model_config(&c, models[mi]);
+			c.params = ST_OFFLOAD_NONE;
+			c.optim = ST_OFFLOAD_HOST;
+			c.train.grad_accum = accum;
+			train(&c, STEPS, &ref);
+			for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+				char what[320];
+				struct st_engine *e;
+
+				/* N = 2 in the first and last cases only: N = 3 is
+				 * where a fold order could differ */
+				if (accum == 2 && i != 0 && i + 1 != ST_ARRAY_LEN(cases))
+					continue;
+				model_config(&c, models[mi]);
+				c.train.grad_accum = accum;
+				c.schedule = ST_SCHEDULE_LAYER_FIRST;
+				c.params = cases[i].params;
+				c.optim = cases[i].optim;
+				c.prefetch = cases[i].prefetch;
+				c.homes = cases[i].split ? homes : NULL;
+				assert_int_equal(st_engine_create(&c, &e), 0);
+				assert_int_equal(st_engine_plan(e)->schedule, ST_SCHEDULE_LAYER_FIRST);
+				st_engine_destroy(e);
+				snprintf(what, sizeof(what), "%s (%s, N = %d)", cases[i].name,
+					 models[mi], accum);
+				train_same(&c, cases[i].threads, &ref, what);
+			}
+			run_free(&ref);
+		}
+	}
+	/* checkpoints on the host: the N micro-batches' block of each of 3 of
+	 * the 5 boundaries goes there and back, W and the optimizer in vram
+	 * and on nvme, GPT-2 and LLaMA */
+	for (int mi = 0; mi < 2; mi++) {
+		const char *m = mi ? "llama:layers=4,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,"
+				     "ctx=64,tied=1"
+				   : "layers=4,dim=64,heads=2,vocab=256,ctx=64";
+
+		model_config(&c, m);
+		c.train.grad_accum = 3;
+		c.activations = ST_OFFLOAD_NONE;
+		train(&c, STEPS, &ref);
+		for (int p = 0; p < 2; p++) {
+			struct st_engine *e;
+
+			model_config(&c, m);
+			c.train.grad_accum = 3;
+			c.schedule = ST_SCHEDULE_LAYER_FIRST;
+			c.activations = ST_OFFLOAD_HOST;
+			c.params = p ? ST_OFFLOAD_NVME : ST_OFFLOAD_NONE;
+			c.optim = p ? ST_OFFLOAD_NVME : ST_OFFLOAD_HOST;
+			assert_int_equal(st_engine_create(&c, &e), 0);
+			assert_int_equal(st_engine_plan(e)->act_offloaded, 3);
+			st_engine_destroy(e);
+			train_same(&c, p ? 2 : 1, &ref, p ? "layer-first: checkpoints on the host, nvme"
+							: "layer-first: checkpoints on the host");
+		}
+		run_free(&ref);
+	}
+	/* kept forwards: each of the N micro-batches' (--recompute none, and
+	 * auto with room for two of the three at N = 3), W in vram and on
+	 * nvme, GPT-2 and LLaMA */
+	for (int mi = 0; mi < 2; mi++) {
+		const char *m = mi ? models[1] : models[0];
+
+		model_config(&c, m);
+		c.train.grad_accum = 3;
+		train(&c, STEPS, &ref);
+		for (int k = 0; k < 3; k++) {
+			struct st_engine *e;
+			uint64_t vram;
+
+			model_config(&c, m);
+			c.train.grad_accum = 3;
+			c.schedule = ST_SCHEDULE_LAYER_FIRST;
+			c.recompute = ST_RECOMPUTE_NONE;
+			c.params = k == 1 ? ST_OFFLOAD_NVME : ST_OFFLOAD_NONE;
+			c.optim = k == 1 ? ST_OFFLOAD_NVME : ST_OFFLOAD_HOST;
+			assert_int_equal(st_engine_create(&c, &e), 0);
+			assert_int_equal(st_engine_plan(e)->n_keep, 2);
+			vram = st_engine_plan(e)->total_bytes[ST_HOME_VRAM];
+			if (k == 2) { /* auto: none's vram keeps both, one unit's
+					 N extents less keeps fewer */
+				uint64_t each = 3 * st_align_up(st_engine_plan(e)->saved_each_bytes,
+								4096);
+
+				c.recompute = ST_RECOMPUTE_AUTO;
+				c.gpu_mem_bytes = vram;
+				st_engine_destroy(e);
+				assert_int_equal(st_engine_create(&c, &e), 0);
+				assert_int_equal(st_engine_plan(e)->n_keep, 2);
+				st_engine_destroy(e);
+				c.gpu_mem_bytes = vram - each;
+				assert_int_equal(st_engine_create(&c, &e), 0);
+				assert_true(st_engine_plan(e)->n_keep < 2);
+			}
+			st_engine_destroy(e);
+			train_same(&c, 0, &ref, k == 2 ? "layer-first: recompute auto, fewer keep"
+					       : k ? "layer-first: recompute none, nvme"
+						   : "layer-first: recompute none");
+		}
+		run_free(&ref);
+	}
+	/* the bf16 compute path (W copied as bf16, dW fp32) */
+	base_config(&c);
+	c.train.grad_accum = 3;
+	c.compute_dtype = ST_PRECISION_BF16;
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	train(&c, STEPS, &ref);
+	c.schedule = ST_SCHEDULE_LAYER_FIRST;
+	train_same(&c, 2, &ref, "layer-first: compute bf16, nvme");
+	run_free(&ref);
+}
+
+/* The bytes each link moves in a layer-first step are the plan's, at N =
+ * 1..3 in every uniform row and a split; with W and G on nvme at N = 3
+ * the nvme reads are batch-first's less 2 * 2 W fetches and 2 G reads,
+ * the writes less 2 G writes, the copies less 2 * 2 W h2d and 2 dW d2h:
+ * the schedule's saving, exactly. */
+static void test_layer_first_traffic(void **state)
+{
+	static const enum st_offload cases[][2] = {
+		{ ST_OFFLOAD_NVME, ST_OFFLOAD_NVME }, { ST_OFFLOAD_HOST, ST_OFFLOAD_HOST },
+		{ ST_OFFLOAD_NONE, ST_OFFLOAD_NVME }, { ST_OFFLOAD_HOST, ST_OFFLOAD_NVME },
+		{ ST_OFFLOAD_NONE, ST_OFFLOAD_VRAM },
+	};
+	uint64_t bf[ST_LANE_COUNT] = { 0 }, lf[ST_LANE_COUNT] = { 0 };
+
+	(void)state;
+	/* checkpoints on the host: 3 of 5 boundaries' blocks there and back */
+	for (size_t i = 0; i < ST_ARRAY_LEN(cases) - 1; i++)
+		for (int accum = 1; accum <= 3; accum += 2) {
+			struct st_engine_config c;
+			struct st_engine *e;
+			struct st_dataset *ds;
+			struct st_loader ld;
+			struct st_step_result res;
+			struct st_engine_stats st;
+			const struct st_plan *p;
+
+			model_config(&c, "layers=4,dim=64,heads=2,vocab=256,ctx=64");
+			c.params = cases[i][0];
+			c.optim = cases[i][1];
+			c.train.grad_accum = accum;
+			c.activations = ST_OFFLOAD_HOST;
+			c.schedule = ST_SCHEDULE_LAYER_FIRST;
+			open_loader(&ds, &ld, &c);
+			assert_int_equal(st_engine_create(&c, &e), 0);
+			assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
+			st_engine_get_stats(e, &st);
+			p = st_engine_plan(e);
+			assert_int_equal(p->act_offloaded, 3);
+			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
+			    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
+			    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
+			    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
+				fail_msg("layer-first, checkpoints on the host, case %zu accum %d: moved "
+					 "h2d %llu d2h %llu, planned %llu %llu", i, accum,
+					 (unsigned long long)st.bytes[ST_LANE_H2D],
+					 (unsigned long long)st.bytes[ST_LANE_D2H],
+					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes);
+			st_engine_destroy(e);
+			st_dataset_close(ds);
+		}
+	for (size_t i = 0; i <= ST_ARRAY_LEN(cases); i++)
+		for (int accum = 1; accum <= 3; accum++)
+			for (int sched = 0; sched < 2; sched++) {
+				struct st_engine_config c;
+				struct st_engine *e;
+				struct st_dataset *ds;
+				struct st_loader ld;
+				struct st_step_result res;
+				struct st_engine_stats st;
+				const struct st_plan *p;
+
+				base_config(&c);
+				c.train.grad_accum = accum;
+				if (i < ST_ARRAY_LEN(cases)) {
+					c.params = cases[i][0];
+					c.optim = cases[i][1];
+				} else {
+					split_budgets(&c, 0);
+				}
+				c.schedule = sched ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+				open_loader(&ds, &ld, &c);
+				assert_int_equal(st_engine_create(&c, &e), 0);
+				assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
+				st_engine_get_stats(e, &st);
+				p = st_engine_plan(e);
+				assert_int_equal(p->schedule, c.schedule);
+				if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
+				    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
+				    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
+				    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
+					fail_msg("%s case %zu accum %d: moved h2d %llu d2h %llu nvme r %llu "
+						 "w %llu, planned %llu %llu %llu %llu",
+						 st_schedule_name(c.schedule), i, accum,
+						 (unsigned long long)st.bytes[ST_LANE_H2D],
+						 (unsigned long long)st.bytes[ST_LANE_D2H],
+						 (unsigned long long)st.bytes[ST_LANE_NVME_READ],
+						 (unsigned long long)st.bytes[ST_LANE_NVME_WRITE],
+						 (unsigned long long)p->h2d_bytes,
+						 (unsigned long long)p->d2h_bytes,
+						 (unsigned long long)p->nvme_read_bytes,
+						 (unsigned long long)p->nvme_write_bytes);
+				if (i == 0 && accum == 3)
+					memcpy(sched ? lf : bf, st.bytes, sizeof(bf));
+				if (i == 0 && accum == 3 && sched) {
+					uint64_t w = 0, g = 0, wf = 0;
+					const struct st_model *m = st_engine_model(e);
+					int U = st_model_unit_count(m);
+
+					/* W fetched per pass: U-1 forward, U-1 backward
+					 * (GPT-2's embedding kept, the head once) */
+					for (int u = 0; u < U; u++) {
+						uint64_t el = st_model_unit_layout(m, u)->elems;
+						int fetches = (u < U - 1) +
+							      !(st_model_unit_layout(m, u)->resident &&
+								u < U - 1);
+
+						w += 2 * el * (uint64_t)fetches;
+						g += el * 4;
+						wf += el * 2;
+					}
+					(void)wf;
+					assert_int_equal(bf[ST_LANE_NVME_READ] - lf[ST_LANE_NVME_READ],
+							 2 * w + 2 * g);
+					assert_int_equal(bf[ST_LANE_NVME_WRITE] - lf[ST_LANE_NVME_WRITE],
+							 2 * g);
+					assert_int_equal(bf[ST_LANE_H2D] - lf[ST_LANE_H2D], 2 * w);
+					assert_int_equal(bf[ST_LANE_D2H] - lf[ST_LANE_D2H], 2 * g);
+				}
+				st_engine_destroy(e);
+				st_dataset_close(ds);
+			}
+}
+
+/* A layer-first run saved after its third step, which had begun the
+ * fourth (its N micro-batches drawn, their forwards run in the sweep, as
+ * in a run told to stop then), resumes into a batch-first engine of
+ * another placement and ends where 6 batch-first steps straight end; and
+ * the other way round. */
+static void test_layer_first_resume(void **state)
+{
+	(void)state;
+	for (int dir_lf = 0; dir_lf < 2; dir_lf++) {
+		struct st_engine_config c;
+		struct run straight, resumed;
+		struct st_engine *e;
+		struct st_dataset *ds;
+		struct st_loader ld;
+		struct st_step_result res;
+		char ck[4200], *cfg = NULL;
+		uint64_t step;
+
+		base_config(&c);
+		c.train.grad_accum = 3;
+		c.params = ST_OFFLOAD_NVME;
+		c.optim = ST_OFFLOAD_NVME;
+		train(&c, 6, &straight);
+		c.schedule = dir_lf ? ST_SCHEDULE_BATCH_FIRST : ST_SCHEDULE_LAYER_FIRST;
+		snprintf(ck, sizeof(ck), "%s/ck-lf%d", dir, dir_lf);
+		open_loader(&ds, &ld, &c);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		for (int s = 0; s < 3; s++) {
+			assert_int_equal(st_engine_step(e, &ld, s, true, &res), 0);
+			resumed.loss[s] = res.loss;
+			resumed.norm[s] = res.grad_norm;
+		}
+		if (st_engine_save(e, ck, 3, st_engine_step_end_cursor(e), "{}", 2))
+			fail_msg("save: %s", st_error_last());
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+		c.schedule = dir_lf ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+		c.params = ST_OFFLOAD_HOST;
+		c.optim = ST_OFFLOAD_HOST;
+		open_loader(&ds, &ld, &c);
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		if (st_engine_resume(e, ck, &step, &ld.cur, &cfg))
+			fail_msg("resume: %s", st_error_last());
+		free(cfg);
+		assert_int_equal(step, 3);
+		assert_int_equal(st_loader_seek(&ld, &ld.cur), 0);
+		for (int s = 3; s < 6; s++) {
+			assert_int_equal(st_engine_step(e, &ld, s, s < 5, &res), 0);
+			resumed.loss[s] = res.loss;
+			resumed.norm[s] = res.grad_norm;
+		}
+		collect(e, &resumed);
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+		same(&straight, &resumed, 6, dir_lf ? "batch-first saved, layer-first resumed"
+						    : "layer-first saved (stopped), batch-first resumed");
+		run_free(&straight);
+		run_free(&resumed);
+	}
+}
+
+/* What layer-first does not do is refused with one line naming it; a vram
+ * budget that cannot hold N micro-batches' checkpoints is refused with the
+ * minimum and what to raise; auto takes layer-first where it cuts the
+ * step and batch-first where it cannot run. */
+static void test_layer_first_refusals(void **state)
+{
+	struct st_engine_config c;
+	struct st_engine *e;
+	struct st_model *m;
+	struct st_plan p;
+	uint64_t vmin, bf_vram;
+	char want[64];
+
+	(void)state;
+	{
+		struct st_plan_input in = { .batch = 4, .seq = 32, .grad_accum = 4,
+					    .gpu_mem_bytes = 64ull << 20,
+					    .host_mem_bytes = 64ull << 20, .world = 2, .zero = 1,
+					    .schedule = ST_SCHEDULE_LAYER_FIRST };
+
+		base_config(&c);
+		assert_int_equal(st_model_create(&c.train.model, &m), 0);
+		in.model = m;
+		/* at world 2 its vram has a third dW (the micro-batch's, sent
+		 * to the ranks) */
+		assert_int_equal(st_plan_make(&in, &p), 0);
+		assert_int_equal(p.schedule, ST_SCHEDULE_LAYER_FIRST);
+		for (int i = 0; i < p.n_pools; i++)
+			if (p.pools[i].id == ST_POOL_DW)
+				assert_int_equal(p.pools[i].count, 3);
+		st_plan_fini(&p);
+		in.schedule = ST_SCHEDULE_AUTO;
+		/* auto with W and G on nvme at N = 4: layer-first, a quarter of
+		 * the W reads; at N = 1 batch-first */
+		in.world = 1;
+		in.zero = 0;
+		in.have_nvme = true;
+		in.params = ST_OFFLOAD_NVME;
+		in.optim = ST_OFFLOAD_NVME;
+		assert_int_equal(st_plan_make(&in, &p), 0);
+		assert_int_equal(p.schedule, ST_SCHEDULE_LAYER_FIRST);
+		st_plan_fini(&p);
+		in.grad_accum = 1;
+		assert_int_equal(st_plan_make(&in, &p), 0);
+		assert_int_equal(p.schedule, ST_SCHEDULE_BATCH_FIRST);
+		st_plan_fini(&p);
+		st_model_destroy(m);
+	}
+	/* the vram minimum of layer-first at N = 4: one page under it is
+	 * refused with it and what to raise, it is accepted, and batch-first
+	 * needs less */
+	base_config(&c);
+	c.train.grad_accum = 4;
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	bf_vram = st_engine_plan(e)->min_bytes[ST_HOME_VRAM];
+	st_engine_destroy(e);
+	c.schedule = ST_SCHEDULE_LAYER_FIRST;
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	vmin = st_engine_plan(e)->min_bytes[ST_HOME_VRAM];
+	st_engine_destroy(e);
+	assert_true(vmin > bf_vram);
+	c.gpu_mem_bytes = vmin - 4096;
+	assert_int_equal(st_engine_create(&c, &e), -ENOSPC);
+	st_format_bytes(vmin, want, sizeof(want));
+	if (!strstr(st_error_last(), want) || !strstr(st_error_last(), "--gpu-mem") ||
+	    !strstr(st_error_last(), "layer-first"))
+		fail_msg("message '%s' lacks the minimum %s or what to raise", st_error_last(),
+			 want);
+	c.gpu_mem_bytes = vmin;
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	st_engine_destroy(e);
+	/* auto at that budget: batch-first fits too, layer-first is faster */
+	c.schedule = ST_SCHEDULE_AUTO;
+	c.gpu_mem_bytes = vmin - 4096;
+	assert_int_equal(st_engine_create(&c, &e), 0);
+	assert_int_equal(st_engine_plan(e)->schedule, ST_SCHEDULE_BATCH_FIRST);
+	st_engine_destroy(e);
+}
+
 static int setup(void **state)
 {
 	const char *base = getenv("ST_TEST_DIR");
@@ -1798,6 +2217,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_act_host),
 		cmocka_unit_test(test_recompute_invariance),
 		cmocka_unit_test(test_device_optim_traffic),
+		cmocka_unit_test(test_layer_first_invariance),
+		cmocka_unit_test(test_layer_first_traffic),
 	};
 #endif
 	const struct CMUnitTest tests[] = {
@@ -1821,6 +2242,10 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_nonfinite_device),
 		cmocka_unit_test(test_device_optim_traffic),
 		cmocka_unit_test(test_grad_accum),
+		cmocka_unit_test(test_layer_first_invariance),
+		cmocka_unit_test(test_layer_first_refusals),
+		cmocka_unit_test(test_layer_first_traffic),
+		cmocka_unit_test(test_layer_first_resume),
 	};
 	/* cpu-strict: every test above, and the bits against plain cpu */
 	const struct CMUnitTest strict_tests[] = {
@@ -1833,6 +2258,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: test_engine [--device cpu|cpu-strict|cuda]\n");
 		return 2;
 	}
+	/* ST_TEST_FILTER=PATTERN: only the tests whose name matches (a
+	 * cmocka glob, e.g. '*layer_first*') */
+	if (getenv("ST_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("ST_TEST_FILTER"));
 	if (strcmp(device, "cuda") == 0) {
 #ifdef ST_HAVE_CUDA
 		if (!st_cuda_available()) {

@@ -22,6 +22,14 @@
 #              strata info's comm line (libraries, world)
 #   budget     per-rank peaks within the budgets; stage 3's nvme bytes per
 #              rank about 1/N of one rank's
+#   layer-first
+#              --schedule layer-first at 2 ranks, stages 0-3, W and the
+#              optimizer in host, on nvme and in vram, --grad-accum 2 (and
+#              LLaMA at stage 3, checkpoints on the host, --recompute
+#              none): the losses,
+#              norms and checkpoint tensor
+#              bytes of batch-first (one rank at --grad-accum 4, and 2 ranks
+#              batch-first), bit for bit; its collectives = the plan's
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
 #              overlapping the compute (stage 3's gathers, and stages 1-2's
@@ -272,6 +280,16 @@ mismatch)
 	else
 		echo "ok   mismatch --save-every: exit 2, named"
 	fi
+	# the schedule orders a step's all-to-alls: ranks must agree on it
+	"$mpirun" 2 bash -c 'exec "$0" train "$@" --schedule $([ "$OMPI_COMM_WORLD_RANK" = 1 ] &&
+		echo layer-first || echo batch-first)' "$strata" "${common[@]}" --steps 2 \
+		--grad-accum 2 >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc != 2 ] || ! grep -q "rank 1 has run .*schedule=layer-first where rank 0 has run .*schedule=batch-first" "$work/err"; then
+		echo "FAIL mismatch --schedule: exit $rc"; tail -3 "$work/err"; fail=1
+	else
+		echo "ok   mismatch --schedule: exit 2, named"
+	fi
 	;;
 refuse)
 	check "--zero 4" 2 "$strata" train "${common[@]}" --zero 4
@@ -316,13 +334,40 @@ sys.exit(0 if ok else 1)
 PY
 	done
 	;;
+layer-first)
+	run ref 1 --steps 3 --grad-accum 4 || { echo "FAIL one-rank run"; fail=1; }
+	for z in 0 1 2 3; do
+		for p in "${placements[@]}"; do
+			[ "${p%%|*}" = split ] && continue
+			# shellcheck disable=SC2086
+			run "lf$z" 2 --steps 3 --grad-accum 2 --zero $z --schedule layer-first ${p#*|}
+			same "lf$z" ref "2 ranks --zero $z --schedule layer-first --grad-accum 2, ${p%%|*} = 1 rank batch-first --grad-accum 4"
+		done
+		run "bf$z" 2 --steps 3 --grad-accum 2 --zero $z
+		same "lf$z" "bf$z" "2 ranks --zero $z: layer-first = batch-first"
+	done
+	# each rank's checkpoints on its host, the N micro-batches' blocks
+	run lfact 2 --steps 3 --zero 3 --grad-accum 2 --schedule layer-first \
+		--offload-activations host --offload-params nvme
+	same lfact ref "2 ranks --zero 3 layer-first, checkpoints on the host = 1 rank --grad-accum 4"
+	# every block keeps the forward of each micro-batch
+	run lfkeep 2 --steps 3 --zero 2 --grad-accum 2 --schedule layer-first --recompute none
+	same lfkeep ref "2 ranks --zero 2 layer-first, --recompute none = 1 rank --grad-accum 4"
+	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 3)
+	run llref 1 "${ll[@]}" --grad-accum 6
+	run ll 2 "${ll[@]}" --zero 3 --grad-accum 3 --schedule layer-first --offload-params nvme \
+		--offload-optim nvme
+	same ll llref "LLaMA: 2 ranks --zero 3 layer-first --grad-accum 3, on nvme = 1 rank --grad-accum 6"
+	;;
 comm)
-	for spec in "2 0 1" "2 1 1" "2 2 2" "2 3 1" "4 3 1" "4 1 2"; do
-		read -r np z a <<<"$spec"
-		run "c$np$z" $np --steps 2 --zero $z --grad-accum $a
+	for spec in "2 0 1" "2 1 1" "2 2 2" "2 3 1" "4 3 1" "4 1 2" "2 0 3 layer-first" \
+		    "2 3 2 layer-first"; do
+		read -r np z a sched <<<"$spec"
+		sched=${sched:-batch-first}
+		run "c$np$z" $np --steps 2 --zero $z --grad-accum $a --schedule $sched
 		"$strata" plan --json --world $np --zero $z --grad-accum $a --batch 2 --seq 32 \
-			--gpu-mem 16M --host-mem 12M --nvme "$work/nvme" >"$work/plan.json"
-		python3 - "$work/plan.json" "$work/c$np$z.jsonl" "$np ranks --zero $z --grad-accum $a" <<'PY' || fail=1
+			--gpu-mem 16M --host-mem 12M --nvme "$work/nvme" --schedule $sched >"$work/plan.json"
+		python3 - "$work/plan.json" "$work/c$np$z.jsonl" "$np ranks --zero $z --grad-accum $a $sched" <<'PY' || fail=1
 import json, sys
 plan = json.load(open(sys.argv[1]))["zero"]["comm"]
 steps = [json.loads(l)["comm"] for l in open(sys.argv[2])]
@@ -422,6 +467,16 @@ strict-np2 | strict-np4)
 		# what strict mode refused, with its stack
 		grep -m1 -A24 '^strata: cpu-strict: ' "$work/s$z$p.log"
 	done
+	# layer-first: the fold of the ranks' slots on the device
+	if [ "$np" = 2 ]; then
+		run ref2 1 --steps 3 --grad-accum 4
+		for z in 0 3; do
+			run "sl$z" 2 --steps 3 --zero $z --grad-accum 2 --device cpu-strict \
+				--schedule layer-first --offload-params nvme --offload-optim nvme
+			same "sl$z" ref2 "cpu-strict: 2 ranks --zero $z layer-first, nvme = 1 rank --grad-accum 4"
+			grep -m1 -A24 '^strata: cpu-strict: ' "$work/sl$z.log"
+		done
+	fi
 	;;
 cuda1 | cuda2)
 	# on a GPU (tools/gpu-check): cuda1, the engine through a world-1
