@@ -64,18 +64,6 @@ ST_AVX2_INLINE void avx2_w_store(uint16_t *w16, float *w32, size_t i, __m256 pn,
 	}
 }
 
-/* 8 codes (int32) -> r (st_q8_dec()); mb: mantissa bits. */
-ST_AVX2_INLINE __m256 avx2_q8_dec(__m256i c, const unsigned mb)
-{
-	__m256 norm = _mm256_castsi256_ps(_mm256_slli_epi32(
-		_mm256_add_epi32(c, _mm256_set1_epi32((int)(112u << mb))), (int)(23u - mb)));
-	__m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(c),
-				   _mm256_castsi256_ps(_mm256_set1_epi32((int)((113u - mb) << 23))));
-	__m256i isnorm = _mm256_cmpgt_epi32(c, _mm256_set1_epi32((int)(1u << mb) - 1));
-
-	return _mm256_blendv_ps(sub, norm, _mm256_castsi256_ps(isnorm));
-}
-
 /* r >= 0 -> 8 codes in 8 int32 (st_q8_enc()). */
 ST_AVX2_INLINE __m256i avx2_q8_enc(__m256 r, const unsigned mb)
 {
@@ -94,20 +82,29 @@ ST_AVX2_INLINE __m256i avx2_q8_enc(__m256 r, const unsigned mb)
 				_mm256_set1_epi32((int)(1u << (mb + 4u)) - 1));
 }
 
-/* 8 V codes -> r (st_q8v_decode()). */
+/* 8 V codes -> r (st_q8v_decode()). The code's bits shifted into an fp32
+ * read as a float with a bias of 127, not 15: normal codes land in normal
+ * floats and subnormal codes in subnormal floats (exact), so one exact
+ * multiply by 2^112 gives st_q8_dec()'s value for both. */
 ST_AVX2_INLINE __m256 avx2_q8v_decode(__m128i bytes)
 {
-	return avx2_q8_dec(_mm256_cvtepu8_epi32(bytes), ST_Q8_VMB);
+	__m256i c = _mm256_cvtepu8_epi32(bytes);
+
+	return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(c, 23 - ST_Q8_VMB)),
+			     _mm256_set1_ps(0x1p112f));
 }
 
-/* 8 M codes -> M / m_scale (st_q8m_decode()). */
+/* 8 M codes -> M / m_scale (st_q8m_decode()), as avx2_q8v_decode() with
+ * the sign from bit 7. */
 ST_AVX2_INLINE __m256 avx2_q8m_decode(__m128i bytes)
 {
 	__m256i c = _mm256_cvtepu8_epi32(bytes);
-	__m256 r = avx2_q8_dec(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), ST_Q8_MMB);
+	__m256i mag = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)),
+					23 - ST_Q8_MMB);
+	__m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
 
-	return _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_slli_epi32(
-				       _mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24)));
+	return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)),
+			     _mm256_set1_ps(0x1p112f));
 }
 
 /* M' and 1 / m_scale -> 8 M codes in 8 int32 (st_q8m_encode()). */
@@ -189,8 +186,10 @@ ST_AVX2_INLINE uint64_t avx2_q8_body(const struct st_adam_step *s,
 							       : (const void *)(g32 + i),
 					  ST_ADAM_PREFETCH_ELEMS * gb);
 			st_optim_prefetch(p + i, ST_ADAM_PREFETCH_ELEMS * 4u);
-			st_optim_prefetch(mc + i, ST_ADAM_PREFETCH_ELEMS);
-			st_optim_prefetch(vc + i, ST_ADAM_PREFETCH_ELEMS);
+			if (!(j & 63)) { /* a line of codes per 64 elements */
+				st_optim_prefetch(mc + i, ST_ADAM_PREFETCH_ELEMS);
+				st_optim_prefetch(vc + i, ST_ADAM_PREFETCH_ELEMS);
+			}
 			if (gdt == ST_OPTIM_BF16)
 				g = avx2_f32_from_bf16(_mm_loadu_si128((const __m128i *)(g16 + i)));
 			else

@@ -75,19 +75,6 @@ ST_K(w_store)(uint16_t *w16, float *w32, size_t i, __m512 pn, const enum st_opti
 	}
 }
 
-/* 16 codes (int32) -> r (st_q8_dec()); mb: mantissa bits. */
-ST_K_TARGET static inline __attribute__((always_inline)) __m512
-ST_K(q8_dec)(__m512i c, const unsigned mb)
-{
-	__m512 norm = _mm512_castsi512_ps(_mm512_slli_epi32(
-		_mm512_add_epi32(c, _mm512_set1_epi32((int)(112u << mb))), 23u - mb));
-	__m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(c),
-				   _mm512_castsi512_ps(_mm512_set1_epi32((int)((113u - mb) << 23))));
-	__mmask16 isnorm = _mm512_cmpgt_epi32_mask(c, _mm512_set1_epi32((int)(1u << mb) - 1));
-
-	return _mm512_mask_blend_ps(isnorm, sub, norm);
-}
-
 /* r >= 0 -> 16 codes in 16 int32 (st_q8_enc()). */
 ST_K_TARGET static inline __attribute__((always_inline)) __m512i
 ST_K(q8_enc)(__m512 r, const unsigned mb)
@@ -107,22 +94,29 @@ ST_K(q8_enc)(__m512 r, const unsigned mb)
 				_mm512_set1_epi32((int)(1u << (mb + 4u)) - 1));
 }
 
-/* 16 V codes -> r (st_q8v_decode()). */
+/* 16 V codes -> r (st_q8v_decode()): the code's bits read as an fp32
+ * with a bias of 127 (subnormal codes as subnormal floats, exact), times
+ * 2^112 (exact), as the AVX2 kernel does. */
 ST_K_TARGET static inline __attribute__((always_inline)) __m512
 ST_K(q8v_decode)(__m128i bytes)
 {
-	return ST_K(q8_dec)(_mm512_cvtepu8_epi32(bytes), ST_Q8_VMB);
+	__m512i c = _mm512_cvtepu8_epi32(bytes);
+
+	return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(c, 23 - ST_Q8_VMB)),
+			     _mm512_set1_ps(0x1p112f));
 }
 
-/* 16 M codes -> M / m_scale (st_q8m_decode()). */
+/* 16 M codes -> M / m_scale (st_q8m_decode()), the sign from bit 7. */
 ST_K_TARGET static inline __attribute__((always_inline)) __m512
 ST_K(q8m_decode)(__m128i bytes)
 {
 	__m512i c = _mm512_cvtepu8_epi32(bytes);
-	__m512 r = ST_K(q8_dec)(_mm512_and_si512(c, _mm512_set1_epi32(0x7f)), ST_Q8_MMB);
+	__m512i mag = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x7f)),
+					23 - ST_Q8_MMB);
+	__m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
 
-	return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), _mm512_slli_epi32(
-		_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24)));
+	return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(mag, sign)),
+			     _mm512_set1_ps(0x1p112f));
 }
 
 /* M' and 1 / m_scale -> 16 M codes in 16 int32 (st_q8m_encode()). */
@@ -180,8 +174,10 @@ ST_K(q8_body)(const struct st_adam_step *s, const struct st_adam_bufs *b, size_t
 							       : (const void *)(g32 + i),
 					  ST_ADAM_PREFETCH_ELEMS * gb);
 			st_optim_prefetch(p + i, ST_ADAM_PREFETCH_ELEMS * 4u);
-			st_optim_prefetch(mc + i, ST_ADAM_PREFETCH_ELEMS);
-			st_optim_prefetch(vc + i, ST_ADAM_PREFETCH_ELEMS);
+			if (!(j & 63)) { /* a line of codes per 64 elements */
+				st_optim_prefetch(mc + i, ST_ADAM_PREFETCH_ELEMS);
+				st_optim_prefetch(vc + i, ST_ADAM_PREFETCH_ELEMS);
+			}
 			if (gdt == ST_OPTIM_BF16)
 				g = ST_K(f32_from_bf16)(_mm256_loadu_si256((const __m256i *)(g16 + i)));
 			else
