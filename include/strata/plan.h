@@ -74,6 +74,7 @@
 #ifndef STRATA_PLAN_H
 #define STRATA_PLAN_H
 
+#include "strata/optim.h"
 #include "strata/common.h"
 #include "strata/model.h"
 
@@ -135,6 +136,8 @@ struct st_plan_input {
 	const struct st_model *model; /* borrowed */
 	int batch, seq, grad_accum;
 	bool bf16;
+	enum st_optim_state optim_state; /* M and V: fp32 (the zero value), bf16
+					    or q8 (strata/optim.h) */
 	uint64_t gpu_mem_bytes;       /* vram budget; required */
 	uint64_t host_mem_bytes;      /* host budget; required */
 	uint64_t nvme_mem_bytes;      /* nvme budget; 0 = unlimited (the plan's

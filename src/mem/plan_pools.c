@@ -236,7 +236,7 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	for (int u = 0; u < sh->units; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++)
 			p->home[homes[u * ST_STATE_COUNT + s]] +=
-				sh->st_elems[u * ST_STATE_COUNT + s] * (s == ST_STATE_W ? sh->wb : 4);
+				st_shape_shard_bytes(sh, s, sh->st_elems[u * ST_STATE_COUNT + s]);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		p->total[t] = p->home[t];
 	pool_add(p, ST_POOL_W_SLOT, slot_bytes, slots, -1);
@@ -393,6 +393,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	sh->units = st_model_unit_count(m);
 	sh->accum = in->grad_accum;
 	sh->wb = in->bf16 ? 2 : 4;
+	sh->mvb = in->optim_state == ST_OPTIM_STATE_Q8 ? 1 : in->optim_state == ST_OPTIM_STATE_BF16 ? 2 : 4;
 	sh->elems = calloc((size_t)sh->units, sizeof(*sh->elems));
 	sh->resident = calloc((size_t)sh->units, sizeof(*sh->resident));
 	sh->homes = calloc((size_t)sh->units * ST_STATE_COUNT, sizeof(*sh->homes));

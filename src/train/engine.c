@@ -91,6 +91,11 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->grad.unit_sumsq);
 	free(e->grad.host_scalars);
 	free(e->batch.tokens_buf[0]);
+	for (int k = 0; k < 2; k++) {
+		for (int u = 0; e->q8_scale[k] && u < e->n_units; u++)
+			free(e->q8_scale[k][u]);
+		free(e->q8_scale[k]);
+	}
 	free(e->slice_elems);
 	free(e->padded_elems);
 	free(e->zero.nvme_dirs);
@@ -461,11 +466,13 @@ static int plan_of(struct st_engine *e)
 		.host_compute = st_device_on_host(cfg->device),
 		.activations = cfg->activations,
 		.recompute = cfg->recompute,
+		.optim_state = cfg->optim_state,
 	};
 
 	/* the cuda compute runs AdamW (docs/gpu.md): auto may home the
 	 * optimizer in vram when it fits */
-	pin.optim_vram_auto = cfg->device && strcmp(cfg->device, "cuda") == 0;
+	pin.optim_vram_auto = cfg->device && strcmp(cfg->device, "cuda") == 0 &&
+			      cfg->optim_state == ST_OPTIM_STATE_F32;
 	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {
 		if (pin.rates.compute_flops <= 0) {
 			pin.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
@@ -489,6 +496,9 @@ static int setup_units(struct st_engine *e)
 	e->n_units = st_model_unit_count(e->model);
 	e->fetch.depth = e->plan.prefetch;
 	e->w_elem_bytes = c->bf16 ? 2 : 4;
+	e->mv_state = e->cfg.optim_state;
+	e->mv_elem_bytes = e->mv_state == ST_OPTIM_STATE_Q8 ? 1
+			   : e->mv_state == ST_OPTIM_STATE_BF16 ? 2 : 4;
 	e->unit_elems = calloc((size_t)e->n_units, sizeof(*e->unit_elems));
 	e->shards = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->shards));
 	e->grad.unit_sumsq = calloc((size_t)e->n_units, sizeof(double));
@@ -529,16 +539,31 @@ static int setup_units(struct st_engine *e)
 		e->padded_elems[u] = e->slice_elems[u] * (uint64_t)e->world;
 	}
 	e->update.tile_elems = e->plan.tile_elems;
-	/* a smaller tile for tests (whole pages of bf16 and fp32) */
-	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0)
+	/* a smaller tile for tests (whole pages of bf16 and fp32; of q8's
+	 * bytes too with the q8 state) */
+	if (e->cfg.update_tile_elems &&
+	    e->cfg.update_tile_elems % (e->mv_elem_bytes == 1 ? 4096u : 2048u) == 0)
 		e->update.tile_elems = ST_MIN(e->update.tile_elems, e->cfg.update_tile_elems);
 	/* measurements only (tools/zero-bench --baseline-env): a smaller tile */
 	{
 		const char *v = getenv("ST_UPDATE_TILE");
 		uint64_t t = v ? strtoull(v, NULL, 10) : 0;
 
-		if (t && t % 2048 == 0)
+		if (t && t % (e->mv_elem_bytes == 1 ? 4096u : 2048u) == 0)
 			e->update.tile_elems = ST_MIN(e->update.tile_elems, t);
+	}
+	if (e->mv_state == ST_OPTIM_STATE_Q8) {
+		for (int k = 0; k < 2; k++) {
+			e->q8_scale[k] = calloc((size_t)e->n_units, sizeof(float *));
+			if (!e->q8_scale[k])
+				return -ENOMEM;
+			for (int u = 0; u < e->n_units; u++) {
+				e->q8_scale[k][u] = calloc(e->padded_elems[u] / ST_MODEL_TENSOR_ALIGN_ELEMS + 1,
+							   sizeof(float));
+				if (!e->q8_scale[k][u])
+					return -ENOMEM;
+			}
+		}
 	}
 	e->fetch.n_seq = 0;
 	for (int u = 0; u <= e->n_units - 2; u++)
@@ -564,6 +589,27 @@ static int init_params(struct st_engine *e)
 	}
 	free(p);
 	return ret;
+}
+
+/* A compact M and V (--optim-state bf16 or q8) runs in the host's AdamW
+ * at world 1 only: the device's ADAMW op and ZeRO's slices take fp32. */
+static int check_optim_state(struct st_engine *e)
+{
+	enum st_optim_state st = e->cfg.optim_state;
+
+	if (st == ST_OPTIM_STATE_F32)
+		return 0;
+	if ((unsigned)st > ST_OPTIM_STATE_Q8)
+		return st_error_set(-EINVAL, "optim state %d: want fp32, bf16 or q8", (int)st);
+	if (e->plan.world > 1)
+		return st_error_set(-EINVAL, "--optim-state %s: not with ZeRO at world > 1 "
+				    "(docs/optim.md); use fp32", st_optim_state_name(st));
+	for (int u = 0; u < e->plan.units; u++)
+		if (e->plan.home[u * ST_STATE_COUNT + ST_STATE_P] == ST_HOME_VRAM)
+			return st_error_set(-EINVAL, "--optim-state %s: not with the optimizer in "
+					    "vram (--offload-optim vram; docs/optim.md); use host "
+					    "or nvme", st_optim_state_name(st));
+	return 0;
 }
 
 int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
@@ -601,7 +647,9 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		free(e);
 		return ret;
 	}
-	ret = setup_units(e);
+	ret = check_optim_state(e);
+	if (ret == 0)
+		ret = setup_units(e);
 	if (ret == 0)
 		ret = st_eng_zero_dirs(e);
 	if (ret == 0)
