@@ -227,8 +227,18 @@ enum st_pool_id {
 				 G, P, M, V in vram, then each unit's sum of
 				 squares (16 B) and the AdamW count (16 B),
 				 then the sum's scratch, 16 B per 16384 of E */
+	ST_POOL_Q8_SCALES,    /* host: --optim-state q8: M's and V's fp32
+				 scales, one per 64 elements of each unit
+				 (st_plan_q8_scale_elems(); docs/optim.md) */
 	ST_POOL_KIND_COUNT
 };
+
+/* The q8 scales of one moment of a unit of n elements (its padded
+ * length): one fp32 per ST_MODEL_TENSOR_ALIGN_ELEMS (64), and one more. */
+static inline uint64_t st_plan_q8_scale_elems(uint64_t n)
+{
+	return n / 64u + 1u;
+}
 
 #define ST_PLAN_MAX_RESIDENT 8
 #define ST_PLAN_MAX_POOLS (ST_POOL_KIND_COUNT + 2 * ST_PLAN_MAX_RESIDENT)

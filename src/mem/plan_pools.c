@@ -63,6 +63,7 @@ static const struct {
 	[ST_POOL_ACT_HOME] = { "checkpoint homes", ST_HOME_HOST },
 	[ST_POOL_SAVED] = { "saved forward", ST_HOME_VRAM },
 	[ST_POOL_STEP_SCALARS] = { "step scalars", ST_HOME_VRAM },
+	[ST_POOL_Q8_SCALES] = { "q8 scales M,V", ST_HOME_HOST },
 };
 
 const char *st_pool_name(enum st_pool_id id)
@@ -273,6 +274,13 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
 	recomp_pool(sh, p);
 	pool_add(p, ST_POOL_STEP_SCALARS, plan_step_scalar_bytes(sh, g_vram), 1, -1);
+	if (sh->mvb == 1) { /* q8: every unit's M and V scales, in one extent */
+		uint64_t n = 0;
+
+		for (int u = 0; u < sh->units; u++)
+			n += 2 * st_plan_q8_scale_elems(sh->st_elems[u * ST_STATE_COUNT + ST_STATE_M]);
+		pool_add(p, ST_POOL_Q8_SCALES, n * 4, 1, -1);
+	}
 }
 
 uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)

@@ -91,11 +91,8 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->grad.unit_sumsq);
 	free(e->grad.host_scalars);
 	free(e->batch.tokens_buf[0]);
-	for (int k = 0; k < 2; k++) {
-		for (int u = 0; e->q8_scale[k] && u < e->n_units; u++)
-			free(e->q8_scale[k][u]);
-		free(e->q8_scale[k]);
-	}
+	for (int k = 0; k < 2; k++)
+		free(e->q8_scale[k]); /* the arrays are the host tier's */
 	free(e->slice_elems);
 	free(e->padded_elems);
 	free(e->zero.nvme_dirs);
@@ -383,6 +380,19 @@ static int setup_pools(struct st_engine *e)
 	for (int u = 0, i = 0; u < e->n_units; u++)
 		if (e->plan.keep[u])
 			e->act.saved[u] = vpool(e, ST_POOL_SAVED, -1, (uint32_t)i++);
+	/* q8: each unit's M and V scales, in turn, from the host pool */
+	if (e->mv_state == ST_OPTIM_STATE_Q8) {
+		float *q = hpool(e, ST_POOL_Q8_SCALES, 0);
+
+		if (!q)
+			return st_error_set(-EINVAL, "engine: the plan has no q8 scales pool");
+		memset(q, 0, pool(e, ST_POOL_Q8_SCALES, -1, 0)->len_bytes);
+		for (int u = 0; u < e->n_units; u++)
+			for (int k = 0; k < 2; k++) {
+				e->q8_scale[k][u] = q;
+				q += st_plan_q8_scale_elems(sh_elems(e, u, ST_STATE_M));
+			}
+	}
 	e->batch.tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->batch.targets = vpool(e, ST_POOL_TARGETS, -1, 0);
 	/* their host side pinned where the device pins (st_engine_destroy()
@@ -552,19 +562,12 @@ static int setup_units(struct st_engine *e)
 		if (t && t % (e->mv_elem_bytes == 1 ? 4096u : 2048u) == 0)
 			e->update.tile_elems = ST_MIN(e->update.tile_elems, t);
 	}
-	if (e->mv_state == ST_OPTIM_STATE_Q8) {
+	if (e->mv_state == ST_OPTIM_STATE_Q8) /* filled in setup_pools() */
 		for (int k = 0; k < 2; k++) {
 			e->q8_scale[k] = calloc((size_t)e->n_units, sizeof(float *));
 			if (!e->q8_scale[k])
 				return -ENOMEM;
-			for (int u = 0; u < e->n_units; u++) {
-				e->q8_scale[k][u] = calloc(e->padded_elems[u] / ST_MODEL_TENSOR_ALIGN_ELEMS + 1,
-							   sizeof(float));
-				if (!e->q8_scale[k][u])
-					return -ENOMEM;
-			}
 		}
-	}
 	e->fetch.n_seq = 0;
 	for (int u = 0; u <= e->n_units - 2; u++)
 		e->fetch.seq[e->fetch.n_seq++] = u;

@@ -325,7 +325,8 @@ struct st_engine {
 	 * unit (ST_MODEL_TENSOR_ALIGN_ELEMS): each AdamW call (a tensor's
 	 * part of a tile, starting at a multiple of 64) counts its blocks
 	 * from its start and takes its scales from slot start / 64 on
-	 * (engine_update.c, st_eng_mv_segments()) */
+	 * (engine_update.c, st_eng_mv_segments()); the arrays are in the
+	 * host pool ST_POOL_Q8_SCALES */
 	enum st_optim_state mv_state;
 	int mv_elem_bytes;
 	float **q8_scale[2];          /* [M, V][n_units] */

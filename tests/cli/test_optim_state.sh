@@ -8,7 +8,8 @@
 #     (losses and checkpoint bytes); a resume with another --optim-state
 #     converts (the checkpoint holds M and V decoded to fp32, and names the
 #     format in optimizer.safetensors' metadata);
-#   - strata plan: M and V's host bytes and the AdamW bytes shrink;
+#   - strata plan: M and V's host bytes and the AdamW bytes shrink; q8's
+#     scales are a host pool;
 #   - refusals, one line and exit 2: a bad value, --offload-optim vram (train
 #     and plan), ZeRO at world > 1 (plan).
 # usage: test_optim_state.sh STRATA
@@ -101,6 +102,13 @@ for st in fp32 bf16 q8; do
 	check "plan $st" 0 "$strata" plan --optim-state $st --offload-optim host --json
 	cp "$work/out" "$work/plan-$st.json"
 done
+# q8's scales: a host pool of the plan, printed
+check "plan q8 text" 0 "$strata" plan --optim-state q8 --offload-optim nvme --nvme "$work/nvme"
+if grep -q "^ *q8 scales M,V " "$work/out"; then
+	echo "ok   plan q8 prints its scales pool"
+else
+	echo "FAIL plan q8: no scales pool"; fail=1
+fi
 python3 - "$work"/plan-{fp32,bf16,q8}.json <<'PY' || fail=1
 import json, sys
 p = [json.load(open(f)) for f in sys.argv[1:]]
