@@ -64,7 +64,8 @@ ST_AVX2_INLINE void avx2_w_store(uint16_t *w16, float *w32, size_t i, __m256 pn,
 	}
 }
 
-/* r >= 0 -> 8 codes in 8 int32 (st_q8_enc()). */
+/* r >= 0 -> 8 codes in 8 int32 (st_q8_enc()), not yet clamped: the
+ * caller clamps (M) or the pack saturates (V) to the same values. */
 ST_AVX2_INLINE __m256i avx2_q8_enc(__m256 r, const unsigned mb)
 {
 	__m256i u = _mm256_castps_si256(r);
@@ -76,10 +77,8 @@ ST_AVX2_INLINE __m256i avx2_q8_enc(__m256 r, const unsigned mb)
 	__m256i cs = _mm256_cvtps_epi32(_mm256_mul_ps(
 		r, _mm256_castsi256_ps(_mm256_set1_epi32((int)((141u + mb) << 23)))));
 	__m256i isnorm = _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x387fffff));
-	__m256i c = _mm256_blendv_epi8(cs, cn, isnorm);
 
-	return _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()),
-				_mm256_set1_epi32((int)(1u << (mb + 4u)) - 1));
+	return _mm256_blendv_epi8(cs, cn, isnorm);
 }
 
 /* 8 V codes -> r (st_q8v_decode()). The code's bits shifted into an fp32
@@ -111,20 +110,29 @@ ST_AVX2_INLINE __m256 avx2_q8m_decode(__m128i bytes)
 ST_AVX2_INLINE __m256i avx2_q8m_encode(__m256 m, __m256 inv)
 {
 	__m256i t = _mm256_castps_si256(_mm256_mul_ps(m, inv));
-	__m256i mag = avx2_q8_enc(_mm256_castsi256_ps(_mm256_and_si256(
-					  t, _mm256_set1_epi32(0x7fffffff))), ST_Q8_MMB);
+	/* |t|'s code is >= 0 on both of avx2_q8_enc()'s paths (a NaN takes
+	 * the normal one): only the top needs the clamp */
+	__m256i mag = _mm256_min_epi32(avx2_q8_enc(_mm256_castsi256_ps(_mm256_and_si256(
+					       t, _mm256_set1_epi32(0x7fffffff))), ST_Q8_MMB),
+				       _mm256_set1_epi32(127));
 
 	return _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(t, 24),
 						     _mm256_set1_epi32(0x80)));
 }
 
-/* 8 int32 in [0, 255] -> 8 bytes at dst. */
-ST_AVX2_INLINE void avx2_store8_u8(void *dst, __m256i x)
+/* 8 M codes (int32 in [0, 255]) to m8, and 8 V codes (int32, any) to
+ * v8 clamped to [0, 255] by the saturating packs (int32 -> int16 signed,
+ * int16 -> uint8 unsigned: together st_q8_clamp(c, 0, 255)). */
+ST_AVX2_INLINE void avx2_store_codes(uint8_t *m8, uint8_t *v8, __m256i qm, __m256i qv)
 {
-	__m256i x16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(x, x), 0x08);
-	__m128i lo = _mm256_castsi256_si128(x16);
+	/* per 128-bit lane: m0-3 v0-3 | m4-7 v4-7 */
+	__m256i w = _mm256_packs_epi32(qm, qv);
+	/* m0-3 v0-3 m4-7 v4-7, then m0-7 v0-7 */
+	__m128i b = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
 
-	_mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(lo, lo));
+	b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15));
+	_mm_storel_epi64((__m128i *)m8, b);
+	_mm_storel_epi64((__m128i *)v8, _mm_unpackhi_epi64(b, b));
 }
 
 ST_AVX2_INLINE uint32_t avx2_hmax_u32(__m256i x)
@@ -233,9 +241,10 @@ ST_AVX2_INLINE uint64_t avx2_q8_body(const struct st_adam_step *s,
 			const __m256 minv = _mm256_set1_ps(q.m_inv), vinv = _mm256_set1_ps(q.v_inv);
 
 			for (j = 0; j + 8 <= len; j += 8) {
-				avx2_store8_u8(mc + k0 + j, avx2_q8m_encode(_mm256_load_ps(mo + j), minv));
-				avx2_store8_u8(vc + k0 + j, avx2_q8_enc(
-					_mm256_mul_ps(_mm256_load_ps(so + j), vinv), ST_Q8_VMB));
+				avx2_store_codes(mc + k0 + j, vc + k0 + j,
+						 avx2_q8m_encode(_mm256_load_ps(mo + j), minv),
+						 avx2_q8_enc(_mm256_mul_ps(_mm256_load_ps(so + j), vinv),
+							     ST_Q8_VMB));
 			}
 		}
 		for (; j < len; j++)
