@@ -571,6 +571,13 @@ static void train_check_model(struct train_args *a)
 
 	if (st_run_world(ec) < 0)
 		st_cli_die(2, "%s", st_error_last());
+	if (ec->world > 1 && ec->optim_state != ST_OPTIM_STATE_F32) {
+		/* before any rank joins the others: rank 0 says why, all exit 2 */
+		if (ec->rank > 0)
+			exit(2);
+		st_cli_die(2, "--optim-state %s: not with ZeRO at world > 1 (docs/optim.md); use fp32",
+			   st_optim_state_name(ec->optim_state));
+	}
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
 			"--zero 0\n");
