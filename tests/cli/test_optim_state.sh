@@ -8,6 +8,7 @@
 #     (losses and checkpoint bytes); a resume with another --optim-state
 #     converts (the checkpoint holds M and V decoded to fp32, and names the
 #     format in optimizer.safetensors' metadata);
+#   - strata export of a compact checkpoint: the weights alone, as ever;
 #   - strata plan: M and V's host bytes and the AdamW bytes shrink; q8's
 #     scales are a host pool;
 #   - refusals, one line and exit 2: a bad value, --offload-optim vram (train
@@ -92,6 +93,12 @@ for st in bf16 q8; do
 		echo "ok   $st recorded in optimizer.safetensors"
 	else
 		echo "FAIL $st not recorded in optimizer.safetensors"; fail=1
+	fi
+	# the HF export is the model's weights, as with fp32 state
+	rm -rf "$work/hf"
+	check "$st export hf" 0 "$strata" export --ckpt "$work/r8" --out "$work/hf"
+	if grep -rq "strata_optim_state\|exp_avg" "$work/hf"; then
+		echo "FAIL $st export carries optimizer state"; fail=1
 	fi
 	check "$st checkpoint resumed as fp32 (converted)" 0 "$strata" train "${short[@]:2}" \
 		--steps 8 --resume "$work/r8/step-000004"
