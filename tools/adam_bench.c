@@ -11,7 +11,12 @@
  * Byte counts follow STREAM's convention: bytes the loop must read plus
  * bytes it must write, without write-allocate traffic. Triad: 12 B per fp32
  * element (read b, c; write a). Adam and stream30: 30 B per parameter (read
- * G, P, M, V; write P, M, V, W). */
+ * G, P, M, V; write P, M, V, W).
+ *
+ * --optim-state bf16|q8 times the step with compact M and V instead (22 and
+ * about 18 B per parameter); --optim-state all times fp32, bf16 and q8, each
+ * on its own state arrays, interleaved in every round (rotating order), and
+ * reports the medians of per-round ratios of params/s against fp32. */
 #include "strata/common.h"
 #include "strata/optim.h"
 #include "bench_out.h"
@@ -35,19 +40,26 @@ struct opts {
 	int reps;
 	int have_path;
 	enum st_optim_path path;
+	int state; /* an enum st_optim_state, or ST_BENCH_STATE_ALL */
 	const char *json;
 };
+
+#define ST_BENCH_STATE_ALL 3
+#define N_STATES 3
 
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: adam-bench [--params N] [--threads T] [--path avx512|avx2|scalar]\n"
-		"                  [--reps R] [--json FILE]\n"
+		"                  [--optim-state fp32|bf16|q8|all] [--reps R] [--json FILE]\n"
 		"  --params N   parameters per step (default 100M; suffixes k, M, G are x1000)\n"
 		"  --threads T  OpenMP threads for triad, stream30, Adam and the naive loop\n"
 		"               (default: OpenMP's)\n"
 		"  --path P     force the kernel path (default: the best this CPU has, or\n"
 		"               $ST_OPTIM_PATH)\n"
+		"  --optim-state S  M and V in fp32 (default), bf16 or q8; all: the three\n"
+		"               interleaved in each round, with medians of per-round ratios\n"
+		"               of params/s against fp32\n"
 		"  --reps R     timed repetitions of each, interleaved (default 9; median taken)\n"
 		"  --json FILE  also write the results as JSON\n"
 		"Interleaved rep by rep: a triad (64M floats), stream30 (the step's 30 B per\n"
@@ -89,7 +101,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			exit(0);
 		}
 		if (strcmp(a, "--params") && strcmp(a, "--threads") && strcmp(a, "--path") &&
-		    strcmp(a, "--reps") && strcmp(a, "--json")) {
+		    strcmp(a, "--reps") && strcmp(a, "--json") && strcmp(a, "--optim-state")) {
 			fprintf(stderr, "adam-bench: unknown argument '%s' (see --help)\n", a);
 			return -EINVAL;
 		}
@@ -114,6 +126,19 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				o->threads = (int)x;
 			else
 				o->reps = (int)x;
+		} else if (!strcmp(a, "--optim-state")) {
+			enum st_optim_state st;
+
+			if (!strcmp(val, "all")) {
+				o->state = ST_BENCH_STATE_ALL;
+			} else if (st_optim_state_parse(val, &st)) {
+				fprintf(stderr,
+					"adam-bench: --optim-state '%s': want fp32, bf16, q8 or all\n",
+					val);
+				return -EINVAL;
+			} else {
+				o->state = (int)st;
+			}
 		} else if (!strcmp(a, "--path")) {
 			if (st_optim_path_parse(val, &o->path)) {
 				fprintf(stderr, "adam-bench: --path '%s': want avx512, avx2, scalar or auto\n",
@@ -282,6 +307,161 @@ static double run_naive(const struct st_adam_hparams *hp, const float *g, float 
 	return now_s() - t0;
 }
 
+/* The q-th quantile (0..1) of v[0..n), by sorting a copy (nearest rank). */
+static double quantile(const double *v, int n, double q)
+{
+	double *c = malloc((size_t)n * sizeof(double)), r;
+
+	if (!c)
+		abort();
+	memcpy(c, v, (size_t)n * sizeof(double));
+	qsort(c, (size_t)n, sizeof(double), bench_cmp_double);
+	r = c[(int)floor(q * (n - 1) + 0.5)];
+	free(c);
+	return r;
+}
+
+/* The step's bytes per parameter with fp32 G and bf16 W: G, P read and
+ * written, W written, M and V read and written. */
+static double step_bytes(enum st_optim_state st, size_t n)
+{
+	return 4.0 + 8.0 + 2.0 + 2.0 * (double)st_optim_state_bytes(st, n) / (double)n;
+}
+
+/* --optim-state all: fp32, bf16 and q8 steps, each on its own M and V (G,
+ * P and W shared), in rotating order round by round; params/s and the
+ * medians of per-round ratios against fp32. */
+static int run_all(const struct opts *o, size_t n)
+{
+	const size_t nb = (n + ST_Q8_BLOCK - 1) / ST_Q8_BLOCK;
+	struct st_adam_hparams hp = { .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+				      .weight_decay = 0.01f, .grad_scale = 1.0f / 1024.0f };
+	struct st_adam_bufs b[N_STATES];
+	float *g = alloc_big(n * 4), *p = alloc_big(n * 4), *m = alloc_big(n * 4);
+	float *v = alloc_big(n * 4), *ms = alloc_big(nb * 4), *vs = alloc_big(nb * 4);
+	uint16_t *w = alloc_big(n * 2), *m16 = alloc_big(n * 2), *v16 = alloc_big(n * 2);
+	uint8_t *m8 = alloc_big(n), *v8 = alloc_big(n);
+	double *t[N_STATES], *ratio[N_STATES], med[N_STATES], rmed[N_STATES], rq1[N_STATES];
+	double rq3[N_STATES], rmin[N_STATES], rmax[N_STATES];
+	uint64_t step = 1;
+
+	for (int f = 0; f < N_STATES; f++) {
+		t[f] = calloc((size_t)o->reps, sizeof(double));
+		ratio[f] = calloc((size_t)o->reps, sizeof(double));
+		if (!t[f] || !ratio[f])
+			abort();
+	}
+	if (!g || !p || !m || !v || !ms || !vs || !w || !m16 || !v16 || !m8 || !v8) {
+		fprintf(stderr, "adam-bench: out of memory for %llu params\n",
+			(unsigned long long)o->params);
+		return 1;
+	}
+#pragma omp parallel for schedule(static)
+	for (size_t i = 0; i < n; i++) {
+		g[i] = hashf(i, 1);
+		p[i] = 0.1f * hashf(i, 2);
+		m[i] = v[i] = 0.0f;
+		w[i] = m16[i] = v16[i] = 0;
+		m8[i] = v8[i] = 0;
+	}
+	memset(ms, 0, nb * 4);
+	memset(vs, 0, nb * 4);
+	b[ST_OPTIM_STATE_F32] = (struct st_adam_bufs){ .g = g, .g_dtype = ST_OPTIM_F32, .p = p,
+						       .m = m, .v = v, .w = w,
+						       .w_dtype = ST_OPTIM_BF16 };
+	b[ST_OPTIM_STATE_BF16] = b[ST_OPTIM_STATE_F32];
+	b[ST_OPTIM_STATE_BF16].state = ST_OPTIM_STATE_BF16;
+	b[ST_OPTIM_STATE_BF16].mc = m16;
+	b[ST_OPTIM_STATE_BF16].vc = v16;
+	b[ST_OPTIM_STATE_Q8] = b[ST_OPTIM_STATE_F32];
+	b[ST_OPTIM_STATE_Q8].state = ST_OPTIM_STATE_Q8;
+	b[ST_OPTIM_STATE_Q8].mc = m8;
+	b[ST_OPTIM_STATE_Q8].vc = v8;
+	b[ST_OPTIM_STATE_Q8].m_scale = ms;
+	b[ST_OPTIM_STATE_Q8].v_scale = vs;
+
+	for (int f = 0; f < N_STATES; f++) { /* warm-up */
+		hp.step = step++;
+		run_adam(&hp, &b[f], n);
+	}
+	for (int r = 0; r < o->reps; r++) {
+		for (int k = 0; k < N_STATES; k++) {
+			int f = (r + k) % N_STATES;
+
+			hp.step = step++;
+			t[f][r] = run_adam(&hp, &b[f], n);
+		}
+		for (int f = 0; f < N_STATES; f++)
+			ratio[f][r] = t[0][r] / t[f][r];
+	}
+	printf("adam-bench: %llu params, %d threads, path %s, %d rounds of fp32, bf16, q8 "
+	       "(rotating order)\n", (unsigned long long)o->params, o->threads,
+	       st_optim_path_name(st_optim_path_get()), o->reps);
+	for (int f = 0; f < N_STATES; f++) {
+		med[f] = bench_median(t[f], o->reps);
+		rmed[f] = bench_median(ratio[f], o->reps);
+		rq1[f] = quantile(ratio[f], o->reps, 0.25);
+		rq3[f] = quantile(ratio[f], o->reps, 0.75);
+		rmin[f] = quantile(ratio[f], o->reps, 0.0);
+		rmax[f] = quantile(ratio[f], o->reps, 1.0);
+		printf("  %-5s %8.2f GB/s  (%.1f ms)  %.3g params/s  %.1f B/param", 
+		       st_optim_state_name((enum st_optim_state)f),
+		       (double)n * step_bytes((enum st_optim_state)f, n) / med[f] * 1e-9,
+		       med[f] * 1e3, (double)n / med[f], step_bytes((enum st_optim_state)f, n));
+		if (f)
+			printf("  / fp32: median of per-round ratios %.3f (quartiles %.3f-%.3f, "
+			       "range %.3f-%.3f)", rmed[f], rq1[f], rq3[f], rmin[f], rmax[f]);
+		printf("\n");
+	}
+	if (o->json) {
+		json_object *j = json_object_new_object();
+
+		json_object_object_add(j, "params", json_object_new_int64((int64_t)o->params));
+		json_object_object_add(j, "optim_state", json_object_new_string("all"));
+		for (int f = 0; f < N_STATES; f++) {
+			char key[64];
+			const char *nm = st_optim_state_name((enum st_optim_state)f);
+
+			snprintf(key, sizeof(key), "params_per_s_%s", nm);
+			json_object_object_add(j, key, json_object_new_double((double)n / med[f]));
+			if (!f)
+				continue;
+			snprintf(key, sizeof(key), "ratio_%s_to_fp32_median_per_round", nm);
+			json_object_object_add(j, key, json_object_new_double(rmed[f]));
+			snprintf(key, sizeof(key), "ratio_%s_to_fp32_q1", nm);
+			json_object_object_add(j, key, json_object_new_double(rq1[f]));
+			snprintf(key, sizeof(key), "ratio_%s_to_fp32_q3", nm);
+			json_object_object_add(j, key, json_object_new_double(rq3[f]));
+		}
+		json_object_object_add(j, "path",
+				       json_object_new_string(st_optim_path_name(st_optim_path_get())));
+		json_object_object_add(j, "threads", json_object_new_int(o->threads));
+		json_object_object_add(j, "reps", json_object_new_int(o->reps));
+		if (bench_out_write("adam-bench", o->json,
+				    json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY)) < 0) {
+			json_object_put(j);
+			exit(1);
+		}
+		json_object_put(j);
+	}
+	free(g);
+	free(p);
+	free(m);
+	free(v);
+	free(ms);
+	free(vs);
+	free(w);
+	free(m16);
+	free(v16);
+	free(m8);
+	free(v8);
+	for (int f = 0; f < N_STATES; f++) {
+		free(t[f]);
+		free(ratio[f]);
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o = { .params = 100ull * 1000 * 1000, .threads = 0, .reps = 9 };
@@ -309,11 +489,14 @@ int main(int argc, char **argv)
 	}
 	n = (size_t)o.params;
 	nt = (size_t)TRIAD_ELEMS;
+	if (o.state == ST_BENCH_STATE_ALL)
+		return run_all(&o, n);
 
 	g = alloc_big(n * 4);
 	p = alloc_big(n * 4);
-	m = alloc_big(n * 4);
-	v = alloc_big(n * 4);
+	/* one array holds the compact M (V) too: bf16 2 B, q8 1 B + the scales */
+	m = alloc_big(n * 4 + (n / ST_Q8_BLOCK + 1) * 4);
+	v = alloc_big(n * 4 + (n / ST_Q8_BLOCK + 1) * 4);
 	w = alloc_big(n * 2);
 	ta = alloc_big(nt * 4);
 	tb = alloc_big(nt * 4);
@@ -347,7 +530,20 @@ int main(int argc, char **argv)
 	}
 	bufs = (struct st_adam_bufs){ .g = g, .g_dtype = ST_OPTIM_F32, .p = p, .m = m, .v = v,
 				      .w = w, .w_dtype = ST_OPTIM_BF16 };
-	bytes_per_param = 4.0 + 3 * 8.0 + 2.0;
+	if (o.state != ST_OPTIM_STATE_F32) {
+		/* the compact codes, then (q8) the scales, in M's and V's arrays;
+		 * all zero, as in fp32 */
+		size_t cb = o.state == ST_OPTIM_STATE_BF16 ? 2u : 1u;
+
+		memset(m, 0, n * 4 + (n / ST_Q8_BLOCK + 1) * 4);
+		memset(v, 0, n * 4 + (n / ST_Q8_BLOCK + 1) * 4);
+		bufs.state = (enum st_optim_state)o.state;
+		bufs.mc = m;
+		bufs.vc = v;
+		bufs.m_scale = (float *)((char *)m + st_align_up(n * cb, 64));
+		bufs.v_scale = (float *)((char *)v + st_align_up(n * cb, 64));
+	}
+	bytes_per_param = step_bytes((enum st_optim_state)o.state, n);
 
 	/* warm-up, then the timed reps, interleaved and alternating order */
 	run_triad(ta, tb, tc, nt);
@@ -392,13 +588,14 @@ int main(int argc, char **argv)
 	ratio = adam_gbps / triad_gbps;
 	speedup = med_naive / med_adam;
 
-	printf("adam-bench: %llu params, %d threads, path %s, %d reps (median), triad on %zu floats\n",
+	printf("adam-bench: %llu params, %d threads, path %s, %d reps (median), triad on %zu floats%s%s\n",
 	       (unsigned long long)o.params, o.threads, st_optim_path_name(st_optim_path_get()),
-	       o.reps, nt);
+	       o.reps, nt, o.state ? ", optim state " : "",
+	       o.state ? st_optim_state_name((enum st_optim_state)o.state) : "");
 	printf("  triad        %8.2f GB/s   (%.1f ms)\n", triad_gbps, med_triad * 1e3);
 	printf("  stream30     %8.2f GB/s   (%.1f ms)  the same bytes, next to no arithmetic\n",
 	       stream_gbps, med_stream * 1e3);
-	printf("  adam fused   %8.2f GB/s   (%.1f ms)  %.3g params/s  %.0f B/param\n", adam_gbps,
+	printf("  adam fused   %8.2f GB/s   (%.1f ms)  %.3g params/s  %.1f B/param\n", adam_gbps,
 	       med_adam * 1e3, params_per_s, bytes_per_param);
 	printf("  adam naive   %8.2f GB/s   (%.1f ms)\n", naive_gbps, med_naive * 1e3);
 	printf("  ratio achieved/triad %.3f (median of per-rep ratios %.3f), speedup vs naive %.2fx\n",
@@ -411,6 +608,8 @@ int main(int argc, char **argv)
 
 		json_object_object_add(j, "params", json_object_new_int64((int64_t)o.params));
 		json_object_object_add(j, "params_per_s", json_object_new_double(params_per_s));
+		json_object_object_add(j, "optim_state", json_object_new_string(
+			st_optim_state_name((enum st_optim_state)o.state)));
 		json_object_object_add(j, "bytes_per_param", json_object_new_double(bytes_per_param));
 		json_object_object_add(j, "achieved_gbps", json_object_new_double(adam_gbps));
 		json_object_object_add(j, "triad_gbps", json_object_new_double(triad_gbps));

@@ -17,6 +17,7 @@
 #include "strata/dataset.h"
 #include "strata/plan.h"
 #include "strata/tier.h"
+#include "strata/optim.h"
 #include "strata/train.h"
 
 struct st_trace;
@@ -27,6 +28,10 @@ struct st_engine_config {
 	uint64_t gpu_mem_bytes, host_mem_bytes, nvme_mem_bytes;
 	const char *nvme_dirs;         /* NULL: no nvme tier */
 	enum st_offload params, optim;
+	enum st_optim_state optim_state; /* M and V: fp32 (the zero value),
+					    bf16 or q8 (strata/optim.h;
+					    docs/optim.md). Compact: world 1,
+					    the optimizer on the host */
 	int prefetch;                  /* 0: as many as the budget allows */
 	uint64_t aio_block_bytes;      /* 0: 1 MiB */
 	unsigned aio_depth;            /* 0: 32 */

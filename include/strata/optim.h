@@ -58,6 +58,36 @@ struct st_adam_hparams {
 	uint64_t step;      /* 1-based step number, for bias correction */
 };
 
+/* How M and V are stored (--optim-state; docs/optim.md, "Compact state").
+ * P is fp32 in every format. The recipe always runs in fp32: the compact
+ * formats dequantize M and V, run it, and quantize the new M' and V' back.
+ *
+ *   F32   M, V fp32 (st_adam_bufs.m, .v): 8 bytes per parameter.
+ *   BF16  M, V bf16 (.mc, .vc as uint16_t), round to nearest even: 4 bytes.
+ *   Q8    M, V one byte each (.mc, .vc as uint8_t) in blocks of
+ *         ST_Q8_BLOCK elements, with one fp32 scale per block and moment
+ *         (.m_scale, .v_scale): 2 + 8/ST_Q8_BLOCK bytes. Each code is a
+ *         small float relative to its block's scale: a 4-bit exponent (bias
+ *         15: 2^-14 .. 2^0 normal, subnormals below) and 3 (M, plus a sign
+ *         bit) or 4 (V) mantissa bits, rounded to nearest even.
+ *         M: m_scale = max|M'| over the block; code of M' * (1 / m_scale).
+ *         V: v_scale = max sqrt(V'); code of sqrt(V') * (1 / v_scale);
+ *            V = (r * v_scale) * (r * v_scale), r the decoded code.
+ *         Why a float code, not a linear int8 (docs/optim.md): a block's
+ *         elements span decades, and a linear code rounds the small ones
+ *         to zero.
+ * A block is elements [k * ST_Q8_BLOCK, (k + 1) * ST_Q8_BLOCK) of the array
+ * the caller's pointers start; the last block of a call may be short. */
+enum st_optim_state {
+	ST_OPTIM_STATE_F32 = 0,
+	ST_OPTIM_STATE_BF16 = 1,
+	ST_OPTIM_STATE_Q8 = 2,
+};
+
+/* Elements per q8 block: a divisor of the OpenMP chunk (16384) and of every
+ * tile the engine cuts, so blocks never straddle a chunk or a tile. */
+#define ST_Q8_BLOCK 256u
+
 /* One shard or tile. All pointers are borrowed, any alignment; the arrays
  * hold n_elems elements each and must not overlap (except that nothing is
  * read from W). */
@@ -65,10 +95,14 @@ struct st_adam_bufs {
 	const void *g;                 /* gradient, read only */
 	enum st_optim_dtype g_dtype;   /* ST_OPTIM_F32 or ST_OPTIM_BF16 */
 	float *p;                      /* fp32 master weights, updated */
-	float *m;                      /* first moment, updated */
-	float *v;                      /* second moment, updated */
+	float *m;                      /* first moment, updated (state F32) */
+	float *v;                      /* second moment, updated (state F32) */
 	void *w;                       /* working copy, written; NULL: none */
 	enum st_optim_dtype w_dtype;   /* ST_OPTIM_BF16, ST_OPTIM_F16 or ST_OPTIM_F32 */
+	/* Compact state (zero, the default, is F32 and uses m and v above). */
+	enum st_optim_state state;
+	void *mc, *vc;                 /* BF16: uint16_t; Q8: int8_t (M), uint8_t (V) codes */
+	float *m_scale, *v_scale;      /* Q8: ceil(n_elems / ST_Q8_BLOCK) scales each */
 };
 
 /* The per-step constants, derived once by st_adam_prep(); treat as opaque. */
@@ -104,6 +138,13 @@ int st_adam_prep(struct st_adam_step *step, const struct st_adam_hparams *hp);
  * is in flight: the result is the same bits as one call over the whole
  * unit. Runs on the OpenMP threads of the calling thread (fixed chunks).
  *
+ * With the Q8 state, the quantization of a block depends on all its
+ * elements: tiles must start on a block boundary (a multiple of
+ * ST_Q8_BLOCK elements from the start of the array the blocks are counted
+ * in), and only the array's last tile may end inside a block. Cut so, the
+ * tiles give the same bits as one call; any other cut gives other bits
+ * (st_adam_apply() cannot see the cut; the engine asserts it).
+ *
  * Without ST_ADAM_GRAD_CHECKED, G is first scanned (an extra read of G):
  * when any g * grad_scale is NaN or Inf, nothing at all is written and the
  * call returns -ERANGE. With it, see ST_ADAM_GRAD_CHECKED.
@@ -127,6 +168,37 @@ int st_adam_update(const struct st_adam_hparams *hp, const struct st_adam_bufs *
  * +Inf, and the step should be skipped); -EINVAL for a bad dtype. */
 int st_grad_sumsq(const void *g, enum st_optim_dtype g_dtype, size_t n_elems,
 		  double *sumsq);
+
+/* Bytes of M and V together for n elements in a state format (q8: codes
+ * and scales). */
+static inline uint64_t st_optim_state_bytes(enum st_optim_state st, uint64_t n)
+{
+	switch (st) {
+	case ST_OPTIM_STATE_BF16:
+		return 4u * n;
+	case ST_OPTIM_STATE_Q8:
+		return 2u * n + 8u * ((n + ST_Q8_BLOCK - 1) / ST_Q8_BLOCK);
+	default:
+		return 8u * n;
+	}
+}
+
+/* "fp32", "bf16", "q8"; "?" when out of range. */
+const char *st_optim_state_name(enum st_optim_state st);
+
+/* Parse one of the names above. Returns 0 or -EINVAL. */
+int st_optim_state_parse(const char *name, enum st_optim_state *st);
+
+/* Dequantize n elements of a compact M, V (bufs->state, mc, vc, scales;
+ * blocks counted from the pointers) to fp32 m and v (either may be NULL);
+ * for F32 a copy. For checkpoints' tests and tools: the exact values the
+ * kernel reads. */
+void st_optim_state_load(const struct st_adam_bufs *bufs, size_t n, float *m, float *v);
+
+/* Quantize fp32 m and v into bufs' compact M, V: what the kernel writes
+ * for these M', V' (for initializing and converting state). */
+void st_optim_state_store(const struct st_adam_bufs *bufs, size_t n, const float *m,
+			  const float *v);
 
 /* --- paths ---------------------------------------------------------------- */
 

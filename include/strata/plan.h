@@ -78,6 +78,7 @@
 #ifndef STRATA_PLAN_H
 #define STRATA_PLAN_H
 
+#include "strata/optim.h"
 #include "strata/common.h"
 #include "strata/model.h"
 
@@ -158,6 +159,8 @@ struct st_plan_input {
 	const struct st_model *model; /* borrowed */
 	int batch, seq, grad_accum;
 	bool bf16;
+	enum st_optim_state optim_state; /* M and V: fp32 (the zero value), bf16
+					    or q8 (strata/optim.h) */
 	uint64_t gpu_mem_bytes;       /* vram budget; required */
 	uint64_t host_mem_bytes;      /* host budget; required */
 	uint64_t nvme_mem_bytes;      /* nvme budget; 0 = unlimited (the plan's
@@ -249,8 +252,18 @@ enum st_pool_id {
 				 G, P, M, V in vram, then each unit's sum of
 				 squares (16 B) and the AdamW count (16 B),
 				 then the sum's scratch, 16 B per 16384 of E */
+	ST_POOL_Q8_SCALES,    /* host: --optim-state q8: M's and V's fp32
+				 scales, one per 64 elements of each unit
+				 (st_plan_q8_scale_elems(); docs/optim.md) */
 	ST_POOL_KIND_COUNT
 };
+
+/* The q8 scales of one moment of a unit of n elements (its padded
+ * length): one fp32 per ST_MODEL_TENSOR_ALIGN_ELEMS (64), and one more. */
+static inline uint64_t st_plan_q8_scale_elems(uint64_t n)
+{
+	return n / 64u + 1u;
+}
 
 #define ST_PLAN_MAX_RESIDENT 8
 #define ST_PLAN_MAX_POOLS (ST_POOL_KIND_COUNT + 2 * ST_PLAN_MAX_RESIDENT)

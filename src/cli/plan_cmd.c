@@ -47,6 +47,10 @@ static void plan_usage(FILE *f)
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme|vram    home of G, P, M, V (default auto; vram:\n"
 "                                         AdamW on the device, W in vram too)\n"
+"  --optim-state fp32|bf16|q8  Adam's M and V (default fp32; bf16 or q8: 8-bit\n"
+"                       blocks with fp32 scales, fewer bytes in every tier and\n"
+"                       in the AdamW sweep; not with --offload-optim vram nor at\n"
+"                       world > 1; docs/optim.md)\n"
 "  --offload-activations auto|vram|host   activation checkpoints' home (default\n"
 "                         auto: vram when the budget holds them with the rest,\n"
 "                         else host)\n"
@@ -97,7 +101,7 @@ int st_cli_plan(int argc, char **argv)
 		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' }, { "recompute", 1, 0, 'R' },
 		{ "schedule", 1, 0, 1006 },
 		{ "rates", 1, 0, 1003 }, { "calibrate", 1, 0, 1004 },
-		{ "compute-dtype", 1, 0, 1005 },
+		{ "compute-dtype", 1, 0, 1005 }, { "optim-state", 1, 0, 1007 },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	struct st_plan_input in = {
@@ -150,6 +154,10 @@ int st_cli_plan(int argc, char **argv)
 		case 'b': bench = optarg; break;
 		case 'R': in.recompute = st_cli_recompute(optarg); break;
 		case 1006: in.schedule = st_cli_schedule(optarg); break;
+		case 1007:
+			if (st_optim_state_parse(optarg, &in.optim_state) < 0)
+				st_cli_die(2, "--optim-state %s: expected fp32, bf16 or q8", optarg);
+			break;
 		case 1005:
 			if (st_precision_parse(optarg, &compute_dtype) < 0)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
@@ -190,7 +198,13 @@ int st_cli_plan(int argc, char **argv)
 	if (in.rank >= (in.world > 1 ? in.world : 1))
 		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
 	in.host_compute = !cuda;
-	in.optim_vram_auto = cuda; /* as the engine's plan on cuda (engine.c) */
+	in.optim_vram_auto = cuda && in.optim_state == ST_OPTIM_STATE_F32; /* as engine.c */
+	if (in.optim_state != ST_OPTIM_STATE_F32 && in.optim == ST_OFFLOAD_VRAM)
+		st_cli_die(2, "--optim-state %s: not with --offload-optim vram (the device's AdamW "
+			   "takes fp32 M and V); use host or nvme", st_optim_state_name(in.optim_state));
+	if (in.optim_state != ST_OPTIM_STATE_F32 && in.world > 1)
+		st_cli_die(2, "--optim-state %s: not with ZeRO at world > 1 (docs/optim.md); use fp32",
+			   st_optim_state_name(in.optim_state));
 	struct stat st;
 	/* a directory with a config.json, or the config.json itself: a path
 	 * with a '/' (presets and dimensions have none), or a name that is no

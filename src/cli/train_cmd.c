@@ -67,6 +67,10 @@ static void train_usage(FILE *f)
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
 "  --offload-optim auto|host|nvme|vram    home of G, P, M, V (default auto; vram:\n"
 "                                         AdamW on the device, W in vram too)\n"
+"  --optim-state fp32|bf16|q8  Adam's M and V (default fp32; bf16 or q8: 8-bit\n"
+"                       blocks with fp32 scales, fewer bytes in every tier and\n"
+"                       in the AdamW sweep; not with --offload-optim vram nor at\n"
+"                       world > 1; docs/optim.md)\n"
 "  --offload-activations auto|vram|host   activation checkpoints' home (default\n"
 "                       auto: vram when the budget holds them, else host)\n"
 "  --prefetch N         units fetched ahead (0, the default: as many as the budget allows)\n"
@@ -371,8 +375,10 @@ static void train_accum_auto(struct st_engine_config *ec)
 		.activations = ec->activations, .recompute = ec->recompute,
 		/* the hiding N of the schedule asked (auto: batch-first's) */
 		.schedule = ec->schedule,
+		.optim_state = ec->optim_state,
 		/* as the engine's own plan (engine.c) */
-		.optim_vram_auto = ec->device && strcmp(ec->device, "cuda") == 0,
+		.optim_vram_auto = ec->device && strcmp(ec->device, "cuda") == 0 &&
+				   ec->optim_state == ST_OPTIM_STATE_F32,
 	};
 	int ret;
 
@@ -423,6 +429,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "compute-dtype", 1, 0, 1003 },
 		{ "offload-activations", 1, 0, 1002 },
 		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
+		{ "optim-state", 1, 0, 1013 },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -547,6 +554,10 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 'z': ec->zero = (int)st_cli_long("--zero", optarg, 0, 3); break;
 		case 1011: a->rates_file = optarg; break;
 		case 1012: rc->rates_refresh = optarg; break;
+		case 1013:
+			if (st_optim_state_parse(optarg, &ec->optim_state) < 0)
+				st_cli_die(2, "--optim-state %s: expected fp32, bf16 or q8", optarg);
+			break;
 		case 'h': train_usage(stdout); return true;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -569,6 +580,13 @@ static void train_check_model(struct train_args *a)
 
 	if (st_run_world(ec) < 0)
 		st_cli_die(2, "%s", st_error_last());
+	if (ec->world > 1 && ec->optim_state != ST_OPTIM_STATE_F32) {
+		/* before any rank joins the others: rank 0 says why, all exit 2 */
+		if (ec->rank > 0)
+			exit(2);
+		st_cli_die(2, "--optim-state %s: not with ZeRO at world > 1 (docs/optim.md); use fp32",
+			   st_optim_state_name(ec->optim_state));
+	}
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
 			"--zero 0\n");
@@ -626,6 +644,10 @@ static void train_check_run(const struct train_args *a)
 
 	if (rc->save_every && !rc->save)
 		st_cli_die(2, "--save-every needs --save DIR");
+	if (ec->optim_state != ST_OPTIM_STATE_F32 && ec->optim == ST_OFFLOAD_VRAM)
+		st_cli_die(2, "--optim-state %s: not with --offload-optim vram (the device's AdamW "
+			   "takes fp32 M and V); use host or nvme",
+			   st_optim_state_name(ec->optim_state));
 	if (a->keep_given && !rc->save)
 		st_cli_die(2, "--keep needs --save DIR (it prunes the checkpoints there)");
 	if (rc->metrics && rc->trace) {

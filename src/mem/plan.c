@@ -285,7 +285,7 @@ static int plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		for (int s = 0; s < ST_STATE_COUNT; s++) {
 			p.home[u * ST_STATE_COUNT + s] = homes[u * ST_STATE_COUNT + s];
 			p.state_bytes[u * ST_STATE_COUNT + s] =
-				sh.st_elems[u * ST_STATE_COUNT + s] * (s == ST_STATE_W ? sh.wb : 4);
+				st_shape_shard_bytes(&sh, s, sh.st_elems[u * ST_STATE_COUNT + s]);
 		}
 	for (int u = 0; u < sh.units; u++)
 		p.slice_elems[u] = sh.slice[u];

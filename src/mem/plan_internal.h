@@ -18,6 +18,7 @@ struct st_shape {
 	const struct st_model *model;
 	int units, accum;
 	uint64_t wb;           /* bytes per W element: 2 or 4 */
+	uint64_t mvb;          /* bytes per M or V element: 4, 2 (bf16) or 1 (q8) */
 	uint64_t *elems;       /* [units] e_u */
 	bool *resident;        /* [units] kept on the device for a micro-batch */
 	int n_resident;
@@ -52,6 +53,22 @@ struct st_shape {
 	 * micro-batches at each unit boundary, W and G cross once a step */
 	bool layer_first;
 };
+
+/* Bytes per element of state s in its home. */
+static inline uint64_t st_shape_eb(const struct st_shape *sh, int s)
+{
+	return s == ST_STATE_W ? sh->wb : s == ST_STATE_M || s == ST_STATE_V ? sh->mvb : 4;
+}
+
+/* Bytes of a shard of n elements of state s in its home: a compact M or
+ * V (bf16, q8) in whole pages, as O_DIRECT moves them (fp32 shards are
+ * whole pages already). */
+static inline uint64_t st_shape_shard_bytes(const struct st_shape *sh, int s, uint64_t n)
+{
+	uint64_t b = n * st_shape_eb(sh, s);
+
+	return (s == ST_STATE_M || s == ST_STATE_V) && sh->mvb != 4 ? st_align_up(b, ST_PAGE_BYTES) : b;
+}
 
 /* One placement: W's home and G, P, M, V's home. */
 struct st_cand {

@@ -127,7 +127,7 @@ int st_policy_init(struct st_policy *pol, const struct st_plan_input *in,
 		return st_error_set(-ENOMEM, "plan: out of memory");
 	}
 	for (size_t i = 0; i < cells; i++) {
-		pol->bytes[i] = sh->st_elems[i] * (i % ST_STATE_COUNT == ST_STATE_W ? sh->wb : 4);
+		pol->bytes[i] = st_shape_shard_bytes(sh, (int)(i % ST_STATE_COUNT), sh->st_elems[i]);
 		pol->all_bytes += pol->bytes[i];
 	}
 	pol->ops = (struct st_split_ops){ .units = sh->units, .bytes = pol->bytes,

@@ -70,6 +70,7 @@ static const struct {
 	[ST_POOL_ACT_HOME] = { "checkpoint homes", ST_HOME_HOST },
 	[ST_POOL_SAVED] = { "saved forward", ST_HOME_VRAM },
 	[ST_POOL_STEP_SCALARS] = { "step scalars", ST_HOME_VRAM },
+	[ST_POOL_Q8_SCALES] = { "q8 scales M,V", ST_HOME_HOST },
 };
 
 const char *st_pool_name(enum st_pool_id id)
@@ -256,7 +257,7 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	for (int u = 0; u < sh->units; u++)
 		for (int s = 0; s < ST_STATE_COUNT; s++)
 			p->home[homes[u * ST_STATE_COUNT + s]] +=
-				sh->st_elems[u * ST_STATE_COUNT + s] * (s == ST_STATE_W ? sh->wb : 4);
+				st_shape_shard_bytes(sh, s, sh->st_elems[u * ST_STATE_COUNT + s]);
 	for (int t = 0; t < ST_HOME_COUNT; t++)
 		p->total[t] = p->home[t];
 	pool_add(p, ST_POOL_W_SLOT, slot_bytes, slots, -1);
@@ -300,6 +301,13 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
 	recomp_pool(sh, p);
 	pool_add(p, ST_POOL_STEP_SCALARS, plan_step_scalar_bytes(sh, g_vram), 1, -1);
+	if (sh->mvb == 1) { /* q8: every unit's M and V scales, in one extent */
+		uint64_t n = 0;
+
+		for (int u = 0; u < sh->units; u++)
+			n += 2 * st_plan_q8_scale_elems(sh->st_elems[u * ST_STATE_COUNT + ST_STATE_M]);
+		pool_add(p, ST_POOL_Q8_SCALES, n * 4, 1, -1);
+	}
 }
 
 uint64_t st_pools_sum(const struct st_pools *p, enum st_pool_id a, enum st_pool_id b)
@@ -421,6 +429,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	sh->accum = in->grad_accum;
 	sh->layer_first = in->schedule == ST_SCHEDULE_LAYER_FIRST;
 	sh->wb = in->bf16 ? 2 : 4;
+	sh->mvb = in->optim_state == ST_OPTIM_STATE_Q8 ? 1 : in->optim_state == ST_OPTIM_STATE_BF16 ? 2 : 4;
 	sh->elems = calloc((size_t)sh->units, sizeof(*sh->elems));
 	sh->resident = calloc((size_t)sh->units, sizeof(*sh->resident));
 	sh->homes = calloc((size_t)sh->units * ST_STATE_COUNT, sizeof(*sh->homes));

@@ -138,7 +138,7 @@ static uint64_t first_tiles_bytes(const struct st_shape *sh, const enum st_home 
 		for (uint64_t t0 = 0; t0 < n && tiles > 0; tiles--) {
 			uint64_t len = ST_MIN(sh->tile, ST_MIN(n - t0, seg - t0 % seg));
 
-			bytes += len * 4;
+			bytes += len * st_shape_eb(sh, s);
 			t0 += len;
 		}
 	}
@@ -240,7 +240,10 @@ static void predict_times(const struct st_plan_input *in, const struct st_shape 
 	       (double)p->nvme_write_bytes / r->nvme_write_bps;
 	/* a rank updates its slice of P from stage 1 */
 	p->adam_bytes = (uint64_t)((double)st_model_param_count(in->model) *
-				   ST_PLAN_ADAM_BYTES_PER_PARAM /
+				   (sh->mvb == 4 ? ST_PLAN_ADAM_BYTES_PER_PARAM
+				    /* G, P, W as fp32's; M, V read and written in
+				     * their format (q8: a scale per block) */
+				    : 14.0 + 4.0 * (double)sh->mvb + (sh->mvb == 1 ? 0.0625 : 0.0)) /
 				   (sh->world > 1 && sh->zero >= 1 ? sh->world : 1));
 	/* host_adam_share: of the parameters, those AdamW updates on the host */
 	if (host_adam_share < 1.0)
@@ -324,10 +327,13 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		}
 		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
 			if (h[s] == ST_HOME_NVME) {
-				p->nvme_read_bytes += pmv;
-				p->nvme_write_bytes += pmv;
-				p->upd_nvme_read_bytes += pmv;
-				p->upd_nvme_write_bytes += pmv;
+				/* M and V in their format (strata/optim.h) */
+				uint64_t b = s == ST_STATE_P ? pmv : se[s] * sh->mvb;
+
+				p->nvme_read_bytes += b;
+				p->nvme_write_bytes += b;
+				p->upd_nvme_read_bytes += b;
+				p->upd_nvme_write_bytes += b;
 			}
 	}
 	p->upd_prefetch_nvme_read_bytes = predict_prefetch(sh, homes);

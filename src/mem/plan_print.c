@@ -219,6 +219,11 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "  host  W staging       %s\n", st_plan_fmt_bytes(p->w_staging_bytes, a));
 	fprintf(f, "        grad landing    %s\n", st_plan_fmt_bytes(p->grad_landing_bytes, a));
 	fprintf(f, "        update staging  %s\n", st_plan_fmt_bytes(p->update_staging_bytes, a));
+	for (int i = 0; i < p->n_pools; i++) /* only with --optim-state q8 */
+		if (p->pools[i].id == ST_POOL_Q8_SCALES)
+			fprintf(f, "        q8 scales M,V   %s (--optim-state q8: a scale per 64 "
+				"elements)\n",
+				st_plan_fmt_bytes(st_plan_page_bytes(p->pools[i].bytes), a));
 	if (p->act_home == ST_HOME_HOST)
 		fprintf(f, "        checkpoints     %s (%d x %s)\n", st_plan_fmt_bytes(p->act_host_bytes, a),
 			p->act_offloaded, st_plan_fmt_bytes(st_align_up(p->act_each_bytes, ST_PLAN_ACT_ALIGN), b));

@@ -37,12 +37,234 @@ ST_AVX2_INLINE __m128i avx2_bf16_from_f32(__m256 x)
 	return _mm256_castsi256_si128(r);
 }
 
-/* One chunk; gdt, has_w, wdt and nt are constants at every call. nt: W by
- * streaming stores (the caller has checked W's elements are aligned). */
+/* 8 bf16 -> 8 fp32, exact. */
+ST_AVX2_INLINE __m256 avx2_f32_from_bf16(__m128i h)
+{
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* W for 8 elements at w16 + i or w32 + i, as the main body writes it. */
+ST_AVX2_INLINE void avx2_w_store(uint16_t *w16, float *w32, size_t i, __m256 pn,
+				 const enum st_optim_dtype wdt, const int nt)
+{
+	if (wdt == ST_OPTIM_F32) {
+		if (nt)
+			_mm256_stream_ps(w32 + i, pn);
+		else
+			_mm256_storeu_ps(w32 + i, pn);
+	} else {
+		__m128i h = wdt == ST_OPTIM_BF16
+			? avx2_bf16_from_f32(pn)
+			: _mm256_cvtps_ph(pn, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+
+		if (nt)
+			_mm_stream_si128((__m128i *)(w16 + i), h);
+		else
+			_mm_storeu_si128((__m128i *)(w16 + i), h);
+	}
+}
+
+/* r >= 0 -> 8 codes in 8 int32 (st_q8_enc()), not yet clamped: the
+ * caller clamps (M) or the pack saturates (V) to the same values. */
+ST_AVX2_INLINE __m256i avx2_q8_enc(__m256 r, const unsigned mb)
+{
+	__m256i u = _mm256_castps_si256(r);
+	__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, (int)(23u - mb)), _mm256_set1_epi32(1));
+	__m256i cn = _mm256_sub_epi32(
+		_mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(
+			u, _mm256_set1_epi32((int)((1u << (22u - mb)) - 1u))), lsb), (int)(23u - mb)),
+		_mm256_set1_epi32((int)(112u << mb)));
+	__m256i cs = _mm256_cvtps_epi32(_mm256_mul_ps(
+		r, _mm256_castsi256_ps(_mm256_set1_epi32((int)((141u + mb) << 23)))));
+	__m256i isnorm = _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x387fffff));
+
+	return _mm256_blendv_epi8(cs, cn, isnorm);
+}
+
+/* 8 V codes -> r (st_q8v_decode()). The code's bits shifted into an fp32
+ * read as a float with a bias of 127, not 15: normal codes land in normal
+ * floats and subnormal codes in subnormal floats (exact), so one exact
+ * multiply by 2^112 gives st_q8_dec()'s value for both. */
+ST_AVX2_INLINE __m256 avx2_q8v_decode(__m128i bytes)
+{
+	__m256i c = _mm256_cvtepu8_epi32(bytes);
+
+	return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(c, 23 - ST_Q8_VMB)),
+			     _mm256_set1_ps(0x1p112f));
+}
+
+/* 8 M codes -> M / m_scale (st_q8m_decode()), as avx2_q8v_decode() with
+ * the sign from bit 7. */
+ST_AVX2_INLINE __m256 avx2_q8m_decode(__m128i bytes)
+{
+	__m256i c = _mm256_cvtepu8_epi32(bytes);
+	__m256i mag = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)),
+					23 - ST_Q8_MMB);
+	__m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+
+	return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)),
+			     _mm256_set1_ps(0x1p112f));
+}
+
+/* M' and 1 / m_scale -> 8 M codes in 8 int32 (st_q8m_encode()). */
+ST_AVX2_INLINE __m256i avx2_q8m_encode(__m256 m, __m256 inv)
+{
+	__m256i t = _mm256_castps_si256(_mm256_mul_ps(m, inv));
+	/* |t|'s code is >= 0 on both of avx2_q8_enc()'s paths (a NaN takes
+	 * the normal one): only the top needs the clamp */
+	__m256i mag = _mm256_min_epi32(avx2_q8_enc(_mm256_castsi256_ps(_mm256_and_si256(
+					       t, _mm256_set1_epi32(0x7fffffff))), ST_Q8_MMB),
+				       _mm256_set1_epi32(127));
+
+	return _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(t, 24),
+						     _mm256_set1_epi32(0x80)));
+}
+
+/* 8 M codes (int32 in [0, 255]) to m8, and 8 V codes (int32, any) to
+ * v8 clamped to [0, 255] by the saturating packs (int32 -> int16 signed,
+ * int16 -> uint8 unsigned: together st_q8_clamp(c, 0, 255)). */
+ST_AVX2_INLINE void avx2_store_codes(uint8_t *m8, uint8_t *v8, __m256i qm, __m256i qv)
+{
+	/* per 128-bit lane: m0-3 v0-3 | m4-7 v4-7 */
+	__m256i w = _mm256_packs_epi32(qm, qv);
+	/* m0-3 v0-3 m4-7 v4-7, then m0-7 v0-7 */
+	__m128i b = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+
+	b = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15));
+	_mm_storel_epi64((__m128i *)m8, b);
+	_mm_storel_epi64((__m128i *)v8, _mm_unpackhi_epi64(b, b));
+}
+
+ST_AVX2_INLINE uint32_t avx2_hmax_u32(__m256i x)
+{
+	uint32_t a[8], r = 0;
+
+	_mm256_storeu_si256((__m256i *)a, x);
+	for (int j = 0; j < 8; j++)
+		r = a[j] > r ? a[j] : r;
+	return r;
+}
+
+/* The q8 state, one chunk (from a block boundary), block by block: pass 1
+ * runs the recipe on the dequantized M, V and keeps M' and sqrt(V') in a
+ * block buffer, pass 2 quantizes them with the block's new scales. The
+ * elements past the last whole vector of a block take the scalar steps
+ * (st_q8_pass1/2), as the tail does elsewhere. nt: only when W is
+ * vector-aligned at the chunk's start (the caller checks), so every block
+ * starts aligned. */
+ST_AVX2_INLINE uint64_t avx2_q8_body(const struct st_adam_step *s,
+				     const struct st_adam_bufs *b, size_t n,
+				     const enum st_optim_dtype gdt, const int has_w,
+				     const enum st_optim_dtype wdt, const int nt)
+{
+	const __m256 gs = _mm256_set1_ps(s->grad_scale);
+	const __m256 b1 = _mm256_set1_ps(s->beta1), omb1 = _mm256_set1_ps(s->one_minus_beta1);
+	const __m256 b2 = _mm256_set1_ps(s->beta2), omb2 = _mm256_set1_ps(s->one_minus_beta2);
+	const __m256 c2 = _mm256_set1_ps(s->rsqrt_bc2), eps = _mm256_set1_ps(s->eps);
+	const __m256 nstep = _mm256_set1_ps(s->neg_step_size), decay = _mm256_set1_ps(s->decay);
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	const __m256 inf = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+	const size_t gb = gdt == ST_OPTIM_BF16 ? 2u : 4u;
+	const float *const g32 = b->g;
+	const uint16_t *const g16 = b->g;
+	float *const p = b->p;
+	uint8_t *const mc = b->mc;
+	uint8_t *const vc = b->vc;
+	uint16_t *const w16 = b->w;
+	float *const w32 = b->w;
+	float mo[ST_Q8_BLOCK] __attribute__((aligned(32)));
+	float so[ST_Q8_BLOCK] __attribute__((aligned(32)));
+	uint64_t bad = 0;
+
+	for (size_t k0 = 0; k0 < n; k0 += ST_Q8_BLOCK) {
+		const size_t len = ST_MIN((size_t)ST_Q8_BLOCK, n - k0), blk = k0 / ST_Q8_BLOCK;
+		const __m256 msc = _mm256_set1_ps(b->m_scale[blk]);
+		const __m256 vsc = _mm256_set1_ps(b->v_scale[blk]);
+		__m256i mmaxv = _mm256_setzero_si256(), smaxv = _mm256_setzero_si256();
+		uint32_t mmax, smax;
+		struct st_q8_scales q;
+		size_t j = 0;
+
+		for (; j + 8 <= len; j += 8) {
+			const size_t i = k0 + j;
+			__m256 g, ok, pv, mv, vv, sv, mn, vn, sq, d, pn;
+			int okbits;
+
+			st_optim_prefetch(gdt == ST_OPTIM_BF16 ? (const void *)(g16 + i)
+							       : (const void *)(g32 + i),
+					  ST_ADAM_PREFETCH_ELEMS * gb);
+			st_optim_prefetch(p + i, ST_ADAM_PREFETCH_ELEMS * 4u);
+			if (!(j & 63)) { /* a line of codes per 64 elements */
+				st_optim_prefetch(mc + i, ST_ADAM_PREFETCH_ELEMS);
+				st_optim_prefetch(vc + i, ST_ADAM_PREFETCH_ELEMS);
+			}
+			if (gdt == ST_OPTIM_BF16)
+				g = avx2_f32_from_bf16(_mm_loadu_si128((const __m128i *)(g16 + i)));
+			else
+				g = _mm256_loadu_ps(g32 + i);
+			g = _mm256_mul_ps(g, gs);
+			ok = _mm256_cmp_ps(_mm256_and_ps(g, absmask), inf, _CMP_LT_OQ);
+			pv = _mm256_loadu_ps(p + i);
+			mv = _mm256_mul_ps(avx2_q8m_decode(
+				_mm_loadl_epi64((const __m128i *)(mc + i))), msc);
+			sv = _mm256_mul_ps(avx2_q8v_decode(
+				_mm_loadl_epi64((const __m128i *)(vc + i))), vsc);
+			vv = _mm256_mul_ps(sv, sv);
+			mn = _mm256_fmadd_ps(b1, mv, _mm256_mul_ps(omb1, g));
+			vn = _mm256_fmadd_ps(b2, vv, _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+			sq = _mm256_sqrt_ps(vn);
+			d = _mm256_fmadd_ps(sq, c2, eps);
+			pn = _mm256_fmadd_ps(nstep, _mm256_div_ps(mn, d), _mm256_mul_ps(pv, decay));
+			okbits = _mm256_movemask_ps(ok);
+			if (ST_UNLIKELY(okbits != 0xff)) {
+				pn = _mm256_blendv_ps(pv, pn, ok);
+				mn = _mm256_blendv_ps(mv, mn, ok);
+				vn = _mm256_blendv_ps(vv, vn, ok);
+				sq = _mm256_sqrt_ps(vn);
+				bad += 8u - (unsigned)__builtin_popcount((unsigned)okbits);
+			}
+			_mm256_storeu_ps(p + i, pn);
+			_mm256_store_ps(mo + j, mn);
+			_mm256_store_ps(so + j, sq);
+			mmaxv = _mm256_max_epu32(mmaxv, _mm256_castps_si256(_mm256_and_ps(mn, absmask)));
+			smaxv = _mm256_max_epu32(smaxv, _mm256_castps_si256(_mm256_and_ps(sq, absmask)));
+			if (has_w)
+				avx2_w_store(w16, w32, i, pn, wdt, nt);
+		}
+		mmax = avx2_hmax_u32(mmaxv);
+		smax = avx2_hmax_u32(smaxv);
+		for (size_t t = j; t < len; t++)
+			bad += (uint64_t)st_q8_pass1(s, b, k0 + t, b->m_scale[blk], b->v_scale[blk],
+						     &mo[t], &so[t], &mmax, &smax);
+		q = st_q8_block_scales(mmax, smax);
+		{
+			const __m256 minv = _mm256_set1_ps(q.m_inv), vinv = _mm256_set1_ps(q.v_inv);
+
+			for (j = 0; j + 8 <= len; j += 8) {
+				avx2_store_codes(mc + k0 + j, vc + k0 + j,
+						 avx2_q8m_encode(_mm256_load_ps(mo + j), minv),
+						 avx2_q8_enc(_mm256_mul_ps(_mm256_load_ps(so + j), vinv),
+							     ST_Q8_VMB));
+			}
+		}
+		for (; j < len; j++)
+			st_q8_pass2(b, k0 + j, &q, mo[j], so[j]);
+		b->m_scale[blk] = q.m_scale;
+		b->v_scale[blk] = q.v_scale;
+	}
+	if (nt)
+		_mm_sfence();
+	return bad;
+}
+
+/* One chunk; gdt, has_w, wdt, nt and st are constants at every call. nt: W
+ * by streaming stores (the caller has checked W's elements are aligned).
+ * st: the state, F32 or BF16 (Q8: avx2_q8_body()). */
 ST_AVX2_INLINE uint64_t avx2_adam_body(const struct st_adam_step *s,
 				       const struct st_adam_bufs *b, size_t n,
 				       const enum st_optim_dtype gdt, const int has_w,
-				       const enum st_optim_dtype wdt, const int nt)
+				       const enum st_optim_dtype wdt, const int nt,
+				       const enum st_optim_state st)
 {
 	const __m256 gs = _mm256_set1_ps(s->grad_scale);
 	const __m256 b1 = _mm256_set1_ps(s->beta1), omb1 = _mm256_set1_ps(s->one_minus_beta1);
@@ -57,6 +279,8 @@ ST_AVX2_INLINE uint64_t avx2_adam_body(const struct st_adam_step *s,
 	const float *const g32 = b->g;
 	const uint16_t *const g16 = b->g;
 	float *const p = b->p, *const m = b->m, *const v = b->v;
+	uint16_t *const m16 = b->mc, *const v16 = b->vc;
+	const size_t sb = st == ST_OPTIM_STATE_BF16 ? 2u : 4u;
 	uint16_t *const w16 = b->w;
 	float *const w32 = b->w;
 	uint64_t bad = 0;
@@ -76,8 +300,13 @@ ST_AVX2_INLINE uint64_t avx2_adam_body(const struct st_adam_step *s,
 		st_optim_prefetch(gdt == ST_OPTIM_BF16 ? (const void *)(g16 + i) : (const void *)(g32 + i),
 				  ST_ADAM_PREFETCH_ELEMS * gb);
 		st_optim_prefetch(p + i, ST_ADAM_PREFETCH_ELEMS * 4u);
-		st_optim_prefetch(m + i, ST_ADAM_PREFETCH_ELEMS * 4u);
-		st_optim_prefetch(v + i, ST_ADAM_PREFETCH_ELEMS * 4u);
+		if (st == ST_OPTIM_STATE_BF16) {
+			st_optim_prefetch(m16 + i, ST_ADAM_PREFETCH_ELEMS * sb);
+			st_optim_prefetch(v16 + i, ST_ADAM_PREFETCH_ELEMS * sb);
+		} else {
+			st_optim_prefetch(m + i, ST_ADAM_PREFETCH_ELEMS * sb);
+			st_optim_prefetch(v + i, ST_ADAM_PREFETCH_ELEMS * sb);
+		}
 		if (gdt == ST_OPTIM_BF16) {
 			__m128i h = _mm_loadu_si128((const __m128i *)(g16 + i));
 			g = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -87,8 +316,13 @@ ST_AVX2_INLINE uint64_t avx2_adam_body(const struct st_adam_step *s,
 		g = _mm256_mul_ps(g, gs);
 		ok = _mm256_cmp_ps(_mm256_and_ps(g, absmask), inf, _CMP_LT_OQ);
 		pv = _mm256_loadu_ps(p + i);
-		mv = _mm256_loadu_ps(m + i);
-		vv = _mm256_loadu_ps(v + i);
+		if (st == ST_OPTIM_STATE_BF16) {
+			mv = avx2_f32_from_bf16(_mm_loadu_si128((const __m128i *)(m16 + i)));
+			vv = avx2_f32_from_bf16(_mm_loadu_si128((const __m128i *)(v16 + i)));
+		} else {
+			mv = _mm256_loadu_ps(m + i);
+			vv = _mm256_loadu_ps(v + i);
+		}
 		mn = _mm256_fmadd_ps(b1, mv, _mm256_mul_ps(omb1, g));
 		vn = _mm256_fmadd_ps(b2, vv, _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
 		d = _mm256_fmadd_ps(_mm256_sqrt_ps(vn), c2, eps);
@@ -101,8 +335,13 @@ ST_AVX2_INLINE uint64_t avx2_adam_body(const struct st_adam_step *s,
 			bad += 8u - (unsigned)__builtin_popcount((unsigned)okbits);
 		}
 		_mm256_storeu_ps(p + i, pn);
-		_mm256_storeu_ps(m + i, mn);
-		_mm256_storeu_ps(v + i, vn);
+		if (st == ST_OPTIM_STATE_BF16) {
+			_mm_storeu_si128((__m128i *)(m16 + i), avx2_bf16_from_f32(mn));
+			_mm_storeu_si128((__m128i *)(v16 + i), avx2_bf16_from_f32(vn));
+		} else {
+			_mm256_storeu_ps(m + i, mn);
+			_mm256_storeu_ps(v + i, vn);
+		}
 		if (!has_w)
 			continue;
 		if (wdt == ST_OPTIM_F32) {
@@ -132,14 +371,16 @@ ST_AVX2 static uint64_t avx2_adam(const struct st_adam_step *s, const struct st_
 {
 	const int g16 = b->g_dtype == ST_OPTIM_BF16;
 	const size_t wesz = b->w_dtype == ST_OPTIM_F32 ? 4u : 2u;
-	const int nt = (kflags & ST_OPTIM_KF_STREAM_W) && b->w && (uintptr_t)b->w % wesz == 0;
+	const enum st_optim_state st = b->state;
+	/* q8 streams W only when W is vector-aligned at the chunk's start */
+	const int nt = (kflags & ST_OPTIM_KF_STREAM_W) && b->w && (uintptr_t)b->w % wesz == 0 &&
+		       (st != ST_OPTIM_STATE_Q8 || (uintptr_t)b->w % (8u * wesz) == 0);
 
-#define AVX2_CALL(gdt, has_w, wdt)                                                         \
-	(nt ? avx2_adam_body(s, b, n, gdt, has_w, wdt, 1)                                  \
-	    : avx2_adam_body(s, b, n, gdt, has_w, wdt, 0))
+#define AVX2_BODY(gdt, has_w, wdt, ntv)                                                    	(st == ST_OPTIM_STATE_Q8     ? avx2_q8_body(s, b, n, gdt, has_w, wdt, ntv)         	 : st == ST_OPTIM_STATE_BF16 ? avx2_adam_body(s, b, n, gdt, has_w, wdt, ntv,       						      ST_OPTIM_STATE_BF16)                 				     : avx2_adam_body(s, b, n, gdt, has_w, wdt, ntv,       						      ST_OPTIM_STATE_F32))
+#define AVX2_CALL(gdt, has_w, wdt)                                                         	(nt ? AVX2_BODY(gdt, has_w, wdt, 1) : AVX2_BODY(gdt, has_w, wdt, 0))
 	if (!b->w)
-		return g16 ? avx2_adam_body(s, b, n, ST_OPTIM_BF16, 0, ST_OPTIM_F32, 0)
-			   : avx2_adam_body(s, b, n, ST_OPTIM_F32, 0, ST_OPTIM_F32, 0);
+		return g16 ? AVX2_BODY(ST_OPTIM_BF16, 0, ST_OPTIM_F32, 0)
+			   : AVX2_BODY(ST_OPTIM_F32, 0, ST_OPTIM_F32, 0);
 	switch (b->w_dtype) {
 	case ST_OPTIM_BF16:
 		return g16 ? AVX2_CALL(ST_OPTIM_BF16, 1, ST_OPTIM_BF16)
@@ -152,6 +393,7 @@ ST_AVX2 static uint64_t avx2_adam(const struct st_adam_step *s, const struct st_
 			   : AVX2_CALL(ST_OPTIM_F32, 1, ST_OPTIM_F32);
 	}
 #undef AVX2_CALL
+#undef AVX2_BODY
 }
 
 ST_AVX2 static void avx2_gstat(const void *g, enum st_optim_dtype g_dtype, size_t n,

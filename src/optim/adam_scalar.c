@@ -10,6 +10,8 @@ static uint64_t scalar_adam(const struct st_adam_step *s, const struct st_adam_b
 			    size_t n, unsigned kflags)
 {
 	(void)kflags; /* plain stores: the reference path stays plain C */
+	if (b->state == ST_OPTIM_STATE_Q8)
+		return st_adam_q8_blocks(s, b, n);
 	return st_adam_tail(s, b, 0, n);
 }
 

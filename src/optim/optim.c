@@ -207,10 +207,18 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 	    bufs->w_dtype != ST_OPTIM_F16)
 		return st_error_set(-EINVAL, "adam: working-copy dtype %d: want f32, bf16 or f16",
 				    (int)bufs->w_dtype);
+	if ((unsigned)bufs->state > ST_OPTIM_STATE_Q8)
+		return st_error_set(-EINVAL, "adam: state format %d: want fp32, bf16 or q8",
+				    (int)bufs->state);
 	if (n_elems == 0)
 		return 0;
-	if (!bufs->g || !bufs->p || !bufs->m || !bufs->v)
+	if (!bufs->g || !bufs->p)
 		return st_error_set(-EINVAL, "adam: G, P, M and V must be given");
+	if (bufs->state == ST_OPTIM_STATE_F32 ? !bufs->m || !bufs->v
+	    : !bufs->mc || !bufs->vc ||
+	      (bufs->state == ST_OPTIM_STATE_Q8 && (!bufs->m_scale || !bufs->v_scale)))
+		return st_error_set(-EINVAL, "adam: M and V (and q8's scales) must be given for %s",
+				    st_optim_state_name(bufs->state));
 
 	k = st_optim_kernel_for(step->path);
 	if (!(flags & ST_ADAM_GRAD_CHECKED)) {
@@ -239,7 +247,8 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 
 	g_bytes = dtype_bytes(bufs->g_dtype);
 	w_bytes = bufs->w ? dtype_bytes(bufs->w_dtype) : 0u;
-	if ((uint64_t)n_elems * (g_bytes + 12u + w_bytes) >= ST_ADAM_STREAM_MIN_BYTES)
+	if ((uint64_t)n_elems * (g_bytes + 4u + w_bytes) +
+		    st_optim_state_bytes(bufs->state, n_elems) >= ST_ADAM_STREAM_MIN_BYTES)
 		kflags |= ST_OPTIM_KF_STREAM_W;
 	n_chunks = (n_elems + ST_ADAM_CHUNK_ELEMS - 1) / ST_ADAM_CHUNK_ELEMS;
 #pragma omp parallel for schedule(static) reduction(+ : bad) if (n_chunks > 1)
@@ -250,8 +259,20 @@ int st_adam_apply(const struct st_adam_step *step, const struct st_adam_bufs *bu
 
 		b.g = (const char *)bufs->g + off * g_bytes;
 		b.p = bufs->p + off;
-		b.m = bufs->m + off;
-		b.v = bufs->v + off;
+		if (bufs->state == ST_OPTIM_STATE_F32) {
+			b.m = bufs->m + off;
+			b.v = bufs->v + off;
+		} else {
+			/* off is a multiple of ST_Q8_BLOCK: chunks hold whole blocks */
+			size_t cb = bufs->state == ST_OPTIM_STATE_BF16 ? 2u : 1u;
+
+			b.mc = (char *)bufs->mc + off * cb;
+			b.vc = (char *)bufs->vc + off * cb;
+			if (bufs->state == ST_OPTIM_STATE_Q8) {
+				b.m_scale = bufs->m_scale + off / ST_Q8_BLOCK;
+				b.v_scale = bufs->v_scale + off / ST_Q8_BLOCK;
+			}
+		}
 		b.w = bufs->w ? (char *)bufs->w + off * w_bytes : NULL;
 		bad += k->adam(step, &b, len, kflags);
 	}
@@ -275,6 +296,95 @@ int st_adam_update(const struct st_adam_hparams *hp, const struct st_adam_bufs *
 	if (err)
 		return err;
 	return st_adam_apply(&step, bufs, n_elems, flags, nonfinite_elems);
+}
+
+/* --- state formats ---------------------------------------------------------- */
+
+_Static_assert(ST_ADAM_CHUNK_ELEMS % ST_Q8_BLOCK == 0, "chunks hold whole q8 blocks");
+
+static const char *const st_state_names[] = {
+	[ST_OPTIM_STATE_F32] = "fp32",
+	[ST_OPTIM_STATE_BF16] = "bf16",
+	[ST_OPTIM_STATE_Q8] = "q8",
+};
+
+const char *st_optim_state_name(enum st_optim_state st)
+{
+	if ((unsigned)st >= ST_ARRAY_LEN(st_state_names))
+		return "?";
+	return st_state_names[st];
+}
+
+int st_optim_state_parse(const char *name, enum st_optim_state *st)
+{
+	for (size_t i = 0; name && i < ST_ARRAY_LEN(st_state_names); i++) {
+		if (!strcmp(name, st_state_names[i])) {
+			*st = (enum st_optim_state)i;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+void st_optim_state_load(const struct st_adam_bufs *b, size_t n, float *m, float *v)
+{
+	for (size_t i = 0; i < n; i++) {
+		float mi, vi, sv;
+
+		switch (b->state) {
+		case ST_OPTIM_STATE_BF16:
+			mi = st_f32_from_bf16(((const uint16_t *)b->mc)[i]);
+			vi = st_f32_from_bf16(((const uint16_t *)b->vc)[i]);
+			break;
+		case ST_OPTIM_STATE_Q8:
+			mi = st_q8m_decode(((const uint8_t *)b->mc)[i]) * b->m_scale[i / ST_Q8_BLOCK];
+			sv = st_q8v_decode(((const uint8_t *)b->vc)[i]) * b->v_scale[i / ST_Q8_BLOCK];
+			vi = sv * sv;
+			break;
+		default:
+			mi = b->m[i];
+			vi = b->v[i];
+			break;
+		}
+		if (m)
+			m[i] = mi;
+		if (v)
+			v[i] = vi;
+	}
+}
+
+void st_optim_state_store(const struct st_adam_bufs *b, size_t n, const float *m,
+			  const float *v)
+{
+	for (size_t k0 = 0; k0 < n; k0 += ST_Q8_BLOCK) {
+		size_t len = ST_MIN((size_t)ST_Q8_BLOCK, n - k0);
+		uint32_t mmax = 0, smax = 0;
+		struct st_q8_scales q;
+
+		for (size_t i = k0; i < k0 + len; i++) {
+			switch (b->state) {
+			case ST_OPTIM_STATE_BF16:
+				((uint16_t *)b->mc)[i] = st_bf16_from_f32(m[i]);
+				((uint16_t *)b->vc)[i] = st_bf16_from_f32(v[i]);
+				break;
+			case ST_OPTIM_STATE_Q8:
+				mmax = ST_MAX(mmax, st_f32_bits(m[i]) & 0x7fffffffu);
+				smax = ST_MAX(smax, st_f32_bits(sqrtf(v[i])) & 0x7fffffffu);
+				break;
+			default:
+				b->m[i] = m[i];
+				b->v[i] = v[i];
+				break;
+			}
+		}
+		if (b->state != ST_OPTIM_STATE_Q8)
+			continue;
+		q = st_q8_block_scales(mmax, smax);
+		for (size_t i = k0; i < k0 + len; i++)
+			st_q8_pass2(b, i, &q, m[i], sqrtf(v[i]));
+		b->m_scale[k0 / ST_Q8_BLOCK] = q.m_scale;
+		b->v_scale[k0 / ST_Q8_BLOCK] = q.v_scale;
+	}
 }
 
 /* --- gradient statistics -------------------------------------------------- */

@@ -101,31 +101,194 @@ static inline int st_adam_elem(const struct st_adam_step *s, float graw,
 	return 0;
 }
 
-/* Scalar tail shared by every kernel: elements [i, n) of b. */
+static inline float st_adam_graw(const struct st_adam_bufs *b, size_t i)
+{
+	return b->g_dtype == ST_OPTIM_BF16 ? st_f32_from_bf16(((const uint16_t *)b->g)[i])
+					   : ((const float *)b->g)[i];
+}
+
+/* W[i] from P[i]. */
+static inline void st_adam_w_store(const struct st_adam_bufs *b, size_t i)
+{
+	if (!b->w)
+		return;
+	switch (b->w_dtype) {
+	case ST_OPTIM_BF16:
+		((uint16_t *)b->w)[i] = st_bf16_from_f32(b->p[i]);
+		break;
+	case ST_OPTIM_F16:
+		((uint16_t *)b->w)[i] = st_f16_from_f32(b->p[i]);
+		break;
+	case ST_OPTIM_F32:
+		((float *)b->w)[i] = b->p[i];
+		break;
+	}
+}
+
+/* Scalar tail shared by every kernel: elements [i, n) of b, state F32 or
+ * BF16 (Q8 goes by blocks: st_adam_q8_blocks()). */
 static inline uint64_t st_adam_tail(const struct st_adam_step *s,
 				    const struct st_adam_bufs *b, size_t i, size_t n)
 {
 	uint64_t bad = 0;
 
 	for (; i < n; i++) {
-		float graw = b->g_dtype == ST_OPTIM_BF16
-			? st_f32_from_bf16(((const uint16_t *)b->g)[i])
-			: ((const float *)b->g)[i];
+		float graw = st_adam_graw(b, i);
 
-		bad += (uint64_t)st_adam_elem(s, graw, &b->p[i], &b->m[i], &b->v[i]);
-		if (!b->w)
-			continue;
-		switch (b->w_dtype) {
-		case ST_OPTIM_BF16:
-			((uint16_t *)b->w)[i] = st_bf16_from_f32(b->p[i]);
-			break;
-		case ST_OPTIM_F16:
-			((uint16_t *)b->w)[i] = st_f16_from_f32(b->p[i]);
-			break;
-		case ST_OPTIM_F32:
-			((float *)b->w)[i] = b->p[i];
-			break;
+		if (b->state == ST_OPTIM_STATE_BF16) {
+			uint16_t *mc = b->mc, *vc = b->vc;
+			float m = st_f32_from_bf16(mc[i]), v = st_f32_from_bf16(vc[i]);
+
+			bad += (uint64_t)st_adam_elem(s, graw, &b->p[i], &m, &v);
+			mc[i] = st_bf16_from_f32(m);
+			vc[i] = st_bf16_from_f32(v);
+		} else {
+			bad += (uint64_t)st_adam_elem(s, graw, &b->p[i], &b->m[i], &b->v[i]);
 		}
+		st_adam_w_store(b, i);
+	}
+	return bad;
+}
+
+/* --- the q8 state: the scalar steps every vector path reproduces ---------- */
+
+/* fp32 -> int32 as CVTPS2DQ does under the default MXCSR: round to nearest
+ * even; NaN and out of range give INT32_MIN. */
+static inline int32_t st_q8_cvt_i32(float x)
+{
+	float r = rintf(x);
+
+	return (r >= -0x1p31f && r < 0x1p31f) ? (int32_t)r : INT32_MIN;
+}
+
+static inline int32_t st_q8_clamp(int32_t x, int32_t lo, int32_t hi)
+{
+	return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* The q8 codes are small unsigned floats relative to the block's scale: a
+ * 4-bit exponent (bias 15) and mb mantissa bits (V: 4, M: 3, plus a sign
+ * bit), normal from 2^-14, subnormal below in steps of 2^-(14 + mb).
+ * Code c -> r. */
+static inline float st_q8_dec(uint32_t c, unsigned mb)
+{
+	return c >= (1u << mb) ? st_f32_from_bits((c + (112u << mb)) << (23u - mb))
+			       : (float)c * st_f32_from_bits((127u - 14u - mb) << 23);
+}
+
+/* r >= 0 -> code, round to nearest even, saturating at the largest code. */
+static inline uint32_t st_q8_enc(float r, unsigned mb)
+{
+	uint32_t u = st_f32_bits(r), sh = 23u - mb;
+	int32_t c;
+
+	if ((int32_t)u > 0x387fffff) /* r >= 2^-14: normal */
+		c = (int32_t)((u + ((1u << (sh - 1u)) - 1u) + ((u >> sh) & 1u)) >> sh) -
+		    (int32_t)(112u << mb);
+	else
+		c = st_q8_cvt_i32(r * st_f32_from_bits((127u + 14u + mb) << 23));
+	return (uint32_t)st_q8_clamp(c, 0, (int32_t)(1u << (mb + 4u)) - 1);
+}
+
+#define ST_Q8_VMB 4u /* V's mantissa bits */
+#define ST_Q8_MMB 3u /* M's mantissa bits (and a sign bit) */
+
+/* V's code -> r = sqrt(V) / v_scale (optim.h). */
+static inline float st_q8v_decode(uint32_t c)
+{
+	return st_q8_dec(c, ST_Q8_VMB);
+}
+
+static inline uint8_t st_q8v_encode(float r)
+{
+	return (uint8_t)st_q8_enc(r, ST_Q8_VMB);
+}
+
+/* M's code -> M / m_scale: the sign bit 7 on the magnitude's code. */
+static inline float st_q8m_decode(uint32_t c)
+{
+	return st_f32_from_bits(st_f32_bits(st_q8_dec(c & 0x7fu, ST_Q8_MMB)) | ((c & 0x80u) << 24));
+}
+
+/* M and 1 / m_scale -> M's code. */
+static inline uint8_t st_q8m_encode(float m, float inv)
+{
+	uint32_t t = st_f32_bits(m * inv);
+
+	return (uint8_t)(st_q8_enc(st_f32_from_bits(t & 0x7fffffffu), ST_Q8_MMB) |
+			 ((t >> 24) & 0x80u));
+}
+
+/* A block's scales from max |M'| and max sqrt(V') (as bits: the vector
+ * paths take the max as unsigned integers), and their inverses for the
+ * encoding. Shared by every path: one set of divisions per block. */
+struct st_q8_scales {
+	float m_scale, m_inv, v_scale, v_inv;
+};
+
+static inline struct st_q8_scales st_q8_block_scales(uint32_t mmax_bits, uint32_t smax_bits)
+{
+	float am = st_f32_from_bits(mmax_bits), sm = st_f32_from_bits(smax_bits);
+	struct st_q8_scales q;
+
+	q.m_scale = am;
+	q.m_inv = am > 0.0f ? 1.0f / am : 0.0f;
+	q.v_scale = sm;
+	q.v_inv = sm > 0.0f ? 1.0f / sm : 0.0f;
+	return q;
+}
+
+/* Pass 1 of a q8 block for element i: dequantize M[i], V[i] with the
+ * block's old scales, run the recipe, write P[i] and W[i]; M' goes to *mo,
+ * sqrt(V') to *so, and their magnitudes into the block's maxima. */
+static inline int st_q8_pass1(const struct st_adam_step *s, const struct st_adam_bufs *b,
+			      size_t i, float msc, float vsc, float *mo, float *so,
+			      uint32_t *mmax, uint32_t *smax)
+{
+	float m = st_q8m_decode(((const uint8_t *)b->mc)[i]) * msc;
+	float sv = st_q8v_decode(((const uint8_t *)b->vc)[i]) * vsc;
+	float v = sv * sv, sq;
+	int bad = st_adam_elem(s, st_adam_graw(b, i), &b->p[i], &m, &v);
+
+	st_adam_w_store(b, i);
+	sq = sqrtf(v);
+	*mo = m;
+	*so = sq;
+	if ((st_f32_bits(m) & 0x7fffffffu) > *mmax)
+		*mmax = st_f32_bits(m) & 0x7fffffffu;
+	if ((st_f32_bits(sq) & 0x7fffffffu) > *smax)
+		*smax = st_f32_bits(sq) & 0x7fffffffu;
+	return bad;
+}
+
+/* Pass 2 for element i: quantize M' and sqrt(V') with the new scales. */
+static inline void st_q8_pass2(const struct st_adam_bufs *b, size_t i,
+			       const struct st_q8_scales *q, float mo, float so)
+{
+	((uint8_t *)b->mc)[i] = st_q8m_encode(mo, q->m_inv);
+	((uint8_t *)b->vc)[i] = st_q8v_encode(so * q->v_inv);
+}
+
+/* The scalar q8 kernel: elements [0, n) of b, by blocks from b's start. */
+static inline uint64_t st_adam_q8_blocks(const struct st_adam_step *s,
+					 const struct st_adam_bufs *b, size_t n)
+{
+	float mo[ST_Q8_BLOCK], so[ST_Q8_BLOCK];
+	uint64_t bad = 0;
+
+	for (size_t k0 = 0; k0 < n; k0 += ST_Q8_BLOCK) {
+		size_t len = n - k0 < ST_Q8_BLOCK ? n - k0 : ST_Q8_BLOCK, blk = k0 / ST_Q8_BLOCK;
+		uint32_t mmax = 0, smax = 0;
+		struct st_q8_scales q;
+
+		for (size_t j = 0; j < len; j++)
+			bad += (uint64_t)st_q8_pass1(s, b, k0 + j, b->m_scale[blk],
+						     b->v_scale[blk], &mo[j], &so[j], &mmax, &smax);
+		q = st_q8_block_scales(mmax, smax);
+		for (size_t j = 0; j < len; j++)
+			st_q8_pass2(b, k0 + j, &q, mo[j], so[j]);
+		b->m_scale[blk] = q.m_scale;
+		b->v_scale[blk] = q.v_scale;
 	}
 	return bad;
 }

@@ -100,6 +100,8 @@ void st_engine_destroy(struct st_engine *e)
 	free(e->batch.tokens_buf);
 	free(e->batch.targets_buf);
 	free(e->batch.ev_copied);
+	for (int k = 0; k < 2; k++)
+		free(e->q8_scale[k]); /* the arrays are the host tier's */
 	free(e->slice_elems);
 	free(e->padded_elems);
 	free(e->zero.nvme_dirs);
@@ -421,6 +423,19 @@ static int setup_pools(struct st_engine *e)
 	e->dw_fold = vpool(e, ST_POOL_DW, -1, 2);
 	if (e->layer_first && (e->cfg.train.grad_accum > 1 || e->world > 1) && !e->dw_fold)
 		return st_error_set(-EINVAL, "engine: the plan has no dW to fold in");
+	/* q8: each unit's M and V scales, in turn, from the host pool */
+	if (e->mv_state == ST_OPTIM_STATE_Q8) {
+		float *q = hpool(e, ST_POOL_Q8_SCALES, 0);
+
+		if (!q)
+			return st_error_set(-EINVAL, "engine: the plan has no q8 scales pool");
+		memset(q, 0, pool(e, ST_POOL_Q8_SCALES, -1, 0)->len_bytes);
+		for (int u = 0; u < e->n_units; u++)
+			for (int k = 0; k < 2; k++) {
+				e->q8_scale[k][u] = q;
+				q += st_plan_q8_scale_elems(sh_elems(e, u, ST_STATE_M));
+			}
+	}
 	e->batch.tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->batch.targets = vpool(e, ST_POOL_TARGETS, -1, 0);
 	/* their host side pinned where the device pins (st_engine_destroy()
@@ -505,11 +520,13 @@ static int plan_of(struct st_engine *e)
 		.activations = cfg->activations,
 		.recompute = cfg->recompute,
 		.schedule = cfg->schedule,
+		.optim_state = cfg->optim_state,
 	};
 
 	/* the cuda compute runs AdamW (docs/gpu.md): auto may home the
 	 * optimizer in vram when it fits */
-	pin.optim_vram_auto = cfg->device && strcmp(cfg->device, "cuda") == 0;
+	pin.optim_vram_auto = cfg->device && strcmp(cfg->device, "cuda") == 0 &&
+			      cfg->optim_state == ST_OPTIM_STATE_F32;
 	if (cfg->device && strcmp(cfg->device, "cuda") == 0) {
 		if (pin.rates.compute_flops <= 0) {
 			pin.rates.compute_flops = ST_PLAN_CUDA_COMPUTE_FLOPS;
@@ -533,6 +550,9 @@ static int setup_units(struct st_engine *e)
 	e->n_units = st_model_unit_count(e->model);
 	e->fetch.depth = e->plan.prefetch;
 	e->w_elem_bytes = c->bf16 ? 2 : 4;
+	e->mv_state = e->cfg.optim_state;
+	e->mv_elem_bytes = e->mv_state == ST_OPTIM_STATE_Q8 ? 1
+			   : e->mv_state == ST_OPTIM_STATE_BF16 ? 2 : 4;
 	e->unit_elems = calloc((size_t)e->n_units, sizeof(*e->unit_elems));
 	e->shards = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->shards));
 	e->grad.unit_sumsq = calloc((size_t)e->n_units, sizeof(double));
@@ -581,17 +601,25 @@ static int setup_units(struct st_engine *e)
 		e->padded_elems[u] = e->slice_elems[u] * (uint64_t)e->world;
 	}
 	e->update.tile_elems = e->plan.tile_elems;
-	/* a smaller tile for tests (whole pages of bf16 and fp32) */
-	if (e->cfg.update_tile_elems && e->cfg.update_tile_elems % 2048 == 0)
+	/* a smaller tile for tests (whole pages of bf16 and fp32; of q8's
+	 * bytes too with the q8 state) */
+	if (e->cfg.update_tile_elems &&
+	    e->cfg.update_tile_elems % (e->mv_elem_bytes == 1 ? 4096u : 2048u) == 0)
 		e->update.tile_elems = ST_MIN(e->update.tile_elems, e->cfg.update_tile_elems);
 	/* measurements only (tools/zero-bench --baseline-env): a smaller tile */
 	{
 		const char *v = getenv("ST_UPDATE_TILE");
 		uint64_t t = v ? strtoull(v, NULL, 10) : 0;
 
-		if (t && t % 2048 == 0)
+		if (t && t % (e->mv_elem_bytes == 1 ? 4096u : 2048u) == 0)
 			e->update.tile_elems = ST_MIN(e->update.tile_elems, t);
 	}
+	if (e->mv_state == ST_OPTIM_STATE_Q8) /* filled in setup_pools() */
+		for (int k = 0; k < 2; k++) {
+			e->q8_scale[k] = calloc((size_t)e->n_units, sizeof(float *));
+			if (!e->q8_scale[k])
+				return -ENOMEM;
+		}
 	e->fetch.n_seq = 0;
 	for (int u = 0; u <= e->n_units - 2; u++)
 		e->fetch.seq[e->fetch.n_seq++] = u;
@@ -616,6 +644,27 @@ static int init_params(struct st_engine *e)
 	}
 	free(p);
 	return ret;
+}
+
+/* A compact M and V (--optim-state bf16 or q8) runs in the host's AdamW
+ * at world 1 only: the device's ADAMW op and ZeRO's slices take fp32. */
+static int check_optim_state(struct st_engine *e)
+{
+	enum st_optim_state st = e->cfg.optim_state;
+
+	if (st == ST_OPTIM_STATE_F32)
+		return 0;
+	if ((unsigned)st > ST_OPTIM_STATE_Q8)
+		return st_error_set(-EINVAL, "optim state %d: want fp32, bf16 or q8", (int)st);
+	if (e->plan.world > 1)
+		return st_error_set(-EINVAL, "--optim-state %s: not with ZeRO at world > 1 "
+				    "(docs/optim.md); use fp32", st_optim_state_name(st));
+	for (int u = 0; u < e->plan.units; u++)
+		if (e->plan.home[u * ST_STATE_COUNT + ST_STATE_P] == ST_HOME_VRAM)
+			return st_error_set(-EINVAL, "--optim-state %s: not with the optimizer in "
+					    "vram (--offload-optim vram; docs/optim.md); use host "
+					    "or nvme", st_optim_state_name(st));
+	return 0;
 }
 
 int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
@@ -653,7 +702,9 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		free(e);
 		return ret;
 	}
-	ret = setup_units(e);
+	ret = check_optim_state(e);
+	if (ret == 0)
+		ret = setup_units(e);
 	if (ret == 0)
 		ret = st_eng_zero_dirs(e);
 	if (ret == 0)

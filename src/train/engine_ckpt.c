@@ -131,6 +131,21 @@ static uint64_t max_unit_elems(const struct st_model *m)
 	return E;
 }
 
+/* The safetensors metadata of stem's files: the optimizer's also names a
+ * compact M and V's format (docs/optim.md: the tensors hold M and V
+ * decoded to fp32, so any --optim-state can resume them). */
+static size_t ckpt_meta(const struct st_engine *e, const char *stem, struct st_sf_meta meta[3])
+{
+	size_t n = 0;
+
+	meta[n++] = (struct st_sf_meta){ "format", "pt" };
+	meta[n++] = (struct st_sf_meta){ "producer", "strata" };
+	if (e->mv_state != ST_OPTIM_STATE_F32 && !strcmp(stem, ST_CKPT_OPTIM_STEM))
+		meta[n++] = (struct st_sf_meta){ "strata_optim_state",
+						 st_optim_state_name(e->mv_state) };
+	return n;
+}
+
 /* Stream the given states of every unit into dir as stem's files: one
  * STEM.safetensors, or shards and their index above the shard size. */
 static int write_state_file(struct st_engine *e, const char *dir, const char *stem,
@@ -138,7 +153,8 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *st
 			    int nstates, struct st_ckpt_trainer *tr, int *reads)
 {
 	const struct st_model *m = st_engine_model(e);
-	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
+	struct st_sf_meta meta[3];
+	size_t n_meta = ckpt_meta(e, stem, meta);
 	struct st_ckpt_tensor *t = NULL;
 	struct st_ckpt_layout l = { 0 };
 	char **names = NULL;
@@ -157,7 +173,7 @@ static int write_state_file(struct st_engine *e, const char *dir, const char *st
 	c.off_elems = off;
 	c.state = st;
 	if (ret == 0)
-		ret = st_ckpt_layout_init(&l, stem, t, n, meta, ST_ARRAY_LEN(meta),
+		ret = st_ckpt_layout_init(&l, stem, t, n, meta, n_meta,
 					  e->cfg.ckpt_shard_bytes);
 	if (ret == 0)
 		ret = st_ckpt_layout_write(dir, &l, t, fill, &c, tr);
@@ -191,12 +207,13 @@ struct fileset {
 static int set_init(struct st_engine *e, const char *stem, const enum st_state *states,
 		    const char *const *suffixes, int nstates, struct fileset *x)
 {
-	struct st_sf_meta meta[] = { { "format", "pt" }, { "producer", "strata" } };
+	struct st_sf_meta meta[3];
+	size_t n_meta = ckpt_meta(e, stem, meta);
 	int ret = list_tensors(st_engine_model(e), states, suffixes, nstates, &x->t, &x->names,
 			       &x->unit, &x->off, &x->st, &x->n);
 
 	if (ret == 0)
-		ret = st_ckpt_layout_init(&x->l, stem, x->t, x->n, meta, ST_ARRAY_LEN(meta),
+		ret = st_ckpt_layout_init(&x->l, stem, x->t, x->n, meta, n_meta,
 					  e->cfg.ckpt_shard_bytes);
 	return ret;
 }

@@ -333,6 +333,16 @@ struct st_engine {
 	struct st_plan plan;
 	int n_units;
 	int w_elem_bytes;             /* W's element: 2 (bf16) or 4 (fp32) */
+	/* M and V's format (cfg.optim_state) and element bytes (4, 2, 1);
+	 * q8: per unit and moment, one fp32 scale per 64 elements of the
+	 * unit (ST_MODEL_TENSOR_ALIGN_ELEMS): each AdamW call (a tensor's
+	 * part of a tile, starting at a multiple of 64) counts its blocks
+	 * from its start and takes its scales from slot start / 64 on
+	 * (engine_update.c, st_eng_mv_segments()); the arrays are in the
+	 * host pool ST_POOL_Q8_SCALES */
+	enum st_optim_state mv_state;
+	int mv_elem_bytes;
+	float **q8_scale[2];          /* [M, V][n_units] */
 	uint64_t *unit_elems;         /* [n_units]: e_u */
 	uint64_t max_unit_elems;
 	/* ZeRO (docs/zero.md): world and rank; per unit the slice S_u and
@@ -415,6 +425,27 @@ static inline uint64_t sh_elems(const struct st_engine *e, int u, enum st_state 
 {
 	return st_plan_sharded(&e->plan, s) ? e->slice_elems[u] : e->padded_elems[u];
 }
+
+/* Bytes of one element of state s in its home. */
+static inline size_t st_eng_eb(const struct st_engine *e, enum st_state s)
+{
+	return s == ST_STATE_W ? (size_t)e->w_elem_bytes
+	       : s == ST_STATE_M || s == ST_STATE_V ? (size_t)e->mv_elem_bytes : 4u;
+}
+
+/* The AdamW calls' cut of unit u in elements [lo, lo + n) (a tile, or
+ * the unit): each tensor's part of each update tile, in order; fn gets
+ * each segment [a, b) and whether the tensor takes weight decay. The
+ * same cut in the sweep and wherever M and V are converted, so q8's
+ * blocks are the same in both. Returns the first nonzero fn return. */
+int st_eng_mv_segments(struct st_engine *e, int u, uint64_t lo, uint64_t n,
+		       int (*fn)(void *arg, uint64_t a, uint64_t b, bool decay), void *arg);
+
+/* bufs' compact M and V pointers (state, mc, vc, scales) for the elements
+ * from unit offset a of unit u, given M's and V's bytes at unit offset
+ * base (a >= base). */
+void st_eng_mv_bufs(const struct st_engine *e, int u, uint64_t a, uint64_t base, void *mbase,
+		    void *vbase, struct st_adam_bufs *bufs);
 
 static inline bool unit_resident(const struct st_engine *e, int u)
 {

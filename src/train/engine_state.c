@@ -49,7 +49,76 @@ int st_engine_shard(const struct st_engine *e, int u, enum st_state s, enum st_h
 /* Bytes of one element of state s. */
 static size_t elem_bytes(const struct st_engine *e, enum st_state s)
 {
-	return s == ST_STATE_W ? (size_t)e->w_elem_bytes : 4;
+	return st_eng_eb(e, s);
+}
+
+static bool mv_compact(const struct st_engine *e, enum st_state s)
+{
+	return (s == ST_STATE_M || s == ST_STATE_V) && e->mv_state != ST_OPTIM_STATE_F32;
+}
+
+/* Compact M or V of unit u (its shard's bytes, from unit offset 0: world
+ * 1) to and from fp32, by the sweep's AdamW calls (st_eng_mv_segments()),
+ * so q8's blocks and scales are the ones the sweep uses. The padding
+ * between tensors is 0 in fp32 and code 0 compact. A conversion of the
+ * decoded values encodes back to the same codes (tests/optim, "round
+ * trip"): a checkpoint stores M and V in fp32 and a resume re-encodes. */
+struct mv_conv {
+	struct st_engine *e;
+	int u;
+	enum st_state s;
+	void *codes;
+	float *f32;
+	bool to_f32;
+};
+
+static int mv_conv_seg(void *arg, uint64_t a, uint64_t b, bool decay)
+{
+	struct mv_conv *c = arg;
+	struct st_adam_bufs bufs = { 0 };
+	uint64_t n = b - a;
+	/* the other moment's side of st_optim_state_load/store: scratch */
+	float *tmp = calloc(n, sizeof(float)), *scl = calloc(n / ST_Q8_BLOCK + 1, sizeof(float));
+	void *other = calloc(n, (size_t)c->e->mv_elem_bytes);
+	int ret = 0;
+
+	ST_UNUSED(decay);
+	if (!tmp || !scl || !other) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	st_eng_mv_bufs(c->e, c->u, a, 0, c->codes, c->codes, &bufs);
+	if (c->s == ST_STATE_M) {
+		bufs.vc = other;
+		bufs.v_scale = scl;
+	} else {
+		bufs.mc = other;
+		bufs.m_scale = scl;
+	}
+	if (c->to_f32)
+		st_optim_state_load(&bufs, n, c->s == ST_STATE_M ? c->f32 + a : tmp,
+				    c->s == ST_STATE_M ? tmp : c->f32 + a);
+	else
+		st_optim_state_store(&bufs, n, c->s == ST_STATE_M ? c->f32 + a : tmp,
+				     c->s == ST_STATE_M ? tmp : c->f32 + a);
+out:
+	free(tmp);
+	free(scl);
+	free(other);
+	return ret;
+}
+
+static int mv_convert(struct st_engine *e, int u, enum st_state s, void *codes, float *f32,
+		      bool to_f32)
+{
+	struct mv_conv c = { .e = e, .u = u, .s = s, .codes = codes, .f32 = f32,
+			     .to_f32 = to_f32 };
+
+	if (to_f32)
+		memset(f32, 0, e->unit_elems[u] * sizeof(float));
+	else
+		memset(codes, 0, e->padded_elems[u] * (size_t)e->mv_elem_bytes);
+	return st_eng_mv_segments(e, u, 0, e->unit_elems[u], mv_conv_seg, &c);
 }
 
 /* At world > 1 a sharded state is read from every rank: each puts its
@@ -75,7 +144,9 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 		ret = st_eng_zero_gather_host(e, tmp, e->slice_elems[u],
 					      eb == 2 ? ST_COMM_BF16 : ST_COMM_F32);
 	}
-	if (ret == 0) {
+	if (ret == 0 && mv_compact(e, s))
+		ret = mv_convert(e, u, s, tmp, dst, true);
+	else if (ret == 0) {
 		if (s == ST_STATE_W && e->w_elem_bytes == 2)
 			st_cpu_bf16_to_f32(dst, (const uint16_t *)(const void *)tmp,
 					   e->unit_elems[u]);
@@ -104,6 +175,20 @@ int st_eng_read_own(struct st_engine *e, int u, enum st_state s, float *buf, uin
 	st_eng_drain(e);
 	if (e->err)
 		return st_error_set(e->err, "%s", e->errmsg);
+	if (mv_compact(e, s)) { /* world 1: the unit, decoded to fp32 */
+		char *codes = NULL;
+
+		if (posix_memalign((void **)&codes, ST_PAGE_BYTES,
+				   st_align_up(e->padded_elems[u] * elem_bytes(e, s), ST_PAGE_BYTES)))
+			return -ENOMEM;
+		ret = shard_read(e, u, s, codes);
+		if (ret == 0)
+			ret = mv_convert(e, u, s, codes, buf, true);
+		free(codes);
+		*lo = first;
+		*n = count;
+		return ret;
+	}
 	ret = shard_read(e, u, s, buf);
 	if (ret == 0 && !st_plan_sharded(&e->plan, s) && first)
 		memmove(buf, buf + first, count * sizeof(float));
@@ -137,6 +222,20 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 			memcpy(buf, src, bytes);
 		else
 			memset(buf, 0, bytes);
+		if (mv_compact(e, s)) { /* world 1: encoded as the sweep does */
+			char *codes = NULL;
+
+			if (posix_memalign((void **)&codes, ST_PAGE_BYTES, pad_bytes)) {
+				ret = -ENOMEM;
+				break;
+			}
+			memset(codes, 0, pad_bytes);
+			ret = mv_convert(e, u, s, codes, (float *)(void *)buf, false);
+			if (ret == 0)
+				ret = shard_write(e, u, s, codes);
+			free(codes);
+			continue;
+		}
 		ret = shard_write(e, u, s, buf + sh_lo(e, u, s) * 4);
 	}
 	if (ret == 0) {

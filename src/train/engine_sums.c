@@ -51,7 +51,7 @@ static uint64_t tile_sum(const void *p, uint64_t len)
 
 static uint64_t state_bytes(const struct st_engine *e, enum st_state s)
 {
-	return s == ST_STATE_W ? (uint64_t)e->w_elem_bytes : 4;
+	return (uint64_t)st_eng_eb(e, s);
 }
 
 /* Elements of a segment of shard (u, s), and the chunks of one. */
@@ -142,7 +142,8 @@ static uint64_t *sums_of(struct st_engine *e, int u, enum st_state s, uint64_t o
 
 	if (!v)
 		return NULL;
-	assert(off % eb == 0 && off + len <= end);
+	/* a compact M or V moves in whole pages past its elements */
+	assert(off % eb == 0 && off + len <= st_align_up(end, ST_PAGE_BYTES));
 	ST_UNUSED(len);
 	ST_UNUSED(end);
 	return v;
@@ -151,7 +152,8 @@ static uint64_t *sums_of(struct st_engine *e, int u, enum st_state s, uint64_t o
 void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
 		     const void *buf, uint64_t len_bytes)
 {
-	uint64_t eb = state_bytes(e, s), pos = off_bytes / eb, end = pos + len_bytes / eb, n;
+	uint64_t eb = state_bytes(e, s), pos = off_bytes / eb, n;
+	uint64_t end = ST_MIN(pos + len_bytes / eb, sh_elems(e, u, s));
 	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes);
 
 	for (; v && pos < end; pos += n) {
@@ -168,7 +170,8 @@ void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_b
 int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
 		      const void *buf, uint64_t len_bytes)
 {
-	uint64_t eb = state_bytes(e, s), pos = off_bytes / eb, end = pos + len_bytes / eb, n;
+	uint64_t eb = state_bytes(e, s), pos = off_bytes / eb, n;
+	uint64_t end = ST_MIN(pos + len_bytes / eb, sh_elems(e, u, s));
 	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes);
 
 	/* a shard never written holds what the tier was made with: nothing

@@ -22,12 +22,12 @@
  * multiples of the tile (whole pages in bf16 and fp32) except where the
  * unit ends, so staging is bounded by the tile, not by the largest unit
  * (the embedding of a 50k vocabulary). */
-static float *upd_ptr(struct st_engine *e, const struct utile *t, enum st_state s)
+static void *upd_ptr(struct st_engine *e, const struct utile *t, enum st_state s)
 {
 	struct shard *x = shard(e, t->u, s);
 
 	if (t->set[s] < 0)
-		return (float *)haddr(e, &x->ext) + (t->t0 - sh_lo(e, t->u, s));
+		return (char *)haddr(e, &x->ext) + (t->t0 - sh_lo(e, t->u, s)) * st_eng_eb(e, s);
 	return haddr(e, &e->update.sets[t->set[s]].ext[s]);
 }
 
@@ -61,18 +61,30 @@ static int next_staged(const struct st_engine *e, int i, enum st_state s)
 	return i;
 }
 
+/* Bytes of tile t of state s: a compact M or V in whole pages (the last
+ * tile of a unit can end inside one; its shard and the staging buffer,
+ * sized for fp32, hold the rest of the page). */
+static uint64_t upd_len(const struct st_engine *e, const struct utile *t, enum st_state s)
+{
+	uint64_t b = t->n * st_eng_eb(e, s);
+
+	return (s == ST_STATE_M || s == ST_STATE_V) && e->mv_elem_bytes != 4
+		       ? st_align_up(b, ST_PAGE_BYTES) : b;
+}
+
 /* Load state s of tile j into its set's buffer. */
 static int load_one(struct st_engine *e, int j, enum st_state s)
 {
 	const struct utile *t = &e->update.tiles[j];
 	struct updset *us = &e->update.sets[t->set[s]];
 	void *buf = haddr(e, &us->ext[s]);
+	size_t eb = st_eng_eb(e, s);
 	struct hop h = st_eng_shard_hop(e, "load", t->u, s, ST_IO_READ,
-					(t->t0 - sh_lo(e, t->u, s)) * 4, buf, t->n * 4);
+					(t->t0 - sh_lo(e, t->u, s)) * eb, buf, upd_len(e, t, s));
 
 	assert(us->reads[s] == 0 && us->writes[s] == 0);
 	if (e->cfg.poison_staging)
-		memset(buf, 0xff, t->n * 4);
+		memset(buf, 0xff, t->n * eb);
 	if (e->cfg.trace) {
 		char name[48];
 
@@ -131,8 +143,8 @@ static int upd_store(struct st_engine *e, const struct utile *t)
 			continue;
 		us = &e->update.sets[t->set[s]];
 		h = st_eng_shard_hop(e, "store", t->u, s, ST_IO_WRITE,
-				     (t->t0 - sh_lo(e, t->u, s)) * 4, haddr(e, &us->ext[s]),
-				     t->n * 4);
+				     (t->t0 - sh_lo(e, t->u, s)) * st_eng_eb(e, s),
+				     haddr(e, &us->ext[s]), upd_len(e, t, s));
 		ret = st_eng_chain_start(e, &us->store[s], &h, 1, &us->writes[s], NULL);
 		if (ret < 0)
 			return ret;
@@ -171,44 +183,102 @@ static void zero_padding(struct st_engine *e, const struct st_unit_layout *ul,
 	}
 }
 
+int st_eng_mv_segments(struct st_engine *e, int u, uint64_t lo, uint64_t n,
+		       int (*fn)(void *arg, uint64_t a, uint64_t b, bool decay), void *arg)
+{
+	const struct st_unit_layout *ul = st_model_unit_layout(e->model, u);
+	uint64_t tile = e->update.tile_elems, hi = lo + n;
+	int ret = 0;
+
+	/* the sweep's tiles start at multiples of the tile from the rank's
+	 * first element (world 1: the unit's) */
+	for (uint64_t t0 = lo; t0 < hi && ret == 0; t0 += tile) {
+		uint64_t t1 = ST_MIN(hi, t0 + tile);
+
+		for (int i = 0; i < ul->n_tensors && ret == 0; i++) {
+			const struct st_tensor_layout *tl = &ul->tensors[i];
+			uint64_t a = ST_MAX(tl->offset_elems, t0);
+			uint64_t b = ST_MIN(tl->offset_elems + tl->n_elems, t1);
+
+			if (a < b)
+				ret = fn(arg, a, b, tl->decay);
+		}
+	}
+	return ret;
+}
+
+void st_eng_mv_bufs(const struct st_engine *e, int u, uint64_t a, uint64_t base, void *mbase,
+		    void *vbase, struct st_adam_bufs *bufs)
+{
+	size_t eb = (size_t)e->mv_elem_bytes;
+
+	bufs->state = e->mv_state;
+	if (e->mv_state == ST_OPTIM_STATE_F32) {
+		bufs->m = (float *)mbase + (a - base);
+		bufs->v = (float *)vbase + (a - base);
+		return;
+	}
+	bufs->mc = (char *)mbase + (a - base) * eb;
+	bufs->vc = (char *)vbase + (a - base) * eb;
+	if (e->mv_state == ST_OPTIM_STATE_Q8) {
+		/* every call starts at a multiple of the tensor alignment */
+		assert(a % ST_MODEL_TENSOR_ALIGN_ELEMS == 0);
+		bufs->m_scale = e->q8_scale[0][u] + a / ST_MODEL_TENSOR_ALIGN_ELEMS;
+		bufs->v_scale = e->q8_scale[1][u] + a / ST_MODEL_TENSOR_ALIGN_ELEMS;
+	}
+}
+
+struct tile_call {
+	struct st_engine *e;
+	const struct utile *t;
+	const struct st_adam_step *wd, *nowd;
+	float *g, *p;
+	void *m, *v;
+	char *wout;
+};
+
+static int adam_seg(void *arg, uint64_t a, uint64_t b, bool decay)
+{
+	struct tile_call *c = arg;
+	struct st_engine *e = c->e;
+	size_t o = a - c->t->t0;
+	struct st_adam_bufs bufs = {
+		.g = c->g + o, .g_dtype = ST_OPTIM_F32, .p = c->p + o,
+		.w = c->wout + o * (size_t)e->w_elem_bytes,
+		.w_dtype = e->w_elem_bytes == 2 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
+	};
+
+	st_eng_mv_bufs(e, c->t->u, a, c->t->t0, c->m, c->v, &bufs);
+	return st_adam_apply(decay ? c->wd : c->nowd, &bufs, b - a, ST_ADAM_GRAD_CHECKED, NULL);
+}
+
 /* AdamW over one tile: each tensor's part of it, with or without weight
- * decay. */
+ * decay (st_eng_mv_segments(): the tile is one of the sweep's). */
 static int adam_tile(struct st_engine *e, const struct utile *t,
 		     const struct st_adam_step *wd, const struct st_adam_step *nowd)
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(e->model, t->u);
-	float *g = upd_ptr(e, t, ST_STATE_G), *p = upd_ptr(e, t, ST_STATE_P);
-	float *m = upd_ptr(e, t, ST_STATE_M), *v = upd_ptr(e, t, ST_STATE_V);
 	struct shard *w = shard(e, t->u, ST_STATE_W);
 	bool in_place = t->set[ST_STATE_W] < 0 && !e->zero.w_gather;
 	uint64_t wb = (uint64_t)e->w_elem_bytes;
 	char *wout = e->zero.w_gather ? e->zero.wgather[t->u & 1] + t->t0 * wb
 		     : in_place ? (char *)haddr(e, &w->ext) + (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * wb
 				: haddr(e, &e->update.sets[t->set[ST_STATE_W]].ext[ST_STATE_W]);
-	uint64_t t1 = t->t0 + t->n, t0 = st_now_ns();
-	int ret = 0;
+	struct tile_call c = {
+		.e = e, .t = t, .wd = wd, .nowd = nowd, .g = upd_ptr(e, t, ST_STATE_G),
+		.p = upd_ptr(e, t, ST_STATE_P), .m = upd_ptr(e, t, ST_STATE_M),
+		.v = upd_ptr(e, t, ST_STATE_V), .wout = wout,
+	};
+	uint64_t t0 = st_now_ns();
+	int ret;
 
 	st_eng_lane_begin(e, ST_LANE_ADAM);
 	if (!in_place)
 		zero_padding(e, ul, t, wout);
-	for (int i = 0; i < ul->n_tensors && ret == 0; i++) {
-		const struct st_tensor_layout *tl = &ul->tensors[i];
-		uint64_t a = ST_MAX(tl->offset_elems, t->t0);
-		uint64_t b = ST_MIN(tl->offset_elems + tl->n_elems, t1);
-		size_t o;
-		struct st_adam_bufs bufs;
-
-		if (a >= b)
-			continue;
-		o = a - t->t0;
-		bufs = (struct st_adam_bufs){
-			.g = g + o, .g_dtype = ST_OPTIM_F32, .p = p + o, .m = m + o, .v = v + o,
-			.w = wout + o * (size_t)e->w_elem_bytes,
-			.w_dtype = e->w_elem_bytes == 2 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
-		};
-		ret = st_adam_apply(tl->decay ? wd : nowd, &bufs, b - a, ST_ADAM_GRAD_CHECKED,
-				    NULL);
-	}
+	/* the tile is whole tiles of the sweep: one segment pass over it */
+	assert(e->mv_state != ST_OPTIM_STATE_Q8 ||
+	       (t->t0 - sh_lo(e, t->u, ST_STATE_P)) % e->update.tile_elems == 0);
+	ret = st_eng_mv_segments(e, t->u, t->t0, t->n, adam_seg, &c);
 	st_eng_lane_end(e, ST_LANE_ADAM, t0, 0, "adam");
 	return ret;
 }

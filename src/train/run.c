@@ -374,6 +374,7 @@ static int run_open(struct run *r)
 		struct st_plan_input pin = {
 			.model = st_engine_model(r->e), .batch = tc->batch, .seq = tc->seq,
 			.grad_accum = tc->grad_accum, .bf16 = tc->bf16,
+			.optim_state = r->ec.optim_state,
 			.gpu_mem_bytes = r->ec.gpu_mem_bytes, .host_mem_bytes = r->ec.host_mem_bytes,
 			.nvme_mem_bytes = r->ec.nvme_mem_bytes, .have_nvme = r->ec.nvme_dirs != NULL,
 			.params = r->ec.params, .optim = r->ec.optim, .prefetch = r->ec.prefetch,

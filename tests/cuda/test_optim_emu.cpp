@@ -114,7 +114,8 @@ static void check_adam(const char *label, size_t n, enum wkind wk, float grad_sc
 	struct st_adam_bufs b = { g.data(), ST_OPTIM_F32, pr.data(), mr.data(), vr.data(),
 				  wk == W_F32 ? (void *)wr32.data()
 				  : wk == W_BF16 ? (void *)wr16.data() : NULL,
-				  wk == W_BF16 ? ST_OPTIM_BF16 : ST_OPTIM_F32 };
+				  wk == W_BF16 ? ST_OPTIM_BF16 : ST_OPTIM_F32,
+				  ST_OPTIM_STATE_F32, NULL, NULL, NULL, NULL };
 	uint64_t bad_ref = 0;
 	int rc = st_adam_apply(&step, &b, n, ST_ADAM_GRAD_CHECKED, &bad_ref);
 

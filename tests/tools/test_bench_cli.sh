@@ -43,6 +43,17 @@ for tool in "$@"; do
 	case $(basename "$tool") in
 	adam-bench) check "adam-bench --params 0" 2 "$tool" --params 0
 		    check "adam-bench --path avx9" 2 "$tool" --path avx9 --params 1000
+		    check "adam-bench --optim-state fp8" 2 "$tool" --optim-state fp8 --params 1000
+		    # a tiny run of the three formats interleaved: each one's
+		    # line, the compact ones with their ratio to fp32
+		    if out=$("$tool" --optim-state all --params 5000 --reps 2 2>&1) &&
+		       printf '%s\n' "$out" | grep -q "^  fp32 " &&
+		       printf '%s\n' "$out" | grep -q "^  bf16 .* / fp32: median of per-round" &&
+		       printf '%s\n' "$out" | grep -q "^  q8 .* / fp32: median of per-round"; then
+			    echo "ok   adam-bench --optim-state all"
+		    else
+			    echo "FAIL adam-bench --optim-state all: $out"; fail=1
+		    fi
 		    check "adam-bench --json in a missing directory" 2 "$tool" --params 1000 \
 			  --json /nonexistent/a.json
 		    nowrite "adam-bench --json, no space" "$tool" --params 1000 --reps 1 \

@@ -297,6 +297,17 @@ refuse)
 	grep -q "shards nothing" "$work/err" || { echo "FAIL no warning"; fail=1; }
 	ST_COMM=nope check "ST_COMM names no backend" 2 "$strata" train "${common[@]}" --steps 1
 	check "plan --rank outside --world" 2 "$strata" plan --world 2 --rank 2
+	# --optim-state bf16|q8 at world > 1: exit 2, one line of strata's (rank
+	# 0's; mpirun adds its own report of the exit)
+	"$mpirun" 2 "$strata" train "${common[@]}" --zero 1 --optim-state q8 --steps 1 \
+		>"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc = 2 ] && [ "$(grep -c '^strata:' "$work/err")" = 1 ] &&
+	   grep -q "^strata: --optim-state q8: not with ZeRO at world > 1" "$work/err"; then
+		echo "ok   --optim-state q8 at 2 ranks refused"
+	else
+		echo "FAIL --optim-state q8 at 2 ranks: exit $rc"; grep '^strata' "$work/err"; fail=1
+	fi
 	# strata info names the libraries and the world
 	"$strata" info >"$work/out" 2>&1
 	grep -q "^comm .*mpi: Open MPI.*launcher: none, one rank" "$work/out" ||
