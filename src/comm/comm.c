@@ -251,6 +251,23 @@ static int comm_ops_check(const struct st_comm_ops *o)
 	return 0;
 }
 
+double st_comm_env_timeout(void)
+{
+	const char *v = getenv("ST_COMM_TIMEOUT");
+	char *end;
+	double t;
+
+	if (!v || !*v)
+		return 300;
+	t = strtod(v, &end);
+	if (*end || t != t) {
+		fprintf(stderr, "strata: ST_COMM_TIMEOUT=%s is not a number of seconds; using 300\n",
+			v);
+		return 300;
+	}
+	return t == 0 ? -1 : t;
+}
+
 int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 		   const struct st_comm_config *cfg, struct st_comm **out)
 {
@@ -279,22 +296,8 @@ int st_comm_create(const struct st_comm_ops *ops, struct st_device *d,
 		}
 	}
 	/* The wait limit, resolved once: the backends see seconds or < 0. */
-	if (c->cfg.timeout_s == 0) {
-		const char *v = getenv("ST_COMM_TIMEOUT");
-		char *end;
-
-		c->cfg.timeout_s = 300;
-		if (v && *v) {
-			double t = strtod(v, &end);
-
-			if (!*end && t == t)
-				c->cfg.timeout_s = t == 0 ? -1 : t;
-			else
-				fprintf(stderr,
-					"strata: ST_COMM_TIMEOUT=%s is not a number of seconds; using 300\n",
-					v);
-		}
-	}
+	if (c->cfg.timeout_s == 0)
+		c->cfg.timeout_s = st_comm_env_timeout();
 	c->timeout_s = c->cfg.timeout_s > 0 ? c->cfg.timeout_s : 0;
 	ret = st_queue_create(d, &c->q);
 	if (ret < 0)

@@ -11,4 +11,9 @@
  * instead of aborting the job (mpi.c's exit handler). */
 extern atomic_bool st_comm_exit_alike;
 
+/* $ST_COMM_TIMEOUT in seconds (300 when unset or not a number, with a
+ * warning for the latter; -1 for 0, no limit): how long a rank waits for
+ * its peers. */
+double st_comm_env_timeout(void);
+
 #endif

@@ -33,6 +33,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,7 +70,17 @@ static void mpi_on_exit(int status, void *arg)
 			rank, world, status);
 		st_mpi_abort(status ? status : 1);
 	}
+	/* A peer that died, or aborted while mpirun could not end the job
+	 * (seen under load: rank 0 aborted, this rank waited in MPI_Finalize's
+	 * fence until the test's limit), would hold the fence forever: wait
+	 * at most the comm's timeout, then SIGALRM's default action ends this
+	 * rank, and with it the job. */
+	double t = st_comm_env_timeout();
+
+	signal(SIGALRM, SIG_DFL);
+	alarm(t > 0 ? (unsigned)ceil(t) : 0);
 	MPI_Finalize();
+	alarm(0);
 }
 
 int st_mpi_err(int code, const char *what)
