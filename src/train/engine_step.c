@@ -180,6 +180,25 @@ static const char *bwd_span(const struct st_engine *e, int u)
 	       : "bwd";
 }
 
+/* The end of unit u's backward in either schedule, once its ops are
+ * queued (ret: how that went): dW's event, the checkpoint's slot given
+ * back, the activation gradients swapped for the unit below, the
+ * compute's error. */
+static int bwd_unit_end(struct st_engine *e, int u, const struct ubufs *ub, int ret,
+			float **dy, float **dx)
+{
+	st_compute_record(e->cx, ub->ev_dw);
+	if (ret == 0 && u > 0)
+		ret = st_eng_act_bwd_end(e, u);
+	if (u > 0) {
+		float *tmp = *dy;
+
+		*dy = *dx;
+		*dx = tmp;
+	}
+	return ret ? ret : st_compute_take_error(e->cx);
+}
+
 /* Backward of unit u into its dW buffers: *dy is the gradient of its
  * output (none for the last unit, whose output is the loss), its input's
  * goes into *dx (none for the first unit), and the two swap. */
@@ -213,16 +232,7 @@ static int backward_unit(struct st_engine *e, int u, int mb, float **dy, float *
 				 ub->dw, other_grad(e, u), NULL, e->act.saved[u],
 				 e->act.saved_bytes, e->work, e->work_bytes);
 	st_compute_span_end(e->cx);
-	st_compute_record(e->cx, ub->ev_dw);
-	if (ret == 0 && !first)
-		ret = st_eng_act_bwd_end(e, u);
-	if (!first) {
-		float *tmp = *dy;
-
-		*dy = *dx;
-		*dx = tmp;
-	}
-	return ret ? ret : st_compute_take_error(e->cx);
+	return bwd_unit_end(e, u, ub, ret, dy, dx);
 }
 
 /* Backward of every unit for micro-batch mb (its forward is queued). Unit
@@ -408,16 +418,7 @@ static int lf_backward_unit(struct st_engine *e, int u, int pend, float **dy, fl
 						e->unit_elems[u]);
 		st_compute_span_end(e->cx);
 	}
-	st_compute_record(e->cx, ub->ev_dw);
-	if (ret == 0 && !first)
-		ret = st_eng_act_bwd_end(e, u);
-	if (!first) {
-		float *tmp = *dy;
-
-		*dy = *dx;
-		*dx = tmp;
-	}
-	return ret ? ret : st_compute_take_error(e->cx);
+	return bwd_unit_end(e, u, ub, ret, dy, dx);
 }
 
 /* The backward of every unit for all N micro-batches; unit u's folded dW
