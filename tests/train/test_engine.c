@@ -723,6 +723,35 @@ static void test_matches_reference_trainer(void **state)
 	run_free(&eng);
 }
 
+/* One step of c on a new engine (*ep, over *dsp: the caller's to close);
+ * the bytes each link moved must be what the plan predicts, or the test
+ * fails naming what (the case) and both. */
+static void step_moves_plan(const struct st_engine_config *c, const char *what,
+			    struct st_engine **ep, struct st_dataset **dsp,
+			    struct st_engine_stats *st)
+{
+	struct st_loader ld;
+	struct st_step_result res;
+	const struct st_plan *p;
+
+	open_loader(dsp, &ld, c);
+	assert_int_equal(st_engine_create(c, ep), 0);
+	assert_int_equal(st_engine_step(*ep, &ld, 0, false, &res), 0);
+	st_engine_get_stats(*ep, st);
+	p = st_engine_plan(*ep);
+	if (st->bytes[ST_LANE_H2D] != p->h2d_bytes || st->bytes[ST_LANE_D2H] != p->d2h_bytes ||
+	    st->bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
+	    st->bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
+		fail_msg("%s: moved h2d %llu d2h %llu nvme r %llu w %llu, planned %llu %llu %llu "
+			 "%llu", what, (unsigned long long)st->bytes[ST_LANE_H2D],
+			 (unsigned long long)st->bytes[ST_LANE_D2H],
+			 (unsigned long long)st->bytes[ST_LANE_NVME_READ],
+			 (unsigned long long)st->bytes[ST_LANE_NVME_WRITE],
+			 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes,
+			 (unsigned long long)p->nvme_read_bytes,
+			 (unsigned long long)p->nvme_write_bytes);
+}
+
 /* The planner's traffic per step is what the engine moves. */
 static void test_traffic_matches_plan(void **state)
 {
@@ -740,10 +769,9 @@ static void test_traffic_matches_plan(void **state)
 			struct st_engine_config c;
 			struct st_engine *e;
 			struct st_dataset *ds;
-			struct st_loader ld;
-			struct st_step_result res;
 			struct st_engine_stats st;
 			const struct st_plan *p;
+			char what[64];
 
 			base_config(&c);
 			c.train.grad_accum = accum;
@@ -756,25 +784,10 @@ static void test_traffic_matches_plan(void **state)
 			} else {
 				split_budgets(&c, (int)(i - ST_ARRAY_LEN(cases)));
 			}
-			open_loader(&ds, &ld, &c);
-			assert_int_equal(st_engine_create(&c, &e), 0);
-			assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
-			st_engine_get_stats(e, &st);
+			snprintf(what, sizeof(what), "case %zu accum %d", i, accum);
+			step_moves_plan(&c, what, &e, &ds, &st);
 			p = st_engine_plan(e);
 			assert_true(p->split == (i >= ST_ARRAY_LEN(cases)));
-			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
-			    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
-			    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
-			    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
-				fail_msg("case %zu accum %d: moved h2d %llu d2h %llu nvme r %llu w %llu, "
-					 "planned %llu %llu %llu %llu", i, accum,
-					 (unsigned long long)st.bytes[ST_LANE_H2D],
-					 (unsigned long long)st.bytes[ST_LANE_D2H],
-					 (unsigned long long)st.bytes[ST_LANE_NVME_READ],
-					 (unsigned long long)st.bytes[ST_LANE_NVME_WRITE],
-					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes,
-					 (unsigned long long)p->nvme_read_bytes,
-					 (unsigned long long)p->nvme_write_bytes);
 			if (i < ST_ARRAY_LEN(cases) && cases[i][1] == ST_OFFLOAD_VRAM &&
 			    (p->h2d_bytes || p->d2h_bytes || p->nvme_read_bytes ||
 			     p->nvme_write_bytes || p->total_bytes[ST_HOME_HOST]))
@@ -791,32 +804,21 @@ static void test_traffic_matches_plan(void **state)
 			struct st_engine_config c;
 			struct st_engine *e;
 			struct st_dataset *ds;
-			struct st_loader ld;
-			struct st_step_result res;
 			struct st_engine_stats st;
 			const struct st_plan *p;
+			char what[64];
 
 			model_config(&c, "layers=4,dim=64,heads=2,vocab=256,ctx=64");
 			c.params = cases[i][0];
 			c.optim = cases[i][1];
 			c.train.grad_accum = accum;
 			c.activations = ST_OFFLOAD_HOST;
-			open_loader(&ds, &ld, &c);
-			assert_int_equal(st_engine_create(&c, &e), 0);
-			assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
-			st_engine_get_stats(e, &st);
+			snprintf(what, sizeof(what), "checkpoints on the host, case %zu accum %d", i,
+				 accum);
+			step_moves_plan(&c, what, &e, &ds, &st);
 			p = st_engine_plan(e);
 			assert_int_equal(p->act_offloaded, 3);
 			assert_true(p->act_copy_bytes > 0);
-			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
-			    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
-			    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
-			    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
-				fail_msg("checkpoints on the host, case %zu accum %d: moved h2d %llu "
-					 "d2h %llu, planned %llu %llu", i, accum,
-					 (unsigned long long)st.bytes[ST_LANE_H2D],
-					 (unsigned long long)st.bytes[ST_LANE_D2H],
-					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes);
 			st_engine_destroy(e);
 			st_dataset_close(ds);
 		}
@@ -1756,10 +1758,8 @@ static void test_layer_first_traffic(void **state)
 			struct st_engine_config c;
 			struct st_engine *e;
 			struct st_dataset *ds;
-			struct st_loader ld;
-			struct st_step_result res;
 			struct st_engine_stats st;
-			const struct st_plan *p;
+			char what[80];
 
 			model_config(&c, "layers=4,dim=64,heads=2,vocab=256,ctx=64");
 			c.params = cases[i][0];
@@ -1767,21 +1767,10 @@ static void test_layer_first_traffic(void **state)
 			c.train.grad_accum = accum;
 			c.activations = ST_OFFLOAD_HOST;
 			c.schedule = ST_SCHEDULE_LAYER_FIRST;
-			open_loader(&ds, &ld, &c);
-			assert_int_equal(st_engine_create(&c, &e), 0);
-			assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
-			st_engine_get_stats(e, &st);
-			p = st_engine_plan(e);
-			assert_int_equal(p->act_offloaded, 3);
-			if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
-			    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
-			    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
-			    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
-				fail_msg("layer-first, checkpoints on the host, case %zu accum %d: moved "
-					 "h2d %llu d2h %llu, planned %llu %llu", i, accum,
-					 (unsigned long long)st.bytes[ST_LANE_H2D],
-					 (unsigned long long)st.bytes[ST_LANE_D2H],
-					 (unsigned long long)p->h2d_bytes, (unsigned long long)p->d2h_bytes);
+			snprintf(what, sizeof(what),
+				 "layer-first, checkpoints on the host, case %zu accum %d", i, accum);
+			step_moves_plan(&c, what, &e, &ds, &st);
+			assert_int_equal(st_engine_plan(e)->act_offloaded, 3);
 			st_engine_destroy(e);
 			st_dataset_close(ds);
 		}
@@ -1791,10 +1780,9 @@ static void test_layer_first_traffic(void **state)
 				struct st_engine_config c;
 				struct st_engine *e;
 				struct st_dataset *ds;
-				struct st_loader ld;
-				struct st_step_result res;
 				struct st_engine_stats st;
 				const struct st_plan *p;
+				char what[64];
 
 				base_config(&c);
 				c.train.grad_accum = accum;
@@ -1805,27 +1793,11 @@ static void test_layer_first_traffic(void **state)
 					split_budgets(&c, 0);
 				}
 				c.schedule = sched ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
-				open_loader(&ds, &ld, &c);
-				assert_int_equal(st_engine_create(&c, &e), 0);
-				assert_int_equal(st_engine_step(e, &ld, 0, false, &res), 0);
-				st_engine_get_stats(e, &st);
+				snprintf(what, sizeof(what), "%s case %zu accum %d",
+					 st_schedule_name(c.schedule), i, accum);
+				step_moves_plan(&c, what, &e, &ds, &st);
 				p = st_engine_plan(e);
 				assert_int_equal(p->schedule, c.schedule);
-				if (st.bytes[ST_LANE_H2D] != p->h2d_bytes ||
-				    st.bytes[ST_LANE_D2H] != p->d2h_bytes ||
-				    st.bytes[ST_LANE_NVME_READ] != p->nvme_read_bytes ||
-				    st.bytes[ST_LANE_NVME_WRITE] != p->nvme_write_bytes)
-					fail_msg("%s case %zu accum %d: moved h2d %llu d2h %llu nvme r %llu "
-						 "w %llu, planned %llu %llu %llu %llu",
-						 st_schedule_name(c.schedule), i, accum,
-						 (unsigned long long)st.bytes[ST_LANE_H2D],
-						 (unsigned long long)st.bytes[ST_LANE_D2H],
-						 (unsigned long long)st.bytes[ST_LANE_NVME_READ],
-						 (unsigned long long)st.bytes[ST_LANE_NVME_WRITE],
-						 (unsigned long long)p->h2d_bytes,
-						 (unsigned long long)p->d2h_bytes,
-						 (unsigned long long)p->nvme_read_bytes,
-						 (unsigned long long)p->nvme_write_bytes);
 				if (i == 0 && accum == 3)
 					memcpy(sched ? lf : bf, st.bytes, sizeof(bf));
 				if (i == 0 && accum == 3 && sched) {
