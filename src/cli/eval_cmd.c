@@ -77,8 +77,7 @@ int st_cli_eval(int argc, char **argv)
 			       "else tokenized (one document) with --tokenizer or the tokenizer.json\n"
 			       "beside the checkpoint (as strata generate finds it).\n");
 			return 0;
-		default: st_cli_die(2, "eval: unknown or incomplete option %s (see strata eval --help)",
-			     argv[optind - 1]);
+		default: st_cli_bad_option("eval", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)

@@ -167,8 +167,7 @@ int st_cli_generate(int argc, char **argv)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
 			break;
 		case 'h': gen_usage(stdout); return 0;
-		default: st_cli_die(2, "generate: unknown or incomplete option %s (see strata generate --help)",
-			     argv[optind - 1]);
+		default: st_cli_bad_option("generate", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)

@@ -189,8 +189,7 @@ int st_cli_plan(int argc, char **argv)
 		case 1004: calibrate = optarg; break;
 		case 'h': plan_usage(stdout); return 0;
 		default:
-			st_cli_die(2, "plan: unknown or incomplete option %s (see strata plan --help)",
-				 argv[optind - 1]);
+			st_cli_bad_option("plan", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)

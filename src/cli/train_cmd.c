@@ -224,7 +224,7 @@ struct train_args {
 	const char *nvme;       /* --nvme DIR[,DIR..] or "none" */
 	const char *rates_file; /* --rates */
 	int threads;
-	bool accum_auto, keep_given;
+	bool accum_auto, keep_given, data_given;
 };
 
 static const char default_model[] = "tiny";
@@ -304,6 +304,9 @@ static void copy_tokenizer(void *arg, const char *init)
 	if (init && a->run.save && st_cli_tokenizer_dir(init, tdir, sizeof(tdir)) &&
 	    st_cli_tokenizer_copy(tdir, a->run.save) > 0)
 		printf("the tokenizer of %s: copied into %s\n", init, a->run.save);
+	/* its special tokens' ids, for the export's config.json */
+	if (init && a->run.save && a->run.engine.rank == 0)
+		st_cli_generation_config(init, a->run.save);
 }
 
 /* path with its directory made absolute and free of links (realpath), the
@@ -456,7 +459,10 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 				st_cli_die(2, "--model %s: %s", optarg, st_error_last());
 			rc->model_text = optarg;
 			break;
-		case 'd': rc->data_name = optarg; break;
+		case 'd':
+			rc->data_name = optarg;
+			a->data_given = true;
+			break;
 		case 'B': cfg->batch = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
 		case 'T': cfg->seq = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
 		case 's': cfg->steps = (int)st_cli_long("--steps", optarg, 0, 1 << 30); break;
@@ -560,8 +566,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			break;
 		case 'h': train_usage(stdout); return true;
 		default:
-			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
-				   argv[optind - 1]);
+			st_cli_bad_option("train", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
@@ -609,9 +614,16 @@ static void train_check_model(struct train_args *a)
 		if (ret < 0)
 			st_cli_die(st_cli_input_exit(ret), "--init %s: %s", rc->init,
 				   st_cli_unprefix(st_error_last(), rc->init));
-		/* no --model: the model --init's config.json says (a file without
-		 * one, a bare model.safetensors, leaves the default) */
-		if (rc->model_text == default_model && st_weights_config(w, &gc) == 0) {
+		/* no --model: the model --init's config.json says; without one
+		 * (a bare model.safetensors) the shape is not known: said now,
+		 * not as the tiny model's misfit later */
+		if (rc->model_text == default_model && st_weights_config(w, &gc) < 0) {
+			st_weights_close(w);
+			st_cli_die(2, "--init %s: no config.json beside the weights, so the model's "
+				   "shape is not known: put the model's config.json there, or name "
+				   "the model with --model", rc->init);
+		}
+		if (rc->model_text == default_model) {
 			char dims[480];
 
 			cfg->model = gc;
@@ -672,6 +684,26 @@ static void train_check_run(const struct train_args *a)
 		st_cli_die(2, "--init and --resume do not go together");
 }
 
+/* No --data: the demo's text, unless --init brings a tokenizer (its model
+ * reads token ids, not the text's bytes); then, and when the demo's text
+ * is not on the machine, the user is told to name the data, with no word
+ * of a file they never typed. */
+static void train_check_data(const struct train_args *a)
+{
+	const struct st_run_config *rc = &a->run;
+	char tdir[4096];
+
+	if (a->data_given)
+		return;
+	if (rc->init && st_cli_tokenizer_dir(rc->init, tdir, sizeof(tdir)))
+		st_cli_die(2, "no --data: name the training data, token ids of the model's "
+			   "tokenizer (strata tokenize --tokenizer %s --out FILE.bin TEXT; then "
+			   "--data FILE.bin)", tdir);
+	if (access(rc->data_name, R_OK) < 0)
+		st_cli_die(2, "no --data: name the training data with --data FILE (the demo's "
+			   "text %s is not here: %s)", rc->data_name, strerror(errno));
+}
+
 int st_cli_train(int argc, char **argv)
 {
 	struct train_args a;
@@ -687,6 +719,7 @@ int st_cli_train(int argc, char **argv)
 	train_check_model(&a);
 	train_check_run(&a);
 	set_threads_cli(a.threads);
+	train_check_data(&a);
 	ds = st_cli_open_data(rc->data_name, cfg->model.vocab);
 	if (rc->init && cfg->model.vocab != 256 && st_dataset_format(ds) == ST_DATASET_BYTES) {
 		char tdir[4096];
