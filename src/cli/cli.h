@@ -36,6 +36,13 @@ _Noreturn void st_cli_bad_option(const char *cmd, const struct option *longs, co
  * most a third of given's length; NULL when none is near. '_' reads as
  * '-'. */
 const char *st_cli_nearest_option(const struct option *longs, const char *given);
+/* The device a --device value names: "auto" is cuda when a GPU is usable
+ * (the cuda device's probe: GPU 0, or this rank's local one under a
+ * launcher), else cpu, with why[n] saying which and why; "cuda" is
+ * probed too (*p: its free memory for --gpu-mem auto); any other value is
+ * returned as it is (*p zeroed, why empty). src/cli/cli_device.c. */
+struct st_device_probe;
+const char *st_cli_device(const char *asked, struct st_device_probe *p, char *why, size_t n);
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);

@@ -4,6 +4,7 @@
  * budget that cannot work: one line on stderr, exit 2. */
 #include "cli.h"
 #include "strata/calibrate.h"
+#include "strata/device.h"
 #include "strata/family.h"
 #include "strata/plan.h"
 
@@ -68,8 +69,9 @@ static void plan_usage(FILE *f)
 "  --zero 0|1|2|3         ZeRO stage (default 0)\n"
 "  --net-gbps X           GB/s a rank's collectives move over the network (default 10)\n"
 "rates for the prediction (defaults are those of a 2-core VM without a GPU)\n"
-"  --device cpu|cuda      the device's default compute and copy rates (default cpu;\n"
-"                         cuda: fp32 matmuls at 15 TFLOP/s, copies at 20 GB/s)\n"
+"  --device auto|cpu|cuda the device's default compute and copy rates (default auto:\n"
+"                         cuda when a GPU is usable, else cpu; the plan says which and\n"
+"                         why; cuda: fp32 matmuls at 15 TFLOP/s, copies at 20 GB/s)\n"
 "  --nvme-bench FILE      nvme read/write GB/s from `nvme-bench --json FILE`\n"
 "  --compute-gflops X     device matmul GFLOP/s (default 50)\n"
 "  --copy-gbps X          host<->vram GB/s (default 8)\n"
@@ -114,7 +116,8 @@ int st_cli_plan(int argc, char **argv)
 	struct st_model *model;
 	struct st_plan plan;
 	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
-	const char *rates_file = NULL, *calibrate = NULL;
+	const char *rates_file = NULL, *calibrate = NULL, *device = "auto";
+	char device_why[512] = "";
 	bool json = false, verbose = false, nvme_mem_given = false, cuda = false;
 	enum st_precision compute_dtype = ST_PRECISION_FP32;
 	bool accum_auto = false;
@@ -178,10 +181,10 @@ int st_cli_plan(int argc, char **argv)
 			in.rates.net_bps = st_cli_double("--net-gbps", optarg, 1e-6, 1e9) * 1e9;
 			break;
 		case 'd':
-			if (strcmp(optarg, "cuda") == 0)
-				cuda = true;
-			else if (strcmp(optarg, "cpu") != 0)
-				st_cli_die(2, "--device %s: expected cpu or cuda", optarg);
+			if (strcmp(optarg, "cuda") != 0 && strcmp(optarg, "cpu") != 0 &&
+			    strcmp(optarg, "auto") != 0)
+				st_cli_die(2, "--device %s: expected auto, cpu or cuda", optarg);
+			device = optarg;
 			break;
 		case 'j': json = true; break;
 		case 'v': verbose = true; break;
@@ -194,6 +197,12 @@ int st_cli_plan(int argc, char **argv)
 	}
 	if (optind < argc)
 		st_cli_die(2, "plan: unexpected argument %s", argv[optind]);
+	if (strcmp(device, "auto") == 0) {
+		struct st_device_probe probe;
+
+		device = st_cli_device(device, &probe, device_why, sizeof(device_why));
+	}
+	cuda = strcmp(device, "cuda") == 0;
 	if (in.rank >= (in.world > 1 ? in.world : 1))
 		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
 	in.host_compute = !cuda;
@@ -300,6 +309,8 @@ int st_cli_plan(int argc, char **argv)
 		free(text);
 	} else {
 		printf("strata plan: %s\n", model_text);
+		if (device_why[0])
+			printf("device: %s (--device auto: %s)\n", device, device_why);
 		if (st_model_config_family(&mc) != st_family_default()) {
 			char words[512];
 

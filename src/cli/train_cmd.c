@@ -57,9 +57,10 @@ static void train_usage(FILE *f)
 "                       --grad-accum auto takes (compute-bound, or near the best tok/s)\n"
 "  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
 "device and tiers\n"
-"  --device cpu|cpu-strict|cuda  where the model runs (default cpu; built here: %s);\n"
-"                       cpu-strict: the cpu device whose memory the host cannot\n"
-"                       touch, as a GPU's (docs/gpu.md, \"Strict mode\")\n"
+"  --device auto|cpu|cpu-strict|cuda  where the model runs (default auto: cuda when\n"
+"                       a GPU is usable, else cpu, said before the plan; built\n"
+"                       here: %s); cpu-strict: the cpu device whose memory the host\n"
+"                       cannot touch, as a GPU's (docs/gpu.md, \"Strict mode\")\n"
 "  --gpu-mem SIZE       device budget (default %s; the device's arena)\n"
 "  --host-mem SIZE      pinned host budget (default %s)\n"
 "  --nvme DIR[,DIR..]   swap directories, striped (default %s; 'none' for no nvme tier)\n"
@@ -225,6 +226,7 @@ struct train_args {
 	const char *rates_file; /* --rates */
 	int threads;
 	bool accum_auto, keep_given, data_given;
+	char device_why[512]; /* --device auto: which and why */
 };
 
 static const char default_model[] = "tiny";
@@ -442,7 +444,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 	int c;
 
 	*a = (struct train_args){
-		.run = { .engine = { .device = "cpu", .recompute = ST_RECOMPUTE_AUTO },
+		.run = { .engine = { .device = "auto", .recompute = ST_RECOMPUTE_AUTO },
 			 .data_name = ST_DEFAULT_DATA, .model_text = default_model, .shuffle = true,
 			 .log_every = 1, .keep = 3, .max_skipped = 10 },
 		.nvme = DEFAULT_NVME,
@@ -551,9 +553,9 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 'R': rc->resume = optarg; break;
 		case 'x': rc->max_skipped = (int)st_cli_long("--max-skipped", optarg, 0, 1 << 30); break;
 		case 'D':
-			if (!st_device_find(optarg))
-				st_cli_die(2, "--device %s: not a device built into this binary (%s)",
-					   optarg, st_device_list());
+			if (strcmp(optarg, "auto") != 0 && !st_device_find(optarg))
+				st_cli_die(2, "--device %s: not a device built into this binary "
+					   "(auto, %s)", optarg, st_device_list());
 			ec->device = optarg;
 			break;
 		case 'y': parse_test_fault(optarg, &ec->nvme_fault); break;
@@ -583,6 +585,11 @@ static void train_check_model(struct train_args *a)
 	struct st_train_config *cfg = &ec->train;
 	int ret;
 
+	if (strcmp(ec->device, "auto") == 0) {
+		struct st_device_probe probe;
+
+		ec->device = st_cli_device("auto", &probe, a->device_why, sizeof(a->device_why));
+	}
 	if (st_run_world(ec) < 0)
 		st_cli_die(2, "%s", st_error_last());
 	if (ec->world > 1 && ec->optim_state != ST_OPTIM_STATE_F32) {
@@ -737,6 +744,8 @@ int st_cli_train(int argc, char **argv)
 	 * slices and say nothing but their errors */
 	if (ec->rank > 0 && !freopen("/dev/null", "w", stdout))
 		st_cli_die(1, "/dev/null: %s", strerror(errno));
+	if (a.device_why[0])
+		printf("device: %s (--device auto: %s)\n", ec->device, a.device_why);
 	rc->data = ds;
 	rc->stop = &stop_requested;
 	rc->out = stdout;

@@ -30,6 +30,28 @@ small=(--seq 32 --batch 2 --gpu-mem 64M --host-mem 64M --nvme none)
 check make-ck 0 "$strata" train --model $L --data "$data" --steps 0 "${small[@]}" --save "$work/ck0"
 check make-hf 0 "$strata" export --ckpt "$work/ck0" --out "$work/hf"
 
+# --- 1: --device auto, the default: cuda when strata info finds a usable
+# GPU (no "error" in its gpu object), else cpu; plan and train say which
+want=$("$strata" info --json | python3 -c 'import json, sys
+g = json.load(sys.stdin)["gpu"]
+print("cpu" if "error" in g else "cuda")')
+check plan-auto 0 "$strata" plan --seq 32
+grep -q "^device: $want (--device auto: " "$work/out" ||
+	{ echo "FAIL plan-auto: no 'device: $want' line: $(head -3 "$work/out")"; fail=1; }
+if [ "$want" = cpu ]; then
+	grep -Eq "^device: cpu \(--device auto: (no usable GPU: .+|built without CUDA.*)\)$" "$work/out" ||
+		{ echo "FAIL plan-auto: no reason for cpu: $(sed -n 2p "$work/out")"; fail=1; }
+fi
+echo "     $(sed -n 2p "$work/out")"
+check plan-cpu 0 "$strata" plan --seq 32 --device cpu
+! grep -q "^device:" "$work/out" || { echo "FAIL plan --device cpu: says auto"; fail=1; }
+check train-auto 0 "$strata" train --model layers=1,dim=32,heads=2,vocab=256,ctx=64 --data "$data" \
+	--steps 1 "${small[@]}"
+grep -q "^device: $want (--device auto: " "$work/out" ||
+	{ echo "FAIL train-auto: no 'device: $want' line: $(head -3 "$work/out")"; fail=1; }
+quiet_refusals=1 check device-bad 2 "$strata" train --device gpu
+has device-bad "auto, cpu"
+
 # --- 6: --init DIR without config.json ------------------------------------
 mkdir "$work/bare" && cp "$work/hf/model.safetensors" "$work/bare/"
 quiet_refusals=1 check init-no-config 2 "$strata" train --init "$work/bare" --data "$data" "${small[@]}"
