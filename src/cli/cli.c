@@ -81,8 +81,9 @@ uint64_t st_cli_size(const char *flag, const char *s)
 {
 	uint64_t v;
 
-	if (st_parse_size(s, &v) < 0 || v == 0)
-		st_cli_die(2, "%s %s: expected a size such as 512M or 2G", flag, s);
+	/* "2.3G": whole pages (4 KiB) below it */
+	if (st_parse_size_paged(s, 4096, &v) < 0 || v == 0)
+		st_cli_die(2, "%s %s: expected a size such as 512M, 2G or 2.3G", flag, s);
 	return v;
 }
 

@@ -52,6 +52,26 @@ grep -q "^device: $want (--device auto: " "$work/out" ||
 quiet_refusals=1 check device-bad 2 "$strata" train --device gpu
 has device-bad "auto, cpu"
 
+# --- 2: a shortfall names the flag to raise and by how much, or --nvme;
+# sizes take fractions, whole pages below them
+quiet_refusals=1 check short-host 2 "$strata" plan --model gpt2 --gpu-mem 1G --host-mem 1G
+has short-host "below the minimum of 2.03 GiB (2182209536 B) for this model and batch: raise --host-mem by 1.03 GiB"
+has short-host "or give an nvme tier, --nvme DIR: with one it fits"
+quiet_refusals=1 check short-host-nvme 2 "$strata" plan --model gpt2 --gpu-mem 1G --host-mem 300M --nvme "$work"
+has short-host-nvme "raise --host-mem by "
+hasnt short-host-nvme "give an nvme tier"
+check fraction 0 "$strata" plan --gpu-mem 0.3G --host-mem 2.3G --json
+python3 - "$work/out" <<'PY' || fail=1
+import json, sys
+p = json.load(open(sys.argv[1]))
+got = (p["tiers"]["vram"]["budget_bytes"], p["tiers"]["host"]["budget_bytes"])
+want = (int(0.3 * 2**30) // 4096 * 4096, int(2.3 * 2**30) // 4096 * 4096)
+assert got == want, (got, want)
+print(f"ok   --gpu-mem 0.3G --host-mem 2.3G: {got} B, whole pages")
+PY
+quiet_refusals=1 check fraction-bad 2 "$strata" plan --gpu-mem 2.3X
+has fraction-bad "expected a size such as 512M, 2G or 2.3G"
+
 # --- 6: --init DIR without config.json ------------------------------------
 mkdir "$work/bare" && cp "$work/hf/model.safetensors" "$work/bare/"
 quiet_refusals=1 check init-no-config 2 "$strata" train --init "$work/bare" --data "$data" "${small[@]}"
