@@ -43,6 +43,23 @@ const char *st_cli_nearest_option(const struct option *longs, const char *given)
  * returned as it is (*p zeroed, why empty). src/cli/cli_device.c. */
 struct st_device_probe;
 const char *st_cli_device(const char *asked, struct st_device_probe *p, char *why, size_t n);
+/* --gpu-mem auto: on the cuda device the GPU's free memory (*p, its
+ * probe) less a margin of max(ST_CLI_GPU_MARGIN_MIN, 5% of its total) for
+ * what the process takes beside the arena (the CUDA context, cuBLASLt's
+ * workspace, NCCL's buffers), in whole MiB; on the cpu devices, whose
+ * arena is host memory, a quarter of MemAvailable. --host-mem auto: half
+ * of MemAvailable on the cuda device (pinned through cudaHostRegister), a
+ * quarter on the cpu devices, there within RLIMIT_MEMLOCK's hard limit
+ * (the host tier mlocks its region), in whole pages. Under a launcher the
+ * ranks of a node share MemAvailable. why[n] says how; exit 2 when
+ * nothing can be taken. */
+#define ST_CLI_GPU_MARGIN_MIN (1024ull * ST_MiB)
+uint64_t st_cli_gpu_mem_auto(const char *device, const struct st_device_probe *p, char *why,
+			     size_t n);
+uint64_t st_cli_host_mem_auto(const char *device, char *why, size_t n);
+/* "--gpu-mem auto: 5.67 GiB (why)" and the host's, for those with a why. */
+void st_cli_print_auto_budgets(uint64_t gpu, const char *gpu_why, uint64_t host,
+			       const char *host_why);
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);

@@ -39,9 +39,13 @@ static void plan_usage(FILE *f)
 "  --precision bf16|fp32  working weights W (default bf16)\n"
 "  --compute-dtype fp32|bf16  the tensors between the model's ops (default fp32;\n"
 "                         bf16 halves the saved forward: docs/model.md)\n"
-"budgets (sizes such as 512M, 2G, 1.5G)\n"
-"  --gpu-mem SIZE         vram budget (default 256M)\n"
-"  --host-mem SIZE        pinned host budget (default 1G)\n"
+"budgets (sizes such as 512M, 2G, 1.5G; a fraction of a page rounds down to one)\n"
+"  --gpu-mem SIZE|auto    vram budget (default 256M, or auto on a usable GPU); auto:\n"
+"                         the GPU's free memory less max(1 GiB, 5%% of its total), on\n"
+"                         the cpu device a quarter of MemAvailable\n"
+"  --host-mem SIZE|auto   pinned host budget (default 1G, or auto on a usable GPU);\n"
+"                         auto: half of MemAvailable on cuda, a quarter on the cpu\n"
+"                         device within RLIMIT_MEMLOCK's hard limit\n"
 "  --nvme DIR[,DIR...]    directories of the nvme tier (must exist; nothing is written)\n"
 "  --nvme-mem SIZE        nvme budget (default: unlimited, the plan says what it needs)\n"
 "placement\n"
@@ -117,7 +121,8 @@ int st_cli_plan(int argc, char **argv)
 	struct st_plan plan;
 	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
 	const char *rates_file = NULL, *calibrate = NULL, *device = "auto";
-	char device_why[512] = "";
+	const char *gpu_mem = NULL, *host_mem = NULL; /* as given */
+	char device_why[512] = "", gpu_why[256] = "", host_why[256] = "";
 	bool json = false, verbose = false, nvme_mem_given = false, cuda = false;
 	enum st_precision compute_dtype = ST_PRECISION_FP32;
 	bool accum_auto = false;
@@ -143,8 +148,16 @@ int st_cli_plan(int argc, char **argv)
 			else
 				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
 			break;
-		case 'g': in.gpu_mem_bytes = st_cli_size("--gpu-mem", optarg); break;
-		case 'H': in.host_mem_bytes = st_cli_size("--host-mem", optarg); break;
+		case 'g':
+			gpu_mem = optarg;
+			if (strcmp(optarg, "auto") != 0)
+				in.gpu_mem_bytes = st_cli_size("--gpu-mem", optarg);
+			break;
+		case 'H':
+			host_mem = optarg;
+			if (strcmp(optarg, "auto") != 0)
+				in.host_mem_bytes = st_cli_size("--host-mem", optarg);
+			break;
 		case 'n': nvme = optarg; break;
 		case 'N':
 			in.nvme_mem_bytes = st_cli_size("--nvme-mem", optarg);
@@ -197,12 +210,23 @@ int st_cli_plan(int argc, char **argv)
 	}
 	if (optind < argc)
 		st_cli_die(2, "plan: unexpected argument %s", argv[optind]);
-	if (strcmp(device, "auto") == 0) {
+	{
 		struct st_device_probe probe;
 
 		device = st_cli_device(device, &probe, device_why, sizeof(device_why));
+		cuda = strcmp(device, "cuda") == 0;
+		/* on a usable GPU the budgets not given are what it has (a plan
+		 * for a GPU elsewhere keeps the defaults) */
+		if (cuda && probe.usable) {
+			gpu_mem = gpu_mem ? gpu_mem : "auto";
+			host_mem = host_mem ? host_mem : "auto";
+		}
+		if (gpu_mem && strcmp(gpu_mem, "auto") == 0)
+			in.gpu_mem_bytes = st_cli_gpu_mem_auto(device, &probe, gpu_why,
+							       sizeof(gpu_why));
+		if (host_mem && strcmp(host_mem, "auto") == 0)
+			in.host_mem_bytes = st_cli_host_mem_auto(device, host_why, sizeof(host_why));
 	}
-	cuda = strcmp(device, "cuda") == 0;
 	if (in.rank >= (in.world > 1 ? in.world : 1))
 		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
 	in.host_compute = !cuda;
@@ -311,6 +335,8 @@ int st_cli_plan(int argc, char **argv)
 		printf("strata plan: %s\n", model_text);
 		if (device_why[0])
 			printf("device: %s (--device auto: %s)\n", device, device_why);
+		st_cli_print_auto_budgets(in.gpu_mem_bytes, gpu_why[0] ? gpu_why : NULL,
+					  in.host_mem_bytes, host_why[0] ? host_why : NULL);
 		if (st_model_config_family(&mc) != st_family_default()) {
 			char words[512];
 

@@ -58,11 +58,18 @@ static void train_usage(FILE *f)
 "  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
 "device and tiers\n"
 "  --device auto|cpu|cpu-strict|cuda  where the model runs (default auto: cuda when\n"
-"                       a GPU is usable, else cpu, said before the plan; built\n"
-"                       here: %s); cpu-strict: the cpu device whose memory the host\n"
-"                       cannot touch, as a GPU's (docs/gpu.md, \"Strict mode\")\n"
-"  --gpu-mem SIZE       device budget (default %s; the device's arena)\n"
-"  --host-mem SIZE      pinned host budget (default %s)\n"
+"                       a GPU is usable, else cpu; said before the plan)\n"
+"                       built here: %s\n"
+"                       cpu-strict: the cpu device whose memory the host cannot\n"
+"                       touch, as a GPU's (docs/gpu.md, \"Strict mode\")\n"
+"  --gpu-mem SIZE|auto  device budget (the device's arena; SIZE as 512M, 2.3G); auto:\n"
+"                       the GPU's free memory less max(1 GiB, 5%% of its total), or\n"
+"                       on the cpu devices a quarter of MemAvailable (default: auto\n"
+"                       on cuda, %s on the cpu devices: the demo's)\n"
+"  --host-mem SIZE|auto pinned host budget; auto: half of MemAvailable on cuda, a\n"
+"                       quarter on the cpu devices within RLIMIT_MEMLOCK's hard limit\n"
+"                       (the host tier mlocks it) (default: auto on cuda, %s on\n"
+"                       the cpu devices); docs/plan.md, \"Budgets\"\n"
 "  --nvme DIR[,DIR..]   swap directories, striped (default %s; 'none' for no nvme tier)\n"
 "  --nvme-mem SIZE      nvme budget (default: what the plan needs)\n"
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
@@ -227,6 +234,10 @@ struct train_args {
 	int threads;
 	bool accum_auto, keep_given, data_given;
 	char device_why[512]; /* --device auto: which and why */
+	struct st_device_probe probe; /* the GPU's, for --gpu-mem auto */
+	bool gpu_auto, host_auto;     /* --gpu-mem auto, --host-mem auto */
+	bool gpu_given, host_given;
+	char gpu_why[256], host_why[256];
 };
 
 static const char default_model[] = "tiny";
@@ -518,8 +529,18 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 'M': rc->metrics = optarg; break;
 		case 'i': rc->init = optarg; break;
 		case 'L': rc->log_every = (int)st_cli_long("--log-every", optarg, 1, 1 << 30); break;
-		case 'G': ec->gpu_mem_bytes = st_cli_size("--gpu-mem", optarg); break;
-		case 'H': ec->host_mem_bytes = st_cli_size("--host-mem", optarg); break;
+		case 'G':
+			a->gpu_given = true;
+			a->gpu_auto = strcmp(optarg, "auto") == 0;
+			if (!a->gpu_auto)
+				ec->gpu_mem_bytes = st_cli_size("--gpu-mem", optarg);
+			break;
+		case 'H':
+			a->host_given = true;
+			a->host_auto = strcmp(optarg, "auto") == 0;
+			if (!a->host_auto)
+				ec->host_mem_bytes = st_cli_size("--host-mem", optarg);
+			break;
 		case 'N': a->nvme = optarg; break;
 		case 'Z': ec->nvme_mem_bytes = st_cli_size("--nvme-mem", optarg); break;
 		case 'P': ec->params = st_cli_offload("--offload-params", optarg, true); break;
@@ -585,11 +606,22 @@ static void train_check_model(struct train_args *a)
 	struct st_train_config *cfg = &ec->train;
 	int ret;
 
-	if (strcmp(ec->device, "auto") == 0) {
-		struct st_device_probe probe;
-
-		ec->device = st_cli_device("auto", &probe, a->device_why, sizeof(a->device_why));
+	if (strcmp(ec->device, "auto") == 0)
+		ec->device = st_cli_device("auto", &a->probe, a->device_why, sizeof(a->device_why));
+	/* on a GPU the budgets not given are what the machine has; the cpu
+	 * devices keep the demo's */
+	if (strcmp(ec->device, "cuda") == 0) {
+		a->gpu_auto |= !a->gpu_given;
+		a->host_auto |= !a->host_given;
 	}
+	if (a->gpu_auto && strcmp(ec->device, "cuda") == 0)
+		st_cli_device("cuda", &a->probe, a->device_why, sizeof(a->device_why));
+	if (a->gpu_auto)
+		ec->gpu_mem_bytes = st_cli_gpu_mem_auto(ec->device, &a->probe, a->gpu_why,
+							sizeof(a->gpu_why));
+	if (a->host_auto)
+		ec->host_mem_bytes = st_cli_host_mem_auto(ec->device, a->host_why,
+							  sizeof(a->host_why));
 	if (st_run_world(ec) < 0)
 		st_cli_die(2, "%s", st_error_last());
 	if (ec->world > 1 && ec->optim_state != ST_OPTIM_STATE_F32) {
@@ -746,6 +778,8 @@ int st_cli_train(int argc, char **argv)
 		st_cli_die(1, "/dev/null: %s", strerror(errno));
 	if (a.device_why[0])
 		printf("device: %s (--device auto: %s)\n", ec->device, a.device_why);
+	st_cli_print_auto_budgets(ec->gpu_mem_bytes, a.gpu_auto ? a.gpu_why : NULL,
+				  ec->host_mem_bytes, a.host_auto ? a.host_why : NULL);
 	rc->data = ds;
 	rc->stop = &stop_requested;
 	rc->out = stdout;

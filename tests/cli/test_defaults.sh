@@ -52,6 +52,38 @@ grep -q "^device: $want (--device auto: " "$work/out" ||
 quiet_refusals=1 check device-bad 2 "$strata" train --device gpu
 has device-bad "auto, cpu"
 
+# --- 2: --gpu-mem auto and --host-mem auto on the cpu device: a quarter of
+# MemAvailable each (read here before and after: it moves on a busy
+# machine), the host's within RLIMIT_MEMLOCK's hard limit, in whole MiB
+# and pages; the lines say so
+python3 -c 'import sys; print(open("/proc/meminfo").read())' >"$work/mem0"
+check plan-auto-budgets 0 "$strata" plan --device cpu --gpu-mem auto --host-mem auto --nvme "$work" --json
+cp "$work/out" "$work/auto.json"
+check plan-auto-lines 0 "$strata" plan --device cpu --gpu-mem auto --host-mem auto --nvme "$work"
+python3 - "$work/auto.json" "$work/mem0" "$work/out" <<'PY' || fail=1
+import json, resource, sys
+def avail(text):
+    return next(int(l.split()[1]) * 1024 for l in text.splitlines() if l.startswith("MemAvailable:"))
+a = [avail(open(sys.argv[2]).read()), avail(open("/proc/meminfo").read())]
+lo, hi = min(a) - (256 << 20), max(a) + (256 << 20)
+t = json.load(open(sys.argv[1]))["tiers"]
+g, h = t["vram"]["budget_bytes"], t["host"]["budget_bytes"]
+assert g % (1 << 20) == 0 and lo // 4 - (1 << 20) <= g <= hi // 4, (g, lo, hi)
+lim = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+if lim != resource.RLIM_INFINITY and lim < lo // 4:
+    assert h == lim // 4096 * 4096, (h, lim)
+else:
+    assert h % 4096 == 0 and lo // 4 - 4096 <= h <= hi // 4 and (lim == resource.RLIM_INFINITY or h <= lim), (h, lo, hi, lim)
+out = open(sys.argv[3]).read()
+assert "--gpu-mem auto: " in out and "a quarter of MemAvailable" in out, out[:400]
+assert "--host-mem auto: " in out, out[:400]
+print(f"ok   --gpu-mem auto {g} B, --host-mem auto {h} B (MemAvailable {a[0]} B, memlock {lim})")
+PY
+check train-gpu-auto 0 "$strata" train --model layers=1,dim=32,heads=2,vocab=256,ctx=64 --data "$data" \
+	--steps 1 --seq 32 --batch 2 --gpu-mem auto --host-mem 64M --nvme none
+grep -q "^--gpu-mem auto: " "$work/out" || { echo "FAIL train --gpu-mem auto: no line"; fail=1; }
+! grep -q "^--host-mem auto" "$work/out" || { echo "FAIL train: --host-mem auto said, 64M given"; fail=1; }
+
 # --- 2: a shortfall names the flag to raise and by how much, or --nvme;
 # sizes take fractions, whole pages below them
 quiet_refusals=1 check short-host 2 "$strata" plan --model gpt2 --gpu-mem 1G --host-mem 1G
