@@ -308,6 +308,28 @@ const char *st_cli_nearest_option(const struct option *longs, const char *given)
 	return best && (size_t)best_d * 3 <= n ? best : NULL;
 }
 
+/* arg's name (its first n bytes after "--") the start of several
+ * options: exit 2 naming them (getopt_long takes a unique prefix). */
+static void ambiguous(const char *cmd, const struct option *longs, const char *arg, size_t n)
+{
+	char names[512];
+	size_t len = 0;
+	int k = 0;
+
+	names[0] = '\0';
+	for (const struct option *o = longs; o->name; o++)
+		if (strncmp(o->name, arg + 2, n) == 0 && len < sizeof(names)) {
+			int w = snprintf(names + len, sizeof(names) - len, "%s--%s", k ? ", " : "",
+					 o->name);
+
+			len += w > 0 ? (size_t)w : 0;
+			k++;
+		}
+	if (k > 1)
+		st_cli_die(2, "%s: option %.*s is ambiguous: %s (see strata %s --help)", cmd,
+			   (int)(n + 2), arg, names, cmd);
+}
+
 void st_cli_bad_option(const char *cmd, const struct option *longs, const char *arg)
 {
 	const char *near;
@@ -323,24 +345,7 @@ void st_cli_bad_option(const char *cmd, const struct option *longs, const char *
 			st_cli_die(2, "%s: --%s takes no value (see strata %s --help)", cmd, o->name, cmd);
 		st_cli_die(2, "%s: --%s needs a value (see strata %s --help)", cmd, o->name, cmd);
 	}
-	{
-		char names[512];
-		size_t len = 0;
-		int k = 0;
-
-		names[0] = '\0';
-		for (const struct option *o = longs; o->name; o++)
-			if (strncmp(o->name, arg + 2, n) == 0 && len < sizeof(names)) {
-				int w = snprintf(names + len, sizeof(names) - len, "%s--%s",
-						 k ? ", " : "", o->name);
-
-				len += w > 0 ? (size_t)w : 0;
-				k++;
-			}
-		if (k > 1)
-			st_cli_die(2, "%s: option %.*s is ambiguous: %s (see strata %s --help)", cmd,
-				   (int)(n + 2), arg, names, cmd);
-	}
+	ambiguous(cmd, longs, arg, n);
 	near = st_cli_nearest_option(longs, arg + 2);
 	if (near)
 		st_cli_die(2, "%s: unknown option %.*s: did you mean --%s? (see strata %s --help)",
