@@ -42,6 +42,10 @@ const char *st_cli_nearest_option(const struct option *longs, const char *given)
  * probed too (*p: its free memory for --gpu-mem auto); any other value is
  * returned as it is (*p zeroed, why empty). src/cli/cli_device.c. */
 struct st_device_probe;
+/* The default of --device: $ST_DEVICE when set (auto or a built device;
+ * else exit 2), else auto. The test suite sets ST_DEVICE=cpu, so that its
+ * tests keep the cpu device on a machine with a GPU unless they name one. */
+const char *st_cli_device_default(void);
 const char *st_cli_device(const char *asked, struct st_device_probe *p, char *why, size_t n);
 /* --gpu-mem auto: on the cuda device the GPU's free memory (*p, its
  * probe) less a margin of max(ST_CLI_GPU_MARGIN_MIN, 5% of its total) for

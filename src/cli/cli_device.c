@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
@@ -40,6 +41,18 @@ static void cuda_probe(int ordinal, struct st_device_probe *out)
 	snprintf(out->what, sizeof(out->what), "%s", ci.name);
 }
 #endif
+
+const char *st_cli_device_default(void)
+{
+	const char *env = getenv("ST_DEVICE");
+
+	if (!env || !*env)
+		return "auto";
+	if (strcmp(env, "auto") != 0 && !st_device_find(env))
+		st_cli_die(2, "ST_DEVICE=%s: expected auto or a device built into this binary (%s)",
+			   env, st_device_list());
+	return env;
+}
 
 const char *st_cli_device(const char *asked, struct st_device_probe *p, char *why, size_t n)
 {

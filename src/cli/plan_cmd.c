@@ -73,9 +73,10 @@ static void plan_usage(FILE *f)
 "  --zero 0|1|2|3         ZeRO stage (default 0)\n"
 "  --net-gbps X           GB/s a rank's collectives move over the network (default 10)\n"
 "rates for the prediction (defaults are those of a 2-core VM without a GPU)\n"
-"  --device auto|cpu|cuda the device's default compute and copy rates (default auto:\n"
-"                         cuda when a GPU is usable, else cpu; the plan says which and\n"
-"                         why; cuda: fp32 matmuls at 15 TFLOP/s, copies at 20 GB/s)\n"
+"  --device auto|cpu|cuda the device's default compute and copy rates (default\n"
+"                         $ST_DEVICE, else auto: cuda when a GPU is usable, else cpu;\n"
+"                         the plan says which and why; cuda: fp32 matmuls at 15\n"
+"                         TFLOP/s, copies at 20 GB/s)\n"
 "  --nvme-bench FILE      nvme read/write GB/s from `nvme-bench --json FILE`\n"
 "  --compute-gflops X     device matmul GFLOP/s (default 50)\n"
 "  --copy-gbps X          host<->vram GB/s (default 8)\n"
@@ -120,7 +121,7 @@ int st_cli_plan(int argc, char **argv)
 	struct st_model *model;
 	struct st_plan plan;
 	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
-	const char *rates_file = NULL, *calibrate = NULL, *device = "auto";
+	const char *rates_file = NULL, *calibrate = NULL, *device = st_cli_device_default();
 	const char *gpu_mem = NULL, *host_mem = NULL; /* as given */
 	char device_why[512] = "", gpu_why[256] = "", host_why[256] = "";
 	bool json = false, verbose = false, nvme_mem_given = false, cuda = false;

@@ -57,8 +57,8 @@ static void train_usage(FILE *f)
 "                       --grad-accum auto takes (compute-bound, or near the best tok/s)\n"
 "  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
 "device and tiers\n"
-"  --device auto|cpu|cpu-strict|cuda  where the model runs (default auto: cuda when\n"
-"                       a GPU is usable, else cpu; said before the plan)\n"
+"  --device auto|cpu|cpu-strict|cuda  where the model runs (default $ST_DEVICE, else\n"
+"                       auto: cuda when a GPU is usable, else cpu; said before the plan)\n"
 "                       built here: %s\n"
 "                       cpu-strict: the cpu device whose memory the host cannot\n"
 "                       touch, as a GPU's (docs/gpu.md, \"Strict mode\")\n"
@@ -455,7 +455,8 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 	int c;
 
 	*a = (struct train_args){
-		.run = { .engine = { .device = "auto", .recompute = ST_RECOMPUTE_AUTO },
+		.run = { .engine = { .device = st_cli_device_default(),
+				     .recompute = ST_RECOMPUTE_AUTO },
 			 .data_name = ST_DEFAULT_DATA, .model_text = default_model, .shuffle = true,
 			 .log_every = 1, .keep = 3, .max_skipped = 10 },
 		.nvme = DEFAULT_NVME,

@@ -35,6 +35,10 @@ check make-hf 0 "$strata" export --ckpt "$work/ck0" --out "$work/hf"
 want=$("$strata" info --json | python3 -c 'import json, sys
 g = json.load(sys.stdin)["gpu"]
 print("cpu" if "error" in g else "cuda")')
+# (the suite's ST_DEVICE=cpu is the default's override: unset here, and
+# put back after)
+dev_env=${ST_DEVICE-}
+unset ST_DEVICE
 check plan-auto 0 "$strata" plan --seq 32
 grep -q "^device: $want (--device auto: " "$work/out" ||
 	{ echo "FAIL plan-auto: no 'device: $want' line: $(head -3 "$work/out")"; fail=1; }
@@ -51,6 +55,11 @@ grep -q "^device: $want (--device auto: " "$work/out" ||
 	{ echo "FAIL train-auto: no 'device: $want' line: $(head -3 "$work/out")"; fail=1; }
 quiet_refusals=1 check device-bad 2 "$strata" train --device gpu
 has device-bad "auto, cpu"
+ST_DEVICE=cpu check env-cpu 0 "$strata" plan --seq 32
+! grep -q "^device:" "$work/out" || { echo "FAIL ST_DEVICE=cpu: still auto"; fail=1; }
+ST_DEVICE=gpu quiet_refusals=1 check env-bad 2 "$strata" plan --seq 32
+has env-bad "ST_DEVICE=gpu"
+[ -z "$dev_env" ] || export ST_DEVICE=$dev_env
 
 # --- 2: --gpu-mem auto and --host-mem auto on the cpu device: a quarter of
 # MemAvailable each (read here before and after: it moves on a busy
