@@ -724,18 +724,21 @@ static void train_check_run(const struct train_args *a)
 		st_cli_die(2, "--init and --resume do not go together");
 }
 
-/* No --data: the demo's text, unless --init brings a tokenizer (its model
- * reads token ids, not the text's bytes); then, and when the demo's text
+/* No --data: the demo's text, unless --init (or the run --resume takes)
+ * brings a tokenizer (its model reads token ids, not the text's bytes); then, and when the demo's text
  * is not on the machine, the user is told to name the data, with no word
  * of a file they never typed. */
 static void train_check_data(const struct train_args *a)
 {
 	const struct st_run_config *rc = &a->run;
+	const char *from = rc->init;
 	char tdir[4096];
 
 	if (a->data_given)
 		return;
-	if (rc->init && st_cli_tokenizer_dir(rc->init, tdir, sizeof(tdir)))
+	if (!from && rc->resume) /* the run's tokenizer is in its --save DIR */
+		from = strcmp(rc->resume, "auto") == 0 ? rc->save : rc->resume;
+	if (from && st_cli_tokenizer_dir(from, tdir, sizeof(tdir)))
 		st_cli_die(2, "no --data: name the training data, token ids of the model's "
 			   "tokenizer (strata tokenize --tokenizer %s --out FILE.bin TEXT; then "
 			   "--data FILE.bin)", tdir);
