@@ -251,6 +251,34 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 	return ret;
 }
 
+/* World 1 (--update in-backward): P is the unit's, W its rounding, as
+ * st_engine_write_state() and AdamW write it, its padding zero. */
+int st_eng_w_from_p(struct st_engine *e, int u)
+{
+	struct shard *p = shard(e, u, ST_STATE_P), *w = shard(e, u, ST_STATE_W);
+	char *pb = NULL, *wb = NULL;
+	int ret = -ENOMEM;
+
+	st_eng_drain(e);
+	if (posix_memalign((void **)&pb, ST_PAGE_BYTES, p->ext.len_bytes) ||
+	    posix_memalign((void **)&wb, ST_PAGE_BYTES, w->ext.len_bytes))
+		goto out;
+	ret = shard_read(e, u, ST_STATE_P, pb);
+	if (ret < 0)
+		goto out;
+	memset(wb, 0, w->ext.len_bytes);
+	if (e->w_elem_bytes == 2)
+		st_cpu_f32_to_bf16((uint16_t *)(void *)wb, (const float *)(void *)pb,
+				   e->unit_elems[u]);
+	else
+		memcpy(wb, pb, e->unit_elems[u] * sizeof(float));
+	ret = shard_write(e, u, ST_STATE_W, wb);
+out:
+	free(pb);
+	free(wb);
+	return ret;
+}
+
 void st_engine_get_stats(const struct st_engine *e, struct st_engine_stats *s)
 {
 	*s = e->last_stats;
