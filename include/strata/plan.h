@@ -416,6 +416,7 @@ struct st_plan {
 	bool in_backward;
 	uint64_t alt_bytes;
 	char update_why[160];
+	char schedule_why[160]; /* why this schedule (`strata plan`) */
 };
 
 #define ST_PLAN_ACCUM_MAX 64

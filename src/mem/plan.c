@@ -232,7 +232,7 @@ static int update_resolve(const struct st_plan_input *in, struct st_shape *sh,
 		sh->in_backward = false;
 		st_plan_predict(in, sh, p->home, &q);
 		if (!(p->t_step_s < q.t_step_s))
-			no = "not predicted faster";
+			no = "auto: not predicted faster";
 		sh->in_backward = true;
 	}
 	if (no && p->in_backward) {
@@ -245,10 +245,10 @@ static int update_resolve(const struct st_plan_input *in, struct st_shape *sh,
 	if (nvme_budget == ST_PLAN_UNLIMITED)
 		p->budget_bytes[ST_HOME_NVME] = p->total_bytes[ST_HOME_NVME];
 	if (in->update == ST_UPDATE_AFTER)
-		snprintf(p->update_why, sizeof(p->update_why), "asked (--update after)");
+		snprintf(p->update_why, sizeof(p->update_why), "--update after");
 	else if (p->in_backward)
 		snprintf(p->update_why, sizeof(p->update_why), "%s", in->update == ST_UPDATE_AUTO ?
-			 "every P, M, V on nvme, predicted faster" : "asked (--update in-backward)");
+			 "auto: every P, M, V on nvme, predicted faster" : "--update in-backward");
 	else
 		snprintf(p->update_why, sizeof(p->update_why), "%s", no ? no : "?");
 	return 0;
@@ -263,21 +263,41 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	struct st_plan lf;
 	int ret;
 
-	if (in->schedule != ST_SCHEDULE_AUTO)
-		return plan_make(in, plan);
+	if (in->schedule != ST_SCHEDULE_AUTO) {
+		ret = plan_make(in, plan);
+		if (ret == 0)
+			snprintf(plan->schedule_why, sizeof(plan->schedule_why), "--schedule %s",
+				 st_schedule_name(in->schedule));
+		return ret;
+	}
 	x.schedule = ST_SCHEDULE_BATCH_FIRST;
 	ret = plan_make(&x, plan);
-	if (in->grad_accum < 2)
+	if (in->grad_accum < 2) {
+		if (ret == 0)
+			snprintf(plan->schedule_why, sizeof(plan->schedule_why),
+				 "auto: at --grad-accum 1 the two are one");
 		return ret;
+	}
 	x.schedule = ST_SCHEDULE_LAYER_FIRST;
-	if (plan_make(&x, &lf) < 0)
+	if (plan_make(&x, &lf) < 0) {
+		if (ret == 0)
+			snprintf(plan->schedule_why, sizeof(plan->schedule_why),
+				 "auto: layer-first does not fit: %s", st_error_last());
 		return ret < 0 ? ret : 0;
+	}
 	if (ret == 0 && !(lf.t_step_s < plan->t_step_s)) {
+		snprintf(plan->schedule_why, sizeof(plan->schedule_why), "auto: layer-first "
+			 "predicted %.4g s a step, not shorter", lf.t_step_s);
 		st_plan_fini(&lf);
 		return 0;
 	}
-	if (ret == 0)
+	if (ret == 0) {
+		snprintf(lf.schedule_why, sizeof(lf.schedule_why), "auto: predicted %.4g s a step "
+			 "against batch-first's %.4g s", lf.t_step_s, plan->t_step_s);
 		st_plan_fini(plan);
+	} else {
+		snprintf(lf.schedule_why, sizeof(lf.schedule_why), "auto: batch-first does not fit");
+	}
 	*plan = lf;
 	return 0;
 }

@@ -213,9 +213,10 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "        scratch         %s (model workspace %s)\n",
 		st_plan_fmt_bytes(p->scratch_bytes, a), st_plan_fmt_bytes(p->work_bytes, b));
 	recomp_print(p, in->grad_accum, f);
-	if (p->schedule == ST_SCHEDULE_LAYER_FIRST)
-		fprintf(f, "        schedule        layer-first (each unit runs every micro-batch "
-			"while its W is in vram: W and G cross once a step)\n");
+	fprintf(f, "        schedule        %s (%s)%s\n", st_schedule_name(p->schedule),
+		p->schedule_why, p->schedule == ST_SCHEDULE_LAYER_FIRST ? "\n                        "
+		"each unit runs every micro-batch while its W is in vram: W and G cross once a step"
+									 : "");
 	fprintf(f, "        update          %s (%s)\n", p->in_backward ? "in the backward"
 		: "after the backward", p->update_why);
 	if (p->alt_bytes)
