@@ -90,7 +90,9 @@ struct st_engine_config {
 	int test_nan_grad_unit;        /* tests: k + 1 says that unit k's
 					  final G counts as not finite
 					  (its sum of squares NaN) at step
-					  test_nan_grad_step; 0: none */
+					  test_nan_grad_step; 0: none
+					  ($ST_TEST_NAN_GRAD=K:STEP sets
+					  both) */
 	int test_nan_grad_step;
 	bool poison_staging;           /* tests: the update's staging is
 					  filled with NaN bytes before each

@@ -137,8 +137,9 @@ const char *st_schedule_name(enum st_schedule s);
  *                factor of 1: P, M and V are written to alternate nvme
  *                extents (one more copy of each on nvme) and committed
  *                once the norm says the speculation held, else the
- *                sweep runs after the backward. World 1, every P, M, V
- *                on nvme, M and V fp32 or bf16. The same bits;
+ *                sweep runs after the backward. Every P, M, V on nvme,
+ *                M and V fp32 or bf16, ZeRO stage 0 or 3 at world > 1.
+ *                The same bits;
  *   AUTO         IN_BACKWARD where it can run, fits the nvme budget
  *                and its predicted step is shorter, else AFTER. */
 enum st_update_order { ST_UPDATE_AFTER, ST_UPDATE_IN_BACKWARD, ST_UPDATE_AUTO };

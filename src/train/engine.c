@@ -684,6 +684,11 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	if (!e)
 		return -ENOMEM;
 	e->cfg = *cfg;
+	/* tests through the CLI (tests/zero): $ST_TEST_NAN_GRAD=UNIT:STEP */
+	if (!e->cfg.test_nan_grad_unit && getenv("ST_TEST_NAN_GRAD") &&
+	    sscanf(getenv("ST_TEST_NAN_GRAD"), "%d:%d", &e->cfg.test_nan_grad_unit,
+		   &e->cfg.test_nan_grad_step) == 2)
+		e->cfg.test_nan_grad_unit++;
 	ret = st_model_create(&c->model, &e->model);
 	if (ret < 0) {
 		free(e);

@@ -666,7 +666,11 @@ static int spec_begin(struct st_engine *e)
 }
 
 /* Whether the speculation can still hold: every final G finite and, with
- * a clip, their sum of squares (a part of the norm's) not past it. */
+ * a clip, their sum of squares (a part of the norm's) not past it. At
+ * world > 1 (stages 0 and 3) the part is this rank's chunks': a part of
+ * the part, so a rank that gives up does so only where the norm will say
+ * the speculation failed on every rank; no rank's sweep here queues a
+ * collective, so the ranks need not give up together. */
 static bool spec_holds(struct st_engine *e, int g_final)
 {
 	const struct st_train_config *c = &e->cfg.train;
@@ -674,8 +678,16 @@ static bool spec_holds(struct st_engine *e, int g_final)
 
 	if (e->grad.nonfinite)
 		return false;
-	for (int u = g_final; u < e->n_units; u++)
-		sumsq += e->grad.unit_sumsq[u];
+	for (int u = g_final; u < e->n_units; u++) {
+		const double *part = e->zero.parts + (size_t)e->rank * e->zero.n_parts;
+
+		if (e->world == 1) {
+			sumsq += e->grad.unit_sumsq[u];
+			continue;
+		}
+		for (uint64_t k = 0; k < e->slice_elems[u] / ST_PLAN_SLICE_ALIGN; k++)
+			sumsq += part[e->zero.part_off[u] + k];
+	}
 	return isfinite(sumsq) && !(c->clip > 0 && sumsq > (double)c->clip * c->clip);
 }
 

@@ -468,8 +468,9 @@ static int metrics_line(struct run *r, int s, const struct st_step_result *st,
 	       tps * st_model_flops_per_token(st_engine_model(r->e), r->ec.train.seq) / 1e12, nf,
 	       sizeof(nf));
 	metric(mf, "step_s", "%.6f", dt, nf, sizeof(nf));
-	fprintf(mf, "%s%s%s%s,\"bytes\":{", st->skipped ? ",\"skipped\":true" : "",
-		nf[0] ? ",\"nonfinite\":[" : "", nf, nf[0] ? "]" : "");
+	fprintf(mf, "%s%s%s%s%s,\"bytes\":{", st->skipped ? ",\"skipped\":true" : "",
+		st->in_backward ? ",\"in_backward\":true" : "", nf[0] ? ",\"nonfinite\":[" : "",
+		nf, nf[0] ? "]" : "");
 	for (int l = ST_LANE_H2D; l <= ST_LANE_NVME_WRITE; l++)
 		fprintf(mf, "%s\"%s\":%llu", l == ST_LANE_H2D ? "" : ",",
 			l == ST_LANE_H2D ? "h2d" : l == ST_LANE_D2H ? "d2h"
