@@ -2056,13 +2056,17 @@ static void test_update_in_backward(void **state)
 		const char *name;
 		enum st_offload params;
 		int accum, threads, nan_unit;
-		bool layer_first, bf16_state, small_tiles;
+		bool layer_first, bf16_state, small_tiles, bf16_compute;
 	} cases[] = {
-		{ "W on nvme, N = 1, 2 threads", ST_OFFLOAD_NVME, 1, 2, 0, false, false, false },
-		{ "W in host, N = 2, 1 thread", ST_OFFLOAD_HOST, 2, 1, 0, false, false, true },
-		{ "W in vram, layer-first N = 2", ST_OFFLOAD_NONE, 2, 0, 0, true, false, false },
-		{ "W on nvme, bf16 state, small tiles", ST_OFFLOAD_NVME, 1, 0, 0, false, true, true },
-		{ "a NaN gradient in unit 1 at step 2", ST_OFFLOAD_NVME, 1, 0, 2, false, false, true },
+		{ "W on nvme, N = 1, 2 threads", ST_OFFLOAD_NVME, 1, 2, 0, false, false, false, false },
+		{ "W in host, N = 2, 1 thread", ST_OFFLOAD_HOST, 2, 1, 0, false, false, true, false },
+		{ "W in vram, layer-first N = 2", ST_OFFLOAD_NONE, 2, 0, 0, true, false, false, false },
+		{ "W on nvme, bf16 state, small tiles", ST_OFFLOAD_NVME, 1, 0, 0, false, true, true,
+		  false },
+		{ "W in host, bf16 compute, layer-first N = 3", ST_OFFLOAD_HOST, 3, 2, 0, true, false,
+		  false, true },
+		{ "a NaN gradient in unit 1 at step 2", ST_OFFLOAD_NVME, 1, 0, 2, false, false, true,
+		  false },
 	};
 	struct st_engine_config c;
 	struct st_engine *e;
@@ -2084,6 +2088,7 @@ static void test_update_in_backward(void **state)
 			c.optim_state = cases[i].bf16_state ? ST_OPTIM_STATE_BF16
 							    : ST_OPTIM_STATE_F32;
 			c.update_tile_elems = cases[i].small_tiles ? 4096 : 0;
+			c.compute_dtype = cases[i].bf16_compute ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
 			c.test_nan_grad_unit = cases[i].nan_unit;
 			c.test_nan_grad_step = 2;
 			/* the clip between the steps' norms: some hold, some redo */
