@@ -69,6 +69,10 @@ size_t st_tokenizer_suffix(const struct st_tokenizer *t, const uint32_t **ids);
  * entry as written in tokenizer.json), or -1. */
 int64_t st_tokenizer_token_id(const struct st_tokenizer *t, const char *s);
 
+/* Whether id is a special token (added with "special": true, or named by
+ * tokenizer_config.json's additional_special_tokens). */
+bool st_tokenizer_is_special(const struct st_tokenizer *t, uint32_t id);
+
 /* The id tokenizer_config.json names as eos_token, or -1. */
 int64_t st_tokenizer_eos_id(const struct st_tokenizer *t);
 

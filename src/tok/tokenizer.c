@@ -835,3 +835,8 @@ int64_t st_tokenizer_token_id(const struct st_tokenizer *t, const char *s)
 			return t->added[i].id;
 	return tok_bpe_lookup(t->bpe, s, n);
 }
+
+bool st_tokenizer_is_special(const struct st_tokenizer *t, uint32_t id)
+{
+	return id < t->n_ids && t->special[id];
+}
