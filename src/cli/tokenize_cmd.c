@@ -253,6 +253,8 @@ static void input_close(const char *text, size_t bytes, bool mapped)
 }
 
 /* What a run needs: the options, the tokenizer, the outputs. */
+struct tok_piece;
+
 struct job {
 	enum tok_format format;
 	const char *tpath, *bos_arg, *eos_arg, *template_file, *text_out;
@@ -269,6 +271,8 @@ struct job {
 	struct out o;
 	struct st_file_atomic text_f;
 	bool text_open;
+	struct tok_piece *pieces; /* [vocab], chat only */
+	uint64_t split_convs;     /* conversations tokenized in pieces */
 };
 
 static void progress(struct job *j)
@@ -375,6 +379,39 @@ static void span_mask(const struct job *j, uint8_t *m)
 	}
 }
 
+/* A span bound inside an added token's text (two renders that part in
+ * the middle of "<|im_end|>") moves to take the whole token in: to its
+ * end for a span's end, to its start for a span's begin. */
+static size_t snap_bound(const struct job *j, const char *text, size_t n, size_t b, bool end)
+{
+	for (size_t i = 0; i < st_tokenizer_n_added(j->t); i++) {
+		const char *a;
+		size_t len = st_tokenizer_added(j->t, i, &a);
+
+		for (size_t p = b > len ? b - len + 1 : 0; len > 1 && p < b; p++)
+			if (p + len <= n && p + len > b && !memcmp(text + p, a, len))
+				return end ? p + len : p;
+	}
+	return b;
+}
+
+static size_t snap_spans(const struct job *j, const char *text, size_t n,
+			 struct st_chat_span *spans, size_t n_spans)
+{
+	size_t kept = 0;
+
+	for (size_t s = 0; s < n_spans; s++) {
+		size_t b = snap_bound(j, text, n, spans[s].begin, false);
+		size_t e = snap_bound(j, text, n, spans[s].end, true);
+
+		if (kept && b < spans[kept - 1].end)
+			b = spans[kept - 1].end;
+		if (b < e)
+			spans[kept++] = (struct st_chat_span){ b, e };
+	}
+	return kept;
+}
+
 static void chat_check(const char *where, struct json_object *obj)
 {
 	struct json_object *msgs;
@@ -397,26 +434,77 @@ static void chat_check(const char *where, struct json_object *obj)
 	}
 }
 
-static void chat_line(struct job *j, const char *where, struct json_object *obj)
-{
-	struct json_object *msgs;
-	struct st_chat_span *spans;
-	char *text;
-	size_t n, n_spans, at = 0;
-	uint8_t *m = NULL;
-	size_t m_cap = 0;
-	int ret;
+/* Each token's bytes (decoded alone, raw), cached by id. */
+struct tok_piece {
+	char *p;
+	size_t n;
+	bool done;
+};
 
-	chat_check(where, obj);
-	json_object_object_get_ex(obj, "messages", &msgs);
-	if ((ret = st_chat_render(j->chat, msgs, json_object_array_length(msgs), false, &text,
-				  &n)) < 0 ||
-	    !(spans = malloc(json_object_array_length(msgs) * sizeof(*spans))) ||
-	    (ret = st_chat_spans(j->chat, msgs, text, n, spans, &n_spans)) < 0)
-		st_cli_die(ret == -ENOMEM ? 1 : 2, "%s: the chat template: %s", where,
-			   ret ? st_error_last() : "out of memory");
-	text_out(j, text, n);
-	out_doc_start(&j->o);
+static const struct tok_piece *piece(struct job *j, uint32_t id)
+{
+	struct tok_piece *pc;
+
+	if (!j->pieces && !(j->pieces = calloc(st_tokenizer_vocab(j->t), sizeof(*j->pieces))))
+		st_cli_die(1, "tokenize: out of memory");
+	if (id >= st_tokenizer_vocab(j->t))
+		return NULL;
+	pc = &j->pieces[id];
+	if (!pc->done && st_tokenizer_decode(j->t, &id, 1, ST_TOK_RAW | ST_TOK_NO_CLEANUP,
+					     &pc->p, &pc->n) < 0)
+		st_cli_die(1, "tokenize: out of memory");
+	pc->done = true;
+	return pc;
+}
+
+/* off[i] = where token i of j->ids starts in text; false when the tokens'
+ * bytes, one after the other, are not the text (a tokenizer whose pieces
+ * do not decode alone to what they encoded: SentencePiece's "▁"). */
+static bool token_offsets(struct job *j, const char *text, size_t n, size_t *off)
+{
+	size_t at = 0;
+
+	for (size_t i = 0; i < j->ids.n; i++) {
+		const struct tok_piece *pc = piece(j, j->ids.ids[i]);
+
+		if (!pc || at + pc->n > n || memcmp(text + at, pc->p, pc->n))
+			return false;
+		off[i] = at;
+		at += pc->n;
+	}
+	off[j->ids.n] = at;
+	return at == n;
+}
+
+/* The mask from the whole text's tokens: in each span, the tokens whose
+ * bytes overlap it, from the first through the first special one. */
+static void mask_by_offsets(struct job *j, const size_t *off, const struct st_chat_span *spans,
+			    size_t n_spans, uint8_t *m)
+{
+	size_t i = 0;
+
+	memset(m, 0, j->ids.n);
+	for (size_t s = 0; s < n_spans; s++) {
+		while (i < j->ids.n && off[i + 1] <= spans[s].begin)
+			i++;
+		for (; i < j->ids.n && off[i] < spans[s].end; i++) {
+			m[i] = 1;
+			if (st_tokenizer_is_special(j->t, j->ids.ids[i])) {
+				i++;
+				break;
+			}
+		}
+	}
+}
+
+/* The text tokenized in pieces at the spans' bounds (for a tokenizer
+ * token_offsets() cannot follow); the mask as above within each span. */
+static void chat_by_segments(struct job *j, const char *where, const char *text, size_t n,
+			     const struct st_chat_span *spans, size_t n_spans)
+{
+	uint8_t *m = NULL;
+	size_t m_cap = 0, at = 0;
+
 	for (size_t s = 0; s <= n_spans; s++) {
 		size_t begin = s < n_spans ? spans[s].begin : n;
 
@@ -432,8 +520,44 @@ static void chat_line(struct job *j, const char *where, struct json_object *obj)
 		out_ids_mask(&j->o, j->ids.ids, j->ids.n, m, 0);
 		at = spans[s].end;
 	}
+	j->split_convs++;
+	free(m);
+}
+
+static void chat_line(struct job *j, const char *where, struct json_object *obj)
+{
+	struct json_object *msgs;
+	struct st_chat_span *spans;
+	char *text;
+	size_t n, n_spans, *off;
+	uint8_t *m;
+	int ret;
+
+	chat_check(where, obj);
+	json_object_object_get_ex(obj, "messages", &msgs);
+	if ((ret = st_chat_render(j->chat, msgs, json_object_array_length(msgs), false, &text,
+				  &n)) < 0 ||
+	    !(spans = malloc(json_object_array_length(msgs) * sizeof(*spans))) ||
+	    (ret = st_chat_spans(j->chat, msgs, text, n, spans, &n_spans)) < 0)
+		st_cli_die(ret == -ENOMEM ? 1 : 2, "%s: the chat template: %s", where,
+			   ret ? st_error_last() : "out of memory");
+	n_spans = snap_spans(j, text, n, spans, n_spans);
+	text_out(j, text, n);
+	out_doc_start(&j->o);
+	encode(j, where, text, n);
+	if (!(off = malloc((j->ids.n + 1) * sizeof(*off))) || !(m = malloc(j->ids.n + 1)))
+		st_cli_die(1, "tokenize: out of memory");
+	if (token_offsets(j, text, n, off)) {
+		mask_by_offsets(j, off, spans, n_spans, m);
+		for (size_t i = 0; i < j->ids.n; i++)
+			j->masked_tokens += m[i];
+		out_ids_mask(&j->o, j->ids.ids, j->ids.n, m, 0);
+	} else {
+		chat_by_segments(j, where, text, n, spans, n_spans);
+	}
 	j->done_bytes += n;
 	free(m);
+	free(off);
 	free(spans);
 	free(text);
 }
@@ -773,6 +897,13 @@ int st_cli_tokenize(int argc, char **argv)
 			printf("; %llu tokens in the loss mask", (unsigned long long)j.masked_tokens);
 		printf("\n");
 	}
+	if (j.split_convs && !j.quiet)
+		fprintf(stderr, "strata: note: %llu conversations tokenized in pieces at the "
+			"assistant's bounds (this tokenizer's tokens do not decode one by one to "
+			"the text; docs/tokenizer.md)\n", (unsigned long long)j.split_convs);
+	for (size_t i = 0; j.pieces && i < st_tokenizer_vocab(j.t); i++)
+		free(j.pieces[i].p);
+	free(j.pieces);
 	st_tok_ids_fini(&j.ids);
 	st_chat_close(j.chat);
 	st_tokenizer_close(j.t);
