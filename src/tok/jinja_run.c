@@ -1514,6 +1514,39 @@ static struct val *filter_tojson(struct cx *cx, const struct val *v, const struc
 	return json_val(cx, v, &o);
 }
 
+/* parseInt(s, 10) / parseFloat(s): the longest number at the start (after
+ * whitespace); none gives dflt, or 0. */
+static struct val *str_number(struct cx *cx, const struct val *v, bool integer,
+			      struct val *dflt)
+{
+	const char *end = v->s + v->n, *p = ws_trim_start(v->s, end), *q = p;
+	char buf[400];
+	bool digits = false;
+
+	q += q < end && (*q == '+' || *q == '-');
+	if (!integer && (size_t)(end - q) >= 8 && !memcmp(q, "Infinity", 8))
+		return mk_num(cx, V_FLOAT, *p == '-' ? -INFINITY : INFINITY);
+	for (; q < end && *q >= '0' && *q <= '9'; q++)
+		digits = true;
+	if (!integer && q < end && *q == '.')
+		for (q++; q < end && *q >= '0' && *q <= '9'; q++)
+			digits = true;
+	if (!integer && digits && q < end && (*q == 'e' || *q == 'E')) {
+		const char *e = q + 1;
+
+		e += e < end && (*e == '+' || *e == '-');
+		if (e < end && *e >= '0' && *e <= '9') {
+			for (q = e; q < end && *q >= '0' && *q <= '9'; q++)
+				;
+		}
+	}
+	if (!digits || (size_t)(q - p) >= sizeof(buf))
+		return dflt ? dflt : mk_num(cx, integer ? V_INT : V_FLOAT, 0);
+	memcpy(buf, p, (size_t)(q - p));
+	buf[q - p] = 0;
+	return mk_num(cx, integer ? V_INT : V_FLOAT, strtod(buf, NULL) + 0.0);
+}
+
 static struct val *filter_plain(struct cx *cx, struct val *v, const struct jn_node *f)
 {
 #define F(x) name_is(f, x)
@@ -1563,6 +1596,8 @@ static struct val *filter_plain(struct cx *cx, struct val *v, const struct jn_no
 		}
 		if (F("join") || F("string"))
 			return v;
+		if (F("int") || F("float"))
+			return str_number(cx, v, F("int"), NULL);
 		break;
 	case V_INT:
 	case V_FLOAT:
@@ -1633,6 +1668,19 @@ static struct val *filter_call(struct cx *cx, struct val *v, const struct jn_nod
 		if (flag && flag->t != V_BOOL)
 			return fail(cx, "`default` filter flag must be a boolean");
 		return v->t == V_UNDEF || (flag && flag->b && !truthy(v)) ? d : v;
+	}
+	if (F("int") || F("float")) {
+		struct val *d = a.n ? a.pos[0] : kwarg(&a, "default");
+
+		if (v->t == V_STR)
+			return str_number(cx, v, F("int"), d);
+		if (is_num(v) || v->t == V_BOOL) {
+			double x = v->t == V_BOOL ? v->b : v->num;
+
+			return mk_num(cx, F("int") ? V_INT : V_FLOAT, F("int") ? trunc(x) + 0.0 : x);
+		}
+		return fail(cx, "Cannot apply filter \"%.*s\" to type: %s", (int)f->n, f->s,
+			    type_names[v->t]);
 	}
 	if (v->t == V_STR && F("indent"))
 		return indent(cx, v, &a);
