@@ -812,18 +812,24 @@ static struct jn_node *parse_args(struct parser *p, struct jn_node *callee)
 	while (!p->err && !is_type(p, T_RPAREN)) {
 		struct jn_node *arg;
 
-		if (p->at >= p->n)
-			return pfail(p, "unexpected end of template in the arguments");
-		if (is_type(p, T_POW) || (is_type(p, T_MUL) && p->t[p->at].s[0] == '*'))
-			return pfail(p, "argument unpacking (* and **) is not supported");
+		if (p->at >= p->n) {
+			pfail(p, "unexpected end of template in the arguments");
+			break;
+		}
+		if (is_type(p, T_POW) || (is_type(p, T_MUL) && p->t[p->at].s[0] == '*')) {
+			pfail(p, "argument unpacking (* and **) is not supported");
+			break;
+		}
 		if (!(arg = parse_expr(p)))
 			break;
 		if (is_type(p, T_EQUALS)) {
 			struct jn_node *kw;
 
 			p->at++;
-			if (arg->kind != JN_IDENT)
-				return pfail(p, "expected an identifier for a keyword argument");
+			if (arg->kind != JN_IDENT) {
+				pfail(p, "expected an identifier for a keyword argument");
+				break;
+			}
 			if (!(kw = node_new(p, JN_KWARG)))
 				break;
 			kw->s = arg->s;
@@ -832,7 +838,8 @@ static struct jn_node *parse_args(struct parser *p, struct jn_node *callee)
 			arg = kw;
 			kw_seen = true;
 		} else if (kw_seen) {
-			return pfail(p, "positional arguments must come before keyword arguments");
+			pfail(p, "positional arguments must come before keyword arguments");
+			break;
 		}
 		if (!nlist_push(p, &l, arg))
 			break;
@@ -1153,8 +1160,10 @@ static struct jn_node *parse_list_literal(struct parser *p)
 	struct nlist l = { 0 };
 
 	while (nd && !p->err && !is_type(p, T_RBRACKET)) {
-		if (p->at >= p->n)
-			return pfail(p, "unexpected end of template in [ ]");
+		if (p->at >= p->n) {
+			pfail(p, "unexpected end of template in [ ]");
+			break;
+		}
 		if (!nlist_push(p, &l, parse_expr(p)))
 			break;
 		if (is_type(p, T_COMMA))

@@ -180,19 +180,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: not JSON\n", argv[2]);
 		return 2;
 	}
-	if ((ret = st_jinja_parse(src, n, &t)) < 0) {
-		fprintf(stderr, "error: %s\n", st_error_last());
-		return 1;
-	}
-	if ((ret = st_jinja_render(t, vars, &out, &out_n)) < 0) {
-		fprintf(stderr, "error: %s\n", st_error_last());
+	ret = st_jinja_parse(src, n, &t);
+	if (ret == 0) {
+		ret = st_jinja_render(t, vars, &out, &out_n);
 		st_jinja_free(t);
-		return 1;
 	}
-	fwrite(out, 1, out_n, stdout);
-	free(out);
-	st_jinja_free(t);
+	if (ret == 0) {
+		fwrite(out, 1, out_n, stdout);
+		free(out);
+	} else {
+		fprintf(stderr, "error: %s\n", st_error_last());
+	}
 	json_object_put(vars);
 	free(src);
-	return 0;
+	return ret ? 1 : 0;
 }
