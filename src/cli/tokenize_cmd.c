@@ -555,7 +555,6 @@ static void chat_line(struct job *j, const char *where, struct json_object *obj)
 	} else {
 		chat_by_segments(j, where, text, n, spans, n_spans);
 	}
-	j->done_bytes += n;
 	free(m);
 	free(off);
 	free(spans);
@@ -588,7 +587,6 @@ static void pc_line(struct job *j, const char *where, struct json_object *obj)
 	out_ids_mask(&j->o, j->ids.ids, j->ids.n, NULL, 1);
 	out_ids_mask(&j->o, j->suf, j->n_suf, NULL, 1);
 	j->masked_tokens += j->ids.n + j->n_suf;
-	j->done_bytes += pn + cn;
 }
 
 static void jsonl_file(struct job *j, const char *path)
@@ -630,6 +628,7 @@ static void jsonl_file(struct job *j, const char *path)
 			j->docs++;
 			json_object_put(obj);
 		}
+		j->done_bytes += end - at + (nl != NULL);
 		at = end + 1;
 		progress(j);
 	}
