@@ -7,10 +7,11 @@
  * whitespace control), its operators (JavaScript's loose `==`, `+` joining
  * a string with anything), its filters, tests and string methods (`strip`,
  * `lstrip`, `rstrip` trim whitespace and ignore an argument, as it does),
- * and its JSON (`tojson`, objects and lists printed as JSON). What it does
- * not do: macros, call and filter blocks, `*`/`**` argument unpacking,
- * `{% include %}`/`{% extends %}`, and the filters no chat template of
- * docs/tokenizer.md uses; each is refused with an error that names it.
+ * and its JSON (`tojson`, objects and lists printed as JSON), macros too.
+ * What it does not do: call and filter blocks, `*`/`**` argument
+ * unpacking, `{% include %}`/`{% extends %}`, and the filters no chat
+ * template of docs/tokenizer.md uses; each is refused with an error that
+ * names it.
  *
  * Safe on any input: the parser refuses nesting deeper than 200, a render
  * stops (-E2BIG) past 10^7 evaluation steps or 256 MiB of values, so a

@@ -25,6 +25,7 @@ enum jn_node_kind {
 	JN_TEXT, JN_INT, JN_FLOAT, JN_STR, JN_IDENT, JN_ARRAY, JN_TUPLE, JN_OBJECT,
 	JN_BIN, JN_UNARY, JN_MEMBER, JN_SLICE, JN_CALL, JN_KWARG, JN_FILTER, JN_TEST,
 	JN_SELECT, JN_TERNARY, JN_IF, JN_FOR, JN_SET, JN_BREAK, JN_CONTINUE, JN_COMMENT,
+	JN_MACRO,
 };
 
 /* Binary and unary operators. */
@@ -44,7 +45,8 @@ enum jn_op {
  *   CALL a(list); KWARG s=a; FILTER a | b (b an IDENT or a CALL)
  *   TEST a is [not: flag] s
  *   IF a: list else list2; FOR a in b: list else list2
- *   SET a = b, or a from the block list when b is NULL */
+ *   SET a = b, or a from the block list when b is NULL
+ *   MACRO s(list: IDENTs and KWARGs, the parameters): list2 */
 struct jn_node {
 	enum jn_node_kind kind;
 	enum jn_op op;

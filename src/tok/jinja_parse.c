@@ -1340,6 +1340,35 @@ static struct jn_node *parse_set_rest(struct parser *p, struct jn_node *nd)
 	return p->err ? NULL : nd;
 }
 
+/* {% macro name(a, b=default) %} body: the parameters are a call's
+ * arguments, each a name or name=default, no name twice. */
+static struct jn_node *parse_macro(struct parser *p)
+{
+	static const char *const endmacro[] = { "endmacro", NULL };
+	struct jn_node *name = parse_primary(p), *nd, *args;
+
+	if (!name || name->kind != JN_IDENT)
+		return pfail(p, "expected a name after macro");
+	if (!(args = parse_args(p, NULL)) || !(nd = node_new(p, JN_MACRO)))
+		return NULL;
+	for (size_t i = 0; i < args->len; i++) {
+		if (args->list[i]->kind != JN_IDENT && args->list[i]->kind != JN_KWARG)
+			return pfail(p, "expected a name for a macro parameter");
+		for (size_t k = 0; k < i; k++)
+			if (args->list[k]->n == args->list[i]->n &&
+			    !memcmp(args->list[k]->s, args->list[i]->s, args->list[i]->n))
+				return pfail(p, "a macro parameter named twice");
+	}
+	nd->s = name->s;
+	nd->n = name->n;
+	nd->list = args->list;
+	nd->len = args->len;
+	if (!expect(p, T_CLOSE_STMT, "expected %} after the macro's parameters"))
+		return NULL;
+	nd->list2 = parse_block(p, endmacro, &nd->len2);
+	return p->err ? NULL : nd;
+}
+
 static bool close_with(struct parser *p, const char *word)
 {
 	char what[48];
@@ -1376,10 +1405,17 @@ static struct jn_node *parse_statement(struct parser *p)
 		nd = node_new(p, IS("break") ? JN_BREAK : JN_CONTINUE);
 		return expect(p, T_CLOSE_STMT, "expected %}") ? nd : NULL;
 	}
-	if (IS("macro") || IS("call") || IS("filter") || IS("include") || IS("extends") ||
-	    IS("import") || IS("block"))
-		return pfail(p, "this statement is not supported (macro, call, filter, "
-			     "include, extends, import, block)");
+	if (IS("macro")) {
+		if (!enter(p))
+			return NULL;
+		nd = parse_macro(p);
+		nd = nd && close_with(p, "endmacro") ? nd : NULL;
+		return leave(p, nd);
+	}
+	if (IS("call") || IS("filter") || IS("include") || IS("extends") || IS("import") ||
+	    IS("block"))
+		return pfail(p, "this statement is not supported (call, filter, include, "
+			     "extends, import, block)");
 #undef IS
 	return pfail(p, "unknown statement");
 }

@@ -29,7 +29,7 @@ enum vt { V_UNDEF, V_NULL, V_BOOL, V_INT, V_FLOAT, V_STR, V_ARRAY, V_OBJECT, V_N
 enum fn {
 	F_RAISE, F_RANGE, F_STRFTIME, F_NAMESPACE, F_UPPER, F_LOWER, F_STRIP, F_TITLE,
 	F_CAPITALIZE, F_RSTRIP, F_LSTRIP, F_STARTSWITH, F_ENDSWITH, F_SPLIT, F_REPLACE,
-	F_GET, F_ITEMS, F_KEYS, F_VALUES,
+	F_GET, F_ITEMS, F_KEYS, F_VALUES, F_MACRO,
 };
 
 struct val;
@@ -51,6 +51,8 @@ struct val {
 	size_t nkv, cap; /* OBJECT, NS */
 	enum fn fn;
 	struct val *self; /* FUNC: the string or object of a method */
+	const struct jn_node *macro; /* F_MACRO: its node, */
+	struct scope *env;           /* and the scope it was defined in */
 };
 
 struct scope {
@@ -1086,9 +1088,61 @@ static struct val *fn_namespace(struct cx *cx, const struct args *a)
 	return ns;
 }
 
+static bool param_name(const struct jn_node *p, const struct val *name)
+{
+	return name->n == p->n && !memcmp(name->s, p->s, p->n);
+}
+
+/* A macro's call: its parameters bound in a scope of the one it was
+ * defined in (positional, then by keyword, then defaults, evaluated
+ * there), its body rendered to a string. */
+static struct val *macro_call(struct cx *cx, const struct val *f, const struct args *a)
+{
+	const struct jn_node *m = f->macro;
+	struct scope *sc = scope_new(cx, f->env);
+	size_t mark = cx->n;
+	struct val *v;
+
+	if (!sc)
+		return NULL;
+	if (a->n > m->len)
+		return fail(cx, "macro '%.*s' takes not more than %zu argument(s)", (int)m->n, m->s,
+			    m->len);
+	for (size_t i = 0; i < m->len; i++) {
+		const struct jn_node *p = m->list[i];
+
+		v = i < a->n ? a->pos[i] : a->kw ? obj_get(a->kw, p->s, p->n) : NULL;
+		if (!obj_set(cx, &sc->vars, p->s, p->n, v ? v : &undef_v))
+			return NULL;
+	}
+	for (size_t k = 0; a->kw && k < a->kw->nkv; k++) {
+		bool known = false;
+
+		for (size_t i = a->n; i < m->len; i++)
+			known |= param_name(m->list[i], &(struct val){ .s = a->kw->kv[k].k,
+								       .n = a->kw->kv[k].kn });
+		if (!known)
+			return fail(cx, "macro '%.*s' takes no keyword argument '%.*s'", (int)m->n,
+				    m->s, (int)a->kw->kv[k].kn, a->kw->kv[k].k);
+	}
+	for (size_t i = a->n; i < m->len; i++) {
+		const struct jn_node *p = m->list[i];
+
+		if (p->kind == JN_KWARG && !(a->kw && obj_get(a->kw, p->s, p->n)) &&
+		    (!(v = eval(cx, p->a, sc)) || !obj_set(cx, &sc->vars, p->s, p->n, v)))
+			return NULL;
+	}
+	render_block(cx, m->list2, m->len2, sc);
+	v = cx->err ? NULL : mk_str(cx, cx->out ? cx->out + mark : "", cx->n - mark, true);
+	cx->n = mark;
+	return v;
+}
+
 static struct val *call_fn(struct cx *cx, const struct val *f, const struct args *a)
 {
 	switch (f->fn) {
+	case F_MACRO:
+		return macro_call(cx, f, a);
 	case F_RAISE: {
 		struct sb b = { .cx = cx };
 		struct val *m;
@@ -1249,11 +1303,11 @@ static struct val *member(struct cx *cx, const struct jn_node *nd, struct scope 
 	return cx->err ? NULL : v ? v : &undef_v;
 }
 
-static bool run_test(struct cx *cx, const struct val *v, const struct jn_node *nd, bool *res)
+/* The test named t[0..n) of v; arg is the second operand of equalto/eq
+ * (selectattr's value), NULL for `is`. */
+static bool test_named(struct cx *cx, const struct val *v, const char *t, size_t n,
+		       const struct val *arg, bool *res)
 {
-	const char *t = nd->s;
-	size_t n = nd->n;
-
 #define T(x) (n == strlen(x) && !memcmp(t, x, n))
 	if (T("boolean")) *res = v->t == V_BOOL;
 	else if (T("callable")) *res = v->t == V_FUNC;
@@ -1278,10 +1332,18 @@ static bool run_test(struct cx *cx, const struct val *v, const struct jn_node *n
 			return false;
 		*res = c->n == v->n && !memcmp(c->s, v->s, v->n);
 	} else if (T("defined")) *res = v->t != V_UNDEF;
-	else if (T("undefined") || T("equalto") || T("eq")) *res = v->t == V_UNDEF;
+	else if (T("equalto") || T("eq")) *res = arg ? strict_eq(v, arg) : v->t == V_UNDEF;
+	else if (T("undefined")) *res = v->t == V_UNDEF;
 	else
 		return fail(cx, "Unknown test: %.*s", (int)n, t);
 #undef T
+	return true;
+}
+
+static bool run_test(struct cx *cx, const struct val *v, const struct jn_node *nd, bool *res)
+{
+	if (!test_named(cx, v, nd->s, nd->n, NULL, res))
+		return false;
 	if (nd->flag)
 		*res = !*res;
 	return true;
@@ -1639,6 +1701,89 @@ static struct val *filter_plain(struct cx *cx, struct val *v, const struct jn_no
 #undef F
 }
 
+/* item.a.b.0 (getAttributeValue): objects by key, lists by index. */
+static struct val *attr_path(struct cx *cx, struct val *item, const struct val *path)
+{
+	const char *p = path->s, *end = path->s + path->n;
+
+	for (;;) {
+		const char *dot = memchr(p, '.', (size_t)(end - p)), *e = dot ? dot : end;
+
+		if (item->t == V_OBJECT || item->t == V_NS) {
+			item = obj_get(item, p, (size_t)(e - p));
+		} else if (item->t == V_ARRAY) {
+			char num[32];
+			char *stop;
+			long i;
+
+			snprintf(num, sizeof(num), "%.*s", (int)ST_MIN((size_t)(e - p), 30), p);
+			i = strtol(num, &stop, 10);
+			item = stop != num && i >= 0 && (size_t)i < item->len ? item->items[i] : NULL;
+		} else {
+			item = NULL;
+		}
+		if (!item || !dot)
+			return item ? item : (cx->err ? NULL : &undef_v);
+		p = dot + 1;
+	}
+}
+
+static struct val *select_attr(struct cx *cx, const struct val *v, const struct jn_node *call,
+			       const struct args *a, bool select)
+{
+	const struct val *attr = a->n > 0 ? a->pos[0] : NULL, *test = a->n > 1 ? a->pos[1] : NULL;
+	struct val *out = mk_array(cx, v->len);
+
+	for (size_t i = 0; i < v->len; i++)
+		if (v->items[i]->t != V_OBJECT && v->items[i]->t != V_NS)
+			return fail(cx, "`%s` can only be applied to array of objects",
+				    select ? "selectattr" : "rejectattr");
+	for (size_t i = 0; i < call->len; i++)
+		if (call->list[i]->kind != JN_STR)
+			return fail(cx, "arguments of `%s` must be strings",
+				    select ? "selectattr" : "rejectattr");
+	if (!out || !attr)
+		return out ? fail(cx, "selectattr needs an attribute") : NULL;
+	out->len = 0;
+	for (size_t i = 0; i < v->len; i++) {
+		const struct val *x = obj_get(v->items[i], attr->s, attr->n);
+		bool res = false;
+
+		if (x && test && !test_named(cx, x, test->s, test->n, a->n > 2 ? a->pos[2] : &undef_v,
+					     &res))
+			return NULL;
+		if (x && !test)
+			res = truthy(x);
+		if (res == select)
+			out->items[out->len++] = v->items[i];
+	}
+	return out;
+}
+
+static struct val *map_attr(struct cx *cx, const struct val *v, const struct args *a)
+{
+	const struct val *attr = kwarg(a, "attribute");
+	struct val *dflt = kwarg(a, "default"), *out;
+
+	if (!attr)
+		return fail(cx, "`map` expressions without `attribute` set are not currently "
+			    "supported.");
+	if (attr->t != V_STR)
+		return fail(cx, "attribute must be a string");
+	if (!(out = mk_array(cx, v->len)))
+		return NULL;
+	for (size_t i = 0; i < v->len; i++) {
+		struct val *x;
+
+		if (v->items[i]->t != V_OBJECT && v->items[i]->t != V_NS)
+			return fail(cx, "items in map must be an object");
+		if (!(x = attr_path(cx, v->items[i], attr)))
+			return NULL;
+		out->items[i] = x->t == V_UNDEF && dflt ? dflt : x;
+	}
+	return out;
+}
+
 static struct val *filter_call(struct cx *cx, struct val *v, const struct jn_node *call,
 			       struct scope *sc)
 {
@@ -1682,6 +1827,10 @@ static struct val *filter_call(struct cx *cx, struct val *v, const struct jn_nod
 		return fail(cx, "Cannot apply filter \"%.*s\" to type: %s", (int)f->n, f->s,
 			    type_names[v->t]);
 	}
+	if (v->t == V_ARRAY && (F("selectattr") || F("rejectattr")))
+		return select_attr(cx, v, call, &a, F("selectattr"));
+	if (v->t == V_ARRAY && F("map"))
+		return map_attr(cx, v, &a);
 	if (v->t == V_STR && F("indent"))
 		return indent(cx, v, &a);
 	if (v->t == V_STR && F("replace"))
@@ -2006,6 +2155,13 @@ static void render_block(struct cx *cx, struct jn_node *const *list, size_t len,
 			exec_set(cx, nd, sc);
 			break;
 		case JN_COMMENT:
+			break;
+		case JN_MACRO:
+			if ((v = mk_fn(cx, F_MACRO, NULL))) {
+				v->macro = nd;
+				v->env = sc;
+				obj_set(cx, &sc->vars, nd->s, nd->n, v);
+			}
 			break;
 		case JN_BREAK:
 		case JN_CONTINUE:
