@@ -14,8 +14,8 @@
  * the mask is 1 on each assistant reply from its first token through the
  * first special token of its span (the end of turn), docs/tokenizer.md.
  * --format prompt-completion: {"prompt", "completion"} lines; BOS, the
- * prompt's tokens, the completion's, EOS; the mask is 1 on the completion
- * and EOS.
+ * tokens of prompt + completion as one text, EOS; the mask is 1 from the
+ * first token that reaches into the completion through EOS.
  * The shard is llm.c's: uint16 tokens (magic 20240520, version 1) when
  * every id fits, uint32 (20240801, version 7) otherwise; what `strata train
  * --data` reads. The output appears whole or not at all: written under a
@@ -561,32 +561,69 @@ static void chat_line(struct job *j, const char *where, struct json_object *obj)
 	free(text);
 }
 
+/* How many of the whole text's tokens (j->ids) belong to the prompt
+ * (its first pn bytes): by the tokens' bytes when they give back the text
+ * (the first token that reaches into the completion starts it), else the
+ * prompt's own tokens when they begin the whole text's; SIZE_MAX when
+ * neither holds (the two are then tokenized apart). */
+static size_t prompt_tokens(struct job *j, const char *where, const char *both, size_t pn,
+			    size_t n)
+{
+	size_t *off = malloc((j->ids.n + 1) * sizeof(*off)), k = SIZE_MAX;
+	struct st_tok_ids whole = j->ids;
+
+	if (!off)
+		st_cli_die(1, "tokenize: out of memory");
+	if (token_offsets(j, both, n, off)) {
+		for (k = 0; k < j->ids.n && off[k + 1] <= pn; k++)
+			;
+		free(off);
+		return k;
+	}
+	free(off);
+	j->ids = (struct st_tok_ids){ 0 };
+	encode(j, where, both, pn);
+	if (j->ids.n <= whole.n && !memcmp(j->ids.ids, whole.ids, j->ids.n * sizeof(*whole.ids)))
+		k = j->ids.n;
+	st_tok_ids_fini(&j->ids);
+	j->ids = whole;
+	return k;
+}
+
+/* BOS, prompt + completion as one text, EOS; the mask from the first token
+ * of the completion (prompt_tokens()) through EOS. */
 static void pc_line(struct job *j, const char *where, struct json_object *obj)
 {
-	size_t pn, cn;
+	size_t pn, cn, k;
 	const char *p = str_member(obj, "prompt", &pn), *c = str_member(obj, "completion", &cn);
+	char *both;
 
 	if (!p || !c)
 		st_cli_die(2, "%s: no string \"prompt\" and \"completion\" (--format "
 			   "prompt-completion reads {\"prompt\": ..., \"completion\": ...})", where);
-	if (j->text_open) {
-		char *both = malloc(pn + cn + 1);
-
-		if (!both)
-			st_cli_die(1, "tokenize: out of memory");
-		memcpy(both, p, pn);
-		memcpy(both + pn, c, cn);
-		text_out(j, both, pn + cn);
-		free(both);
-	}
+	if (!(both = malloc(pn + cn + 1)))
+		st_cli_die(1, "tokenize: out of memory");
+	memcpy(both, p, pn);
+	memcpy(both + pn, c, cn);
+	text_out(j, both, pn + cn);
 	out_doc_start(&j->o);
 	out_ids(&j->o, j->pre, j->n_pre);
-	encode(j, where, p, pn);
-	out_ids(&j->o, j->ids.ids, j->ids.n);
-	encode(j, where, c, cn);
-	out_ids_mask(&j->o, j->ids.ids, j->ids.n, NULL, 1);
+	encode(j, where, both, pn + cn);
+	if ((k = prompt_tokens(j, where, both, pn, pn + cn)) != SIZE_MAX) {
+		out_ids(&j->o, j->ids.ids, k);
+		out_ids_mask(&j->o, j->ids.ids + k, j->ids.n - k, NULL, 1);
+		j->masked_tokens += j->ids.n - k;
+	} else {
+		encode(j, where, p, pn);
+		out_ids(&j->o, j->ids.ids, j->ids.n);
+		encode(j, where, c, cn);
+		out_ids_mask(&j->o, j->ids.ids, j->ids.n, NULL, 1);
+		j->masked_tokens += j->ids.n;
+		j->split_convs++;
+	}
 	out_ids_mask(&j->o, j->suf, j->n_suf, NULL, 1);
-	j->masked_tokens += j->ids.n + j->n_suf;
+	j->masked_tokens += j->n_suf;
+	free(both);
 }
 
 static void jsonl_file(struct job *j, const char *path)
@@ -897,9 +934,11 @@ int st_cli_tokenize(int argc, char **argv)
 		printf("\n");
 	}
 	if (j.split_convs && !j.quiet)
-		fprintf(stderr, "strata: note: %llu conversations tokenized in pieces at the "
-			"assistant's bounds (this tokenizer's tokens do not decode one by one to "
-			"the text; docs/tokenizer.md)\n", (unsigned long long)j.split_convs);
+		fprintf(stderr, "strata: note: %llu %s tokenized in pieces at the %s (this "
+			"tokenizer's tokens do not decode one by one to the text; "
+			"docs/tokenizer.md)\n", (unsigned long long)j.split_convs,
+			j.format == FMT_CHAT ? "conversations" : "examples",
+			j.format == FMT_CHAT ? "assistant's bounds" : "completion");
 	for (size_t i = 0; j.pieces && i < st_tokenizer_vocab(j.t); i++)
 		free(j.pieces[i].p);
 	free(j.pieces);

@@ -16,17 +16,21 @@ fail=0
 . "$(dirname "$0")/../cli/check.sh"
 export ST_QUIET=1
 
-mk_tok() { # DIR TEMPLATE
+mk_tok() { # DIR TEMPLATE [MERGE: one, of two byte-level symbols]
 	mkdir -p "$1"
-	python3 - "$1" "$2" <<'PY'
+	python3 - "$1" "$2" "${3:-}" <<'PY'
 import json, sys
-d, tpl = sys.argv[1], sys.argv[2]
+d, tpl, merge = sys.argv[1], sys.argv[2], sys.argv[3]
 bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
 cs, n = bs[:], 0
 for b in range(256):
     if b not in bs:
         bs.append(b); cs.append(256 + n); n += 1
 vocab = {chr(c): b for b, c in zip(bs, cs)}
+merges = []
+if merge:
+    merges = [merge.split(" ")]
+    vocab["".join(merges[0])] = 257
 tj = {"version": "1.0", "added_tokens": [{"id": 256, "content": "<|endoftext|>",
       "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
       "special": True}], "normalizer": None,
@@ -36,7 +40,7 @@ tj = {"version": "1.0", "added_tokens": [{"id": 256, "content": "<|endoftext|>",
       "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                   "use_regex": True},
       "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False,
-                "byte_fallback": False, "vocab": vocab, "merges": []}}
+                "byte_fallback": False, "vocab": vocab, "merges": merges}}
 json.dump(tj, open(d + "/tokenizer.json", "w"))
 json.dump({"bos_token": {"content": "<|endoftext|>", "special": True},
            "eos_token": "<|endoftext|>", "chat_template": tpl},
@@ -144,6 +148,22 @@ if (h[5], h[6]) == (0, 0):
 if not bad:
     print("ok   shards: tokens, mask, documents, text-out, hash as computed here")
 sys.exit(bad)
+PY
+# prompt + completion are one text: a token that spans both (" A", a
+# merge) is the completion's
+mk_tok "$work/tokm" "$TPL" "Ġ A" # Ġ: GPT-2's symbol for the space byte
+printf '%s\n' '{"prompt": "Q? ", "completion": "A."}' > "$work/pcm.jsonl"
+check pc-merge 0 "$strata" tokenize --format prompt-completion --tokenizer "$work/tokm" \
+	--out "$work/pcm.bin" "$work/pcm.jsonl"
+python3 - "$work/pcm.bin" <<'PY' || fail=1
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<3i", b[:12])[2]
+ids, mask = list(struct.unpack("<%dH" % n, b[1024:1024 + 2 * n])), list(b[1024 + 2 * n:1024 + 3 * n])
+want = ([ord("Q"), ord("?"), 257, ord("."), 256], [0, 0, 1, 1, 1])
+if (ids, mask) != want:
+    print("FAIL pc-merge: %r %r, want %r" % (ids, mask, want)); sys.exit(1)
+print("ok   pc-merge: the merged \" A\" counts as the completion's")
 PY
 # another tokenizer.json (one byte more): another hash
 cp -r "$work/tok" "$work/tok2" && echo >> "$work/tok2/tokenizer.json"
