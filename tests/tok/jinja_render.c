@@ -3,7 +3,8 @@
  * of the template, "error: DETAIL" on stderr and exit 1 (test_jinja.sh
  * compares both with @huggingface/jinja).
  * jinja_render --fuzz FILE...: each file cut, spliced and grown at many
- * points, plus inputs built to nest, loop and allocate without end, each
+ * points ($JINJA_FUZZ_POINTS of them, default 97), plus inputs built to
+ * nest, loop and allocate without end, each
  * parsed and rendered: every one must render or be refused (-EINVAL,
  * -E2BIG); a crash or a hang is the failure. */
 #include "strata/jinja.h"
@@ -97,7 +98,8 @@ static int fuzz(int n_files, char **files)
 		{ "{% for i in range(3) %}", "", "{% endfor %}" }, { "[", "", "]" },
 		{ "{{ 1", "", " }}" }, { "not ", "", "" }, { "-", "", "1" },
 	};
-	size_t runs = 0, ok = 0;
+	const char *env = getenv("JINJA_FUZZ_POINTS");
+	size_t runs = 0, ok = 0, points = env ? strtoul(env, NULL, 10) : 97;
 	int bad = 0;
 
 	for (int f = 0; f < n_files && !bad; f++) {
@@ -110,7 +112,7 @@ static int fuzz(int n_files, char **files)
 		if (!src)
 			return fprintf(stderr, "%s: cannot read\n", files[f]), 2;
 		buf = malloc(n + 64);
-		for (size_t p = 0; p <= n && !bad; p += 1 + n / 97) {
+		for (size_t p = 0; p <= n && !bad; p += 1 + n / (points ? points : 1)) {
 			bad |= fuzz_one(src, p, vars, &ok); /* cut short */
 			runs++;
 			if (p < n) {
