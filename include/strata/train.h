@@ -27,6 +27,10 @@ struct st_train_config {
 	enum st_lr_schedule schedule;
 	int warmup;                   /* steps of linear warm-up */
 	int steps;                    /* total steps (for the schedule) */
+	int schedule_steps;           /* the steps the LR schedule spans; 0: steps. A
+				       * run extended past its total keeps the
+				       * total it started with (the added steps
+				       * at the final LR) */
 	double wd, beta1, beta2, eps;
 	double clip;                  /* global-norm clip; 0 disables */
 	uint64_t seed;

@@ -196,7 +196,8 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 		for (size_t i = 0; i < tr.n_files; i++)
 			bytes += tr.files[i].bytes;
 		put_int(o, "bytes", (int64_t)bytes);
-		if (verify)
+		ret = st_ckpt_check(dir, &tr);
+		if (ret == 0 && verify)
 			ret = st_ckpt_verify(dir, &tr);
 		st_ckpt_trainer_fini(&tr);
 	}

@@ -563,8 +563,19 @@ int st_ckpt_resolve(const char *path, char **out)
 					: st_ckpt_fmt("%s/%s", path, target);
 		if (!*out)
 			return st_error_set(-ENOMEM, "out of memory");
-		if (stat(*out, &sb) == 0 || errno != ENOENT)
+		if (stat(*out, &sb) == 0)
 			return 0;
+		if (errno != ENOENT) {
+			err = -errno;
+			free(*out);
+			*out = NULL;
+			if (err == -ELOOP)
+				return st_error_set(err, "%s/" ST_CKPT_LATEST " -> %s: a "
+						    "symlink loop (ELOOP): it must name a "
+						    "step-N directory", path, target);
+			return st_error_set(err, "%s/" ST_CKPT_LATEST " -> %s: %s", path,
+					    target, strerror(-err));
+		}
 		/* latest names a directory that is gone (a crash while a step
 		 * was saved again without RENAME_EXCHANGE): take the newest
 		 * one there is, as without latest. */

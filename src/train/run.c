@@ -127,6 +127,9 @@ static char *config_json(const struct st_run_config *rc)
 	 * at --grad-accum A are one rank at N * A) */
 	json_object_object_add(o, "grad_accum", json_object_new_int(c->grad_accum * ec->world));
 	json_object_object_add(o, "steps", json_object_new_int(c->steps));
+	/* an extended run: the total its schedule spans (absent: steps) */
+	if (c->schedule_steps > 0 && c->schedule_steps != c->steps)
+		json_object_object_add(o, "schedule_steps", json_object_new_int(c->schedule_steps));
 	json_object_object_add(o, "lr", json_object_new_double(c->lr));
 	json_object_object_add(o, "schedule", json_object_new_string(
 					     c->schedule == ST_LR_COSINE ? "cosine" : "constant"));
@@ -153,13 +156,24 @@ static char *config_json(const struct st_run_config *rc)
 	return s;
 }
 
+/* The steps a saved config's LR schedule spans: "schedule_steps", else
+ * "steps". */
+static long long sched_steps(json_object *o)
+{
+	json_object *v = NULL;
+
+	if (!json_object_object_get_ex(o, "schedule_steps", &v))
+		json_object_object_get_ex(o, "steps", &v);
+	return v ? (long long)json_object_get_int64(v) : -1;
+}
+
 /* Fields that must match between the run and the checkpoint it resumes.
  * Returns 0 or -EINVAL naming the first that does not. */
 static int check_resume_config(const char *saved, const char *now)
 {
 	static const char *keys[] = { "model", "batch", "seq", "grad_accum", "lr", "schedule",
 				      "warmup", "wd", "beta1", "beta2", "eps", "clip", "seed",
-				      "precision", "shuffle", "steps" };
+				      "precision", "shuffle" };
 	json_object *a = saved ? json_tokener_parse(saved) : NULL, *b = json_tokener_parse(now);
 	int ret = 0;
 
@@ -176,6 +190,11 @@ static int check_resume_config(const char *saved, const char *now)
 					   keys[i], x ? json_object_to_json_string(x) : "absent",
 					   y ? json_object_to_json_string(y) : "absent");
 	}
+	/* --steps may grow (or shrink) across a resume; the schedule's span
+	 * may not */
+	if (a && ret == 0 && sched_steps(a) != sched_steps(b))
+		ret = st_error_set(-EINVAL, "--resume: the LR schedule spans %lld steps in the "
+				   "checkpoint but %lld now", sched_steps(a), sched_steps(b));
 	json_object_put(a);
 	json_object_put(b);
 	return ret;
@@ -282,6 +301,11 @@ static int run_resume(struct run *r)
 	free(saved);
 	if (ret < 0)
 		return fail(r, 2, ret);
+	if (r->start_step > (uint64_t)r->ec.train.steps)
+		return fail(r, 2, st_error_set(-EINVAL, "--resume %s: the checkpoint is at step "
+					       "%llu, past --steps %d", r->resume,
+					       (unsigned long long)r->start_step,
+					       r->ec.train.steps));
 	ret = st_loader_seek(&r->ld, &r->ld.cur);
 	if (ret < 0)
 		return fail(r, 2, st_error_set(ret, "--resume %s: %s", r->resume, st_error_last()));
