@@ -40,6 +40,10 @@
 #define ST_CKPT_CONFIG_FILE "config.json"
 #define ST_CKPT_TRAINER_FILE "trainer.json"
 #define ST_CKPT_LATEST "latest"
+/* DIR/best -> step-N: the checkpoint of the lowest validation loss
+ * (strata train --keep-best), never pruned; DIR/best.json says its loss. */
+#define ST_CKPT_BEST "best"
+#define ST_CKPT_BEST_JSON "best.json"
 /* Suffixes of the Adam moments' names in optimizer.safetensors (PyTorch's
  * AdamW state names). The master weights are not repeated there: P is
  * model.safetensors, bit for bit. */

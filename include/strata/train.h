@@ -65,6 +65,11 @@ int st_trainer_set_precision(struct st_trainer *t, enum st_precision p);
 /* Copy unit u's fp32 master weights into p (the unit's flat length). */
 int st_trainer_read_master(const struct st_trainer *t, int u, float *p);
 
+/* Set unit u's fp32 master weights (and the working copy from them) to
+ * p[0..the unit's flat length): e.g. the tiered engine's P, for an
+ * evaluation. Returns 0 or -EINVAL for a bad u. */
+int st_trainer_write_master(struct st_trainer *t, int u, const float *p);
+
 struct st_step_result {
 	double loss;       /* mean over the micro-batches */
 	double grad_norm;  /* before clipping */

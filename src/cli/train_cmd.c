@@ -130,6 +130,15 @@ static void train_usage(FILE *f)
 "                       Flags not given are the saved run's (model, data, optimizer,\n"
 "                       schedule; --save: DIR); --steps M past the saved total extends\n"
 "                       the run, the added steps at the schedule's final LR\n"
+"  --val-data FILE      a validation set (text or a token shard, as --data), scored\n"
+"                       after every --eval-every N steps and the last: val_loss in the\n"
+"                       progress line and --metrics; the same batches each time\n"
+"  --eval-every N       steps between evaluations (needs --val-data)\n"
+"  --val-batches K      batches of --val-data, read in order from its start (default:\n"
+"                       what it holds, at most %d)\n"
+"  --keep-best          save at every evaluation and point DIR/best at the checkpoint\n"
+"                       of the lowest val_loss (DIR/best.json), kept whatever --keep\n"
+"                       prunes (needs --save, --val-data)\n"
 "  --metrics FILE       one JSON object per step (loss, lr, grad_norm, tokens_per_s,\n"
 "                       bytes per link, peak per tier, busy time per queue)\n"
 "  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
@@ -156,7 +165,7 @@ static void train_usage(FILE *f)
 "state holding a NaN or Inf (exit 2, naming the tensor and index); a save whose\n"
 "state is not finite is refused (exit 1), so `latest` always names a finite one.\n",
 		ST_DEFAULT_DATA, st_model_preset_list(), st_family_list(), st_device_list(), DEFAULT_GPU_MEM,
-	        DEFAULT_HOST_MEM, DEFAULT_NVME);
+	        DEFAULT_HOST_MEM, DEFAULT_NVME, ST_RUN_VAL_BATCHES);
 }
 
 
@@ -237,6 +246,7 @@ struct train_args {
 	struct st_run_config run;
 	const char *nvme;       /* --nvme DIR[,DIR..] or "none" */
 	const char *rates_file; /* --rates */
+	const char *val_name;   /* --val-data */
 	int threads;
 	bool accum_auto, keep_given;
 	bool given[1024];       /* the flags given, by getopt value */
@@ -606,6 +616,8 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "offload-activations", 1, 0, 1002 },
 		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
 		{ "optim-state", 1, 0, 1013 },
+		{ "val-data", 1, 0, 1014 }, { "eval-every", 1, 0, 1015 },
+		{ "val-batches", 1, 0, 1016 }, { "keep-best", 0, 0, 1017 },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -739,6 +751,10 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			if (st_optim_state_parse(optarg, &ec->optim_state) < 0)
 				st_cli_die(2, "--optim-state %s: expected fp32, bf16 or q8", optarg);
 			break;
+		case 1014: a->val_name = optarg; break;
+		case 1015: rc->eval_every = (int)st_cli_long("--eval-every", optarg, 1, 1 << 30); break;
+		case 1016: rc->val_batches = (int)st_cli_long("--val-batches", optarg, 1, 1 << 20); break;
+		case 1017: rc->keep_best = true; break;
 		case 'h': train_usage(stdout); return true;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
@@ -860,6 +876,14 @@ static void train_check_run(const struct train_args *a)
 		st_cli_die(2, "--resume auto needs --save DIR (it resumes from there)");
 	if (rc->init && rc->resume && strcmp(rc->resume, "auto") != 0)
 		st_cli_die(2, "--init and --resume do not go together");
+	if (!a->val_name && (rc->eval_every || rc->val_batches || rc->keep_best))
+		st_cli_die(2, "%s needs --val-data FILE (the validation set)",
+			   rc->eval_every ? "--eval-every" : rc->val_batches ? "--val-batches"
+			   : "--keep-best");
+	if (a->val_name && !rc->eval_every)
+		st_cli_die(2, "--val-data needs --eval-every N (score it after every N steps)");
+	if (rc->keep_best && !rc->save)
+		st_cli_die(2, "--keep-best needs --save DIR (it keeps DIR/best)");
 }
 
 int st_cli_train(int argc, char **argv)
@@ -902,6 +926,8 @@ int st_cli_train(int argc, char **argv)
 	 * slices and say nothing but their errors */
 	if (ec->rank > 0 && !freopen("/dev/null", "w", stdout))
 		st_cli_die(1, "/dev/null: %s", strerror(errno));
+	if (a.val_name)
+		rc->val_data = st_cli_open_data(a.val_name, cfg->model.vocab);
 	rc->data = ds;
 	rc->stop = &stop_requested;
 	rc->out = stdout;
@@ -916,6 +942,8 @@ int st_cli_train(int argc, char **argv)
 	if (ret < 0)
 		st_cli_die(res.exit_code, "%s", st_error_last());
 	st_dataset_close(ds);
+	if (rc->val_data)
+		st_dataset_close(rc->val_data);
 	if (!res.stopped)
 		return 0;
 	/* every rank agreed on the stop and saved: they all exit 130,

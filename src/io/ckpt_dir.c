@@ -475,12 +475,20 @@ static int ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 	size_t n, kept = 0;
 	int err = st_ckpt_list(d->root, &steps, &n);
 
+	char *blink = st_ckpt_fmt("%s/" ST_CKPT_BEST, d->root), best[256];
+	ssize_t bl = blink ? readlink(blink, best, sizeof(best) - 1) : -1;
+
+	free(blink);
+	best[bl > 0 ? bl : 0] = '\0';
 	if (err)
 		return err;
 	for (size_t i = 0; i < n; i++) {
 		char *name, *doomed;
 
 		if (steps[i].step > (int64_t)d->step)
+			continue;
+		/* the best checkpoint (--keep-best) stays, whatever --keep says */
+		if (best[0] && strcmp(steps[i].name, best) == 0)
 			continue;
 		if (strcmp(steps[i].name, mine) == 0 || kept++ < keep - 1)
 			continue;
