@@ -10,6 +10,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <json-c/json.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -552,9 +553,16 @@ static int ckpt_check_unlisted(const char *dir, const struct st_ckpt_trainer *tr
 		return st_error_set(err, "%s: %s", dir, strerror(-err));
 	}
 	while (!err && (de = readdir(d))) {
+		struct stat sb;
+
 		if (de->d_name[0] == '.' ||
 		    strcmp(de->d_name, ST_CKPT_TRAINER_FILE) == 0 ||
 		    (de->d_type != DT_REG && de->d_type != DT_UNKNOWN))
+			continue;
+		/* a file system that does not give the type: ask */
+		if (de->d_type == DT_UNKNOWN &&
+		    (fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 ||
+		     !S_ISREG(sb.st_mode)))
 			continue;
 		if (!st_ckpt_trainer_find(tr, de->d_name))
 			err = st_error_set(-EINVAL, "%s/%s: not listed in "

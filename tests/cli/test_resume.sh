@@ -139,36 +139,73 @@ assert all(abs(lr[s] - final) < 1e-12 for s in (13, 14, 15, 16)), lr
 assert lr[12] > final
 PY
 
-# the same run stopped (SIGTERM at step 4: --save-every 4 then a stop),
-# resumed alone, extended, stopped again and resumed: the same losses
+# the same 12 steps in two goes (8, then the rest with --resume alone),
+# extended to 14, then to 16: = 12 extended to 16 at once
 "$strata" train $T --steps 12 --save "$work/run" --metrics "$work/run.jsonl" \
-	--save-every 4 >"$work/a.log" 2>&1 &
-pid=$!
-while ! [ -e "$work/run/step-000004" ] && kill -0 $pid 2>/dev/null; do sleep 0.05; done
-kill -TERM $pid 2>/dev/null
-wait $pid
-rc=$?
-if [ "$rc" = 130 ]; then
-	go=$(grep -o 'go on with: strata train [^)]*' "$work/a.log" | sed 's/^go on with: strata //')
-	[ "$go" = "train --resume $work/run" ] || { echo "FAIL stop line: '$go'"; fail=1; }
-	check resume-alone 0 "$strata" train --resume "$work/run" --metrics "$work/run.jsonl"
-else # the run ended before the signal (a loaded machine): still a finished run
-	[ "$rc" = 0 ] || { echo "FAIL stopped run: exit $rc"; tail -3 "$work/a.log"; fail=1; }
-fi
-grep -q "layers=2,dim=64" "$work/run/latest/config.json" 2>/dev/null ||
-	python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); assert c["n_layer"]==2 and c["n_embd"]==64' \
-		"$work/run/latest/config.json" || { echo "FAIL resume-alone: not the saved model"; fail=1; }
+	--save-every 8 >"$work/log" 2>&1 || { echo "FAIL run 12"; fail=1; }
+rm -rf "$work/run/step-000012" && ln -sfn step-000008 "$work/run/latest" &&
+	python3 - "$work/run.jsonl" <<'PY' || fail=1
+import sys
+p = sys.argv[1]
+lines = open(p).readlines()[:8]
+open(p, "w").writelines(lines)
+PY
+check resume-alone 0 "$strata" train --resume "$work/run" --metrics "$work/run.jsonl"
+grep -q "resumed from .* at step 8" "$work/out" || { echo "FAIL resume-alone: not at 8"; fail=1; }
+python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); assert c["n_layer"]==2 and c["n_embd"]==64' \
+	"$work/run/latest/config.json" || { echo "FAIL resume-alone: not the saved model"; fail=1; }
 "$strata" train --resume "$work/run" --steps 14 --metrics "$work/run.jsonl" >"$work/log" 2>&1 ||
 	{ echo "FAIL extend 14"; tail -3 "$work/log"; fail=1; }
 check extend-again 0 "$strata" train --resume "$work/run" --steps 16 --metrics "$work/run.jsonl"
 if [ "$(losses "$work/ref.jsonl")" = "$(losses "$work/run.jsonl")" ]; then
-	echo "ok   stopped, resumed alone, extended twice = 12 then extended to 16"
+	echo "ok   resumed alone, extended twice = 12 then extended to 16 (losses and LRs)"
 else
 	echo "FAIL resumed/extended losses differ"; diff <(losses "$work/ref.jsonl") <(losses "$work/run.jsonl") | head; fail=1
 fi
 cmp -s "$work/ref/step-000016/model.safetensors" "$work/run/step-000016/model.safetensors" ||
 	{ echo "FAIL extended model bytes differ"; fail=1; }
+
+# the stop line's command, verbatim: a run (endless: --steps 100000,
+# constant LR, so the signal never races its end) stopped by SIGTERM once
+# its metrics show 3 steps; its line's command run as it is, stopped again
+# 2 steps on; = one run to that step. Waits on conditions only.
+stop_after() { # pid, file, lines: SIGTERM once the file has that many
+	while kill -0 "$1" 2>/dev/null && [ "$(cat "$2" 2>/dev/null | grep -c "$4")" -lt "$3" ]; do
+		sleep 0.05
+	done
+	kill -TERM "$1" 2>/dev/null
+	wait "$1"
+}
+"$strata" train $T --steps 100000 --lr-schedule constant --save "$work/endless" \
+	--metrics "$work/endless.jsonl" >"$work/a.log" 2>&1 &
+stop_after $! "$work/endless.jsonl" 3 .
+rc=$?
+n=$(wc -l <"$work/endless.jsonl")
+go=$(grep -o 'go on with: strata train [^)]*' "$work/a.log" | sed 's/^go on with: strata //')
+if [ "$rc" = 130 ] && [ "$go" = "train --resume $work/endless" ]; then
+	echo "ok   stopped at step $n: 'go on with: strata $go'"
+else
+	echo "FAIL stop: exit $rc, line '$go'"; tail -3 "$work/a.log"; fail=1
+fi
+# shellcheck disable=SC2086 # the command as the line gives it
+"$strata" $go >"$work/b.log" 2>&1 &
+stop_after $! "$work/b.log" 2 '^step  *[0-9]*/100000 '
+rc=$?
+m=$(sed -n 's/^strata: stopped after step \([0-9]*\),.*/\1/p' "$work/b.log")
+grep -q "resumed from .* at step $n" "$work/b.log" && [ "$rc" = 130 ] && [ -n "$m" ] ||
+	{ echo "FAIL the stop line's command: exit $rc"; tail -3 "$work/b.log"; fail=1; }
+"$strata" train $T --steps "${m:-1}" --lr-schedule constant --save "$work/straight" \
+	--metrics "$work/straight.jsonl" >"$work/log" 2>&1 || { echo "FAIL straight run"; fail=1; }
+if [ "$(losses "$work/straight.jsonl" | head -n "$n")" = "$(losses "$work/endless.jsonl")" ] &&
+	cmp -s "$work/straight/latest/model.safetensors" "$work/endless/latest/model.safetensors" &&
+	cmp -s "$work/straight/latest/optimizer.safetensors" "$work/endless/latest/optimizer.safetensors"; then
+	echo "ok   stopped at $n and $m, resumed with the line's command = one run to $m"
+else
+	echo "FAIL stop/resume differs (steps $n, $m)"; fail=1
+fi
+
 check steps-below-ckpt 2 "$strata" train --resume "$work/run/step-000016" --steps 10 --save "$work/x"
+[ -e "$work/x" ] && { echo "FAIL steps-below-ckpt left $work/x"; fail=1; }
 
 # a run that started with --init: the stop line's command works, the
 # model is the checkpoint's
