@@ -461,24 +461,26 @@ static void train_saved_flags(struct train_args *a, struct json_object *o)
 				      json_object_get_int(v);
 }
 
-/* The --save DIR of a checkpoint dir: its parent when that is a --save
- * directory (it has a latest link or the dir is a step-N), else dir. */
+/* The --save DIR of checkpoint dir, which --resume path resolved to: path
+ * when dir was found in it (its latest, say); else, for a step-N (or a
+ * link to one, as DIR/best), its parent; else path. */
 static void train_save_of(const char *path, const char *dir, char *out, size_t n)
 {
-	char *copy = strdup(dir), *base;
+	char *copy = strdup(dir), real[PATH_MAX];
+	bool is_step;
 
 	if (!copy)
 		st_cli_die(1, "out of memory");
-	base = basename(copy);
-	if (strncmp(base, "step-", 5) == 0 && strcmp(path, dir) != 0) {
-		snprintf(out, n, "%s", path); /* --resume SAVE: resolved below it */
-	} else if (strncmp(base, "step-", 5) == 0) {
-		free(copy);
-		copy = strdup(dir);
-		snprintf(out, n, "%s", copy ? dirname(copy) : ".");
-	} else {
+	is_step = strncmp(basename(copy), "step-", 5) == 0 ||
+		  (realpath(dir, real) && strncmp(basename(real), "step-", 5) == 0);
+	free(copy);
+	copy = strdup(dir);
+	if (!copy)
+		st_cli_die(1, "out of memory");
+	if (is_step && strcmp(path, dir) == 0)
+		snprintf(out, n, "%s", dirname(copy));
+	else
 		snprintf(out, n, "%s", path);
-	}
 	free(copy);
 }
 

@@ -134,7 +134,8 @@ static long ckpt_tmp_pid(const char *name)
 	return *end == '\0' && pid > 0 ? pid : 0;
 }
 
-/* Remove root's "step-*.tmp.<pid>" and "latest.tmp.<pid>" entries whose
+/* Remove root's "step-*.tmp.<pid>", "latest.tmp.<pid>" and "best.tmp.<pid>"
+ * (--keep-best's link) entries whose
  * writer is gone (or is us: a leftover of an earlier failure). A live
  * writer's are left alone. */
 static void ckpt_clean_stale(const char *root)
@@ -156,7 +157,8 @@ static void ckpt_clean_stale(const char *root)
 		/* Only names this module makes: root may be a directory the
 		 * user keeps other things in. */
 		if (!pid || (strncmp(de->d_name, "step-", 5) != 0 &&
-			     strncmp(de->d_name, ST_CKPT_LATEST ".tmp.", 11) != 0))
+			     strncmp(de->d_name, ST_CKPT_LATEST ".tmp.", 11) != 0 &&
+			     strncmp(de->d_name, ST_CKPT_BEST ".tmp.", 9) != 0))
 			continue;
 		if (pid != (long)getpid() && !(kill((pid_t)pid, 0) < 0 &&
 					      errno == ESRCH))

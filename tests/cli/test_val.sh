@@ -81,6 +81,12 @@ check resume-keep-best 0 "$strata" train --resume "$work/ck" --steps 12 --val-da
 [ "$(readlink "$work/ck/best")" = "$bdir" ] && [ -d "$work/ck/$bdir" ] ||
 	{ echo "FAIL best after the resume: $(readlink "$work/ck/best")"; fail=1; }
 
+# --resume DIR/best alone goes on from the best, saving into DIR
+nb=$(printf 'step-%06d' $((best + 1)))
+check resume-from-best 0 "$strata" train --resume "$work/ck/best" --steps $((best + 1))
+[ -d "$work/ck/$nb" ] && [ "$(readlink "$work/ck/latest")" = "$nb" ] ||
+	{ echo "FAIL resume-from-best: $(ls "$work/ck" | tr '\n' ' ')"; fail=1; }
+
 # 2 ranks at --zero 1 = 1 rank at --grad-accum 2, val_loss included
 if command -v mpirun >/dev/null 2>&1; then
 	"$strata" train $T --steps 4 --grad-accum 2 --val-data "$val" --eval-every 2 --val-batches 4 \
