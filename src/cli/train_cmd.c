@@ -618,8 +618,8 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "offload-activations", 1, 0, 1002 },
 		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
 		{ "optim-state", 1, 0, 1013 },
-		{ "val-data", 1, 0, 1014 }, { "eval-every", 1, 0, 1015 },
-		{ "val-batches", 1, 0, 1016 }, { "keep-best", 0, 0, 1017 },
+		{ "val-data", 1, 0, 1020 }, { "eval-every", 1, 0, 1021 },
+		{ "val-batches", 1, 0, 1022 }, { "keep-best", 0, 0, 1023 },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -753,10 +753,10 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			if (st_optim_state_parse(optarg, &ec->optim_state) < 0)
 				st_cli_die(2, "--optim-state %s: expected fp32, bf16 or q8", optarg);
 			break;
-		case 1014: a->val_name = optarg; break;
-		case 1015: rc->eval_every = (int)st_cli_long("--eval-every", optarg, 1, 1 << 30); break;
-		case 1016: rc->val_batches = (int)st_cli_long("--val-batches", optarg, 1, 1 << 20); break;
-		case 1017: rc->keep_best = true; break;
+		case 1020: a->val_name = optarg; break;
+		case 1021: rc->eval_every = (int)st_cli_long("--eval-every", optarg, 1, 1 << 30); break;
+		case 1022: rc->val_batches = (int)st_cli_long("--val-batches", optarg, 1, 1 << 20); break;
+		case 1023: rc->keep_best = true; break;
 		case 'h': train_usage(stdout); return true;
 		default:
 			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
