@@ -31,14 +31,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* trainer.json "version" written; a larger one is refused on read. */
-#define ST_CKPT_VERSION 1
+/* trainer.json "version" written; a larger one is refused on read.
+ * Version 2 adds "checksum" (trainer.json's own); 1 is read without it. */
+#define ST_CKPT_VERSION 2
 
 #define ST_CKPT_MODEL_FILE "model.safetensors"
 #define ST_CKPT_OPTIM_FILE "optimizer.safetensors"
 #define ST_CKPT_CONFIG_FILE "config.json"
 #define ST_CKPT_TRAINER_FILE "trainer.json"
 #define ST_CKPT_LATEST "latest"
+/* DIR/best -> step-N: the checkpoint of the lowest validation loss
+ * (strata train --keep-best), never pruned; DIR/best.json says its loss. */
+#define ST_CKPT_BEST "best"
+#define ST_CKPT_BEST_JSON "best.json"
 /* Suffixes of the Adam moments' names in optimizer.safetensors (PyTorch's
  * AdamW state names). The master weights are not repeated there: P is
  * model.safetensors, bit for bit. */
@@ -321,6 +326,14 @@ int st_ckpt_trainer_read(const char *path, struct st_ckpt_trainer *tr);
  * e.g. "ckpt/step-000100/optimizer.safetensors: checksum mismatch (file
  * changed or truncated)"; -errno from reading. */
 int st_ckpt_verify(const char *dir, const struct st_ckpt_trainer *tr);
+
+/* What tr says, against itself and dir, without reading the files: it
+ * lists model and optimizer (one file or an index) and config.json; every
+ * regular file in dir but trainer.json is listed (a dropped entry would
+ * hide damage to its file); and when its config has "grad_accum" (strata
+ * train's), the sampler cursor has drawn step * grad_accum batches.
+ * Returns 0 or -EINVAL naming what is wrong, -errno listing dir. */
+int st_ckpt_check(const char *dir, const struct st_ckpt_trainer *tr);
 
 /* ---- checkpoint directories -------------------------------------------------- */
 

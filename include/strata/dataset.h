@@ -7,6 +7,17 @@
  *            [2] = token count, then count uint16 tokens; or, for
  *            vocabularies past 65535 (llm.c's Llama 3 shards), [0] =
  *            20240801, [1] = 7 and count uint32 tokens.
+ *   strata's extension of an llm.c shard (docs/formats.md): header [3] =
+ *            ST_SHARD_EXT_MAGIC marks it; [4] = flags (ST_SHARD_MASK,
+ *            ST_SHARD_DOCS); [5], [6] = the low and high 32 bits of the
+ *            tokenizer's hash (XXH3-64 of its tokenizer.json bytes; 0 when
+ *            unknown); [7], [8] = the low and high 32 bits of the document
+ *            count D. After the count tokens come, when flagged, the loss
+ *            mask (count bytes, each 0 or 1: token i is a target the loss
+ *            counts), zero bytes up to a multiple of 8 from the file's
+ *            start, then D uint64 document starts (token offsets, the first
+ *            0, strictly increasing, each < count). A shard with only the
+ *            hash has no trailer, so llm.c itself still reads it.
  *
  * A loader samples batches of B windows of T+1 tokens from a token range
  * (all, train or val split) and fills inputs (B,T) and targets (B,T), the
@@ -33,6 +44,10 @@
 #define ST_LLMC_HEADER_INTS 256
 #define ST_LLMC32_MAGIC 20240801 /* uint32 tokens */
 #define ST_LLMC32_VERSION 7
+
+#define ST_SHARD_EXT_MAGIC 0x41525453 /* "STRA", little-endian */
+#define ST_SHARD_MASK 1u /* a loss mask follows the tokens */
+#define ST_SHARD_DOCS 2u /* document starts follow */
 
 enum st_dataset_format {
 	ST_DATASET_AUTO,  /* llm.c when the llm.c magic is there or the name
@@ -66,6 +81,41 @@ uint32_t st_dataset_max_token(const struct st_dataset *ds);
  * file, fsync, rename). n must fit in int32. Returns 0 or -errno. */
 int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
 			  uint64_t n_tokens);
+
+/* What strata's extension carries (all optional; a zeroed struct writes a
+ * plain llm.c shard). */
+struct st_shard_ext {
+	uint64_t tokenizer_hash;    /* 0: unknown */
+	const uint8_t *mask;        /* n_tokens bytes of 0/1, or NULL */
+	const uint64_t *doc_starts; /* n_docs offsets, or NULL */
+	uint64_t n_docs;
+};
+
+/* The extension of an open llm.c shard (a zeroed struct for a plain shard
+ * or a bytes file); its pointers point into the mapping. */
+struct st_shard_ext st_dataset_ext(const struct st_dataset *ds);
+
+/* Fill hdr (ST_LLMC_HEADER_INTS int32) for n tokens of tok_bytes (2 or 4)
+ * with ext's fields; for writers that stream the tokens after it. */
+void st_shard_header(uint8_t *hdr, unsigned tok_bytes, uint64_t n_tokens,
+		     const struct st_shard_ext *ext);
+
+/* Write what follows the n tokens for ext (mask, padding, document
+ * starts) at the end of f. Returns 0 or -errno. */
+struct st_file_atomic;
+int st_shard_trailer_write(struct st_file_atomic *f, unsigned tok_bytes,
+			   uint64_t n_tokens, const struct st_shard_ext *ext);
+
+/* Write a whole shard: header, tokens (tok_bytes 2 or 4, host order =
+ * little-endian), trailer; atomically. ext may be NULL. Refuses (-EINVAL) a
+ * mask byte other than 0/1 or document starts that are not as above. */
+int st_dataset_write_shard(const char *path, const void *tokens,
+			   unsigned tok_bytes, uint64_t n_tokens,
+			   const struct st_shard_ext *ext);
+
+/* XXH3-64 of a file's bytes (a tokenizer.json's identity in a shard).
+ * Returns 0 or -errno (the detail names the file). */
+int st_file_hash(const char *path, uint64_t *hash);
 
 enum st_split {
 	ST_SPLIT_ALL,

@@ -16,10 +16,14 @@
 
 struct st_dataset;
 
+/* Validation batches by default: what --val-data holds, at most this. */
+#define ST_RUN_VAL_BATCHES 20
+
 /* One step, as the run's progress line says it (st_run_config.on_step). */
 struct st_run_step {
 	int step; /* 1-based, as printed */
 	double loss, lr, grad_norm;
+	double val_loss; /* after an evaluation; NaN when none was made */
 	bool skipped; /* the gradient was not finite: the step was skipped */
 };
 
@@ -45,6 +49,15 @@ struct st_run_config {
 	int save_every;	       /* a save every N steps too (0: at the end only) */
 	int keep;	       /* the newest checkpoints kept (0: all) */
 	int max_skipped;       /* fail after N skipped steps in a row (0: never) */
+	/* Validation: val_batches batches of val_data (borrowed; NULL: none),
+	 * read in order from its start each time (a fixed set), scored after
+	 * every eval_every-th step and the last. keep_best: DIR/best names the
+	 * checkpoint of the lowest validation loss (a save at every
+	 * evaluation), kept whatever keep prunes. */
+	struct st_dataset *val_data;
+	int eval_every, val_batches; /* val_batches 0: what val_data holds, at
+				      * most ST_RUN_VAL_BATCHES */
+	bool keep_best;
 	/* Set (to nonzero) by the caller, from a signal handler say, to end
 	 * the run after the step it comes in (saved with save); NULL: never. */
 	volatile sig_atomic_t *stop;

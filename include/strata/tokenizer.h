@@ -69,6 +69,15 @@ size_t st_tokenizer_suffix(const struct st_tokenizer *t, const uint32_t **ids);
  * entry as written in tokenizer.json), or -1. */
 int64_t st_tokenizer_token_id(const struct st_tokenizer *t, const char *s);
 
+/* Whether id is a special token (added with "special": true, or named by
+ * tokenizer_config.json's additional_special_tokens). */
+bool st_tokenizer_is_special(const struct st_tokenizer *t, uint32_t id);
+
+/* The added tokens: how many, and the text of the i-th (*text borrowed;
+ * returns its length, 0 past the end). */
+size_t st_tokenizer_n_added(const struct st_tokenizer *t);
+size_t st_tokenizer_added(const struct st_tokenizer *t, size_t i, const char **text);
+
 /* The id tokenizer_config.json names as eos_token, or -1. */
 int64_t st_tokenizer_eos_id(const struct st_tokenizer *t);
 
@@ -76,6 +85,8 @@ enum {
 	ST_TOK_ADD_SPECIAL = 1u << 0, /* encode: add the prefix and suffix */
 	ST_TOK_SKIP_SPECIAL = 1u << 1, /* decode: leave special tokens out */
 	ST_TOK_NO_CLEANUP = 1u << 2,  /* decode: no clean_up_tokenization */
+	ST_TOK_RAW = 1u << 3,         /* decode: bytes as the tokens give them,
+					 invalid UTF-8 kept (one token's bytes) */
 };
 
 /* Append the ids of text[0..bytes) to out. flags: ST_TOK_ADD_SPECIAL.

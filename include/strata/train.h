@@ -27,6 +27,10 @@ struct st_train_config {
 	enum st_lr_schedule schedule;
 	int warmup;                   /* steps of linear warm-up */
 	int steps;                    /* total steps (for the schedule) */
+	int schedule_steps;           /* the steps the LR schedule spans; 0: steps. A
+				       * run extended past its total keeps the
+				       * total it started with (the added steps
+				       * at the final LR) */
 	double wd, beta1, beta2, eps;
 	double clip;                  /* global-norm clip; 0 disables */
 	uint64_t seed;
@@ -61,11 +65,18 @@ int st_trainer_set_precision(struct st_trainer *t, enum st_precision p);
 /* Copy unit u's fp32 master weights into p (the unit's flat length). */
 int st_trainer_read_master(const struct st_trainer *t, int u, float *p);
 
+/* Set unit u's fp32 master weights (and the working copy from them) to
+ * p[0..the unit's flat length): e.g. the tiered engine's P, for an
+ * evaluation. Returns 0 or -EINVAL for a bad u. */
+int st_trainer_write_master(struct st_trainer *t, int u, const float *p);
+
 struct st_step_result {
 	double loss;       /* mean over the micro-batches */
 	double grad_norm;  /* before clipping */
 	double lr;
 	bool skipped;      /* a NaN/Inf gradient: no update was made */
+	bool in_backward;  /* the engine's --update in-backward: the update
+			      ran in the backward (the speculation held) */
 };
 
 /* One optimizer step at step number `step` (0-based) over grad_accum

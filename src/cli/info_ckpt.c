@@ -196,7 +196,8 @@ static struct json_object *ckpt_entry(const char *name, const char *dir, bool ve
 		for (size_t i = 0; i < tr.n_files; i++)
 			bytes += tr.files[i].bytes;
 		put_int(o, "bytes", (int64_t)bytes);
-		if (verify)
+		ret = st_ckpt_check(dir, &tr);
+		if (ret == 0 && verify)
 			ret = st_ckpt_verify(dir, &tr);
 		st_ckpt_trainer_fini(&tr);
 	}
@@ -413,6 +414,27 @@ void st_cli_info_print_weights(struct json_object *o, bool verify,
  * small --keep moves on meanwhile). */
 #define CKPT_READ_TRIES 20
 
+/* --keep-best's DIR/best and the loss DIR/best.json gives it, into o
+ * ("best", "best_val_loss"), when there is one. */
+static void ckpt_best(struct json_object *o, const char *dir)
+{
+	char *link = path_join(dir, ST_CKPT_BEST), *bj = path_join(dir, ST_CKPT_BEST_JSON);
+	char target[256];
+	ssize_t len = link ? readlink(link, target, sizeof(target) - 1) : -1;
+	struct json_object *b = bj ? json_object_from_file(bj) : NULL, *v;
+
+	if (len > 0) {
+		target[len] = '\0';
+		put_str(o, "best", target);
+		if (b && json_object_object_get_ex(b, "val_loss", &v))
+			json_object_object_add(o, "best_val_loss",
+					       json_object_new_double(json_object_get_double(v)));
+	}
+	json_object_put(b);
+	free(link);
+	free(bj);
+}
+
 /* One reading of a --save directory: latest, every step-N in it, and the
  * details of the one --resume takes (chosen, stamped as st before the
  * reading began). NULL when chosen was pruned or replaced meanwhile: its
@@ -433,6 +455,7 @@ static struct json_object *ckpt_save_dir(const char *dir, const char *chosen,
 	put_str(o, "dir", dir);
 	put_str(o, "resume", chosen);
 	put_str(o, "latest", len > 0 ? target : NULL);
+	ckpt_best(o, dir);
 	if (len > 0) {
 		char *t = target[0] == '/' ? strdup(target) : path_join(dir, target);
 
@@ -569,6 +592,9 @@ void st_cli_info_print_ckpt(struct json_object *o, bool verify,
 			printf(" (latest -> %s%s)", jstr(o, "latest"),
 			       json_object_get_boolean(jobj(o, "latest_missing")) ? ", which is missing"
 										: "");
+		if (jstr(o, "best"))
+			printf(" (best -> %s, val_loss %.6f)", jstr(o, "best"),
+			       json_object_get_double(jobj(o, "best_val_loss")));
 		printf(":\n");
 	} else {
 		struct json_object *e = json_object_array_get_idx(list, 0);

@@ -6,6 +6,7 @@
  * errno, and the last checkpoint stays loadable. The signals that stop a
  * run are handled here: the run reads the flag. */
 #include "cli.h"
+#include "strata/ckpt.h"
 #include "strata/comm.h"
 #include "strata/device.h"
 #include "strata/family.h"
@@ -15,6 +16,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <json-c/json.h>
+#include <libgen.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -91,6 +94,13 @@ static void train_usage(FILE *f)
 "                       micro-batches while its W is in vram, so W and G cross once a\n"
 "                       step; auto: layer-first when it fits and is predicted faster);\n"
 "                       the numbers are the same\n"
+"  --update after|in-backward|auto  when a unit's AdamW runs (default after: the\n"
+"                       sweep after the backward, fused with the next forward;\n"
+"                       in-backward: as soon as its G is final, speculating that the\n"
+"                       clip does not apply, P, M, V written copy-on-write on nvme and\n"
+"                       committed once the norm is known, else redone; auto: in-backward\n"
+"                       when every P, M, V is on nvme and it is predicted faster); the\n"
+"                       numbers are the same\n"
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
 "  --rates FILE         the planner's rates from a rates file (strata plan --calibrate)\n"
 "  --rates-refresh FILE write the rates this run measures (steps 2 to 4: compute, copies,\n"
@@ -117,13 +127,26 @@ static void train_usage(FILE *f)
 "                       device does not run every op the bf16 path needs\n"
 "  --threads N          OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
 "  --save DIR           checkpoints go to DIR/step-N, DIR/latest points at the newest\n"
-"                       (one run saves into a DIR at a time)\n"
+"                       (one run saves into a DIR at a time; a DIR holding another\n"
+"                       run's checkpoints only with --resume naming that run)\n"
 "  --save-every N       also every N steps (default: only at the end, or when stopped)\n"
 "  --keep K             keep the newest K checkpoints (default 3; 0 keeps all)\n"
 "  --shard-size SIZE    a checkpoint file over SIZE is sharded as transformers shards\n"
 "                       (model-0000K-of-0000N.safetensors + index; default 5e9 bytes)\n"
 "  --resume DIR|auto    continue bit-identically from a checkpoint (or DIR/latest);\n"
-"                       auto: from --save DIR when it has one, else from the start\n"
+"                       auto: from --save DIR when it has one, else from the start.\n"
+"                       Flags not given are the saved run's (model, data, optimizer,\n"
+"                       schedule; --save: DIR); --steps M past the saved total extends\n"
+"                       the run, the added steps at the schedule's final LR\n"
+"  --val-data FILE      a validation set (text or a token shard, as --data), scored\n"
+"                       after every --eval-every N steps and the last: val_loss in the\n"
+"                       progress line and --metrics; the same batches each time\n"
+"  --eval-every N       steps between evaluations (needs --val-data)\n"
+"  --val-batches K      batches of --val-data, read in order from its start (default:\n"
+"                       what it holds, at most %d)\n"
+"  --keep-best          save at every evaluation and point DIR/best at the checkpoint\n"
+"                       of the lowest val_loss (DIR/best.json), kept whatever --keep\n"
+"                       prunes (needs --save, --val-data)\n"
 "  --metrics FILE       one JSON object per step (loss, lr, grad_norm, tokens_per_s,\n"
 "                       bytes per link, peak per tier, busy time per queue)\n"
 "  --trace FILE         Chrome trace-event JSON, one lane per queue (open in Perfetto)\n"
@@ -150,7 +173,7 @@ static void train_usage(FILE *f)
 "state holding a NaN or Inf (exit 2, naming the tensor and index); a save whose\n"
 "state is not finite is refused (exit 1), so `latest` always names a finite one.\n",
 		ST_DEFAULT_DATA, st_model_preset_list(), st_family_list(), st_device_list(), DEFAULT_GPU_MEM,
-	        DEFAULT_HOST_MEM, DEFAULT_NVME);
+	        DEFAULT_HOST_MEM, DEFAULT_NVME, ST_RUN_VAL_BATCHES);
 }
 
 
@@ -231,8 +254,12 @@ struct train_args {
 	struct st_run_config run;
 	const char *nvme;       /* --nvme DIR[,DIR..] or "none" */
 	const char *rates_file; /* --rates */
+	const char *val_name;   /* --val-data */
 	int threads;
 	bool accum_auto, keep_given, data_given;
+	bool given[1024];       /* the flags given, by getopt value */
+	int ckpt_accum;         /* --resume without --grad-accum: the saved
+				 * step's micro-batches over every rank */
 	char device_why[512]; /* --device auto: which and why */
 	struct st_device_probe probe; /* the GPU's, for --gpu-mem auto */
 	bool gpu_auto, host_auto;     /* --gpu-mem auto, --host-mem auto */
@@ -352,6 +379,21 @@ static bool same_file(const char *a, const char *b)
 	       sa.st_ino == sb.st_ino;
 }
 
+/* Whether checkpoint dir ck is one of the --save directory whose
+ * resolved checkpoint is sck (the same parent, or the same directory). */
+static bool same_dir_of(const char *ck, const char *sck)
+{
+	char *a = strdup(ck), *b = strdup(sck);
+	bool same;
+
+	if (!a || !b)
+		st_cli_die(1, "out of memory");
+	same = same_file(ck, sck) || same_file(dirname(a), dirname(b));
+	free(a);
+	free(b);
+	return same;
+}
+
 /* Under mpirun a Ctrl-C reaches mpirun, which sends every rank SIGCONT
  * (a stop, agreed at the step's end, then the save), SIGTERM and, 2 x
  * odls_base_sigkill_timeout seconds after the first (2 by default),
@@ -372,6 +414,152 @@ static void zero_sigkill_note(const struct st_engine_config *ec, const char *sav
 		"(the last checkpoint stays whole): for more time, give mpirun --mca "
 		"odls_base_sigkill_timeout 30, or stop with kill -USR1 <mpirun's pid> (no "
 		"deadline)\n", 2 * (v ? atoi(v) : 1));
+}
+
+
+/* A saved config's value of key, or NULL. */
+static struct json_object *saved(struct json_object *o, const char *key)
+{
+	struct json_object *v = NULL;
+
+	return json_object_object_get_ex(o, key, &v) ? v : NULL;
+}
+
+/* The saved config's values for the flags not given (numbers: the run
+ * compares them at resume, so they are what it saved). */
+static void train_saved_flags(struct train_args *a, struct json_object *o)
+{
+	struct st_run_config *rc = &a->run;
+	struct st_train_config *cfg = &rc->engine.train;
+	static char data[4096];
+	struct json_object *v;
+
+	if (!a->given['d'] && (v = saved(o, "data"))) {
+		snprintf(data, sizeof(data), "%s", json_object_get_string(v));
+		rc->data_name = data;
+	}
+	if (!a->given['B'] && (v = saved(o, "batch")))
+		cfg->batch = json_object_get_int(v);
+	if (!a->given['T'] && (v = saved(o, "seq")))
+		cfg->seq = json_object_get_int(v);
+	if (!a->given['a'] && (v = saved(o, "grad_accum")))
+		a->ckpt_accum = json_object_get_int(v);
+	if (!a->given['s'] && (v = saved(o, "steps")))
+		cfg->steps = json_object_get_int(v);
+	if (!a->given['l'] && (v = saved(o, "lr")))
+		cfg->lr = json_object_get_double(v);
+	if (!a->given['S'] && (v = saved(o, "schedule")))
+		cfg->schedule = strcmp(json_object_get_string(v), "constant") == 0 ?
+				ST_LR_CONSTANT : ST_LR_COSINE;
+	if (!a->given['w'] && (v = saved(o, "warmup")))
+		cfg->warmup = json_object_get_int(v);
+	if (!a->given['W'] && (v = saved(o, "wd")))
+		cfg->wd = json_object_get_double(v);
+	if (!a->given['1'] && (v = saved(o, "beta1")))
+		cfg->beta1 = json_object_get_double(v);
+	if (!a->given['2'] && (v = saved(o, "beta2")))
+		cfg->beta2 = json_object_get_double(v);
+	if (!a->given['e'] && (v = saved(o, "eps")))
+		cfg->eps = json_object_get_double(v);
+	if (!a->given['c'] && (v = saved(o, "clip")))
+		cfg->clip = json_object_get_double(v);
+	if (!a->given['r'] && (v = saved(o, "seed")))
+		cfg->seed = (uint64_t)json_object_get_int64(v);
+	if (!a->given['p'] && (v = saved(o, "precision")))
+		cfg->bf16 = strcmp(json_object_get_string(v), "bf16") == 0;
+	if (!a->given['u'] && (v = saved(o, "shuffle")))
+		rc->shuffle = json_object_get_boolean(v);
+	if (!a->given[1003] && (v = saved(o, "compute_dtype")))
+		st_precision_parse(json_object_get_string(v), &rc->engine.compute_dtype);
+	/* a run extended past its total keeps the schedule it had */
+	if ((v = saved(o, "schedule_steps")) || (v = saved(o, "steps")))
+		cfg->schedule_steps = json_object_get_int(v) == cfg->steps ? 0 :
+				      json_object_get_int(v);
+}
+
+/* The --save DIR of checkpoint dir, which --resume path resolved to: path
+ * when dir was found in it (its latest, say); else, for a step-N (or a
+ * link to one, as DIR/best), its parent; else path. */
+static void train_save_of(const char *path, const char *dir, char *out, size_t n)
+{
+	char *copy = strdup(dir), real[PATH_MAX];
+	bool is_step;
+
+	if (!copy)
+		st_cli_die(1, "out of memory");
+	is_step = strncmp(basename(copy), "step-", 5) == 0 ||
+		  (realpath(dir, real) && strncmp(basename(real), "step-", 5) == 0);
+	free(copy);
+	copy = strdup(dir);
+	if (!copy)
+		st_cli_die(1, "out of memory");
+	if (is_step && strcmp(path, dir) == 0)
+		snprintf(out, n, "%s", dirname(copy));
+	else
+		snprintf(out, n, "%s", path);
+	free(copy);
+}
+
+/* --resume DIR (or auto, with a checkpoint in --save): the run as it was
+ * saved, for every flag not given: the model (the checkpoint's
+ * config.json), the data, the batch, the optimizer and the schedule, and
+ * --save (where its tokenizer is). Then --steps M past the saved total
+ * extends the run. A --save DIR that holds another run's checkpoints is
+ * refused unless --resume names that run. */
+static void train_from_ckpt(struct train_args *a)
+{
+	struct st_run_config *rc = &a->run;
+	static char model_text[512], save[4096];
+	struct st_ckpt_trainer tr;
+	struct json_object *o;
+	const char *from = rc->resume;
+	char *dir = NULL, p[4200];
+	bool is_auto = from && strcmp(from, "auto") == 0;
+
+	if (rc->save && (!from || is_auto || st_ckpt_resolve(from, &dir) == 0)) {
+		char *sdir = NULL;
+
+		if (st_ckpt_resolve(rc->save, &sdir) == 0 && !is_auto &&
+		    !(dir && same_dir_of(dir, sdir)))
+			st_cli_die(2, "--save %s holds another run's checkpoints (%s): resume "
+				   "it with --resume %s, or save elsewhere", rc->save, sdir,
+				   rc->save);
+		free(sdir);
+		free(dir);
+		dir = NULL;
+	}
+	if (!from)
+		return;
+	if (is_auto)
+		from = rc->save;
+	if (!from || st_ckpt_resolve(from, &dir) < 0)
+		return; /* the run says why (or starts afresh: auto) */
+	snprintf(p, sizeof(p), "%s/%s", dir, ST_CKPT_TRAINER_FILE);
+	if (st_ckpt_trainer_read(p, &tr) < 0) {
+		free(dir);
+		return; /* the run's resume refuses it, naming what */
+	}
+	o = json_tokener_parse(tr.config_json ? tr.config_json : "{}");
+	st_ckpt_trainer_fini(&tr);
+	if (o && !a->given['m'] && !rc->init) {
+		struct st_model_config gc;
+		struct json_object *v = saved(o, "model");
+
+		snprintf(p, sizeof(p), "%s/%s", dir, ST_CKPT_CONFIG_FILE);
+		if (v && st_model_config_read(p, &gc) == 0) {
+			rc->engine.train.model = gc;
+			snprintf(model_text, sizeof(model_text), "%s", json_object_get_string(v));
+			rc->model_text = model_text;
+		}
+	}
+	if (o)
+		train_saved_flags(a, o);
+	json_object_put(o);
+	if (!rc->save && !is_auto) {
+		train_save_of(rc->resume, dir, save, sizeof(save));
+		rc->save = save;
+	}
+	free(dir);
 }
 
 /* --grad-accum auto: the plan this run will make, at N = 1, says which N
@@ -441,11 +629,13 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
-		{ "schedule", 1, 0, 1004 },
+		{ "schedule", 1, 0, 1004 }, { "update", 1, 0, 1014 },
 		{ "compute-dtype", 1, 0, 1003 },
 		{ "offload-activations", 1, 0, 1002 },
 		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
 		{ "optim-state", 1, 0, 1013 },
+		{ "val-data", 1, 0, 1020 }, { "eval-every", 1, 0, 1021 },
+		{ "val-batches", 1, 0, 1022 }, { "keep-best", 0, 0, 1023 },
 		{ "help", 0, 0, 'h' },
 		{ 0 },
 	};
@@ -467,6 +657,8 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 	optind = 1;
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+		if (c > 0 && c < (int)ST_ARRAY_LEN(a->given))
+			a->given[c] = true;
 		switch (c) {
 		case 'm':
 			if (st_model_config_parse(optarg, &cfg->model) < 0)
@@ -568,6 +760,9 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			break;
 		case 1001: ec->recompute = st_cli_recompute(optarg); break;
 		case 1004: ec->schedule = st_cli_schedule(optarg); break;
+		case 1014:
+			ec->update = st_cli_update_order(optarg);
+			break;
 		case 1003:
 			if (st_precision_parse(optarg, &ec->compute_dtype) < 0)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
@@ -588,6 +783,10 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			if (st_optim_state_parse(optarg, &ec->optim_state) < 0)
 				st_cli_die(2, "--optim-state %s: expected fp32, bf16 or q8", optarg);
 			break;
+		case 1020: a->val_name = optarg; break;
+		case 1021: rc->eval_every = (int)st_cli_long("--eval-every", optarg, 1, 1 << 30); break;
+		case 1022: rc->val_batches = (int)st_cli_long("--val-batches", optarg, 1, 1 << 20); break;
+		case 1023: rc->keep_best = true; break;
 		case 'h': train_usage(stdout); return true;
 		default:
 			st_cli_bad_option("train", longs, argv[optind - 1]);
@@ -631,6 +830,15 @@ static void train_check_model(struct train_args *a)
 			exit(2);
 		st_cli_die(2, "--optim-state %s: not with ZeRO at world > 1 (docs/optim.md); use fp32",
 			   st_optim_state_name(ec->optim_state));
+	}
+	if (ec->world > 1 && (ec->zero == 1 || ec->zero == 2) &&
+	    ec->update == ST_UPDATE_IN_BACKWARD) {
+		/* as above: the planner's refusal, said once */
+		if (ec->rank > 0)
+			exit(2);
+		st_cli_die(2, "--update in-backward: not with --zero 1 or 2 at world > 1 (their "
+			   "sweep gathers the updated W across the ranks); stages 0 and 3 can; or "
+			   "--update after");
 	}
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
@@ -722,6 +930,14 @@ static void train_check_run(const struct train_args *a)
 		st_cli_die(2, "--resume auto needs --save DIR (it resumes from there)");
 	if (rc->init && rc->resume && strcmp(rc->resume, "auto") != 0)
 		st_cli_die(2, "--init and --resume do not go together");
+	if (!a->val_name && (rc->eval_every || rc->val_batches || rc->keep_best))
+		st_cli_die(2, "%s needs --val-data FILE (the validation set)",
+			   rc->eval_every ? "--eval-every" : rc->val_batches ? "--val-batches"
+			   : "--keep-best");
+	if (a->val_name && !rc->eval_every)
+		st_cli_die(2, "--val-data needs --eval-every N (score it after every N steps)");
+	if (rc->keep_best && !rc->save)
+		st_cli_die(2, "--keep-best needs --save DIR (it keeps DIR/best)");
 }
 
 /* No --data: the demo's text, unless --init (or the run --resume takes)
@@ -734,7 +950,8 @@ static void train_check_data(const struct train_args *a)
 	const char *from = rc->init;
 	char tdir[4096];
 
-	if (a->data_given)
+	/* given, or the resumed run's own (train_saved_flags) */
+	if (a->data_given || strcmp(rc->data_name, ST_DEFAULT_DATA) != 0)
 		return;
 	if (!from && rc->resume) /* the run's tokenizer is in its --save DIR */
 		from = strcmp(rc->resume, "auto") == 0 ? rc->save : rc->resume;
@@ -759,7 +976,15 @@ int st_cli_train(int argc, char **argv)
 
 	if (train_parse(argc, argv, &a))
 		return 0;
+	train_from_ckpt(&a);
 	train_check_model(&a);
+	if (a.ckpt_accum > 0) { /* the saved micro-batches over this world */
+		if (a.ckpt_accum % ec->world)
+			st_cli_die(2, "--resume: the checkpoint's step is %d micro-batches, which "
+				   "%d ranks cannot share: give --grad-accum", a.ckpt_accum,
+				   ec->world);
+		rc->engine.train.grad_accum = a.ckpt_accum / ec->world;
+	}
 	train_check_run(&a);
 	set_threads_cli(a.threads);
 	train_check_data(&a);
@@ -784,6 +1009,8 @@ int st_cli_train(int argc, char **argv)
 		printf("device: %s (--device auto: %s)\n", ec->device, a.device_why);
 	st_cli_print_auto_budgets(ec->gpu_mem_bytes, a.gpu_auto ? a.gpu_why : NULL,
 				  ec->host_mem_bytes, a.host_auto ? a.host_why : NULL);
+	if (a.val_name)
+		rc->val_data = st_cli_open_data(a.val_name, cfg->model.vocab);
 	rc->data = ds;
 	rc->stop = &stop_requested;
 	rc->out = stdout;
@@ -798,6 +1025,8 @@ int st_cli_train(int argc, char **argv)
 	if (ret < 0)
 		st_cli_die(res.exit_code, "%s", st_error_last());
 	st_dataset_close(ds);
+	if (rc->val_data)
+		st_dataset_close(rc->val_data);
 	if (!res.stopped)
 		return 0;
 	/* every rank agreed on the stop and saved: they all exit 130,
@@ -805,8 +1034,8 @@ int st_cli_train(int argc, char **argv)
 	if (ec->world > 1)
 		st_comm_exit_together();
 	if (rc->save && ec->rank == 0)
-		fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with "
-			"--resume %s)\n", res.steps_done, rc->save, rc->save);
+		fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with: "
+			"strata train --resume %s)\n", res.steps_done, rc->save, rc->save);
 	else if (ec->rank == 0)
 		fprintf(stderr, "strata: stopped after step %d (nothing saved: no --save)\n",
 			res.steps_done);

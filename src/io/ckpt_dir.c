@@ -134,7 +134,8 @@ static long ckpt_tmp_pid(const char *name)
 	return *end == '\0' && pid > 0 ? pid : 0;
 }
 
-/* Remove root's "step-*.tmp.<pid>" and "latest.tmp.<pid>" entries whose
+/* Remove root's "step-*.tmp.<pid>", "latest.tmp.<pid>" and "best.tmp.<pid>"
+ * (--keep-best's link) entries whose
  * writer is gone (or is us: a leftover of an earlier failure). A live
  * writer's are left alone. */
 static void ckpt_clean_stale(const char *root)
@@ -156,7 +157,8 @@ static void ckpt_clean_stale(const char *root)
 		/* Only names this module makes: root may be a directory the
 		 * user keeps other things in. */
 		if (!pid || (strncmp(de->d_name, "step-", 5) != 0 &&
-			     strncmp(de->d_name, ST_CKPT_LATEST ".tmp.", 11) != 0))
+			     strncmp(de->d_name, ST_CKPT_LATEST ".tmp.", 11) != 0 &&
+			     strncmp(de->d_name, ST_CKPT_BEST ".tmp.", 9) != 0))
 			continue;
 		if (pid != (long)getpid() && !(kill((pid_t)pid, 0) < 0 &&
 					      errno == ESRCH))
@@ -475,12 +477,20 @@ static int ckpt_prune(const struct st_ckpt_dir *d, unsigned keep)
 	size_t n, kept = 0;
 	int err = st_ckpt_list(d->root, &steps, &n);
 
+	char *blink = st_ckpt_fmt("%s/" ST_CKPT_BEST, d->root), best[256];
+	ssize_t bl = blink ? readlink(blink, best, sizeof(best) - 1) : -1;
+
+	free(blink);
+	best[bl > 0 ? bl : 0] = '\0';
 	if (err)
 		return err;
 	for (size_t i = 0; i < n; i++) {
 		char *name, *doomed;
 
 		if (steps[i].step > (int64_t)d->step)
+			continue;
+		/* the best checkpoint (--keep-best) stays, whatever --keep says */
+		if (best[0] && strcmp(steps[i].name, best) == 0)
 			continue;
 		if (strcmp(steps[i].name, mine) == 0 || kept++ < keep - 1)
 			continue;
@@ -563,8 +573,19 @@ int st_ckpt_resolve(const char *path, char **out)
 					: st_ckpt_fmt("%s/%s", path, target);
 		if (!*out)
 			return st_error_set(-ENOMEM, "out of memory");
-		if (stat(*out, &sb) == 0 || errno != ENOENT)
+		if (stat(*out, &sb) == 0)
 			return 0;
+		if (errno != ENOENT) {
+			err = -errno;
+			free(*out);
+			*out = NULL;
+			if (err == -ELOOP)
+				return st_error_set(err, "%s/" ST_CKPT_LATEST " -> %s: a "
+						    "symlink loop (ELOOP): it must name a "
+						    "step-N directory", path, target);
+			return st_error_set(err, "%s/" ST_CKPT_LATEST " -> %s: %s", path,
+					    target, strerror(-err));
+		}
 		/* latest names a directory that is gone (a crash while a step
 		 * was saved again without RENAME_EXCHANGE): take the newest
 		 * one there is, as without latest. */

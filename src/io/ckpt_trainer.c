@@ -5,15 +5,19 @@
 
 #include "ckpt_internal.h"
 #include "sf_internal.h"
+#include "strata/dataset.h"
 #include "strata/file.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <json-c/json.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 /* trainer.json is small: the config and a few file entries. */
 #define ST_CKPT_TRAINER_MAX_BYTES (16 * ST_MiB)
@@ -141,6 +145,24 @@ int st_ckpt_trainer_add_hashed(struct st_ckpt_trainer *tr, const char *dir,
 
 static const char st_ckpt_hexdig[] = "0123456789abcdef";
 
+/* trainer.json's own checksum: XXH64 (seed 0) of the object without its
+ * "checksum" field, serialised by json-c without whitespace. So a changed
+ * step, cursor, config or file entry is found, however the file is laid
+ * out. 0 with *h set, or -ENOMEM. */
+static int ckpt_self_hash(struct json_object *root, uint64_t *h)
+{
+	const char *text;
+	size_t len;
+
+	text = json_object_to_json_string_length(root, JSON_C_TO_STRING_PLAIN |
+						 JSON_C_TO_STRING_NOSLASHESCAPE,
+						 &len);
+	if (!text)
+		return -ENOMEM;
+	*h = XXH64(text, len, 0);
+	return 0;
+}
+
 int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 {
 	struct json_object *root = json_object_new_object(), *cfg, *files;
@@ -199,6 +221,15 @@ int st_ckpt_trainer_write(const char *path, const struct st_ckpt_trainer *tr)
 				 json_object_new_uint64(fl->bytes), &oom);
 		st_json_add(oom ? NULL : e, "xxh64",
 				 json_object_new_string(h), &oom);
+	}
+	if (!oom) {
+		uint64_t h = 0;
+		char hh[17];
+
+		oom = ckpt_self_hash(root, &h) < 0;
+		snprintf(hh, sizeof(hh), "%016llx", (unsigned long long)h);
+		st_json_add(oom ? NULL : root, "checksum",
+			    json_object_new_string(hh), &oom);
 	}
 	text = oom ? NULL : json_object_to_json_string_length(root,
 			JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
@@ -333,6 +364,37 @@ bad_hash:
 	return 0;
 }
 
+/* Version 2 on: the "checksum" field against the rest (then taken out of
+ * root). Version 1 files have none and are read without it. */
+static int ckpt_check_self(const char *path, struct json_object *root)
+{
+	struct json_object *v;
+	char want[17];
+	uint64_t h;
+	int err = ckpt_field(path, root, "checksum", json_type_string, &v);
+
+	if (err)
+		return err;
+	if (json_object_get_string_len(v) != 16)
+		goto bad;
+	for (int k = 0; k < 16; k++)
+		if (ckpt_hex_digit(json_object_get_string(v)[k]) < 0)
+			goto bad;
+	snprintf(want, sizeof(want), "%s", json_object_get_string(v));
+	json_object_object_del(root, "checksum"); /* frees v */
+	if (ckpt_self_hash(root, &h) < 0)
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	if (strtoull(want, NULL, 16) != h)
+		return st_error_set(-EINVAL, "%s: checksum mismatch (trainer.json "
+				    "was edited or damaged: its checksum %s, its "
+				    "contents %016llx)", path, want,
+				    (unsigned long long)h);
+	return 0;
+bad:
+	return st_error_set(-EINVAL, "%s: \"checksum\" is not 16 hex digits",
+			    path);
+}
+
 static int ckpt_parse_trainer(const char *path, struct json_object *root,
 			      struct st_ckpt_trainer *tr)
 {
@@ -359,6 +421,8 @@ static int ckpt_parse_trainer(const char *path, struct json_object *root,
 				    "reads version 1..%d", path,
 				    (unsigned long long)ver, ST_CKPT_VERSION);
 	tr->version = (uint32_t)ver;
+	if (ver >= 2 && (err = ckpt_check_self(path, root)) < 0)
+		return err;
 	err = ckpt_field(path, root, "step", json_type_int, &v);
 	if (!err)
 		err = ckpt_get_u64(path, "step", v, INT64_MAX,
@@ -465,4 +529,93 @@ int st_ckpt_verify(const char *dir, const struct st_ckpt_trainer *tr)
 		free(paths[i]);
 	free(paths);
 	return err;
+}
+
+/* STEM.safetensors or STEM.safetensors.index.json is listed. */
+static bool ckpt_lists_stem(const struct st_ckpt_trainer *tr, const char *stem)
+{
+	char a[ST_CKPT_NAME_BYTES], b[ST_CKPT_NAME_BYTES];
+
+	snprintf(a, sizeof(a), "%s.safetensors", stem);
+	snprintf(b, sizeof(b), "%s%s", stem, ST_CKPT_INDEX_SUFFIX);
+	return st_ckpt_trainer_find(tr, a) || st_ckpt_trainer_find(tr, b);
+}
+
+/* Every regular file of dir but trainer.json is listed. */
+static int ckpt_check_unlisted(const char *dir, const struct st_ckpt_trainer *tr)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int err = 0;
+
+	if (!d) {
+		err = -errno;
+		return st_error_set(err, "%s: %s", dir, strerror(-err));
+	}
+	while (!err && (de = readdir(d))) {
+		struct stat sb;
+
+		if (de->d_name[0] == '.' ||
+		    strcmp(de->d_name, ST_CKPT_TRAINER_FILE) == 0 ||
+		    (de->d_type != DT_REG && de->d_type != DT_UNKNOWN))
+			continue;
+		/* a file system that does not give the type: ask */
+		if (de->d_type == DT_UNKNOWN &&
+		    (fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) < 0 ||
+		     !S_ISREG(sb.st_mode)))
+			continue;
+		if (!st_ckpt_trainer_find(tr, de->d_name))
+			err = st_error_set(-EINVAL, "%s/%s: not listed in "
+					   "trainer.json (its entry was removed: "
+					   "the file cannot be checked)", dir,
+					   de->d_name);
+	}
+	closedir(d);
+	return err;
+}
+
+/* The sampler's cursor has drawn step * grad_accum batches, when the
+ * config says grad_accum (strata train's checkpoints). */
+static int ckpt_check_cursor(const char *dir, const struct st_ckpt_trainer *tr)
+{
+	struct json_object *cfg, *v;
+	struct st_cursor c;
+	int64_t accum = 0;
+
+	cfg = tr->config_json ? ckpt_parse_object(tr->config_json,
+						 strlen(tr->config_json)) : NULL;
+	if (cfg && json_object_object_get_ex(cfg, "grad_accum", &v) &&
+	    json_object_is_type(v, json_type_int))
+		accum = json_object_get_int64(v);
+	json_object_put(cfg);
+	if (accum <= 0)
+		return 0;
+	if (st_cursor_unpack(&c, tr->cursor, tr->cursor_bytes) < 0)
+		return st_error_set(-EINVAL, "%s/trainer.json: bad sampler cursor",
+				    dir);
+	if (tr->step > UINT64_MAX / (uint64_t)accum ||
+	    c.step != tr->step * (uint64_t)accum)
+		return st_error_set(-EINVAL, "%s/trainer.json: step %llu, but the "
+				    "sampler's cursor has drawn %llu batches (%lld "
+				    "a step): they disagree", dir,
+				    (unsigned long long)tr->step,
+				    (unsigned long long)c.step, (long long)accum);
+	return 0;
+}
+
+int st_ckpt_check(const char *dir, const struct st_ckpt_trainer *tr)
+{
+	static const char *const stems[] = { ST_CKPT_MODEL_STEM, ST_CKPT_OPTIM_STEM };
+	int err;
+
+	for (size_t i = 0; i < 2; i++)
+		if (!ckpt_lists_stem(tr, stems[i]))
+			return st_error_set(-EINVAL, "%s/trainer.json: lists no %s."
+					    "safetensors (nor its index): a checkpoint "
+					    "needs it", dir, stems[i]);
+	if (!st_ckpt_trainer_find(tr, ST_CKPT_CONFIG_FILE))
+		return st_error_set(-EINVAL, "%s/trainer.json: lists no %s: a "
+				    "checkpoint needs it", dir, ST_CKPT_CONFIG_FILE);
+	err = ckpt_check_unlisted(dir, tr);
+	return err ? err : ckpt_check_cursor(dir, tr);
 }

@@ -29,6 +29,7 @@ struct st_dataset {
 	unsigned tok_bytes;     /* 1 (bytes), 2 (llm.c uint16) or 4 (uint32), LE */
 	uint64_t n_tokens;
 	uint32_t max_token;
+	struct st_shard_ext ext; /* pointers into map */
 };
 
 static inline uint32_t tok(const struct st_dataset *ds, uint64_t i)
@@ -59,8 +60,77 @@ static bool ends_with(const char *s, const char *suffix)
 
 /* Validates the llm.c header against the file size; sets the token width
  * (2: GPT-2's uint16 shards, 4: the uint32 ones llm.c writes for Llama 3). */
+static uint64_t le64(const uint8_t *p)
+{
+	return (uint64_t)(uint32_t)le32(p) | (uint64_t)(uint32_t)le32(p + 4) << 32;
+}
+
+static uint64_t pad8(uint64_t x)
+{
+	return (x + 7) & ~(uint64_t)7;
+}
+
+/* Where the trailer's parts start, for n tokens of w bytes and flags. */
+static void trailer_layout(unsigned w, uint64_t n, uint32_t flags,
+			   uint64_t n_docs, uint64_t *mask_off,
+			   uint64_t *docs_off, uint64_t *end)
+{
+	uint64_t off = ST_LLMC_HEADER_BYTES + (uint64_t)w * n;
+
+	*mask_off = off;
+	if (flags & ST_SHARD_MASK)
+		off += n;
+	if (flags & ST_SHARD_DOCS) {
+		off = pad8(off);
+		*docs_off = off;
+		off += 8 * n_docs;
+	} else {
+		*docs_off = off;
+	}
+	*end = off;
+}
+
+/* The extension's header fields; the trailer's size they imply. */
+static int ext_check(const char *path, const uint8_t *hdr, unsigned w,
+		     uint64_t n, uint64_t file_bytes, uint32_t *flags,
+		     uint64_t *n_docs, uint64_t *hash)
+{
+	uint64_t mask_off, docs_off, end;
+
+	*flags = 0;
+	*n_docs = 0;
+	*hash = 0;
+	if ((uint32_t)le32(hdr + 12) != ST_SHARD_EXT_MAGIC)
+		return 0;
+	*flags = (uint32_t)le32(hdr + 16);
+	*hash = le64(hdr + 20);
+	*n_docs = le64(hdr + 28);
+	if (*flags & ~(ST_SHARD_MASK | ST_SHARD_DOCS))
+		return st_error_set(-EINVAL, "%s: unknown shard flags 0x%x "
+				    "(a newer strata wrote it?)", path, *flags);
+	if (!(*flags & ST_SHARD_DOCS) && *n_docs)
+		return st_error_set(-EINVAL, "%s: %llu documents but no "
+				    "document flag", path,
+				    (unsigned long long)*n_docs);
+	if (*n_docs > n)
+		return st_error_set(-EINVAL, "%s: %llu documents in %llu "
+				    "tokens", path, (unsigned long long)*n_docs,
+				    (unsigned long long)n);
+	trailer_layout(w, n, *flags, *n_docs, &mask_off, &docs_off, &end);
+	if (file_bytes != end)
+		return st_error_set(-EINVAL, "%s: header says %llu tokens%s%s "
+				    "(%llu bytes) but the file is %llu bytes",
+				    path, (unsigned long long)n,
+				    *flags & ST_SHARD_MASK ? ", a mask" : "",
+				    *flags & ST_SHARD_DOCS ? ", documents" : "",
+				    (unsigned long long)end,
+				    (unsigned long long)file_bytes);
+	return 0;
+}
+
 static int llmc_check(const char *path, int fd, uint64_t file_bytes,
-		      uint64_t *n_tokens, unsigned *tok_bytes)
+		      uint64_t *n_tokens, unsigned *tok_bytes,
+		      uint32_t *flags, uint64_t *n_docs, uint64_t *hash)
 {
 	uint8_t hdr[ST_LLMC_HEADER_BYTES];
 	int32_t magic, version, count;
@@ -93,6 +163,14 @@ static int llmc_check(const char *path, int fd, uint64_t file_bytes,
 	if (count <= 0)
 		return st_error_set(-EINVAL, "%s: header says %d tokens", path,
 				    count);
+	if ((uint32_t)le32(hdr + 12) == ST_SHARD_EXT_MAGIC) {
+		*n_tokens = (uint64_t)count;
+		return ext_check(path, hdr, *tok_bytes, *n_tokens, file_bytes,
+				 flags, n_docs, hash);
+	}
+	*flags = 0;
+	*n_docs = 0;
+	*hash = 0;
 	if (file_bytes - ST_LLMC_HEADER_BYTES != *tok_bytes * (uint64_t)count)
 		return st_error_set(-EINVAL, "%s: header says %d tokens (%llu "
 				    "bytes) but the file holds %llu bytes of "
@@ -104,12 +182,58 @@ static int llmc_check(const char *path, int fd, uint64_t file_bytes,
 	return 0;
 }
 
+static int ext_valid(const char *path, uint64_t n, const struct st_shard_ext *ext)
+{
+	if (!ext)
+		return 0;
+	for (uint64_t i = 0; ext->mask && i < n; i++)
+		if (ext->mask[i] > 1)
+			return st_error_set(-EINVAL, "%s: mask byte %llu is %u, "
+					    "not 0 or 1", path,
+					    (unsigned long long)i, ext->mask[i]);
+	for (uint64_t d = 0; ext->doc_starts && d < ext->n_docs; d++) {
+		uint64_t s = ext->doc_starts[d];
+
+		if ((d == 0 && s != 0) || s >= n ||
+		    (d && s <= ext->doc_starts[d - 1]))
+			return st_error_set(-EINVAL, "%s: document %llu starts at "
+					    "token %llu: starts must rise from 0 "
+					    "below %llu", path, (unsigned long long)d,
+					    (unsigned long long)s,
+					    (unsigned long long)n);
+	}
+	return 0;
+}
+
+/* Point ds->ext into the mapping and check the mask's bytes and the
+ * documents' order. */
+static int ext_open(struct st_dataset *ds, uint32_t flags, uint64_t n_docs,
+		    uint64_t hash)
+{
+	uint64_t mask_off, docs_off, end;
+	const uint8_t *base = ds->map;
+
+	ds->ext = (struct st_shard_ext){ .tokenizer_hash = hash };
+	if (!flags)
+		return 0;
+	trailer_layout(ds->tok_bytes, ds->n_tokens, flags, n_docs, &mask_off,
+		       &docs_off, &end);
+	if (flags & ST_SHARD_MASK)
+		ds->ext.mask = base + mask_off;
+	if (flags & ST_SHARD_DOCS) {
+		ds->ext.doc_starts = (const uint64_t *)(const void *)(base + docs_off);
+		ds->ext.n_docs = n_docs;
+	}
+	return ext_valid(ds->path, ds->n_tokens, &ds->ext);
+}
+
 int st_dataset_open(struct st_dataset **out, const char *path,
 		    enum st_dataset_format format)
 {
 	struct st_dataset *ds;
-	uint64_t file_bytes, n_tokens = 0;
+	uint64_t file_bytes, n_tokens = 0, n_docs = 0, hash = 0;
 	unsigned tok_bytes = 1;
+	uint32_t flags = 0;
 	int fd, err;
 
 	*out = NULL;
@@ -133,7 +257,8 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 			format = ST_DATASET_LLMC;
 	}
 	if (format == ST_DATASET_LLMC) {
-		err = llmc_check(path, fd, file_bytes, &n_tokens, &tok_bytes);
+		err = llmc_check(path, fd, file_bytes, &n_tokens, &tok_bytes,
+				 &flags, &n_docs, &hash);
 		if (err) {
 			close(fd);
 			return err;
@@ -173,6 +298,11 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 		     (format == ST_DATASET_LLMC ? ST_LLMC_HEADER_BYTES : 0);
 	for (uint64_t i = 0; i < n_tokens; i++)
 		ds->max_token = ST_MAX(ds->max_token, tok(ds, i));
+	err = ext_open(ds, flags, n_docs, hash);
+	if (err) {
+		st_dataset_close(ds);
+		return err;
+	}
 	/* batches are int32: a uint32 shard's ids must fit */
 	if (ds->max_token > INT32_MAX) {
 		err = st_error_set(-EINVAL, "%s: token %u is past 2^31-1, the "
@@ -209,12 +339,76 @@ uint32_t st_dataset_max_token(const struct st_dataset *ds)
 	return ds->max_token;
 }
 
-int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
-			  uint64_t n_tokens)
+struct st_shard_ext st_dataset_ext(const struct st_dataset *ds)
 {
-	uint8_t hdr[ST_LLMC_HEADER_BYTES] = { 0 };
-	const int32_t head[3] = { ST_LLMC_MAGIC, ST_LLMC_VERSION,
-				  (int32_t)n_tokens };
+	return ds->ext;
+}
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+	for (int b = 0; b < 4; b++)
+		p[b] = (uint8_t)(v >> (8 * b));
+}
+
+static uint32_t ext_flags(const struct st_shard_ext *ext)
+{
+	if (!ext)
+		return 0;
+	return (ext->mask ? ST_SHARD_MASK : 0) |
+	       (ext->doc_starts ? ST_SHARD_DOCS : 0);
+}
+
+void st_shard_header(uint8_t *hdr, unsigned tok_bytes, uint64_t n_tokens,
+		     const struct st_shard_ext *ext)
+{
+	uint32_t flags = ext_flags(ext);
+
+	memset(hdr, 0, ST_LLMC_HEADER_BYTES);
+	put_le32(hdr, tok_bytes == 4 ? ST_LLMC32_MAGIC : ST_LLMC_MAGIC);
+	put_le32(hdr + 4, tok_bytes == 4 ? ST_LLMC32_VERSION : ST_LLMC_VERSION);
+	put_le32(hdr + 8, (uint32_t)n_tokens);
+	if (!ext || (!flags && !ext->tokenizer_hash))
+		return;
+	put_le32(hdr + 12, ST_SHARD_EXT_MAGIC);
+	put_le32(hdr + 16, flags);
+	put_le32(hdr + 20, (uint32_t)ext->tokenizer_hash);
+	put_le32(hdr + 24, (uint32_t)(ext->tokenizer_hash >> 32));
+	put_le32(hdr + 28, (uint32_t)(flags & ST_SHARD_DOCS ? ext->n_docs : 0));
+	put_le32(hdr + 32, (uint32_t)((flags & ST_SHARD_DOCS ? ext->n_docs : 0) >> 32));
+}
+
+
+int st_shard_trailer_write(struct st_file_atomic *f, unsigned tok_bytes,
+			   uint64_t n_tokens, const struct st_shard_ext *ext)
+{
+	static const uint8_t zeros[8];
+	uint32_t flags = ext_flags(ext);
+	uint64_t mask_off, docs_off, end, at;
+	int err = 0;
+
+	if (!flags)
+		return 0;
+	trailer_layout(tok_bytes, n_tokens, flags, ext->n_docs, &mask_off,
+		       &docs_off, &end);
+	at = mask_off;
+	if (flags & ST_SHARD_MASK) {
+		err = st_file_atomic_write(f, ext->mask, (size_t)n_tokens);
+		at += n_tokens;
+	}
+	if (!err && (flags & ST_SHARD_DOCS)) {
+		err = st_file_atomic_write(f, zeros, (size_t)(docs_off - at));
+		if (!err)
+			err = st_file_atomic_write(f, ext->doc_starts,
+						   (size_t)(8 * ext->n_docs));
+	}
+	return err;
+}
+
+int st_dataset_write_shard(const char *path, const void *tokens,
+			   unsigned tok_bytes, uint64_t n_tokens,
+			   const struct st_shard_ext *ext)
+{
+	uint8_t hdr[ST_LLMC_HEADER_BYTES];
 	struct st_file_atomic f;
 	int err;
 
@@ -222,20 +416,62 @@ int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
 		return st_error_set(-EINVAL, "%s: %llu tokens; an llm.c shard "
 				    "holds 1..%d", path,
 				    (unsigned long long)n_tokens, INT32_MAX);
-	for (int i = 0; i < 3; i++)
-		for (int b = 0; b < 4; b++)
-			hdr[4 * i + b] = (uint8_t)((uint32_t)head[i] >> (8 * b));
+	if (tok_bytes != 2 && tok_bytes != 4)
+		return st_error_set(-EINVAL, "%s: tokens of %u bytes; a shard "
+				    "holds 2 or 4", path, tok_bytes);
+	err = ext_valid(path, n_tokens, ext);
+	if (err)
+		return err;
+	st_shard_header(hdr, tok_bytes, n_tokens, ext);
 	err = st_file_atomic_open(&f, path);
 	if (err)
 		return err;
 	err = st_file_atomic_write(&f, hdr, sizeof(hdr));
 	if (!err)
-		err = st_file_atomic_write(&f, tokens, 2 * (size_t)n_tokens);
+		err = st_file_atomic_write(&f, tokens,
+					   (size_t)tok_bytes * n_tokens);
+	if (!err)
+		err = st_shard_trailer_write(&f, tok_bytes, n_tokens, ext);
 	if (err) {
 		st_file_atomic_abort(&f);
 		return err;
 	}
 	return st_file_atomic_commit(&f);
+}
+
+int st_file_hash(const char *path, uint64_t *hash)
+{
+	XXH3_state_t *st = XXH3_createState();
+	uint8_t buf[1 << 16];
+	uint64_t bytes, at = 0;
+	int fd, err;
+
+	if (!st)
+		return st_error_set(-ENOMEM, "%s: out of memory", path);
+	err = st_file_open_regular(path, &fd, &bytes);
+	if (err) {
+		XXH3_freeState(st);
+		return err;
+	}
+	XXH3_64bits_reset(st);
+	while (!err && at < bytes) {
+		size_t n = (size_t)ST_MIN((uint64_t)sizeof(buf), bytes - at);
+
+		err = st_file_pread_full(fd, buf, n, at, path);
+		if (!err)
+			XXH3_64bits_update(st, buf, n);
+		at += n;
+	}
+	close(fd);
+	*hash = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return err;
+}
+
+int st_dataset_write_llmc(const char *path, const uint16_t *tokens,
+			  uint64_t n_tokens)
+{
+	return st_dataset_write_shard(path, tokens, 2, n_tokens, NULL);
 }
 
 /* ---- sampler ----------------------------------------------------------- */

@@ -268,6 +268,8 @@ static int open_dir(struct st_weights *w, const char *path)
 		if (ret == 0)
 			ret = st_ckpt_trainer_read(p, &tr);
 		free(p);
+		if (ret == 0 && (ret = st_ckpt_check(dir, &tr)) < 0)
+			st_ckpt_trainer_fini(&tr);
 		if (ret == 0) { /* what is read here: the weights and the config */
 			size_t k = 0;
 

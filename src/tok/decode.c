@@ -79,13 +79,14 @@ static int put_replaced(struct tok_buf *buf, const char *s, size_t n, const char
 	return tok_buf_put(buf, s + at, n - at);
 }
 
-/* Bytes -> text as TextDecoder reads it (invalid UTF-8 to U+FFFD). */
+/* Bytes -> text as TextDecoder reads it (invalid UTF-8 to U+FFFD), or
+ * as they are with ST_TOK_RAW. */
 static int put_bytes_as_text(struct tok_buf *dst, const char *s, size_t n,
-			     struct tok_buf *tmp)
+			     struct tok_buf *tmp, unsigned flags)
 {
 	int ret;
 
-	if (tok_utf8_valid(s, n))
+	if ((flags & ST_TOK_RAW) || tok_utf8_valid(s, n))
 		return tok_buf_put(dst, s, n);
 	if ((ret = tok_utf8_sanitize(tmp, s, n)))
 		return ret;
@@ -116,7 +117,7 @@ static int byte_token(const char *s, size_t n)
 }
 
 static int step(const struct tok_dec *d, struct dlist *in, struct dlist *out,
-		struct tok_buf *tmp, struct tok_buf *raw)
+		struct tok_buf *tmp, struct tok_buf *raw, unsigned flags)
 {
 	/* an empty list may have no buffer yet: its spans are all (0, 0) */
 	const char *base = in->buf.p ? in->buf.p : "";
@@ -156,7 +157,7 @@ static int step(const struct tok_dec *d, struct dlist *in, struct dlist *out,
 			{
 				size_t start = out->buf.n;
 
-				if ((ret = put_bytes_as_text(&out->buf, raw->p, raw->n, tmp)) ||
+				if ((ret = put_bytes_as_text(&out->buf, raw->p, raw->n, tmp, flags)) ||
 				    (ret = dlist_close(out, start, false)))
 					return ret;
 			}
@@ -184,7 +185,7 @@ static int step(const struct tok_dec *d, struct dlist *in, struct dlist *out,
 					return ret;
 			}
 			start = out->buf.n;
-			if ((ret = put_bytes_as_text(&out->buf, raw->p, raw->n, tmp)) ||
+			if ((ret = put_bytes_as_text(&out->buf, raw->p, raw->n, tmp, flags)) ||
 			    (ret = dlist_close(out, start, false)))
 				return ret;
 		}
@@ -296,7 +297,7 @@ int tok_decode_run(const struct st_tokenizer *t, const uint32_t *ids, size_t n,
 		ret = dlist_add(&l[cur], s, len, added);
 	}
 	for (size_t k = 0; k < t->n_dec && !ret; k++) {
-		ret = step(&t->dec[k], &l[cur], &l[cur ^ 1], &tmp, &raw);
+		ret = step(&t->dec[k], &l[cur], &l[cur ^ 1], &tmp, &raw, flags);
 		cur ^= 1;
 	}
 	/* no decoder: the tokens joined by spaces, as Hugging Face does */

@@ -835,3 +835,23 @@ int64_t st_tokenizer_token_id(const struct st_tokenizer *t, const char *s)
 			return t->added[i].id;
 	return tok_bpe_lookup(t->bpe, s, n);
 }
+
+bool st_tokenizer_is_special(const struct st_tokenizer *t, uint32_t id)
+{
+	return id < t->n_ids && t->special[id];
+}
+
+size_t st_tokenizer_added(const struct st_tokenizer *t, size_t i, const char **text)
+{
+	if (i >= t->n_added) {
+		*text = NULL;
+		return 0;
+	}
+	*text = t->added[i].content;
+	return t->added[i].len;
+}
+
+size_t st_tokenizer_n_added(const struct st_tokenizer *t)
+{
+	return t->n_added;
+}

@@ -551,6 +551,8 @@ int st_engine_resume(struct st_engine *e, const char *path, uint64_t *step,
 	snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_TRAINER_FILE);
 	ret = st_ckpt_trainer_read(p, &tr);
 	if (ret == 0)
+		ret = st_ckpt_check(dir, &tr);
+	if (ret == 0)
 		ret = st_ckpt_verify(dir, &tr);
 	if (ret == 0) {
 		snprintf(p, sizeof(p), "%.4000s/%s", dir, ST_CKPT_CONFIG_FILE);

@@ -9,8 +9,10 @@
 #include "strata/dataset.h"
 #include "strata/device.h"
 #include "strata/family.h"
+#include "strata/file.h"
 #include "strata/optim.h"
 #include "strata/trace.h"
+#include "strata/train.h"
 #include "strata/weights.h"
 #include "run_zero.h"
 
@@ -49,6 +51,14 @@ struct run {
 	uint64_t start_step, t0;
 	uint64_t *rank_peaks;
 	int skipped_in_row;
+	/* validation: its loader (rewound each time), the in-memory model it
+	 * scores (the engine's P copied in), one unit's buffer; --keep-best's
+	 * lowest loss so far */
+	struct st_loader vld;
+	struct st_trainer *vt;
+	float *vbuf;
+	int val_batches; /* --val-batches, or its default */
+	double best_loss;
 	/* --rates-refresh: what steps 2 to 4 measured */
 	double rf_busy[ST_LANE_COUNT], rf_bytes[ST_LANE_COUNT], rf_nvme;
 	int rf_steps;
@@ -127,6 +137,9 @@ static char *config_json(const struct st_run_config *rc)
 	 * at --grad-accum A are one rank at N * A) */
 	json_object_object_add(o, "grad_accum", json_object_new_int(c->grad_accum * ec->world));
 	json_object_object_add(o, "steps", json_object_new_int(c->steps));
+	/* an extended run: the total its schedule spans (absent: steps) */
+	if (c->schedule_steps > 0 && c->schedule_steps != c->steps)
+		json_object_object_add(o, "schedule_steps", json_object_new_int(c->schedule_steps));
 	json_object_object_add(o, "lr", json_object_new_double(c->lr));
 	json_object_object_add(o, "schedule", json_object_new_string(
 					     c->schedule == ST_LR_COSINE ? "cosine" : "constant"));
@@ -153,13 +166,24 @@ static char *config_json(const struct st_run_config *rc)
 	return s;
 }
 
+/* The steps a saved config's LR schedule spans: "schedule_steps", else
+ * "steps". */
+static long long sched_steps(json_object *o)
+{
+	json_object *v = NULL;
+
+	if (!json_object_object_get_ex(o, "schedule_steps", &v))
+		json_object_object_get_ex(o, "steps", &v);
+	return v ? (long long)json_object_get_int64(v) : -1;
+}
+
 /* Fields that must match between the run and the checkpoint it resumes.
  * Returns 0 or -EINVAL naming the first that does not. */
 static int check_resume_config(const char *saved, const char *now)
 {
 	static const char *keys[] = { "model", "batch", "seq", "grad_accum", "lr", "schedule",
 				      "warmup", "wd", "beta1", "beta2", "eps", "clip", "seed",
-				      "precision", "shuffle", "steps" };
+				      "precision", "shuffle" };
 	json_object *a = saved ? json_tokener_parse(saved) : NULL, *b = json_tokener_parse(now);
 	int ret = 0;
 
@@ -176,6 +200,11 @@ static int check_resume_config(const char *saved, const char *now)
 					   keys[i], x ? json_object_to_json_string(x) : "absent",
 					   y ? json_object_to_json_string(y) : "absent");
 	}
+	/* --steps may grow (or shrink) across a resume; the schedule's span
+	 * may not */
+	if (a && ret == 0 && sched_steps(a) != sched_steps(b))
+		ret = st_error_set(-EINVAL, "--resume: the LR schedule spans %lld steps in the "
+				   "checkpoint but %lld now", sched_steps(a), sched_steps(b));
 	json_object_put(a);
 	json_object_put(b);
 	return ret;
@@ -282,11 +311,138 @@ static int run_resume(struct run *r)
 	free(saved);
 	if (ret < 0)
 		return fail(r, 2, ret);
+	if (r->start_step > (uint64_t)r->ec.train.steps)
+		return fail(r, 2, st_error_set(-EINVAL, "--resume %s: the checkpoint is at step "
+					       "%llu, past --steps %d", r->resume,
+					       (unsigned long long)r->start_step,
+					       r->ec.train.steps));
 	ret = st_loader_seek(&r->ld, &r->ld.cur);
 	if (ret < 0)
 		return fail(r, 2, st_error_set(ret, "--resume %s: %s", r->resume, st_error_last()));
 	say(r, "resumed from %s at step %llu\n", r->resume, (unsigned long long)r->start_step);
 	return 0;
+}
+
+/* --val-data: contiguous batches from the file's start, as strata eval
+ * reads them; the file must hold val_batches of them. */
+static int val_prepare(struct run *r)
+{
+	const struct st_run_config *c = r->cfg;
+	const struct st_train_config *tc = &c->engine.train;
+	struct st_loader_config lc = { .batch = (uint32_t)tc->batch, .seq = (uint32_t)tc->seq,
+				       .shuffle = 0, .split = ST_SPLIT_ALL };
+	uint64_t n = st_dataset_tokens(c->val_data);
+	uint64_t avail = n > 1 ? (n - 1) / ((uint64_t)tc->batch * tc->seq) : 0;
+	int ret;
+
+	if (c->eval_every < 1 || c->val_batches < 0)
+		return fail(r, 2, st_error_set(-EINVAL, "--val-data needs --eval-every N >= 1"));
+	/* default: what the file holds, at most ST_RUN_VAL_BATCHES */
+	r->val_batches = c->val_batches ? c->val_batches
+					: (int)ST_MIN(avail, (uint64_t)ST_RUN_VAL_BATCHES);
+	if (avail == 0 || avail < (uint64_t)r->val_batches)
+		return fail(r, 2, st_error_set(-EINVAL, "--val-data: it holds %llu batches of %d x "
+					       "%d tokens, fewer than --val-batches %d",
+					       (unsigned long long)avail, tc->batch, tc->seq,
+					       ST_MAX(r->val_batches, 1)));
+	ret = st_loader_init(&r->vld, c->val_data, &lc);
+	if (ret < 0)
+		return fail(r, 2, st_error_set(ret, "--val-data: %s", st_error_last()));
+	return 0;
+}
+
+/* The model validation scores: the run's, in memory (its P copied in
+ * before each evaluation), at the run's compute precision. */
+static int val_open(struct run *r)
+{
+	const struct st_model *m = st_engine_model(r->e);
+	size_t elems = 0;
+	int ret;
+
+	for (int u = 0; u < st_model_unit_count(m); u++)
+		elems = ST_MAX(elems, st_model_unit_layout(m, u)->elems);
+	ret = st_trainer_create(&r->ec.train, &r->vt);
+	if (ret == 0)
+		ret = st_trainer_set_precision(r->vt, r->ec.compute_dtype);
+	if (ret == 0 && !(r->vbuf = malloc(elems * sizeof(float))))
+		ret = st_error_set(-ENOMEM, "out of memory");
+	if (ret < 0)
+		return fail(r, 1, st_error_set(ret, "--val-data: %s", st_error_last()));
+	r->best_loss = INFINITY;
+	return 0;
+}
+
+/* The validation loss of the state after a step: the same batches each
+ * time (the loader rewound). Collective at world > 1 (P is gathered):
+ * every rank scores, the same numbers. */
+static int val_loss(struct run *r, double *loss)
+{
+	const struct st_model *m = st_engine_model(r->e);
+	int ret = 0;
+
+	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
+		ret = st_engine_read_state(r->e, u, ST_STATE_P, r->vbuf);
+		if (ret == 0)
+			ret = st_trainer_write_master(r->vt, u, r->vbuf);
+	}
+	st_loader_rewind(&r->vld);
+	if (ret == 0)
+		ret = st_trainer_eval(r->vt, &r->vld, r->val_batches, loss);
+	if (ret < 0)
+		return fail(r, 1, st_error_set(ret, "validation: %s", st_error_last()));
+	return 0;
+}
+
+/* --keep-best: step's checkpoint (just saved) becomes DIR/best when its
+ * loss is the lowest so far: best.json, then the link, each atomic. */
+static int val_best(struct run *r, int step, double loss)
+{
+	const char *dir = r->cfg->save;
+	char name[64], path[4200], tmp[4300], text[256];
+	struct st_file_atomic f;
+	int ret, n;
+
+	if (r->ec.rank != 0 || !(loss < r->best_loss))
+		return 0;
+	r->best_loss = loss;
+	snprintf(name, sizeof(name), "step-%06d", step);
+	n = snprintf(text, sizeof(text), "{\"checkpoint\": \"%s\", \"step\": %d, "
+		     "\"val_loss\": %.9g}\n", name, step, loss);
+	snprintf(path, sizeof(path), "%s/%s", dir, ST_CKPT_BEST_JSON);
+	ret = st_file_atomic_open(&f, path);
+	if (ret == 0)
+		ret = st_file_atomic_write(&f, text, (size_t)n);
+	if (ret == 0)
+		ret = st_file_atomic_commit(&f);
+	else
+		st_file_atomic_abort(&f);
+	snprintf(path, sizeof(path), "%s/%s", dir, ST_CKPT_BEST);
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+	unlink(tmp);
+	if (ret == 0 && (symlink(name, tmp) < 0 || rename(tmp, path) < 0))
+		ret = st_error_set(-errno, "%s: %s", path, strerror(errno));
+	if (ret < 0)
+		return fail(r, 1, st_error_set(ret, "--keep-best: %s", st_error_last()));
+	say(r, "best so far: step %d, val_loss %.6f (%s/%s)\n", step, loss, dir, ST_CKPT_BEST);
+	return 0;
+}
+
+/* --keep-best on a resume: the loss of the best checkpoint there, from
+ * DIR/best.json (none: the first evaluation sets it). */
+static void val_best_read(struct run *r)
+{
+	char path[4200], *text = NULL;
+	struct json_object *o, *v;
+	size_t len;
+
+	snprintf(path, sizeof(path), "%s/%s", r->cfg->save, ST_CKPT_BEST_JSON);
+	if (st_file_read_small(path, 4096, &text, &len) < 0)
+		return;
+	o = json_tokener_parse(text);
+	if (o && json_object_object_get_ex(o, "val_loss", &v))
+		r->best_loss = json_object_get_double(v);
+	json_object_put(o);
+	free(text);
 }
 
 /* Before anything is allocated: the data, the ranks' agreement, the
@@ -306,6 +462,8 @@ static int run_prepare(struct run *r)
 	ret = st_loader_init(&r->ld, c->data, &lc);
 	if (ret < 0)
 		return fail(r, 2, st_error_set(ret, "--data %s: %s", c->data_name, st_error_last()));
+	if (c->val_data && (ret = val_prepare(r)) < 0)
+		return ret;
 	if (!(r->cfg_json = config_json(c)))
 		return fail(r, 1, st_error_set(-ENOMEM, "out of memory"));
 	/* the schedule orders the collectives of a step: every rank's the same */
@@ -389,6 +547,10 @@ static int run_open(struct run *r)
 		return ret;
 	if (r->resume && (ret = run_resume(r)) < 0)
 		return ret;
+	if (c->val_data && (ret = val_open(r)) < 0)
+		return ret;
+	if (c->keep_best && r->resume)
+		val_best_read(r);
 	if (r->ec.world > 1) { /* every rank resumed the same checkpoint (--resume auto) */
 		char line[4200];
 		const char *lines[] = { line };
@@ -421,7 +583,7 @@ static int run_open(struct run *r)
 }
 
 /* A step's progress line (two lines: the loss, then the tiers and links). */
-static void progress_line(struct run *r, int s, const struct st_step_result *st,
+static void progress_line(struct run *r, int s, const struct st_step_result *st, double val,
 			  const struct st_engine_stats *es, double tps, double dt)
 {
 	const struct st_train_config *tc = &r->ec.train;
@@ -433,10 +595,14 @@ static void progress_line(struct run *r, int s, const struct st_step_result *st,
 		st_format_bytes(es->peak_bytes[h], pk[h], sizeof(pk[h]));
 	}
 	getrusage(RUSAGE_SELF, &ru);
-	say(r, "step %*d/%d | loss %.6f | lr %.3e | norm %.4f%s | %.0f tok/s | %.2f s | ETA %s\n"
+	char vl[48] = "";
+
+	if (!isnan(val)) /* an evaluation after this step */
+		snprintf(vl, sizeof(vl), " | val_loss %.6f", val);
+	say(r, "step %*d/%d | loss %.6f%s | lr %.3e | norm %.4f%s | %.0f tok/s | %.2f s | ETA %s\n"
 	    "    vram %s (peak %s) host %s (peak %s)%s%s%s%s%s | GB/s h2d %s d2h %s "
 	    "nvme r %s w %s | rss %.0f MiB\n",
-	    (int)log10(tc->steps) + 1, s + 1, tc->steps, st->loss, st->lr, st->grad_norm,
+	    (int)log10(tc->steps) + 1, s + 1, tc->steps, st->loss, vl, st->lr, st->grad_norm,
 	    st->skipped ? " (non-finite: skipped)" : "", tps, dt,
 	    st_format_eta((double)(st_now_ns() - r->t0) / 1e9 / (s + 1 - (int)r->start_step) *
 		(tc->steps - s - 1), et, sizeof(et)),
@@ -452,7 +618,7 @@ static void progress_line(struct run *r, int s, const struct st_step_result *st,
 
 /* A step's --metrics line; a finite step's line is what it always was,
  * byte for byte. Returns 0, or -EIO when the file cannot take it. */
-static int metrics_line(struct run *r, int s, const struct st_step_result *st,
+static int metrics_line(struct run *r, int s, const struct st_step_result *st, double val,
 			const struct st_engine_stats *es, double tps, double dt,
 			const struct st_comm_stats *cs0, const struct st_comm_stats *cs1)
 {
@@ -463,13 +629,16 @@ static int metrics_line(struct run *r, int s, const struct st_step_result *st,
 	metric(mf, "loss", "%.9g", st->loss, nf, sizeof(nf));
 	metric(mf, "lr", "%.9g", st->lr, nf, sizeof(nf));
 	metric(mf, "grad_norm", "%.9g", st->grad_norm, nf, sizeof(nf));
+	if (!isnan(val)) /* only after an evaluation: other lines are as they were */
+		metric(mf, "val_loss", "%.9g", val, nf, sizeof(nf));
 	metric(mf, "tokens_per_s", "%.1f", tps, nf, sizeof(nf));
 	metric(mf, "model_tflops", "%.4f",
 	       tps * st_model_flops_per_token(st_engine_model(r->e), r->ec.train.seq) / 1e12, nf,
 	       sizeof(nf));
 	metric(mf, "step_s", "%.6f", dt, nf, sizeof(nf));
-	fprintf(mf, "%s%s%s%s,\"bytes\":{", st->skipped ? ",\"skipped\":true" : "",
-		nf[0] ? ",\"nonfinite\":[" : "", nf, nf[0] ? "]" : "");
+	fprintf(mf, "%s%s%s%s%s,\"bytes\":{", st->skipped ? ",\"skipped\":true" : "",
+		st->in_backward ? ",\"in_backward\":true" : "", nf[0] ? ",\"nonfinite\":[" : "",
+		nf, nf[0] ? "]" : "");
 	for (int l = ST_LANE_H2D; l <= ST_LANE_NVME_WRITE; l++)
 		fprintf(mf, "%s\"%s\":%llu", l == ST_LANE_H2D ? "" : ",",
 			l == ST_LANE_H2D ? "h2d" : l == ST_LANE_D2H ? "d2h"
@@ -503,7 +672,7 @@ static int metrics_line(struct run *r, int s, const struct st_step_result *st,
 
 /* What one step reports: its lines, --rates-refresh's sums, the caller's
  * hook. */
-static int step_report(struct run *r, int s, const struct st_step_result *st,
+static int step_report(struct run *r, int s, const struct st_step_result *st, double val,
 		       const struct st_comm_stats *cs0, const struct st_comm_stats *cs1)
 {
 	const struct st_run_config *c = r->cfg;
@@ -531,14 +700,15 @@ static int step_report(struct run *r, int s, const struct st_step_result *st,
 			return ret;
 	}
 	if ((s + 1) % c->log_every == 0 || s + 1 == tc->steps || st->skipped)
-		progress_line(r, s, st, &es, tps, dt);
-	if (r->mf && (ret = metrics_line(r, s, st, &es, tps, dt, cs0, cs1)) < 0)
+		progress_line(r, s, st, val, &es, tps, dt);
+	if (r->mf && (ret = metrics_line(r, s, st, val, &es, tps, dt, cs0, cs1)) < 0)
 		return ret;
 	if (c->out)
 		fflush(c->out);
 	if (c->on_step) {
 		struct st_run_step rs = { .step = s + 1, .loss = st->loss, .lr = st->lr,
-					  .grad_norm = st->grad_norm, .skipped = st->skipped };
+					  .grad_norm = st->grad_norm, .skipped = st->skipped,
+					  .val_loss = val };
 
 		c->on_step(c->arg, &rs);
 	}
@@ -557,23 +727,28 @@ static int run_steps(struct run *r)
 	for (int s = (int)r->start_step; s < tc->steps; s++) {
 		struct st_step_result st;
 		struct st_comm_stats cs0, cs1;
-		bool stopping, stopped, saving, follows;
+		bool stopping, stopped, saving, follows, evaluating;
+		double val = NAN;
 
 		/* A stop asked for (Ctrl-C, SIGTERM) ends the run after the step
 		 * it comes in, saved. */
 		if ((ret = st_run_zero_any(r->e, c->stop && *c->stop, &stopping)) < 0)
 			return fail(r, 1, ret);
+		evaluating = c->val_data && ((s + 1) % c->eval_every == 0 || s + 1 == tc->steps);
 		saving = c->save && ((c->save_every && (s + 1) % c->save_every == 0) ||
-				     s + 1 == tc->steps || stopping);
+				     s + 1 == tc->steps || stopping || (c->keep_best && evaluating));
 		/* The next step's first forward runs in this step's update sweep,
-		 * unless the state is saved (or the run ends) after this step. */
-		follows = s + 1 < tc->steps && !saving && !stopping;
+		 * unless the state is saved or scored (or the run ends) after this
+		 * step: the same numbers either way. */
+		follows = s + 1 < tc->steps && !saving && !stopping && !evaluating;
 		st_comm_get_stats(st_engine_comm(r->e), &cs0);
 		if ((ret = st_engine_step(r->e, &r->ld, s, follows, &st)) < 0)
 			return fail(r, 1, st_error_set(ret, "step %d: %s", s + 1, st_error_last()));
 		st_comm_get_stats(st_engine_comm(r->e), &cs1);
 		r->res->steps_done = s + 1;
-		if ((ret = step_report(r, s, &st, &cs0, &cs1)) < 0)
+		if (evaluating && (ret = val_loss(r, &val)) < 0)
+			return ret;
+		if ((ret = step_report(r, s, &st, val, &cs0, &cs1)) < 0)
 			return ret;
 		/* A stop that came during a step which began the next one saves
 		 * too: with the cursor of this step's end (ld has given the next
@@ -607,6 +782,8 @@ static int run_steps(struct run *r)
 											  sizeof(last)) : ""));
 			}
 			say(r, "saved step %d in %s\n", s + 1, c->save);
+			if (c->keep_best && evaluating && (ret = val_best(r, s + 1, val)) < 0)
+				return ret;
 		}
 		if (stopped) {
 			r->res->stopped = s + 1 < tc->steps;
@@ -658,6 +835,8 @@ static int run_close(struct run *r, int ret)
 	free(r->auto_dir);
 	free(r->cfg_json);
 	free(r->rank_peaks);
+	st_trainer_destroy(r->vt);
+	free(r->vbuf);
 	if (ret < 0)
 		st_error_set(ret, "%s", why);
 	return ret;

@@ -10,12 +10,13 @@
 double st_lr_at(const struct st_train_config *c, int step)
 {
 	double min_lr = c->lr * c->min_lr_frac, progress;
+	int total = c->schedule_steps > 0 ? c->schedule_steps : c->steps;
 
 	if (step < c->warmup)
 		return c->lr * (step + 1) / c->warmup;
-	if (c->schedule == ST_LR_CONSTANT || c->steps <= c->warmup)
+	if (c->schedule == ST_LR_CONSTANT || total <= c->warmup)
 		return c->lr;
-	progress = (double)(step - c->warmup) / (double)(c->steps - c->warmup);
+	progress = (double)(step - c->warmup) / (double)(total - c->warmup);
 	if (progress > 1)
 		progress = 1;
 	return min_lr + 0.5 * (c->lr - min_lr) * (1.0 + cos(M_PI * progress));

@@ -247,6 +247,15 @@ int st_trainer_read_master(const struct st_trainer *t, int u, float *p)
 	return 0;
 }
 
+int st_trainer_write_master(struct st_trainer *t, int u, const float *p)
+{
+	if (u < 0 || u >= t->U)
+		return -EINVAL;
+	memcpy(t->P[u], p, t->elems[u] * sizeof(float));
+	narrow(t, u);
+	return 0;
+}
+
 /* Unit u's fp32 weights: a resident unit's copy (widened by the forward,
  * kept to the end of the backward), else W[u] widened into wf now. */
 static float *weights(struct st_trainer *t, int u)

@@ -9,6 +9,8 @@
 #include <cmocka.h>
 
 #include "strata/ckpt.h"
+#include "strata/dataset.h"
+#include "strata/file.h"
 #include "strata/io.h"
 #include "../io/io_test_util.h"
 
@@ -619,6 +621,72 @@ static char *latest_target(const char *root)
 	return strdup(buf);
 }
 
+/* trainer.json checks itself (its step edited), lists what a checkpoint
+ * needs and every file there, and agrees with the sampler's cursor. */
+static void test_trainer_self_checks(void **state)
+{
+	char *root = fresh_dir("selfcheck"), *dir, *p, *text;
+	struct st_ckpt_trainer tr, back;
+	struct st_cursor c = { .batch = 2, .seq = 8, .step = 12 };
+	size_t len;
+	FILE *f;
+
+	ST_UNUSED(state);
+	assert_int_equal(write_ckpt(root, 3, 0, 0), 0);
+	assert_int_equal(st_ckpt_resolve(root, &dir), 0);
+	assert_true(asprintf(&p, "%s/trainer.json", dir) > 0);
+	assert_int_equal(st_ckpt_trainer_read(p, &tr), 0);
+	assert_int_equal(tr.version, 2);
+	assert_int_equal(st_ckpt_check(dir, &tr), 0);
+
+	/* "step": 3 -> 4 in the text: the checksum no longer matches */
+	assert_int_equal(st_file_read_small(p, 1 << 20, &text, &len), 0);
+	assert_non_null(strstr(text, "\"step\": 3,"));
+	strstr(text, "\"step\": 3,")[8] = '4';
+	f = fopen(p, "w");
+	assert_non_null(f);
+	fwrite(text, 1, len, f);
+	fclose(f);
+	free(text);
+	assert_int_equal(st_ckpt_trainer_read(p, &back), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "trainer.json: checksum mismatch"));
+
+	/* an entry dropped: its file is there, unlisted */
+	tr.n_files--; /* config.json, the last */
+	assert_int_equal(st_ckpt_check(dir, &tr), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "lists no config.json"));
+	tr.files[1] = tr.files[2]; /* model, config.json: no optimizer */
+	tr.n_files = 2;
+	assert_int_equal(st_ckpt_check(dir, &tr), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "lists no optimizer.safetensors"));
+	assert_int_equal(st_ckpt_trainer_add_hashed(&tr, dir, ST_CKPT_OPTIM_FILE), 0);
+	assert_int_equal(st_ckpt_check(dir, &tr), 0);
+	/* a file there that is not listed */
+	free(p);
+	assert_true(asprintf(&p, "%s/extra.safetensors", dir) > 0);
+	f = fopen(p, "w");
+	assert_non_null(f);
+	fclose(f);
+	assert_int_equal(st_ckpt_check(dir, &tr), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "extra.safetensors: not listed"));
+	unlink(p);
+
+	/* the cursor against the step, with the config's grad_accum */
+	assert_int_equal(st_ckpt_trainer_set_config(&tr, "{\"grad_accum\": 4}"), 0);
+	st_cursor_pack(&c, tr.cursor);
+	tr.cursor_bytes = ST_CURSOR_BYTES;
+	tr.step = 3;
+	assert_int_equal(st_ckpt_check(dir, &tr), 0);
+	tr.step = 4;
+	assert_int_equal(st_ckpt_check(dir, &tr), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "step 4, but the sampler's cursor has drawn 12"));
+
+	free(p);
+	free(dir);
+	st_ckpt_trainer_fini(&tr);
+	free(root);
+}
+
 static void test_verify_detects_damage(void **state)
 {
 	char *root = fresh_dir("verify"), *dir, *p;
@@ -893,6 +961,7 @@ int main(void)
 		cmocka_unit_test(test_stream_bad_args_and_failure),
 		cmocka_unit_test(test_trainer_roundtrip),
 		cmocka_unit_test(test_verify_detects_damage),
+		cmocka_unit_test(test_trainer_self_checks),
 		cmocka_unit_test(test_keep_latest_resolve),
 		cmocka_unit_test(test_crash_anywhere),
 		cmocka_unit_test(test_lock_one_writer),

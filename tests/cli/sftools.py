@@ -96,3 +96,34 @@ def xxh64(data, seed=0):
     h = ((h ^ (h >> 33)) * _P2) & M64
     h = ((h ^ (h >> 29)) * _P3) & M64
     return h ^ (h >> 32)
+
+
+class _Num(str):
+    """A JSON number as the file wrote it."""
+
+
+def _plain(o):
+    # json-c's JSON_C_TO_STRING_PLAIN text: no whitespace, keys in order,
+    # numbers as read, strings as JSON with non-ASCII kept
+    if isinstance(o, dict):
+        return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _plain(v)
+                              for k, v in o.items()) + "}"
+    if isinstance(o, list):
+        return "[" + ",".join(_plain(v) for v in o) + "]"
+    if isinstance(o, _Num):
+        return str.__str__(o)
+    return json.dumps(o, ensure_ascii=False)
+
+
+def trainer_load(path):
+    """trainer.json with its numbers kept as written (for trainer_save)."""
+    return json.load(open(path), parse_float=_Num)
+
+
+def trainer_save(path, tr):
+    """Write tr as trainer.json with its own checksum (docs/checkpoints.md):
+    XXH64 of the object without "checksum" in json-c's plain text."""
+    tr = {k: v for k, v in tr.items() if k != "checksum"}
+    tr["checksum"] = "%016x" % xxh64(_plain(tr).encode())
+    open(path, "w").write("{\n" + ",\n".join("  " + json.dumps(k) + ": " + _plain(v)
+                                             for k, v in tr.items()) + "\n}\n")

@@ -58,7 +58,8 @@ for f in ("tokenizer.json", "tokenizer_config.json"):
     shutil.copy(f"{tok}/{f}", d)
 PY
 
-# 1. tokenize: Llama 2 adds <s> (id 1), no </s>, ids fit uint16; Qwen 3
+# 1. tokenize: Mistral's tokenizer (npm's tokenizer-llama2, docs/tokenizer.md)
+# adds <s> (id 1), no </s>, ids fit uint16; Qwen 3
 # adds nothing, ids past 65535: uint32 (llm.c's version 7)
 check "$tok-tokenize" 0 "$strata" tokenize --tokenizer "$w/model" --out "$w/data.bin" "$my"
 python3 - "$w/data.bin" "$tok" <<'PY' || fail=1

@@ -80,7 +80,8 @@ check generate-overflow 1 "$strata" generate --ckpt "$work/big" --tokens 4
 named "are not finite"
 
 # A checkpoint whose optimizer.safetensors holds an Inf (then a V of -1),
-# with trainer.json's size and XXH64 rewritten so only the values show it.
+# with trainer.json's size and XXH64 (and its own checksum) rewritten so
+# only the values show it.
 for case in inf:exp_avg neg:exp_avg_sq; do
 	kind=${case%%:*}
 	rm -rf "$work/bad"
@@ -95,12 +96,12 @@ dt, s, v = t["h.0.mlp.c_fc.bias." + suffix]
 v[3] = float("inf") if kind == "inf" else -1.0
 t["h.0.mlp.c_fc.bias." + suffix] = (dt, s, v)
 sftools.write(p, t)
-tr = json.load(open(f"{d}/trainer.json"))
+tr = sftools.trainer_load(f"{d}/trainer.json")
 raw = open(p, "rb").read()
 for f in tr["files"]:
     if f["name"] == "optimizer.safetensors":
         f["bytes"], f["xxh64"] = len(raw), "%016x" % sftools.xxh64(raw)
-json.dump(tr, open(f"{d}/trainer.json", "w"))
+sftools.trainer_save(f"{d}/trainer.json", tr)  # its own checksum too
 PY
 	quiet_refusals=0
 	check "resume-$kind" 2 "$strata" train $M --data "$data" --steps 4 --resume "$work/bad/step-000002" \

@@ -237,6 +237,99 @@ static void test_shard32(void **state)
 	}
 }
 
+/* strata's extension, checked against the layout docs/formats.md gives,
+ * built byte by byte: header [3..8], the mask after the tokens, zero
+ * padding to 8, the document starts. */
+static void put_le(uint8_t *p, uint64_t v, int bytes)
+{
+	for (int k = 0; k < bytes; k++)
+		p[k] = (uint8_t)(v >> (8 * k));
+}
+
+static void test_shard_ext(void **state)
+{
+	const uint32_t n = 13; /* odd: the mask needs padding */
+	uint16_t t[13];
+	uint32_t t32[13];
+	uint8_t mask[13];
+	const uint64_t docs[3] = { 0, 5, 9 };
+	const uint64_t hash = 0x0123456789abcdefull;
+	struct st_shard_ext ext = { .tokenizer_hash = hash, .mask = mask,
+				    .doc_starts = docs, .n_docs = 3 };
+	size_t pad = (1024 + 2 * 13 + 13 + 7) / 8 * 8, len = pad + 24;
+	uint8_t *want = calloc(1, len), *got = calloc(1, len + 1);
+	struct st_dataset *ds;
+	struct st_shard_ext e;
+	char path[160];
+	FILE *f;
+
+	(void)state;
+	assert_non_null(want);
+	assert_non_null(got);
+	for (uint32_t i = 0; i < n; i++) {
+		t[i] = tok_ref(i);
+		mask[i] = (uint8_t)(i % 3 == 1);
+		put_le(want + 1024 + 2 * i, t[i], 2);
+		want[1024 + 26 + i] = mask[i];
+	}
+	put_le(want, 20240520, 4);
+	put_le(want + 4, 1, 4);
+	put_le(want + 8, n, 4);
+	put_le(want + 12, 0x41525453, 4);
+	put_le(want + 16, 3, 4);
+	put_le(want + 20, hash, 8);
+	put_le(want + 28, 3, 8);
+	for (int d = 0; d < 3; d++)
+		put_le(want + pad + 8 * d, docs[d], 8);
+	snprintf(path, sizeof(path), "%s/ext.bin", tmpdir);
+	assert_int_equal(st_dataset_write_shard(path, t, 2, n, &ext), 0);
+	f = fopen(path, "rb");
+	assert_non_null(f);
+	assert_int_equal(fread(got, 1, len + 1, f), len);
+	fclose(f);
+	assert_memory_equal(got, want, len);
+
+	assert_int_equal(st_dataset_open(&ds, path, ST_DATASET_AUTO), 0);
+	assert_int_equal(st_dataset_tokens(ds), n);
+	e = st_dataset_ext(ds);
+	assert_true(e.tokenizer_hash == hash);
+	assert_memory_equal(e.mask, mask, n);
+	assert_int_equal(e.n_docs, 3);
+	assert_memory_equal(e.doc_starts, docs, sizeof(docs));
+	st_dataset_close(ds);
+
+	/* the hash alone: no trailer, so a plain llm.c reader's size check holds */
+	ext = (struct st_shard_ext){ .tokenizer_hash = hash };
+	for (uint32_t i = 0; i < n; i++)
+		t32[i] = 70000u + i;
+	assert_int_equal(st_dataset_write_shard(path, t32, 4, n, &ext), 0);
+	assert_int_equal(st_dataset_open(&ds, path, ST_DATASET_AUTO), 0);
+	e = st_dataset_ext(ds);
+	assert_true(e.tokenizer_hash == hash && !e.mask && !e.doc_starts);
+	assert_int_equal(st_dataset_max_token(ds), 70012);
+	st_dataset_close(ds);
+
+	/* refused: a mask byte past 1, documents out of order, a cut file */
+	mask[4] = 2;
+	ext = (struct st_shard_ext){ .mask = mask };
+	assert_int_equal(st_dataset_write_shard(path, t, 2, n, &ext), -EINVAL);
+	want[1024 + 26 + 4] = 2;
+	write_file(path, want, len);
+	expect_bad(path, ST_DATASET_AUTO, "mask byte 4 is 2, not 0 or 1");
+	want[1024 + 26 + 4] = 0;
+	put_le(want + pad + 16, 5, 8);
+	write_file(path, want, len);
+	expect_bad(path, ST_DATASET_AUTO, "document 2 starts at token 5");
+	put_le(want + pad + 16, 9, 8);
+	write_file(path, want, len - 8);
+	expect_bad(path, ST_DATASET_AUTO, "a mask, documents");
+	put_le(want + 16, 4, 4);
+	write_file(path, want, len);
+	expect_bad(path, ST_DATASET_AUTO, "unknown shard flags 0x4");
+	free(want);
+	free(got);
+}
+
 static void test_bytes_dataset(void **state)
 {
 	static const char text[] = "It was the best of times, it was the worst "
@@ -532,6 +625,7 @@ int main(void)
 		cmocka_unit_test(test_shard_read),
 		cmocka_unit_test(test_shard_header_checks),
 		cmocka_unit_test(test_shard32),
+		cmocka_unit_test(test_shard_ext),
 		cmocka_unit_test(test_bytes_dataset),
 		cmocka_unit_test(test_contiguous_order),
 		cmocka_unit_test(test_shuffle_matches_reference),
