@@ -36,6 +36,7 @@
 
 #include "strata/common.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -166,9 +167,23 @@ struct st_loader {
 int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
 		   const struct st_loader_config *cfg);
 
+/* A target the loss mask leaves out: its token's mask byte is 0 (model.h's
+ * ST_TARGET_IGNORED, transformers' -100). */
+#define ST_LOADER_IGNORED (-1)
+
 /* Fill inputs (B,T) and targets (B,T) with the next batch and advance one
- * step. Never fails and never allocates. */
+ * step. Window row b = tokens [s, s+T] gives inputs s..s+T-1 and targets
+ * s+1..s+T; with a loss mask, target j is ST_LOADER_IGNORED when the mask
+ * byte of token s+1+j is 0. Never fails and never allocates. */
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets);
+
+/* Whether the dataset has a loss mask (its targets may be ignored). */
+bool st_loader_masked(const struct st_loader *ld);
+
+/* The counted targets (mask byte 1; all of them without a mask) of the
+ * next `batches` batches, as st_loader_next() would draw them; the loader
+ * does not move. A masked step's divisor, known before its backward. */
+uint64_t st_loader_count(const struct st_loader *ld, uint32_t batches);
 
 /* Advance one step exactly as st_loader_next() would, filling nothing:
  * the batches another data-parallel rank takes. Never fails. */

@@ -62,16 +62,25 @@ int st_trainer_set_precision(struct st_trainer *t, enum st_precision p);
 int st_trainer_read_master(const struct st_trainer *t, int u, float *p);
 
 struct st_step_result {
-	double loss;       /* mean over the micro-batches */
+	double loss;       /* mean over the micro-batches; a loss mask's: over
+			      the step's counted targets (0 when none) */
 	double grad_norm;  /* before clipping */
 	double lr;
 	bool skipped;      /* a NaN/Inf gradient: no update was made */
+	bool empty;        /* a loss mask left no target in the step: no update
+			      was made */
 };
 
 /* One optimizer step at step number `step` (0-based) over grad_accum
  * batches drawn from ld. */
 int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 		    struct st_step_result *res);
+
+/* The sum of the counted targets' losses over n_batches drawn from ld
+ * (with a loss mask, the ignored ones give 0) and their count (every target
+ * without a mask): a loss over several calls is sum / count. */
+int st_trainer_eval_sum(struct st_trainer *t, struct st_loader *ld, int n_batches,
+			double *sum, uint64_t *count);
 
 /* Mean loss over n_batches batches from ld, no update. */
 int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,

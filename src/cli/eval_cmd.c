@@ -151,16 +151,24 @@ int st_cli_eval(int argc, char **argv)
 		/* batch by batch, for the progress: the same sum, in the same
 		 * order, as st_trainer_eval over all nb */
 		struct st_cli_progress pr = { 0 };
+		const bool masked = st_loader_masked(&ld);
 		double sum = 0, l;
+		uint64_t counted = 0, c;
 
 		st_cli_progress(&pr, "eval", 0, nb, "batches"); /* the clock starts */
 		for (int i = 0; i < nb; i++) {
-			if (st_trainer_eval(t, &ld, 1, &l) < 0)
+			/* a loss mask: the mean over every counted target */
+			if ((masked ? st_trainer_eval_sum(t, &ld, 1, &l, &c)
+				    : st_trainer_eval(t, &ld, 1, &l)) < 0)
 				st_cli_die(1, "%s", st_error_last());
 			sum += l;
+			counted += masked ? c : 0;
 			st_cli_progress(&pr, "eval", i + 1, nb, "batches");
 		}
-		loss = sum / nb;
+		if (masked && !counted)
+			st_cli_die(2, "eval: --data %s: the loss mask counts no target in %d batches",
+				   data, nb);
+		loss = masked ? sum / (double)counted : sum / nb;
 	}
 	if (!isfinite(loss)) /* finite weights whose forward overflows */
 		st_cli_die(1, "eval: --ckpt %s: the loss over %d batches is %s: the model's values "

@@ -576,9 +576,23 @@ int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
 	return 0;
 }
 
+/* Row b's first token, relative to the range (a shuffled cursor draws). */
+static uint64_t row_start(struct st_cursor *c, uint32_t b)
+{
+	const uint64_t n = c->end_tok - c->begin_tok;
+
+	if (c->shuffle) /* Whole windows only: no wrap across the end. */
+		return uniform(c->rng, n - c->seq);
+	/* (s*B + b) * T mod n; 128 bits so no step overflows. */
+	unsigned __int128 row = (unsigned __int128)c->step * c->batch + b;
+
+	return (uint64_t)((row * c->seq) % n);
+}
+
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 {
 	const struct st_dataset *ds = ld->ds;
+	const uint8_t *mask = ds->ext.mask;
 	struct st_cursor *c = &ld->cur;
 	const uint64_t n = c->end_tok - c->begin_tok;
 	const uint32_t B = c->batch, T = c->seq;
@@ -587,17 +601,7 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 	for (uint32_t b = 0; b < B; b++) {
 		int32_t *in = inputs + (size_t)b * T;
 		int32_t *tg = targets + (size_t)b * T;
-		uint64_t at;
-
-		if (c->shuffle) {
-			/* Whole windows only: no wrap across the end. */
-			at = uniform(c->rng, n - T);
-		} else {
-			/* (s*B + b) * T mod n; 128 bits so no step overflows. */
-			unsigned __int128 row = (unsigned __int128)c->step * B + b;
-
-			at = (uint64_t)((row * T) % n);
-		}
+		uint64_t at = row_start(c, b);
 		uint32_t prev = tok(ds, c->begin_tok + at);
 
 		for (uint32_t t = 0; t < T; t++) {
@@ -607,7 +611,9 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 				at = 0;
 			next = tok(ds, c->begin_tok + at);
 			in[t] = (int32_t)prev;
-			tg[t] = (int32_t)next;
+			/* the mask byte of the target's own token */
+			tg[t] = mask && !mask[c->begin_tok + at] ? ST_LOADER_IGNORED
+								 : (int32_t)next;
 			prev = next;
 		}
 	}
@@ -617,11 +623,35 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 void st_loader_skip(struct st_loader *ld)
 {
 	struct st_cursor *c = &ld->cur;
-	const uint64_t n = c->end_tok - c->begin_tok;
 
 	for (uint32_t b = 0; c->shuffle && b < c->batch; b++)
-		(void)uniform(c->rng, n - c->seq);
+		(void)row_start(c, b);
 	c->step++;
+}
+
+bool st_loader_masked(const struct st_loader *ld)
+{
+	return ld->ds->ext.mask != NULL;
+}
+
+uint64_t st_loader_count(const struct st_loader *ld, uint32_t batches)
+{
+	const uint8_t *mask = ld->ds->ext.mask;
+	struct st_cursor c = ld->cur;
+	const uint64_t n = c.end_tok - c.begin_tok;
+	uint64_t count = 0;
+
+	for (uint32_t i = 0; i < batches; i++, c.step++)
+		for (uint32_t b = 0; b < c.batch; b++) {
+			uint64_t at = row_start(&c, b);
+
+			for (uint32_t t = 0; t < c.seq; t++) {
+				if (++at == n)
+					at = 0;
+				count += mask ? mask[c.begin_tok + at] : 1;
+			}
+		}
+	return count;
 }
 
 void st_loader_rewind(struct st_loader *ld)

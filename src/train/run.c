@@ -437,7 +437,8 @@ static void progress_line(struct run *r, int s, const struct st_step_result *st,
 	    "    vram %s (peak %s) host %s (peak %s)%s%s%s%s%s | GB/s h2d %s d2h %s "
 	    "nvme r %s w %s | rss %.0f MiB\n",
 	    (int)log10(tc->steps) + 1, s + 1, tc->steps, st->loss, st->lr, st->grad_norm,
-	    st->skipped ? " (non-finite: skipped)" : "", tps, dt,
+	    st->skipped ? " (non-finite: skipped)"
+	    : st->empty ? " (no target the loss mask counts: skipped)" : "", tps, dt,
 	    st_format_eta((double)(st_now_ns() - r->t0) / 1e9 / (s + 1 - (int)r->start_step) *
 		(tc->steps - s - 1), et, sizeof(et)),
 	    u[0], pk[0], u[1], pk[1], es->has_tier[2] ? " nvme " : "",

@@ -1,0 +1,499 @@
+/* A loss mask (strata's shard extension, docs/formats.md) in training and
+ * eval (docs/finetune.md, "Training on chat data"):
+ *  1. the engine in several placements and both schedules, at grad_accum
+ *     1 and 2, gives the reference trainer's losses, norms and master
+ *     weights bit for bit on a masked shard (GPT-2 and LLaMA, fp32 and the
+ *     bf16 compute);
+ *  2. a mask of all ones trains as the plain shard: the same master weights
+ *     bit for bit, the same loss within rounding (it is not rounded to
+ *     float);
+ *  3. the step's loss is the mean over its counted targets: the reference
+ *     trainer's eval sum over the step's batches, over their count;
+ *  4. a step whose targets are all masked out makes no update (empty),
+ *     its loss 0;
+ *  5. the loader's targets follow the mask (-1 where the mask byte of the
+ *     target's token is 0) and its count is theirs.
+ * `test_mask --device cuda` holds the cuda engine to the cpu's within
+ * float tolerance on the masked shard (77 without a GPU). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strata/dataset.h"
+#include "strata/engine.h"
+#include "strata/model.h"
+#include "strata/train.h"
+#ifdef ST_HAVE_CUDA
+#include "strata/cuda.h"
+#endif
+
+#define STEPS 3
+#define NTOK 12000
+static char dir[4096], plain_path[4200], masked_path[4200], ones_path[4200],
+	zeros_path[4200];
+static const char *device = "cpu";
+static uint16_t toks[NTOK];
+static uint8_t mask[NTOK];
+
+struct run {
+	double loss[STEPS], norm[STEPS];
+	bool empty[STEPS];
+	float *P;
+	size_t n;
+};
+
+static const char *const gpt2 = "layers=2,dim=64,heads=2,vocab=256,ctx=64";
+static const char *const llama =
+	"llama:layers=2,dim=128,heads=2,kv-heads=1,ffn=96,vocab=256,ctx=64,tied=0";
+
+static void base_config(struct st_engine_config *c, const char *model)
+{
+	memset(c, 0, sizeof(*c));
+	st_train_config_default(&c->train);
+	assert_int_equal(st_model_config_parse(model, &c->train.model), 0);
+	c->train.batch = 4;
+	c->train.seq = 32;
+	c->train.steps = 10;
+	c->train.warmup = 2;
+	c->train.seed = 11;
+	c->gpu_mem_bytes = 64ull << 20;
+	c->host_mem_bytes = 64ull << 20;
+	c->nvme_dirs = dir;
+	c->aio_block_bytes = 64 * 1024;
+	c->device = device;
+	c->params = ST_OFFLOAD_NONE;
+	c->optim = ST_OFFLOAD_HOST;
+}
+
+static void open_loader(struct st_dataset **ds, struct st_loader *ld,
+			const struct st_engine_config *c, const char *path)
+{
+	struct st_loader_config lc = { .batch = (uint32_t)c->train.batch,
+				       .seq = (uint32_t)c->train.seq, .shuffle = 1,
+				       .seed = c->train.seed, .split = ST_SPLIT_ALL };
+
+	assert_int_equal(st_dataset_open(ds, path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_loader_init(ld, *ds, &lc), 0);
+}
+
+static void train(const struct st_engine_config *c, const char *path, int steps,
+		  struct run *r)
+{
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	const struct st_model *m;
+	size_t off = 0;
+
+	open_loader(&ds, &ld, c, path);
+	if (st_engine_create(c, &e))
+		fail_msg("engine: %s", st_error_last());
+	for (int s = 0; s < steps; s++) {
+		struct st_step_result res;
+
+		if (st_engine_step(e, &ld, s, s + 1 < steps, &res))
+			fail_msg("step %d: %s", s, st_error_last());
+		r->loss[s] = res.loss;
+		r->norm[s] = res.grad_norm;
+		r->empty[s] = res.empty;
+	}
+	m = st_engine_model(e);
+	r->n = 0;
+	for (int u = 0; u < st_model_unit_count(m); u++)
+		r->n += st_model_unit_layout(m, u)->elems;
+	r->P = malloc(r->n * sizeof(float));
+	for (int u = 0; u < st_model_unit_count(m); u++) {
+		assert_int_equal(st_engine_read_state(e, u, ST_STATE_P, r->P + off), 0);
+		off += st_model_unit_layout(m, u)->elems;
+	}
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+}
+
+/* The reference trainer's run of c on path. */
+static void trainer_run(const struct st_engine_config *c, const char *path, struct run *r)
+{
+	struct st_trainer *t;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	size_t off = 0;
+
+	open_loader(&ds, &ld, c, path);
+	assert_int_equal(st_trainer_create(&c->train, &t), 0);
+	if (c->compute_dtype == ST_PRECISION_BF16)
+		assert_int_equal(st_trainer_set_precision(t, ST_PRECISION_BF16), 0);
+	for (int s = 0; s < STEPS; s++) {
+		struct st_step_result res;
+
+		if (st_trainer_step(t, &ld, s, &res))
+			fail_msg("trainer step %d: %s", s, st_error_last());
+		r->loss[s] = res.loss;
+		r->norm[s] = res.grad_norm;
+		r->empty[s] = res.empty;
+	}
+	r->n = 0;
+	for (int u = 0; u < st_model_unit_count(st_trainer_model(t)); u++)
+		r->n += st_model_unit_layout(st_trainer_model(t), u)->elems;
+	r->P = malloc(r->n * sizeof(float));
+	for (int u = 0; u < st_model_unit_count(st_trainer_model(t)); u++) {
+		assert_int_equal(st_trainer_read_master(t, u, r->P + off), 0);
+		off += st_model_unit_layout(st_trainer_model(t), u)->elems;
+	}
+	st_trainer_destroy(t);
+	st_dataset_close(ds);
+}
+
+static void same(const struct run *a, const struct run *b, const char *what)
+{
+	for (int s = 0; s < STEPS; s++)
+		if (memcmp(&a->loss[s], &b->loss[s], sizeof(double)) ||
+		    memcmp(&a->norm[s], &b->norm[s], sizeof(double)))
+			fail_msg("%s: step %d loss %a/%a norm %a/%a differ", what, s,
+				 a->loss[s], b->loss[s], a->norm[s], b->norm[s]);
+	assert_int_equal(a->n, b->n);
+	if (memcmp(a->P, b->P, a->n * sizeof(float)))
+		fail_msg("%s: final master weights differ", what);
+}
+
+/* Close: the same losses, norms within rel, master weights within rel. */
+static void close_to(const struct run *a, const struct run *b, double rel, const char *what)
+{
+	double num = 0, den = 0;
+
+	for (int s = 0; s < STEPS; s++)
+		if (a->loss[s] != b->loss[s] || !(fabs(a->norm[s] - b->norm[s]) <= rel * a->norm[s]))
+			fail_msg("%s: step %d loss %a/%a norm %.9g/%.9g", what, s, a->loss[s],
+				 b->loss[s], a->norm[s], b->norm[s]);
+	assert_int_equal(a->n, b->n);
+	for (size_t i = 0; i < a->n; i++) {
+		num += ((double)a->P[i] - b->P[i]) * ((double)a->P[i] - b->P[i]);
+		den += (double)a->P[i] * a->P[i];
+	}
+	if (!(sqrt(num / den) <= rel))
+		fail_msg("%s: master weights %.3g apart", what, sqrt(num / den));
+}
+
+/* 1. The engine's placements and schedules = the reference trainer (at
+ * grad_accum 1; at 2 the trainer adds each micro-batch's dW into G in the
+ * gemm, the engine folds them after: the engine's cases agree bit for bit,
+ * the trainer within rounding). */
+static void engine_cases(const char *model, bool bf16)
+{
+	struct st_engine_config c;
+	struct run ref, first, r;
+	static const struct {
+		const char *name;
+		enum st_offload params, optim;
+		int prefetch, accum;
+		bool layer_first;
+	} cases[] = {
+		{ "W in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, 0, 1, false },
+		{ "W and optim on nvme, prefetch 1", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, 1, false },
+		{ "W in host, grad_accum 2", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 0, 2, false },
+		{ "W on nvme, grad_accum 2", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, 2, false },
+		{ "layer-first, grad_accum 2", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 0, 2, true },
+	};
+	char what[256];
+
+	for (int accum = 1; accum <= 2; accum++) {
+		bool have_first = false;
+
+		base_config(&c, model);
+		c.train.batch = 4 / accum;
+		c.train.grad_accum = accum;
+		c.compute_dtype = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+		trainer_run(&c, masked_path, &ref);
+		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+			if (cases[i].accum != accum)
+				continue;
+			c.params = cases[i].params;
+			c.optim = cases[i].optim;
+			c.prefetch = cases[i].prefetch;
+			c.schedule = cases[i].layer_first ? ST_SCHEDULE_LAYER_FIRST
+							  : ST_SCHEDULE_BATCH_FIRST;
+			train(&c, masked_path, STEPS, &r);
+			snprintf(what, sizeof(what), "%s%s masked: %s = %s", model,
+				 bf16 ? " bf16" : "", cases[i].name,
+				 accum == 1 ? "the reference trainer" : "the first case");
+			if (accum == 1) {
+				same(&ref, &r, what);
+				free(r.P);
+			} else if (!have_first) {
+				close_to(&ref, &r, bf16 ? 1e-3 : 1e-5, what);
+				first = r;
+				have_first = true;
+			} else {
+				same(&first, &r, what);
+				free(r.P);
+			}
+			if (!getenv("ST_QUIET"))
+				printf("ok   %s\n", what);
+		}
+		if (have_first)
+			free(first.P);
+		free(ref.P);
+	}
+}
+
+static void test_engine_matches_trainer(void **state)
+{
+	(void)state;
+	engine_cases(gpt2, false);
+	engine_cases(llama, false);
+	engine_cases(llama, true);
+}
+
+/* 2. All ones = the plain shard. */
+static void test_all_ones_is_plain(void **state)
+{
+	struct st_engine_config c;
+	struct run a, b;
+
+	(void)state;
+	base_config(&c, gpt2);
+	train(&c, plain_path, STEPS, &a);
+	train(&c, ones_path, STEPS, &b);
+	for (int s = 0; s < STEPS; s++)
+		if (!(fabs(a.loss[s] - b.loss[s]) <= 1e-6 * a.loss[s]) || a.norm[s] != b.norm[s])
+			fail_msg("step %d: plain %.9g/%.9g, mask of ones %.9g/%.9g", s, a.loss[s],
+				 a.norm[s], b.loss[s], b.norm[s]);
+	assert_int_equal(a.n, b.n);
+	if (memcmp(a.P, b.P, a.n * sizeof(float)))
+		fail_msg("a mask of ones: other master weights than the plain shard");
+	free(a.P);
+	free(b.P);
+}
+
+/* 3. The step's loss is sum / count over its batches (grad_accum 2): the
+ * reference trainer's eval of the same batches, from the same weights. */
+static void test_loss_is_mean_over_counted(void **state)
+{
+	struct st_engine_config c;
+	struct st_trainer *t;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	struct st_step_result res;
+	double sum;
+	uint64_t count, plain_count;
+
+	(void)state;
+	base_config(&c, gpt2);
+	c.train.batch = 2;
+	c.train.grad_accum = 2;
+	assert_int_equal(st_trainer_create(&c.train, &t), 0);
+	open_loader(&ds, &ld, &c, masked_path);
+	assert_int_equal(st_trainer_eval_sum(t, &ld, 2, &sum, &count), 0);
+	plain_count = 2ull * 2 * 32;
+	assert_true(count > 0 && count < plain_count);
+	st_loader_rewind(&ld);
+	assert_int_equal(st_trainer_step(t, &ld, 0, &res), 0);
+	if (res.loss != sum / (double)count)
+		fail_msg("step loss %.9g, eval sum / count %.9g / %llu = %.9g", res.loss, sum,
+			 (unsigned long long)count, sum / (double)count);
+	assert_false(res.empty);
+	st_trainer_destroy(t);
+	st_dataset_close(ds);
+}
+
+/* 4. Nothing counted: no update, loss 0. */
+static void test_empty_step(void **state)
+{
+	struct st_engine_config c;
+	struct run zero, eng, ref;
+
+	(void)state;
+	base_config(&c, gpt2);
+	train(&c, zeros_path, 0, &zero);
+	train(&c, zeros_path, STEPS, &eng);
+	trainer_run(&c, zeros_path, &ref);
+	same(&ref, &eng, "empty steps: engine = trainer");
+	for (int s = 0; s < STEPS; s++) {
+		assert_true(eng.empty[s] && ref.empty[s]);
+		assert_true(eng.loss[s] == 0.0);
+	}
+	if (memcmp(zero.P, eng.P, eng.n * sizeof(float)))
+		fail_msg("empty steps changed the master weights");
+	free(zero.P);
+	free(eng.P);
+	free(ref.P);
+}
+
+/* 5. The loader's targets and count. */
+static void test_loader_targets(void **state)
+{
+	struct st_engine_config c;
+	struct st_dataset *ds;
+	struct st_loader ld, plain;
+	struct st_dataset *pds;
+	int32_t in[4 * 32], tg[4 * 32], pin[4 * 32], ptg[4 * 32];
+	uint64_t counted = 0, want;
+
+	(void)state;
+	base_config(&c, gpt2);
+	open_loader(&ds, &ld, &c, masked_path);
+	open_loader(&pds, &plain, &c, plain_path);
+	assert_true(st_loader_masked(&ld));
+	assert_false(st_loader_masked(&plain));
+	assert_int_equal(st_loader_count(&plain, 3), 3 * 4 * 32);
+	want = st_loader_count(&ld, 3);
+	for (int s = 0; s < 3; s++) {
+		st_loader_next(&ld, in, tg);
+		st_loader_next(&plain, pin, ptg);
+		assert_memory_equal(in, pin, sizeof(in));
+		for (int i = 0; i < 4 * 32; i++) {
+			/* the target's token: find it after its input's window */
+			assert_true(tg[i] == ptg[i] || tg[i] == ST_LOADER_IGNORED);
+			counted += tg[i] != ST_LOADER_IGNORED;
+		}
+	}
+	assert_int_equal(counted, want);
+	/* the rule: target j of a row starting at s is ignored iff mask[s+1+j]
+	 * is 0; rows are windows of toks, so find each row's start */
+	st_loader_rewind(&ld);
+	st_loader_next(&ld, in, tg);
+	for (int b = 0; b < 4; b++) {
+		int start = -1;
+
+		for (int s = 0; s + 33 <= NTOK && start < 0; s++) {
+			bool ok = true;
+
+			for (int j = 0; j < 32 && ok; j++)
+				ok = toks[s + j] == in[b * 32 + j] &&
+				     (tg[b * 32 + j] == ST_LOADER_IGNORED ||
+				      tg[b * 32 + j] == toks[s + 1 + j]);
+			for (int j = 0; j < 32 && ok; j++)
+				ok = (tg[b * 32 + j] == ST_LOADER_IGNORED) == !mask[s + 1 + j];
+			if (ok)
+				start = s;
+		}
+		assert_true(start >= 0);
+	}
+	st_dataset_close(ds);
+	st_dataset_close(pds);
+}
+
+/* cuda: the masked engine within float tolerance of the cpu's. */
+static void test_cuda_close_to_cpu(void **state)
+{
+	struct st_engine_config c;
+	struct run g, r;
+	const char *const models[] = { gpt2, llama };
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
+		for (int bf16 = 0; bf16 < 2; bf16++) {
+			base_config(&c, models[mi]);
+			c.compute_dtype = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+			c.device = "cpu";
+			train(&c, masked_path, STEPS, &r);
+			c.device = "cuda";
+			train(&c, masked_path, STEPS, &g);
+			for (int s = 0; s < STEPS; s++) {
+				double tol = bf16 ? 2e-2 : 1e-4;
+
+				if (!(fabs(g.loss[s] - r.loss[s]) <= tol * r.loss[s]) ||
+				    !(fabs(g.norm[s] - r.norm[s]) <= 10 * tol * r.norm[s]))
+					fail_msg("%s%s step %d: cuda %.9g/%.9g, cpu %.9g/%.9g",
+						 models[mi], bf16 ? " bf16" : "", s, g.loss[s],
+						 g.norm[s], r.loss[s], r.norm[s]);
+			}
+			if (!getenv("ST_QUIET"))
+				printf("ok   %s%s masked: cuda loss %.6f, cpu %.6f\n", models[mi],
+				       bf16 ? " bf16" : "", g.loss[STEPS - 1], r.loss[STEPS - 1]);
+			free(g.P);
+			free(r.P);
+		}
+}
+
+static int write_shards(void)
+{
+	uint8_t ones[NTOK], zeros[NTOK];
+	struct st_shard_ext e = { 0 };
+	uint64_t x = 99;
+
+	for (int i = 0; i < NTOK; i++) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		toks[i] = (uint16_t)(32 + (x >> 33) % 64);
+		/* "prompts" of 23 tokens, "answers" of 11: a third counted */
+		mask[i] = i % 34 >= 23;
+		ones[i] = 1;
+		zeros[i] = 0;
+	}
+	if (st_dataset_write_shard(plain_path, toks, 2, NTOK, NULL))
+		return -1;
+	e.mask = mask;
+	if (st_dataset_write_shard(masked_path, toks, 2, NTOK, &e))
+		return -1;
+	e.mask = ones;
+	if (st_dataset_write_shard(ones_path, toks, 2, NTOK, &e))
+		return -1;
+	e.mask = zeros;
+	return st_dataset_write_shard(zeros_path, toks, 2, NTOK, &e);
+}
+
+static int setup(void **state)
+{
+	const char *base = getenv("ST_TEST_DIR");
+
+	(void)state;
+	snprintf(dir, sizeof(dir), "%s/mask-test.XXXXXX", base && *base ? base : "/var/tmp");
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(plain_path, sizeof(plain_path), "%s/plain.bin", dir);
+	snprintf(masked_path, sizeof(masked_path), "%s/masked.bin", dir);
+	snprintf(ones_path, sizeof(ones_path), "%s/ones.bin", dir);
+	snprintf(zeros_path, sizeof(zeros_path), "%s/zeros.bin", dir);
+	return write_shards();
+}
+
+static int teardown(void **state)
+{
+	char cmd[4200];
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_loader_targets),
+		cmocka_unit_test(test_loss_is_mean_over_counted),
+		cmocka_unit_test(test_engine_matches_trainer),
+		cmocka_unit_test(test_all_ones_is_plain),
+		cmocka_unit_test(test_empty_step),
+	};
+	const struct CMUnitTest cuda_tests[] = {
+		cmocka_unit_test(test_cuda_close_to_cpu),
+	};
+
+	if (argc == 3 && strcmp(argv[1], "--device") == 0) {
+		device = argv[2];
+	} else if (argc != 1) {
+		fprintf(stderr, "usage: test_mask [--device cpu|cuda]\n");
+		return argc == 2 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
+	}
+	if (strcmp(device, "cuda") == 0) {
+#ifdef ST_HAVE_CUDA
+		if (!st_cuda_available()) {
+			fprintf(stderr, "SKIP: no usable GPU\n");
+			return 77;
+		}
+		return cmocka_run_group_tests(cuda_tests, setup, teardown);
+#else
+		(void)cuda_tests;
+		fprintf(stderr, "SKIP: this build has no cuda device\n");
+		return 77;
+#endif
+	}
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
