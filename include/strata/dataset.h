@@ -66,6 +66,18 @@ struct st_dataset;
 int st_dataset_open(struct st_dataset **out, const char *path,
 		    enum st_dataset_format format);
 
+/* Several datasets as one, in memory: their tokens in the order given
+ * (the concatenation is one token stream: a window may span the end of one
+ * and the start of the next); the widest token width; a loss mask when one
+ * of them has one (all ones for a part without: every token counts); the
+ * document starts shifted by the tokens before each part, when every part
+ * has them; the tokenizer hash that the parts which know one agree on.
+ * name (e.g. the user's list) names it in errors. The parts stay the
+ * caller's (close them when done). Returns 0, -EINVAL (text mixed with
+ * shards, two tokenizers) or -ENOMEM. */
+int st_dataset_concat(struct st_dataset **out, struct st_dataset *const *parts, int n,
+		      const char *name);
+
 /* Unmap and free. NULL does nothing. */
 void st_dataset_close(struct st_dataset *ds);
 

@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -185,6 +186,98 @@ struct st_dataset *st_cli_open_data(const char *path, int vocab)
 		st_cli_die(2, "--data %s: token %u is outside the model's vocabulary of %d", path,
 			   st_dataset_max_token(ds), vocab);
 	return ds;
+}
+
+bool st_cli_data_is_list(const char *spec)
+{
+	return strpbrk(spec, ",*?[") != NULL;
+}
+
+/* Append the files of one --data item (a path, or a pattern's matches in
+ * glob's sorted order) to *v. */
+static void data_item(const char *item, char ***v, size_t *n)
+{
+	glob_t g;
+	int rc;
+
+	if (!*item)
+		st_cli_die(2, "--data: an empty name in the list (FILE,FILE,... or a pattern)");
+	if (!strpbrk(item, "*?[")) {
+		*v = realloc(*v, (*n + 1) * sizeof(**v));
+		if (!*v || !((*v)[*n] = strdup(item)))
+			st_cli_die(1, "out of memory");
+		(*n)++;
+		return;
+	}
+	rc = glob(item, 0, NULL, &g);
+	if (rc == GLOB_NOMATCH)
+		st_cli_die(2, "--data %s: the pattern matches no file", item);
+	if (rc != 0)
+		st_cli_die(1, "--data %s: %s", item,
+			   rc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
+	for (size_t i = 0; i < g.gl_pathc; i++)
+		data_item(g.gl_pathv[i], v, n);
+	globfree(&g);
+}
+
+struct st_dataset *st_cli_open_data_list(const char *spec, int vocab)
+{
+	char *copy = strdup(spec), *save = NULL, **files = NULL;
+	struct st_dataset **parts, *ds;
+	size_t n = 0;
+
+	if (!copy)
+		st_cli_die(1, "out of memory");
+	if (!st_cli_data_is_list(spec)) {
+		free(copy);
+		return st_cli_open_data(spec, vocab);
+	}
+	if (*spec == ',' || spec[strlen(spec) - 1] == ',' || strstr(spec, ",,"))
+		st_cli_die(2, "--data %s: an empty name in the list (FILE,FILE,... or a pattern)",
+			   spec);
+	for (char *it = strtok_r(copy, ",", &save); it; it = strtok_r(NULL, ",", &save))
+		data_item(it, &files, &n);
+	parts = calloc(n, sizeof(*parts));
+	if (!parts)
+		st_cli_die(1, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		parts[i] = st_cli_open_data(files[i], vocab);
+	if (st_dataset_concat(&ds, parts, (int)n, spec) < 0)
+		st_cli_die(2, "--data %s: %s", spec, st_error_last());
+	for (size_t i = 0; i < n; i++) {
+		st_dataset_close(parts[i]);
+		free(files[i]);
+	}
+	free(parts);
+	free(files);
+	free(copy);
+	return ds;
+}
+
+void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *data,
+				  const char *tok)
+{
+	const uint64_t made_by = st_dataset_ext(ds).tokenizer_hash;
+	char json[4200], dir[4200];
+	struct stat sb;
+	uint64_t h;
+
+	if (!made_by || !tok) /* unknown (a plain llm.c shard), or no tokenizer */
+		return;
+	if (stat(tok, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		snprintf(dir, sizeof(dir), "%s", tok);
+		snprintf(json, sizeof(json), "%s/tokenizer.json", tok);
+	} else { /* strata tokenize takes the file too */
+		snprintf(dir, sizeof(dir), "%s", tok);
+		snprintf(json, sizeof(json), "%s", tok);
+	}
+	if (st_file_hash(json, &h) < 0)
+		st_cli_die(1, "%s", st_error_last());
+	if (h != made_by)
+		st_cli_die(2, "--data %s was made by another tokenizer (hash %016llx) than the "
+			   "model's %s (%016llx): make it again with strata tokenize --tokenizer "
+			   "%s --out FILE.bin TEXT...", data, (unsigned long long)made_by, json,
+			   (unsigned long long)h, dir);
 }
 
 void st_cli_progress(struct st_cli_progress *p, const char *what, double done, double total,

@@ -30,6 +30,7 @@ struct st_dataset {
 	uint64_t n_tokens;
 	uint32_t max_token;
 	struct st_shard_ext ext; /* pointers into map */
+	bool owned;             /* map is malloc'd (st_dataset_concat) */
 };
 
 static inline uint32_t tok(const struct st_dataset *ds, uint64_t i)
@@ -314,11 +315,128 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 	return 0;
 }
 
+/* Token i of part p as the concatenation's width w holds it. */
+static void put_tok(uint8_t *dst, unsigned w, uint32_t v)
+{
+	for (unsigned b = 0; b < w; b++)
+		dst[b] = (uint8_t)(v >> (8 * b));
+}
+
+/* The concatenation's extension: one tokenizer hash (the known ones
+ * agree), a mask when a part has one (all ones for a part without), the
+ * document starts when every part has them. */
+static int concat_ext(struct st_dataset *const *parts, int n, uint64_t *hash, bool *mask,
+		      bool *docs, uint64_t *n_docs)
+{
+	int known = -1;
+
+	*hash = 0;
+	*mask = false;
+	*docs = true;
+	*n_docs = 0;
+	for (int i = 0; i < n; i++) {
+		const struct st_shard_ext *e = &parts[i]->ext;
+
+		if (parts[i]->format != parts[0]->format)
+			return st_error_set(-EINVAL, "%s is %s, %s is %s: several files are all "
+					    "token shards or all text", parts[0]->path,
+					    parts[0]->format == ST_DATASET_LLMC ? "a token shard"
+										: "text",
+					    parts[i]->path,
+					    parts[i]->format == ST_DATASET_LLMC ? "a token shard"
+										: "text");
+		if (e->tokenizer_hash && known >= 0 && e->tokenizer_hash != *hash)
+			return st_error_set(-EINVAL, "%s and %s were made by different "
+					    "tokenizers (hash %016llx and %016llx)",
+					    parts[known]->path, parts[i]->path,
+					    (unsigned long long)*hash,
+					    (unsigned long long)e->tokenizer_hash);
+		if (e->tokenizer_hash && known < 0) {
+			known = i;
+			*hash = e->tokenizer_hash;
+		}
+		*mask |= e->mask != NULL;
+		*docs &= e->doc_starts != NULL;
+		*n_docs += e->n_docs;
+	}
+	if (!*docs)
+		*n_docs = 0;
+	return 0;
+}
+
+int st_dataset_concat(struct st_dataset **out, struct st_dataset *const *parts, int n,
+		      const char *name)
+{
+	struct st_dataset *ds;
+	uint64_t total = 0, hash, n_docs, off = 0, d = 0;
+	unsigned w = 1;
+	bool mask, docs;
+	size_t bytes;
+	int err;
+
+	*out = NULL;
+	if (n < 1)
+		return st_error_set(-EINVAL, "%s: no files", name);
+	err = concat_ext(parts, n, &hash, &mask, &docs, &n_docs);
+	if (err)
+		return err;
+	for (int i = 0; i < n; i++) {
+		total += parts[i]->n_tokens;
+		w = ST_MAX(w, parts[i]->tok_bytes);
+	}
+	/* tokens, then the mask, then the starts (8-aligned) */
+	bytes = (size_t)pad8(total * w + (mask ? total : 0)) + (size_t)(8 * n_docs);
+	ds = calloc(1, sizeof(*ds));
+	if (ds) {
+		ds->path = strdup(name);
+		ds->map = malloc(bytes ? bytes : 1);
+	}
+	if (!ds || !ds->path || !ds->map) {
+		if (ds)
+			free(ds->map);
+		st_dataset_close(ds);
+		return st_error_set(-ENOMEM, "%s: out of memory for %llu tokens", name,
+				    (unsigned long long)total);
+	}
+	ds->owned = true;
+	ds->format = parts[0]->format;
+	ds->n_tokens = total;
+	ds->tok_bytes = w;
+	ds->tokens = ds->map;
+	ds->ext.tokenizer_hash = hash;
+	if (mask)
+		ds->ext.mask = (uint8_t *)ds->map + total * w;
+	if (docs && n_docs) {
+		ds->ext.doc_starts = (const uint64_t *)(const void *)((uint8_t *)ds->map +
+								      pad8(total * w + (mask ? total : 0)));
+		ds->ext.n_docs = n_docs;
+	}
+	for (int i = 0; i < n; i++) {
+		const struct st_dataset *p = parts[i];
+		uint8_t *dst = (uint8_t *)ds->map + off * w;
+
+		for (uint64_t t = 0; t < p->n_tokens; t++)
+			put_tok(dst + t * w, w, tok(p, t));
+		if (mask && p->ext.mask)
+			memcpy((uint8_t *)ds->ext.mask + off, p->ext.mask, p->n_tokens);
+		else if (mask)
+			memset((uint8_t *)ds->ext.mask + off, 1, p->n_tokens);
+		for (uint64_t k = 0; ds->ext.doc_starts && k < p->ext.n_docs; k++)
+			((uint64_t *)ds->ext.doc_starts)[d++] = off + p->ext.doc_starts[k];
+		ds->max_token = ST_MAX(ds->max_token, p->max_token);
+		off += p->n_tokens;
+	}
+	*out = ds;
+	return 0;
+}
+
 void st_dataset_close(struct st_dataset *ds)
 {
 	if (!ds)
 		return;
-	if (ds->map)
+	if (ds->map && ds->owned)
+		free(ds->map);
+	else if (ds->map)
 		munmap(ds->map, ds->map_bytes);
 	free(ds->path);
 	free(ds);
