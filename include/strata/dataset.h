@@ -136,10 +136,18 @@ enum st_split {
 	ST_SPLIT_VAL,   /* the last floor(n * val_fraction) tokens */
 };
 
+/* What a row is (docs/finetune.md, "Training on chat data"). */
+enum st_samples {
+	ST_SAMPLES_WINDOWS,   /* a window of T+1 tokens anywhere (text) */
+	ST_SAMPLES_DOCUMENTS, /* whole documents packed in order, in epochs */
+};
+
 struct st_loader_config {
 	uint32_t batch;       /* B rows per batch */
 	uint32_t seq;         /* T tokens per row */
-	int shuffle;          /* 0: contiguous order, 1: seeded random windows */
+	int shuffle;          /* 0: contiguous order, 1: seeded random windows
+				 (documents: each epoch's order shuffled) */
+	enum st_samples samples;
 	uint64_t seed;
 	enum st_split split;
 	double val_fraction;  /* in (0, 1) for TRAIN and VAL; e.g. 0.1 */
@@ -150,10 +158,15 @@ struct st_loader_config {
  * differently. */
 struct st_cursor {
 	uint32_t batch, seq, shuffle;
+	uint32_t samples;            /* enum st_samples */
 	uint64_t seed;
 	uint64_t begin_tok, end_tok; /* the token range [begin, end) sampled */
 	uint64_t step;               /* batches drawn so far */
-	uint64_t rng[4];             /* xoshiro256** state (shuffle only) */
+	uint64_t rng[4];             /* xoshiro256** state (windows, shuffle) */
+	/* documents: the epoch (from 0), the position in its order of the
+	 * document the next row starts with, and the token offset in it of
+	 * the next piece (a multiple of T) */
+	uint64_t epoch, doc, chunk;
 };
 
 /* Bytes of a packed cursor: magic, version and the fields, little-endian. */
@@ -171,11 +184,23 @@ int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes);
 struct st_loader {
 	const struct st_dataset *ds;
 	struct st_cursor cur;
+	uint64_t doc_lo, doc_hi; /* documents: those starting in the range */
 };
 
 /* Set up ld at step 0 of cfg's split. Returns 0, or -EINVAL when B or T is
  * 0, B*T overflows, val_fraction is out of range, or the split holds fewer
- * than T+1 tokens (the detail gives both counts). */
+ * than T+1 tokens (the detail gives both counts); documents: when the file
+ * has no document starts, or no document in the range has a target.
+ *
+ * Documents (ST_SAMPLES_DOCUMENTS): the documents that start in the range
+ * (the last ends at the range's end), in file order or, shuffled, in an
+ * order drawn per epoch from (seed, epoch). A document is cut into pieces
+ * of at most T+1 tokens, piece k starting at token k*T (so each of its
+ * tokens after the first is a target once). A row packs whole pieces in
+ * order while they fit in T+1 tokens; what is left is padding (input 0,
+ * target ignored). No row starts inside a piece, and no target crosses
+ * from one document to the next (a piece's first token is no target).
+ * After the last document the next epoch begins. */
 int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
 		   const struct st_loader_config *cfg);
 

@@ -59,7 +59,12 @@ static void train_usage(FILE *f)
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
 "  --grad-accum N|auto  micro-batches per step (default 1); auto: what strata plan\n"
 "                       --grad-accum auto takes (compute-bound, or near the best tok/s)\n"
-"  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
+"  --shuffle on|off     random windows, or llm.c's contiguous order (default on);\n"
+"                       documents: each epoch's order shuffled, or the file's\n"
+"  --samples windows|documents\n"
+"                       a row is a window of T+1 tokens anywhere (default), or whole\n"
+"                       documents of the shard packed in order, in epochs (a long one\n"
+"                       in pieces of T+1 tokens; docs/finetune.md)\n"
 "device and tiers\n"
 "  --device cpu|cpu-strict|cuda  where the model runs (default cpu; built here: %s);\n"
 "                       cpu-strict: the cpu device whose memory the host cannot\n"
@@ -425,7 +430,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
-		{ "shard-size", 1, 0, 1000 },
+		{ "shard-size", 1, 0, 1000 }, { "samples", 1, 0, 1040 },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
@@ -515,6 +520,14 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 				rc->shuffle = false;
 			else
 				st_cli_die(2, "--shuffle %s: expected on or off", optarg);
+			break;
+		case 1040:
+			if (strcmp(optarg, "documents") == 0)
+				rc->samples = ST_SAMPLES_DOCUMENTS;
+			else if (strcmp(optarg, "windows") == 0)
+				rc->samples = ST_SAMPLES_WINDOWS;
+			else
+				st_cli_die(2, "--samples %s: expected documents or windows", optarg);
 			break;
 		case 'j': a->threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
 		case 'o': rc->save = optarg; break;

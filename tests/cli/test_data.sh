@@ -23,14 +23,16 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE ST_QUIET=1
 . "$(dirname "$0")/check.sh"
 quiet_refusals=1
 
-# shard FILE FIRST N HASH MASK: N tokens (uint16) from a fixed stream at
-# FIRST, strata's extension with HASH (a number, or a file: XXH3-64 of its
-# bytes, through the libxxhash strata links) and MASK (none, ones, zeros or
-# spans: 23 tokens out, 11 in)
+# shard FILE FIRST N HASH MASK [DOCS]: N tokens (uint16) from a fixed
+# stream at FIRST, strata's extension with HASH (a number, or a file:
+# XXH3-64 of its bytes, through the libxxhash strata links), MASK (none,
+# ones, zeros or spans: 23 tokens out, 11 in) and, with DOCS, documents
+# starting every DOCS tokens
 shard() {
 	python3 - "$@" <<'PY'
 import ctypes, os, struct, sys
 path, first, n, hsh, mask = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+docs = list(range(0, n, int(sys.argv[6]))) if len(sys.argv) > 6 else []
 if os.path.exists(hsh):
     lib = ctypes.CDLL("libxxhash.so.0")
     lib.XXH3_64bits.restype = ctypes.c_uint64
@@ -48,12 +50,16 @@ m = {"none": None, "ones": bytes([1] * n), "zeros": bytes(n),
      "spans": bytes(1 if (first + i) % 34 >= 23 else 0 for i in range(n))}[mask]
 hdr = [0] * 256
 hdr[0], hdr[1], hdr[2] = 20240520, 1, n
-if h or m is not None:
-    hdr[3], hdr[4] = 0x41525453, 1 if m is not None else 0
+if h or m is not None or docs:
+    hdr[3], hdr[4] = 0x41525453, (1 if m is not None else 0) | (2 if docs else 0)
     hdr[5], hdr[6] = h & 0xffffffff, h >> 32
     hdr[5:7] = [v - (1 << 32) if v >= 1 << 31 else v for v in hdr[5:7]]
+    hdr[7] = len(docs)
+body = struct.pack("<256i", *hdr) + struct.pack(f"<{n}H", *toks) + (m or b"")
+if docs:
+    body += bytes(-len(body) % 8) + struct.pack(f"<{len(docs)}Q", *docs)
 with open(path, "wb") as f:
-    f.write(struct.pack("<256i", *hdr) + struct.pack(f"<{n}H", *toks) + (m or b""))
+    f.write(body)
 PY
 }
 
@@ -151,5 +157,32 @@ check "train on a mask of zeros" 0 "$strata" train "${model[@]}" --data "$work/z
 grep -q "no target the loss mask counts: skipped" "$work/out" ||
 	{ echo "FAIL: the progress line does not say the step had no counted target"; fail=1; }
 check "train on the masked shard" 0 "$strata" train "${model[@]}" --data "$work/masked.bin" --steps 2
+
+# ---- --samples documents ------------------------------------------------
+shard "$work/docs.bin" 0 3000 0 spans 70
+check "--samples documents: a shard without documents is refused" 2 "$strata" train \
+	"${model[@]}" --data "$work/masked.bin" --samples documents
+grep -q "no document starts" "$work/err" || { echo "FAIL: the refusal does not say why"; fail=1; }
+check "--samples bogus is refused" 2 "$strata" train "${model[@]}" --data "$work/docs.bin" \
+	--samples bogus
+docs=("${model[@]}" --data "$work/docs.bin" --samples documents --log-every 1)
+check "train --samples documents, 250 steps (epochs)" 0 "$strata" train "${docs[@]}" --steps 250 \
+	--save "$work/dall" --save-every 120 --metrics "$work/dall.jsonl"
+if grep -q "^step 250/250 | epoch 2\.[0-9][0-9] | loss" "$work/out"; then
+	echo "ok   the progress line shows the epochs ($(grep -o 'epoch [0-9.]*' "$work/out" | tail -1))"
+else
+	echo "FAIL: no epoch in the progress line"; grep "^step 250" "$work/out"; fail=1
+fi
+grep -q '"epoch":' "$work/dall.jsonl" || { echo "FAIL: no epoch in --metrics"; fail=1; }
+check "--resume from step 120 (mid-epoch) to step 250" 0 "$strata" train "${docs[@]}" \
+	--steps 250 --save "$work/dpart" --resume "$(ls -d "$work"/dall/step-*120)"
+if [ "$(sha "$work/dall/latest/model.safetensors")" = "$(sha "$work/dpart/latest/model.safetensors")" ]; then
+	echo "ok   --samples documents resumed mid-epoch = uninterrupted, bit for bit"
+else
+	echo "FAIL --samples documents: the resumed run differs"; fail=1
+fi
+quiet_refusals=0 # train prints its plan before it reads the checkpoint
+check "--resume with --samples windows is refused" 2 "$strata" train "${model[@]}" \
+	--data "$work/docs.bin" --steps 250 --resume "$(ls -d "$work"/dall/step-*120)"
 
 exit $fail

@@ -21,6 +21,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -38,7 +39,9 @@
 #define STEPS 3
 #define NTOK 12000
 static char dir[4096], plain_path[4200], masked_path[4200], ones_path[4200],
-	zeros_path[4200];
+	zeros_path[4200], docs_path[4200];
+#define NDOCS 60
+static uint64_t doc_starts[NDOCS];
 static const char *device = "cpu";
 static uint16_t toks[NTOK];
 static uint8_t mask[NTOK];
@@ -380,6 +383,209 @@ static void test_loader_targets(void **state)
 	st_dataset_close(pds);
 }
 
+/* ---- --samples documents ---------------------------------------------- */
+
+static void open_docs(struct st_dataset **ds, struct st_loader *ld, uint32_t B, uint32_t T,
+		      int shuffle, const char *path)
+{
+	struct st_loader_config lc = { .batch = B, .seq = T, .shuffle = shuffle, .seed = 5,
+				       .samples = ST_SAMPLES_DOCUMENTS };
+
+	assert_int_equal(st_dataset_open(ds, path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_loader_init(ld, *ds, &lc), 0);
+}
+
+static uint64_t doc_end(int d)
+{
+	return d + 1 < NDOCS ? doc_starts[d + 1] : NTOK;
+}
+
+/* The document holding token i. */
+static int doc_of(uint64_t i)
+{
+	int d = 0;
+
+	while (d + 1 < NDOCS && doc_starts[d + 1] <= i)
+		d++;
+	return d;
+}
+
+/* One epoch in file order: each row starts at a document's piece (offset a
+ * multiple of T), its inputs are the document's tokens from there, no
+ * target crosses documents, every counted target (mask 1, not a
+ * document's first token) is seen exactly once, and the next epoch starts
+ * over. The rows are matched to the file by their first token's place,
+ * which the test finds through the cursor before the row. */
+static void test_documents_epoch(void **state)
+{
+	const uint32_t B = 3, T = 32;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	int32_t in[3 * 32], tg[3 * 32];
+	static uint8_t seen[NTOK];
+	uint64_t want = 0, got = 0, counted = 0;
+
+	(void)state;
+	memset(seen, 0, sizeof(seen));
+	for (int d = 0; d < NDOCS; d++)
+		for (uint64_t i = doc_starts[d] + 1; i < doc_end(d); i++)
+			want += mask[i];
+	open_docs(&ds, &ld, B, T, 0, docs_path);
+	while (ld.cur.epoch == 0) {
+		got += st_loader_count(&ld, 1);
+		st_loader_next(&ld, in, tg);
+		for (uint32_t j = 0; j < B * T; j++)
+			counted += tg[j] != ST_LOADER_IGNORED;
+	}
+	/* the count is the targets' (the last batch may reach into epoch 1) */
+	assert_int_equal(got, counted);
+	assert_true(got >= want && got < want + B * T);
+	st_loader_rewind(&ld);
+	/* each row against the file: walk the documents in order */
+	{
+		int d = 0, ep = 0;
+		uint64_t at = doc_starts[0];
+
+		for (int step = 0; step < 150; step++) {
+			st_loader_next(&ld, in, tg);
+			for (uint32_t b = 0; b < B; b++) {
+				const int32_t *ri = in + b * T, *rt = tg + b * T;
+				uint32_t j = 0;
+
+				while (j < T) {
+					/* a piece: from `at` in document d */
+					uint64_t end = ST_MIN(doc_end(d), at + T + 1);
+
+					if (j && j + (end - at) > T + 1)
+						break;
+					for (uint64_t i = at; i < end; i++, j++) {
+						if (j < T)
+							assert_int_equal(ri[j], toks[i]);
+						if (i > at) {
+							int32_t w = mask[i] ? toks[i]
+									    : ST_LOADER_IGNORED;
+							assert_int_equal(rt[j - 1], w);
+							if (mask[i] && ep == 0)
+								seen[i]++;
+						}
+					}
+					if (end < doc_end(d)) {
+						at += T;
+					} else {
+						d = (d + 1) % NDOCS;
+						ep += d == 0;
+						at = doc_starts[d];
+					}
+					if (j == T + 1)
+						break;
+				}
+				for (; j < T; j++) /* padding */
+					assert_true(ri[j] == 0 && rt[j] == ST_LOADER_IGNORED);
+			}
+		}
+	}
+	assert_true(ld.cur.epoch > 0); /* the 150 steps went past the first epoch */
+	for (int i = 0; i < NTOK; i++)
+		if (seen[i] != (mask[i] && i != (int)doc_starts[doc_of(i)]))
+			fail_msg("token %d: a target %u times in the first epoch", i, seen[i]);
+	st_dataset_close(ds);
+}
+
+/* The document whose first tokens a row starting at a document begins
+ * with (-1: none). */
+static int row_doc(const int32_t *in, uint32_t T)
+{
+	int found = -1;
+
+	for (int d = 0; d < NDOCS; d++) {
+		uint64_t len = ST_MIN(doc_end(d) - doc_starts[d], (uint64_t)T);
+		bool eq = true;
+
+		for (uint64_t j = 0; j < len && eq; j++)
+			eq = in[j] == (int32_t)toks[doc_starts[d] + j];
+		if (eq) {
+			if (found >= 0)
+				fail_msg("documents %d and %d begin alike", found, d);
+			found = d;
+		}
+	}
+	return found;
+}
+
+/* Shuffled: each epoch visits every document once, in another order per
+ * epoch; a cursor saved mid-epoch and packed resumes the same batches;
+ * windows and documents cursors are not mixed; a shard without document
+ * starts is refused. */
+static void test_documents_shuffle_resume(void **state)
+{
+	const uint32_t B = 1, T = 16;
+	struct st_dataset *ds, *plain;
+	struct st_loader ld, again;
+	struct st_loader_config lc = { .batch = B, .seq = T, .shuffle = 1, .seed = 5,
+				       .samples = ST_SAMPLES_DOCUMENTS };
+	int32_t in[16], tg[16], in2[16], tg2[16];
+	uint8_t packed[ST_CURSOR_BYTES];
+	struct st_cursor c;
+	int order[2][NDOCS];
+
+	(void)state;
+	open_docs(&ds, &ld, B, T, 1, docs_path);
+	for (int e = 0; e < 2; e++) {
+		uint8_t hit[NDOCS] = { 0 };
+
+		for (uint64_t i = 0; i < NDOCS; i++) {
+			struct st_loader p = ld;
+
+			p.cur.epoch = (uint64_t)e;
+			p.cur.doc = i;
+			p.cur.chunk = 0;
+			st_loader_next(&p, in, tg);
+			order[e][i] = row_doc(in, T);
+			assert_true(order[e][i] >= 0);
+			hit[order[e][i]]++;
+		}
+		for (int d = 0; d < NDOCS; d++)
+			if (hit[d] != 1)
+				fail_msg("epoch %d: document %d first %u times", e, d, hit[d]);
+	}
+	assert_true(memcmp(order[0], order[1], sizeof(order[0])) != 0);
+	{
+		int in_order = 0;
+
+		for (int i = 0; i < NDOCS; i++)
+			in_order += order[0][i] == i;
+		assert_true(in_order < NDOCS / 2);
+	}
+	/* resume: pack the cursor mid-epoch, seek a new loader there */
+	for (int s = 0; s < 137; s++)
+		st_loader_next(&ld, in, tg);
+	st_cursor_pack(&ld.cur, packed);
+	assert_int_equal(packed[4], 2); /* version 2: documents */
+	assert_int_equal(st_cursor_unpack(&c, packed, sizeof(packed)), 0);
+	assert_int_equal(st_loader_init(&again, ds, &lc), 0);
+	assert_int_equal(st_loader_seek(&again, &c), 0);
+	for (int s = 0; s < 1200; s++) {
+		st_loader_next(&ld, in, tg);
+		st_loader_next(&again, in2, tg2);
+		assert_memory_equal(in, in2, sizeof(in));
+		assert_memory_equal(tg, tg2, sizeof(tg));
+	}
+	assert_true(ld.cur.epoch >= 1);
+	/* a documents cursor is refused by a windows loader */
+	lc.samples = ST_SAMPLES_WINDOWS;
+	assert_int_equal(st_loader_init(&again, ds, &lc), 0);
+	assert_int_equal(st_loader_seek(&again, &c), -EINVAL);
+	st_cursor_pack(&again.cur, packed);
+	assert_int_equal(packed[4], 1); /* windows: version 1, as always */
+	st_dataset_close(ds);
+	/* no document starts */
+	lc.samples = ST_SAMPLES_DOCUMENTS;
+	assert_int_equal(st_dataset_open(&plain, masked_path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_loader_init(&again, plain, &lc), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "no document starts"));
+	st_dataset_close(plain);
+}
+
 /* cuda: the masked engine within float tolerance of the cpu's. */
 static void test_cuda_close_to_cpu(void **state)
 {
@@ -436,7 +642,21 @@ static int write_shards(void)
 	if (st_dataset_write_shard(ones_path, toks, 2, NTOK, &e))
 		return -1;
 	e.mask = zeros;
-	return st_dataset_write_shard(zeros_path, toks, 2, NTOK, &e);
+	if (st_dataset_write_shard(zeros_path, toks, 2, NTOK, &e))
+		return -1;
+	/* documents of 5 to ~300 tokens (some longer than T+1), the mask */
+	x = 3;
+	doc_starts[0] = 0;
+	for (int d = 1; d < NDOCS; d++) {
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		doc_starts[d] = doc_starts[d - 1] + 5 + (x >> 33) % 300;
+		if (doc_starts[d] >= NTOK - 10)
+			return -1;
+	}
+	e.mask = mask;
+	e.doc_starts = doc_starts;
+	e.n_docs = NDOCS;
+	return st_dataset_write_shard(docs_path, toks, 2, NTOK, &e);
 }
 
 static int setup(void **state)
@@ -451,6 +671,7 @@ static int setup(void **state)
 	snprintf(masked_path, sizeof(masked_path), "%s/masked.bin", dir);
 	snprintf(ones_path, sizeof(ones_path), "%s/ones.bin", dir);
 	snprintf(zeros_path, sizeof(zeros_path), "%s/zeros.bin", dir);
+	snprintf(docs_path, sizeof(docs_path), "%s/docs.bin", dir);
 	return write_shards();
 }
 
@@ -471,6 +692,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_engine_matches_trainer),
 		cmocka_unit_test(test_all_ones_is_plain),
 		cmocka_unit_test(test_empty_step),
+		cmocka_unit_test(test_documents_epoch),
+		cmocka_unit_test(test_documents_shuffle_resume),
 	};
 	const struct CMUnitTest cuda_tests[] = {
 		cmocka_unit_test(test_cuda_close_to_cpu),
