@@ -193,6 +193,14 @@ bool st_cli_data_is_list(const char *spec)
 	return strpbrk(spec, ",*?[") != NULL;
 }
 
+static void data_add(const char *path, char ***v, size_t *n)
+{
+	*v = realloc(*v, (*n + 1) * sizeof(**v));
+	if (!*v || !((*v)[*n] = strdup(path)))
+		st_cli_die(1, "out of memory");
+	(*n)++;
+}
+
 /* Append the files of one --data item (a path, or a pattern's matches in
  * glob's sorted order) to *v. */
 static void data_item(const char *item, char ***v, size_t *n)
@@ -203,10 +211,7 @@ static void data_item(const char *item, char ***v, size_t *n)
 	if (!*item)
 		st_cli_die(2, "--data: an empty name in the list (FILE,FILE,... or a pattern)");
 	if (!strpbrk(item, "*?[")) {
-		*v = realloc(*v, (*n + 1) * sizeof(**v));
-		if (!*v || !((*v)[*n] = strdup(item)))
-			st_cli_die(1, "out of memory");
-		(*n)++;
+		data_add(item, v, n);
 		return;
 	}
 	rc = glob(item, 0, NULL, &g);
@@ -215,8 +220,8 @@ static void data_item(const char *item, char ***v, size_t *n)
 	if (rc != 0)
 		st_cli_die(1, "--data %s: %s", item,
 			   rc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
-	for (size_t i = 0; i < g.gl_pathc; i++)
-		data_item(g.gl_pathv[i], v, n);
+	for (size_t i = 0; i < g.gl_pathc; i++) /* a match is a name, not a pattern */
+		data_add(g.gl_pathv[i], v, n);
 	globfree(&g);
 }
 

@@ -12,7 +12,10 @@
  *  4. a step whose targets are all masked out makes no update (empty),
  *     its loss 0;
  *  5. the loader's targets follow the mask (-1 where the mask byte of the
- *     target's token is 0) and its count is theirs.
+ *     target's token is 0) and its count is theirs;
+ *  6. --samples documents: pieces, packing, padding, epochs, shuffled
+ *     orders, a cursor resumed mid-epoch;
+ *  7. several files as one (st_dataset_concat).
  * `test_mask --device cuda` holds the cuda engine to the cpu's within
  * float tolerance on the masked shard (77 without a GPU). */
 #include <stdarg.h>
@@ -586,6 +589,81 @@ static void test_documents_shuffle_resume(void **state)
 	st_dataset_close(plain);
 }
 
+/* Several files as one (st_dataset_concat): the documents shard cut in
+ * two (the second half in uint32 tokens, its document starts shifted back)
+ * is the shard again: its tokens, mask and starts; a part without a mask
+ * counts every token; two tokenizers are refused, unknown (0) joins. */
+static void test_concat(void **state)
+{
+	char a_path[4300], b_path[4300];
+	const uint64_t cut = doc_starts[NDOCS / 2];
+	static uint32_t wide[NTOK];
+	uint64_t starts_b[NDOCS];
+	struct st_shard_ext ea = { .tokenizer_hash = 7, .mask = mask, .doc_starts = doc_starts,
+				   .n_docs = NDOCS / 2 };
+	struct st_shard_ext eb = { .mask = mask + cut, .doc_starts = starts_b,
+				   .n_docs = NDOCS - NDOCS / 2 };
+	struct st_dataset *parts[2], *whole, *cat;
+	struct st_shard_ext w, c;
+
+	(void)state;
+	snprintf(a_path, sizeof(a_path), "%s/a.bin", dir);
+	snprintf(b_path, sizeof(b_path), "%s/b.bin", dir);
+	for (uint64_t i = cut; i < NTOK; i++)
+		wide[i - cut] = toks[i];
+	for (int d = NDOCS / 2; d < NDOCS; d++)
+		starts_b[d - NDOCS / 2] = doc_starts[d] - cut;
+	assert_int_equal(st_dataset_write_shard(a_path, toks, 2, cut, &ea), 0);
+	assert_int_equal(st_dataset_write_shard(b_path, wide, 4, NTOK - cut, &eb), 0);
+	assert_int_equal(st_dataset_open(&parts[0], a_path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_dataset_open(&parts[1], b_path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_dataset_open(&whole, docs_path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_dataset_concat(&cat, parts, 2, "a+b"), 0);
+	assert_int_equal(st_dataset_tokens(cat), NTOK);
+	w = st_dataset_ext(whole);
+	c = st_dataset_ext(cat);
+	assert_int_equal(c.tokenizer_hash, 7);
+	assert_int_equal(c.n_docs, NDOCS);
+	assert_memory_equal(c.doc_starts, w.doc_starts, NDOCS * sizeof(uint64_t));
+	assert_memory_equal(c.mask, w.mask, NTOK);
+	{ /* the tokens, through a loader in file order */
+		struct st_loader_config lc = { .batch = 1, .seq = NTOK - 1 };
+		struct st_loader l1, l2;
+		static int32_t i1[NTOK], t1[NTOK], i2[NTOK], t2[NTOK];
+
+		assert_int_equal(st_loader_init(&l1, whole, &lc), 0);
+		assert_int_equal(st_loader_init(&l2, cat, &lc), 0);
+		st_loader_next(&l1, i1, t1);
+		st_loader_next(&l2, i2, t2);
+		assert_memory_equal(i1, i2, (NTOK - 1) * sizeof(int32_t));
+		assert_memory_equal(t1, t2, (NTOK - 1) * sizeof(int32_t));
+	}
+	st_dataset_close(cat);
+	st_dataset_close(parts[1]);
+	/* b without a mask or documents: ones there, no documents at all */
+	eb = (struct st_shard_ext){ .tokenizer_hash = 0 };
+	assert_int_equal(st_dataset_write_shard(b_path, wide, 4, NTOK - cut, &eb), 0);
+	assert_int_equal(st_dataset_open(&parts[1], b_path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_dataset_concat(&cat, parts, 2, "a+b"), 0);
+	c = st_dataset_ext(cat);
+	assert_null(c.doc_starts);
+	assert_int_equal(c.tokenizer_hash, 7);
+	assert_memory_equal(c.mask, mask, cut);
+	for (uint64_t i = cut; i < NTOK; i++)
+		assert_int_equal(c.mask[i], 1);
+	st_dataset_close(cat);
+	st_dataset_close(parts[1]);
+	/* another tokenizer */
+	eb.tokenizer_hash = 8;
+	assert_int_equal(st_dataset_write_shard(b_path, wide, 4, NTOK - cut, &eb), 0);
+	assert_int_equal(st_dataset_open(&parts[1], b_path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_dataset_concat(&cat, parts, 2, "a+b"), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "different tokenizers"));
+	st_dataset_close(parts[0]);
+	st_dataset_close(parts[1]);
+	st_dataset_close(whole);
+}
+
 /* cuda: the masked engine within float tolerance of the cpu's. */
 static void test_cuda_close_to_cpu(void **state)
 {
@@ -694,6 +772,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_empty_step),
 		cmocka_unit_test(test_documents_epoch),
 		cmocka_unit_test(test_documents_shuffle_resume),
+		cmocka_unit_test(test_concat),
 	};
 	const struct CMUnitTest cuda_tests[] = {
 		cmocka_unit_test(test_cuda_close_to_cpu),
