@@ -214,7 +214,9 @@ int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
  * byte of token s+1+j is 0. Never fails and never allocates. */
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets);
 
-/* Whether the dataset has a loss mask (its targets may be ignored). */
+/* Whether a target may be ignored: the dataset has a loss mask, or rows
+ * are documents (their padding). The loss is then the mean over the
+ * counted targets (st_loader_count). */
 bool st_loader_masked(const struct st_loader *ld);
 
 /* The counted targets (mask byte 1; all of them without a mask) of the

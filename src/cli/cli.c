@@ -225,37 +225,43 @@ static void data_item(const char *item, char ***v, size_t *n)
 	globfree(&g);
 }
 
+/* What st_cli_open_data_list holds while it works: in a static, so that
+ * what an exit on a bad file leaves is reachable (LeakSanitizer). */
+static struct {
+	char *copy, **files;
+	size_t n;
+	struct st_dataset **parts;
+} data_list;
+
 struct st_dataset *st_cli_open_data_list(const char *spec, int vocab)
 {
-	char *copy = strdup(spec), *save = NULL, **files = NULL;
-	struct st_dataset **parts, *ds;
-	size_t n = 0;
+	struct st_dataset *ds;
+	char *save = NULL;
 
-	if (!copy)
-		st_cli_die(1, "out of memory");
-	if (!st_cli_data_is_list(spec)) {
-		free(copy);
+	if (!st_cli_data_is_list(spec))
 		return st_cli_open_data(spec, vocab);
-	}
 	if (*spec == ',' || spec[strlen(spec) - 1] == ',' || strstr(spec, ",,"))
 		st_cli_die(2, "--data %s: an empty name in the list (FILE,FILE,... or a pattern)",
 			   spec);
-	for (char *it = strtok_r(copy, ",", &save); it; it = strtok_r(NULL, ",", &save))
-		data_item(it, &files, &n);
-	parts = calloc(n, sizeof(*parts));
-	if (!parts)
+	if (!(data_list.copy = strdup(spec)))
 		st_cli_die(1, "out of memory");
-	for (size_t i = 0; i < n; i++)
-		parts[i] = st_cli_open_data(files[i], vocab);
-	if (st_dataset_concat(&ds, parts, (int)n, spec) < 0)
+	for (char *it = strtok_r(data_list.copy, ",", &save); it; it = strtok_r(NULL, ",", &save))
+		data_item(it, &data_list.files, &data_list.n);
+	data_list.parts = calloc(data_list.n, sizeof(*data_list.parts));
+	if (!data_list.parts)
+		st_cli_die(1, "out of memory");
+	for (size_t i = 0; i < data_list.n; i++)
+		data_list.parts[i] = st_cli_open_data(data_list.files[i], vocab);
+	if (st_dataset_concat(&ds, data_list.parts, (int)data_list.n, spec) < 0)
 		st_cli_die(2, "--data %s: %s", spec, st_error_last());
-	for (size_t i = 0; i < n; i++) {
-		st_dataset_close(parts[i]);
-		free(files[i]);
+	for (size_t i = 0; i < data_list.n; i++) {
+		st_dataset_close(data_list.parts[i]);
+		free(data_list.files[i]);
 	}
-	free(parts);
-	free(files);
-	free(copy);
+	free(data_list.parts);
+	free(data_list.files);
+	free(data_list.copy);
+	memset(&data_list, 0, sizeof(data_list));
 	return ds;
 }
 

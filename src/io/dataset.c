@@ -915,7 +915,8 @@ void st_loader_skip(struct st_loader *ld)
 
 bool st_loader_masked(const struct st_loader *ld)
 {
-	return ld->ds->ext.mask != NULL;
+	/* documents pad their rows with ignored targets */
+	return ld->ds->ext.mask != NULL || ld->cur.samples == ST_SAMPLES_DOCUMENTS;
 }
 
 uint64_t st_loader_count(const struct st_loader *ld, uint32_t batches)

@@ -174,6 +174,11 @@ else
 	echo "FAIL: no epoch in the progress line"; grep "^step 250" "$work/out"; fail=1
 fi
 grep -q '"epoch":' "$work/dall.jsonl" || { echo "FAIL: no epoch in --metrics"; fail=1; }
+shard "$work/docs-nomask.bin" 0 3000 0 none 70
+check "train --samples documents without a mask (padding ignored)" 0 "$strata" train \
+	"${model[@]}" --data "$work/docs-nomask.bin" --samples documents --steps 3
+check "eval of documents without a mask" 0 "$strata" eval --ckpt "$work/dall/latest" \
+	--data "$work/docs-nomask.bin"
 check "--resume from step 120 (mid-epoch) to step 250" 0 "$strata" train "${docs[@]}" \
 	--steps 250 --save "$work/dpart" --resume "$(ls -d "$work"/dall/step-*120)"
 if [ "$(sha "$work/dall/latest/model.safetensors")" = "$(sha "$work/dpart/latest/model.safetensors")" ]; then

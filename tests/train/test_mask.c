@@ -46,6 +46,7 @@ static char dir[4096], plain_path[4200], masked_path[4200], ones_path[4200],
 #define NDOCS 60
 static uint64_t doc_starts[NDOCS];
 static const char *device = "cpu";
+static enum st_samples samples = ST_SAMPLES_WINDOWS; /* open_loader's */
 static uint16_t toks[NTOK];
 static uint8_t mask[NTOK];
 
@@ -84,7 +85,8 @@ static void open_loader(struct st_dataset **ds, struct st_loader *ld,
 {
 	struct st_loader_config lc = { .batch = (uint32_t)c->train.batch,
 				       .seq = (uint32_t)c->train.seq, .shuffle = 1,
-				       .seed = c->train.seed, .split = ST_SPLIT_ALL };
+				       .seed = c->train.seed, .split = ST_SPLIT_ALL,
+				       .samples = samples };
 
 	assert_int_equal(st_dataset_open(ds, path, ST_DATASET_LLMC), 0);
 	assert_int_equal(st_loader_init(ld, *ds, &lc), 0);
@@ -589,6 +591,35 @@ static void test_documents_shuffle_resume(void **state)
 	st_dataset_close(plain);
 }
 
+/* The engine on documents (packed rows, padding ignored) = the reference
+ * trainer, on the masked documents shard and on its tokens without a
+ * mask. */
+static void test_documents_engine(void **state)
+{
+	char nomask[4300];
+	struct st_shard_ext e = { .doc_starts = doc_starts, .n_docs = NDOCS };
+	const char *paths[2] = { docs_path, nomask };
+	struct st_engine_config c;
+	struct run ref, r;
+
+	(void)state;
+	snprintf(nomask, sizeof(nomask), "%s/docs-nomask.bin", dir);
+	assert_int_equal(st_dataset_write_shard(nomask, toks, 2, NTOK, &e), 0);
+	samples = ST_SAMPLES_DOCUMENTS;
+	for (int i = 0; i < 2; i++) {
+		base_config(&c, gpt2);
+		trainer_run(&c, paths[i], &ref);
+		c.params = ST_OFFLOAD_NVME;
+		c.optim = ST_OFFLOAD_NVME;
+		train(&c, paths[i], STEPS, &r);
+		same(&ref, &r, i ? "documents without a mask: engine = trainer"
+				  : "masked documents: engine = trainer");
+		free(ref.P);
+		free(r.P);
+	}
+	samples = ST_SAMPLES_WINDOWS;
+}
+
 /* Several files as one (st_dataset_concat): the documents shard cut in
  * two (the second half in uint32 tokens, its document starts shifted back)
  * is the shard again: its tokens, mask and starts; a part without a mask
@@ -773,6 +804,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_documents_epoch),
 		cmocka_unit_test(test_documents_shuffle_resume),
 		cmocka_unit_test(test_concat),
+		cmocka_unit_test(test_documents_engine),
 	};
 	const struct CMUnitTest cuda_tests[] = {
 		cmocka_unit_test(test_cuda_close_to_cpu),
