@@ -17,6 +17,7 @@
 
 #include <cblas.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <json-c/json.h>
 #include <omp.h>
 #include <stdio.h>
@@ -32,11 +33,15 @@ static void usage(FILE *f)
 "usage: schedule-bench [--model DIMS] [--batch B] [--seq T] [--steps N]\n"
 "                      [--grad-accum N] [--nvme DIR] [--gpu-mem SIZE]\n"
 "                      [--host-mem SIZE] [--threads N] [--json FILE]\n"
-"                      [--device cpu|cuda] [--data FILE]\n"
+"                      [--device cpu|cuda] [--data FILE] [--update | --and-update]\n"
 "\n"
 "nvme bytes and step time of --schedule layer-first (B) against batch-first\n"
 "(A), every state on nvme, stepped alternately in one run; the medians of\n"
 "the per-step ratios B/A (goals: nvme bytes <= 0.55, step <= 0.6).\n"
+"--update: B is batch-first with --update in-backward against A, today's\n"
+"update after the backward, at --grad-accum 1 unless given, without a clip\n"
+"(goal: step <= 0.85; nvme bytes the same). --and-update: B is layer-first\n"
+"with --update in-backward, A batch-first with the update after, no clip.\n"
 "Defaults: --model layers=4,dim=512,heads=8,vocab=256,ctx=256 --batch 1\n"
 "--seq 64 --steps 5 --grad-accum 4 --nvme /var/tmp --gpu-mem 1G\n"
 "--host-mem 160M --device cpu --data /usr/share/common-licenses/GPL-3.\n");
@@ -55,14 +60,16 @@ static uint64_t plan_nvme(const struct st_plan *p)
 int main(int argc, char **argv)
 {
 	static const struct option longs[] = {
-		BENCH_OPTS_LONGS, { "grad-accum", 1, 0, 'N' }, { "help", 0, 0, 'h' }, { 0 },
+		BENCH_OPTS_LONGS, { "grad-accum", 1, 0, 'N' }, { "help", 0, 0, 'h' },
+		{ "update", 0, 0, 'U' }, { "and-update", 0, 0, 'W' }, { 0 },
 	};
 	struct bench_opts o = {
 		.model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", .nvme = "/var/tmp",
 		.device = "cpu", .data = "/usr/share/common-licenses/GPL-3",
 		.batch = 1, .seq = 64, .steps = 5, .gpu = 1ull << 30, .host = 160ull << 20,
 	};
-	int c, accum = 4;
+	int c, accum = -1, held = 0;
+	bool upd = false, and_upd = false;
 	struct st_engine_config cfg[2];
 	struct bench_pair bp;
 	double *t[2], *rt, *rb;
@@ -75,13 +82,17 @@ int main(int argc, char **argv)
 			continue;
 		switch (c) {
 		case 'N': accum = bench_int(PROG, "grad-accum", optarg, 1024); break;
+		case 'U': upd = true; break;
+		case 'W': and_upd = true; break;
 		case 'h': usage(stdout); return 0;
 		default: die2("unknown or incomplete option ", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
 		die2("unexpected argument ", argv[optind]);
-	if (accum < 2)
+	if (accum < 0)
+		accum = upd ? 1 : 4;
+	if (accum < 2 && !upd)
 		die2("--grad-accum must be at least 2 (at 1 the schedules are one)", NULL);
 	bench_opts_apply(&o, PROG, &cfg[0]);
 	if (o.threads) {
@@ -95,11 +106,17 @@ int main(int argc, char **argv)
 	cfg[0].optim = ST_OFFLOAD_NVME;
 	cfg[0].activations = ST_OFFLOAD_NONE;
 	cfg[0].recompute = ST_RECOMPUTE_ALL;
-	cfg[1] = cfg[0];
 	cfg[0].schedule = ST_SCHEDULE_BATCH_FIRST;
-	cfg[1].schedule = ST_SCHEDULE_LAYER_FIRST;
+	/* --update: no clip, so that every step's speculation holds */
+	if (upd || and_upd)
+		cfg[0].train.clip = 0;
+	cfg[1] = cfg[0];
+	cfg[1].update = upd || and_upd ? ST_UPDATE_IN_BACKWARD : ST_UPDATE_AFTER;
+	if (!upd)
+		cfg[1].schedule = ST_SCHEDULE_LAYER_FIRST;
 	{
-		const char *names[2] = { "batch-first", "layer-first" };
+		const char *names[2] = { upd ? "update after" : "batch-first",
+					 upd ? "update in-backward" : "layer-first" };
 		int ret = bench_pair_open(&bp, PROG, o.data, cfg, names);
 
 		if (ret)
@@ -142,6 +159,7 @@ int main(int argc, char **argv)
 			r[0].loss);
 		if (s == 0)
 			continue;
+		held += r[1].in_backward;
 		for (int k = 0; k < 2; k++)
 			t[k][s - 1] = st[k].step_ns / 1e9;
 		rt[s - 1] = t[1][s - 1] / t[0][s - 1];
@@ -160,10 +178,14 @@ int main(int argc, char **argv)
 		       (double)st_model_param_count(st_engine_model(bp.e[0])) / 1e6,
 		       state_bytes / 1e6, o.host / 1e6,
 		       state_bytes > o.host ? " (the state does not fit there)" : "");
-		printf("  step, batch-first (A)       %8.3f s  (median of %d)\n", ma, o.steps);
-		printf("  step, layer-first (B)       %8.3f s\n", mb);
-		printf("  median of per-step ratios B/A: nvme bytes %.3f (goal <= 0.55), step "
-		       "time %.3f (goal <= 0.6)\n", mrb, mrt);
+		printf("  step, %-20s %8.3f s  (median of %d)\n", upd ? "update after (A)" :
+		       "batch-first (A)", ma, o.steps);
+		printf("  step, %-20s %8.3f s\n", upd ? "in-backward (B)" : "layer-first (B)", mb);
+		if (upd || and_upd)
+			printf("  B's update in the backward: %d of %d steps held\n", held, o.steps);
+		printf("  median of per-step ratios B/A: nvme bytes %.3f (goal %s), step "
+		       "time %.3f (goal %s)\n", mrb, upd ? "1" : "<= 0.55", mrt,
+		       upd ? "<= 0.85" : "<= 0.6");
 		printf("  bytes per step (last step; plan: one step unfused):\n");
 		for (size_t i = 0; i < ST_ARRAY_LEN(lanes); i++) {
 			uint64_t pla[] = { pa->h2d_bytes, pa->d2h_bytes, pa->nvme_read_bytes,
@@ -183,6 +205,8 @@ int main(int argc, char **argv)
 			json_object_object_add(j, "model", json_object_new_string(o.model));
 			json_object_object_add(j, "device", json_object_new_string(o.device));
 			json_object_object_add(j, "grad_accum", json_object_new_int(accum));
+			json_object_object_add(j, "compare", json_object_new_string(
+								     upd ? "update" : "schedule"));
 			json_object_object_add(j, "state_bytes", json_object_new_int64((int64_t)state_bytes));
 			json_object_object_add(j, "host_budget_bytes",
 					       json_object_new_int64((int64_t)o.host));

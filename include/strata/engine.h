@@ -79,6 +79,21 @@ struct st_engine_config {
 	enum st_schedule schedule;     /* the order of the micro-batches
 					  (strata/plan.h): BATCH_FIRST (the
 					  zero value), LAYER_FIRST or AUTO */
+	enum st_update_order update;   /* when a unit's AdamW runs
+					  (strata/plan.h): AFTER (the zero
+					  value: the sweep after the
+					  backward), IN_BACKWARD (once its
+					  G is final, speculating that the
+					  clip does not apply) or AUTO;
+					  docs/engine.md, "The update
+					  inside the backward" */
+	int test_nan_grad_unit;        /* tests: k + 1 says that unit k's
+					  final G counts as not finite
+					  (its sum of squares NaN) at step
+					  test_nan_grad_step; 0: none
+					  ($ST_TEST_NAN_GRAD=K:STEP sets
+					  both) */
+	int test_nan_grad_step;
 	bool poison_staging;           /* tests: the update's staging is
 					  filled with NaN bytes before each
 					  load, so AdamW reading it before

@@ -129,6 +129,24 @@ enum st_schedule { ST_SCHEDULE_BATCH_FIRST, ST_SCHEDULE_LAYER_FIRST, ST_SCHEDULE
 /* "batch-first", "layer-first", "auto". */
 const char *st_schedule_name(enum st_schedule s);
 
+/* When a unit's AdamW runs (docs/engine.md, "The update inside the
+ * backward"):
+ *   AFTER        the sweep after the backward (the clip needs the whole
+ *                gradient's norm), fused with the next step's forward;
+ *   IN_BACKWARD  as soon as the unit's G is final, speculating a clip
+ *                factor of 1: P, M and V are written to alternate nvme
+ *                extents (one more copy of each on nvme) and committed
+ *                once the norm says the speculation held, else the
+ *                sweep runs after the backward. Every P, M, V on nvme,
+ *                M and V fp32 or bf16, ZeRO stage 0 or 3 at world > 1.
+ *                The same bits;
+ *   AUTO         IN_BACKWARD where it can run, fits the nvme budget
+ *                and its predicted step is shorter, else AFTER. */
+enum st_update_order { ST_UPDATE_AFTER, ST_UPDATE_IN_BACKWARD, ST_UPDATE_AUTO };
+
+/* "after", "in-backward", "auto". */
+const char *st_update_order_name(enum st_update_order u);
+
 /* Bandwidths and rates the prediction uses; 0 = a built-in default. */
 struct st_plan_rates {
 	double compute_flops;  /* device matmul FLOP/s */
@@ -200,6 +218,8 @@ struct st_plan_input {
 	bool optim_vram_auto;
 	/* The order of the micro-batches (enum st_schedule above). */
 	enum st_schedule schedule;
+	/* When the update runs (enum st_update_order above). */
+	enum st_update_order update;
 };
 
 /* Checkpoints on the host go through this many vram slots: checkpoint j
@@ -391,6 +411,13 @@ struct st_plan {
 	/* The order of the micro-batches the plan is sized and predicted
 	 * for: BATCH_FIRST or LAYER_FIRST (AUTO resolved). */
 	enum st_schedule schedule;
+	/* The update inside the backward (AUTO resolved), the nvme bytes of
+	 * its alternate P, M, V extents (in total_bytes[ST_HOME_NVME]), and
+	 * why the update runs where it does (`strata plan` prints it). */
+	bool in_backward;
+	uint64_t alt_bytes;
+	char update_why[160];
+	char schedule_why[160]; /* why this schedule (`strata plan`) */
 };
 
 #define ST_PLAN_ACCUM_MAX 64

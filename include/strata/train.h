@@ -69,6 +69,8 @@ struct st_step_result {
 	bool skipped;      /* a NaN/Inf gradient: no update was made */
 	bool empty;        /* a loss mask left no target in the step: no update
 			      was made */
+	bool in_backward;  /* the engine's --update in-backward: the update
+			      ran in the backward (the speculation held) */
 };
 
 /* One optimizer step at step number `step` (0-based) over grad_accum

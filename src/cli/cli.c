@@ -136,6 +136,14 @@ enum st_schedule st_cli_schedule(const char *s)
 	st_cli_die(2, "--schedule %s: expected batch-first, layer-first or auto", s);
 }
 
+enum st_update_order st_cli_update_order(const char *s)
+{
+	for (int u = ST_UPDATE_AFTER; u <= ST_UPDATE_AUTO; u++)
+		if (strcmp(s, st_update_order_name((enum st_update_order)u)) == 0)
+			return (enum st_update_order)u;
+	st_cli_die(2, "--update %s: expected after, in-backward or auto", s);
+}
+
 void st_cli_check_dirs(const char *flag, const char *list, bool writable)
 {
 	const char *p = list;

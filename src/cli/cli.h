@@ -40,6 +40,8 @@ enum st_offload st_cli_offload_act(const char *s);
 enum st_recompute st_cli_recompute(const char *s);
 /* --schedule batch-first|layer-first|auto. */
 enum st_schedule st_cli_schedule(const char *s);
+/* --update after|in-backward|auto. */
+enum st_update_order st_cli_update_order(const char *s);
 /* Every directory of DIR[,DIR...] exists (and is writable when asked);
  * exit 2 with one line naming the first that is not. */
 void st_cli_check_dirs(const char *flag, const char *list, bool writable);

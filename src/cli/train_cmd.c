@@ -92,6 +92,13 @@ static void train_usage(FILE *f)
 "                       micro-batches while its W is in vram, so W and G cross once a\n"
 "                       step; auto: layer-first when it fits and is predicted faster);\n"
 "                       the numbers are the same\n"
+"  --update after|in-backward|auto  when a unit's AdamW runs (default after: the\n"
+"                       sweep after the backward, fused with the next forward;\n"
+"                       in-backward: as soon as its G is final, speculating that the\n"
+"                       clip does not apply, P, M, V written copy-on-write on nvme and\n"
+"                       committed once the norm is known, else redone; auto: in-backward\n"
+"                       when every P, M, V is on nvme and it is predicted faster); the\n"
+"                       numbers are the same\n"
 "  --aio-block SIZE --aio-depth N         nvme request size and queue depth (1M, 32)\n"
 "  --rates FILE         the planner's rates from a rates file (strata plan --calibrate)\n"
 "  --rates-refresh FILE write the rates this run measures (steps 2 to 4: compute, copies,\n"
@@ -434,7 +441,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
-		{ "schedule", 1, 0, 1004 },
+		{ "schedule", 1, 0, 1004 }, { "update", 1, 0, 1014 },
 		{ "compute-dtype", 1, 0, 1003 },
 		{ "offload-activations", 1, 0, 1002 },
 		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
@@ -562,6 +569,9 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			break;
 		case 1001: ec->recompute = st_cli_recompute(optarg); break;
 		case 1004: ec->schedule = st_cli_schedule(optarg); break;
+		case 1014:
+			ec->update = st_cli_update_order(optarg);
+			break;
 		case 1003:
 			if (st_precision_parse(optarg, &ec->compute_dtype) < 0)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
@@ -610,6 +620,15 @@ static void train_check_model(struct train_args *a)
 			exit(2);
 		st_cli_die(2, "--optim-state %s: not with ZeRO at world > 1 (docs/optim.md); use fp32",
 			   st_optim_state_name(ec->optim_state));
+	}
+	if (ec->world > 1 && (ec->zero == 1 || ec->zero == 2) &&
+	    ec->update == ST_UPDATE_IN_BACKWARD) {
+		/* as above: the planner's refusal, said once */
+		if (ec->rank > 0)
+			exit(2);
+		st_cli_die(2, "--update in-backward: not with --zero 1 or 2 at world > 1 (their "
+			   "sweep gathers the updated W across the ranks); stages 0 and 3 can; or "
+			   "--update after");
 	}
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "

@@ -178,6 +178,83 @@ static int lf_explain(const struct st_plan_input *in, const struct st_shape *sh,
 
 static int plan_make(const struct st_plan_input *in, struct st_plan *plan);
 
+/* Why the update cannot run inside the backward with the plan's homes
+ * (into why), or NULL when it can. */
+static const char *in_backward_blocker(const struct st_plan_input *in, const struct st_plan *p,
+				       char *why, size_t len)
+{
+	if (in->world > 1 && (in->zero == 1 || in->zero == 2))
+		return "not with --zero 1 or 2 at world > 1 (their sweep gathers the updated W "
+		       "across the ranks); stages 0 and 3 can";
+	if (in->optim_state == ST_OPTIM_STATE_Q8)
+		return "not with --optim-state q8 (its scales are updated in place)";
+	for (int u = 0; u < p->units; u++)
+		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+			if (p->home[u * ST_STATE_COUNT + s] != ST_HOME_NVME) {
+				snprintf(why, len, "%s of unit %d is in %s; it needs P, M and "
+					 "V on nvme (--offload-optim nvme)",
+					 st_state_name((enum st_state)s), u,
+					 st_home_name(p->home[u * ST_STATE_COUNT + s]));
+				return why;
+			}
+	return NULL;
+}
+
+/* The update inside the backward for the chosen homes (st_plan_predict()
+ * predicted it where the shape asked and every P, M, V is on nvme):
+ * refused when asked and impossible; AUTO keeps it when its alternates fit
+ * the nvme budget and its step is predicted shorter. Its alternate P, M,
+ * V extents are added to the nvme total. */
+static int update_resolve(const struct st_plan_input *in, struct st_shape *sh,
+			  uint64_t nvme_budget, struct st_plan *p)
+{
+	char why[160], a[32], b[32];
+	const char *no = in->update == ST_UPDATE_AFTER ? NULL
+			 : in_backward_blocker(in, p, why, sizeof(why));
+	uint64_t alt = 0;
+
+	if (in->update == ST_UPDATE_IN_BACKWARD && no)
+		return st_error_set(-EINVAL, "--update in-backward: %s; or --update after", no);
+	for (int u = 0; p->in_backward && u < p->units; u++)
+		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+			alt += p->state_bytes[u * ST_STATE_COUNT + s];
+	if (p->in_backward && p->total_bytes[ST_HOME_NVME] + alt > nvme_budget) {
+		if (in->update == ST_UPDATE_IN_BACKWARD)
+			return st_error_set(-EINVAL, "--update in-backward: the alternate P, M, "
+					    "V extents need %s more on nvme than --nvme-mem's %s; "
+					    "raise it or use --update after",
+					    st_plan_fmt_bytes(alt, a),
+					    st_plan_fmt_bytes(nvme_budget, b));
+		no = "its alternate P, M, V extents do not fit --nvme-mem";
+	}
+	if (p->in_backward && !no && in->update == ST_UPDATE_AUTO) {
+		struct st_plan q = *p;
+
+		sh->in_backward = false;
+		st_plan_predict(in, sh, p->home, &q);
+		if (!(p->t_step_s < q.t_step_s))
+			no = "auto: not predicted faster";
+		sh->in_backward = true;
+	}
+	if (no && p->in_backward) {
+		sh->in_backward = false;
+		st_plan_predict(in, sh, p->home, p);
+		alt = 0;
+	}
+	p->alt_bytes = alt;
+	p->total_bytes[ST_HOME_NVME] += alt;
+	if (nvme_budget == ST_PLAN_UNLIMITED)
+		p->budget_bytes[ST_HOME_NVME] = p->total_bytes[ST_HOME_NVME];
+	if (in->update == ST_UPDATE_AFTER)
+		snprintf(p->update_why, sizeof(p->update_why), "--update after");
+	else if (p->in_backward)
+		snprintf(p->update_why, sizeof(p->update_why), "%s", in->update == ST_UPDATE_AUTO ?
+			 "auto: every P, M, V on nvme, predicted faster" : "--update in-backward");
+	else
+		snprintf(p->update_why, sizeof(p->update_why), "%s", no ? no : "?");
+	return 0;
+}
+
 /* AUTO: layer-first where it pays (N > 1), fits the budgets and is
  * predicted faster; batch-first otherwise. The two schedules give the same bits,
  * so this only moves time and memory. */
@@ -187,21 +264,41 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	struct st_plan lf;
 	int ret;
 
-	if (in->schedule != ST_SCHEDULE_AUTO)
-		return plan_make(in, plan);
+	if (in->schedule != ST_SCHEDULE_AUTO) {
+		ret = plan_make(in, plan);
+		if (ret == 0)
+			snprintf(plan->schedule_why, sizeof(plan->schedule_why), "--schedule %s",
+				 st_schedule_name(in->schedule));
+		return ret;
+	}
 	x.schedule = ST_SCHEDULE_BATCH_FIRST;
 	ret = plan_make(&x, plan);
-	if (in->grad_accum < 2)
+	if (in->grad_accum < 2) {
+		if (ret == 0)
+			snprintf(plan->schedule_why, sizeof(plan->schedule_why),
+				 "auto: at --grad-accum 1 the two are one");
 		return ret;
+	}
 	x.schedule = ST_SCHEDULE_LAYER_FIRST;
-	if (plan_make(&x, &lf) < 0)
+	if (plan_make(&x, &lf) < 0) {
+		if (ret == 0)
+			snprintf(plan->schedule_why, sizeof(plan->schedule_why),
+				 "auto: layer-first does not fit: %s", st_error_last());
 		return ret < 0 ? ret : 0;
+	}
 	if (ret == 0 && !(lf.t_step_s < plan->t_step_s)) {
+		snprintf(plan->schedule_why, sizeof(plan->schedule_why), "auto: layer-first "
+			 "predicted %.4g s a step, not shorter", lf.t_step_s);
 		st_plan_fini(&lf);
 		return 0;
 	}
-	if (ret == 0)
+	if (ret == 0) {
+		snprintf(lf.schedule_why, sizeof(lf.schedule_why), "auto: predicted %.4g s a step "
+			 "against batch-first's %.4g s", lf.t_step_s, plan->t_step_s);
 		st_plan_fini(plan);
+	} else {
+		snprintf(lf.schedule_why, sizeof(lf.schedule_why), "auto: batch-first does not fit");
+	}
 	*plan = lf;
 	return 0;
 }
@@ -326,6 +423,14 @@ static int plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	memcpy(sh.keep, p.keep, sizeof(*sh.keep) * (size_t)sh.units);
 	*sh.act_home = c.a;
 	st_plan_predict(in, &sh, p.home, &p);
+	ret = update_resolve(in, &sh, budget[ST_HOME_NVME], &p);
+	if (ret < 0) {
+		st_plan_fini(&p);
+		st_policy_fini(&pol);
+		free(homes);
+		st_shape_fini(&sh);
+		return ret;
+	}
 	st_plan_predict_hide(in, &sh, p.home, k, budget, &p);
 	st_policy_fini(&pol);
 	free(homes);

@@ -52,6 +52,9 @@ struct st_shape {
 	/* --schedule layer-first (strata/plan.h): the pools hold N = accum
 	 * micro-batches at each unit boundary, W and G cross once a step */
 	bool layer_first;
+	/* the update inside the backward is predicted where every P, M, V
+	 * is on nvme (st_plan_in_backward) */
+	bool in_backward;
 };
 
 /* Bytes per element of state s in its home. */
@@ -133,6 +136,9 @@ void st_shape_fini(struct st_shape *sh);
 int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out);
 /* The traffic, collectives and times of one step with homes, into *p
  * (at p->rates). */
+/* Whether the update runs inside the backward with these homes: the
+ * shape asks for it (sh->in_backward) and every P, M, V is on nvme. */
+bool st_plan_in_backward(const struct st_shape *sh, const enum st_home *homes);
 void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		const enum st_home *homes, struct st_plan *p);
 /* The --grad-accum that hides the I/O, into p->hide_*. */

@@ -310,6 +310,11 @@ char *st_plan_json(const struct st_plan *p, const struct st_plan_input *in)
 	json_object_object_add(root, "recompute", recompute_json(p));
 	json_object_object_add(root, "schedule",
 			       json_object_new_string(st_schedule_name(p->schedule)));
+	json_object_object_add(root, "schedule_why", json_object_new_string(p->schedule_why));
+	json_object_object_add(root, "update", json_object_new_string(
+						       p->in_backward ? "in-backward" : "after"));
+	json_object_object_add(root, "update_why", json_object_new_string(p->update_why));
+	json_object_object_add(root, "alt_nvme_bytes", json_object_new_int64((int64_t)p->alt_bytes));
 	json_object_object_add(root, "pools", pools_json(p));
 	json_object_object_add(root, "activations", act_json(p));
 	json_object_object_add(root, "pool_list", pool_list_json(p));

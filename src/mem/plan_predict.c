@@ -158,6 +158,31 @@ static uint64_t predict_prefetch(const struct st_shape *sh, const enum st_home *
 	return bytes;
 }
 
+/* The update inside the backward: [0] the forwards and the backwards
+ * before the last one, [1] the last backward with the whole update
+ * beside it (its G, P, M, V loads, stores and AdamW; no fused forward:
+ * the next step's forward runs in [0]). The share of the other lanes'
+ * time in the last backward is its share of the compute: two thirds of
+ * the step's at layer-first (every micro-batch's backward of a unit
+ * runs before its update), two thirds of 1/N batch-first. */
+static void phases_in_backward(const struct st_shape *sh, const double t[5],
+			       const struct st_plan *p, double (*L)[5])
+{
+	const struct st_plan_rates *r = &p->rates;
+	double frac = 2.0 / 3.0 / (sh->layer_first ? 1 : sh->accum);
+	double upd[5] = { 0, (double)p->upd_h2d_bytes / r->copy_bps,
+			  (double)p->upd_nvme_read_bytes / r->nvme_read_bps +
+				  (double)p->upd_nvme_write_bytes / r->nvme_write_bps,
+			  t[3], 0 };
+
+	for (int i = 0; i < 5; i++) {
+		double rest = ST_MAX(t[i] - upd[i], 0.0);
+
+		L[0][i] = rest * (1 - frac);
+		L[1][i] = rest * frac + upd[i];
+	}
+}
+
 /* The step's two phases (docs/plan.md, "The model of the step"): [0] the
  * forwards and backwards, [1] the update sweep with the next step's first
  * forward beside it. The update starts after the last backward (the clip
@@ -191,6 +216,8 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 	L[1][4] = 0;
 	for (int i = 0; i < 5; i++)
 		L[0][i] = ST_MAX(t[i] - L[1][i], 0.0);
+	if (p->in_backward)
+		phases_in_backward(sh, t, p, L);
 	for (int ph = 0; ph < 2; ph++) {
 		int arg = 0;
 
@@ -270,6 +297,17 @@ static void predict_times(const struct st_plan_input *in, const struct st_shape 
 	predict_phases(in, sh, t, p);
 }
 
+bool st_plan_in_backward(const struct st_shape *sh, const enum st_home *homes)
+{
+	if (!sh->in_backward)
+		return false;
+	for (int u = 0; u < sh->units; u++)
+		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+			if (homes[u * ST_STATE_COUNT + s] != ST_HOME_NVME)
+				return false;
+	return true;
+}
+
 void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		const enum st_home *homes, struct st_plan *p)
 {
@@ -281,6 +319,7 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
 	p->upd_h2d_bytes = p->upd_nvme_read_bytes = p->upd_nvme_write_bytes = 0;
+	p->in_backward = st_plan_in_backward(sh, homes);
 	for (int u = 0; u < sh->units; u++) {
 		const enum st_home *h = &homes[u * ST_STATE_COUNT];
 

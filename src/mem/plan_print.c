@@ -213,9 +213,15 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "        scratch         %s (model workspace %s)\n",
 		st_plan_fmt_bytes(p->scratch_bytes, a), st_plan_fmt_bytes(p->work_bytes, b));
 	recomp_print(p, in->grad_accum, f);
-	if (p->schedule == ST_SCHEDULE_LAYER_FIRST)
-		fprintf(f, "        schedule        layer-first (each unit runs every micro-batch "
-			"while its W is in vram: W and G cross once a step)\n");
+	fprintf(f, "        schedule        %s (%s)%s\n", st_schedule_name(p->schedule),
+		p->schedule_why, p->schedule == ST_SCHEDULE_LAYER_FIRST ? "\n                        "
+		"each unit runs every micro-batch while its W is in vram: W and G cross once a step"
+									 : "");
+	fprintf(f, "        update          %s (%s)\n", p->in_backward ? "in the backward"
+		: "after the backward", p->update_why);
+	if (p->alt_bytes)
+		fprintf(f, "  nvme  P, M, V alternates %s (the update in the backward writes "
+			"there until the norm is known)\n", st_plan_fmt_bytes(p->alt_bytes, a));
 	fprintf(f, "  host  W staging       %s\n", st_plan_fmt_bytes(p->w_staging_bytes, a));
 	fprintf(f, "        grad landing    %s\n", st_plan_fmt_bytes(p->grad_landing_bytes, a));
 	fprintf(f, "        update staging  %s\n", st_plan_fmt_bytes(p->update_staging_bytes, a));

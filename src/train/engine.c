@@ -248,6 +248,9 @@ static int alloc_all(struct st_engine *e)
 
 			x->home = st_plan_home(p, u, s);
 			ret = alloc_in(e, x->home, p->state_bytes[u * ST_STATE_COUNT + s], &x->ext);
+			if (ret == 0 && e->update.spec_on && s >= ST_STATE_P && s <= ST_STATE_V)
+				ret = alloc_in(e, x->home, p->state_bytes[u * ST_STATE_COUNT + s],
+					       &x->alt);
 		}
 	e->pool_first = calloc((size_t)p->n_pools + 1, sizeof(*e->pool_first));
 	for (int i = 0; i < p->n_pools; i++)
@@ -520,6 +523,7 @@ static int plan_of(struct st_engine *e)
 		.activations = cfg->activations,
 		.recompute = cfg->recompute,
 		.schedule = cfg->schedule,
+		.update = cfg->update,
 		.optim_state = cfg->optim_state,
 	};
 
@@ -680,6 +684,11 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	if (!e)
 		return -ENOMEM;
 	e->cfg = *cfg;
+	/* tests through the CLI (tests/zero): $ST_TEST_NAN_GRAD=UNIT:STEP */
+	if (!e->cfg.test_nan_grad_unit && getenv("ST_TEST_NAN_GRAD") &&
+	    sscanf(getenv("ST_TEST_NAN_GRAD"), "%d:%d", &e->cfg.test_nan_grad_unit,
+		   &e->cfg.test_nan_grad_step) == 2)
+		e->cfg.test_nan_grad_unit++;
 	ret = st_model_create(&c->model, &e->model);
 	if (ret < 0) {
 		free(e);
@@ -703,6 +712,8 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 		return ret;
 	}
 	ret = check_optim_state(e);
+	/* the update inside the backward: the plan's alternates on nvme */
+	e->update.spec_on = e->plan.in_backward;
 	if (ret == 0)
 		ret = setup_units(e);
 	if (ret == 0)

@@ -7,6 +7,7 @@
 #include "strata/trace.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,8 @@ static void final_sumsq(struct st_engine *e, int u, const float *g)
 	}
 	if (st_grad_sumsq(g, ST_OPTIM_F32, e->unit_elems[u], &e->grad.unit_sumsq[u]) < 0)
 		e->grad.nonfinite = true;
+	if (e->cfg.test_nan_grad_unit == u + 1 && e->cfg.test_nan_grad_step == e->trace.step)
+		e->grad.unit_sumsq[u] = NAN;
 }
 
 /* Stage 0 at world > 1: every rank holds the whole G, so the reduced

@@ -50,6 +50,7 @@ struct hop {
 	 * unit, or -1 for none, its state, and off_bytes is into it */
 	int unit;
 	enum st_state state;
+	bool alt;                /* into the shard's alternate extent */
 };
 
 #define ST_CHAIN_MAX_HOPS 4
@@ -78,6 +79,9 @@ struct chain {
 struct shard {
 	enum st_home home;
 	struct st_extent ext;
+	/* --update in-backward: P, M, V on nvme have a second extent; the
+	 * speculative update writes there, and a commit swaps the two */
+	struct st_extent alt;
 };
 
 struct wslot {
@@ -203,6 +207,14 @@ struct update_state {
 	struct st_event *ev_wstore;
 	/* device units: the AdamW count of elements left unchanged (vram) */
 	uint32_t *dev_adam_bad;
+	/* the update inside the backward (engine_update.c, "speculation"):
+	 * the tiles in the backward's unit order (U-1 first), the next of
+	 * them to update, the lowest unit whose G is final, whether this
+	 * step speculates and whether it gave up */
+	struct utile *tiles_main, *tiles_spec;
+	int spec_next, g_final;
+	bool spec_on, spec_step, spec_off;
+	struct st_adam_step spec_wd, spec_nowd;
 };
 
 /* Activations (engine_act.c, engine_step.c): the checkpoints, the saved
@@ -295,6 +307,9 @@ struct lanes_state {
 struct sums_state {
 	uint64_t **tile_sums;         /* [n_units * ST_STATE_COUNT]: per tile, nvme shards only */
 	bool *written;                /* [n_units * ST_STATE_COUNT]: written since create */
+	/* the alternate extents' (--update in-backward), swapped with
+	 * tile_sums on a commit */
+	uint64_t **alt_sums;
 };
 
 /* The micro-batch's tokens (engine_step.c): drawn into tokens_host,
@@ -498,6 +513,9 @@ int st_eng_sums_init(struct st_engine *e);
 void st_eng_sums_fini(struct st_engine *e);
 void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
 		     const void *buf, uint64_t len_bytes);
+/* A commit of the update inside the backward: the alternate extent's
+ * sums become shard (u, s)'s. */
+void st_eng_sums_swap(struct st_engine *e, int u, enum st_state s);
 int st_eng_sums_check(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
 		      const void *buf, uint64_t len_bytes);
 
@@ -554,6 +572,26 @@ struct st_eng_fused_fwd {
 	int (*unit_home)(struct st_engine *e, int u);
 	struct st_loader *ld;
 };
+
+/* The update inside the backward (--update in-backward, engine_update.c):
+ * it begins in st_eng_update_prefetch(), at the start of the last
+ * micro-batch's backward, with the AdamW constants of a clip factor of 1
+ * that the step put in update.spec_wd and spec_nowd (the P, M, V loads
+ * of its first tiles are queued), and st_eng_update_poll() issues its
+ * loads that may go as the backward goes; advance
+ * once the G of units g_final.. is final (their tiles' AdamW, unless the
+ * final G's say the speculation cannot hold); finish once the norm is
+ * known, with the step's constants: *done when the speculation held (the
+ * rest of the tiles updated, every store landed, the alternates
+ * committed); else nothing of P, M, V changed and the sweep is to run (not
+ * skipped), or the speculated units' W were rewritten from P (skipped).
+ * Each returns 0 or -errno. */
+int st_eng_spec_advance(struct st_engine *e, int g_final);
+int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
+		       const struct st_adam_step *nowd, bool skipped, bool *done);
+/* engine_state.c: unit u's W rewritten from its P (as st_engine_write_state
+ * writes it). 0 or -errno. */
+int st_eng_w_from_p(struct st_engine *e, int u);
 
 /* The update sweep; with fwd (not NULL), fused with the next step's first
  * forward. 0 or -errno. */

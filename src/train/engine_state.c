@@ -251,6 +251,40 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 	return ret;
 }
 
+/* --update in-backward, a skipped step: W is P's rounding, as
+ * st_engine_write_state() and AdamW write it. Both shards are the rank's
+ * same elements (world 1 and stage 0: the unit, padded at world > 1;
+ * stage 3: the rank's slice); P's padding is zero, and so W's. */
+int st_eng_w_from_p(struct st_engine *e, int u)
+{
+	struct shard *p = shard(e, u, ST_STATE_P), *w = shard(e, u, ST_STATE_W);
+	char *pb = NULL, *wb = NULL;
+	uint64_t n;
+	int ret = -ENOMEM;
+
+	st_eng_drain(e);
+	if (posix_memalign((void **)&pb, ST_PAGE_BYTES, p->ext.len_bytes) ||
+	    posix_memalign((void **)&wb, ST_PAGE_BYTES, w->ext.len_bytes))
+		goto out;
+	ret = shard_read(e, u, ST_STATE_P, pb);
+	if (ret < 0)
+		goto out;
+	n = ST_MIN(e->unit_elems[u] - ST_MIN(e->unit_elems[u], sh_lo(e, u, ST_STATE_P)),
+		   sh_elems(e, u, ST_STATE_P));
+	assert(sh_lo(e, u, ST_STATE_W) == sh_lo(e, u, ST_STATE_P) &&
+	       sh_elems(e, u, ST_STATE_W) == sh_elems(e, u, ST_STATE_P));
+	memset(wb, 0, w->ext.len_bytes);
+	if (e->w_elem_bytes == 2)
+		st_cpu_f32_to_bf16((uint16_t *)(void *)wb, (const float *)(void *)pb, n);
+	else
+		memcpy(wb, pb, n * sizeof(float));
+	ret = shard_write(e, u, ST_STATE_W, wb);
+out:
+	free(pb);
+	free(wb);
+	return ret;
+}
+
 void st_engine_get_stats(const struct st_engine *e, struct st_engine_stats *s)
 {
 	*s = e->last_stats;

@@ -272,6 +272,9 @@ static int backward(struct st_engine *e, int mb)
 			ret = st_eng_update_poll(e);
 		if (ret == 0)
 			ret = st_eng_grad_out(e, u, bufs_of(e, u));
+		/* the update inside the backward: pend's G is final */
+		if (ret == 0 && pend >= 0 && mb == e->cfg.train.grad_accum - 1)
+			ret = st_eng_spec_advance(e, pend);
 		pend = u;
 	}
 	if (ret == 0)
@@ -458,6 +461,8 @@ static int lf_backward(struct st_engine *e)
 			ret = st_eng_update_poll(e);
 		if (ret == 0)
 			ret = st_eng_grad_out_once(e, u, bufs_of(e, u));
+		if (ret == 0 && pend >= 0)
+			ret = st_eng_spec_advance(e, pend);
 		pend = u;
 	}
 	if (ret == 0)
@@ -540,6 +545,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	struct st_adam_step with_wd, without_wd;
 	double loss_sum = 0;
 	uint64_t t0 = st_now_ns(), tp;
+	bool spec_done = false;
 	int ret;
 
 	memset(res, 0, sizeof(*res));
@@ -548,7 +554,12 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	e->trace.step = step;
 	st_eng_stats_begin(e);
 	e->grad.nonfinite = false;
-	ret = e->layer_first ? lf_micro_batches(e, ld) : micro_batches(e, ld);
+	/* the update inside the backward speculates a clip factor of 1 */
+	ret = e->update.spec_on ? st_train_adam_prep(c, step, 0.0, &e->update.spec_wd,
+						     &e->update.spec_nowd)
+				: 0;
+	if (ret == 0)
+		ret = e->layer_first ? lf_micro_batches(e, ld) : micro_batches(e, ld);
 	e->step_end_cursor = ld->cur; /* before the update sweep draws the next batch */
 	tp = st_now_ns();
 	if (ret == 0)
@@ -575,11 +586,13 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		goto fail;
 	st_eng_phase(e, "norm", c->grad_accum - 1, tp);
 	tp = st_now_ns();
-	/* a masked step without a counted target has nothing to learn */
+	/* a masked step without a counted target has nothing to learn: as a
+	 * skipped one, it drops (or rolls back) the update */
 	res->empty = e->batch.masked && !e->batch.count;
 	if (isnan(res->grad_norm) || res->empty) {
 		res->skipped = !res->empty;
-		ret = st_eng_update_drop(e);
+		ret = e->update.spec_on ? st_eng_spec_finish(e, NULL, NULL, true, &spec_done)
+					: st_eng_update_drop(e);
 		if (ret < 0)
 			goto fail;
 	} else {
@@ -587,7 +600,15 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 						.unit_home = fused_unit_home, .ld = ld };
 
 		ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
-		if (ret == 0)
+		/* the speculation held: the update is done, the next forward
+		 * runs in the next step; else the sweep, as without it */
+		if (ret == 0 && e->update.spec_on)
+			ret = st_eng_spec_finish(e, &with_wd, &without_wd, false, &spec_done);
+		if (ret == 0 && spec_done) {
+			next_follows = false;
+			res->in_backward = true;
+		}
+		else if (ret == 0)
 			ret = st_eng_update_sweep(e, &with_wd, &without_wd,
 						  next_follows ? &fwd : NULL);
 		if (ret < 0)

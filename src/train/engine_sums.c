@@ -88,8 +88,29 @@ static uint64_t chunk_at(const struct st_engine *e, int u, enum st_state s, uint
  * leaves, what comes back from nvme is checked before anything uses it. */
 static void sums_hop_out(struct st_engine *e, const struct hop *h)
 {
-	if (h->tier == ST_HOME_NVME)
+	int i = h->unit * ST_STATE_COUNT + (int)h->state;
+	uint64_t *keep;
+
+	if (h->tier != ST_HOME_NVME)
+		return;
+	if (!h->alt) {
 		st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
+		return;
+	}
+	/* into the alternate extent: its own sums, the shard's untouched */
+	keep = e->sums.tile_sums[i];
+	e->sums.tile_sums[i] = e->sums.alt_sums[i];
+	st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
+	e->sums.tile_sums[i] = keep;
+}
+
+void st_eng_sums_swap(struct st_engine *e, int u, enum st_state s)
+{
+	int i = u * ST_STATE_COUNT + (int)s;
+	uint64_t *t = e->sums.tile_sums[i];
+
+	e->sums.tile_sums[i] = e->sums.alt_sums[i];
+	e->sums.alt_sums[i] = t;
 }
 
 static int sums_hop_in(struct st_engine *e, const struct hop *h)
@@ -105,7 +126,8 @@ int st_eng_sums_init(struct st_engine *e)
 	e->lanes.hop_in = sums_hop_in;
 	e->sums.tile_sums = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->sums.tile_sums));
 	e->sums.written = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->sums.written));
-	if (!e->sums.tile_sums || !e->sums.written)
+	e->sums.alt_sums = calloc((size_t)e->n_units * ST_STATE_COUNT, sizeof(*e->sums.alt_sums));
+	if (!e->sums.tile_sums || !e->sums.written || !e->sums.alt_sums)
 		return -ENOMEM;
 	if (e->cfg.no_verify_reads)
 		return 0;
@@ -118,6 +140,11 @@ int st_eng_sums_init(struct st_engine *e)
 			e->sums.tile_sums[u * ST_STATE_COUNT + s] = calloc(n, sizeof(uint64_t));
 			if (!e->sums.tile_sums[u * ST_STATE_COUNT + s])
 				return -ENOMEM;
+			if (!shard(e, u, s)->alt.len_bytes)
+				continue;
+			e->sums.alt_sums[u * ST_STATE_COUNT + s] = calloc(n, sizeof(uint64_t));
+			if (!e->sums.alt_sums[u * ST_STATE_COUNT + s])
+				return -ENOMEM;
 		}
 	return 0;
 }
@@ -126,6 +153,10 @@ void st_eng_sums_fini(struct st_engine *e)
 {
 	for (int i = 0; e->sums.tile_sums && i < e->n_units * ST_STATE_COUNT; i++)
 		free(e->sums.tile_sums[i]);
+	for (int i = 0; e->sums.alt_sums && i < e->n_units * ST_STATE_COUNT; i++)
+		free(e->sums.alt_sums[i]);
+	free(e->sums.alt_sums);
+	e->sums.alt_sums = NULL;
 	free(e->sums.tile_sums);
 	free(e->sums.written);
 	e->sums.tile_sums = NULL;

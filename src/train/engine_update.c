@@ -14,9 +14,12 @@
 #include "strata/trace.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int spec_begin(struct st_engine *e);
 
 /* Tiles are [t0, t0 + n) elements of unit u (struct utile), t0 and n
  * multiples of the tile (whole pages in bf16 and fp32) except where the
@@ -114,6 +117,10 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool blo
 
 			if (us->holder[s] >= cur)
 				break;
+			/* speculating: G only of the units whose G is final */
+			if (s == ST_STATE_G && e->update.spec_step &&
+			    e->update.tiles[j].u < e->update.g_final)
+				break;
 			if (us->writes[s] && (!block || j > cur + 1)) {
 				ret = st_eng_pump(e, false);
 				if (ret == 0 && us->writes[s])
@@ -145,6 +152,11 @@ static int upd_store(struct st_engine *e, const struct utile *t)
 		h = st_eng_shard_hop(e, "store", t->u, s, ST_IO_WRITE,
 				     (t->t0 - sh_lo(e, t->u, s)) * st_eng_eb(e, s),
 				     haddr(e, &us->ext[s]), upd_len(e, t, s));
+		/* speculating: the shard's alternate, committed later */
+		if (e->update.spec_step) {
+			h.ext = shard(e, t->u, s)->alt;
+			h.alt = true;
+		}
 		ret = st_eng_chain_start(e, &us->store[s], &h, 1, &us->writes[s], NULL);
 		if (ret < 0)
 			return ret;
@@ -371,6 +383,41 @@ static void upd_reset(struct st_engine *e)
 	}
 }
 
+/* --- the update inside the backward ----------------------------------------
+ * (docs/engine.md). The backward finishes the units from the last to the
+ * first, so the speculative sweep takes them in that order: its tiles are
+ * the sweep's, units from U-1 down, each unit's tiles in order, the
+ * staging sets in turn as the sweep's. Every P, M and V is on nvme: a tile
+ * reads them from the shard and stores the new ones to the shard's
+ * alternate extent (upd_store), with sums of their own (engine_sums.c);
+ * W goes to its home as in the sweep. When the norm is known, the AdamW
+ * constants the speculation used (clip factor 1) are compared with the
+ * step's: equal, the alternates are committed (swapped with the shards);
+ * else nothing of P, M, V changed, and the sweep runs after the backward
+ * as without speculation, rewriting every W; a skipped step (a gradient
+ * not finite) rewrites the speculated units' W from their P. */
+static int spec_setup(struct st_engine *e)
+{
+	int n = 0, turn[ST_STATE_COUNT] = { 0 };
+
+	e->update.tiles_spec = calloc((size_t)(e->update.n_tiles ? e->update.n_tiles : 1),
+				      sizeof(*e->update.tiles_spec));
+	if (!e->update.tiles_spec)
+		return -ENOMEM;
+	for (int u = e->n_units - 1; u >= 0; u--)
+		for (int i = 0; i < e->update.n_tiles; i++) {
+			struct utile t = e->update.tiles_main[i];
+
+			if (t.u != u)
+				continue;
+			for (enum st_state s = 0; s < ST_STATE_COUNT; s++)
+				t.set[s] = t.set[s] < 0 ? -1 : (signed char)(turn[s]++ & 1);
+			e->update.tiles_spec[n++] = t;
+		}
+	assert(n == e->update.n_tiles);
+	return 0;
+}
+
 int st_eng_update_setup(struct st_engine *e)
 {
 	struct utile t = { .u = -1 };
@@ -389,14 +436,16 @@ int st_eng_update_setup(struct st_engine *e)
 				upd_staged(e, t.u, s) ? (signed char)(turn[s]++ & 1) : -1;
 	}
 	e->update.n_tiles = n;
+	e->update.tiles_main = e->update.tiles;
 	upd_reset(e);
-	return 0;
+	return e->update.spec_on ? spec_setup(e) : 0;
 }
 
 void st_eng_update_fini(struct st_engine *e)
 {
-	free(e->update.tiles);
-	e->update.tiles = NULL;
+	free(e->update.tiles_main);
+	free(e->update.tiles_spec);
+	e->update.tiles = e->update.tiles_main = e->update.tiles_spec = NULL;
 }
 
 /* Every load landed (each was waited for by its tile, or dropped). */
@@ -415,7 +464,11 @@ static int upd_reads_quiet(struct st_engine *e)
  * once its store has landed, here or in st_eng_update_poll(). */
 int st_eng_update_prefetch(struct st_engine *e)
 {
-	int ret = upd_reads_quiet(e);
+	int ret;
+
+	if (e->update.spec_on)
+		return spec_begin(e);
+	ret = upd_reads_quiet(e);
 
 	upd_reset(e);
 	return ret ? ret : upd_issue(e, 0, ST_STATE_P, false);
@@ -423,7 +476,7 @@ int st_eng_update_prefetch(struct st_engine *e)
 
 int st_eng_update_poll(struct st_engine *e)
 {
-	return upd_issue(e, 0, ST_STATE_P, false);
+	return upd_issue(e, e->update.spec_step ? e->update.spec_next : 0, ST_STATE_P, false);
 }
 
 int st_eng_update_drop(struct st_engine *e)
@@ -519,6 +572,45 @@ static int dev_adam_check(struct st_engine *e)
 	return ret;
 }
 
+/* Tile i of the sweep: its loads (and the next ones' that may go: they
+ * overlap its AdamW), the device units before it, its AdamW, its stores;
+ * the end of its unit. */
+static int sweep_tile(struct st_engine *e, int i, const struct st_adam_step *wd,
+		      const struct st_adam_step *nowd, const struct st_eng_fused_fwd *fwd,
+		      int *dev_next)
+{
+	const struct utile *cur = &e->update.tiles[i];
+	bool last = i + 1 == e->update.n_tiles;
+	int ret = upd_issue(e, i, ST_STATE_G, true);
+
+	for (enum st_state s = ST_STATE_G; s <= ST_STATE_V && ret == 0; s++)
+		if (cur->set[s] >= 0) {
+			assert(e->update.sets[cur->set[s]].holder[s] == i);
+			ret = st_eng_wait_until(e, &e->update.sets[cur->set[s]].reads[s], "load");
+		}
+	/* the new W goes into a buffer whose last store has landed */
+	if (ret == 0 && cur->set[ST_STATE_W] >= 0)
+		ret = st_eng_wait_until(e, &e->update.sets[cur->set[ST_STATE_W]].writes[ST_STATE_W],
+					"W store");
+	/* the device's units before this one, in unit order */
+	if (ret == 0)
+		ret = dev_units(e, dev_next, cur->u, wd, nowd, fwd);
+	if (ret == 0)
+		ret = adam_tile(e, cur, wd, nowd);
+	/* the W stores no host waited for (ev_wstore) that landed meanwhile:
+	 * reaped before the next, so the h2d lane's busy time is each
+	 * store's, up to this tile's AdamW */
+	if (ret == 0)
+		ret = st_eng_pump(e, false);
+	if (ret == 0)
+		ret = upd_store(e, cur);
+	if (ret == 0 && e->zero.w_gather)
+		st_eng_zero_wpoll(e);
+	if (ret == 0 && (last || e->update.tiles[i + 1].u != cur->u))
+		ret = unit_end(e, cur->u, last, fwd);
+	return ret;
+}
+
 /* The update sweep, tile by tile in unit order. With fwd, it is fused with
  * the next step's first forward: once unit u's new W is home, fwd(u) runs
  * while the next tiles load and u's P, M, V go back -- the next step's
@@ -536,41 +628,8 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		st_compute_zero(e->cx, e->update.dev_adam_bad, sizeof(uint32_t));
 	if (fwd)
 		ret = fwd->begin(e, fwd);
-	for (int i = 0; i < e->update.n_tiles && ret == 0; i++) {
-		const struct utile *cur = &e->update.tiles[i];
-		bool last = i + 1 == e->update.n_tiles;
-
-		/* this tile's loads, and the next ones' that may go: they
-		 * overlap this tile's AdamW */
-		ret = upd_issue(e, i, ST_STATE_G, true);
-		for (enum st_state s = ST_STATE_G; s <= ST_STATE_V && ret == 0; s++)
-			if (cur->set[s] >= 0) {
-				assert(e->update.sets[cur->set[s]].holder[s] == i);
-				ret = st_eng_wait_until(e, &e->update.sets[cur->set[s]].reads[s],
-							"load");
-			}
-		/* the new W goes into a buffer whose last store has landed */
-		if (ret == 0 && cur->set[ST_STATE_W] >= 0)
-			ret = st_eng_wait_until(
-				e, &e->update.sets[cur->set[ST_STATE_W]].writes[ST_STATE_W],
-				"W store");
-		/* the device's units before this one, in unit order */
-		if (ret == 0)
-			ret = dev_units(e, &dev_next, cur->u, wd, nowd, fwd);
-		if (ret == 0)
-			ret = adam_tile(e, cur, wd, nowd);
-		/* the W stores no host waited for (ev_wstore) that landed
-		 * meanwhile: reaped before the next, so the h2d lane's busy
-		 * time is each store's, up to this tile's AdamW */
-		if (ret == 0)
-			ret = st_eng_pump(e, false);
-		if (ret == 0)
-			ret = upd_store(e, cur);
-		if (ret == 0 && e->zero.w_gather)
-			st_eng_zero_wpoll(e);
-		if (ret == 0 && (last || e->update.tiles[i + 1].u != cur->u))
-			ret = unit_end(e, cur->u, last, fwd);
-	}
+	for (int i = 0; i < e->update.n_tiles && ret == 0; i++)
+		ret = sweep_tile(e, i, wd, nowd, fwd, &dev_next);
 	if (ret == 0)
 		ret = dev_units(e, &dev_next, e->n_units, wd, nowd, fwd);
 	if (ret == 0 && e->update.dev_adam_bad)
@@ -586,4 +645,124 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 		ret = fwd ? upd_reads_quiet(e) : upd_quiet(e);
 	upd_reset(e);
 	return ret;
+}
+
+/* --- the update inside the backward: the step's calls ---------------------- */
+
+/* The speculation starts (st_eng_update_prefetch): update.spec_wd and
+ * spec_nowd hold the step's AdamW constants at a clip factor of 1. */
+static int spec_begin(struct st_engine *e)
+{
+	int ret = upd_reads_quiet(e);
+
+	e->update.spec_step = true;
+	e->update.spec_off = false;
+	e->update.spec_next = 0;
+	e->update.g_final = e->n_units;
+	e->update.tiles = e->update.tiles_spec;
+	upd_reset(e);
+	/* P, M, V of the first tiles: they need no G */
+	return ret ? ret : upd_issue(e, 0, ST_STATE_P, false);
+}
+
+/* Whether the speculation can still hold: every final G finite and, with
+ * a clip, their sum of squares (a part of the norm's) not past it. At
+ * world > 1 (stages 0 and 3) the part is this rank's chunks': a part of
+ * the part, so a rank that gives up does so only where the norm will say
+ * the speculation failed on every rank; no rank's sweep here queues a
+ * collective, so the ranks need not give up together. */
+static bool spec_holds(struct st_engine *e, int g_final)
+{
+	const struct st_train_config *c = &e->cfg.train;
+	double sumsq = 0;
+
+	if (e->grad.nonfinite)
+		return false;
+	for (int u = g_final; u < e->n_units; u++) {
+		const double *part = e->zero.parts + (size_t)e->rank * e->zero.n_parts;
+
+		if (e->world == 1) {
+			sumsq += e->grad.unit_sumsq[u];
+			continue;
+		}
+		for (uint64_t k = 0; k < e->slice_elems[u] / ST_PLAN_SLICE_ALIGN; k++)
+			sumsq += part[e->zero.part_off[u] + k];
+	}
+	return isfinite(sumsq) && !(c->clip > 0 && sumsq > (double)c->clip * c->clip);
+}
+
+int st_eng_spec_advance(struct st_engine *e, int g_final)
+{
+	int ret = 0, dev_next = 0;
+
+	if (!e->update.spec_step || e->update.spec_off)
+		return 0;
+	if (!spec_holds(e, g_final)) {
+		e->update.spec_off = true;
+		return 0;
+	}
+	/* G on nvme: its write has landed before a tile loads it (out of
+	 * the G staging; out of the landing, grad_out waited for it) */
+	ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
+	e->update.g_final = g_final;
+	while (ret == 0 && e->update.spec_next < e->update.n_tiles &&
+	       e->update.tiles[e->update.spec_next].u >= g_final) {
+		ret = sweep_tile(e, e->update.spec_next, &e->update.spec_wd,
+				 &e->update.spec_nowd, NULL, &dev_next);
+		e->update.spec_next++;
+	}
+	return ret;
+}
+
+/* The speculated units' W again from their P (a skipped step). */
+static int spec_restore_w(struct st_engine *e)
+{
+	int ret = 0;
+
+	for (int u = e->n_units - 1; ret == 0 && u >= 0; u--) {
+		bool done = false;
+
+		for (int i = 0; i < e->update.spec_next; i++)
+			done |= e->update.tiles_spec[i].u == u;
+		if (done)
+			ret = st_eng_w_from_p(e, u);
+	}
+	return ret;
+}
+
+int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
+		       const struct st_adam_step *nowd, bool skipped, bool *done)
+{
+	bool same = !skipped && !e->update.spec_off &&
+		    memcmp(wd, &e->update.spec_wd, sizeof(*wd)) == 0 &&
+		    memcmp(nowd, &e->update.spec_nowd, sizeof(*nowd)) == 0;
+	int ret = 0;
+
+	*done = false;
+	if (!e->update.spec_step)
+		return 0;
+	if (same)
+		ret = st_eng_spec_advance(e, 0);
+	if (ret == 0)
+		ret = upd_quiet(e);
+	e->update.spec_step = false;
+	e->update.tiles = e->update.tiles_main;
+	upd_reset(e);
+	if (ret < 0)
+		return ret;
+	if (!same)
+		return skipped ? spec_restore_w(e) : 0;
+	/* the norm says the speculation held: the alternates are the state */
+	for (int u = 0; u < e->n_units; u++)
+		for (enum st_state s = ST_STATE_P; s <= ST_STATE_V; s++) {
+			struct shard *x = shard(e, u, s);
+			struct st_extent t = x->ext;
+
+			x->ext = x->alt;
+			x->alt = t;
+			st_eng_sums_swap(e, u, s);
+			e->sums.written[u * ST_STATE_COUNT + s] = true;
+		}
+	*done = true;
+	return 0;
 }

@@ -432,6 +432,9 @@ void st_eng_zero_parts(struct st_engine *e, int u, const float *g)
 		if (st_grad_sumsq(g + c * ST_PLAN_SLICE_ALIGN, ST_OPTIM_F32, ST_PLAN_SLICE_ALIGN,
 				  &out[c]) < 0 && isfinite(out[c]))
 			out[c] = NAN;
+	/* tests: a G that counts as not finite (st_engine_config) */
+	if (e->cfg.test_nan_grad_unit == u + 1 && e->cfg.test_nan_grad_step == e->trace.step)
+		out[0] = NAN;
 }
 
 /* The global sum of squares at world > 1: every rank's chunk sums of its

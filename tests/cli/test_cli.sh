@@ -150,6 +150,33 @@ for k in ("nvme_read", "nvme_write", "h2d", "d2h"):
     assert nv("layer-first", k) < nv("batch-first", k), (k, nv("layer-first", k), nv("batch-first", k))
 print("ok   --schedule layer-first: batch-first's losses, norms and checkpoint bytes, fewer bytes per link")
 PY
+# --update in-backward (docs/engine.md): the update after the backward's
+# losses, norms and checkpoint bytes, with a clip (3) that some steps pass;
+# refused with the optimizer in host, and a bad word
+check bad-update 2 "$strata" train $M --data "$data" --update sometimes
+check update-host 2 "$strata" train $M --data "$data" --update in-backward --offload-optim host
+grep -q "it needs P, M and V on nvme" "$work/err" ||
+	{ echo "FAIL update-host: $(cat "$work/err")"; fail=1; }
+for u in after in-backward; do
+	run "u-$u" --offload-params nvme --offload-optim nvme --clip 3 --update $u \
+		--save "$work/ck-u-$u" || { echo "FAIL --update $u"; cat "$work/u-$u.log"; fail=1; }
+done
+grep -q "update          in the backward" "$work/u-in-backward.log" ||
+	{ echo "FAIL the in-backward plan does not say so"; fail=1; }
+for f in model.safetensors optimizer.safetensors; do
+	cmp -s "$work/ck-u-after/latest/$f" "$work/ck-u-in-backward/latest/$f" ||
+		{ echo "FAIL --update in-backward: $f differs from the update after's"; fail=1; }
+done
+python3 - "$work" <<'PY' || fail=1
+import json, sys
+w = sys.argv[1]
+rows = {p: [json.loads(l) for l in open(f"{w}/u-{p}.jsonl")] for p in ("after", "in-backward")}
+ln = lambda p: [(r["loss"], r["grad_norm"]) for r in rows[p]]
+assert ln("after") == ln("in-backward"), "--update in-backward: losses or norms differ"
+norms = [r["grad_norm"] for r in rows["after"]]
+assert min(norms) <= 3 < max(norms), ("the clip 3 is not between the norms", norms)
+print("ok   --update in-backward: the losses, norms and checkpoint bytes of the update after")
+PY
 [ -f "$work/ck/latest/model.safetensors" ] && [ -f "$work/ck/latest/config.json" ] || { echo "FAIL no checkpoint"; fail=1; }
 ls "$work" | grep -q '\.tmp\.' && { echo "FAIL temporary checkpoint left"; fail=1; }
 

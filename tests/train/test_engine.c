@@ -2008,6 +2008,163 @@ static int teardown(void **state)
  * touch, never a bit: GPT-2 and LLaMA, fp32 and bf16 compute, every home
  * of W and of the optimizer state, the checkpoints on the host, against
  * the plain cpu device. Runs under --device cpu-strict. */
+/* --update in-backward: each unit's AdamW in the backward, P, M, V to the
+ * alternate extents, committed when the norm says the clip did not apply
+ * (else the sweep after the backward). With the clip at the median of the
+ * steps' norms some steps hold and some redo; a gradient not finite in a
+ * lower unit (test_nan_grad_unit) skips a step whose upper units were
+ * speculated. Every case: today's losses, norms, P and W bit for bit;
+ * GPT-2 and LLaMA, batch-first and layer-first, 1 and 2 threads, W in
+ * every home, the bf16 state, small tiles. */
+static void spec_train(const struct st_engine_config *c, int threads, struct run *r,
+		       int *held)
+{
+	const int threads0 = omp_get_max_threads();
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+
+	if (threads)
+		omp_set_num_threads(threads);
+	open_loader(&ds, &ld, c);
+	if (st_engine_create(c, &e))
+		fail_msg("engine: %s", st_error_last());
+	*held = 0;
+	for (int s = 0; s < 5; s++) {
+		struct st_step_result res;
+
+		if (st_engine_step(e, &ld, s, s + 1 < 5, &res))
+			fail_msg("step %d: %s", s, st_error_last());
+		r->loss[s] = res.loss;
+		r->norm[s] = res.grad_norm;
+		*held += res.in_backward;
+		assert_false(res.in_backward && (res.skipped || c->update == ST_UPDATE_AFTER));
+	}
+	collect(e, r);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	omp_set_num_threads(threads0);
+}
+
+static void test_update_in_backward(void **state)
+{
+	static const char *const models[] = {
+		"layers=2,dim=64,heads=2,vocab=256,ctx=64",
+		"llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,tied=1",
+	};
+	static const struct {
+		const char *name;
+		enum st_offload params;
+		int accum, threads, nan_unit;
+		bool layer_first, bf16_state, small_tiles, bf16_compute;
+	} cases[] = {
+		{ "W on nvme, N = 1, 2 threads", ST_OFFLOAD_NVME, 1, 2, 0, false, false, false, false },
+		{ "W in host, N = 2, 1 thread", ST_OFFLOAD_HOST, 2, 1, 0, false, false, true, false },
+		{ "W in vram, layer-first N = 2", ST_OFFLOAD_NONE, 2, 0, 0, true, false, false, false },
+		{ "W on nvme, bf16 state, small tiles", ST_OFFLOAD_NVME, 1, 0, 0, false, true, true,
+		  false },
+		{ "W in host, bf16 compute, layer-first N = 3", ST_OFFLOAD_HOST, 3, 2, 0, true, false,
+		  false, true },
+		{ "a NaN gradient in unit 1 at step 2", ST_OFFLOAD_NVME, 1, 0, 2, false, false, true,
+		  false },
+	};
+	struct st_engine_config c;
+	struct st_engine *e;
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
+		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+			struct run ref, r;
+			double norms[5], clip;
+			char what[256];
+			int held, held_ref;
+
+			model_config(&c, models[mi]);
+			c.params = cases[i].params;
+			c.optim = ST_OFFLOAD_NVME;
+			c.train.grad_accum = cases[i].accum;
+			c.schedule = cases[i].layer_first ? ST_SCHEDULE_LAYER_FIRST
+							  : ST_SCHEDULE_BATCH_FIRST;
+			c.optim_state = cases[i].bf16_state ? ST_OPTIM_STATE_BF16
+							    : ST_OPTIM_STATE_F32;
+			c.update_tile_elems = cases[i].small_tiles ? 4096 : 0;
+			c.compute_dtype = cases[i].bf16_compute ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+			c.test_nan_grad_unit = cases[i].nan_unit;
+			c.test_nan_grad_step = 2;
+			/* the clip between the steps' norms: some hold, some redo */
+			c.train.clip = 0;
+			spec_train(&c, cases[i].threads, &ref, &held_ref);
+			memcpy(norms, ref.norm, sizeof(norms));
+			run_free(&ref);
+			for (int a = 0; a < 5; a++)
+				for (int b = a + 1; b < 5; b++)
+					if (norms[b] < norms[a]) {
+						double t = norms[a];
+
+						norms[a] = norms[b];
+						norms[b] = t;
+					}
+			clip = (norms[1] + norms[2]) / 2;
+			if (cases[i].nan_unit) /* step 2's NaN: the others hold */
+				clip = 1e9;
+			c.train.clip = (float)clip;
+			spec_train(&c, cases[i].threads, &ref, &held_ref);
+			assert_int_equal(held_ref, 0);
+			c.update = ST_UPDATE_IN_BACKWARD;
+			snprintf(what, sizeof(what), "in-backward: %s (%s)", cases[i].name,
+				 models[mi]);
+			spec_train(&c, cases[i].threads, &r, &held);
+			same(&ref, &r, 5, what);
+			if (held < 1 || held > (cases[i].nan_unit ? 4 : 3))
+				fail_msg("%s: %d of 5 steps held (clip %g)", what, held, clip);
+			assert_true(!cases[i].nan_unit || isnan(r.norm[2]));
+			run_free(&ref);
+			run_free(&r);
+		}
+	/* a step whose speculation holds moves the plan's bytes, batch-first
+	 * (asked) and layer-first (auto takes it with every P, M, V on nvme,
+	 * predicted faster here, and leaves it with them in host); the
+	 * alternates are on nvme's total */
+	for (int lf = 0; lf < 2; lf++) {
+		struct st_dataset *ds;
+		struct st_engine_stats st;
+		const struct st_plan *p;
+		uint64_t alt = 0;
+
+		model_config(&c, models[lf]);
+		c.params = ST_OFFLOAD_NVME;
+		c.optim = ST_OFFLOAD_NVME;
+		c.train.clip = 0;
+		c.train.grad_accum = 2;
+		c.schedule = lf ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+		c.update = lf ? ST_UPDATE_AUTO : ST_UPDATE_IN_BACKWARD;
+		step_moves_plan(&c, lf ? "in-backward, layer-first" : "in-backward", &e, &ds, &st);
+		p = st_engine_plan(e);
+		assert_true(p->in_backward);
+		for (int i = 0; i < p->units * ST_STATE_COUNT; i++)
+			alt += i % ST_STATE_COUNT >= ST_STATE_P ? p->state_bytes[i] : 0;
+		assert_int_equal(p->alt_bytes, alt);
+		st_engine_destroy(e);
+		st_dataset_close(ds);
+		c.optim = ST_OFFLOAD_HOST;
+		c.update = ST_UPDATE_AUTO;
+		assert_int_equal(st_engine_create(&c, &e), 0);
+		assert_false(st_engine_plan(e)->in_backward);
+		assert_int_equal(st_engine_plan(e)->alt_bytes, 0);
+		st_engine_destroy(e);
+	}
+	/* refused: a P not on nvme, the q8 state */
+	model_config(&c, models[0]);
+	c.update = ST_UPDATE_IN_BACKWARD;
+	c.optim = ST_OFFLOAD_HOST;
+	assert_int_equal(st_engine_create(&c, &e), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "needs P, M and V on nvme"));
+	c.optim = ST_OFFLOAD_NVME;
+	c.optim_state = ST_OPTIM_STATE_Q8;
+	assert_int_equal(st_engine_create(&c, &e), -EINVAL);
+	assert_non_null(strstr(st_error_last(), "not with --optim-state q8"));
+}
+
 static void test_strict_same_bits(void **state)
 {
 	static const struct {
@@ -2212,6 +2369,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_nvme_checksums_fault_tier),
 		cmocka_unit_test(test_nonfinite_save),
 		cmocka_unit_test(test_nonfinite_device),
+		cmocka_unit_test(test_update_in_backward),
 		cmocka_unit_test(test_device_optim_traffic),
 		cmocka_unit_test(test_grad_accum),
 		cmocka_unit_test(test_layer_first_invariance),

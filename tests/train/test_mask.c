@@ -334,6 +334,35 @@ static void test_empty_step(void **state)
 	free(ref.P);
 }
 
+/* The update inside the backward (speculative, main's --update
+ * in-backward): the masked steps = the sweep after, bit for bit; empty
+ * steps roll the speculated update back (no change to P). */
+static void test_in_backward(void **state)
+{
+	struct st_engine_config c;
+	struct run after, in, zero, empty;
+
+	(void)state;
+	base_config(&c, gpt2);
+	c.params = ST_OFFLOAD_NVME;
+	c.optim = ST_OFFLOAD_NVME;
+	c.train.clip = 1e9f; /* the speculation holds */
+	train(&c, masked_path, STEPS, &after);
+	c.update = ST_UPDATE_IN_BACKWARD;
+	train(&c, masked_path, STEPS, &in);
+	same(&after, &in, "masked: the update in the backward = after");
+	train(&c, zeros_path, 0, &zero);
+	train(&c, zeros_path, STEPS, &empty);
+	for (int s = 0; s < STEPS; s++)
+		assert_true(empty.empty[s] && empty.loss[s] == 0.0);
+	if (memcmp(zero.P, empty.P, zero.n * sizeof(float)))
+		fail_msg("in-backward: empty steps changed the master weights");
+	free(after.P);
+	free(in.P);
+	free(zero.P);
+	free(empty.P);
+}
+
 /* 5. The loader's targets and count. */
 static void test_loader_targets(void **state)
 {
@@ -801,6 +830,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_engine_matches_trainer),
 		cmocka_unit_test(test_all_ones_is_plain),
 		cmocka_unit_test(test_empty_step),
+		cmocka_unit_test(test_in_backward),
 		cmocka_unit_test(test_documents_epoch),
 		cmocka_unit_test(test_documents_shuffle_resume),
 		cmocka_unit_test(test_concat),

@@ -30,6 +30,11 @@
 #              norms and checkpoint tensor
 #              bytes of batch-first (one rank at --grad-accum 4, and 2 ranks
 #              batch-first), bit for bit; its collectives = the plan's
+#   in-backward
+#              --update in-backward at 2 ranks, stages 0 and 3, W, P, M, V
+#              on nvme, a clip some steps pass (batch-first, layer-first,
+#              LLaMA): one rank's numbers with the update after; refused
+#              at stages 1 and 2 (exit 2)
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
 #              overlapping the compute (stage 3's gathers, and stages 1-2's
@@ -371,6 +376,49 @@ layer-first)
 	run ll 2 "${ll[@]}" --zero 3 --grad-accum 3 --schedule layer-first --offload-params nvme \
 		--offload-optim nvme
 	same ll llref "LLaMA: 2 ranks --zero 3 layer-first --grad-accum 3, on nvme = 1 rank --grad-accum 6"
+	;;
+in-backward)
+	# the clip halfway between two of the steps' norms without one: some
+	# steps' speculation holds, some redo
+	run noclip 1 --steps 4 --grad-accum 4 --offload-params nvme --offload-optim nvme --clip 0
+	clip=$(python3 -c 'import json, sys
+n = sorted(json.loads(l)["grad_norm"] for l in open(sys.argv[1]))
+print((n[1] + n[2]) / 2)' "$work/noclip.jsonl")
+	nv=(--offload-params nvme --offload-optim nvme --clip "$clip")
+	run ref 1 --steps 4 --grad-accum 4 "${nv[@]}" || { echo "FAIL one-rank run"; fail=1; }
+	for z in 0 3; do
+		for sched in batch-first layer-first; do
+			run "ib$z$sched" 2 --steps 4 --grad-accum 2 --zero $z --schedule $sched \
+				--update in-backward "${nv[@]}"
+			same "ib$z$sched" ref "2 ranks --zero $z $sched --update in-backward = 1 rank, after"
+			grep -q '"in_backward":true' "$work/ib$z$sched.jsonl" ||
+				{ echo "FAIL --zero $z $sched: no step's speculation held"; fail=1; }
+		done
+	done
+	# step 3 (0-based 2) skipped: unit 1's G not finite below the
+	# speculated units, whose W is rebuilt from their P on every rank
+	ST_TEST_NAN_GRAD=1:2 run nanref 1 --steps 4 --grad-accum 4 "${nv[@]}"
+	for z in 0 3; do
+		ST_TEST_NAN_GRAD=1:2 run "nan$z" 2 --steps 4 --grad-accum 2 --zero $z \
+			--update in-backward "${nv[@]}"
+		same "nan$z" nanref "2 ranks --zero $z in-backward, step 3 skipped = 1 rank, after"
+		grep -q '"skipped":true' "$work/nan$z.jsonl" || { echo "FAIL nan$z: no step skipped"; fail=1; }
+	done
+	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 3
+	    "${nv[@]}")
+	run llref 1 "${ll[@]}" --grad-accum 2
+	run ll 2 "${ll[@]}" --zero 3 --update in-backward
+	same ll llref "LLaMA: 2 ranks --zero 3 --update in-backward = 1 rank --grad-accum 2, after"
+	# stages 1 and 2: exit 2, one line of strata's (rank 0's)
+	"$mpirun" 2 "$strata" train "${common[@]}" --steps 1 --zero 1 --update in-backward \
+		"${nv[@]}" >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc = 2 ] && [ "$(grep -c '^strata:' "$work/err")" = 1 ] &&
+	   grep -q "^strata: --update in-backward: not with --zero 1 or 2" "$work/err"; then
+		echo "ok   --update in-backward at --zero 1 refused"
+	else
+		echo "FAIL --update in-backward at --zero 1: exit $rc"; cat "$work/err"; fail=1
+	fi
 	;;
 comm)
 	for spec in "2 0 1" "2 1 1" "2 2 2" "2 3 1" "4 3 1" "4 1 2" "2 0 3 layer-first" \
