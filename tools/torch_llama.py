@@ -16,6 +16,7 @@ its own."""
 import math
 import os
 import shutil
+import struct
 import sys
 import tempfile
 
@@ -152,6 +153,46 @@ def loss(torch, p, c, idx, targets):
     return torch.nn.functional.cross_entropy(out.reshape(-1, c.V), targets.reshape(-1))
 
 
+def loss_sum(torch, p, c, idx, labels):
+    """The sum of the cross-entropy over the labels that are not -100 (a
+    loss mask, as transformers' labels)."""
+    out = logits(torch, p, c, idx)
+    return torch.nn.functional.cross_entropy(out.reshape(-1, c.V), labels.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+
+
+def mask_of(n):
+    """A loss mask over n tokens: "prompts" of 23 tokens, then 11 counted."""
+    return bytes(1 if i % 34 >= 23 else 0 for i in range(n))
+
+
+def write_masked_shard(path, tokens, mask):
+    """An llm.c shard with strata's extension (docs/formats.md, "Token
+    datasets"): header [3] = "STRA", [4] = flags 1 (a loss mask), the
+    tokenizer hash and document count 0; the uint16 tokens, then one mask
+    byte per token."""
+    hdr = [0] * 256
+    hdr[0], hdr[1], hdr[2], hdr[3], hdr[4] = 20240520, 1, len(tokens), 0x41525453, 1
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *hdr))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+        f.write(mask)
+    return path
+
+
+def masked_batch(torch, tokens, mask, B, T, step):
+    """llm.c's contiguous batch of loader step `step`, and its labels: the
+    target of input j of a row starting at s is -100 where mask[s+1+j] is 0."""
+    n = len(tokens)
+    x, y = [], []
+    for b in range(B):
+        s = (step * B + b) * T
+        x.append([tokens[(s + j) % n] for j in range(T)])
+        y.append([tokens[(s + j + 1) % n] if mask[(s + j + 1) % n] else -100
+                  for j in range(T)])
+    return torch.tensor(x, dtype=torch.long), torch.tensor(y, dtype=torch.long)
+
+
 def check_one(torch, args, precision, ref):
     """tools/torch-ref's check_one for a LLaMA: strata trains 6 steps from
     its random init and saves; from that checkpoint (--init) it trains
@@ -161,6 +202,10 @@ def check_one(torch, args, precision, ref):
     c = parse(args.model, ref.fail2)
     model = args.model
     B, T, steps = 4, min(32, c.ctx), args.steps
+    # --mask: the steps on a masked shard, 2 micro-batches of 2 rows each,
+    # the loss the mean over the step's counted targets (docs/finetune.md)
+    masked = getattr(args, "mask", False)
+    A = 2 if masked else 1
     bf16 = precision == "bf16"
     lr, wd, betas, eps = 1e-2, 0.5, (0.9, 0.95), 1e-3  # as GPT-2's check, for the same reasons
     work = tempfile.mkdtemp(prefix="torch-ref-llama.", dir=args.work)
@@ -171,6 +216,12 @@ def check_one(torch, args, precision, ref):
                 os.path.join(work, "a.log"))
         init = os.path.join(work, "a", "latest")
         metrics = os.path.join(work, "m.jsonl")
+        tokens = ref.read_tokens(data)
+        mask = mask_of(len(tokens))
+        if masked:
+            shard = write_masked_shard(os.path.join(work, "masked.bin"), tokens, mask)
+            common = ref.strata_train(args, model, shard, B // A, T, work) + [
+                "--grad-accum", str(A)]
         ref.run(common + ["--init", init, "--steps", str(steps), "--shuffle", "off",
                           "--precision", precision, "--lr", str(lr), "--lr-schedule",
                           "constant", "--warmup", "0", "--clip", "0", "--wd", str(wd),
@@ -179,7 +230,6 @@ def check_one(torch, args, precision, ref):
                 os.path.join(work, "b.log"))
         with open(metrics) as f:
             rows = [ref.read_metrics_row(line) for line in f if line.strip()]
-        tokens = ref.read_tokens(data)
         p0 = ref.read_safetensors(torch, os.path.join(init, "model.safetensors"))
         p_strata = ref.read_safetensors(torch, os.path.join(work, "b", "latest",
                                                             "model.safetensors"))
@@ -201,13 +251,18 @@ def check_one(torch, args, precision, ref):
         return 1
     table = ref.Table()
     for s in range(steps):
-        x, y = ref.contiguous_batch(torch, tokens, B, T, s)
         opt.zero_grad(set_to_none=True)
         if bf16:
             w = {n: p[n].detach().bfloat16().float().requires_grad_(True) for n in ns}
         else:
             w = p
-        lv = loss(torch, w, c, x, y)
+        if masked:  # the step's counted targets over its A micro-batches
+            mbs = [masked_batch(torch, tokens, mask, B // A, T, s * A + a) for a in range(A)]
+            count = sum(int((y != -100).sum()) for _, y in mbs)
+            lv = sum(loss_sum(torch, w, c, x, y) for x, y in mbs) / count
+        else:
+            x, y = ref.contiguous_batch(torch, tokens, B, T, s)
+            lv = loss(torch, w, c, x, y)
         lv.backward()
         if bf16:
             for n in ns:
@@ -230,6 +285,6 @@ def check_one(torch, args, precision, ref):
     table.row("update, all tensors", "", total, bar_total)
     table.row("update, worst tensor", f"{worst_name[-28:]:>29}", worst, bar_worst)
     print(f"torch-ref check: {'FAIL' if table.fails else 'ok'} ({steps} steps of {model}, "
-          f"B={B} T={T}, W {precision}, AdamW lr {lr} wd {wd}; strata on {args.device}, "
+          f"B={B} T={T}{', masked, 2 micro-batches' if masked else ''}, W {precision}, AdamW lr {lr} wd {wd}; strata on {args.device}, "
           f"PyTorch {torch.__version__} on cpu)")
     return 1 if table.fails else 0

@@ -36,6 +36,7 @@
 
 #include "strata/common.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,18 @@ struct st_dataset;
  * errno of open/mmap. */
 int st_dataset_open(struct st_dataset **out, const char *path,
 		    enum st_dataset_format format);
+
+/* Several datasets as one, in memory: their tokens in the order given
+ * (the concatenation is one token stream: a window may span the end of one
+ * and the start of the next); the widest token width; a loss mask when one
+ * of them has one (all ones for a part without: every token counts); the
+ * document starts shifted by the tokens before each part, when every part
+ * has them; the tokenizer hash that the parts which know one agree on.
+ * name (e.g. the user's list) names it in errors. The parts stay the
+ * caller's (close them when done). Returns 0, -EINVAL (text mixed with
+ * shards, two tokenizers) or -ENOMEM. */
+int st_dataset_concat(struct st_dataset **out, struct st_dataset *const *parts, int n,
+		      const char *name);
 
 /* Unmap and free. NULL does nothing. */
 void st_dataset_close(struct st_dataset *ds);
@@ -123,10 +136,18 @@ enum st_split {
 	ST_SPLIT_VAL,   /* the last floor(n * val_fraction) tokens */
 };
 
+/* What a row is (docs/finetune.md, "Training on chat data"). */
+enum st_samples {
+	ST_SAMPLES_WINDOWS,   /* a window of T+1 tokens anywhere (text) */
+	ST_SAMPLES_DOCUMENTS, /* whole documents packed in order, in epochs */
+};
+
 struct st_loader_config {
 	uint32_t batch;       /* B rows per batch */
 	uint32_t seq;         /* T tokens per row */
-	int shuffle;          /* 0: contiguous order, 1: seeded random windows */
+	int shuffle;          /* 0: contiguous order, 1: seeded random windows
+				 (documents: each epoch's order shuffled) */
+	enum st_samples samples;
 	uint64_t seed;
 	enum st_split split;
 	double val_fraction;  /* in (0, 1) for TRAIN and VAL; e.g. 0.1 */
@@ -137,10 +158,15 @@ struct st_loader_config {
  * differently. */
 struct st_cursor {
 	uint32_t batch, seq, shuffle;
+	uint32_t samples;            /* enum st_samples */
 	uint64_t seed;
 	uint64_t begin_tok, end_tok; /* the token range [begin, end) sampled */
 	uint64_t step;               /* batches drawn so far */
-	uint64_t rng[4];             /* xoshiro256** state (shuffle only) */
+	uint64_t rng[4];             /* xoshiro256** state (windows, shuffle) */
+	/* documents: the epoch (from 0), the position in its order of the
+	 * document the next row starts with, and the token offset in it of
+	 * the next piece (a multiple of T) */
+	uint64_t epoch, doc, chunk;
 };
 
 /* Bytes of a packed cursor: magic, version and the fields, little-endian. */
@@ -158,17 +184,45 @@ int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes);
 struct st_loader {
 	const struct st_dataset *ds;
 	struct st_cursor cur;
+	uint64_t doc_lo, doc_hi; /* documents: those starting in the range */
 };
 
 /* Set up ld at step 0 of cfg's split. Returns 0, or -EINVAL when B or T is
  * 0, B*T overflows, val_fraction is out of range, or the split holds fewer
- * than T+1 tokens (the detail gives both counts). */
+ * than T+1 tokens (the detail gives both counts); documents: when the file
+ * has no document starts, or no document in the range has a target.
+ *
+ * Documents (ST_SAMPLES_DOCUMENTS): the documents that start in the range
+ * (the last ends at the range's end), in file order or, shuffled, in an
+ * order drawn per epoch from (seed, epoch). A document is cut into pieces
+ * of at most T+1 tokens, piece k starting at token k*T (so each of its
+ * tokens after the first is a target once). A row packs whole pieces in
+ * order while they fit in T+1 tokens; what is left is padding (input 0,
+ * target ignored). No row starts inside a piece, and no target crosses
+ * from one document to the next (a piece's first token is no target).
+ * After the last document the next epoch begins. */
 int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
 		   const struct st_loader_config *cfg);
 
+/* A target the loss mask leaves out: its token's mask byte is 0 (model.h's
+ * ST_TARGET_IGNORED, transformers' -100). */
+#define ST_LOADER_IGNORED (-1)
+
 /* Fill inputs (B,T) and targets (B,T) with the next batch and advance one
- * step. Never fails and never allocates. */
+ * step. Window row b = tokens [s, s+T] gives inputs s..s+T-1 and targets
+ * s+1..s+T; with a loss mask, target j is ST_LOADER_IGNORED when the mask
+ * byte of token s+1+j is 0. Never fails and never allocates. */
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets);
+
+/* Whether a target may be ignored: the dataset has a loss mask, or rows
+ * are documents (their padding). The loss is then the mean over the
+ * counted targets (st_loader_count). */
+bool st_loader_masked(const struct st_loader *ld);
+
+/* The counted targets (mask byte 1; all of them without a mask) of the
+ * next `batches` batches, as st_loader_next() would draw them; the loader
+ * does not move. A masked step's divisor, known before its backward. */
+uint64_t st_loader_count(const struct st_loader *ld, uint32_t batches);
 
 /* Advance one step exactly as st_loader_next() would, filling nothing:
  * the batches another data-parallel rank takes. Never fails. */

@@ -218,6 +218,8 @@ struct st_compute;
  * the device: 4096 rows, so B x T = 8192 costs two); NaN when a copy
  * failed (c's error says why). The heads of the families return it. */
 float st_family_mean_loss(struct st_compute *c, const float *losses, size_t n);
+/* The same sum over div instead of n (a masked step's count). */
+float st_family_sum_loss(struct st_compute *c, const float *losses, size_t n, uint64_t div);
 
 /* A family's workspace, carved into aligned float buffers in order: after
  * st_carver_init(cv, work, work_bytes), each st_carve(cv, n) returns the

@@ -258,12 +258,28 @@ struct st_model_batch {
 	 * a step, with the other device scalars); NULL: the workspace. The
 	 * mean loss is still written where the loss argument asks for it. */
 	float *losses;
+	/* A masked step's count (0: not masked): the number of targets its
+	 * loss divides by, over all of the step's micro-batches and ranks.
+	 * Then a target may be ST_TARGET_IGNORED (a loss-mask 0): its loss is
+	 * 0 and it gives no gradient; the gradients are those of loss_scale *
+	 * (sum of the counted targets' losses) / count (the engine passes
+	 * loss_scale 1: the step's loss is the mean over its counted
+	 * targets, transformers' -100 labels with the total count), and the
+	 * loss written is this micro-batch's sum / count. */
+	uint64_t count;
 };
+
+/* The target of a position the loss mask leaves out (transformers' -100). */
+#define ST_TARGET_IGNORED (-1)
 
 /* The mean of n per-token losses in host memory (batch.losses, read back),
  * as the head computes the mean loss it writes: summed in double, in order,
  * then rounded to float. */
 float st_model_mean_loss(const float *losses, size_t n);
+
+/* Their sum, in order, in double (a masked step's micro-batch: the ignored
+ * targets' losses are 0). */
+double st_model_sum_losses(const float *losses, size_t n);
 
 /* Workspace bytes that fwd and bwd of unit u need at this B and T. The same
  * workspace can serve every unit in turn; its content is scratch. */

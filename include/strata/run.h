@@ -39,6 +39,7 @@ struct st_run_config {
 	 * the checkpoint's configuration and compared at resume. */
 	const char *model_text;
 	bool shuffle;	       /* random windows, or llm.c's order */
+	enum st_samples samples; /* windows, or documents in epochs */
 	const char *init;      /* weights to start from, or NULL */
 	const char *resume;    /* a checkpoint, "auto" (the newest in save), or NULL */
 	const char *save;      /* the checkpoints' DIR, or NULL */

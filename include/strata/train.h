@@ -71,10 +71,13 @@ int st_trainer_read_master(const struct st_trainer *t, int u, float *p);
 int st_trainer_write_master(struct st_trainer *t, int u, const float *p);
 
 struct st_step_result {
-	double loss;       /* mean over the micro-batches */
+	double loss;       /* mean over the micro-batches; a loss mask's: over
+			      the step's counted targets (0 when none) */
 	double grad_norm;  /* before clipping */
 	double lr;
 	bool skipped;      /* a NaN/Inf gradient: no update was made */
+	bool empty;        /* a loss mask left no target in the step: no update
+			      was made */
 	bool in_backward;  /* the engine's --update in-backward: the update
 			      ran in the backward (the speculation held) */
 };
@@ -83,6 +86,12 @@ struct st_step_result {
  * batches drawn from ld. */
 int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 		    struct st_step_result *res);
+
+/* The sum of the counted targets' losses over n_batches drawn from ld
+ * (with a loss mask, the ignored ones give 0) and their count (every target
+ * without a mask): a loss over several calls is sum / count. */
+int st_trainer_eval_sum(struct st_trainer *t, struct st_loader *ld, int n_batches,
+			double *sum, uint64_t *count);
 
 /* Mean loss over n_batches batches from ld, no update. */
 int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,

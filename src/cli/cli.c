@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
+#include <glob.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -195,6 +196,109 @@ struct st_dataset *st_cli_open_data(const char *path, int vocab)
 		st_cli_die(2, "--data %s: token %u is outside the model's vocabulary of %d", path,
 			   st_dataset_max_token(ds), vocab);
 	return ds;
+}
+
+bool st_cli_data_is_list(const char *spec)
+{
+	return strpbrk(spec, ",*?[") != NULL;
+}
+
+static void data_add(const char *path, char ***v, size_t *n)
+{
+	*v = realloc(*v, (*n + 1) * sizeof(**v));
+	if (!*v || !((*v)[*n] = strdup(path)))
+		st_cli_die(1, "out of memory");
+	(*n)++;
+}
+
+/* Append the files of one --data item (a path, or a pattern's matches in
+ * glob's sorted order) to *v. */
+static void data_item(const char *item, char ***v, size_t *n)
+{
+	glob_t g;
+	int rc;
+
+	if (!*item)
+		st_cli_die(2, "--data: an empty name in the list (FILE,FILE,... or a pattern)");
+	if (!strpbrk(item, "*?[")) {
+		data_add(item, v, n);
+		return;
+	}
+	rc = glob(item, 0, NULL, &g);
+	if (rc == GLOB_NOMATCH)
+		st_cli_die(2, "--data %s: the pattern matches no file", item);
+	if (rc != 0)
+		st_cli_die(1, "--data %s: %s", item,
+			   rc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
+	for (size_t i = 0; i < g.gl_pathc; i++) /* a match is a name, not a pattern */
+		data_add(g.gl_pathv[i], v, n);
+	globfree(&g);
+}
+
+/* What st_cli_open_data_list holds while it works: in a static, so that
+ * what an exit on a bad file leaves is reachable (LeakSanitizer). */
+static struct {
+	char *copy, **files;
+	size_t n;
+	struct st_dataset **parts;
+} data_list;
+
+struct st_dataset *st_cli_open_data_list(const char *spec, int vocab)
+{
+	struct st_dataset *ds;
+	char *save = NULL;
+
+	if (!st_cli_data_is_list(spec))
+		return st_cli_open_data(spec, vocab);
+	if (*spec == ',' || spec[strlen(spec) - 1] == ',' || strstr(spec, ",,"))
+		st_cli_die(2, "--data %s: an empty name in the list (FILE,FILE,... or a pattern)",
+			   spec);
+	if (!(data_list.copy = strdup(spec)))
+		st_cli_die(1, "out of memory");
+	for (char *it = strtok_r(data_list.copy, ",", &save); it; it = strtok_r(NULL, ",", &save))
+		data_item(it, &data_list.files, &data_list.n);
+	data_list.parts = calloc(data_list.n, sizeof(*data_list.parts));
+	if (!data_list.parts)
+		st_cli_die(1, "out of memory");
+	for (size_t i = 0; i < data_list.n; i++)
+		data_list.parts[i] = st_cli_open_data(data_list.files[i], vocab);
+	if (st_dataset_concat(&ds, data_list.parts, (int)data_list.n, spec) < 0)
+		st_cli_die(2, "--data %s: %s", spec, st_error_last());
+	for (size_t i = 0; i < data_list.n; i++) {
+		st_dataset_close(data_list.parts[i]);
+		free(data_list.files[i]);
+	}
+	free(data_list.parts);
+	free(data_list.files);
+	free(data_list.copy);
+	memset(&data_list, 0, sizeof(data_list));
+	return ds;
+}
+
+void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *data,
+				  const char *tok)
+{
+	const uint64_t made_by = st_dataset_ext(ds).tokenizer_hash;
+	char json[4200], dir[4200];
+	struct stat sb;
+	uint64_t h;
+
+	if (!made_by || !tok) /* unknown (a plain llm.c shard), or no tokenizer */
+		return;
+	if (stat(tok, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+		snprintf(dir, sizeof(dir), "%s", tok);
+		snprintf(json, sizeof(json), "%s/tokenizer.json", tok);
+	} else { /* strata tokenize takes the file too */
+		snprintf(dir, sizeof(dir), "%s", tok);
+		snprintf(json, sizeof(json), "%s", tok);
+	}
+	if (st_file_hash(json, &h) < 0)
+		st_cli_die(1, "%s", st_error_last());
+	if (h != made_by)
+		st_cli_die(2, "--data %s was made by another tokenizer (hash %016llx) than the "
+			   "model's %s (%016llx): make it again with strata tokenize --tokenizer "
+			   "%s --out FILE.bin TEXT...", data, (unsigned long long)made_by, json,
+			   (unsigned long long)h, dir);
 }
 
 void st_cli_progress(struct st_cli_progress *p, const char *what, double done, double total,

@@ -88,6 +88,18 @@ void st_cli_check_dirs(const char *flag, const char *list, bool writable);
 void set_threads_cli(int n);
 /* Open a token file for a model of the given vocabulary, or exit 2. */
 struct st_dataset *st_cli_open_data(const char *path, int vocab);
+/* A --data list: FILE[,FILE...], each a path or a glob(3) pattern (its
+ * matches sorted, as glob sorts them), read in that order as one token
+ * stream (st_dataset_concat); a single path is st_cli_open_data's. Exit 2
+ * on a bad list, a pattern without a match or a bad file. */
+struct st_dataset *st_cli_open_data_list(const char *spec, int vocab);
+/* Exit 2, naming the strata tokenize command to run, when ds records a
+ * tokenizer (hash non-zero) other than tok's: a tokenizer.json, or a
+ * folder holding one. tok NULL or an unknown hash (0): nothing to check. */
+void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *data,
+				  const char *tok);
+/* Whether spec is a list or a pattern (not one file's name). */
+bool st_cli_data_is_list(const char *spec);
 
 /* Progress of long work on stderr: st_cli_progress(&p, "eval", done,
  * total, "batches") prints "eval: 12 of 100 batches, ETA 1m05s" at most

@@ -44,7 +44,12 @@ int st_cli_eval(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
 		switch (c) {
 		case 'c': ckpt = optarg; break;
-		case 'd': data = optarg; break;
+		case 'd':
+			if (data)
+				st_cli_die(2, "eval: --data given twice (%s, then %s): name several "
+					   "files in one --data FILE,FILE or a pattern", data, optarg);
+			data = optarg;
+			break;
 		case 'B': B = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
 		case 'T': T = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
 		case 'n': nb = (int)st_cli_long("--batches", optarg, 1, 1 << 30); break;
@@ -75,7 +80,10 @@ int st_cli_eval(int argc, char **argv)
 			       "(config.json beside it), an llm.c model file.\n"
 			       "--data: an llm.c token shard, or text: bytes for a byte-level model,\n"
 			       "else tokenized (one document) with --tokenizer or the tokenizer.json\n"
-			       "beside the checkpoint (as strata generate finds it).\n");
+			       "beside the checkpoint (as strata generate finds it); several shards\n"
+			       "as FILE,FILE,... or a pattern ('dir/*.bin', sorted), read as one.\n"
+			       "A shard's loss mask is honoured: the mean over its counted targets.\n"
+			       "A shard made by another tokenizer than the model's is refused.\n");
 			return 0;
 		default: st_cli_bad_option("eval", longs, argv[optind - 1]);
 		}
@@ -94,7 +102,8 @@ int st_cli_eval(int argc, char **argv)
 	/* text for a tokenizer: an explicit --tokenizer, or a model that is
 	 * not byte-level with a tokenizer beside it; a token shard as it is */
 	tk = NULL;
-	if (tok_path || cfg.model.vocab != 256) {
+	/* a list of files or a pattern: token shards (or text read as bytes) */
+	if ((tok_path || cfg.model.vocab != 256) && !st_cli_data_is_list(data)) {
 		struct st_dataset *probe;
 		size_t dl = strlen(data);
 		/* a .bin is a shard, broken or not (st_cli_open_data says why) */
@@ -124,8 +133,15 @@ int st_cli_eval(int argc, char **argv)
 		unlink(shard);
 		st_cli_at_die(NULL);
 		st_tokenizer_close(tk);
-	} else
-		ds = st_cli_open_data(data, cfg.model.vocab);
+	} else {
+		char tdir[4096];
+
+		ds = st_cli_open_data_list(data, cfg.model.vocab);
+		/* a shard made by another tokenizer than the model's */
+		st_cli_check_shard_tokenizer(ds, data, tok_path ? tok_path
+					     : st_cli_tokenizer_dir(ckpt, tdir, sizeof(tdir)) ? tdir
+					     : NULL);
+	}
 	avail = st_dataset_tokens(ds) > 1 ? (st_dataset_tokens(ds) - 1) / ((uint64_t)B * T) : 0;
 	if (avail == 0)
 		st_cli_die(2, "--data %s: fewer than B*T+1 = %d tokens", data, B * T + 1);
@@ -150,16 +166,24 @@ int st_cli_eval(int argc, char **argv)
 		/* batch by batch, for the progress: the same sum, in the same
 		 * order, as st_trainer_eval over all nb */
 		struct st_cli_progress pr = { 0 };
+		const bool masked = st_loader_masked(&ld);
 		double sum = 0, l;
+		uint64_t counted = 0, c;
 
 		st_cli_progress(&pr, "eval", 0, nb, "batches"); /* the clock starts */
 		for (int i = 0; i < nb; i++) {
-			if (st_trainer_eval(t, &ld, 1, &l) < 0)
+			/* a loss mask: the mean over every counted target */
+			if ((masked ? st_trainer_eval_sum(t, &ld, 1, &l, &c)
+				    : st_trainer_eval(t, &ld, 1, &l)) < 0)
 				st_cli_die(1, "%s", st_error_last());
 			sum += l;
+			counted += masked ? c : 0;
 			st_cli_progress(&pr, "eval", i + 1, nb, "batches");
 		}
-		loss = sum / nb;
+		if (masked && !counted)
+			st_cli_die(2, "eval: --data %s: the loss mask counts no target in %d batches",
+				   data, nb);
+		loss = masked ? sum / (double)counted : sum / nb;
 	}
 	if (!isfinite(loss)) /* finite weights whose forward overflows */
 		st_cli_die(1, "eval: --ckpt %s: the loss over %d batches is %s: the model's values "

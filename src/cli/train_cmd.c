@@ -54,11 +54,20 @@ static void train_usage(FILE *f)
 "                       llm.c model file (gpt2_124M.bin); without --model, the model they\n"
 "                       say (config.json, llm.c header); with --save, the tokenizer files\n"
 "                       beside it are copied into the --save DIR\n"
-"  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard\n"
+"  --data FILE          raw text/bytes (vocab 256) or an llm.c .bin token shard; several\n"
+"                       as FILE,FILE,... or a pattern ('dir/*.bin', sorted): one token\n"
+"                       stream in that order. A shard's loss mask is honoured (the loss:\n"
+"                       the mean over the step's counted targets); one made by another\n"
+"                       tokenizer than the model's is refused (docs/finetune.md)\n"
 "  --batch B --seq T    sequences per micro-batch, tokens per sequence (default 8, 128)\n"
 "  --grad-accum N|auto  micro-batches per step (default 1); auto: what strata plan\n"
 "                       --grad-accum auto takes (compute-bound, or near the best tok/s)\n"
-"  --shuffle on|off     random windows, or llm.c's contiguous order (default on)\n"
+"  --shuffle on|off     random windows, or llm.c's contiguous order (default on);\n"
+"                       documents: each epoch's order shuffled, or the file's\n"
+"  --samples windows|documents\n"
+"                       a row is a window of T+1 tokens anywhere (default), or whole\n"
+"                       documents of the shard packed in order, in epochs (a long one\n"
+"                       in pieces of T+1 tokens; docs/finetune.md)\n"
 "device and tiers\n"
 "  --device auto|cpu|cpu-strict|cuda  where the model runs (default $ST_DEVICE, else\n"
 "                       auto: cuda when a GPU is usable, else cpu; said before the plan)\n"
@@ -625,7 +634,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
-		{ "shard-size", 1, 0, 1000 },
+		{ "shard-size", 1, 0, 1000 }, { "samples", 1, 0, 1040 },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
@@ -642,6 +651,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 	struct st_run_config *rc = &a->run;
 	struct st_engine_config *ec = &rc->engine;
 	struct st_train_config *cfg = &ec->train;
+	const char *data_seen = NULL;
 	int c;
 
 	*a = (struct train_args){
@@ -665,8 +675,12 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 				st_cli_die(2, "--model %s: %s", optarg, st_error_last());
 			rc->model_text = optarg;
 			break;
-		case 'd':
-			rc->data_name = optarg;
+		case 'd': /* one --data, a list in it: not a silent replacement */
+			if (data_seen)
+				st_cli_die(2, "--data given twice (%s, then %s): name several "
+					   "files in one --data FILE,FILE or a pattern", data_seen,
+					   optarg);
+			rc->data_name = data_seen = optarg;
 			a->data_given = true;
 			break;
 		case 'B': cfg->batch = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
@@ -716,6 +730,14 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 				rc->shuffle = false;
 			else
 				st_cli_die(2, "--shuffle %s: expected on or off", optarg);
+			break;
+		case 1040:
+			if (strcmp(optarg, "documents") == 0)
+				rc->samples = ST_SAMPLES_DOCUMENTS;
+			else if (strcmp(optarg, "windows") == 0)
+				rc->samples = ST_SAMPLES_WINDOWS;
+			else
+				st_cli_die(2, "--samples %s: expected documents or windows", optarg);
 			break;
 		case 'j': a->threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
 		case 'o': rc->save = optarg; break;
@@ -988,7 +1010,16 @@ int st_cli_train(int argc, char **argv)
 	train_check_run(&a);
 	set_threads_cli(a.threads);
 	train_check_data(&a);
-	ds = st_cli_open_data(rc->data_name, cfg->model.vocab);
+	ds = st_cli_open_data_list(rc->data_name, cfg->model.vocab);
+	{ /* a shard made by another tokenizer than the model's */
+		const char *from = rc->init ? rc->init
+				   : !rc->resume ? NULL
+				   : strcmp(rc->resume, "auto") ? rc->resume : rc->save;
+		char tdir[4096];
+
+		if (from && st_cli_tokenizer_dir(from, tdir, sizeof(tdir)))
+			st_cli_check_shard_tokenizer(ds, rc->data_name, tdir);
+	}
 	if (rc->init && cfg->model.vocab != 256 && st_dataset_format(ds) == ST_DATASET_BYTES) {
 		char tdir[4096];
 

@@ -30,6 +30,7 @@ struct st_dataset {
 	uint64_t n_tokens;
 	uint32_t max_token;
 	struct st_shard_ext ext; /* pointers into map */
+	bool owned;             /* map is malloc'd (st_dataset_concat) */
 };
 
 static inline uint32_t tok(const struct st_dataset *ds, uint64_t i)
@@ -314,11 +315,128 @@ int st_dataset_open(struct st_dataset **out, const char *path,
 	return 0;
 }
 
+/* Token i of part p as the concatenation's width w holds it. */
+static void put_tok(uint8_t *dst, unsigned w, uint32_t v)
+{
+	for (unsigned b = 0; b < w; b++)
+		dst[b] = (uint8_t)(v >> (8 * b));
+}
+
+/* The concatenation's extension: one tokenizer hash (the known ones
+ * agree), a mask when a part has one (all ones for a part without), the
+ * document starts when every part has them. */
+static int concat_ext(struct st_dataset *const *parts, int n, uint64_t *hash, bool *mask,
+		      bool *docs, uint64_t *n_docs)
+{
+	int known = -1;
+
+	*hash = 0;
+	*mask = false;
+	*docs = true;
+	*n_docs = 0;
+	for (int i = 0; i < n; i++) {
+		const struct st_shard_ext *e = &parts[i]->ext;
+
+		if (parts[i]->format != parts[0]->format)
+			return st_error_set(-EINVAL, "%s is %s, %s is %s: several files are all "
+					    "token shards or all text", parts[0]->path,
+					    parts[0]->format == ST_DATASET_LLMC ? "a token shard"
+										: "text",
+					    parts[i]->path,
+					    parts[i]->format == ST_DATASET_LLMC ? "a token shard"
+										: "text");
+		if (e->tokenizer_hash && known >= 0 && e->tokenizer_hash != *hash)
+			return st_error_set(-EINVAL, "%s and %s were made by different "
+					    "tokenizers (hash %016llx and %016llx)",
+					    parts[known]->path, parts[i]->path,
+					    (unsigned long long)*hash,
+					    (unsigned long long)e->tokenizer_hash);
+		if (e->tokenizer_hash && known < 0) {
+			known = i;
+			*hash = e->tokenizer_hash;
+		}
+		*mask |= e->mask != NULL;
+		*docs &= e->doc_starts != NULL;
+		*n_docs += e->n_docs;
+	}
+	if (!*docs)
+		*n_docs = 0;
+	return 0;
+}
+
+int st_dataset_concat(struct st_dataset **out, struct st_dataset *const *parts, int n,
+		      const char *name)
+{
+	struct st_dataset *ds;
+	uint64_t total = 0, hash, n_docs, off = 0, d = 0;
+	unsigned w = 1;
+	bool mask, docs;
+	size_t bytes;
+	int err;
+
+	*out = NULL;
+	if (n < 1)
+		return st_error_set(-EINVAL, "%s: no files", name);
+	err = concat_ext(parts, n, &hash, &mask, &docs, &n_docs);
+	if (err)
+		return err;
+	for (int i = 0; i < n; i++) {
+		total += parts[i]->n_tokens;
+		w = ST_MAX(w, parts[i]->tok_bytes);
+	}
+	/* tokens, then the mask, then the starts (8-aligned) */
+	bytes = (size_t)pad8(total * w + (mask ? total : 0)) + (size_t)(8 * n_docs);
+	ds = calloc(1, sizeof(*ds));
+	if (ds) {
+		ds->path = strdup(name);
+		ds->map = malloc(bytes ? bytes : 1);
+	}
+	if (!ds || !ds->path || !ds->map) {
+		if (ds)
+			free(ds->map);
+		st_dataset_close(ds);
+		return st_error_set(-ENOMEM, "%s: out of memory for %llu tokens", name,
+				    (unsigned long long)total);
+	}
+	ds->owned = true;
+	ds->format = parts[0]->format;
+	ds->n_tokens = total;
+	ds->tok_bytes = w;
+	ds->tokens = ds->map;
+	ds->ext.tokenizer_hash = hash;
+	if (mask)
+		ds->ext.mask = (uint8_t *)ds->map + total * w;
+	if (docs && n_docs) {
+		ds->ext.doc_starts = (const uint64_t *)(const void *)((uint8_t *)ds->map +
+								      pad8(total * w + (mask ? total : 0)));
+		ds->ext.n_docs = n_docs;
+	}
+	for (int i = 0; i < n; i++) {
+		const struct st_dataset *p = parts[i];
+		uint8_t *dst = (uint8_t *)ds->map + off * w;
+
+		for (uint64_t t = 0; t < p->n_tokens; t++)
+			put_tok(dst + t * w, w, tok(p, t));
+		if (mask && p->ext.mask)
+			memcpy((uint8_t *)ds->ext.mask + off, p->ext.mask, p->n_tokens);
+		else if (mask)
+			memset((uint8_t *)ds->ext.mask + off, 1, p->n_tokens);
+		for (uint64_t k = 0; ds->ext.doc_starts && k < p->ext.n_docs; k++)
+			((uint64_t *)ds->ext.doc_starts)[d++] = off + p->ext.doc_starts[k];
+		ds->max_token = ST_MAX(ds->max_token, p->max_token);
+		off += p->n_tokens;
+	}
+	*out = ds;
+	return 0;
+}
+
 void st_dataset_close(struct st_dataset *ds)
 {
 	if (!ds)
 		return;
-	if (ds->map)
+	if (ds->map && ds->owned)
+		free(ds->map);
+	else if (ds->map)
 		munmap(ds->map, ds->map_bytes);
 	free(ds->path);
 	free(ds);
@@ -528,6 +646,162 @@ static void cursor_seed(struct st_cursor *c)
 	for (int i = 0; i < 4; i++)
 		c->rng[i] = splitmix64(&x);
 	c->step = 0;
+	c->epoch = c->doc = c->chunk = 0;
+}
+
+/* ---- documents --------------------------------------------------------- */
+
+/* Position i of epoch e's document order over n documents: a Feistel
+ * permutation of [0, 4^h) keyed by (seed, epoch), walked until it lands in
+ * [0, n) (a bijection of [0, n)); no table, so the loader owns nothing. */
+static uint64_t permute(uint64_t i, uint64_t n, uint64_t seed, uint64_t epoch)
+{
+	unsigned h = 1;
+
+	while (h < 31 && (1ull << (2 * h)) < n)
+		h++;
+	const uint64_t m = (1ull << h) - 1, key = seed ^ (epoch * 0x9e3779b97f4a7c15ull);
+
+	do {
+		uint64_t l = i >> h, r = i & m;
+
+		for (uint64_t k = 0; k < 4; k++) {
+			uint64_t x = key + k * 0xbf58476d1ce4e5b9ull + r, t = r;
+
+			r = l ^ (splitmix64(&x) & m);
+			l = t;
+		}
+		i = l << h | r;
+	} while (i >= n);
+	return i;
+}
+
+/* The current document's tokens [*a, *b) (clipped to the range). */
+static void doc_span(const struct st_loader *ld, uint64_t *a, uint64_t *b)
+{
+	const struct st_shard_ext *e = &ld->ds->ext;
+	const struct st_cursor *c = &ld->cur;
+	const uint64_t n = ld->doc_hi - ld->doc_lo;
+	const uint64_t d = ld->doc_lo + (c->shuffle ? permute(c->doc, n, c->seed, c->epoch) : c->doc);
+
+	*a = e->doc_starts[d];
+	*b = d + 1 < e->n_docs ? e->doc_starts[d + 1] : ld->ds->n_tokens;
+	*b = ST_MIN(*b, c->end_tok);
+}
+
+/* The next piece: the current document from its chunk, at most T+1
+ * tokens; [*a, *b). */
+static void piece(const struct st_loader *ld, uint64_t *a, uint64_t *b)
+{
+	uint64_t d0, d1;
+
+	doc_span(ld, &d0, &d1);
+	*a = d0 + ld->cur.chunk;
+	*b = ST_MIN(d1, *a + ld->cur.seq + 1);
+}
+
+/* Past the piece [a, b): on in the document by T (the next piece starts
+ * at this one's last token, which was a target here and is an input
+ * there), or on to the next document, the next epoch after the last. */
+static void piece_done(struct st_loader *ld, uint64_t b)
+{
+	struct st_cursor *c = &ld->cur;
+	uint64_t d0, d1;
+
+	doc_span(ld, &d0, &d1);
+	if (b < d1) {
+		c->chunk += c->seq;
+		return;
+	}
+	c->chunk = 0;
+	if (++c->doc == ld->doc_hi - ld->doc_lo) {
+		c->doc = 0;
+		c->epoch++;
+	}
+}
+
+/* One row: whole pieces packed in order while they fit in T+1 tokens, the
+ * rest padding (input 0, target ignored); a piece's first token is no
+ * target (the targets stay within a document). in, tg NULL: only counted.
+ * Returns the row's counted targets. */
+static uint64_t doc_row(struct st_loader *ld, int32_t *in, int32_t *tg)
+{
+	const struct st_dataset *ds = ld->ds;
+	const uint32_t T = ld->cur.seq;
+	uint64_t used = 0, counted = 0;
+
+	for (uint32_t j = 0; in && j < T; j++) {
+		in[j] = 0;
+		tg[j] = ST_LOADER_IGNORED;
+	}
+	for (;;) {
+		uint64_t a, b;
+
+		piece(ld, &a, &b);
+		if (b - a < 2) { /* a document of one token: no target */
+			piece_done(ld, b);
+			continue;
+		}
+		if (used && used + (b - a) > (uint64_t)T + 1)
+			break;
+		for (uint64_t i = a; i < b; i++, used++) {
+			bool counts = i > a && (!ds->ext.mask || ds->ext.mask[i]);
+
+			if (in && used < T)
+				in[used] = (int32_t)tok(ds, i);
+			if (in && counts)
+				tg[used - 1] = (int32_t)tok(ds, i);
+			counted += counts;
+		}
+		piece_done(ld, b);
+		if (used == (uint64_t)T + 1)
+			break;
+	}
+	return counted;
+}
+
+/* A batch of B rows (into in, tg when not NULL); its counted targets. */
+static uint64_t doc_batch(struct st_loader *ld, int32_t *in, int32_t *tg)
+{
+	const uint32_t B = ld->cur.batch, T = ld->cur.seq;
+	uint64_t counted = 0;
+
+	for (uint32_t r = 0; r < B; r++)
+		counted += doc_row(ld, in ? in + (size_t)r * T : NULL,
+				   tg ? tg + (size_t)r * T : NULL);
+	ld->cur.step++;
+	return counted;
+}
+
+/* The documents that start in the range; refuses a shard without
+ * document starts, or a range where none has a target. */
+static int docs_init(struct st_loader *ld)
+{
+	const struct st_dataset *ds = ld->ds;
+	const struct st_shard_ext *e = &ds->ext;
+	const struct st_cursor *c = &ld->cur;
+	bool any = false;
+
+	if (!e->doc_starts)
+		return st_error_set(-EINVAL, "%s: --samples documents: the file has no "
+				    "document starts (a token shard from strata tokenize has "
+				    "them; --samples windows reads any file)", ds->path);
+	ld->doc_lo = ld->doc_hi = 0;
+	while (ld->doc_lo < e->n_docs && e->doc_starts[ld->doc_lo] < c->begin_tok)
+		ld->doc_lo++;
+	ld->doc_hi = ld->doc_lo;
+	while (ld->doc_hi < e->n_docs && e->doc_starts[ld->doc_hi] < c->end_tok) {
+		uint64_t end = ld->doc_hi + 1 < e->n_docs ? e->doc_starts[ld->doc_hi + 1]
+							   : ds->n_tokens;
+
+		any |= ST_MIN(end, c->end_tok) - e->doc_starts[ld->doc_hi] >= 2;
+		ld->doc_hi++;
+	}
+	if (!any)
+		return st_error_set(-EINVAL, "%s: --samples documents: no document of two "
+				    "tokens or more in the %s", ds->path,
+				    c->begin_tok ? "val split" : "range read");
+	return 0;
 }
 
 static const char *split_name(enum st_split s)
@@ -561,6 +835,8 @@ int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
 	c.batch = cfg->batch;
 	c.seq = cfg->seq;
 	c.shuffle = cfg->shuffle ? 1 : 0;
+	c.samples = cfg->samples == ST_SAMPLES_DOCUMENTS ? ST_SAMPLES_DOCUMENTS
+							 : ST_SAMPLES_WINDOWS;
 	c.seed = cfg->seed;
 	c.begin_tok = cfg->split == ST_SPLIT_VAL ? n - n_val : 0;
 	c.end_tok = cfg->split == ST_SPLIT_TRAIN ? n - n_val : n;
@@ -573,31 +849,39 @@ int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
 	cursor_seed(&c);
 	ld->ds = ds;
 	ld->cur = c;
-	return 0;
+	return c.samples == ST_SAMPLES_DOCUMENTS ? docs_init(ld) : 0;
+}
+
+/* Row b's first token, relative to the range (a shuffled cursor draws). */
+static uint64_t row_start(struct st_cursor *c, uint32_t b)
+{
+	const uint64_t n = c->end_tok - c->begin_tok;
+
+	if (c->shuffle) /* Whole windows only: no wrap across the end. */
+		return uniform(c->rng, n - c->seq);
+	/* (s*B + b) * T mod n; 128 bits so no step overflows. */
+	unsigned __int128 row = (unsigned __int128)c->step * c->batch + b;
+
+	return (uint64_t)((row * c->seq) % n);
 }
 
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 {
 	const struct st_dataset *ds = ld->ds;
+	const uint8_t *mask = ds->ext.mask;
 	struct st_cursor *c = &ld->cur;
 	const uint64_t n = c->end_tok - c->begin_tok;
 	const uint32_t B = c->batch, T = c->seq;
 
+	if (c->samples == ST_SAMPLES_DOCUMENTS) {
+		(void)doc_batch(ld, inputs, targets);
+		return;
+	}
 	// inputs, targets are (B,T)
 	for (uint32_t b = 0; b < B; b++) {
 		int32_t *in = inputs + (size_t)b * T;
 		int32_t *tg = targets + (size_t)b * T;
-		uint64_t at;
-
-		if (c->shuffle) {
-			/* Whole windows only: no wrap across the end. */
-			at = uniform(c->rng, n - T);
-		} else {
-			/* (s*B + b) * T mod n; 128 bits so no step overflows. */
-			unsigned __int128 row = (unsigned __int128)c->step * B + b;
-
-			at = (uint64_t)((row * T) % n);
-		}
+		uint64_t at = row_start(c, b);
 		uint32_t prev = tok(ds, c->begin_tok + at);
 
 		for (uint32_t t = 0; t < T; t++) {
@@ -607,7 +891,9 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 				at = 0;
 			next = tok(ds, c->begin_tok + at);
 			in[t] = (int32_t)prev;
-			tg[t] = (int32_t)next;
+			/* the mask byte of the target's own token */
+			tg[t] = mask && !mask[c->begin_tok + at] ? ST_LOADER_IGNORED
+								 : (int32_t)next;
 			prev = next;
 		}
 	}
@@ -617,11 +903,48 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 void st_loader_skip(struct st_loader *ld)
 {
 	struct st_cursor *c = &ld->cur;
-	const uint64_t n = c->end_tok - c->begin_tok;
 
+	if (c->samples == ST_SAMPLES_DOCUMENTS) {
+		(void)doc_batch(ld, NULL, NULL);
+		return;
+	}
 	for (uint32_t b = 0; c->shuffle && b < c->batch; b++)
-		(void)uniform(c->rng, n - c->seq);
+		(void)row_start(c, b);
 	c->step++;
+}
+
+bool st_loader_masked(const struct st_loader *ld)
+{
+	/* documents pad their rows with ignored targets */
+	return ld->ds->ext.mask != NULL || ld->cur.samples == ST_SAMPLES_DOCUMENTS;
+}
+
+uint64_t st_loader_count(const struct st_loader *ld, uint32_t batches)
+{
+	const uint8_t *mask = ld->ds->ext.mask;
+	struct st_cursor c = ld->cur;
+	const uint64_t n = c.end_tok - c.begin_tok;
+	uint64_t count = 0;
+
+	if (c.samples == ST_SAMPLES_DOCUMENTS) {
+		struct st_loader copy = *ld;
+
+		for (uint32_t i = 0; i < batches; i++)
+			count += doc_batch(&copy, NULL, NULL);
+		return count;
+	}
+
+	for (uint32_t i = 0; i < batches; i++, c.step++)
+		for (uint32_t b = 0; b < c.batch; b++) {
+			uint64_t at = row_start(&c, b);
+
+			for (uint32_t t = 0; t < c.seq; t++) {
+				if (++at == n)
+					at = 0;
+				count += mask ? mask[c.begin_tok + at] : 1;
+			}
+		}
+	return count;
 }
 
 void st_loader_rewind(struct st_loader *ld)
@@ -633,6 +956,17 @@ int st_loader_seek(struct st_loader *ld, const struct st_cursor *c)
 {
 	const struct st_cursor *h = &ld->cur;
 
+	if (c->samples != h->samples)
+		return st_error_set(-EINVAL, "%s: cursor was saved with --samples %s; this "
+				    "loader samples %s", ld->ds->path,
+				    c->samples == ST_SAMPLES_DOCUMENTS ? "documents" : "windows",
+				    h->samples == ST_SAMPLES_DOCUMENTS ? "documents" : "windows");
+	if (c->samples == ST_SAMPLES_DOCUMENTS &&
+	    (c->doc >= ld->doc_hi - ld->doc_lo || c->chunk % (c->seq ? c->seq : 1)))
+		return st_error_set(-EINVAL, "%s: cursor's document %llu (chunk %llu) is "
+				    "not one of the %llu read", ld->ds->path,
+				    (unsigned long long)c->doc, (unsigned long long)c->chunk,
+				    (unsigned long long)(ld->doc_hi - ld->doc_lo));
 	if (c->batch != h->batch || c->seq != h->seq ||
 	    c->shuffle != h->shuffle || c->seed != h->seed)
 		return st_error_set(-EINVAL, "%s: cursor was saved with B=%u "
@@ -651,7 +985,8 @@ int st_loader_seek(struct st_loader *ld, const struct st_cursor *c)
 				    (unsigned long long)c->end_tok,
 				    (unsigned long long)h->begin_tok,
 				    (unsigned long long)h->end_tok);
-	if (c->shuffle && !(c->rng[0] | c->rng[1] | c->rng[2] | c->rng[3]))
+	if (c->shuffle && c->samples == ST_SAMPLES_WINDOWS &&
+	    !(c->rng[0] | c->rng[1] | c->rng[2] | c->rng[3]))
 		return st_error_set(-EINVAL, "%s: cursor's generator state is "
 				    "all zero", ld->ds->path);
 	ld->cur = *c;
@@ -661,7 +996,8 @@ int st_loader_seek(struct st_loader *ld, const struct st_cursor *c)
 /* ---- cursor serialisation ---------------------------------------------- */
 
 #define ST_CURSOR_MAGIC 0x52435453u /* "STCR" */
-#define ST_CURSOR_VERSION 1u
+#define ST_CURSOR_VERSION 1u      /* windows */
+#define ST_CURSOR_VERSION_DOCS 2u /* documents */
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -686,22 +1022,28 @@ static uint64_t get64(const uint8_t *p)
 	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
 }
 
-/* Layout: magic, version, B, T, shuffle, 0 (u32 each); seed, begin, end,
- * step, rng[4] (u64 each); XXH64 of the 88 bytes before it. */
+/* Layout: magic, version, B, T, shuffle, samples (u32 each; samples 0 in
+ * version 1); seed, begin, end, step (u64 each); then rng[4] (windows,
+ * version 1) or epoch, doc, chunk, 0 (documents, version 2; u64 each);
+ * XXH64 of the 88 bytes before it. Windows still write version 1, so their
+ * cursors are the bytes they always were. */
 void st_cursor_pack(const struct st_cursor *c, uint8_t *out)
 {
+	const bool docs = c->samples == ST_SAMPLES_DOCUMENTS;
+	const uint64_t d[4] = { c->epoch, c->doc, c->chunk, 0 };
+
 	put32(out + 0, ST_CURSOR_MAGIC);
-	put32(out + 4, ST_CURSOR_VERSION);
+	put32(out + 4, docs ? ST_CURSOR_VERSION_DOCS : ST_CURSOR_VERSION);
 	put32(out + 8, c->batch);
 	put32(out + 12, c->seq);
 	put32(out + 16, c->shuffle);
-	put32(out + 20, 0);
+	put32(out + 20, c->samples);
 	put64(out + 24, c->seed);
 	put64(out + 32, c->begin_tok);
 	put64(out + 40, c->end_tok);
 	put64(out + 48, c->step);
 	for (int i = 0; i < 4; i++)
-		put64(out + 56 + 8 * i, c->rng[i]);
+		put64(out + 56 + 8 * i, docs ? d[i] : c->rng[i]);
 	put64(out + 88, XXH64(out, 88, 0));
 }
 
@@ -712,12 +1054,20 @@ int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes)
 				    bytes, ST_CURSOR_BYTES);
 	if (get32(in) != ST_CURSOR_MAGIC)
 		return st_error_set(-EINVAL, "cursor has a bad magic number");
-	if (get32(in + 4) != ST_CURSOR_VERSION)
-		return st_error_set(-EINVAL, "cursor version %u, expected %u",
-				    get32(in + 4), ST_CURSOR_VERSION);
+	if (get32(in + 4) != ST_CURSOR_VERSION &&
+	    get32(in + 4) != ST_CURSOR_VERSION_DOCS)
+		return st_error_set(-EINVAL, "cursor version %u, expected %u or %u",
+				    get32(in + 4), ST_CURSOR_VERSION,
+				    ST_CURSOR_VERSION_DOCS);
 	if (get64(in + 88) != XXH64(in, 88, 0))
 		return st_error_set(-EINVAL, "cursor checksum mismatch "
 				    "(corrupted)");
+	memset(c, 0, sizeof(*c));
+	c->samples = get32(in + 20);
+	if (c->samples != (get32(in + 4) == ST_CURSOR_VERSION_DOCS
+				   ? ST_SAMPLES_DOCUMENTS : ST_SAMPLES_WINDOWS))
+		return st_error_set(-EINVAL, "cursor version %u with samples %u",
+				    get32(in + 4), c->samples);
 	c->batch = get32(in + 8);
 	c->seq = get32(in + 12);
 	c->shuffle = get32(in + 16);
@@ -725,7 +1075,13 @@ int st_cursor_unpack(struct st_cursor *c, const uint8_t *in, size_t bytes)
 	c->begin_tok = get64(in + 32);
 	c->end_tok = get64(in + 40);
 	c->step = get64(in + 48);
-	for (int i = 0; i < 4; i++)
-		c->rng[i] = get64(in + 56 + 8 * i);
+	if (c->samples == ST_SAMPLES_DOCUMENTS) {
+		c->epoch = get64(in + 56);
+		c->doc = get64(in + 64);
+		c->chunk = get64(in + 72);
+	} else {
+		for (int i = 0; i < 4; i++)
+			c->rng[i] = get64(in + 56 + 8 * i);
+	}
 	return 0;
 }

@@ -526,6 +526,15 @@ void st_family_fill_normal(float *out, size_t n, uint64_t key, double std)
 	}
 }
 
+double st_model_sum_losses(const float *losses, size_t n)
+{
+	double s = 0.0;
+
+	for (size_t i = 0; i < n; i++)
+		s += losses[i];
+	return s;
+}
+
 float st_model_mean_loss(const float *losses, size_t n)
 {
 	double s = 0.0;
@@ -536,6 +545,11 @@ float st_model_mean_loss(const float *losses, size_t n)
 }
 
 float st_family_mean_loss(struct st_compute *c, const float *losses, size_t n)
+{
+	return st_family_sum_loss(c, losses, n, n);
+}
+
+float st_family_sum_loss(struct st_compute *c, const float *losses, size_t n, uint64_t div)
 {
 	float chunk[4096];
 	double s = 0.0;
@@ -549,5 +563,5 @@ float st_family_mean_loss(struct st_compute *c, const float *losses, size_t n)
 		for (size_t i = 0; i < len; i++)
 			s += chunk[i];
 	}
-	return (float)(s / (double)n);
+	return (float)(s / (double)div);
 }

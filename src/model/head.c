@@ -108,7 +108,9 @@ void st_head_run(const struct st_model *m, const struct st_model_batch *b,
 	norm_fwd(&o, h, &w, x, N, C);
 	if (bwd)
 		st_compute_zero(c, w.dxn, sizeof(float) * (size_t)N * C);
-	const float dloss = b->loss_scale / (float)N;
+	/* a masked step divides by its count; the plain rule is unchanged */
+	const float dloss = b->count ? b->loss_scale / (float)b->count
+				     : b->loss_scale / (float)N;
 	/* the chunks, unless the fused op did the whole head */
 	const bool fused = head_ce_fused(&o, h, &w, b->targets, dloss, bwd, N, C, V);
 	for (int r0 = fused ? N : 0; r0 < N; r0 += ST_MODEL_CE_CHUNK_ROWS) {
@@ -131,7 +133,8 @@ void st_head_run(const struct st_model *m, const struct st_model_batch *b,
 		st_mop_gemm(&o, 1, 0, V, C, nr, dlog, V, xr, C, 1.0f, h->dW, C);
 	}
 	if (loss)
-		*loss = st_family_mean_loss(c, w.losses, (size_t)N);
+		*loss = b->count ? st_family_sum_loss(c, w.losses, (size_t)N, b->count)
+				 : st_family_mean_loss(c, w.losses, (size_t)N);
 	if (bwd) {
 		st_compute_zero(c, dx, sizeof(float) * (size_t)N * C);
 		norm_bwd(&o, h, &w, x, dx, N, C);

@@ -257,10 +257,11 @@ size_t st_model_act_bytes(const struct st_model *m, int u, int B, int T)
 
 /* ---- argument checks ------------------------------------------------------------------ */
 
-static int ids_check(const int32_t *ids, size_t n, int V, const char *what)
+/* ignored: the value ST_TARGET_IGNORED passes (targets of a masked batch) */
+static int ids_check(const int32_t *ids, size_t n, int V, const char *what, bool ignored)
 {
 	for (size_t i = 0; i < n; i++)
-		if (ids[i] < 0 || ids[i] >= V)
+		if ((ids[i] < 0 || ids[i] >= V) && !(ignored && ids[i] == ST_TARGET_IGNORED))
 			return st_error_set(-EINVAL, "model: %s[%zu] = %d is outside the vocabulary 0..%d",
 					    what, i, ids[i], V - 1);
 	return 0;
@@ -297,7 +298,7 @@ static int call_check(const struct st_model *m, int u,
 		if (!b->tokens)
 			return st_error_set(-EINVAL, "model: the embedding needs tokens");
 		return ids_check(b->host_tokens ? b->host_tokens : b->tokens, n,
-				 m->cfg.vocab, "tokens");
+				 m->cfg.vocab, "tokens", false);
 	}
 	if (kind == ST_UNIT_HEAD) {
 		if (!b->targets)
@@ -307,7 +308,7 @@ static int call_check(const struct st_model *m, int u,
 			return st_error_set(-EINVAL, "model: loss_scale must be finite and nonzero, got %g",
 					    (double)b->loss_scale);
 		return ids_check(b->host_targets ? b->host_targets : b->targets, n,
-				 m->cfg.vocab, "targets");
+				 m->cfg.vocab, "targets", b->count > 0);
 	}
 	return 0;
 }

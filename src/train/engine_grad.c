@@ -212,7 +212,9 @@ int st_eng_step_scalars(struct st_engine *e, double *loss_sum, double *mean)
 	}
 	ret = st_compute_take_error(e->cx);
 	for (int a = 0; ret == 0 && a < c->grad_accum; a++) {
-		double l = st_model_mean_loss(losses + (size_t)a * n, n);
+		/* masked: the sum, over the step's count later */
+		double l = e->batch.masked ? st_model_sum_losses(losses + (size_t)a * n, n)
+					   : st_model_mean_loss(losses + (size_t)a * n, n);
 
 		*loss_sum += l;
 		if (mean)

@@ -331,6 +331,10 @@ struct batch_state {
 	size_t host_bytes;
 	bool host_pinned;
 	unsigned turn;
+	/* a loss mask (the loader's): count is the step's counted targets
+	 * over its micro-batches and ranks, counted when its first is drawn */
+	bool masked;
+	uint64_t count;
 };
 
 /* --trace: the lanes of the engine's tracks. */

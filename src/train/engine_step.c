@@ -89,8 +89,12 @@ static struct st_model_batch batch_of(const struct st_engine *e)
 
 	return (struct st_model_batch){ .B = c->batch, .T = c->seq, .tokens = e->batch.tokens,
 					.targets = e->batch.targets,
-					/* the mean over every rank's micro-batches */
-					.loss_scale = 1.0f / (float)(c->grad_accum * e->world),
+					/* the mean over every rank's micro-batches; masked:
+					 * over their counted targets (a step with none
+					 * divides by 1, its gradients all 0, and is skipped) */
+					.loss_scale = e->batch.masked ? 1.0f
+						: 1.0f / (float)(c->grad_accum * e->world),
+					.count = e->batch.masked ? ST_MAX(e->batch.count, 1) : 0,
 					.host_tokens = e->batch.tokens_host,
 					.host_targets = e->batch.targets_host };
 }
@@ -109,10 +113,20 @@ static struct st_model_batch batch_mb(const struct st_engine *e, int a)
 	return b;
 }
 
+/* At a step's first draw: a masked step's count, every rank's N
+ * micro-batches from the same cursor (the same on every rank). */
+static void step_count(struct st_engine *e, const struct st_loader *ld)
+{
+	e->batch.masked = st_loader_masked(ld);
+	e->batch.count = e->batch.masked
+		? st_loader_count(ld, (uint32_t)(e->cfg.train.grad_accum * e->world)) : 0;
+}
+
 /* Draw the next batch and start the W fetch sequence over. w_ready is the
  * number of units (from 0) whose W may be fetched now: all of them, except
- * while the update sweep is still writing the new W (fused forward). */
-static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready)
+ * while the update sweep is still writing the new W (fused forward). first:
+ * the step's first micro-batch. */
+static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_ready, bool first)
 {
 	size_t bytes = (size_t)e->cfg.train.batch * e->cfg.train.seq * sizeof(int32_t);
 	unsigned i = e->batch.turn++ % (unsigned)e->batch.n_pairs;
@@ -129,6 +143,8 @@ static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 		return ret;
 	e->batch.tokens_host = e->batch.tokens_buf[i];
 	e->batch.targets_host = e->batch.targets_buf[i];
+	if (first)
+		step_count(e, ld);
 	/* rank r takes micro-batch r of each group of N: N ranks read what
 	 * one reads at N times the micro-batches, in the same order */
 	for (int q = 0; q < e->world; q++)
@@ -313,6 +329,7 @@ static int lf_begin(struct st_engine *e, struct st_loader *ld, int w_ready)
 	uint64_t t0 = st_now_ns();
 	int ret = 0;
 
+	step_count(e, ld);
 	for (int a = 0; a < c->grad_accum && ret == 0; a++) {
 		ret = st_event_sync(e->dev, e->batch.ev_copied[a]);
 		if (ret < 0)
@@ -481,7 +498,7 @@ static int lf_micro_batches(struct st_engine *e, struct st_loader *ld)
  * forward of u runs (the last unit's runs in its backward). */
 static int fused_begin(struct st_engine *e, const struct st_eng_fused_fwd *fwd)
 {
-	return e->layer_first ? lf_begin(e, fwd->ld, 0) : begin_micro_batch(e, fwd->ld, 0);
+	return e->layer_first ? lf_begin(e, fwd->ld, 0) : begin_micro_batch(e, fwd->ld, 0, true);
 }
 
 static int fused_unit_home(struct st_engine *e, int u)
@@ -503,7 +520,7 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld)
 		uint64_t t0 = st_now_ns();
 
 		if (a > 0 || !e->fwd_ready) {
-			ret = begin_micro_batch(e, ld, e->n_units);
+			ret = begin_micro_batch(e, ld, e->n_units, a == 0);
 			for (int u = 0; ret == 0 && u <= e->n_units - 2; u++)
 				ret = forward_unit(e, u);
 			st_eng_phase(e, "forward", a, t0);
@@ -560,15 +577,20 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		if (ret < 0)
 			goto fail;
 	}
-	res->loss = loss_sum / (c->grad_accum * e->world);
+	/* masked: the sums of the counted losses over their count */
+	res->loss = !e->batch.masked ? loss_sum / (c->grad_accum * e->world)
+		    : e->batch.count ? loss_sum / (double)e->batch.count : 0.0;
 	res->lr = st_lr_at(c, step);
 	ret = grad_norm(e, &res->grad_norm);
 	if (ret < 0)
 		goto fail;
 	st_eng_phase(e, "norm", c->grad_accum - 1, tp);
 	tp = st_now_ns();
-	if (isnan(res->grad_norm)) {
-		res->skipped = true;
+	/* a masked step without a counted target has nothing to learn: as a
+	 * skipped one, it drops (or rolls back) the update */
+	res->empty = e->batch.masked && !e->batch.count;
+	if (isnan(res->grad_norm) || res->empty) {
+		res->skipped = !res->empty;
 		ret = e->update.spec_on ? st_eng_spec_finish(e, NULL, NULL, true, &spec_done)
 					: st_eng_update_drop(e);
 		if (ret < 0)

@@ -152,6 +152,8 @@ static char *config_json(const struct st_run_config *rc)
 	json_object_object_add(o, "seed", json_object_new_int64((int64_t)c->seed));
 	json_object_object_add(o, "precision", json_object_new_string(c->bf16 ? "bf16" : "fp32"));
 	json_object_object_add(o, "shuffle", json_object_new_boolean(rc->shuffle));
+	if (rc->samples == ST_SAMPLES_DOCUMENTS) /* absent: windows, as before it existed */
+		json_object_object_add(o, "samples", json_object_new_string("documents"));
 	/* how it computed: not compared at resume (a run may go on in
 	 * another precision), and absent at fp32 as before it existed */
 	if (ec->compute_dtype != ST_PRECISION_FP32)
@@ -183,7 +185,7 @@ static int check_resume_config(const char *saved, const char *now)
 {
 	static const char *keys[] = { "model", "batch", "seq", "grad_accum", "lr", "schedule",
 				      "warmup", "wd", "beta1", "beta2", "eps", "clip", "seed",
-				      "precision", "shuffle" };
+				      "precision", "shuffle", "samples" };
 	json_object *a = saved ? json_tokener_parse(saved) : NULL, *b = json_tokener_parse(now);
 	int ret = 0;
 
@@ -455,7 +457,7 @@ static int run_prepare(struct run *r)
 	const struct st_train_config *tc = &c->engine.train;
 	struct st_loader_config lc = { .batch = (uint32_t)tc->batch, .seq = (uint32_t)tc->seq,
 				       .shuffle = c->shuffle, .seed = tc->seed,
-				       .split = ST_SPLIT_ALL };
+				       .samples = c->samples, .split = ST_SPLIT_ALL };
 	char run_line[8400];
 	int ret;
 
@@ -582,12 +584,24 @@ static int run_open(struct run *r)
 	return 0;
 }
 
+/* --samples documents: the epochs done at the step's end (2.5: half of the
+ * third); -1 for windows. */
+static double epochs_done(const struct run *r)
+{
+	const struct st_cursor *c = st_engine_step_end_cursor(r->e);
+	const uint64_t n = r->ld.doc_hi - r->ld.doc_lo;
+
+	if (c->samples != ST_SAMPLES_DOCUMENTS || !n)
+		return -1;
+	return (double)c->epoch + (double)c->doc / (double)n;
+}
+
 /* A step's progress line (two lines: the loss, then the tiers and links). */
 static void progress_line(struct run *r, int s, const struct st_step_result *st, double val,
 			  const struct st_engine_stats *es, double tps, double dt)
 {
 	const struct st_train_config *tc = &r->ec.train;
-	char u[3][32], pk[3][32], et[32], a[16], b[16], cc[16], d[16];
+	char u[3][32], pk[3][32], et[32], a[16], b[16], cc[16], d[16], ep[32] = "";
 	struct rusage ru;
 
 	for (int h = 0; h < ST_HOME_COUNT; h++) {
@@ -599,11 +613,14 @@ static void progress_line(struct run *r, int s, const struct st_step_result *st,
 
 	if (!isnan(val)) /* an evaluation after this step */
 		snprintf(vl, sizeof(vl), " | val_loss %.6f", val);
-	say(r, "step %*d/%d | loss %.6f%s | lr %.3e | norm %.4f%s | %.0f tok/s | %.2f s | ETA %s\n"
+	if (epochs_done(r) >= 0)
+		snprintf(ep, sizeof(ep), " | epoch %.2f", epochs_done(r));
+	say(r, "step %*d/%d%s | loss %.6f%s | lr %.3e | norm %.4f%s | %.0f tok/s | %.2f s | ETA %s\n"
 	    "    vram %s (peak %s) host %s (peak %s)%s%s%s%s%s | GB/s h2d %s d2h %s "
 	    "nvme r %s w %s | rss %.0f MiB\n",
-	    (int)log10(tc->steps) + 1, s + 1, tc->steps, st->loss, vl, st->lr, st->grad_norm,
-	    st->skipped ? " (non-finite: skipped)" : "", tps, dt,
+	    (int)log10(tc->steps) + 1, s + 1, tc->steps, ep, st->loss, vl, st->lr, st->grad_norm,
+	    st->skipped ? " (non-finite: skipped)"
+	    : st->empty ? " (no target the loss mask counts: skipped)" : "", tps, dt,
 	    st_format_eta((double)(st_now_ns() - r->t0) / 1e9 / (s + 1 - (int)r->start_step) *
 		(tc->steps - s - 1), et, sizeof(et)),
 	    u[0], pk[0], u[1], pk[1], es->has_tier[2] ? " nvme " : "",
@@ -636,7 +653,10 @@ static int metrics_line(struct run *r, int s, const struct st_step_result *st, d
 	       tps * st_model_flops_per_token(st_engine_model(r->e), r->ec.train.seq) / 1e12, nf,
 	       sizeof(nf));
 	metric(mf, "step_s", "%.6f", dt, nf, sizeof(nf));
-	fprintf(mf, "%s%s%s%s%s,\"bytes\":{", st->skipped ? ",\"skipped\":true" : "",
+	if (epochs_done(r) >= 0)
+		fprintf(mf, ",\"epoch\":%.6f", epochs_done(r));
+	fprintf(mf, "%s%s%s%s%s%s,\"bytes\":{", st->empty ? ",\"empty\":true" : "",
+		st->skipped ? ",\"skipped\":true" : "",
 		st->in_backward ? ",\"in_backward\":true" : "", nf[0] ? ",\"nonfinite\":[" : "",
 		nf, nf[0] ? "]" : "");
 	for (int l = ST_LANE_H2D; l <= ST_LANE_NVME_WRITE; l++)

@@ -32,6 +32,7 @@ struct st_trainer {
 	void *work;
 	size_t work_bytes;
 	int32_t *tokens, *targets; /* (B,T) */
+	float *losses;             /* (B,T): the head's per-target losses */
 };
 
 void st_train_config_default(struct st_train_config *c)
@@ -135,6 +136,7 @@ void st_trainer_destroy(struct st_trainer *t)
 	free(t->work);
 	free(t->tokens);
 	free(t->targets);
+	free(t->losses);
 	st_model_destroy(t->model);
 	free(t);
 }
@@ -195,6 +197,7 @@ int st_trainer_create(const struct st_train_config *cfg, struct st_trainer **out
 	t->work = xcalloc(t->work_bytes, 1, &err);
 	t->tokens = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
 	t->targets = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
+	t->losses = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(float), &err);
 	if (err) {
 		st_trainer_destroy(t);
 		return st_error_set(err, "cannot allocate the model's buffers");
@@ -290,11 +293,14 @@ static int forward_body(struct st_trainer *t, const struct st_model_batch *b)
 	return ret;
 }
 
+/* One micro-batch's forward and backward; *loss: its mean loss, or with a
+ * loss mask (count > 0) the sum of its losses (in double, as the engine). */
 static int micro_step(struct st_trainer *t, struct st_loader *ld, float loss_scale,
-		      double *loss)
+		      uint64_t count, double *loss)
 {
 	struct st_model_batch b = { .B = t->cfg.batch, .T = t->cfg.seq, .tokens = t->tokens,
-				    .targets = t->targets, .loss_scale = loss_scale };
+				    .targets = t->targets, .loss_scale = loss_scale,
+				    .losses = t->losses, .count = count };
 	int H = t->U - 1, ret;
 	float l = 0, *dy = NULL, *dx = t->dA;
 
@@ -312,7 +318,7 @@ static int micro_step(struct st_trainer *t, struct st_loader *ld, float loss_sca
 		dy = dx;
 		dx = dx == t->dA ? t->dB : t->dA;
 	}
-	*loss = l;
+	*loss = count ? st_model_sum_losses(t->losses, (size_t)b.B * (size_t)b.T) : l;
 	return ret;
 }
 
@@ -322,6 +328,9 @@ int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 	const struct st_train_config *c = &t->cfg;
 	struct st_adam_step with_wd, without_wd;
 	double loss_sum = 0, sumsq = 0;
+	/* a loss mask: the step's counted targets, the loss's divisor */
+	const bool masked = st_loader_masked(ld);
+	const uint64_t count = masked ? st_loader_count(ld, (uint32_t)c->grad_accum) : 0;
 	int ret;
 
 	memset(res, 0, sizeof(*res));
@@ -330,13 +339,20 @@ int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 	for (int a = 0; a < c->grad_accum; a++) {
 		double l;
 
-		ret = micro_step(t, ld, 1.0f / (float)c->grad_accum, &l);
+		/* masked: loss_scale 1 over the count (1 when none: every
+		 * target ignored, the gradients 0) */
+		ret = micro_step(t, ld, masked ? 1.0f : 1.0f / (float)c->grad_accum,
+				 masked ? ST_MAX(count, 1) : 0, &l);
 		if (ret < 0)
 			return ret;
 		loss_sum += l;
 	}
-	res->loss = loss_sum / c->grad_accum;
+	res->loss = !masked ? loss_sum / c->grad_accum : count ? loss_sum / (double)count : 0.0;
 	res->lr = st_lr_at(c, step);
+	if (masked && !count) { /* nothing to learn: no update */
+		res->empty = true;
+		return 0;
+	}
 	/* Global norm: whole units, in unit order, fp64: deterministic. */
 	for (int u = 0; u < t->U; u++) {
 		double s;
@@ -379,14 +395,45 @@ int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 	return 0;
 }
 
+int st_trainer_eval_sum(struct st_trainer *t, struct st_loader *ld, int n_batches,
+			double *sum, uint64_t *count)
+{
+	/* count 1: the loss written is the batch's sum (unread) */
+	struct st_model_batch b = { .B = t->cfg.batch, .T = t->cfg.seq, .tokens = t->tokens,
+				    .targets = t->targets, .loss_scale = 1.0f,
+				    .losses = t->losses, .count = 1 };
+	const size_t n = (size_t)b.B * (size_t)b.T;
+	int H = t->U - 1, ret = 0;
+
+	*sum = 0;
+	*count = st_loader_count(ld, (uint32_t)ST_MAX(n_batches, 0));
+	for (int i = 0; i < n_batches && ret == 0; i++) {
+		float l = 0;
+
+		st_loader_next(ld, t->tokens, t->targets);
+		ret = forward_body(t, &b);
+		if (ret == 0)
+			ret = st_model_fwd(t->model, H, &b, weights(t, H), other_of(t, H),
+					   act(t, H), NULL, &l, t->work, t->work_bytes);
+		*sum += st_model_sum_losses(t->losses, n);
+	}
+	return ret;
+}
+
 int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
 		    double *mean_loss)
 {
 	struct st_model_batch b = { .B = t->cfg.batch, .T = t->cfg.seq, .tokens = t->tokens,
 				    .targets = t->targets, .loss_scale = 1.0f };
 	double sum = 0;
+	uint64_t count;
 	int H = t->U - 1, ret = 0;
 
+	if (st_loader_masked(ld)) { /* the mean over the counted targets */
+		ret = st_trainer_eval_sum(t, ld, n_batches, &sum, &count);
+		*mean_loss = count ? sum / (double)count : NAN;
+		return ret;
+	}
 	for (int i = 0; i < n_batches && ret == 0; i++) {
 		float l = 0;
 

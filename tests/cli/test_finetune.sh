@@ -129,7 +129,7 @@ print(f"ok   the {arch} export: {sorted(os.listdir(out))}")
 PY
 # the text itself, not its ids, beside a model with a tokenizer: refused,
 # naming strata tokenize
-check "$tok-init-text" 2 "$strata" train --init "$w/ck" "${run[@]}" --data "$my" --steps 1
+check "$tok-init-text" 2 "$strata" train --init "$w/ck" --data "$my" "${run[@]:2}" --steps 1
 grep -q "strata tokenize --tokenizer" "$work/err" || { echo "FAIL init-text: $(cat "$work/err")"; fail=1; }
 check "$tok-init-ck" 0 "$strata" train --init "$w/ck" "${run[@]}" --steps 1 --metrics "$w/a.jsonl"
 check "$tok-init-export" 0 "$strata" train --init "$w/out2" "${run[@]}" --steps 1 --metrics "$w/b.jsonl"

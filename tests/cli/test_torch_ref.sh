@@ -8,7 +8,9 @@
 # host. Then two LLaMA shapes against tools/torch_llama.py: GQA (4 heads
 # over 2) with Qwen2's q/k/v biases, a tied head and llama3 rope scaling,
 # with every state on nvme; MQA with head_dim != dim/heads, an untied head
-# and linear rope scaling. Exits 77 (skipped) where python3 has no PyTorch.
+# and linear rope scaling; then a LLaMA on a shard with a loss mask, two
+# micro-batches a step, against labels -100 (tools/torch-ref check --mask).
+# Exits 77 (skipped) where python3 has no PyTorch.
 set -u
 ref=$1 strata=$2 work=$3
 "$ref" check --strata "$strata" --work "$work" --threads 1 \
@@ -23,4 +25,9 @@ echo
 	--strata-args "--offload-params nvme --offload-optim nvme" || exit $?
 echo
 "$ref" check --strata "$strata" --work "$work" --threads 1 \
-	--model llama:layers=2,dim=64,heads=4,kv-heads=1,head-dim=32,ffn=80,vocab=300,ctx=64,tied=0,rope-scaling=linear:4
+	--model llama:layers=2,dim=64,heads=4,kv-heads=1,head-dim=32,ffn=80,vocab=300,ctx=64,tied=0,rope-scaling=linear:4 || exit $?
+echo
+# a loss mask (docs/finetune.md): labels -100 where the shard's mask is 0,
+# the loss the mean over the step's counted targets of 2 micro-batches
+"$ref" check --strata "$strata" --work "$work" --threads 1 --mask \
+	--model llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,tied=0

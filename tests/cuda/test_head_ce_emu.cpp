@@ -119,7 +119,29 @@ static int expect(const shape &s, const char *what, const std::vector<float> &go
 	return emu_expect_close(label, got, ref, tol);
 }
 
-static int check(const shape &s, uint64_t seed, bool twice)
+/* Rows whose target is -1 (masked out) have loss 0 and add nothing to dx. */
+static int expect_ignored(const shape &s, const char *who, const result &res,
+			  const std::vector<int32_t> &tgt, const std::vector<float> &dx0)
+{
+	int bad = 0;
+	for (int i = 0; i < s.N; i++) {
+		if (tgt[i] >= 0)
+			continue;
+		bad += res.losses[i] != 0.0f;
+		for (int c = 0; c < s.C; c++)
+			bad += res.dx[(size_t)i * s.C + c] != dx0[(size_t)i * s.C + c];
+	}
+	if (bad) {
+		fprintf(stderr, "FAIL %s %s: %d values of ignored rows (target -1) not 0\n", s.name,
+			who, bad);
+		return 1;
+	}
+	if (!getenv("ST_QUIET"))
+		printf("ok   %s %s: ignored rows add nothing\n", s.name, who);
+	return 0;
+}
+
+static int check(const shape &s, uint64_t seed, bool twice, bool masked)
 {
 	emu_rng r(seed);
 	std::vector<uint16_t> x, w;
@@ -131,6 +153,8 @@ static int check(const shape &s, uint64_t seed, bool twice)
 	bf16_fill(w, (size_t)s.V * s.C, wa, r);
 	for (int i = 0; i < s.N; i++)
 		tgt[i] = r.below(s.V);
+	for (int i = 0; masked && i < s.N; i += 3) /* a loss mask: every third row out */
+		tgt[i] = -1;
 	for (auto &v : dx0)
 		v = r.uniform(1.0f);
 	for (auto &v : dw0)
@@ -143,6 +167,10 @@ static int check(const shape &s, uint64_t seed, bool twice)
 	fails += expect(s, "loss", got.losses, ref.losses, 1e-6);
 	fails += expect(s, "dx added", emu_minus(got.dx, dx0), emu_minus(ref.dx, dx0), 1e-4);
 	fails += expect(s, "dW added", emu_minus(got.dw, dw0), emu_minus(ref.dw, dw0), 1e-4);
+	if (masked) {
+		fails += expect_ignored(s, "cpu", ref, tgt, dx0);
+		fails += expect_ignored(s, "emulated", got, tgt, dx0);
+	}
 	if (twice) {
 		const result again = run_emu(s, x, w, tgt, dx0, dw0, dloss);
 		const bool same =
@@ -180,7 +208,10 @@ int main(int argc, char **argv)
 	};
 	int fails = 0;
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		fails += check(shapes[i], i + 1, i == 0);
+		fails += check(shapes[i], i + 1, i == 0, false);
+	/* with ignored targets (-1, a loss mask) */
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		fails += check(shapes[i], i + 11, false, true);
 	if (emu_smem_overruns || emu_launch_errors) {
 		fprintf(stderr, "FAIL shared memory: %d launches wrote past their size or could "
 				"not run (%d)\n",

@@ -408,13 +408,16 @@ static void check_embedding(int B, int T, int C, int V)
 	expect_close(name("embedding_bwd dwpe (%d,%d,%d)", B, T, C), gdwpe, dwpe);
 }
 
-static void check_crossentropy(int N, int V)
+/* masked: every third target -1 (ignored: loss 0, dlogits row 0) */
+static void check_crossentropy(int N, int V, bool masked)
 {
 	const size_t n = (size_t)N * V;
 	const float dloss = 0.37f;
 	std::vector<int32_t> targets(N);
 	for (auto &t : targets)
 		t = (int32_t)(rng_next() % (uint64_t)V);
+	for (int i = 0; masked && i < N; i += 3)
+		targets[i] = -1;
 	auto logits = rand_vec(n, -8, 8);
 	std::vector<float> losses(N), glosses(N, NAN);
 	const dim3 grid(grid_block_items(N)), block(ST_CUDA_CE_BLOCK);
@@ -435,6 +438,16 @@ static void check_crossentropy(int N, int V)
 	emu_launch(k_crossentropy_bwd, grid, block, inplace.data(), (float *)NULL,
 		   (const float *)inplace.data(), (const int32_t *)targets.data(), dloss, N, V);
 	expect_close(name("crossentropy_bwd in place (%d,%d)", N, V), inplace, dl);
+	if (masked) { /* the cpu's ignored rows: exactly 0 (the emulation matched it) */
+		std::vector<float> zl(N, 0.0f), zd(n, 0.0f), l0(N), d0(n);
+		for (int i = 0; i < N; i++) {
+			l0[i] = targets[i] < 0 ? losses[i] : 0.0f;
+			for (int v = 0; v < V; v++)
+				d0[(size_t)i * V + v] = targets[i] < 0 ? dl[(size_t)i * V + v] : 0.0f;
+		}
+		expect_close(name("crossentropy ignored losses 0 (%d,%d)", N, V), l0, zl);
+		expect_close(name("crossentropy ignored dlogits 0 (%d,%d)", N, V), d0, zd);
+	}
 }
 
 /* ---- LLaMA's ops ----------------------------------------------------------- */
@@ -559,8 +572,9 @@ int main(void)
 	check_embedding(2, 7, 37, 5);
 	check_embedding(2, 150, 5, 3);
 	// V above and below the block.
-	check_crossentropy(5, 1001);
-	check_crossentropy(3, 37);
+	check_crossentropy(5, 1001, false);
+	check_crossentropy(3, 37, false);
+	check_crossentropy(7, 1001, true);
 	// LLaMA's: rows past a warp, C odd; rope with spare row floats, each
 	// type; SwiGLU over the exp's clamps; repeated tokens past the block.
 	check_rmsnorm(300, 37);

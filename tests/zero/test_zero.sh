@@ -46,6 +46,8 @@
 #              the same path on the cpu-strict device (docs/gpu.md, "Strict
 #              mode"), whose memory the host cannot touch, as a GPU's:
 #              stages 0-3 over 2 and 4 ranks = 1 rank, every W home
+#   mask       a shard with a loss mask: 2 and 4 ranks (stages 0-3, both
+#              schedules, --samples documents) = 1 rank, bit for bit
 #   cuda1      (a GPU; else 77) the engine on cuda through a world-1 nccl
 #              communicator = through the local one, at --zero 0, 1, 2, 3
 #   cuda2      (a GPU and an mpirun that starts strata; else 77) 2 ranks
@@ -562,6 +564,37 @@ cuda1 | cuda2)
 			same "m$z" ref "cuda: 2 ranks on one GPU (mpi) --zero $z = 1 rank --grad-accum 2"
 		done
 	fi
+	;;
+mask)
+	# a shard with a loss mask (the step's loss the mean over its counted
+	# targets, docs/finetune.md): every rank counts the step's targets
+	# from the same cursor, so N ranks = 1 rank, bit for bit
+	python3 - "$work/data.txt" "$work/masked.bin" <<'PY'
+import struct, sys
+toks = open(sys.argv[1], "rb").read()
+n = len(toks)
+docs = list(range(0, n, 97))  # documents of 97 tokens: --samples documents
+hdr = [0] * 256
+hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], hdr[7] = 20240520, 1, n, 0x41525453, 3, len(docs)
+mask = bytes(1 if i % 34 >= 23 else 0 for i in range(n))
+body = struct.pack("<256i", *hdr) + struct.pack(f"<{n}H", *toks) + mask
+body += bytes(-len(body) % 8) + struct.pack(f"<{len(docs)}Q", *docs)
+with open(sys.argv[2], "wb") as f:
+    f.write(body)
+PY
+	common=(--data "$work/masked.bin" "${common[@]:2}")
+	run ref 1 --steps 3 --grad-accum 4
+	for z in 0 3; do
+		run "m$z" 2 --steps 3 --grad-accum 2 --zero $z --offload-params nvme
+		same "m$z" ref "masked: 2 ranks --zero $z --grad-accum 2 = 1 rank --grad-accum 4"
+	done
+	run lf 2 --steps 3 --grad-accum 2 --zero 1 --schedule layer-first
+	same lf ref "masked: 2 ranks --zero 1 layer-first = 1 rank --grad-accum 4"
+	run m4 4 --steps 3 --zero 2
+	same m4 ref "masked: 4 ranks --zero 2 = 1 rank --grad-accum 4"
+	run dref 1 --steps 3 --grad-accum 4 --samples documents
+	run d2 2 --steps 3 --grad-accum 2 --zero 1 --samples documents
+	same d2 dref "masked, --samples documents: 2 ranks --zero 1 = 1 rank --grad-accum 4"
 	;;
 *)
 	echo "test_zero.sh: unknown part '$part'" >&2

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
+#include <string.h>
 
 /* Fixed partitions. They depend only on shapes, never on the thread count,
  * which is what makes every reduction bit-identical at any thread count. */
@@ -693,6 +694,10 @@ void st_cpu_crossentropy_fwd(float *losses, const float *logits,
 #pragma omp parallel for schedule(static)
 	for (int n = 0; n < N; n++) {
 		const float *x = logits + (size_t)n * V;
+		if (targets[n] < 0) { /* ignored (masked out): no loss */
+			losses[n] = 0.0f;
+			continue;
+		}
 		float mx = row_max_of(x, V);
 		float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -725,6 +730,12 @@ void st_cpu_crossentropy_bwd(float *dlogits, float *losses,
 		const float *x = logits + (size_t)n * V;
 		float *dx = dlogits + (size_t)n * V;
 		int32_t t = targets[n];
+		if (t < 0) { /* ignored (masked out): no loss, no gradient */
+			if (losses)
+				losses[n] = 0.0f;
+			memset(dx, 0, (size_t)V * sizeof(float));
+			continue;
+		}
 		float xt = x[t]; /* read before dx (maybe x) is overwritten */
 		float mx, sum;
 		row_max_run(isa, x, V, &mx);

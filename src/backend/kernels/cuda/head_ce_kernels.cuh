@@ -219,17 +219,17 @@ __global__ void hc_lse_kernel(hc_params p)
 	}
 	const float lse = M + logf(L);
 	p.lse[row] = lse;
-	p.losses[row] = lse - T;
+	p.losses[row] = p.targets[row] < 0 ? 0.0f : lse - T; /* -1: ignored */
 }
 
 /* ---- backward ----------------------------------------------------------------- */
 
 /* dS of one strip element: dloss (exp(s - lse) - [col == target]), 0 where
- * col or row is past its end. */
+ * col or row is past its end or the target is ignored (-1, masked out). */
 __device__ __forceinline__ float hc_dlogit(float s, float lse, int col, int tgt, bool live,
 					   float dloss)
 {
-	if (!live)
+	if (!live || tgt < 0)
 		return 0.0f;
 	const float pr = expf(s - lse);
 	return (col == tgt ? pr - 1.0f : pr) * dloss;

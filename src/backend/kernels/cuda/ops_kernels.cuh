@@ -477,6 +477,11 @@ static __global__ void k_crossentropy_fwd(float *losses, const float *logits,
 	__shared__ float sh[32];
 	for (int n = blockIdx.x; n < N; n += gridDim.x) {
 		const float *x = logits + (size_t)n * V;
+		if (targets[n] < 0) { /* ignored (masked out): no loss */
+			if (threadIdx.x == 0)
+				losses[n] = 0.0f;
+			continue; /* the whole block: no barrier skipped by some */
+		}
 		float mx = -INFINITY;
 		for (int i = threadIdx.x; i < V; i += blockDim.x)
 			mx = fmaxf(mx, x[i]);
@@ -502,6 +507,13 @@ static __global__ void k_crossentropy_bwd(float *dlogits, float *losses, const f
 		const float *x = logits + (size_t)n * V;
 		float *dx = dlogits + (size_t)n * V;
 		int t = targets[n];
+		if (t < 0) { /* ignored (masked out): no loss, no gradient */
+			if (losses && threadIdx.x == 0)
+				losses[n] = 0.0f;
+			for (int i = threadIdx.x; i < V; i += blockDim.x)
+				dx[i] = 0.0f;
+			continue; /* the whole block: no barrier skipped by some */
+		}
 		if (threadIdx.x == 0)
 			xt_sh = x[t];
 		float mx = -INFINITY;
