@@ -209,8 +209,9 @@ struct st_family_body {
 	/* Block unit u on the n rows of x at positions pos..pos+n-1: their K
 	 * and V (fp32, rows of st_decode_kv_dim(), after RoPE) go into rows
 	 * pos.. of kc and vc, each row attends over rows 0..its own; buffers
-	 * carved from cv as block_carve(m, 1, n, cv, cv) does. y (n,C) fp32. */
-	void (*block_decode)(const struct st_model *m, int u, int pos, int n, const void *params,
+	 * carved from cv as block_carve(m, 1, n, cv, cv) does. y (n,C) fp32.
+	 * 0 or -errno (the compute's errors are taken by the caller). */
+	int (*block_decode)(const struct st_model *m, int u, int pos, int n, const void *params,
 			     const float *x, float *y, float *kc, float *vc, struct st_carver *cv);
 };
 
@@ -221,9 +222,9 @@ int st_decode_kv_dim(const struct st_model_config *cfg);
 /* out (n, NH*hd) fp32: query row i (q + i * sq, NH heads of hd) at
  * position pos + i attends over the cache's rows 0..pos+i (kc, vc rows
  * of NKV*hd; head h reads kv head h / (NH/NKV)), softmax(q.k / sqrt(hd)).
- * Host memory (the cpu compute). */
-void st_decode_attend(float *out, const float *q, int sq, const float *kc, const float *vc,
-		      int pos, int n, int NH, int NKV, int hd);
+ * Host memory (the cpu compute). 0 or -ENOMEM. */
+int st_decode_attend(float *out, const float *q, int sq, const float *kc, const float *vc,
+		     int pos, int n, int NH, int NKV, int hd);
 /* The rotation of NH heads of hd in n rows of stride floats at positions
  * pos.., in place, as the cpu's ROPE_FWD at those positions (host). */
 void st_decode_rope(float *x, int n, int pos, int NH, int hd, int stride,

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,26 +41,25 @@ size_t st_model_decode_cache_bytes(const struct st_model_config *cfg, int max_to
 	       sizeof(float);
 }
 
-void st_decode_attend(float *out, const float *q, int sq, const float *kc, const float *vc,
-		      int pos, int n, int NH, int NKV, int hd)
+int st_decode_attend(float *out, const float *q, int sq, const float *kc, const float *vc,
+		     int pos, int n, int NH, int NKV, int hd)
 {
-	const int rep = NH / NKV, skv = NKV * hd;
+	const int rep = NH / NKV, skv = NKV * hd, nt = omp_get_max_threads();
 	const float scale = 1.0f / sqrtf((float)hd);
+	/* each thread's scores of one row: pos + n at most */
+	float *scores = malloc(sizeof(float) * (size_t)nt * (size_t)(pos + n));
 
-#pragma omp parallel for schedule(dynamic, 1)
+	if (!scores)
+		return st_error_set(-ENOMEM, "model: out of memory for the attention's scores");
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
 	for (int ih = 0; ih < n * NH; ih++) {
 		int i = ih / NH, h = ih % NH, T = pos + i + 1;
 		const float *qr = q + (size_t)i * sq + (size_t)h * hd;
 		const float *k = kc + (size_t)(h / rep) * hd, *v = vc + (size_t)(h / rep) * hd;
-		float *o = out + (size_t)i * NH * hd + (size_t)h * hd;
-		float *s = malloc(sizeof(float) * (size_t)T), mx = -INFINITY;
+		float *o = out + (size_t)i * NH * hd + (size_t)h * hd, mx = -INFINITY;
+		float *s = scores + (size_t)omp_get_thread_num() * (size_t)(pos + n);
 		double sum = 0;
 
-		if (!s) { /* a row of NaN: the caller's finiteness check says so */
-			for (int d = 0; d < hd; d++)
-				o[d] = NAN;
-			continue;
-		}
 		for (int t = 0; t < T; t++) {
 			float dot = 0;
 
@@ -80,8 +80,9 @@ void st_decode_attend(float *out, const float *q, int sq, const float *kc, const
 			for (int d = 0; d < hd; d++)
 				o[d] += w * v[(size_t)t * skv + d];
 		}
-		free(s);
 	}
+	free(scores);
+	return 0;
 }
 
 void st_decode_rope(float *x, int n, int pos, int NH, int hd, int stride,
@@ -198,8 +199,10 @@ int st_model_decode_step(struct st_decode *d, const void *const *params, const i
 		struct st_carver cv;
 
 		st_carver_init(&cv, d->work, d->work_bytes);
-		b->block_decode(m, u, d->pos, n, params[u], d->x, d->y, kc, kc + layer, &cv);
-		if ((ret = st_compute_take_error(st_model_compute(m))) < 0)
+		ret = b->block_decode(m, u, d->pos, n, params[u], d->x, d->y, kc, kc + layer, &cv);
+		if (ret == 0)
+			ret = st_compute_take_error(st_model_compute(m));
+		if (ret < 0)
 			return ret;
 		t = d->x;
 		d->x = d->y;

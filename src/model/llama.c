@@ -340,7 +340,7 @@ static void llama_block_fwd(const struct st_model *m, int u, int B, int T, const
  * rotated at their absolute positions, k and v appended to the cache, the
  * attention over it (GQA's shared kv heads), the rest as the forward. fp32
  * on the cpu (st_model_decode_begin checks). */
-static void llama_block_decode(const struct st_model *m, int u, int pos, int n,
+static int llama_block_decode(const struct st_model *m, int u, int pos, int n,
 			       const void *params, const float *x, float *y, float *kc,
 			       float *vc, struct st_carver *cv)
 {
@@ -351,6 +351,7 @@ static void llama_block_decode(const struct st_model *m, int u, int pos, int n,
 	const size_t row = sizeof(float) * (size_t)d.KV;
 	const void *p[LT_COUNT];
 	struct layer_work w;
+	int ret;
 
 	layer_carve(m, 1, n, cv, cv, &w);
 	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
@@ -360,9 +361,12 @@ static void llama_block_decode(const struct st_model *m, int u, int pos, int n,
 	st_decode_rope(w.k, n, pos, d.K, d.hd, d.KV, &r);
 	memcpy(kc + (size_t)pos * d.KV, w.k, row * (size_t)n);
 	memcpy(vc + (size_t)pos * d.KV, w.v, row * (size_t)n);
-	st_decode_attend(w.att, w.q, d.Q, kc, vc, pos, n, d.H, d.K, d.hd);
+	ret = st_decode_attend(w.att, w.q, d.Q, kc, vc, pos, n, d.H, d.K, d.hd);
+	if (ret < 0)
+		return ret;
 	layer_after_att(m, &o, p, &w, x, y, n);
 	layer_out(m, &o, p, &w, y, n);
+	return 0;
 }
 
 /* The attention's backward: from datt (N,Q) dt to dn (N,C) dt, the input
