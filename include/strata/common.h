@@ -68,6 +68,10 @@ uint64_t st_now_ns(void);
  * optional trailing 'B' or 'iB'). Returns 0 and sets *out_bytes, or -EINVAL
  * when the text is not a size (empty, negative, garbage, overflow). */
 int st_parse_size(const char *text, uint64_t *out_bytes);
+/* As st_parse_size(), but a fraction that does not come to whole bytes
+ * ("2.3G") rounds down to a multiple of page (a budget on the command
+ * line); an exact size is kept as it is. */
+int st_parse_size_paged(const char *text, uint64_t page, uint64_t *out_bytes);
 
 /* Format a byte count as "1.50 GiB" into buf (at least 16 bytes). */
 const char *st_format_bytes(uint64_t bytes, char *buf, size_t buf_len);

@@ -108,6 +108,22 @@ const char *st_device_list(void);
  * host_compute. */
 bool st_device_on_host(const char *name);
 
+/* What a probe of the GPU found (--device auto, --gpu-mem auto). */
+struct st_device_probe {
+	bool usable;          /* a GPU the cuda device would open is there and answers */
+	uint64_t free_bytes;  /* its free memory, a context made (usable only) */
+	uint64_t total_bytes;
+	char what[256];       /* its name, or why there is none */
+};
+typedef void (*st_device_probe_fn)(int ordinal, struct st_device_probe *out);
+/* The device --device auto names: "cuda" when cuda_built and probe finds
+ * GPU ordinal usable, else "cpu" (probe is not called when !cuda_built).
+ * *p gets what the probe found (usable false without one); why[n] the
+ * reason ("GPU 0, NVIDIA H100, 79.1 GiB free of 79.6 GiB", "no usable GPU:
+ * ...", "built without CUDA ..."). Static. */
+const char *st_device_choose(bool cuda_built, st_device_probe_fn probe, int ordinal,
+			     struct st_device_probe *p, char *why, size_t n);
+
 /* Open a device of the given ops. *out is owned by the caller and goes back
  * with st_device_destroy(). Returns 0, -ENODEV, -ENOMEM or -EINVAL. */
 int st_device_create(const struct st_device_ops *ops,

@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 #include <errno.h>
+#include <getopt.h>
 #include <glob.h>
 #include <math.h>
 #include <omp.h>
@@ -81,8 +82,9 @@ uint64_t st_cli_size(const char *flag, const char *s)
 {
 	uint64_t v;
 
-	if (st_parse_size(s, &v) < 0 || v == 0)
-		st_cli_die(2, "%s %s: expected a size such as 512M or 2G", flag, s);
+	/* "2.3G": whole pages (4 KiB) below it */
+	if (st_parse_size_paged(s, 4096, &v) < 0 || v == 0)
+		st_cli_die(2, "%s %s: expected a size such as 512M, 2G or 2.3G", flag, s);
 	return v;
 }
 
@@ -346,4 +348,119 @@ void st_cli_load_ckpt(struct st_trainer *t, struct st_weights *w, const char *pa
 		st_cli_die(st_cli_input_exit(ret), "--ckpt %s: %s", path, why);
 	}
 	st_weights_close(w);
+}
+
+/* The edit distance between a[0..na) and b[0..nb): insertions,
+ * deletions, substitutions and swaps of two neighbours (dtpye: dtype) one
+ * each; a number over 64 for names that long. */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb)
+{
+	int d[65][65];
+
+	if (na > 64 || nb > 64)
+		return 65;
+	for (size_t i = 0; i <= na; i++)
+		d[i][0] = (int)i;
+	for (size_t j = 0; j <= nb; j++)
+		d[0][j] = (int)j;
+	for (size_t i = 1; i <= na; i++)
+		for (size_t j = 1; j <= nb; j++) {
+			int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+
+			best = ST_MIN(best, d[i - 1][j] + 1);
+			best = ST_MIN(best, d[i][j - 1] + 1);
+			if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+				best = ST_MIN(best, d[i - 2][j - 2] + 1);
+			d[i][j] = best;
+		}
+	return d[na][nb];
+}
+
+/* The first letters of name's words ("learning-rate": "lr"), into out. */
+static void initials(const char *name, size_t n, char *out, size_t cap)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n && k + 1 < cap; i++)
+		if (i == 0 || name[i - 1] == '-')
+			out[k++] = name[i];
+	out[k] = '\0';
+}
+
+const char *st_cli_nearest_option(const struct option *longs, const char *given)
+{
+	char name[65], init[65];
+	size_t n = strcspn(given, "=");
+	const char *best = NULL;
+	int best_d = 1 << 30;
+
+	if (n == 0 || n >= sizeof(name))
+		return NULL;
+	for (size_t i = 0; i < n; i++) /* learning_rate, Learning-Rate: learning-rate */
+		name[i] = given[i] == '_' ? '-' : (char)(given[i] | 0x20);
+	name[n] = '\0';
+	initials(name, n, init, sizeof(init));
+	for (const struct option *o = longs; o->name; o++) {
+		size_t on = strlen(o->name);
+		int d = edit_distance(name, n, o->name, on);
+
+		/* a word of it that is the option's whole name (max-steps:
+		 * steps, batch-size: batch), or its words' initials (lr, wd) */
+		if (strchr(name, '-') && strcmp(init, o->name) == 0)
+			d = 0;
+		else if (on >= 3 && strstr(name, o->name) &&
+			 (strstr(name, o->name) == name || strstr(name, o->name)[-1] == '-'))
+			d = 1;
+		if (d < best_d) {
+			best_d = d;
+			best = o->name;
+		}
+	}
+	/* a typo: a third of the name's letters at most */
+	return best && (size_t)best_d * 3 <= n ? best : NULL;
+}
+
+/* arg's name (its first n bytes after "--") the start of several
+ * options: exit 2 naming them (getopt_long takes a unique prefix). */
+static void ambiguous(const char *cmd, const struct option *longs, const char *arg, size_t n)
+{
+	char names[512];
+	size_t len = 0;
+	int k = 0;
+
+	names[0] = '\0';
+	for (const struct option *o = longs; o->name; o++)
+		if (strncmp(o->name, arg + 2, n) == 0 && len < sizeof(names)) {
+			int w = snprintf(names + len, sizeof(names) - len, "%s--%s", k ? ", " : "",
+					 o->name);
+
+			len += w > 0 ? (size_t)w : 0;
+			k++;
+		}
+	if (k > 1)
+		st_cli_die(2, "%s: option %.*s is ambiguous: %s (see strata %s --help)", cmd,
+			   (int)(n + 2), arg, names, cmd);
+}
+
+void st_cli_bad_option(const char *cmd, const struct option *longs, const char *arg)
+{
+	const char *near;
+	size_t n;
+
+	if (strncmp(arg, "--", 2) != 0 || !arg[2])
+		st_cli_die(2, "%s: unknown option %s (see strata %s --help)", cmd, arg, cmd);
+	n = strcspn(arg + 2, "=");
+	for (const struct option *o = longs; o->name; o++) {
+		if (strlen(o->name) != n || strncmp(o->name, arg + 2, n) != 0)
+			continue;
+		if (o->has_arg == no_argument && arg[2 + n] == '=')
+			st_cli_die(2, "%s: --%s takes no value (see strata %s --help)", cmd, o->name, cmd);
+		st_cli_die(2, "%s: --%s needs a value (see strata %s --help)", cmd, o->name, cmd);
+	}
+	ambiguous(cmd, longs, arg, n);
+	near = st_cli_nearest_option(longs, arg + 2);
+	if (near)
+		st_cli_die(2, "%s: unknown option %.*s: did you mean --%s? (see strata %s --help)",
+			   cmd, (int)(n + 2), arg, near, cmd);
+	st_cli_die(2, "%s: unknown option %.*s (see strata %s --help)", cmd, (int)(n + 2), arg, cmd);
 }

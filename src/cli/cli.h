@@ -25,6 +25,45 @@ int st_cli_input_exit(int err);
  * read, which is the one the user named when PATH was a file, and the
  * caller's "--flag PATH: " says that already. Borrowed from msg. */
 const char *st_cli_unprefix(const char *msg, const char *path);
+/* An option getopt_long() refused (arg: argv[optind - 1]): "--lr needs a
+ * value", or "unknown option --learning-rate: did you mean --lr?" with the
+ * nearest of longs (st_cli_nearest_option()); exit 2, one line. */
+struct option;
+_Noreturn void st_cli_bad_option(const char *cmd, const struct option *longs, const char *arg);
+/* The name in longs nearest to given (an option's name without "--", up
+ * to any '='): its words' initials (learning-rate: lr), a word of it that
+ * is a whole name (max-steps: steps), else the smallest edit distance, at
+ * most a third of given's length; NULL when none is near. '_' reads as
+ * '-'. */
+const char *st_cli_nearest_option(const struct option *longs, const char *given);
+/* The device a --device value names: "auto" is cuda when a GPU is usable
+ * (the cuda device's probe: GPU 0, or this rank's local one under a
+ * launcher), else cpu, with why[n] saying which and why; "cuda" is
+ * probed too (*p: its free memory for --gpu-mem auto); any other value is
+ * returned as it is (*p zeroed, why empty). src/cli/cli_device.c. */
+struct st_device_probe;
+/* The default of --device: $ST_DEVICE when set (auto or a built device;
+ * else exit 2), else auto. The test suite sets ST_DEVICE=cpu, so that its
+ * tests keep the cpu device on a machine with a GPU unless they name one. */
+const char *st_cli_device_default(void);
+const char *st_cli_device(const char *asked, struct st_device_probe *p, char *why, size_t n);
+/* --gpu-mem auto: on the cuda device the GPU's free memory (*p, its
+ * probe) less a margin of max(ST_CLI_GPU_MARGIN_MIN, 5% of its total) for
+ * what the process takes beside the arena (the CUDA context, cuBLASLt's
+ * workspace, NCCL's buffers), in whole MiB; on the cpu devices, whose
+ * arena is host memory, a quarter of MemAvailable. --host-mem auto: half
+ * of MemAvailable on the cuda device (pinned through cudaHostRegister), a
+ * quarter on the cpu devices, there within RLIMIT_MEMLOCK's hard limit
+ * (the host tier mlocks its region), in whole pages. Under a launcher the
+ * ranks of a node share MemAvailable. why[n] says how; exit 2 when
+ * nothing can be taken. */
+#define ST_CLI_GPU_MARGIN_MIN (1024ull * ST_MiB)
+uint64_t st_cli_gpu_mem_auto(const char *device, const struct st_device_probe *p, char *why,
+			     size_t n);
+uint64_t st_cli_host_mem_auto(const char *device, char *why, size_t n);
+/* "--gpu-mem auto: 5.67 GiB (why)" and the host's, for those with a why. */
+void st_cli_print_auto_budgets(uint64_t gpu, const char *gpu_why, uint64_t host,
+			       const char *host_why);
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);
@@ -105,6 +144,17 @@ bool st_cli_tokenizer_dir(const char *ckpt, char *out, size_t n);
  * in to is left. Returns how many were copied; exit 1 naming the file on a
  * system error. */
 int st_cli_tokenizer_copy(const char *from, const char *to);
+/* --init's special tokens (bos_token_id, eos_token_id as an id or a list,
+ * pad_token_id, from its config.json) into to/generation_config.json, as
+ * save_pretrained() derives it, unless to has one (copied from --init by
+ * st_cli_tokenizer_copy()) or --init's config.json names none. True when
+ * written; exit 1 naming the file on a system error (src/cli/hf_meta.c). */
+bool st_cli_generation_config(const char *init, const char *to);
+/* Into the exported config.json at config: the special tokens' ids of the
+ * source src (its config.json, else the generation_config.json beside it
+ * or in tok_dir, NULL for none) and torch_dtype (bfloat16 or float32). */
+void st_cli_hf_inference_keys(const char *config, const char *src, const char *tok_dir,
+			      bool bf16);
 /* text_path tokenized as one document (with the tokenizer's BOS/EOS) into
  * a new temporary llm.c shard, its path in out[n]; removed if the command
  * dies; the caller unlinks it once opened. Exit 2/1 on failure. */

@@ -85,8 +85,7 @@ int st_cli_eval(int argc, char **argv)
 			       "A shard's loss mask is honoured: the mean over its counted targets.\n"
 			       "A shard made by another tokenizer than the model's is refused.\n");
 			return 0;
-		default: st_cli_die(2, "eval: unknown or incomplete option %s (see strata eval --help)",
-			     argv[optind - 1]);
+		default: st_cli_bad_option("eval", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)

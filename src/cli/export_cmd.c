@@ -307,9 +307,17 @@ static uint64_t export_hf(struct st_weights *w, const struct st_model_config *gc
 		st_cli_die(1, "%s", st_error_last());
 	written_architecture(p, gc, arch, arch_size);
 	/* the tokenizer beside the source (a --save DIR's, a Hugging Face
-	 * directory's) goes with the model, as save_pretrained() puts it */
-	if (st_cli_tokenizer_dir(src, p, sizeof(p)))
-		st_cli_tokenizer_copy(p, tmp_path);
+	 * directory's) goes with the model, as save_pretrained() puts it,
+	 * and what inference reads into config.json */
+	{
+		char tdir[4096], cfg[4200];
+		bool tok = st_cli_tokenizer_dir(src, tdir, sizeof(tdir));
+
+		if (tok)
+			st_cli_tokenizer_copy(tdir, tmp_path);
+		snprintf(cfg, sizeof(cfg), "%.4000s/%s", tmp_path, ST_CKPT_CONFIG_FILE);
+		st_cli_hf_inference_keys(cfg, st_weights_name(w), tok ? tdir : NULL, bf16);
+	}
 	/* both files are fsynced by their writers: publish the directory,
 	 * unless something took PATH meanwhile */
 	block_signals(true);
@@ -464,8 +472,7 @@ int st_cli_export(int argc, char **argv)
 		case 's': shard_bytes = st_cli_size("--shard-size", optarg); break;
 		case 'h': export_usage(stdout); return 0;
 		default:
-			st_cli_die(2, "export: unknown or incomplete option %s (see strata export --help)",
-				   argv[optind - 1]);
+			st_cli_bad_option("export", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)

@@ -128,6 +128,17 @@ static void gen_usage(FILE *f)
 "                    docs/model.md, \"bf16 compute\")\n");
 }
 
+/* The weights opened, until they are read: nothing left for
+ * LeakSanitizer when a refusal exits first. */
+static struct st_weights *open_w;
+
+static void close_w(int code)
+{
+	(void)code;
+	st_weights_close(open_w);
+	open_w = NULL;
+}
+
 int st_cli_generate(int argc, char **argv)
 {
 	static const struct option longs[] = {
@@ -167,8 +178,7 @@ int st_cli_generate(int argc, char **argv)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
 			break;
 		case 'h': gen_usage(stdout); return 0;
-		default: st_cli_die(2, "generate: unknown or incomplete option %s (see strata generate --help)",
-			     argv[optind - 1]);
+		default: st_cli_bad_option("generate", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
@@ -179,6 +189,8 @@ int st_cli_generate(int argc, char **argv)
 		st_cli_die(2, "generate: --prompt must not be empty");
 	st_train_config_default(&cfg);
 	w = st_cli_open_ckpt(ckpt, &cfg.model);
+	open_w = w; /* closed if the prompt is refused before it is read */
+	st_cli_at_die(close_w);
 	tk = st_cli_tokenizer(tok_path, ckpt);
 	if (!tk && cfg.model.vocab != 256)
 		st_cli_die(2, "generate: --ckpt %s has a vocabulary of %d and no tokenizer.json "
@@ -188,13 +200,6 @@ int st_cli_generate(int argc, char **argv)
 		st_cli_die(2, "generate: the tokenizer has %u ids, more than the model's "
 			   "vocabulary of %d", st_tokenizer_vocab(tk), cfg.model.vocab);
 	set_threads_cli(threads);
-	cfg.batch = 1;
-	cfg.seq = cfg.model.ctx;
-	if (st_trainer_create(&cfg, &t) < 0)
-		st_cli_die(1, "%s", st_error_last());
-	if (st_trainer_set_precision(t, compute) < 0)
-		st_cli_die(2, "%s", st_error_last());
-	st_cli_load_ckpt(t, w, ckpt);
 	if (tk) {
 		const uint32_t *pre;
 		size_t n_pre = st_tokenizer_prefix(tk, &pre);
@@ -219,6 +224,17 @@ int st_cli_generate(int argc, char **argv)
 		len = (int)strlen(prompt);
 	if (len == 0)
 		st_cli_die(2, "generate: --prompt gives no tokens");
+	/* the window the prompt and --tokens need, not the model's whole
+	 * context (past it, the last ctx tokens, as before) */
+	cfg.batch = 1;
+	cfg.seq = (int)ST_MIN((int64_t)cfg.model.ctx, (int64_t)len + n);
+	if (st_trainer_create(&cfg, &t) < 0)
+		st_cli_die(1, "%s", st_error_last());
+	if (st_trainer_set_precision(t, compute) < 0)
+		st_cli_die(2, "%s", st_error_last());
+	st_cli_at_die(NULL);
+	open_w = NULL;
+	st_cli_load_ckpt(t, w, ckpt);
 	toks = malloc(sizeof(*toks) * (size_t)(len + n));
 	logits = malloc(sizeof(*logits) * (size_t)cfg.model.vocab);
 	if (!toks || !logits)

@@ -73,8 +73,7 @@ int st_cli_info(int argc, char **argv)
 		case 'j': json = true; break;
 		case 'h': info_usage(stdout); return 0;
 		default:
-			st_cli_die(2, "info: unknown or incomplete option %s (see strata info --help)",
-				   argv[optind - 1]);
+			st_cli_bad_option("info", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)

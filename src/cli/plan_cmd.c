@@ -4,6 +4,7 @@
  * budget that cannot work: one line on stderr, exit 2. */
 #include "cli.h"
 #include "strata/calibrate.h"
+#include "strata/device.h"
 #include "strata/family.h"
 #include "strata/plan.h"
 
@@ -38,9 +39,13 @@ static void plan_usage(FILE *f)
 "  --precision bf16|fp32  working weights W (default bf16)\n"
 "  --compute-dtype fp32|bf16  the tensors between the model's ops (default fp32;\n"
 "                         bf16 halves the saved forward: docs/model.md)\n"
-"budgets (sizes such as 512M, 2G, 1.5G)\n"
-"  --gpu-mem SIZE         vram budget (default 256M)\n"
-"  --host-mem SIZE        pinned host budget (default 1G)\n"
+"budgets (sizes such as 512M, 2G, 1.5G; a fraction of a page rounds down to one)\n"
+"  --gpu-mem SIZE|auto    vram budget (default 256M, or auto on a usable GPU); auto:\n"
+"                         the GPU's free memory less max(1 GiB, 5%% of its total), on\n"
+"                         the cpu device a quarter of MemAvailable\n"
+"  --host-mem SIZE|auto   pinned host budget (default 1G, or auto on a usable GPU);\n"
+"                         auto: half of MemAvailable on cuda, a quarter on the cpu\n"
+"                         device within RLIMIT_MEMLOCK's hard limit\n"
 "  --nvme DIR[,DIR...]    directories of the nvme tier (must exist; nothing is written)\n"
 "  --nvme-mem SIZE        nvme budget (default: unlimited, the plan says what it needs)\n"
 "placement\n"
@@ -71,8 +76,10 @@ static void plan_usage(FILE *f)
 "  --zero 0|1|2|3         ZeRO stage (default 0)\n"
 "  --net-gbps X           GB/s a rank's collectives move over the network (default 10)\n"
 "rates for the prediction (defaults are those of a 2-core VM without a GPU)\n"
-"  --device cpu|cuda      the device's default compute and copy rates (default cpu;\n"
-"                         cuda: fp32 matmuls at 15 TFLOP/s, copies at 20 GB/s)\n"
+"  --device auto|cpu|cuda the device's default compute and copy rates (default\n"
+"                         $ST_DEVICE, else auto: cuda when a GPU is usable, else cpu;\n"
+"                         the plan says which and why; cuda: fp32 matmuls at 15\n"
+"                         TFLOP/s, copies at 20 GB/s)\n"
 "  --nvme-bench FILE      nvme read/write GB/s from `nvme-bench --json FILE`\n"
 "  --compute-gflops X     device matmul GFLOP/s (default 50)\n"
 "  --copy-gbps X          host<->vram GB/s (default 8)\n"
@@ -117,7 +124,9 @@ int st_cli_plan(int argc, char **argv)
 	struct st_model *model;
 	struct st_plan plan;
 	const char *model_text = "tiny", *nvme = NULL, *bench = NULL;
-	const char *rates_file = NULL, *calibrate = NULL;
+	const char *rates_file = NULL, *calibrate = NULL, *device = st_cli_device_default();
+	const char *gpu_mem = NULL, *host_mem = NULL; /* as given */
+	char device_why[512] = "", gpu_why[256] = "", host_why[256] = "";
 	bool json = false, verbose = false, nvme_mem_given = false, cuda = false;
 	enum st_precision compute_dtype = ST_PRECISION_FP32;
 	bool accum_auto = false;
@@ -143,8 +152,16 @@ int st_cli_plan(int argc, char **argv)
 			else
 				st_cli_die(2, "--precision %s: expected bf16 or fp32", optarg);
 			break;
-		case 'g': in.gpu_mem_bytes = st_cli_size("--gpu-mem", optarg); break;
-		case 'H': in.host_mem_bytes = st_cli_size("--host-mem", optarg); break;
+		case 'g':
+			gpu_mem = optarg;
+			if (strcmp(optarg, "auto") != 0)
+				in.gpu_mem_bytes = st_cli_size("--gpu-mem", optarg);
+			break;
+		case 'H':
+			host_mem = optarg;
+			if (strcmp(optarg, "auto") != 0)
+				in.host_mem_bytes = st_cli_size("--host-mem", optarg);
+			break;
 		case 'n': nvme = optarg; break;
 		case 'N':
 			in.nvme_mem_bytes = st_cli_size("--nvme-mem", optarg);
@@ -182,10 +199,10 @@ int st_cli_plan(int argc, char **argv)
 			in.rates.net_bps = st_cli_double("--net-gbps", optarg, 1e-6, 1e9) * 1e9;
 			break;
 		case 'd':
-			if (strcmp(optarg, "cuda") == 0)
-				cuda = true;
-			else if (strcmp(optarg, "cpu") != 0)
-				st_cli_die(2, "--device %s: expected cpu or cuda", optarg);
+			if (strcmp(optarg, "cuda") != 0 && strcmp(optarg, "cpu") != 0 &&
+			    strcmp(optarg, "auto") != 0)
+				st_cli_die(2, "--device %s: expected auto, cpu or cuda", optarg);
+			device = optarg;
 			break;
 		case 'j': json = true; break;
 		case 'v': verbose = true; break;
@@ -193,12 +210,28 @@ int st_cli_plan(int argc, char **argv)
 		case 1004: calibrate = optarg; break;
 		case 'h': plan_usage(stdout); return 0;
 		default:
-			st_cli_die(2, "plan: unknown or incomplete option %s (see strata plan --help)",
-				 argv[optind - 1]);
+			st_cli_bad_option("plan", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
 		st_cli_die(2, "plan: unexpected argument %s", argv[optind]);
+	{
+		struct st_device_probe probe;
+
+		device = st_cli_device(device, &probe, device_why, sizeof(device_why));
+		cuda = strcmp(device, "cuda") == 0;
+		/* on a usable GPU the budgets not given are what it has (a plan
+		 * for a GPU elsewhere keeps the defaults) */
+		if (cuda && probe.usable) {
+			gpu_mem = gpu_mem ? gpu_mem : "auto";
+			host_mem = host_mem ? host_mem : "auto";
+		}
+		if (gpu_mem && strcmp(gpu_mem, "auto") == 0)
+			in.gpu_mem_bytes = st_cli_gpu_mem_auto(device, &probe, gpu_why,
+							       sizeof(gpu_why));
+		if (host_mem && strcmp(host_mem, "auto") == 0)
+			in.host_mem_bytes = st_cli_host_mem_auto(device, host_why, sizeof(host_why));
+	}
 	if (in.rank >= (in.world > 1 ? in.world : 1))
 		st_cli_die(2, "--rank %d: outside --world %d", in.rank, in.world > 1 ? in.world : 1);
 	in.host_compute = !cuda;
@@ -305,6 +338,10 @@ int st_cli_plan(int argc, char **argv)
 		free(text);
 	} else {
 		printf("strata plan: %s\n", model_text);
+		if (device_why[0])
+			printf("device: %s (--device auto: %s)\n", device, device_why);
+		st_cli_print_auto_budgets(in.gpu_mem_bytes, gpu_why[0] ? gpu_why : NULL,
+					  in.host_mem_bytes, host_why[0] ? host_why : NULL);
 		if (st_model_config_family(&mc) != st_family_default()) {
 			char words[512];
 

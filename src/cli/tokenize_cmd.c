@@ -783,8 +783,7 @@ static void parse_args(int argc, char **argv, struct job *j)
 				st_cli_die(2, "--format %s: text, chat or prompt-completion", optarg);
 			break;
 		case 'h': tok_usage(stdout); exit(0);
-		default: st_cli_die(2, "tokenize: unknown or incomplete option %s (see strata "
-				    "tokenize --help)", argv[optind - 1]);
+		default: st_cli_bad_option("tokenize", longs, argv[optind - 1]);
 		}
 	}
 	if (!j->tpath || !j->o.path)
@@ -996,9 +995,13 @@ bool st_cli_tokenizer_dir(const char *ckpt, char *out, size_t n)
 }
 
 /* The files of a Hugging Face tokenizer as save_pretrained() writes them
- * beside the model (tokenizer.json first: the one a copy needs). */
+ * beside the model (tokenizer.json first: the one a copy needs), and what
+ * inference reads with them: generation_config.json (the special tokens'
+ * ids, sampling defaults) and SentencePiece's tokenizer.model (the slow
+ * tokenizers of Llama 2 and Mistral). */
 static const char *const tokenizer_files[] = { "tokenizer.json", "tokenizer_config.json",
-					       "special_tokens_map.json" };
+					       "special_tokens_map.json", "generation_config.json",
+					       "tokenizer.model" };
 
 int st_cli_tokenizer_copy(const char *from, const char *to)
 {

@@ -69,11 +69,19 @@ static void train_usage(FILE *f)
 "                       documents of the shard packed in order, in epochs (a long one\n"
 "                       in pieces of T+1 tokens; docs/finetune.md)\n"
 "device and tiers\n"
-"  --device cpu|cpu-strict|cuda  where the model runs (default cpu; built here: %s);\n"
+"  --device auto|cpu|cpu-strict|cuda  where the model runs (default $ST_DEVICE, else\n"
+"                       auto: cuda when a GPU is usable, else cpu; said before the plan)\n"
+"                       built here: %s\n"
 "                       cpu-strict: the cpu device whose memory the host cannot\n"
 "                       touch, as a GPU's (docs/gpu.md, \"Strict mode\")\n"
-"  --gpu-mem SIZE       device budget (default %s; the device's arena)\n"
-"  --host-mem SIZE      pinned host budget (default %s)\n"
+"  --gpu-mem SIZE|auto  device budget (the device's arena; SIZE as 512M, 2.3G); auto:\n"
+"                       the GPU's free memory less max(1 GiB, 5%% of its total), or\n"
+"                       on the cpu devices a quarter of MemAvailable (default: auto\n"
+"                       on cuda, %s on the cpu devices: the demo's)\n"
+"  --host-mem SIZE|auto pinned host budget; auto: half of MemAvailable on cuda, a\n"
+"                       quarter on the cpu devices within RLIMIT_MEMLOCK's hard limit\n"
+"                       (the host tier mlocks it) (default: auto on cuda, %s on\n"
+"                       the cpu devices); docs/plan.md, \"Budgets\"\n"
 "  --nvme DIR[,DIR..]   swap directories, striped (default %s; 'none' for no nvme tier)\n"
 "  --nvme-mem SIZE      nvme budget (default: what the plan needs)\n"
 "  --offload-params auto|none|host|nvme   home of W (default auto)\n"
@@ -257,10 +265,15 @@ struct train_args {
 	const char *rates_file; /* --rates */
 	const char *val_name;   /* --val-data */
 	int threads;
-	bool accum_auto, keep_given;
+	bool accum_auto, keep_given, data_given;
 	bool given[1100];       /* the flags given, by getopt value */
 	int ckpt_accum;         /* --resume without --grad-accum: the saved
 				 * step's micro-batches over every rank */
+	char device_why[512]; /* --device auto: which and why */
+	struct st_device_probe probe; /* the GPU's, for --gpu-mem auto */
+	bool gpu_auto, host_auto;     /* --gpu-mem auto, --host-mem auto */
+	bool gpu_given, host_given;
+	char gpu_why[256], host_why[256];
 };
 
 static const char default_model[] = "tiny";
@@ -340,6 +353,9 @@ static void copy_tokenizer(void *arg, const char *init)
 	if (init && a->run.save && st_cli_tokenizer_dir(init, tdir, sizeof(tdir)) &&
 	    st_cli_tokenizer_copy(tdir, a->run.save) > 0)
 		printf("the tokenizer of %s: copied into %s\n", init, a->run.save);
+	/* its special tokens' ids, for the export's config.json */
+	if (init && a->run.save && a->run.engine.rank == 0)
+		st_cli_generation_config(init, a->run.save);
 }
 
 /* path with its directory made absolute and free of links (realpath), the
@@ -642,7 +658,8 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 	int c;
 
 	*a = (struct train_args){
-		.run = { .engine = { .device = "cpu", .recompute = ST_RECOMPUTE_AUTO },
+		.run = { .engine = { .device = st_cli_device_default(),
+				     .recompute = ST_RECOMPUTE_AUTO },
 			 .data_name = ST_DEFAULT_DATA, .model_text = default_model, .shuffle = true,
 			 .log_every = 1, .keep = 3, .max_skipped = 10 },
 		.nvme = DEFAULT_NVME,
@@ -667,6 +684,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 					   "files in one --data FILE,FILE or a pattern", data_seen,
 					   optarg);
 			rc->data_name = data_seen = optarg;
+			a->data_given = true;
 			break;
 		case 'B': cfg->batch = (int)st_cli_long("--batch", optarg, 1, 1 << 16); break;
 		case 'T': cfg->seq = (int)st_cli_long("--seq", optarg, 1, 1 << 20); break;
@@ -729,8 +747,18 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 'M': rc->metrics = optarg; break;
 		case 'i': rc->init = optarg; break;
 		case 'L': rc->log_every = (int)st_cli_long("--log-every", optarg, 1, 1 << 30); break;
-		case 'G': ec->gpu_mem_bytes = st_cli_size("--gpu-mem", optarg); break;
-		case 'H': ec->host_mem_bytes = st_cli_size("--host-mem", optarg); break;
+		case 'G':
+			a->gpu_given = true;
+			a->gpu_auto = strcmp(optarg, "auto") == 0;
+			if (!a->gpu_auto)
+				ec->gpu_mem_bytes = st_cli_size("--gpu-mem", optarg);
+			break;
+		case 'H':
+			a->host_given = true;
+			a->host_auto = strcmp(optarg, "auto") == 0;
+			if (!a->host_auto)
+				ec->host_mem_bytes = st_cli_size("--host-mem", optarg);
+			break;
 		case 'N': a->nvme = optarg; break;
 		case 'Z': ec->nvme_mem_bytes = st_cli_size("--nvme-mem", optarg); break;
 		case 'P': ec->params = st_cli_offload("--offload-params", optarg, true); break;
@@ -767,9 +795,9 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 'R': rc->resume = optarg; break;
 		case 'x': rc->max_skipped = (int)st_cli_long("--max-skipped", optarg, 0, 1 << 30); break;
 		case 'D':
-			if (!st_device_find(optarg))
-				st_cli_die(2, "--device %s: not a device built into this binary (%s)",
-					   optarg, st_device_list());
+			if (strcmp(optarg, "auto") != 0 && !st_device_find(optarg))
+				st_cli_die(2, "--device %s: not a device built into this binary "
+					   "(auto, %s)", optarg, st_device_list());
 			ec->device = optarg;
 			break;
 		case 'y': parse_test_fault(optarg, &ec->nvme_fault); break;
@@ -786,8 +814,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 1023: rc->keep_best = true; break;
 		case 'h': train_usage(stdout); return true;
 		default:
-			st_cli_die(2, "train: unknown or incomplete option %s (see strata train --help)",
-				   argv[optind - 1]);
+			st_cli_bad_option("train", longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
@@ -804,6 +831,22 @@ static void train_check_model(struct train_args *a)
 	struct st_train_config *cfg = &ec->train;
 	int ret;
 
+	if (strcmp(ec->device, "auto") == 0)
+		ec->device = st_cli_device("auto", &a->probe, a->device_why, sizeof(a->device_why));
+	/* on a GPU the budgets not given are what the machine has; the cpu
+	 * devices keep the demo's */
+	if (strcmp(ec->device, "cuda") == 0) {
+		a->gpu_auto |= !a->gpu_given;
+		a->host_auto |= !a->host_given;
+	}
+	if (a->gpu_auto && strcmp(ec->device, "cuda") == 0)
+		st_cli_device("cuda", &a->probe, a->device_why, sizeof(a->device_why));
+	if (a->gpu_auto)
+		ec->gpu_mem_bytes = st_cli_gpu_mem_auto(ec->device, &a->probe, a->gpu_why,
+							sizeof(a->gpu_why));
+	if (a->host_auto)
+		ec->host_mem_bytes = st_cli_host_mem_auto(ec->device, a->host_why,
+							  sizeof(a->host_why));
 	if (st_run_world(ec) < 0)
 		st_cli_die(2, "%s", st_error_last());
 	if (ec->world > 1 && ec->optim_state != ST_OPTIM_STATE_F32) {
@@ -844,9 +887,16 @@ static void train_check_model(struct train_args *a)
 		if (ret < 0)
 			st_cli_die(st_cli_input_exit(ret), "--init %s: %s", rc->init,
 				   st_cli_unprefix(st_error_last(), rc->init));
-		/* no --model: the model --init's config.json says (a file without
-		 * one, a bare model.safetensors, leaves the default) */
-		if (rc->model_text == default_model && st_weights_config(w, &gc) == 0) {
+		/* no --model: the model --init's config.json says; without one
+		 * (a bare model.safetensors) the shape is not known: said now,
+		 * not as the tiny model's misfit later */
+		if (rc->model_text == default_model && st_weights_config(w, &gc) < 0) {
+			st_weights_close(w);
+			st_cli_die(2, "--init %s: no config.json beside the weights, so the model's "
+				   "shape is not known: put the model's config.json there, or name "
+				   "the model with --model", rc->init);
+		}
+		if (rc->model_text == default_model) {
 			char dims[480];
 
 			cfg->model = gc;
@@ -915,6 +965,30 @@ static void train_check_run(const struct train_args *a)
 		st_cli_die(2, "--keep-best needs --save DIR (it keeps DIR/best)");
 }
 
+/* No --data: the demo's text, unless --init (or the run --resume takes)
+ * brings a tokenizer (its model reads token ids, not the text's bytes); then, and when the demo's text
+ * is not on the machine, the user is told to name the data, with no word
+ * of a file they never typed. */
+static void train_check_data(const struct train_args *a)
+{
+	const struct st_run_config *rc = &a->run;
+	const char *from = rc->init;
+	char tdir[4096];
+
+	/* given, or the resumed run's own (train_saved_flags) */
+	if (a->data_given || strcmp(rc->data_name, ST_DEFAULT_DATA) != 0)
+		return;
+	if (!from && rc->resume) /* the run's tokenizer is in its --save DIR */
+		from = strcmp(rc->resume, "auto") == 0 ? rc->save : rc->resume;
+	if (from && st_cli_tokenizer_dir(from, tdir, sizeof(tdir)))
+		st_cli_die(2, "no --data: name the training data, token ids of the model's "
+			   "tokenizer (strata tokenize --tokenizer %s --out FILE.bin TEXT; then "
+			   "--data FILE.bin)", tdir);
+	if (access(rc->data_name, R_OK) < 0)
+		st_cli_die(2, "no --data: name the training data with --data FILE (the demo's "
+			   "text %s is not here: %s)", rc->data_name, strerror(errno));
+}
+
 int st_cli_train(int argc, char **argv)
 {
 	struct train_args a;
@@ -938,6 +1012,7 @@ int st_cli_train(int argc, char **argv)
 	}
 	train_check_run(&a);
 	set_threads_cli(a.threads);
+	train_check_data(&a);
 	ds = st_cli_open_data_list(rc->data_name, cfg->model.vocab);
 	{ /* a shard made by another tokenizer than the model's */
 		const char *from = rc->init ? rc->init
@@ -964,6 +1039,10 @@ int st_cli_train(int argc, char **argv)
 	 * slices and say nothing but their errors */
 	if (ec->rank > 0 && !freopen("/dev/null", "w", stdout))
 		st_cli_die(1, "/dev/null: %s", strerror(errno));
+	if (a.device_why[0])
+		printf("device: %s (--device auto: %s)\n", ec->device, a.device_why);
+	st_cli_print_auto_budgets(ec->gpu_mem_bytes, a.gpu_auto ? a.gpu_why : NULL,
+				  ec->host_mem_bytes, a.host_auto ? a.host_why : NULL);
 	if (a.val_name)
 		rc->val_data = st_cli_open_data(a.val_name, cfg->model.vocab);
 	rc->data = ds;

@@ -159,6 +159,24 @@ static int act_hint(const struct st_plan_input *in, int ret)
 			    "--offload-activations auto or host)", msg);
 }
 
+/* A refusal without an nvme tier says when one would make it fit. */
+static int nvme_hint(const struct st_plan_input *in, int ret)
+{
+	struct st_plan_input x = *in;
+	struct st_plan p;
+	char msg[1024];
+
+	if (ret != -ENOSPC || in->have_nvme)
+		return ret;
+	snprintf(msg, sizeof(msg), "%s", st_error_last());
+	x.have_nvme = true;
+	x.nvme_mem_bytes = 0; /* unlimited */
+	if (st_plan_make(&x, &p) < 0)
+		return st_error_set(ret, "%s", msg);
+	st_plan_fini(&p);
+	return st_error_set(ret, "%s; or give an nvme tier, --nvme DIR: with one it fits", msg);
+}
+
 /* Layer-first refused for a budget: say what its N micro-batches hold. */
 static int lf_explain(const struct st_plan_input *in, const struct st_shape *sh, int ret)
 {
@@ -346,7 +364,7 @@ static int plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		st_policy_fini(&pol);
 		free(homes);
 		st_shape_fini(&sh);
-		return act_hint(in, ret);
+		return nvme_hint(in, act_hint(in, ret));
 	}
 	c = cands[chosen];
 	*sh.act_home = c.a; /* st_policy_choose() tried the others last */

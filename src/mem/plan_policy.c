@@ -299,14 +299,22 @@ uint64_t st_plan_cond_min(struct st_policy *pol, const uint64_t *budget, int t)
 	return best;
 }
 
+/* The flag of tier t's budget. */
+static const char *budget_flag(int t)
+{
+	return t == ST_HOME_VRAM ? "--gpu-mem" : t == ST_HOME_HOST ? "--host-mem" : "--nvme-mem";
+}
+
 static int refuse(int t, uint64_t budget, uint64_t need, const char *why)
 {
-	char b[32], m[32];
+	char b[32], m[32], d[32];
 
-	return st_error_set(-ENOSPC, "%s budget %s (%llu B) is below the minimum of %s (%llu B) %s",
+	return st_error_set(-ENOSPC, "%s budget %s (%llu B) is below the minimum of %s (%llu B) %s: "
+			    "raise %s by %s",
 			    st_home_name(t), st_format_bytes(budget, b, sizeof(b)),
 			    (unsigned long long)budget, st_format_bytes(need, m, sizeof(m)),
-			    (unsigned long long)need, why);
+			    (unsigned long long)need, why, budget_flag(t),
+			    st_format_bytes(need - budget, d, sizeof(d)));
 }
 
 /* No placement fits: name one tier whose budget must grow, and by how much. */

@@ -99,6 +99,30 @@ static bool in_list(const char *const *list, const char *s)
 	return false;
 }
 
+/* Every family's Hugging Face model_types (or architectures), comma
+ * separated, into buf: what a config.json may name. */
+static const char *hf_names(char *buf, size_t bytes, bool types)
+{
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < family_count(); i++) {
+		const struct st_family_ops *f = family_at(i);
+
+		for (const char *const *t = types ? f->hf_model_types : f->hf_architectures;
+		     t && *t; t++) {
+			int n = snprintf(buf + len, bytes - len, "%s%s", len ? ", " : "", *t);
+
+			if (n < 0 || (size_t)n >= bytes - len) {
+				buf[len] = '\0';
+				return buf;
+			}
+			len += (size_t)n;
+		}
+	}
+	return buf;
+}
+
 const struct st_family_ops *st_family_find_hf(const char *model_type,
 					      const char *architecture)
 {
@@ -110,9 +134,13 @@ const struct st_family_ops *st_family_find_hf(const char *model_type,
 			return f;
 	}
 	if (model_type || architecture) {
-		st_error_set(-EINVAL, "%s \"%s\" is no family strata knows (families: %s)",
+		char known[512];
+
+		st_error_set(-EINVAL, "%s \"%s\" is no family strata knows (%s: %s)",
 			     model_type ? "model_type" : "architecture",
-			     model_type ? model_type : architecture, st_family_list());
+			     model_type ? model_type : architecture,
+			     model_type ? "model_types" : "architectures",
+			     hf_names(known, sizeof(known), model_type != NULL));
 		return NULL;
 	}
 	return st_family_default();

@@ -439,9 +439,11 @@ static const struct st_family_body llama_body = {
 	.head = llama_head,
 };
 
-static const char *const st_llama_model_types[] = { "llama", "qwen2", NULL };
+/* mistral: a Mistral whose sliding window covers the whole context (null,
+ * absent, or >= max_position_embeddings) is a LLaMA (st_llama_hf_config_read) */
+static const char *const st_llama_model_types[] = { "llama", "qwen2", "mistral", NULL };
 static const char *const st_llama_architectures[] = { "LlamaForCausalLM", "Qwen2ForCausalLM",
-						       NULL };
+						       "MistralForCausalLM", NULL };
 /* What transformers' LLaMA / Qwen2 files may hold besides the model: a
  * tied head's copy of the embedding and, in older files, the rotary
  * inv_freq buffers. (An untied lm_head.weight is the model's own.) */

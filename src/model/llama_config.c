@@ -360,7 +360,8 @@ int st_llama_config_fields(const struct st_model_config *c, struct st_config_fie
 
 /* ---- config.json ----------------------------------------------------------- */
 
-static const char *const st_archs[] = { "LlamaForCausalLM", "Qwen2ForCausalLM" };
+static const char *const st_archs[] = { "LlamaForCausalLM", "Qwen2ForCausalLM",
+					 "MistralForCausalLM" };
 
 static int get_int(const char *path, struct json_object *root, const char *key,
 		   bool required, int64_t def, int64_t max, int *out)
@@ -447,6 +448,29 @@ static int read_scaling(const char *path, struct json_object *root,
 	return err;
 }
 
+/* A Mistral is a LLaMA (the same tensors, names and attention) when its
+ * sliding window covers the whole context: sliding_window null, absent, or
+ * at least max_position_embeddings (ctx). A shorter window is attention
+ * strata does not compute: refused, saying so. */
+static int mistral_window(const char *path, struct json_object *root, int ctx)
+{
+	struct json_object *v = NULL;
+	int64_t win;
+
+	if (!json_object_object_get_ex(root, "sliding_window", &v) || !v)
+		return 0;
+	if (!json_object_is_type(v, json_type_int) || (win = json_object_get_int64(v)) <= 0)
+		return st_error_set(-EINVAL, "%s: sliding_window %s: expected null or a positive "
+				    "whole number", path, json_object_to_json_string(v));
+	if (win >= ctx)
+		return 0;
+	return st_error_set(-EINVAL, "%s: model_type mistral with sliding_window %lld, shorter "
+			    "than max_position_embeddings %d: strata's attention has no sliding "
+			    "window (a Mistral whose sliding_window is null, absent or >= the "
+			    "context is read as llama; set max_position_embeddings to %lld to "
+			    "train it within one window)", path, (long long)win, ctx, (long long)win);
+}
+
 int st_llama_hf_config_read(const char *path, struct json_object *root,
 			    struct st_model_config *out)
 {
@@ -469,10 +493,12 @@ int st_llama_hf_config_read(const char *path, struct json_object *root,
 			known |= strcmp(arch, st_archs[i]) == 0;
 		if (!known)
 			return st_error_set(-EINVAL, "%s: architectures \"%s\" is not one strata "
-					    "trains (LlamaForCausalLM, Qwen2ForCausalLM)", path,
+					    "trains (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)", path,
 					    arch);
 		if (!json_object_object_get_ex(root, "model_type", NULL))
-			type = strcmp(arch, "Qwen2ForCausalLM") == 0 ? "qwen2" : "llama";
+			type = strcmp(arch, "Qwen2ForCausalLM") == 0	 ? "qwen2"
+			       : strcmp(arch, "MistralForCausalLM") == 0 ? "mistral"
+									 : "llama";
 	}
 	qwen = strcmp(type, "qwen2") == 0;
 	if (json_object_object_get_ex(root, "hidden_act", &v) &&
@@ -527,6 +553,8 @@ int st_llama_hf_config_read(const char *path, struct json_object *root,
 	if (sliding)
 		return st_error_set(-EINVAL, "%s: use_sliding_window true is not attention strata "
 				    "computes", path);
+	if (strcmp(type, "mistral") == 0 && (err = mistral_window(path, root, c.ctx)))
+		return err;
 	c.qkv_bias = qwen; /* Qwen2's q/k/v projections always have biases */
 	if (st_llama_config_check(&c))
 		return st_error_set(-EINVAL, "%s: %s", path, st_error_last());

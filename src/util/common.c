@@ -41,7 +41,9 @@ uint64_t st_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-int st_parse_size(const char *text, uint64_t *out_bytes)
+/* text as a size; *exact false when a fraction does not come to whole
+ * bytes (*out_bytes then the whole bytes below it). */
+static int parse_size(const char *text, uint64_t *out_bytes, bool *exact)
 {
 	const char *p = text;
 	unsigned __int128 whole = 0, frac = 0, den = 1, v;
@@ -80,13 +82,36 @@ int st_parse_size(const char *text, uint64_t *out_bytes)
 		p++;
 	if (*p != '\0')
 		return -EINVAL;
-	/* A fraction must come to whole bytes ("1.5K" yes, "1.1K" no). */
-	if (((frac << shift) % den) != 0)
-		return -EINVAL;
+	*exact = ((frac << shift) % den) == 0;
 	v = (whole << shift) + ((frac << shift) / den);
 	if (v > UINT64_MAX || (whole << shift) >> shift != whole)
 		return -EINVAL;
 	*out_bytes = (uint64_t)v;
+	return 0;
+}
+
+int st_parse_size(const char *text, uint64_t *out_bytes)
+{
+	uint64_t v;
+	bool exact;
+	int ret = parse_size(text, &v, &exact);
+
+	/* a fraction must come to whole bytes ("1.5K" yes, "1.1K" no) */
+	if (ret < 0 || !exact)
+		return -EINVAL;
+	*out_bytes = v;
+	return 0;
+}
+
+int st_parse_size_paged(const char *text, uint64_t page, uint64_t *out_bytes)
+{
+	uint64_t v;
+	bool exact;
+	int ret = parse_size(text, &v, &exact);
+
+	if (ret < 0)
+		return ret;
+	*out_bytes = exact ? v : v / page * page;
 	return 0;
 }
 

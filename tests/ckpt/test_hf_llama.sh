@@ -194,8 +194,11 @@ def rewrite(d, fname, edit):
     h += b" " * (-len(h) % 8)
     open(f"{d}/{fname}", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 config(copy("rope"), lambda c: c["rope_scaling"].update(rope_type="yarn"))
-config(copy("arch"), lambda c: c.update(architectures=["MistralForCausalLM"]))
-config(copy("type"), lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral"))
+config(copy("arch"), lambda c: c.update(architectures=["GemmaForCausalLM"]))
+config(copy("type"), lambda c: c.update(architectures=["GemmaForCausalLM"], model_type="gemma"))
+# a Mistral is read as a LLaMA only when its sliding window spans the context
+config(copy("window"), lambda c: c.update(architectures=["MistralForCausalLM"],
+                                          model_type="mistral", sliding_window=16))
 t = "model.layers.1.mlp.up_proj.weight"
 d = copy("missing")
 rewrite(d, wm[t], lambda ts: [x for x in ts if x[0] != t])
@@ -217,8 +220,9 @@ refuse() { # name, what the line must say
 		{ grep -qF -- "$2" "$work/err" || { echo "FAIL refuse-$1 plan: no \"$2\""; fail=1; }; }
 }
 refuse rope 'rope_scaling.rope_type "yarn"' plan
-refuse arch 'architectures "MistralForCausalLM"' plan
-refuse type 'model_type "mistral"' plan
+refuse arch 'architectures "GemmaForCausalLM"' plan
+refuse type 'model_type "gemma"' plan
+refuse window 'model_type mistral with sliding_window 16' plan
 refuse missing 'model.layers.1.mlp.up_proj.weight'
 refuse shape 'model.layers.0.self_attn.k_proj.weight has the wrong shape for the model: [64,64], the model'"'"'s is [32,64]'
 [ $fail = 0 ] && echo PASS

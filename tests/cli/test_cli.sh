@@ -353,7 +353,8 @@ fi
 # budgets must still plan, and must still use every tier as the help says
 # (some W streamed from host, some of the optimizer state on nvme: the split
 # policy fills vram and host first), whatever the planner's pools become.
-check defaults 0 "$strata" train --steps 2 --nvme "$work"
+# (on a GPU the budgets not given are the machine's: the demo gives its own)
+check defaults 0 "$strata" train --steps 2 --nvme "$work" --gpu-mem 16M --host-mem 12M
 if ! grep -Eq '^  W +(-|[0-9]+ units [0-9.]+ [A-Za-z]+) +[0-9]+ units' "$work/out" ||
    ! grep -Eq '^  M .*[0-9]+ units [0-9.]+ [A-Za-z]+$' "$work/out" ||
    ! grep -Eq '^step +2' "$work/out"; then

@@ -24,7 +24,8 @@
 #   resume    = the uninterrupted run: metrics, best.json, model and
 #             optimizer bytes
 #   extend    the added steps at LR / 10, with their val_loss
-#   export    generate continues the prompt; config.json, tokenizer files;
+#   export    generate continues the prompt; config.json (shape, special
+#             tokens, torch_dtype), generation_config.json, tokenizer files;
 #             the bf16 weights = ck/best's rounded (python3 with torch)
 #   ranks     2 ranks = the uninterrupted 1-rank run, bit for bit (skipped,
 #             saying so, without mpirun)
@@ -291,8 +292,13 @@ assert c["architectures"] == ["LlamaForCausalLM"], c
 for k in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "num_key_value_heads", "vocab_size", "rope_theta", "rms_norm_eps", "tie_word_embeddings"):
     assert c[k] == s[k], (k, c[k], s[k])
+for k in ("bos_token_id", "eos_token_id"):
+    assert c[k] == s[k], (k, c[k], s[k])
+assert c["torch_dtype"] == "bfloat16", c["torch_dtype"]
 for f in ("tokenizer.json", "tokenizer_config.json"):
     assert open(f"{out}/{f}", "rb").read() == open(f"{src}/{f}", "rb").read(), f
+g = json.load(open(f"{out}/generation_config.json"))
+assert g["bos_token_id"] == s["bos_token_id"] and g["eos_token_id"] == s["eos_token_id"], g
 import torch
 def tensors(d):  # {name: torch tensor} of every .safetensors file in d
     out = {}
@@ -311,7 +317,7 @@ assert {k: list(v.shape) for k, v in w.items()} == names, (sorted(w), sorted(nam
 for k, v in w.items():
     assert v.dtype == torch.bfloat16, (k, v.dtype)
     assert torch.equal(v, m[k].to(torch.bfloat16)), k
-print(f"ok   export: config.json and tokenizer files; {len(w)} bf16 tensors = ck/best's rounded")
+print(f"ok   export: config.json, generation_config.json, tokenizer files; {len(w)} bf16 tensors = ck/best's rounded")
 PY
 }
 

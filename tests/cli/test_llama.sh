@@ -31,7 +31,7 @@ else
 	bad "plan --model DIR"; echo "$out" | head -5
 fi
 # refusals: one line naming the key, exit 2
-for sub in 's/LlamaForCausalLM/MistralForCausalLM/;architectures' \
+for sub in 's/LlamaForCausalLM/GemmaForCausalLM/;architectures' \
 	   's/"llama3"/"yarn"/;rope_type' 's/"silu"/"gelu"/;hidden_act'; do
 	mkdir -p "$work/bad"
 	sed "${sub%;*}" "$work/hf/config.json" >"$work/bad/config.json"

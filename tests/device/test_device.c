@@ -12,6 +12,8 @@
 #include "strata/compute.h"
 
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -388,10 +390,54 @@ static void test_strict_faults(void **state)
 	expect_strict_fault(SF_TO_HOST_BACKWARDS, SIGABRT, "a to_host copy of 256 bytes");
 }
 
+/* --device auto with fake probes: what each finds decides, and the line
+ * says which and why. */
+static int probe_calls;
+
+static void probe_gpu(int ordinal, struct st_device_probe *out)
+{
+	probe_calls++;
+	assert_int_equal(ordinal, 1);
+	out->usable = true;
+	out->free_bytes = 3 * ST_GiB;
+	out->total_bytes = 4 * ST_GiB;
+	snprintf(out->what, sizeof(out->what), "Fake GPU");
+}
+
+static void probe_none(int ordinal, struct st_device_probe *out)
+{
+	(void)ordinal;
+	probe_calls++;
+	out->usable = false;
+	snprintf(out->what, sizeof(out->what), "no CUDA-capable device is detected");
+}
+
+static void test_choose_auto(void **state)
+{
+	struct st_device_probe p;
+	char why[512];
+
+	(void)state;
+	probe_calls = 0;
+	assert_string_equal(st_device_choose(true, probe_gpu, 1, &p, why, sizeof(why)), "cuda");
+	assert_true(p.usable && p.free_bytes == 3 * ST_GiB);
+	assert_string_equal(why, "GPU 1, Fake GPU, 3.0 GiB free of 4.0 GiB");
+	assert_string_equal(st_device_choose(true, probe_none, 0, &p, why, sizeof(why)), "cpu");
+	assert_false(p.usable);
+	assert_string_equal(why, "no usable GPU: no CUDA-capable device is detected");
+	assert_int_equal(probe_calls, 2);
+	/* without CUDA built in, no probe runs */
+	assert_string_equal(st_device_choose(false, probe_gpu, 1, &p, why, sizeof(why)), "cpu");
+	assert_int_equal(probe_calls, 2);
+	assert_false(p.usable);
+	assert_non_null(strstr(why, "built without CUDA"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_find),
+		cmocka_unit_test(test_choose_auto),
 		cmocka_unit_test(test_create_refuses_incomplete_table),
 		cmocka_unit_test(test_arena_budget),
 		cmocka_unit_test(test_arena_too_big),

@@ -139,7 +139,7 @@ static void test_hf_config(void **state)
 	static const struct {
 		const char *from, *to, *says;
 	} bad[] = {
-		{ "LlamaForCausalLM", "MistralForCausalLM", "architectures" },
+		{ "LlamaForCausalLM", "GemmaForCausalLM", "architectures" },
 		{ "\"llama3\"", "\"yarn\"", "rope_type" },
 		{ "\"silu\"", "\"gelu\"", "hidden_act" },
 		{ "\"head_dim\": 16", "\"attention_bias\": true", "attention_bias" },

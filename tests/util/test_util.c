@@ -87,6 +87,37 @@ static void test_parse_size_refuses(void **state)
 	}
 }
 
+/* Budgets on a command line: a fraction rounds down to whole pages;
+ * what is exact stays; what is no size stays refused. */
+static void test_parse_size_paged(void **state)
+{
+	const struct size_case ok[] = {
+		/* 2.3 * 2^30 = 2469606195.2: 602931 pages of 4096 lie below */
+		{ "2.3G", 602931ull * 4096 },
+		{ "0.3K", 0 },
+		{ "1.1M", 281ull * 4096 }, /* 1153433.6 / 4096 = 281.6 */
+		{ "1.5G", 3ull << 29 },
+		{ "4097", 4097 }, /* exact: kept */
+	};
+	const char *bad[] = { "", "abc", "4G junk", "-1", "16777216T" };
+
+	(void)state;
+	for (size_t i = 0; i < ST_ARRAY_LEN(ok); i++) {
+		uint64_t got = 1;
+
+		assert_int_equal(st_parse_size_paged(ok[i].text, 4096, &got), 0);
+		if (got != ok[i].bytes)
+			fail_msg("\"%s\" -> %llu, want %llu", ok[i].text,
+				 (unsigned long long)got, (unsigned long long)ok[i].bytes);
+	}
+	for (size_t i = 0; i < ST_ARRAY_LEN(bad); i++) {
+		uint64_t got = 7;
+
+		assert_int_equal(st_parse_size_paged(bad[i], 4096, &got), -EINVAL);
+		assert_true(got == 7);
+	}
+}
+
 struct fmt_case {
 	uint64_t bytes;
 	const char *text;
@@ -277,6 +308,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_parse_size_accepts),
 		cmocka_unit_test(test_parse_size_refuses),
+		cmocka_unit_test(test_parse_size_paged),
 		cmocka_unit_test(test_format_bytes),
 		cmocka_unit_test(test_format_parse_round_trip),
 		cmocka_unit_test(test_error_set_returns_err),

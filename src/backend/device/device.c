@@ -5,6 +5,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,26 @@ const char *st_device_list(void)
 bool st_device_on_host(const char *name)
 {
 	return !name || strcmp(name, "cpu") == 0 || strcmp(name, "cpu-strict") == 0;
+}
+
+const char *st_device_choose(bool cuda_built, st_device_probe_fn probe, int ordinal,
+			     struct st_device_probe *p, char *why, size_t n)
+{
+	memset(p, 0, sizeof(*p));
+	if (!cuda_built || !probe) {
+		snprintf(p->what, sizeof(p->what), "built without CUDA (no nvcc when strata was "
+			 "configured)");
+		snprintf(why, n, "%s", p->what);
+		return "cpu";
+	}
+	probe(ordinal, p);
+	if (!p->usable) {
+		snprintf(why, n, "no usable GPU: %s", p->what);
+		return "cpu";
+	}
+	snprintf(why, n, "GPU %d, %s, %.1f GiB free of %.1f GiB", ordinal, p->what,
+		 (double)p->free_bytes / (double)ST_GiB, (double)p->total_bytes / (double)ST_GiB);
+	return "cuda";
 }
 
 static bool device_ops_valid(const struct st_device_ops *o)
