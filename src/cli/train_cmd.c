@@ -266,7 +266,7 @@ struct train_args {
 	const char *val_name;   /* --val-data */
 	int threads;
 	bool accum_auto, keep_given, data_given;
-	bool given[1024];       /* the flags given, by getopt value */
+	bool given[1100];       /* the flags given, by getopt value */
 	int ckpt_accum;         /* --resume without --grad-accum: the saved
 				 * step's micro-batches over every rank */
 	char device_why[512]; /* --device auto: which and why */
@@ -478,6 +478,9 @@ static void train_saved_flags(struct train_args *a, struct json_object *o)
 		cfg->bf16 = strcmp(json_object_get_string(v), "bf16") == 0;
 	if (!a->given['u'] && (v = saved(o, "shuffle")))
 		rc->shuffle = json_object_get_boolean(v);
+	if (!a->given[1040] && (v = saved(o, "samples")) &&
+	    strcmp(json_object_get_string(v), "documents") == 0) /* absent: windows */
+		rc->samples = ST_SAMPLES_DOCUMENTS;
 	if (!a->given[1003] && (v = saved(o, "compute_dtype")))
 		st_precision_parse(json_object_get_string(v), &rc->engine.compute_dtype);
 	/* a run extended past its total keeps the schedule it had */

@@ -650,10 +650,15 @@ int st_eng_update_sweep(struct st_engine *e, const struct st_adam_step *wd,
 /* --- the update inside the backward: the step's calls ---------------------- */
 
 /* The speculation starts (st_eng_update_prefetch): update.spec_wd and
- * spec_nowd hold the step's AdamW constants at a clip factor of 1. */
+ * spec_nowd hold the step's AdamW constants at a clip factor of 1. The
+ * last sweep's stores have landed first: a sweep after the backward
+ * fused with this step's forward leaves its last tiles' P, M, V going
+ * back, and the speculative tiles take the staging sets in another turn
+ * than the sweep's, so a tile's load would not wait, by its buffer, for
+ * its own store of the last step (the sweep's tiles do). */
 static int spec_begin(struct st_engine *e)
 {
-	int ret = upd_reads_quiet(e);
+	int ret = upd_quiet(e);
 
 	e->update.spec_step = true;
 	e->update.spec_off = false;

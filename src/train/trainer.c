@@ -403,6 +403,21 @@ int st_trainer_step(struct st_trainer *t, struct st_loader *ld, int step,
 	return 0;
 }
 
+/* The next batch of ld through the forward and the head: its loss in *l
+ * (the mean, or with b->losses the per-token losses there). */
+static int eval_batch(struct st_trainer *t, struct st_loader *ld, const struct st_model_batch *b,
+		      float *l)
+{
+	int H = t->U - 1, ret;
+
+	st_loader_next(ld, t->tokens, t->targets);
+	ret = forward_body(t, b);
+	if (ret == 0)
+		ret = st_model_fwd(t->model, H, b, weights(t, H), other_of(t, H), act(t, H), NULL,
+				   l, t->work, t->work_bytes);
+	return ret;
+}
+
 int st_trainer_eval_sum(struct st_trainer *t, struct st_loader *ld, int n_batches,
 			double *sum, uint64_t *count)
 {
@@ -411,18 +426,14 @@ int st_trainer_eval_sum(struct st_trainer *t, struct st_loader *ld, int n_batche
 				    .targets = t->targets, .loss_scale = 1.0f,
 				    .losses = t->losses, .count = 1 };
 	const size_t n = (size_t)b.B * (size_t)b.T;
-	int H = t->U - 1, ret = 0;
+	int ret = 0;
 
 	*sum = 0;
 	*count = st_loader_count(ld, (uint32_t)ST_MAX(n_batches, 0));
 	for (int i = 0; i < n_batches && ret == 0; i++) {
 		float l = 0;
 
-		st_loader_next(ld, t->tokens, t->targets);
-		ret = forward_body(t, &b);
-		if (ret == 0)
-			ret = st_model_fwd(t->model, H, &b, weights(t, H), other_of(t, H),
-					   act(t, H), NULL, &l, t->work, t->work_bytes);
+		ret = eval_batch(t, ld, &b, &l);
 		*sum += st_model_sum_losses(t->losses, n);
 	}
 	return ret;
@@ -435,7 +446,7 @@ int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
 				    .targets = t->targets, .loss_scale = 1.0f };
 	double sum = 0;
 	uint64_t count;
-	int H = t->U - 1, ret = 0;
+	int ret = 0;
 
 	if (st_loader_masked(ld)) { /* the mean over the counted targets */
 		ret = st_trainer_eval_sum(t, ld, n_batches, &sum, &count);
@@ -445,11 +456,7 @@ int st_trainer_eval(struct st_trainer *t, struct st_loader *ld, int n_batches,
 	for (int i = 0; i < n_batches && ret == 0; i++) {
 		float l = 0;
 
-		st_loader_next(ld, t->tokens, t->targets);
-		ret = forward_body(t, &b);
-		if (ret == 0)
-			ret = st_model_fwd(t->model, H, &b, weights(t, H), other_of(t, H),
-					   act(t, H), NULL, &l, t->work, t->work_bytes);
+		ret = eval_batch(t, ld, &b, &l);
 		sum += l;
 	}
 	*mean_loss = n_batches ? sum / n_batches : NAN;

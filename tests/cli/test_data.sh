@@ -186,8 +186,13 @@ if [ "$(sha "$work/dall/latest/model.safetensors")" = "$(sha "$work/dpart/latest
 else
 	echo "FAIL --samples documents: the resumed run differs"; fail=1
 fi
+# --resume without --samples takes the checkpoint's (documents)
+check "--resume without --samples: the saved documents" 0 "$strata" train "${model[@]}" \
+	--data "$work/docs.bin" --steps 250 --save "$work/dpart2" --resume "$(ls -d "$work"/dall/step-*120)"
+[ "$(sha "$work/dall/latest/model.safetensors")" = "$(sha "$work/dpart2/latest/model.safetensors")" ] ||
+	{ echo "FAIL --resume without --samples: differs from the documents run"; fail=1; }
 quiet_refusals=0 # train prints its plan before it reads the checkpoint
 check "--resume with --samples windows is refused" 2 "$strata" train "${model[@]}" \
-	--data "$work/docs.bin" --steps 250 --resume "$(ls -d "$work"/dall/step-*120)"
+	--data "$work/docs.bin" --samples windows --steps 250 --resume "$(ls -d "$work"/dall/step-*120)"
 
 exit $fail
