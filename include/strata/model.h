@@ -370,4 +370,36 @@ double st_model_flops_per_token(const struct st_model *m, int T);
  * backward recomputes its forward does a third more of its share. */
 double st_model_unit_flops_per_token(const struct st_model *m, int u, int T);
 
+/* Decoding with a KV cache, for generation: the prompt runs once through
+ * every layer (prefill), each layer's K and V of its positions kept, then
+ * each new token runs its one position through every layer, attending over
+ * the kept K and V (LLaMA: rotated at the token's absolute position; GQA's
+ * kv heads shared) and appending its own. The cache is allocated once at
+ * begin: n_layer x max_tokens x kv_dim x 2 floats (kv_dim: GPT-2's dim,
+ * LLaMA's n_kv_head x head_dim). The logits agree with st_model_fwd()'s
+ * over the whole prefix to rounding (the attention of one row sums in
+ * another order). fp32 compute on the cpu compute only (host memory). */
+struct st_decode;
+
+/* Bytes of the cache for max_tokens positions. */
+size_t st_model_decode_cache_bytes(const struct st_model_config *cfg, int max_tokens);
+
+/* A decoder of m for up to max_tokens positions (1 .. ctx). Returns 0,
+ * -EINVAL (max_tokens out of range), -ENOTSUP (a family without the
+ * hooks, bf16 compute, or a compute other than the cpu's), -ENOMEM. */
+int st_model_decode_begin(const struct st_model *m, int max_tokens, struct st_decode **out);
+
+/* Run the n tokens (n >= 1: the prompt, then one at a time) at the next
+ * n positions and write the last one's logits (V floats). params[u] is
+ * unit u's flat buffer (fp32, as st_model_fwd's params) for every unit.
+ * Returns 0, -EINVAL (a token out of range, past max_tokens) or the
+ * compute's error. */
+int st_model_decode_step(struct st_decode *d, const void *const *params, const int32_t *tokens,
+			 int n, float *logits);
+
+/* Positions in the cache so far. */
+int st_model_decode_pos(const struct st_decode *d);
+
+void st_model_decode_end(struct st_decode *d);
+
 #endif

@@ -50,6 +50,11 @@ void st_trainer_destroy(struct st_trainer *t);
 
 const struct st_model *st_trainer_model(const struct st_trainer *t);
 
+/* Unit u's weights as the forward reads them (the model's precision:
+ * fp32, or bf16 under a bf16 compute dtype; st_model_unit_layout()'s elems
+ * values) into dst: what st_model_decode_step() takes. 0 or -EINVAL. */
+int st_trainer_unit_weights(struct st_trainer *t, int u, void *dst);
+
 /* Replace the parameters with w's (strata/weights.h: a strata checkpoint,
  * a Hugging Face GPT-2 in F32, BF16 or F16, an llm.c model file). Every
  * tensor of the model must be there with its exact shape. Moments are

@@ -202,7 +202,33 @@ struct st_family_body {
 	 * (NULL when none); grad and other_grad NULL for the forward. */
 	struct st_head (*head)(const struct st_model *m, const void *params, const void *other,
 			       float *grad, float *other_grad);
+	/* Decoding with a KV cache (decode.c; NULL: the family does not
+	 * decode). y (n,C) fp32 from the n tokens at positions pos.. */
+	void (*embed_at)(const struct st_model *m, const int32_t *tokens, int n, int pos,
+			 const void *params, float *y);
+	/* Block unit u on the n rows of x at positions pos..pos+n-1: their K
+	 * and V (fp32, rows of st_decode_kv_dim(), after RoPE) go into rows
+	 * pos.. of kc and vc, each row attends over rows 0..its own; buffers
+	 * carved from cv as block_carve(m, 1, n, cv, cv) does. y (n,C) fp32.
+	 * 0 or -errno (the compute's errors are taken by the caller). */
+	int (*block_decode)(const struct st_model *m, int u, int pos, int n, const void *params,
+			     const float *x, float *y, float *kc, float *vc, struct st_carver *cv);
 };
+
+/* ---- decoding (decode.c) ---- */
+
+/* Channels of a position's K (and of its V): kv heads x head_dim. */
+int st_decode_kv_dim(const struct st_model_config *cfg);
+/* out (n, NH*hd) fp32: query row i (q + i * sq, NH heads of hd) at
+ * position pos + i attends over the cache's rows 0..pos+i (kc, vc rows
+ * of NKV*hd; head h reads kv head h / (NH/NKV)), softmax(q.k / sqrt(hd)).
+ * Host memory (the cpu compute). 0 or -ENOMEM. */
+int st_decode_attend(float *out, const float *q, int sq, const float *kc, const float *vc,
+		     int pos, int n, int NH, int NKV, int hd);
+/* The rotation of NH heads of hd in n rows of stride floats at positions
+ * pos.., in place, as the cpu's ROPE_FWD at those positions (host). */
+void st_decode_rope(float *x, int n, int pos, int NH, int hd, int stride,
+		    const struct st_rope_args *r);
 
 /* The st_family_ops hooks of a family with a body (strata/family.h's
  * contracts): the embed / blocks / head switch, the workspace carving and

@@ -230,19 +230,24 @@ static void block_views(const struct st_model *m, const struct st_mop *o, int u,
 		p[k] = st_mop_at(o, params, ul->tensors[k].offset_elems);
 }
 
-/* The block's forward up to the MLP activation, shared by fwd and bwd.
- * attproj is (N,C) fp32 scratch for the attention projection. */
-static void block_fwd_core(const struct st_model *m, const struct st_mop *o, const void **p,
-			   const struct block_work *w, const float *x, float *attproj, int B,
-			   int T)
+/* ln1 and the qkv projection of x (N rows). */
+static void block_qkv(const struct st_model *m, const struct st_mop *o, const void **p,
+		      const struct block_work *w, const float *x, int N)
 {
-	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head, N = B * T;
+	const int C = st_model_config(m)->dim;
 
-	// ln1, qkv, attention, projection
 	st_mop_layernorm_fwd(o, w->ln1, w->mean1, w->rstd1, x, p[BT_LN1_W], p[BT_LN1_B], N, C);
 	st_mop_mm_fwd(o, ST_OP_MATMUL_FWD, w->qkv, o->dt, w->ln1, p[BT_ATTN_W], p[BT_ATTN_B], N,
 		      C, 3 * C);
-	st_mop_attention_fwd(o, w->atty, w->lse, w->qkv, B, T, C, NH);
+}
+
+/* After the attention (atty): the projection, residual and ln2, fc and
+ * gelu. attproj is (N,C) fp32 scratch. */
+static void block_after_att(const struct st_model *m, const struct st_mop *o, const void **p,
+			    const struct block_work *w, const float *x, float *attproj, int N)
+{
+	const int C = st_model_config(m)->dim;
+
 	st_mop_mm_fwd(o, ST_OP_MATMUL_FWD, attproj, ST_DTYPE_F32, w->atty, p[BT_PROJ_W],
 		      p[BT_PROJ_B], N, C, C);
 	// residual and ln2 (one op where the compute has it: the same bits)
@@ -252,21 +257,72 @@ static void block_fwd_core(const struct st_model *m, const struct st_mop *o, con
 	st_mop_mm_gelu_fwd(o, w->gel, w->fch, w->ln2, p[BT_FC_W], p[BT_FC_B], N, C, 4 * C);
 }
 
+/* y = res + gel @ W_fcp + b */
+static void block_out(const struct st_model *m, const struct st_mop *o, const void **p,
+		      const struct block_work *w, float *y, int N)
+{
+	const int C = st_model_config(m)->dim;
+
+	st_mop_mm_fwd(o, ST_OP_MATMUL_FWD, y, ST_DTYPE_F32, w->gel, p[BT_FCP_W], p[BT_FCP_B], N,
+		      4 * C, C);
+	st_compute_residual_fwd(o->c, y, w->res, y, (size_t)N * C);
+}
+
+/* The block's forward up to the MLP activation, shared by fwd and bwd.
+ * attproj is (N,C) fp32 scratch for the attention projection. */
+static void block_fwd_core(const struct st_model *m, const struct st_mop *o, const void **p,
+			   const struct block_work *w, const float *x, float *attproj, int B,
+			   int T)
+{
+	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head;
+
+	block_qkv(m, o, p, w, x, B * T);
+	st_mop_attention_fwd(o, w->atty, w->lse, w->qkv, B, T, C, NH);
+	block_after_att(m, o, p, w, x, attproj, B * T);
+}
+
 static void gpt2_block_fwd(const struct st_model *m, int u, int B, int T, const void *params,
 			   const float *x, float *y, struct st_carver *sv, struct st_carver *sc)
 {
 	const struct st_mop o = st_mop_of(m);
-	const int C = st_model_config(m)->dim, N = B * T;
 	const void *p[BT_COUNT];
 	struct block_work w;
 
 	block_carve(m, B, T, sv, sc, &w);
 	block_views(m, &o, u, params, p);
 	block_fwd_core(m, &o, p, &w, x, y, B, T);
-	// y = res + gel @ W_fcp + b
-	st_mop_mm_fwd(&o, ST_OP_MATMUL_FWD, y, ST_DTYPE_F32, w.gel, p[BT_FCP_W], p[BT_FCP_B], N,
-		      4 * C, C);
-	st_compute_residual_fwd(o.c, y, w.res, y, (size_t)N * C);
+	block_out(m, &o, p, &w, y, B * T);
+}
+
+/* The block on n new rows at positions pos.. with the KV cache: qkv, the
+ * rows' K and V appended, their attention over the cache, the rest as the
+ * forward. fp32 on the cpu (st_model_decode_begin checks). */
+static int gpt2_block_decode(const struct st_model *m, int u, int pos, int n,
+			      const void *params, const float *x, float *y, float *kc, float *vc,
+			      struct st_carver *cv)
+{
+	const struct st_mop o = st_mop_of(m);
+	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head;
+	const void *p[BT_COUNT];
+	struct block_work w;
+	int ret;
+
+	block_carve(m, 1, n, cv, cv, &w);
+	block_views(m, &o, u, params, p);
+	block_qkv(m, &o, p, &w, x, n);
+	st_compute_sync(o.c);
+	for (int i = 0; i < n; i++) {
+		const float *r = (const float *)w.qkv + (size_t)i * 3 * C;
+
+		memcpy(kc + (size_t)(pos + i) * C, r + C, sizeof(float) * (size_t)C);
+		memcpy(vc + (size_t)(pos + i) * C, r + 2 * C, sizeof(float) * (size_t)C);
+	}
+	ret = st_decode_attend(w.atty, w.qkv, 3 * C, kc, vc, pos, n, NH, NH, C / NH);
+	if (ret < 0)
+		return ret;
+	block_after_att(m, &o, p, &w, x, y, n);
+	block_out(m, &o, p, &w, y, n);
+	return 0;
 }
 
 static void gpt2_block_bwd(const struct st_model *m, int u, int B, int T, const void *params,
@@ -348,6 +404,27 @@ static void gpt2_embed_fwd(const struct st_model *m, const struct st_model_batch
 	st_compute_run(o.c, &op);
 }
 
+/* y (n,C) fp32 = wte[tokens] + wpe[pos + i]: the op on wpe's rows from pos */
+static void gpt2_embed_at(const struct st_model *m, const int32_t *tokens, int n, int pos,
+			  const void *params, float *y)
+{
+	const struct st_mop o = st_mop_of(m);
+	const struct st_unit_layout *ul = st_model_unit_layout(m, 0);
+	const int C = st_model_config(m)->dim, V = st_model_config(m)->vocab;
+	const size_t wpe = ul->tensors[ET_WPE].offset_elems + (size_t)pos * C;
+	struct st_op op = {
+		.kind = ST_OP_EMBEDDING_FWD,
+		.t = { st_tensor_3d(y, ST_DTYPE_F32, 1, n, C),
+		       st_tensor_2d(tokens, ST_DTYPE_I32, 1, n),
+		       st_tensor_2d(st_mop_at(&o, params, ul->tensors[ET_WTE].offset_elems), o.dt,
+				    V, C),
+		       st_tensor_2d(st_mop_at(&o, params, wpe), o.dt, n, C) },
+		.i = { 1, n, C },
+	};
+
+	st_compute_run(o.c, &op);
+}
+
 /* dout and the gradients are fp32 at every compute dtype */
 static void gpt2_embed_bwd(const struct st_model *m, const struct st_model_batch *b,
 			   const float *dy, float *grad)
@@ -390,6 +467,8 @@ static const struct st_family_body gpt2_body = {
 	.block_fwd = gpt2_block_fwd,
 	.block_bwd = gpt2_block_bwd,
 	.head = gpt2_head,
+	.embed_at = gpt2_embed_at,
+	.block_decode = gpt2_block_decode,
 };
 
 static const char *const st_gpt2_model_types[] = { "gpt2", NULL };

@@ -261,25 +261,31 @@ static void layer_views(const struct st_model *m, int u, const void *base, size_
 		out[k] = off[k] < 0 ? NULL : (const char *)base + (size_t)off[k] * elem;
 }
 
-/* The layer's forward up to the MLP activation, shared by fwd and bwd;
- * oproj is (N,C) fp32 scratch for the attention's projection. */
-static void layer_fwd_core(const struct st_model *m, const struct st_mop *o, const void **p,
-			   const struct layer_work *w, const float *x, float *oproj, int B, int T)
+/* The input norm and the q, k, v projections of x (N rows). */
+static void layer_qkv(const struct st_model *m, const struct st_mop *o, const void **p,
+		      const struct layer_work *w, const float *x, int N)
 {
 	const struct st_model_config *cfg = st_model_config(m);
 	const struct st_dims d = st_dims_of(cfg);
-	const struct st_rope_args r = st_rope_of(cfg);
-	const float eps = (float)cfg->norm_eps;
 	const enum st_dtype dt = o->dt;
-	const int N = B * T;
 
-	st_mop_rmsnorm_fwd(o, w->xn, w->rstd1, x, p[LT_IN_NORM], eps, N, d.C);
+	st_mop_rmsnorm_fwd(o, w->xn, w->rstd1, x, p[LT_IN_NORM], (float)cfg->norm_eps, N, d.C);
 	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->q, dt, w->xn, p[LT_Q_W], p[LT_Q_B], N, d.C, d.Q);
 	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->k, dt, w->xn, p[LT_K_W], p[LT_K_B], N, d.C, d.KV);
 	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, w->v, dt, w->xn, p[LT_V_W], p[LT_V_B], N, d.C, d.KV);
-	st_mop_rope(o, false, w->q, B, T, d.H, d.hd, d.Q, &r);
-	st_mop_rope(o, false, w->k, B, T, d.K, d.hd, d.KV, &r);
-	st_mop_gqa_fwd(o, w->att, w->lse, w->q, w->k, w->v, B, T, d.H, d.K, d.hd);
+}
+
+/* After the attention (att): the output projection into oproj ((N,C)
+ * fp32 scratch), the residual and post-attention norm, the MLP's gate, up
+ * and activation. */
+static void layer_after_att(const struct st_model *m, const struct st_mop *o, const void **p,
+			    const struct layer_work *w, const float *x, float *oproj, int N)
+{
+	const struct st_model_config *cfg = st_model_config(m);
+	const struct st_dims d = st_dims_of(cfg);
+	const float eps = (float)cfg->norm_eps;
+	const enum st_dtype dt = o->dt;
+
 	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, oproj, ST_DTYPE_F32, w->att, p[LT_O_W], NULL, N, d.Q,
 		      d.C);
 	/* residual and post-attention norm: one op (the same bits as the two) */
@@ -290,21 +296,77 @@ static void layer_fwd_core(const struct st_model *m, const struct st_mop *o, con
 	st_mop_swiglu_fwd(o, w->act, w->gate, w->up, (size_t)N * d.F);
 }
 
+/* y = h + act @ W_down */
+static void layer_out(const struct st_model *m, const struct st_mop *o, const void **p,
+		      const struct layer_work *w, float *y, int N)
+{
+	const struct st_dims d = st_dims_of(st_model_config(m));
+
+	st_mop_mm_fwd(o, ST_OP_LINEAR_FWD, y, ST_DTYPE_F32, w->act, p[LT_DOWN_W], NULL, N, d.F,
+		      d.C);
+	st_compute_residual_fwd(o->c, y, w->h, y, (size_t)N * d.C);
+}
+
+/* The layer's forward up to the MLP activation, shared by fwd and bwd;
+ * oproj is (N,C) fp32 scratch for the attention's projection. */
+static void layer_fwd_core(const struct st_model *m, const struct st_mop *o, const void **p,
+			   const struct layer_work *w, const float *x, float *oproj, int B, int T)
+{
+	const struct st_model_config *cfg = st_model_config(m);
+	const struct st_dims d = st_dims_of(cfg);
+	const struct st_rope_args r = st_rope_of(cfg);
+
+	layer_qkv(m, o, p, w, x, B * T);
+	st_mop_rope(o, false, w->q, B, T, d.H, d.hd, d.Q, &r);
+	st_mop_rope(o, false, w->k, B, T, d.K, d.hd, d.KV, &r);
+	st_mop_gqa_fwd(o, w->att, w->lse, w->q, w->k, w->v, B, T, d.H, d.K, d.hd);
+	layer_after_att(m, o, p, w, x, oproj, B * T);
+}
+
 static void llama_block_fwd(const struct st_model *m, int u, int B, int T, const void *params,
 			    const float *x, float *y, struct st_carver *sv, struct st_carver *sc)
 {
 	const struct st_mop o = st_mop_of(m);
-	const struct st_dims d = st_dims_of(st_model_config(m));
-	const int N = B * T;
 	const void *p[LT_COUNT];
 	struct layer_work w;
 
 	layer_carve(m, B, T, sv, sc, &w);
 	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
 	layer_fwd_core(m, &o, p, &w, x, y, B, T);
-	st_mop_mm_fwd(&o, ST_OP_LINEAR_FWD, y, ST_DTYPE_F32, w.act, p[LT_DOWN_W], NULL, N, d.F,
-		      d.C);
-	st_compute_residual_fwd(o.c, y, w.h, y, (size_t)N * d.C);
+	layer_out(m, &o, p, &w, y, B * T);
+}
+
+/* The layer on n new rows at positions pos.. with the KV cache: q, k, v,
+ * rotated at their absolute positions, k and v appended to the cache, the
+ * attention over it (GQA's shared kv heads), the rest as the forward. fp32
+ * on the cpu (st_model_decode_begin checks). */
+static int llama_block_decode(const struct st_model *m, int u, int pos, int n,
+			       const void *params, const float *x, float *y, float *kc,
+			       float *vc, struct st_carver *cv)
+{
+	const struct st_mop o = st_mop_of(m);
+	const struct st_model_config *cfg = st_model_config(m);
+	const struct st_dims d = st_dims_of(cfg);
+	const struct st_rope_args r = st_rope_of(cfg);
+	const size_t row = sizeof(float) * (size_t)d.KV;
+	const void *p[LT_COUNT];
+	struct layer_work w;
+	int ret;
+
+	layer_carve(m, 1, n, cv, cv, &w);
+	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
+	layer_qkv(m, &o, p, &w, x, n);
+	st_compute_sync(o.c);
+	st_decode_rope(w.q, n, pos, d.H, d.hd, d.Q, &r);
+	st_decode_rope(w.k, n, pos, d.K, d.hd, d.KV, &r);
+	memcpy(kc + (size_t)pos * d.KV, w.k, row * (size_t)n);
+	memcpy(vc + (size_t)pos * d.KV, w.v, row * (size_t)n);
+	ret = st_decode_attend(w.att, w.q, d.Q, kc, vc, pos, n, d.H, d.K, d.hd);
+	if (ret < 0)
+		return ret;
+	layer_after_att(m, &o, p, &w, x, y, n);
+	layer_out(m, &o, p, &w, y, n);
+	return 0;
 }
 
 /* The attention's backward: from datt (N,Q) dt to dn (N,C) dt, the input
@@ -397,6 +459,16 @@ static void llama_embed_fwd(const struct st_model *m, const struct st_model_batc
 	st_compute_run(o.c, &op);
 }
 
+/* y (n,C) fp32: the embedding rows (no position: RoPE is in the layers) */
+static void llama_embed_at(const struct st_model *m, const int32_t *tokens, int n, int pos,
+			   const void *params, float *y)
+{
+	struct st_model_batch b = { .B = 1, .T = n, .tokens = tokens };
+
+	(void)pos;
+	llama_embed_fwd(m, &b, params, y);
+}
+
 /* dout and the gradient are fp32 at every compute dtype */
 static void llama_embed_bwd(const struct st_model *m, const struct st_model_batch *b,
 			    const float *dy, float *grad)
@@ -437,6 +509,8 @@ static const struct st_family_body llama_body = {
 	.block_fwd = llama_block_fwd,
 	.block_bwd = llama_block_bwd,
 	.head = llama_head,
+	.embed_at = llama_embed_at,
+	.block_decode = llama_block_decode,
 };
 
 /* mistral: a Mistral whose sliding window covers the whole context (null,

@@ -269,6 +269,14 @@ static float *weights(struct st_trainer *t, int u)
 	return t->wf;
 }
 
+int st_trainer_unit_weights(struct st_trainer *t, int u, void *dst)
+{
+	if (u < 0 || u >= t->U)
+		return -EINVAL;
+	widen(t, u, dst);
+	return 0;
+}
+
 /* The weights unit u reads of another unit (layout.reads_unit), or NULL. */
 static const float *other_of(struct st_trainer *t, int u)
 {

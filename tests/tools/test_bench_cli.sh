@@ -169,6 +169,9 @@ for tool in "$@"; do
 		   check "torch-ref bench --batch 0" 2 "$tool" bench --batch 0
 		   check "torch-ref bench --model bogus" 2 "$tool" bench --model bogus
 		   check "torch-ref bench --against on cuda" 2 "$tool" bench --device cuda --against /bin/true ;;
+	generate-bench) check "generate-bench --strata missing" 2 "$tool" --strata /nonexistent
+			check "generate-bench --rounds 0" 2 "$tool" --rounds 0
+			check "generate-bench --tokens 0" 2 "$tool" --tokens 0 ;;
 	startup-bench) check "startup-bench --strata missing" 2 "$tool" --strata /nonexistent
 		       check "startup-bench --rounds 0" 2 "$tool" --rounds 0 ;;
 	ab-bench) check "ab-bench without --new" 2 "$tool" --old /nonexistent
