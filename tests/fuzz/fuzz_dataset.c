@@ -1,7 +1,8 @@
 /* libFuzzer target for the llm.c token-shard reader (src/io/dataset.c), as
  * `strata train --data x.bin` opens it (uint16 shards, and the uint32 ones
- * of magic 20240801): any input either opens, with a
- * token count that matches the file and a largest token that is right, and
+ * of magic 20240801, with strata's extension or without): any input either
+ * opens, with a token count (and a trailer) that matches the file and a
+ * largest token that is right, and
  * then batches come out of it inside the file; or it is refused with
  * -EINVAL and one line naming the file. The input's first 96 bytes are also
  * given to st_cursor_unpack() and st_loader_seek() (a checkpoint's sampler
@@ -33,11 +34,40 @@ static uint32_t st_fuzz_tok(const uint8_t *data, uint64_t i, unsigned w)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8;
 }
 
+static uint64_t st_fuzz_le(const uint8_t *p, int bytes)
+{
+	uint64_t v = 0;
+
+	for (int k = 0; k < bytes; k++)
+		v |= (uint64_t)p[k] << (8 * k);
+	return v;
+}
+
+/* The file's size as docs/formats.md lays it out for n tokens of w bytes:
+ * the header and the tokens, and with strata's extension ("STRA" at int32
+ * 3) the mask and the 8-aligned document starts its flags name. */
+static uint64_t st_fuzz_size(const uint8_t *data, unsigned w, uint64_t n)
+{
+	uint64_t s = ST_LLMC_HEADER_INTS * 4 + (uint64_t)w * n, flags;
+
+	if (st_fuzz_le(data + 12, 4) != ST_SHARD_EXT_MAGIC)
+		return s;
+	flags = st_fuzz_le(data + 16, 4);
+	if (flags & ST_SHARD_MASK)
+		s += n;
+	if (flags & ST_SHARD_DOCS)
+		s = (s + 7) / 8 * 8 + 8 * st_fuzz_le(data + 28, 8);
+	return s;
+}
+
 /* Draw a few batches from every split, contiguous and shuffled, and from a
- * cursor packed and unpacked again; every token must be one of the file's. */
+ * cursor packed and unpacked again; every token must be one of the file's,
+ * every target too or -1 (ignored: a shard's loss mask, masked). */
 static void st_fuzz_loaders(const struct st_dataset *ds, uint32_t max_token,
 			    const uint8_t *data, size_t size)
 {
+	const int32_t tmin = st_dataset_ext(ds).mask ? -1 : 0;
+
 	int32_t in[ST_FUZZ_B * ST_FUZZ_T], tg[ST_FUZZ_B * ST_FUZZ_T];
 	static const enum st_split splits[] = { ST_SPLIT_ALL, ST_SPLIT_TRAIN,
 						ST_SPLIT_VAL };
@@ -62,9 +92,9 @@ static void st_fuzz_loaders(const struct st_dataset *ds, uint32_t max_token,
 			for (int k = 0; k < 3; k++) {
 				st_loader_next(&ld, in, tg);
 				for (int i = 0; i < ST_FUZZ_B * ST_FUZZ_T; i++)
-					if (in[i] < 0 || tg[i] < 0 ||
+					if (in[i] < 0 || tg[i] < tmin ||
 					    (uint32_t)in[i] > max_token ||
-					    (uint32_t)tg[i] > max_token)
+					    (tg[i] >= 0 && (uint32_t)tg[i] > max_token))
 						abort();
 			}
 			st_cursor_pack(&ld.cur, packed);
@@ -78,8 +108,8 @@ static void st_fuzz_loaders(const struct st_dataset *ds, uint32_t max_token,
 			    st_loader_seek(&ld2, &c) == 0) {
 				st_loader_next(&ld2, in, tg);
 				for (int i = 0; i < ST_FUZZ_B * ST_FUZZ_T; i++)
-					if ((uint32_t)in[i] > max_token ||
-					    (uint32_t)tg[i] > max_token)
+					if ((uint32_t)in[i] > max_token || tg[i] < tmin ||
+					    (tg[i] >= 0 && (uint32_t)tg[i] > max_token))
 						abort();
 			}
 		}
@@ -114,7 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			    data[2] == ((ST_LLMC32_MAGIC >> 16) & 0xff) &&
 			    data[3] == ((uint32_t)ST_LLMC32_MAGIC >> 24) ? 4 : 2;
 	if (st_dataset_format(ds) != ST_DATASET_LLMC || n == 0 ||
-	    size != ST_LLMC_HEADER_INTS * 4 + w * n)
+	    size != st_fuzz_size(data, w, n))
 		abort();
 	for (uint64_t i = 0; i < n; i++)
 		if (st_fuzz_tok(data, i, w) > max_token)
