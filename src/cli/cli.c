@@ -34,11 +34,19 @@ void st_cli_die(int code, const char *fmt, ...)
 		fn(code);
 	}
 	fflush(stdout);
-	fputs("strata: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
+	/* one write: under mpirun another process's lines share stderr, and
+	 * the line must not be cut by them */
+	{
+		char line[2048];
+		int n = snprintf(line, sizeof(line), "strata: ");
+
+		va_start(ap, fmt);
+		vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+		va_end(ap);
+		n = (int)strlen(line);
+		line[n++] = '\n';
+		fwrite(line, 1, (size_t)n, stderr);
+	}
 	exit(code);
 }
 

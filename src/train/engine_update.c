@@ -696,19 +696,14 @@ static bool spec_holds(struct st_engine *e, int g_final)
 	return isfinite(sumsq) && !(c->clip > 0 && sumsq > (double)c->clip * c->clip);
 }
 
-int st_eng_spec_advance(struct st_engine *e, int g_final)
+/* The speculative tiles of the units g_final.. whose G is final. */
+static int spec_run(struct st_engine *e, int g_final)
 {
-	int ret = 0, dev_next = 0;
-
-	if (!e->update.spec_step || e->update.spec_off)
-		return 0;
-	if (!spec_holds(e, g_final)) {
-		e->update.spec_off = true;
-		return 0;
-	}
+	int dev_next = 0;
 	/* G on nvme: its write has landed before a tile loads it (out of
 	 * the G staging; out of the landing, grad_out waited for it) */
-	ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
+	int ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
+
 	e->update.g_final = g_final;
 	while (ret == 0 && e->update.spec_next < e->update.n_tiles &&
 	       e->update.tiles[e->update.spec_next].u >= g_final) {
@@ -717,6 +712,17 @@ int st_eng_spec_advance(struct st_engine *e, int g_final)
 		e->update.spec_next++;
 	}
 	return ret;
+}
+
+int st_eng_spec_advance(struct st_engine *e, int g_final)
+{
+	if (!e->update.spec_step || e->update.spec_off)
+		return 0;
+	if (!spec_holds(e, g_final)) {
+		e->update.spec_off = true;
+		return 0;
+	}
+	return spec_run(e, g_final);
 }
 
 /* The speculated units' W again from their P (a skipped step). */
@@ -746,8 +752,10 @@ int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 	*done = false;
 	if (!e->update.spec_step)
 		return 0;
+	/* the norm decides, not spec_holds()'s sum in another order */
 	if (same)
-		ret = st_eng_spec_advance(e, 0);
+		ret = spec_run(e, 0);
+	assert(ret < 0 || !same || e->update.spec_next == e->update.n_tiles);
 	if (ret == 0)
 		ret = upd_quiet(e);
 	e->update.spec_step = false;
