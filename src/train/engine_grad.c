@@ -114,7 +114,7 @@ static void final_sumsq(struct st_engine *e, int u, const float *g)
 	}
 	if (st_grad_sumsq(g, ST_OPTIM_F32, e->unit_elems[u], &e->grad.unit_sumsq[u]) < 0)
 		e->grad.nonfinite = true;
-	if (e->cfg.test_nan_grad_unit == u + 1 && e->cfg.test_nan_grad_step == e->trace.step)
+	if (st_eng_test_nan_grad(e, u))
 		e->grad.unit_sumsq[u] = NAN;
 }
 

@@ -513,6 +513,13 @@ int st_eng_sums_init(struct st_engine *e);
 void st_eng_sums_fini(struct st_engine *e);
 void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
 		     const void *buf, uint64_t len_bytes);
+/* Tests (st_engine_config.test_nan_grad_unit): unit u's final G counts as
+ * not finite at this step. */
+static inline bool st_eng_test_nan_grad(const struct st_engine *e, int u)
+{
+	return e->cfg.test_nan_grad_unit == u + 1 && e->cfg.test_nan_grad_step == e->trace.step;
+}
+
 /* A commit of the update inside the backward: the alternate extent's
  * sums become shard (u, s)'s. */
 void st_eng_sums_swap(struct st_engine *e, int u, enum st_state s);

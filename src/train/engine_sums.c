@@ -84,24 +84,20 @@ static uint64_t chunk_at(const struct st_engine *e, int u, enum st_state s, uint
 	return q * seg_chunks(e, u, s) + r / e->update.tile_elems;
 }
 
+static void sums_put(struct st_engine *e, uint64_t *v, int u, enum st_state s,
+		     uint64_t off_bytes, const void *buf, uint64_t len_bytes);
+
 /* The lanes' hooks on a shard's hops: what goes to nvme is summed as it
  * leaves, what comes back from nvme is checked before anything uses it. */
 static void sums_hop_out(struct st_engine *e, const struct hop *h)
 {
-	int i = h->unit * ST_STATE_COUNT + (int)h->state;
-	uint64_t *keep;
-
 	if (h->tier != ST_HOME_NVME)
 		return;
-	if (!h->alt) {
+	if (h->alt) /* into the alternate extent: its own sums (a commit swaps) */
+		sums_put(e, e->sums.alt_sums[h->unit * ST_STATE_COUNT + (int)h->state], h->unit,
+			 h->state, h->off_bytes, h->buf, h->len_bytes);
+	else
 		st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
-		return;
-	}
-	/* into the alternate extent: its own sums, the shard's untouched */
-	keep = e->sums.tile_sums[i];
-	e->sums.tile_sums[i] = e->sums.alt_sums[i];
-	st_eng_sums_put(e, h->unit, h->state, h->off_bytes, h->buf, h->len_bytes);
-	e->sums.tile_sums[i] = keep;
 }
 
 void st_eng_sums_swap(struct st_engine *e, int u, enum st_state s)
@@ -180,12 +176,13 @@ static uint64_t *sums_of(struct st_engine *e, int u, enum st_state s, uint64_t o
 	return v;
 }
 
-void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
-		     const void *buf, uint64_t len_bytes)
+/* The sums of a write of shard (u, s)'s bytes into v (the shard's, or its
+ * alternate extent's; NULL: none kept). */
+static void sums_put(struct st_engine *e, uint64_t *v, int u, enum st_state s,
+		     uint64_t off_bytes, const void *buf, uint64_t len_bytes)
 {
 	uint64_t eb = state_bytes(e, s), pos = off_bytes / eb, n;
 	uint64_t end = ST_MIN(pos + len_bytes / eb, sh_elems(e, u, s));
-	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes);
 
 	for (; v && pos < end; pos += n) {
 		uint64_t i = chunk_at(e, u, s, pos, &n);
@@ -194,6 +191,14 @@ void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_b
 		n = ST_MIN(n, end - pos);
 		v[i] = tile_sum((const char *)buf + (pos * eb - off_bytes), n * eb);
 	}
+}
+
+void st_eng_sums_put(struct st_engine *e, int u, enum st_state s, uint64_t off_bytes,
+		     const void *buf, uint64_t len_bytes)
+{
+	uint64_t *v = sums_of(e, u, s, off_bytes, len_bytes);
+
+	sums_put(e, v, u, s, off_bytes, buf, len_bytes);
 	if (v)
 		e->sums.written[u * ST_STATE_COUNT + s] = true;
 }

@@ -684,14 +684,15 @@ static bool spec_holds(struct st_engine *e, int g_final)
 	if (e->grad.nonfinite)
 		return false;
 	for (int u = g_final; u < e->n_units; u++) {
-		const double *part = e->zero.parts + (size_t)e->rank * e->zero.n_parts;
+		const double *part;
 
 		if (e->world == 1) {
 			sumsq += e->grad.unit_sumsq[u];
 			continue;
 		}
+		part = e->zero.parts + (size_t)e->rank * e->zero.n_parts + e->zero.part_off[u];
 		for (uint64_t k = 0; k < e->slice_elems[u] / ST_PLAN_SLICE_ALIGN; k++)
-			sumsq += part[e->zero.part_off[u] + k];
+			sumsq += part[k];
 	}
 	return isfinite(sumsq) && !(c->clip > 0 && sumsq > (double)c->clip * c->clip);
 }
@@ -725,19 +726,16 @@ int st_eng_spec_advance(struct st_engine *e, int g_final)
 	return spec_run(e, g_final);
 }
 
-/* The speculated units' W again from their P (a skipped step). */
+/* The speculated units' W again from their P (a skipped step): spec_run()
+ * updates whole units from the last one down, so they are the units from
+ * the last speculated tile's up. */
 static int spec_restore_w(struct st_engine *e)
 {
-	int ret = 0;
+	int ret = 0, low = e->update.spec_next ? e->update.tiles_spec[e->update.spec_next - 1].u
+					       : e->n_units;
 
-	for (int u = e->n_units - 1; ret == 0 && u >= 0; u--) {
-		bool done = false;
-
-		for (int i = 0; i < e->update.spec_next; i++)
-			done |= e->update.tiles_spec[i].u == u;
-		if (done)
-			ret = st_eng_w_from_p(e, u);
-	}
+	for (int u = e->n_units - 1; ret == 0 && u >= low; u--)
+		ret = st_eng_w_from_p(e, u);
 	return ret;
 }
 

@@ -433,7 +433,7 @@ void st_eng_zero_parts(struct st_engine *e, int u, const float *g)
 				  &out[c]) < 0 && isfinite(out[c]))
 			out[c] = NAN;
 	/* tests: a G that counts as not finite (st_engine_config) */
-	if (e->cfg.test_nan_grad_unit == u + 1 && e->cfg.test_nan_grad_step == e->trace.step)
+	if (st_eng_test_nan_grad(e, u))
 		out[0] = NAN;
 }
 

@@ -121,6 +121,15 @@ assert all(v == 0 for r in rows["vv"] for v in r["bytes"].values()), rows["vv"][
 assert all(r["bytes"]["d2h"] > 0 for r in rows["vh"])
 print("ok   --offload-optim vram: the host optimizer's losses and norms, no bytes over a link")
 PY
+# same_ckpt A B WHAT: checkpoints $work/A and $work/B hold the same tensor
+# bytes (the model's and the optimizer's)
+same_ckpt() {
+	local f
+	for f in model.safetensors optimizer.safetensors; do
+		cmp -s "$work/$1/latest/$f" "$work/$2/latest/$f" ||
+			{ echo "FAIL $3: $f differs"; fail=1; }
+	done
+}
 # --schedule layer-first (docs/engine.md, "Schedules"): batch-first's
 # losses, norms and checkpoint bytes, W and the optimizer on nvme at
 # --grad-accum 3, and less nvme traffic; a budget it cannot fit is refused
@@ -135,10 +144,7 @@ for s in batch-first layer-first; do
 done
 grep -q "schedule        layer-first" "$work/s-layer-first.log" ||
 	{ echo "FAIL the layer-first plan does not say so"; fail=1; }
-for f in model.safetensors optimizer.safetensors; do
-	cmp -s "$work/ck-batch-first/latest/$f" "$work/ck-layer-first/latest/$f" ||
-		{ echo "FAIL --schedule layer-first: $f differs from batch-first's"; fail=1; }
-done
+same_ckpt ck-layer-first ck-batch-first "--schedule layer-first against batch-first"
 python3 - "$work" <<'PY' || fail=1
 import json, sys
 w = sys.argv[1]
@@ -163,10 +169,7 @@ for u in after in-backward; do
 done
 grep -q "update          in the backward" "$work/u-in-backward.log" ||
 	{ echo "FAIL the in-backward plan does not say so"; fail=1; }
-for f in model.safetensors optimizer.safetensors; do
-	cmp -s "$work/ck-u-after/latest/$f" "$work/ck-u-in-backward/latest/$f" ||
-		{ echo "FAIL --update in-backward: $f differs from the update after's"; fail=1; }
-done
+same_ckpt ck-u-in-backward ck-u-after "--update in-backward against after"
 python3 - "$work" <<'PY' || fail=1
 import json, sys
 w = sys.argv[1]
