@@ -177,14 +177,21 @@ void st_cpu_rmsnorm_bwd(float *dinp, float *dweight, const float *dout,
 
 /* Rotary embeddings (strata/rope.h) on B*T rows of `stride` floats, each
  * starting with NH heads of hd channels (the rest of the row is left
- * alone); row r is at position r % T. out may equal inp. The backward
- * rotates by the opposite angle: dinp = R^T dout, OVERWRITING (in place). */
-void st_cpu_rope_fwd(float *out, const float *inp, int B, int T, int NH, int hd,
+ * alone); row r is at position pos0 + r % T. out may equal inp. The
+ * backward rotates by the opposite angle: dinp = R^T dout, OVERWRITING (in
+ * place). */
+void st_cpu_rope_fwd(float *out, const float *inp, int B, int T, int pos0, int NH, int hd,
 		     int stride, int type, int original_ctx, float theta,
 		     float factor, float low_freq_factor, float high_freq_factor);
-void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int NH, int hd,
+void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int pos0, int NH, int hd,
 		     int stride, int type, int original_ctx, float theta,
 		     float factor, float low_freq_factor, float high_freq_factor);
+/* The decoder's attention (op.h's DECODE_ATTENTION): out (n, NH*hd), query
+ * row i (q + i * sq) at position pos + i over cache rows 0 .. pos + i of kc
+ * and vc (rows of NKV*hd), softmax(q.k / sqrt(hd)) with the max taken
+ * first and the sum in double. */
+void st_cpu_decode_attention(float *out, const float *q, const float *kc, const float *vc,
+			     int n, int pos, int NH, int NKV, int hd, int sq);
 
 /* SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)); all (n).
  * The backward OVERWRITES dgate and dup (either may be the gate or up it

@@ -378,16 +378,35 @@ double st_model_unit_flops_per_token(const struct st_model *m, int u, int T);
  * begin: n_layer x max_tokens x kv_dim x 2 floats (kv_dim: GPT-2's dim,
  * LLaMA's n_kv_head x head_dim). The logits agree with st_model_fwd()'s
  * over the whole prefix to rounding (the attention of one row sums in
- * another order). fp32 compute on the cpu compute only (host memory). */
+ * another order). fp32 compute, on the model's compute: the cpu's in host
+ * memory (st_model_decode_begin), or any compute in memory of its device
+ * that the caller lends (st_model_decode_begin_in). */
 struct st_decode;
+
+/* Whether m decodes with a cache: its family has the hooks, and its
+ * precision is fp32. */
+bool st_model_decodes(const struct st_model *m);
 
 /* Bytes of the cache for max_tokens positions. */
 size_t st_model_decode_cache_bytes(const struct st_model_config *cfg, int max_tokens);
 
-/* A decoder of m for up to max_tokens positions (1 .. ctx). Returns 0,
- * -EINVAL (max_tokens out of range), -ENOTSUP (a family without the
- * hooks, bf16 compute, or a compute other than the cpu's), -ENOMEM. */
+/* A decoder of m for up to max_tokens positions (1 .. ctx), in host
+ * memory it allocates. Returns 0, -EINVAL (max_tokens out of range),
+ * -ENOTSUP (a family without the hooks, bf16 compute, or a compute other
+ * than the cpu's), -ENOMEM. */
 int st_model_decode_begin(const struct st_model *m, int max_tokens, struct st_decode **out);
+
+/* Bytes a decoder for max_tokens positions and steps of up to max_rows
+ * tokens needs in st_model_decode_begin_in(): the cache, then the rows'
+ * buffers, the logits and the workspace. */
+size_t st_model_decode_bytes(const struct st_model *m, int max_tokens, int max_rows);
+/* A decoder in mem, memory of the model's compute (a device's arena) of
+ * at least st_model_decode_bytes(m, max_tokens, max_rows) bytes, which
+ * stays the caller's. Steps then take at most max_rows tokens, and params
+ * are the compute's pointers. Returns 0, -EINVAL, -ENOTSUP (as begin),
+ * -ENOSPC (mem too small) or -ENOMEM. */
+int st_model_decode_begin_in(const struct st_model *m, int max_tokens, int max_rows, void *mem,
+			     size_t mem_bytes, struct st_decode **out);
 
 /* Run the n tokens (n >= 1: the prompt, then one at a time) at the next
  * n positions and write the last one's logits (V floats). params[u] is

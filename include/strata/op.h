@@ -127,8 +127,10 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *   RMSNORM_BWD       t: dinp, dweight, dout, inp, weight, rstd
  *                                                            i: N, C
  *   ROPE_FWD          t: out, inp (may be the same)
- *                     i: B, T, NH, hd, stride, rope type, original ctx
+ *                     i: B, T, NH, hd, stride, rope type, original ctx, pos0
  *                     f: theta, factor, low freq factor, high freq factor
+ *                     row r is at position pos0 + r % T (pos0 0 in training;
+ *                     the decoder's rows at their absolute positions)
  *   ROPE_BWD          as ROPE_FWD (the inverse rotation; OVERWRITES)
  *   SWIGLU_FWD        t: out, gate, up                       i: n
  *   SWIGLU_BWD        t: dgate, dup, dout, gate, up (OVERWRITES) i: n
@@ -136,6 +138,12 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *   TOKEN_EMBED_BWD   t: dwte, dout, tokens                  i: N, C
  *   GQA_ATTENTION_FWD t: out, lse, q, k, v                   i: B, T, NH, NKV, hd
  *   GQA_ATTENTION_BWD t: dq, dk, dv, dout, q, k, v, out, lse i: B, T, NH, NKV, hd
+ *   DECODE_ATTENTION  t: out (n, NH*hd), q (n rows of sq), kc, vc (rows of NKV*hd)
+ *                     i: n, pos, NH, NKV, hd, sq
+ *                     the decoder's attention (docs/model.md, "Decoding"): row
+ *                     i, at position pos + i, attends over cache rows
+ *                     0 .. pos + i with softmax(q.k / sqrt(hd)); head h reads
+ *                     kv head h / (NH / NKV)
  * The optimizer on the device (the compute's queue; docs/gpu.md), over
  * fp32 G, P, M, V of n elements:
  *   ADAMW             t: g, p, m, v, w (f32 or bf16; may be NULL), bad (u32)
@@ -215,7 +223,8 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(RESIDUAL_LAYERNORM_FWD, "residual_layernorm_fwd", "ffffffff") \
 	X(RESIDUAL_RMSNORM_FWD, "residual_rmsnorm_fwd", "ffffff") \
 	X(F32_TO_BF16, "f32_to_bf16", "bf")             \
-	X(HEAD_CROSSENTROPY, "head_crossentropy", "fffbbifb")
+	X(HEAD_CROSSENTROPY, "head_crossentropy", "fffbbifb") \
+	X(DECODE_ATTENTION, "decode_attention", "ffff")
 
 #define ST_OP_ENUM_(name, str, sig) ST_OP_##name,
 enum st_op_kind { ST_OP_LIST(ST_OP_ENUM_) ST_OP_COUNT };

@@ -1,9 +1,12 @@
 /* `strata generate`: a prompt continued from a checkpoint, text in and out
- * through its tokenizer (or bytes, for a byte-level model); the model runs
- * in the reference trainer (strata/train.h), with a KV cache
- * (st_model_decode_*) where it can: fp32, the whole text within the
- * model's context. */
+ * through its tokenizer (or bytes, for a byte-level model). Where it can
+ * (fp32, the whole text within the model's context) it decodes with a KV
+ * cache (st_model_decode_*) on --device: the weights and the decoder in the
+ * device's memory, sized by the prompt and --tokens. Else the model runs
+ * in the reference trainer (strata/train.h) on the host, recomputing. */
 #include "cli.h"
+#include "strata/compute.h"
+#include "strata/device.h"
 #include "strata/io.h"
 #include "strata/model.h"
 #include "strata/optim.h"
@@ -114,7 +117,8 @@ static void gen_usage(FILE *f)
 	fprintf(f,
 "usage: strata generate --ckpt PATH [--prompt TEXT] [--tokenizer DIR|FILE] [--tokens N]\n"
 "                       [--temperature X] [--top-k K] [--seed N] [--threads N]\n"
-"                       [--compute-dtype fp32|bf16]\n"
+"                       [--compute-dtype fp32|bf16] [--device auto|cpu|cpu-strict|cuda]\n"
+"                       [--gpu-mem SIZE|auto]\n"
 "\n"
 "Continue TEXT and print the result. Text goes in and out through the\n"
 "checkpoint's Hugging Face tokenizer: --tokenizer (a directory with\n"
@@ -129,46 +133,128 @@ static void gen_usage(FILE *f)
 "  --top-k K         sample among the K likeliest, 0 for all (default 40)\n"
 "  --compute-dtype fp32|bf16  the tensors between the model's ops (default fp32;\n"
 "                    docs/model.md, \"bf16 compute\")\n"
+"  --device D        where the KV cache decodes (default $ST_DEVICE, else auto:\n"
+"                    cuda when a GPU is usable, else cpu)\n"
+"  --gpu-mem SIZE    the most the device may take (default auto: on cuda the\n"
+"                    GPU's free memory less a margin); it takes what the fp32\n"
+"                    weights and the cache for the prompt and --tokens need\n"
 "The prompt runs once and each new token reuses its keys and values (a KV\n"
-"cache) at fp32 while the text fits the model's context; bf16, or a longer\n"
-"text, recomputes the whole window for each token.\n");
+"cache) at fp32 while the text fits the model's context, on --device; bf16,\n"
+"or a longer text, recomputes the whole window for each token on the host.\n");
 }
 
-/* Every unit's weights as the trainer's forward reads them, and a decoder
- * for max positions into *dec; NULL (and *dec NULL) where the model does
- * not decode with a cache (the recompute path then). */
-static void **gen_decoder(struct st_trainer *t, int max, struct st_decode **dec)
-{
-	const struct st_model *m = st_trainer_model(t);
-	int U = st_model_unit_count(m);
-	void **p;
-	int ret;
+/* The decoder on a device: its compute, a model bound to it, every unit's
+ * fp32 weights and the decoder (st_model_decode_begin_in) in its arena. */
+struct gen_dev {
+	struct st_device *dev;
+	struct st_compute *c;
+	struct st_model *m;
+	void **params; /* device pointers */
+	struct st_decode *dec;
+};
 
-	*dec = NULL;
-	if ((ret = st_model_decode_begin(m, max, dec)) < 0) {
-		if (ret != -ENOTSUP)
-			st_cli_die(1, "generate: %s", st_error_last());
-		return NULL;
-	}
-	p = calloc((size_t)U, sizeof(*p));
-	if (!p)
+#define GEN_ALIGN 256
+
+/* The arena's bytes: the weights, then the decoder for max positions and
+ * a prompt of rows tokens. */
+static uint64_t gen_dev_bytes(const struct st_model *m, int max, int rows, uint64_t *w_bytes)
+{
+	*w_bytes = 0;
+	for (int u = 0; u < st_model_unit_count(m); u++)
+		*w_bytes += st_align_up(st_model_unit_layout(m, u)->elems * sizeof(float),
+					GEN_ALIGN);
+	return *w_bytes + st_model_decode_bytes(m, max, rows);
+}
+
+/* The arena a decoder of need bytes takes on device name, refused with
+ * what to raise when --gpu-mem (or, on cuda, the GPU's free memory less
+ * the margin of --gpu-mem auto) is less. */
+static uint64_t gen_dev_budget(const char *name, const char *gpu_mem, uint64_t need,
+			       uint64_t w_bytes, const struct st_device_probe *probe)
+{
+	char a[32], b[32], c[32], d[32], why[256];
+	uint64_t have;
+
+	if (gpu_mem && strcmp(gpu_mem, "auto") != 0)
+		have = st_cli_size("--gpu-mem", gpu_mem);
+	else if (strcmp(name, "cuda") == 0)
+		have = st_cli_gpu_mem_auto(name, probe, why, sizeof(why));
+	else
+		return need;
+	if (need > have)
+		st_cli_die(2, "generate: the %s device needs %s: the fp32 weights (%s) and the KV "
+			   "cache with its workspace for the prompt and --tokens (%s); --gpu-mem "
+			   "is %s: raise it, or shorten --tokens", name,
+			   st_format_bytes(need, a, sizeof(a)), st_format_bytes(w_bytes, b, sizeof(b)),
+			   st_format_bytes(need - w_bytes, c, sizeof(c)),
+			   st_format_bytes(have, d, sizeof(d)));
+	return need;
+}
+
+/* Open --device (auto: cuda when usable), bind a model to its compute,
+ * copy the trainer's weights in, and begin a decoder for max positions
+ * whose first step (the prompt) is rows tokens. false (nothing open) for
+ * a family that does not decode with a cache. */
+static bool gen_dev_open(struct gen_dev *g, struct st_trainer *t, const char *device,
+			 const char *gpu_mem, int max, int rows)
+{
+	const struct st_model *tm = st_trainer_model(t);
+	struct st_device_config dc = { 0 };
+	struct st_device_probe probe;
+	const struct st_device_ops *ops;
+	const char *name;
+	char why[256], *base;
+	uint64_t w_bytes, need, arena_bytes, off = 0, most = 0;
+	float *host;
+
+	memset(g, 0, sizeof(*g));
+	if (!st_model_decodes(tm))
+		return false;
+	name = st_cli_device(device, &probe, why, sizeof(why));
+	if (!(ops = st_device_find(name)))
+		st_cli_die(2, "generate: --device %s: not built into this binary (auto, %s)", name,
+			   st_device_list());
+	if (strcmp(name, "cuda") == 0 && !probe.usable)
+		st_cli_die(2, "generate: --device cuda: no usable GPU (%s)", probe.what);
+	if (st_model_create(st_model_config(tm), &g->m) < 0)
+		st_cli_die(1, "generate: %s", st_error_last());
+	need = gen_dev_bytes(g->m, max, rows, &w_bytes);
+	dc.mem_bytes = gen_dev_budget(name, gpu_mem, need, w_bytes, &probe);
+	if (st_device_create(ops, &dc, &g->dev) < 0 || st_compute_create(g->dev, &g->c) < 0)
+		st_cli_die(1, "generate: --device %s: %s", name, st_error_last());
+	st_model_set_compute(g->m, g->c);
+	base = st_device_arena(g->dev, &arena_bytes);
+	for (int u = 0; u < st_model_unit_count(g->m); u++)
+		most = ST_MAX(most, st_model_unit_layout(g->m, u)->elems);
+	g->params = calloc((size_t)st_model_unit_count(g->m), sizeof(*g->params));
+	host = malloc(most * sizeof(float));
+	if (!g->params || !host)
 		st_cli_die(1, "generate: out of memory");
-	for (int u = 0; u < U; u++) {
-		p[u] = malloc(st_model_unit_layout(m, u)->elems * sizeof(float));
-		if (!p[u])
-			st_cli_die(1, "generate: out of memory for the weights");
-		(void)st_trainer_unit_weights(t, u, p[u]);
+	for (int u = 0; u < st_model_unit_count(g->m); u++) {
+		size_t bytes = st_model_unit_layout(g->m, u)->elems * sizeof(float);
+
+		g->params[u] = base + off;
+		(void)st_trainer_unit_weights(t, u, host);
+		st_compute_from_host(g->c, g->params[u], host, bytes);
+		off += st_align_up(bytes, GEN_ALIGN);
 	}
-	return p;
+	free(host);
+	if (st_compute_take_error(g->c) < 0 ||
+	    st_model_decode_begin_in(g->m, max, rows, base + off, arena_bytes - off, &g->dec) < 0)
+		st_cli_die(1, "generate: --device %s: %s", name, st_error_last());
+	return true;
 }
 
-static void gen_decoder_free(struct st_trainer *t, void **params, struct st_decode *dec)
+static void gen_dev_close(struct gen_dev *g)
 {
-	if (params)
-		for (int u = 0; u < st_model_unit_count(st_trainer_model(t)); u++)
-			free(params[u]);
-	free(params);
-	st_model_decode_end(dec);
+	st_model_decode_end(g->dec);
+	free(g->params);
+	if (g->m)
+		st_model_destroy(g->m);
+	if (g->c)
+		st_compute_destroy(g->c);
+	if (g->dev)
+		st_device_destroy(g->dev);
 }
 
 /* The weights opened, until they are read: nothing left for
@@ -188,19 +274,19 @@ int st_cli_generate(int argc, char **argv)
 		{ "ckpt", 1, 0, 'c' }, { "prompt", 1, 0, 'p' }, { "tokens", 1, 0, 'n' },
 		{ "temperature", 1, 0, 't' }, { "top-k", 1, 0, 'k' }, { "seed", 1, 0, 's' },
 		{ "threads", 1, 0, 'j' }, { "tokenizer", 1, 0, 'z' }, { "help", 0, 0, 'h' },
-		{ "compute-dtype", 1, 0, 'D' },
+		{ "compute-dtype", 1, 0, 'D' }, { "device", 1, 0, 'd' }, { "gpu-mem", 1, 0, 'g' },
 		/* hidden: the recompute path, for the tests and benchmarks */
 		{ "no-kv-cache", 0, 0, 'R' }, { 0 },
 	};
-	const char *ckpt = NULL, *prompt = "\n", *tok_path = NULL;
+	const char *ckpt = NULL, *prompt = "\n", *tok_path = NULL, *device = NULL, *gpu_mem = NULL;
 	enum st_precision compute = ST_PRECISION_FP32;
 	struct st_tokenizer *tk;
 	struct st_tok_ids pids = { 0 };
 	size_t printed = 0, base = 0;
 	int n = 200, top_k = 40, threads = 0, c, len;
 	bool kv = true;
-	struct st_decode *dec = NULL;
-	void **params = NULL;
+	struct gen_dev g = { 0 };
+	bool dec = false;
 	double temp = 0.8;
 	uint64_t rng = 1337;
 	struct st_train_config cfg;
@@ -226,6 +312,17 @@ int st_cli_generate(int argc, char **argv)
 				st_cli_die(2, "--compute-dtype %s: expected fp32 or bf16", optarg);
 			break;
 		case 'R': kv = false; break;
+		case 'd':
+			if (strcmp(optarg, "auto") != 0 && !st_device_find(optarg))
+				st_cli_die(2, "--device %s: not a device built into this binary "
+					   "(auto, %s)", optarg, st_device_list());
+			device = optarg;
+			break;
+		case 'g':
+			if (strcmp(optarg, "auto") != 0)
+				(void)st_cli_size("--gpu-mem", optarg);
+			gpu_mem = optarg;
+			break;
 		case 'h': gen_usage(stdout); return 0;
 		default: st_cli_bad_option("generate", longs, argv[optind - 1]);
 		}
@@ -291,13 +388,14 @@ int st_cli_generate(int argc, char **argv)
 	for (int i = 0; i < len; i++)
 		toks[i] = tk ? (int32_t)pids.ids[i] : (unsigned char)prompt[i];
 	if (kv && compute == ST_PRECISION_FP32 && (int64_t)len + n <= cfg.model.ctx)
-		params = gen_decoder(t, len + n, &dec);
+		dec = gen_dev_open(&g, t, device ? device : st_cli_device_default(), gpu_mem,
+				   len + n, len);
 	fputs(prompt, stdout);
 	for (int i = 0; i < n; i++) {
 		long bad;
 		char v[32];
 
-		if ((dec ? st_model_decode_step(dec, (const void *const *)params,
+		if ((dec ? st_model_decode_step(g.dec, (const void *const *)g.params,
 						i ? toks + len + i - 1 : toks, i ? 1 : len, logits)
 			 : st_trainer_logits(t, toks, len + i, logits)) < 0)
 			st_cli_die(1, "%s", st_error_last());
@@ -325,7 +423,7 @@ int st_cli_generate(int argc, char **argv)
 	putchar('\n');
 	free(toks);
 	free(logits);
-	gen_decoder_free(t, params, dec);
+	gen_dev_close(&g);
 	st_tok_ids_fini(&pids);
 	st_tokenizer_close(tk);
 	st_trainer_destroy(t);

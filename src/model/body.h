@@ -130,6 +130,14 @@ void st_mop_gqa_bwd(const struct st_mop *o, void *dq, void *dk, void *dv, const 
 /* the rotation of NH heads in rows of stride elements of x, in place */
 void st_mop_rope(const struct st_mop *o, bool bwd, void *x, int B, int T, int NH, int hd,
 		 int stride, const struct st_rope_args *r);
+/* The decoder's (fp32): the rotation of n rows of x at positions pos..,
+ * and the attention of n query rows (q, rows of sq) at pos.. over the
+ * cache's rows 0 .. pos + i (strata/op.h's DECODE_ATTENTION) */
+void st_mop_rope_at(const struct st_mop *o, float *x, int n, int pos, int NH, int hd,
+		    int stride, const struct st_rope_args *r);
+void st_mop_decode_attention(const struct st_mop *o, float *out, const float *q, int sq,
+			     const float *kc, const float *vc, int pos, int n, int NH, int NKV,
+			     int hd);
 void st_mop_swiglu_fwd(const struct st_mop *o, void *out, const void *gate, const void *up,
 		       size_t n);
 /* dgate, dup (overwritten; may be gate and up) from dout */
@@ -219,17 +227,6 @@ struct st_family_body {
 
 /* Channels of a position's K (and of its V): kv heads x head_dim. */
 int st_decode_kv_dim(const struct st_model_config *cfg);
-/* out (n, NH*hd) fp32: query row i (q + i * sq, NH heads of hd) at
- * position pos + i attends over the cache's rows 0..pos+i (kc, vc rows
- * of NKV*hd; head h reads kv head h / (NH/NKV)), softmax(q.k / sqrt(hd)).
- * Host memory (the cpu compute). 0 or -ENOMEM. */
-int st_decode_attend(float *out, const float *q, int sq, const float *kc, const float *vc,
-		     int pos, int n, int NH, int NKV, int hd);
-/* The rotation of NH heads of hd in n rows of stride floats at positions
- * pos.., in place, as the cpu's ROPE_FWD at those positions (host). */
-void st_decode_rope(float *x, int n, int pos, int NH, int hd, int stride,
-		    const struct st_rope_args *r);
-
 /* The st_family_ops hooks of a family with a body (strata/family.h's
  * contracts): the embed / blocks / head switch, the workspace carving and
  * the kept forward, written once. */

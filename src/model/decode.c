@@ -1,28 +1,33 @@
 /* strata: decoding with a KV cache (strata/model.h, st_model_decode_*): the
- * driver over a family body's embed_at and block_decode hooks (body.h), and
- * the attention of new rows over the cache and their rotation at absolute
- * positions, on the host. */
+ * driver over a family body's embed_at and block_decode hooks (body.h).
+ * Every step runs through the model's compute (the rotation at absolute
+ * positions and the attention over the cache are its ROPE_FWD and
+ * DECODE_ATTENTION ops), so the decoder runs where the compute does: host
+ * memory it allocates itself (st_model_decode_begin), or a device's memory
+ * the caller lends (st_model_decode_begin_in). */
 #include "body.h"
 
 #include "strata/model.h"
-#include "strata/rope.h"
 
 #include <errno.h>
-#include <math.h>
-#include <omp.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define ST_DECODE_MAX_HALF 1024 /* hd / 2 at most, as the cpu's rope */
-
 struct st_decode {
 	const struct st_model *m;
+	struct st_compute *c;
 	int max_T, pos, kv_dim;
 	float *cache;    /* per layer: K (max_T, kv_dim), then V */
+	/* for steps of up to `rows` tokens, carved by decode_carve() */
 	float *x, *y;    /* (rows, C) */
-	int rows;        /* x, y and work hold this many rows */
+	int32_t *tok;    /* (rows) */
+	float *logits;   /* (V) */
 	void *work;
 	size_t work_bytes;
+	int rows;
+	void *host;      /* the carving's host block (begin's) */
+	bool lent;       /* cache and carving in memory lent (begin_in) */
 };
 
 static int head_dim(const struct st_model_config *cfg)
@@ -41,135 +46,144 @@ size_t st_model_decode_cache_bytes(const struct st_model_config *cfg, int max_to
 	       sizeof(float);
 }
 
-int st_decode_attend(float *out, const float *q, int sq, const float *kc, const float *vc,
-		     int pos, int n, int NH, int NKV, int hd)
+/* x, y, the tokens, the logits and the workspace for steps of `rows` tokens
+ * carved from base (NULL: the bytes only, returned either way). */
+static size_t decode_carve(const struct st_model *m, int rows, void *base, struct st_decode *d)
 {
-	const int rep = NH / NKV, skv = NKV * hd, nt = omp_get_max_threads();
-	const float scale = 1.0f / sqrtf((float)hd);
-	/* each thread's scores of one row: pos + n at most */
-	float *scores = malloc(sizeof(float) * (size_t)nt * (size_t)(pos + n));
+	const struct st_model_config *cfg = st_model_config(m);
+	const size_t C = (size_t)cfg->dim;
+	struct st_carver cv, wk;
+	size_t work;
 
-	if (!scores)
-		return st_error_set(-ENOMEM, "model: out of memory for the attention's scores");
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-	for (int ih = 0; ih < n * NH; ih++) {
-		int i = ih / NH, h = ih % NH, T = pos + i + 1;
-		const float *qr = q + (size_t)i * sq + (size_t)h * hd;
-		const float *k = kc + (size_t)(h / rep) * hd, *v = vc + (size_t)(h / rep) * hd;
-		float *o = out + (size_t)i * NH * hd + (size_t)h * hd, mx = -INFINITY;
-		float *s = scores + (size_t)omp_get_thread_num() * (size_t)(pos + n);
-		double sum = 0;
+	st_carver_init(&wk, NULL, 0);
+	st_model_family(m)->body->block_carve(m, 1, rows, &wk, &wk);
+	work = ST_MAX(wk.need_bytes, st_model_work_bytes(m, st_model_unit_count(m) - 1, 1, 1));
+	st_carver_init(&cv, base, base ? SIZE_MAX : 0);
+	d->x = st_carve(&cv, C * (size_t)rows);
+	d->y = st_carve(&cv, C * (size_t)rows);
+	d->tok = (int32_t *)st_carve(&cv, (size_t)rows);
+	d->logits = st_carve(&cv, (size_t)cfg->vocab);
+	d->work = st_carve(&cv, work / sizeof(float) + 1);
+	d->work_bytes = work;
+	d->rows = base ? rows : 0;
+	return cv.need_bytes;
+}
 
-		for (int t = 0; t < T; t++) {
-			float dot = 0;
+size_t st_model_decode_bytes(const struct st_model *m, int max_tokens, int max_rows)
+{
+	struct st_decode d;
 
-			for (int d = 0; d < hd; d++)
-				dot += qr[d] * k[(size_t)t * skv + d];
-			s[t] = dot * scale;
-			mx = s[t] > mx ? s[t] : mx;
-		}
-		for (int t = 0; t < T; t++) {
-			s[t] = expf(s[t] - mx);
-			sum += s[t];
-		}
-		for (int d = 0; d < hd; d++)
-			o[d] = 0;
-		for (int t = 0; t < T; t++) {
-			float w = (float)(s[t] / sum);
+	return st_align_up(st_model_decode_cache_bytes(st_model_config(m), max_tokens),
+			   ST_WORK_ALIGN) +
+	       decode_carve(m, max_rows, NULL, &d);
+}
 
-			for (int d = 0; d < hd; d++)
-				o[d] += w * v[(size_t)t * skv + d];
-		}
-	}
-	free(scores);
+bool st_model_decodes(const struct st_model *m)
+{
+	const struct st_family_body *b = st_model_family(m)->body;
+
+	return b && b->embed_at && b->block_decode &&
+	       st_model_precision(m) == ST_PRECISION_FP32;
+}
+
+static int decode_check(const struct st_model *m, int max_tokens)
+{
+	const struct st_model_config *cfg = st_model_config(m);
+	const struct st_family_body *b = st_model_family(m)->body;
+
+	if (!b || !b->embed_at || !b->block_decode)
+		return st_error_set(-ENOTSUP, "model: the %s family does not decode with a cache",
+				    st_model_family(m)->name);
+	if (st_model_precision(m) != ST_PRECISION_FP32)
+		return st_error_set(-ENOTSUP, "model: the KV cache decodes in fp32 only");
+	if (max_tokens < 1 || max_tokens > cfg->ctx)
+		return st_error_set(-EINVAL, "model: %d positions to decode: want 1 .. ctx %d",
+				    max_tokens, cfg->ctx);
 	return 0;
 }
 
-void st_decode_rope(float *x, int n, int pos, int NH, int hd, int stride,
-		    const struct st_rope_args *r)
+static int decode_new(const struct st_model *m, int max_tokens, struct st_decode **out)
 {
-	const int half = hd / 2;
-	float inv[ST_DECODE_MAX_HALF], cs[ST_DECODE_MAX_HALF], sn[ST_DECODE_MAX_HALF];
+	struct st_decode *d = calloc(1, sizeof(*d));
 
-	for (int i = 0; i < half; i++)
-		inv[i] = st_rope_inv_freq(i, hd, r->theta, r->type, r->factor,
-					  r->low_freq_factor, r->high_freq_factor,
-					  r->original_ctx);
-	for (int row = 0; row < n; row++) {
-		for (int i = 0; i < half; i++)
-			st_rope_cos_sin(inv[i], pos + row, &cs[i], &sn[i]);
-		for (int h = 0; h < NH; h++) {
-			float *o = x + (size_t)row * stride + (size_t)h * hd;
-
-			for (int i = 0; i < half; i++) {
-				float x1 = o[i], x2 = o[i + half];
-
-				o[i] = x1 * cs[i] - x2 * sn[i];
-				o[i + half] = x2 * cs[i] + x1 * sn[i];
-			}
-		}
-	}
+	if (!d)
+		return st_error_set(-ENOMEM, "out of memory");
+	d->m = m;
+	d->c = st_model_compute(m);
+	d->max_T = max_tokens;
+	d->kv_dim = st_decode_kv_dim(st_model_config(m));
+	*out = d;
+	return 0;
 }
 
 int st_model_decode_begin(const struct st_model *m, int max_tokens, struct st_decode **out)
 {
 	const struct st_model_config *cfg = st_model_config(m);
-	const struct st_family_body *b = st_model_family(m)->body;
-	struct st_decode *d;
+	int ret;
 
 	*out = NULL;
-	if (!b || !b->embed_at || !b->block_decode)
-		return st_error_set(-ENOTSUP, "model: the %s family does not decode with a cache",
-				    st_model_family(m)->name);
-	if (st_model_precision(m) != ST_PRECISION_FP32 || st_model_compute(m) != st_compute_cpu())
-		return st_error_set(-ENOTSUP, "model: the KV cache decodes in fp32 on the cpu only");
-	if (max_tokens < 1 || max_tokens > cfg->ctx)
-		return st_error_set(-EINVAL, "model: %d positions to decode: want 1 .. ctx %d",
-				    max_tokens, cfg->ctx);
-	if (head_dim(cfg) / 2 > ST_DECODE_MAX_HALF)
-		return st_error_set(-ENOTSUP, "model: head_dim %d too wide to decode",
-				    head_dim(cfg));
-	d = calloc(1, sizeof(*d));
-	if (!d)
-		return st_error_set(-ENOMEM, "out of memory");
-	d->m = m;
-	d->max_T = max_tokens;
-	d->kv_dim = st_decode_kv_dim(cfg);
-	d->cache = malloc(st_model_decode_cache_bytes(cfg, max_tokens));
-	if (!d->cache) {
-		free(d);
+	if ((ret = decode_check(m, max_tokens)) < 0)
+		return ret;
+	if (st_model_compute(m) != st_compute_cpu())
+		return st_error_set(-ENOTSUP, "model: a decoder in host memory runs on the cpu "
+				    "compute (st_model_decode_begin_in lends a device's)");
+	if ((ret = decode_new(m, max_tokens, out)) < 0)
+		return ret;
+	(*out)->cache = malloc(st_model_decode_cache_bytes(cfg, max_tokens));
+	if (!(*out)->cache) {
+		free(*out);
+		*out = NULL;
 		return st_error_set(-ENOMEM, "cannot allocate the KV cache (%zu bytes)",
 				    st_model_decode_cache_bytes(cfg, max_tokens));
 	}
-	*out = d;
 	return 0;
 }
 
-/* x, y and the workspace for n rows (grown, never shrunk: the prompt's
- * are the largest, each token's then reuse them). */
+int st_model_decode_begin_in(const struct st_model *m, int max_tokens, int max_rows, void *mem,
+			     size_t mem_bytes, struct st_decode **out)
+{
+	size_t need = st_model_decode_bytes(m, max_tokens, max_rows);
+	int ret;
+
+	*out = NULL;
+	if ((ret = decode_check(m, max_tokens)) < 0)
+		return ret;
+	if (max_rows < 1 || max_rows > max_tokens)
+		return st_error_set(-EINVAL, "model: steps of %d tokens: want 1 .. %d", max_rows,
+				    max_tokens);
+	if (!mem || mem_bytes < need)
+		return st_error_set(-ENOSPC, "model: the decoder needs %zu bytes, lent %zu", need,
+				    mem_bytes);
+	if ((ret = decode_new(m, max_tokens, out)) < 0)
+		return ret;
+	(*out)->cache = mem;
+	(*out)->lent = true;
+	decode_carve(m, max_rows,
+		     (char *)mem + st_align_up(st_model_decode_cache_bytes(st_model_config(m),
+									   max_tokens),
+					       ST_WORK_ALIGN),
+		     *out);
+	return 0;
+}
+
+/* Room for steps of n tokens: a lent decoder has what it was lent; one in
+ * host memory grows its block (the prompt's is the largest, each token's
+ * then reuses it). */
 static int decode_room(struct st_decode *d, int n)
 {
-	const struct st_model *m = d->m;
-	const size_t C = (size_t)st_model_config(m)->dim;
-	struct st_carver cv;
 	size_t need;
 
 	if (n <= d->rows)
 		return 0;
-	st_carver_init(&cv, NULL, 0);
-	st_model_family(m)->body->block_carve(m, 1, n, &cv, &cv);
-	need = ST_MAX(cv.need_bytes, st_model_work_bytes(m, st_model_unit_count(m) - 1, 1, 1));
-	free(d->x);
-	free(d->y);
-	free(d->work);
-	d->x = malloc(sizeof(float) * C * (size_t)n);
-	d->y = malloc(sizeof(float) * C * (size_t)n);
-	d->work = malloc(need);
-	d->rows = 0;
-	if (!d->x || !d->y || !d->work)
+	if (d->lent)
+		return st_error_set(-EINVAL, "model: %d tokens in one step: the decoder was lent "
+				    "room for %d", n, d->rows);
+	need = decode_carve(d->m, n, NULL, d);
+	free(d->host);
+	d->host = malloc(need);
+	if (!d->host)
 		return st_error_set(-ENOMEM, "cannot allocate the decoder's workspace");
-	d->work_bytes = need;
-	d->rows = n;
+	decode_carve(d->m, n, d->host, d);
 	return 0;
 }
 
@@ -193,7 +207,8 @@ int st_model_decode_step(struct st_decode *d, const void *const *params, const i
 					    tokens[i], cfg->vocab);
 	if ((ret = decode_room(d, n)) < 0)
 		return ret;
-	b->embed_at(m, tokens, n, d->pos, params[0], d->x);
+	st_compute_from_host(d->c, d->tok, tokens, sizeof(int32_t) * (size_t)n);
+	b->embed_at(m, d->tok, n, d->pos, params[0], d->x);
 	for (int u = 1; u < U - 1; u++) {
 		float *kc = d->cache + (size_t)(u - 1) * 2 * layer, *t;
 		struct st_carver cv;
@@ -201,7 +216,7 @@ int st_model_decode_step(struct st_decode *d, const void *const *params, const i
 		st_carver_init(&cv, d->work, d->work_bytes);
 		ret = b->block_decode(m, u, d->pos, n, params[u], d->x, d->y, kc, kc + layer, &cv);
 		if (ret == 0)
-			ret = st_compute_take_error(st_model_compute(m));
+			ret = st_compute_take_error(d->c);
 		if (ret < 0)
 			return ret;
 		t = d->x;
@@ -210,8 +225,11 @@ int st_model_decode_step(struct st_decode *d, const void *const *params, const i
 	}
 	d->pos += n;
 	h = b->head(m, params[U - 1], rd >= 0 ? params[rd] : NULL, NULL, NULL);
-	return st_head_logits(m, &h, d->x + (size_t)(n - 1) * C, logits, d->work,
-			      d->work_bytes);
+	if ((ret = st_head_logits(m, &h, d->x + (size_t)(n - 1) * C, d->logits, d->work,
+				  d->work_bytes)) < 0)
+		return ret;
+	st_compute_to_host(d->c, logits, d->logits, sizeof(float) * (size_t)cfg->vocab);
+	return st_compute_take_error(d->c);
 }
 
 int st_model_decode_pos(const struct st_decode *d)
@@ -223,9 +241,9 @@ void st_model_decode_end(struct st_decode *d)
 {
 	if (!d)
 		return;
-	free(d->cache);
-	free(d->x);
-	free(d->y);
-	free(d->work);
+	if (!d->lent) {
+		free(d->cache);
+		free(d->host);
+	}
 	free(d);
 }

@@ -296,7 +296,7 @@ static void gpt2_block_fwd(const struct st_model *m, int u, int B, int T, const 
 
 /* The block on n new rows at positions pos.. with the KV cache: qkv, the
  * rows' K and V appended, their attention over the cache, the rest as the
- * forward. fp32 on the cpu (st_model_decode_begin checks). */
+ * forward, on the model's compute. fp32 (st_model_decode_begin checks). */
 static int gpt2_block_decode(const struct st_model *m, int u, int pos, int n,
 			      const void *params, const float *x, float *y, float *kc, float *vc,
 			      struct st_carver *cv)
@@ -305,21 +305,18 @@ static int gpt2_block_decode(const struct st_model *m, int u, int pos, int n,
 	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head;
 	const void *p[BT_COUNT];
 	struct block_work w;
-	int ret;
 
 	block_carve(m, 1, n, cv, cv, &w);
 	block_views(m, &o, u, params, p);
 	block_qkv(m, &o, p, &w, x, n);
-	st_compute_sync(o.c);
 	for (int i = 0; i < n; i++) {
 		const float *r = (const float *)w.qkv + (size_t)i * 3 * C;
 
-		memcpy(kc + (size_t)(pos + i) * C, r + C, sizeof(float) * (size_t)C);
-		memcpy(vc + (size_t)(pos + i) * C, r + 2 * C, sizeof(float) * (size_t)C);
+		st_compute_copy(o.c, kc + (size_t)(pos + i) * C, r + C, sizeof(float) * (size_t)C);
+		st_compute_copy(o.c, vc + (size_t)(pos + i) * C, r + 2 * C,
+				sizeof(float) * (size_t)C);
 	}
-	ret = st_decode_attend(w.atty, w.qkv, 3 * C, kc, vc, pos, n, NH, NH, C / NH);
-	if (ret < 0)
-		return ret;
+	st_mop_decode_attention(&o, w.atty, w.qkv, 3 * C, kc, vc, pos, n, NH, NH, C / NH);
 	block_after_att(m, &o, p, &w, x, y, n);
 	block_out(m, &o, p, &w, y, n);
 	return 0;

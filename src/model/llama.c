@@ -338,8 +338,8 @@ static void llama_block_fwd(const struct st_model *m, int u, int B, int T, const
 
 /* The layer on n new rows at positions pos.. with the KV cache: q, k, v,
  * rotated at their absolute positions, k and v appended to the cache, the
- * attention over it (GQA's shared kv heads), the rest as the forward. fp32
- * on the cpu (st_model_decode_begin checks). */
+ * attention over it (GQA's shared kv heads), the rest as the forward, on
+ * the model's compute. fp32 (st_model_decode_begin checks). */
 static int llama_block_decode(const struct st_model *m, int u, int pos, int n,
 			       const void *params, const float *x, float *y, float *kc,
 			       float *vc, struct st_carver *cv)
@@ -351,19 +351,15 @@ static int llama_block_decode(const struct st_model *m, int u, int pos, int n,
 	const size_t row = sizeof(float) * (size_t)d.KV;
 	const void *p[LT_COUNT];
 	struct layer_work w;
-	int ret;
 
 	layer_carve(m, 1, n, cv, cv, &w);
 	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
 	layer_qkv(m, &o, p, &w, x, n);
-	st_compute_sync(o.c);
-	st_decode_rope(w.q, n, pos, d.H, d.hd, d.Q, &r);
-	st_decode_rope(w.k, n, pos, d.K, d.hd, d.KV, &r);
-	memcpy(kc + (size_t)pos * d.KV, w.k, row * (size_t)n);
-	memcpy(vc + (size_t)pos * d.KV, w.v, row * (size_t)n);
-	ret = st_decode_attend(w.att, w.q, d.Q, kc, vc, pos, n, d.H, d.K, d.hd);
-	if (ret < 0)
-		return ret;
+	st_mop_rope_at(&o, w.q, n, pos, d.H, d.hd, d.Q, &r);
+	st_mop_rope_at(&o, w.k, n, pos, d.K, d.hd, d.KV, &r);
+	st_compute_copy(o.c, kc + (size_t)pos * d.KV, w.k, row * (size_t)n);
+	st_compute_copy(o.c, vc + (size_t)pos * d.KV, w.v, row * (size_t)n);
+	st_mop_decode_attention(&o, w.att, w.q, d.Q, kc, vc, pos, n, d.H, d.K, d.hd);
 	layer_after_att(m, &o, p, &w, x, y, n);
 	layer_out(m, &o, p, &w, y, n);
 	return 0;

@@ -232,6 +232,31 @@ void st_mop_rope(const struct st_mop *o, bool bwd, void *x, int B, int T, int NH
 	run(o, &op);
 }
 
+void st_mop_rope_at(const struct st_mop *o, float *x, int n, int pos, int NH, int hd,
+		    int stride, const struct st_rope_args *r)
+{
+	size_t len = (size_t)n * stride;
+	struct st_op op = { .kind = ST_OP_ROPE_FWD,
+			    .t = { TF(x, len), TF(x, len) },
+			    .i = { 1, n, NH, hd, stride, r->type, r->original_ctx, pos },
+			    .f = { r->theta, r->factor, r->low_freq_factor, r->high_freq_factor } };
+
+	run(o, &op);
+}
+
+void st_mop_decode_attention(const struct st_mop *o, float *out, const float *q, int sq,
+			     const float *kc, const float *vc, int pos, int n, int NH, int NKV,
+			     int hd)
+{
+	size_t rows = (size_t)pos + (size_t)n, kv = (size_t)NKV * hd;
+	struct st_op op = { .kind = ST_OP_DECODE_ATTENTION,
+			    .t = { TF(out, (size_t)n * NH * hd), TF(q, (size_t)n * sq),
+				   TF(kc, rows * kv), TF(vc, rows * kv) },
+			    .i = { n, pos, NH, NKV, hd, sq } };
+
+	run(o, &op);
+}
+
 void st_mop_swiglu_fwd(const struct st_mop *o, void *out, const void *gate, const void *up,
 		       size_t n)
 {

@@ -4,7 +4,9 @@
 # and LLaMA shapes (GQA untied with llama3 scaling, tied with Qwen2's
 # biases, MQA), prompts of 1 and several bytes; sampling with one --seed
 # too; a text past ctx and bf16 compute take the recompute path and still
-# agree.
+# agree. The cache decodes on the device (ST_DEVICE=cpu here), and on
+# cpu-strict, whose memory the host cannot touch, it prints the same; a
+# --gpu-mem below what the weights and the cache need is one line, exit 2.
 set -u
 strata=$1
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-genkv-test.XXXXXX")
@@ -48,6 +50,17 @@ for model in gpt2:layers=2,dim=64,heads=4,vocab=256,ctx=96 \
 	same "$model: greedy, 12-byte prompt" "$work/ck$i" --prompt "The quick br" --tokens 60 \
 		--temperature 0
 	same "$model: sampled, one seed" "$work/ck$i" --prompt "ab" --tokens 40 --seed 7
+	same "$model: greedy on cpu-strict" "$work/ck$i" --prompt "The quick br" --tokens 60 \
+		--temperature 0 --device cpu-strict
+	"$strata" generate --ckpt "$work/ck$i" --prompt "ab" --tokens 40 --device cpu \
+		--gpu-mem 64K >"$work/out" 2>"$work/err"
+	rc=$?
+	if [ $rc -eq 2 ] && [ ! -s "$work/out" ] && [ "$(wc -l <"$work/err")" -eq 1 ] &&
+		grep -q "needs .*--gpu-mem is 64.00 KiB: raise it" "$work/err"; then
+		ok "$model: --gpu-mem 64K refused"
+	else
+		bad "$model: --gpu-mem 64K: rc $rc"; cat "$work/err"
+	fi
 	# past ctx (the window slides) and bf16: the recompute path either way
 	same "$model: past ctx" "$work/ck$i" --prompt "The quick br" --tokens 100 --temperature 0
 	same "$model: bf16" "$work/ck$i" --prompt "ab" --tokens 30 --temperature 0 \

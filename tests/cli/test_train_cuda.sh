@@ -10,7 +10,10 @@
 #     and gradient norm; the kernels differ, as in test_engine's
 #     cuda-against-cpu case);
 #   - bf16 on cuda: finite, within 1% of fp32 on cuda at every step and not
-#     equal to it (bf16 ran), and within 1% of bf16 on cpu.
+#     equal to it (bf16 ran), and within 1% of bf16 on cpu;
+#   - strata generate's KV cache on --device cuda prints, greedy, the text
+#     it prints on --device cpu (a LLaMA with GQA and a GPT-2 trained on
+#     the cpu until their argmax is clear).
 # usage: test_train_cuda.sh STRATA
 set -u
 strata=$1
@@ -101,6 +104,25 @@ print(f"ok   {fam}: cuda fp32 = cpu within {worst['fp32']:.1e} (bar 1e-3); cuda 
       f"{worst['bf16/fp32']:.1e} of cuda fp32 and {worst['bf16']:.1e} of cpu bf16 (bar 1e-2); "
       f"loss {gf[0]['loss']:.4f} -> {gf[-1]['loss']:.4f} (fp32), {gb[-1]['loss']:.4f} (bf16)")
 PY
+done
+# generate: the decoder's ops (rope at absolute positions, the attention
+# over the cache) on the GPU against the cpu device, greedy
+for model in "$llama" "gpt2:$gpt2"; do
+	tag=gen-${model%%:*}
+	check "$tag: trained on the cpu" 0 "$strata" train --model "$model" --data "$work/data.txt" \
+		--steps 150 --batch 4 --seq 64 --lr 1e-2 --device cpu --nvme none --save "$work/$tag" ||
+		continue
+	for dev in cpu cuda; do
+		"$strata" generate --ckpt "$work/$tag" --prompt "the engine" --tokens 48 \
+			--temperature 0 --device $dev >"$work/$tag.$dev" 2>&1 ||
+			{ echo "FAIL $tag: generate --device $dev"; cat "$work/$tag.$dev"; fail=1; }
+	done
+	if cmp -s "$work/$tag.cpu" "$work/$tag.cuda"; then
+		echo "ok   $tag: generate --device cuda = --device cpu: $(head -c 60 "$work/$tag.cuda")"
+	else
+		echo "FAIL $tag: generate --device cuda differs from cpu"; cat "$work/$tag.cpu" "$work/$tag.cuda"
+		fail=1
+	fi
 done
 [ $fail = 0 ] && echo PASS
 exit $fail

@@ -384,17 +384,17 @@ static void check_rmsnorm(int N, int C)
 
 // in place, as the model rotates q and k (and dq, dk back)
 static void check_rope(int B, int T, int NH, int hd, int stride, int type, int orig,
-		       float theta, float factor, float lo, float hi)
+		       float theta, float factor, float lo, float hi, int pos0)
 {
 	size_t n = (size_t)B * T * stride, pairs = (size_t)B * T * NH * (hd / 2);
 
 	for (int bwd = 0; bwd < 2; bwd++) {
 		vb x = rb(n, 1.0f), rx = x;
 		emu_launch(k_rope<uint16_t>, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, x.data(),
-			   (const uint16_t *)x.data(), T, NH, hd, stride, pairs, type, orig, theta,
+			   (const uint16_t *)x.data(), T, pos0, NH, hd, stride, pairs, type, orig, theta,
 			   factor, lo, hi, bwd ? -1.0f : 1.0f);
 		cpu({ .kind = bwd ? ST_OP_ROPE_BWD : ST_OP_ROPE_FWD, .t = { TB(rx), TB(rx) },
-		      .i = { B, T, NH, hd, stride, type, orig }, .f = { theta, factor, lo, hi } });
+		      .i = { B, T, NH, hd, stride, type, orig, pos0 }, .f = { theta, factor, lo, hi } });
 		close_b(bwd ? "rope_bwd bb in place" : "rope_fwd bb in place", x, rx);
 	}
 }
@@ -448,8 +448,9 @@ int main(void)
 	check_matmul_parts(7, 24, 72); /* the rows' order: the same bits */
 	check_rmsnorm(37, 96);
 	check_rmsnorm(5, 33);
-	check_rope(2, 19, 3, 16, 56, 0, 0, 10000.0f, 1.0f, 1.0f, 1.0f);
-	check_rope(2, 23, 2, 24, 48, 2, 16, 500000.0f, 8.0f, 1.0f, 4.0f); /* llama3 scaling */
+	check_rope(2, 19, 3, 16, 56, 0, 0, 10000.0f, 1.0f, 1.0f, 1.0f, 0);
+	check_rope(2, 23, 2, 24, 48, 2, 16, 500000.0f, 8.0f, 1.0f, 4.0f, 0); /* llama3 scaling */
+	check_rope(1, 5, 2, 24, 48, 2, 16, 500000.0f, 8.0f, 1.0f, 4.0f, 37); /* the decoder's */
 	check_swiglu(10007);
 	check_token_embed(38, 40, 53);
 	if (emu_launch_errors)

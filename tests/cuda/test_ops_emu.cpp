@@ -479,7 +479,7 @@ static void check_rmsnorm(int N, int C)
 }
 
 // rows of `stride` floats, NH heads of hd first; the rest left alone.
-static void check_rope(int B, int T, int NH, int hd, int stride, int type)
+static void check_rope(int B, int T, int NH, int hd, int stride, int type, int pos0)
 {
 	const size_t n = (size_t)B * T * stride, pairs = (size_t)B * T * NH * (hd / 2);
 	const float theta = 500000.0f, factor = type ? 8.0f : 0.0f;
@@ -490,22 +490,22 @@ static void check_rope(int B, int T, int NH, int hd, int stride, int type)
 		auto ref = rand_vec(n, -1, 1);
 		auto got = ref;
 		if (bwd)
-			st_cpu_rope_bwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig,
+			st_cpu_rope_bwd(ref.data(), inp.data(), B, T, pos0, NH, hd, stride, type, orig,
 					theta, factor, lo, hi);
 		else
-			st_cpu_rope_fwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig,
+			st_cpu_rope_fwd(ref.data(), inp.data(), B, T, pos0, NH, hd, stride, type, orig,
 					theta, factor, lo, hi);
 		emu_launch(k_rope<float>, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, got.data(),
-			   (const float *)inp.data(), T, NH, hd, stride, pairs, type, orig, theta,
+			   (const float *)inp.data(), T, pos0, NH, hd, stride, pairs, type, orig, theta,
 			   factor, lo, hi, bwd ? -1.0f : 1.0f);
 		expect_close(name(bwd ? "rope_bwd type %d (%d,%d)" : "rope_fwd type %d (%d,%d)",
 				  type, T, hd), got, ref);
 	}
 	auto inplace = inp, ref = inp; /* out == inp */
-	st_cpu_rope_fwd(ref.data(), inp.data(), B, T, NH, hd, stride, type, orig, theta, factor,
+	st_cpu_rope_fwd(ref.data(), inp.data(), B, T, pos0, NH, hd, stride, type, orig, theta, factor,
 			lo, hi);
 	emu_launch(k_rope<float>, grid_for(pairs, ST_CUDA_ELEM_BLOCK), ELEM, inplace.data(),
-		   (const float *)inplace.data(), T, NH, hd, stride, pairs, type, orig, theta,
+		   (const float *)inplace.data(), T, pos0, NH, hd, stride, pairs, type, orig, theta,
 		   factor, lo, hi, 1.0f);
 	expect_close(name("rope_fwd in place type %d (%d,%d)", type, T, hd), inplace, ref);
 }
@@ -552,6 +552,28 @@ static void check_token_embed(int N, int C, int V)
 	expect_close(name("token_embed_bwd (%d,%d) V=%d", N, C, V), gdw, dw);
 }
 
+// The decoder's attention: n rows at pos.. over a cache of pos + n rows,
+// NH query heads over NKV kv heads of hd (hd past a warp, and not a multiple
+// of 32), q rows of sq floats.
+static void check_decode_attention(int n, int pos, int NH, int NKV, int hd)
+{
+	const int sq = NH * hd + 5, skv = NKV * hd, T = pos + n;
+	auto q = rand_vec((size_t)n * sq, -2, 2), kc = rand_vec((size_t)T * skv, -2, 2);
+	auto vc = rand_vec((size_t)T * skv, -1, 1);
+	std::vector<float> ref((size_t)n * NH * hd), got(ref.size(), NAN);
+
+	st_cpu_decode_attention(ref.data(), q.data(), kc.data(), vc.data(), n, pos, NH, NKV, hd,
+				sq);
+	emu_launch(k_decode_attention, dim3((unsigned)NH, (unsigned)n),
+		   dim3(32 * ST_CUDA_DEC_WARPS), got.data(), (const float *)q.data(),
+		   (const float *)kc.data(), (const float *)vc.data(), pos, NH, NKV, hd, sq);
+	char what[96];
+
+	snprintf(what, sizeof(what), "decode_attention n %d at %d, %d/%d heads of %d", n, pos, NH,
+		 NKV, hd);
+	expect_close(what, got, ref);
+}
+
 int main(void)
 {
 	check_casts();
@@ -579,11 +601,18 @@ int main(void)
 	// type; SwiGLU over the exp's clamps; repeated tokens past the block.
 	check_rmsnorm(300, 37);
 	check_rmsnorm(5, 70);
-	check_rope(2, 37, 3, 16, 56, 0);
-	check_rope(1, 300, 2, 8, 16, 1);
-	check_rope(1, 70, 2, 64, 130, 2);
+	check_rope(2, 37, 3, 16, 56, 0, 0);
+	check_rope(1, 300, 2, 8, 16, 1, 0);
+	check_rope(1, 70, 2, 64, 130, 2, 0);
+	check_rope(1, 3, 2, 64, 130, 2, 211); /* the decoder's rows, at 211.. */
 	check_swiglu(1001);
 	check_token_embed(150, 37, 5);
+	// The decoder's: a prompt (keys fewer than the warps for its first
+	// rows), one token far along, GQA, heads up to the 256 bound.
+	check_decode_attention(6, 0, 4, 2, 24);
+	check_decode_attention(1, 300, 2, 1, 64);
+	check_decode_attention(3, 41, 6, 3, 70);
+	check_decode_attention(2, 9, 2, 2, 256);
 	if (emu_launch_errors) {
 		fprintf(stderr, "FAIL %d launches beyond the emulation\n", emu_launch_errors);
 		fails++;

@@ -69,14 +69,16 @@ static void close_enough(const char *what, int step, const float *got, const flo
 
 /* Greedy from a prompt of P tokens to T_MAX: the recompute's tokens and
  * logits, then the cache's (the prompt in one step, or split at split > 0),
- * step by step. */
-static void greedy_matches(const char *text, int P, int split)
+ * step by step; lend: the decoder in memory the test lends
+ * (st_model_decode_begin_in), just what st_model_decode_bytes() asks. */
+static void greedy_matches_in(const char *text, int P, int split, bool lend)
 {
 	struct st_model_config cfg;
 	struct net n;
 	struct st_decode *d;
 	int32_t toks[T_MAX], got[T_MAX];
 	float *ref, *lg;
+	void *mem = NULL;
 	int V, U;
 
 	assert_int_equal(st_model_config_parse(text, &cfg), 0);
@@ -96,7 +98,16 @@ static void greedy_matches(const char *text, int P, int split)
 		toks[t] = argmax(ref + (size_t)(t - P) * V, V);
 	}
 	memcpy(got, toks, sizeof(int32_t) * (size_t)P);
-	assert_int_equal(st_model_decode_begin(n.m, T_MAX, &d), 0);
+	if (lend) {
+		size_t bytes = st_model_decode_bytes(n.m, T_MAX, P);
+
+		mem = malloc(bytes);
+		assert_non_null(mem);
+		assert_int_equal(st_model_decode_begin_in(n.m, T_MAX, P, mem, bytes - 1, &d),
+				 -ENOSPC);
+		assert_int_equal(st_model_decode_begin_in(n.m, T_MAX, P, mem, bytes, &d), 0);
+	} else
+		assert_int_equal(st_model_decode_begin(n.m, T_MAX, &d), 0);
 	if (split) {
 		assert_int_equal(st_model_decode_step(d, (const void *const *)n.p, got, split, lg),
 				 0);
@@ -120,9 +131,15 @@ static void greedy_matches(const char *text, int P, int split)
 	/* one past the cache's positions is refused */
 	assert_int_equal(st_model_decode_step(d, (const void *const *)n.p, got, 2, lg), -EINVAL);
 	st_model_decode_end(d);
+	free(mem);
 	free(ref);
 	free(lg);
 	net_fini(&n);
+}
+
+static void greedy_matches(const char *text, int P, int split)
+{
+	greedy_matches_in(text, P, split, false);
 }
 
 static const char *const models[] = {
@@ -155,6 +172,15 @@ static void test_split_prompt(void **state)
 		greedy_matches(models[i], 7, 3);
 }
 
+/* in lent memory, the prompt's rows the most a step takes: the same
+ * tokens; a step of more rows than lent is refused */
+static void test_lent(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+		greedy_matches_in(models[i], 7, 0, true);
+}
+
 static void test_cache_and_refusals(void **state)
 {
 	struct st_model_config cfg;
@@ -177,6 +203,20 @@ static void test_cache_and_refusals(void **state)
 	assert_int_equal(st_model_decode_step(d, (const void *const *)p, &bad, 0, lg), -EINVAL);
 	assert_int_equal(st_model_decode_pos(d), 0);
 	st_model_decode_end(d);
+	/* lent room for steps of 2: 3 tokens are refused, and 0 rows */
+	{
+		size_t bytes = st_model_decode_bytes(m, 8, 2);
+		void *mem = malloc(bytes);
+		int32_t three[3] = { 1, 2, 3 };
+
+		assert_non_null(mem);
+		assert_int_equal(st_model_decode_begin_in(m, 8, 0, mem, bytes, &d), -EINVAL);
+		assert_int_equal(st_model_decode_begin_in(m, 8, 2, mem, bytes, &d), 0);
+		assert_int_equal(st_model_decode_step(d, (const void *const *)p, three, 3, lg),
+				 -EINVAL);
+		st_model_decode_end(d);
+		free(mem);
+	}
 	assert_int_equal(st_model_set_precision(m, ST_PRECISION_BF16), 0);
 	assert_int_equal(st_model_decode_begin(m, 8, &d), -ENOTSUP);
 	st_model_destroy(m);
@@ -187,6 +227,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_greedy),
 		cmocka_unit_test(test_split_prompt),
+		cmocka_unit_test(test_lent),
 		cmocka_unit_test(test_cache_and_refusals),
 	};
 

@@ -368,7 +368,7 @@ static void test_rope_ref(void **state)
 	for (int k = 0; k < 3; k++) {
 		const struct st_model_config *c = &cs[k];
 		memcpy(y, x, n * 4);
-		st_cpu_rope_fwd(y, y, B, T, NH, hd, stride, c->rope_type, c->rope_original_ctx,
+		st_cpu_rope_fwd(y, y, B, T, 0, NH, hd, stride, c->rope_type, c->rope_original_ctx,
 				(float)c->rope_theta, (float)c->rope_factor,
 				(float)c->rope_low_freq_factor, (float)c->rope_high_freq_factor);
 		rope_ref(ref, x, B, T, NH, hd, stride, c);
@@ -381,7 +381,7 @@ static void test_rope_ref(void **state)
 		close_to(y, ref, n, 1e-5, k == 0 ? "rope default" : k == 1 ? "rope linear" :
 						  "rope llama3");
 		/* the backward is the inverse rotation */
-		st_cpu_rope_bwd(z, y, B, T, NH, hd, stride, c->rope_type, c->rope_original_ctx,
+		st_cpu_rope_bwd(z, y, B, T, 0, NH, hd, stride, c->rope_type, c->rope_original_ctx,
 				(float)c->rope_theta, (float)c->rope_factor,
 				(float)c->rope_low_freq_factor, (float)c->rope_high_freq_factor);
 		for (size_t i = 0; i < (size_t)B * T; i++)

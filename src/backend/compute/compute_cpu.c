@@ -142,13 +142,13 @@ static void k_rmsnorm_bwd(const struct st_op *op)
 
 static void k_rope_fwd(const struct st_op *op)
 {
-	st_cpu_rope_fwd(P(0), P(1), I(0), I(1), I(2), I(3), I(4), I(5), I(6), op->f[0],
+	st_cpu_rope_fwd(P(0), P(1), I(0), I(1), I(7), I(2), I(3), I(4), I(5), I(6), op->f[0],
 			op->f[1], op->f[2], op->f[3]);
 }
 
 static void k_rope_bwd(const struct st_op *op)
 {
-	st_cpu_rope_bwd(P(0), P(1), I(0), I(1), I(2), I(3), I(4), I(5), I(6), op->f[0],
+	st_cpu_rope_bwd(P(0), P(1), I(0), I(1), I(7), I(2), I(3), I(4), I(5), I(6), op->f[0],
 			op->f[1], op->f[2], op->f[3]);
 }
 
@@ -175,6 +175,11 @@ static void k_token_embed_bwd(const struct st_op *op)
 static void k_gqa_attention_fwd(const struct st_op *op)
 {
 	st_cpu_gqa_attention_fwd(P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2), I(3), I(4));
+}
+
+static void k_decode_attention(const struct st_op *op)
+{
+	st_cpu_decode_attention(P(0), P(1), P(2), P(3), I(0), I(1), I(2), I(3), I(4), I(5));
 }
 
 static void k_gqa_attention_bwd(const struct st_op *op)
@@ -281,6 +286,7 @@ static const cpu_kernel cpu_kernels[ST_OP_COUNT] = {
 	[ST_OP_RESIDUAL_RMSNORM_FWD] = k_residual_rmsnorm_fwd,
 	[ST_OP_F32_TO_BF16] = k_f32_to_bf16,
 	[ST_OP_HEAD_CROSSENTROPY] = k_head_crossentropy,
+	[ST_OP_DECODE_ATTENTION] = k_decode_attention,
 };
 
 /* matmul_fwd with bf16 inp and weight, fp32 out and bias: its own kernel

@@ -157,7 +157,7 @@ static int cu_run_bf16(struct st_cuda_ctx *ctx, const struct st_op *op)
 	case ST_OP_ROPE_FWD:
 	case ST_OP_ROPE_BWD:
 		return st_cuda_bf16_rope(ctx, op->kind == ST_OP_ROPE_BWD, P(0), P(1), I(0), I(1),
-					 I(2), I(3), I(4), I(5), I(6), op->f[0], op->f[1],
+					 I(7), I(2), I(3), I(4), I(5), I(6), op->f[0], op->f[1],
 					 op->f[2], op->f[3]);
 	case ST_OP_SWIGLU_FWD:
 		return st_cuda_bf16_swiglu_fwd(ctx, P(0), P(1), P(2), Z(0));
@@ -256,9 +256,12 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 						    op->f[0], I(0), I(1));
 	case ST_OP_ROPE_FWD:
 	case ST_OP_ROPE_BWD:
-		return st_cuda_rope(ctx, op->kind == ST_OP_ROPE_BWD, P(0), P(1), I(0), I(1), I(2),
-				    I(3), I(4), I(5), I(6), op->f[0], op->f[1], op->f[2],
+		return st_cuda_rope(ctx, op->kind == ST_OP_ROPE_BWD, P(0), P(1), I(0), I(1), I(7),
+				    I(2), I(3), I(4), I(5), I(6), op->f[0], op->f[1], op->f[2],
 				    op->f[3]);
+	case ST_OP_DECODE_ATTENTION:
+		return st_cuda_decode_attention(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2), I(3),
+						I(4), I(5));
 	case ST_OP_SWIGLU_FWD:
 		return st_cuda_swiglu_fwd(ctx, P(0), P(1), P(2), Z(0));
 	case ST_OP_SWIGLU_BWD:
@@ -356,6 +359,12 @@ bool st_compute_cuda_supports_shape(const struct st_op *op, char *why, size_t wh
 			return true;
 		hs = op->i[4];
 		break;
+	case ST_OP_DECODE_ATTENTION: /* i: n, pos, NH, NKV, hd, sq */
+		if (op->i[4] <= ST_CUDA_DEC_MAX_HD_HOST)
+			return true;
+		snprintf(why, why_bytes, "head size %lld; the decoder's attention runs up to %d",
+			 (long long)op->i[4], ST_CUDA_DEC_MAX_HD_HOST);
+		return false;
 	default:
 		return true;
 	}

@@ -114,8 +114,8 @@ void st_cpu_rmsnorm_bwd(float *dinp, float *dweight, const float *dout,
 
 /* ---- rotary embeddings --------------------------------------------------------------- */
 
-static void rope(float *out, const float *inp, int B, int T, int NH, int hd, int stride,
-		 int type, int original_ctx, float theta, float factor, float lo,
+static void rope(float *out, const float *inp, int B, int T, int pos0, int NH, int hd,
+		 int stride, int type, int original_ctx, float theta, float factor, float lo,
 		 float hi, float sign)
 {
 	const int half = hd / 2;
@@ -126,7 +126,7 @@ static void rope(float *out, const float *inp, int B, int T, int NH, int hd, int
 #pragma omp parallel for schedule(static)
 	for (int row = 0; row < B * T; row++) {
 		float cs[ST_ROPE_MAX_HALF], sn[ST_ROPE_MAX_HALF];
-		int pos = row % T;
+		int pos = pos0 + row % T;
 		for (int i = 0; i < half; i++) {
 			st_rope_cos_sin(inv[i], pos, &cs[i], &sn[i]);
 			sn[i] *= sign;
@@ -144,20 +144,67 @@ static void rope(float *out, const float *inp, int B, int T, int NH, int hd, int
 	}
 }
 
-void st_cpu_rope_fwd(float *out, const float *inp, int B, int T, int NH, int hd,
+void st_cpu_rope_fwd(float *out, const float *inp, int B, int T, int pos0, int NH, int hd,
 		     int stride, int type, int original_ctx, float theta,
 		     float factor, float low_freq_factor, float high_freq_factor)
 {
-	rope(out, inp, B, T, NH, hd, stride, type, original_ctx, theta, factor,
+	rope(out, inp, B, T, pos0, NH, hd, stride, type, original_ctx, theta, factor,
 	     low_freq_factor, high_freq_factor, 1.0f);
 }
 
-void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int NH, int hd,
+void st_cpu_rope_bwd(float *dinp, const float *dout, int B, int T, int pos0, int NH, int hd,
 		     int stride, int type, int original_ctx, float theta,
 		     float factor, float low_freq_factor, float high_freq_factor)
 {
-	rope(dinp, dout, B, T, NH, hd, stride, type, original_ctx, theta, factor,
+	rope(dinp, dout, B, T, pos0, NH, hd, stride, type, original_ctx, theta, factor,
 	     low_freq_factor, high_freq_factor, -1.0f);
+}
+
+/* ---- the decoder's attention ------------------------------------------------------------ */
+
+/* q's row of hd channels . cache row t's, in order (the same value each
+ * time it is taken: the three passes below read it again instead of
+ * keeping pos + n scores). */
+static float dec_dot(const float *qr, const float *k, int hd)
+{
+	float dot = 0;
+
+	for (int d = 0; d < hd; d++)
+		dot += qr[d] * k[d];
+	return dot;
+}
+
+void st_cpu_decode_attention(float *out, const float *q, const float *kc, const float *vc,
+			     int n, int pos, int NH, int NKV, int hd, int sq)
+{
+	const int rep = NH / NKV, skv = NKV * hd;
+	const float scale = 1.0f / sqrtf((float)hd);
+
+#pragma omp parallel for schedule(dynamic, 1)
+	for (int ih = 0; ih < n * NH; ih++) {
+		int i = ih / NH, h = ih % NH, T = pos + i + 1;
+		const float *qr = q + (size_t)i * sq + (size_t)h * hd;
+		const float *k = kc + (size_t)(h / rep) * hd, *v = vc + (size_t)(h / rep) * hd;
+		float *o = out + (size_t)i * NH * hd + (size_t)h * hd, mx = -INFINITY;
+		double sum = 0;
+
+		for (int t = 0; t < T; t++) {
+			float s = dec_dot(qr, k + (size_t)t * skv, hd) * scale;
+
+			mx = s > mx ? s : mx;
+		}
+		for (int t = 0; t < T; t++)
+			sum += expf(dec_dot(qr, k + (size_t)t * skv, hd) * scale - mx);
+		for (int d = 0; d < hd; d++)
+			o[d] = 0;
+		for (int t = 0; t < T; t++) {
+			float w = (float)(expf(dec_dot(qr, k + (size_t)t * skv, hd) * scale - mx) /
+					  sum);
+
+			for (int d = 0; d < hd; d++)
+				o[d] += w * v[(size_t)t * skv + d];
+		}
+	}
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------ */

@@ -316,8 +316,9 @@ int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweigh
 }
 
 int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uint16_t *inp,
-		      int B, int T, int NH, int hd, int stride, int type, int original_ctx,
-		      float theta, float factor, float low_freq_factor, float high_freq_factor)
+		      int B, int T, int pos0, int NH, int hd, int stride, int type,
+		      int original_ctx, float theta, float factor, float low_freq_factor,
+		      float high_freq_factor)
 {
 	int rc = st_cuda_ctx_enter(ctx);
 
@@ -329,7 +330,7 @@ int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uin
 	if (n == 0)
 		return 0;
 	k_rope<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0,
-		 st_cuda_ctx_stream(ctx)>>>(out, inp, T, NH, hd, stride, n, type, original_ctx,
+		 st_cuda_ctx_stream(ctx)>>>(out, inp, T, pos0, NH, hd, stride, n, type, original_ctx,
 					    theta, factor, low_freq_factor, high_freq_factor,
 					    bwd ? -1.0f : 1.0f);
 	LAUNCH_CHECK("bf16 rope");

@@ -89,8 +89,9 @@ int st_cuda_bf16_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweigh
 			     const uint16_t *weight, const float *rstd, int N, int C);
 /* ROPE_FWD / ROPE_BWD (bwd) on bf16 rows; out may be inp. */
 int st_cuda_bf16_rope(struct st_cuda_ctx *ctx, int bwd, uint16_t *out, const uint16_t *inp,
-		      int B, int T, int NH, int hd, int stride, int type, int original_ctx,
-		      float theta, float factor, float low_freq_factor, float high_freq_factor);
+		      int B, int T, int pos0, int NH, int hd, int stride, int type,
+		      int original_ctx, float theta, float factor, float low_freq_factor,
+		      float high_freq_factor);
 int st_cuda_bf16_swiglu_fwd(struct st_cuda_ctx *ctx, uint16_t *out, const uint16_t *gate,
 			    const uint16_t *up, size_t n);
 /* dgate, dup overwritten (either may be gate or up). */

@@ -148,8 +148,14 @@ int st_cuda_rmsnorm_fwd(struct st_cuda_ctx *ctx, float *out, float *rstd, const 
 int st_cuda_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
 			const float *dout, const float *inp, const float *weight,
 			const float *rstd, int N, int C);
+/* DECODE_ATTENTION (strata/op.h): fp32, head size at most this
+ * (ops_kernels.cuh's ST_CUDA_DEC_MAX_HD, held equal in ops.cu). */
+#define ST_CUDA_DEC_MAX_HD_HOST 256
+int st_cuda_decode_attention(struct st_cuda_ctx *ctx, float *out, const float *q,
+			     const float *kc, const float *vc, int n, int pos, int NH, int NKV,
+			     int hd, int sq);
 int st_cuda_rope(struct st_cuda_ctx *ctx, int bwd, float *out, const float *inp, int B, int T,
-		 int NH, int hd, int stride, int type, int original_ctx, float theta,
+		 int pos0, int NH, int hd, int stride, int type, int original_ctx, float theta,
 		 float factor, float low_freq_factor, float high_freq_factor);
 int st_cuda_swiglu_fwd(struct st_cuda_ctx *ctx, float *out, const float *gate,
 		       const float *up, size_t n);

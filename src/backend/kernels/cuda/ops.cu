@@ -280,8 +280,29 @@ int st_cuda_rmsnorm_bwd(struct st_cuda_ctx *ctx, float *dinp, float *dweight,
 	return 0;
 }
 
+static_assert(ST_CUDA_DEC_MAX_HD == ST_CUDA_DEC_MAX_HD_HOST, "cuda_ops.h's decoder bound");
+
+int st_cuda_decode_attention(struct st_cuda_ctx *ctx, float *out, const float *q,
+			     const float *kc, const float *vc, int n, int pos, int NH, int NKV,
+			     int hd, int sq)
+{
+	int rc = ctx_enter(ctx);
+	if (rc)
+		return rc;
+	if (n < 0 || pos < 0 || NKV < 1 || NH < NKV || NH % NKV || hd < 1 ||
+	    hd > ST_CUDA_DEC_MAX_HD || sq < NH * hd || n > ST_CUDA_MAX_GRID)
+		return st_error_set(-EINVAL, "cuda: decode_attention: bad shape (n %d, heads %d/%d, "
+				    "head %d: at most %d)", n, NH, NKV, hd, ST_CUDA_DEC_MAX_HD);
+	if (n == 0 || NH == 0)
+		return 0;
+	k_decode_attention<<<dim3((unsigned)NH, (unsigned)n), 32 * ST_CUDA_DEC_WARPS, 0,
+			     ctx->stream>>>(out, q, kc, vc, pos, NH, NKV, hd, sq);
+	LAUNCH_CHECK("decode_attention");
+	return 0;
+}
+
 int st_cuda_rope(struct st_cuda_ctx *ctx, int bwd, float *out, const float *inp, int B, int T,
-		 int NH, int hd, int stride, int type, int original_ctx, float theta,
+		 int pos0, int NH, int hd, int stride, int type, int original_ctx, float theta,
 		 float factor, float low_freq_factor, float high_freq_factor)
 {
 	int rc = ctx_enter(ctx);
@@ -293,7 +314,7 @@ int st_cuda_rope(struct st_cuda_ctx *ctx, int bwd, float *out, const float *inp,
 	if (n == 0)
 		return 0;
 	k_rope<<<grid_for(n, ST_CUDA_ELEM_BLOCK), ST_CUDA_ELEM_BLOCK, 0, ctx->stream>>>(
-		out, inp, T, NH, hd, stride, n, type, original_ctx, theta, factor,
+		out, inp, T, pos0, NH, hd, stride, n, type, original_ctx, theta, factor,
 		low_freq_factor, high_freq_factor, bwd ? -1.0f : 1.0f);
 	LAUNCH_CHECK("rope");
 	return 0;

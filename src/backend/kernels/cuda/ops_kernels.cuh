@@ -25,6 +25,8 @@
 #define ST_CUDA_COL_LANES 8                         /* row lanes per colsum block */
 #define ST_CUDA_COL_CHUNK 256                       /* rows per colsum partial */
 #define ST_CUDA_EMB_BLOCK 256                       /* threads, embedding scatter */
+#define ST_CUDA_DEC_WARPS 4                         /* warps, decoder attention block */
+#define ST_CUDA_DEC_MAX_HD 256                      /* its widest head: 8 channels a lane */
 
 /* ---- launch geometry (host), shared with the emulation test ----------------- */
 
@@ -609,12 +611,12 @@ static __global__ void k_rmsnorm_bwd_dinp(float *dinp, const TD *dout, const flo
 	}
 }
 
-/* Rotary embeddings: a thread per (row, head, pair); sign -1 rotates back
- * (the backward). out may be inp: a thread reads its two channels before
- * it writes them. */
+/* Rotary embeddings: a thread per (row, head, pair), row r at position
+ * pos0 + r % T; sign -1 rotates back (the backward). out may be inp: a
+ * thread reads its two channels before it writes them. */
 template <typename TV>
-static __global__ void k_rope(TV *out, const TV *inp, int T, int NH, int hd, int stride,
-			      size_t n_pairs, int type, int original_ctx, float theta,
+static __global__ void k_rope(TV *out, const TV *inp, int T, int pos0, int NH, int hd,
+			      int stride, size_t n_pairs, int type, int original_ctx, float theta,
 			      float factor, float lo, float hi, float sign)
 {
 	const int half = hd / 2;
@@ -626,7 +628,7 @@ static __global__ void k_rope(TV *out, const TV *inp, int T, int NH, int hd, int
 		size_t row = rh / (size_t)NH;
 		float inv = st_rope_inv_freq(j, hd, theta, type, factor, lo, hi, original_ctx);
 		float c, sn;
-		st_rope_cos_sin(inv, (int)(row % (size_t)T), &c, &sn);
+		st_rope_cos_sin(inv, pos0 + (int)(row % (size_t)T), &c, &sn);
 		sn *= sign;
 		size_t base = row * (size_t)stride + (size_t)h * hd;
 		float x1 = ld_f(inp, base + j), x2 = ld_f(inp, base + j + half);
@@ -671,6 +673,74 @@ static __global__ void k_token_embed_fwd(float *out, const int32_t *tokens, cons
 	     i += (size_t)gridDim.x * blockDim.x) {
 		size_t r = i / (size_t)C;
 		out[i] = ld_f(wte, (size_t)tokens[r] * C + i % (size_t)C);
+	}
+}
+
+/* The decoder's attention (DECODE_ATTENTION): a block per (head h, row i),
+ * grid (NH, n). Row i, at position pos + i, attends over cache rows
+ * 0 .. pos + i. Warp w takes keys w, w + ST_CUDA_DEC_WARPS, ...; a lane holds
+ * channels lane, lane + 32, ... of q and of its share of the output. Two
+ * passes over the keys, as the cpu's: the max of the scores, then the sum of
+ * exp(s - max) (in double) with the weighted values, the warps' parts added
+ * in shared memory at the end. A warp's dot product ends in warp_sum(), whose
+ * butterfly gives every lane the same bits. */
+static __device__ __forceinline__ float dec_dot(const float *qv, const float *k, int hd)
+{
+	const int lane = threadIdx.x & 31;
+	float s = 0.0f;
+
+	for (int j = 0; j * 32 + lane < hd; j++)
+		s += qv[j] * k[j * 32 + lane];
+	return warp_sum(s);
+}
+
+static __global__ void k_decode_attention(float *out, const float *q, const float *kc,
+					  const float *vc, int pos, int NH, int NKV, int hd,
+					  int sq)
+{
+	__shared__ float s_max[ST_CUDA_DEC_WARPS];
+	__shared__ double s_sum[ST_CUDA_DEC_WARPS];
+	__shared__ float s_acc[ST_CUDA_DEC_WARPS][ST_CUDA_DEC_MAX_HD];
+	const int h = (int)blockIdx.x, i = (int)blockIdx.y, T = pos + i + 1;
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, skv = NKV * hd;
+	const float scale = 1.0f / sqrtf((float)hd);
+	const float *k = kc + (size_t)(h / (NH / NKV)) * hd, *v = vc + (size_t)(h / (NH / NKV)) * hd;
+	float qv[ST_CUDA_DEC_MAX_HD / 32], acc[ST_CUDA_DEC_MAX_HD / 32], mx = -INFINITY;
+	double sum = 0.0;
+
+	for (int j = 0; j < ST_CUDA_DEC_MAX_HD / 32; j++) {
+		int d = j * 32 + lane;
+		qv[j] = d < hd ? q[(size_t)i * sq + (size_t)h * hd + d] : 0.0f;
+		acc[j] = 0.0f;
+	}
+	for (int t = warp; t < T; t += ST_CUDA_DEC_WARPS)
+		mx = fmaxf(mx, dec_dot(qv, k + (size_t)t * skv, hd) * scale);
+	if (lane == 0)
+		s_max[warp] = mx;
+	__syncthreads();
+	for (int w = 0; w < ST_CUDA_DEC_WARPS; w++)
+		mx = fmaxf(mx, s_max[w]);
+	for (int t = warp; t < T; t += ST_CUDA_DEC_WARPS) {
+		float e = expf(dec_dot(qv, k + (size_t)t * skv, hd) * scale - mx);
+
+		sum += (double)e;
+		for (int j = 0; j * 32 + lane < hd; j++)
+			acc[j] += e * v[(size_t)t * skv + j * 32 + lane];
+	}
+	for (int j = 0; j * 32 + lane < hd; j++)
+		s_acc[warp][j * 32 + lane] = acc[j];
+	if (lane == 0)
+		s_sum[warp] = sum;
+	__syncthreads();
+	sum = 0.0;
+	for (int w = 0; w < ST_CUDA_DEC_WARPS; w++)
+		sum += s_sum[w];
+	for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+		float o = 0.0f;
+
+		for (int w = 0; w < ST_CUDA_DEC_WARPS; w++)
+			o += s_acc[w][d];
+		out[(size_t)i * NH * hd + (size_t)h * hd + d] = (float)((double)o / sum);
 	}
 }
 
