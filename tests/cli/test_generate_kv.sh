@@ -61,6 +61,18 @@ for model in gpt2:layers=2,dim=64,heads=4,vocab=256,ctx=96 \
 	else
 		bad "$model: --gpu-mem 64K: rc $rc"; cat "$work/err"
 	fi
+	# what the device takes follows the prompt and --tokens (the cache for
+	# 12 positions against 42), not the model's context
+	cache_kib() {
+		"$strata" generate --ckpt "$work/ck$i" --prompt "ab" --tokens "$1" --device cpu \
+			--gpu-mem 64K 2>&1 | sed -n 's/.*and --tokens (\([0-9.]*\) KiB).*/\1/p'
+	}
+	c10=$(cache_kib 10) c40=$(cache_kib 40)
+	if [ -n "$c10" ] && [ -n "$c40" ] && awk -v a="$c10" -v b="$c40" 'BEGIN { exit !(a < b) }'; then
+		ok "$model: the device's cache and workspace follow --tokens ($c10 KiB for 10, $c40 for 40)"
+	else
+		bad "$model: cache for 10 tokens '$c10' KiB, for 40 '$c40' KiB"
+	fi
 	# past ctx (the window slides) and bf16: the recompute path either way
 	same "$model: past ctx" "$work/ck$i" --prompt "The quick br" --tokens 100 --temperature 0
 	same "$model: bf16" "$work/ck$i" --prompt "ab" --tokens 30 --temperature 0 \
