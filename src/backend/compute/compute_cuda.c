@@ -346,6 +346,11 @@ bool st_compute_cuda_supports_shape(const struct st_op *op, char *why, size_t wh
 {
 	int64_t hs;
 
+	if (st_op_attention_seg(op)) {
+		snprintf(why, why_bytes, "packed documents (a seg array, --packing isolated); "
+			 "the cuda attention runs causal over the whole row only");
+		return false;
+	}
 	switch (op->kind) {
 	case ST_OP_ATTENTION_FWD:
 	case ST_OP_ATTENTION_BWD: /* i: B, T, C, NH */
