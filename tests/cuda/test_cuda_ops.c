@@ -1007,14 +1007,6 @@ static void test_seam_rows(void **state)
 			if (h[k])
 				od.t[k].data = d[k] = dev_from(h[k], case_bytes(&c->t[k]));
 		snprintf(what, sizeof(what), "seam %s", c->what);
-		if (st_op_attention_seg(&od) && !st_compute_supports_op(cx, &od)) {
-			/* packed documents: refused, never run causal (compute_cuda.c) */
-			printf("skip %-40s the cuda attention has no seg yet\n", what);
-			for (int k = 0; k < n; k++)
-				st_cuda_free(d[k]);
-			case_free(h);
-			continue;
-		}
 		assert_true(st_compute_supports_op(cx, &od));
 		st_compute_run(cx, &od);
 		check_rc(st_compute_sync(cx), what);
