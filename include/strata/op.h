@@ -260,19 +260,6 @@ enum st_dtype st_op_ref_dtype(enum st_op_kind kind, int slot);
  * reference signature. */
 bool st_op_is_ref(enum st_op_kind kind, const enum st_dtype *dtypes);
 
-/* The attention record's seg (ATTENTION_FWD/BWD, GQA_ATTENTION_FWD/BWD),
- * or NULL: none given, or another op. */
-static inline const int32_t *st_op_attention_seg(const struct st_op *op)
-{
-	int slot = op->kind == ST_OP_ATTENTION_FWD	   ? 3
-		   : op->kind == ST_OP_ATTENTION_BWD	   ? 5
-		   : op->kind == ST_OP_GQA_ATTENTION_FWD ? 5
-		   : op->kind == ST_OP_GQA_ATTENTION_BWD ? 9
-							   : -1;
-
-	return slot < 0 ? NULL : (const int32_t *)op->t[slot].data;
-}
-
 /* The GEMM record C (M,N) fp32 = op(A) @ op(B) + beta C, row-major, A and
  * B bf16 (ta, tb: transposed): the one builder of the bf16 heads' matmuls
  * (the model's unfused head and st_op_head_ce_unfold's records). */

@@ -852,11 +852,6 @@ static void train_check_model(struct train_args *a)
 			   "is one document)");
 	if (strcmp(ec->device, "auto") == 0)
 		ec->device = st_cli_device("auto", &a->probe, a->device_why, sizeof(a->device_why));
-	if (cfg->isolate && strcmp(ec->device, "cuda") == 0 &&
-	    ec->compute_dtype == ST_PRECISION_BF16)
-		st_cli_die(2, "--packing isolated: not with --compute-dtype bf16 on --device cuda "
-			   "yet (its tensor-core attention runs causal over the whole row); use "
-			   "--compute-dtype fp32");
 	/* on a GPU the budgets not given are what the machine has; the cpu
 	 * devices keep the demo's */
 	if (strcmp(ec->device, "cuda") == 0) {

@@ -206,8 +206,6 @@ check "--packing isolated without --samples documents is refused" 2 "$strata" tr
 	"${iso[@]}" --packing isolated
 check "--packing bogus is refused" 2 "$strata" train "${iso[@]}" --samples documents \
 	--packing bogus
-check "--packing isolated on cuda at --compute-dtype bf16 is refused" 2 "$strata" train \
-	"${iso[@]}" --samples documents --packing isolated --device cuda --compute-dtype bf16
 check "train --samples documents --packing isolated, 20 steps" 0 "$strata" train "${iso[@]}" \
 	--samples documents --packing isolated --steps 20 --save "$work/iso" --save-every 10
 check "train --samples documents (packed, the default), 20 steps" 0 "$strata" train \

@@ -220,15 +220,15 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_embedding_bwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
 	case ST_OP_ATTENTION_FWD:
 		if (op->t[2].dtype == ST_DTYPE_BF16)
-			return st_cuda_attention_fwd_bf16(ctx, P(0), P(1), P(2), I(0), I(1), I(2),
-							  I(3));
+			return st_cuda_attention_fwd_bf16_seg(ctx, P(0), P(1), P(2), I(0), I(1),
+							      I(2), I(3), P(3));
 		return st_cuda_attention_fwd_seg(ctx, P(0), P(1), P(2), I(0), I(1), I(2), I(3),
 						 P(3));
 	case ST_OP_ATTENTION_BWD:
 		if (op->t[2].dtype == ST_DTYPE_BF16)
-			return st_cuda_attention_bwd_bf16(ctx, P(0), op->t[0].dtype == ST_DTYPE_BF16,
-							  P(1), P(2), P(3), P(4), I(0), I(1), I(2),
-							  I(3));
+			return st_cuda_attention_bwd_bf16_seg(
+				ctx, P(0), op->t[0].dtype == ST_DTYPE_BF16, P(1), P(2), P(3), P(4), I(0),
+				I(1), I(2), I(3), P(5));
 		return st_cuda_attention_bwd_seg(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2),
 						 I(3), P(5));
 	case ST_OP_CROSSENTROPY_FWD:
@@ -273,15 +273,15 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_token_embed_bwd(ctx, P(0), P(1), P(2), I(0), I(1));
 	case ST_OP_GQA_ATTENTION_FWD:
 		if (op->t[2].dtype == ST_DTYPE_BF16)
-			return st_cuda_gqa_attention_fwd_bf16(ctx, P(0), P(1), P(2), P(3), P(4), I(0),
-							      I(1), I(2), I(3), I(4));
+			return st_cuda_gqa_attention_fwd_bf16_seg(ctx, P(0), P(1), P(2), P(3), P(4),
+								  I(0), I(1), I(2), I(3), I(4), P(5));
 		return st_cuda_gqa_attention_fwd_seg(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
 						     I(2), I(3), I(4), P(5));
 	case ST_OP_GQA_ATTENTION_BWD:
 		if (op->t[4].dtype == ST_DTYPE_BF16)
-			return st_cuda_gqa_attention_bwd_bf16(
+			return st_cuda_gqa_attention_bwd_bf16_seg(
 				ctx, P(0), P(1), P(2), op->t[0].dtype == ST_DTYPE_BF16, P(3), P(4),
-				P(5), P(6), P(7), P(8), I(0), I(1), I(2), I(3), I(4));
+				P(5), P(6), P(7), P(8), I(0), I(1), I(2), I(3), I(4), P(9));
 		return st_cuda_gqa_attention_bwd_seg(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
 						     P(7), P(8), I(0), I(1), I(2), I(3), I(4), P(9));
 	case ST_OP_HEAD_CROSSENTROPY: /* cu_bf16_sigs' */
@@ -368,11 +368,6 @@ bool st_compute_cuda_supports_shape(const struct st_op *op, char *why, size_t wh
 		return false;
 	default:
 		return true;
-	}
-	if (st_op_attention_seg(op)) { /* the fp32 kernels take it */
-		snprintf(why, why_bytes, "packed documents (a seg array, --packing isolated); "
-			 "the bf16 attention on tensor cores runs causal over the whole row only");
-		return false;
 	}
 	if (hs > 0 && hs <= INT32_MAX && st_cuda_attention_bf16_head_ok((int)hs))
 		return true;

@@ -230,6 +230,24 @@ int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq, void *dk, 
 				   int grad_bf16, const uint16_t *dout, const uint16_t *q,
 				   const uint16_t *k, const uint16_t *v, const uint16_t *out,
 				   const float *lse, int B, int T, int NH, int NKV, int hd);
+/* The same with seg (B,T) int32 in device memory: query t attends to keys
+ * [seg[t], t] only (packed documents, st_cuda_attention_fwd_seg()); NULL:
+ * the four above. */
+int st_cuda_attention_fwd_bf16_seg(struct st_cuda_ctx *ctx, uint16_t *out, float *lse,
+				   const uint16_t *qkv, int B, int T, int C, int NH,
+				   const int32_t *seg);
+int st_cuda_attention_bwd_bf16_seg(struct st_cuda_ctx *ctx, void *dqkv, int grad_bf16,
+				   const uint16_t *dout, const uint16_t *qkv,
+				   const uint16_t *out, const float *lse, int B, int T, int C,
+				   int NH, const int32_t *seg);
+int st_cuda_gqa_attention_fwd_bf16_seg(struct st_cuda_ctx *ctx, uint16_t *out, float *lse,
+				       const uint16_t *q, const uint16_t *k, const uint16_t *v,
+				       int B, int T, int NH, int NKV, int hd, const int32_t *seg);
+int st_cuda_gqa_attention_bwd_bf16_seg(struct st_cuda_ctx *ctx, void *dq, void *dk, void *dv,
+				       int grad_bf16, const uint16_t *dout, const uint16_t *q,
+				       const uint16_t *k, const uint16_t *v, const uint16_t *out,
+				       const float *lse, int B, int T, int NH, int NKV, int hd,
+				       const int32_t *seg);
 /* Whether the bf16 attention runs head size hs (64 or 128): the rule the
  * four calls above check, for the cuda compute's supports_shape (the model
  * refuses a bf16 step it would fail before the step). Pure: no GPU. */
