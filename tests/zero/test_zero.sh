@@ -34,8 +34,9 @@
 #              --update in-backward at 2 ranks, stages 0-3, W, P, M, V
 #              on nvme, a clip some steps pass (batch-first, layer-first,
 #              LLaMA, a skipped step; stages 1-2 also with W in host and
-#              in vram, and through the device buffers): one rank's
-#              numbers with the update after
+#              in vram, through the device buffers and on cpu-strict):
+#              one rank's numbers with the update after, and its
+#              collectives per step
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
 #              overlapping the compute (stage 3's gathers, and stages 1-2's
@@ -400,6 +401,19 @@ print((n[1] + n[2]) / 2)' "$work/noclip.jsonl")
 			held "ib$z$sched"
 		done
 	done
+	# stages 1-2: the steps that held and those redone queue the update
+	# after's collectives, step by step (calls and bytes of each kind)
+	for z in 1 2; do
+		run "af$z" 2 --steps 4 --grad-accum 2 --zero $z "${nv[@]}"
+		python3 - "$work/af$z.jsonl" "$work/ib${z}batch-first.jsonl" "$z" <<'PY' || fail=1
+import json, sys
+a, b = ([{k: (v["calls"], v["bytes"]) for k, v in json.loads(l)["comm"].items()}
+         for l in open(f)] for f in sys.argv[1:3])
+ok = a == b and len(a) == 4
+print(("ok  " if ok else "FAIL") + f" --zero {sys.argv[3]}: in-backward's collectives per step = after's")
+sys.exit(0 if ok else 1)
+PY
+	done
 	# stages 1-2: the rank's slice of the new W goes to its home alone in
 	# the backward, and is gathered from there at the commit: W in host
 	# (in place) and in vram, and through the device buffers
@@ -422,6 +436,16 @@ print((n[1] + n[2]) / 2)' "$work/noclip.jsonl")
 		--offload-params none --offload-optim nvme --gpu-mem 64M --clip "$clip"
 	same ibd2 ref "2 ranks --zero 2 in-backward, W in vram through the device = 1 rank, after"
 	held ibd2
+	# and on the cpu-strict device, whose memory faults when the host
+	# touches it (docs/gpu.md, "Strict mode")
+	run ibs1 2 --steps 4 --grad-accum 2 --zero 1 --update in-backward --device cpu-strict \
+		"${nv[@]}"
+	same ibs1 ref "cpu-strict: 2 ranks --zero 1 in-backward, W on nvme = 1 rank, after"
+	held ibs1
+	run ibs2 2 --steps 4 --grad-accum 2 --zero 2 --update in-backward --device cpu-strict \
+		--offload-params none --offload-optim nvme --gpu-mem 64M --clip "$clip"
+	same ibs2 ref "cpu-strict: 2 ranks --zero 2 in-backward, W in vram = 1 rank, after"
+	held ibs2
 	# step 3 (0-based 2) skipped: unit 1's G not finite below the
 	# speculated units, whose W is rebuilt from their P on every rank
 	ST_TEST_NAN_GRAD=1:2 run nanref 1 --steps 4 --grad-accum 4 "${nv[@]}"
