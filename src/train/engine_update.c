@@ -747,9 +747,9 @@ int st_eng_spec_advance(struct st_engine *e, int g_final)
  * slice of the new W goes home alone (no collective: a rank may give up
  * its speculation before the others, and the comm queue's order is the
  * program's; the commit gathers it, spec_gather_w()), out of wgather[u &
- * 1] unless the home is the host (written in place); the store of the
- * unit before, out of the other buffer, has landed then, so the next
- * unit's AdamW may write there. */
+ * 1] unless the home is the host (written in place); then the store of
+ * unit u + 1 (speculated before u, out of the other buffer) has landed,
+ * so unit u - 1's AdamW may write there. */
 static int spec_w_out(struct st_engine *e, int u)
 {
 	int ret;
