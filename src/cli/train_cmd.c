@@ -856,15 +856,6 @@ static void train_check_model(struct train_args *a)
 		st_cli_die(2, "--optim-state %s: not with ZeRO at world > 1 (docs/optim.md); use fp32",
 			   st_optim_state_name(ec->optim_state));
 	}
-	if (ec->world > 1 && (ec->zero == 1 || ec->zero == 2) &&
-	    ec->update == ST_UPDATE_IN_BACKWARD) {
-		/* as above: the planner's refusal, said once */
-		if (ec->rank > 0)
-			exit(2);
-		st_cli_die(2, "--update in-backward: not with --zero 1 or 2 at world > 1 (their "
-			   "sweep gathers the updated W across the ranks); stages 0 and 3 can; or "
-			   "--update after");
-	}
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
 			"--zero 0\n");

@@ -435,9 +435,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	sh->units = st_model_unit_count(m);
 	sh->accum = in->grad_accum;
 	sh->layer_first = in->schedule == ST_SCHEDULE_LAYER_FIRST;
-	sh->in_backward = in->update != ST_UPDATE_AFTER &&
-			  (in->world <= 1 || in->zero == 0 || in->zero == 3) &&
-			  in->optim_state != ST_OPTIM_STATE_Q8;
+	sh->in_backward = in->update != ST_UPDATE_AFTER && in->optim_state != ST_OPTIM_STATE_Q8;
 	sh->wb = in->bf16 ? 2 : 4;
 	sh->mvb = in->optim_state == ST_OPTIM_STATE_Q8 ? 1 : in->optim_state == ST_OPTIM_STATE_BF16 ? 2 : 4;
 	sh->elems = calloc((size_t)sh->units, sizeof(*sh->elems));

@@ -616,6 +616,10 @@ void st_eng_zero_fini(struct st_engine *e);
 int st_eng_zero_wstore(struct st_engine *e, int u);
 void st_eng_zero_wpoll(struct st_engine *e);
 int st_eng_zero_wdone(struct st_engine *e, int u);
+/* Stages 1-2, the update inside the backward: the rank's slice of unit
+ * u's W from wgather[u & 1] to its home (ST_IO_WRITE, not waited for) or
+ * back (ST_IO_READ, waited for). 0 or -errno. */
+int st_eng_zero_wslice(struct st_engine *e, int u, enum st_io_op rw);
 int st_eng_zero_gather_host(struct st_engine *e, void *recv, size_t slice_elems,
 			    enum st_comm_dtype dt);
 int st_eng_zero_ordinal(const struct st_engine_config *cfg);
