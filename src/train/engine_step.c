@@ -48,21 +48,6 @@ static float *act_mb(struct st_engine *e, int u, int a)
 	return st_eng_act_mb(e, u, a);
 }
 
-/* The device buffers unit u computes with: its own when resident, else the
- * shared W and one of the two shared dW, in turn by unit. */
-static struct ubufs *bufs_of(struct st_engine *e, int u)
-{
-	return unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1];
-}
-
-/* The W of the unit u reads (its layout's reads_unit), or NULL. */
-static const void *other_w(struct st_engine *e, int u)
-{
-	int r = st_model_unit_layout(e->model, u)->reads_unit;
-
-	return r >= 0 ? e->unit_bufs[r].w_compute : NULL;
-}
-
 static float *other_grad(struct st_engine *e, int u)
 {
 	int r = st_model_unit_layout(e->model, u)->reads_unit;
