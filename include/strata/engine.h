@@ -98,6 +98,15 @@ struct st_engine_config {
 					  filled with NaN bytes before each
 					  load, so AdamW reading it before
 					  the load lands gives NaN */
+	bool forward_only;             /* the forward alone (strata eval):
+					  W and the forward's buffers only,
+					  no G, P, M, V, dW or update pools
+					  (st_plan_input.forward_only); only
+					  st_engine_write_state(),
+					  load_weights(), read_state() of W
+					  and st_engine_eval() run. World 1;
+					  recompute, activations, schedule,
+					  update and optim are the engine's */
 };
 
 struct st_engine;

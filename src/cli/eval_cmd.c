@@ -54,20 +54,20 @@ static void eval_usage(void)
 	       "A shard's loss mask is honoured: the mean over its counted targets.\n"
 	       "A shard made by another tokenizer than the model's is refused.\n"
 	       "\nThe model runs in the tiered engine's forward alone, as train's\n"
-	       "validation does (docs/engine.md, \"The forward alone\"): its tiers are\n"
-	       "planned for this B and T, W streamed from its home.\n"
+	       "validation does (docs/engine.md, \"The forward alone\"): W and the\n"
+	       "forward's buffers only, planned for this B and T, W streamed from its\n"
+	       "home.\n"
 	       "  --device auto|cpu|cpu-strict|cuda  where (default $ST_DEVICE, else auto:\n"
 	       "                       cuda when a GPU is usable)\n"
 	       "  --gpu-mem SIZE|auto  device budget (default auto: the GPU's free memory less a\n"
 	       "                       margin; on the cpu devices a quarter of MemAvailable)\n"
 	       "  --host-mem SIZE|auto pinned host budget (default auto: half of MemAvailable on\n"
 	       "                       cuda, a quarter within RLIMIT_MEMLOCK on the cpu devices)\n"
-	       "  --nvme DIR[,DIR..]   an nvme tier (default none); the engine's optimizer state,\n"
-	       "                       which eval never reads, is placed there when given\n"
+	       "  --nvme DIR[,DIR..]   an nvme tier for W (default none)\n"
 	       "  --offload-params auto|none|host|nvme  the home of W (default auto)\n"
 	       "  --reference          the in-memory reference trainer instead, on the cpu (the\n"
-	       "                       whole model and its training state in RAM); the engine\n"
-	       "                       gives its numbers bit for bit\n"
+	       "                       whole model and a training state in RAM, 18 B/param or\n"
+	       "                       more); the engine gives its numbers bit for bit\n"
 	       "A budget the model cannot fit in is refused (exit 2), naming the tier.\n");
 }
 
@@ -201,11 +201,9 @@ static int eval_one(struct evaluator *ev, struct st_loader *ld, double *sum, uin
 				    : st_trainer_eval(ev->t, ld, 1, sum);
 }
 
-/* The engine of the eval: this B and T, one micro-batch, W where
- * --offload-params says; the optimizer state, which the engine holds and
- * eval never reads, on nvme when there is a tier, else on the cpu devices
- * with W in their arena (host memory either way, and not locked), else in
- * host. w loaded into it (a NaN or Inf refused). */
+/* The engine of the eval: the forward alone (W and the forward's buffers,
+ * no training state), this B and T, W where --offload-params says; w
+ * loaded into it (a NaN or Inf refused). */
 static struct st_engine *eval_engine(struct eval_args *a, const struct st_train_config *cfg,
 				     struct st_weights *w)
 {
@@ -219,10 +217,7 @@ static struct st_engine *eval_engine(struct eval_args *a, const struct st_train_
 		st_cli_check_dirs("--nvme", a->nvme, true);
 		ec->nvme_dirs = a->nvme;
 	}
-	ec->optim = a->nvme ? ST_OFFLOAD_NVME
-		    : st_device_on_host(ec->device) && (ec->params == ST_OFFLOAD_AUTO ||
-							ec->params == ST_OFFLOAD_NONE)
-		    ? ST_OFFLOAD_VRAM : ST_OFFLOAD_HOST;
+	ec->forward_only = true;
 	ret = st_engine_create(ec, &e);
 	if (ret < 0) {
 		st_weights_close(w);

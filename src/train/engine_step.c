@@ -32,6 +32,7 @@
  * bits do not. */
 #include "engine_internal.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -536,6 +537,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	memset(res, 0, sizeof(*res));
 	if (e->err)
 		return st_error_set(e->err, "%s", e->errmsg);
+	if (e->cfg.forward_only)
+		return st_error_set(-EINVAL, "engine: the forward alone does not step");
 	e->trace.step = step;
 	st_eng_stats_begin(e);
 	e->grad.nonfinite = false;

@@ -19,8 +19,9 @@
  *  8. the engine's forward alone (st_engine_eval) is the reference
  *     trainer's eval of the same weights bit for bit, plain and masked,
  *     GPT-2 and LLaMA (fp32 and bf16 compute), W in vram, host and on
- *     nvme, kept forwards, layer-first; and the step after it is the step
- *     without it (the training state and the sampler untouched).
+ *     nvme, kept forwards, layer-first, and so is an engine made for it
+ *     (forward_only: no G, P, M, V, a smaller plan); the step after it is
+ *     the step without it (the training state and the sampler untouched).
  * `test_mask --device cuda` holds the cuda engine to the cpu's within
  * float tolerance on the masked shard (77 without a GPU). */
 #include <stdarg.h>
@@ -863,9 +864,52 @@ static double ref_eval(const struct st_engine_config *c, const float *P, const c
 	return loss;
 }
 
+/* The eval of an engine of the forward alone (c's placement of W, no
+ * G, P, M, V: their shards take no byte, and its plan no more than the
+ * training's) holding master weights P. */
+static double forward_only_eval(const struct st_engine_config *c, const float *P,
+				const char *path, const struct st_plan *train_plan,
+				const char *what)
+{
+	struct st_engine_config fc = *c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	const struct st_plan *p;
+	uint64_t count, fo_total = 0, train_total = 0;
+	size_t off = 0;
+	double sum;
+
+	fc.forward_only = true;
+	if (st_engine_create(&fc, &e))
+		fail_msg("%s: forward-only engine: %s", what, st_error_last());
+	p = st_engine_plan(e);
+	for (int u = 0; u < p->units; u++)
+		for (int s = ST_STATE_G; s <= ST_STATE_V; s++)
+			assert_int_equal(p->state_bytes[u * ST_STATE_COUNT + s], 0);
+	for (int h = 0; h < ST_HOME_COUNT; h++) {
+		fo_total += p->total_bytes[h];
+		train_total += train_plan->total_bytes[h];
+	}
+	if (fo_total >= train_total)
+		fail_msg("%s: the forward alone plans %llu B, training %llu B", what,
+			 (unsigned long long)fo_total, (unsigned long long)train_total);
+	for (int u = 0; u < p->units; u++) {
+		assert_int_equal(st_engine_write_state(e, u, P + off, NULL, NULL), 0);
+		off += st_model_unit_layout(st_engine_model(e), u)->elems;
+	}
+	assert_int_equal(st_engine_read_state(e, 0, ST_STATE_P, (float *)(void *)&sum), -EINVAL);
+	open_eval(&ds, &ld, c, path);
+	if (st_engine_eval(e, &ld, EVAL_BATCHES, &sum, &count))
+		fail_msg("%s: forward-only eval: %s", what, st_error_last());
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	return sum / (double)count;
+}
+
 /* Two steps of c on path, the eval, the third step: the eval against the
- * reference's, the third step and the weights after it against three
- * steps without the eval. */
+ * reference's and an engine of the forward alone's, the third step and
+ * the weights after it against three steps without the eval. */
 static void eval_case(const struct st_engine_config *c, const char *path, const char *what)
 {
 	struct st_engine *e;
@@ -899,6 +943,10 @@ static void eval_case(const struct st_engine_config *c, const char *path, const 
 	if (memcmp(&ref, &(double){ sum / (double)count }, sizeof(double)))
 		fail_msg("%s: eval %a (%.9g / %llu), the reference trainer's %a", what,
 			 sum / (double)count, sum, (unsigned long long)count, ref);
+	sum = forward_only_eval(c, r.P, path, st_engine_plan(e), what);
+	if (memcmp(&ref, &sum, sizeof(double)))
+		fail_msg("%s: the forward alone's eval %a, the reference trainer's %a", what, sum,
+			 ref);
 	if (st_engine_step(e, &ld, 2, false, &res))
 		fail_msg("%s: step 2: %s", what, st_error_last());
 	off = 0;
