@@ -23,7 +23,8 @@
  *     (forward_only: no G, P, M, V, a smaller plan); the step after it is
  *     the step without it (the training state and the sampler untouched).
  * `test_mask --device cuda` holds the cuda engine to the cpu's within
- * float tolerance on the masked shard (77 without a GPU). */
+ * float tolerance on the masked shard, and its forward alone to the
+ * reference trainer's eval (77 without a GPU). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -865,8 +866,8 @@ static double ref_eval(const struct st_engine_config *c, const float *P, const c
 }
 
 /* The eval of an engine of the forward alone (c's placement of W, no
- * G, P, M, V: their shards take no byte, and its plan no more than the
- * training's) holding master weights P. */
+ * G, P, M, V: their shards take no byte, and its plan less than the
+ * training's, train_plan, when given) holding master weights P. */
 static double forward_only_eval(const struct st_engine_config *c, const float *P,
 				const char *path, const struct st_plan *train_plan,
 				const char *what)
@@ -889,9 +890,9 @@ static double forward_only_eval(const struct st_engine_config *c, const float *P
 			assert_int_equal(p->state_bytes[u * ST_STATE_COUNT + s], 0);
 	for (int h = 0; h < ST_HOME_COUNT; h++) {
 		fo_total += p->total_bytes[h];
-		train_total += train_plan->total_bytes[h];
+		train_total += train_plan ? train_plan->total_bytes[h] : 0;
 	}
-	if (fo_total >= train_total)
+	if (train_plan && fo_total >= train_total)
 		fail_msg("%s: the forward alone plans %llu B, training %llu B", what,
 			 (unsigned long long)fo_total, (unsigned long long)train_total);
 	for (int u = 0; u < p->units; u++) {
@@ -1013,6 +1014,42 @@ static void test_eval_matches_trainer(void **state)
 			}
 }
 
+/* The forward alone on the cuda device: the reference trainer's eval (on
+ * the cpu) of the same weights within float tolerance, plain and masked,
+ * W in vram and on nvme. */
+static void test_cuda_eval(void **state)
+{
+	const char *const models[] = { gpt2, llama }, *paths[] = { plain_path, masked_path };
+	const enum st_offload homes[] = { ST_OFFLOAD_NONE, ST_OFFLOAD_NVME };
+	struct st_engine_config c;
+	char what[256];
+	struct run r;
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
+		for (int p = 0; p < 2; p++)
+			for (int h = 0; h < 2; h++) {
+				double ref, l;
+
+				base_config(&c, models[mi]);
+				c.device = "cpu";
+				train(&c, paths[p], STEPS, &r);
+				ref = ref_eval(&c, r.P, paths[p]);
+				c.device = "cuda";
+				c.params = homes[h];
+				snprintf(what, sizeof(what), "%s %s, W %s, cuda", models[mi],
+					 p ? "masked" : "plain", h ? "on nvme" : "in vram");
+				l = forward_only_eval(&c, r.P, paths[p], NULL, what);
+				if (!(fabs(l - ref) <= 1e-4 * ref))
+					fail_msg("%s: eval %.9g, the reference trainer's (cpu) %.9g",
+						 what, l, ref);
+				if (!getenv("ST_QUIET"))
+					printf("ok   %s: eval %.6f, the cpu reference %.6f\n", what, l,
+					       ref);
+				free(r.P);
+			}
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -1030,6 +1067,7 @@ int main(int argc, char **argv)
 	};
 	const struct CMUnitTest cuda_tests[] = {
 		cmocka_unit_test(test_cuda_close_to_cpu),
+		cmocka_unit_test(test_cuda_eval),
 	};
 
 	if (argc == 3 && strcmp(argv[1], "--device") == 0) {
