@@ -220,6 +220,12 @@ struct st_plan_input {
 	enum st_schedule schedule;
 	/* When the update runs (enum st_update_order above). */
 	enum st_update_order update;
+	/* The forward alone (strata eval; st_engine_config.forward_only): W
+	 * and what the forward needs only. G, P, M, V take no bytes, and no
+	 * dW, gradient landing, update staging, activation checkpoint or kept
+	 * forward is planned (give recompute ALL, activations NONE,
+	 * batch-first, update AFTER, world 1). */
+	bool forward_only;
 };
 
 /* Checkpoints on the host go through this many vram slots: checkpoint j

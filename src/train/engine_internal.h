@@ -11,6 +11,7 @@
  *   engine_act.c     activation checkpoints on the host (d2h, h2d back)
  *   engine_sums.c    the checksums of the shards on nvme
  *   engine_zero.c    ZeRO across ranks
+ *   engine_eval.c    the forward alone (st_engine_eval)
  * struct st_engine holds the shared core (config, model, plan, device,
  * tiers, the units' sizes and shards, the pools) and each pipeline's state
  * by name: e->lanes, e->fetch, e->grad, e->update, e->act, e->zero,
@@ -469,6 +470,21 @@ void st_eng_mv_bufs(const struct st_engine *e, int u, uint64_t a, uint64_t base,
 static inline bool unit_resident(const struct st_engine *e, int u)
 {
 	return st_model_unit_layout(e->model, u)->resident;
+}
+
+/* The device buffers unit u computes with: its own when resident, else the
+ * shared W and one of the two shared dW, in turn by unit. */
+static inline struct ubufs *bufs_of(struct st_engine *e, int u)
+{
+	return unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1];
+}
+
+/* The W of the unit u reads (its layout's reads_unit), or NULL. */
+static inline const void *other_w(struct st_engine *e, int u)
+{
+	int r = st_model_unit_layout(e->model, u)->reads_unit;
+
+	return r >= 0 ? e->unit_bufs[r].w_compute : NULL;
 }
 
 /* Whether unit u's optimizer runs on the device: its G (and with it P, M,

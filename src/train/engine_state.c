@@ -139,6 +139,8 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 
 	if (u < 0 || u >= e->n_units)
 		return -EINVAL;
+	if (e->cfg.forward_only && s != ST_STATE_W)
+		return st_error_set(-EINVAL, "engine: the forward alone holds W only");
 	lo = sh_lo(e, u, s) * eb;
 	st_eng_drain(e);
 	if (e->err) /* a store that landed failed: the state read is not it */
@@ -221,8 +223,11 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 		return -ENOMEM;
 	memset(buf + bytes, 0, pad_bytes - bytes); /* a padded unit's tail */
 	memcpy(buf, p, bytes);
-	ret = shard_write(e, u, ST_STATE_P, buf + sh_lo(e, u, ST_STATE_P) * 4);
-	for (enum st_state s = ST_STATE_M; ret == 0 && s <= ST_STATE_V; s++) {
+	/* the forward alone holds W only */
+	ret = e->cfg.forward_only ? 0
+				  : shard_write(e, u, ST_STATE_P, buf + sh_lo(e, u, ST_STATE_P) * 4);
+	for (enum st_state s = ST_STATE_M; ret == 0 && !e->cfg.forward_only && s <= ST_STATE_V;
+	     s++) {
 		const float *src = s == ST_STATE_M ? m : v;
 
 		if (src)
