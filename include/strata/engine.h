@@ -98,6 +98,15 @@ struct st_engine_config {
 					  filled with NaN bytes before each
 					  load, so AdamW reading it before
 					  the load lands gives NaN */
+	bool forward_only;             /* the forward alone (strata eval):
+					  W and the forward's buffers only,
+					  no G, P, M, V, dW or update pools
+					  (st_plan_input.forward_only); only
+					  st_engine_write_state(),
+					  load_weights(), read_state() of W
+					  and st_engine_eval() run. World 1;
+					  recompute, activations, schedule,
+					  update and optim are the engine's */
 };
 
 struct st_engine;
@@ -122,6 +131,20 @@ uint64_t st_engine_seed(const struct st_engine *e);
  * res (loss, norm) is the same on every rank. */
 int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		   bool next_follows, struct st_step_result *res);
+
+/* The forward alone, for validation and `strata eval`: the next n_batches
+ * batches of ld (the engine's B x T; a loss mask honoured) through every
+ * unit, W streamed from its home as in a step, no activation kept, no
+ * gradient, no update. Unmasked: *sum is the sum of the batches' mean
+ * losses and *count is n_batches; masked: *sum is the sum of the counted
+ * targets' losses and *count their number (0: none). The mean is *sum /
+ * *count, bit for bit the reference trainer's st_trainer_eval() of the
+ * same W. The training state and the step's cursor stay as they are; only
+ * between steps (not after one with next_follows). At world > 1 every rank
+ * scores every batch (collective: a W --zero 3 shards is gathered), with
+ * the numbers of one rank. */
+int st_engine_eval(struct st_engine *e, struct st_loader *ld, int n_batches, double *sum,
+		   uint64_t *count);
 
 /* The loader's cursor at the end of the last step's batches, before the
  * next step's first one that next_follows draws: what a checkpoint of the

@@ -223,6 +223,12 @@ struct st_plan_input {
 	/* Each micro-batch carries the attention's segment starts (strata
 	 * train --packing isolated): a (B,T) int32 pool beside the targets. */
 	bool seg;
+	/* The forward alone (strata eval; st_engine_config.forward_only): W
+	 * and what the forward needs only. G, P, M, V take no bytes, and no
+	 * dW, gradient landing, update staging, activation checkpoint or kept
+	 * forward is planned (give recompute ALL, activations NONE,
+	 * batch-first, update AFTER, world 1). */
+	bool forward_only;
 };
 
 /* Checkpoints on the host go through this many vram slots: checkpoint j

@@ -64,6 +64,26 @@ uint64_t st_cli_host_mem_auto(const char *device, char *why, size_t n);
 /* "--gpu-mem auto: 5.67 GiB (why)" and the host's, for those with a why. */
 void st_cli_print_auto_budgets(uint64_t gpu, const char *gpu_why, uint64_t host,
 			       const char *host_why);
+/* --device, --gpu-mem and --host-mem as train and eval take them: the
+ * flags' values (st_cli_budget_arg()), then st_cli_budgets_resolve():
+ * --device auto resolved, on cuda the budgets not given are auto (wherever
+ * auto_default asks, on every device), the auto ones computed; then
+ * st_cli_budgets_print() says what auto chose. */
+#include "strata/device.h"
+struct st_cli_budgets {
+	bool gpu_auto, host_auto;     /* --gpu-mem auto, --host-mem auto */
+	bool gpu_given, host_given;
+	bool auto_default;            /* a budget not given is auto on every device */
+	char device_why[512];         /* --device auto: which and why */
+	char gpu_why[256], host_why[256];
+	struct st_device_probe probe; /* the GPU's, for --gpu-mem auto */
+};
+/* --gpu-mem (gpu) or --host-mem's value: SIZE into *bytes, or auto. */
+void st_cli_budget_arg(struct st_cli_budgets *b, bool gpu, const char *arg, uint64_t *bytes);
+void st_cli_budgets_resolve(struct st_cli_budgets *b, const char **device, uint64_t *gpu_bytes,
+			    uint64_t *host_bytes);
+void st_cli_budgets_print(const struct st_cli_budgets *b, const char *device, uint64_t gpu_bytes,
+			  uint64_t host_bytes);
 /* Strict number parsing for flag; exit 2 with one line when out of range. */
 long st_cli_long(const char *flag, const char *s, long lo, long hi);
 double st_cli_double(const char *flag, const char *s, double lo, double hi);

@@ -176,3 +176,40 @@ void st_cli_print_auto_budgets(uint64_t gpu, const char *gpu_why, uint64_t host,
 	if (host_why)
 		printf("--host-mem auto: %s (%s)\n", st_format_bytes(host, b, sizeof(b)), host_why);
 }
+
+void st_cli_budget_arg(struct st_cli_budgets *b, bool gpu, const char *arg, uint64_t *bytes)
+{
+	bool is_auto = strcmp(arg, "auto") == 0;
+
+	*(gpu ? &b->gpu_given : &b->host_given) = true;
+	*(gpu ? &b->gpu_auto : &b->host_auto) = is_auto;
+	if (!is_auto)
+		*bytes = st_cli_size(gpu ? "--gpu-mem" : "--host-mem", arg);
+}
+
+void st_cli_budgets_resolve(struct st_cli_budgets *b, const char **device, uint64_t *gpu_bytes,
+			    uint64_t *host_bytes)
+{
+	if (strcmp(*device, "auto") == 0)
+		*device = st_cli_device("auto", &b->probe, b->device_why, sizeof(b->device_why));
+	/* on a GPU the budgets not given are what the machine has */
+	if (strcmp(*device, "cuda") == 0 || b->auto_default) {
+		b->gpu_auto |= !b->gpu_given;
+		b->host_auto |= !b->host_given;
+	}
+	if (b->gpu_auto && strcmp(*device, "cuda") == 0)
+		st_cli_device("cuda", &b->probe, b->device_why, sizeof(b->device_why));
+	if (b->gpu_auto)
+		*gpu_bytes = st_cli_gpu_mem_auto(*device, &b->probe, b->gpu_why, sizeof(b->gpu_why));
+	if (b->host_auto)
+		*host_bytes = st_cli_host_mem_auto(*device, b->host_why, sizeof(b->host_why));
+}
+
+void st_cli_budgets_print(const struct st_cli_budgets *b, const char *device, uint64_t gpu_bytes,
+			  uint64_t host_bytes)
+{
+	if (b->device_why[0])
+		printf("device: %s (--device auto: %s)\n", device, b->device_why);
+	st_cli_print_auto_budgets(gpu_bytes, b->gpu_auto ? b->gpu_why : NULL, host_bytes,
+				  b->host_auto ? b->host_why : NULL);
+}

@@ -273,11 +273,7 @@ struct train_args {
 	bool given[1100];       /* the flags given, by getopt value */
 	int ckpt_accum;         /* --resume without --grad-accum: the saved
 				 * step's micro-batches over every rank */
-	char device_why[512]; /* --device auto: which and why */
-	struct st_device_probe probe; /* the GPU's, for --gpu-mem auto */
-	bool gpu_auto, host_auto;     /* --gpu-mem auto, --host-mem auto */
-	bool gpu_given, host_given;
-	char gpu_why[256], host_why[256];
+	struct st_cli_budgets bud;    /* --device, --gpu-mem, --host-mem */
 };
 
 static const char default_model[] = "tiny";
@@ -764,16 +760,10 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 'i': rc->init = optarg; break;
 		case 'L': rc->log_every = (int)st_cli_long("--log-every", optarg, 1, 1 << 30); break;
 		case 'G':
-			a->gpu_given = true;
-			a->gpu_auto = strcmp(optarg, "auto") == 0;
-			if (!a->gpu_auto)
-				ec->gpu_mem_bytes = st_cli_size("--gpu-mem", optarg);
+			st_cli_budget_arg(&a->bud, true, optarg, &ec->gpu_mem_bytes);
 			break;
 		case 'H':
-			a->host_given = true;
-			a->host_auto = strcmp(optarg, "auto") == 0;
-			if (!a->host_auto)
-				ec->host_mem_bytes = st_cli_size("--host-mem", optarg);
+			st_cli_budget_arg(&a->bud, false, optarg, &ec->host_mem_bytes);
 			break;
 		case 'N': a->nvme = optarg; break;
 		case 'Z': ec->nvme_mem_bytes = st_cli_size("--nvme-mem", optarg); break;
@@ -850,22 +840,7 @@ static void train_check_model(struct train_args *a)
 	if (cfg->isolate && rc->samples != ST_SAMPLES_DOCUMENTS)
 		st_cli_die(2, "--packing isolated needs --samples documents (a window of text "
 			   "is one document)");
-	if (strcmp(ec->device, "auto") == 0)
-		ec->device = st_cli_device("auto", &a->probe, a->device_why, sizeof(a->device_why));
-	/* on a GPU the budgets not given are what the machine has; the cpu
-	 * devices keep the demo's */
-	if (strcmp(ec->device, "cuda") == 0) {
-		a->gpu_auto |= !a->gpu_given;
-		a->host_auto |= !a->host_given;
-	}
-	if (a->gpu_auto && strcmp(ec->device, "cuda") == 0)
-		st_cli_device("cuda", &a->probe, a->device_why, sizeof(a->device_why));
-	if (a->gpu_auto)
-		ec->gpu_mem_bytes = st_cli_gpu_mem_auto(ec->device, &a->probe, a->gpu_why,
-							sizeof(a->gpu_why));
-	if (a->host_auto)
-		ec->host_mem_bytes = st_cli_host_mem_auto(ec->device, a->host_why,
-							  sizeof(a->host_why));
+	st_cli_budgets_resolve(&a->bud, &ec->device, &ec->gpu_mem_bytes, &ec->host_mem_bytes);
 	if (st_run_world(ec) < 0)
 		st_cli_die(2, "%s", st_error_last());
 	if (ec->world > 1 && ec->optim_state != ST_OPTIM_STATE_F32) {
@@ -874,15 +849,6 @@ static void train_check_model(struct train_args *a)
 			exit(2);
 		st_cli_die(2, "--optim-state %s: not with ZeRO at world > 1 (docs/optim.md); use fp32",
 			   st_optim_state_name(ec->optim_state));
-	}
-	if (ec->world > 1 && (ec->zero == 1 || ec->zero == 2) &&
-	    ec->update == ST_UPDATE_IN_BACKWARD) {
-		/* as above: the planner's refusal, said once */
-		if (ec->rank > 0)
-			exit(2);
-		st_cli_die(2, "--update in-backward: not with --zero 1 or 2 at world > 1 (their "
-			   "sweep gathers the updated W across the ranks); stages 0 and 3 can; or "
-			   "--update after");
 	}
 	if (ec->world == 1 && ec->zero == 3)
 		fprintf(stderr, "strata: --zero 3 with one rank shards nothing: it trains as "
@@ -1058,10 +1024,7 @@ int st_cli_train(int argc, char **argv)
 	 * slices and say nothing but their errors */
 	if (ec->rank > 0 && !freopen("/dev/null", "w", stdout))
 		st_cli_die(1, "/dev/null: %s", strerror(errno));
-	if (a.device_why[0])
-		printf("device: %s (--device auto: %s)\n", ec->device, a.device_why);
-	st_cli_print_auto_budgets(ec->gpu_mem_bytes, a.gpu_auto ? a.gpu_why : NULL,
-				  ec->host_mem_bytes, a.host_auto ? a.host_why : NULL);
+	st_cli_budgets_print(&a.bud, ec->device, ec->gpu_mem_bytes, ec->host_mem_bytes);
 	if (a.val_name)
 		rc->val_data = st_cli_open_data(a.val_name, cfg->model.vocab);
 	rc->data = ds;

@@ -201,9 +201,6 @@ static int plan_make(const struct st_plan_input *in, struct st_plan *plan);
 static const char *in_backward_blocker(const struct st_plan_input *in, const struct st_plan *p,
 				       char *why, size_t len)
 {
-	if (in->world > 1 && (in->zero == 1 || in->zero == 2))
-		return "not with --zero 1 or 2 at world > 1 (their sweep gathers the updated W "
-		       "across the ranks); stages 0 and 3 can";
 	if (in->optim_state == ST_OPTIM_STATE_Q8)
 		return "not with --optim-state q8 (its scales are updated in place)";
 	for (int u = 0; u < p->units; u++)

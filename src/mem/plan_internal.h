@@ -56,6 +56,7 @@ struct st_shape {
 	/* the update inside the backward is predicted where every P, M, V
 	 * is on nvme (st_plan_in_backward) */
 	bool in_backward;
+	bool forward_only;     /* st_plan_input.forward_only: G, P, M, V 0 bytes */
 };
 
 /* Bytes per element of state s in its home. */

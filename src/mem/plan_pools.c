@@ -216,6 +216,8 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 		      struct st_pools *p)
 {
 	bool g_nvme = any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_NVME, true);
+	/* the forward alone: W, its slots and staging, the forward's buffers */
+	bool fo = sh->forward_only;
 	/* update staging per state (st_plan_upd_staged()): W's when some W
 	 * goes home through it (not in host, not gathered, not written in
 	 * place by the optimizer on the device: plan_upd_w()), G, P, M,
@@ -272,7 +274,8 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	pool_add(p, ST_POOL_W_SLOT_RES, e_res * sh->wb, res_slot, -1);
 	pool_add(p, ST_POOL_W_STAGE, slot_bytes, reg_nvme ? slots : 0, -1);
 	pool_add(p, ST_POOL_W_STAGE_RES, e_res * sh->wb, res_nvme, -1);
-	act_pools(sh, p);
+	if (!fo)
+		act_pools(sh, p);
 	/* W widened to fp32 and dW (two: one is computed while the other is
 	 * copied out) for the units that are not resident; each resident unit
 	 * has its own for the micro-batch, so a large vocabulary is not paid
@@ -287,9 +290,9 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	 * unit has one per micro-batch (the head adds into it before the
 	 * unit's own backward) */
 	pool_add(p, ST_POOL_DW, sh->epad_reg * 4,
-		 sh->layer_first && (sh->accum > 1 || sh->world > 1) ? 3 : 2, -1);
+		 fo ? 0 : sh->layer_first && (sh->accum > 1 || sh->world > 1) ? 3 : 2, -1);
 	for (int u = 0; u < sh->units; u++)
-		if (sh->resident[u])
+		if (sh->resident[u] && !fo)
 			pool_add(p, ST_POOL_DW_RES, sh->epad[u] * 4, (uint32_t)mbs_held(sh), u);
 	pool_add(p, ST_POOL_DACT, sh->x_bytes * mbs_held(sh), 2, -1);
 	pool_add(p, ST_POOL_WORK, recomp_work(sh), 1, -1);
@@ -297,14 +300,14 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	pool_add(p, ST_POOL_TARGETS, sh->bt_bytes * mbs_held(sh), 1, -1);
 	pool_add(p, ST_POOL_SEG, sh->bt_bytes * mbs_held(sh), sh->seg, -1);
 	pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
-		 any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
+		 !fo && any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
 	/* layer-first: G is written once a step, never read back to add */
 	pool_add(p, ST_POOL_GSTAGE, sh->epad_max * 4,
-		 g_nvme && sh->accum > 1 && !sh->layer_first, -1);
+		 !fo && g_nvme && sh->accum > 1 && !sh->layer_first, -1);
 	/* the update sweep goes tile by tile, two sets of staging in turn:
 	 * for G, P, M, V one buffer per staged state in each set */
-	pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd_w ? 2 : 0, -1);
-	pool_add(p, ST_POOL_UPD_F32, et * 4, 2 * upd_f, -1);
+	pool_add(p, ST_POOL_UPD_W, et * sh->wb, upd_w && !fo ? 2 : 0, -1);
+	pool_add(p, ST_POOL_UPD_F32, et * 4, fo ? 0 : 2 * upd_f, -1);
 	/* ZeRO at world > 1 (docs/zero.md) */
 	pool_add(p, ST_POOL_COMM_SCRATCH, sh->epad_max * 4, sh->world > 1, -1);
 	pool_add(p, ST_POOL_W_GATHER, sh->epad_max * sh->wb, sh->w_gather ? 2 : 0, -1);
@@ -419,7 +422,8 @@ static int shape_slices(const struct st_plan_input *in, struct st_shape *sh)
 		s_max = ST_MAX(s_max, sh->slice[u]);
 		for (int s = 0; s < ST_STATE_COUNT; s++)
 			sh->st_elems[u * ST_STATE_COUNT + s] =
-				st_plan_sharded(&tmp, s) ? sh->slice[u] : sh->epad[u];
+				sh->forward_only && s != ST_STATE_W ? 0
+				: st_plan_sharded(&tmp, s) ? sh->slice[u] : sh->epad[u];
 	}
 	/* both multiples of ST_PLAN_SLICE_ALIGN at world > 1: whole pages */
 	sh->tile = ST_MIN(N > 1 ? s_max : sh->e_max, (uint64_t)ST_UPDATE_TILE_ELEMS);
@@ -437,9 +441,8 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	sh->units = st_model_unit_count(m);
 	sh->accum = in->grad_accum;
 	sh->layer_first = in->schedule == ST_SCHEDULE_LAYER_FIRST;
-	sh->in_backward = in->update != ST_UPDATE_AFTER &&
-			  (in->world <= 1 || in->zero == 0 || in->zero == 3) &&
-			  in->optim_state != ST_OPTIM_STATE_Q8;
+	sh->forward_only = in->forward_only;
+	sh->in_backward = in->update != ST_UPDATE_AFTER && in->optim_state != ST_OPTIM_STATE_Q8;
 	sh->wb = in->bf16 ? 2 : 4;
 	sh->mvb = in->optim_state == ST_OPTIM_STATE_Q8 ? 1 : in->optim_state == ST_OPTIM_STATE_BF16 ? 2 : 4;
 	sh->elems = calloc((size_t)sh->units, sizeof(*sh->elems));

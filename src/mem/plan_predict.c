@@ -297,6 +297,22 @@ static void predict_times(const struct st_plan_input *in, const struct st_shape 
 	predict_phases(in, sh, t, p);
 }
 
+/* A slice of ws bytes of W to its home and back (home host: copies in
+ * memory, no link). */
+static void w_slice_traffic(enum st_home home, uint64_t ws, struct st_plan *p)
+{
+	if (home == ST_HOME_NVME) {
+		p->nvme_write_bytes += ws;
+		p->nvme_read_bytes += ws;
+		p->upd_nvme_write_bytes += ws;
+		p->upd_nvme_read_bytes += ws;
+	} else if (home == ST_HOME_VRAM) {
+		p->h2d_bytes += ws;
+		p->d2h_bytes += ws;
+		p->upd_h2d_bytes += ws;
+	}
+}
+
 bool st_plan_in_backward(const struct st_shape *sh, const enum st_home *homes)
 {
 	if (!sh->in_backward)
@@ -351,6 +367,10 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 			p->nvme_write_bytes += w;
 			p->upd_nvme_write_bytes += w;
 		}
+		/* stages 1-2 in the backward: the rank's slice of the new W goes
+		 * home alone in the backward, and back for the commit's gather */
+		if (p->in_backward && sh->world > 1 && (sh->zero == 1 || sh->zero == 2))
+			w_slice_traffic(h[ST_STATE_W], sh->slice[u] * sh->wb, p);
 		/* dW to the host: at world > 1 the N slots of the rank's slice;
 		 * none when G lives in vram */
 		if (h[ST_STATE_G] != ST_HOME_VRAM)

@@ -248,6 +248,8 @@ static int alloc_all(struct st_engine *e)
 			struct shard *x = shard(e, u, s);
 
 			x->home = st_plan_home(p, u, s);
+			if (!p->state_bytes[u * ST_STATE_COUNT + s])
+				continue; /* the forward alone: G, P, M, V */
 			ret = alloc_in(e, x->home, p->state_bytes[u * ST_STATE_COUNT + s], &x->ext);
 			if (ret == 0 && e->update.spec_on && s >= ST_STATE_P && s <= ST_STATE_V)
 				ret = alloc_in(e, x->home, p->state_bytes[u * ST_STATE_COUNT + s],
@@ -318,9 +320,13 @@ static int setup_unit_bufs(struct st_engine *e)
 	if (ret == 0 && e->layer_first)
 		ret = st_event_create(e->dev, &e->lf_ev_red);
 	for (int i = 0; i < 2 && ret == 0; i++) {
+		struct st_extent *dw = pool(e, ST_POOL_DW, -1, (uint32_t)i);
+
 		e->shared_bufs[i].w_compute = vpool(e, ST_POOL_WF, -1, 0);
-		e->shared_bufs[i].dw_ext = *pool(e, ST_POOL_DW, -1, (uint32_t)i);
-		e->shared_bufs[i].dw = vaddr(e, &e->shared_bufs[i].dw_ext);
+		if (dw) { /* none for the forward alone */
+			e->shared_bufs[i].dw_ext = *dw;
+			e->shared_bufs[i].dw = vaddr(e, dw);
+		}
 		ret = st_event_create(e->dev, &e->shared_bufs[i].ev_dw);
 		if (ret == 0)
 			ret = st_event_create(e->dev, &e->shared_bufs[i].ev_red);
@@ -335,8 +341,10 @@ static int setup_unit_bufs(struct st_engine *e)
 		if (!l->resident)
 			continue;
 		e->unit_bufs[u].w_compute = vpool(e, ST_POOL_WF_RES, u, 0);
-		e->unit_bufs[u].dw_ext = *pool(e, ST_POOL_DW_RES, u, 0);
-		e->unit_bufs[u].dw = vaddr(e, &e->unit_bufs[u].dw_ext);
+		if (pool(e, ST_POOL_DW_RES, u, 0)) {
+			e->unit_bufs[u].dw_ext = *pool(e, ST_POOL_DW_RES, u, 0);
+			e->unit_bufs[u].dw = vaddr(e, &e->unit_bufs[u].dw_ext);
+		}
 		if (e->layer_first) {
 			int n = e->cfg.train.grad_accum;
 
@@ -528,7 +536,16 @@ static int plan_of(struct st_engine *e)
 		.update = cfg->update,
 		.optim_state = cfg->optim_state,
 		.seg = c->isolate,
+		.forward_only = cfg->forward_only,
 	};
+
+	if (cfg->forward_only) { /* nothing is kept for a backward */
+		pin.recompute = ST_RECOMPUTE_ALL;
+		pin.activations = ST_OFFLOAD_NONE;
+		pin.schedule = ST_SCHEDULE_BATCH_FIRST;
+		pin.update = ST_UPDATE_AFTER;
+		pin.optim = ST_OFFLOAD_HOST;
+	}
 
 	/* the cuda compute runs AdamW (docs/gpu.md): auto may home the
 	 * optimizer in vram when it fits */
@@ -691,6 +708,10 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	*out = NULL;
 	if (c->batch <= 0 || c->seq <= 0 || c->grad_accum <= 0)
 		return st_error_set(-EINVAL, "batch, seq and grad-accum must be positive");
+	if (cfg->forward_only && (cfg->world > 1 || c->grad_accum != 1 ||
+				  cfg->optim_state != ST_OPTIM_STATE_F32))
+		return st_error_set(-EINVAL, "engine: the forward alone is one rank, one "
+				    "micro-batch, fp32 M and V");
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;

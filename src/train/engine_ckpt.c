@@ -442,6 +442,8 @@ int st_engine_save(struct st_engine *e, const char *dir, uint64_t step,
 {
 	int reads = 0;
 
+	if (e->cfg.forward_only)
+		return st_error_set(-EINVAL, "engine: the forward alone has no state to save");
 	if (e->world > 1)
 		return save_ranks(e, dir, step, cursor, config_json, keep);
 	return save_files(e, dir, step, cursor, config_json, keep, &reads);

@@ -11,6 +11,7 @@
  *   engine_act.c     activation checkpoints on the host (d2h, h2d back)
  *   engine_sums.c    the checksums of the shards on nvme
  *   engine_zero.c    ZeRO across ranks
+ *   engine_eval.c    the forward alone (st_engine_eval)
  * struct st_engine holds the shared core (config, model, plan, device,
  * tiers, the units' sizes and shards, the pools) and each pipeline's state
  * by name: e->lanes, e->fetch, e->grad, e->update, e->act, e->zero,
@@ -474,6 +475,21 @@ static inline bool unit_resident(const struct st_engine *e, int u)
 	return st_model_unit_layout(e->model, u)->resident;
 }
 
+/* The device buffers unit u computes with: its own when resident, else the
+ * shared W and one of the two shared dW, in turn by unit. */
+static inline struct ubufs *bufs_of(struct st_engine *e, int u)
+{
+	return unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1];
+}
+
+/* The W of the unit u reads (its layout's reads_unit), or NULL. */
+static inline const void *other_w(struct st_engine *e, int u)
+{
+	int r = st_model_unit_layout(e->model, u)->reads_unit;
+
+	return r >= 0 ? e->unit_bufs[r].w_compute : NULL;
+}
+
 /* Whether unit u's optimizer runs on the device: its G (and with it P, M,
  * V and W, the planner says) lives in vram. */
 static inline bool opt_on_dev(const struct st_engine *e, int u)
@@ -619,6 +635,10 @@ void st_eng_zero_fini(struct st_engine *e);
 int st_eng_zero_wstore(struct st_engine *e, int u);
 void st_eng_zero_wpoll(struct st_engine *e);
 int st_eng_zero_wdone(struct st_engine *e, int u);
+/* Stages 1-2, the update inside the backward: the rank's slice of unit
+ * u's W from wgather[u & 1] to its home (ST_IO_WRITE, not waited for) or
+ * back (ST_IO_READ, waited for). 0 or -errno. */
+int st_eng_zero_wslice(struct st_engine *e, int u, enum st_io_op rw);
 int st_eng_zero_gather_host(struct st_engine *e, void *recv, size_t slice_elems,
 			    enum st_comm_dtype dt);
 int st_eng_zero_ordinal(const struct st_engine_config *cfg);

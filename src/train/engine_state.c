@@ -22,18 +22,25 @@ static int shard_read(struct st_engine *e, int u, enum st_state s, void *buf)
 	return ret;
 }
 
-/* buf into shard (u, s); to nvme, summed. */
-static int shard_write(struct st_engine *e, int u, enum st_state s, const void *buf)
+/* len bytes of buf into shard (u, s) at off; to nvme, summed. */
+static int shard_write_at(struct st_engine *e, int u, enum st_state s, uint64_t off,
+			  const void *buf, uint64_t len)
 {
 	struct shard *x = shard(e, u, s);
 
 	if (x->home == ST_HOME_HOST) {
-		memcpy(haddr(e, &x->ext), buf, x->ext.len_bytes);
+		memcpy((char *)haddr(e, &x->ext) + off, buf, len);
 		return 0;
 	}
 	if (x->home == ST_HOME_NVME)
-		st_eng_sums_put(e, u, s, 0, buf, x->ext.len_bytes);
-	return st_tier_write_sync(e->tier[x->home], &x->ext, 0, buf, x->ext.len_bytes);
+		st_eng_sums_put(e, u, s, off, buf, len);
+	return st_tier_write_sync(e->tier[x->home], &x->ext, off, buf, len);
+}
+
+/* buf into shard (u, s); to nvme, summed. */
+static int shard_write(struct st_engine *e, int u, enum st_state s, const void *buf)
+{
+	return shard_write_at(e, u, s, 0, buf, shard(e, u, s)->ext.len_bytes);
 }
 
 int st_engine_shard(const struct st_engine *e, int u, enum st_state s, enum st_home *home,
@@ -132,6 +139,8 @@ int st_engine_read_state(struct st_engine *e, int u, enum st_state s, float *dst
 
 	if (u < 0 || u >= e->n_units)
 		return -EINVAL;
+	if (e->cfg.forward_only && s != ST_STATE_W)
+		return st_error_set(-EINVAL, "engine: the forward alone holds W only");
 	lo = sh_lo(e, u, s) * eb;
 	st_eng_drain(e);
 	if (e->err) /* a store that landed failed: the state read is not it */
@@ -214,8 +223,11 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 		return -ENOMEM;
 	memset(buf + bytes, 0, pad_bytes - bytes); /* a padded unit's tail */
 	memcpy(buf, p, bytes);
-	ret = shard_write(e, u, ST_STATE_P, buf + sh_lo(e, u, ST_STATE_P) * 4);
-	for (enum st_state s = ST_STATE_M; ret == 0 && s <= ST_STATE_V; s++) {
+	/* the forward alone holds W only */
+	ret = e->cfg.forward_only ? 0
+				  : shard_write(e, u, ST_STATE_P, buf + sh_lo(e, u, ST_STATE_P) * 4);
+	for (enum st_state s = ST_STATE_M; ret == 0 && !e->cfg.forward_only && s <= ST_STATE_V;
+	     s++) {
 		const float *src = s == ST_STATE_M ? m : v;
 
 		if (src)
@@ -254,7 +266,9 @@ int st_engine_write_state(struct st_engine *e, int u, const float *p, const floa
 /* --update in-backward, a skipped step: W is P's rounding, as
  * st_engine_write_state() and AdamW write it. Both shards are the rank's
  * same elements (world 1 and stage 0: the unit, padded at world > 1;
- * stage 3: the rank's slice); P's padding is zero, and so W's. */
+ * stage 3: the rank's slice), or (stages 1-2) W's holds the padded unit
+ * and P's the rank's slice of it: only that slice of W is written (the
+ * speculation wrote no other). P's padding is zero, and so W's. */
 int st_eng_w_from_p(struct st_engine *e, int u)
 {
 	struct shard *p = shard(e, u, ST_STATE_P), *w = shard(e, u, ST_STATE_W);
@@ -271,14 +285,20 @@ int st_eng_w_from_p(struct st_engine *e, int u)
 		goto out;
 	n = ST_MIN(e->unit_elems[u] - ST_MIN(e->unit_elems[u], sh_lo(e, u, ST_STATE_P)),
 		   sh_elems(e, u, ST_STATE_P));
-	assert(sh_lo(e, u, ST_STATE_W) == sh_lo(e, u, ST_STATE_P) &&
-	       sh_elems(e, u, ST_STATE_W) == sh_elems(e, u, ST_STATE_P));
 	memset(wb, 0, w->ext.len_bytes);
 	if (e->w_elem_bytes == 2)
 		st_cpu_f32_to_bf16((uint16_t *)(void *)wb, (const float *)(void *)pb, n);
 	else
 		memcpy(wb, pb, n * sizeof(float));
-	ret = shard_write(e, u, ST_STATE_W, wb);
+	if (sh_elems(e, u, ST_STATE_W) == sh_elems(e, u, ST_STATE_P)) {
+		assert(sh_lo(e, u, ST_STATE_W) == sh_lo(e, u, ST_STATE_P));
+		ret = shard_write(e, u, ST_STATE_W, wb);
+	} else {
+		assert(sh_lo(e, u, ST_STATE_W) == 0 && e->zero.w_gather);
+		ret = shard_write_at(e, u, ST_STATE_W,
+				     sh_lo(e, u, ST_STATE_P) * (uint64_t)e->w_elem_bytes, wb,
+				     sh_elems(e, u, ST_STATE_P) * (uint64_t)e->w_elem_bytes);
+	}
 out:
 	free(pb);
 	free(wb);

@@ -32,6 +32,7 @@
  * bits do not. */
 #include "engine_internal.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
@@ -46,21 +47,6 @@ static float *act(struct st_engine *e, int u)
 static float *act_mb(struct st_engine *e, int u, int a)
 {
 	return st_eng_act_mb(e, u, a);
-}
-
-/* The device buffers unit u computes with: its own when resident, else the
- * shared W and one of the two shared dW, in turn by unit. */
-static struct ubufs *bufs_of(struct st_engine *e, int u)
-{
-	return unit_resident(e, u) ? &e->unit_bufs[u] : &e->shared_bufs[u & 1];
-}
-
-/* The W of the unit u reads (its layout's reads_unit), or NULL. */
-static const void *other_w(struct st_engine *e, int u)
-{
-	int r = st_model_unit_layout(e->model, u)->reads_unit;
-
-	return r >= 0 ? e->unit_bufs[r].w_compute : NULL;
 }
 
 static float *other_grad(struct st_engine *e, int u)
@@ -566,6 +552,8 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 	memset(res, 0, sizeof(*res));
 	if (e->err)
 		return st_error_set(e->err, "%s", e->errmsg);
+	if (e->cfg.forward_only)
+		return st_error_set(-EINVAL, "engine: the forward alone does not step");
 	e->trace.step = step;
 	st_eng_stats_begin(e);
 	e->grad.nonfinite = false;

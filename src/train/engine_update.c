@@ -20,6 +20,7 @@
 #include <string.h>
 
 static int spec_begin(struct st_engine *e);
+static int spec_w_out(struct st_engine *e, int u);
 
 /* Tiles are [t0, t0 + n) elements of unit u (struct utile), t0 and n
  * multiples of the tile (whole pages in bf16 and fp32) except where the
@@ -43,6 +44,17 @@ static bool upd_staged(const struct st_engine *e, int u, enum st_state s)
 	if (s == ST_STATE_W)
 		return h != ST_HOME_HOST && !e->zero.w_gather;
 	return h == ST_HOME_NVME;
+}
+
+/* Whether unit u's new W slice goes to the gather buffer wgather[u & 1]
+ * (stages 1-2 at world > 1): in the sweep, and in the speculation where
+ * W's home is not the host (speculating, nothing is gathered: the slice
+ * goes home alone, spec_w_out(); a host home takes it in place). */
+static bool w_to_gather(const struct st_engine *e, int u)
+{
+	return e->zero.w_gather &&
+	       !(e->update.spec_step &&
+		 e->shards[u * ST_STATE_COUNT + ST_STATE_W].home == ST_HOME_HOST);
 }
 
 /* Whether unit u's new W goes to a vram home by h2d copies that the
@@ -271,9 +283,10 @@ static int adam_tile(struct st_engine *e, const struct utile *t,
 {
 	const struct st_unit_layout *ul = st_model_unit_layout(e->model, t->u);
 	struct shard *w = shard(e, t->u, ST_STATE_W);
-	bool in_place = t->set[ST_STATE_W] < 0 && !e->zero.w_gather;
+	bool gather = w_to_gather(e, t->u);
+	bool in_place = t->set[ST_STATE_W] < 0 && !gather;
 	uint64_t wb = (uint64_t)e->w_elem_bytes;
-	char *wout = e->zero.w_gather ? e->zero.wgather[t->u & 1] + t->t0 * wb
+	char *wout = gather ? e->zero.wgather[t->u & 1] + t->t0 * wb
 		     : in_place ? (char *)haddr(e, &w->ext) + (t->t0 - sh_lo(e, t->u, ST_STATE_W)) * wb
 				: haddr(e, &e->update.sets[t->set[ST_STATE_W]].ext[ST_STATE_W]);
 	struct tile_call c = {
@@ -390,7 +403,8 @@ static void upd_reset(struct st_engine *e)
  * staging sets in turn as the sweep's. Every P, M and V is on nvme: a tile
  * reads them from the shard and stores the new ones to the shard's
  * alternate extent (upd_store), with sums of their own (engine_sums.c);
- * W goes to its home as in the sweep. When the norm is known, the AdamW
+ * W goes to its home as in the sweep (stages 1-2: the rank's slice, not
+ * gathered until the commit, spec_w_out()). When the norm is known, the AdamW
  * constants the speculation used (clip factor 1) are compared with the
  * step's: equal, the alternates are committed (swapped with the shards);
  * else nothing of P, M, V changed, and the sweep runs after the backward
@@ -543,6 +557,8 @@ static int unit_end(struct st_engine *e, int u, bool last,
 
 	if (!e->zero.w_gather)
 		return fwd ? unit_done(e, u, fwd) : 0;
+	if (e->update.spec_step)
+		return spec_w_out(e, u);
 	ret = st_eng_zero_wstore(e, u);
 	for (int v = u - 1; v <= u && ret == 0; v++) {
 		if (v < 0 || (v == u && !last))
@@ -604,7 +620,7 @@ static int sweep_tile(struct st_engine *e, int i, const struct st_adam_step *wd,
 		ret = st_eng_pump(e, false);
 	if (ret == 0)
 		ret = upd_store(e, cur);
-	if (ret == 0 && e->zero.w_gather)
+	if (ret == 0 && e->zero.w_gather && !e->update.spec_step)
 		st_eng_zero_wpoll(e);
 	if (ret == 0 && (last || e->update.tiles[i + 1].u != cur->u))
 		ret = unit_end(e, cur->u, last, fwd);
@@ -672,10 +688,11 @@ static int spec_begin(struct st_engine *e)
 
 /* Whether the speculation can still hold: every final G finite and, with
  * a clip, their sum of squares (a part of the norm's) not past it. At
- * world > 1 (stages 0 and 3) the part is this rank's chunks': a part of
- * the part, so a rank that gives up does so only where the norm will say
- * the speculation failed on every rank; no rank's sweep here queues a
- * collective, so the ranks need not give up together. */
+ * world > 1 the part is this rank's chunks': a part of the part, so a
+ * rank that gives up does so only where the norm will say the
+ * speculation failed on every rank; no rank's speculation queues a
+ * collective (stages 1-2 gather W at the commit, spec_gather_w()), so
+ * the ranks need not give up together. */
 static bool spec_holds(struct st_engine *e, int g_final)
 {
 	const struct st_train_config *c = &e->cfg.train;
@@ -726,6 +743,42 @@ int st_eng_spec_advance(struct st_engine *e, int g_final)
 	return spec_run(e, g_final);
 }
 
+/* Stages 1-2 at world > 1: the end of speculated unit u. Its rank's
+ * slice of the new W goes home alone (no collective: a rank may give up
+ * its speculation before the others, and the comm queue's order is the
+ * program's; the commit gathers it, spec_gather_w()), out of wgather[u &
+ * 1] unless the home is the host (written in place); then the store of
+ * unit u + 1 (speculated before u, out of the other buffer) has landed,
+ * so unit u - 1's AdamW may write there. */
+static int spec_w_out(struct st_engine *e, int u)
+{
+	int ret;
+
+	if (shard(e, u, ST_STATE_W)->home == ST_HOME_HOST)
+		return 0;
+	ret = st_eng_zero_wslice(e, u, ST_IO_WRITE);
+	return ret ? ret : st_eng_wait_until(e, &e->zero.wgather_busy[(u + 1) & 1], "W store");
+}
+
+/* Stages 1-2 at world > 1, a committed speculation: every rank's slice of
+ * each unit's new W is home, its own; the sweep's gathers, in its order
+ * (unit_end): each slice back into wgather[u & 1] and gathered from
+ * there, unit u - 1's waited for once u's is queued. Every rank knows
+ * from the norm that the speculation held, so all queue them. */
+static int spec_gather_w(struct st_engine *e)
+{
+	int ret = 0;
+
+	for (int u = 0; ret == 0 && u < e->n_units; u++) {
+		ret = st_eng_zero_wslice(e, u, ST_IO_READ);
+		if (ret == 0)
+			ret = st_eng_zero_wstore(e, u);
+		if (ret == 0 && u > 0)
+			ret = st_eng_zero_wdone(e, u - 1);
+	}
+	return ret ? ret : st_eng_zero_wdone(e, e->n_units - 1);
+}
+
 /* The speculated units' W again from their P (a skipped step): spec_run()
  * updates whole units from the last one down, so they are the units from
  * the last speculated tile's up. */
@@ -756,6 +809,8 @@ int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 	assert(ret < 0 || !same || e->update.spec_next == e->update.n_tiles);
 	if (ret == 0)
 		ret = upd_quiet(e);
+	for (int b = 0; b < 2 && ret == 0 && e->zero.w_gather; b++)
+		ret = st_eng_wait_until(e, &e->zero.wgather_busy[b], "W store");
 	e->update.spec_step = false;
 	e->update.tiles = e->update.tiles_main;
 	upd_reset(e);
@@ -775,5 +830,5 @@ int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 			e->sums.written[u * ST_STATE_COUNT + s] = true;
 		}
 	*done = true;
-	return 0;
+	return e->zero.w_gather ? spec_gather_w(e) : 0;
 }

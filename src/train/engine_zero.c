@@ -367,6 +367,48 @@ int st_eng_zero_wstore(struct st_engine *e, int u)
 	return ret;
 }
 
+/* Stages 1-2, the update inside the backward (engine_update.c): this
+ * rank's slice of unit u's W between wgather[u & 1], at its place, and
+ * W's home, at the same place. ST_IO_WRITE: the speculation's new slice
+ * goes home alone, nothing gathered (not waited for: wgather_busy counts
+ * it); ST_IO_READ: a commit takes it back, waited for, to gather it as
+ * the sweep does (st_eng_zero_wstore()). A host home is copied. */
+int st_eng_zero_wslice(struct st_engine *e, int u, enum st_io_op rw)
+{
+	struct shard *w = shard(e, u, ST_STATE_W);
+	int b = u & 1;
+	size_t S = e->slice_elems[u], wb = (size_t)e->w_elem_bytes, off = (size_t)e->rank * S * wb;
+	uint64_t lo = (uint64_t)e->rank * S;
+	char *buf = e->zero.wgather[b];
+	struct hop h;
+	int ret;
+
+	/* the slice past the unit's end is zero, as the gather sends it */
+	if (rw == ST_IO_WRITE && lo + S > e->unit_elems[u]) {
+		uint64_t z = ST_MAX(lo, e->unit_elems[u]);
+
+		memset(buf + z * wb, 0, (lo + S - z) * wb);
+	}
+	if (w->home == ST_HOME_HOST) {
+		char *home = haddr(e, &w->ext);
+
+		if (rw == ST_IO_READ)
+			memcpy(buf + off, home + off, S * wb);
+		else
+			memcpy(home + off, buf + off, S * wb);
+		return 0;
+	}
+	ret = st_eng_wait_until(e, &e->zero.wgather_busy[b], "W store");
+	h = st_eng_shard_hop(e, rw == ST_IO_READ ? "W slice load" : "W slice store", u,
+			     ST_STATE_W, rw, off, buf + off, S * wb);
+	if (ret == 0)
+		ret = st_eng_chain_start(e, &e->zero.chain_wstore[b], &h, 1,
+					 &e->zero.wgather_busy[b], NULL);
+	if (ret == 0 && rw == ST_IO_READ)
+		ret = st_eng_wait_until(e, &e->zero.wgather_busy[b], "W slice load");
+	return ret;
+}
+
 /* W on nvme: the write of the gathered unit (its home's whole extent, as
  * the stage-0 path writes it), once the gather is done. */
 static int wstore_start(struct st_engine *e, int b)

@@ -51,12 +51,9 @@ struct run {
 	uint64_t start_step, t0;
 	uint64_t *rank_peaks;
 	int skipped_in_row;
-	/* validation: its loader (rewound each time), the in-memory model it
-	 * scores (the engine's P copied in), one unit's buffer; --keep-best's
-	 * lowest loss so far */
+	/* validation: its loader (rewound each time); --keep-best's lowest
+	 * loss so far */
 	struct st_loader vld;
-	struct st_trainer *vt;
-	float *vbuf;
 	int val_batches; /* --val-batches, or its default */
 	double best_loss;
 	/* --rates-refresh: what steps 2 to 4 measured */
@@ -355,45 +352,21 @@ static int val_prepare(struct run *r)
 	return 0;
 }
 
-/* The model validation scores: the run's, in memory (its P copied in
- * before each evaluation), at the run's compute precision. */
-static int val_open(struct run *r)
-{
-	const struct st_model *m = st_engine_model(r->e);
-	size_t elems = 0;
-	int ret;
-
-	for (int u = 0; u < st_model_unit_count(m); u++)
-		elems = ST_MAX(elems, st_model_unit_layout(m, u)->elems);
-	ret = st_trainer_create(&r->ec.train, &r->vt);
-	if (ret == 0)
-		ret = st_trainer_set_precision(r->vt, r->ec.compute_dtype);
-	if (ret == 0 && !(r->vbuf = malloc(elems * sizeof(float))))
-		ret = st_error_set(-ENOMEM, "out of memory");
-	if (ret < 0)
-		return fail(r, 1, st_error_set(ret, "--val-data: %s", st_error_last()));
-	r->best_loss = INFINITY;
-	return 0;
-}
-
-/* The validation loss of the state after a step: the same batches each
- * time (the loader rewound). Collective at world > 1 (P is gathered):
- * every rank scores, the same numbers. */
+/* The validation loss of the state after a step: the engine's forward
+ * alone (st_engine_eval) over the same batches each time (the loader
+ * rewound). Collective at world > 1: every rank scores every batch, the
+ * numbers of one rank. */
 static int val_loss(struct run *r, double *loss)
 {
-	const struct st_model *m = st_engine_model(r->e);
-	int ret = 0;
+	double sum;
+	uint64_t count;
+	int ret;
 
-	for (int u = 0; ret == 0 && u < st_model_unit_count(m); u++) {
-		ret = st_engine_read_state(r->e, u, ST_STATE_P, r->vbuf);
-		if (ret == 0)
-			ret = st_trainer_write_master(r->vt, u, r->vbuf);
-	}
 	st_loader_rewind(&r->vld);
-	if (ret == 0)
-		ret = st_trainer_eval(r->vt, &r->vld, r->val_batches, loss);
+	ret = st_engine_eval(r->e, &r->vld, r->val_batches, &sum, &count);
 	if (ret < 0)
 		return fail(r, 1, st_error_set(ret, "validation: %s", st_error_last()));
+	*loss = count ? sum / (double)count : NAN;
 	return 0;
 }
 
@@ -551,8 +524,7 @@ static int run_open(struct run *r)
 		return ret;
 	if (r->resume && (ret = run_resume(r)) < 0)
 		return ret;
-	if (c->val_data && (ret = val_open(r)) < 0)
-		return ret;
+	r->best_loss = INFINITY;
 	if (c->keep_best && r->resume)
 		val_best_read(r);
 	if (r->ec.world > 1) { /* every rank resumed the same checkpoint (--resume auto) */
@@ -857,8 +829,6 @@ static int run_close(struct run *r, int ret)
 	free(r->auto_dir);
 	free(r->cfg_json);
 	free(r->rank_peaks);
-	st_trainer_destroy(r->vt);
-	free(r->vbuf);
 	if (ret < 0)
 		st_error_set(ret, "%s", why);
 	return ret;

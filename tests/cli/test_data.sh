@@ -12,7 +12,11 @@
 #   - a loss mask: eval's loss is the mean over the counted targets (held
 #     to the per-token losses read back through two evals: all ones and
 #     the mask), a mask of zeros is refused by eval, and train says that a
-#     step had no counted target.
+#     step had no counted target;
+#   - eval runs the tiered engine's forward alone: its loss is the
+#     reference trainer's (eval --reference), GPT-2 and LLaMA, plain and
+#     masked, W in vram, in host and on nvme; a budget below the plan's
+#     minimum is refused (exit 2, one line naming the tier).
 set -u
 strata=$1
 work=$(mktemp -d "${ST_TEST_DIR:-/var/tmp}/strata-data-test.XXXXXX")
@@ -227,5 +231,31 @@ quiet_refusals=0
 check "--resume with --packing packed is refused" 2 "$strata" train "${iso[@]}" \
 	--packing packed --steps 20 --resume "$(ls -d "$work"/iso/step-*10)"
 grep -q "packing" "$work/err" || { echo "FAIL: the refusal does not name packing"; fail=1; }
+
+# ---- eval through the engine = the reference trainer --------------------
+check "train a LLaMA" 0 "$strata" train --model llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=32 \
+	--batch 2 --seq 16 --lr 1e-3 --warmup 0 --gpu-mem 256M --host-mem 256M --nvme "$work" \
+	--log-every 1000 --data "$work/all.bin" --steps 4 --save "$work/llama"
+for ck in one llama; do
+	for d in all masked; do
+		check "eval --reference $ck $d" 0 "$strata" eval --ckpt "$work/$ck/latest" \
+			--data "$work/$d.bin" --batch 2 --seq 16 --reference
+		ref=$(cat "$work/out")
+		for w in none host nvme; do
+			check "eval $ck $d, W $w" 0 "$strata" eval --ckpt "$work/$ck/latest" \
+				--data "$work/$d.bin" --batch 2 --seq 16 --offload-params $w --nvme "$work"
+			if [ "$(cat "$work/out")" = "$ref" ]; then
+				echo "ok   eval $ck $d, W $w = the reference trainer ($ref)"
+			else
+				echo "FAIL eval $ck $d, W $w: $(cat "$work/out"), the reference: $ref"; fail=1
+			fi
+		done
+	done
+done
+quiet_refusals=1
+check "eval: a budget below the minimum is refused" 2 "$strata" eval --ckpt "$work/llama/latest" \
+	--data "$work/all.bin" --gpu-mem 64K
+grep -q "vram budget .* below the minimum" "$work/err" ||
+	{ echo "FAIL: the refusal does not name the tier: $(cat "$work/err")"; fail=1; }
 
 exit $fail

@@ -9,7 +9,7 @@
 #     (the validation set is random bytes, so the loss rises as the model
 #     learns English and the best is an early one), kept past --keep 1 and
 #     across a resume; info --ckpt shows it;
-#   - the same at 2 ranks (--zero 1) as 1 rank at --grad-accum 2;
+#   - the same at 2 ranks (--zero 1 and 3) as 1 rank at --grad-accum 2;
 #   - the refusals: one line, exit 2.
 # The commands of docs/finetune.md's "Validation and the best checkpoint".
 #   test_val.sh STRATA
@@ -87,17 +87,22 @@ check resume-from-best 0 "$strata" train --resume "$work/ck/best" --steps $((bes
 [ -d "$work/ck/$nb" ] && [ "$(readlink "$work/ck/latest")" = "$nb" ] ||
 	{ echo "FAIL resume-from-best: $(ls "$work/ck" | tr '\n' ' ')"; fail=1; }
 
-# 2 ranks at --zero 1 = 1 rank at --grad-accum 2, val_loss included
+# 2 ranks at --zero 1 (and 3: W gathered for the eval) = 1 rank at
+# --grad-accum 2, val_loss included
 if command -v mpirun >/dev/null 2>&1; then
 	"$strata" train $T --steps 4 --grad-accum 2 --val-data "$val" --eval-every 2 --val-batches 4 \
 		--metrics "$work/r1.jsonl" >"$work/log" 2>&1 || { echo "FAIL 1 rank"; fail=1; }
-	"$here/../mpi-run" 2 "$strata" train $T --steps 4 --zero 1 --val-data "$val" --eval-every 2 \
-		--val-batches 4 --metrics "$work/r2.jsonl" >"$work/log" 2>&1 || { echo "FAIL 2 ranks"; tail -3 "$work/log"; fail=1; }
 	v() { grep -o '"step":[0-9]*,"loss":[^,]*\|"val_loss":[^,]*' "$1"; }
-	if [ -n "$(v "$work/r1.jsonl")" ] && [ "$(v "$work/r1.jsonl")" = "$(v "$work/r2.jsonl")" ]; then
-		echo "ok   2 ranks --zero 1 = 1 rank --grad-accum 2, val_loss too"
-	else
-		echo "FAIL 2 ranks differ"; diff <(v "$work/r1.jsonl") <(v "$work/r2.jsonl") | head -4; fail=1
-	fi
+	for z in 1 3; do
+		rm -f "$work/r2.jsonl"
+		"$here/../mpi-run" 2 "$strata" train $T --steps 4 --zero $z --val-data "$val" \
+			--eval-every 2 --val-batches 4 --metrics "$work/r2.jsonl" >"$work/log" 2>&1 ||
+			{ echo "FAIL 2 ranks --zero $z"; tail -3 "$work/log"; fail=1; }
+		if [ -n "$(v "$work/r1.jsonl")" ] && [ "$(v "$work/r1.jsonl")" = "$(v "$work/r2.jsonl")" ]; then
+			echo "ok   2 ranks --zero $z = 1 rank --grad-accum 2, val_loss too"
+		else
+			echo "FAIL 2 ranks --zero $z differ"; diff <(v "$work/r1.jsonl") <(v "$work/r2.jsonl") | head -4; fail=1
+		fi
+	done
 fi
 exit $fail

@@ -2096,6 +2096,47 @@ static void test_bad_input(void **state)
 	assert_string_equal(st_home_name(ST_HOME_NVME), "nvme");
 }
 
+/* --update in-backward at ZeRO stages 1 and 2 (world 2): planned, with
+ * the alternates of the rank's P, M, V; its bytes are the update after's
+ * but for the rank's slice of each unit's W, which goes home in the
+ * backward and back for the commit's gather: on nvme a write and a read,
+ * in vram an h2d and a d2h, in host nothing on a link. */
+static void test_in_backward_zero12(void **state)
+{
+	static const enum st_offload ps[] = { ST_OFFLOAD_NVME, ST_OFFLOAD_NONE, ST_OFFLOAD_HOST };
+
+	ST_UNUSED(state);
+	for (int z = 1; z <= 2; z++)
+		for (int i = 0; i < 3; i++) {
+			struct st_plan_input in = input(tiny);
+			struct st_plan p, q;
+			uint64_t ws = 0, alt = 0;
+			bool nv = ps[i] == ST_OFFLOAD_NVME, vr = ps[i] == ST_OFFLOAD_NONE;
+
+			in.world = 2;
+			in.zero = z;
+			in.params = ps[i];
+			in.optim = ST_OFFLOAD_NVME;
+			assert_int_equal(st_plan_make(&in, &q), 0);
+			assert_false(q.in_backward);
+			in.update = ST_UPDATE_IN_BACKWARD;
+			assert_int_equal(st_plan_make(&in, &p), 0);
+			assert_true(p.in_backward);
+			for (int u = 0; u < p.units; u++) {
+				ws += p.slice_elems[u] * 2;
+				for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
+					alt += p.state_bytes[u * ST_STATE_COUNT + s];
+			}
+			assert_int_equal(p.alt_bytes, alt);
+			assert_int_equal(p.nvme_write_bytes, q.nvme_write_bytes + (nv ? ws : 0));
+			assert_int_equal(p.nvme_read_bytes, q.nvme_read_bytes + (nv ? ws : 0));
+			assert_int_equal(p.h2d_bytes, q.h2d_bytes + (vr ? ws : 0));
+			assert_int_equal(p.d2h_bytes, q.d2h_bytes + (vr ? ws : 0));
+			st_plan_fini(&p);
+			st_plan_fini(&q);
+		}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2124,6 +2165,7 @@ int main(void)
 		cmocka_unit_test(test_optim_vram),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_activations),
+		cmocka_unit_test(test_in_backward_zero12),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

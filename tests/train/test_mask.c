@@ -16,12 +16,19 @@
  *  6. --samples documents: pieces, packing, padding, epochs, shuffled
  *     orders, a cursor resumed mid-epoch;
  *  7. several files as one (st_dataset_concat);
- *  8. --packing isolated: the loader's segment starts (each piece's place
+ *  8. the engine's forward alone (st_engine_eval) is the reference
+ *     trainer's eval of the same weights bit for bit, plain and masked,
+ *     GPT-2 and LLaMA (fp32 and bf16 compute), W in vram, host and on
+ *     nvme, kept forwards, layer-first, and so is an engine made for it
+ *     (forward_only: no G, P, M, V, a smaller plan); the step after it is
+ *     the step without it (the training state and the sampler untouched);
+ *  9. --packing isolated: the loader's segment starts (each piece's place
  *     in its row, the padding one more), and the engine with them in its
  *     placements and schedules = the reference trainer bit for bit (GPT-2
  *     and LLaMA), and not the packed run.
  * `test_mask --device cuda` holds the cuda engine to the cpu's within
- * float tolerance on the masked shard (77 without a GPU). */
+ * float tolerance on the masked shard, and its forward alone to the
+ * reference trainer's eval (77 without a GPU). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -682,7 +689,7 @@ static const char *short_docs(void)
 	return path;
 }
 
-/* 8. The loader's seg: 0 at each row's start, each position's start at
+/* 9. The loader's seg: 0 at each row's start, each position's start at
  * or before it and never going back, a new piece where the segment
  * starts, the target before it ignored (no target crosses documents),
  * only padding (input 0, targets ignored) in the last segment of a row
@@ -732,7 +739,7 @@ static void test_documents_seg(void **state)
 	st_dataset_close(ds);
 }
 
-/* 8. --packing isolated in the engine's placements and schedules = the
+/* 9. --packing isolated in the engine's placements and schedules = the
  * reference trainer, on the masked documents (GPT-2, LLaMA, and LLaMA at
  * the bf16 compute); the packed run differs (the mask does something). */
 static void test_documents_isolated(void **state)
@@ -931,6 +938,227 @@ static int teardown(void **state)
 	return system(cmd) == 0 ? 0 : -1;
 }
 
+/* 8. The forward alone. The eval's loader: path read in order. */
+static void open_eval(struct st_dataset **ds, struct st_loader *ld,
+		      const struct st_engine_config *c, const char *path)
+{
+	struct st_loader_config lc = { .batch = (uint32_t)c->train.batch,
+				       .seq = (uint32_t)c->train.seq, .split = ST_SPLIT_ALL };
+
+	assert_int_equal(st_dataset_open(ds, path, ST_DATASET_LLMC), 0);
+	assert_int_equal(st_loader_init(ld, *ds, &lc), 0);
+}
+
+#define EVAL_BATCHES 3
+
+/* The reference trainer's eval of master weights P (every unit's, in
+ * order) on path. */
+static double ref_eval(const struct st_engine_config *c, const float *P, const char *path)
+{
+	struct st_trainer *t;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	size_t off = 0;
+	double loss;
+
+	assert_int_equal(st_trainer_create(&c->train, &t), 0);
+	assert_int_equal(st_trainer_set_precision(t, c->compute_dtype), 0);
+	for (int u = 0; u < st_model_unit_count(st_trainer_model(t)); u++) {
+		assert_int_equal(st_trainer_write_master(t, u, P + off), 0);
+		off += st_model_unit_layout(st_trainer_model(t), u)->elems;
+	}
+	open_eval(&ds, &ld, c, path);
+	assert_int_equal(st_trainer_eval(t, &ld, EVAL_BATCHES, &loss), 0);
+	st_trainer_destroy(t);
+	st_dataset_close(ds);
+	return loss;
+}
+
+/* The eval of an engine of the forward alone (c's placement of W, no
+ * G, P, M, V: their shards take no byte, and its plan less than the
+ * training's, train_plan, when given) holding master weights P. */
+static double forward_only_eval(const struct st_engine_config *c, const float *P,
+				const char *path, const struct st_plan *train_plan,
+				const char *what)
+{
+	struct st_engine_config fc = *c;
+	struct st_engine *e;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	const struct st_plan *p;
+	uint64_t count, fo_total = 0, train_total = 0;
+	size_t off = 0;
+	double sum;
+
+	fc.forward_only = true;
+	if (st_engine_create(&fc, &e))
+		fail_msg("%s: forward-only engine: %s", what, st_error_last());
+	p = st_engine_plan(e);
+	for (int u = 0; u < p->units; u++)
+		for (int s = ST_STATE_G; s <= ST_STATE_V; s++)
+			assert_int_equal(p->state_bytes[u * ST_STATE_COUNT + s], 0);
+	for (int h = 0; h < ST_HOME_COUNT; h++) {
+		fo_total += p->total_bytes[h];
+		train_total += train_plan ? train_plan->total_bytes[h] : 0;
+	}
+	if (train_plan && fo_total >= train_total)
+		fail_msg("%s: the forward alone plans %llu B, training %llu B", what,
+			 (unsigned long long)fo_total, (unsigned long long)train_total);
+	for (int u = 0; u < p->units; u++) {
+		assert_int_equal(st_engine_write_state(e, u, P + off, NULL, NULL), 0);
+		off += st_model_unit_layout(st_engine_model(e), u)->elems;
+	}
+	assert_int_equal(st_engine_read_state(e, 0, ST_STATE_P, (float *)(void *)&sum), -EINVAL);
+	open_eval(&ds, &ld, c, path);
+	if (st_engine_eval(e, &ld, EVAL_BATCHES, &sum, &count))
+		fail_msg("%s: forward-only eval: %s", what, st_error_last());
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	return sum / (double)count;
+}
+
+/* Two steps of c on path, the eval, the third step: the eval against the
+ * reference's and an engine of the forward alone's, the third step and
+ * the weights after it against three steps without the eval. */
+static void eval_case(const struct st_engine_config *c, const char *path, const char *what)
+{
+	struct st_engine *e;
+	struct st_dataset *ds, *vds;
+	struct st_loader ld, vld;
+	struct st_step_result res;
+	struct run plain, r = { 0 };
+	double sum, ref;
+	uint64_t count;
+	const struct st_model *m;
+	size_t off = 0;
+
+	train(c, path, STEPS, &plain);
+	open_loader(&ds, &ld, c, path);
+	open_eval(&vds, &vld, c, path);
+	if (st_engine_create(c, &e))
+		fail_msg("%s: engine: %s", what, st_error_last());
+	m = st_engine_model(e);
+	r.n = plain.n;
+	r.P = malloc(r.n * sizeof(float));
+	for (int s = 0; s < 2; s++)
+		if (st_engine_step(e, &ld, s, s == 0, &res))
+			fail_msg("%s: step %d: %s", what, s, st_error_last());
+	for (int u = 0; u < st_model_unit_count(m); u++) {
+		assert_int_equal(st_engine_read_state(e, u, ST_STATE_P, r.P + off), 0);
+		off += st_model_unit_layout(m, u)->elems;
+	}
+	if (st_engine_eval(e, &vld, EVAL_BATCHES, &sum, &count))
+		fail_msg("%s: eval: %s", what, st_error_last());
+	ref = ref_eval(c, r.P, path);
+	if (memcmp(&ref, &(double){ sum / (double)count }, sizeof(double)))
+		fail_msg("%s: eval %a (%.9g / %llu), the reference trainer's %a", what,
+			 sum / (double)count, sum, (unsigned long long)count, ref);
+	sum = forward_only_eval(c, r.P, path, st_engine_plan(e), what);
+	if (memcmp(&ref, &sum, sizeof(double)))
+		fail_msg("%s: the forward alone's eval %a, the reference trainer's %a", what, sum,
+			 ref);
+	if (st_engine_step(e, &ld, 2, false, &res))
+		fail_msg("%s: step 2: %s", what, st_error_last());
+	off = 0;
+	for (int u = 0; u < st_model_unit_count(m); u++) {
+		assert_int_equal(st_engine_read_state(e, u, ST_STATE_P, r.P + off), 0);
+		off += st_model_unit_layout(m, u)->elems;
+	}
+	if (memcmp(&res.loss, &plain.loss[2], sizeof(double)) ||
+	    memcmp(r.P, plain.P, r.n * sizeof(float)))
+		fail_msg("%s: the step after the eval is not the step without it", what);
+	if (!getenv("ST_QUIET"))
+		printf("ok   %s: eval %.9g = the reference trainer's\n", what, ref);
+	st_engine_destroy(e);
+	st_dataset_close(ds);
+	st_dataset_close(vds);
+	free(r.P);
+	free(plain.P);
+}
+
+static void test_eval_matches_trainer(void **state)
+{
+	static const struct {
+		const char *name;
+		enum st_offload params, optim;
+		int prefetch;
+		enum st_recompute recompute;
+		enum st_schedule schedule;
+	} cases[] = {
+		{ "W in vram", ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, 0, ST_RECOMPUTE_ALL,
+		  ST_SCHEDULE_BATCH_FIRST },
+		{ "W in host", ST_OFFLOAD_HOST, ST_OFFLOAD_HOST, 0, ST_RECOMPUTE_ALL,
+		  ST_SCHEDULE_BATCH_FIRST },
+		{ "W on nvme, prefetch 1", ST_OFFLOAD_NVME, ST_OFFLOAD_NVME, 1, ST_RECOMPUTE_ALL,
+		  ST_SCHEDULE_BATCH_FIRST },
+		{ "forwards kept", ST_OFFLOAD_NONE, ST_OFFLOAD_HOST, 0, ST_RECOMPUTE_NONE,
+		  ST_SCHEDULE_BATCH_FIRST },
+		{ "layer-first, W on nvme", ST_OFFLOAD_NVME, ST_OFFLOAD_HOST, 0, ST_RECOMPUTE_ALL,
+		  ST_SCHEDULE_LAYER_FIRST },
+	};
+	static const struct {
+		const char *model;
+		bool bf16;
+	} models[] = { { gpt2, false }, { llama, false }, { llama, true } };
+	const char *paths[] = { plain_path, masked_path };
+	struct st_engine_config c;
+	char what[256];
+
+	(void)state;
+	for (size_t k = 0; k < ST_ARRAY_LEN(models); k++)
+		for (int p = 0; p < 2; p++)
+			for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
+				base_config(&c, models[k].model);
+				c.compute_dtype = models[k].bf16 ? ST_PRECISION_BF16
+								 : ST_PRECISION_FP32;
+				c.params = cases[i].params;
+				c.optim = cases[i].optim;
+				c.prefetch = cases[i].prefetch;
+				c.recompute = cases[i].recompute;
+				c.schedule = cases[i].schedule;
+				snprintf(what, sizeof(what), "%s%s %s: %s", models[k].model,
+					 models[k].bf16 ? " bf16" : "", p ? "masked" : "plain",
+					 cases[i].name);
+				eval_case(&c, paths[p], what);
+			}
+}
+
+/* The forward alone on the cuda device: the reference trainer's eval (on
+ * the cpu) of the same weights within float tolerance, plain and masked,
+ * W in vram and on nvme. */
+static void test_cuda_eval(void **state)
+{
+	const char *const models[] = { gpt2, llama }, *paths[] = { plain_path, masked_path };
+	const enum st_offload homes[] = { ST_OFFLOAD_NONE, ST_OFFLOAD_NVME };
+	struct st_engine_config c;
+	char what[256];
+	struct run r;
+
+	(void)state;
+	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
+		for (int p = 0; p < 2; p++)
+			for (int h = 0; h < 2; h++) {
+				double ref, l;
+
+				base_config(&c, models[mi]);
+				c.device = "cpu";
+				train(&c, paths[p], STEPS, &r);
+				ref = ref_eval(&c, r.P, paths[p]);
+				c.device = "cuda";
+				c.params = homes[h];
+				snprintf(what, sizeof(what), "%s %s, W %s, cuda", models[mi],
+					 p ? "masked" : "plain", h ? "on nvme" : "in vram");
+				l = forward_only_eval(&c, r.P, paths[p], NULL, what);
+				if (!(fabs(l - ref) <= 1e-4 * ref))
+					fail_msg("%s: eval %.9g, the reference trainer's (cpu) %.9g",
+						 what, l, ref);
+				if (!getenv("ST_QUIET"))
+					printf("ok   %s: eval %.6f, the cpu reference %.6f\n", what, l,
+					       ref);
+				free(r.P);
+			}
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -946,9 +1174,11 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_documents_engine),
 		cmocka_unit_test(test_documents_seg),
 		cmocka_unit_test(test_documents_isolated),
+		cmocka_unit_test(test_eval_matches_trainer),
 	};
 	const struct CMUnitTest cuda_tests[] = {
 		cmocka_unit_test(test_cuda_close_to_cpu),
+		cmocka_unit_test(test_cuda_eval),
 	};
 
 	if (argc == 3 && strcmp(argv[1], "--device") == 0) {

@@ -31,10 +31,12 @@
 #              bytes of batch-first (one rank at --grad-accum 4, and 2 ranks
 #              batch-first), bit for bit; its collectives = the plan's
 #   in-backward
-#              --update in-backward at 2 ranks, stages 0 and 3, W, P, M, V
+#              --update in-backward at 2 ranks, stages 0-3, W, P, M, V
 #              on nvme, a clip some steps pass (batch-first, layer-first,
-#              LLaMA): one rank's numbers with the update after; refused
-#              at stages 1 and 2 (exit 2)
+#              LLaMA, a skipped step; stages 1-2 also with W in host and
+#              in vram, through the device buffers and on cpu-strict):
+#              one rank's numbers with the update after, and its
+#              collectives per step
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
 #              overlapping the compute (stage 3's gathers, and stages 1-2's
@@ -378,6 +380,11 @@ layer-first)
 	same ll llref "LLaMA: 2 ranks --zero 3 layer-first --grad-accum 3, on nvme = 1 rank --grad-accum 6"
 	;;
 in-backward)
+	# held TAG: some step of TAG's held its speculation
+	held() {
+		grep -q '"in_backward":true' "$work/$1.jsonl" ||
+			{ echo "FAIL $1: no step's speculation held"; fail=1; }
+	}
 	# the clip halfway between two of the steps' norms without one: some
 	# steps' speculation holds, some redo
 	run noclip 1 --steps 4 --grad-accum 4 --offload-params nvme --offload-optim nvme --clip 0
@@ -386,39 +393,84 @@ n = sorted(json.loads(l)["grad_norm"] for l in open(sys.argv[1]))
 print((n[1] + n[2]) / 2)' "$work/noclip.jsonl")
 	nv=(--offload-params nvme --offload-optim nvme --clip "$clip")
 	run ref 1 --steps 4 --grad-accum 4 "${nv[@]}" || { echo "FAIL one-rank run"; fail=1; }
-	for z in 0 3; do
+	for z in 0 1 2 3; do
 		for sched in batch-first layer-first; do
 			run "ib$z$sched" 2 --steps 4 --grad-accum 2 --zero $z --schedule $sched \
 				--update in-backward "${nv[@]}"
 			same "ib$z$sched" ref "2 ranks --zero $z $sched --update in-backward = 1 rank, after"
-			grep -q '"in_backward":true' "$work/ib$z$sched.jsonl" ||
-				{ echo "FAIL --zero $z $sched: no step's speculation held"; fail=1; }
+			held "ib$z$sched"
 		done
 	done
+	# stages 1-2: the steps that held and those redone queue the update
+	# after's collectives, step by step (calls and bytes of each kind)
+	for z in 1 2; do
+		run "af$z" 2 --steps 4 --grad-accum 2 --zero $z "${nv[@]}"
+		python3 - "$work/af$z.jsonl" "$work/ib${z}batch-first.jsonl" "$z" <<'PY' || fail=1
+import json, sys
+a, b = ([{k: (v["calls"], v["bytes"]) for k, v in json.loads(l)["comm"].items()}
+         for l in open(f)] for f in sys.argv[1:3])
+ok = a == b and len(a) == 4
+print(("ok  " if ok else "FAIL") + f" --zero {sys.argv[3]}: in-backward's collectives per step = after's")
+sys.exit(0 if ok else 1)
+PY
+	done
+	# stages 1-2: the rank's slice of the new W goes to its home alone in
+	# the backward, and is gathered from there at the commit: W in host
+	# (in place) and in vram, and through the device buffers
+	# ($ST_ZERO_DEVICE_PATH=1, the cuda device's path)
+	for z in 1 2; do
+		run "ibh$z" 2 --steps 4 --grad-accum 2 --zero $z --update in-backward \
+			--offload-params host --offload-optim nvme --clip "$clip"
+		same "ibh$z" ref "2 ranks --zero $z in-backward, W in host = 1 rank, after"
+		held "ibh$z"
+		run "ibv$z" 2 --steps 4 --grad-accum 2 --zero $z --update in-backward \
+			--offload-params none --offload-optim nvme --gpu-mem 64M --clip "$clip"
+		same "ibv$z" ref "2 ranks --zero $z in-backward, W in vram = 1 rank, after"
+		held "ibv$z"
+	done
+	ST_ZERO_DEVICE_PATH=1 run ibd1 2 --steps 4 --grad-accum 2 --zero 1 --update in-backward \
+		--offload-params host --offload-optim nvme --clip "$clip"
+	same ibd1 ref "2 ranks --zero 1 in-backward, through the device = 1 rank, after"
+	held ibd1
+	ST_ZERO_DEVICE_PATH=1 run ibd2 2 --steps 4 --grad-accum 2 --zero 2 --update in-backward \
+		--offload-params none --offload-optim nvme --gpu-mem 64M --clip "$clip"
+	same ibd2 ref "2 ranks --zero 2 in-backward, W in vram through the device = 1 rank, after"
+	held ibd2
+	# and on the cpu-strict device, whose memory faults when the host
+	# touches it (docs/gpu.md, "Strict mode")
+	run ibs1 2 --steps 4 --grad-accum 2 --zero 1 --update in-backward --device cpu-strict \
+		"${nv[@]}"
+	same ibs1 ref "cpu-strict: 2 ranks --zero 1 in-backward, W on nvme = 1 rank, after"
+	held ibs1
+	run ibs2 2 --steps 4 --grad-accum 2 --zero 2 --update in-backward --device cpu-strict \
+		--offload-params none --offload-optim nvme --gpu-mem 64M --clip "$clip"
+	same ibs2 ref "cpu-strict: 2 ranks --zero 2 in-backward, W in vram = 1 rank, after"
+	held ibs2
 	# step 3 (0-based 2) skipped: unit 1's G not finite below the
 	# speculated units, whose W is rebuilt from their P on every rank
 	ST_TEST_NAN_GRAD=1:2 run nanref 1 --steps 4 --grad-accum 4 "${nv[@]}"
-	for z in 0 3; do
+	for z in 0 1 2 3; do
 		ST_TEST_NAN_GRAD=1:2 run "nan$z" 2 --steps 4 --grad-accum 2 --zero $z \
 			--update in-backward "${nv[@]}"
 		same "nan$z" nanref "2 ranks --zero $z in-backward, step 3 skipped = 1 rank, after"
 		grep -q '"skipped":true' "$work/nan$z.jsonl" || { echo "FAIL nan$z: no step skipped"; fail=1; }
 	done
-	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 3
-	    "${nv[@]}")
-	run llref 1 "${ll[@]}" --grad-accum 2
-	run ll 2 "${ll[@]}" --zero 3 --update in-backward
-	same ll llref "LLaMA: 2 ranks --zero 3 --update in-backward = 1 rank --grad-accum 2, after"
-	# stages 1 and 2: exit 2, one line of strata's (rank 0's)
-	"$mpirun" 2 "$strata" train "${common[@]}" --steps 1 --zero 1 --update in-backward \
-		"${nv[@]}" >"$work/out" 2>"$work/err"
-	rc=$?
-	if [ $rc = 2 ] && [ "$(grep -c '^strata:' "$work/err")" = 1 ] &&
-	   grep -q "^strata: --update in-backward: not with --zero 1 or 2" "$work/err"; then
-		echo "ok   --update in-backward at --zero 1 refused"
-	else
-		echo "FAIL --update in-backward at --zero 1: exit $rc"; cat "$work/err"; fail=1
-	fi
+	ST_TEST_NAN_GRAD=1:2 run nanh2 2 --steps 4 --grad-accum 2 --zero 2 --update in-backward \
+		--offload-params host --offload-optim nvme --clip "$clip"
+	same nanh2 nanref "2 ranks --zero 2 in-backward, W in host, step 3 skipped = 1 rank, after"
+	# LLaMA, its own clip between its steps' norms
+	ll=(--model llama:layers=2,dim=128,heads=4,kv-heads=2,ffn=256,vocab=256,ctx=64 --steps 4
+	    --offload-params nvme --offload-optim nvme)
+	run llnoclip 1 "${ll[@]}" --grad-accum 2 --clip 0
+	llclip=$(python3 -c 'import json, sys
+n = sorted(json.loads(l)["grad_norm"] for l in open(sys.argv[1]))
+print((n[1] + n[2]) / 2)' "$work/llnoclip.jsonl")
+	run llref 1 "${ll[@]}" --grad-accum 2 --clip "$llclip"
+	for z in 0 1 2 3; do
+		run "ll$z" 2 "${ll[@]}" --zero $z --update in-backward --clip "$llclip"
+		same "ll$z" llref "LLaMA: 2 ranks --zero $z --update in-backward = 1 rank --grad-accum 2, after"
+		held "ll$z"
+	done
 	;;
 comm)
 	for spec in "2 0 1" "2 1 1" "2 2 2" "2 3 1" "4 3 1" "4 1 2" "2 0 3 layer-first" \
