@@ -20,7 +20,7 @@
 #include "strata/kernels.h"
 #include "strata/op.h"
 
-enum case_role { NUL = 0, IN, OUT, ACC, IDX };
+enum case_role { NUL = 0, IN, OUT, ACC, IDX, SEG };
 
 struct case_tensor {
 	enum case_role role;
@@ -44,6 +44,11 @@ struct op_case {
 #define U_(role, n) { role, ST_DTYPE_U8, (n), 0 }
 #define I_(n) { IDX, ST_DTYPE_I32, (n), 0 }
 #define N_ { NUL, ST_DTYPE_F32, 0, 0 }
+/* an int32 slot left NULL (the attention's seg) */
+#define NI_ { NUL, ST_DTYPE_I32, 0, 0 }
+/* the attention's seg: rows of idx_range (T) positions, each a random
+ * packing of documents (s(t) = where t's document starts) */
+#define S_(n) { SEG, ST_DTYPE_I32, (n), 0 }
 
 /* shapes: N rows, IC/OC channels, B,T,C,NH attention, V vocabulary */
 enum { CN = 37, CIC = 96, COC = 136, CB = 2, CT = 37, CC = 96, CNH = 4, CV = 253,
@@ -115,15 +120,25 @@ static const struct op_case op_cases[] = {
 	  { CB, CT, CC }, { 0 }, CV, 1e-5 },
 	{ "attention_fwd", ST_OP_ATTENTION_FWD,
 	  { F_(OUT, CB * CT * CC, 0), F_(OUT, CB * CNH * CT, 0),
-	    F_(IN, CB * CT * 3 * CC, 2.0f) },
+	    F_(IN, CB * CT * 3 * CC, 2.0f), NI_ },
 	  { CB, CT, CC, CNH }, { 0 }, 0, 1e-5 },
+	/* packed documents that do not attend across each other */
+	{ "attention_fwd seg", ST_OP_ATTENTION_FWD,
+	  { F_(OUT, CB * CT * CC, 0), F_(OUT, CB * CNH * CT, 0),
+	    F_(IN, CB * CT * 3 * CC, 2.0f), S_(CB * CT) },
+	  { CB, CT, CC, CNH }, { 0 }, CT, 1e-5 },
 	/* out and lse need not come from a forward for the two sides to
 	 * agree; small qkv keeps the softmax weights near 1 */
 	{ "attention_bwd", ST_OP_ATTENTION_BWD,
 	  { F_(ACC, CB * CT * 3 * CC, 1.0f), F_(IN, CB * CT * CC, 1.0f),
 	    F_(IN, CB * CT * 3 * CC, 0.5f), F_(IN, CB * CT * CC, 1.0f),
-	    F_(IN, CB * CNH * CT, 1.0f) },
+	    F_(IN, CB * CNH * CT, 1.0f), NI_ },
 	  { CB, CT, CC, CNH }, { 0 }, 0, 1e-5 },
+	{ "attention_bwd seg", ST_OP_ATTENTION_BWD,
+	  { F_(ACC, CB * CT * 3 * CC, 1.0f), F_(IN, CB * CT * CC, 1.0f),
+	    F_(IN, CB * CT * 3 * CC, 0.5f), F_(IN, CB * CT * CC, 1.0f),
+	    F_(IN, CB * CNH * CT, 1.0f), S_(CB * CT) },
+	  { CB, CT, CC, CNH }, { 0 }, CT, 1e-5 },
 	{ "crossentropy_fwd", ST_OP_CROSSENTROPY_FWD,
 	  { F_(OUT, CN, 0), F_(IN, CN * CV, 4.0f), I_(CN) }, { CN, CV }, { 0 }, CV, 1e-5 },
 	{ "crossentropy_bwd", ST_OP_CROSSENTROPY_BWD,
@@ -183,15 +198,27 @@ static const struct op_case op_cases[] = {
 	{ "gqa_attention_fwd", ST_OP_GQA_ATTENTION_FWD,
 	  { F_(OUT, CB * CT * QH * QD, 0), F_(OUT, CB * QH * CT, 0),
 	    F_(IN, CB * CT * QH * QD, 2.0f), F_(IN, CB * CT * QKV * QD, 2.0f),
-	    F_(IN, CB * CT * QKV * QD, 2.0f) },
+	    F_(IN, CB * CT * QKV * QD, 2.0f), NI_ },
 	  { CB, CT, QH, QKV, QD }, { 0 }, 0, 1e-5 },
+	{ "gqa_attention_fwd seg", ST_OP_GQA_ATTENTION_FWD,
+	  { F_(OUT, CB * CT * QH * QD, 0), F_(OUT, CB * QH * CT, 0),
+	    F_(IN, CB * CT * QH * QD, 2.0f), F_(IN, CB * CT * QKV * QD, 2.0f),
+	    F_(IN, CB * CT * QKV * QD, 2.0f), S_(CB * CT) },
+	  { CB, CT, QH, QKV, QD }, { 0 }, CT, 1e-5 },
 	{ "gqa_attention_bwd", ST_OP_GQA_ATTENTION_BWD,
 	  { F_(ACC, CB * CT * QH * QD, 1.0f), F_(ACC, CB * CT * QKV * QD, 1.0f),
 	    F_(ACC, CB * CT * QKV * QD, 1.0f), F_(IN, CB * CT * QH * QD, 1.0f),
 	    F_(IN, CB * CT * QH * QD, 0.5f), F_(IN, CB * CT * QKV * QD, 0.5f),
 	    F_(IN, CB * CT * QKV * QD, 0.5f), F_(IN, CB * CT * QH * QD, 1.0f),
-	    F_(IN, CB * QH * CT, 1.0f) },
+	    F_(IN, CB * QH * CT, 1.0f), NI_ },
 	  { CB, CT, QH, QKV, QD }, { 0 }, 0, 1e-5 },
+	{ "gqa_attention_bwd seg", ST_OP_GQA_ATTENTION_BWD,
+	  { F_(ACC, CB * CT * QH * QD, 1.0f), F_(ACC, CB * CT * QKV * QD, 1.0f),
+	    F_(ACC, CB * CT * QKV * QD, 1.0f), F_(IN, CB * CT * QH * QD, 1.0f),
+	    F_(IN, CB * CT * QH * QD, 0.5f), F_(IN, CB * CT * QKV * QD, 0.5f),
+	    F_(IN, CB * CT * QKV * QD, 0.5f), F_(IN, CB * CT * QH * QD, 1.0f),
+	    F_(IN, CB * QH * CT, 1.0f), S_(CB * CT) },
+	  { CB, CT, QH, QKV, QD }, { 0 }, CT, 1e-5 },
 	/* the optimizer on the device: bit for bit the host's (beta2 = 0, so
 	 * V' = g*g stays >= 0 from any V; the count slot is added to, by 0) */
 	{ "adamw fp32 W", ST_OP_ADAMW,
@@ -254,6 +281,21 @@ static inline float case_f32(float scale)
 	return scale * ((float)(case_u32() >> 8) / 8388608.0f - 1.0f);
 }
 
+/* n / T rows of T segment starts: documents of 1 to T/2 positions packed
+ * in order, so that a row holds several (and a tile's rows start at
+ * different places) */
+static inline void case_seg(int32_t *seg, int64_t n, int64_t T)
+{
+	for (int64_t r = 0; r + T <= n; r += T)
+		for (int64_t t = 0, s = 0, left = 0; t < T; t++, left--) {
+			if (left <= 0) {
+				s = t;
+				left = 1 + (int64_t)(case_u32() % (uint32_t)(T / 2 > 1 ? T / 2 : 1));
+			}
+			seg[r + t] = (int32_t)s;
+		}
+}
+
 static inline size_t case_bytes(const struct case_tensor *t)
 {
 	return (size_t)t->elems * st_dtype_elem_bytes(t->dtype);
@@ -286,6 +328,8 @@ static inline void case_fill(const struct op_case *c, uint64_t seed, void **bufs
 			abort();
 		if (t->role == OUT) {
 			memset(p, 0xff, bytes);
+		} else if (t->role == SEG) {
+			case_seg((int32_t *)p, t->elems, c->idx_range);
 		} else if (t->role == IDX) {
 			for (int64_t e = 0; e < t->elems; e++)
 				((int32_t *)p)[e] = (int32_t)(case_u32() % (uint32_t)c->idx_range);

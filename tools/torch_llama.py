@@ -113,8 +113,10 @@ def rms_norm(torch, x, w, eps):
     return w * (x * torch.rsqrt(v + eps))
 
 
-def logits(torch, p, c, idx):
-    """The logits (B,T,V) of idx (B,T)."""
+def logits(torch, p, c, idx, seg=None):
+    """The logits (B,T,V) of idx (B,T); seg (B,T): query t attends to keys
+    [seg[t], t] only (packed documents, a block-diagonal causal mask), the
+    positions still 0..T-1."""
     F = torch.nn.functional
     B, T = idx.shape
     pos = torch.arange(T, dtype=torch.int64).float()
@@ -122,6 +124,8 @@ def logits(torch, p, c, idx):
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()  # (T, hd)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if seg is not None:
+        mask = (mask[None] & (torch.arange(T)[None, None, :] >= seg[:, :, None]))[:, None]
     x = p["model.embed_tokens.weight"][idx]
     for i in range(c.L):
         q = f"model.layers.{i}."
@@ -153,10 +157,10 @@ def loss(torch, p, c, idx, targets):
     return torch.nn.functional.cross_entropy(out.reshape(-1, c.V), targets.reshape(-1))
 
 
-def loss_sum(torch, p, c, idx, labels):
+def loss_sum(torch, p, c, idx, labels, seg=None):
     """The sum of the cross-entropy over the labels that are not -100 (a
     loss mask, as transformers' labels)."""
-    out = logits(torch, p, c, idx)
+    out = logits(torch, p, c, idx, seg)
     return torch.nn.functional.cross_entropy(out.reshape(-1, c.V), labels.reshape(-1),
                                              ignore_index=-100, reduction="sum")
 
@@ -206,6 +210,8 @@ def check_one(torch, args, precision, ref):
     # the loss the mean over the step's counted targets (docs/finetune.md)
     masked = getattr(args, "mask", False)
     A = 2 if masked else 1
+    # --packing: short documents packed in rows, attention kept to each
+    packing = getattr(args, "packing", False)
     bf16 = precision == "bf16"
     lr, wd, betas, eps = 1e-2, 0.5, (0.9, 0.95), 1e-3  # as GPT-2's check, for the same reasons
     work = tempfile.mkdtemp(prefix="torch-ref-llama.", dir=args.work)
@@ -222,6 +228,11 @@ def check_one(torch, args, precision, ref):
             shard = write_masked_shard(os.path.join(work, "masked.bin"), tokens, mask)
             common = ref.strata_train(args, model, shard, B // A, T, work) + [
                 "--grad-accum", str(A)]
+        if packing:
+            starts = ref.doc_starts(len(tokens))
+            shard = ref.write_docs_shard(os.path.join(work, "docs.bin"), tokens, starts)
+            common = ref.strata_train(args, model, shard, B, T, work) + [
+                "--samples", "documents", "--packing", "isolated"]
         ref.run(common + ["--init", init, "--steps", str(steps), "--shuffle", "off",
                           "--precision", precision, "--lr", str(lr), "--lr-schedule",
                           "constant", "--warmup", "0", "--clip", "0", "--wd", str(wd),
@@ -250,6 +261,7 @@ def check_one(torch, args, precision, ref):
         print(f"FAIL metrics: {len(rows)} rows, want {steps}", file=sys.stderr)
         return 1
     table = ref.Table()
+    batches = ref.doc_batches(torch, tokens, starts, B, T, steps) if packing else None
     for s in range(steps):
         opt.zero_grad(set_to_none=True)
         if bf16:
@@ -260,6 +272,9 @@ def check_one(torch, args, precision, ref):
             mbs = [masked_batch(torch, tokens, mask, B // A, T, s * A + a) for a in range(A)]
             count = sum(int((y != -100).sum()) for _, y in mbs)
             lv = sum(loss_sum(torch, w, c, x, y) for x, y in mbs) / count
+        elif packing:  # the mean over the counted targets, as labels -100
+            x, y, seg = batches[s]
+            lv = loss_sum(torch, w, c, x, y, seg) / max(int((y != -100).sum()), 1)
         else:
             x, y = ref.contiguous_batch(torch, tokens, B, T, s)
             lv = loss(torch, w, c, x, y)
@@ -285,6 +300,7 @@ def check_one(torch, args, precision, ref):
     table.row("update, all tensors", "", total, bar_total)
     table.row("update, worst tensor", f"{worst_name[-28:]:>29}", worst, bar_worst)
     print(f"torch-ref check: {'FAIL' if table.fails else 'ok'} ({steps} steps of {model}, "
-          f"B={B} T={T}{', masked, 2 micro-batches' if masked else ''}, W {precision}, AdamW lr {lr} wd {wd}; strata on {args.device}, "
+          f"B={B} T={T}{', masked, 2 micro-batches' if masked else ''}"
+          f"{', isolated documents' if packing else ''}, W {precision}, AdamW lr {lr} wd {wd}; strata on {args.device}, "
           f"PyTorch {torch.__version__} on cpu)")
     return 1 if table.fails else 0

@@ -214,6 +214,14 @@ int st_loader_init(struct st_loader *ld, const struct st_dataset *ds,
  * byte of token s+1+j is 0. Never fails and never allocates. */
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets);
 
+/* The same, and seg (B,T) when not NULL: for each input position, the
+ * position in its row where its document starts (documents: the piece it
+ * belongs to, the padding after the last piece one more; windows: all 0).
+ * What attention kept within documents reads (model.h's batch.seg,
+ * strata train --packing isolated). */
+void st_loader_next_seg(struct st_loader *ld, int32_t *inputs, int32_t *targets,
+			int32_t *seg);
+
 /* Whether a target may be ignored: the dataset has a loss mask, or rows
  * are documents (their padding). The loss is then the mean over the
  * counted targets (st_loader_count). */

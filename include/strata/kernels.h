@@ -141,6 +141,16 @@ void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
 			  const float *out, const float *lse, int B, int T,
 			  int C, int NH);
+/* The same with segments: seg (B,T) int32 holds, for each query position
+ * t of a row, s(t), the position in the row where t's document starts
+ * (0 <= s(t) <= t); t attends to keys [s(t), t] only (packed documents
+ * that do not attend across each other: strata train --packing isolated).
+ * NULL: causal over the whole row, bit for bit the functions above. */
+void st_cpu_attention_fwd_seg(float *out, float *lse, const float *qkv, int B, int T, int C,
+			      int NH, const int32_t *seg);
+void st_cpu_attention_bwd_seg(float *dqkv, const float *dout, const float *qkv,
+			      const float *out, const float *lse, int B, int T, int C, int NH,
+			      const int32_t *seg);
 
 /* ---- fused softmax + cross-entropy ---------------------------------------
  * losses (N) = logsumexp(logits[n]) - logits[n, targets[n]]. logits is
@@ -220,5 +230,13 @@ void st_cpu_gqa_attention_bwd(float *dq, float *dk, float *dv, const float *dout
 			      const float *q, const float *k, const float *v,
 			      const float *out, const float *lse, int B, int T,
 			      int NH, int NKV, int hd);
+/* With segments, as st_cpu_attention_fwd_seg(); NULL: the two above. */
+void st_cpu_gqa_attention_fwd_seg(float *out, float *lse, const float *q, const float *k,
+				  const float *v, int B, int T, int NH, int NKV, int hd,
+				  const int32_t *seg);
+void st_cpu_gqa_attention_bwd_seg(float *dq, float *dk, float *dv, const float *dout,
+				  const float *q, const float *k, const float *v,
+				  const float *out, const float *lse, int B, int T, int NH,
+				  int NKV, int hd, const int32_t *seg);
 
 #endif

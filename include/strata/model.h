@@ -267,6 +267,13 @@ struct st_model_batch {
 	 * targets, transformers' -100 labels with the total count), and the
 	 * loss written is this micro-batch's sum / count. */
 	uint64_t count;
+	/* Packed documents that do not attend across each other (strata
+	 * train --packing isolated): (B,T) int32 in the compute's memory,
+	 * seg[b*T + t] the position in row b where the document of position
+	 * t starts (0 <= seg <= t); query t attends to keys seg..t only.
+	 * Positions keep counting 0..T-1 across documents (GPT-2's wpe,
+	 * LLaMA's RoPE). NULL: causal over the whole row. */
+	const int32_t *seg;
 };
 
 /* The target of a position the loss mask leaves out (transformers' -100). */

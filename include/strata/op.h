@@ -114,8 +114,12 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *   RESIDUAL_FWD      t: out, a, b                           i: n
  *   EMBEDDING_FWD     t: out, tokens, wte, wpe               i: B, T, C
  *   EMBEDDING_BWD     t: dwte, dwpe, dout, tokens            i: B, T, C
- *   ATTENTION_FWD     t: out, lse, qkv                       i: B, T, C, NH
- *   ATTENTION_BWD     t: dqkv, dout, qkv, out, lse           i: B, T, C, NH
+ *   ATTENTION_FWD     t: out, lse, qkv, seg?                 i: B, T, C, NH
+ *   ATTENTION_BWD     t: dqkv, dout, qkv, out, lse, seg?     i: B, T, C, NH
+ *                     seg (B,T) int32, NULL: causal; else query t attends
+ *                     to keys [seg[t], t] only (its document in a packed
+ *                     row, st_cpu_attention_fwd_seg()); the slot's dtype
+ *                     is I32 even when it is NULL
  *   CROSSENTROPY_FWD  t: losses, logits, targets             i: N, V
  *   CROSSENTROPY_BWD  t: dlogits, losses?, logits, targets   i: N, V
  *                                                            f: dloss
@@ -136,8 +140,10 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
  *   SWIGLU_BWD        t: dgate, dup, dout, gate, up (OVERWRITES) i: n
  *   TOKEN_EMBED_FWD   t: out, tokens, wte                    i: N, C
  *   TOKEN_EMBED_BWD   t: dwte, dout, tokens                  i: N, C
- *   GQA_ATTENTION_FWD t: out, lse, q, k, v                   i: B, T, NH, NKV, hd
- *   GQA_ATTENTION_BWD t: dq, dk, dv, dout, q, k, v, out, lse i: B, T, NH, NKV, hd
+ *   GQA_ATTENTION_FWD t: out, lse, q, k, v, seg?             i: B, T, NH, NKV, hd
+ *   GQA_ATTENTION_BWD t: dq, dk, dv, dout, q, k, v, out, lse, seg?
+ *                                                     i: B, T, NH, NKV, hd
+ *                     seg as ATTENTION_FWD's
  *   DECODE_ATTENTION  t: out (n, NH*hd), q (n rows of sq), kc, vc (rows of NKV*hd)
  *                     i: n, pos, NH, NKV, hd, sq
  *                     the decoder's attention (docs/model.md, "Decoding"): row
@@ -202,8 +208,8 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(RESIDUAL_FWD, "residual_fwd", "fff")          \
 	X(EMBEDDING_FWD, "embedding_fwd", "fiff")       \
 	X(EMBEDDING_BWD, "embedding_bwd", "fffi")       \
-	X(ATTENTION_FWD, "attention_fwd", "fff")        \
-	X(ATTENTION_BWD, "attention_bwd", "fffff")      \
+	X(ATTENTION_FWD, "attention_fwd", "fffi")       \
+	X(ATTENTION_BWD, "attention_bwd", "fffffi")     \
 	X(CROSSENTROPY_FWD, "crossentropy_fwd", "ffi")  \
 	X(CROSSENTROPY_BWD, "crossentropy_bwd", "fffi")  \
 	X(LINEAR_FWD, "linear_fwd", "ffff")             \
@@ -216,8 +222,8 @@ static inline struct st_tensor st_tensor_3d(const void *p, enum st_dtype dt, int
 	X(SWIGLU_BWD, "swiglu_bwd", "fffff")            \
 	X(TOKEN_EMBED_FWD, "token_embed_fwd", "fif")    \
 	X(TOKEN_EMBED_BWD, "token_embed_bwd", "ffi")    \
-	X(GQA_ATTENTION_FWD, "gqa_attention_fwd", "fffff") \
-	X(GQA_ATTENTION_BWD, "gqa_attention_bwd", "fffffffff") \
+	X(GQA_ATTENTION_FWD, "gqa_attention_fwd", "fffffi") \
+	X(GQA_ATTENTION_BWD, "gqa_attention_bwd", "fffffffffi") \
 	X(ADAMW, "adamw", "fffffu")                     \
 	X(GRAD_SUMSQ, "grad_sumsq", "uuf")              \
 	X(RESIDUAL_LAYERNORM_FWD, "residual_layernorm_fwd", "ffffffff") \

@@ -220,6 +220,9 @@ struct st_plan_input {
 	enum st_schedule schedule;
 	/* When the update runs (enum st_update_order above). */
 	enum st_update_order update;
+	/* Each micro-batch carries the attention's segment starts (strata
+	 * train --packing isolated): a (B,T) int32 pool beside the targets. */
+	bool seg;
 	/* The forward alone (strata eval; st_engine_config.forward_only): W
 	 * and what the forward needs only. G, P, M, V take no bytes, and no
 	 * dW, gradient landing, update staging, activation checkpoint or kept
@@ -255,6 +258,8 @@ enum st_pool_id {
 	ST_POOL_WORK,         /* vram: the model's workspace */
 	ST_POOL_TOKENS,       /* vram: (B,T) int32 */
 	ST_POOL_TARGETS,      /* vram: (B,T) int32 */
+	ST_POOL_SEG,          /* vram: (B,T) int32, the attention's segment
+				 starts (--packing isolated; none otherwise) */
 	ST_POOL_LANDING,      /* host: dW lands here, E*4 */
 	ST_POOL_GSTAGE,       /* host: G staging (G on nvme, grad_accum > 1) */
 	ST_POOL_UPD_W,        /* host: update staging for W, one per set (2) */

@@ -35,6 +35,10 @@ struct st_train_config {
 	double clip;                  /* global-norm clip; 0 disables */
 	uint64_t seed;
 	bool bf16;                    /* W in bf16 (else fp32) */
+	/* --packing isolated: the loader's segment starts go with each batch
+	 * (model.h's batch.seg), so packed documents do not attend across
+	 * each other; false: causal over the whole row */
+	bool isolate;
 };
 
 /* Fill the defaults (tiny model, B=8, T=128, lr 1e-3 cosine, warmup 10,

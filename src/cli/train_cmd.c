@@ -68,6 +68,10 @@ static void train_usage(FILE *f)
 "                       a row is a window of T+1 tokens anywhere (default), or whole\n"
 "                       documents of the shard packed in order, in epochs (a long one\n"
 "                       in pieces of T+1 tokens; docs/finetune.md)\n"
+"  --packing packed|isolated\n"
+"                       documents: attention over the whole row, across the documents\n"
+"                       packed in it (default), or within each document only (a\n"
+"                       block-diagonal causal mask; positions still count 0..T-1)\n"
 "device and tiers\n"
 "  --device auto|cpu|cpu-strict|cuda  where the model runs (default $ST_DEVICE, else\n"
 "                       auto: cuda when a GPU is usable, else cpu; said before the plan)\n"
@@ -477,6 +481,9 @@ static void train_saved_flags(struct train_args *a, struct json_object *o)
 	if (!a->given[1040] && (v = saved(o, "samples")) &&
 	    strcmp(json_object_get_string(v), "documents") == 0) /* absent: windows */
 		rc->samples = ST_SAMPLES_DOCUMENTS;
+	if (!a->given[1041] && (v = saved(o, "packing")) &&
+	    strcmp(json_object_get_string(v), "isolated") == 0) /* absent: packed */
+		cfg->isolate = true;
 	if (!a->given[1003] && (v = saved(o, "compute_dtype")))
 		st_precision_parse(json_object_get_string(v), &rc->engine.compute_dtype);
 	/* a run extended past its total keeps the schedule it had */
@@ -634,6 +641,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
 		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
 		{ "shard-size", 1, 0, 1000 }, { "samples", 1, 0, 1040 },
+		{ "packing", 1, 0, 1041 },
 		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
 		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
 		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
@@ -738,6 +746,14 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 			else
 				st_cli_die(2, "--samples %s: expected documents or windows", optarg);
 			break;
+		case 1041:
+			if (strcmp(optarg, "isolated") == 0)
+				cfg->isolate = true;
+			else if (strcmp(optarg, "packed") == 0)
+				cfg->isolate = false;
+			else
+				st_cli_die(2, "--packing %s: expected packed or isolated", optarg);
+			break;
 		case 'j': a->threads = (int)st_cli_long("--threads", optarg, 1, 4096); break;
 		case 'o': rc->save = optarg; break;
 		case 'M': rc->metrics = optarg; break;
@@ -821,6 +837,9 @@ static void train_check_model(struct train_args *a)
 	struct st_train_config *cfg = &ec->train;
 	int ret;
 
+	if (cfg->isolate && rc->samples != ST_SAMPLES_DOCUMENTS)
+		st_cli_die(2, "--packing isolated needs --samples documents (a window of text "
+			   "is one document)");
 	st_cli_budgets_resolve(&a->bud, &ec->device, &ec->gpu_mem_bytes, &ec->host_mem_bytes);
 	if (st_run_world(ec) < 0)
 		st_cli_die(2, "%s", st_error_last());

@@ -722,9 +722,11 @@ static void piece_done(struct st_loader *ld, uint64_t b)
 
 /* One row: whole pieces packed in order while they fit in T+1 tokens, the
  * rest padding (input 0, target ignored); a piece's first token is no
- * target (the targets stay within a document). in, tg NULL: only counted.
- * Returns the row's counted targets. */
-static uint64_t doc_row(struct st_loader *ld, int32_t *in, int32_t *tg)
+ * target (the targets stay within a document). seg (may be NULL): each
+ * input position's piece start in the row (the padding is one piece of
+ * its own). in, tg NULL: only counted. Returns the row's counted
+ * targets. */
+static uint64_t doc_row(struct st_loader *ld, int32_t *in, int32_t *tg, int32_t *seg)
 {
 	const struct st_dataset *ds = ld->ds;
 	const uint32_t T = ld->cur.seq;
@@ -744,9 +746,13 @@ static uint64_t doc_row(struct st_loader *ld, int32_t *in, int32_t *tg)
 		}
 		if (used && used + (b - a) > (uint64_t)T + 1)
 			break;
+		const uint64_t start = used;
+
 		for (uint64_t i = a; i < b; i++, used++) {
 			bool counts = i > a && (!ds->ext.mask || ds->ext.mask[i]);
 
+			if (seg && used < T)
+				seg[used] = (int32_t)start;
 			if (in && used < T)
 				in[used] = (int32_t)tok(ds, i);
 			if (in && counts)
@@ -757,18 +763,22 @@ static uint64_t doc_row(struct st_loader *ld, int32_t *in, int32_t *tg)
 		if (used == (uint64_t)T + 1)
 			break;
 	}
+	for (uint64_t j = used; seg && j < T; j++)
+		seg[j] = (int32_t)used;
 	return counted;
 }
 
-/* A batch of B rows (into in, tg when not NULL); its counted targets. */
-static uint64_t doc_batch(struct st_loader *ld, int32_t *in, int32_t *tg)
+/* A batch of B rows (into in, tg, seg when not NULL); its counted
+ * targets. */
+static uint64_t doc_batch(struct st_loader *ld, int32_t *in, int32_t *tg, int32_t *seg)
 {
 	const uint32_t B = ld->cur.batch, T = ld->cur.seq;
 	uint64_t counted = 0;
 
 	for (uint32_t r = 0; r < B; r++)
 		counted += doc_row(ld, in ? in + (size_t)r * T : NULL,
-				   tg ? tg + (size_t)r * T : NULL);
+				   tg ? tg + (size_t)r * T : NULL,
+				   seg ? seg + (size_t)r * T : NULL);
 	ld->cur.step++;
 	return counted;
 }
@@ -867,6 +877,11 @@ static uint64_t row_start(struct st_cursor *c, uint32_t b)
 
 void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 {
+	st_loader_next_seg(ld, inputs, targets, NULL);
+}
+
+void st_loader_next_seg(struct st_loader *ld, int32_t *inputs, int32_t *targets, int32_t *seg)
+{
 	const struct st_dataset *ds = ld->ds;
 	const uint8_t *mask = ds->ext.mask;
 	struct st_cursor *c = &ld->cur;
@@ -874,9 +889,11 @@ void st_loader_next(struct st_loader *ld, int32_t *inputs, int32_t *targets)
 	const uint32_t B = c->batch, T = c->seq;
 
 	if (c->samples == ST_SAMPLES_DOCUMENTS) {
-		(void)doc_batch(ld, inputs, targets);
+		(void)doc_batch(ld, inputs, targets, seg);
 		return;
 	}
+	if (seg) /* a window is one document */
+		memset(seg, 0, sizeof(int32_t) * (size_t)B * T);
 	// inputs, targets are (B,T)
 	for (uint32_t b = 0; b < B; b++) {
 		int32_t *in = inputs + (size_t)b * T;
@@ -905,7 +922,7 @@ void st_loader_skip(struct st_loader *ld)
 	struct st_cursor *c = &ld->cur;
 
 	if (c->samples == ST_SAMPLES_DOCUMENTS) {
-		(void)doc_batch(ld, NULL, NULL);
+		(void)doc_batch(ld, NULL, NULL, NULL);
 		return;
 	}
 	for (uint32_t b = 0; c->shuffle && b < c->batch; b++)
@@ -930,7 +947,7 @@ uint64_t st_loader_count(const struct st_loader *ld, uint32_t batches)
 		struct st_loader copy = *ld;
 
 		for (uint32_t i = 0; i < batches; i++)
-			count += doc_batch(&copy, NULL, NULL);
+			count += doc_batch(&copy, NULL, NULL, NULL);
 		return count;
 	}
 

@@ -412,7 +412,7 @@ static int plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	p.embed_slot_bytes = x ? st_plan_page_bytes(x->bytes) : 0;
 	p.act_bytes = st_pools_sum(&pools, ST_POOL_ACT, ST_POOL_ACT);
 	p.act_each_bytes = sh.x_bytes;
-	p.scratch_bytes = st_pools_sum(&pools, ST_POOL_WF, ST_POOL_TARGETS);
+	p.scratch_bytes = st_pools_sum(&pools, ST_POOL_WF, ST_POOL_SEG);
 	x = st_pools_find(&pools, ST_POOL_WORK);
 	p.work_bytes = x->bytes;
 	/* the keeps chosen; the minimums are the mode's (AUTO: keeping none) */

@@ -27,6 +27,7 @@ struct st_shape {
 	uint64_t e_res;        /* the largest resident unit */
 	uint64_t x_bytes;      /* X: the largest unit output (a checkpoint) */
 	uint64_t bt_bytes;     /* B*T*4: tokens or targets */
+	bool seg;              /* a seg pool too (st_plan_input.seg) */
 	uint64_t work_bytes;   /* max_u st_model_work_bytes */
 	uint64_t act_bytes;    /* rounded activation checkpoint pool */
 	enum st_home *homes;   /* [units * ST_STATE_COUNT] scratch for a placement */

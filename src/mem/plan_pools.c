@@ -67,6 +67,7 @@ static const struct {
 	[ST_POOL_WORK] = { "workspace", ST_HOME_VRAM },
 	[ST_POOL_TOKENS] = { "tokens", ST_HOME_VRAM },
 	[ST_POOL_TARGETS] = { "targets", ST_HOME_VRAM },
+	[ST_POOL_SEG] = { "segment starts", ST_HOME_VRAM },
 	[ST_POOL_LANDING] = { "grad landing", ST_HOME_HOST },
 	[ST_POOL_GSTAGE] = { "grad staging", ST_HOME_HOST },
 	[ST_POOL_UPD_W] = { "update staging W", ST_HOME_HOST },
@@ -297,6 +298,7 @@ void st_pools_compute(const struct st_shape *sh, const enum st_home *homes, int 
 	pool_add(p, ST_POOL_WORK, recomp_work(sh), 1, -1);
 	pool_add(p, ST_POOL_TOKENS, sh->bt_bytes * mbs_held(sh), 1, -1);
 	pool_add(p, ST_POOL_TARGETS, sh->bt_bytes * mbs_held(sh), 1, -1);
+	pool_add(p, ST_POOL_SEG, sh->bt_bytes * mbs_held(sh), sh->seg, -1);
 	pool_add(p, ST_POOL_LANDING, sh->epad_max * 4,
 		 !fo && any(sh, homes, ST_STATE_G, ST_STATE_G, ST_HOME_VRAM, false), -1);
 	/* layer-first: G is written once a step, never read back to add */
@@ -480,6 +482,7 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	}
 	sh->act_bytes = st_plan_page_bytes((uint64_t)(sh->units - 1) * sh->x_bytes);
 	sh->bt_bytes = (uint64_t)in->batch * (uint64_t)in->seq * 4;
+	sh->seg = in->seg;
 	sh->act_home = calloc(1, sizeof(*sh->act_home));
 	sh->act_copy = calloc((size_t)sh->units, sizeof(*sh->act_copy));
 	if (!sh->act_home || !sh->act_copy) {

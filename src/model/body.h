@@ -117,16 +117,18 @@ void st_mop_gelu_bwd(const struct st_mop *o, void *dinp, const void *inp, const 
 		     size_t n);
 /* GPT-2's attention over qkv (B,T,3C); lse (B,NH,T) fp32 */
 void st_mop_attention_fwd(const struct st_mop *o, void *out, float *lse, const void *qkv,
-			  int B, int T, int C, int NH);
+			  const int32_t *seg, int B, int T, int C, int NH);
 void st_mop_attention_bwd(const struct st_mop *o, void *dqkv, const void *dout,
-			  const void *qkv, const void *out, const float *lse, int B, int T, int C,
-			  int NH);
-/* LLaMA's grouped attention; lse (B,NH,T) fp32 */
+			  const void *qkv, const void *out, const float *lse, const int32_t *seg,
+			  int B, int T, int C, int NH);
+/* LLaMA's grouped attention; lse (B,NH,T) fp32. seg (B,T) int32 or NULL,
+ * as strata/op.h's ATTENTION_FWD (the record's slot is I32 either way) */
 void st_mop_gqa_fwd(const struct st_mop *o, void *out, float *lse, const void *q,
-		    const void *k, const void *v, int B, int T, int NH, int NKV, int hd);
+		    const void *k, const void *v, const int32_t *seg, int B, int T, int NH,
+		    int NKV, int hd);
 void st_mop_gqa_bwd(const struct st_mop *o, void *dq, void *dk, void *dv, const void *dout,
 		    const void *q, const void *k, const void *v, const void *out,
-		    const float *lse, int B, int T, int NH, int NKV, int hd);
+		    const float *lse, const int32_t *seg, int B, int T, int NH, int NKV, int hd);
 /* the rotation of NH heads in rows of stride elements of x, in place */
 void st_mop_rope(const struct st_mop *o, bool bwd, void *x, int B, int T, int NH, int hd,
 		 int stride, const struct st_rope_args *r);
@@ -197,13 +199,16 @@ struct st_family_body {
 	void (*block_carve)(const struct st_model *m, int B, int T, struct st_carver *sv,
 			    struct st_carver *sc);
 	/* Block unit u's forward, its buffers carved from sv and sc as
-	 * block_carve does. */
-	void (*block_fwd)(const struct st_model *m, int u, int B, int T, const void *params,
+	 * block_carve does; seg the batch's (B,T) segment starts or NULL
+	 * (strata/model.h's struct st_model_batch), for the attention. */
+	void (*block_fwd)(const struct st_model *m, int u, int B, int T, const int32_t *seg,
+			  const void *params,
 			  const float *x, float *y, struct st_carver *sv, struct st_carver *sc);
 	/* Its backward; kept: the forward's buffers hold this unit's forward
 	 * (block_fwd ran into them with the same params and x), else they
 	 * are recomputed. */
-	void (*block_bwd)(const struct st_model *m, int u, int B, int T, const void *params,
+	void (*block_bwd)(const struct st_model *m, int u, int B, int T, const int32_t *seg,
+			  const void *params,
 			  const float *x, const float *dy, float *dx, float *grad,
 			  struct st_carver *sv, struct st_carver *sc, bool kept);
 	/* The head's tensors: params the head unit's, other its reads_unit's

@@ -272,16 +272,17 @@ static void block_out(const struct st_model *m, const struct st_mop *o, const vo
  * attproj is (N,C) fp32 scratch for the attention projection. */
 static void block_fwd_core(const struct st_model *m, const struct st_mop *o, const void **p,
 			   const struct block_work *w, const float *x, float *attproj, int B,
-			   int T)
+			   int T, const int32_t *seg)
 {
 	const int C = st_model_config(m)->dim, NH = st_model_config(m)->n_head;
 
 	block_qkv(m, o, p, w, x, B * T);
-	st_mop_attention_fwd(o, w->atty, w->lse, w->qkv, B, T, C, NH);
+	st_mop_attention_fwd(o, w->atty, w->lse, w->qkv, seg, B, T, C, NH);
 	block_after_att(m, o, p, w, x, attproj, B * T);
 }
 
-static void gpt2_block_fwd(const struct st_model *m, int u, int B, int T, const void *params,
+static void gpt2_block_fwd(const struct st_model *m, int u, int B, int T, const int32_t *seg,
+			   const void *params,
 			   const float *x, float *y, struct st_carver *sv, struct st_carver *sc)
 {
 	const struct st_mop o = st_mop_of(m);
@@ -290,7 +291,7 @@ static void gpt2_block_fwd(const struct st_model *m, int u, int B, int T, const 
 
 	block_carve(m, B, T, sv, sc, &w);
 	block_views(m, &o, u, params, p);
-	block_fwd_core(m, &o, p, &w, x, y, B, T);
+	block_fwd_core(m, &o, p, &w, x, y, B, T, seg);
 	block_out(m, &o, p, &w, y, B * T);
 }
 
@@ -322,7 +323,8 @@ static int gpt2_block_decode(const struct st_model *m, int u, int pos, int n,
 	return 0;
 }
 
-static void gpt2_block_bwd(const struct st_model *m, int u, int B, int T, const void *params,
+static void gpt2_block_bwd(const struct st_model *m, int u, int B, int T, const int32_t *seg,
+			   const void *params,
 			   const float *x, const float *dy, float *dx, float *grad,
 			   struct st_carver *sv, struct st_carver *sc, bool kept)
 {
@@ -340,7 +342,7 @@ static void gpt2_block_bwd(const struct st_model *m, int u, int B, int T, const 
 	for (int k = 0; k < BT_COUNT; k++)
 		g[k] = grad + ul->tensors[k].offset_elems;
 	if (!kept)
-		block_fwd_core(m, &o, p, &w, x, w.dres, B, T);
+		block_fwd_core(m, &o, p, &w, x, w.dres, B, T, seg);
 
 	// MLP projection: dy in dt; dW from gel, then dgel overwrites gel
 	const void *dyc = st_mop_cast(&o, w.dcast, dy, NC);
@@ -367,7 +369,7 @@ static void gpt2_block_bwd(const struct st_model *m, int u, int B, int T, const 
 	// attention; dqkv reuses gel (4NC >= 3NC)
 	void *dqkv = w.gel;
 	st_compute_zero(c, dqkv, st_mop_bytes(&o, 3 * NC));
-	st_mop_attention_bwd(&o, dqkv, datty, w.qkv, w.atty, w.lse, B, T, C, NH);
+	st_mop_attention_bwd(&o, dqkv, datty, w.qkv, w.atty, w.lse, seg, B, T, C, NH);
 	st_compute_zero(c, w.dln, st_mop_bytes(&o, NC));
 	st_mop_mm_bwd(&o, ST_OP_MATMUL_BWD, w.dln, g[BT_ATTN_W], g[BT_ATTN_B], dqkv, w.ln1,
 		      p[BT_ATTN_W], N, C, 3 * C);

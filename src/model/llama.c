@@ -310,7 +310,8 @@ static void layer_out(const struct st_model *m, const struct st_mop *o, const vo
 /* The layer's forward up to the MLP activation, shared by fwd and bwd;
  * oproj is (N,C) fp32 scratch for the attention's projection. */
 static void layer_fwd_core(const struct st_model *m, const struct st_mop *o, const void **p,
-			   const struct layer_work *w, const float *x, float *oproj, int B, int T)
+			   const struct layer_work *w, const float *x, float *oproj, int B, int T,
+			   const int32_t *seg)
 {
 	const struct st_model_config *cfg = st_model_config(m);
 	const struct st_dims d = st_dims_of(cfg);
@@ -319,11 +320,12 @@ static void layer_fwd_core(const struct st_model *m, const struct st_mop *o, con
 	layer_qkv(m, o, p, w, x, B * T);
 	st_mop_rope(o, false, w->q, B, T, d.H, d.hd, d.Q, &r);
 	st_mop_rope(o, false, w->k, B, T, d.K, d.hd, d.KV, &r);
-	st_mop_gqa_fwd(o, w->att, w->lse, w->q, w->k, w->v, B, T, d.H, d.K, d.hd);
+	st_mop_gqa_fwd(o, w->att, w->lse, w->q, w->k, w->v, seg, B, T, d.H, d.K, d.hd);
 	layer_after_att(m, o, p, w, x, oproj, B * T);
 }
 
-static void llama_block_fwd(const struct st_model *m, int u, int B, int T, const void *params,
+static void llama_block_fwd(const struct st_model *m, int u, int B, int T, const int32_t *seg,
+			    const void *params,
 			    const float *x, float *y, struct st_carver *sv, struct st_carver *sc)
 {
 	const struct st_mop o = st_mop_of(m);
@@ -332,7 +334,7 @@ static void llama_block_fwd(const struct st_model *m, int u, int B, int T, const
 
 	layer_carve(m, B, T, sv, sc, &w);
 	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
-	layer_fwd_core(m, &o, p, &w, x, y, B, T);
+	layer_fwd_core(m, &o, p, &w, x, y, B, T, seg);
 	layer_out(m, &o, p, &w, y, B * T);
 }
 
@@ -368,7 +370,7 @@ static int llama_block_decode(const struct st_model *m, int u, int pos, int n,
 /* The attention's backward: from datt (N,Q) dt to dn (N,C) dt, the input
  * norm's output gradient, through the rotations undone on dq and dk. */
 static void layer_bwd_attn(const struct st_model *m, const struct st_mop *o, const void **p,
-			   float **g, const struct layer_work *w, int B, int T)
+			   float **g, const struct layer_work *w, int B, int T, const int32_t *seg)
 {
 	struct st_compute *c = o->c;
 	const struct st_model_config *cfg = st_model_config(m);
@@ -380,8 +382,8 @@ static void layer_bwd_attn(const struct st_model *m, const struct st_mop *o, con
 	st_compute_zero(c, w->dq, st_mop_bytes(o, (size_t)N * d.Q));
 	st_compute_zero(c, w->dk, st_mop_bytes(o, (size_t)N * d.KV));
 	st_compute_zero(c, w->dv, st_mop_bytes(o, (size_t)N * d.KV));
-	st_mop_gqa_bwd(o, w->dq, w->dk, w->dv, w->datt, w->q, w->k, w->v, w->att, w->lse, B, T,
-		       d.H, d.K, d.hd);
+	st_mop_gqa_bwd(o, w->dq, w->dk, w->dv, w->datt, w->q, w->k, w->v, w->att, w->lse, seg, B,
+		       T, d.H, d.K, d.hd);
 	st_mop_rope(o, true, w->dq, B, T, d.H, d.hd, d.Q, &r);
 	st_mop_rope(o, true, w->dk, B, T, d.K, d.hd, d.KV, &r);
 	// q, k, v projections into dn
@@ -393,7 +395,8 @@ static void layer_bwd_attn(const struct st_model *m, const struct st_mop *o, con
 		      d.KV);
 }
 
-static void llama_block_bwd(const struct st_model *m, int u, int B, int T, const void *params,
+static void llama_block_bwd(const struct st_model *m, int u, int B, int T, const int32_t *seg,
+			    const void *params,
 			    const float *x, const float *dy, float *dx, float *grad,
 			    struct st_carver *sv, struct st_carver *sc, bool kept)
 {
@@ -411,7 +414,7 @@ static void llama_block_bwd(const struct st_model *m, int u, int B, int T, const
 	layer_views(m, u, params, st_dtype_elem_bytes(o.dt), p);
 	layer_views(m, u, grad, sizeof(float), (const void **)g);
 	if (!kept)
-		layer_fwd_core(m, &o, p, &w, x, w.dh, B, T);
+		layer_fwd_core(m, &o, p, &w, x, w.dh, B, T, seg);
 
 	// MLP: dy in dt; down_proj's dW from act, then dact overwrites act
 	const void *dyc = st_mop_cast(&o, w.dcast, dy, NC);
@@ -431,7 +434,7 @@ static void llama_block_bwd(const struct st_model *m, int u, int B, int T, const
 	const void *dhc = st_mop_cast(&o, w.dcast, w.dh, NC);
 	st_compute_zero(c, w.datt, st_mop_bytes(&o, (size_t)N * d.Q));
 	st_mop_mm_bwd(&o, lin, w.datt, g[LT_O_W], NULL, dhc, w.att, p[LT_O_W], N, d.Q, d.C);
-	layer_bwd_attn(m, &o, p, g, &w, B, T);
+	layer_bwd_attn(m, &o, p, g, &w, B, T, seg);
 	// residual 1: dx = dh + the input norm's input gradient
 	st_compute_copy(c, dx, w.dh, sizeof(float) * NC);
 	st_mop_rmsnorm_bwd(&o, dx, g[LT_IN_NORM], w.dn, o.dt, x, p[LT_IN_NORM], w.rstd1, N, d.C);

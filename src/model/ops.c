@@ -168,39 +168,42 @@ void st_mop_gelu_bwd(const struct st_mop *o, void *dinp, const void *inp, const 
 }
 
 void st_mop_attention_fwd(const struct st_mop *o, void *out, float *lse, const void *qkv,
-			  int B, int T, int C, int NH)
+			  const int32_t *seg, int B, int T, int C, int NH)
 {
 	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
 			    .t = { st_tensor_3d(out, o->dt, B, T, C),
 				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
-				   st_tensor_3d(qkv, o->dt, B, T, 3 * (int64_t)C) },
+				   st_tensor_3d(qkv, o->dt, B, T, 3 * (int64_t)C),
+				   st_tensor_2d(seg, ST_DTYPE_I32, B, T) },
 			    .i = { B, T, C, NH } };
 
 	run(o, &op);
 }
 
 void st_mop_attention_bwd(const struct st_mop *o, void *dqkv, const void *dout,
-			  const void *qkv, const void *out, const float *lse, int B, int T, int C,
-			  int NH)
+			  const void *qkv, const void *out, const float *lse, const int32_t *seg,
+			  int B, int T, int C, int NH)
 {
 	struct st_op op = { .kind = ST_OP_ATTENTION_BWD,
 			    .t = { st_tensor_3d(dqkv, o->dt, B, T, 3 * (int64_t)C),
 				   st_tensor_3d(dout, o->dt, B, T, C),
 				   st_tensor_3d(qkv, o->dt, B, T, 3 * (int64_t)C),
 				   st_tensor_3d(out, o->dt, B, T, C),
-				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T) },
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
+				   st_tensor_2d(seg, ST_DTYPE_I32, B, T) },
 			    .i = { B, T, C, NH } };
 
 	run(o, &op);
 }
 
 void st_mop_gqa_fwd(const struct st_mop *o, void *out, float *lse, const void *q,
-		    const void *k, const void *v, int B, int T, int NH, int NKV, int hd)
+		    const void *k, const void *v, const int32_t *seg, int B, int T, int NH, int NKV,
+		    int hd)
 {
 	size_t NQ = (size_t)B * T * NH * hd, NK = (size_t)B * T * NKV * hd;
 	struct st_op op = { .kind = ST_OP_GQA_ATTENTION_FWD,
 			    .t = { TD(o, out, NQ), TF(lse, (size_t)B * NH * T), TD(o, q, NQ),
-				   TD(o, k, NK), TD(o, v, NK) },
+				   TD(o, k, NK), TD(o, v, NK), st_tensor_2d(seg, ST_DTYPE_I32, B, T) },
 			    .i = { B, T, NH, NKV, hd } };
 
 	run(o, &op);
@@ -208,13 +211,13 @@ void st_mop_gqa_fwd(const struct st_mop *o, void *out, float *lse, const void *q
 
 void st_mop_gqa_bwd(const struct st_mop *o, void *dq, void *dk, void *dv, const void *dout,
 		    const void *q, const void *k, const void *v, const void *out,
-		    const float *lse, int B, int T, int NH, int NKV, int hd)
+		    const float *lse, const int32_t *seg, int B, int T, int NH, int NKV, int hd)
 {
 	size_t NQ = (size_t)B * T * NH * hd, NK = (size_t)B * T * NKV * hd;
 	struct st_op op = { .kind = ST_OP_GQA_ATTENTION_BWD,
 			    .t = { TD(o, dq, NQ), TD(o, dk, NK), TD(o, dv, NK), TD(o, dout, NQ),
 				   TD(o, q, NQ), TD(o, k, NK), TD(o, v, NK), TD(o, out, NQ),
-				   TF(lse, (size_t)B * NH * T) },
+				   TF(lse, (size_t)B * NH * T), st_tensor_2d(seg, ST_DTYPE_I32, B, T) },
 			    .i = { B, T, NH, NKV, hd } };
 
 	run(o, &op);

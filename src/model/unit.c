@@ -75,7 +75,7 @@ int st_unit_fwd_save(const struct st_model *m, int u, const struct st_model_batc
 		return st_compute_take_error(c);
 	case ST_UNIT_BLOCK:
 		assert(x && y);
-		body->block_fwd(m, u, batch->B, batch->T, params, x, y, saved ? &cs : &cv, &cv);
+		body->block_fwd(m, u, batch->B, batch->T, batch->seg, params, x, y, saved ? &cs : &cv, &cv);
 		return st_compute_take_error(c);
 	case ST_UNIT_HEAD: {
 		assert(x && loss);
@@ -105,7 +105,7 @@ int st_unit_bwd_saved(const struct st_model *m, int u, const struct st_model_bat
 		return st_compute_take_error(c);
 	case ST_UNIT_BLOCK:
 		assert(x && dy && dx);
-		body->block_bwd(m, u, batch->B, batch->T, params, x, dy, dx, grad,
+		body->block_bwd(m, u, batch->B, batch->T, batch->seg, params, x, dy, dx, grad,
 				saved ? &cs : &cv, &cv, saved != NULL);
 		return st_compute_take_error(c);
 	case ST_UNIT_HEAD: {

@@ -99,6 +99,7 @@ void st_engine_destroy(struct st_engine *e)
 		free(e->batch.tokens_buf[0]);
 	free(e->batch.tokens_buf);
 	free(e->batch.targets_buf);
+	free(e->batch.seg_buf);
 	free(e->batch.ev_copied);
 	for (int k = 0; k < 2; k++)
 		free(e->q8_scale[k]); /* the arrays are the host tier's */
@@ -449,6 +450,7 @@ static int setup_pools(struct st_engine *e)
 	}
 	e->batch.tokens = vpool(e, ST_POOL_TOKENS, -1, 0);
 	e->batch.targets = vpool(e, ST_POOL_TARGETS, -1, 0);
+	e->batch.seg = e->cfg.train.isolate ? vpool(e, ST_POOL_SEG, -1, 0) : NULL;
 	/* their host side pinned where the device pins (st_engine_destroy()
 	 * unpins), as the host tier's memory: the copies are queued and not
 	 * waited for (engine_step.c) */
@@ -533,6 +535,7 @@ static int plan_of(struct st_engine *e)
 		.schedule = cfg->schedule,
 		.update = cfg->update,
 		.optim_state = cfg->optim_state,
+		.seg = c->isolate,
 		.forward_only = cfg->forward_only,
 	};
 
@@ -583,12 +586,16 @@ static int setup_units(struct st_engine *e)
 	 * per micro-batch layer-first (at least two) */
 	e->layer_first = e->plan.schedule == ST_SCHEDULE_LAYER_FIRST;
 	e->batch.n_pairs = e->layer_first ? ST_MAX(2, c->grad_accum) : 2;
-	e->batch.host_bytes = st_align_up(2 * (size_t)e->batch.n_pairs * c->batch * c->seq *
-					  sizeof(int32_t), ST_PAGE_BYTES);
+	/* --packing isolated: each pair's seg after all the pairs */
+	e->batch.host_bytes = st_align_up((c->isolate ? 3 : 2) * (size_t)e->batch.n_pairs *
+						  c->batch * c->seq * sizeof(int32_t),
+					  ST_PAGE_BYTES);
 	e->batch.tokens_buf = calloc((size_t)e->batch.n_pairs, sizeof(int32_t *));
 	e->batch.targets_buf = calloc((size_t)e->batch.n_pairs, sizeof(int32_t *));
+	e->batch.seg_buf = calloc((size_t)e->batch.n_pairs, sizeof(int32_t *));
 	e->batch.ev_copied = calloc((size_t)e->batch.n_pairs, sizeof(struct st_event *));
-	if (!e->batch.tokens_buf || !e->batch.targets_buf || !e->batch.ev_copied)
+	if (!e->batch.tokens_buf || !e->batch.targets_buf || !e->batch.seg_buf ||
+	    !e->batch.ev_copied)
 		return -ENOMEM;
 	if (posix_memalign((void **)&e->batch.tokens_buf[0], ST_PAGE_BYTES, e->batch.host_bytes))
 		e->batch.tokens_buf[0] = NULL;
@@ -599,9 +606,13 @@ static int setup_units(struct st_engine *e)
 	for (int i = 0; i < e->batch.n_pairs; i++) {
 		e->batch.tokens_buf[i] = e->batch.tokens_buf[0] + (size_t)2 * i * c->batch * c->seq;
 		e->batch.targets_buf[i] = e->batch.tokens_buf[i] + (size_t)c->batch * c->seq;
+		e->batch.seg_buf[i] = !c->isolate ? NULL
+			: e->batch.tokens_buf[0] + (size_t)(2 * e->batch.n_pairs + i) * c->batch *
+							   c->seq;
 	}
 	e->batch.tokens_host = e->batch.tokens_buf[0];
 	e->batch.targets_host = e->batch.targets_buf[0];
+	e->batch.seg_host = e->batch.seg_buf[0];
 	e->host_waits = getenv("ST_HOST_WAITS") && strcmp(getenv("ST_HOST_WAITS"), "1") == 0;
 	for (int u = 0; u < e->n_units; u++) {
 		e->unit_elems[u] = st_model_unit_layout(e->model, u)->elems;

@@ -327,6 +327,9 @@ struct batch_state {
 	/* n_pairs host pairs: two batch-first (in turn), N layer-first
 	 * (micro-batch a in pair a, all drawn at the step's start) */
 	int32_t **tokens_buf, **targets_buf;
+	/* --packing isolated: the attention's segment starts, beside each
+	 * pair (in vram as tokens; host: after the pairs); NULL otherwise */
+	int32_t *seg, *seg_host, **seg_buf;
 	struct st_event **ev_copied;
 	int n_pairs;
 	size_t host_bytes;

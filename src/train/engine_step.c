@@ -82,7 +82,8 @@ static struct st_model_batch batch_of(const struct st_engine *e)
 						: 1.0f / (float)(c->grad_accum * e->world),
 					.count = e->batch.masked ? ST_MAX(e->batch.count, 1) : 0,
 					.host_tokens = e->batch.tokens_host,
-					.host_targets = e->batch.targets_host };
+					.host_targets = e->batch.targets_host,
+					.seg = e->batch.seg };
 }
 
 /* Layer-first: micro-batch a's batch (its tokens at a * B*T in vram, its
@@ -96,6 +97,7 @@ static struct st_model_batch batch_mb(const struct st_engine *e, int a)
 	b.targets = e->batch.targets + (size_t)a * n;
 	b.host_tokens = e->batch.tokens_buf[a];
 	b.host_targets = e->batch.targets_buf[a];
+	b.seg = e->batch.seg ? e->batch.seg + (size_t)a * n : NULL;
 	return b;
 }
 
@@ -129,21 +131,27 @@ static int begin_micro_batch(struct st_engine *e, struct st_loader *ld, int w_re
 		return ret;
 	e->batch.tokens_host = e->batch.tokens_buf[i];
 	e->batch.targets_host = e->batch.targets_buf[i];
+	e->batch.seg_host = e->batch.seg_buf[i];
 	if (first)
 		step_count(e, ld);
 	/* rank r takes micro-batch r of each group of N: N ranks read what
 	 * one reads at N times the micro-batches, in the same order */
 	for (int q = 0; q < e->world; q++)
 		if (q == e->rank)
-			st_loader_next(ld, e->batch.tokens_host, e->batch.targets_host);
+			st_loader_next_seg(ld, e->batch.tokens_host, e->batch.targets_host,
+					   e->batch.seg_host);
 		else
 			st_loader_skip(ld);
 	if (e->host_waits) {
 		st_compute_from_host(e->cx, e->batch.tokens, e->batch.tokens_host, bytes);
 		st_compute_from_host(e->cx, e->batch.targets, e->batch.targets_host, bytes);
+		if (e->batch.seg)
+			st_compute_from_host(e->cx, e->batch.seg, e->batch.seg_host, bytes);
 	} else {
 		st_compute_from_host_async(e->cx, e->batch.tokens, e->batch.tokens_host, bytes);
 		st_compute_from_host_async(e->cx, e->batch.targets, e->batch.targets_host, bytes);
+		if (e->batch.seg)
+			st_compute_from_host_async(e->cx, e->batch.seg, e->batch.seg_host, bytes);
 	}
 	st_compute_record(e->cx, e->batch.ev_copied[i]);
 	st_eng_host_wait(e, "tokens h2d", t0);
@@ -322,7 +330,8 @@ static int lf_begin(struct st_engine *e, struct st_loader *ld, int w_ready)
 			break;
 		for (int q = 0; q < e->world; q++)
 			if (q == e->rank)
-				st_loader_next(ld, e->batch.tokens_buf[a], e->batch.targets_buf[a]);
+				st_loader_next_seg(ld, e->batch.tokens_buf[a], e->batch.targets_buf[a],
+						   e->batch.seg_buf[a]);
 			else
 				st_loader_skip(ld);
 		if (e->host_waits) {
@@ -330,11 +339,17 @@ static int lf_begin(struct st_engine *e, struct st_loader *ld, int w_ready)
 					     bytes);
 			st_compute_from_host(e->cx, e->batch.targets + a * n,
 					     e->batch.targets_buf[a], bytes);
+			if (e->batch.seg)
+				st_compute_from_host(e->cx, e->batch.seg + a * n,
+						     e->batch.seg_buf[a], bytes);
 		} else {
 			st_compute_from_host_async(e->cx, e->batch.tokens + a * n,
 						   e->batch.tokens_buf[a], bytes);
 			st_compute_from_host_async(e->cx, e->batch.targets + a * n,
 						   e->batch.targets_buf[a], bytes);
+			if (e->batch.seg)
+				st_compute_from_host_async(e->cx, e->batch.seg + a * n,
+							   e->batch.seg_buf[a], bytes);
 		}
 		st_compute_record(e->cx, e->batch.ev_copied[a]);
 	}

@@ -151,6 +151,8 @@ static char *config_json(const struct st_run_config *rc)
 	json_object_object_add(o, "shuffle", json_object_new_boolean(rc->shuffle));
 	if (rc->samples == ST_SAMPLES_DOCUMENTS) /* absent: windows, as before it existed */
 		json_object_object_add(o, "samples", json_object_new_string("documents"));
+	if (c->isolate) /* absent: packed, as before it existed */
+		json_object_object_add(o, "packing", json_object_new_string("isolated"));
 	/* how it computed: not compared at resume (a run may go on in
 	 * another precision), and absent at fp32 as before it existed */
 	if (ec->compute_dtype != ST_PRECISION_FP32)
@@ -182,7 +184,7 @@ static int check_resume_config(const char *saved, const char *now)
 {
 	static const char *keys[] = { "model", "batch", "seq", "grad_accum", "lr", "schedule",
 				      "warmup", "wd", "beta1", "beta2", "eps", "clip", "seed",
-				      "precision", "shuffle", "samples" };
+				      "precision", "shuffle", "samples", "packing" };
 	json_object *a = saved ? json_tokener_parse(saved) : NULL, *b = json_tokener_parse(now);
 	int ret = 0;
 

@@ -32,6 +32,7 @@ struct st_trainer {
 	void *work;
 	size_t work_bytes;
 	int32_t *tokens, *targets; /* (B,T) */
+	int32_t *seg;              /* (B,T): --packing isolated's, else NULL */
 	float *losses;             /* (B,T): the head's per-target losses */
 };
 
@@ -136,6 +137,7 @@ void st_trainer_destroy(struct st_trainer *t)
 	free(t->work);
 	free(t->tokens);
 	free(t->targets);
+	free(t->seg);
 	free(t->losses);
 	st_model_destroy(t->model);
 	free(t);
@@ -197,6 +199,8 @@ int st_trainer_create(const struct st_train_config *cfg, struct st_trainer **out
 	t->work = xcalloc(t->work_bytes, 1, &err);
 	t->tokens = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
 	t->targets = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
+	if (cfg->isolate)
+		t->seg = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(int32_t), &err);
 	t->losses = xcalloc((size_t)cfg->batch * cfg->seq, sizeof(float), &err);
 	if (err) {
 		st_trainer_destroy(t);
@@ -308,11 +312,11 @@ static int micro_step(struct st_trainer *t, struct st_loader *ld, float loss_sca
 {
 	struct st_model_batch b = { .B = t->cfg.batch, .T = t->cfg.seq, .tokens = t->tokens,
 				    .targets = t->targets, .loss_scale = loss_scale,
-				    .losses = t->losses, .count = count };
+				    .losses = t->losses, .count = count, .seg = t->seg };
 	int H = t->U - 1, ret;
 	float l = 0, *dy = NULL, *dx = t->dA;
 
-	st_loader_next(ld, t->tokens, t->targets);
+	st_loader_next_seg(ld, t->tokens, t->targets, t->seg);
 	ret = forward_body(t, &b);
 	/* Backward from the last unit, whose backward computes its forward
 	 * (and the loss) itself; each unit's dx is the previous one's dy. */

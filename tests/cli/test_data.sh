@@ -199,6 +199,38 @@ quiet_refusals=0 # train prints its plan before it reads the checkpoint
 check "--resume with --samples windows is refused" 2 "$strata" train "${model[@]}" \
 	--data "$work/docs.bin" --samples windows --steps 250 --resume "$(ls -d "$work"/dall/step-*120)"
 
+# ---- --packing isolated ---------------------------------------------------
+# documents of 13 tokens, rows of 32: two whole ones a row, so that
+# isolating them changes the numbers; saved in trainer.json, kept by a
+# --resume that does not name it, and a resume that changes it refused
+quiet_refusals=1
+shard "$work/docs13.bin" 0 3000 0 spans 13
+iso=("${model[@]}" --seq 32 --data "$work/docs13.bin" --log-every 1)
+check "--packing isolated without --samples documents is refused" 2 "$strata" train \
+	"${iso[@]}" --packing isolated
+check "--packing bogus is refused" 2 "$strata" train "${iso[@]}" --samples documents \
+	--packing bogus
+check "train --samples documents --packing isolated, 20 steps" 0 "$strata" train "${iso[@]}" \
+	--samples documents --packing isolated --steps 20 --save "$work/iso" --save-every 10
+check "train --samples documents (packed, the default), 20 steps" 0 "$strata" train \
+	"${iso[@]}" --samples documents --steps 20 --save "$work/pk"
+if [ "$(sha "$work/iso/latest/model.safetensors")" != "$(sha "$work/pk/latest/model.safetensors")" ]; then
+	echo "ok   isolated documents train otherwise than packed ones"
+else
+	echo "FAIL --packing isolated: the same weights as packed"; fail=1
+fi
+grep -q '"packing": *"isolated"' "$work/iso/latest/trainer.json" ||
+	{ echo "FAIL: trainer.json does not say packing isolated"; fail=1; }
+grep -q '"packing"' "$work/pk/latest/trainer.json" &&
+	{ echo "FAIL: a packed run's trainer.json names packing (it was absent before)"; fail=1; }
+check "--resume without --samples and --packing: the saved isolated" 0 "$strata" train \
+	"${iso[@]}" --steps 20 --save "$work/iso2" --resume "$(ls -d "$work"/iso/step-*10)"
+[ "$(sha "$work/iso/latest/model.safetensors")" = "$(sha "$work/iso2/latest/model.safetensors")" ] ||
+	{ echo "FAIL --resume without --packing: differs from the isolated run"; fail=1; }
+quiet_refusals=0
+check "--resume with --packing packed is refused" 2 "$strata" train "${iso[@]}" \
+	--packing packed --steps 20 --resume "$(ls -d "$work"/iso/step-*10)"
+grep -q "packing" "$work/err" || { echo "FAIL: the refusal does not name packing"; fail=1; }
 
 # ---- eval through the engine = the reference trainer --------------------
 check "train a LLaMA" 0 "$strata" train --model llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=32 \

@@ -9,7 +9,9 @@
 # over 2) with Qwen2's q/k/v biases, a tied head and llama3 rope scaling,
 # with every state on nvme; MQA with head_dim != dim/heads, an untied head
 # and linear rope scaling; then a LLaMA on a shard with a loss mask, two
-# micro-batches a step, against labels -100 (tools/torch-ref check --mask).
+# micro-batches a step, against labels -100 (tools/torch-ref check --mask);
+# last GPT-2 and a LLaMA on short documents packed in rows with attention
+# kept within each, against a block-diagonal causal mask (--packing).
 # Exits 77 (skipped) where python3 has no PyTorch.
 set -u
 ref=$1 strata=$2 work=$3
@@ -30,4 +32,14 @@ echo
 # a loss mask (docs/finetune.md): labels -100 where the shard's mask is 0,
 # the loss the mean over the step's counted targets of 2 micro-batches
 "$ref" check --strata "$strata" --work "$work" --threads 1 --mask \
+	--model llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,tied=0
+rc=$?
+[ $rc = 0 ] || exit $rc
+echo
+# packed documents kept apart (strata train --samples documents --packing
+# isolated): a block-diagonal causal mask over the same rows, GPT-2 and
+# LLaMA, fp32 (tools/torch-ref check --packing)
+"$ref" check --strata "$strata" --work "$work" --threads 1 --packing || exit $?
+echo
+"$ref" check --strata "$strata" --work "$work" --threads 1 --packing \
 	--model llama:layers=2,dim=64,heads=4,kv-heads=2,ffn=96,vocab=256,ctx=64,tied=0

@@ -58,6 +58,11 @@ static inline int min(int a, int b)
 	return a < b ? a : b;
 }
 
+static inline int max(int a, int b)
+{
+	return a > b ? a : b;
+}
+
 static inline unsigned __float_as_uint(float f)
 {
 	unsigned u;

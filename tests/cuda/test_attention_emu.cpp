@@ -124,7 +124,27 @@ static int expect_close(const char *shape, const char *what, const std::vector<f
 	return emu_expect_close(label, got, ref, tol);
 }
 
-static int check_shape(int B, int T, int C, int NH)
+/* Packed documents: seg (B,T), each row documents of 1 to 40 positions,
+ * s(t) where t's starts; empty: causal (seg NULL). */
+static std::vector<int32_t> make_seg(int B, int T, bool packed)
+{
+	std::vector<int32_t> seg;
+
+	if (!packed)
+		return seg;
+	seg.resize((size_t)B * T);
+	for (int b = 0; b < B; b++)
+		for (int t = 0, s = 0, left = 0; t < T; t++, left--) {
+			if (left <= 0) {
+				s = t;
+				left = 1 + (int)rng_uniform(0.0f, 40.0f);
+			}
+			seg[(size_t)b * T + t] = s;
+		}
+	return seg;
+}
+
+static int check_shape(int B, int T, int C, int NH, bool packed = false)
 {
 	const int hs = C / NH;
 	const float scale = 1.0f / sqrtf((float)hs); /* as attention.cu */
@@ -136,7 +156,9 @@ static int check_shape(int B, int T, int C, int NH)
 	char shape[64];
 	int fails = 0;
 
-	snprintf(shape, sizeof(shape), "(%d,%d,%d,%d)", B, T, C, NH);
+	snprintf(shape, sizeof(shape), "(%d,%d,%d,%d)%s", B, T, C, NH, packed ? " seg" : "");
+	const std::vector<int32_t> segv = make_seg(B, T, packed);
+	const int32_t *seg = packed ? segv.data() : nullptr;
 	for (auto &x : qkv)
 		x = rng_uniform(-2.0f, 2.0f);
 	for (auto &x : dout)
@@ -144,11 +166,11 @@ static int check_shape(int B, int T, int C, int NH)
 	for (auto &x : dqkv0) /* the backward accumulates into what is there */
 		x = rng_uniform(-1.0f, 1.0f);
 
-	st_cpu_attention_fwd(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+	st_cpu_attention_fwd_seg(out.data(), lse.data(), qkv.data(), B, T, C, NH, seg);
 	const int overrun0 = emu_smem_overrun;
 	att_launch(att_fwd_kernel, att_grid(B, NH, T), att_fwd_smem_bytes(hs),
 		   emu_out.data(), emu_lse.data(), (const float *)qkv.data(), T, C, NH, hs,
-		   scale);
+		   scale, (const int *)seg);
 	fails += expect_close(shape, "out", emu_out, out, 1e-5);
 	fails += expect_close(shape, "lse", emu_lse, lse, 1e-5);
 
@@ -156,16 +178,18 @@ static int check_shape(int B, int T, int C, int NH)
 	// backward is checked on its own.
 	dqkv = dqkv0;
 	emu_dqkv = dqkv0;
-	st_cpu_attention_bwd(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T,
-			     C, NH);
+	st_cpu_attention_bwd_seg(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B,
+				 T, C, NH, seg);
 	const dim3 grid = att_grid(B, NH, T);
 	const size_t bwd_bytes = att_bwd_smem_bytes(hs);
 	att_launch(att_bwd_dkv_kernel, grid, bwd_bytes, emu_dqkv.data(),
 		   (const float *)dout.data(), (const float *)qkv.data(),
-		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale);
+		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale,
+		   (const int *)seg);
 	att_launch(att_bwd_dq_kernel, grid, bwd_bytes, emu_dqkv.data(),
 		   (const float *)dout.data(), (const float *)qkv.data(),
-		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale);
+		   (const float *)out.data(), (const float *)lse.data(), T, C, NH, hs, scale,
+		   (const int *)seg);
 	fails += expect_close(shape, "dqkv", emu_dqkv, dqkv, 1e-5);
 	if (emu_smem_overrun != overrun0) {
 		fprintf(stderr, "FAIL %s smem: a kernel wrote past its shared memory\n", shape);
@@ -175,7 +199,7 @@ static int check_shape(int B, int T, int C, int NH)
 }
 
 /* Grouped-query attention: q (B,T,NH*hs), k and v (B,T,NKV*hs). */
-static int check_gqa(int B, int T, int NH, int NKV, int hs)
+static int check_gqa(int B, int T, int NH, int NKV, int hs, bool packed = false)
 {
 	const float scale = 1.0f / sqrtf((float)hs); /* as attention.cu */
 	const size_t nq = (size_t)B * T * NH * hs, nk = (size_t)B * T * NKV * hs;
@@ -185,18 +209,21 @@ static int check_gqa(int B, int T, int NH, int NKV, int hs)
 	char shape[64];
 	int fails = 0;
 
-	snprintf(shape, sizeof(shape), "gqa (%d,%d,%d/%d,%d)", B, T, NH, NKV, hs);
+	snprintf(shape, sizeof(shape), "gqa (%d,%d,%d/%d,%d)%s", B, T, NH, NKV, hs,
+		 packed ? " seg" : "");
+	const std::vector<int32_t> segv = make_seg(B, T, packed);
+	const int32_t *seg = packed ? segv.data() : nullptr;
 	for (auto *vec : { &q, &k, &v })
 		for (auto &x : *vec)
 			x = rng_uniform(-2.0f, 2.0f);
 	for (auto &x : dout)
 		x = rng_uniform(-1.0f, 1.0f);
-	st_cpu_gqa_attention_fwd(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, NH,
-				 NKV, hs);
+	st_cpu_gqa_attention_fwd_seg(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T,
+				     NH, NKV, hs, seg);
 	const int overrun0 = emu_smem_overrun;
 	att_launch(gqa_fwd_kernel, att_grid(B, NH, T), att_fwd_smem_bytes(hs), emu_out.data(),
 		   emu_lse.data(), (const float *)q.data(), (const float *)k.data(),
-		   (const float *)v.data(), T, NH, NKV, hs, scale);
+		   (const float *)v.data(), T, NH, NKV, hs, scale, (const int *)seg);
 	fails += expect_close(shape, "out", emu_out, out, 1e-5);
 	fails += expect_close(shape, "lse", emu_lse, lse, 1e-5);
 
@@ -205,17 +232,18 @@ static int check_gqa(int B, int T, int NH, int NKV, int hs)
 		for (auto &x : *vec)
 			x = rng_uniform(-1.0f, 1.0f);
 	auto edq = dq, edk = dk, edv = dv;
-	st_cpu_gqa_attention_bwd(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
-				 v.data(), out.data(), lse.data(), B, T, NH, NKV, hs);
+	st_cpu_gqa_attention_bwd_seg(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+				     k.data(), v.data(), out.data(), lse.data(), B, T, NH, NKV, hs,
+				     seg);
 	const size_t bwd_bytes = att_bwd_smem_bytes(hs);
 	att_launch(gqa_bwd_dkv_kernel, gqa_kv_grid(B, NKV, T), bwd_bytes, edk.data(), edv.data(),
 		   (const float *)dout.data(), (const float *)q.data(), (const float *)k.data(),
 		   (const float *)v.data(), (const float *)out.data(), (const float *)lse.data(),
-		   T, NH, NKV, hs, scale);
+		   T, NH, NKV, hs, scale, (const int *)seg);
 	att_launch(gqa_bwd_dq_kernel, att_grid(B, NH, T), bwd_bytes, edq.data(),
 		   (const float *)dout.data(), (const float *)q.data(), (const float *)k.data(),
 		   (const float *)v.data(), (const float *)out.data(), (const float *)lse.data(),
-		   T, NH, NKV, hs, scale);
+		   T, NH, NKV, hs, scale, (const int *)seg);
 	fails += expect_close(shape, "dq", edq, dq, 1e-5);
 	fails += expect_close(shape, "dk", edk, dk, 1e-5);
 	fails += expect_close(shape, "dv", edv, dv, 1e-5);
@@ -241,5 +269,9 @@ int main(void)
 	// kv head) at hs = 64 over two tiles.
 	fails += check_gqa(2, 37, 4, 2, 16);
 	fails += check_gqa(1, 40, 3, 1, 64);
+	// packed documents (seg): rows of several, tiles that start mid-document
+	// and key tiles no query of a tile sees (skipped)
+	fails += check_shape(2, 100, 64, 2, true);
+	fails += check_gqa(2, 70, 4, 2, 16, true);
 	return fails ? 1 : 0;
 }

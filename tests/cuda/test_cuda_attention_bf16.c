@@ -56,6 +56,7 @@ static struct st_op att_op(bool gqa, bool fwd, enum st_dtype G, void *const *p, 
 		op.t[2] = t1(p[2], BF, nq);
 		op.t[3] = t1(p[3], BF, nk);
 		op.t[4] = t1(p[4], BF, nk);
+		op.t[5] = t1(NULL, ST_DTYPE_I32, (size_t)B * T);
 	} else if (gqa) {
 		op.kind = ST_OP_GQA_ATTENTION_BWD;
 		op.t[0] = t1(p[0], G, nq);
@@ -67,11 +68,13 @@ static struct st_op att_op(bool gqa, bool fwd, enum st_dtype G, void *const *p, 
 		op.t[6] = t1(p[6], BF, nk);
 		op.t[7] = t1(p[7], BF, nq);
 		op.t[8] = t1(p[8], F, nl);
+		op.t[9] = t1(NULL, ST_DTYPE_I32, (size_t)B * T);
 	} else if (fwd) {
 		op.kind = ST_OP_ATTENTION_FWD;
 		op.t[0] = t1(p[0], BF, nq);
 		op.t[1] = t1(p[1], F, nl);
 		op.t[2] = t1(p[2], BF, 3 * nq);
+		op.t[3] = t1(NULL, ST_DTYPE_I32, (size_t)B * T);
 	} else {
 		op.kind = ST_OP_ATTENTION_BWD;
 		op.t[0] = t1(p[0], G, 3 * nq);
@@ -79,6 +82,7 @@ static struct st_op att_op(bool gqa, bool fwd, enum st_dtype G, void *const *p, 
 		op.t[2] = t1(p[2], BF, 3 * nq);
 		op.t[3] = t1(p[3], BF, nq);
 		op.t[4] = t1(p[4], F, nl);
+		op.t[5] = t1(NULL, ST_DTYPE_I32, (size_t)B * T);
 	}
 	if (gqa) {
 		op.i[0] = B, op.i[1] = T, op.i[2] = NH, op.i[3] = NKV, op.i[4] = hs;
@@ -280,23 +284,23 @@ static void check(int B, int T, int NH, int NKV, int hs, bool gqa)
 /* The compute claims the bf16 signatures and refuses mixed ones. */
 static void check_supports(void)
 {
-	const enum st_dtype F = ST_DTYPE_F32, BF = ST_DTYPE_BF16;
+	const enum st_dtype F = ST_DTYPE_F32, BF = ST_DTYPE_BF16, I = ST_DTYPE_I32;
 	static const struct {
 		enum st_op_kind kind;
-		enum st_dtype dt[9];
+		enum st_dtype dt[10];
 		bool want;
 	} rows[] = {
-		{ ST_OP_ATTENTION_FWD, { BF, F, BF }, true },
-		{ ST_OP_ATTENTION_FWD, { F, F, BF }, false },
-		{ ST_OP_ATTENTION_FWD, { BF, BF, BF }, false },
-		{ ST_OP_ATTENTION_BWD, { F, BF, BF, BF, F }, true },
-		{ ST_OP_ATTENTION_BWD, { BF, BF, BF, BF, F }, true },
-		{ ST_OP_ATTENTION_BWD, { F, F, BF, BF, F }, false },
-		{ ST_OP_GQA_ATTENTION_FWD, { BF, F, BF, BF, BF }, true },
-		{ ST_OP_GQA_ATTENTION_FWD, { BF, F, BF, F, BF }, false },
-		{ ST_OP_GQA_ATTENTION_BWD, { F, F, F, BF, BF, BF, BF, BF, F }, true },
-		{ ST_OP_GQA_ATTENTION_BWD, { BF, BF, BF, BF, BF, BF, BF, BF, F }, true },
-		{ ST_OP_GQA_ATTENTION_BWD, { BF, F, BF, BF, BF, BF, BF, BF, F }, false },
+		{ ST_OP_ATTENTION_FWD, { BF, F, BF, I }, true },
+		{ ST_OP_ATTENTION_FWD, { F, F, BF, I }, false },
+		{ ST_OP_ATTENTION_FWD, { BF, BF, BF, I }, false },
+		{ ST_OP_ATTENTION_BWD, { F, BF, BF, BF, F, I }, true },
+		{ ST_OP_ATTENTION_BWD, { BF, BF, BF, BF, F, I }, true },
+		{ ST_OP_ATTENTION_BWD, { F, F, BF, BF, F, I }, false },
+		{ ST_OP_GQA_ATTENTION_FWD, { BF, F, BF, BF, BF, I }, true },
+		{ ST_OP_GQA_ATTENTION_FWD, { BF, F, BF, F, BF, I }, false },
+		{ ST_OP_GQA_ATTENTION_BWD, { F, F, F, BF, BF, BF, BF, BF, F, I }, true },
+		{ ST_OP_GQA_ATTENTION_BWD, { BF, BF, BF, BF, BF, BF, BF, BF, F, I }, true },
+		{ ST_OP_GQA_ATTENTION_BWD, { BF, F, BF, BF, BF, BF, BF, BF, F, I }, false },
 	};
 	const int fails0 = fails;
 

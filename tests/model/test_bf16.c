@@ -547,7 +547,8 @@ static void test_attention(void **state)
 	bf16 *out2 = malloc(NC * 2);
 	float *lse2 = malloc(AB * ANH * AT * 4);
 	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
-			    .t = { TB(out2, NC), TF(lse2, AB * ANH * AT), TB(qkv, 3 * NC) },
+			    .t = { TB(out2, NC), TF(lse2, AB * ANH * AT), TB(qkv, 3 * NC),
+				   st_tensor_1d(NULL, ST_DTYPE_I32, AB * AT) },
 			    .i = { AB, AT, AC, ANH } };
 	run(&op);
 	assert_memory_equal(out, out2, NC * 2);
@@ -731,9 +732,10 @@ static void test_precision_check_shapes(void **state)
 	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
 			    .t = { st_tensor_1d(NULL, ST_DTYPE_BF16, B * T * C),
 				   st_tensor_1d(NULL, ST_DTYPE_F32, B * NH * T),
-				   st_tensor_1d(NULL, ST_DTYPE_BF16, B * T * 3 * C) },
+				   st_tensor_1d(NULL, ST_DTYPE_BF16, B * T * 3 * C),
+				   st_tensor_1d(NULL, ST_DTYPE_I32, B * T) },
 			    .i = { B, T, C, NH } };
-	enum st_dtype dt[3] = { ST_DTYPE_BF16, ST_DTYPE_F32, ST_DTYPE_BF16 };
+	enum st_dtype dt[4] = { ST_DTYPE_BF16, ST_DTYPE_F32, ST_DTYPE_BF16, ST_DTYPE_I32 };
 
 	assert_true(st_compute_supports(&heads, op.kind, dt));
 	assert_false(st_compute_supports_op(&heads, &op));

@@ -129,6 +129,41 @@ static void test_bf16_rows_direct_vs_queued(void **state)
 	}
 }
 
+/* The cpu's bf16 attention (kernels_bf16.c widens the bf16 slots) hands
+ * the seg slot through: a bf16 attention_fwd record with a seg is the fp32
+ * seg kernel on the widened qkv, its output rounded, bit for bit; and not
+ * the causal one. */
+static void test_bf16_attention_seg(void **state)
+{
+	enum { B = 2, T = 70, C = 64, NH = 2 };
+	static uint16_t qkv[B * T * 3 * C], out[B * T * C];
+	static float wq[B * T * 3 * C], wo[B * T * C], lse[B * NH * T], lse2[B * NH * T];
+	static uint16_t want[B * T * C];
+	int32_t seg[B * T];
+	(void)state;
+	case_rng = 99;
+	for (size_t i = 0; i < ST_ARRAY_LEN(qkv); i++)
+		qkv[i] = st_cpu_bf16_from_f32(case_f32(2.0f));
+	case_seg(seg, B * T, T);
+	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
+			    .t = { st_tensor_3d(out, ST_DTYPE_BF16, B, T, C),
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
+				   st_tensor_3d(qkv, ST_DTYPE_BF16, B, T, 3 * C),
+				   st_tensor_2d(seg, ST_DTYPE_I32, B, T) },
+			    .i = { B, T, C, NH } };
+	assert_true(st_compute_supports_op(st_compute_cpu(), &op));
+	st_compute_run(st_compute_cpu(), &op);
+	assert_int_equal(st_compute_take_error(st_compute_cpu()), 0);
+	st_cpu_bf16_to_f32(wq, qkv, ST_ARRAY_LEN(qkv));
+	st_cpu_attention_fwd_seg(wo, lse2, wq, B, T, C, NH, seg);
+	st_cpu_f32_to_bf16(want, wo, ST_ARRAY_LEN(want));
+	assert_memory_equal(out, want, sizeof(out));
+	assert_memory_equal(lse, lse2, sizeof(lse));
+	st_cpu_attention_fwd(wo, lse2, wq, B, T, C, NH);
+	st_cpu_f32_to_bf16(want, wo, ST_ARRAY_LEN(want));
+	assert_true(memcmp(out, want, sizeof(out)) != 0);
+}
+
 /* The bf16 rows are shapes the cuda compute runs (so tests/cuda/
  * test_cuda_bf16.c runs every one of them on a GPU): its shape rule,
  * st_compute_cuda_supports_shape(), needs no GPU. The bf16 attention at
@@ -158,6 +193,13 @@ static void test_bf16_rows_cuda_shapes(void **state)
 	assert_false(st_compute_cuda_supports_shape(&op, why, sizeof(why)));
 	assert_non_null(strstr(why, "head size 24"));
 	op.t[2].dtype = op.t[0].dtype = ST_DTYPE_F32; /* the fp32 attention: any head size */
+	assert_true(st_compute_cuda_supports_shape(&op, why, sizeof(why)));
+	/* packed documents: both the fp32 and the bf16 kernels take a seg */
+	static const int32_t seg[CB * CT];
+	op.t[3] = st_tensor_1d(seg, ST_DTYPE_I32, CB * CT);
+	assert_true(st_compute_cuda_supports_shape(&op, why, sizeof(why)));
+	op.t[2].dtype = op.t[0].dtype = ST_DTYPE_BF16;
+	op.i[2] = 4 * 64; /* head size 64 */
 	assert_true(st_compute_cuda_supports_shape(&op, why, sizeof(why)));
 	struct st_op g = { .kind = ST_OP_GQA_ATTENTION_BWD, .i = { CB, CT, QH, QKV, QD } };
 	for (int k = 0; k < 9; k++)
@@ -448,6 +490,7 @@ int main(void)
 		cmocka_unit_test(test_rows_cover_every_op),
 		cmocka_unit_test(test_direct_vs_queued),
 		cmocka_unit_test(test_bf16_rows_direct_vs_queued),
+		cmocka_unit_test(test_bf16_attention_seg),
 		cmocka_unit_test(test_bf16_rows_cuda_shapes),
 		cmocka_unit_test(test_typed_is_run),
 		cmocka_unit_test(test_supports),

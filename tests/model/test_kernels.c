@@ -499,6 +499,186 @@ static void test_attention(void **state)
 	free(sc); free(dqkv);
 }
 
+/* ---- attention of packed documents (seg) ------------------------------------------------------- */
+
+/* seg (B,T) from each row's document starts (starts[b] ends with -1) */
+static int32_t *seg_of(const int (*starts)[8], int B, int T)
+{
+	int32_t *seg = malloc(sizeof(int32_t) * (size_t)B * T);
+	assert_non_null(seg);
+	for (int b = 0; b < B; b++)
+		for (int t = 0, k = 0, s = 0; t < T; t++) {
+			while (starts[b][k] >= 0 && starts[b][k] <= t)
+				s = starts[b][k++];
+			seg[(size_t)b * T + t] = s;
+		}
+	return seg;
+}
+
+struct seg_ctx {
+	struct att_ctx a;
+	const int32_t *seg;
+};
+
+static double seg_loss(void *p)
+{
+	struct seg_ctx *c = p;
+	st_cpu_attention_fwd_seg(c->a.out, c->a.lse, c->a.qkv, c->a.B, c->a.T, c->a.C, c->a.NH,
+				 c->seg);
+	return project(c->a.out, c->a.r, (size_t)c->a.B * c->a.T * c->a.C);
+}
+
+/* a float buffer's rows [r0, r0 + n) of width w, out of rows of stride */
+static float *rows_of(const float *p, int r0, int n, int w, int stride)
+{
+	float *o = malloc(sizeof(float) * (size_t)n * w);
+	assert_non_null(o);
+	for (int r = 0; r < n; r++)
+		memcpy(o + (size_t)r * w, p + (size_t)(r0 + r) * stride, sizeof(float) * w);
+	return o;
+}
+
+static void near_rows(const float *got, int stride, const float *want, int n, int w, double tol,
+		      const char *what)
+{
+	for (int r = 0; r < n; r++)
+		for (int d = 0; d < w; d++) {
+			double g = got[(size_t)r * stride + d], e = want[(size_t)r * w + d];
+			if (!(fabs(g - e) <= tol * (1.0 + fabs(e))))
+				fail_msg("%s: row %d [%d]: packed %.9g, alone %.9g", what, r, d, g, e);
+		}
+}
+
+/* Query t sees keys [seg[t], t] only: a float64 reference, finite
+ * differences of the backward, each document run alone (the plain causal
+ * kernel on its rows), and seg all 0 = NULL bit for bit. T = 150 spans
+ * three blocks; documents of one position, ones that cross a block edge,
+ * one that starts a block, and a row of one document. */
+static void test_attention_seg(void **state)
+{
+	(void)state;
+	const int B = 3, T = 150, C = 16, NH = 2, hs = C / NH, C3 = 3 * C;
+	static const int starts[3][8] = { { 0, 5, 70, 71, 100, 140, -1 },
+					   { 0, 63, 64, 128, 129, -1 },
+					   { 0, -1 } };
+	int32_t *seg = seg_of(starts, B, T);
+	struct seg_ctx c = { .a = { .B = B, .T = T, .C = C, .NH = NH }, .seg = seg };
+	size_t nqkv = (size_t)B * T * C3, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+	c.a.qkv = rand_buf(nqkv, 1.5f);
+	c.a.r = rand_buf(nout, 1.0f);
+	c.a.out = zero_buf(nout);
+	c.a.lse = zero_buf(nl);
+	seg_loss(&c);
+	double *ref = calloc(nout, sizeof(double)), *rl = calloc(nl, sizeof(double));
+	double *sc = malloc(sizeof(double) * T);
+	for (int b = 0; b < B; b++)
+		for (int h = 0; h < NH; h++)
+			for (int i = 0; i < T; i++) {
+				const float *q = c.a.qkv + ((size_t)b * T + i) * C3 + h * hs;
+				int s0 = seg[(size_t)b * T + i];
+				double mx = -INFINITY, sum = 0;
+				for (int j = s0; j <= i; j++) {
+					const float *k = c.a.qkv + ((size_t)b * T + j) * C3 + C + h * hs;
+					double s = 0;
+					for (int d = 0; d < hs; d++)
+						s += (double)q[d] * k[d];
+					sc[j] = s / sqrt((double)hs);
+					mx = fmax(mx, sc[j]);
+				}
+				for (int j = s0; j <= i; j++)
+					sum += exp(sc[j] - mx);
+				for (int j = s0; j <= i; j++) {
+					const float *v = c.a.qkv + ((size_t)b * T + j) * C3 + 2 * C + h * hs;
+					double p = exp(sc[j] - mx) / sum;
+					for (int d = 0; d < hs; d++)
+						ref[((size_t)b * T + i) * C + h * hs + d] += p * v[d];
+				}
+				rl[((size_t)b * NH + h) * T + i] = mx + log(sum);
+			}
+	assert_close(c.a.out, ref, nout, 1e-5, 1e-4);
+	assert_close(c.a.lse, rl, nl, 1e-5, 1e-5);
+	float *dqkv = zero_buf(nqkv);
+	st_cpu_attention_bwd_seg(dqkv, c.a.r, c.a.qkv, c.a.out, c.a.lse, B, T, C, NH, seg);
+	check_direction(seg_loss, &c, c.a.qkv, nqkv, dqkv, 1e-2f, "attention seg dqkv");
+	seg_loss(&c); /* out and lse of qkv itself again */
+
+	/* each document alone: out, lse and dqkv of its rows */
+	for (int b = 0; b < B; b++)
+		for (int k = 0; starts[b][k] >= 0; k++) {
+			int a = starts[b][k], e = starts[b][k + 1] >= 0 ? starts[b][k + 1] : T;
+			int L = e - a;
+			float *q1 = rows_of(c.a.qkv + (size_t)b * T * C3, a, L, C3, C3);
+			float *r1 = rows_of(c.a.r + (size_t)b * T * C, a, L, C, C);
+			float *o1 = zero_buf((size_t)L * C), *l1 = zero_buf((size_t)NH * L);
+			float *d1 = zero_buf((size_t)L * C3);
+			st_cpu_attention_fwd(o1, l1, q1, 1, L, C, NH);
+			st_cpu_attention_bwd(d1, r1, q1, o1, l1, 1, L, C, NH);
+			near_rows(c.a.out + ((size_t)b * T + a) * C, C, o1, L, C, 1e-5, "out");
+			for (int h = 0; h < NH; h++)
+				near_rows(c.a.lse + ((size_t)b * NH + h) * T + a, 1, l1 + (size_t)h * L,
+					  L, 1, 1e-5, "lse");
+			near_rows(dqkv + ((size_t)b * T + a) * C3, C3, d1, L, C3, 1e-5, "dqkv");
+			free(q1); free(r1); free(o1); free(l1); free(d1);
+		}
+
+	/* one document per row (seg all 0) is the causal kernel, bit for bit */
+	int32_t *zero = calloc((size_t)B * T, sizeof(int32_t));
+	float *o0 = zero_buf(nout), *l0 = zero_buf(nl), *o2 = zero_buf(nout), *l2 = zero_buf(nl);
+	float *d0 = zero_buf(nqkv), *d2 = zero_buf(nqkv);
+	st_cpu_attention_fwd(o0, l0, c.a.qkv, B, T, C, NH);
+	st_cpu_attention_fwd_seg(o2, l2, c.a.qkv, B, T, C, NH, zero);
+	st_cpu_attention_bwd(d0, c.a.r, c.a.qkv, o0, l0, B, T, C, NH);
+	st_cpu_attention_bwd_seg(d2, c.a.r, c.a.qkv, o0, l0, B, T, C, NH, zero);
+	assert_memory_equal(o0, o2, nout * sizeof(float));
+	assert_memory_equal(l0, l2, nl * sizeof(float));
+	assert_memory_equal(d0, d2, nqkv * sizeof(float));
+	free(zero); free(o0); free(l0); free(o2); free(l2); free(d0); free(d2);
+	free(c.a.qkv); free(c.a.r); free(c.a.out); free(c.a.lse); free(ref); free(rl);
+	free(sc); free(dqkv); free(seg);
+}
+
+/* The grouped-query attention with seg: each document alone, as above
+ * (two query heads per kv head, so dk and dv sum over both). */
+static void test_gqa_attention_seg(void **state)
+{
+	(void)state;
+	const int B = 2, T = 140, NH = 4, NKV = 2, hd = 8, sq = NH * hd, sk = NKV * hd;
+	static const int starts[2][8] = { { 0, 3, 64, 65, 90, -1 }, { 0, 70, 139, -1 } };
+	int32_t *seg = seg_of(starts, B, T);
+	size_t nq = (size_t)B * T * sq, nk = (size_t)B * T * sk, nl = (size_t)B * NH * T;
+	float *q = rand_buf(nq, 1.5f), *k = rand_buf(nk, 1.5f), *v = rand_buf(nk, 1.0f);
+	float *r = rand_buf(nq, 1.0f), *o = zero_buf(nq), *l = zero_buf(nl);
+	float *dq = zero_buf(nq), *dk = zero_buf(nk), *dv = zero_buf(nk);
+	st_cpu_gqa_attention_fwd_seg(o, l, q, k, v, B, T, NH, NKV, hd, seg);
+	st_cpu_gqa_attention_bwd_seg(dq, dk, dv, r, q, k, v, o, l, B, T, NH, NKV, hd, seg);
+	for (int b = 0; b < B; b++)
+		for (int j = 0; starts[b][j] >= 0; j++) {
+			int a = starts[b][j], e = starts[b][j + 1] >= 0 ? starts[b][j + 1] : T;
+			int L = e - a;
+			float *q1 = rows_of(q + (size_t)b * T * sq, a, L, sq, sq);
+			float *k1 = rows_of(k + (size_t)b * T * sk, a, L, sk, sk);
+			float *v1 = rows_of(v + (size_t)b * T * sk, a, L, sk, sk);
+			float *r1 = rows_of(r + (size_t)b * T * sq, a, L, sq, sq);
+			float *o1 = zero_buf((size_t)L * sq), *l1 = zero_buf((size_t)NH * L);
+			float *dq1 = zero_buf((size_t)L * sq), *dk1 = zero_buf((size_t)L * sk);
+			float *dv1 = zero_buf((size_t)L * sk);
+			st_cpu_gqa_attention_fwd(o1, l1, q1, k1, v1, 1, L, NH, NKV, hd);
+			st_cpu_gqa_attention_bwd(dq1, dk1, dv1, r1, q1, k1, v1, o1, l1, 1, L, NH, NKV,
+						 hd);
+			near_rows(o + ((size_t)b * T + a) * sq, sq, o1, L, sq, 1e-5, "gqa out");
+			near_rows(dq + ((size_t)b * T + a) * sq, sq, dq1, L, sq, 1e-5, "gqa dq");
+			near_rows(dk + ((size_t)b * T + a) * sk, sk, dk1, L, sk, 1e-5, "gqa dk");
+			near_rows(dv + ((size_t)b * T + a) * sk, sk, dv1, L, sk, 1e-5, "gqa dv");
+			for (int h = 0; h < NH; h++)
+				near_rows(l + ((size_t)b * NH + h) * T + a, 1, l1 + (size_t)h * L, L, 1,
+					  1e-5, "gqa lse");
+			free(q1); free(k1); free(v1); free(r1); free(o1); free(l1);
+			free(dq1); free(dk1); free(dv1);
+		}
+	free(q); free(k); free(v); free(r); free(o); free(l); free(dq); free(dk); free(dv);
+	free(seg);
+}
+
 /* ---- cross-entropy ----------------------------------------------------------------------------- */
 
 static void test_crossentropy(void **state)
@@ -747,6 +927,8 @@ int main(void)
 		cmocka_unit_test(test_nonfinite),
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_attention_seg),
+		cmocka_unit_test(test_gqa_attention_seg),
 		cmocka_unit_test(test_crossentropy),
 		cmocka_unit_test(test_threads_bitwise),
 		cmocka_unit_test(test_gemm_tiles),

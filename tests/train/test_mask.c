@@ -21,7 +21,11 @@
  *     GPT-2 and LLaMA (fp32 and bf16 compute), W in vram, host and on
  *     nvme, kept forwards, layer-first, and so is an engine made for it
  *     (forward_only: no G, P, M, V, a smaller plan); the step after it is
- *     the step without it (the training state and the sampler untouched).
+ *     the step without it (the training state and the sampler untouched);
+ *  9. --packing isolated: the loader's segment starts (each piece's place
+ *     in its row, the padding one more), and the engine with them in its
+ *     placements and schedules = the reference trainer bit for bit (GPT-2
+ *     and LLaMA), and not the packed run.
  * `test_mask --device cuda` holds the cuda engine to the cpu's within
  * float tolerance on the masked shard, and its forward alone to the
  * reference trainer's eval (77 without a GPU). */
@@ -54,6 +58,7 @@ static char dir[4096], plain_path[4200], masked_path[4200], ones_path[4200],
 static uint64_t doc_starts[NDOCS];
 static const char *device = "cpu";
 static enum st_samples samples = ST_SAMPLES_WINDOWS; /* open_loader's */
+static bool isolate; /* engine_cases' configs: --packing isolated */
 static uint16_t toks[NTOK];
 static uint8_t mask[NTOK];
 
@@ -83,6 +88,7 @@ static void base_config(struct st_engine_config *c, const char *model)
 	c->nvme_dirs = dir;
 	c->aio_block_bytes = 64 * 1024;
 	c->device = device;
+	c->train.isolate = isolate;
 	c->params = ST_OFFLOAD_NONE;
 	c->optim = ST_OFFLOAD_HOST;
 }
@@ -200,7 +206,7 @@ static void close_to(const struct run *a, const struct run *b, double rel, const
  * grad_accum 1; at 2 the trainer adds each micro-batch's dW into G in the
  * gemm, the engine folds them after: the engine's cases agree bit for bit,
  * the trainer within rounding). */
-static void engine_cases(const char *model, bool bf16)
+static void engine_cases_on(const char *model, bool bf16, const char *path)
 {
 	struct st_engine_config c;
 	struct run ref, first, r;
@@ -225,7 +231,7 @@ static void engine_cases(const char *model, bool bf16)
 		c.train.batch = 4 / accum;
 		c.train.grad_accum = accum;
 		c.compute_dtype = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
-		trainer_run(&c, masked_path, &ref);
+		trainer_run(&c, path, &ref);
 		for (size_t i = 0; i < ST_ARRAY_LEN(cases); i++) {
 			if (cases[i].accum != accum)
 				continue;
@@ -234,9 +240,10 @@ static void engine_cases(const char *model, bool bf16)
 			c.prefetch = cases[i].prefetch;
 			c.schedule = cases[i].layer_first ? ST_SCHEDULE_LAYER_FIRST
 							  : ST_SCHEDULE_BATCH_FIRST;
-			train(&c, masked_path, STEPS, &r);
-			snprintf(what, sizeof(what), "%s%s masked: %s = %s", model,
-				 bf16 ? " bf16" : "", cases[i].name,
+			train(&c, path, STEPS, &r);
+			snprintf(what, sizeof(what), "%s%s %s: %s = %s", model,
+				 bf16 ? " bf16" : "", isolate ? "isolated documents" : "masked",
+				 cases[i].name,
 				 accum == 1 ? "the reference trainer" : "the first case");
 			if (accum == 1) {
 				same(&ref, &r, what);
@@ -256,6 +263,11 @@ static void engine_cases(const char *model, bool bf16)
 			free(first.P);
 		free(ref.P);
 	}
+}
+
+static void engine_cases(const char *model, bool bf16)
+{
+	engine_cases_on(model, bf16, masked_path);
 }
 
 static void test_engine_matches_trainer(void **state)
@@ -653,6 +665,103 @@ static void test_documents_engine(void **state)
 		free(ref.P);
 		free(r.P);
 	}
+	samples = ST_SAMPLES_WINDOWS;
+}
+
+/* Documents of 3 to 40 tokens (the masked shard's tokens and mask), so
+ * that rows of 32 pack several: their shard's path. */
+static const char *short_docs(void)
+{
+	static char path[4300];
+	static uint64_t starts[NTOK / 3];
+	struct st_shard_ext e = { .mask = mask, .doc_starts = starts };
+	uint64_t x = 17;
+
+	if (path[0])
+		return path;
+	snprintf(path, sizeof(path), "%s/docs-short.bin", dir);
+	for (uint64_t at = 0; at < NTOK - 40; e.n_docs++) {
+		starts[e.n_docs] = at;
+		x = x * 6364136223846793005ull + 1442695040888963407ull;
+		at += 3 + (x >> 33) % 38;
+	}
+	assert_int_equal(st_dataset_write_shard(path, toks, 2, NTOK, &e), 0);
+	return path;
+}
+
+/* 9. The loader's seg: 0 at each row's start, each position's start at
+ * or before it and never going back, a new piece where the segment
+ * starts, the target before it ignored (no target crosses documents),
+ * only padding (input 0, targets ignored) in the last segment of a row
+ * that ends short; windows: all 0. */
+static void test_documents_seg(void **state)
+{
+	const uint32_t B = 3, T = 32;
+	struct st_dataset *ds;
+	struct st_loader ld;
+	int32_t in[3 * 32], tg[3 * 32], seg[3 * 32], in2[3 * 32], tg2[3 * 32];
+	int boundaries = 0;
+
+	(void)state;
+	open_docs(&ds, &ld, B, T, 1, short_docs());
+	struct st_loader twin = ld;
+	for (int step = 0; step < 40; step++) {
+		st_loader_next_seg(&ld, in, tg, seg);
+		st_loader_next(&twin, in2, tg2); /* the same batch without seg */
+		assert_memory_equal(in, in2, sizeof(in));
+		assert_memory_equal(tg, tg2, sizeof(tg));
+		for (uint32_t b = 0; b < B; b++) {
+			const int32_t *s = seg + b * T, *t = tg + b * T;
+
+			assert_int_equal(s[0], 0);
+			for (uint32_t j = 1; j < T; j++) {
+				assert_true(s[j] >= s[j - 1] && s[j] <= (int32_t)j);
+				if (s[j] == s[j - 1])
+					continue;
+				assert_int_equal(s[j], (int32_t)j);
+				assert_int_equal(t[j - 1], ST_LOADER_IGNORED);
+				boundaries++;
+			}
+		}
+	}
+	assert_true(boundaries > 40); /* rows do pack several documents */
+	st_dataset_close(ds);
+	samples = ST_SAMPLES_WINDOWS;
+	struct st_engine_config c;
+	base_config(&c, gpt2);
+	c.train.batch = (int)B;
+	c.train.seq = (int)T;
+	open_loader(&ds, &ld, &c, plain_path);
+	memset(seg, 0xff, sizeof(seg));
+	st_loader_next_seg(&ld, in, tg, seg);
+	for (size_t i = 0; i < (size_t)c.train.batch * c.train.seq; i++)
+		assert_int_equal(seg[i], 0);
+	st_dataset_close(ds);
+}
+
+/* 9. --packing isolated in the engine's placements and schedules = the
+ * reference trainer, on the masked documents (GPT-2, LLaMA, and LLaMA at
+ * the bf16 compute); the packed run differs (the mask does something). */
+static void test_documents_isolated(void **state)
+{
+	struct st_engine_config c;
+	struct run a, b;
+
+	(void)state;
+	samples = ST_SAMPLES_DOCUMENTS;
+	base_config(&c, gpt2);
+	trainer_run(&c, short_docs(), &a);
+	c.train.isolate = true;
+	trainer_run(&c, short_docs(), &b);
+	if (a.loss[0] == b.loss[0] || !memcmp(a.P, b.P, a.n * sizeof(float)))
+		fail_msg("isolated documents train as packed ones: seg not used");
+	free(a.P);
+	free(b.P);
+	isolate = true;
+	engine_cases_on(gpt2, false, short_docs());
+	engine_cases_on(llama, false, short_docs());
+	engine_cases_on(llama, true, short_docs());
+	isolate = false;
 	samples = ST_SAMPLES_WINDOWS;
 }
 
@@ -1063,6 +1172,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_documents_shuffle_resume),
 		cmocka_unit_test(test_concat),
 		cmocka_unit_test(test_documents_engine),
+		cmocka_unit_test(test_documents_seg),
+		cmocka_unit_test(test_documents_isolated),
 		cmocka_unit_test(test_eval_matches_trainer),
 	};
 	const struct CMUnitTest cuda_tests[] = {

@@ -621,11 +621,14 @@ mask)
 	# a shard with a loss mask (the step's loss the mean over its counted
 	# targets, docs/finetune.md): every rank counts the step's targets
 	# from the same cursor, so N ranks = 1 rank, bit for bit
-	python3 - "$work/data.txt" "$work/masked.bin" <<'PY'
+	for spec in masked.bin:97 short.bin:11; do
+	python3 - "$work/data.txt" "$work/${spec%:*}" "${spec#*:}" <<'PY'
 import struct, sys
 toks = open(sys.argv[1], "rb").read()
 n = len(toks)
-docs = list(range(0, n, 97))  # documents of 97 tokens: --samples documents
+# documents of 97 tokens (--samples documents), or of 11 (rows of 32
+# pack two: --packing isolated)
+docs = list(range(0, n, int(sys.argv[3])))
 hdr = [0] * 256
 hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], hdr[7] = 20240520, 1, n, 0x41525453, 3, len(docs)
 mask = bytes(1 if i % 34 >= 23 else 0 for i in range(n))
@@ -634,6 +637,7 @@ body += bytes(-len(body) % 8) + struct.pack(f"<{len(docs)}Q", *docs)
 with open(sys.argv[2], "wb") as f:
     f.write(body)
 PY
+	done
 	common=(--data "$work/masked.bin" "${common[@]:2}")
 	run ref 1 --steps 3 --grad-accum 4
 	for z in 0 3; do
@@ -647,6 +651,15 @@ PY
 	run dref 1 --steps 3 --grad-accum 4 --samples documents
 	run d2 2 --steps 3 --grad-accum 2 --zero 1 --samples documents
 	same d2 dref "masked, --samples documents: 2 ranks --zero 1 = 1 rank --grad-accum 4"
+	# --packing isolated: each rank's micro-batches carry their segment
+	# starts; 2 ranks (layer-first too) = 1 rank, bit for bit
+	common=(--data "$work/short.bin" "${common[@]:2}")
+	run iref 1 --steps 3 --grad-accum 4 --samples documents --packing isolated
+	run i2 2 --steps 3 --grad-accum 2 --zero 1 --samples documents --packing isolated
+	same i2 iref "isolated documents: 2 ranks --zero 1 = 1 rank --grad-accum 4"
+	run i3 2 --steps 3 --grad-accum 2 --zero 3 --samples documents --packing isolated \
+		--schedule layer-first
+	same i3 iref "isolated documents: 2 ranks --zero 3 layer-first = 1 rank --grad-accum 4"
 	;;
 *)
 	echo "test_zero.sh: unknown part '$part'" >&2

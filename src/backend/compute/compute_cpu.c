@@ -102,12 +102,12 @@ static void k_embedding_bwd(const struct st_op *op)
 
 static void k_attention_fwd(const struct st_op *op)
 {
-	st_cpu_attention_fwd(P(0), P(1), P(2), I(0), I(1), I(2), I(3));
+	st_cpu_attention_fwd_seg(P(0), P(1), P(2), I(0), I(1), I(2), I(3), P(3));
 }
 
 static void k_attention_bwd(const struct st_op *op)
 {
-	st_cpu_attention_bwd(P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2), I(3));
+	st_cpu_attention_bwd_seg(P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2), I(3), P(5));
 }
 
 static void k_crossentropy_fwd(const struct st_op *op)
@@ -174,7 +174,8 @@ static void k_token_embed_bwd(const struct st_op *op)
 
 static void k_gqa_attention_fwd(const struct st_op *op)
 {
-	st_cpu_gqa_attention_fwd(P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2), I(3), I(4));
+	st_cpu_gqa_attention_fwd_seg(P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2), I(3), I(4),
+				     P(5));
 }
 
 static void k_decode_attention(const struct st_op *op)
@@ -184,8 +185,8 @@ static void k_decode_attention(const struct st_op *op)
 
 static void k_gqa_attention_bwd(const struct st_op *op)
 {
-	st_cpu_gqa_attention_bwd(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), I(0),
-				 I(1), I(2), I(3), I(4));
+	st_cpu_gqa_attention_bwd_seg(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), I(0),
+				     I(1), I(2), I(3), I(4), P(9));
 }
 
 /* The host's AdamW (src/optim) over the op's tensors: the same call the

@@ -220,16 +220,17 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_embedding_bwd(ctx, P(0), P(1), P(2), P(3), I(0), I(1), I(2));
 	case ST_OP_ATTENTION_FWD:
 		if (op->t[2].dtype == ST_DTYPE_BF16)
-			return st_cuda_attention_fwd_bf16(ctx, P(0), P(1), P(2), I(0), I(1), I(2),
-							  I(3));
-		return st_cuda_attention_fwd(ctx, P(0), P(1), P(2), I(0), I(1), I(2), I(3));
+			return st_cuda_attention_fwd_bf16_seg(ctx, P(0), P(1), P(2), I(0), I(1),
+							      I(2), I(3), P(3));
+		return st_cuda_attention_fwd_seg(ctx, P(0), P(1), P(2), I(0), I(1), I(2), I(3),
+						 P(3));
 	case ST_OP_ATTENTION_BWD:
 		if (op->t[2].dtype == ST_DTYPE_BF16)
-			return st_cuda_attention_bwd_bf16(ctx, P(0), op->t[0].dtype == ST_DTYPE_BF16,
-							  P(1), P(2), P(3), P(4), I(0), I(1), I(2),
-							  I(3));
-		return st_cuda_attention_bwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2),
-					     I(3));
+			return st_cuda_attention_bwd_bf16_seg(
+				ctx, P(0), op->t[0].dtype == ST_DTYPE_BF16, P(1), P(2), P(3), P(4), I(0),
+				I(1), I(2), I(3), P(5));
+		return st_cuda_attention_bwd_seg(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1), I(2),
+						 I(3), P(5));
 	case ST_OP_CROSSENTROPY_FWD:
 		return st_cuda_crossentropy_fwd(ctx, P(0), P(1), P(2), I(0), I(1));
 	case ST_OP_CROSSENTROPY_BWD:
@@ -272,17 +273,17 @@ static int cu_run(struct st_compute *c, const struct st_op *op)
 		return st_cuda_token_embed_bwd(ctx, P(0), P(1), P(2), I(0), I(1));
 	case ST_OP_GQA_ATTENTION_FWD:
 		if (op->t[2].dtype == ST_DTYPE_BF16)
-			return st_cuda_gqa_attention_fwd_bf16(ctx, P(0), P(1), P(2), P(3), P(4), I(0),
-							      I(1), I(2), I(3), I(4));
-		return st_cuda_gqa_attention_fwd(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
-						 I(2), I(3), I(4));
+			return st_cuda_gqa_attention_fwd_bf16_seg(ctx, P(0), P(1), P(2), P(3), P(4),
+								  I(0), I(1), I(2), I(3), I(4), P(5));
+		return st_cuda_gqa_attention_fwd_seg(ctx, P(0), P(1), P(2), P(3), P(4), I(0), I(1),
+						     I(2), I(3), I(4), P(5));
 	case ST_OP_GQA_ATTENTION_BWD:
 		if (op->t[4].dtype == ST_DTYPE_BF16)
-			return st_cuda_gqa_attention_bwd_bf16(
+			return st_cuda_gqa_attention_bwd_bf16_seg(
 				ctx, P(0), P(1), P(2), op->t[0].dtype == ST_DTYPE_BF16, P(3), P(4),
-				P(5), P(6), P(7), P(8), I(0), I(1), I(2), I(3), I(4));
-		return st_cuda_gqa_attention_bwd(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
-						 P(7), P(8), I(0), I(1), I(2), I(3), I(4));
+				P(5), P(6), P(7), P(8), I(0), I(1), I(2), I(3), I(4), P(9));
+		return st_cuda_gqa_attention_bwd_seg(ctx, P(0), P(1), P(2), P(3), P(4), P(5), P(6),
+						     P(7), P(8), I(0), I(1), I(2), I(3), I(4), P(9));
 	case ST_OP_HEAD_CROSSENTROPY: /* cu_bf16_sigs' */
 	case ST_OP_COUNT:
 		break;

@@ -140,7 +140,8 @@ void st_cpu_attention_fwd_bf16(uint16_t *out, float *lse, const uint16_t *qkv, i
 	struct st_op op = { .kind = ST_OP_ATTENTION_FWD,
 			    .t = { st_tensor_3d(out, ST_DTYPE_BF16, B, T, C),
 				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
-				   st_tensor_3d(qkv, ST_DTYPE_BF16, B, T, 3 * (int64_t)C) },
+				   st_tensor_3d(qkv, ST_DTYPE_BF16, B, T, 3 * (int64_t)C),
+				   st_tensor_2d(NULL, ST_DTYPE_I32, B, T) },
 			    .i = { B, T, C, NH } };
 
 	st_cpu_op_run_bf16(&op);
@@ -155,7 +156,8 @@ void st_cpu_attention_bwd_bf16(uint16_t *dqkv, const uint16_t *dout, const uint1
 				   st_tensor_3d(dout, ST_DTYPE_BF16, B, T, C),
 				   st_tensor_3d(qkv, ST_DTYPE_BF16, B, T, 3 * (int64_t)C),
 				   st_tensor_3d(out, ST_DTYPE_BF16, B, T, C),
-				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T) },
+				   st_tensor_3d(lse, ST_DTYPE_F32, B, NH, T),
+				   st_tensor_2d(NULL, ST_DTYPE_I32, B, T) },
 			    .i = { B, T, C, NH } };
 
 	st_cpu_op_run_bf16(&op);

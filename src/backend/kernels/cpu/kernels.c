@@ -509,7 +509,7 @@ void st_cpu_embedding_bwd(float *dwte, float *dwpe, const float *dout,
  * sq, o with so, k and v with sk (GPT-2's q, k, v interleaved in qkv:
  * sq = sk = 3C, so = C; a grouped-query head: sq = so = NH hd, sk = NKV hd). */
 void st_att_fwd_head(float *o, float *l_out, const float *q, const float *k, const float *v,
-		     int T, int hd, int sq, int so, int sk, float scale)
+		     int T, int hd, int sq, int so, int sk, float scale, const int32_t *seg)
 {
 	float s[ST_ATT_BLOCK * ST_ATT_BLOCK];
 	float mrow[ST_ATT_BLOCK], lrow[ST_ATT_BLOCK];
@@ -520,12 +520,14 @@ void st_att_fwd_head(float *o, float *l_out, const float *q, const float *k, con
 			lrow[r] = 0.0f;
 			memset(o + (size_t)(i0 + r) * so, 0, sizeof(float) * hd);
 		}
-		for (int j0 = 0; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
+		// key blocks from the one holding the rows' first segment start
+		int jfirst = st_att_seg_min(seg, i0, ni) / ST_ATT_BLOCK * ST_ATT_BLOCK;
+		for (int j0 = jfirst; j0 < i0 + ni; j0 += ST_ATT_BLOCK) {
 			int nj = ST_MIN(ST_ATT_BLOCK, i0 + ni - j0);
 			// s (ni,nj) = scale * q_i @ k_j^T
 			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
 				     k + (size_t)j0 * sk, sk, 0.0f, s, ST_ATT_BLOCK);
-			st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, so, hd);
+			st_att_online_softmax(s, ni, nj, i0, j0, mrow, lrow, o, so, hd, seg);
 			// o_i (ni,hd) += p (ni,nj) @ v_j (nj,hd)
 			st_cpu_sgemm(0, 0, ni, hd, nj, 1.0f, s, ST_ATT_BLOCK, v + (size_t)j0 * sk,
 				     sk, 1.0f, o + (size_t)i0 * so, so);
@@ -543,6 +545,12 @@ void st_att_fwd_head(float *o, float *l_out, const float *q, const float *k, con
 void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 			  int T, int C, int NH)
 {
+	st_cpu_attention_fwd_seg(out, lse, qkv, B, T, C, NH, NULL);
+}
+
+void st_cpu_attention_fwd_seg(float *out, float *lse, const float *qkv, int B, int T, int C,
+			      int NH, const int32_t *seg)
+{
 	// out is (B,T,C), lse is (B,NH,T), qkv is (B,T,3C)
 	assert(C % NH == 0);
 	const int hs = C / NH, C3 = 3 * C;
@@ -552,7 +560,8 @@ void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
 		int b = bh / NH, h = bh % NH;
 		const float *q = qkv + (size_t)b * T * C3 + h * hs;
 		st_att_fwd_head(out + (size_t)b * T * C + h * hs, lse + (size_t)bh * T, q, q + C,
-				q + 2 * C, T, hs, C3, C, C3, scale);
+				q + 2 * C, T, hs, C3, C, C3, scale,
+				seg ? seg + (size_t)b * T : NULL);
 	}
 }
 
@@ -561,7 +570,7 @@ void st_cpu_attention_fwd(float *out, float *lse, const float *qkv, int B,
  * head's, shared); dout and o have stride so. */
 void st_att_bwd_head(float *dq, float *dk, float *dv, const float *dout, const float *q,
 		     const float *k, const float *v, const float *o, const float *l_in, int T,
-		     int hd, int sq, int so, int sk, float scale)
+		     int hd, int sq, int so, int sk, float scale, const int32_t *seg)
 {
 	float p[ST_ATT_BLOCK * ST_ATT_BLOCK];
 	float dp[ST_ATT_BLOCK * ST_ATT_BLOCK];
@@ -571,17 +580,23 @@ void st_att_bwd_head(float *dq, float *dk, float *dv, const float *dout, const f
 		// query blocks that see some key of this block
 		for (int i0 = (j0 / ST_ATT_BLOCK) * ST_ATT_BLOCK; i0 < T; i0 += ST_ATT_BLOCK) {
 			int ni = ST_MIN(ST_ATT_BLOCK, T - i0);
+			// no row of the block sees a key of this one
+			if (st_att_seg_min(seg, i0, ni) >= j0 + nj)
+				continue;
 			// p (ni,nj) = exp(scale q_i k_j^T - lse_i), causal
 			st_cpu_sgemm(0, 1, ni, nj, hd, scale, q + (size_t)i0 * sq, sq,
 				     k + (size_t)j0 * sk, sk, 0.0f, p, ST_ATT_BLOCK);
 			for (int r = 0; r < ni; r++) {
 				float *pr = p + r * ST_ATT_BLOCK;
-				int nvalid = i0 + r - j0 + 1;
-				nvalid = nvalid < 0 ? 0 : ST_MIN(nj, nvalid);
+				int lo, nvalid;
+				st_att_row_keys(i0 + r, j0, nj, seg, &lo, &nvalid);
+				lo = ST_MIN(lo, nvalid);
 				float li = l_in[i0 + r];
 #pragma omp simd
-				for (int c = 0; c < nvalid; c++)
+				for (int c = lo; c < nvalid; c++)
 					pr[c] = st_expf(pr[c] - li);
+				for (int c = 0; c < lo; c++)
+					pr[c] = 0.0f;
 				for (int c = nvalid; c < nj; c++)
 					pr[c] = 0.0f;
 				// D_i = dout_i . out_i
@@ -620,6 +635,13 @@ void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
 			  const float *out, const float *lse, int B, int T,
 			  int C, int NH)
 {
+	st_cpu_attention_bwd_seg(dqkv, dout, qkv, out, lse, B, T, C, NH, NULL);
+}
+
+void st_cpu_attention_bwd_seg(float *dqkv, const float *dout, const float *qkv,
+			      const float *out, const float *lse, int B, int T, int C, int NH,
+			      const int32_t *seg)
+{
 	assert(C % NH == 0);
 	const int hs = C / NH, C3 = 3 * C;
 	const float scale = 1.0f / sqrtf((float)hs);
@@ -631,7 +653,8 @@ void st_cpu_attention_bwd(float *dqkv, const float *dout, const float *qkv,
 		const float *q = qkv + qoff;
 		float *dq = dqkv + qoff;
 		st_att_bwd_head(dq, dq + C, dq + 2 * C, dout + ooff, q, q + C, q + 2 * C,
-				out + ooff, lse + (size_t)bh * T, T, hs, C3, C, C3, scale);
+				out + ooff, lse + (size_t)bh * T, T, hs, C3, C, C3, scale,
+				seg ? seg + (size_t)b * T : NULL);
 	}
 }
 

@@ -278,6 +278,13 @@ void st_cpu_token_embed_bwd(float *dwte, const float *dout, const int32_t *token
 void st_cpu_gqa_attention_fwd(float *out, float *lse, const float *q, const float *k,
 			      const float *v, int B, int T, int NH, int NKV, int hd)
 {
+	st_cpu_gqa_attention_fwd_seg(out, lse, q, k, v, B, T, NH, NKV, hd, NULL);
+}
+
+void st_cpu_gqa_attention_fwd_seg(float *out, float *lse, const float *q, const float *k,
+				  const float *v, int B, int T, int NH, int NKV, int hd,
+				  const int32_t *seg)
+{
 	assert(NKV >= 1 && NH % NKV == 0);
 	const int sq = NH * hd, sk = NKV * hd, rep = NH / NKV;
 	const float scale = 1.0f / sqrtf((float)hd);
@@ -287,7 +294,7 @@ void st_cpu_gqa_attention_fwd(float *out, float *lse, const float *q, const floa
 		size_t qo = (size_t)b * T * sq + (size_t)h * hd;
 		size_t ko = (size_t)b * T * sk + (size_t)kh * hd;
 		st_att_fwd_head(out + qo, lse + (size_t)bh * T, q + qo, k + ko, v + ko, T, hd,
-				sq, sq, sk, scale);
+				sq, sq, sk, scale, seg ? seg + (size_t)b * T : NULL);
 	}
 }
 
@@ -295,6 +302,14 @@ void st_cpu_gqa_attention_bwd(float *dq, float *dk, float *dv, const float *dout
 			      const float *q, const float *k, const float *v,
 			      const float *out, const float *lse, int B, int T,
 			      int NH, int NKV, int hd)
+{
+	st_cpu_gqa_attention_bwd_seg(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hd, NULL);
+}
+
+void st_cpu_gqa_attention_bwd_seg(float *dq, float *dk, float *dv, const float *dout,
+				  const float *q, const float *k, const float *v,
+				  const float *out, const float *lse, int B, int T, int NH,
+				  int NKV, int hd, const int32_t *seg)
 {
 	assert(NKV >= 1 && NH % NKV == 0);
 	const int sq = NH * hd, sk = NKV * hd, rep = NH / NKV;
@@ -308,7 +323,7 @@ void st_cpu_gqa_attention_bwd(float *dq, float *dk, float *dv, const float *dout
 			size_t qo = (size_t)b * T * sq + (size_t)h * hd;
 			st_att_bwd_head(dq + qo, dk + ko, dv + ko, dout + qo, q + qo, k + ko,
 					v + ko, out + qo, lse + ((size_t)b * NH + h) * T, T, hd,
-					sq, sq, sk, scale);
+					sq, sq, sk, scale, seg ? seg + (size_t)b * T : NULL);
 		}
 	}
 }

@@ -66,6 +66,13 @@ static int att_launch(const char *what, K kern, dim3 grid, size_t smem_bytes,
 extern "C" int st_cuda_attention_fwd(struct st_cuda_ctx *ctx, float *out, float *lse,
 				     const float *qkv, int B, int T, int C, int NH)
 {
+	return st_cuda_attention_fwd_seg(ctx, out, lse, qkv, B, T, C, NH, NULL);
+}
+
+extern "C" int st_cuda_attention_fwd_seg(struct st_cuda_ctx *ctx, float *out, float *lse,
+					 const float *qkv, int B, int T, int C, int NH,
+					 const int32_t *seg)
+{
 	int err = st_cuda_ctx_enter(ctx);
 
 	if (err == 0)
@@ -79,12 +86,21 @@ extern "C" int st_cuda_attention_fwd(struct st_cuda_ctx *ctx, float *out, float 
 	const dim3 grid = att_grid(B, NH, T);
 	const size_t smem_bytes = att_fwd_smem_bytes(hs);
 	return att_launch("attention_fwd kernel", att_fwd_kernel, grid, smem_bytes,
-			  st_cuda_ctx_stream(ctx), out, lse, qkv, T, C, NH, hs, scale);
+			  st_cuda_ctx_stream(ctx), out, lse, qkv, T, C, NH, hs, scale,
+			  (const int *)seg);
 }
 
 extern "C" int st_cuda_attention_bwd(struct st_cuda_ctx *ctx, float *dqkv,
 				     const float *dout, const float *qkv, const float *out,
 				     const float *lse, int B, int T, int C, int NH)
+{
+	return st_cuda_attention_bwd_seg(ctx, dqkv, dout, qkv, out, lse, B, T, C, NH, NULL);
+}
+
+extern "C" int st_cuda_attention_bwd_seg(struct st_cuda_ctx *ctx, float *dqkv,
+					 const float *dout, const float *qkv, const float *out,
+					 const float *lse, int B, int T, int C, int NH,
+					 const int32_t *seg)
 {
 	int err = st_cuda_ctx_enter(ctx);
 
@@ -100,11 +116,11 @@ extern "C" int st_cuda_attention_bwd(struct st_cuda_ctx *ctx, float *dqkv,
 	const size_t smem_bytes = att_bwd_smem_bytes(hs); /* both kernels */
 	cudaStream_t stream = st_cuda_ctx_stream(ctx);
 	err = att_launch("attention_bwd dK/dV kernel", att_bwd_dkv_kernel, grid, smem_bytes,
-			 stream, dqkv, dout, qkv, out, lse, T, C, NH, hs, scale);
+			 stream, dqkv, dout, qkv, out, lse, T, C, NH, hs, scale, (const int *)seg);
 	if (err)
 		return err;
 	return att_launch("attention_bwd dQ kernel", att_bwd_dq_kernel, grid, smem_bytes,
-			  stream, dqkv, dout, qkv, out, lse, T, C, NH, hs, scale);
+			  stream, dqkv, dout, qkv, out, lse, T, C, NH, hs, scale, (const int *)seg);
 }
 
 /* ---- grouped-query attention (LLaMA) ------------------------------------------------- */
@@ -127,6 +143,14 @@ extern "C" int st_cuda_gqa_attention_fwd(struct st_cuda_ctx *ctx, float *out, fl
 					 const float *q, const float *k, const float *v, int B,
 					 int T, int NH, int NKV, int hd)
 {
+	return st_cuda_gqa_attention_fwd_seg(ctx, out, lse, q, k, v, B, T, NH, NKV, hd, NULL);
+}
+
+extern "C" int st_cuda_gqa_attention_fwd_seg(struct st_cuda_ctx *ctx, float *out, float *lse,
+					     const float *q, const float *k, const float *v,
+					     int B, int T, int NH, int NKV, int hd,
+					     const int32_t *seg)
+{
 	int err = st_cuda_ctx_enter(ctx);
 
 	if (err == 0)
@@ -138,13 +162,23 @@ extern "C" int st_cuda_gqa_attention_fwd(struct st_cuda_ctx *ctx, float *out, fl
 	const float scale = 1.0f / sqrtf((float)hd);
 	return att_launch("gqa_attention_fwd kernel", gqa_fwd_kernel, att_grid(B, NH, T),
 			  att_fwd_smem_bytes(hd), st_cuda_ctx_stream(ctx), out, lse, q, k, v, T,
-			  NH, NKV, hd, scale);
+			  NH, NKV, hd, scale, (const int *)seg);
 }
 
 extern "C" int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, float *dk,
 					 float *dv, const float *dout, const float *q,
 					 const float *k, const float *v, const float *out,
 					 const float *lse, int B, int T, int NH, int NKV, int hd)
+{
+	return st_cuda_gqa_attention_bwd_seg(ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, NH,
+					     NKV, hd, NULL);
+}
+
+extern "C" int st_cuda_gqa_attention_bwd_seg(struct st_cuda_ctx *ctx, float *dq, float *dk,
+					     float *dv, const float *dout, const float *q,
+					     const float *k, const float *v, const float *out,
+					     const float *lse, int B, int T, int NH, int NKV,
+					     int hd, const int32_t *seg)
 {
 	int err = st_cuda_ctx_enter(ctx);
 
@@ -159,9 +193,10 @@ extern "C" int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, flo
 	cudaStream_t stream = st_cuda_ctx_stream(ctx);
 	err = att_launch("gqa_attention_bwd dK/dV kernel", gqa_bwd_dkv_kernel,
 			 gqa_kv_grid(B, NKV, T), smem_bytes, stream, dk, dv, dout, q, k, v, out,
-			 lse, T, NH, NKV, hd, scale);
+			 lse, T, NH, NKV, hd, scale, (const int *)seg);
 	if (err)
 		return err;
 	return att_launch("gqa_attention_bwd dQ kernel", gqa_bwd_dq_kernel, att_grid(B, NH, T),
-			  smem_bytes, stream, dq, dout, q, k, v, out, lse, T, NH, NKV, hd, scale);
+			  smem_bytes, stream, dq, dout, q, k, v, out, lse, T, NH, NKV, hd, scale,
+			  (const int *)seg);
 }

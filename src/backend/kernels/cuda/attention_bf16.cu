@@ -100,6 +100,13 @@ static int ab_bwd(struct st_cuda_ctx *ctx, int B, int hs, int grad_bf16, const a
 extern "C" int st_cuda_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t *out, float *lse,
 					  const uint16_t *qkv, int B, int T, int C, int NH)
 {
+	return st_cuda_attention_fwd_bf16_seg(ctx, out, lse, qkv, B, T, C, NH, NULL);
+}
+
+extern "C" int st_cuda_attention_fwd_bf16_seg(struct st_cuda_ctx *ctx, uint16_t *out,
+					      float *lse, const uint16_t *qkv, int B, int T,
+					      int C, int NH, const int32_t *seg)
+{
 	const void *ptrs[] = { out, lse, qkv };
 	const int hs = NH > 0 && C % NH == 0 ? C / NH : 0;
 	int err = st_cuda_ctx_enter(ctx);
@@ -122,6 +129,7 @@ extern "C" int st_cuda_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t *out
 	p.T = T;
 	p.NH = p.NKV = NH;
 	p.scale = 1.0f / sqrtf((float)hs);
+	p.seg = (const int *)seg;
 	return ab_fwd(ctx, B, hs, p);
 }
 
@@ -129,6 +137,16 @@ extern "C" int st_cuda_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dqkv, i
 					  const uint16_t *dout, const uint16_t *qkv,
 					  const uint16_t *out, const float *lse, int B, int T,
 					  int C, int NH)
+{
+	return st_cuda_attention_bwd_bf16_seg(ctx, dqkv, grad_bf16, dout, qkv, out, lse, B, T, C,
+					      NH, NULL);
+}
+
+extern "C" int st_cuda_attention_bwd_bf16_seg(struct st_cuda_ctx *ctx, void *dqkv,
+					      int grad_bf16, const uint16_t *dout,
+					      const uint16_t *qkv, const uint16_t *out,
+					      const float *lse, int B, int T, int C, int NH,
+					      const int32_t *seg)
 {
 	const void *ptrs[] = { dqkv, dout, qkv, out, lse };
 	const int hs = NH > 0 && C % NH == 0 ? C / NH : 0;
@@ -157,6 +175,7 @@ extern "C" int st_cuda_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dqkv, i
 	p.T = T;
 	p.NH = p.NKV = NH;
 	p.scale = 1.0f / sqrtf((float)hs);
+	p.seg = (const int *)seg;
 	return ab_bwd(ctx, B, hs, grad_bf16, p);
 }
 
@@ -164,6 +183,16 @@ extern "C" int st_cuda_gqa_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t 
 					      float *lse, const uint16_t *q, const uint16_t *k,
 					      const uint16_t *v, int B, int T, int NH, int NKV,
 					      int hd)
+{
+	return st_cuda_gqa_attention_fwd_bf16_seg(ctx, out, lse, q, k, v, B, T, NH, NKV, hd,
+						  NULL);
+}
+
+extern "C" int st_cuda_gqa_attention_fwd_bf16_seg(struct st_cuda_ctx *ctx, uint16_t *out,
+						  float *lse, const uint16_t *q,
+						  const uint16_t *k, const uint16_t *v, int B,
+						  int T, int NH, int NKV, int hd,
+						  const int32_t *seg)
 {
 	const void *ptrs[] = { out, lse, q, k, v };
 	int err = st_cuda_ctx_enter(ctx);
@@ -186,6 +215,7 @@ extern "C" int st_cuda_gqa_attention_fwd_bf16(struct st_cuda_ctx *ctx, uint16_t 
 	p.NH = NH;
 	p.NKV = NKV;
 	p.scale = 1.0f / sqrtf((float)hd);
+	p.seg = (const int *)seg;
 	return ab_fwd(ctx, B, hd, p);
 }
 
@@ -195,6 +225,18 @@ extern "C" int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq,
 					      const uint16_t *v, const uint16_t *out,
 					      const float *lse, int B, int T, int NH, int NKV,
 					      int hd)
+{
+	return st_cuda_gqa_attention_bwd_bf16_seg(ctx, dq, dk, dv, grad_bf16, dout, q, k, v, out,
+						  lse, B, T, NH, NKV, hd, NULL);
+}
+
+extern "C" int st_cuda_gqa_attention_bwd_bf16_seg(struct st_cuda_ctx *ctx, void *dq, void *dk,
+						  void *dv, int grad_bf16,
+						  const uint16_t *dout, const uint16_t *q,
+						  const uint16_t *k, const uint16_t *v,
+						  const uint16_t *out, const float *lse, int B,
+						  int T, int NH, int NKV, int hd,
+						  const int32_t *seg)
 {
 	const void *ptrs[] = { dq, dk, dv, dout, q, k, v, out, lse };
 	int err = st_cuda_ctx_enter(ctx);
@@ -221,5 +263,6 @@ extern "C" int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq,
 	p.NH = NH;
 	p.NKV = NKV;
 	p.scale = 1.0f / sqrtf((float)hd);
+	p.seg = (const int *)seg;
 	return ab_bwd(ctx, B, hd, grad_bf16, p);
 }

@@ -58,7 +58,22 @@ struct ab_params {
 	long long ldq, ldk, ldo;
 	int T, NH, NKV;
 	float scale;
+	/* packed documents (B,T) int32, or NULL (causal over the whole row):
+	 * query t attends to keys [seg[t], t] only */
+	const int *seg;
 };
+
+/* The smallest segment start of rows [r0, r0 + n) below T of seg_b (T if
+ * none): the same in every thread, so a block-wide skip keeps the
+ * barriers matched. */
+__device__ __forceinline__ int ab_seg_min(const int *seg_b, int r0, int n, int T)
+{
+	int m = T;
+
+	for (int r = 0; r < n && r0 + r < T; r++)
+		m = min(m, seg_b[r0 + r]);
+	return m;
+}
 
 static inline dim3 ab_grid(int B, int heads, int T)
 {
@@ -178,6 +193,10 @@ __global__ void __launch_bounds__(AB_THREADS) ab_fwd_kernel(ab_params p)
 	const st_bf16 *v = p.v + (size_t)b * T * p.ldk + (size_t)kh * HS;
 	const int rw = i0 + warp * 16;             /* the warp's first query */
 	const int rows[2] = { rw + g, rw + g + 8 }; /* this lane's two */
+	const int *seg_b = p.seg ? p.seg + (size_t)b * T : NULL;
+	/* their first keys: their documents' starts (0 without) */
+	const int lo[2] = { seg_b && rows[0] < T ? seg_b[rows[0]] : 0,
+			    seg_b && rows[1] < T ? seg_b[rows[1]] : 0 };
 
 	ab_load_rows<HS>(Qs, LD, q, p.ldq, i0, AB_TILE, T);
 	__syncthreads();
@@ -192,7 +211,9 @@ __global__ void __launch_bounds__(AB_THREADS) ab_fwd_kernel(ab_params p)
 		o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 
 	const int kend = min(T, i0 + AB_TILE);
-	for (int j0 = 0; j0 < kend; j0 += AB_KF) {
+	/* from the key tile of the block's first document start */
+	const int jfirst = seg_b ? ab_seg_min(seg_b, i0, AB_TILE, T) / AB_KF * AB_KF : 0;
+	for (int j0 = jfirst; j0 < kend; j0 += AB_KF) {
 		__syncthreads(); /* the previous key tile is consumed */
 		ab_load_rows<HS>(Ks, LD, k, p.ldk, j0, AB_KF, T);
 		ab_load_rows_t<HS>(Vt, LDT, v, p.ldk, j0, AB_KF, T);
@@ -219,23 +240,27 @@ __global__ void __launch_bounds__(AB_THREADS) ab_fwd_kernel(ab_params p)
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
 				const int col = j0 + nt * 8 + 2 * t + (e & 1), row = rows[e >> 1];
-				const float x = col <= row && col < T ? s[nt][e] * p.scale : -INFINITY;
+				const bool vis = col <= row && col < T && col >= lo[e >> 1];
+				const float x = vis ? s[nt][e] * p.scale : -INFINITY;
 				s[nt][e] = x;
 				mx[e >> 1] = fmaxf(mx[e >> 1], x);
 			}
-		float alpha[2], rs[2] = { 0.0f, 0.0f };
+		float alpha[2], mu[2], rs[2] = { 0.0f, 0.0f };
 #pragma unroll
 		for (int r = 0; r < 2; r++) {
-			/* key j0 <= i0 <= row is visible to every row: mx is finite */
+			/* causal, key j0 <= i0 <= row is visible to every row: mx is
+			 * finite; a packed row may see none of this tile yet (mx and
+			 * m -inf): mu 0 keeps its p 0, alpha 0 and its l, o 0 */
 			mx[r] = mma_group_max(mx[r]);
-			alpha[r] = expf(m[r] - mx[r]); /* 0 on the first tile */
+			mu[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+			alpha[r] = expf(m[r] - mu[r]); /* 0 on the first tile */
 			m[r] = mx[r];
 		}
 #pragma unroll
 		for (int nt = 0; nt < AB_KF / 8; nt++)
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
-				const float pe = expf(s[nt][e] - m[e >> 1]);
+				const float pe = expf(s[nt][e] - mu[e >> 1]);
 				s[nt][e] = pe;
 				rs[e >> 1] += pe;
 			}
@@ -329,6 +354,7 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dkv_kernel(ab_params p)
 	const size_t koff = (size_t)b * T * p.ldk + (size_t)kh * HS;
 	const int jw = j0 + warp * 16;            /* the warp's first key */
 	const int keys[2] = { jw + g, jw + g + 8 }; /* this lane's two */
+	const int *seg_b = p.seg ? p.seg + (size_t)b * T : NULL;
 
 	ab_load_rows<HS>(Ks, LD, p.k + koff, p.ldk, j0, AB_TILE, T);
 	ab_load_rows<HS>(Vs, LD, p.v + koff, p.ldk, j0, AB_TILE, T);
@@ -348,6 +374,9 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dkv_kernel(ab_params p)
 		const float *lse_h = p.lse + ((size_t)b * p.NH + h) * T;
 		/* query tiles that see a key of this tile: from j0 on */
 		for (int i0 = j0; i0 < T; i0 += AB_SUB) {
+			/* packed: no query of the tile sees a key of this one */
+			if (seg_b && ab_seg_min(seg_b, i0, AB_SUB, T) >= j0 + AB_TILE)
+				continue;
 			__syncthreads(); /* the previous query tile is consumed */
 			ab_load_rows<HS>(Qs, LD, q, p.ldq, i0, AB_SUB, T);
 			ab_load_rows<HS>(Gs, LD, gd, p.ldo, i0, AB_SUB, T);
@@ -366,7 +395,8 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dkv_kernel(ab_params p)
 				for (int e = 0; e < 4; e++) {
 					const int ql = nt * 8 + 2 * t + (e & 1), qi = i0 + ql;
 					const int key = keys[e >> 1];
-					const bool vis = qi >= key && qi < T && key < T;
+					const bool vis = qi >= key && qi < T && key < T &&
+							 (!seg_b || key >= seg_b[qi]);
 					const float pe =
 						vis ? expf(s[nt][e] * p.scale - lse_s[ql]) : 0.0f;
 					s[nt][e] = pe;
@@ -427,6 +457,7 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dq_kernel(ab_params p)
 	const st_bf16 *k = p.k + koff, *v = p.v + koff;
 	const int rw = i0 + warp * 16;
 	const int rows[2] = { rw + g, rw + g + 8 };
+	const int *seg_b = p.seg ? p.seg + (size_t)b * T : NULL;
 
 	ab_load_rows<HS>(Qs, LD, p.q + qoff, p.ldq, i0, AB_TILE, T);
 	ab_load_rows<HS>(Gs, LD, p.dout + ooff, p.ldo, i0, AB_TILE, T);
@@ -439,7 +470,8 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dq_kernel(ab_params p)
 		dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
 
 	const int kend = min(T, i0 + AB_TILE);
-	for (int j0 = 0; j0 < kend; j0 += AB_SUB) {
+	const int jfirst = seg_b ? ab_seg_min(seg_b, i0, AB_TILE, T) / AB_SUB * AB_SUB : 0;
+	for (int j0 = jfirst; j0 < kend; j0 += AB_SUB) {
 		__syncthreads();
 		ab_load_rows<HS>(Ks, LD, k, p.ldk, j0, AB_SUB, T);
 		ab_load_rows<HS>(Vs, LD, v, p.ldk, j0, AB_SUB, T);
@@ -455,7 +487,8 @@ __global__ void __launch_bounds__(AB_THREADS) ab_bwd_dq_kernel(ab_params p)
 			for (int e = 0; e < 4; e++) {
 				const int col = j0 + nt * 8 + 2 * t + (e & 1), row = rows[e >> 1];
 				const int rl = row - i0;
-				const bool vis = col <= row && col < T && row < T;
+				const bool vis = col <= row && col < T && row < T &&
+						 (!seg_b || col >= seg_b[row]);
 				const float pe = vis ? expf(s[nt][e] * p.scale - lse_s[rl]) : 0.0f;
 				dp[nt][e] = pe * (dp[nt][e] - d_s[rl]);
 			}

@@ -90,6 +90,19 @@ __device__ __forceinline__ void load_lse_d(float *lse_s, float *d_s, const float
 	}
 }
 
+/* Packed documents (seg, (B,T) int32, or NULL: causal): the smallest
+ * segment start of rows [r0, r0 + ATT_TILE) of batch row b's seg_b, T if
+ * none; every thread computes the same, so a block-wide skip on it keeps
+ * the barriers matched. */
+__device__ __forceinline__ int tile_seg_min(const int *seg_b, int r0, int T)
+{
+	int m = T;
+
+	for (int r = 0; r < ATT_TILE && r0 + r < T; r++)
+		m = min(m, seg_b[r0 + r]);
+	return m;
+}
+
 /* ---- the kernels' bodies ------------------------------------------------------
  * One body per kernel serves both layouts: q rows of stride sq, k and v
  * rows of stride sk, out and dout rows of stride so, query head h reading
@@ -103,7 +116,7 @@ __device__ __forceinline__ void load_lse_d(float *lse_s, float *d_s, const float
 __device__ __forceinline__ void att_fwd_body(float *out, float *lse, const float *q_all,
 					     const float *k_all, const float *v_all, int T,
 					     int NH, int NKV, int hs, float scale, size_t sq,
-					     size_t sk, size_t so)
+					     size_t sk, size_t so, const int *seg)
 {
 	extern __shared__ float smem[];
 	float *Qs = smem;
@@ -125,9 +138,12 @@ __device__ __forceinline__ void att_fwd_body(float *out, float *lse, const float
 		for (int c = 0; c < ATT_DPL; c++)
 			o[rr][c] = 0.0f;
 	}
+	const int *seg_b = seg ? seg + (size_t)b * T : NULL;
 	load_tile(Qs, hs, q, sq, i0, T, hs);
 	const int kend = min(T, i0 + ATT_TILE);
-	for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
+	// key tiles from the one holding the rows' first segment start
+	const int jfirst = seg_b ? tile_seg_min(seg_b, i0, T) / ATT_TILE * ATT_TILE : 0;
+	for (int j0 = jfirst; j0 < kend; j0 += ATT_TILE) {
 		__syncthreads();
 		load_tile(Ks, hs + 1, k, sk, j0, T, hs);
 		load_tile(Vs, hs, v, sk, j0, T, hs);
@@ -138,8 +154,13 @@ __device__ __forceinline__ void att_fwd_body(float *out, float *lse, const float
 			if (i >= T)
 				continue;
 			const int nvalid = min(ATT_TILE, i - j0 + 1);
+			// keys [lo, nvalid) of the tile: from the row's segment start
+			const int lo = seg_b ? max(seg_b[i] - j0, 0) : 0;
+			if (lo >= nvalid) /* none here: max, sum and o stay as they are */
+				continue;
+			const bool valid = lane < nvalid && lane >= lo;
 			float s = -INFINITY;
-			if (lane < nvalid) {
+			if (valid) {
 				const float *qr = Qs + r * hs, *kr = Ks + lane * (hs + 1);
 				float dot = 0.0f;
 				for (int d = 0; d < hs; d++)
@@ -147,14 +168,14 @@ __device__ __forceinline__ void att_fwd_body(float *out, float *lse, const float
 				s = dot * scale;
 			}
 			const float mnew = fmaxf(m[rr], warp_max(s));
-			const float p = lane < nvalid ? expf(s - mnew) : 0.0f;
+			const float p = valid ? expf(s - mnew) : 0.0f;
 			const float alpha = expf(m[rr] - mnew);
 			l[rr] = l[rr] * alpha + warp_sum(p);
 			m[rr] = mnew;
 #pragma unroll
 			for (int c = 0; c < ATT_DPL; c++)
 				o[rr][c] *= alpha;
-			for (int j = 0; j < nvalid; j++) {
+			for (int j = lo; j < nvalid; j++) {
 				const float pj = __shfl_sync(FULL_MASK, p, j);
 				const float *vr = Vs + j * hs;
 #pragma unroll
@@ -189,7 +210,7 @@ __device__ __forceinline__ void att_bwd_dkv_body(float *dk_all, float *dv_all,
 						 const float *k_all, const float *v_all,
 						 const float *out, const float *lse, int T, int NH,
 						 int NKV, int hs, float scale, size_t sq, size_t sk,
-						 size_t so)
+						 size_t so, const int *seg)
 {
 	extern __shared__ float smem[];
 	float *Ks = smem;
@@ -203,6 +224,7 @@ __device__ __forceinline__ void att_bwd_dkv_body(float *dk_all, float *dv_all,
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 	const size_t koff = (size_t)b * T * sk + (size_t)kh * hs;
 	const float *k = k_all + koff, *v = v_all + koff;
+	const int *seg_b = seg ? seg + (size_t)b * T : NULL;
 
 	float dk[ATT_ROWS][ATT_DPL], dv[ATT_ROWS][ATT_DPL];
 #pragma unroll
@@ -219,6 +241,9 @@ __device__ __forceinline__ void att_bwd_dkv_body(float *dk_all, float *dv_all,
 		const float *q = q_all + qoff, *g = dout + ooff, *o = out + ooff;
 		const float *lse_h = lse + ((size_t)b * NH + h) * T;
 		for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
+			// no query of the tile sees a key of this one
+			if (seg_b && tile_seg_min(seg_b, i0, T) >= j0 + ATT_TILE)
+				continue;
 			__syncthreads();
 			load_tile(Qs, hs + 1, q, sq, i0, T, hs);
 			load_tile(Gs, hs + 1, g, so, i0, T, hs);
@@ -232,7 +257,7 @@ __device__ __forceinline__ void att_bwd_dkv_body(float *dk_all, float *dv_all,
 				if (j >= T)
 					continue;
 				float p = 0.0f, ds = 0.0f;
-				if (i < T && i >= j) {
+				if (i < T && i >= j && (!seg_b || j >= seg_b[i])) {
 					const float *qr = Qs + lane * (hs + 1);
 					const float *gr = Gs + lane * (hs + 1);
 					const float *kr = Ks + jr * hs, *vr = Vs + jr * hs;
@@ -281,7 +306,8 @@ __device__ __forceinline__ void att_bwd_dq_body(float *dq_all, const float *dout
 						const float *q_all, const float *k_all,
 						const float *v_all, const float *out,
 						const float *lse, int T, int NH, int NKV, int hs,
-						float scale, size_t sq, size_t sk, size_t so)
+						float scale, size_t sq, size_t sk, size_t so,
+						const int *seg)
 {
 	extern __shared__ float smem[];
 	float *Qs = smem;
@@ -309,7 +335,9 @@ __device__ __forceinline__ void att_bwd_dq_body(float *dq_all, const float *dout
 	load_tile(Gs, hs, g, so, i0, T, hs);
 	load_lse_d(lse_s, d_s, lse + (size_t)bh * T, g, o, (int)so, i0, T, hs);
 	const int kend = min(T, i0 + ATT_TILE);
-	for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
+	const int *seg_b = seg ? seg + (size_t)b * T : NULL;
+	const int jfirst = seg_b ? tile_seg_min(seg_b, i0, T) / ATT_TILE * ATT_TILE : 0;
+	for (int j0 = jfirst; j0 < kend; j0 += ATT_TILE) {
 		__syncthreads();
 		load_tile(Ks, hs + 1, k, sk, j0, T, hs);
 		load_tile(Vs, hs + 1, v, sk, j0, T, hs);
@@ -322,7 +350,7 @@ __device__ __forceinline__ void att_bwd_dq_body(float *dq_all, const float *dout
 				continue;
 			const int nvalid = min(ATT_TILE, i - j0 + 1);
 			float ds = 0.0f;
-			if (j <= i) {
+			if (j <= i && (!seg_b || j >= seg_b[i])) {
 				const float *qr = Qs + r * hs, *gr = Gs + r * hs;
 				const float *kr = Ks + lane * (hs + 1), *vr = Vs + lane * (hs + 1);
 				float s = 0.0f, dp = 0.0f;
@@ -366,30 +394,32 @@ __device__ __forceinline__ void att_bwd_dq_body(float *dq_all, const float *dout
 // out is (B,T,C), lse is (B,NH,T), qkv is (B,T,3C). Block: one query tile.
 __global__ void __launch_bounds__(ATT_THREADS)
 	att_fwd_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
-		       int hs, float scale)
+		       int hs, float scale, const int *seg)
 {
 	const size_t C3 = 3 * (size_t)C;
-	att_fwd_body(out, lse, qkv, qkv + C, qkv + 2 * C, T, NH, NH, hs, scale, C3, C3, C);
+	att_fwd_body(out, lse, qkv, qkv + C, qkv + 2 * C, T, NH, NH, hs, scale, C3, C3, C, seg);
 }
 
 // dK, dV of one key tile, summed over every query i >= j. Block: a key tile.
 __global__ void __launch_bounds__(ATT_THREADS)
 	att_bwd_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
-			   const float *lse, int T, int C, int NH, int hs, float scale)
+			   const float *lse, int T, int C, int NH, int hs, float scale,
+			   const int *seg)
 {
 	const size_t C3 = 3 * (size_t)C;
 	att_bwd_dkv_body(dqkv + C, dqkv + 2 * C, dout, qkv, qkv + C, qkv + 2 * C, out, lse, T,
-			 NH, NH, hs, scale, C3, C3, C);
+			 NH, NH, hs, scale, C3, C3, C, seg);
 }
 
 // dQ of one query tile, summed over its keys j <= i. Block: a query tile.
 __global__ void __launch_bounds__(ATT_THREADS)
 	att_bwd_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *out,
-			  const float *lse, int T, int C, int NH, int hs, float scale)
+			  const float *lse, int T, int C, int NH, int hs, float scale,
+			  const int *seg)
 {
 	const size_t C3 = 3 * (size_t)C;
 	att_bwd_dq_body(dqkv, dout, qkv, qkv + C, qkv + 2 * C, out, lse, T, NH, NH, hs, scale,
-			C3, C3, C);
+			C3, C3, C, seg);
 }
 
 /* ---- grouped-query attention (LLaMA) -------------------------------------------
@@ -401,30 +431,32 @@ static inline dim3 gqa_kv_grid(int B, int NKV, int T)
 
 __global__ void __launch_bounds__(ATT_THREADS)
 	gqa_fwd_kernel(float *out, float *lse, const float *q_all, const float *k_all,
-		       const float *v_all, int T, int NH, int NKV, int hs, float scale)
+		       const float *v_all, int T, int NH, int NKV, int hs, float scale,
+		       const int *seg)
 {
 	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
-	att_fwd_body(out, lse, q_all, k_all, v_all, T, NH, NKV, hs, scale, sq, sk, sq);
+	att_fwd_body(out, lse, q_all, k_all, v_all, T, NH, NKV, hs, scale, sq, sk, sq, seg);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
 	gqa_bwd_dkv_kernel(float *dk_all, float *dv_all, const float *dout, const float *q_all,
 			   const float *k_all, const float *v_all, const float *out,
-			   const float *lse, int T, int NH, int NKV, int hs, float scale)
+			   const float *lse, int T, int NH, int NKV, int hs, float scale,
+			   const int *seg)
 {
 	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
 	att_bwd_dkv_body(dk_all, dv_all, dout, q_all, k_all, v_all, out, lse, T, NH, NKV, hs,
-			 scale, sq, sk, sq);
+			 scale, sq, sk, sq, seg);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
 	gqa_bwd_dq_kernel(float *dq_all, const float *dout, const float *q_all, const float *k_all,
 			  const float *v_all, const float *out, const float *lse, int T, int NH,
-			  int NKV, int hs, float scale)
+			  int NKV, int hs, float scale, const int *seg)
 {
 	const size_t sq = (size_t)NH * hs, sk = (size_t)NKV * hs;
 	att_bwd_dq_body(dq_all, dout, q_all, k_all, v_all, out, lse, T, NH, NKV, hs, scale, sq,
-			sk, sq);
+			sk, sq, seg);
 }
 
 #endif /* ST_CUDA_ATTENTION_KERNELS_CUH */

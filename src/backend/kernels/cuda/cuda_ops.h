@@ -126,6 +126,14 @@ int st_cuda_attention_fwd(struct st_cuda_ctx *ctx, float *out, float *lse,
 int st_cuda_attention_bwd(struct st_cuda_ctx *ctx, float *dqkv, const float *dout,
 			  const float *qkv, const float *out, const float *lse, int B, int T,
 			  int C, int NH);
+/* With seg (B,T) int32 in device memory, query t attends to keys
+ * [seg[t], t] only (strata/kernels.h's st_cpu_attention_fwd_seg); NULL:
+ * the two above. */
+int st_cuda_attention_fwd_seg(struct st_cuda_ctx *ctx, float *out, float *lse,
+			      const float *qkv, int B, int T, int C, int NH, const int32_t *seg);
+int st_cuda_attention_bwd_seg(struct st_cuda_ctx *ctx, float *dqkv, const float *dout,
+			      const float *qkv, const float *out, const float *lse, int B, int T,
+			      int C, int NH, const int32_t *seg);
 int st_cuda_crossentropy_fwd(struct st_cuda_ctx *ctx, float *losses, const float *logits,
 			     const int32_t *targets, int N, int V);
 int st_cuda_crossentropy_bwd(struct st_cuda_ctx *ctx, float *dlogits, float *losses,
@@ -172,6 +180,14 @@ int st_cuda_gqa_attention_bwd(struct st_cuda_ctx *ctx, float *dq, float *dk, flo
 			      const float *dout, const float *q, const float *k,
 			      const float *v, const float *out, const float *lse, int B, int T,
 			      int NH, int NKV, int hd);
+/* With seg, as st_cuda_attention_fwd_seg(). */
+int st_cuda_gqa_attention_fwd_seg(struct st_cuda_ctx *ctx, float *out, float *lse,
+				  const float *q, const float *k, const float *v, int B, int T,
+				  int NH, int NKV, int hd, const int32_t *seg);
+int st_cuda_gqa_attention_bwd_seg(struct st_cuda_ctx *ctx, float *dq, float *dk, float *dv,
+				  const float *dout, const float *q, const float *k,
+				  const float *v, const float *out, const float *lse, int B,
+				  int T, int NH, int NKV, int hd, const int32_t *seg);
 
 /* The optimizer on the GPU (src/backend/kernels/cuda/optim.cu; strata/op.h's ADAMW
  * and GRAD_SUMSQ, bit for bit st_adam_apply(..., ST_ADAM_GRAD_CHECKED) and
@@ -214,6 +230,24 @@ int st_cuda_gqa_attention_bwd_bf16(struct st_cuda_ctx *ctx, void *dq, void *dk, 
 				   int grad_bf16, const uint16_t *dout, const uint16_t *q,
 				   const uint16_t *k, const uint16_t *v, const uint16_t *out,
 				   const float *lse, int B, int T, int NH, int NKV, int hd);
+/* The same with seg (B,T) int32 in device memory: query t attends to keys
+ * [seg[t], t] only (packed documents, st_cuda_attention_fwd_seg()); NULL:
+ * the four above. */
+int st_cuda_attention_fwd_bf16_seg(struct st_cuda_ctx *ctx, uint16_t *out, float *lse,
+				   const uint16_t *qkv, int B, int T, int C, int NH,
+				   const int32_t *seg);
+int st_cuda_attention_bwd_bf16_seg(struct st_cuda_ctx *ctx, void *dqkv, int grad_bf16,
+				   const uint16_t *dout, const uint16_t *qkv,
+				   const uint16_t *out, const float *lse, int B, int T, int C,
+				   int NH, const int32_t *seg);
+int st_cuda_gqa_attention_fwd_bf16_seg(struct st_cuda_ctx *ctx, uint16_t *out, float *lse,
+				       const uint16_t *q, const uint16_t *k, const uint16_t *v,
+				       int B, int T, int NH, int NKV, int hd, const int32_t *seg);
+int st_cuda_gqa_attention_bwd_bf16_seg(struct st_cuda_ctx *ctx, void *dq, void *dk, void *dv,
+				       int grad_bf16, const uint16_t *dout, const uint16_t *q,
+				       const uint16_t *k, const uint16_t *v, const uint16_t *out,
+				       const float *lse, int B, int T, int NH, int NKV, int hd,
+				       const int32_t *seg);
 /* Whether the bf16 attention runs head size hs (64 or 128): the rule the
  * four calls above check, for the cuda compute's supports_shape (the model
  * refuses a bf16 step it would fail before the step). Pure: no GPU. */
