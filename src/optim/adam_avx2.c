@@ -579,12 +579,16 @@ ST_AVX2_INLINE void avx2_q8_drain(const struct st_adam_bufs *b, const struct avx
  * runs the recipe on the dequantized M, V and keeps M' and sqrt(V') in a
  * block buffer, pass 2 quantizes them with the block's new scales. Whole
  * blocks with old scales below 2^16 (all but pathological ones) take
- * avx2_q8_block_fast(): two buffers, and each block's pass 2 runs inside
- * the next block's pass 1. The rest, and a short last block, take
- * avx2_q8_block() after the pending pass 2. The same steps, the same
- * order per element, so the same bits. nt: only when W is vector-aligned
- * at the chunk's start (the caller checks), so every block starts
- * aligned. */
+ * avx2_q8_block_fast(): pass 1 as loops A and B, two buffers, and each
+ * block's pass 2 inside the next block's loop B (by the normal-only
+ * encoder where avx2_q8_normal_only() allows). The rest, and a short last
+ * block, take avx2_q8_block() after the pending pass 2. The same steps,
+ * the same order per element, so the same bits as st_adam_q8_blocks().
+ * Why this shape: the per-vector chain (decode, recipe, sqrt, division,
+ * W) is about 60 cycles long, and on a core whose window holds about two
+ * such vectors the kernel was bound by that, not by its operation count
+ * (docs/optim.md, "Speed"). nt: only when W is vector-aligned at the
+ * chunk's start (the caller checks), so every block starts aligned. */
 ST_AVX2_INLINE uint64_t avx2_q8_body(const struct st_adam_step *s,
 				     const struct st_adam_bufs *b, size_t n,
 				     const enum st_optim_dtype gdt, const int has_w,
