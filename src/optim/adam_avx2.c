@@ -240,10 +240,11 @@ ST_AVX2_INLINE struct avx2_q8_k avx2_q8_consts(const struct st_adam_step *s)
 	};
 }
 
-/* Pass 1 for the 8 elements at i (j in the block): the recipe on M, V
- * as decoded (mv, vv, from the caller's decode), P and W written, M' and
- * sqrt(V') to mo + j, so + j. Returns the lanes whose scaled gradient was
- * not finite (they keep P and their decoded M, V), as a movemask. */
+/* Pass 1 for the 8 elements at i, as one chain (avx2_q8_block()): the
+ * recipe on M, V as decoded (mv, vv, from the caller's decode), P and W
+ * written, M' and sqrt(V') to *mn_out, *sq_out. Returns the lanes whose
+ * scaled gradient was finite (the others keep P and their decoded M, V),
+ * as a movemask. */
 ST_AVX2_INLINE int avx2_q8_recipe(const struct avx2_q8_k *k, const struct st_adam_bufs *b,
 				  size_t i, __m256 mv, __m256 vv, __m256 *mn_out, __m256 *sq_out,
 				  const enum st_optim_dtype gdt, const int has_w,
@@ -307,6 +308,9 @@ ST_AVX2_INLINE uint64_t avx2_q8_block(const struct avx2_q8_k *k, const struct st
 		__m256 mv, sv, vv, mn, sq;
 		int okbits;
 
+		st_optim_prefetch((const char *)b->g + i * (gdt == ST_OPTIM_BF16 ? 2u : 4u),
+				  ST_ADAM_PREFETCH_ELEMS * (gdt == ST_OPTIM_BF16 ? 2u : 4u));
+		st_optim_prefetch(b->p + i, ST_ADAM_PREFETCH_ELEMS * 4u);
 		mv = _mm256_mul_ps(avx2_q8m_decode(_mm_loadl_epi64((const __m128i *)(mc + i))), msc);
 		sv = _mm256_mul_ps(avx2_q8v_decode(_mm_loadl_epi64((const __m128i *)(vc + i))), vsc);
 		vv = _mm256_mul_ps(sv, sv);
