@@ -193,6 +193,137 @@ static void test_kernels_bitwise(void **state)
 	printf("optim: %zu compact-state kernel runs bitwise equal to scalar\n", ran);
 }
 
+/* q8 blocks of every kind a vector kernel treats apart, in one array, so
+ * each path also follows and precedes the others (the AVX2 kernel runs
+ * one block's pass 2 inside the next block's pass 1): per block of
+ * ST_Q8_BLOCK, by index k:
+ *   0, 3  narrow range: every code normal (the encoder's normal-only path)
+ *   1     M and V with zeros and values below 2^-14 of the block's max
+ *         (subnormal codes) next to normal ones
+ *   2     old m_scale 2^16, 4 old v_scale 1e5 (at or past the one-multiply
+ *         decode's bound: the plain per-block steps); 5 m_scale just below
+ *   6     M, V and G all zero (scales 0, inverses 0)
+ *   7     one G of 1e30 (finite: V' overflows to +Inf, no lane skipped)
+ *   8     one NaN G (that lane keeps P, M, V)
+ *   9     P NaNs with payloads that the bf16 rounding would carry into
+ *         (W from a NaN)
+ *   10    a third of sqrt(V') nonzero but below 2^-14 of the max (M' normal)
+ *   11    M' about 1e-39: the inverse of M's new scale is +Inf
+ *   12    a third of M' nonzero but below 2^-14 of the max (sqrt(V') normal)
+ *   13    a short last block (n = 13 blocks + 100)
+ * fp32 and bf16 G, every W dtype and none, plain and streaming W with W on
+ * 32 bytes and on 16 bytes only, three steps; every kernel bitwise against
+ * the scalar one. */
+static void q8_fill_kinds(struct sc *t)
+{
+	uint64_t s = 77;
+	float *m = malloc(t->n * sizeof(float)), *v = malloc(t->n * sizeof(float));
+	float *g = malloc(t->n * sizeof(float));
+	float *p = t->p.data, *ms = t->ms.data, *vs = t->vs.data;
+	struct st_adam_bufs b = sc_bufs(t);
+
+	for (size_t i = 0; i < t->n; i++) {
+		size_t k = i / ST_Q8_BLOCK, r = i % ST_Q8_BLOCK;
+		float sign = tu_rand_u64(&s) % 2 ? -1.0f : 1.0f;
+
+		m[i] = sign * tu_rand_f(&s, 0.5f, 1.0f) * 0.01f;
+		v[i] = tu_rand_f(&s, 0.25f, 1.0f) * 1e-4f;
+		g[i] = tu_rand_f(&s, -1.0f, 1.0f) * 0.01f;
+		p[i] = tu_rand_f(&s, -1.0f, 1.0f);
+		if (k == 1 && r % 3 == 0) {
+			m[i] = r % 2 ? 0.0f : -1e-9f;
+			v[i] = r % 2 ? 0.0f : 1e-20f;
+			g[i] = r % 2 ? 0.0f : 1e-12f;
+		}
+		if (k == 6)
+			m[i] = v[i] = g[i] = 0.0f;
+		if (k == 7 && r == 17)
+			g[i] = 1e30f;
+		if (k == 8 && r == 40)
+			g[i] = NAN;
+		if (k == 9 && r % 50 == 49)
+			p[i] = st_f32_from_bits(r % 100 == 49 ? 0x7fc08001u : 0xffd0ffffu);
+		if (k == 10 && r % 3 == 0) {
+			v[i] = 0.0f;
+			g[i] = sign * 3e-6f;
+		}
+		if (k == 12 && r % 3 == 0) {
+			m[i] = 0.0f;
+			g[i] = sign * 3e-6f;
+			v[i] = 1e-4f;
+		}
+		if (k == 11) {
+			m[i] = sign * 1e-39f;
+			g[i] = 0.0f;
+		}
+	}
+	for (size_t i = 0; i < t->n; i++) {
+		if (t->gdt == ST_OPTIM_BF16)
+			((uint16_t *)t->g.data)[i] = st_bf16_from_f32(g[i]);
+		else
+			((float *)t->g.data)[i] = g[i];
+	}
+	st_optim_state_store(&b, t->n, m, v);
+	ms[2] = 0x1p16f;
+	vs[4] = 1e5f;
+	ms[5] = 0x1.fffffep15f;
+	free(m);
+	free(v);
+	free(g);
+}
+
+static void test_q8_block_kinds(void **state)
+{
+	static const enum st_optim_dtype wdts[] = { ST_OPTIM_BF16, ST_OPTIM_F16, ST_OPTIM_F32 };
+	static const size_t offs[] = { 11, 3 }; /* W at offset 0 (32 bytes), 8 (16 bytes) */
+	const size_t n = 13 * ST_Q8_BLOCK + 100;
+	size_t nk, ran = 0;
+	const struct st_optim_kernel *const *ks = st_optim_kernels(&nk);
+
+	(void)state;
+	for (int gi = 0; gi < 2; gi++)
+	for (int wi = 0; wi < 4; wi++)
+	for (size_t oi = 0; oi < ST_ARRAY_LEN(offs); oi++) {
+		enum st_optim_dtype gdt = gi ? ST_OPTIM_BF16 : ST_OPTIM_F32;
+		enum st_optim_dtype wdt = wi < 3 ? wdts[wi] : ST_OPTIM_BF16;
+		struct sc in, ref, out;
+		struct st_adam_bufs b;
+		uint64_t bad_ref = 0;
+
+		sc_init(&in, ST_OPTIM_STATE_Q8, n, offs[oi], gdt, wi < 3, wdt);
+		sc_init(&ref, ST_OPTIM_STATE_Q8, n, offs[oi], gdt, wi < 3, wdt);
+		sc_init(&out, ST_OPTIM_STATE_Q8, n, offs[oi], gdt, wi < 3, wdt);
+		q8_fill_kinds(&in);
+		sc_copy(&ref, &in);
+		b = sc_bufs(&ref);
+		for (int step = 0; step < 3; step++)
+			bad_ref += tu_kernel_run(&st_optim_kernel_scalar, &hp0, &b, n);
+		assert_true(bad_ref == 3);
+		for (size_t k = 1; k < nk; k++) {
+			if (!ks[k]->supported())
+				continue;
+			for (unsigned kf = 0; kf <= ST_OPTIM_KF_STREAM_W; kf++) {
+				uint64_t bad = 0;
+
+				sc_copy(&out, &in);
+				b = sc_bufs(&out);
+				for (int step = 0; step < 3; step++)
+					bad += tu_kernel_run_flags(ks[k], &hp0, &b, n, kf);
+				assert_true(bad == bad_ref);
+				sc_check_guards(&out);
+				if (!sc_same(&out, &ref))
+					fail_msg("%s q8 block kinds g=%d w=%d off=%zu kf=%u: differs",
+						 ks[k]->name, gi, wi, offs[oi], kf);
+				ran++;
+			}
+		}
+		sc_free(&in);
+		sc_free(&ref);
+		sc_free(&out);
+	}
+	printf("optim: %zu q8 block-kind kernel runs bitwise equal to scalar\n", ran);
+}
+
 /* Through st_adam_apply(): 1, 2, 3 threads on every path, and tiles of
  * random whole blocks (bf16: any length), give the scalar path's bits over
  * several chunks; q8 tiles cut inside a block do not. */
@@ -555,6 +686,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kernels_bitwise),
+		cmocka_unit_test(test_q8_block_kinds),
 		cmocka_unit_test(test_threads_and_tiles),
 		cmocka_unit_test(test_codes_nearest),
 		cmocka_unit_test(test_round_trip),
