@@ -408,4 +408,27 @@ static inline std::vector<float> emu_minus(const std::vector<float> &a,
 	return d;
 }
 
+// Packed documents for the attention tests: seg (B,T), each row cut into
+// documents of 1 to max_len positions (lengths from uniform(0, max_len)),
+// seg[t] the position where t's document starts; empty when !packed (the
+// kernels' seg NULL: causal only).
+template <typename U>
+static std::vector<int32_t> emu_make_seg(int B, int T, bool packed, float max_len, U uniform)
+{
+	std::vector<int32_t> seg;
+
+	if (!packed)
+		return seg;
+	seg.resize((size_t)B * T);
+	for (int b = 0; b < B; b++)
+		for (int t = 0, s = 0, left = 0; t < T; t++, left--) {
+			if (left <= 0) {
+				s = t;
+				left = 1 + (int)uniform(0.0f, max_len);
+			}
+			seg[(size_t)b * T + t] = s;
+		}
+	return seg;
+}
+
 #endif

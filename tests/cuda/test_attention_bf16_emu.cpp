@@ -171,24 +171,10 @@ template <int HS> struct ab_kernels {
 	}
 };
 
-/* Packed documents: seg (B,T), each row documents of 1 to 80 positions,
- * s(t) where t's starts; empty: causal (seg NULL). */
+/* Packed documents of 1 to 80 positions (cuda_emu.h) */
 static std::vector<int32_t> make_seg(int B, int T, bool packed)
 {
-	std::vector<int32_t> seg;
-
-	if (!packed)
-		return seg;
-	seg.resize((size_t)B * T);
-	for (int b = 0; b < B; b++)
-		for (int t = 0, s = 0, left = 0; t < T; t++, left--) {
-			if (left <= 0) {
-				s = t;
-				left = 1 + (int)rng_uniform(0.0f, 80.0f);
-			}
-			seg[(size_t)b * T + t] = s;
-		}
-	return seg;
+	return emu_make_seg(B, T, packed, 80.0f, rng_uniform);
 }
 
 template <int HS>
