@@ -405,7 +405,7 @@ int st_model_decode_begin(const struct st_model *m, int max_tokens, struct st_de
 
 /* Bytes a decoder for max_tokens positions and steps of up to max_rows
  * tokens needs in st_model_decode_begin_in(): the cache, then the rows'
- * buffers, the logits and the workspace. */
+ * buffers, the logits and the workspace; 0 where m does not decode. */
 size_t st_model_decode_bytes(const struct st_model *m, int max_tokens, int max_rows);
 /* A decoder in mem, memory of the model's compute (a device's arena) of
  * at least st_model_decode_bytes(m, max_tokens, max_rows) bytes, which

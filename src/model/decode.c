@@ -73,6 +73,8 @@ size_t st_model_decode_bytes(const struct st_model *m, int max_tokens, int max_r
 {
 	struct st_decode d;
 
+	if (!st_model_decodes(m))
+		return 0;
 	return st_align_up(st_model_decode_cache_bytes(st_model_config(m), max_tokens),
 			   ST_WORK_ALIGN) +
 	       decode_carve(m, max_rows, NULL, &d);
@@ -142,12 +144,13 @@ int st_model_decode_begin(const struct st_model *m, int max_tokens, struct st_de
 int st_model_decode_begin_in(const struct st_model *m, int max_tokens, int max_rows, void *mem,
 			     size_t mem_bytes, struct st_decode **out)
 {
-	size_t need = st_model_decode_bytes(m, max_tokens, max_rows);
+	size_t need;
 	int ret;
 
 	*out = NULL;
 	if ((ret = decode_check(m, max_tokens)) < 0)
 		return ret;
+	need = st_model_decode_bytes(m, max_tokens, max_rows);
 	if (max_rows < 1 || max_rows > max_tokens)
 		return st_error_set(-EINVAL, "model: steps of %d tokens: want 1 .. %d", max_rows,
 				    max_tokens);

@@ -219,6 +219,9 @@ static void test_cache_and_refusals(void **state)
 	}
 	assert_int_equal(st_model_set_precision(m, ST_PRECISION_BF16), 0);
 	assert_int_equal(st_model_decode_begin(m, 8, &d), -ENOTSUP);
+	assert_false(st_model_decodes(m));
+	assert_int_equal(st_model_decode_bytes(m, 8, 2), 0);
+	assert_int_equal(st_model_decode_begin_in(m, 8, 2, lg, sizeof(lg), &d), -ENOTSUP);
 	st_model_destroy(m);
 }
 
