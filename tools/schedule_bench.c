@@ -34,6 +34,7 @@ static void usage(FILE *f)
 "                      [--grad-accum N] [--nvme DIR] [--gpu-mem SIZE]\n"
 "                      [--host-mem SIZE] [--threads N] [--json FILE]\n"
 "                      [--device cpu|cuda] [--data FILE] [--update | --and-update]\n"
+"                      [--rates FILE]\n"
 "\n"
 "nvme bytes and step time of --schedule layer-first (B) against batch-first\n"
 "(A), every state on nvme, stepped alternately in one run; the medians of\n"
@@ -44,7 +45,11 @@ static void usage(FILE *f)
 "with --update in-backward, A batch-first with the update after, no clip.\n"
 "Defaults: --model layers=4,dim=512,heads=8,vocab=256,ctx=256 --batch 1\n"
 "--seq 64 --steps 5 --grad-accum 4 --nvme /var/tmp --gpu-mem 1G\n"
-"--host-mem 160M --device cpu --data /usr/share/common-licenses/GPL-3.\n");
+"--host-mem 160M --device cpu --data /usr/share/common-licenses/GPL-3.\n"
+"--rates FILE: both engines plan with a rates file (strata plan --calibrate\n"
+"at the same shape), so that the predicted steps of A and B, printed with\n"
+"predicted/measured - 1, are the calibrated planner's (the rates change no\n"
+"placement here: every state is on nvme).\n");
 }
 
 static uint64_t nvme_bytes(const struct st_engine_stats *s)
@@ -61,7 +66,8 @@ int main(int argc, char **argv)
 {
 	static const struct option longs[] = {
 		BENCH_OPTS_LONGS, { "grad-accum", 1, 0, 'N' }, { "help", 0, 0, 'h' },
-		{ "update", 0, 0, 'U' }, { "and-update", 0, 0, 'W' }, { 0 },
+		{ "update", 0, 0, 'U' }, { "and-update", 0, 0, 'W' }, { "rates", 1, 0, 'R' },
+		{ 0 },
 	};
 	struct bench_opts o = {
 		.model = "layers=4,dim=512,heads=8,vocab=256,ctx=256", .nvme = "/var/tmp",
@@ -70,6 +76,7 @@ int main(int argc, char **argv)
 	};
 	int c, accum = -1, held = 0;
 	bool upd = false, and_upd = false;
+	const char *rates_file = NULL;
 	struct st_engine_config cfg[2];
 	struct bench_pair bp;
 	double *t[2], *rt, *rb;
@@ -84,6 +91,7 @@ int main(int argc, char **argv)
 		case 'N': accum = bench_int(PROG, "grad-accum", optarg, 1024); break;
 		case 'U': upd = true; break;
 		case 'W': and_upd = true; break;
+		case 'R': rates_file = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: die2("unknown or incomplete option ", argv[optind - 1]);
 		}
@@ -107,6 +115,10 @@ int main(int argc, char **argv)
 	cfg[0].activations = ST_OFFLOAD_NONE;
 	cfg[0].recompute = ST_RECOMPUTE_ALL;
 	cfg[0].schedule = ST_SCHEDULE_BATCH_FIRST;
+	if (rates_file && st_plan_rates_read(rates_file, &cfg[0].rates) < 0) {
+		fprintf(stderr, "%s: --rates %s\n", PROG, st_error_last());
+		return 2;
+	}
 	/* --update: no clip, so that every step's speculation holds */
 	if (upd || and_upd)
 		cfg[0].train.clip = 0;
@@ -197,8 +209,12 @@ int main(int argc, char **argv)
 			       st_lane_name(lanes[i]), last[0][lanes[i]] / 1e6, pla[i] / 1e6,
 			       last[1][lanes[i]] / 1e6, plb[i] / 1e6);
 		}
-		printf("  planned nvme bytes B/A %.3f; predicted step A %.3f s, B %.3f s\n",
-		       (double)plan_nvme(pb) / (double)plan_nvme(pa), pa->t_step_s, pb->t_step_s);
+		printf("  planned nvme bytes B/A %.3f; predicted step A %.3f s, B %.3f s "
+		       "(%s rates)\n", (double)plan_nvme(pb) / (double)plan_nvme(pa), pa->t_step_s,
+		       pb->t_step_s, rates_file ? "--rates FILE's" : "the default");
+		printf("  predicted/measured - 1: A %+.1f%%, B %+.1f%%; predicted ratio B/A %.3f "
+		       "(measured %.3f)\n", (pa->t_step_s / ma - 1) * 100,
+		       (pb->t_step_s / mb - 1) * 100, pb->t_step_s / pa->t_step_s, mrt);
 		if (o.json) {
 			json_object *j = json_object_new_object();
 
@@ -214,6 +230,10 @@ int main(int argc, char **argv)
 			json_object_object_add(j, "step_layer_first_s", json_object_new_double(mb));
 			json_object_object_add(j, "median_ratio_nvme_bytes", json_object_new_double(mrb));
 			json_object_object_add(j, "median_ratio_step", json_object_new_double(mrt));
+			json_object_object_add(j, "rates", json_object_new_string(
+								   rates_file ? rates_file : "default"));
+			json_object_object_add(j, "predicted_a_s", json_object_new_double(pa->t_step_s));
+			json_object_object_add(j, "predicted_b_s", json_object_new_double(pb->t_step_s));
 			json_object_object_add(j, "planned_ratio_nvme_bytes",
 					       json_object_new_double((double)plan_nvme(pb) /
 								      (double)plan_nvme(pa)));
