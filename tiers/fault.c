@@ -2,7 +2,9 @@
  * I/O requests, counted from 1), injects EIO, a short transfer, ENOSPC or a
  * delay; and, at the Nth write, corrupts what the write leaves on the inner
  * tier (a flipped bit, a zeroed byte, a page of 0xFF, a lost write, a page
- * of another extent), or hands the Nth I/O to the inner tier late (LATE).
+ * of another extent), or hands the Nth I/O to the inner tier late (LATE,
+ * a read after a time; WRITE_LAST, a write once nothing else is in flight
+ * and the caller waits).
  * Tests build every failure path of the engine on it;
  * it is the one place strata injects faults (docs/reliability.md).
  *
@@ -115,6 +117,18 @@ static int late_submit(struct fault_priv *p, uint64_t *next_due_ns)
 	}
 	p->nlate = kept;
 	return 0;
+}
+
+/* WRITE_LAST: the caller waits with nothing else on the inner tier, so
+ * the held writes go to it now, in their order. 0 or -errno. */
+static int write_last_release(struct fault_priv *p)
+{
+	uint64_t next_due = 0;
+
+	for (unsigned i = 0; i < p->nlate; i++)
+		if (p->late_due_ns[i] == UINT64_MAX)
+			p->late_due_ns[i] = 0;
+	return late_submit(p, &next_due);
 }
 
 static bool fault_hit(struct fault_priv *p)
@@ -397,6 +411,13 @@ static int fault_submit(struct st_tier *t, const struct st_tier_io *ios, unsigne
 				if (ret < 0)
 					return ret;
 				continue;
+			case ST_FAULT_WRITE_LAST:
+				if (io.op != ST_IO_WRITE)
+					break;
+				ret = late_hold(p, &io, UINT64_MAX);
+				if (ret < 0)
+					return ret;
+				continue;
 			case ST_FAULT_NONE:
 				break;
 			}
@@ -467,6 +488,16 @@ static int fault_reap(struct st_tier *t, struct st_tier_cqe *out, unsigned max,
 				}
 				out[got++] = c[i];
 			}
+		}
+		/* WRITE_LAST's writes go once the caller would wait on
+		 * nothing but them */
+		if (p->f.kind == ST_FAULT_WRITE_LAST && p->nlate && !p->inner_inflight &&
+		    got < ST_MAX(min_wait, 1u) && got < max) {
+			int r = write_last_release(p);
+
+			if (r < 0)
+				return r;
+			continue;
 		}
 		if (got >= min_wait || got == max ||
 		    (!p->inner_inflight && !p->nheld && !p->nlate))

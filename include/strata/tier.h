@@ -78,6 +78,12 @@ enum st_fault_kind {
 			    only delay_ns after its submission: its bytes
 			    land late (the buffer keeps what it held until
 			    then); writes go as they come */
+	ST_FAULT_WRITE_LAST, /* the Nth I/O, when a write, waits before the
+				inner tier until the caller reaps with nothing
+				else in flight there: every request submitted
+				after it lands first, so a read of its range
+				finds the older bytes (a drive may reorder
+				its queue); reads go as they come */
 };
 
 /* Corruption of what a write leaves on the inner tier (tests of the

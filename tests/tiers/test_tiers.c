@@ -579,6 +579,50 @@ static void test_fault_enospc_and_delay(void **state)
 		close_kind(&f);
 		free(dst);
 	}
+	/* WRITE_LAST on every I/O from the 10th (after the 8 writes of the
+	 * old bytes): a new write of 64 KiB waits; a read of its range
+	 * submitted after it lands first and finds the old bytes; the write goes once the caller reaps (waiting or
+	 * polling) with nothing else in flight, and a read after its
+	 * completion finds the new bytes. */
+	for (enum kind k = K_FAULT_NVME; k <= K_FAULT_HOST; k++) {
+		uint8_t *dst = xalign(65536), *nu = xalign(65536);
+		struct st_tier_io io[2];
+		struct st_tier_cqe cqe[2];
+		int got = 0;
+
+		memset(nu, 0x3c, 65536);
+		open_kind(&f, k, MiB, (struct st_fault_config){ .kind = ST_FAULT_WRITE_LAST,
+								.nth = 10, .every = 1 });
+		assert_int_equal(st_tier_alloc(f.tier, 8 * 65536, &ext), 0);
+		write8(f.tier, &ext, src, res);
+		io[0] = (struct st_tier_io){ .op = ST_IO_WRITE, .ext = ext, .ext_off_bytes = 5 * 65536,
+					     .len_bytes = 65536, .buf = nu, .user = &io[0] };
+		io[1] = (struct st_tier_io){ .op = ST_IO_READ, .ext = ext, .ext_off_bytes = 5 * 65536,
+					     .len_bytes = 65536, .buf = dst, .user = &io[1] };
+		assert_int_equal(st_tier_submit(f.tier, io, 2), 0);
+		assert_int_equal(st_tier_reap(f.tier, cqe, 1, 1), 1);
+		assert_ptr_equal(cqe[0].user, &io[1]);
+		assert_int_equal(cqe[0].res, 65536);
+		assert_memory_equal(dst, src + 5 * 65536, 65536);
+		while (!got) { /* nothing else in flight: the write goes */
+			int n = st_tier_reap(f.tier, cqe, 2, 1);
+
+			assert_true(n >= 0);
+			for (int j = 0; j < n; j++) {
+				assert_ptr_equal(cqe[j].user, &io[0]);
+				assert_int_equal(cqe[j].res, 65536);
+				got = 1;
+			}
+		}
+		io[1].user = NULL;
+		assert_int_equal(st_tier_submit(f.tier, &io[1], 1), 0);
+		assert_int_equal(st_tier_reap(f.tier, cqe, 1, 1), 1);
+		assert_memory_equal(dst, nu, 65536);
+		st_tier_free(f.tier, &ext);
+		close_kind(&f);
+		free(dst);
+		free(nu);
+	}
 	free(src);
 }
 
