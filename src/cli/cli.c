@@ -283,8 +283,8 @@ struct st_dataset *st_cli_open_data_list(const char *spec, int vocab)
 	return ds;
 }
 
-void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *data,
-				  const char *tok)
+void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *flag,
+				  const char *data, const char *tok)
 {
 	const uint64_t made_by = st_dataset_ext(ds).tokenizer_hash;
 	char json[4200], dir[4200];
@@ -303,9 +303,9 @@ void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *data,
 	if (st_file_hash(json, &h) < 0)
 		st_cli_die(1, "%s", st_error_last());
 	if (h != made_by)
-		st_cli_die(2, "--data %s was made by another tokenizer (hash %016llx) than the "
+		st_cli_die(2, "%s %s was made by another tokenizer (hash %016llx) than the "
 			   "model's %s (%016llx): make it again with strata tokenize --tokenizer "
-			   "%s --out FILE.bin TEXT...", data, (unsigned long long)made_by, json,
+			   "%s --out FILE.bin TEXT...", flag, data, (unsigned long long)made_by, json,
 			   (unsigned long long)h, dir);
 }
 

@@ -113,11 +113,12 @@ struct st_dataset *st_cli_open_data(const char *path, int vocab);
  * stream (st_dataset_concat); a single path is st_cli_open_data's. Exit 2
  * on a bad list, a pattern without a match or a bad file. */
 struct st_dataset *st_cli_open_data_list(const char *spec, int vocab);
-/* Exit 2, naming the strata tokenize command to run, when ds records a
- * tokenizer (hash non-zero) other than tok's: a tokenizer.json, or a
- * folder holding one. tok NULL or an unknown hash (0): nothing to check. */
-void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *data,
-				  const char *tok);
+/* Exit 2, naming the strata tokenize command to run, when ds (given as
+ * `flag data`, e.g. "--data") records a tokenizer (hash non-zero) other
+ * than tok's: a tokenizer.json, or a folder holding one. tok NULL or an
+ * unknown hash (0): nothing to check. */
+void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *flag,
+				  const char *data, const char *tok);
 /* Whether spec is a list or a pattern (not one file's name). */
 bool st_cli_data_is_list(const char *spec);
 

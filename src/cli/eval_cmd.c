@@ -177,7 +177,7 @@ static struct st_dataset *eval_data(const struct eval_args *a, const struct st_m
 
 		ds = st_cli_open_data_list(a->data, mc->vocab);
 		/* a shard made by another tokenizer than the model's */
-		st_cli_check_shard_tokenizer(ds, a->data, a->tok_path ? a->tok_path
+		st_cli_check_shard_tokenizer(ds, "--data", a->data, a->tok_path ? a->tok_path
 					     : st_cli_tokenizer_dir(a->ckpt, tdir, sizeof(tdir)) ? tdir
 					     : NULL);
 	}

@@ -675,19 +675,44 @@ static void jsonl_file(struct job *j, const char *path)
 
 /* --- guards -------------------------------------------------------------------- */
 
-/* Refuse an output that is one of the inputs (or each other), by device
- * and inode: `--out X X` would replace the text with its tokens. */
+/* Whether the file `other` exists and is *out (device and inode). */
+static bool same_inode(const struct stat *out, const char *other)
+{
+	struct stat in;
+
+	return other && stat(other, &in) == 0 && in.st_dev == out->st_dev &&
+	       in.st_ino == out->st_ino;
+}
+
+/* Refuse an output that is one of the inputs or of the tokenizer's files
+ * (or each other), by device and inode: `--out X X` would replace the
+ * text with its tokens, `--out DIR/tokenizer.json` the tokenizer. */
 static void same_file_check(const struct job *j, const char *flag, const char *path)
 {
-	struct stat out, in;
+	static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json" };
+	struct stat out, sb;
+	char file[PATH_MAX + 32];
 
 	if (!path || stat(path, &out) < 0)
 		return;
 	for (size_t i = 0; i < j->n_inputs; i++)
-		if (strcmp(j->inputs[i], "-") && stat(j->inputs[i], &in) == 0 &&
-		    in.st_dev == out.st_dev && in.st_ino == out.st_ino)
+		if (strcmp(j->inputs[i], "-") && same_inode(&out, j->inputs[i]))
 			st_cli_die(2, "%s %s is the input %s: tokenize would overwrite it", flag,
 				   path, j->inputs[i]);
+	if (same_inode(&out, j->template_file))
+		st_cli_die(2, "%s %s is the --chat-template %s: tokenize would overwrite it", flag,
+			   path, j->template_file);
+	if (!j->tpath || stat(j->tpath, &sb) < 0)
+		return;
+	for (size_t i = 0; i < (S_ISDIR(sb.st_mode) ? ST_ARRAY_LEN(tok_files) : 1); i++) {
+		if (S_ISDIR(sb.st_mode))
+			snprintf(file, sizeof(file), "%s/%s", j->tpath, tok_files[i]);
+		else
+			snprintf(file, sizeof(file), "%s", j->tpath);
+		if (same_inode(&out, file))
+			st_cli_die(2, "%s %s is the tokenizer's %s: tokenize would overwrite it",
+				   flag, path, file);
+	}
 }
 
 /* Remove the OUT.tmp.XXXXXX a killed tokenize left: one no process holds

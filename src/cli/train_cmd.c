@@ -13,6 +13,7 @@
 #include "strata/run.h"
 #include "strata/weights.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -263,6 +264,11 @@ bad:
 
 /* Everything train's flags set: the run's configuration, and what the
  * command itself does with them. */
+struct typed_flag {
+	int c;           /* getopt value */
+	const char *arg; /* its argument, or NULL */
+};
+
 struct train_args {
 	struct st_run_config run;
 	const char *nvme;       /* --nvme DIR[,DIR..] or "none" */
@@ -271,6 +277,8 @@ struct train_args {
 	int threads;
 	bool accum_auto, keep_given, data_given;
 	bool given[1100];       /* the flags given, by getopt value */
+	struct typed_flag typed[128]; /* the flags as given, in order */
+	int ntyped;
 	int ckpt_accum;         /* --resume without --grad-accum: the saved
 				 * step's micro-batches over every rank */
 	struct st_cli_budgets bud;    /* --device, --gpu-mem, --host-mem */
@@ -624,37 +632,127 @@ static void train_accum_auto(struct st_engine_config *ec)
 	st_model_destroy(m);
 }
 
+static const struct option train_longs[] = {
+	{ "model", 1, 0, 'm' }, { "data", 1, 0, 'd' }, { "batch", 1, 0, 'B' },
+	{ "seq", 1, 0, 'T' }, { "steps", 1, 0, 's' }, { "grad-accum", 1, 0, 'a' },
+	{ "lr", 1, 0, 'l' }, { "lr-schedule", 1, 0, 'S' }, { "warmup", 1, 0, 'w' },
+	{ "wd", 1, 0, 'W' }, { "beta1", 1, 0, '1' }, { "beta2", 1, 0, '2' },
+	{ "eps", 1, 0, 'e' }, { "clip", 1, 0, 'c' }, { "seed", 1, 0, 'r' },
+	{ "precision", 1, 0, 'p' }, { "shuffle", 1, 0, 'u' }, { "threads", 1, 0, 'j' },
+	{ "save", 1, 0, 'o' }, { "metrics", 1, 0, 'M' }, { "init", 1, 0, 'i' },
+	{ "log-every", 1, 0, 'L' }, { "gpu-mem", 1, 0, 'G' }, { "host-mem", 1, 0, 'H' },
+	{ "nvme", 1, 0, 'N' }, { "nvme-mem", 1, 0, 'Z' }, { "offload-params", 1, 0, 'P' },
+	{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
+	{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
+	{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
+	{ "shard-size", 1, 0, 1000 }, { "samples", 1, 0, 1040 },
+	{ "packing", 1, 0, 1041 },
+	{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
+	{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
+	{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
+	{ "schedule", 1, 0, 1004 }, { "update", 1, 0, 1014 },
+	{ "compute-dtype", 1, 0, 1003 },
+	{ "offload-activations", 1, 0, 1002 },
+	{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
+	{ "optim-state", 1, 0, 1013 },
+	{ "val-data", 1, 0, 1020 }, { "eval-every", 1, 0, 1021 },
+	{ "val-batches", 1, 0, 1022 }, { "keep-best", 0, 0, 1023 },
+	{ "help", 0, 0, 'h' },
+	{ 0 },
+};
+
+/* How the run runs, which a checkpoint does not keep (where and with
+ * which budgets, what it validates, logs and keeps): the flags that the
+ * stop line repeats after --resume DIR. What changes the numbers is in
+ * trainer.json and comes back with --resume alone (train_saved_flags). */
+static const int resume_repeats[] = {
+	'D', 'G', 'H', 'N', 'Z', 'P', 'O', 'F', 'K', 'Q', 'j', 'V', 'x', 'z', 'k', 'E', 'L',
+	'M', 1001, 1002, 1004, 1011, 1013, 1014, 1020, 1021, 1022, 1023,
+};
+
+/* s as one shell word: as it is when it holds only safe characters, else
+ * in single quotes (a ' as '\''); appended to out (n bytes). */
+static void shell_word(const char *s, char *out, size_t n)
+{
+	size_t l = strlen(out);
+	bool plain = *s != '\0';
+
+	for (const char *p = s; *p; p++)
+		if (!isalnum((unsigned char)*p) && !strchr("_./,:=+-@%", *p))
+			plain = false;
+	if (plain) {
+		snprintf(out + l, n - l, "%s", s);
+		return;
+	}
+	if (l + 1 < n)
+		out[l++] = '\'';
+	for (const char *p = s; *p && l + 5 < n; p++) {
+		if (*p == '\'') {
+			memcpy(out + l, "'\\''", 4);
+			l += 4;
+		} else {
+			out[l++] = *p;
+		}
+	}
+	if (l + 1 < n)
+		out[l++] = '\'';
+	out[l] = '\0';
+}
+
+/* The command the stop line gives: strata train --resume DIR, then the
+ * flags of resume_repeats given to this run, in their order. */
+static void train_resume_line(const struct train_args *a, const char *save, char *out,
+			      size_t n)
+{
+	snprintf(out, n, "strata train --resume ");
+	shell_word(save, out, n);
+	for (int i = 0; i < a->ntyped; i++) {
+		const struct option *o = train_longs;
+		bool repeat = false;
+
+		for (size_t k = 0; k < ST_ARRAY_LEN(resume_repeats); k++)
+			repeat |= resume_repeats[k] == a->typed[i].c;
+		while (repeat && o->name && o->val != a->typed[i].c)
+			o++;
+		if (!repeat || !o->name)
+			continue;
+		snprintf(out + strlen(out), n - strlen(out), " --%s", o->name);
+		if (a->typed[i].arg) {
+			snprintf(out + strlen(out), n - strlen(out), " ");
+			shell_word(a->typed[i].arg, out, n);
+		}
+	}
+}
+
+/* The tokens of ds (given as `flag name`) are the model's: a shard made
+ * by another tokenizer than the one of --init or the resumed run (its
+ * hash), or a text's bytes where that model has a tokenizer (a fine-tune,
+ * or a validation, on noise), exit 2 with the command to run. */
+static void train_check_tokens(const struct train_args *a, struct st_dataset *ds,
+			       const char *flag, const char *name)
+{
+	const struct st_run_config *rc = &a->run;
+	const char *from = rc->init ? rc->init
+			   : !rc->resume ? NULL
+			   : strcmp(rc->resume, "auto") ? rc->resume : rc->save;
+	char tdir[4096];
+
+	if (!from || !st_cli_tokenizer_dir(from, tdir, sizeof(tdir)))
+		return;
+	st_cli_check_shard_tokenizer(ds, flag, name, tdir);
+	if (rc->engine.train.model.vocab != 256 && st_dataset_format(ds) == ST_DATASET_BYTES) {
+		if (rc->data != ds) /* nothing left for LeakSanitizer */
+			st_dataset_close(rc->data);
+		st_dataset_close(ds);
+		st_cli_die(2, "%s %s is text, and %s %s has a tokenizer: give its ids (strata "
+			   "tokenize --tokenizer %s --out FILE.bin %s)", flag, name,
+			   rc->init ? "--init" : "the run of --resume", from, tdir, name);
+	}
+}
+
 /* The flags into *a; true for --help (printed). Bad input exits 2. */
 static bool train_parse(int argc, char **argv, struct train_args *a)
 {
-	static const struct option longs[] = {
-		{ "model", 1, 0, 'm' }, { "data", 1, 0, 'd' }, { "batch", 1, 0, 'B' },
-		{ "seq", 1, 0, 'T' }, { "steps", 1, 0, 's' }, { "grad-accum", 1, 0, 'a' },
-		{ "lr", 1, 0, 'l' }, { "lr-schedule", 1, 0, 'S' }, { "warmup", 1, 0, 'w' },
-		{ "wd", 1, 0, 'W' }, { "beta1", 1, 0, '1' }, { "beta2", 1, 0, '2' },
-		{ "eps", 1, 0, 'e' }, { "clip", 1, 0, 'c' }, { "seed", 1, 0, 'r' },
-		{ "precision", 1, 0, 'p' }, { "shuffle", 1, 0, 'u' }, { "threads", 1, 0, 'j' },
-		{ "save", 1, 0, 'o' }, { "metrics", 1, 0, 'M' }, { "init", 1, 0, 'i' },
-		{ "log-every", 1, 0, 'L' }, { "gpu-mem", 1, 0, 'G' }, { "host-mem", 1, 0, 'H' },
-		{ "nvme", 1, 0, 'N' }, { "nvme-mem", 1, 0, 'Z' }, { "offload-params", 1, 0, 'P' },
-		{ "offload-optim", 1, 0, 'O' }, { "prefetch", 1, 0, 'F' },
-		{ "aio-block", 1, 0, 'K' }, { "aio-depth", 1, 0, 'Q' }, { "trace", 1, 0, 'X' },
-		{ "save-every", 1, 0, 'E' }, { "keep", 1, 0, 'k' }, { "resume", 1, 0, 'R' },
-		{ "shard-size", 1, 0, 1000 }, { "samples", 1, 0, 1040 },
-		{ "packing", 1, 0, 1041 },
-		{ "device", 1, 0, 'D' }, { "verify-reads", 1, 0, 'V' },
-		{ "test-fault", 1, 0, 'y' }, { "max-skipped", 1, 0, 'x' },
-		{ "zero", 1, 0, 'z' }, { "recompute", 1, 0, 1001 },
-		{ "schedule", 1, 0, 1004 }, { "update", 1, 0, 1014 },
-		{ "compute-dtype", 1, 0, 1003 },
-		{ "offload-activations", 1, 0, 1002 },
-		{ "rates", 1, 0, 1011 }, { "rates-refresh", 1, 0, 1012 },
-		{ "optim-state", 1, 0, 1013 },
-		{ "val-data", 1, 0, 1020 }, { "eval-every", 1, 0, 1021 },
-		{ "val-batches", 1, 0, 1022 }, { "keep-best", 0, 0, 1023 },
-		{ "help", 0, 0, 'h' },
-		{ 0 },
-	};
 	struct st_run_config *rc = &a->run;
 	struct st_engine_config *ec = &rc->engine;
 	struct st_train_config *cfg = &ec->train;
@@ -673,9 +771,11 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 	ec->host_mem_bytes = st_cli_size("--host-mem", DEFAULT_HOST_MEM);
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "h", train_longs, NULL)) != -1) {
 		if (c > 0 && c < (int)ST_ARRAY_LEN(a->given))
 			a->given[c] = true;
+		if (c > 0 && a->ntyped < (int)ST_ARRAY_LEN(a->typed))
+			a->typed[a->ntyped++] = (struct typed_flag){ c, optarg };
 		switch (c) {
 		case 'm':
 			if (st_model_config_parse(optarg, &cfg->model) < 0)
@@ -820,7 +920,7 @@ static bool train_parse(int argc, char **argv, struct train_args *a)
 		case 1023: rc->keep_best = true; break;
 		case 'h': train_usage(stdout); return true;
 		default:
-			st_cli_bad_option("train", longs, argv[optind - 1]);
+			st_cli_bad_option("train", train_longs, argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
@@ -999,34 +1099,17 @@ int st_cli_train(int argc, char **argv)
 	set_threads_cli(a.threads);
 	train_check_data(&a);
 	ds = st_cli_open_data_list(rc->data_name, cfg->model.vocab);
-	{ /* a shard made by another tokenizer than the model's */
-		const char *from = rc->init ? rc->init
-				   : !rc->resume ? NULL
-				   : strcmp(rc->resume, "auto") ? rc->resume : rc->save;
-		char tdir[4096];
-
-		if (from && st_cli_tokenizer_dir(from, tdir, sizeof(tdir)))
-			st_cli_check_shard_tokenizer(ds, rc->data_name, tdir);
-	}
-	if (rc->init && cfg->model.vocab != 256 && st_dataset_format(ds) == ST_DATASET_BYTES) {
-		char tdir[4096];
-
-		/* a model that ships a tokenizer, fed the text's bytes as ids:
-		 * a fine-tune on noise */
-		if (st_cli_tokenizer_dir(rc->init, tdir, sizeof(tdir))) {
-			st_dataset_close(ds); /* nothing left for LeakSanitizer */
-			st_cli_die(2, "--data %s is text, and --init %s has a tokenizer: train on "
-				   "its ids (strata tokenize --tokenizer %s --out FILE.bin %s)",
-				   rc->data_name, rc->init, tdir, rc->data_name);
-		}
+	rc->data = ds;
+	train_check_tokens(&a, ds, "--data", rc->data_name);
+	if (a.val_name) {
+		rc->val_data = st_cli_open_data(a.val_name, cfg->model.vocab);
+		train_check_tokens(&a, rc->val_data, "--val-data", a.val_name);
 	}
 	/* rank 0 prints, saves and holds the lock; the others write only their
 	 * slices and say nothing but their errors */
 	if (ec->rank > 0 && !freopen("/dev/null", "w", stdout))
 		st_cli_die(1, "/dev/null: %s", strerror(errno));
 	st_cli_budgets_print(&a.bud, ec->device, ec->gpu_mem_bytes, ec->host_mem_bytes);
-	if (a.val_name)
-		rc->val_data = st_cli_open_data(a.val_name, cfg->model.vocab);
 	rc->data = ds;
 	rc->stop = &stop_requested;
 	rc->out = stdout;
@@ -1049,9 +1132,13 @@ int st_cli_train(int argc, char **argv)
 	 * finishing MPI, rather than ending the job */
 	if (ec->world > 1)
 		st_comm_exit_together();
-	if (rc->save && ec->rank == 0)
-		fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with: "
-			"strata train --resume %s)\n", res.steps_done, rc->save, rc->save);
+	if (rc->save && ec->rank == 0) {
+		char line[8192];
+
+		train_resume_line(&a, rc->save, line, sizeof(line));
+		fprintf(stderr, "strata: stopped after step %d, saved in %s (go on with: %s)\n",
+			res.steps_done, rc->save, line);
+	}
 	else if (ec->rank == 0)
 		fprintf(stderr, "strata: stopped after step %d (nothing saved: no --save)\n",
 			res.steps_done);

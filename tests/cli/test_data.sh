@@ -7,8 +7,9 @@
 #     mixed with shards are refused (exit 2, one line);
 #   - a shard's tokenizer: made by another tokenizer than the model's (the
 #     tokenizer.json beside --init, --resume or eval's --ckpt / --tokenizer)
-#     is refused, naming the strata tokenize command; the same tokenizer
-#     and an unknown one (hash 0) pass;
+#     is refused, naming the strata tokenize command, as --data and as
+#     --val-data; the same tokenizer and an unknown one (hash 0) pass;
+#     text where the model has a tokenizer is refused as either;
 #   - a loss mask: eval's loss is the mean over the counted targets (held
 #     to the per-token losses read back through two evals: all ones and
 #     the mask), a mask of zeros is refused by eval, and train says that a
@@ -135,6 +136,36 @@ check "eval, the model's tokenizer passes" 0 "$strata" eval --ckpt "$work/one/la
 	--data "$work/by-a.bin"
 check "two tokenizers in one --data are refused" 2 "$strata" train "${model[@]}" \
 	--data "$work/by-a.bin,$work/by-b.bin"
+# --val-data is held to the same tokenizer as --data
+check "train --init, a --val-data of another tokenizer is refused" 2 "$strata" train \
+	"${model[@]}" --init "$work/one/latest" --data "$work/by-a.bin" \
+	--val-data "$work/by-b.bin" --eval-every 1 --steps 1
+grep -q "^strata: --val-data $work/by-b.bin was made by another tokenizer" "$work/err" ||
+	{ echo "FAIL: the --val-data refusal does not name the flag"; fail=1; }
+check "train --resume, a --val-data of another tokenizer is refused" 2 "$strata" train \
+	"${model[@]}" --resume "$work/one/latest" --data "$work/by-a.bin" \
+	--val-data "$work/by-b.bin" --eval-every 1 --steps 5
+check "train --init, a --val-data of the model's tokenizer passes" 0 "$strata" train \
+	"${model[@]}" --init "$work/one/latest" --data "$work/by-a.bin" \
+	--val-data "$work/by-a.bin" --eval-every 1 --steps 1
+# text where the model has a tokenizer (its vocab is not the bytes'):
+# refused as --data and as --val-data
+"$strata" train --model layers=1,dim=32,heads=2,vocab=300,ctx=32 --batch 2 --seq 16 \
+	--data "$work/all.bin" --steps 1 --save "$work/v300" >"$work/log" 2>&1 ||
+	{ echo "FAIL a vocab-300 run"; tail -3 "$work/log"; fail=1; }
+cp "$work/tok-a.json" "$work/v300/tokenizer.json"
+check "train --init, text as --data with a tokenizer is refused" 2 "$strata" train \
+	--batch 2 --seq 16 --init "$work/v300/latest" --data "$work/parts/t.txt" --steps 1
+grep -q "^strata: --data $work/parts/t.txt is text, and --init $work/v300/latest has a tokenizer" \
+	"$work/err" || { echo "FAIL: the text refusal says $(cat "$work/err")"; fail=1; }
+check "train --init, text as --val-data with a tokenizer is refused" 2 "$strata" train \
+	--batch 2 --seq 16 --init "$work/v300/latest" --data "$work/by-a.bin" \
+	--val-data "$work/parts/t.txt" --eval-every 1 --steps 1
+grep -q "^strata: --val-data $work/parts/t.txt is text" "$work/err" ||
+	{ echo "FAIL: the --val-data text refusal says $(cat "$work/err")"; fail=1; }
+check "train --resume, text as --val-data with a tokenizer is refused" 2 "$strata" train \
+	--resume "$work/v300/latest" --data "$work/by-a.bin" --val-data "$work/parts/t.txt" \
+	--eval-every 1 --steps 3
 
 # ---- a loss mask --------------------------------------------------------
 shard "$work/masked.bin" 0 3000 0 spans

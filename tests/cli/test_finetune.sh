@@ -3,8 +3,9 @@
 # LLaMA-family models (directories written here with PyTorch as
 # transformers writes them: BF16 shards, the index, config.json), each
 # with a real tokenizer beside the weights as Hugging Face ships them
-# (tokenizer.json and tokenizer_config.json from the npm test data): Llama
-# 2's (32000 ids, <s> first, uint16 shards) on a LlamaForCausalLM, and
+# (tokenizer.json and tokenizer_config.json from the npm test data):
+# Mistral 7B's (npm's tokenizer-llama2, docs/tokenizer.md: 32000 ids, <s>
+# first, uint16 shards) on a LlamaForCausalLM, and
 # Qwen 3's (151669 ids, no BOS, uint32 shards) on a Qwen2ForCausalLM with
 # q/k/v biases, a tied head and Qwen's vocabulary padded to 151936:
 #   strata tokenize --tokenizer DIR --out data.bin my.txt
@@ -13,7 +14,7 @@
 #   strata generate --ckpt ck --prompt "..."
 #   strata export --ckpt ck --out DIR2
 # and that each step hands the next what it needs: the shard holds the
-# tokenizer's ids (Llama 2's BOS first), the checkpoint carries the tokenizer, eval of
+# tokenizer's ids (Mistral's BOS first), the checkpoint carries the tokenizer, eval of
 # the text through the export's tokenizer is eval of the shard, --init from
 # the export is --init from the checkpoint.
 # Exit 77, saying why, without the npm test data (tools/quickstart

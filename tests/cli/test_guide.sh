@@ -230,7 +230,10 @@ PY
 	run_block train "$work/train.log"
 	rc=$?
 	wait $stopper
-	if [ $rc = 130 ] && grep -q "^strata: stopped after step [0-9]*, saved in ck (go on with: strata train --resume ck)" \
+	# the line is the resume block's command: RUN's flags, which a
+	# checkpoint does not keep, repeated in their order
+	if [ $rc = 130 ] && grep -qxF "strata: stopped after step $(sed -n \
+		's/^strata: stopped after step \([0-9]*\),.*/\1/p' "$work/train.log"), saved in ck (go on with: strata train --resume ck --metrics train.jsonl $RUN)" \
 		"$work/train.log"; then
 		echo "ok   train stopped: $(grep '^strata: stopped' "$work/train.log")"
 	else

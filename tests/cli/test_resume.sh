@@ -176,13 +176,15 @@ stop_after() { # pid, file, lines: SIGTERM once the file has that many
 	kill -TERM "$1" 2>/dev/null
 	wait "$1"
 }
+# The line repeats the flags a checkpoint does not keep (where the run
+# runs and with which budgets, what it logs), in their order.
 "$strata" train $T --steps 100000 --lr-schedule constant --save "$work/endless" \
-	--metrics "$work/endless.jsonl" >"$work/a.log" 2>&1 &
+	--gpu-mem 48M --host-mem 40M --metrics "$work/endless.jsonl" >"$work/a.log" 2>&1 &
 stop_after $! "$work/endless.jsonl" 3 .
 rc=$?
 n=$(wc -l <"$work/endless.jsonl")
 go=$(grep -o 'go on with: strata train [^)]*' "$work/a.log" | sed 's/^go on with: strata //')
-if [ "$rc" = 130 ] && [ "$go" = "train --resume $work/endless" ]; then
+if [ "$rc" = 130 ] && [ "$go" = "train --resume $work/endless --nvme $work/nvme --gpu-mem 48M --host-mem 40M --metrics $work/endless.jsonl" ]; then
 	echo "ok   stopped at step $n: 'go on with: strata $go'"
 else
 	echo "FAIL stop: exit $rc, line '$go'"; tail -3 "$work/a.log"; fail=1
@@ -196,7 +198,8 @@ grep -q "resumed from .* at step $n" "$work/b.log" && [ "$rc" = 130 ] && [ -n "$
 	{ echo "FAIL the stop line's command: exit $rc"; tail -3 "$work/b.log"; fail=1; }
 "$strata" train $T --steps "${m:-1}" --lr-schedule constant --save "$work/straight" \
 	--metrics "$work/straight.jsonl" >"$work/log" 2>&1 || { echo "FAIL straight run"; fail=1; }
-if [ "$(losses "$work/straight.jsonl" | head -n "$n")" = "$(losses "$work/endless.jsonl")" ] &&
+# the line's --metrics appended the resumed steps: the file holds all m
+if [ "$(losses "$work/straight.jsonl")" = "$(losses "$work/endless.jsonl")" ] &&
 	cmp -s "$work/straight/latest/model.safetensors" "$work/endless/latest/model.safetensors" &&
 	cmp -s "$work/straight/latest/optimizer.safetensors" "$work/endless/latest/optimizer.safetensors"; then
 	echo "ok   stopped at $n and $m, resumed with the line's command = one run to $m"
@@ -206,6 +209,20 @@ fi
 
 check steps-below-ckpt 2 "$strata" train --resume "$work/run/step-000016" --steps 10 --save "$work/x"
 [ -e "$work/x" ] && { echo "FAIL steps-below-ckpt left $work/x"; fail=1; }
+
+# validation and the best checkpoint are not kept either: the line
+# repeats them, and quotes what the shell would split
+"$strata" train $M --data $data --nvme "$work/nvme" --steps 100000 --lr-schedule constant \
+	--save "$work/val run" --val-data $data --eval-every 2 --keep-best \
+	--metrics "$work/val.jsonl" >"$work/a.log" 2>&1 &
+stop_after $! "$work/val.jsonl" 3 .
+rc=$?
+go=$(grep -o 'go on with: strata train .*)$' "$work/a.log" | sed 's/^go on with: strata //; s/)$//')
+if [ "$rc" = 130 ] && [ "$go" = "train --resume '$work/val run' --nvme $work/nvme --val-data $data --eval-every 2 --keep-best --metrics $work/val.jsonl" ]; then
+	echo "ok   the stop line repeats --val-data, --eval-every, --keep-best, quoted"
+else
+	echo "FAIL val stop: exit $rc, line '$go'"; tail -3 "$work/a.log"; fail=1
+fi
 
 # a run that started with --init: the stop line's command works, the
 # model is the checkpoint's

@@ -212,6 +212,17 @@ check out-is-input-path 2 "$strata" tokenize --tokenizer "$work/tok" --out "$wor
 check text-out-is-input 2 "$strata" tokenize --format chat --tokenizer "$work/tok" \
 	--out "$work/x.bin" --text-out "$work/chat.jsonl" "$work/chat.jsonl"
 [ "$(md5sum < "$work/in.txt")" = "$sum" ] || { echo "FAIL --out X X changed X"; fail=1; }
+# nor the tokenizer's own files: tokenizer.json, its chat template
+tsum=$(cat "$work/tok/tokenizer.json" "$work/tok/tokenizer_config.json" 2>/dev/null | md5sum)
+check out-is-tokenizer 2 "$strata" tokenize --tokenizer "$work/tok" --out "$work/tok/tokenizer.json" "$work/in.txt"
+check out-is-tokenizer-file 2 "$strata" tokenize --tokenizer "$work/tok/tokenizer.json" \
+	--out "$work/tok/tokenizer.json" "$work/in.txt"
+if [ -f "$work/tok/tokenizer_config.json" ]; then
+	check out-is-template 2 "$strata" tokenize --format chat --tokenizer "$work/tok" \
+		--out "$work/tok/tokenizer_config.json" "$work/chat.jsonl"
+fi
+[ "$(cat "$work/tok/tokenizer.json" "$work/tok/tokenizer_config.json" 2>/dev/null | md5sum)" = "$tsum" ] ||
+	{ echo "FAIL --out over the tokenizer changed it"; fail=1; }
 
 # a tokenize killed with -9 leaves OUT.tmp.XXXXXX; the next run removes it
 # once it is older than a minute and no process holds it (each run locks
