@@ -419,6 +419,25 @@ struct st_plan {
 	const char *phase_bound[2];
 	uint64_t upd_h2d_bytes, upd_nvme_read_bytes, upd_nvme_write_bytes;
 	uint64_t upd_prefetch_nvme_read_bytes;
+	/* The next step's first forward, which the sweep runs beside it
+	 * (the update after the backward): the W fetches of its units
+	 * 0..U-2, once each, from nvme and to vram (in nvme_read_bytes and
+	 * h2d_bytes too), which count in the update phase. */
+	uint64_t upd_fwd_nvme_read_bytes, upd_fwd_h2d_bytes;
+	/* The widens: every W a unit's pass uses is widened on the compute
+	 * (bf16 to fp32, or copied) out of its slot or vram home, f_u per
+	 * micro-batch (once a step layer-first); the bytes they read and
+	 * write, of the whole step and of the fused forward's. On the cpu
+	 * device (host_compute) each is a pass over host memory on the
+	 * cores: t_widen_s is their time at the copy rate, in the compute
+	 * lane beside the FLOPs' time (t_compute_s holds both); 0 on a GPU,
+	 * where a widen is a kernel at the device memory's bandwidth. */
+	uint64_t widen_bytes, upd_widen_bytes;
+	double t_widen_s;
+	/* The cpu device (host_compute): the nvme sums (XXH3 of every byte
+	 * read and written) on the cores, at the copy rate; in t_compute_s
+	 * (its compute lane) too; 0 on a GPU, where the cores are free. */
+	double t_sums_s;
 	/* The order of the micro-batches the plan is sized and predicted
 	 * for: BATCH_FIRST or LAYER_FIRST (AUTO resolved). */
 	enum st_schedule schedule;

@@ -210,6 +210,9 @@ static json_object *traffic_json(const struct st_plan *p)
 	json_object_object_add(o, "update_prefetch_nvme_read_bytes",
 			       ju(p->upd_prefetch_nvme_read_bytes));
 	json_object_object_add(o, "update_nvme_write_bytes", ju(p->upd_nvme_write_bytes));
+	json_object_object_add(o, "update_fwd_nvme_read_bytes", ju(p->upd_fwd_nvme_read_bytes));
+	json_object_object_add(o, "update_fwd_h2d_bytes", ju(p->upd_fwd_h2d_bytes));
+	json_object_object_add(o, "widen_bytes", ju(p->widen_bytes));
 	return o;
 }
 
@@ -247,6 +250,8 @@ static json_object *time_json(const struct st_plan *p, const struct st_plan_inpu
 	json_object_object_add(o, "bound", json_object_new_string(p->bound));
 	json_object_object_add(o, "host_compute", json_object_new_boolean(in->host_compute));
 	json_object_object_add(o, "compute_flops", json_object_new_double(p->compute_flops_step));
+	json_object_object_add(o, "widen_s", json_object_new_double(p->t_widen_s));
+	json_object_object_add(o, "sums_s", json_object_new_double(p->t_sums_s));
 	json_object_object_add(o, "adam_bytes", ju(p->adam_bytes));
 	{
 		static const char *ph_names[2] = { "backward", "update" };

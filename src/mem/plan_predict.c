@@ -170,7 +170,11 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5],
 {
 	const struct st_plan_rates *r = &p->rates;
 	double frac = 2.0 / 3.0 / (sh->layer_first ? 1 : sh->accum);
-	double upd[5] = { 0, (double)p->upd_h2d_bytes / r->copy_bps,
+	/* the cpu device: the update's sums on the cores (t_sums_s) */
+	double sums = p->t_sums_s > 0 ? (double)(p->upd_nvme_read_bytes + p->upd_nvme_write_bytes) /
+						r->copy_bps
+				      : 0;
+	double upd[5] = { sums, (double)p->upd_h2d_bytes / r->copy_bps,
 			  (double)p->upd_nvme_read_bytes / r->nvme_read_bps +
 				  (double)p->upd_nvme_write_bytes / r->nvme_write_bps,
 			  t[3], 0 };
@@ -185,7 +189,7 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5],
 
 /* The step's two phases (docs/plan.md, "The model of the step"): [0] the
  * forwards and backwards, [1] the update sweep with the next step's first
- * forward beside it. The update starts after the last backward (the clip
+ * forward beside it (its FLOPs, W fetches and, on the cpu device, widens). The update starts after the last backward (the clip
  * needs the whole gradient's norm) and the next step's backward after the
  * sweep, so the phases add; within a phase the lanes overlap. The update
  * phase has the update's traffic (G, P, M, V loads and P, M, V, W stores
@@ -206,14 +210,25 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 	/* layer-first: the sweep runs the next step's forward of all N */
 	if (sh->layer_first)
 		fwd *= sh->accum;
+	/* the cpu device: its widens (t_widen_s), and the sums of the
+	 * update's nvme bytes (t_sums_s) */
+	if (p->t_widen_s > 0)
+		fwd += (double)p->upd_widen_bytes / r->copy_bps;
 	fwd = ST_MIN(fwd, t[0]);
 	L[1][0] = fwd;
-	L[1][1] = (double)p->upd_h2d_bytes / r->copy_bps;
-	L[1][2] = (double)(p->upd_nvme_read_bytes - p->upd_prefetch_nvme_read_bytes) /
-			  r->nvme_read_bps +
+	if (p->t_sums_s > 0)
+		L[1][0] += (double)(p->upd_nvme_read_bytes - p->upd_prefetch_nvme_read_bytes +
+				    p->upd_fwd_nvme_read_bytes + p->upd_nvme_write_bytes) /
+			   r->copy_bps;
+	/* its W fetches: unit u's once u's new W is home (st_plan_predict) */
+	L[1][1] = (double)(p->upd_h2d_bytes + p->upd_fwd_h2d_bytes) / r->copy_bps;
+	L[1][2] = (double)(p->upd_nvme_read_bytes - p->upd_prefetch_nvme_read_bytes +
+			   p->upd_fwd_nvme_read_bytes) / r->nvme_read_bps +
 		  (double)p->upd_nvme_write_bytes / r->nvme_write_bps;
 	L[1][3] = t[3];
 	L[1][4] = 0;
+	for (int i = 0; i < 5; i++)
+		L[1][i] = ST_MIN(L[1][i], t[i]);
 	for (int i = 0; i < 5; i++)
 		L[0][i] = ST_MAX(t[i] - L[1][i], 0.0);
 	if (p->in_backward)
@@ -221,9 +236,9 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 	for (int ph = 0; ph < 2; ph++) {
 		int arg = 0;
 
-		if (in->host_compute) { /* compute and AdamW take turns on the cores */
-			L[ph][0] += L[ph][3];
-			L[ph][3] = 0;
+		if (in->host_compute) { /* compute, AdamW and the copies share the cores */
+			L[ph][0] += L[ph][3] + L[ph][1];
+			L[ph][1] = L[ph][3] = 0;
 		}
 		for (int i = 1; i < 5; i++)
 			if (L[ph][i] > L[ph][arg])
@@ -261,7 +276,15 @@ static void predict_times(const struct st_plan_input *in, const struct st_shape 
 	p->recompute_flops = recomp_flops(in, sh) * tokens;
 	p->compute_flops_step = st_model_flops_per_token(in->model, in->seq) * tokens +
 				p->recompute_flops;
-	t[0] = p->compute_flops_step / r->compute_flops;
+	/* on the cpu device the widens are passes over host memory on the
+	 * cores, at the copy rate (their bytes read and written) */
+	p->t_widen_s = in->host_compute ? (double)p->widen_bytes / r->copy_bps : 0;
+	/* and so are the sums of every nvme byte read and written (XXH3,
+	 * engine_sums.c), which read the bytes at about the copy rate */
+	p->t_sums_s = in->host_compute ? (double)(p->nvme_read_bytes + p->nvme_write_bytes) /
+						 r->copy_bps
+				       : 0;
+	t[0] = p->compute_flops_step / r->compute_flops + p->t_widen_s + p->t_sums_s;
 	t[1] = (double)(p->h2d_bytes + p->d2h_bytes) / r->copy_bps;
 	t[2] = (double)p->nvme_read_bytes / r->nvme_read_bps +
 	       (double)p->nvme_write_bytes / r->nvme_write_bps;
@@ -285,9 +308,9 @@ static void predict_times(const struct st_plan_input *in, const struct st_shape 
 	p->t_adam_s = t[3];
 	p->t_net_s = t[4];
 	memcpy(lane, t, sizeof(lane));
-	if (in->host_compute) { /* compute and AdamW take turns on the cores */
-		lane[0] = t[0] + t[3];
-		lane[3] = 0;
+	if (in->host_compute) { /* compute, AdamW and the copies share the cores */
+		lane[0] = t[0] + t[3] + t[1];
+		lane[1] = lane[3] = 0;
 	}
 	for (int i = 1; i < 5; i++)
 		if (lane[i] > lane[arg])
@@ -332,10 +355,18 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 	 * n batch-first, once layer-first (docs/plan.md, "Schedules") */
 	uint64_t nx = sh->layer_first ? 1 : n;
 	uint64_t p_dev_elems = 0, p_all_elems = 0;
+	/* the compute's bytes per element of a widened W */
+	uint64_t cb = st_model_precision(in->model) == ST_PRECISION_BF16 ? 2 : 4;
+	bool fused;
 
 	p->h2d_bytes = p->d2h_bytes = p->nvme_read_bytes = p->nvme_write_bytes = 0;
 	p->upd_h2d_bytes = p->upd_nvme_read_bytes = p->upd_nvme_write_bytes = 0;
+	p->upd_fwd_h2d_bytes = p->upd_fwd_nvme_read_bytes = 0;
+	p->widen_bytes = p->upd_widen_bytes = 0;
 	p->in_backward = st_plan_in_backward(sh, homes);
+	/* the sweep runs the next step's first forward (not in the backward,
+	 * where the next forward is the next step's own; nor without one) */
+	fused = !p->in_backward && !sh->forward_only;
 	for (int u = 0; u < sh->units; u++) {
 		const enum st_home *h = &homes[u * ST_STATE_COUNT];
 
@@ -355,6 +386,19 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		 * update the new W goes to its home. */
 		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
 
+		/* every use widens the whole unit (bf16 or fp32 W read, the
+		 * compute's dtype written); the fused forward's, units 0..U-2
+		 * once, go beside the sweep (the update after the backward) */
+		uint64_t wid = sh->elems[u] * (sh->wb + cb);
+
+		p->widen_bytes += nx * fetches * wid;
+		if (fused && u < sh->units - 1) {
+			p->upd_widen_bytes += wid;
+			if (h[ST_STATE_W] != ST_HOME_VRAM)
+				p->upd_fwd_h2d_bytes += w;
+			if (h[ST_STATE_W] == ST_HOME_NVME)
+				p->upd_fwd_nvme_read_bytes += w;
+		}
 		if (h[ST_STATE_W] == ST_HOME_VRAM) {
 			/* the optimizer on the device writes W in place */
 			p->h2d_bytes += h[ST_STATE_P] == ST_HOME_VRAM ? 0 : w;

@@ -269,6 +269,13 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	fprintf(f, "  compute  %-10s at %.1f GFLOP/s (%s; recomputing %.3g GFLOP of it)\n",
 		fmt_s(p->t_compute_s, a, 32), p->rates.compute_flops / 1e9,
 		st_plan_rate_source(p, ST_RATE_COMPUTE), p->recompute_flops / 1e9);
+	if (in->host_compute) {
+		char b2[32];
+
+		fprintf(f, "           (with W's widens %s and the nvme sums %s on the cores, "
+			"at the copy rate)\n", fmt_s(p->t_widen_s, a, 32),
+			fmt_s(p->t_sums_s, b2, 32));
+	}
 	fprintf(f, "  copy     %-10s at %.2f GB/s (%s)\n", fmt_s(p->t_copy_s, a, 32),
 		p->rates.copy_bps / 1e9, st_plan_rate_source(p, ST_RATE_COPY));
 	fprintf(f, "  nvme     %-10s at %.2f / %.2f GB/s read / write (%s / %s)\n",
@@ -289,8 +296,8 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	}
 	fprintf(f, "  serial   %-10s fill and drain: one unit's share of the other lanes%s\n",
 		fmt_s(p->t_serial_s, a, 32),
-		in->host_compute ? "\n           (cpu device: compute and adam share the cores, so "
-				   "they add)" : "");
+		in->host_compute ? "\n           (cpu device: compute, adam and the copies share the "
+				   "cores, so they add)" : "");
 	fprintf(f, "  step     %-10s bound by %s\n", fmt_s(p->t_step_s, a, 32), p->bound);
 	if (strcmp(p->bound, "compute") == 0)
 		;

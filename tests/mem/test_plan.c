@@ -679,23 +679,50 @@ static void test_traffic_hand_computed(void **state)
 	}
 	st_plan_fini(&p);
 
-	/* the cpu device: compute and AdamW share the cores, so they add,
-	 * in each phase (AdamW is all in the update's) */
+	/* the cpu device: compute, AdamW and the copies share the cores, so
+	 * they add, in each phase (AdamW is all in the update's), and the
+	 * cores also widen every W a pass uses and sum every nvme byte */
 	in.host_compute = true;
 	p = plan_ok(&in);
 	{
+		/* widens per micro-batch: the embedding once (kept widened for
+		 * its backward), the block twice, the head once, 6 B each (bf16
+		 * read, fp32 written): 110592 elements; the fused forward's
+		 * (units 0 and 1, once): 57344 */
+		const double wid = 2.0 * 110592 * 6, uwid = 57344.0 * 6;
+		/* nvme: 5 g read and written; the update's own: G, P, M, V
+		 * loaded but the first two tiles' P, M, V, and P, M, V stored */
+		const double sums = 10.0 * g, usums = 4.0 * g - 3 * 4 * (6144 + 51200) + 3.0 * g;
 		double fwd = (307200.0 + 24576.0) / 3 * in.batch * in.seq / 50e9;
-		double c0 = p.t_compute_s - fwd, c1 = fwd + p.t_adam_s;
+		double flops = (307200.0 * 4 / 3 + 24576.0) * tokens / 50e9;
+		double c1 = fwd + uwid / 8e9 + usums / 8e9 + p.t_adam_s + (double)w / 8e9;
+		double c0 = flops - fwd + (wid - uwid) / 8e9 + (sums - usums) / 8e9 +
+			    (double)(2 * g) / 8e9;
 		double n1 = p.t_phase_lane_s[1][2], n0 = p.t_nvme_s - n1;
-		double k1 = p.t_phase_lane_s[1][1], k0 = p.t_copy_s - k1;
-		double m0 = fmax(c0, fmax(k0, n0)), m1 = fmax(c1, fmax(k1, n1));
+		double m0 = fmax(c0, n0), m1 = fmax(c1, n1);
 
+		assert_int_equal(p.widen_bytes, 1327104);
+		assert_int_equal(p.upd_widen_bytes, 344064);
+		assert_int_equal(p.upd_fwd_h2d_bytes, 0); /* W in vram: no fetch */
+		assert_int_equal(p.upd_fwd_nvme_read_bytes, 0);
+		assert_double_equal(p.t_widen_s, wid / 8e9, 1e-15);
+		assert_double_equal(p.t_sums_s, sums / 8e9, 1e-15);
+		assert_double_equal(p.t_compute_s, flops + (wid + sums) / 8e9, 1e-15);
 		assert_double_equal(p.t_phase_lane_s[0][0], c0, 1e-15);
 		assert_double_equal(p.t_phase_lane_s[1][0], c1, 1e-15);
-		assert_double_equal(p.t_phase_lane_s[1][3], 0, 0);
+		for (int ph = 0; ph < 2; ph++) {
+			assert_double_equal(p.t_phase_lane_s[ph][1], 0, 0);
+			assert_double_equal(p.t_phase_lane_s[ph][3], 0, 0);
+		}
+		assert_double_equal(n1, (4.0 * g - 3 * 4 * (6144 + 51200)) / 1.5e9 + 3.0 * g / 1.2e9,
+				    1e-15);
 		assert_double_equal(p.t_step_s - p.t_serial_s, m0 + m1, 1e-15);
-		assert_double_equal(p.t_serial_s,
-				    2 * (c0 + k0 + n0 - m0 + c1 + k1 + n1 - m1) / p.units, 1e-15);
+		assert_double_equal(p.t_serial_s, 2 * (c0 + n0 - m0 + c1 + n1 - m1) / p.units,
+				    1e-15);
+		/* the step's cores: the FLOPs, widens, sums, AdamW and copies */
+		assert_string_equal(p.bound, p.t_compute_s + p.t_adam_s + p.t_copy_s > p.t_nvme_s
+						     ? (p.t_adam_s > p.t_compute_s ? "adam" : "compute")
+						     : "nvme");
 	}
 	st_plan_fini(&p);
 	in.host_compute = false;
@@ -1865,6 +1892,63 @@ static void test_predict_prefetch(void **state)
 	st_model_destroy(wide);
 }
 
+/* The next step's first forward runs beside the update sweep (the update
+ * after the backward): its W fetches, units 0..U-2 once, go to the update
+ * phase; with the update in the backward the next forward is the next
+ * step's own, in the first phase. Hand-computed on `small` (embedding
+ * 6144, block 51200, head 2048 elements; W bf16). */
+static void test_predict_fused_forward(void **state)
+{
+	struct st_plan_input in = input(small);
+	const uint64_t wf = (6144 + 51200) * 2; /* W of units 0 and 1: 114688 B */
+	const uint64_t g = 59392 * 4, pre = 3 * 4 * (6144 + 51200);
+	struct st_plan p;
+
+	ST_UNUSED(state);
+	in.seq = 32;
+	in.params = ST_OFFLOAD_NVME;
+	in.optim = ST_OFFLOAD_NVME;
+	in.update = ST_UPDATE_AFTER;
+	p = plan_ok(&in);
+	assert_false(p.in_backward);
+	assert_int_equal(p.upd_fwd_nvme_read_bytes, wf);
+	assert_int_equal(p.upd_fwd_h2d_bytes, wf);
+	assert_int_equal(p.upd_nvme_read_bytes, 4 * g);
+	assert_int_equal(p.upd_nvme_write_bytes, 3 * g + 59392 * 2);
+	assert_int_equal(p.upd_h2d_bytes, 0);
+	/* the update phase: the sweep's nvme (but the prefetched loads) and
+	 * the fused forward's fetches; its copies: those fetches */
+	assert_double_equal(p.t_phase_lane_s[1][2],
+			    (double)(4 * g - pre + wf) / 1.5e9 + (3.0 * g + 59392 * 2) / 1.2e9, 1e-15);
+	assert_double_equal(p.t_phase_lane_s[1][1], (double)wf / 8e9, 1e-15);
+	assert_double_equal(p.t_phase_lane_s[0][2] + p.t_phase_lane_s[1][2], p.t_nvme_s, 1e-15);
+	assert_double_equal(p.t_phase_lane_s[0][1] + p.t_phase_lane_s[1][1], p.t_copy_s, 1e-15);
+	/* a GPU: the widens and sums are not the cores' */
+	assert_int_equal(p.widen_bytes, 110592 * 6);
+	assert_double_equal(p.t_widen_s, 0, 0);
+	assert_double_equal(p.t_sums_s, 0, 0);
+	st_plan_fini(&p);
+
+	/* in the backward: no fused forward */
+	in.update = ST_UPDATE_IN_BACKWARD;
+	p = plan_ok(&in);
+	assert_true(p.in_backward);
+	assert_int_equal(p.upd_fwd_nvme_read_bytes, 0);
+	assert_int_equal(p.upd_fwd_h2d_bytes, 0);
+	assert_int_equal(p.upd_widen_bytes, 0);
+	st_plan_fini(&p);
+
+	/* layer-first at N = 2: the fused forward runs both micro-batches
+	 * with each W fetched once */
+	in.update = ST_UPDATE_AFTER;
+	in.grad_accum = 2;
+	in.schedule = ST_SCHEDULE_LAYER_FIRST;
+	p = plan_ok(&in);
+	assert_int_equal(p.upd_fwd_nvme_read_bytes, wf);
+	assert_int_equal(p.widen_bytes, 110592 * 6);
+	st_plan_fini(&p);
+}
+
 /* More budget never hurts: from a tier's minimum upwards every budget is
  * accepted (what makes the minimum exact beyond the 4 KiB either side
  * that check_minimums() tries), the traffic time never grows, and the
@@ -2151,6 +2235,7 @@ int main(void)
 		cmocka_unit_test(test_prefetch_auto),
 		cmocka_unit_test(test_traffic_hand_computed),
 		cmocka_unit_test(test_predict_prefetch),
+		cmocka_unit_test(test_predict_fused_forward),
 		cmocka_unit_test(test_json),
 		cmocka_unit_test(test_rates_from_bench),
 		cmocka_unit_test(test_rates_file),
