@@ -262,13 +262,14 @@ bad:
 		   "(see strata train --help)", spec);
 }
 
-/* Everything train's flags set: the run's configuration, and what the
- * command itself does with them. */
+/* A flag as it was given (train_resume_line() repeats some). */
 struct typed_flag {
 	int c;           /* getopt value */
 	const char *arg; /* its argument, or NULL */
 };
 
+/* Everything train's flags set: the run's configuration, and what the
+ * command itself does with them. */
 struct train_args {
 	struct st_run_config run;
 	const char *nvme;       /* --nvme DIR[,DIR..] or "none" */
