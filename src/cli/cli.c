@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -281,6 +282,34 @@ struct st_dataset *st_cli_open_data_list(const char *spec, int vocab)
 	free(data_list.copy);
 	memset(&data_list, 0, sizeof(data_list));
 	return ds;
+}
+
+/* path with its directory made absolute and free of links (realpath), the
+ * file's own name kept as given: "./m" and "$PWD/m" are one name. */
+static void canonical(const char *path, char *out, size_t n)
+{
+	const char *slash = strrchr(path, '/');
+	char dir[4096], real[PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%.*s", !slash ? 1 : slash == path ? 1 : (int)(slash - path),
+		 !slash ? "." : path);
+	if (realpath(dir, real))
+		snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path);
+	else
+		snprintf(out, n, "%s", path);
+}
+
+bool st_cli_same_file(const char *a, const char *b)
+{
+	char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+	struct stat sa, sb;
+
+	canonical(a, ca, sizeof(ca));
+	canonical(b, cb, sizeof(cb));
+	if (strcmp(ca, cb) == 0)
+		return true;
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+	       sa.st_ino == sb.st_ino;
 }
 
 void st_cli_check_shard_tokenizer(const struct st_dataset *ds, const char *flag,

@@ -113,6 +113,10 @@ struct st_dataset *st_cli_open_data(const char *path, int vocab);
  * stream (st_dataset_concat); a single path is st_cli_open_data's. Exit 2
  * on a bad list, a pattern without a match or a bad file. */
 struct st_dataset *st_cli_open_data_list(const char *spec, int vocab);
+/* Whether paths a and b name one file, existing or not: the same
+ * canonical name (the directory through realpath, the file's own name as
+ * given), or, when both exist, the same inode. */
+bool st_cli_same_file(const char *a, const char *b);
 /* Exit 2, naming the strata tokenize command to run, when ds (given as
  * `flag data`, e.g. "--data") records a tokenizer (hash non-zero) other
  * than tok's: a tokenizer.json, or a folder holding one. tok NULL or an

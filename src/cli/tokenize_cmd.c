@@ -675,31 +675,22 @@ static void jsonl_file(struct job *j, const char *path)
 
 /* --- guards -------------------------------------------------------------------- */
 
-/* Whether the file `other` exists and is *out (device and inode). */
-static bool same_inode(const struct stat *out, const char *other)
-{
-	struct stat in;
-
-	return other && stat(other, &in) == 0 && in.st_dev == out->st_dev &&
-	       in.st_ino == out->st_ino;
-}
-
 /* Refuse an output that is one of the inputs or of the tokenizer's files
- * (or each other), by device and inode: `--out X X` would replace the
+ * (or each other), by any path (st_cli_same_file): `--out X X` would replace the
  * text with its tokens, `--out DIR/tokenizer.json` the tokenizer. */
 static void same_file_check(const struct job *j, const char *flag, const char *path)
 {
 	static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json" };
-	struct stat out, sb;
+	struct stat sb;
 	char file[PATH_MAX + 32];
 
-	if (!path || stat(path, &out) < 0)
+	if (!path || stat(path, &sb) < 0) /* a new file is none of them */
 		return;
 	for (size_t i = 0; i < j->n_inputs; i++)
-		if (strcmp(j->inputs[i], "-") && same_inode(&out, j->inputs[i]))
+		if (strcmp(j->inputs[i], "-") && st_cli_same_file(path, j->inputs[i]))
 			st_cli_die(2, "%s %s is the input %s: tokenize would overwrite it", flag,
 				   path, j->inputs[i]);
-	if (same_inode(&out, j->template_file))
+	if (j->template_file && st_cli_same_file(path, j->template_file))
 		st_cli_die(2, "%s %s is the --chat-template %s: tokenize would overwrite it", flag,
 			   path, j->template_file);
 	if (!j->tpath || stat(j->tpath, &sb) < 0)
@@ -709,7 +700,7 @@ static void same_file_check(const struct job *j, const char *flag, const char *p
 			snprintf(file, sizeof(file), "%s/%s", j->tpath, tok_files[i]);
 		else
 			snprintf(file, sizeof(file), "%s", j->tpath);
-		if (same_inode(&out, file))
+		if (st_cli_same_file(path, file))
 			st_cli_die(2, "%s %s is the tokenizer's %s: tokenize would overwrite it",
 				   flag, path, file);
 	}

@@ -367,36 +367,6 @@ static void copy_tokenizer(void *arg, const char *init)
 		st_cli_generation_config(init, a->run.save);
 }
 
-/* path with its directory made absolute and free of links (realpath), the
- * file's own name kept as given: "./m" and "$PWD/m" are one name. */
-static void canonical(const char *path, char *out, size_t n)
-{
-	const char *slash = strrchr(path, '/');
-	char dir[4096], real[PATH_MAX];
-
-	snprintf(dir, sizeof(dir), "%.*s", !slash ? 1 : slash == path ? 1 : (int)(slash - path),
-		 !slash ? "." : path);
-	if (realpath(dir, real))
-		snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path);
-	else
-		snprintf(out, n, "%s", path);
-}
-
-/* Whether paths a and b name one file, existing or not: the same
- * canonical name, or, when both exist, the same inode. */
-static bool same_file(const char *a, const char *b)
-{
-	char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
-	struct stat sa, sb;
-
-	canonical(a, ca, sizeof(ca));
-	canonical(b, cb, sizeof(cb));
-	if (strcmp(ca, cb) == 0)
-		return true;
-	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-	       sa.st_ino == sb.st_ino;
-}
-
 /* Whether checkpoint dir ck is one of the --save directory whose
  * resolved checkpoint is sck (the same parent, or the same directory). */
 static bool same_dir_of(const char *ck, const char *sck)
@@ -406,7 +376,7 @@ static bool same_dir_of(const char *ck, const char *sck)
 
 	if (!a || !b)
 		st_cli_die(1, "out of memory");
-	same = same_file(ck, sck) || same_file(dirname(a), dirname(b));
+	same = st_cli_same_file(ck, sck) || st_cli_same_file(dirname(a), dirname(b));
 	free(a);
 	free(b);
 	return same;
@@ -1027,7 +997,7 @@ static void train_check_run(const struct train_args *a)
 		char t0[4200];
 
 		snprintf(t0, sizeof(t0), ec->world > 1 ? "%s.rank-0" : "%s", rc->trace);
-		if (same_file(rc->metrics, t0))
+		if (st_cli_same_file(rc->metrics, t0))
 			st_cli_die(2, "--metrics and --trace are both %s: give each a file of its "
 				   "own", rc->metrics);
 	}
