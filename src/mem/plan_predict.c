@@ -189,7 +189,8 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5],
 
 /* The step's two phases (docs/plan.md, "The model of the step"): [0] the
  * forwards and backwards, [1] the update sweep with the next step's first
- * forward beside it (its FLOPs, W fetches and, on the cpu device, widens). The update starts after the last backward (the clip
+ * forward beside it (its FLOPs, W fetches and, on the cpu device, widens).
+ * The update starts after the last backward (the clip
  * needs the whole gradient's norm) and the next step's backward after the
  * sweep, so the phases add; within a phase the lanes overlap. The update
  * phase has the update's traffic (G, P, M, V loads and P, M, V, W stores
