@@ -423,11 +423,16 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 					 : n * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update (layer-first: written once, read by the
-		 * update); P, M, V read and written once. */
+		 * update), but the update inside the backward at world 1 reads
+		 * it in host memory, where it became final; P, M, V read and
+		 * written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
-			p->nvme_read_bytes += nx * g;
+			bool kept = p->in_backward && sh->world == 1;
+
+			p->nvme_read_bytes += (nx - kept) * g;
 			p->nvme_write_bytes += nx * g;
-			p->upd_nvme_read_bytes += g; /* the update's load */
+			if (!kept)
+				p->upd_nvme_read_bytes += g; /* the update's load */
 		}
 		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
 			if (h[s] == ST_HOME_NVME) {

@@ -461,6 +461,7 @@ static int setup_pools(struct st_engine *e)
 	e->batch.host_pinned = true;
 	e->grad.landing = hpool(e, ST_POOL_LANDING, 0);
 	e->grad.stage = hpool(e, ST_POOL_GSTAGE, 0);
+	e->grad.final_u = -1;
 	e->zero.scratch = vpool(e, ST_POOL_COMM_SCRATCH, -1, 0);
 	if (e->zero.scratch)
 		e->zero.scratch_ext = *pool(e, ST_POOL_COMM_SCRATCH, -1, 0);

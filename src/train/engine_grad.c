@@ -49,6 +49,13 @@ static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b,
 	return ret;
 }
 
+/* The landing is about to take another dW: the final G it held is gone. */
+static void land_taken(struct st_engine *e)
+{
+	if (e->grad.final_g == e->grad.landing)
+		e->grad.final_u = -1;
+}
+
 /* dW of unit u (in vram in b, written by the backward that recorded
  * b->ev_dw) starts for the host landing: the copy waits on the device. At
  * world > 1 what lands is the N slots of this rank's slice. */
@@ -65,6 +72,7 @@ int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
 		ret = grad_reduce(e, u, b, &after);
 	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
 		return ret;
+	land_taken(e);
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
 	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->grad.landing, bytes);
 	h.after = after;
@@ -143,6 +151,8 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 		ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 		if (ret < 0)
 			return ret;
+		if (e->grad.final_g == e->grad.stage)
+			e->grad.final_u = -1;
 		h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, at, e->grad.stage,
 				     bytes);
 		ret = st_eng_chain_start(e, &e->grad.chain_read, &h, 1, &e->grad.stage_busy, NULL);
@@ -154,6 +164,10 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 	fold_into(e, u, g, first);
 	if (last)
 		final_sumsq(e, u, g);
+	if (last && e->world == 1) {
+		e->grad.final_g = g;
+		e->grad.final_u = u;
+	}
 	if (last && e->world > 1 && !st_plan_sharded(&e->plan, ST_STATE_G) &&
 	    !st_plan_sharded(&e->plan, ST_STATE_P)) {
 		float *full = e->grad.landing;
@@ -318,6 +332,7 @@ int st_eng_grad_out_once(struct st_engine *e, int u, const struct ubufs *b)
 		ret = st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->unit_elems[u], ST_COMM_F32);
 	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
 		return ret;
+	land_taken(e);
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
 	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->grad.landing, bytes);
 	h.after = b->ev_dw;

@@ -111,10 +111,13 @@ struct updset {
 
 /* A tile of the update sweep: [t0, t0 + n) elements of unit u, and per
  * state the set whose buffer it goes through (-1: none, the state is
- * worked on in its host home, or W is gathered). A state's tiles that are
- * staged take set 0, 1, 0, ... in sweep order, whatever the other states
- * do, so the first two tiles with P on nvme can be loaded during the
- * backward even when the sweep starts with units in host. */
+ * worked on in its host home, or W is gathered; UPD_FINAL_G: G on nvme,
+ * read where the gather left it final, struct grad_state). A state's
+ * tiles that are staged take set 0, 1, 0, ... in sweep order, whatever
+ * the other states do, so the first two tiles with P on nvme can be
+ * loaded during the backward even when the sweep starts with units in
+ * host. */
+#define UPD_FINAL_G (-2)
 struct utile {
 	int u;
 	uint64_t t0, n;
@@ -174,6 +177,12 @@ struct grad_state {
 	float *landing, *stage;       /* host: dW lands; G of a unit on nvme */
 	int landing_busy, stage_busy; /* chains in flight on them */
 	struct chain chain_d2h, chain_write, chain_read;
+	/* world 1, G on nvme: the buffer that holds unit final_u's final G
+	 * (the landing at the first micro-batch, else the G staging) until
+	 * the next dW or G read goes there (final_u -1). The update inside
+	 * the backward reads it there, not back from nvme. */
+	float *final_g;
+	int final_u;
 	double *unit_sumsq;           /* [n_units]: each unit's sum of squares of G */
 	bool nonfinite;               /* a gradient was not finite this step */
 	/* The step's device scalars (ST_POOL_STEP_SCALARS), read by the host

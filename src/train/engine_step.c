@@ -264,10 +264,13 @@ static int backward(struct st_engine *e, int mb)
 		/* the update's loads whose buffer was still going back */
 		if (ret == 0 && mb == e->cfg.train.grad_accum - 1)
 			ret = st_eng_update_poll(e);
+		/* the update inside the backward: pend's G is final (world
+		 * 1: its tiles read it in the landing, before u's dW) */
+		if (ret == 0 && pend >= 0 && mb == e->cfg.train.grad_accum - 1 && e->world == 1)
+			ret = st_eng_spec_advance(e, pend);
 		if (ret == 0)
 			ret = st_eng_grad_out(e, u, bufs_of(e, u));
-		/* the update inside the backward: pend's G is final */
-		if (ret == 0 && pend >= 0 && mb == e->cfg.train.grad_accum - 1)
+		if (ret == 0 && pend >= 0 && mb == e->cfg.train.grad_accum - 1 && e->world > 1)
 			ret = st_eng_spec_advance(e, pend);
 		pend = u;
 	}
@@ -460,9 +463,12 @@ static int lf_backward(struct st_engine *e)
 			ret = st_eng_grad_in_once(e, pend);
 		if (ret == 0)
 			ret = st_eng_update_poll(e);
+		/* world 1: pend's tiles read its G in the landing (backward) */
+		if (ret == 0 && pend >= 0 && e->world == 1)
+			ret = st_eng_spec_advance(e, pend);
 		if (ret == 0)
 			ret = st_eng_grad_out_once(e, u, bufs_of(e, u));
-		if (ret == 0 && pend >= 0)
+		if (ret == 0 && pend >= 0 && e->world > 1)
 			ret = st_eng_spec_advance(e, pend);
 		pend = u;
 	}

@@ -2136,28 +2136,47 @@ static void test_update_in_backward(void **state)
 			run_free(&r);
 		}
 	/* a step whose speculation holds moves the plan's bytes, batch-first
-	 * (asked) and layer-first (auto takes it with every P, M, V on nvme,
-	 * predicted faster here, and leaves it with them in host); the
-	 * alternates are on nvme's total */
-	for (int lf = 0; lf < 2; lf++) {
+	 * at N = 1 and 2 (asked) and layer-first (auto takes it with every
+	 * P, M, V on nvme, predicted faster here, and leaves it with them in
+	 * host); the alternates are on nvme's total. It reads G back from
+	 * nvme for no update: the update after the backward's step reads
+	 * every unit's G once more, and writes the same bytes. */
+	for (int k = 0; k < 3; k++) {
+		static const char *const what[] = { "in-backward, N = 1", "in-backward, N = 2",
+						    "in-backward, layer-first" };
+		bool lf = k == 2;
 		struct st_dataset *ds;
-		struct st_engine_stats st;
+		struct st_engine_stats st, st_after;
 		const struct st_plan *p;
-		uint64_t alt = 0;
+		uint64_t alt = 0, g = 0;
 
 		model_config(&c, models[lf]);
 		c.params = ST_OFFLOAD_NVME;
 		c.optim = ST_OFFLOAD_NVME;
 		c.train.clip = 0;
-		c.train.grad_accum = 2;
+		c.train.grad_accum = k ? 2 : 1;
 		c.schedule = lf ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+		c.update = ST_UPDATE_AFTER;
+		step_moves_plan(&c, "the update after", &e, &ds, &st_after);
+		st_engine_destroy(e);
+		st_dataset_close(ds);
 		c.update = lf ? ST_UPDATE_AUTO : ST_UPDATE_IN_BACKWARD;
-		step_moves_plan(&c, lf ? "in-backward, layer-first" : "in-backward", &e, &ds, &st);
+		step_moves_plan(&c, what[k], &e, &ds, &st);
 		p = st_engine_plan(e);
 		assert_true(p->in_backward);
 		for (int i = 0; i < p->units * ST_STATE_COUNT; i++)
 			alt += i % ST_STATE_COUNT >= ST_STATE_P ? p->state_bytes[i] : 0;
 		assert_int_equal(p->alt_bytes, alt);
+		for (int u = 0; u < p->units; u++)
+			g += p->slice_elems[u] * sizeof(float);
+		if (st_after.bytes[ST_LANE_NVME_READ] - st.bytes[ST_LANE_NVME_READ] != g ||
+		    st_after.bytes[ST_LANE_NVME_WRITE] != st.bytes[ST_LANE_NVME_WRITE])
+			fail_msg("%s: nvme r %llu w %llu, the update after r %llu w %llu (G %llu)",
+				 what[k], (unsigned long long)st.bytes[ST_LANE_NVME_READ],
+				 (unsigned long long)st.bytes[ST_LANE_NVME_WRITE],
+				 (unsigned long long)st_after.bytes[ST_LANE_NVME_READ],
+				 (unsigned long long)st_after.bytes[ST_LANE_NVME_WRITE],
+				 (unsigned long long)g);
 		st_engine_destroy(e);
 		st_dataset_close(ds);
 		c.optim = ST_OFFLOAD_HOST;
