@@ -423,16 +423,20 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 					 : n * (sh->world > 1 ? sh->epad[u] * 4 : g);
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update (layer-first: written once, read by the
-		 * update), but the update inside the backward at world 1 reads
-		 * it in host memory, where it became final; P, M, V read and
-		 * written once. */
+		 * update), but the update inside the backward reads it in
+		 * host memory, where it became final. At stage 0 (world > 1)
+		 * the final G is the whole padded unit, gathered: its write
+		 * and the update's load move that. P, M, V read and written
+		 * once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
-			bool kept = p->in_backward && sh->world == 1;
+			uint64_t gf = sh->world > 1 && sh->zero == 0 ? sh->epad[u] * 4 : g;
 
-			p->nvme_read_bytes += (nx - kept) * g;
-			p->nvme_write_bytes += nx * g;
-			if (!kept)
-				p->upd_nvme_read_bytes += g; /* the update's load */
+			p->nvme_read_bytes += (nx - 1) * g;
+			p->nvme_write_bytes += (nx - 1) * g + gf;
+			if (!p->in_backward) { /* the update's load */
+				p->nvme_read_bytes += gf;
+				p->upd_nvme_read_bytes += gf;
+			}
 		}
 		for (int s = ST_STATE_P; s <= ST_STATE_V; s++)
 			if (h[s] == ST_HOME_NVME) {

@@ -49,6 +49,12 @@ static int grad_reduce(struct st_engine *e, int u, const struct ubufs *b,
 	return ret;
 }
 
+/* Whether unit u's final G is in the landing, where the next dW goes. */
+bool st_eng_grad_in_landing(const struct st_engine *e, int u)
+{
+	return e->grad.final_u == u && e->grad.final_g == e->grad.landing;
+}
+
 /* The landing is about to take another dW: the final G it held is gone. */
 static void land_taken(struct st_engine *e)
 {
@@ -164,8 +170,9 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 	fold_into(e, u, g, first);
 	if (last)
 		final_sumsq(e, u, g);
-	if (last && e->world == 1) {
+	if (last) {
 		e->grad.final_g = g;
+		e->grad.final_lo = (uint64_t)e->rank * e->slice_elems[u];
 		e->grad.final_u = u;
 	}
 	if (last && e->world > 1 && !st_plan_sharded(&e->plan, ST_STATE_G) &&
@@ -176,6 +183,8 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 		ret = gather_g(e, u, full);
 		if (ret < 0)
 			return ret;
+		e->grad.final_g = full;
+		e->grad.final_lo = 0;
 		h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, full,
 				     e->padded_elems[u] * sizeof(float));
 		return st_eng_chain_start(e, &e->grad.chain_write, &h, 1, &e->grad.landing_busy,

@@ -177,11 +177,14 @@ struct grad_state {
 	float *landing, *stage;       /* host: dW lands; G of a unit on nvme */
 	int landing_busy, stage_busy; /* chains in flight on them */
 	struct chain chain_d2h, chain_write, chain_read;
-	/* world 1, G on nvme: the buffer that holds unit final_u's final G
-	 * (the landing at the first micro-batch, else the G staging) until
-	 * the next dW or G read goes there (final_u -1). The update inside
-	 * the backward reads it there, not back from nvme. */
+	/* G on nvme: the buffer that holds unit final_u's final G (the
+	 * landing at the first micro-batch, else the G staging), from the
+	 * unit's element final_lo (the rank's slice; 0 at world 1 and where
+	 * stage 0 gathered the whole unit there), until the next dW or G
+	 * read goes there (final_u -1). The update inside the backward
+	 * reads it there, not back from nvme. */
 	float *final_g;
+	uint64_t final_lo;
 	int final_u;
 	double *unit_sumsq;           /* [n_units]: each unit's sum of squares of G */
 	bool nonfinite;               /* a gradient was not finite this step */
@@ -219,10 +222,10 @@ struct update_state {
 	uint32_t *dev_adam_bad;
 	/* the update inside the backward (engine_update.c, "speculation"):
 	 * the tiles in the backward's unit order (U-1 first), the next of
-	 * them to update, the lowest unit whose G is final, whether this
-	 * step speculates and whether it gave up */
+	 * them to update, whether this step speculates and whether it gave
+	 * up */
 	struct utile *tiles_main, *tiles_spec;
-	int spec_next, g_final;
+	int spec_next;
 	bool spec_on, spec_step, spec_off;
 	struct st_adam_step spec_wd, spec_nowd;
 };
@@ -615,13 +618,17 @@ struct st_eng_fused_fwd {
  * of its first tiles are queued), and st_eng_update_poll() issues its
  * loads that may go as the backward goes; advance
  * once the G of units g_final.. is final (their tiles' AdamW, unless the
- * final G's say the speculation cannot hold); finish once the norm is
+ * final G's say the speculation cannot hold), before the next dW or G
+ * read takes the buffer g_final's G is in (grad.final_g: the backward
+ * asks st_eng_grad_in_landing() whether that is the landing, which the
+ * next dW d2h refills); finish once the norm is
  * known, with the step's constants: *done when the speculation held (the
  * rest of the tiles updated, every store landed, the alternates
  * committed); else nothing of P, M, V changed and the sweep is to run (not
  * skipped), or the speculated units' W were rewritten from P (skipped).
  * Each returns 0 or -errno. */
 int st_eng_spec_advance(struct st_engine *e, int g_final);
+bool st_eng_grad_in_landing(const struct st_engine *e, int u);
 int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 		       const struct st_adam_step *nowd, bool skipped, bool *done);
 /* engine_state.c: unit u's W rewritten from its P (as st_engine_write_state

@@ -252,6 +252,7 @@ static int backward(struct st_engine *e, int mb)
 {
 	int ret = 0, pend = -1;
 	float *dy = e->act.grad_a, *dx = e->act.grad_b;
+	bool spec, early;
 
 	for (int u = 0; u < e->n_units; u++)
 		if (unit_resident(e, u))
@@ -264,13 +265,16 @@ static int backward(struct st_engine *e, int mb)
 		/* the update's loads whose buffer was still going back */
 		if (ret == 0 && mb == e->cfg.train.grad_accum - 1)
 			ret = st_eng_update_poll(e);
-		/* the update inside the backward: pend's G is final (world
-		 * 1: its tiles read it in the landing, before u's dW) */
-		if (ret == 0 && pend >= 0 && mb == e->cfg.train.grad_accum - 1 && e->world == 1)
+		/* the update inside the backward: pend's G is final, and its
+		 * tiles read it where it is: before u's dW d2h when that is
+		 * the landing, else after it, which then overlaps them */
+		spec = pend >= 0 && mb == e->cfg.train.grad_accum - 1;
+		early = spec && st_eng_grad_in_landing(e, pend);
+		if (ret == 0 && early)
 			ret = st_eng_spec_advance(e, pend);
 		if (ret == 0)
 			ret = st_eng_grad_out(e, u, bufs_of(e, u));
-		if (ret == 0 && pend >= 0 && mb == e->cfg.train.grad_accum - 1 && e->world > 1)
+		if (ret == 0 && spec && !early)
 			ret = st_eng_spec_advance(e, pend);
 		pend = u;
 	}
@@ -452,6 +456,7 @@ static int lf_backward(struct st_engine *e)
 {
 	int ret = 0, pend = -1;
 	float *dy = e->act.grad_a, *dx = e->act.grad_b;
+	bool early;
 
 	for (int u = 0; u < e->n_units; u++)
 		for (int a = 0; unit_resident(e, u) && a < e->cfg.train.grad_accum; a++)
@@ -463,12 +468,13 @@ static int lf_backward(struct st_engine *e)
 			ret = st_eng_grad_in_once(e, pend);
 		if (ret == 0)
 			ret = st_eng_update_poll(e);
-		/* world 1: pend's tiles read its G in the landing (backward) */
-		if (ret == 0 && pend >= 0 && e->world == 1)
+		/* pend's tiles read its G where it is (backward()) */
+		early = pend >= 0 && st_eng_grad_in_landing(e, pend);
+		if (ret == 0 && early)
 			ret = st_eng_spec_advance(e, pend);
 		if (ret == 0)
 			ret = st_eng_grad_out_once(e, u, bufs_of(e, u));
-		if (ret == 0 && pend >= 0 && e->world > 1)
+		if (ret == 0 && pend >= 0 && !early)
 			ret = st_eng_spec_advance(e, pend);
 		pend = u;
 	}

@@ -31,8 +31,8 @@ static void *upd_ptr(struct st_engine *e, const struct utile *t, enum st_state s
 	struct shard *x = shard(e, t->u, s);
 
 	if (t->set[s] == UPD_FINAL_G) {
-		assert(s == ST_STATE_G && e->grad.final_u == t->u);
-		return e->grad.final_g + (t->t0 - sh_lo(e, t->u, s));
+		assert(s == ST_STATE_G && e->grad.final_u == t->u && t->t0 >= e->grad.final_lo);
+		return e->grad.final_g + (t->t0 - e->grad.final_lo);
 	}
 	if (t->set[s] < 0)
 		return (char *)haddr(e, &x->ext) + (t->t0 - sh_lo(e, t->u, s)) * st_eng_eb(e, s);
@@ -132,10 +132,6 @@ static int upd_issue(struct st_engine *e, int cur, enum st_state first, bool blo
 			struct updset *us = &e->update.sets[e->update.tiles[j].set[s]];
 
 			if (us->holder[s] >= cur)
-				break;
-			/* speculating: G only of the units whose G is final */
-			if (s == ST_STATE_G && e->update.spec_step &&
-			    e->update.tiles[j].u < e->update.g_final)
 				break;
 			if (us->writes[s] && (!block || j > cur + 1)) {
 				ret = st_eng_pump(e, false);
@@ -407,9 +403,9 @@ static void upd_reset(struct st_engine *e)
  * staging sets in turn as the sweep's. Every P, M and V is on nvme: a tile
  * reads them from the shard and stores the new ones to the shard's
  * alternate extent (upd_store), with sums of their own (engine_sums.c);
- * at world 1 a G on nvme is not loaded back: the unit's tiles run right
- * after its G became final, and read it in the landing or the G staging
- * (UPD_FINAL_G; its write still goes, for a sweep that redoes the step);
+ * a G on nvme is not loaded back: the unit's tiles run right after its
+ * G became final, and read it in the landing or the G staging while it
+ * is written (UPD_FINAL_G; the write is for a sweep that redoes the step);
  * W goes to its home as in the sweep (stages 1-2: the rank's slice, not
  * gathered until the commit, spec_w_out()). When the norm is known, the AdamW
  * constants the speculation used (clip factor 1) are compared with the
@@ -433,8 +429,8 @@ static int spec_setup(struct st_engine *e)
 				continue;
 			for (enum st_state s = 0; s < ST_STATE_COUNT; s++)
 				t.set[s] = t.set[s] < 0 ? -1 : (signed char)(turn[s]++ & 1);
-			/* world 1: a G on nvme is read where it became final */
-			if (e->world == 1 && t.set[ST_STATE_G] >= 0)
+			/* a G on nvme is read where it became final */
+			if (t.set[ST_STATE_G] >= 0)
 				t.set[ST_STATE_G] = UPD_FINAL_G;
 			e->update.tiles_spec[n++] = t;
 		}
@@ -689,7 +685,6 @@ static int spec_begin(struct st_engine *e)
 	e->update.spec_step = true;
 	e->update.spec_off = false;
 	e->update.spec_next = 0;
-	e->update.g_final = e->n_units;
 	e->update.tiles = e->update.tiles_spec;
 	upd_reset(e);
 	/* P, M, V of the first tiles: they need no G */
@@ -727,14 +722,8 @@ static bool spec_holds(struct st_engine *e, int g_final)
 /* The speculative tiles of the units g_final.. whose G is final. */
 static int spec_run(struct st_engine *e, int g_final)
 {
-	int dev_next = 0;
-	/* world > 1, G on nvme: its write has landed before a tile loads it
-	 * (out of the G staging; out of the landing, grad_out waited for
-	 * it). At world 1 the tiles read unit g_final's G in host memory
-	 * (UPD_FINAL_G) while it is written. */
-	int ret = e->world == 1 ? 0 : st_eng_wait_until(e, &e->grad.stage_busy, "G write");
+	int dev_next = 0, ret = 0;
 
-	e->update.g_final = g_final;
 	while (ret == 0 && e->update.spec_next < e->update.n_tiles &&
 	       e->update.tiles[e->update.spec_next].u >= g_final) {
 		ret = sweep_tile(e, e->update.spec_next, &e->update.spec_wd,

@@ -36,7 +36,8 @@
 #              LLaMA, a skipped step; stages 1-2 also with W in host and
 #              in vram, through the device buffers and on cpu-strict):
 #              one rank's numbers with the update after, and its
-#              collectives per step
+#              collectives per step; and its nvme bytes (no G read back)
+#              and the update after's, each the plan's
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
 #              overlapping the compute (stage 3's gathers, and stages 1-2's
@@ -489,6 +490,50 @@ print((n[1] + n[2]) / 2)' "$work/llnoclip.jsonl")
 		run "ll$z" 2 "${ll[@]}" --zero $z --update in-backward --clip "$llclip"
 		same "ll$z" llref "LLaMA: 2 ranks --zero $z --update in-backward = 1 rank --grad-accum 2, after"
 		held "ll$z"
+	done
+	# every step held (no clip): a rank reads no G back from nvme, so its
+	# steps read the update after's bytes less the plan's difference (G's
+	# load; stages 1-2 add the W slice's), and write the same but that
+	# difference; batch-first at N = 1 (G in the landing) and 2 (in the G
+	# staging), and layer-first. And each run moves its plan's bytes.
+	for z in 0 1 2 3; do
+		for sched in "batch-first 1" "batch-first 2" "layer-first 2"; do
+			read -r sc n <<<"$sched"
+			by=(--steps 2 --zero $z --schedule $sc --grad-accum $n --offload-params nvme
+			    --offload-optim nvme --clip 0)
+			run "bya$z$sc$n" 2 "${by[@]}"
+			run "byb$z$sc$n" 2 "${by[@]}" --update in-backward
+			for u in after in-backward; do
+				"$strata" plan --json --world 2 --zero $z --grad-accum $n --schedule $sc \
+					--batch 2 --seq 32 --gpu-mem 16M --host-mem 12M --nvme "$work/nvme" \
+					--offload-params nvme --offload-optim nvme --update $u >"$work/plan-$u.json" ||
+					{ echo "FAIL plan --update $u"; fail=1; }
+			done
+			python3 - "$work/bya$z$sc$n.jsonl" "$work/byb$z$sc$n.jsonl" "$work/plan-after.json" \
+				"$work/plan-in-backward.json" "--zero $z $sc N = $n" <<'PY' || fail=1
+import json, sys
+def tot(f):
+    s = [json.loads(l) for l in open(f)]
+    return len(s), sum(x["bytes"]["nvme_read"] for x in s), sum(x["bytes"]["nvme_write"] for x in s), \
+        all(x.get("in_backward") for x in s)
+na, ra, wa, _ = tot(sys.argv[1])
+nb, rb, wb, held = tot(sys.argv[2])
+pa, pb = (json.load(open(f))["traffic"] for f in sys.argv[3:5])
+dr = na * (pa["nvme_read_bytes"] - pb["nvme_read_bytes"])
+dw = na * (pa["nvme_write_bytes"] - pb["nvme_write_bytes"])
+ok = na == nb == 2 and held and ra - rb == dr and wa - wb == dw and dr > 0
+# and each run its plan's bytes: the update after's sweep runs the next
+# step's forward, and the last step's has none, so the run's sum is
+# steps x the plan's one step
+ok = ok and (ra, wa, rb, wb) == tuple(na * p[k] for p in (pa, pb)
+                                      for k in ("nvme_read_bytes", "nvme_write_bytes"))
+print(("ok   " if ok else "FAIL ") + f"{sys.argv[5]}: in-backward reads {ra - rb} B less "
+      f"(plan {dr}), writes {wa - wb} less (plan {dw}); all held: {held}; read, written "
+      f"{ra}, {wa} (after), {rb}, {wb} (in-backward); plans x {na}: "
+      f"{[na * p[k] for p in (pa, pb) for k in ('nvme_read_bytes', 'nvme_write_bytes')]}")
+sys.exit(0 if ok else 1)
+PY
+		done
 	done
 	;;
 comm)
