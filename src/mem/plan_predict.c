@@ -424,15 +424,18 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update (layer-first: written once, read by the
 		 * update), but the update inside the backward reads it in
-		 * host memory, where it became final. At stage 0 (world > 1)
-		 * the final G is the whole padded unit, gathered: its write
-		 * and the update's load move that. P, M, V read and written
-		 * once. */
+		 * host memory, where it became final, and without a clip
+		 * (nothing to redo) does not write it either. At stage 0
+		 * (world > 1) the final G is the whole padded unit, gathered:
+		 * its write and the update's load move that. P, M, V read and
+		 * written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
 			uint64_t gf = sh->world > 1 && sh->zero == 0 ? sh->epad[u] * 4 : g;
 
 			p->nvme_read_bytes += (nx - 1) * g;
-			p->nvme_write_bytes += (nx - 1) * g + gf;
+			p->nvme_write_bytes += (nx - 1) * g;
+			if (!(p->in_backward && sh->no_clip)) /* the final G's write */
+				p->nvme_write_bytes += gf;
 			if (!p->in_backward) { /* the update's load */
 				p->nvme_read_bytes += gf;
 				p->upd_nvme_read_bytes += gf;

@@ -535,6 +535,7 @@ static int plan_of(struct st_engine *e)
 		.recompute = cfg->recompute,
 		.schedule = cfg->schedule,
 		.update = cfg->update,
+		.no_clip = !(c->clip > 0),
 		.optim_state = cfg->optim_state,
 		.seg = c->isolate,
 		.forward_only = cfg->forward_only,

@@ -142,9 +142,19 @@ static int gather_g(struct st_engine *e, int u, float *full)
 	return st_eng_zero_gather_host(e, full, e->slice_elems[u], ST_COMM_F32);
 }
 
+/* Whether the final G goes to nvme: not where the update inside the
+ * backward, which reads it in host memory, has nothing to redo (no clip:
+ * its speculation fails only on a step that is skipped; st_plan_input.
+ * no_clip). */
+static bool final_g_written(const struct st_engine *e)
+{
+	return !(e->update.spec_step && !(e->cfg.train.clip > 0));
+}
+
 /* G on nvme: the terms folded in the landing buffer (first micro-batch),
  * or G read into staging and the terms added there; then written back
- * (stage 0's last micro-batch: the gathered unit). */
+ * (stage 0's last micro-batch: the gathered unit), but the final G that
+ * no one will read back. */
 static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 {
 	uint64_t bytes = g_elems(e, u) * sizeof(float), at = g_at(e, u) * sizeof(float);
@@ -185,11 +195,15 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 			return ret;
 		e->grad.final_g = full;
 		e->grad.final_lo = 0;
+		if (!final_g_written(e))
+			return 0;
 		h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, full,
 				     e->padded_elems[u] * sizeof(float));
 		return st_eng_chain_start(e, &e->grad.chain_write, &h, 1, &e->grad.landing_busy,
 					  NULL);
 	}
+	if (last && !final_g_written(e))
+		return 0;
 	h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, at, g, bytes);
 	return st_eng_chain_start(e, &e->grad.chain_write, &h, 1, busy, NULL);
 }

@@ -475,6 +475,16 @@ PY
 		same "nan$z" nanref "2 ranks --zero $z in-backward, step 3 skipped = 1 rank, after"
 		grep -q '"skipped":true' "$work/nan$z.jsonl" || { echo "FAIL nan$z: no step skipped"; fail=1; }
 	done
+	# without a clip (no final G written: only a skip fails the speculation)
+	nc=(--steps 4 --offload-params nvme --offload-optim nvme --clip 0)
+	ST_TEST_NAN_GRAD=1:2 run nanref0 1 "${nc[@]}" --grad-accum 4
+	for z in 0 2; do
+		ST_TEST_NAN_GRAD=1:2 run "nanc$z" 2 "${nc[@]}" --grad-accum 2 --zero $z \
+			--update in-backward
+		same "nanc$z" nanref0 "2 ranks --zero $z in-backward, no clip, step 3 skipped = 1 rank, after"
+		grep -q '"skipped":true' "$work/nanc$z.jsonl" || { echo "FAIL nanc$z: no step skipped"; fail=1; }
+		held "nanc$z"
+	done
 	ST_TEST_NAN_GRAD=1:2 run nanh2 2 --steps 4 --grad-accum 2 --zero 2 --update in-backward \
 		--offload-params host --offload-optim nvme --clip "$clip"
 	same nanh2 nanref "2 ranks --zero 2 in-backward, W in host, step 3 skipped = 1 rank, after"
@@ -491,26 +501,31 @@ print((n[1] + n[2]) / 2)' "$work/llnoclip.jsonl")
 		same "ll$z" llref "LLaMA: 2 ranks --zero $z --update in-backward = 1 rank --grad-accum 2, after"
 		held "ll$z"
 	done
-	# every step held (no clip): a rank reads no G back from nvme, so its
-	# steps read the update after's bytes less the plan's difference (G's
-	# load; stages 1-2 add the W slice's), and write the same but that
-	# difference; batch-first at N = 1 (G in the landing) and 2 (in the G
-	# staging), and layer-first. And each run moves its plan's bytes.
+	# every step held: a rank reads no G back from nvme, so its steps
+	# read the update after's bytes less the plan's difference (G's load;
+	# stages 1-2 add the W slice's), and write the same but that
+	# difference (without a clip also the final G's write, which nothing
+	# could read back); batch-first at N = 1 (G in the landing) and 2 (in
+	# the G staging), and layer-first, without a clip; batch-first at
+	# N = 1 with one that does not apply. And each run moves its plan's
+	# bytes.
 	for z in 0 1 2 3; do
-		for sched in "batch-first 1" "batch-first 2" "layer-first 2"; do
-			read -r sc n <<<"$sched"
+		for sched in "batch-first 1 0" "batch-first 2 0" "layer-first 2 0" \
+			     "batch-first 1 1e9"; do
+			read -r sc n cl <<<"$sched"
 			by=(--steps 2 --zero $z --schedule $sc --grad-accum $n --offload-params nvme
-			    --offload-optim nvme --clip 0)
-			run "bya$z$sc$n" 2 "${by[@]}"
-			run "byb$z$sc$n" 2 "${by[@]}" --update in-backward
+			    --offload-optim nvme --clip $cl)
+			t=$z$sc$n-$cl
+			run "bya$t" 2 "${by[@]}"
+			run "byb$t" 2 "${by[@]}" --update in-backward
 			for u in after in-backward; do
 				"$strata" plan --json --world 2 --zero $z --grad-accum $n --schedule $sc \
 					--batch 2 --seq 32 --gpu-mem 16M --host-mem 12M --nvme "$work/nvme" \
-					--offload-params nvme --offload-optim nvme --update $u >"$work/plan-$u.json" ||
-					{ echo "FAIL plan --update $u"; fail=1; }
+					--offload-params nvme --offload-optim nvme --update $u --clip $cl \
+					>"$work/plan-$u.json" || { echo "FAIL plan --update $u"; fail=1; }
 			done
-			python3 - "$work/bya$z$sc$n.jsonl" "$work/byb$z$sc$n.jsonl" "$work/plan-after.json" \
-				"$work/plan-in-backward.json" "--zero $z $sc N = $n" <<'PY' || fail=1
+			python3 - "$work/bya$t.jsonl" "$work/byb$t.jsonl" "$work/plan-after.json" \
+				"$work/plan-in-backward.json" "--zero $z $sc N = $n --clip $cl" <<'PY' || fail=1
 import json, sys
 def tot(f):
     s = [json.loads(l) for l in open(f)]
