@@ -148,7 +148,7 @@ static int gather_g(struct st_engine *e, int u, float *full)
  * no_clip). */
 static bool final_g_written(const struct st_engine *e)
 {
-	return !(e->update.spec_step && !(e->cfg.train.clip > 0));
+	return !e->update.spec_step || e->cfg.train.clip > 0;
 }
 
 /* G on nvme: the terms folded in the landing buffer (first micro-batch),
@@ -178,9 +178,8 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 			return ret;
 	}
 	fold_into(e, u, g, first);
-	if (last)
-		final_sumsq(e, u, g);
 	if (last) {
+		final_sumsq(e, u, g);
 		e->grad.final_g = g;
 		e->grad.final_lo = (uint64_t)e->rank * e->slice_elems[u];
 		e->grad.final_u = u;
