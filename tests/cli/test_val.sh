@@ -93,11 +93,21 @@ if command -v mpirun >/dev/null 2>&1; then
 	"$strata" train $T --steps 4 --grad-accum 2 --val-data "$val" --eval-every 2 --val-batches 4 \
 		--metrics "$work/r1.jsonl" >"$work/log" 2>&1 || { echo "FAIL 1 rank"; fail=1; }
 	v() { grep -o '"step":[0-9]*,"loss":[^,]*\|"val_loss":[^,]*' "$1"; }
-	for z in 1 3; do
+	# rank2 Z: the 2-rank run into r2.jsonl. In an ASan build without
+	# LeakSanitizer: on one VM its tracer crashed at a rank's exit in
+	# most of these jobs ("Tracer caught signal 11", "LeakSanitizer has
+	# encountered a fatal error"; the build before issue 33's G change as
+	# well), the checker failing, not a leak it found nor strata. These
+	# runs check the numbers; tests/zero's and tests/comm's mpirun jobs
+	# check for leaks.
+	rank2() {
 		rm -f "$work/r2.jsonl"
-		"$here/../mpi-run" 2 "$strata" train $T --steps 4 --zero $z --val-data "$val" \
-			--eval-every 2 --val-batches 4 --metrics "$work/r2.jsonl" >"$work/log" 2>&1 ||
-			{ echo "FAIL 2 ranks --zero $z"; tail -3 "$work/log"; fail=1; }
+		ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+			"$here/../mpi-run" 2 "$strata" train $T --steps 4 --zero "$1" --val-data "$val" \
+			--eval-every 2 --val-batches 4 --metrics "$work/r2.jsonl" >"$work/log" 2>&1
+	}
+	for z in 1 3; do
+		rank2 $z || { echo "FAIL 2 ranks --zero $z"; tail -20 "$work/log"; fail=1; }
 		if [ -n "$(v "$work/r1.jsonl")" ] && [ "$(v "$work/r1.jsonl")" = "$(v "$work/r2.jsonl")" ]; then
 			echo "ok   2 ranks --zero $z = 1 rank --grad-accum 2, val_loss too"
 		else
