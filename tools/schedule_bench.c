@@ -211,8 +211,9 @@ int main(int argc, char **argv)
 		if (upd || and_upd)
 			printf("  B's update in the backward: %d of %d steps held\n", held, o.steps);
 		printf("  median of per-step ratios B/A: nvme bytes %.3f (goal %s), step "
-		       "time %.3f (goal %s)\n", mrb, !upd ? "<= 0.55" : cfg[0].train.clip > 0 ? "34/38 at N = 1" : "30/38 at N = 1", mrt,
-		       upd ? "<= 0.85" : "<= 0.6");
+		       "time %.3f (goal %s)\n", mrb,
+		       !upd ? "<= 0.55" : cfg[0].train.clip > 0 ? "34/38 at N = 1" : "30/38 at N = 1",
+		       mrt, upd ? "<= 0.85" : "<= 0.6");
 		printf("  bytes per step (last step; plan: one step unfused):\n");
 		for (size_t i = 0; i < ST_ARRAY_LEN(lanes); i++) {
 			uint64_t pla[] = { pa->h2d_bytes, pa->d2h_bytes, pa->nvme_read_bytes,

@@ -55,10 +55,11 @@ bool st_eng_grad_in_landing(const struct st_engine *e, int u)
 	return e->grad.final_u == u && e->grad.final_g == e->grad.landing;
 }
 
-/* The landing is about to take another dW: the final G it held is gone. */
-static void land_taken(struct st_engine *e)
+/* buf (the landing or the G staging) is about to take another dW or G:
+ * the final G it held is gone. */
+static void final_gone(struct st_engine *e, const float *buf)
 {
-	if (e->grad.final_g == e->grad.landing)
+	if (e->grad.final_g == buf)
 		e->grad.final_u = -1;
 }
 
@@ -78,7 +79,7 @@ int st_eng_grad_out(struct st_engine *e, int u, const struct ubufs *b)
 		ret = grad_reduce(e, u, b, &after);
 	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
 		return ret;
-	land_taken(e);
+	final_gone(e, e->grad.landing);
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
 	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->grad.landing, bytes);
 	h.after = after;
@@ -142,11 +143,8 @@ static int gather_g(struct st_engine *e, int u, float *full)
 	return st_eng_zero_gather_host(e, full, e->slice_elems[u], ST_COMM_F32);
 }
 
-/* Whether the final G goes to nvme: not where the update inside the
- * backward, which reads it in host memory, has nothing to redo (no clip:
- * its speculation fails only on a step that is skipped; st_plan_input.
- * no_clip). */
-static bool final_g_written(const struct st_engine *e)
+/* (engine_internal.h) */
+bool st_eng_final_g_written(const struct st_engine *e)
 {
 	return !e->update.spec_step || e->cfg.train.clip > 0;
 }
@@ -167,8 +165,7 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 		ret = st_eng_wait_until(e, &e->grad.stage_busy, "G write");
 		if (ret < 0)
 			return ret;
-		if (e->grad.final_g == e->grad.stage)
-			e->grad.final_u = -1;
+		final_gone(e, e->grad.stage);
 		h = st_eng_shard_hop(e, "G read", u, ST_STATE_G, ST_IO_READ, at, e->grad.stage,
 				     bytes);
 		ret = st_eng_chain_start(e, &e->grad.chain_read, &h, 1, &e->grad.stage_busy, NULL);
@@ -194,14 +191,14 @@ static int grad_in_nvme(struct st_engine *e, int u, bool first, bool last)
 			return ret;
 		e->grad.final_g = full;
 		e->grad.final_lo = 0;
-		if (!final_g_written(e))
+		if (!st_eng_final_g_written(e))
 			return 0;
 		h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, 0, full,
 				     e->padded_elems[u] * sizeof(float));
 		return st_eng_chain_start(e, &e->grad.chain_write, &h, 1, &e->grad.landing_busy,
 					  NULL);
 	}
-	if (last && !final_g_written(e))
+	if (last && !st_eng_final_g_written(e))
 		return 0;
 	h = st_eng_shard_hop(e, "G write", u, ST_STATE_G, ST_IO_WRITE, at, g, bytes);
 	return st_eng_chain_start(e, &e->grad.chain_write, &h, 1, busy, NULL);
@@ -354,7 +351,7 @@ int st_eng_grad_out_once(struct st_engine *e, int u, const struct ubufs *b)
 		ret = st_comm_reduce_scatter(e->comm, b->dw, b->dw, e->unit_elems[u], ST_COMM_F32);
 	if (ret < 0 || opt_on_dev(e, u)) /* G in vram: dW stays (grad_in) */
 		return ret;
-	land_taken(e);
+	final_gone(e, e->grad.landing);
 	part.len_bytes = st_align_up(bytes, st_tier_align(e->tier[ST_HOME_VRAM]));
 	h = st_eng_hop("dW d2h", ST_HOME_VRAM, ST_IO_READ, &part, 0, e->grad.landing, bytes);
 	h.after = b->ev_dw;

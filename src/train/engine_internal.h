@@ -629,6 +629,11 @@ struct st_eng_fused_fwd {
  * Each returns 0 or -errno. */
 int st_eng_spec_advance(struct st_engine *e, int g_final);
 bool st_eng_grad_in_landing(const struct st_engine *e, int u);
+/* Whether a unit's final G goes to nvme (engine_grad.c): not where the
+ * update inside the backward, which reads it in host memory, has nothing
+ * to redo (no clip: its speculation fails only on a step that is
+ * skipped; st_plan_input.no_clip). */
+bool st_eng_final_g_written(const struct st_engine *e);
 int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 		       const struct st_adam_step *nowd, bool skipped, bool *done);
 /* engine_state.c: unit u's W rewritten from its P (as st_engine_write_state

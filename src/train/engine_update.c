@@ -805,9 +805,8 @@ int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 	if (!e->update.spec_step)
 		return 0;
 	/* without a clip only a skipped step fails it (a G not finite), so
-	 * the final G was not written for a sweep to redo it (engine_grad.c,
-	 * final_g_written()) */
-	if (!same && !skipped && !(e->cfg.train.clip > 0))
+	 * the final G was not written for a sweep to redo it */
+	if (!same && !skipped && !st_eng_final_g_written(e))
 		return st_error_set(-EIO, "engine: the update in the backward failed without a "
 				    "clip on a step not skipped; the step's G was not kept");
 	/* the norm decides, not spec_holds()'s sum in another order */
