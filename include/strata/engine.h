@@ -94,6 +94,13 @@ struct st_engine_config {
 					  ($ST_TEST_NAN_GRAD=K:STEP sets
 					  both) */
 	int test_nan_grad_step;
+	int test_speculate_step;       /* tests: k > 0 says that step k
+					  speculates even where the clip
+					  applied to step k - 1, whose sweep
+					  drew its first batch (so that a
+					  clip applying to it replays from
+					  there); 0: none
+					  ($ST_TEST_SPECULATE_STEP=K) */
 	bool poison_staging;           /* tests: the update's staging is
 					  filled with NaN bytes before each
 					  load, so AdamW reading it before

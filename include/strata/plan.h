@@ -220,11 +220,6 @@ struct st_plan_input {
 	enum st_schedule schedule;
 	/* When the update runs (enum st_update_order above). */
 	enum st_update_order update;
-	/* The step clips no gradient (strata train --clip 0): the update
-	 * inside the backward then cannot be redone (its speculation fails
-	 * only where the step is skipped), so a unit's final G, which it
-	 * reads in host memory, is not written to nvme either. */
-	bool no_clip;
 	/* Each micro-batch carries the attention's segment starts (strata
 	 * train --packing isolated): a (B,T) int32 pool beside the targets. */
 	bool seg;

@@ -70,8 +70,6 @@ static void plan_usage(FILE *f)
 "  --update after|in-backward|auto  when a unit's AdamW runs (default after;\n"
 "                         in-backward: once its G is final, speculating that the clip\n"
 "                         does not apply; P, M, V on nvme, one more copy of them there)\n"
-"  --clip X               strata train's --clip (default 1.0); 0: in the backward, the\n"
-"                         final G is not written to nvme (nothing to redo)\n"
 "data parallelism (docs/zero.md): the plan of one rank\n"
 "  --world N              data-parallel ranks (default 1)\n"
 "  --rank R               the rank planned (default 0; every rank's plan is the same)\n"
@@ -111,7 +109,7 @@ int st_cli_plan(int argc, char **argv)
 		{ "world", 1, 0, 'w' }, { "rank", 1, 0, 'r' }, { "zero", 1, 0, 'z' },
 		{ "offload-activations", 1, 0, 1001 },
 		{ "net-gbps", 1, 0, 'G' }, { "device", 1, 0, 'd' }, { "recompute", 1, 0, 'R' },
-		{ "schedule", 1, 0, 1006 }, { "update", 1, 0, 1008 }, { "clip", 1, 0, 1009 },
+		{ "schedule", 1, 0, 1006 }, { "update", 1, 0, 1008 },
 		{ "rates", 1, 0, 1003 }, { "calibrate", 1, 0, 1004 },
 		{ "compute-dtype", 1, 0, 1005 }, { "optim-state", 1, 0, 1007 },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
@@ -177,7 +175,6 @@ int st_cli_plan(int argc, char **argv)
 		case 'R': in.recompute = st_cli_recompute(optarg); break;
 		case 1006: in.schedule = st_cli_schedule(optarg); break;
 		case 1008: in.update = st_cli_update_order(optarg); break;
-		case 1009: in.no_clip = !(st_cli_double("--clip", optarg, 0, 1e9) > 0); break;
 		case 1007:
 			if (st_optim_state_parse(optarg, &in.optim_state) < 0)
 				st_cli_die(2, "--optim-state %s: expected fp32, bf16 or q8", optarg);

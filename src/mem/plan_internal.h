@@ -56,7 +56,6 @@ struct st_shape {
 	/* the update inside the backward is predicted where every P, M, V
 	 * is on nvme (st_plan_in_backward) */
 	bool in_backward;
-	bool no_clip;          /* st_plan_input.no_clip */
 	bool forward_only;     /* st_plan_input.forward_only: G, P, M, V 0 bytes */
 };
 

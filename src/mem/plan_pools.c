@@ -442,7 +442,6 @@ int st_shape_init(const struct st_plan_input *in, struct st_shape *sh)
 	sh->accum = in->grad_accum;
 	sh->layer_first = in->schedule == ST_SCHEDULE_LAYER_FIRST;
 	sh->forward_only = in->forward_only;
-	sh->no_clip = in->no_clip;
 	sh->in_backward = in->update != ST_UPDATE_AFTER && in->optim_state != ST_OPTIM_STATE_Q8;
 	sh->wb = in->bf16 ? 2 : 4;
 	sh->mvb = in->optim_state == ST_OPTIM_STATE_Q8 ? 1 : in->optim_state == ST_OPTIM_STATE_BF16 ? 2 : 4;

@@ -424,8 +424,9 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		/* G: written each micro-batch, read to accumulate (n - 1) and
 		 * once by the update (layer-first: written once, read by the
 		 * update), but the update inside the backward reads it in
-		 * host memory, where it became final, and without a clip
-		 * (nothing to redo) does not write it either. At stage 0
+		 * host memory, where it became final, and does not write it
+		 * either (a step the clip fails runs its backward again,
+		 * engine_step.c; the plan assumes the speculation holds). At stage 0
 		 * (world > 1) the final G is the whole padded unit, gathered:
 		 * its write and the update's load move that. P, M, V read and
 		 * written once. */
@@ -434,9 +435,8 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 
 			p->nvme_read_bytes += (nx - 1) * g;
 			p->nvme_write_bytes += (nx - 1) * g;
-			if (!(p->in_backward && sh->no_clip)) /* the final G's write */
+			if (!p->in_backward) { /* the final G's write and load */
 				p->nvme_write_bytes += gf;
-			if (!p->in_backward) { /* the update's load */
 				p->nvme_read_bytes += gf;
 				p->upd_nvme_read_bytes += gf;
 			}

@@ -535,7 +535,6 @@ static int plan_of(struct st_engine *e)
 		.recompute = cfg->recompute,
 		.schedule = cfg->schedule,
 		.update = cfg->update,
-		.no_clip = !(c->clip > 0),
 		.optim_state = cfg->optim_state,
 		.seg = c->isolate,
 		.forward_only = cfg->forward_only,
@@ -723,6 +722,8 @@ int st_engine_create(const struct st_engine_config *cfg, struct st_engine **out)
 	    sscanf(getenv("ST_TEST_NAN_GRAD"), "%d:%d", &e->cfg.test_nan_grad_unit,
 		   &e->cfg.test_nan_grad_step) == 2)
 		e->cfg.test_nan_grad_unit++;
+	if (!e->cfg.test_speculate_step && getenv("ST_TEST_SPECULATE_STEP"))
+		e->cfg.test_speculate_step = atoi(getenv("ST_TEST_SPECULATE_STEP"));
 	ret = st_model_create(&c->model, &e->model);
 	if (ret < 0) {
 		free(e);

@@ -146,7 +146,7 @@ static int gather_g(struct st_engine *e, int u, float *full)
 /* (engine_internal.h) */
 bool st_eng_final_g_written(const struct st_engine *e)
 {
-	return !e->update.spec_step || e->cfg.train.clip > 0;
+	return !e->update.spec_step;
 }
 
 /* G on nvme: the terms folded in the landing buffer (first micro-batch),

@@ -228,6 +228,10 @@ struct update_state {
 	int spec_next;
 	bool spec_on, spec_step, spec_off;
 	struct st_adam_step spec_wd, spec_nowd;
+	/* the clip applied to the last step not skipped: this one runs the
+	 * update after the backward, not speculating (engine_step.c);
+	 * spec_now: this step speculates */
+	bool clipped, spec_now;
 };
 
 /* Activations (engine_act.c, engine_step.c): the checkpoints, the saved
@@ -624,15 +628,14 @@ struct st_eng_fused_fwd {
  * next dW d2h refills); finish once the norm is
  * known, with the step's constants: *done when the speculation held (the
  * rest of the tiles updated, every store landed, the alternates
- * committed); else nothing of P, M, V changed and the sweep is to run (not
- * skipped), or the speculated units' W were rewritten from P (skipped).
- * Each returns 0 or -errno. */
+ * committed); else nothing of P, M, V changed, and the speculated units'
+ * W were rewritten from P: the step is skipped, or (not skipped) its
+ * forwards and backwards are to run again. Each returns 0 or -errno. */
 int st_eng_spec_advance(struct st_engine *e, int g_final);
 bool st_eng_grad_in_landing(const struct st_engine *e, int u);
 /* Whether a unit's final G goes to nvme (engine_grad.c): not where the
- * update inside the backward, which reads it in host memory, has nothing
- * to redo (no clip: its speculation fails only on a step that is
- * skipped; st_plan_input.no_clip). */
+ * update inside the backward reads it in host memory (a step whose
+ * speculation fails runs again, engine_step.c). */
 bool st_eng_final_g_written(const struct st_engine *e);
 int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 		       const struct st_adam_step *nowd, bool skipped, bool *done);

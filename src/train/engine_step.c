@@ -551,10 +551,75 @@ static int micro_batches(struct st_engine *e, struct st_loader *ld)
 	return ret;
 }
 
+/* The step's forwards and backwards, then its losses' sum (loss_sum) and
+ * its gradient norm. */
+static int step_pass(struct st_engine *e, struct st_loader *ld, double *loss_sum, double *norm)
+{
+	const struct st_train_config *c = &e->cfg.train;
+	uint64_t tp;
+	int ret;
+
+	*loss_sum = 0;
+	e->grad.nonfinite = false;
+	ret = e->layer_first ? lf_micro_batches(e, ld) : micro_batches(e, ld);
+	e->step_end_cursor = ld->cur; /* before the update sweep draws the next batch */
+	tp = st_now_ns();
+	if (ret == 0)
+		ret = st_eng_grad_quiet(e);
+	if (ret == 0)
+		ret = st_eng_act_drain(e);
+	if (ret == 0)
+		ret = st_eng_step_scalars(e, loss_sum,
+					  e->world > 1 ? e->zero.losses +
+							 (size_t)e->rank * c->grad_accum : NULL);
+	if (ret == 0 && e->world > 1)
+		ret = st_eng_zero_loss(e, loss_sum);
+	if (ret == 0)
+		ret = grad_norm(e, norm);
+	st_eng_phase(e, "norm", c->grad_accum - 1, tp);
+	return ret;
+}
+
+/* The clip applied to a step that speculated, which keeps no final G to
+ * redo its update from: st_eng_spec_finish() put the speculated units' W
+ * back, and the step's forwards and backwards run again from its first
+ * batch (cur0), now speculating with the step's own AdamW constants,
+ * which hold. The same operations in the same order give the same
+ * losses and norm: checked. */
+static int replay(struct st_engine *e, struct st_loader *ld, const struct st_cursor *cur0,
+		  const struct st_adam_step *wd, const struct st_adam_step *nowd, double loss_sum,
+		  double norm, bool *done)
+{
+	double loss2, norm2;
+	int ret;
+
+	ld->cur = *cur0;
+	e->fwd_ready = false; /* the last sweep's forward of the first batch: again */
+	e->update.spec_wd = *wd;
+	e->update.spec_nowd = *nowd;
+	ret = step_pass(e, ld, &loss2, &norm2);
+	if (ret == 0 && (loss2 != loss_sum || norm2 != norm))
+		return st_error_set(-EIO, "engine: step %d run again gave losses %.17g and norm "
+				    "%.17g, not %.17g and %.17g", e->trace.step, loss2, norm2,
+				    loss_sum, norm);
+	if (ret == 0)
+		ret = st_eng_spec_finish(e, wd, nowd, false, done);
+	if (ret == 0 && !*done)
+		return st_error_set(-EIO, "engine: step %d run again: its update in the "
+				    "backward failed", e->trace.step);
+	return ret;
+}
+
 int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		   bool next_follows, struct st_step_result *res)
 {
 	const struct st_train_config *c = &e->cfg.train;
+	/* the step's first batch: the last sweep may have drawn it already */
+	const struct st_cursor cur0 = e->fwd_ready ? e->step_end_cursor : ld->cur;
+	/* the update inside the backward speculates a clip factor of 1,
+	 * unless the clip applied to the last step */
+	const bool spec = e->update.spec_on &&
+			  (!e->update.clipped || (step > 0 && step == e->cfg.test_speculate_step));
 	struct st_adam_step with_wd, without_wd;
 	double loss_sum = 0;
 	uint64_t t0 = st_now_ns(), tp;
@@ -568,46 +633,25 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 		return st_error_set(-EINVAL, "engine: the forward alone does not step");
 	e->trace.step = step;
 	st_eng_stats_begin(e);
-	e->grad.nonfinite = false;
-	/* the update inside the backward speculates a clip factor of 1 */
-	ret = e->update.spec_on ? st_train_adam_prep(c, step, 0.0, &e->update.spec_wd,
-						     &e->update.spec_nowd)
-				: 0;
+	e->update.spec_now = spec;
+	ret = spec ? st_train_adam_prep(c, step, 0.0, &e->update.spec_wd, &e->update.spec_nowd)
+		   : 0;
 	if (ret == 0)
-		ret = e->layer_first ? lf_micro_batches(e, ld) : micro_batches(e, ld);
-	e->step_end_cursor = ld->cur; /* before the update sweep draws the next batch */
-	tp = st_now_ns();
-	if (ret == 0)
-		ret = st_eng_grad_quiet(e);
-	if (ret == 0)
-		ret = st_eng_act_drain(e);
-	if (ret == 0)
-		ret = st_eng_step_scalars(e, &loss_sum,
-					  e->world > 1 ? e->zero.losses +
-							 (size_t)e->rank * c->grad_accum : NULL);
+		ret = step_pass(e, ld, &loss_sum, &res->grad_norm);
 	if (ret < 0)
 		goto fail;
-	if (e->world > 1) {
-		ret = st_eng_zero_loss(e, &loss_sum);
-		if (ret < 0)
-			goto fail;
-	}
 	/* masked: the sums of the counted losses over their count */
 	res->loss = !e->batch.masked ? loss_sum / (c->grad_accum * e->world)
 		    : e->batch.count ? loss_sum / (double)e->batch.count : 0.0;
 	res->lr = st_lr_at(c, step);
-	ret = grad_norm(e, &res->grad_norm);
-	if (ret < 0)
-		goto fail;
-	st_eng_phase(e, "norm", c->grad_accum - 1, tp);
 	tp = st_now_ns();
 	/* a masked step without a counted target has nothing to learn: as a
 	 * skipped one, it drops (or rolls back) the update */
 	res->empty = e->batch.masked && !e->batch.count;
 	if (isnan(res->grad_norm) || res->empty) {
 		res->skipped = !res->empty;
-		ret = e->update.spec_on ? st_eng_spec_finish(e, NULL, NULL, true, &spec_done)
-					: st_eng_update_drop(e);
+		ret = spec ? st_eng_spec_finish(e, NULL, NULL, true, &spec_done)
+			   : st_eng_update_drop(e);
 		if (ret < 0)
 			goto fail;
 	} else {
@@ -616,9 +660,15 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 
 		ret = st_train_adam_prep(c, step, res->grad_norm, &with_wd, &without_wd);
 		/* the speculation held: the update is done, the next forward
-		 * runs in the next step; else the sweep, as without it */
-		if (ret == 0 && e->update.spec_on)
+		 * runs in the next step; else the step runs again; without
+		 * it, the sweep */
+		if (ret == 0 && spec)
 			ret = st_eng_spec_finish(e, &with_wd, &without_wd, false, &spec_done);
+		if (ret == 0 && spec && !spec_done) {
+			res->replayed = true;
+			ret = replay(e, ld, &cur0, &with_wd, &without_wd, loss_sum, res->grad_norm,
+				     &spec_done);
+		}
 		if (ret == 0 && spec_done) {
 			next_follows = false;
 			res->in_backward = true;
@@ -630,6 +680,7 @@ int st_engine_step(struct st_engine *e, struct st_loader *ld, int step,
 			goto fail;
 		/* the sweep ran the next step's first forward */
 		e->fwd_ready = next_follows;
+		e->update.clipped = c->clip > 0 && res->grad_norm > c->clip;
 	}
 	st_eng_phase(e, "update", c->grad_accum - 1, tp);
 	tp = st_now_ns();

@@ -486,7 +486,7 @@ int st_eng_update_prefetch(struct st_engine *e)
 {
 	int ret;
 
-	if (e->update.spec_on)
+	if (e->update.spec_now)
 		return spec_begin(e);
 	ret = upd_reads_quiet(e);
 
@@ -691,16 +691,16 @@ static int spec_begin(struct st_engine *e)
 	return ret ? ret : upd_issue(e, 0, ST_STATE_P, false);
 }
 
-/* Whether the speculation can still hold: every final G finite and, with
- * a clip, their sum of squares (a part of the norm's) not past it. At
- * world > 1 the part is this rank's chunks': a part of the part, so a
- * rank that gives up does so only where the norm will say the
- * speculation failed on every rank; no rank's speculation queues a
- * collective (stages 1-2 gather W at the commit, spec_gather_w()), so
- * the ranks need not give up together. */
+/* Whether the speculation can still hold: every final G finite, and
+ * their sum of squares (at world > 1 this rank's chunks', a part of the
+ * norm's). A rank gives up only where the norm will say the step is
+ * skipped, on every rank; no rank's speculation queues a collective
+ * (stages 1-2 gather W at the commit, spec_gather_w()), so the ranks
+ * need not give up together. It does not give up on the clip: no final
+ * G is kept for a sweep, so the norm alone decides, on every rank alike,
+ * whether the step runs again (engine_step.c, replay). */
 static bool spec_holds(struct st_engine *e, int g_final)
 {
-	const struct st_train_config *c = &e->cfg.train;
 	double sumsq = 0;
 
 	if (e->grad.nonfinite)
@@ -716,7 +716,7 @@ static bool spec_holds(struct st_engine *e, int g_final)
 		for (uint64_t k = 0; k < e->slice_elems[u] / ST_PLAN_SLICE_ALIGN; k++)
 			sumsq += part[k];
 	}
-	return isfinite(sumsq) && !(c->clip > 0 && sumsq > (double)c->clip * c->clip);
+	return isfinite(sumsq);
 }
 
 /* The speculative tiles of the units g_final.. whose G is final. */
@@ -804,11 +804,6 @@ int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 	*done = false;
 	if (!e->update.spec_step)
 		return 0;
-	/* without a clip only a skipped step fails it (a G not finite), so
-	 * the final G was not written for a sweep to redo it */
-	if (!same && !skipped && !st_eng_final_g_written(e))
-		return st_error_set(-EIO, "engine: the update in the backward failed without a "
-				    "clip on a step not skipped; the step's G was not kept");
 	/* the norm decides, not spec_holds()'s sum in another order */
 	if (same)
 		ret = spec_run(e, 0);
@@ -822,8 +817,9 @@ int st_eng_spec_finish(struct st_engine *e, const struct st_adam_step *wd,
 	upd_reset(e);
 	if (ret < 0)
 		return ret;
+	/* a skipped step, and one to run again, need the old W */
 	if (!same)
-		return skipped ? spec_restore_w(e) : 0;
+		return spec_restore_w(e);
 	/* the norm says the speculation held: the alternates are the state */
 	for (int u = 0; u < e->n_units; u++)
 		for (enum st_state s = ST_STATE_P; s <= ST_STATE_V; s++) {

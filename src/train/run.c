@@ -629,9 +629,10 @@ static int metrics_line(struct run *r, int s, const struct st_step_result *st, d
 	metric(mf, "step_s", "%.6f", dt, nf, sizeof(nf));
 	if (epochs_done(r) >= 0)
 		fprintf(mf, ",\"epoch\":%.6f", epochs_done(r));
-	fprintf(mf, "%s%s%s%s%s%s,\"bytes\":{", st->empty ? ",\"empty\":true" : "",
+	fprintf(mf, "%s%s%s%s%s%s%s,\"bytes\":{", st->empty ? ",\"empty\":true" : "",
 		st->skipped ? ",\"skipped\":true" : "",
-		st->in_backward ? ",\"in_backward\":true" : "", nf[0] ? ",\"nonfinite\":[" : "",
+		st->in_backward ? ",\"in_backward\":true" : "",
+		st->replayed ? ",\"replayed\":true" : "", nf[0] ? ",\"nonfinite\":[" : "",
 		nf, nf[0] ? "]" : "");
 	for (int l = ST_LANE_H2D; l <= ST_LANE_NVME_WRITE; l++)
 		fprintf(mf, "%s\"%s\":%llu", l == ST_LANE_H2D ? "" : ",",

@@ -2010,15 +2010,17 @@ static int teardown(void **state)
  * the plain cpu device. Runs under --device cpu-strict. */
 /* --update in-backward: each unit's AdamW in the backward, P, M, V to the
  * alternate extents, committed when the norm says the clip did not apply
- * (else the sweep after the backward). With the clip at the median of the
- * steps' norms some steps hold and some redo; a gradient not finite in a
+ * (else the step's forwards and backwards run again: replayed); a step
+ * after one the clip applied to updates after the backward. With the
+ * clip between the steps' norms some steps hold, some are replayed and
+ * some update after (each seen over the cases); a gradient not finite in a
  * lower unit (test_nan_grad_unit) skips a step whose upper units were
  * speculated. Every case: today's losses, norms, P and W bit for bit;
  * GPT-2 and LLaMA, batch-first and layer-first, 1 and 2 threads, W in
  * every home, the bf16 state, small tiles; and each case again with
  * every nvme write landing after the requests submitted behind it. */
 static void spec_train(const struct st_engine_config *c, int threads, struct run *r,
-		       int *held)
+		       int *held, int *replayed, int *from_sweep)
 {
 	const int threads0 = omp_get_max_threads();
 	struct st_engine *e;
@@ -2030,8 +2032,8 @@ static void spec_train(const struct st_engine_config *c, int threads, struct run
 	open_loader(&ds, &ld, c);
 	if (st_engine_create(c, &e))
 		fail_msg("engine: %s", st_error_last());
-	*held = 0;
-	for (int s = 0; s < 5; s++) {
+	*held = *replayed = *from_sweep = 0;
+	for (int s = 0, swept = 0; s < 5; s++) {
 		struct st_step_result res;
 
 		if (st_engine_step(e, &ld, s, s + 1 < 5, &res))
@@ -2039,7 +2041,12 @@ static void spec_train(const struct st_engine_config *c, int threads, struct run
 		r->loss[s] = res.loss;
 		r->norm[s] = res.grad_norm;
 		*held += res.in_backward;
+		*replayed += res.replayed;
+		/* the last step's sweep drew this one's first batch */
+		*from_sweep += res.replayed && swept;
+		swept = !res.in_backward && !res.skipped;
 		assert_false(res.in_backward && (res.skipped || c->update == ST_UPDATE_AFTER));
+		assert_true(!res.replayed || res.in_backward);
 	}
 	collect(e, r);
 	st_engine_destroy(e);
@@ -2071,6 +2078,7 @@ static void test_update_in_backward(void **state)
 	};
 	struct st_engine_config c;
 	struct st_engine *e;
+	int ways[3] = { 0, 0, 0 }; /* steps held first, replayed, updated after */
 
 	(void)state;
 	for (size_t mi = 0; mi < ST_ARRAY_LEN(models); mi++)
@@ -2078,7 +2086,7 @@ static void test_update_in_backward(void **state)
 			struct run ref, r;
 			double norms[5], clip;
 			char what[256];
-			int held, held_ref;
+			int held, held_ref, replayed, from_sweep;
 
 			model_config(&c, models[mi]);
 			c.params = cases[i].params;
@@ -2094,7 +2102,7 @@ static void test_update_in_backward(void **state)
 			c.test_nan_grad_step = 2;
 			/* the clip between the steps' norms: some hold, some redo */
 			c.train.clip = 0;
-			spec_train(&c, cases[i].threads, &ref, &held_ref);
+			spec_train(&c, cases[i].threads, &ref, &held_ref, &replayed, &from_sweep);
 			memcpy(norms, ref.norm, sizeof(norms));
 			run_free(&ref);
 			for (int a = 0; a < 5; a++)
@@ -2106,20 +2114,25 @@ static void test_update_in_backward(void **state)
 						norms[b] = t;
 					}
 			clip = (norms[1] + norms[2]) / 2;
-			/* step 2's NaN: the others hold, without a clip (so the
-			 * final G is not written: nothing can be redone) */
+			/* step 2's NaN: the others hold, without a clip */
 			if (cases[i].nan_unit)
 				clip = 0;
 			c.train.clip = (float)clip;
-			spec_train(&c, cases[i].threads, &ref, &held_ref);
+			spec_train(&c, cases[i].threads, &ref, &held_ref, &replayed, &from_sweep);
 			assert_int_equal(held_ref, 0);
 			c.update = ST_UPDATE_IN_BACKWARD;
 			snprintf(what, sizeof(what), "in-backward: %s (%s)", cases[i].name,
 				 models[mi]);
-			spec_train(&c, cases[i].threads, &r, &held);
+			spec_train(&c, cases[i].threads, &r, &held, &replayed, &from_sweep);
 			same(&ref, &r, 5, what);
-			if (held < 1 || held > (cases[i].nan_unit ? 4 : 3))
-				fail_msg("%s: %d of 5 steps held (clip %g)", what, held, clip);
+			if (held < 1 || held - replayed > (cases[i].nan_unit ? 4 : 3))
+				fail_msg("%s: %d of 5 steps held (clip %g), %d of them replayed", what,
+					 held, clip, replayed);
+			if (!cases[i].nan_unit) {
+				ways[0] += held - replayed;
+				ways[1] += replayed;
+				ways[2] += 5 - held;
+			}
 			assert_true(!cases[i].nan_unit || isnan(r.norm[2]));
 			run_free(&r);
 			/* every nvme write lands only once the engine waits on
@@ -2132,19 +2145,49 @@ static void test_update_in_backward(void **state)
 								 .every = 1 };
 			snprintf(what, sizeof(what), "in-backward, writes last: %s (%s)",
 				 cases[i].name, models[mi]);
-			spec_train(&c, cases[i].threads, &r, &held);
+			spec_train(&c, cases[i].threads, &r, &held, &replayed, &from_sweep);
 			same(&ref, &r, 5, what);
 			run_free(&ref);
 			run_free(&r);
 		}
+	if (!ways[0] || !ways[1] || !ways[2])
+		fail_msg("of the steps with a clip: %d held, %d replayed, %d updated after",
+			 ways[0], ways[1], ways[2]);
+	/* a clip that applies to every step: step 0 is replayed, the next
+	 * ones update after, but step 2, made to speculate
+	 * (test_speculate_step), is replayed from the first batch that step
+	 * 1's sweep drew; batch-first at N = 1 and 2, and layer-first */
+	for (int k = 0; k < 6; k++) {
+		struct run ref, r;
+		char what[128];
+		int held, replayed, from_sweep;
+
+		model_config(&c, models[k / 3]);
+		c.params = ST_OFFLOAD_NVME;
+		c.optim = ST_OFFLOAD_NVME;
+		c.train.clip = 1e-3f;
+		c.train.grad_accum = k % 3 ? 2 : 1;
+		c.schedule = k % 3 == 2 ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+		spec_train(&c, 0, &ref, &held, &replayed, &from_sweep);
+		c.update = ST_UPDATE_IN_BACKWARD;
+		c.test_speculate_step = 2;
+		snprintf(what, sizeof(what), "in-backward, clip always, %s N = %d (%s)",
+			 k % 3 == 2 ? "layer-first" : "batch-first", c.train.grad_accum, models[k / 3]);
+		spec_train(&c, 0, &r, &held, &replayed, &from_sweep);
+		same(&ref, &r, 5, what);
+		if (held != 2 || replayed != 2 || from_sweep != 1)
+			fail_msg("%s: %d held, %d replayed, %d from the sweep's batch (2, 2, 1)", what,
+				 held, replayed, from_sweep);
+		run_free(&ref);
+		run_free(&r);
+	}
 	/* a step whose speculation holds moves the plan's bytes, batch-first
 	 * at N = 1 and 2 (asked) and layer-first (auto takes it with every
 	 * P, M, V on nvme, predicted faster here, and leaves it with them in
 	 * host); the alternates are on nvme's total. It reads G back from
-	 * nvme for no update: the update after the backward's step reads
-	 * every unit's G once more; with a clip (that does not apply) it
-	 * writes the same bytes, and without one (nothing to redo) the
-	 * final G's less. */
+	 * nvme for no update, nor writes it there, with a clip (one that
+	 * does not apply) or without: the update after the backward's step
+	 * reads and writes every unit's G once more. */
 	for (int k = 0; k < 6; k++) {
 		static const char *const what[] = { "in-backward, N = 1", "in-backward, N = 2",
 						    "in-backward, layer-first" };
@@ -2174,7 +2217,7 @@ static void test_update_in_backward(void **state)
 		for (int u = 0; u < p->units; u++)
 			g += p->slice_elems[u] * sizeof(float);
 		if (st_after.bytes[ST_LANE_NVME_READ] - st.bytes[ST_LANE_NVME_READ] != g ||
-		    st_after.bytes[ST_LANE_NVME_WRITE] - st.bytes[ST_LANE_NVME_WRITE] != (clip ? 0 : g))
+		    st_after.bytes[ST_LANE_NVME_WRITE] - st.bytes[ST_LANE_NVME_WRITE] != g)
 			fail_msg("%s, clip %d: nvme r %llu w %llu, the update after r %llu w %llu "
 				 "(G %llu)", what[k % 3], clip, (unsigned long long)st.bytes[ST_LANE_NVME_READ],
 				 (unsigned long long)st.bytes[ST_LANE_NVME_WRITE],

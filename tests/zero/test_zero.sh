@@ -34,10 +34,12 @@
 #              --update in-backward at 2 ranks, stages 0-3, W, P, M, V
 #              on nvme, a clip some steps pass (batch-first, layer-first,
 #              LLaMA, a skipped step; stages 1-2 also with W in host and
-#              in vram, through the device buffers and on cpu-strict):
-#              one rank's numbers with the update after, and its
-#              collectives per step; and its nvme bytes (no G read back)
-#              and the update after's, each the plan's
+#              in vram, through the device buffers and on cpu-strict),
+#              and a clip every step passes (replayed steps, one from
+#              the batch a sweep drew): one rank's numbers with the
+#              update after, and its collectives per step; and its nvme
+#              bytes (no G written or read back) and the update after's,
+#              each the plan's
 #   comm       the collectives' calls and bytes per step = strata plan's
 #   trace      --trace: one file per rank, the collectives on a comm lane
 #              overlapping the compute (stage 3's gathers, and stages 1-2's
@@ -406,7 +408,8 @@ in-backward)
 			{ echo "FAIL $1: no step's speculation held"; fail=1; }
 	}
 	# the clip halfway between two of the steps' norms without one: some
-	# steps' speculation holds, some redo
+	# steps' speculation holds, some redo (a sweep from the kept G) and
+	# some, the clip applying where no G was kept, run again (replayed)
 	run noclip 1 --steps 4 --grad-accum 4 --offload-params nvme --offload-optim nvme --clip 0
 	clip=$(python3 -c 'import json, sys
 n = sorted(json.loads(l)["grad_norm"] for l in open(sys.argv[1]))
@@ -421,16 +424,36 @@ print((n[1] + n[2]) / 2)' "$work/noclip.jsonl")
 			held "ib$z$sched"
 		done
 	done
+	cat "$work"/ib[0-3]*.jsonl | grep -q '"replayed":true' ||
+		{ echo "FAIL no 2-rank step was replayed"; fail=1; }
+	# a clip that applies to every step: step 1 (0-based 0) is replayed,
+	# the next ones update after, but step 3, made to speculate, is
+	# replayed from the first batch step 2's sweep drew, on every rank
+	ca=(--steps 4 --offload-params nvme --offload-optim nvme --clip 0.001)
+	run caref 1 "${ca[@]}" --grad-accum 4
+	for z in 0 1 2 3; do
+		ST_TEST_SPECULATE_STEP=2 run "ca$z" 2 "${ca[@]}" --grad-accum 2 --zero $z \
+			--update in-backward
+		same "ca$z" caref "2 ranks --zero $z in-backward, clip always, 2 steps replayed = 1 rank, after"
+		r=$(python3 -c 'import json, sys
+print([i for i, l in enumerate(open(sys.argv[1])) if json.loads(l).get("replayed")])' \
+			"$work/ca$z.jsonl")
+		[ "$r" = "[0, 2]" ] || { echo "FAIL ca$z: replayed steps $r, not [0, 2]"; fail=1; }
+	done
 	# stages 1-2: the steps that held and those redone queue the update
-	# after's collectives, step by step (calls and bytes of each kind)
+	# after's collectives, step by step (calls and bytes of each kind); a
+	# step replayed queues its backward's twice
 	for z in 1 2; do
 		run "af$z" 2 --steps 4 --grad-accum 2 --zero $z "${nv[@]}"
 		python3 - "$work/af$z.jsonl" "$work/ib${z}batch-first.jsonl" "$z" <<'PY' || fail=1
 import json, sys
-a, b = ([{k: (v["calls"], v["bytes"]) for k, v in json.loads(l)["comm"].items()}
-         for l in open(f)] for f in sys.argv[1:3])
-ok = a == b and len(a) == 4
-print(("ok  " if ok else "FAIL") + f" --zero {sys.argv[3]}: in-backward's collectives per step = after's")
+sa, sb = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+a, b = ([{k: (v["calls"], v["bytes"]) for k, v in x["comm"].items()} for x in s]
+        for s in (sa, sb))
+ok = len(a) == len(b) == 4 and any(not x.get("replayed") for x in sb)
+ok = ok and all(x.get("replayed") or a[i] == b[i] for i, x in enumerate(sb))
+print(("ok  " if ok else "FAIL") + f" --zero {sys.argv[3]}: in-backward's collectives per step "
+      f"= after's (but replayed steps {[i for i, x in enumerate(sb) if x.get('replayed')]})")
 sys.exit(0 if ok else 1)
 PY
 	done
@@ -475,7 +498,7 @@ PY
 		same "nan$z" nanref "2 ranks --zero $z in-backward, step 3 skipped = 1 rank, after"
 		grep -q '"skipped":true' "$work/nan$z.jsonl" || { echo "FAIL nan$z: no step skipped"; fail=1; }
 	done
-	# without a clip (no final G written: only a skip fails the speculation)
+	# without a clip (only a skip fails the speculation)
 	nc=(--steps 4 --offload-params nvme --offload-optim nvme --clip 0)
 	ST_TEST_NAN_GRAD=1:2 run nanref0 1 "${nc[@]}" --grad-accum 4
 	for z in 0 2; do
@@ -501,14 +524,12 @@ print((n[1] + n[2]) / 2)' "$work/llnoclip.jsonl")
 		same "ll$z" llref "LLaMA: 2 ranks --zero $z --update in-backward = 1 rank --grad-accum 2, after"
 		held "ll$z"
 	done
-	# every step held: a rank reads no G back from nvme, so its steps
-	# read the update after's bytes less the plan's difference (G's load;
-	# stages 1-2 add the W slice's), and write the same but that
-	# difference (without a clip also the final G's write, which nothing
-	# could read back); batch-first at N = 1 (G in the landing) and 2 (in
-	# the G staging), and layer-first, without a clip; batch-first at
-	# N = 1 with one that does not apply. And each run moves its plan's
-	# bytes.
+	# every step held: a rank neither writes its final G to nvme nor
+	# reads it back, so its steps read and write the update after's bytes
+	# less the plan's difference (G's write and load; stages 1-2 add the W
+	# slice's); batch-first at N = 1 (G in the landing) and 2 (in the G
+	# staging), and layer-first, without a clip; batch-first at N = 1
+	# with one that does not apply. And each run moves its plan's bytes.
 	for z in 0 1 2 3; do
 		for sched in "batch-first 1 0" "batch-first 2 0" "layer-first 2 0" \
 			     "batch-first 1 1e9"; do
@@ -521,7 +542,7 @@ print((n[1] + n[2]) / 2)' "$work/llnoclip.jsonl")
 			for u in after in-backward; do
 				"$strata" plan --json --world 2 --zero $z --grad-accum $n --schedule $sc \
 					--batch 2 --seq 32 --gpu-mem 16M --host-mem 12M --nvme "$work/nvme" \
-					--offload-params nvme --offload-optim nvme --update $u --clip $cl \
+					--offload-params nvme --offload-optim nvme --update $u \
 					>"$work/plan-$u.json" || { echo "FAIL plan --update $u"; fail=1; }
 			done
 			python3 - "$work/bya$t.jsonl" "$work/byb$t.jsonl" "$work/plan-after.json" \
