@@ -6,6 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The bytes a synchronous read (rw 0) or write (1) of a shard in home h
+ * moved on its link, counted with the step's (only st_eng_w_from_p()
+ * runs inside a step; between steps the next step's count starts over). */
+static void sync_bytes(struct st_engine *e, enum st_home h, int rw, uint64_t len)
+{
+	if (h != ST_HOME_HOST)
+		e->lanes.busy[h == ST_HOME_NVME ? (rw ? ST_LANE_NVME_WRITE : ST_LANE_NVME_READ)
+						: (rw ? ST_LANE_H2D : ST_LANE_D2H)].bytes += len;
+}
+
 /* Shard (u, s) into buf; from nvme, checked against its sums. */
 static int shard_read(struct st_engine *e, int u, enum st_state s, void *buf)
 {
@@ -16,6 +26,7 @@ static int shard_read(struct st_engine *e, int u, enum st_state s, void *buf)
 		memcpy(buf, haddr(e, &x->ext), x->ext.len_bytes);
 		return 0;
 	}
+	sync_bytes(e, x->home, 0, x->ext.len_bytes);
 	ret = st_tier_read_sync(e->tier[x->home], &x->ext, 0, buf, x->ext.len_bytes);
 	if (ret == 0 && x->home == ST_HOME_NVME)
 		ret = st_eng_sums_check(e, u, s, 0, buf, x->ext.len_bytes);
@@ -34,6 +45,7 @@ static int shard_write_at(struct st_engine *e, int u, enum st_state s, uint64_t 
 	}
 	if (x->home == ST_HOME_NVME)
 		st_eng_sums_put(e, u, s, off, buf, len);
+	sync_bytes(e, x->home, 1, len);
 	return st_tier_write_sync(e->tier[x->home], &x->ext, off, buf, len);
 }
 
