@@ -15,13 +15,19 @@ fail=0
 # 0. Compute spans 0-10, 15-30, 40-50; the last was queued at 35 us, so of
 # the gap 30-40, 30-35 waited for the host and 35-40 on the device. Host waits: "W fetch" 12-14 inside the gap 10-15 (the rest,
 # 10-12 and 14-15, is host work), "dW d2h" 30-33. cpu adam 50-55 (the gap
-# 50-60 has no compute span after it: 50-55 adam, 55-60 host).
+# 50-60 has no compute span after it: 50-55 adam, 55-60 host). On the
+# comm lane, "dW all-to-all" at 33 us (3 after the compute span that ended
+# at 30) and 52 us (2 after 50), and a "W gather" that --comm leaves out.
 cat >"$work/hand.json" <<'JSON'
 {"traceEvents":[
 {"ph":"M","pid":1,"name":"thread_name","tid":1,"args":{"name":"compute"}},
 {"ph":"M","pid":1,"name":"thread_name","tid":2,"args":{"name":"cpu adam"}},
 {"ph":"M","pid":1,"name":"thread_name","tid":3,"args":{"name":"host"}},
 {"ph":"M","pid":1,"name":"thread_name","tid":4,"args":{"name":"phase"}},
+{"ph":"M","pid":1,"name":"thread_name","tid":5,"args":{"name":"comm"}},
+{"ph":"X","pid":1,"name":"dW all-to-all","tid":5,"ts":33,"dur":2},
+{"ph":"X","pid":1,"name":"dW all-to-all","tid":5,"ts":52,"dur":1},
+{"ph":"X","pid":1,"name":"W gather","tid":5,"ts":56,"dur":1},
 {"ph":"X","pid":1,"name":"fwd","tid":1,"ts":0,"dur":10,"args":{"queued_us":0}},
 {"ph":"X","pid":1,"name":"bwd","tid":1,"ts":15,"dur":15,"args":{"queued_us":15}},
 {"ph":"X","pid":1,"name":"bwd","tid":1,"ts":40,"dur":10,"args":{"queued_us":35}},
@@ -58,6 +64,19 @@ assert got == want, got
 assert s["idle_us"] == 25 and s["wall_us"] == 60 and r["median"]["idle_mb_us"] == 25, s
 print("ok   trace-gaps --json: every cause to the microsecond")
 PY
+# --comm: the all-to-alls' starts after the compute span before each
+python3 - "$tg" "$work/hand.json" <<'PY' || fail=1
+import json, subprocess, sys
+r = json.loads(subprocess.check_output([sys.argv[1], "--json", "--skip", "0", "--comm",
+                                        "dW all-to-all", sys.argv[2]]))
+assert r["comm"] == {"name": "dW all-to-all", "spans": 2, "gap_median_us": 2.5,
+                     "gap_p90_us": 3}, r["comm"]
+print("ok   trace-gaps --comm: each all-to-all's gap from the compute before it")
+PY
+got=$("$tg" --comm "" "$work/hand.json" 2>&1); rc=$?
+[ $rc = 2 ] && [ "$got" = "trace-gaps: --comm needs a span name (see --help)" ] &&
+	echo "ok   trace-gaps --comm without a name: exit 2" ||
+	{ echo "FAIL trace-gaps --comm '': rc $rc: $got"; fail=1; }
 # --min-us drops the gaps shorter than it (the 5 us one at 10-15)
 got=$("$tg" --min-us 6 "$work/hand.json")
 got=${got%%$'\n'*}
