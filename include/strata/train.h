@@ -90,8 +90,9 @@ struct st_step_result {
 	bool in_backward;  /* the engine's --update in-backward: the update
 			      ran in the backward (the speculation held) */
 	bool replayed;     /* ... held only when the step's forwards and
-			      backwards ran again: the clip applied, and the
-			      final G had not been kept for a sweep */
+			      backwards ran again: the clip applied to its
+			      speculation, and no final G was kept to redo
+			      the update from */
 };
 
 /* One optimizer step at step number `step` (0-based) over grad_accum
