@@ -428,13 +428,16 @@ print((n[1] + n[2]) / 2)' "$work/noclip.jsonl")
 		{ echo "FAIL no 2-rank step was replayed"; fail=1; }
 	# a clip that applies to every step: step 1 (0-based 0) is replayed,
 	# the next ones update after, but step 3, made to speculate, is
-	# replayed from the first batch step 2's sweep drew, on every rank
+	# replayed from the first batch step 2's sweep drew, on every rank;
+	# batch-first at stages 0-3, layer-first at stage 3
 	ca=(--steps 4 --offload-params nvme --offload-optim nvme --clip 0.001)
 	run caref 1 "${ca[@]}" --grad-accum 4
-	for z in 0 1 2 3; do
-		ST_TEST_SPECULATE_STEP=2 run "ca$z" 2 "${ca[@]}" --grad-accum 2 --zero $z \
-			--update in-backward
-		same "ca$z" caref "2 ranks --zero $z in-backward, clip always, 2 steps replayed = 1 rank, after"
+	for z in 0 1 2 3 3lf; do
+		sc=(--schedule batch-first)
+		[ "$z" = 3lf ] && sc=(--schedule layer-first)
+		ST_TEST_SPECULATE_STEP=2 run "ca$z" 2 "${ca[@]}" --grad-accum 2 --zero "${z%lf}" \
+			"${sc[@]}" --update in-backward
+		same "ca$z" caref "2 ranks --zero $z ${sc[1]} in-backward, clip always, 2 steps replayed = 1 rank, after"
 		r=$(python3 -c 'import json, sys
 print([i for i, l in enumerate(open(sys.argv[1])) if json.loads(l).get("replayed")])' \
 			"$work/ca$z.jsonl")
