@@ -2100,7 +2100,7 @@ static void test_update_in_backward(void **state)
 			c.compute_dtype = cases[i].bf16_compute ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
 			c.test_nan_grad_unit = cases[i].nan_unit;
 			c.test_nan_grad_step = 2;
-			/* the clip between the steps' norms: some hold, some redo */
+			/* the clip between the steps' norms: some hold, some run again */
 			c.train.clip = 0;
 			spec_train(&c, cases[i].threads, &ref, &held_ref, &replayed, &from_sweep);
 			memcpy(norms, ref.norm, sizeof(norms));
