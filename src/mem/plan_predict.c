@@ -425,10 +425,10 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		 * once by the update (layer-first: written once, read by the
 		 * update), but the update inside the backward reads it in
 		 * host memory, where it became final, and does not write it
-		 * either (a step the clip fails runs its backward again,
-		 * engine_step.c; the plan assumes the speculation holds). At stage 0
-		 * (world > 1) the final G is the whole padded unit, gathered:
-		 * its write and the update's load move that. P, M, V read and
+		 * either (a step the clip fails runs again, engine_step.c;
+		 * the plan assumes the speculation holds). At stage 0 (world
+		 * > 1) the final G is the whole padded unit, gathered: its
+		 * write and the update's load move that. P, M, V read and
 		 * written once. */
 		if (h[ST_STATE_G] == ST_HOME_NVME) {
 			uint64_t gf = sh->world > 1 && sh->zero == 0 ? sh->epad[u] * 4 : g;
