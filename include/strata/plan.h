@@ -424,6 +424,12 @@ struct st_plan {
 	 * 0..U-2, once each, from nvme and to vram (in nvme_read_bytes and
 	 * h2d_bytes too), which count in the update phase. */
 	uint64_t upd_fwd_nvme_read_bytes, upd_fwd_h2d_bytes;
+	/* The update inside the backward: the W that the last backward
+	 * fetches from nvme for its first `prefetch` units (U-1 down; all U
+	 * when prefetch is 0), which the fetches k ahead read while the
+	 * forwards run. Where the first phase's disk has time, the model
+	 * reads them there (docs/plan.md, "The model of the step"). */
+	uint64_t bwd_ahead_nvme_read_bytes;
 	/* The widens: every W a unit's pass uses is widened on the compute
 	 * (bf16 to fp32, or copied) out of its slot or vram home, f_u per
 	 * micro-batch (once a step layer-first); the bytes they read and

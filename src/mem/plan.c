@@ -270,6 +270,38 @@ static int update_resolve(const struct st_plan_input *in, struct st_shape *sh,
 	return 0;
 }
 
+/* --update AUTO: the plan sized for the update inside the backward (its
+ * placement puts every P, M, V on nvme where that is predicted faster)
+ * against the plan sized for the update after the backward, whose split
+ * may put the P, M and V of some units in host, which the update inside
+ * the backward cannot use (it speculates on the alternates on nvme); the
+ * shorter predicted step. */
+static int plan_make_update(const struct st_plan_input *in, struct st_plan *plan)
+{
+	struct st_plan_input x = *in;
+	struct st_plan af;
+	int ret = plan_make(in, plan);
+
+	if (ret < 0 || in->update != ST_UPDATE_AUTO)
+		return ret;
+	x.update = ST_UPDATE_AFTER;
+	if (plan_make(&x, &af) < 0)
+		return 0;
+	if (!(af.t_step_s < plan->t_step_s)) {
+		st_plan_fini(&af);
+		return 0;
+	}
+	if (plan->in_backward)
+		snprintf(af.update_why, sizeof(af.update_why), "auto: after it, with its own "
+			 "placement, predicted %.4g s a step against %.4g s in it", af.t_step_s,
+			 plan->t_step_s);
+	else
+		memcpy(af.update_why, plan->update_why, sizeof(af.update_why));
+	st_plan_fini(plan);
+	*plan = af;
+	return 0;
+}
+
 /* AUTO: layer-first where it pays (N > 1), fits the budgets and is
  * predicted faster; batch-first otherwise. The two schedules give the same bits,
  * so this only moves time and memory. */
@@ -280,14 +312,14 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 	int ret;
 
 	if (in->schedule != ST_SCHEDULE_AUTO) {
-		ret = plan_make(in, plan);
+		ret = plan_make_update(in, plan);
 		if (ret == 0)
 			snprintf(plan->schedule_why, sizeof(plan->schedule_why), "--schedule %s",
 				 st_schedule_name(in->schedule));
 		return ret;
 	}
 	x.schedule = ST_SCHEDULE_BATCH_FIRST;
-	ret = plan_make(&x, plan);
+	ret = plan_make_update(&x, plan);
 	if (in->grad_accum < 2) {
 		if (ret == 0)
 			snprintf(plan->schedule_why, sizeof(plan->schedule_why),
@@ -295,7 +327,7 @@ int st_plan_make(const struct st_plan_input *in, struct st_plan *plan)
 		return ret;
 	}
 	x.schedule = ST_SCHEDULE_LAYER_FIRST;
-	if (plan_make(&x, &lf) < 0) {
+	if (plan_make_update(&x, &lf) < 0) {
 		if (ret == 0)
 			snprintf(plan->schedule_why, sizeof(plan->schedule_why),
 				 "auto: layer-first does not fit: %s", st_error_last());

@@ -212,6 +212,7 @@ static json_object *traffic_json(const struct st_plan *p)
 	json_object_object_add(o, "update_nvme_write_bytes", ju(p->upd_nvme_write_bytes));
 	json_object_object_add(o, "update_fwd_nvme_read_bytes", ju(p->upd_fwd_nvme_read_bytes));
 	json_object_object_add(o, "update_fwd_h2d_bytes", ju(p->upd_fwd_h2d_bytes));
+	json_object_object_add(o, "bwd_ahead_nvme_read_bytes", ju(p->bwd_ahead_nvme_read_bytes));
 	json_object_object_add(o, "widen_bytes", ju(p->widen_bytes));
 	return o;
 }

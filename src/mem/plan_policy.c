@@ -94,6 +94,7 @@ static double policy_cost(void *ctx, const enum st_home *homes, double *step_s,
 
 	/* the checkpoint copies of the candidate being sized count too */
 	p->act_offloaded = st_plan_act_offloaded(pol->sh, *pol->sh->act_home);
+	p->prefetch = pol->k;
 	st_plan_predict(pol->in, pol->sh, homes, p);
 	*step_s = p->t_step_s;
 	if (update_s) {

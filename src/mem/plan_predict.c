@@ -162,14 +162,21 @@ static uint64_t predict_prefetch(const struct st_shape *sh, const enum st_home *
  * before the last one, [1] the last backward with the whole update
  * beside it (its G, P, M, V loads, stores and AdamW; no fused forward:
  * the next step's forward runs in [0]). The share of the other lanes'
- * time in the last backward is its share of the compute: two thirds of
- * the step's at layer-first (every micro-batch's backward of a unit
- * runs before its update), two thirds of 1/N batch-first. */
-static void phases_in_backward(const struct st_shape *sh, const double t[5],
+ * time in the last backward: of the compute, its share of the FLOPs, two
+ * thirds of the step's at layer-first (every micro-batch's backward of a
+ * unit runs before its update), two thirds of 1/N batch-first; of the
+ * copies and the disk, whose work there is mostly W fetches, its share
+ * of the passes, one of the step's 2 layer-first, one of 2N batch-first.
+ * The backward's first W fetches (bwd_ahead_nvme_read_bytes) go ahead
+ * into the first phase where its disk has time: the engine fetches k
+ * units ahead, and the last forward's are the first backward's. host:
+ * the cpu device, where compute, AdamW and the copies add. */
+static void phases_in_backward(const struct st_shape *sh, const double t[5], bool host,
 			       const struct st_plan *p, double (*L)[5])
 {
 	const struct st_plan_rates *r = &p->rates;
-	double frac = 2.0 / 3.0 / (sh->layer_first ? 1 : sh->accum);
+	double n = sh->layer_first ? 1 : sh->accum;
+	double frac = 2.0 / 3.0 / n, frac_io = 0.5 / n, busiest = 0, ahead;
 	/* the cpu device: the update's sums on the cores (t_sums_s) */
 	double sums = p->t_sums_s > 0 ? (double)(p->upd_nvme_read_bytes + p->upd_nvme_write_bytes) /
 						r->copy_bps
@@ -180,10 +187,21 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5],
 			  t[3], 0 };
 
 	for (int i = 0; i < 5; i++) {
-		double rest = ST_MAX(t[i] - upd[i], 0.0);
+		double rest = ST_MAX(t[i] - upd[i], 0.0), f = i == 1 || i == 2 ? frac_io : frac;
 
-		L[0][i] = rest * (1 - frac);
-		L[1][i] = rest * frac + upd[i];
+		L[0][i] = rest * (1 - f);
+		L[1][i] = rest * f + upd[i];
+	}
+	for (int i = 0; i < 5; i++)
+		if (i != 2)
+			busiest = ST_MAX(busiest, L[0][i]);
+	if (host)
+		busiest = ST_MAX(busiest, L[0][0] + L[0][1] + L[0][3]);
+	ahead = ST_MIN((double)p->bwd_ahead_nvme_read_bytes / r->nvme_read_bps,
+		       ST_MIN(busiest - L[0][2], L[1][2] - upd[2]));
+	if (ahead > 0) {
+		L[0][2] += ahead;
+		L[1][2] -= ahead;
 	}
 }
 
@@ -198,7 +216,8 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5],
  * during the backward (predict_prefetch), AdamW, and one micro-batch's forward
  * FLOPs (a third of the model's, nothing recomputed); the rest of each
  * lane is the first phase's. The fill and drain: one unit's share of each
- * phase's lanes but its busiest, twice. t[] are the whole step's lanes. */
+ * phase's lanes but its busiest, twice (in the backward: once, and none
+ * in a phase the disk binds). t[] are the whole step's lanes. */
 static void predict_phases(const struct st_plan_input *in, const struct st_shape *sh,
 			   const double t[5], struct st_plan *p)
 {
@@ -233,7 +252,7 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 	for (int i = 0; i < 5; i++)
 		L[0][i] = ST_MAX(t[i] - L[1][i], 0.0);
 	if (p->in_backward)
-		phases_in_backward(sh, t, p, L);
+		phases_in_backward(sh, t, in->host_compute, p, L);
 	for (int ph = 0; ph < 2; ph++) {
 		int arg = 0;
 
@@ -244,15 +263,21 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 		for (int i = 1; i < 5; i++)
 			if (L[ph][i] > L[ph][arg])
 				arg = i;
+		/* the fill and drain: each phase both (the update after the
+		 * backward: the clip's barrier between them); the update
+		 * inside the backward has one barrier a step, at its end, so
+		 * one fill (phase 0) and one drain (phase 1), and none where
+		 * the disk binds the phase: that end of the chain is its own
+		 * (the forward's first W read, the last unit's stores) */
 		for (int i = 0; i < 5; i++)
-			if (i != arg)
+			if (i != arg && (!p->in_backward || arg != 2))
 				others += L[ph][i];
 		p->t_phase_s[ph] = L[ph][arg];
 		p->phase_bound[ph] = names[arg];
 		if (arg == 0 && in->host_compute && ph == 1 && t[3] > fwd)
 			p->phase_bound[ph] = names[3];
 	}
-	p->t_serial_s = 2.0 * others / sh->units;
+	p->t_serial_s = (p->in_backward ? 1.0 : 2.0) * others / sh->units;
 	p->t_step_s = p->t_phase_s[0] + p->t_phase_s[1] + p->t_serial_s;
 }
 
@@ -451,6 +476,19 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 				p->upd_nvme_read_bytes += b;
 				p->upd_nvme_write_bytes += b;
 			}
+	}
+	/* the last backward's first k W fetches from nvme (k the prefetch
+	 * depth, or every unit): a resident unit but the last keeps its
+	 * forward's widened W, and fetches nothing */
+	p->bwd_ahead_nvme_read_bytes = 0;
+	for (int u = sh->units - 1, k = p->prefetch > 0 ? p->prefetch : sh->units; u >= 0 && k > 0;
+	     u--) {
+		if (sh->resident[u] && u < sh->units - 1)
+			continue;
+		k--;
+		if (homes[u * ST_STATE_COUNT + ST_STATE_W] == ST_HOME_NVME)
+			p->bwd_ahead_nvme_read_bytes +=
+				sh->st_elems[u * ST_STATE_COUNT + ST_STATE_W] * sh->wb;
 	}
 	p->upd_prefetch_nvme_read_bytes = predict_prefetch(sh, homes);
 	predict_comm(sh, p);

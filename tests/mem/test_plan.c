@@ -1949,6 +1949,102 @@ static void test_predict_fused_forward(void **state)
 	st_plan_fini(&p);
 }
 
+/* The update inside the backward's two phases (plan_predict.c,
+ * phases_in_backward; docs/plan.md, "The update inside the backward"):
+ * [1] the last backward with the whole update, its share of the compute
+ * by FLOPs and of the copies and the disk by passes; the disk reads the
+ * last backward's first k W fetches ahead in [0] where another lane binds
+ * it; one fill and drain a step, none in a phase the disk binds. On
+ * `small` (embedding 6144, block 51200, head 2048 elements; W bf16), a
+ * GPU, every state on nvme, N = 1 and 2 batch-first, N = 2 layer-first. */
+static void test_predict_in_backward(void **state)
+{
+	static const double rates[] = { 1e8, 1e15 }; /* compute binds [0]; the disk binds */
+	const double units_w[] = { 6144 * 2, 51200 * 2, 2048 * 2 };
+
+	ST_UNUSED(state);
+	for (unsigned ri = 0; ri < ST_ARRAY_LEN(rates); ri++)
+		for (int c = 0; c < 3; c++) {
+			struct st_plan_input in = input(small);
+			struct st_plan p;
+			double n = c == 2 ? 1 : (double)(c + 1), ahead_s, busy0, others = 0;
+			double t[5], upd[5], L0[5], L1[5], ahead = 0;
+			int arg[2] = { 0, 0 };
+
+			in.seq = 32;
+			in.params = ST_OFFLOAD_NVME;
+			in.optim = ST_OFFLOAD_NVME;
+			in.update = ST_UPDATE_IN_BACKWARD;
+			in.grad_accum = c == 0 ? 1 : 2;
+			in.schedule = c == 2 ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+			in.rates.compute_flops = rates[ri];
+			p = plan_ok(&in);
+			assert_true(p.in_backward);
+			/* the backward fetches units 2, 1 and 0, but a resident
+			 * one (the embedding: kept widened since its forward);
+			 * the first k of them ahead */
+			assert_true(p.prefetch >= 1);
+			assert_true(st_model_unit_layout(small, 0)->resident);
+			for (int u = 2, k = p.prefetch; u >= 0 && k > 0; u--)
+				if (u == 2 || !st_model_unit_layout(small, u)->resident) {
+					ahead += units_w[u];
+					k--;
+				}
+			assert_int_equal(p.bwd_ahead_nvme_read_bytes, (uint64_t)ahead);
+			t[0] = p.t_compute_s;
+			t[1] = p.t_copy_s;
+			t[2] = p.t_nvme_s;
+			t[3] = p.t_adam_s;
+			t[4] = p.t_net_s;
+			upd[0] = 0;
+			upd[1] = (double)p.upd_h2d_bytes / 8e9;
+			upd[2] = (double)p.upd_nvme_read_bytes / 1.5e9 +
+				 (double)p.upd_nvme_write_bytes / 1.2e9;
+			upd[3] = t[3];
+			upd[4] = 0;
+			for (int i = 0; i < 5; i++) {
+				double f = i == 1 || i == 2 ? 0.5 / n : 2.0 / 3.0 / n;
+
+				L0[i] = (t[i] - upd[i]) * (1 - f);
+				L1[i] = (t[i] - upd[i]) * f + upd[i];
+			}
+			busy0 = fmax(fmax(L0[0], L0[1]), fmax(L0[3], L0[4]));
+			ahead_s = fmin(ahead / 1.5e9, fmin(busy0 - L0[2], L1[2] - upd[2]));
+			if (ri == 0)
+				assert_true(ahead_s > 0); /* the disk has time in [0] */
+			if (ahead_s > 0) {
+				L0[2] += ahead_s;
+				L1[2] -= ahead_s;
+			}
+			for (int i = 0; i < 5; i++) {
+				assert_double_equal(p.t_phase_lane_s[0][i], L0[i], 1e-12 * t[i] + 1e-18);
+				assert_double_equal(p.t_phase_lane_s[1][i], L1[i], 1e-12 * t[i] + 1e-18);
+				for (int ph = 0; ph < 2; ph++) {
+					const double *L = ph ? L1 : L0;
+
+					if (L[i] > L[arg[ph]])
+						arg[ph] = i;
+				}
+			}
+			if (ri == 1) { /* the disk binds both: no fill or drain */
+				assert_int_equal(arg[0], 2);
+				assert_int_equal(arg[1], 2);
+				assert_double_equal(p.t_serial_s, 0, 0);
+				assert_double_equal(p.t_step_s, t[2], 1e-12 * t[2]);
+			} else {
+				assert_int_equal(arg[0], 0);
+			}
+			for (int ph = 0; ph < 2; ph++)
+				for (int i = 0; i < 5 && arg[ph] != 2; i++)
+					if (i != arg[ph])
+						others += ph ? L1[i] : L0[i];
+			assert_double_equal(p.t_serial_s, others / 3, 1e-12 * p.t_step_s);
+			assert_double_equal(p.t_step_s, L0[arg[0]] + L1[arg[1]] + p.t_serial_s,
+					    1e-12 * p.t_step_s);
+			st_plan_fini(&p);
+		}
+}
+
 /* More budget never hurts: from a tier's minimum upwards every budget is
  * accepted (what makes the minimum exact beyond the 4 KiB either side
  * that check_minimums() tries), the traffic time never grows, and the
@@ -2254,6 +2350,7 @@ int main(void)
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_activations),
 		cmocka_unit_test(test_in_backward_zero12),
+		cmocka_unit_test(test_predict_in_backward),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -372,7 +372,7 @@ assert p['auto']['activations']['home'] == 'host', p['auto']['activations']
 " "$work" || { echo "FAIL act-keeps: auto is not the faster row with its keeps"; fail=1; }
 
 # Issue 33's llama3.1-8b plan (80G GPU, 64G host, nvme, B=4, T=2048,
-# N=8; docs/plan.md): with the fp32 state auto takes layer-first at 272 s
+# N=8; docs/plan.md): with the fp32 state auto takes layer-first at 266 s
 # (its recompute); with bf16 compute and the q8 state every unit keeps
 # its forward, nothing is recomputed, and the update's nvme phase is a
 # quarter of fp32's: batch-first under 230 s. The default rates, so the
@@ -391,6 +391,30 @@ assert b["schedule"] == "batch-first" and b["recompute"]["recompute_flops"] == 0
 assert b["time"]["step_s"] <= 230 and b["time"]["bound"] == "compute", b["time"]
 print(f"ok   the 8B plan: fp32 state {a['time']['step_s']:.1f} s ({a['schedule']}), "
       f"bf16 compute + q8 state {b['time']['step_s']:.1f} s ({b['schedule']})")
+PY
+
+# --update auto against the plan made for the update after: with the
+# bf16 state the update inside the backward (every P, M, V on nvme) is
+# slower than after it with P, M, V of some units in host, and auto
+# takes the faster one whatever the homes (it did not, before).
+P8B="--model llama3.1-8b --device cuda --gpu-mem 80G --host-mem 64G --nvme $work/d1 --batch 4 --seq 2048 --grad-accum 8 --schedule batch-first --optim-state bf16 --json"
+# shellcheck disable=SC2086
+check plan-8b-auto 0 "$plan" plan $P8B --update auto
+cp "$work/out" "$work/p8a.json"
+# shellcheck disable=SC2086
+check plan-8b-after 0 "$plan" plan $P8B --update after
+cp "$work/out" "$work/p8f.json"
+# shellcheck disable=SC2086
+check plan-8b-inbwd 0 "$plan" plan $P8B --update in-backward --offload-optim nvme
+python3 - "$work/p8a.json" "$work/p8f.json" "$work/out" <<'PY' || { echo "FAIL plan-8b-auto: not the faster update"; fail=1; }
+import json, sys
+a, f, i = (json.load(open(x)) for x in sys.argv[1:4])
+assert f["update"] == "after" and i["update"] == "in-backward", (f["update"], i["update"])
+assert f["time"]["step_s"] < i["time"]["step_s"], (f["time"]["step_s"], i["time"]["step_s"])
+assert a["update"] == "after" and a["time"]["step_s"] == f["time"]["step_s"], a["time"]
+assert a["update_why"].startswith("auto: after it, with its own placement"), a["update_why"]
+print(f"ok   --update auto: after {f['time']['step_s']:.1f} s, in the backward "
+      f"{i['time']['step_s']:.1f} s: {a['update_why']}")
 PY
 
 exit $fail
