@@ -428,7 +428,7 @@ struct st_plan {
 	 * fetches from nvme for its first `prefetch` units (U-1 down; all U
 	 * when prefetch is 0), which the fetches k ahead read while the
 	 * forwards run. Where the first phase's disk has time, the model
-	 * reads them there (docs/plan.md, "The model of the step"). */
+	 * reads them there (docs/plan.md, "The update inside the backward"). */
 	uint64_t bwd_ahead_nvme_read_bytes;
 	/* The widens: every W a unit's pass uses is widened on the compute
 	 * (bf16 to fp32, or copied) out of its slot or vram home, f_u per

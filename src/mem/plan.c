@@ -291,12 +291,16 @@ static int plan_make_update(const struct st_plan_input *in, struct st_plan *plan
 		st_plan_fini(&af);
 		return 0;
 	}
-	if (plan->in_backward)
+	if (plan->in_backward) {
 		snprintf(af.update_why, sizeof(af.update_why), "auto: after it, with its own "
 			 "placement, predicted %.4g s a step against %.4g s in it", af.t_step_s,
 			 plan->t_step_s);
-	else
-		memcpy(af.update_why, plan->update_why, sizeof(af.update_why));
+	} else { /* why not, on af's own homes */
+		char why[160];
+		const char *no = in_backward_blocker(in, &af, why, sizeof(why));
+
+		snprintf(af.update_why, sizeof(af.update_why), "%s", no ? no : plan->update_why);
+	}
 	st_plan_fini(plan);
 	*plan = af;
 	return 0;

@@ -100,7 +100,9 @@ struct st_policy {
 	const struct st_cand *c;
 	int n, k;
 	const uint64_t *budget;   /* the budgets being tried */
-	struct st_plan scratch;   /* st_plan_predict's output; only its rates are read */
+	struct st_plan scratch;   /* st_plan_predict's output; of its inputs, the rates,
+				     act_offloaded and prefetch (k: the placement's
+				     read-ahead in the backward is k units') */
 	uint64_t *bytes;          /* [units * ST_STATE_COUNT] each shard's bytes */
 	uint64_t all_bytes;       /* their sum */
 	enum st_home *trial;      /* [units * ST_STATE_COUNT] */

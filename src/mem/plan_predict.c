@@ -176,7 +176,7 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5], boo
 {
 	const struct st_plan_rates *r = &p->rates;
 	double n = sh->layer_first ? 1 : sh->accum;
-	double frac = 2.0 / 3.0 / n, frac_io = 0.5 / n, busiest = 0, ahead;
+	double frac = 2.0 / 3.0 / n, frac_io = 0.5 / n, busiest = 0, idle, ahead;
 	/* the cpu device: the update's sums on the cores (t_sums_s) */
 	double sums = p->t_sums_s > 0 ? (double)(p->upd_nvme_read_bytes + p->upd_nvme_write_bytes) /
 						r->copy_bps
@@ -195,12 +195,14 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5], boo
 	for (int i = 0; i < 5; i++)
 		if (i != 2)
 			busiest = ST_MAX(busiest, L[0][i]);
-	if (host)
-		busiest = ST_MAX(busiest, L[0][0] + L[0][1] + L[0][3]);
+	if (host) /* as predict_phases() adds the cores' lane */
+		busiest = ST_MAX(busiest, L[0][0] + (L[0][3] + L[0][1]));
+	idle = busiest - L[0][2];
 	ahead = ST_MIN((double)p->bwd_ahead_nvme_read_bytes / r->nvme_read_bps,
-		       ST_MIN(busiest - L[0][2], L[1][2] - upd[2]));
+		       ST_MIN(idle, L[1][2] - upd[2]));
 	if (ahead > 0) {
-		L[0][2] += ahead;
+		/* filled up to the busiest lane: as busy as it, exactly */
+		L[0][2] = ahead == idle ? busiest : L[0][2] + ahead;
 		L[1][2] -= ahead;
 	}
 }
@@ -263,6 +265,10 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 		for (int i = 1; i < 5; i++)
 			if (L[ph][i] > L[ph][arg])
 				arg = i;
+		/* in the backward, a disk as busy as the busiest lane binds
+		 * (the read-ahead fills phase 0's disk up to that lane) */
+		if (p->in_backward && arg != 2 && L[ph][2] >= L[ph][arg])
+			arg = 2;
 		/* the fill and drain: each phase both (the update after the
 		 * backward: the clip's barrier between them); the update
 		 * inside the backward has one barrier a step, at its end, so

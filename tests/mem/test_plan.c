@@ -1954,95 +1954,138 @@ static void test_predict_fused_forward(void **state)
  * [1] the last backward with the whole update, its share of the compute
  * by FLOPs and of the copies and the disk by passes; the disk reads the
  * last backward's first k W fetches ahead in [0] where another lane binds
- * it; one fill and drain a step, none in a phase the disk binds. On
- * `small` (embedding 6144, block 51200, head 2048 elements; W bf16), a
- * GPU, every state on nvme, N = 1 and 2 batch-first, N = 2 layer-first. */
+ * it (up to that lane: then the disk binds); one fill and drain a step,
+ * none in a phase the disk binds. On `small` (embedding 6144, block
+ * 51200, head 2048 elements; W bf16), every state on nvme: N = 1 and 2
+ * batch-first, N = 2 layer-first, N = 1 at prefetch 1; a GPU and the cpu
+ * device (compute, AdamW and the copies on the cores, with the update's
+ * nvme sums). */
 static void test_predict_in_backward(void **state)
 {
-	static const double rates[] = { 1e8, 1e15 }; /* compute binds [0]; the disk binds */
+	/* compute binds [0]; the disk binds; compute binds [0] but for half
+	 * the read-ahead, so the disk reads ahead up to it and ties */
+	static const double rates[] = { 1e8, 1e15, 0 };
 	const double units_w[] = { 6144 * 2, 51200 * 2, 2048 * 2 };
 
 	ST_UNUSED(state);
-	for (unsigned ri = 0; ri < ST_ARRAY_LEN(rates); ri++)
-		for (int c = 0; c < 3; c++) {
-			struct st_plan_input in = input(small);
-			struct st_plan p;
-			double n = c == 2 ? 1 : (double)(c + 1), ahead_s, busy0, others = 0;
-			double t[5], upd[5], L0[5], L1[5], ahead = 0;
-			int arg[2] = { 0, 0 };
+	for (int host = 0; host < 2; host++)
+		for (unsigned ri = 0; ri < ST_ARRAY_LEN(rates); ri++)
+			for (int c = 0; c < 4; c++) {
+				struct st_plan_input in = input(small);
+				struct st_plan p;
+				double n = c == 1 ? 2 : 1, ahead_s, busy0, idle, others = 0;
+				double t[5], upd[5], L0[5], L1[5], ahead = 0;
+				int arg[2] = { 0, 0 };
 
-			in.seq = 32;
-			in.params = ST_OFFLOAD_NVME;
-			in.optim = ST_OFFLOAD_NVME;
-			in.update = ST_UPDATE_IN_BACKWARD;
-			in.grad_accum = c == 0 ? 1 : 2;
-			in.schedule = c == 2 ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
-			in.rates.compute_flops = rates[ri];
-			p = plan_ok(&in);
-			assert_true(p.in_backward);
-			/* the backward fetches units 2, 1 and 0, but a resident
-			 * one (the embedding: kept widened since its forward);
-			 * the first k of them ahead */
-			assert_true(p.prefetch >= 1);
-			assert_true(st_model_unit_layout(small, 0)->resident);
-			for (int u = 2, k = p.prefetch; u >= 0 && k > 0; u--)
-				if (u == 2 || !st_model_unit_layout(small, u)->resident) {
-					ahead += units_w[u];
-					k--;
+				in.seq = 32;
+				in.params = ST_OFFLOAD_NVME;
+				in.optim = ST_OFFLOAD_NVME;
+				in.update = ST_UPDATE_IN_BACKWARD;
+				in.grad_accum = c == 1 || c == 2 ? 2 : 1;
+				in.schedule = c == 2 ? ST_SCHEDULE_LAYER_FIRST : ST_SCHEDULE_BATCH_FIRST;
+				in.prefetch = c == 3 ? 1 : 0;
+				in.host_compute = host;
+				in.rates.compute_flops = rates[ri] > 0 ? rates[ri] : 1e15;
+				p = plan_ok(&in);
+				if (rates[ri] == 0) {
+					/* [0]'s cores or compute at no FLOP time, its
+					 * disk before the read-ahead (which it does not
+					 * get here), and that read-ahead's time: the
+					 * FLOPs' rate that puts compute half way */
+					double f0 = 1 - 2.0 / 3.0 / n, base = p.t_phase_lane_s[0][0];
+					double want = (double)p.bwd_ahead_nvme_read_bytes / 1.5e9;
+					double target = p.t_phase_lane_s[0][2] + want / 2;
+
+					assert_true(target > base);
+					in.rates.compute_flops = p.compute_flops_step * f0 / (target - base);
+					st_plan_fini(&p);
+					p = plan_ok(&in);
 				}
-			assert_int_equal(p.bwd_ahead_nvme_read_bytes, (uint64_t)ahead);
-			t[0] = p.t_compute_s;
-			t[1] = p.t_copy_s;
-			t[2] = p.t_nvme_s;
-			t[3] = p.t_adam_s;
-			t[4] = p.t_net_s;
-			upd[0] = 0;
-			upd[1] = (double)p.upd_h2d_bytes / 8e9;
-			upd[2] = (double)p.upd_nvme_read_bytes / 1.5e9 +
-				 (double)p.upd_nvme_write_bytes / 1.2e9;
-			upd[3] = t[3];
-			upd[4] = 0;
-			for (int i = 0; i < 5; i++) {
-				double f = i == 1 || i == 2 ? 0.5 / n : 2.0 / 3.0 / n;
+				assert_true(p.in_backward);
+				/* the backward fetches units 2, 1 and 0, but a
+				 * resident one (the embedding: kept widened since
+				 * its forward); the first k of them ahead */
+				assert_true(c == 3 ? p.prefetch == 1 : p.prefetch == 3);
+				assert_true(st_model_unit_layout(small, 0)->resident);
+				for (int u = 2, k = p.prefetch; u >= 0 && k > 0; u--)
+					if (u == 2 || !st_model_unit_layout(small, u)->resident) {
+						ahead += units_w[u];
+						k--;
+					}
+				assert_int_equal(p.bwd_ahead_nvme_read_bytes, (uint64_t)ahead);
+				t[0] = p.t_compute_s;
+				t[1] = p.t_copy_s;
+				t[2] = p.t_nvme_s;
+				t[3] = p.t_adam_s;
+				t[4] = p.t_net_s;
+				upd[0] = host ? (double)(p.upd_nvme_read_bytes + p.upd_nvme_write_bytes) /
+							8e9
+					      : 0;
+				upd[1] = (double)p.upd_h2d_bytes / 8e9;
+				upd[2] = (double)p.upd_nvme_read_bytes / 1.5e9 +
+					 (double)p.upd_nvme_write_bytes / 1.2e9;
+				upd[3] = t[3];
+				upd[4] = 0;
+				for (int i = 0; i < 5; i++) {
+					double f = i == 1 || i == 2 ? 0.5 / n : 2.0 / 3.0 / n;
 
-				L0[i] = (t[i] - upd[i]) * (1 - f);
-				L1[i] = (t[i] - upd[i]) * f + upd[i];
-			}
-			busy0 = fmax(fmax(L0[0], L0[1]), fmax(L0[3], L0[4]));
-			ahead_s = fmin(ahead / 1.5e9, fmin(busy0 - L0[2], L1[2] - upd[2]));
-			if (ri == 0)
-				assert_true(ahead_s > 0); /* the disk has time in [0] */
-			if (ahead_s > 0) {
-				L0[2] += ahead_s;
-				L1[2] -= ahead_s;
-			}
-			for (int i = 0; i < 5; i++) {
-				assert_double_equal(p.t_phase_lane_s[0][i], L0[i], 1e-12 * t[i] + 1e-18);
-				assert_double_equal(p.t_phase_lane_s[1][i], L1[i], 1e-12 * t[i] + 1e-18);
+					L0[i] = (t[i] - upd[i]) * (1 - f);
+					L1[i] = (t[i] - upd[i]) * f + upd[i];
+				}
+				busy0 = fmax(fmax(L0[0], L0[1]), fmax(L0[3], L0[4]));
+				if (host)
+					busy0 = fmax(busy0, L0[0] + (L0[3] + L0[1]));
+				idle = busy0 - L0[2];
+				ahead_s = fmin(ahead / 1.5e9, fmin(idle, L1[2] - upd[2]));
+				if (ri != 1)
+					assert_true(ahead_s > 0); /* the disk has time in [0] */
+				if (ri == 2) /* up to the cores or the compute */
+					assert_true(ahead_s == idle && idle < ahead / 1.5e9);
+				if (ahead_s > 0) {
+					L0[2] = ahead_s == idle ? busy0 : L0[2] + ahead_s;
+					L1[2] -= ahead_s;
+				}
+				for (int ph = 0; host && ph < 2; ph++) {
+					double *L = ph ? L1 : L0;
+
+					L[0] += L[3] + L[1];
+					L[1] = L[3] = 0;
+				}
+				for (int i = 0; i < 5; i++) {
+					assert_double_equal(p.t_phase_lane_s[0][i], L0[i],
+							    1e-12 * t[i] + 1e-18);
+					assert_double_equal(p.t_phase_lane_s[1][i], L1[i],
+							    1e-12 * t[i] + 1e-18);
+				}
+				/* the busiest lane of each phase, the disk on a tie */
 				for (int ph = 0; ph < 2; ph++) {
 					const double *L = ph ? L1 : L0;
 
-					if (L[i] > L[arg[ph]])
-						arg[ph] = i;
+					for (int i = 1; i < 5; i++)
+						if (L[i] > L[arg[ph]])
+							arg[ph] = i;
+					if (L[2] >= L[arg[ph]])
+						arg[ph] = 2;
+					assert_string_equal(p.phase_bound[ph], arg[ph] == 2 ? "nvme"
+									   : p.phase_bound[ph]);
 				}
+				if (ri == 2) /* the tie: the disk binds [0] */
+					assert_int_equal(arg[0], 2);
+				if (ri == 1) { /* the disk binds both: no fill or drain */
+					assert_int_equal(arg[0], 2);
+					assert_int_equal(arg[1], 2);
+					assert_double_equal(p.t_serial_s, 0, 0);
+					assert_double_equal(p.t_step_s, L0[2] + L1[2], 1e-12 * t[2]);
+				}
+				for (int ph = 0; ph < 2; ph++)
+					for (int i = 0; i < 5 && arg[ph] != 2; i++)
+						if (i != arg[ph])
+							others += ph ? L1[i] : L0[i];
+				assert_double_equal(p.t_serial_s, others / 3, 1e-12 * p.t_step_s);
+				assert_double_equal(p.t_step_s, L0[arg[0]] + L1[arg[1]] + p.t_serial_s,
+						    1e-12 * p.t_step_s);
+				st_plan_fini(&p);
 			}
-			if (ri == 1) { /* the disk binds both: no fill or drain */
-				assert_int_equal(arg[0], 2);
-				assert_int_equal(arg[1], 2);
-				assert_double_equal(p.t_serial_s, 0, 0);
-				assert_double_equal(p.t_step_s, t[2], 1e-12 * t[2]);
-			} else {
-				assert_int_equal(arg[0], 0);
-			}
-			for (int ph = 0; ph < 2; ph++)
-				for (int i = 0; i < 5 && arg[ph] != 2; i++)
-					if (i != arg[ph])
-						others += ph ? L1[i] : L0[i];
-			assert_double_equal(p.t_serial_s, others / 3, 1e-12 * p.t_step_s);
-			assert_double_equal(p.t_step_s, L0[arg[0]] + L1[arg[1]] + p.t_serial_s,
-					    1e-12 * p.t_step_s);
-			st_plan_fini(&p);
-		}
 }
 
 /* More budget never hurts: from a tier's minimum upwards every budget is
