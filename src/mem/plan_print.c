@@ -290,12 +290,24 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	{
 		char b2[32];
 
-		fprintf(f, "  phases   backward %s (bound by %s) + update %s (bound by %s)\n",
+		/* in the backward: [0] up to the last backward (layer-first:
+		 * the forwards), [1] it with the update beside it
+		 * (plan_predict.c, phases_in_backward) */
+		const char *fmt = !p->in_backward
+					  ? "  phases   backward %s (bound by %s) + update %s (bound by %s)\n"
+				  : p->schedule == ST_SCHEDULE_LAYER_FIRST
+					  ? "  phases   forwards %s (bound by %s) + backwards with the "
+					    "update %s (bound by %s)\n"
+					  : "  phases   to the last backward %s (bound by %s) + the last "
+					    "backward with the update %s (bound by %s)\n";
+
+		fprintf(f, fmt,
 			fmt_s(p->t_phase_s[0], a, 32), p->phase_bound[0],
 			fmt_s(p->t_phase_s[1], b2, 32), p->phase_bound[1]);
 	}
-	fprintf(f, "  serial   %-10s fill and drain: one unit's share of the other lanes%s\n",
+	fprintf(f, "  serial   %-10s fill and drain: one unit's share of the other lanes%s%s\n",
 		fmt_s(p->t_serial_s, a, 32),
+		p->in_backward ? ", once a step (none in a phase the disk binds)" : "",
 		in->host_compute ? "\n           (cpu device: compute, adam and the copies share the "
 				   "cores, so they add)" : "");
 	fprintf(f, "  step     %-10s bound by %s\n", fmt_s(p->t_step_s, a, 32), p->bound);

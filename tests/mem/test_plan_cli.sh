@@ -51,6 +51,17 @@ check nvme-mem-alone 2 "$plan" plan $M --nvme-mem 1G
 check forced-nvme-no-dir 2 "$plan" plan $M --offload-params nvme
 expect_err forced-nvme-no-dir "needs --nvme"
 check two-dirs 0 "$plan" plan $M --nvme "$work/d1,$work/d2" --offload-optim nvme
+# the update inside the backward names its own two phases and its one
+# fill and drain; the update after keeps the backward and the update
+check inbwd-text 0 "$plan" plan $M --nvme "$work/d1" --offload-optim nvme --update in-backward
+expect_out inbwd-text "phases   to the last backward"
+expect_out inbwd-text "+ the last backward with the update"
+expect_out inbwd-text "once a step (none in a phase the disk binds)"
+check inbwd-lf-text 0 "$plan" plan $M --nvme "$work/d1" --offload-optim nvme --update in-backward --grad-accum 2 --schedule layer-first
+expect_out inbwd-lf-text "phases   forwards"
+expect_out inbwd-lf-text "+ backwards with the update"
+check after-text 0 "$plan" plan $M --nvme "$work/d1" --offload-optim nvme --update after
+expect_out after-text "phases   backward"
 if [ -n "$(find "$work/d1" "$work/d2" -mindepth 1)" ]; then
 	echo "FAIL two-dirs: plan wrote into the nvme directories"; fail=1
 fi
