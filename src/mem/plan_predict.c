@@ -46,6 +46,20 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 	return 0;
 }
 
+/* The fetches of unit u's W into a slot a pass of a micro-batch makes:
+ * the forward's of every unit but the last (whose backward computes its
+ * forward and the loss), and the backward's of every unit but a resident
+ * one fetched in the forward (kept widened). */
+static bool fwd_fetches(const struct st_shape *sh, int u)
+{
+	return u < sh->units - 1;
+}
+
+static bool bwd_fetches(const struct st_shape *sh, int u)
+{
+	return !(sh->resident[u] && u < sh->units - 1);
+}
+
 /* The collectives of one step on one rank, as st_comm_stats counts them
  * (calls, and the full buffer of each: reduce-scatter's send, all-gather's
  * recv, allreduce's count): the engine's calls, docs/zero.md. */
@@ -61,7 +75,7 @@ static void predict_comm(const struct st_shape *sh, struct st_plan *p)
 	memset(p->comm_bytes, 0, sizeof(p->comm_bytes));
 	memset(p->comm_calls, 0, sizeof(p->comm_calls));
 	for (int u = 0; u < sh->units; u++) {
-		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
+		uint64_t fetches = (uint64_t)fwd_fetches(sh, u) + bwd_fetches(sh, u);
 
 		/* every micro-batch: dW's slices to their ranks (world 1: the
 		 * reduce-scatter in place); stage 0 gathers the final G slices */
@@ -411,12 +425,9 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 		uint64_t w = se[ST_STATE_W] * sh->wb, pmv = se[ST_STATE_P] * 4;
 		/* G: what a micro-batch adds (the rank's slice at world > 1) */
 		uint64_t g = (sh->world > 1 ? sh->slice[u] : se[ST_STATE_G]) * 4;
-		/* W comes into a slot for the forward of every unit but the
-		 * last (whose backward computes its forward and the loss) and
-		 * for the backward of every unit but a resident one fetched in
-		 * the forward (kept widened), in every micro-batch. After the
-		 * update the new W goes to its home. */
-		uint64_t fetches = (u < sh->units - 1) + !(sh->resident[u] && u < sh->units - 1);
+		/* W comes into a slot for each pass that fetches it, in every
+		 * micro-batch. After the update the new W goes to its home. */
+		uint64_t fetches = (uint64_t)fwd_fetches(sh, u) + bwd_fetches(sh, u);
 
 		/* every use widens the whole unit (bf16 or fp32 W read, the
 		 * compute's dtype written); the fused forward's, units 0..U-2
@@ -484,12 +495,11 @@ void st_plan_predict(const struct st_plan_input *in, const struct st_shape *sh,
 			}
 	}
 	/* the last backward's first k W fetches from nvme (k the prefetch
-	 * depth, or every unit): a resident unit but the last keeps its
-	 * forward's widened W, and fetches nothing */
+	 * depth, or every unit) */
 	p->bwd_ahead_nvme_read_bytes = 0;
 	for (int u = sh->units - 1, k = p->prefetch > 0 ? p->prefetch : sh->units; u >= 0 && k > 0;
 	     u--) {
-		if (sh->resident[u] && u < sh->units - 1)
+		if (!bwd_fetches(sh, u))
 			continue;
 		k--;
 		if (homes[u * ST_STATE_COUNT + ST_STATE_W] == ST_HOME_NVME)
