@@ -250,8 +250,11 @@ int main(int argc, char **argv)
 			 * (st_plan_rates_from_lanes): the file's, or the default */
 			here_b.compute_flops = here_a.compute_flops;
 			here_b.adam_bps = here_a.adam_bps;
-			if (rates_file)
+			if (rates_file) {
 				here_b.copy_bps = file_rates.copy_bps;
+				here_b.widen_bps = file_rates.widen_bps;
+				here_b.sum_bps = file_rates.sum_bps;
+			}
 			here_rates = here_b;
 			printf("  prediction error (predicted/measured - 1), measured A %.3f s, B %.3f s:\n",
 			       ma, mb);

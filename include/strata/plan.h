@@ -154,15 +154,21 @@ struct st_plan_rates {
 	double nvme_read_bps, nvme_write_bps;
 	double adam_bps;       /* CPU AdamW bytes/s (30 B per parameter) */
 	double net_bps;        /* world > 1: bytes/s one rank's collectives move */
+	/* The cpu device (st_plan_input.host_compute): its passes over memory
+	 * on the cores beside the FLOPs, bytes/s. widen_bps: a bf16 W widened
+	 * to fp32 (2 B read and 4 written an element); sum_bps: the XXH3
+	 * sums of the nvme bytes read and written. Not given: the copy rate
+	 * (a rates file written before they were measured has neither). */
+	double widen_bps, sum_bps;
 	/* where each rate came from (enum st_rate_source, indexed by enum
 	 * st_rate); a rate > 0 left at ST_RATE_SRC_DEFAULT counts as a flag's.
 	 * The plan's copy says what it used. */
-	unsigned char source[6];
+	unsigned char source[8];
 };
 
 /* The rates, in st_plan_rates' order, for source[] and the rates file. */
 enum st_rate { ST_RATE_COMPUTE, ST_RATE_COPY, ST_RATE_NVME_READ, ST_RATE_NVME_WRITE,
-	       ST_RATE_ADAM, ST_RATE_NET, ST_RATE_COUNT };
+	       ST_RATE_ADAM, ST_RATE_NET, ST_RATE_WIDEN, ST_RATE_SUM, ST_RATE_COUNT };
 enum st_rate_source { ST_RATE_SRC_DEFAULT, ST_RATE_SRC_FLAG, ST_RATE_SRC_FILE,
 		      ST_RATE_SRC_DEVICE /* --device cuda's defaults */ };
 

@@ -85,10 +85,15 @@ static void plan_usage(FILE *f)
 "  --compute-gflops X     device matmul GFLOP/s (default 50)\n"
 "  --copy-gbps X          host<->vram GB/s (default 8)\n"
 "  --adam-gbps X          CPU AdamW GB/s, 30 B per parameter (default 10)\n"
+"  --widen-gbps X         cpu device: GB/s of W's widens on the cores, 6 B an element\n"
+"                         (default: the copy rate)\n"
+"  --sum-gbps X           cpu device: GB/s of the nvme bytes' sums on the cores\n"
+"                         (default: the copy rate)\n"
 "  --rates FILE           the rates of a rates file (strata plan --calibrate, strata\n"
 "                         train --rates-refresh); the flags above override it\n"
 "  --calibrate FILE       measure this machine's rates first (compute at the model's\n"
-"                         shapes on --device, pinned copies, AdamW, and the nvme:\n"
+"                         shapes on --device, pinned copies, AdamW, the cpu\n"
+"                         device's widens and sums, and the nvme:\n"
 "                         --nvme-bench's figures, or a short run on the first\n"
 "                         --nvme DIR) and write them to FILE; then plan with them\n"
 "output\n"
@@ -113,6 +118,7 @@ int st_cli_plan(int argc, char **argv)
 		{ "schedule", 1, 0, 1006 }, { "update", 1, 0, 1008 },
 		{ "rates", 1, 0, 1003 }, { "calibrate", 1, 0, 1004 },
 		{ "compute-dtype", 1, 0, 1005 }, { "optim-state", 1, 0, 1007 },
+		{ "widen-gbps", 1, 0, 1009 }, { "sum-gbps", 1, 0, 1010 },
 		{ "json", 0, 0, 'j' }, { "verbose", 0, 0, 'v' }, { "help", 0, 0, 'h' }, { 0 },
 	};
 	struct st_plan_input in = {
@@ -192,6 +198,12 @@ int st_cli_plan(int argc, char **argv)
 			break;
 		case 'A':
 			in.rates.adam_bps = st_cli_double("--adam-gbps", optarg, 1e-6, 1e9) * 1e9;
+			break;
+		case 1009:
+			in.rates.widen_bps = st_cli_double("--widen-gbps", optarg, 1e-6, 1e9) * 1e9;
+			break;
+		case 1010:
+			in.rates.sum_bps = st_cli_double("--sum-gbps", optarg, 1e-6, 1e9) * 1e9;
 			break;
 		case 'w': in.world = (int)st_cli_long("--world", optarg, 1, 4096); break;
 		case 'r': in.rank = (int)st_cli_long("--rank", optarg, 0, 4095); break;

@@ -228,6 +228,8 @@ static json_object *rates_json(const struct st_plan *p)
 	json_object_object_add(o, "nvme_write_bps", json_object_new_double(p->rates.nvme_write_bps));
 	json_object_object_add(o, "adam_bps", json_object_new_double(p->rates.adam_bps));
 	json_object_object_add(o, "net_bps", json_object_new_double(p->rates.net_bps));
+	json_object_object_add(o, "widen_bps", json_object_new_double(p->rates.widen_bps));
+	json_object_object_add(o, "sum_bps", json_object_new_double(p->rates.sum_bps));
 	o2 = json_object_new_object();
 	for (int i = 0; i < ST_RATE_COUNT; i++)
 		json_object_object_add(o2, st_rate_key((enum st_rate)i),

@@ -25,10 +25,12 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 	static const double defaults[ST_RATE_COUNT] = {
 		ST_PLAN_COMPUTE_FLOPS, ST_PLAN_COPY_BPS, ST_PLAN_NVME_READ_BPS,
 		ST_PLAN_NVME_WRITE_BPS, ST_PLAN_ADAM_BPS, ST_PLAN_NET_BPS,
+		0, 0, /* the cores' passes: the copy rate (below) */
 	};
 	double *slots[ST_RATE_COUNT] = { &out->compute_flops, &out->copy_bps,
 					 &out->nvme_read_bps, &out->nvme_write_bps,
-					 &out->adam_bps, &out->net_bps };
+					 &out->adam_bps, &out->net_bps, &out->widen_bps,
+					 &out->sum_bps };
 
 	for (int i = 0; i < ST_RATE_COUNT; i++) {
 		double v = st_plan_rate_get(r, (enum st_rate)i);
@@ -39,7 +41,8 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 	for (int i = 0; i < ST_RATE_COUNT; i++) {
 		double v = st_plan_rate_get(r, (enum st_rate)i);
 
-		*slots[i] = v > 0 ? v : defaults[i];
+		/* copy_bps (slot 1) is set before the cores' rates */
+		*slots[i] = v > 0 ? v : defaults[i] > 0 ? defaults[i] : out->copy_bps;
 		out->source[i] = !(v > 0) ? ST_RATE_SRC_DEFAULT
 			       : r->source[i] ? r->source[i] : ST_RATE_SRC_FLAG;
 	}
@@ -193,7 +196,7 @@ static void phases_in_backward(const struct st_shape *sh, const double t[5], boo
 	double frac = 2.0 / 3.0 / n, frac_io = 0.5 / n, busiest = 0, idle, ahead;
 	/* the cpu device: the update's sums on the cores (t_sums_s) */
 	double sums = p->t_sums_s > 0 ? (double)(p->upd_nvme_read_bytes + p->upd_nvme_write_bytes) /
-						r->copy_bps
+						r->sum_bps
 				      : 0;
 	double upd[5] = { sums, (double)p->upd_h2d_bytes / r->copy_bps,
 			  (double)p->upd_nvme_read_bytes / r->nvme_read_bps +
@@ -249,13 +252,13 @@ static void predict_phases(const struct st_plan_input *in, const struct st_shape
 	/* the cpu device: its widens (t_widen_s), and the sums of the
 	 * update's nvme bytes (t_sums_s) */
 	if (p->t_widen_s > 0)
-		fwd += (double)p->upd_widen_bytes / r->copy_bps;
+		fwd += (double)p->upd_widen_bytes / r->widen_bps;
 	fwd = ST_MIN(fwd, t[0]);
 	L[1][0] = fwd;
 	if (p->t_sums_s > 0)
 		L[1][0] += (double)(p->upd_nvme_read_bytes - p->upd_prefetch_nvme_read_bytes +
 				    p->upd_fwd_nvme_read_bytes + p->upd_nvme_write_bytes) /
-			   r->copy_bps;
+			   r->sum_bps;
 	/* its W fetches: unit u's once u's new W is home (st_plan_predict) */
 	L[1][1] = (double)(p->upd_h2d_bytes + p->upd_fwd_h2d_bytes) / r->copy_bps;
 	L[1][2] = (double)(p->upd_nvme_read_bytes - p->upd_prefetch_nvme_read_bytes +
@@ -323,12 +326,12 @@ static void predict_times(const struct st_plan_input *in, const struct st_shape 
 	p->compute_flops_step = st_model_flops_per_token(in->model, in->seq) * tokens +
 				p->recompute_flops;
 	/* on the cpu device the widens are passes over host memory on the
-	 * cores, at the copy rate (their bytes read and written) */
-	p->t_widen_s = in->host_compute ? (double)p->widen_bytes / r->copy_bps : 0;
+	 * cores (their bytes read and written, at widen_bps) */
+	p->t_widen_s = in->host_compute ? (double)p->widen_bytes / r->widen_bps : 0;
 	/* and so are the sums of every nvme byte read and written (XXH3,
-	 * engine_sums.c), which read the bytes at about the copy rate */
+	 * engine_sums.c; at sum_bps) */
 	p->t_sums_s = in->host_compute ? (double)(p->nvme_read_bytes + p->nvme_write_bytes) /
-						 r->copy_bps
+						 r->sum_bps
 				       : 0;
 	t[0] = p->compute_flops_step / r->compute_flops + p->t_widen_s + p->t_sums_s;
 	t[1] = (double)(p->h2d_bytes + p->d2h_bytes) / r->copy_bps;

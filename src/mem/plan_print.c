@@ -113,6 +113,12 @@ const char *st_plan_rate_source(const struct st_plan *p, enum st_rate i)
 	return st_rate_source_name((enum st_rate_source)p->rates.source[i]);
 }
 
+/* A cores' rate's source: not given, it is the copy rate. */
+static const char *cores_source(const struct st_plan *p, enum st_rate i)
+{
+	return p->rates.source[i] == ST_RATE_SRC_DEFAULT ? "the copy rate" : st_plan_rate_source(p, i);
+}
+
 /* The vram checkpoint line of `strata plan`: where they live. */
 static void act_print(const struct st_plan *p, FILE *f)
 {
@@ -272,9 +278,11 @@ void st_plan_print(const struct st_plan *p, const struct st_plan_input *in, FILE
 	if (in->host_compute) {
 		char b2[32];
 
-		fprintf(f, "           (with W's widens %s and the nvme sums %s on the cores, "
-			"at the copy rate)\n", fmt_s(p->t_widen_s, a, 32),
-			fmt_s(p->t_sums_s, b2, 32));
+		fprintf(f, "           (with W's widens %s at %.2f GB/s (%s) and the nvme sums %s "
+			"at %.2f GB/s (%s) on the cores)\n", fmt_s(p->t_widen_s, a, 32),
+			p->rates.widen_bps / 1e9, cores_source(p, ST_RATE_WIDEN),
+			fmt_s(p->t_sums_s, b2, 32), p->rates.sum_bps / 1e9,
+			cores_source(p, ST_RATE_SUM));
 	}
 	fprintf(f, "  copy     %-10s at %.2f GB/s (%s)\n", fmt_s(p->t_copy_s, a, 32),
 		p->rates.copy_bps / 1e9, st_plan_rate_source(p, ST_RATE_COPY));

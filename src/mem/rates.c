@@ -18,12 +18,20 @@
 /* The file's key of each rate, in enum st_rate's order. */
 static const char *const st_rate_keys[ST_RATE_COUNT] = {
 	"compute_flops", "copy_bps", "nvme_read_bps", "nvme_write_bps", "adam_bps", "net_bps",
+	"widen_bps", "sum_bps",
 };
+
+/* Rates a file written before they were measured lacks: absent = null. */
+static bool rate_optional(int i)
+{
+	return i == ST_RATE_WIDEN || i == ST_RATE_SUM;
+}
 
 static double *rate_slot(struct st_plan_rates *r, int i)
 {
 	double *slots[ST_RATE_COUNT] = { &r->compute_flops, &r->copy_bps, &r->nvme_read_bps,
-					 &r->nvme_write_bps, &r->adam_bps, &r->net_bps };
+					 &r->nvme_write_bps, &r->adam_bps, &r->net_bps,
+					 &r->widen_bps, &r->sum_bps };
 
 	return slots[i];
 }
@@ -123,7 +131,7 @@ int st_plan_rates_read(const char *path, struct st_plan_rates *out)
 		r.source[i] = ST_RATE_SRC_FILE;
 	}
 	for (int i = 0; ret == 0 && i < ST_RATE_COUNT; i++)
-		if (!seen[i])
+		if (!seen[i] && !rate_optional(i))
 			ret = st_error_set(-EINVAL, "%s: no \"%s\" (a number, or null for the "
 					   "default)", path, st_rate_keys[i]);
 	json_object_put(root);

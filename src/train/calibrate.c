@@ -11,6 +11,8 @@
  *            sweep through the nvme tier (io_uring, O_DIRECT) on the --nvme
  *            directories (below); its files are unlinked at open, so
  *            nothing stays behind
+ *   cores    the cpu device: a bf16 W widened on the compute, and the XXH3
+ *            sums of engine_sums.c, over 128 MiB each
  * Each figure is the best of a few rounds after a warm-up. The measuring is
  * library work (strata/calibrate.h); the CLI parses and prints. */
 #include "strata/calibrate.h"
@@ -428,6 +430,99 @@ static int cal_sum(struct cal *k, const void *p, uint64_t len, uint64_t *sum)
 	return 0;
 }
 
+/* --- the cpu device's cores: widens and sums ----------------------------
+ *
+ * On the cpu device two passes over memory run on the cores beside the
+ * model's FLOPs (docs/plan.md, "Predicted time per step"): the widen of
+ * each bf16 W a unit's pass uses (st_compute_bf16_to_f32 on the compute,
+ * 2 B read and 4 written an element) and the XXH3 sums of every nvme byte
+ * read and written (engine_sums.c's tile sum: 256 KiB blocks on all
+ * threads). Each is timed here as the engine runs it: the widen in a
+ * compute span (device-timed), the sum on the host's OpenMP threads, over
+ * CAL_COPY_BYTES. Only the cpu device: on a GPU a widen is a kernel among
+ * the FLOPs and the sums run beside it on the host. */
+static int cal_cores(struct cal *k, struct st_compute *cx, struct st_tier *vram,
+		     struct st_tier *host, json_object *meas, double *widen_bps, double *sum_bps)
+{
+	uint64_t n = CAL_COPY_BYTES / 6 & ~4095ull; /* elements: 2 B in, 4 B out */
+	uint64_t tile = (uint64_t)ST_UPDATE_TILE_ELEMS * 4; /* the engine sums a tile at a time */
+	struct st_extent ve, he;
+	double tw = 0, ts = 0;
+	int ret;
+
+	ret = st_tier_alloc(vram, n * 6, &ve);
+	if (ret < 0)
+		return cal_fail(k, ret, "buffers for the widens");
+	ret = st_tier_alloc(host, CAL_COPY_BYTES, &he);
+	if (ret < 0) {
+		st_tier_free(vram, &ve);
+		return cal_fail(k, ret, "buffers for the sums");
+	}
+	uint16_t *src = st_tier_addr(vram, &ve);
+	float *dst = (float *)(src + n);
+	char *hb = st_tier_addr(host, &he);
+
+	for (uint64_t i = 0; i < n; i++)
+		src[i] = (uint16_t)(0x3c00u + (i % 977));
+	memset(hb, 0x5a, CAL_COPY_BYTES);
+	for (int round = 0; ret == 0 && round <= CAL_ROUNDS; round++) {
+		struct st_compute_span sp[4];
+		uint64_t t0, h = 0;
+		int got;
+
+		st_compute_span_begin(cx, "calibrate");
+		st_compute_bf16_to_f32(cx, dst, src, n);
+		st_compute_span_end(cx);
+		ret = st_compute_sync(cx);
+		if (ret < 0) {
+			ret = cal_fail(k, ret, "the widen");
+			break;
+		}
+		got = st_compute_take_spans(cx, sp, 4);
+		double a = got > 0 ? (double)(sp[got - 1].t1_ns - sp[got - 1].t0_ns) / 1e9 : 0;
+
+		/* bf16 to fp32 is exact: the high half of each fp32 */
+		for (uint64_t i = 0; ret == 0 && i < n; i += 4093) {
+			uint32_t bits;
+
+			memcpy(&bits, &dst[i], 4);
+			if (bits != (uint32_t)src[i] << 16)
+				ret = cal_err(k, 1, -EIO, "--calibrate: the widen of element %llu "
+					      "gave %08x for %04x", (unsigned long long)i, bits, src[i]);
+		}
+		t0 = st_now_ns();
+		for (uint64_t off = 0; ret == 0 && off < CAL_COPY_BYTES; off += tile)
+			ret = cal_sum(k, hb + off, ST_MIN(tile, CAL_COPY_BYTES - off), &h);
+		double b = (double)(st_now_ns() - t0) / 1e9;
+
+		if (ret < 0 || round == 0)
+			continue;
+		if (!(a > 0) || !(b > 0)) {
+			ret = cal_err(k, 1, -EIO, "--calibrate: the cores' passes were not timed");
+			break;
+		}
+		tw = cal_best(tw, a);
+		ts = cal_best(ts, b);
+		cal_say(k, "calibrate: cores: round %d/%d: widen %.2f GB/s (2 + 4 B an element), "
+			"sums %.2f GB/s\n", round, CAL_ROUNDS, n * 6.0 / a / 1e9,
+			CAL_COPY_BYTES / b / 1e9);
+	}
+	st_tier_free(vram, &ve);
+	st_tier_free(host, &he);
+	if (ret < 0)
+		return ret;
+	json_object *o = json_object_new_object();
+
+	json_object_object_add(o, "widen_elems", json_object_new_int64((int64_t)n));
+	json_object_object_add(o, "widen_s", json_object_new_double(tw));
+	json_object_object_add(o, "sum_bytes", json_object_new_int64((int64_t)CAL_COPY_BYTES));
+	json_object_object_add(o, "sum_s", json_object_new_double(ts));
+	json_object_object_add(meas, "cores", o);
+	*widen_bps = n * 6.0 / tw;
+	*sum_bps = CAL_COPY_BYTES / ts;
+	return 0;
+}
+
 /* The replay's state. A failure is kept in err: from there every request
  * and wait does nothing, and the sweep's loops end. */
 struct cal_nv {
@@ -789,6 +884,12 @@ static int cal_measure(struct cal *k, const struct st_plan_input *in, const char
 	if ((ret = cal_adam(k, in->bf16, meas, &r->adam_bps)) < 0)
 		return ret;
 	cal_say(k, "calibrate: adam %.2f GB/s\n", r->adam_bps / 1e9);
+	if (in->host_compute) {
+		if ((ret = cal_cores(k, cx, vram, host, meas, &r->widen_bps, &r->sum_bps)) < 0)
+			return ret;
+		cal_say(k, "calibrate: cores: widen %.2f GB/s, sums %.2f GB/s\n",
+			r->widen_bps / 1e9, r->sum_bps / 1e9);
+	}
 	if (nvme_bench) {
 		json_object *o = json_object_new_object();
 

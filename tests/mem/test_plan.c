@@ -683,8 +683,13 @@ static void test_traffic_hand_computed(void **state)
 	 * they add, in each phase (AdamW is all in the update's), and the
 	 * cores also widen every W a pass uses and sum every nvme byte */
 	in.host_compute = true;
-	p = plan_ok(&in);
-	{
+	/* at the copy rate (no widen or sum rate given), then at their own */
+	for (int cr = 0; cr < 2; cr++) {
+		const double wr = cr ? 24e9 : 8e9, sr = cr ? 16e9 : 8e9;
+
+		in.rates.widen_bps = cr ? wr : 0;
+		in.rates.sum_bps = cr ? sr : 0;
+		p = plan_ok(&in);
 		/* widens per micro-batch: the embedding once (kept widened for
 		 * its backward), the block twice, the head once, 6 B each (bf16
 		 * read, fp32 written): 110592 elements; the fused forward's
@@ -695,8 +700,8 @@ static void test_traffic_hand_computed(void **state)
 		const double sums = 10.0 * g, usums = 4.0 * g - 3 * 4 * (6144 + 51200) + 3.0 * g;
 		double fwd = (307200.0 + 24576.0) / 3 * in.batch * in.seq / 50e9;
 		double flops = (307200.0 * 4 / 3 + 24576.0) * tokens / 50e9;
-		double c1 = fwd + uwid / 8e9 + usums / 8e9 + p.t_adam_s + (double)w / 8e9;
-		double c0 = flops - fwd + (wid - uwid) / 8e9 + (sums - usums) / 8e9 +
+		double c1 = fwd + uwid / wr + usums / sr + p.t_adam_s + (double)w / 8e9;
+		double c0 = flops - fwd + (wid - uwid) / wr + (sums - usums) / sr +
 			    (double)(2 * g) / 8e9;
 		double n1 = p.t_phase_lane_s[1][2], n0 = p.t_nvme_s - n1;
 		double m0 = fmax(c0, n0), m1 = fmax(c1, n1);
@@ -705,9 +710,9 @@ static void test_traffic_hand_computed(void **state)
 		assert_int_equal(p.upd_widen_bytes, 344064);
 		assert_int_equal(p.upd_fwd_h2d_bytes, 0); /* W in vram: no fetch */
 		assert_int_equal(p.upd_fwd_nvme_read_bytes, 0);
-		assert_double_equal(p.t_widen_s, wid / 8e9, 1e-15);
-		assert_double_equal(p.t_sums_s, sums / 8e9, 1e-15);
-		assert_double_equal(p.t_compute_s, flops + (wid + sums) / 8e9, 1e-15);
+		assert_double_equal(p.t_widen_s, wid / wr, 1e-15);
+		assert_double_equal(p.t_sums_s, sums / sr, 1e-15);
+		assert_double_equal(p.t_compute_s, flops + wid / wr + sums / sr, 1e-15);
 		assert_double_equal(p.t_phase_lane_s[0][0], c0, 1e-15);
 		assert_double_equal(p.t_phase_lane_s[1][0], c1, 1e-15);
 		for (int ph = 0; ph < 2; ph++) {
@@ -723,8 +728,9 @@ static void test_traffic_hand_computed(void **state)
 		assert_string_equal(p.bound, p.t_compute_s + p.t_adam_s + p.t_copy_s > p.t_nvme_s
 						     ? (p.t_adam_s > p.t_compute_s ? "adam" : "compute")
 						     : "nvme");
+		st_plan_fini(&p);
 	}
-	st_plan_fini(&p);
+	in.rates.widen_bps = in.rates.sum_bps = 0;
 	in.host_compute = false;
 
 	/* each resource can be the bound */
@@ -1134,6 +1140,8 @@ static void test_rates_file(void **state)
 	r.nvme_read_bps = 2.5e9;
 	r.nvme_write_bps = 1.5e9;
 	r.adam_bps = 3.25e10; /* net_bps 0: written as null */
+	r.widen_bps = 2.25e10;
+	r.sum_bps = 1.5e10;
 	assert_int_equal(st_plan_rates_write(path, &r, "{\"device\": \"cpu\"}"), 0);
 	assert_int_equal(st_plan_rates_read(path, &back), 0);
 	for (int i = 0; i < ST_RATE_COUNT; i++) {
@@ -1208,6 +1216,19 @@ static void test_rates_file(void **state)
 			assert_double_equal(back.compute_flops, 42, 0); /* untouched */
 			unlink(f);
 		}
+	}
+	/* a file from before the cores' rates were measured: neither key,
+	 * read as not measured (the copy rate in a plan) */
+	{
+		char *f = write_tmp("{\"strata_rates\": 1, \"compute_flops\": 1e11, \"copy_bps\": 6e9, "
+				    "\"nvme_read_bps\": 1e9, \"nvme_write_bps\": 1e9, \"adam_bps\": 1e10, "
+				    "\"net_bps\": null}");
+
+		assert_int_equal(st_plan_rates_read(f, &back), 0);
+		assert_double_equal(back.widen_bps, 0, 0);
+		assert_double_equal(back.sum_bps, 0, 0);
+		assert_int_equal(back.source[ST_RATE_WIDEN], ST_RATE_SRC_DEFAULT);
+		unlink(f);
 	}
 	assert_int_equal(st_plan_rates_read("/nonexistent/rates.json", &back), -ENOENT);
 	/* a write that cannot be done leaves nothing behind and names the file */

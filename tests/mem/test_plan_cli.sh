@@ -280,6 +280,13 @@ check bench-missing 2 "$plan" plan $M --nvme-bench "$work/none.json"
 check rates 0 "$plan" plan $M --compute-gflops 1000 --adam-gbps 0.001 --copy-gbps 16
 expect_out rates "bound by adam"
 check bad-rate 2 "$plan" plan $M --compute-gflops -1
+# the cpu device's widens and sums: at the copy rate unless given
+check cores-default 0 "$plan" plan $M --nvme "$work" --offload-params nvme --copy-gbps 4
+expect_out cores-default "at 4.00 GB/s (the copy rate) and the nvme sums"
+check cores-flags 0 "$plan" plan $M --nvme "$work" --offload-params nvme --widen-gbps 24 --sum-gbps 16
+expect_out cores-flags "at 24.00 GB/s (flag) and the nvme sums"
+expect_out cores-flags "at 16.00 GB/s (flag) on the cores"
+check bad-widen 2 "$plan" plan $M --widen-gbps 0
 
 # --calibrate: this machine's rates into a file (atomically); --rates reads it.
 # (the nvme sweep over 32 MiB of files, not the 2 GiB of a real calibration)
@@ -307,9 +314,15 @@ back = n['sweep_read_bytes'] / f['nvme_read_bps'] + n['sweep_write_bytes'] / f['
 assert abs(back - n['sweep_busy_s']) <= 1e-9 * back, (back, n)
 r = p['rates']
 assert r['compute_flops'] == 7e9 and r['source']['compute_flops'] == 'flag', r
-for k in ('copy_bps', 'nvme_read_bps', 'nvme_write_bps', 'adam_bps'):
+for k in ('copy_bps', 'nvme_read_bps', 'nvme_write_bps', 'adam_bps', 'widen_bps', 'sum_bps'):
     assert r[k] == f[k] and r['source'][k] == 'file', (k, r)
 assert r['source']['net_bps'] == 'default', r
+# the cpu device's passes on the cores, measured: the rates give their times back
+c = f['measured']['cores']
+assert abs(c['widen_elems'] * 6 / f['widen_bps'] - c['widen_s']) <= 1e-9 * c['widen_s'], (c, f)
+assert abs(c['sum_bytes'] / f['sum_bps'] - c['sum_s']) <= 1e-9 * c['sum_s'], (c, f)
+assert abs(p['time']['widen_s'] * f['widen_bps'] - p['traffic']['widen_bytes']) <= \
+    1e-9 * p['traffic']['widen_bytes'], (p['time'], f)
 h = p['hide']
 assert 1 <= h['auto_accum'] <= h['accum_max'] == 64, h
 " "$work/rates.json" "$work/out" || { echo "FAIL rates-file: the file's rates not used"; fail=1; }
