@@ -266,6 +266,22 @@ static double cal_best(double a, double b)
 	return a == 0 || b < a ? b : a;
 }
 
+/* vbytes of vram and hbytes of pinned host for a measure (what names it) */
+static int cal_bufs(struct cal *k, struct st_tier *vram, uint64_t vbytes, struct st_extent *ve,
+		    struct st_tier *host, uint64_t hbytes, struct st_extent *he, const char *what)
+{
+	int ret = st_tier_alloc(vram, vbytes, ve);
+
+	if (ret < 0)
+		return cal_fail(k, ret, what);
+	ret = st_tier_alloc(host, hbytes, he);
+	if (ret < 0) {
+		st_tier_free(vram, ve);
+		return cal_fail(k, ret, what);
+	}
+	return 0;
+}
+
 /* pinned host <-> vram through the vram tier's copy queues, into *bps */
 static int cal_copy(struct cal *k, struct st_tier *vram, struct st_tier *host, json_object *meas,
 		    double *bps)
@@ -274,14 +290,10 @@ static int cal_copy(struct cal *k, struct st_tier *vram, struct st_tier *host, j
 	double h2d = 0, d2h = 0;
 	int ret;
 
-	ret = st_tier_alloc(vram, CAL_COPY_BYTES, &ve);
+	ret = cal_bufs(k, vram, CAL_COPY_BYTES, &ve, host, CAL_COPY_BYTES, &he,
+		       "buffers for the copies");
 	if (ret < 0)
-		return cal_fail(k, ret, "buffers for the copies");
-	ret = st_tier_alloc(host, CAL_COPY_BYTES, &he);
-	if (ret < 0) {
-		st_tier_free(vram, &ve);
-		return cal_fail(k, ret, "buffers for the copies");
-	}
+		return ret;
 	void *hb = st_tier_addr(host, &he);
 
 	memset(hb, 0x3c, CAL_COPY_BYTES);
@@ -450,14 +462,10 @@ static int cal_cores(struct cal *k, struct st_compute *cx, struct st_tier *vram,
 	double tw = 0, ts = 0;
 	int ret;
 
-	ret = st_tier_alloc(vram, n * 6, &ve);
+	ret = cal_bufs(k, vram, n * 6, &ve, host, CAL_COPY_BYTES, &he,
+		       "buffers for the widens and sums");
 	if (ret < 0)
-		return cal_fail(k, ret, "buffers for the widens");
-	ret = st_tier_alloc(host, CAL_COPY_BYTES, &he);
-	if (ret < 0) {
-		st_tier_free(vram, &ve);
-		return cal_fail(k, ret, "buffers for the sums");
-	}
+		return ret;
 	uint16_t *src = st_tier_addr(vram, &ve);
 	float *dst = (float *)(src + n);
 	char *hb = st_tier_addr(host, &he);
