@@ -241,8 +241,10 @@ int main(int argc, char **argv)
 			memset(&none, 0, sizeof(none));
 			pa_n.compute_flops_step *= steps;
 			pa_n.adam_bytes *= (uint64_t)steps;
+			pa_n.t_widen_s *= steps;
 			pb_n.compute_flops_step *= steps;
 			pb_n.adam_bytes *= (uint64_t)steps;
+			pb_n.t_widen_s *= steps;
 			st_plan_rates_from_lanes(&pa_n, a_busy, a_bytes, 0, &here_a);
 			st_plan_rates_from_lanes(&pb_n, b_busy, b_bytes, b_nvme, &here_b);
 			/* compute and AdamW from A (in memory, nothing else on the

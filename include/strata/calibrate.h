@@ -8,7 +8,8 @@
 #include <stdio.h>
 
 /* Measure the rates for the plan input in (its model, B and T) on device
- * ("cpu" or "cuda"): compute, pinned copies, AdamW, and the nvme (from
+ * ("cpu" or "cuda"): compute, pinned copies, AdamW, on the cpu device its
+ * widens and sums on the cores, and the nvme (from
  * nvme_bench, an nvme-bench --json file, when given; else a short replay of
  * the update sweep on the first directory of nvme_dirs; neither: left to
  * the default). Each measure's lines go to log (NULL: none). Writes file

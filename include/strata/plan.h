@@ -441,13 +441,13 @@ struct st_plan {
 	 * micro-batch (once a step layer-first); the bytes they read and
 	 * write, of the whole step and of the fused forward's. On the cpu
 	 * device (host_compute) each is a pass over host memory on the
-	 * cores: t_widen_s is their time at the copy rate, in the compute
+	 * cores: t_widen_s is their time at widen_bps, in the compute
 	 * lane beside the FLOPs' time (t_compute_s holds both); 0 on a GPU,
 	 * where a widen is a kernel at the device memory's bandwidth. */
 	uint64_t widen_bytes, upd_widen_bytes;
 	double t_widen_s;
 	/* The cpu device (host_compute): the nvme sums (XXH3 of every byte
-	 * read and written) on the cores, at the copy rate; in t_compute_s
+	 * read and written) on the cores, at sum_bps; in t_compute_s
 	 * (its compute lane) too; 0 on a GPU, where the cores are free. */
 	double t_sums_s;
 	/* The order of the micro-batches the plan is sized and predicted
@@ -530,8 +530,10 @@ int st_plan_rates_from_nvme_bench(const char *path, struct st_plan_rates *rates)
 
 /* The rates file (src/mem/rates.c; docs/plan.md): {"strata_rates": 1,
  * "compute_flops": X, "copy_bps": X, "nvme_read_bps": X, "nvme_write_bps":
- * X, "adam_bps": X, "net_bps": X, "measured": {...}}; every rate present,
- * a positive number or null (not measured: the default), no other key.
+ * X, "adam_bps": X, "net_bps": X, "widen_bps": X, "sum_bps": X,
+ * "measured": {...}}; every rate present but widen_bps and sum_bps (a
+ * file written before they were measured lacks them: null), a positive
+ * number or null (not measured: the default), no other key.
  * read: *rates gets the file's rates (source ST_RATE_SRC_FILE), others 0;
  * -EINVAL (one line naming the file and the field) or -errno.
  * write: atomically (temporary + rename); measured is JSON text kept as

@@ -206,7 +206,7 @@ int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
 		dev_optim |= st_plan_home(p, u, ST_STATE_P) == ST_HOME_VRAM;
 	memset(out, 0, sizeof(*out));
 	/* the compute's busy time holds the widens (cpu device: t_widen_s,
-	 * at the copy rate), which the prediction adds to the FLOPs' time */
+	 * at widen_bps), which the prediction adds to the FLOPs' time */
 	if (!dev_optim && busy_s[0] > p->t_widen_s && p->compute_flops_step > 0) {
 		out->compute_flops = p->compute_flops_step / (busy_s[0] - p->t_widen_s);
 		n++;

@@ -875,11 +875,12 @@ static int cal_open(struct cal *k, const struct st_plan_input *in, const char *d
 	return 0;
 }
 
-/* compute, copies, AdamW and the nvme (from nvme_bench, a run on
- * nvme_dirs, or neither) into *r and meas. */
-static int cal_measure(struct cal *k, const struct st_plan_input *in, const char *nvme_dirs,
-		       const char *nvme_bench, struct st_compute *cx, struct st_tier *vram,
-		       struct st_tier *host, json_object *meas, struct st_plan_rates *r)
+/* compute, copies, AdamW, the cpu device's widens and sums, and the nvme
+ * (from nvme_bench, a run on nvme_dirs, or neither) into *r and meas. */
+static int cal_measure(struct cal *k, const struct st_plan_input *in, const char *device,
+		       const char *nvme_dirs, const char *nvme_bench, struct st_compute *cx,
+		       struct st_tier *vram, struct st_tier *host, json_object *meas,
+		       struct st_plan_rates *r)
 {
 	int ret;
 
@@ -892,7 +893,7 @@ static int cal_measure(struct cal *k, const struct st_plan_input *in, const char
 	if ((ret = cal_adam(k, in->bf16, meas, &r->adam_bps)) < 0)
 		return ret;
 	cal_say(k, "calibrate: adam %.2f GB/s\n", r->adam_bps / 1e9);
-	if (in->host_compute) {
+	if (st_device_on_host(device)) {
 		if ((ret = cal_cores(k, cx, vram, host, meas, &r->widen_bps, &r->sum_bps)) < 0)
 			return ret;
 		cal_say(k, "calibrate: cores: widen %.2f GB/s, sums %.2f GB/s\n",
@@ -963,7 +964,7 @@ int st_calibrate(const struct st_plan_input *in, const char *device, const char 
 	json_object_object_add(meas, "batch", json_object_new_int(in->batch));
 	json_object_object_add(meas, "seq", json_object_new_int(in->seq));
 	json_object_object_add(meas, "threads", json_object_new_int(omp_get_max_threads()));
-	ret = cal_measure(&k, in, nvme_dirs, nvme_bench, cx, vram, host, meas, &r);
+	ret = cal_measure(&k, in, device, nvme_dirs, nvme_bench, cx, vram, host, meas, &r);
 	if (ret < 0)
 		goto out;
 	st_tier_destroy(host);

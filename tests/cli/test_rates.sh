@@ -30,6 +30,19 @@ assert f['copy_bps'] is None and f['net_bps'] is None, f
 assert f['measured'] == {'source': 'strata train', 'steps': [2, 4]}, f['measured']
 " "$work/r.json" || { echo "FAIL refresh: the file"; fail=1; }
 ls "$work"/r.json.* >/dev/null 2>&1 && { echo "FAIL refresh: a temporary left behind"; fail=1; }
+# its compute: the plan's FLOPs of steps 2-4 over their compute busy time
+# (--metrics) less the plan's widens of each of the three steps
+check refresh-plan 0 "$strata" plan $M $N --json
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1]))
+t = json.load(open(sys.argv[2]))['time']
+busy = sum(json.loads(l)['busy_s']['compute'] for l in open(sys.argv[3]) if '\"step\"' in l
+           and json.loads(l)['step'] in (2, 3, 4))
+assert t['widen_s'] > 0, t
+want = 3 * t['compute_flops'] / (busy - 3 * t['widen_s'])
+assert abs(f['compute_flops'] / want - 1) < 1e-3, (f['compute_flops'], want, busy, t)
+" "$work/r.json" "$work/out" "$work/m1.jsonl" || { echo "FAIL refresh: its compute"; fail=1; }
 
 # --rates reads it back: the plan says so, and the run's numbers are the same
 check rates 0 "$strata" train $M $N --data "$data" --steps 5 --rates "$work/r.json" \
@@ -46,6 +59,21 @@ assert [(x['loss'], x['grad_norm']) for x in a] == [(x['loss'], x['grad_norm']) 
 tot = lambda r: {k: sum(x['bytes'][k] for x in r) for k in r[0]['bytes']}
 assert tot(a) == tot(b), (tot(a), tot(b))
 " "$work/m1.jsonl" "$work/m2.jsonl" || { echo "FAIL rates: numbers changed"; fail=1; }
+# the cpu device's widen and sum rates (from --calibrate) are no lane's:
+# --rates-refresh keeps the ones the run planned with
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1]))
+f['widen_bps'], f['sum_bps'] = 2e10, 1.5e10
+json.dump(f, open(sys.argv[2], 'w'))
+" "$work/r.json" "$work/rc.json"
+check refresh-cores 0 "$strata" train $M $N --data "$data" --steps 5 --rates "$work/rc.json" \
+	--rates-refresh "$work/r2.json"
+python3 -c "
+import json, sys
+f = json.load(open(sys.argv[1]))
+assert f['widen_bps'] == 2e10 and f['sum_bps'] == 1.5e10, f
+" "$work/r2.json" || { echo "FAIL refresh-cores: the cores' rates not kept"; fail=1; }
 check plan-rates 0 "$strata" plan $M $N --rates "$work/r.json"
 grep -q "GFLOP/s (file" "$work/out" || { echo "FAIL plan-rates: not the file's"; fail=1; }
 

@@ -1228,6 +1228,7 @@ static void test_rates_file(void **state)
 		assert_double_equal(back.widen_bps, 0, 0);
 		assert_double_equal(back.sum_bps, 0, 0);
 		assert_int_equal(back.source[ST_RATE_WIDEN], ST_RATE_SRC_DEFAULT);
+		assert_int_equal(back.source[ST_RATE_SUM], ST_RATE_SRC_DEFAULT);
 		unlink(f);
 	}
 	assert_int_equal(st_plan_rates_read("/nonexistent/rates.json", &back), -ENOENT);
@@ -2007,6 +2008,9 @@ static void test_predict_in_backward(void **state)
 				in.prefetch = c == 3 ? 1 : 0;
 				in.host_compute = host;
 				in.rates.compute_flops = rates[ri] > 0 ? rates[ri] : 1e15;
+				/* the cores' passes at their own rates, not the copies' */
+				in.rates.widen_bps = 24e9;
+				in.rates.sum_bps = 16e9;
 				p = plan_ok(&in);
 				if (rates[ri] == 0) {
 					/* [0]'s cores or compute at no FLOP time, its
@@ -2040,7 +2044,7 @@ static void test_predict_in_backward(void **state)
 				t[3] = p.t_adam_s;
 				t[4] = p.t_net_s;
 				upd[0] = host ? (double)(p.upd_nvme_read_bytes + p.upd_nvme_write_bytes) /
-							8e9
+							16e9
 					      : 0;
 				upd[1] = (double)p.upd_h2d_bytes / 8e9;
 				upd[2] = (double)p.upd_nvme_read_bytes / 1.5e9 +
