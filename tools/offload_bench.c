@@ -236,17 +236,9 @@ int main(int argc, char **argv)
 			const struct st_plan_rates *sets[3] = { &none, rates_file ? &file_rates : NULL,
 								&here_b };
 			const char *names[3] = { "default rates", "--rates FILE", "rates measured here" };
-			struct st_plan pa_n = *pa, pb_n = *pb;
-
 			memset(&none, 0, sizeof(none));
-			pa_n.compute_flops_step *= steps;
-			pa_n.adam_bytes *= (uint64_t)steps;
-			pa_n.t_widen_s *= steps;
-			pb_n.compute_flops_step *= steps;
-			pb_n.adam_bytes *= (uint64_t)steps;
-			pb_n.t_widen_s *= steps;
-			st_plan_rates_from_lanes(&pa_n, a_busy, a_bytes, 0, &here_a);
-			st_plan_rates_from_lanes(&pb_n, b_busy, b_bytes, b_nvme, &here_b);
+			st_plan_rates_from_lanes(pa, steps, a_busy, a_bytes, 0, &here_a);
+			st_plan_rates_from_lanes(pb, steps, b_busy, b_bytes, b_nvme, &here_b);
 			/* compute and AdamW from A (in memory, nothing else on the
 			 * cores but them), nvme from B; the copy rate is no lane's
 			 * (st_plan_rates_from_lanes): the file's, or the default */

@@ -547,16 +547,17 @@ double st_plan_rate_get(const struct st_plan_rates *r, enum st_rate i);
 void st_plan_rate_set(struct st_plan_rates *r, enum st_rate i, double v);
 const char *st_rate_key(enum st_rate i);             /* "compute_flops", ... */
 const char *st_rate_source_name(enum st_rate_source s); /* "default", ... */
-/* Rates from what a step did: busy seconds and bytes per engine lane
+/* Rates from what steps did: busy seconds and bytes per engine lane
  * (compute, h2d, d2h, nvme read, nvme write, adam; strata/engine.h's
- * order), with plan p's compute_flops_step and adam_bytes: compute, nvme
+ * order), summed over `steps` steps of plan p, whose compute_flops_step,
+ * adam_bytes and t_widen_s are per step: compute (less the widens), nvme
  * read and write, adam. Not the copy rate (0): a copy queue's busy time
  * includes waiting for the compute's events. nvme_busy_s is the disk's
  * own busy time (reads and writes together; 0: unknown): where it is less
  * than the two lanes' sum, both are scaled by it over the sum, so the
  * planner's read + write time gives it back. A rate whose lane did
  * nothing stays 0. Returns how many were derived. */
-int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
+int st_plan_rates_from_lanes(const struct st_plan *p, int steps, const double busy_s[6],
 			     const double bytes[6], double nvme_busy_s,
 			     struct st_plan_rates *out);
 

@@ -222,14 +222,10 @@ static json_object *rates_json(const struct st_plan *p)
 {
 	json_object *o = json_object_new_object(), *o2;
 
-	json_object_object_add(o, "compute_flops", json_object_new_double(p->rates.compute_flops));
-	json_object_object_add(o, "copy_bps", json_object_new_double(p->rates.copy_bps));
-	json_object_object_add(o, "nvme_read_bps", json_object_new_double(p->rates.nvme_read_bps));
-	json_object_object_add(o, "nvme_write_bps", json_object_new_double(p->rates.nvme_write_bps));
-	json_object_object_add(o, "adam_bps", json_object_new_double(p->rates.adam_bps));
-	json_object_object_add(o, "net_bps", json_object_new_double(p->rates.net_bps));
-	json_object_object_add(o, "widen_bps", json_object_new_double(p->rates.widen_bps));
-	json_object_object_add(o, "sum_bps", json_object_new_double(p->rates.sum_bps));
+	for (int i = 0; i < ST_RATE_COUNT; i++)
+		json_object_object_add(o, st_rate_key((enum st_rate)i),
+				       json_object_new_double(st_plan_rate_get(&p->rates,
+									   (enum st_rate)i)));
 	o2 = json_object_new_object();
 	for (int i = 0; i < ST_RATE_COUNT; i++)
 		json_object_object_add(o2, st_rate_key((enum st_rate)i),

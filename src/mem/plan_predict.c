@@ -27,10 +27,6 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 		ST_PLAN_NVME_WRITE_BPS, ST_PLAN_ADAM_BPS, ST_PLAN_NET_BPS,
 		0, 0, /* the cores' passes: the copy rate (below) */
 	};
-	double *slots[ST_RATE_COUNT] = { &out->compute_flops, &out->copy_bps,
-					 &out->nvme_read_bps, &out->nvme_write_bps,
-					 &out->adam_bps, &out->net_bps, &out->widen_bps,
-					 &out->sum_bps };
 
 	for (int i = 0; i < ST_RATE_COUNT; i++) {
 		double v = st_plan_rate_get(r, (enum st_rate)i);
@@ -41,8 +37,9 @@ int st_plan_rates_fill(const struct st_plan_rates *r, struct st_plan_rates *out)
 	for (int i = 0; i < ST_RATE_COUNT; i++) {
 		double v = st_plan_rate_get(r, (enum st_rate)i);
 
-		/* copy_bps (slot 1) is set before the cores' rates */
-		*slots[i] = v > 0 ? v : defaults[i] > 0 ? defaults[i] : out->copy_bps;
+		/* the copy rate is set before the cores' rates */
+		st_plan_rate_set(out, (enum st_rate)i,
+				 v > 0 ? v : defaults[i] > 0 ? defaults[i] : out->copy_bps);
 		out->source[i] = !(v > 0) ? ST_RATE_SRC_DEFAULT
 			       : r->source[i] ? r->source[i] : ST_RATE_SRC_FLAG;
 	}

@@ -182,9 +182,13 @@ int st_plan_rates_write(const char *path, const struct st_plan_rates *r, const c
 	return 0;
 }
 
-int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
+int st_plan_rates_from_lanes(const struct st_plan *p, int steps, const double busy_s[6],
 			     const double bytes[6], double nvme_busy_s, struct st_plan_rates *out)
 {
+	/* the plan's FLOPs, AdamW bytes and widens are per step; the lanes'
+	 * busy times are summed over the steps */
+	double flops = p->compute_flops_step * steps, widen_s = p->t_widen_s * steps;
+	uint64_t adam_bytes = p->adam_bytes * (uint64_t)steps;
 	/* The planner adds read and write times (one disk); the two lanes'
 	 * busy times overlap where reads and writes were in flight together,
 	 * so each is scaled by the disk's own busy time over their sum: the
@@ -207,8 +211,8 @@ int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
 	memset(out, 0, sizeof(*out));
 	/* the compute's busy time holds the widens (cpu device: t_widen_s,
 	 * at widen_bps), which the prediction adds to the FLOPs' time */
-	if (!dev_optim && busy_s[0] > p->t_widen_s && p->compute_flops_step > 0) {
-		out->compute_flops = p->compute_flops_step / (busy_s[0] - p->t_widen_s);
+	if (!dev_optim && busy_s[0] > widen_s && flops > 0) {
+		out->compute_flops = flops / (busy_s[0] - widen_s);
 		n++;
 	}
 	if (busy_s[3] > 0 && bytes[3] > 0) {
@@ -219,8 +223,8 @@ int st_plan_rates_from_lanes(const struct st_plan *p, const double busy_s[6],
 		out->nvme_write_bps = bytes[4] / (busy_s[4] * f);
 		n++;
 	}
-	if (busy_s[5] > 0 && p->adam_bytes > 0) {
-		out->adam_bps = (double)p->adam_bytes / busy_s[5];
+	if (busy_s[5] > 0 && adam_bytes > 0) {
+		out->adam_bps = (double)adam_bytes / busy_s[5];
 		n++;
 	}
 	for (int i = 0; i < ST_RATE_COUNT; i++)

@@ -250,17 +250,11 @@ static int rates_refresh(struct run *r, int first, int last)
 {
 	const struct st_plan *p = st_engine_plan(r->e);
 	const char *file = r->cfg->rates_refresh;
-	struct st_plan pn = *p;
 	struct st_plan_rates rt, used = p->rates;
 	char meas[256];
 	int ret;
 
-	/* the plan's FLOPs, AdamW bytes and widens are per step: n steps'
-	 * worth (the lanes' busy times are summed over them) */
-	pn.compute_flops_step = p->compute_flops_step * r->rf_steps;
-	pn.adam_bytes = p->adam_bytes * (uint64_t)r->rf_steps;
-	pn.t_widen_s = p->t_widen_s * r->rf_steps;
-	st_plan_rates_from_lanes(&pn, r->rf_busy, r->rf_bytes, r->rf_nvme, &rt);
+	st_plan_rates_from_lanes(p, r->rf_steps, r->rf_busy, r->rf_bytes, r->rf_nvme, &rt);
 	for (int i = 0; i < ST_RATE_COUNT; i++)
 		if (used.source[i] == ST_RATE_SRC_DEFAULT)
 			st_plan_rate_set(&used, (enum st_rate)i, 0);

@@ -1250,7 +1250,7 @@ static void test_rates_from_lanes(void **state)
 	ST_UNUSED(state);
 	p.compute_flops_step = 1e12;
 	p.adam_bytes = 15000000000ull;
-	assert_int_equal(st_plan_rates_from_lanes(&p, busy, bytes, 0, &r), 4);
+	assert_int_equal(st_plan_rates_from_lanes(&p, 1, busy, bytes, 0, &r), 4);
 	assert_double_equal(r.compute_flops, 5e11, 1);
 	assert_double_equal(r.copy_bps, 0, 0); /* the copy lanes' busy time is no rate */
 	assert_double_equal(r.nvme_read_bps, 2e9, 1);
@@ -1259,18 +1259,26 @@ static void test_rates_from_lanes(void **state)
 	assert_double_equal(r.net_bps, 0, 0);
 	/* reads and writes overlapped: the disk was busy 3 s of the lanes' 5 s,
 	 * and the planner's read + write time at the rates gives 3 s back */
-	assert_int_equal(st_plan_rates_from_lanes(&p, busy, bytes, 3.0, &r), 4);
+	assert_int_equal(st_plan_rates_from_lanes(&p, 1, busy, bytes, 3.0, &r), 4);
 	assert_double_equal(bytes[3] / r.nvme_read_bps + bytes[4] / r.nvme_write_bps, 3.0, 1e-12);
 	assert_double_equal(r.nvme_read_bps, 2e9 * 5 / 3, 1);
 	/* a disk busier than the lanes' sum (it cannot be): not scaled */
-	assert_int_equal(st_plan_rates_from_lanes(&p, busy, bytes, 9.0, &r), 4);
+	assert_int_equal(st_plan_rates_from_lanes(&p, 1, busy, bytes, 9.0, &r), 4);
 	assert_double_equal(r.nvme_read_bps, 2e9, 1);
+	/* lanes summed over 2 steps: the plan's FLOPs, AdamW bytes and
+	 * widens (the cpu device's, in the compute's busy time) twice */
+	p.t_widen_s = 0.25;
+	assert_int_equal(st_plan_rates_from_lanes(&p, 2, busy, bytes, 0, &r), 4);
+	assert_double_equal(r.compute_flops, 2e12 / (2.0 - 2 * 0.25), 1);
+	assert_double_equal(r.adam_bps, 6e10, 1);
+	assert_double_equal(r.nvme_read_bps, 2e9, 1);
+	p.t_widen_s = 0;
 	/* a lane that did nothing measures nothing */
 	{
 		const double idle[6] = { 2.0, 0, 0, 0, 0, 0.5 };
 		const double none[6] = { 0 };
 
-		assert_int_equal(st_plan_rates_from_lanes(&p, idle, none, 0, &r), 2);
+		assert_int_equal(st_plan_rates_from_lanes(&p, 1, idle, none, 0, &r), 2);
 		assert_double_equal(r.copy_bps, 0, 0);
 		assert_double_equal(r.nvme_read_bps, 0, 0);
 	}
